@@ -1,0 +1,49 @@
+// troupe's entry point: global --help/--version and dispatch to one command per file.
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "engine/err.h"
+#include "version.h"
+
+static const tr_command commands[] = {
+    {NULL, NULL, NULL},
+};
+
+int tr_cli_fail(const char *cmd, const tr_err *err) {
+    fprintf(stderr, "troupe %s: error: %s\n", cmd, err && err->msg[0] ? err->msg : "failed");
+    return 1;
+}
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "troupe %s: reinforcement learning (GRPO, PPO), SFT and pretraining of transformers\n\n"
+            "usage: troupe [--help] [--version] COMMAND [ARGS]\n\ncommands:\n",
+            TROUPE_VERSION);
+    for (const tr_command *c = commands; c->name; c++) fprintf(out, "  %-12s %s\n", c->name, c->summary);
+    fprintf(out, "\n'troupe COMMAND --help' describes a command. Exit status: 0 success, 1 failure,"
+                 " 2 usage error.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *a = argv[1];
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0 || strcmp(a, "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(a, "--version") == 0 || strcmp(a, "version") == 0) {
+        printf("troupe %s\n", TROUPE_VERSION);
+        return 0;
+    }
+    for (const tr_command *c = commands; c->name; c++)
+        if (strcmp(c->name, a) == 0) return c->run(argc - 1, argv + 1);
+    if (a[0] == '-')
+        fprintf(stderr, "troupe: unknown option '%s' (see troupe --help)\n", a);
+    else
+        fprintf(stderr, "troupe: unknown command '%s' (see troupe --help)\n", a);
+    return 2;
+}
