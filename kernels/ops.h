@@ -1,0 +1,132 @@
+// The backend op table: every numeric op the engine needs, as forward/backward pairs over
+// flat row-major buffers. kernels/cpu implements it in fp32 (deterministic for any thread
+// count: fixed work split, no racy reductions); kernels/cuda implements the same table.
+// Model code (engine/) is written once against this table.
+//
+// Conventions: T = tokens (rows), C = channels. Backward functions ACCUMULATE (+=) into
+// parameter gradients (dw, db) and into input gradients (din), as llm.c does, so the caller
+// zeroes gradient buffers once per step and residual branches need no extra adds.
+// Pointers are device pointers of the backend (host memory for cpu).
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct tr_backend tr_backend;
+
+// Token layout of a batch for attention and RoPE: T tokens in n_docs contiguous documents;
+// doc d covers tokens [doc_start[d], doc_start[d+1]). Attention is causal inside a document
+// and never crosses one; pos[t] is the RoPE position of token t (restarts at 0 per document).
+typedef struct tr_doc_layout {
+    int32_t n_tokens;
+    int32_t n_docs;
+    const int32_t *doc_start;   // n_docs + 1 entries, doc_start[0] = 0, doc_start[n_docs] = T
+    const int32_t *pos;         // T entries
+} tr_doc_layout;
+
+// Paged KV cache for generation: a pool of blocks of block_size tokens; each sequence lists
+// its blocks. k and v pools are [n_blocks][block_size][n_kv_heads][head_dim].
+typedef struct tr_kv_pages {
+    float *k_pool;
+    float *v_pool;
+    int32_t block_size;
+    int32_t n_blocks;
+    int32_t n_kv_heads;
+    int32_t head_dim;
+} tr_kv_pages;
+
+typedef struct tr_ops {
+    const char *name;
+
+    // out[T,OC] = in[T,IC] @ w[OC,IC]^T (+ bias[OC] if not NULL)
+    void (*matmul_forward)(tr_backend *be, float *out, const float *in, const float *w,
+                           const float *bias, int32_t T, int32_t IC, int32_t OC);
+    // din += dout @ w; dw += dout^T @ in; dbias += sum_t dout. Any of din/dw/dbias may be NULL.
+    void (*matmul_backward)(tr_backend *be, float *din, float *dw, float *dbias,
+                            const float *dout, const float *in, const float *w,
+                            int32_t T, int32_t IC, int32_t OC);
+
+    // out[T,C] = table[ids[t], :]; ids are checked by the caller.
+    void (*embedding_forward)(tr_backend *be, float *out, const int32_t *ids,
+                              const float *table, int32_t T, int32_t C);
+    // dtable[ids[t], :] += dout[t, :] (deterministic: fixed order over t)
+    void (*embedding_backward)(tr_backend *be, float *dtable, const float *dout,
+                               const int32_t *ids, int32_t T, int32_t C);
+
+    // out = in * rstd * w with rstd[t] = 1/sqrt(mean(in[t]^2) + eps), saved for backward.
+    void (*rmsnorm_forward)(tr_backend *be, float *out, float *rstd, const float *in,
+                            const float *w, float eps, int32_t T, int32_t C);
+    void (*rmsnorm_backward)(tr_backend *be, float *din, float *dw, const float *dout,
+                             const float *in, const float *w, const float *rstd,
+                             int32_t T, int32_t C);
+
+    // In place on x[T, H, D]: HF rotate_half RoPE at position pos[t]:
+    // x1 = x[..., :D/2], x2 = x[..., D/2:]; out = [x1*cos - x2*sin, x2*cos + x1*sin],
+    // angle = pos * inv_freq[i] (inv_freq has D/2 entries, from tr_config_rope_inv_freq).
+    void (*rope_forward)(tr_backend *be, float *x, const int32_t *pos, const float *inv_freq,
+                         int32_t T, int32_t H, int32_t D);
+    // In place on dx: the transpose rotation (angle -> -angle).
+    void (*rope_backward)(tr_backend *be, float *dx, const int32_t *pos, const float *inv_freq,
+                          int32_t T, int32_t H, int32_t D);
+
+    // Causal grouped-query attention within documents. q[T,H,D], k,v[T,KVH,D], out[T,H,D];
+    // query head h reads kv head h / (H/KVH); scale = 1/sqrt(D). lse[T,H] saves the softmax
+    // log-sum-exp for the backward pass (which recomputes probabilities from it).
+    void (*attention_forward)(tr_backend *be, float *out, float *lse, const float *q,
+                              const float *k, const float *v, const tr_doc_layout *docs,
+                              int32_t H, int32_t KVH, int32_t D);
+    // dq, dk, dv += gradients (dk/dv are [T,KVH,D]: the heads of a group sum into them).
+    void (*attention_backward)(tr_backend *be, float *dq, float *dk, float *dv,
+                               const float *dout, const float *out, const float *lse,
+                               const float *q, const float *k, const float *v,
+                               const tr_doc_layout *docs, int32_t H, int32_t KVH, int32_t D);
+    // Generation: B query tokens, token b belongs to sequence b whose keys/values (including
+    // this token's, already written) are the first seq_len[b] slots of its blocks
+    // block_table[b * max_blocks + j]. Same arithmetic order as attention_forward, so decode
+    // reproduces the training path's numbers. q[B,H,D], out[B,H,D].
+    void (*attention_decode)(tr_backend *be, float *out, const float *q, const tr_kv_pages *kv,
+                             const int32_t *block_table, int32_t max_blocks,
+                             const int32_t *seq_len, int32_t B, int32_t H);
+
+    // out[n] = silu(gate[n]) * up[n]
+    void (*swiglu_forward)(tr_backend *be, float *out, const float *gate, const float *up,
+                           size_t n);
+    // dgate += dout * d silu(gate) * up; dup += dout * silu(gate)
+    void (*swiglu_backward)(tr_backend *be, float *dgate, float *dup, const float *dout,
+                            const float *gate, const float *up, size_t n);
+
+    // out[n] = a[n] + b[n] (out may alias a)
+    void (*add)(tr_backend *be, float *out, const float *a, const float *b, size_t n);
+
+    // Fused log-softmax over logits[T,V]: logprob[t] = log p(target[t]) (0 where target < 0),
+    // entropy[t] = -sum p log p, lse[t] saved. Any of logprob/entropy may be NULL.
+    void (*logsoftmax_forward)(tr_backend *be, float *logprob, float *entropy, float *lse,
+                               const float *logits, const int32_t *target, int32_t T,
+                               int32_t V);
+    // dlogits = dlogprob[t] * (onehot(target) - p) + dentropy[t] * dH/dlogits, written
+    // (not accumulated: logits are not reused). dlogprob or dentropy may be NULL (zero).
+    void (*logsoftmax_backward)(tr_backend *be, float *dlogits, const float *dlogprob,
+                                const float *dentropy, const float *logits, const float *lse,
+                                const int32_t *target, int32_t T, int32_t V);
+
+    // Deterministic sum of squares (fixed blocking, double accumulation).
+    double (*sumsq)(tr_backend *be, const float *x, size_t n);
+    // x *= s
+    void (*scale)(tr_backend *be, float *x, float s, size_t n);
+    // AdamW with decoupled weight decay, bias correction at step t (1-based):
+    // m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; mh = m/(1-b1^t); vh = v/(1-b2^t);
+    // p -= lr * (mh / (sqrt(vh) + eps) + wd * p)
+    void (*adamw)(tr_backend *be, float *p, const float *g, float *m, float *v, size_t n,
+                  float lr, float b1, float b2, float eps, float wd, int32_t t);
+} tr_ops;
+
+// A backend: its op table plus its private context (thread pool, streams, handles).
+struct tr_backend {
+    const tr_ops *ops;
+    void *ctx;
+    int32_t n_threads;
+};
+
+// CPU backend with n_threads worker threads (0 = number of cores). Results are bitwise the
+// same for every thread count. Returns 0, or -1 if threads or memory could not be had.
+int tr_backend_cpu_init(tr_backend *be, int32_t n_threads);
+void tr_backend_cpu_free(tr_backend *be);
