@@ -1,0 +1,63 @@
+// The CPU backend: its tr_ops table and the context behind it (a thread pool). OpenBLAS is set
+// to one thread because the kernels parallelize over fixed tiles themselves; letting it split
+// work by its own thread count would make results depend on that count.
+// No op allocates: every kernel works in its outputs or small fixed-size stack buffers.
+#include <cblas.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "kernels/cpu/cpu.h"
+
+static const tr_ops cpu_ops = {
+    .name = "cpu",
+    .matmul_forward = tr_cpu_matmul_forward,
+    .matmul_backward = tr_cpu_matmul_backward,
+    .embedding_forward = tr_cpu_embedding_forward,
+    .embedding_backward = tr_cpu_embedding_backward,
+    .rmsnorm_forward = tr_cpu_rmsnorm_forward,
+    .rmsnorm_backward = tr_cpu_rmsnorm_backward,
+    .rope_forward = tr_cpu_rope_forward,
+    .rope_backward = tr_cpu_rope_backward,
+    .attention_forward = tr_cpu_attention_forward,
+    .attention_backward = tr_cpu_attention_backward,
+    .attention_decode = tr_cpu_attention_decode,
+    .swiglu_forward = tr_cpu_swiglu_forward,
+    .swiglu_backward = tr_cpu_swiglu_backward,
+    .add = tr_cpu_add,
+    .logsoftmax_forward = tr_cpu_logsoftmax_forward,
+    .logsoftmax_backward = tr_cpu_logsoftmax_backward,
+    .sumsq = tr_cpu_sumsq,
+    .scale = tr_cpu_scale,
+    .adamw = tr_cpu_adamw,
+};
+
+int tr_backend_cpu_init(tr_backend *be, int32_t n_threads) {
+    be->ops = NULL;
+    be->ctx = NULL;
+    be->n_threads = 0;
+    if (n_threads < 0) return -1;
+    if (n_threads == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = n > 0 ? (int32_t)n : 1;
+    }
+    tr_cpu_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return -1;
+    if (tr_pool_init(&ctx->pool, n_threads) != 0) {
+        free(ctx);
+        return -1;
+    }
+    openblas_set_num_threads(1);
+    be->ops = &cpu_ops;
+    be->ctx = ctx;
+    be->n_threads = n_threads;
+    return 0;
+}
+
+void tr_backend_cpu_free(tr_backend *be) {
+    if (!be || !be->ctx) return;
+    tr_cpu_ctx *ctx = be->ctx;
+    tr_pool_free(ctx->pool);
+    free(ctx);
+    be->ctx = NULL;
+    be->ops = NULL;
+}

@@ -1,0 +1,69 @@
+// Internal to the CPU backend: its context (the thread pool) and the fp32 op functions that
+// backend_cpu.c puts in the tr_ops table. Signatures mirror kernels/ops.h one for one.
+// Every op splits its work into tasks of a FIXED size that depends only on the op's
+// arguments, never on the thread count, and reduces in a fixed order: bitwise reproducible.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/cpu/pool.h"
+#include "kernels/ops.h"
+
+typedef struct tr_cpu_ctx {
+    tr_pool *pool;
+} tr_cpu_ctx;
+
+static inline tr_pool *tr_cpu_pool(tr_backend *be) { return ((tr_cpu_ctx *)be->ctx)->pool; }
+
+static inline int32_t tr_cpu_ceil_div(int64_t a, int64_t b) { return (int32_t)((a + b - 1) / b); }
+
+void tr_cpu_matmul_forward(tr_backend *be, float *out, const float *in, const float *w,
+                           const float *bias, int32_t T, int32_t IC, int32_t OC);
+void tr_cpu_matmul_backward(tr_backend *be, float *din, float *dw, float *dbias,
+                            const float *dout, const float *in, const float *w, int32_t T,
+                            int32_t IC, int32_t OC);
+
+void tr_cpu_embedding_forward(tr_backend *be, float *out, const int32_t *ids,
+                              const float *table, int32_t T, int32_t C);
+void tr_cpu_embedding_backward(tr_backend *be, float *dtable, const float *dout,
+                               const int32_t *ids, int32_t T, int32_t C);
+
+void tr_cpu_rmsnorm_forward(tr_backend *be, float *out, float *rstd, const float *in,
+                            const float *w, float eps, int32_t T, int32_t C);
+void tr_cpu_rmsnorm_backward(tr_backend *be, float *din, float *dw, const float *dout,
+                             const float *in, const float *w, const float *rstd, int32_t T,
+                             int32_t C);
+
+void tr_cpu_rope_forward(tr_backend *be, float *x, const int32_t *pos, const float *inv_freq,
+                         int32_t T, int32_t H, int32_t D);
+void tr_cpu_rope_backward(tr_backend *be, float *dx, const int32_t *pos, const float *inv_freq,
+                          int32_t T, int32_t H, int32_t D);
+
+void tr_cpu_attention_forward(tr_backend *be, float *out, float *lse, const float *q,
+                              const float *k, const float *v, const tr_doc_layout *docs,
+                              int32_t H, int32_t KVH, int32_t D);
+void tr_cpu_attention_backward(tr_backend *be, float *dq, float *dk, float *dv,
+                               const float *dout, const float *out, const float *lse,
+                               const float *q, const float *k, const float *v,
+                               const tr_doc_layout *docs, int32_t H, int32_t KVH, int32_t D);
+void tr_cpu_attention_decode(tr_backend *be, float *out, const float *q, const tr_kv_pages *kv,
+                             const int32_t *block_table, int32_t max_blocks,
+                             const int32_t *seq_len, int32_t B, int32_t H);
+
+void tr_cpu_swiglu_forward(tr_backend *be, float *out, const float *gate, const float *up,
+                           size_t n);
+void tr_cpu_swiglu_backward(tr_backend *be, float *dgate, float *dup, const float *dout,
+                            const float *gate, const float *up, size_t n);
+
+void tr_cpu_logsoftmax_forward(tr_backend *be, float *logprob, float *entropy, float *lse,
+                               const float *logits, const int32_t *target, int32_t T,
+                               int32_t V);
+void tr_cpu_logsoftmax_backward(tr_backend *be, float *dlogits, const float *dlogprob,
+                                const float *dentropy, const float *logits, const float *lse,
+                                const int32_t *target, int32_t T, int32_t V);
+
+void tr_cpu_add(tr_backend *be, float *out, const float *a, const float *b, size_t n);
+double tr_cpu_sumsq(tr_backend *be, const float *x, size_t n);
+void tr_cpu_scale(tr_backend *be, float *x, float s, size_t n);
+void tr_cpu_adamw(tr_backend *be, float *p, const float *g, float *m, float *v, size_t n,
+                  float lr, float b1, float b2, float eps, float wd, int32_t t);

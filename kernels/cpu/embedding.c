@@ -1,0 +1,51 @@
+// Token embedding lookup and its backward on the CPU. The backward scatters rows into the
+// table; repeated ids would race if split by tokens, so it is split by blocks of channels and
+// every block walks the tokens in order: deterministic, no atomics, no scratch.
+#include <string.h>
+
+#include "kernels/cpu/cpu.h"
+
+#define EMB_ROWS_PER_TASK 64
+#define EMB_COLS_PER_TASK 64
+
+typedef struct emb_job {
+    float *out;
+    float *dtable;
+    const float *table;
+    const float *dout;
+    const int32_t *ids;
+    int32_t T, C;
+} emb_job;
+
+static void emb_forward_task(void *arg, int32_t task) {
+    const emb_job *j = arg;
+    int32_t t0 = task * EMB_ROWS_PER_TASK;
+    int32_t t1 = t0 + EMB_ROWS_PER_TASK < j->T ? t0 + EMB_ROWS_PER_TASK : j->T;
+    for (int32_t t = t0; t < t1; t++)
+        memcpy(j->out + (size_t)t * j->C, j->table + (size_t)j->ids[t] * j->C,
+               (size_t)j->C * sizeof(float));
+}
+
+void tr_cpu_embedding_forward(tr_backend *be, float *out, const int32_t *ids,
+                              const float *table, int32_t T, int32_t C) {
+    emb_job j = {.out = out, .table = table, .ids = ids, .T = T, .C = C};
+    tr_pool_run(tr_cpu_pool(be), tr_cpu_ceil_div(T, EMB_ROWS_PER_TASK), emb_forward_task, &j);
+}
+
+static void emb_backward_task(void *arg, int32_t task) {
+    const emb_job *j = arg;
+    int32_t c0 = task * EMB_COLS_PER_TASK;
+    int32_t cn = j->C - c0 < EMB_COLS_PER_TASK ? j->C - c0 : EMB_COLS_PER_TASK;
+    for (int32_t t = 0; t < j->T; t++) {
+        float *dst = j->dtable + (size_t)j->ids[t] * j->C + c0;
+        const float *src = j->dout + (size_t)t * j->C + c0;
+        for (int32_t i = 0; i < cn; i++) dst[i] += src[i];
+    }
+}
+
+void tr_cpu_embedding_backward(tr_backend *be, float *dtable, const float *dout,
+                               const int32_t *ids, int32_t T, int32_t C) {
+    if (T <= 0) return;
+    emb_job j = {.dtable = dtable, .dout = dout, .ids = ids, .T = T, .C = C};
+    tr_pool_run(tr_cpu_pool(be), tr_cpu_ceil_div(C, EMB_COLS_PER_TASK), emb_backward_task, &j);
+}

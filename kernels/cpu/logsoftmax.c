@@ -1,0 +1,95 @@
+// Fused log-softmax over vocabulary rows on the CPU: the target's log-probability, the
+// entropy and the log-sum-exp in one pass pair, sums in double; and the backward that writes
+// dlogits from dlogprob and dentropy. Rows with target < 0 (padding, prompt) give logprob 0
+// and take no gradient through it.
+#include <math.h>
+
+#include "kernels/cpu/cpu.h"
+
+#define LSM_ELEMS_PER_TASK 32768   // rows per task = max(1, this / V)
+
+typedef struct lsm_job {
+    float *logprob, *entropy, *lse, *dlogits;
+    const float *logits, *dlogprob, *dentropy, *lse_in;
+    const int32_t *target;
+    int32_t T, V, rows_per_task;
+} lsm_job;
+
+static void lsm_forward_task(void *arg, int32_t task) {
+    const lsm_job *j = arg;
+    int32_t t0 = task * j->rows_per_task;
+    int32_t t1 = t0 + j->rows_per_task < j->T ? t0 + j->rows_per_task : j->T;
+    for (int32_t t = t0; t < t1; t++) {
+        const float *x = j->logits + (size_t)t * j->V;
+        float m = -INFINITY;
+        for (int32_t i = 0; i < j->V; i++) m = x[i] > m ? x[i] : m;
+        // sum e and sum e*(x-m), e = exp(x-m): entropy = log S - sum e (x-m) / S
+        double s = 0.0, sx = 0.0;
+        for (int32_t i = 0; i < j->V; i++) {
+            float z = x[i] - m;
+            double e = expf(z);
+            s += e;
+            sx += e * z;
+        }
+        double log_s = log(s);
+        double lse = (double)m + log_s;
+        j->lse[t] = (float)lse;
+        if (j->entropy) j->entropy[t] = (float)(log_s - sx / s);
+        if (j->logprob) {
+            int32_t tg = j->target[t];
+            j->logprob[t] = tg < 0 ? 0.0f : (float)((double)x[tg] - lse);
+        }
+    }
+}
+
+static int32_t lsm_rows_per_task(int32_t V) {
+    return V >= LSM_ELEMS_PER_TASK ? 1 : LSM_ELEMS_PER_TASK / (V > 0 ? V : 1);
+}
+
+void tr_cpu_logsoftmax_forward(tr_backend *be, float *logprob, float *entropy, float *lse,
+                               const float *logits, const int32_t *target, int32_t T,
+                               int32_t V) {
+    lsm_job j = {.logprob = logprob, .entropy = entropy, .lse = lse, .logits = logits,
+                 .target = target, .T = T, .V = V, .rows_per_task = lsm_rows_per_task(V)};
+    tr_pool_run(tr_cpu_pool(be), tr_cpu_ceil_div(T, j.rows_per_task), lsm_forward_task, &j);
+}
+
+// With p = exp(x - lse): d logprob/dx = onehot - p; dH/dx_i = -p_i (x_i - sum_k p_k x_k).
+static void lsm_backward_task(void *arg, int32_t task) {
+    const lsm_job *j = arg;
+    int32_t t0 = task * j->rows_per_task;
+    int32_t t1 = t0 + j->rows_per_task < j->T ? t0 + j->rows_per_task : j->T;
+    for (int32_t t = t0; t < t1; t++) {
+        const float *x = j->logits + (size_t)t * j->V;
+        float *dx = j->dlogits + (size_t)t * j->V;
+        float lse = j->lse_in[t];
+        int32_t tg = j->target[t];
+        float glp = (j->dlogprob && tg >= 0) ? j->dlogprob[t] : 0.0f;
+        float gent = j->dentropy ? j->dentropy[t] : 0.0f;
+        // mean of (x - lse) under p, i.e. minus the entropy, recomputed from the logits
+        float mean = 0.0f;
+        if (gent != 0.0f) {
+            double acc = 0.0;
+            for (int32_t i = 0; i < j->V; i++) {
+                float z = x[i] - lse;
+                acc += (double)expf(z) * z;
+            }
+            mean = (float)acc;
+        }
+        for (int32_t i = 0; i < j->V; i++) {
+            float z = x[i] - lse;
+            float p = expf(z);
+            dx[i] = -glp * p - gent * p * (z - mean);
+        }
+        if (glp != 0.0f) dx[tg] += glp;
+    }
+}
+
+void tr_cpu_logsoftmax_backward(tr_backend *be, float *dlogits, const float *dlogprob,
+                                const float *dentropy, const float *logits, const float *lse,
+                                const int32_t *target, int32_t T, int32_t V) {
+    lsm_job j = {.dlogits = dlogits, .dlogprob = dlogprob, .dentropy = dentropy,
+                 .logits = logits, .lse_in = lse, .target = target, .T = T, .V = V,
+                 .rows_per_task = lsm_rows_per_task(V)};
+    tr_pool_run(tr_cpu_pool(be), tr_cpu_ceil_div(T, j.rows_per_task), lsm_backward_task, &j);
+}

@@ -1,0 +1,61 @@
+// Rotary position embedding (HF rotate_half layout) on the CPU, in place on [T, H, D].
+// The angle is the fp32 product pos * inv_freq[i], as transformers computes it; cos and sin
+// are evaluated in double and rounded, once per token and frequency, shared by all heads.
+#include <math.h>
+
+#include "kernels/cpu/cpu.h"
+
+#define ROPE_ROWS_PER_TASK 16
+#define ROPE_FREQ_CHUNK 64   // frequencies per stack buffer of cos/sin: no limit on D
+
+typedef struct rope_job {
+    float *x;
+    const int32_t *pos;
+    const float *inv_freq;
+    int32_t T, H, D;
+    float sign;   // +1 forward, -1 backward (the transpose rotation)
+} rope_job;
+
+static void rope_task(void *arg, int32_t task) {
+    const rope_job *j = arg;
+    int32_t half = j->D / 2;
+    int32_t t0 = task * ROPE_ROWS_PER_TASK;
+    int32_t t1 = t0 + ROPE_ROWS_PER_TASK < j->T ? t0 + ROPE_ROWS_PER_TASK : j->T;
+    float cs[ROPE_FREQ_CHUNK], sn[ROPE_FREQ_CHUNK];
+    for (int32_t t = t0; t < t1; t++) {
+        float p = (float)j->pos[t];
+        for (int32_t i0 = 0; i0 < half; i0 += ROPE_FREQ_CHUNK) {
+            int32_t n = half - i0 < ROPE_FREQ_CHUNK ? half - i0 : ROPE_FREQ_CHUNK;
+            for (int32_t i = 0; i < n; i++) {
+                float angle = p * j->inv_freq[i0 + i];
+                cs[i] = (float)cos((double)angle);
+                sn[i] = j->sign * (float)sin((double)angle);
+            }
+            for (int32_t h = 0; h < j->H; h++) {
+                float *x1 = j->x + ((size_t)t * j->H + h) * j->D + i0;
+                float *x2 = x1 + half;
+                for (int32_t i = 0; i < n; i++) {
+                    float a = x1[i], b = x2[i];
+                    x1[i] = a * cs[i] - b * sn[i];
+                    x2[i] = b * cs[i] + a * sn[i];
+                }
+            }
+        }
+    }
+}
+
+static void rope_run(tr_backend *be, float *x, const int32_t *pos, const float *inv_freq,
+                     int32_t T, int32_t H, int32_t D, float sign) {
+    rope_job j = {.x = x, .pos = pos, .inv_freq = inv_freq, .T = T, .H = H, .D = D, .sign = sign};
+    tr_pool_run(tr_cpu_pool(be), tr_cpu_ceil_div(T, ROPE_ROWS_PER_TASK), rope_task, &j);
+}
+
+void tr_cpu_rope_forward(tr_backend *be, float *x, const int32_t *pos, const float *inv_freq,
+                         int32_t T, int32_t H, int32_t D) {
+    rope_run(be, x, pos, inv_freq, T, H, D, 1.0f);
+}
+
+void tr_cpu_rope_backward(tr_backend *be, float *dx, const int32_t *pos, const float *inv_freq,
+                          int32_t T, int32_t H, int32_t D) {
+    rope_run(be, dx, pos, inv_freq, T, H, D, -1.0f);
+}
