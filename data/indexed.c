@@ -138,8 +138,8 @@ static int validate(tr_indexed *d, const char *ip, const char *bp, tr_err *err) 
                        "%s: offset 18: %" PRIu64 " sequences and %" PRIu64
                        " document indices need %" PRIu64 " bytes after the header, file has %"
                        PRIu64 " (truncated .idx?)",
-                       ip, ns, nd, (ns > room / 12 || nd > room / 8) ? UINT64_MAX : 12 * ns + 8 * nd,
-                       room);
+                       ip, ns, nd,
+                       (ns >> 59 || nd >> 59) ? UINT64_MAX : 12 * ns + 8 * nd, room);
     uint64_t want = 12 * ns + 8 * nd;
     // Megatron's multimodal variant appends one int8 mode per sequence; accept and ignore it.
     if (room != want && room != want + ns)
