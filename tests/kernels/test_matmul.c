@@ -1,0 +1,152 @@
+// matmul_forward/backward against a float64 reference: forward on random inputs, every
+// gradient against central differences of the float64 forward (small shape) and against the
+// float64 closed form (shapes spanning several tiles); accumulation; 1/2/3-thread bit equality.
+#include "tests/kernels/kernels_test.h"
+
+typedef struct mm_ref {
+    const double *in, *w, *bias, *dout;
+    double *in_d, *w_d, *bias_d;   // the perturbed copies for finite differences
+    int32_t T, IC, OC;
+} mm_ref;
+
+static void mm_forward_ref(double *out, const double *in, const double *w, const double *bias,
+                           int32_t T, int32_t IC, int32_t OC) {
+    for (int32_t t = 0; t < T; t++)
+        for (int32_t o = 0; o < OC; o++) {
+            double s = bias ? bias[o] : 0.0;
+            for (int32_t i = 0; i < IC; i++) s += in[(size_t)t * IC + i] * w[(size_t)o * IC + i];
+            out[(size_t)t * OC + o] = s;
+        }
+}
+
+// L = sum dout * out(in, w, bias)
+static double mm_loss(void *arg) {
+    mm_ref *r = arg;
+    double *out = kt_malloc((size_t)r->T * r->OC * sizeof(double));
+    mm_forward_ref(out, r->in_d, r->w_d, r->bias_d, r->T, r->IC, r->OC);
+    double L = 0;
+    for (size_t i = 0; i < (size_t)r->T * r->OC; i++) L += r->dout[i] * out[i];
+    free(out);
+    return L;
+}
+
+static void check_shape(int32_t T, int32_t IC, int32_t OC, int use_bias, int fd) {
+    size_t nin = (size_t)T * IC, nw = (size_t)OC * IC, nout = (size_t)T * OC;
+    float *in = kt_rand(nin, 1.0), *w = kt_rand(nw, 0.5), *bias = kt_rand(OC, 1.0);
+    float *dout = kt_rand(nout, 1.0);
+    double *ind = kt_to_double(in, nin), *wd = kt_to_double(w, nw), *bd = kt_to_double(bias, OC);
+    double *doutd = kt_to_double(dout, nout);
+    const float *b = use_bias ? bias : NULL;
+
+    tr_backend be;
+    kt_backend(&be, 2);
+    float *out = kt_fill(nout, NAN);   // beta = 0 must overwrite, not scale, old contents
+    be.ops->matmul_forward(&be, out, in, w, b, T, IC, OC);
+    double *ref = kt_malloc(nout * sizeof(double));
+    mm_forward_ref(ref, ind, wd, use_bias ? bd : NULL, T, IC, OC);
+    double e = kt_rel_err_d(out, ref, nout);
+    CHECKF(e < 1e-5, "forward T=%d IC=%d OC=%d bias=%d: rel err %.3g", T, IC, OC, use_bias, e);
+
+    float *din = kt_fill(nin, 0), *dw = kt_fill(nw, 0), *db = kt_fill(OC, 0);
+    be.ops->matmul_backward(&be, din, dw, use_bias ? db : NULL, dout, in, w, T, IC, OC);
+    if (fd) {
+        mm_ref r = {.dout = doutd, .in_d = ind, .w_d = wd, .bias_d = use_bias ? bd : NULL,
+                    .T = T, .IC = IC, .OC = OC};
+        e = kt_fd_rel_err(ind, nin, din, mm_loss, &r, 100000);
+        CHECKF(e < 1e-5, "din vs finite differences: %.3g", e);
+        e = kt_fd_rel_err(wd, nw, dw, mm_loss, &r, 100000);
+        CHECKF(e < 1e-5, "dw vs finite differences: %.3g", e);
+        if (use_bias) {
+            e = kt_fd_rel_err(bd, OC, db, mm_loss, &r, 100000);
+            CHECKF(e < 1e-5, "dbias vs finite differences: %.3g", e);
+        }
+    } else {
+        // closed form in float64: din = dout w, dw = dout^T in, dbias = column sums of dout
+        double *rdin = kt_malloc(nin * sizeof(double)), *rdw = kt_malloc(nw * sizeof(double));
+        double *rdb = kt_malloc(OC * sizeof(double));
+        for (int32_t t = 0; t < T; t++)
+            for (int32_t i = 0; i < IC; i++) {
+                double s = 0;
+                for (int32_t o = 0; o < OC; o++) s += doutd[(size_t)t * OC + o] * wd[(size_t)o * IC + i];
+                rdin[(size_t)t * IC + i] = s;
+            }
+        for (int32_t o = 0; o < OC; o++) {
+            double sb = 0;
+            for (int32_t i = 0; i < IC; i++) {
+                double s = 0;
+                for (int32_t t = 0; t < T; t++) s += doutd[(size_t)t * OC + o] * ind[(size_t)t * IC + i];
+                rdw[(size_t)o * IC + i] = s;
+            }
+            for (int32_t t = 0; t < T; t++) sb += doutd[(size_t)t * OC + o];
+            rdb[o] = sb;
+        }
+        e = kt_rel_err_d(din, rdin, nin);
+        CHECKF(e < 1e-5, "din T=%d IC=%d OC=%d: %.3g", T, IC, OC, e);
+        e = kt_rel_err_d(dw, rdw, nw);
+        CHECKF(e < 1e-5, "dw T=%d IC=%d OC=%d: %.3g", T, IC, OC, e);
+        if (use_bias) {
+            e = kt_rel_err_d(db, rdb, OC);
+            CHECKF(e < 1e-5, "dbias: %.3g", e);
+        }
+        free(rdin);
+        free(rdw);
+        free(rdb);
+    }
+
+    // backward accumulates: start from random gradients, expect start + the fresh result
+    float *din0 = kt_rand(nin, 1.0), *dw0 = kt_rand(nw, 1.0), *db0 = kt_rand(OC, 1.0);
+    float *din2 = kt_copy(din0, nin), *dw2 = kt_copy(dw0, nw), *db2 = kt_copy(db0, OC);
+    be.ops->matmul_backward(&be, din2, dw2, use_bias ? db2 : NULL, dout, in, w, T, IC, OC);
+    CHECK(kt_accum_err(din2, din0, din, nin) < 1e-5);
+    CHECK(kt_accum_err(dw2, dw0, dw, nw) < 1e-5);
+    if (use_bias) CHECK(kt_accum_err(db2, db0, db, OC) < 1e-5);
+
+    // NULL gradients are skipped; the others are unchanged by their absence
+    float *dw3 = kt_fill(nw, 0);
+    be.ops->matmul_backward(&be, NULL, dw3, NULL, dout, in, w, T, IC, OC);
+    CHECK(kt_same_bits(dw3, dw, nw));
+
+    tr_backend_cpu_free(&be);
+    free(in); free(w); free(bias); free(dout); free(ind); free(wd); free(bd); free(doutd);
+    free(out); free(ref); free(din); free(dw); free(db); free(din0); free(dw0); free(db0);
+    free(din2); free(dw2); free(db2); free(dw3);
+}
+
+static void check_threads(int32_t T, int32_t IC, int32_t OC) {
+    size_t nin = (size_t)T * IC, nw = (size_t)OC * IC, nout = (size_t)T * OC;
+    float *in = kt_rand(nin, 1.0), *w = kt_rand(nw, 0.5), *bias = kt_rand(OC, 1.0);
+    float *dout = kt_rand(nout, 1.0);
+    float *out[3], *din[3], *dw[3], *db[3];
+    for (int32_t k = 0; k < 3; k++) {
+        tr_backend be;
+        kt_backend(&be, k + 1);
+        out[k] = kt_floats(nout);
+        din[k] = kt_fill(nin, 0);
+        dw[k] = kt_fill(nw, 0);
+        db[k] = kt_fill(OC, 0);
+        be.ops->matmul_forward(&be, out[k], in, w, bias, T, IC, OC);
+        be.ops->matmul_backward(&be, din[k], dw[k], db[k], dout, in, w, T, IC, OC);
+        tr_backend_cpu_free(&be);
+    }
+    for (int32_t k = 1; k < 3; k++) {
+        CHECKF(kt_same_bits(out[k], out[0], nout), "forward bits differ at %d threads", k + 1);
+        CHECKF(kt_same_bits(din[k], din[0], nin), "din bits differ at %d threads", k + 1);
+        CHECKF(kt_same_bits(dw[k], dw[0], nw), "dw bits differ at %d threads", k + 1);
+        CHECKF(kt_same_bits(db[k], db[0], OC), "dbias bits differ at %d threads", k + 1);
+    }
+    for (int32_t k = 0; k < 3; k++) {
+        free(out[k]); free(din[k]); free(dw[k]); free(db[k]);
+    }
+    free(in); free(w); free(bias); free(dout);
+}
+
+int main(void) {
+    kt_seed(1);
+    check_shape(5, 37, 19, 1, 1);     // odd sizes, every gradient by finite differences
+    check_shape(1, 37, 300, 1, 1);    // one row (decode), two column tiles
+    check_shape(3, 1, 7, 0, 1);
+    check_shape(130, 70, 260, 1, 0); // several row and column tiles
+    check_shape(70, 300, 9, 0, 0);
+    check_threads(200, 96, 530);
+    return tr_test_summary("test_matmul");
+}
