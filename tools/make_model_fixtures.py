@@ -73,7 +73,9 @@ def redraw(model, gen):
             elif name.endswith(".bias"):
                 p.copy_(0.2 * torch.randn(p.shape, generator=gen))
             elif "embed_tokens" in name:
-                p.copy_(torch.randn(p.shape, generator=gen))
+                # Tied models reuse this as the LM head: 0.4 keeps logits within a few units
+                # (a realistic, not saturated, softmax).
+                p.copy_(0.4 * torch.randn(p.shape, generator=gen))
             else:
                 fan_in = p.shape[1]
                 p.copy_(torch.randn(p.shape, generator=gen) * (1.5 / math.sqrt(fan_in)))

@@ -1,0 +1,360 @@
+// The decoder trunk: buffer allocation, the activation arena, and the forward/backward
+// passes from token ids to the final RMSNorm and back. Every numeric step is an op of the
+// backend table; this file only decides shapes, order and where each tensor lives.
+#include "engine/model.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/rng.h"
+
+// Arena layout (floats; T = max_tokens, C = hidden, Q = n_heads*head_dim,
+// K = n_kv_heads*head_dim, H = n_heads, I = intermediate, L = n_layers, V = vocab,
+// R = logit_rows, N = head outputs per token (num_labels; 1 for the value head)), every
+// region rounded up to 16 floats (64 bytes):
+//   residual   (L+1) x T*C         training; inference keeps only 2 and alternates
+//   per layer  T*(3C + 2Q + 2K + H + 2 + 3I)   training: L sets; inference: one shared set
+//   lnf T*C, lnf_rstd T, scratch T*C
+//   LM head:   logits R*V, lse T;   value/score head: head_out T*N
+//   training:  d_res T*C, d_ln T*C, d_q, d_att T*Q, d_k, d_v T*K, d_gate, d_up, d_act T*I,
+//              d_logits R*V (LM) or d_head_out T*N
+// Per token that is about (L+1)C + L(3C + 2Q + 2K + H + 3I) floats when training: for a
+// Qwen2-0.5B shape (C 896, Q 896, K 128, H 14, I 4864, L 24) 0.49 M floats = 2 MB a token,
+// 8 GB for a 4096-token micro-batch; the 3I term (SwiGLU) dominates. Inference keeps one
+// layer set, so its arena does not grow with L. Callers size micro-batches with
+// tr_model_arena_floats.
+
+#define TR_ALIGN_FLOATS 16
+
+static size_t round_up(size_t n) { return (n + TR_ALIGN_FLOATS - 1) / TR_ALIGN_FLOATS * TR_ALIGN_FLOATS; }
+
+static int32_t head_width(const tr_model_config *cfg) {
+    if (cfg->head == TR_HEAD_SCORE) return cfg->num_labels;
+    if (cfg->head == TR_HEAD_VALUE) return 1;
+    return 0;
+}
+
+static int32_t default_logit_rows(const tr_model_config *cfg, int32_t max_tokens) {
+    int64_t rows = (int64_t)(32u << 20) / 4 / cfg->vocab_size;
+    if (rows < 1) rows = 1;
+    if (rows > max_tokens) rows = max_tokens;
+    return (int32_t)rows;
+}
+
+// Walks the arena layout once; with base == NULL it only counts, so the size formula and
+// the views can never disagree.
+static size_t layout_arena(const tr_model_config *cfg, int32_t T, int32_t R, bool training,
+                           float *base, tr_acts *a) {
+    size_t off = 0;
+    const size_t C = (size_t)cfg->hidden_size, Q = (size_t)cfg->n_heads * cfg->head_dim;
+    const size_t K = (size_t)cfg->n_kv_heads * cfg->head_dim, I = (size_t)cfg->intermediate_size;
+    const size_t H = (size_t)cfg->n_heads, V = (size_t)cfg->vocab_size;
+    const size_t N = (size_t)head_width(cfg), t = (size_t)T;
+    const int32_t L = cfg->n_layers;
+#define TAKE(ptr, n)                                   \
+    do {                                               \
+        if (base) (ptr) = base + off;                  \
+        off += round_up(n);                            \
+    } while (0)
+    int32_t n_res = training ? L + 1 : 2;
+    float *res_bufs[2] = {NULL, NULL};
+    for (int32_t l = 0; l < n_res; l++) {
+        float *p = NULL;
+        TAKE(p, t * C);
+        if (base) {
+            if (training) a->residual[l] = p;
+            else res_bufs[l] = p;
+        }
+    }
+    if (base && !training)
+        for (int32_t l = 0; l <= L; l++) a->residual[l] = res_bufs[l % 2];
+    int32_t n_sets = training ? L : 1;
+    for (int32_t l = 0; l < n_sets; l++) {
+        tr_layer_acts la = {0};
+        TAKE(la.ln1, t * C);
+        TAKE(la.ln1_rstd, t);
+        TAKE(la.q, t * Q);
+        TAKE(la.k, t * K);
+        TAKE(la.v, t * K);
+        TAKE(la.att, t * Q);
+        TAKE(la.att_lse, t * H);
+        TAKE(la.res_mid, t * C);
+        TAKE(la.ln2, t * C);
+        TAKE(la.ln2_rstd, t);
+        TAKE(la.gate, t * I);
+        TAKE(la.up, t * I);
+        TAKE(la.act, t * I);
+        if (base) {
+            if (training) a->layers[l] = la;
+            else
+                for (int32_t j = 0; j < L; j++) a->layers[j] = la;
+        }
+    }
+    if (base) {
+        a->logits = a->lse = a->head_out = NULL;
+        a->d_res = a->d_lnf = a->d_ln = NULL;
+        a->d_q = a->d_k = a->d_v = a->d_att = NULL;
+        a->d_gate = a->d_up = a->d_act = a->d_logits = a->d_head_out = NULL;
+    }
+    TAKE(a->lnf, t * C);
+    TAKE(a->lnf_rstd, t);
+    TAKE(a->scratch, t * C);
+    if (cfg->head == TR_HEAD_LM) {
+        TAKE(a->logits, (size_t)R * V);
+        TAKE(a->lse, t);
+    } else {
+        TAKE(a->head_out, t * N);
+    }
+    if (training) {
+        TAKE(a->d_res, t * C);
+        TAKE(a->d_ln, t * C);
+        TAKE(a->d_q, t * Q);
+        TAKE(a->d_att, t * Q);
+        TAKE(a->d_k, t * K);
+        TAKE(a->d_v, t * K);
+        TAKE(a->d_gate, t * I);
+        TAKE(a->d_up, t * I);
+        TAKE(a->d_act, t * I);
+        if (cfg->head == TR_HEAD_LM) TAKE(a->d_logits, (size_t)R * V);
+        else TAKE(a->d_head_out, t * N);
+        if (base) a->d_lnf = a->d_ln;
+    }
+#undef TAKE
+    return off;
+}
+
+size_t tr_model_arena_floats(const tr_model_config *cfg, const tr_model_opts *opts) {
+    int32_t R = opts->logit_rows > 0 ? opts->logit_rows
+                                     : default_logit_rows(cfg, opts->max_tokens);
+    tr_acts a;
+    return layout_arena(cfg, opts->max_tokens, R, opts->training, NULL, &a);
+}
+
+static float *alloc_floats(size_t n) {
+    size_t bytes = round_up(n ? n : 1) * sizeof(float);
+    float *p = aligned_alloc(64, bytes);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
+int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
+                  const tr_model_opts *opts, tr_err *err) {
+    memset(m, 0, sizeof *m);
+    if (opts->max_tokens < 1)
+        return tr_errf(err, TR_EINVAL, "model: max_tokens must be >= 1, got %d",
+                       opts->max_tokens);
+    if (cfg->head_dim < 2 || cfg->head_dim % 2 != 0)
+        return tr_errf(err, TR_EINVAL, "model: head_dim must be even, got %d", cfg->head_dim);
+    if (cfg->n_kv_heads < 1 || cfg->n_heads % cfg->n_kv_heads != 0)
+        return tr_errf(err, TR_EINVAL, "model: num_attention_heads %d is not a multiple of "
+                       "num_key_value_heads %d", cfg->n_heads, cfg->n_kv_heads);
+    if (cfg->head != TR_HEAD_LM && head_width(cfg) < 1)
+        return tr_errf(err, TR_EINVAL, "model: num_labels must be >= 1, got %d",
+                       cfg->num_labels);
+    m->cfg = *cfg;
+    m->be = be;
+    m->training = opts->training;
+    m->max_tokens = opts->max_tokens;
+    m->logit_rows = opts->logit_rows > 0 ? opts->logit_rows
+                                         : default_logit_rows(cfg, opts->max_tokens);
+    if (m->logit_rows > m->max_tokens) m->logit_rows = m->max_tokens;
+    if (tr_param_layout_init(&m->layout, cfg, err) != 0) return tr_err_wrap(err, "model");
+
+    const int32_t L = cfg->n_layers;
+    m->params = alloc_floats(m->layout.total);
+    if (opts->training) m->grads = alloc_floats(m->layout.total);
+    m->inv_freq = alloc_floats((size_t)cfg->head_dim / 2);
+    m->acts.residual = calloc((size_t)L + 1, sizeof(float *));
+    m->acts.layers = calloc((size_t)(L > 0 ? L : 1), sizeof(tr_layer_acts));
+    m->ids = malloc((size_t)m->max_tokens * sizeof(int32_t));
+    m->pos = malloc((size_t)m->max_tokens * sizeof(int32_t));
+    m->doc_start = malloc(((size_t)m->max_tokens + 1) * sizeof(int32_t));
+    m->arena_floats = layout_arena(cfg, m->max_tokens, m->logit_rows, m->training, NULL,
+                                   &m->acts);
+    m->arena = alloc_floats(m->arena_floats);
+    double *inv = malloc((size_t)cfg->head_dim / 2 * sizeof(double));
+    if (!m->params || (opts->training && !m->grads) || !m->inv_freq || !m->acts.residual ||
+        !m->acts.layers || !m->ids || !m->pos || !m->doc_start || !m->arena || !inv) {
+        free(inv);
+        size_t total = m->layout.total, arena = m->arena_floats;
+        tr_model_free(m);
+        return tr_errf(err, TR_ENOMEM, "model: cannot allocate %zu parameter floats (x%d) and "
+                       "a %zu-float activation arena", total, opts->training ? 2 : 1, arena);
+    }
+    layout_arena(cfg, m->max_tokens, m->logit_rows, m->training, m->arena, &m->acts);
+    tr_config_rope_inv_freq(cfg, inv);
+    for (int32_t i = 0; i < cfg->head_dim / 2; i++) m->inv_freq[i] = (float)inv[i];
+    free(inv);
+    if (tr_params_views(&m->w, &m->layout, cfg, m->params, err) != 0 ||
+        (m->grads && tr_params_views(&m->g, &m->layout, cfg, m->grads, err) != 0)) {
+        tr_model_free(m);
+        return tr_err_wrap(err, "model");
+    }
+    m->docs.doc_start = m->doc_start;
+    m->docs.pos = m->pos;
+    return 0;
+}
+
+void tr_model_free(tr_model *m) {
+    tr_params_free_views(&m->w);
+    tr_params_free_views(&m->g);
+    tr_param_layout_free(&m->layout);
+    free(m->params);
+    free(m->grads);
+    free(m->inv_freq);
+    free(m->acts.residual);
+    free(m->acts.layers);
+    free(m->arena);
+    free(m->ids);
+    free(m->pos);
+    free(m->doc_start);
+    memset(m, 0, sizeof *m);
+}
+
+size_t tr_model_n_params(const tr_model *m) { return m->layout.total; }
+
+void tr_model_init_weights(tr_model *m, uint64_t seed, float std) {
+    tr_rng rng;
+    tr_rng_init(&rng, seed);
+    for (int32_t i = 0; i < m->layout.n_tensors; i++) {
+        const tr_tensor_desc *t = &m->layout.tensors[i];
+        float *p = m->params + t->offset;
+        size_t n = t->numel;
+        size_t len = strlen(t->name);
+        bool is_norm = len >= 11 && strcmp(t->name + len - 11, "norm.weight") == 0;
+        bool is_bias = len >= 5 && strcmp(t->name + len - 5, ".bias") == 0;
+        for (size_t j = 0; j < n; j++)
+            p[j] = is_norm ? 1.0f : is_bias ? 0.0f : std * tr_rng_normal(&rng);
+    }
+}
+
+void tr_model_zero_grad(tr_model *m) {
+    if (m->grads) memset(m->grads, 0, m->layout.total * sizeof(float));
+}
+
+// Backward ops accumulate, so scratch gradients start from zero. The op table has no fill
+// op yet; host memset is right for the CPU backend (a device backend needs one).
+static void zero(float *p, size_t n) { memset(p, 0, n * sizeof(float)); }
+
+static int check_batch(const tr_model *m, const int32_t *ids, const tr_doc_layout *docs,
+                       tr_err *err) {
+    int32_t T = docs->n_tokens, V = m->cfg.vocab_size;
+    if (T < 1 || T > m->max_tokens)
+        return tr_errf(err, TR_ERANGE, "model forward: %d tokens, the model was set up for "
+                       "1..%d per micro-batch", T, m->max_tokens);
+    if (docs->n_docs < 1 || docs->n_docs > T)
+        return tr_errf(err, TR_EINVAL, "model forward: %d documents for %d tokens",
+                       docs->n_docs, T);
+    if (docs->doc_start[0] != 0 || docs->doc_start[docs->n_docs] != T)
+        return tr_errf(err, TR_EINVAL, "model forward: documents must cover tokens 0..%d "
+                       "(doc_start[0] = %d, doc_start[%d] = %d)", T, docs->doc_start[0],
+                       docs->n_docs, docs->doc_start[docs->n_docs]);
+    for (int32_t d = 0; d < docs->n_docs; d++)
+        if (docs->doc_start[d + 1] <= docs->doc_start[d])
+            return tr_errf(err, TR_EINVAL, "model forward: document %d is empty or out of "
+                           "order (starts at %d, next at %d)", d, docs->doc_start[d],
+                           docs->doc_start[d + 1]);
+    for (int32_t t = 0; t < T; t++) {
+        if (ids[t] < 0 || ids[t] >= V)
+            return tr_errf(err, TR_ERANGE, "model forward: token %d has id %d, outside the "
+                           "vocabulary [0, %d)", t, ids[t], V);
+        if (docs->pos[t] < 0)
+            return tr_errf(err, TR_EINVAL, "model forward: token %d has position %d", t,
+                           docs->pos[t]);
+    }
+    return 0;
+}
+
+int tr_model_forward(tr_model *m, const int32_t *ids, const tr_doc_layout *docs, tr_err *err) {
+    if (check_batch(m, ids, docs, err) != 0) return -1;
+    const tr_ops *op = m->be->ops;
+    tr_backend *be = m->be;
+    const tr_model_config *c = &m->cfg;
+    const int32_t T = docs->n_tokens, C = c->hidden_size, I = c->intermediate_size;
+    const int32_t H = c->n_heads, KVH = c->n_kv_heads, D = c->head_dim;
+    const int32_t Q = H * D, K = KVH * D;
+    memcpy(m->ids, ids, (size_t)T * sizeof(int32_t));
+    memcpy(m->pos, docs->pos, (size_t)T * sizeof(int32_t));
+    memcpy(m->doc_start, docs->doc_start, ((size_t)docs->n_docs + 1) * sizeof(int32_t));
+    m->docs.n_tokens = T;
+    m->docs.n_docs = docs->n_docs;
+    m->logits_cached = false;
+
+    tr_acts *a = &m->acts;
+    op->embedding_forward(be, a->residual[0], m->ids, m->w.embed, T, C);
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const tr_layer_params *w = &m->w.layers[l];
+        tr_layer_acts *la = &a->layers[l];
+        const float *x = a->residual[l];
+        op->rmsnorm_forward(be, la->ln1, la->ln1_rstd, x, w->attn_norm, c->rms_norm_eps, T, C);
+        op->matmul_forward(be, la->q, la->ln1, w->wq, w->bq, T, C, Q);
+        op->matmul_forward(be, la->k, la->ln1, w->wk, w->bk, T, C, K);
+        op->matmul_forward(be, la->v, la->ln1, w->wv, w->bv, T, C, K);
+        op->rope_forward(be, la->q, m->pos, m->inv_freq, T, H, D);
+        op->rope_forward(be, la->k, m->pos, m->inv_freq, T, KVH, D);
+        op->attention_forward(be, la->att, la->att_lse, la->q, la->k, la->v, &m->docs, H, KVH,
+                              D);
+        op->matmul_forward(be, a->scratch, la->att, w->wo, NULL, T, Q, C);
+        op->add(be, la->res_mid, x, a->scratch, (size_t)T * C);
+        op->rmsnorm_forward(be, la->ln2, la->ln2_rstd, la->res_mid, w->mlp_norm,
+                            c->rms_norm_eps, T, C);
+        op->matmul_forward(be, la->gate, la->ln2, w->w_gate, NULL, T, C, I);
+        op->matmul_forward(be, la->up, la->ln2, w->w_up, NULL, T, C, I);
+        op->swiglu_forward(be, la->act, la->gate, la->up, (size_t)T * I);
+        op->matmul_forward(be, a->scratch, la->act, w->w_down, NULL, T, I, C);
+        op->add(be, a->residual[l + 1], la->res_mid, a->scratch, (size_t)T * C);
+    }
+    op->rmsnorm_forward(be, a->lnf, a->lnf_rstd, a->residual[c->n_layers], m->w.final_norm,
+                        c->rms_norm_eps, T, C);
+    return 0;
+}
+
+void tr_model_backward(tr_model *m) {
+    const tr_ops *op = m->be->ops;
+    tr_backend *be = m->be;
+    const tr_model_config *c = &m->cfg;
+    const int32_t T = m->docs.n_tokens, C = c->hidden_size, I = c->intermediate_size;
+    const int32_t H = c->n_heads, KVH = c->n_kv_heads, D = c->head_dim;
+    const int32_t Q = H * D, K = KVH * D;
+    tr_acts *a = &m->acts;
+    const size_t TC = (size_t)T * C;
+
+    zero(a->d_res, TC);
+    op->rmsnorm_backward(be, a->d_res, m->g.final_norm, a->d_lnf, a->residual[c->n_layers],
+                         m->w.final_norm, a->lnf_rstd, T, C);
+    for (int32_t l = c->n_layers - 1; l >= 0; l--) {
+        const tr_layer_params *w = &m->w.layers[l];
+        const tr_layer_params *g = &m->g.layers[l];
+        const tr_layer_acts *la = &a->layers[l];
+        // MLP block: d_res is the gradient of residual[l + 1] and also flows straight on.
+        zero(a->d_act, (size_t)T * I);
+        op->matmul_backward(be, a->d_act, g->w_down, NULL, a->d_res, la->act, w->w_down, T, I,
+                            C);
+        zero(a->d_gate, (size_t)T * I);
+        zero(a->d_up, (size_t)T * I);
+        op->swiglu_backward(be, a->d_gate, a->d_up, a->d_act, la->gate, la->up, (size_t)T * I);
+        zero(a->d_ln, TC);
+        op->matmul_backward(be, a->d_ln, g->w_gate, NULL, a->d_gate, la->ln2, w->w_gate, T, C,
+                            I);
+        op->matmul_backward(be, a->d_ln, g->w_up, NULL, a->d_up, la->ln2, w->w_up, T, C, I);
+        op->rmsnorm_backward(be, a->d_res, g->mlp_norm, a->d_ln, la->res_mid, w->mlp_norm,
+                             la->ln2_rstd, T, C);
+        // Attention block: d_res is now the gradient of res_mid.
+        zero(a->d_att, (size_t)T * Q);
+        op->matmul_backward(be, a->d_att, g->wo, NULL, a->d_res, la->att, w->wo, T, Q, C);
+        zero(a->d_q, (size_t)T * Q);
+        zero(a->d_k, (size_t)T * K);
+        zero(a->d_v, (size_t)T * K);
+        op->attention_backward(be, a->d_q, a->d_k, a->d_v, a->d_att, la->att, la->att_lse,
+                               la->q, la->k, la->v, &m->docs, H, KVH, D);
+        op->rope_backward(be, a->d_q, m->pos, m->inv_freq, T, H, D);
+        op->rope_backward(be, a->d_k, m->pos, m->inv_freq, T, KVH, D);
+        zero(a->d_ln, TC);
+        op->matmul_backward(be, a->d_ln, g->wq, g->bq, a->d_q, la->ln1, w->wq, T, C, Q);
+        op->matmul_backward(be, a->d_ln, g->wk, g->bk, a->d_k, la->ln1, w->wk, T, C, K);
+        op->matmul_backward(be, a->d_ln, g->wv, g->bv, a->d_v, la->ln1, w->wv, T, C, K);
+        op->rmsnorm_backward(be, a->d_res, g->attn_norm, a->d_ln, a->residual[l], w->attn_norm,
+                             la->ln1_rstd, T, C);
+    }
+    op->embedding_backward(be, m->g.embed, a->d_res, m->ids, T, C);
+}

@@ -1,0 +1,100 @@
+// The engine's transformer: a Llama-family decoder (RMSNorm, GQA attention with RoPE, SwiGLU)
+// written once against the backend op table. Parameters, gradients and activations each live
+// in one buffer sized at init; forward and backward allocate nothing. The trunk ends at the
+// final RMSNorm; heads.h turns its output into logprobs, values or scores.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/config.h"
+#include "engine/err.h"
+#include "engine/params.h"
+#include "kernels/ops.h"
+
+// Saved activations of one decoder layer; rows are tokens, views into the arena.
+typedef struct tr_layer_acts {
+    float *ln1;        // [T, C] input_layernorm output
+    float *ln1_rstd;   // [T]
+    float *q;          // [T, H*D] after RoPE (what attention saw)
+    float *k;          // [T, KVH*D] after RoPE
+    float *v;          // [T, KVH*D]
+    float *att;        // [T, H*D] attention output, before o_proj
+    float *att_lse;    // [T, H]
+    float *res_mid;    // [T, C] residual stream after the attention block
+    float *ln2;        // [T, C] post_attention_layernorm output
+    float *ln2_rstd;   // [T]
+    float *gate, *up;  // [T, I]
+    float *act;        // [T, I] silu(gate) * up
+} tr_layer_acts;
+
+typedef struct tr_acts {
+    float **residual;      // n_layers + 1 pointers: [l] is layer l's input, [L] the last output
+    tr_layer_acts *layers; // n_layers entries (all alias one set when not training)
+    float *lnf;            // [T, C] final norm output: the input of every head
+    float *lnf_rstd;       // [T]
+    float *scratch;        // [T, C] o_proj / down_proj output before the residual add
+    float *logits;         // [logit_rows, V] one chunk of LM-head logits (LM head only)
+    float *lse;            // [T] log-sum-exp of each token's logits (LM head only)
+    float *head_out;       // [T, num_labels] value/score projection of every token
+    // Backward scratch (training only), reused by every layer.
+    float *d_res;          // [T, C] gradient of the residual stream
+    float *d_lnf;          // [T, C] gradient of lnf, written by the head backward functions
+    float *d_ln;           // [T, C] gradient of a norm output (aliases d_lnf: never both live)
+    float *d_q, *d_k, *d_v, *d_att;
+    float *d_gate, *d_up, *d_act;
+    float *d_logits;       // [logit_rows, V]
+    float *d_head_out;     // [T, num_labels]
+} tr_acts;
+
+typedef struct tr_model {
+    tr_model_config cfg;
+    tr_param_layout layout;
+    tr_backend *be;             // not owned
+    float *params;              // layout.total floats
+    float *grads;               // layout.total floats, NULL unless training
+    tr_params w;                // views into params
+    tr_params g;                // views into grads (all NULL unless training)
+    float *inv_freq;            // [head_dim / 2] RoPE inverse frequencies, computed once
+    bool training;
+    int32_t max_tokens;         // tokens per forward (one micro-batch), fixed at init
+    int32_t logit_rows;         // LM-head logits are computed this many rows at a time
+    float *arena;               // activations, arena_floats floats
+    size_t arena_floats;
+    tr_acts acts;
+    // The current batch, copied in by tr_model_forward so backward can use it.
+    int32_t *ids;               // [max_tokens]
+    int32_t *pos;               // [max_tokens]
+    int32_t *doc_start;         // [max_tokens + 1]
+    tr_doc_layout docs;         // points at the three arrays above; n_tokens 0 before forward
+    bool logits_cached;         // acts.logits holds all T rows of the current forward
+} tr_model;
+
+typedef struct tr_model_opts {
+    int32_t max_tokens;   // tokens per micro-batch (packed documents included)
+    bool training;        // allocate gradients and backward scratch
+    int32_t logit_rows;   // rows of LM logits held at once; 0 = as many as fit in 32 MiB
+} tr_model_opts;
+
+// Allocates parameters (zeroed), gradients when training, and the activation arena for
+// cfg's model. Weights are then loaded (tr_model_load) or drawn (tr_model_init_weights).
+int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
+                  const tr_model_opts *opts, tr_err *err);
+void tr_model_free(tr_model *m);
+// Floats of activation arena tr_model_init allocates for these options (see model.c).
+size_t tr_model_arena_floats(const tr_model_config *cfg, const tr_model_opts *opts);
+
+// transformers' default init: normal(0, std) for embeddings and linear weights, ones for
+// norms, zero biases; deterministic in seed (Philox).
+void tr_model_init_weights(tr_model *m, uint64_t seed, float std);
+
+// Runs the trunk over one micro-batch: ids[docs->n_tokens] packed into docs. Checks ids
+// against the vocabulary and the layout's consistency; errors name the token index.
+int tr_model_forward(tr_model *m, const int32_t *ids, const tr_doc_layout *docs, tr_err *err);
+// Back-propagates acts.d_lnf (filled by a head's backward) through the trunk of the last
+// forward, accumulating into the gradient buffer.
+void tr_model_backward(tr_model *m);
+void tr_model_zero_grad(tr_model *m);
+
+// Number of parameters (tied embeddings counted once).
+size_t tr_model_n_params(const tr_model *m);

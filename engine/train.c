@@ -1,0 +1,245 @@
+// The training step: gradient accumulation over micro-batches with one normalization for the
+// whole step, global-norm clipping as torch.nn.utils.clip_grad_norm_ does it, and AdamW per
+// tensor (so 1-D tensors can skip weight decay).
+#include "engine/train.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/heads.h"
+
+static int32_t outputs_per_token(const tr_model_config *cfg) {
+    return cfg->head == TR_HEAD_SCORE && cfg->num_labels > 1 ? cfg->num_labels : 1;
+}
+
+int tr_trainer_init(tr_trainer *tr, tr_model *m, const tr_optim_cfg *opt, uint64_t seed,
+                    tr_err *err) {
+    memset(tr, 0, sizeof *tr);
+    if (!m->training || !m->grads)
+        return tr_errf(err, TR_EINVAL, "trainer: the model was not set up for training");
+    if (!(opt->lr >= 0) || !(opt->beta1 >= 0 && opt->beta1 < 1) ||
+        !(opt->beta2 >= 0 && opt->beta2 < 1) || !(opt->eps > 0) || !(opt->weight_decay >= 0))
+        return tr_errf(err, TR_EINVAL, "trainer: need lr >= 0, 0 <= betas < 1, eps > 0, "
+                       "weight_decay >= 0 (got lr %g, betas %g %g, eps %g, weight_decay %g)",
+                       opt->lr, opt->beta1, opt->beta2, opt->eps, opt->weight_decay);
+    const tr_lr_schedule *s = &opt->schedule;
+    if (s->warmup_steps < 0 || !(s->min_lr_ratio >= 0 && s->min_lr_ratio <= 1) ||
+        (s->kind != TR_LR_CONSTANT && s->total_steps < s->warmup_steps))
+        return tr_errf(err, TR_EINVAL, "trainer: schedule %s needs warmup_steps >= 0, "
+                       "total_steps >= warmup_steps and min_lr_ratio in [0, 1] (got %lld, "
+                       "%lld, %g)", tr_lr_kind_name(s->kind), (long long)s->warmup_steps,
+                       (long long)s->total_steps, s->min_lr_ratio);
+    tr->model = m;
+    tr->opt = *opt;
+    tr_rng_init(&tr->rng, seed);
+    size_t n = m->layout.total;
+    tr->adam_m = calloc(n ? n : 1, sizeof(float));
+    tr->adam_v = calloc(n ? n : 1, sizeof(float));
+    tr->max_out = m->max_tokens * outputs_per_token(&m->cfg);
+    size_t k = (size_t)tr->max_out;
+    tr->out = malloc(k * sizeof(float));
+    tr->entropy = malloc(k * sizeof(float));
+    tr->loss = malloc(k * sizeof(float));
+    tr->dout = malloc(k * sizeof(float));
+    tr->dentropy = malloc(k * sizeof(float));
+    tr->weights = malloc(k * sizeof(float));
+    if (!tr->adam_m || !tr->adam_v || !tr->out || !tr->entropy || !tr->loss || !tr->dout ||
+        !tr->dentropy || !tr->weights) {
+        tr_trainer_free(tr);
+        return tr_errf(err, TR_ENOMEM, "trainer: cannot allocate Adam moments (2 x %zu floats)",
+                       n);
+    }
+    return 0;
+}
+
+void tr_trainer_free(tr_trainer *tr) {
+    free(tr->adam_m);
+    free(tr->adam_v);
+    free(tr->out);
+    free(tr->entropy);
+    free(tr->loss);
+    free(tr->dout);
+    free(tr->dentropy);
+    free(tr->weights);
+    memset(tr, 0, sizeof *tr);
+}
+
+// Number of head outputs of a micro-batch: tokens, or documents x labels for scores.
+static int32_t n_outputs(const tr_model_config *cfg, const tr_micro_batch *mb) {
+    if (cfg->head == TR_HEAD_SCORE) return mb->docs.n_docs * cfg->num_labels;
+    return mb->docs.n_tokens;
+}
+
+// Fills w[0..n) with the micro-batch's loss weights and returns their sum.
+static double fill_weights(const tr_model_config *cfg, const tr_micro_batch *mb, float *w,
+                           int32_t n) {
+    double sum = 0;
+    for (int32_t i = 0; i < n; i++) {
+        float x = 1.0f;
+        if (mb->weights) x = mb->weights[i];
+        else if (cfg->head == TR_HEAD_LM && mb->targets && mb->targets[i] < 0) x = 0.0f;
+        w[i] = x;
+        sum += x;
+    }
+    return sum;
+}
+
+static int check_micro_batch(const tr_trainer *tr, const tr_micro_batch *mb, int32_t i,
+                             const tr_step_args *args, tr_err *err) {
+    const tr_model_config *cfg = &tr->model->cfg;
+    int32_t T = mb->docs.n_tokens;
+    if (T < 1 || T > tr->model->max_tokens || mb->docs.n_docs < 1 || mb->docs.n_docs > T)
+        return tr_errf(err, TR_EINVAL, "micro-batch %d: %d tokens in %d documents (the model "
+                       "takes 1..%d tokens)", i, T, mb->docs.n_docs, tr->model->max_tokens);
+    if (cfg->head == TR_HEAD_LM && !mb->targets)
+        return tr_errf(err, TR_EINVAL, "micro-batch %d: the LM head needs targets", i);
+    if (args->loss == TR_LOSS_CROSS_ENTROPY && cfg->head != TR_HEAD_LM)
+        return tr_errf(err, TR_EINVAL, "micro-batch %d: cross entropy needs an LM head", i);
+    if (args->loss == TR_LOSS_GRADIENT && !mb->dout)
+        return tr_errf(err, TR_EINVAL, "micro-batch %d: loss 'gradient' needs dout", i);
+    if (mb->weights)
+        for (int32_t k = 0; k < n_outputs(cfg, mb); k++)
+            if (!isfinite(mb->weights[k]) || mb->weights[k] < 0)
+                return tr_errf(err, TR_EINVAL, "micro-batch %d: weight %d is %g (need a finite "
+                               "value >= 0)", i, k, mb->weights[k]);
+    return 0;
+}
+
+static int head_forward(tr_model *m, const tr_micro_batch *mb, float *out, float *entropy,
+                        tr_err *err) {
+    switch (m->cfg.head) {
+    case TR_HEAD_LM: return tr_lm_head_forward(m, mb->targets, out, entropy, err);
+    case TR_HEAD_VALUE: return tr_value_head_forward(m, out, err);
+    case TR_HEAD_SCORE: return tr_score_head_forward(m, out, err);
+    }
+    return tr_errf(err, TR_EINVAL, "unknown head");
+}
+
+static void head_backward(tr_model *m, const tr_micro_batch *mb, const float *dout,
+                          const float *dentropy) {
+    switch (m->cfg.head) {
+    case TR_HEAD_LM: tr_lm_head_backward(m, mb->targets, dout, dentropy); break;
+    case TR_HEAD_VALUE: tr_value_head_backward(m, dout); break;
+    case TR_HEAD_SCORE: tr_score_head_backward(m, dout); break;
+    }
+}
+
+// Forward and backward of one micro-batch; adds sum_i w_i l_i to *loss_sum.
+static int micro_step(tr_trainer *tr, const tr_micro_batch *mb, int32_t index,
+                      const tr_step_args *args, double inv_w, double *loss_sum, tr_err *err) {
+    tr_model *m = tr->model;
+    const bool lm = m->cfg.head == TR_HEAD_LM;
+    const bool want_entropy = lm && args->loss == TR_LOSS_CALLBACK;
+    if (tr_model_forward(m, mb->ids, &mb->docs, err) != 0 ||
+        head_forward(m, mb, tr->out, want_entropy ? tr->entropy : NULL, err) != 0)
+        return tr_err_wrap(err, "micro-batch %d", index);
+    const int32_t n = n_outputs(&m->cfg, mb);
+    fill_weights(&m->cfg, mb, tr->weights, n);
+    bool use_dentropy = false;
+    switch (args->loss) {
+    case TR_LOSS_CROSS_ENTROPY:
+        for (int32_t i = 0; i < n; i++) {
+            tr->loss[i] = -tr->out[i];
+            tr->dout[i] = -1.0f;
+        }
+        break;
+    case TR_LOSS_GRADIENT:
+        memset(tr->loss, 0, (size_t)n * sizeof(float));
+        memcpy(tr->dout, mb->dout, (size_t)n * sizeof(float));
+        if (lm && mb->dentropy) {
+            memcpy(tr->dentropy, mb->dentropy, (size_t)n * sizeof(float));
+            use_dentropy = true;
+        }
+        break;
+    case TR_LOSS_CALLBACK:
+        memset(tr->dentropy, 0, (size_t)n * sizeof(float));
+        if (args->loss_fn(args->user, index, mb, n, tr->out, want_entropy ? tr->entropy : NULL,
+                          tr->loss, tr->dout, tr->dentropy, err) != 0)
+            return tr_err_wrap(err, "micro-batch %d: loss", index);
+        use_dentropy = lm;
+        break;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        float s = (float)(tr->weights[i] * inv_w);
+        if (tr->weights[i] != 0.0f) *loss_sum += (double)tr->weights[i] * tr->loss[i];
+        tr->dout[i] *= s;
+        if (use_dentropy) tr->dentropy[i] *= s;
+    }
+    head_backward(m, mb, tr->dout, use_dentropy ? tr->dentropy : NULL);
+    tr_model_backward(m);
+    return 0;
+}
+
+int tr_train_step(tr_trainer *tr, const tr_micro_batch *mbs, int32_t n, const tr_step_args *args,
+                  tr_step_result *res, tr_err *err) {
+    tr_model *m = tr->model;
+    memset(res, 0, sizeof *res);
+    if (n < 1) return tr_errf(err, TR_EINVAL, "train step: no micro-batches");
+    if (args->loss == TR_LOSS_CALLBACK && !args->loss_fn)
+        return tr_errf(err, TR_EINVAL, "train step: loss 'callback' without a function");
+    double w_total = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (check_micro_batch(tr, &mbs[i], i, args, err) != 0) return -1;
+        w_total += fill_weights(&m->cfg, &mbs[i], tr->weights, n_outputs(&m->cfg, &mbs[i]));
+    }
+    double W = 1.0;
+    if (args->norm == TR_NORM_TOKEN_MEAN) {
+        W = args->weight_total > 0 ? args->weight_total : w_total;
+        if (!(W > 0))
+            return tr_errf(err, TR_EINVAL, "train step: no output carries loss weight (%d "
+                           "micro-batches)", n);
+    }
+    tr_model_zero_grad(m);
+    double loss_sum = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (micro_step(tr, &mbs[i], i, args, 1.0 / W, &loss_sum, err) != 0) return -1;
+
+    const tr_ops *op = m->be->ops;
+    const size_t total = m->layout.total;
+    double norm = sqrt(op->sumsq(m->be, m->grads, total));
+    if (!isfinite(norm))
+        return tr_errf(err, TR_EINVAL, "train step %lld: gradient norm is %g; update skipped",
+                       (long long)tr->step + 1, norm);
+    if (tr->opt.max_grad_norm > 0) {
+        double coef = tr->opt.max_grad_norm / (norm + 1e-6);
+        if (coef < 1.0) op->scale(m->be, m->grads, (float)coef, total);
+    }
+    double lr = tr_lr_at(&tr->opt.schedule, tr->opt.lr, tr->step);
+    int32_t t = (int32_t)(tr->step + 1);
+    for (int32_t i = 0; i < m->layout.n_tensors; i++) {
+        const tr_tensor_desc *d = &m->layout.tensors[i];
+        float wd = (d->ndim == 1 && !tr->opt.decay_all) ? 0.0f : tr->opt.weight_decay;
+        op->adamw(m->be, m->params + d->offset, m->grads + d->offset, tr->adam_m + d->offset,
+                  tr->adam_v + d->offset, d->numel, (float)lr, tr->opt.beta1, tr->opt.beta2,
+                  tr->opt.eps, wd, t);
+    }
+    tr->step++;
+    res->loss = loss_sum / W;
+    res->grad_norm = norm;
+    res->lr = lr;
+    res->weight_total = W;
+    res->step = tr->step;
+    return 0;
+}
+
+int tr_eval_loss(tr_model *m, const tr_micro_batch *mbs, int32_t n, float *scratch,
+                 double *loss, tr_err *err) {
+    if (m->cfg.head != TR_HEAD_LM) return tr_errf(err, TR_EINVAL, "eval loss: needs an LM head");
+    double sum = 0, wsum = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const tr_micro_batch *mb = &mbs[i];
+        if (!mb->targets) return tr_errf(err, TR_EINVAL, "eval loss: micro-batch %d has no targets", i);
+        if (tr_model_forward(m, mb->ids, &mb->docs, err) != 0 ||
+            tr_lm_head_forward(m, mb->targets, scratch, NULL, err) != 0)
+            return tr_err_wrap(err, "micro-batch %d", i);
+        for (int32_t t = 0; t < mb->docs.n_tokens; t++) {
+            double w = mb->weights ? mb->weights[t] : (mb->targets[t] >= 0 ? 1.0 : 0.0);
+            sum -= w * scratch[t];
+            wsum += w;
+        }
+    }
+    if (!(wsum > 0)) return tr_errf(err, TR_EINVAL, "eval loss: no token carries loss weight");
+    *loss = sum / wsum;
+    return 0;
+}

@@ -1,0 +1,240 @@
+// Saving and restoring the trainer beside a checkpoint: Adam moments through the safetensors
+// module, scalars as JSON. Loading reads everything into temporaries first, so a bad file
+// leaves the trainer as it was.
+#include "engine/train_state.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/file.h"
+#include "engine/json.h"
+#include "engine/safetensors.h"
+
+#define STATE_FORMAT "troupe.trainer_state"
+#define STATE_VERSION 1
+
+static void join(char *out, size_t cap, const char *dir, const char *name) {
+    snprintf(out, cap, "%s/%s", dir, name);
+}
+
+static int save_moments(const tr_trainer *tr, const char *path, const float *buf, tr_err *err) {
+    const tr_param_layout *lay = &tr->model->layout;
+    tr_st_entry *e = calloc((size_t)lay->n_tensors, sizeof *e);
+    if (!e) return tr_errf(err, TR_ENOMEM, "%s: out of memory", path);
+    for (int32_t i = 0; i < lay->n_tensors; i++) {
+        const tr_tensor_desc *d = &lay->tensors[i];
+        e[i].name = d->name;
+        e[i].ndim = d->ndim;
+        e[i].shape[0] = d->shape[0];
+        e[i].shape[1] = d->shape[1];
+        e[i].data = buf + d->offset;
+    }
+    char step[32];
+    snprintf(step, sizeof step, "%" PRId64, tr->step);
+    const char *meta[] = {"format", "pt", "step", step};
+    int rc = tr_st_save(path, e, lay->n_tensors, TR_ST_F32, meta, 2, err);
+    free(e);
+    return rc;
+}
+
+int tr_train_state_save(const tr_trainer *tr, const char *dir, tr_err *err) {
+    char path[4096];
+    join(path, sizeof path, dir, TR_TRAIN_STATE_EXP_AVG);
+    if (save_moments(tr, path, tr->adam_m, err) != 0) return tr_err_wrap(err, "saving training state");
+    join(path, sizeof path, dir, TR_TRAIN_STATE_EXP_AVG_SQ);
+    if (save_moments(tr, path, tr->adam_v, err) != 0) return tr_err_wrap(err, "saving training state");
+
+    const tr_optim_cfg *o = &tr->opt;
+    char seed[32];
+    snprintf(seed, sizeof seed, "%" PRIu64, tr->rng.seed);
+    tr_json_writer w;
+    tr_json_writer_init(&w, 2);
+    tr_json_begin_object(&w);
+    tr_json_key(&w, "format");
+    tr_json_string(&w, STATE_FORMAT);
+    tr_json_key(&w, "version");
+    tr_json_int(&w, STATE_VERSION);
+    tr_json_key(&w, "step");
+    tr_json_int(&w, tr->step);
+    tr_json_key(&w, "next_lr");
+    tr_json_double(&w, tr_lr_at(&o->schedule, o->lr, tr->step));
+    tr_json_key(&w, "rng");
+    tr_json_begin_object(&w);
+    tr_json_key(&w, "seed");  // a string: JSON readers lose integers above 2^53
+    tr_json_string(&w, seed);
+    tr_json_key(&w, "counter");
+    tr_json_int(&w, (int64_t)tr->rng.counter);
+    tr_json_key(&w, "used");
+    tr_json_int(&w, tr->rng.used);
+    tr_json_end_object(&w);
+    tr_json_key(&w, "optimizer");
+    tr_json_begin_object(&w);
+    tr_json_key(&w, "lr");
+    tr_json_double(&w, o->lr);
+    tr_json_key(&w, "betas");
+    tr_json_begin_array(&w);
+    tr_json_float(&w, o->beta1);
+    tr_json_float(&w, o->beta2);
+    tr_json_end_array(&w);
+    tr_json_key(&w, "eps");
+    tr_json_float(&w, o->eps);
+    tr_json_key(&w, "weight_decay");
+    tr_json_float(&w, o->weight_decay);
+    tr_json_key(&w, "decay_all");
+    tr_json_bool(&w, o->decay_all);
+    tr_json_key(&w, "max_grad_norm");
+    tr_json_float(&w, o->max_grad_norm);
+    tr_json_end_object(&w);
+    tr_json_key(&w, "schedule");
+    tr_json_begin_object(&w);
+    tr_json_key(&w, "kind");
+    tr_json_string(&w, tr_lr_kind_name(o->schedule.kind));
+    tr_json_key(&w, "warmup_steps");
+    tr_json_int(&w, o->schedule.warmup_steps);
+    tr_json_key(&w, "total_steps");
+    tr_json_int(&w, o->schedule.total_steps);
+    tr_json_key(&w, "min_lr_ratio");
+    tr_json_double(&w, o->schedule.min_lr_ratio);
+    tr_json_end_object(&w);
+    tr_json_end_object(&w);
+    tr_json_raw(&w, "\n", 1);
+    const char *text;
+    size_t len;
+    join(path, sizeof path, dir, TR_TRAIN_STATE_JSON);
+    int rc = tr_json_writer_finish(&w, &text, &len, err);
+    if (rc == 0) rc = tr_file_write_atomic(path, text, len, err);
+    tr_json_writer_free(&w);
+    return rc == 0 ? 0 : tr_err_wrap(err, "saving training state to %s", path);
+}
+
+static int json_int(const tr_json *obj, const char *key, const char *path, int64_t lo,
+                    int64_t hi, int64_t *out, tr_err *err) {
+    const tr_json *v = tr_json_get(obj, key);
+    if (!v) return tr_errf(err, TR_EFORMAT, "%s: missing key '%s'", path, key);
+    if (v->type != TR_JSON_NUMBER || !v->is_int || v->inum < lo || v->inum > hi)
+        return tr_errf(err, TR_EFORMAT, "%s:%d:%d: '%s' must be an integer in [%" PRId64
+                       ", %" PRId64 "]", path, v->line, v->col, key, lo, hi);
+    *out = v->inum;
+    return 0;
+}
+
+static int parse_state(const char *path, int64_t *step, tr_rng *rng, tr_err *err) {
+    char *text;
+    size_t len;
+    if (tr_file_read(path, &text, &len, err) != 0) return -1;
+    tr_json_doc doc;
+    int rc = tr_json_parse(&doc, text, len, path, err);
+    free(text);
+    if (rc != 0) return -1;
+    rc = -1;
+    const tr_json *root = doc.root, *fmt = tr_json_get(root, "format");
+    const tr_json *r = tr_json_get(root, "rng"), *seed = r ? tr_json_get(r, "seed") : NULL;
+    int64_t version, counter, used;
+    if (root->type != TR_JSON_OBJECT || !fmt || fmt->type != TR_JSON_STRING ||
+        strcmp(fmt->str, STATE_FORMAT) != 0) {
+        tr_errf(err, TR_EFORMAT, "%s: not a troupe trainer state (\"format\": \"%s\" expected)",
+                path, STATE_FORMAT);
+        goto done;
+    }
+    if (json_int(root, "version", path, STATE_VERSION, STATE_VERSION, &version, err) != 0 ||
+        json_int(root, "step", path, 0, INT32_MAX, step, err) != 0)
+        goto done;
+    if (!r || r->type != TR_JSON_OBJECT) {
+        tr_errf(err, TR_EFORMAT, "%s: missing object 'rng'", path);
+        goto done;
+    }
+    char *end = NULL;
+    if (!seed || seed->type != TR_JSON_STRING || !seed->len ||
+        (rng->seed = strtoull(seed->str, &end, 10), *end != '\0')) {
+        tr_errf(err, TR_EFORMAT, "%s: rng.seed must be a decimal string", path);
+        goto done;
+    }
+    if (json_int(r, "counter", path, 0, INT64_MAX, &counter, err) != 0 ||
+        json_int(r, "used", path, 0, 4, &used, err) != 0)
+        goto done;
+    if (used < 4 && counter == 0) {
+        tr_errf(err, TR_EFORMAT, "%s: rng.used %" PRId64 " with counter 0", path, used);
+        goto done;
+    }
+    rng->counter = (uint64_t)counter;
+    rng->used = (int32_t)used;
+    // The block being consumed is a pure function of (seed, counter - 1).
+    if (rng->used < 4) tr_philox4x32(rng->counter - 1, 0, rng->seed, rng->buf);
+    rc = 0;
+done:
+    tr_json_free(&doc);
+    return rc;
+}
+
+static int load_moments(const tr_trainer *tr, const char *path, int64_t step, float *out,
+                        tr_err *err) {
+    const tr_param_layout *lay = &tr->model->layout;
+    tr_st_file f;
+    if (tr_st_open(&f, path, err) != 0) return -1;
+    int rc = -1;
+    const char *s = tr_st_metadata(&f, "step");
+    char want[32];
+    snprintf(want, sizeof want, "%" PRId64, step);
+    if (!s || strcmp(s, want) != 0) {
+        tr_errf(err, TR_EFORMAT, "%s: written at step %s but %s says step %s", path,
+                s ? s : "(none)", TR_TRAIN_STATE_JSON, want);
+        goto done;
+    }
+    if (f.n_tensors != lay->n_tensors) {
+        tr_errf(err, TR_EFORMAT, "%s: %d tensors, the model has %d", path, f.n_tensors,
+                lay->n_tensors);
+        goto done;
+    }
+    for (int32_t i = 0; i < lay->n_tensors; i++) {
+        const tr_tensor_desc *d = &lay->tensors[i];
+        const tr_st_tensor *t = tr_st_find(&f, d->name);
+        if (!t) {
+            tr_errf(err, TR_EFORMAT, "%s: tensor '%s' is missing", path, d->name);
+            goto done;
+        }
+        bool same = t->ndim == d->ndim && t->shape[0] == d->shape[0] &&
+                    (d->ndim == 1 || t->shape[1] == d->shape[1]);
+        if (!same || t->numel != d->numel) {
+            tr_errf(err, TR_EFORMAT, "%s: tensor '%s' has %" PRIu64 " values in %d dims, the "
+                    "model's has %zu", path, d->name, t->numel, t->ndim, d->numel);
+            goto done;
+        }
+        if (tr_st_read_f32(&f, t, out + d->offset, err) != 0) goto done;
+    }
+    rc = 0;
+done:
+    tr_st_close(&f);
+    return rc;
+}
+
+int tr_train_state_load(tr_trainer *tr, const char *dir, tr_err *err) {
+    char path[4096];
+    int64_t step = 0;
+    tr_rng rng = tr->rng;
+    join(path, sizeof path, dir, TR_TRAIN_STATE_JSON);
+    if (parse_state(path, &step, &rng, err) != 0) return tr_err_wrap(err, "loading training state");
+    size_t n = tr->model->layout.total;
+    float *m = malloc((n ? n : 1) * sizeof(float)), *v = malloc((n ? n : 1) * sizeof(float));
+    if (!m || !v) {
+        free(m);
+        free(v);
+        return tr_errf(err, TR_ENOMEM, "loading training state: out of memory");
+    }
+    char path_v[4096];
+    join(path, sizeof path, dir, TR_TRAIN_STATE_EXP_AVG);
+    join(path_v, sizeof path_v, dir, TR_TRAIN_STATE_EXP_AVG_SQ);
+    if (load_moments(tr, path, step, m, err) != 0 || load_moments(tr, path_v, step, v, err) != 0) {
+        free(m);
+        free(v);
+        return tr_err_wrap(err, "loading training state");
+    }
+    free(tr->adam_m);
+    free(tr->adam_v);
+    tr->adam_m = m;
+    tr->adam_v = v;
+    tr->step = step;
+    tr->rng = rng;
+    return 0;
+}
