@@ -66,20 +66,21 @@ static void lsm_backward_task(void *arg, int32_t task) {
         int32_t tg = j->target[t];
         float glp = (j->dlogprob && tg >= 0) ? j->dlogprob[t] : 0.0f;
         float gent = j->dentropy ? j->dentropy[t] : 0.0f;
-        // mean of (x - lse) under p, i.e. minus the entropy, recomputed from the logits
-        float mean = 0.0f;
+        // E_p[x], recomputed from the logits and normalized by sum p so that the rounding of
+        // the saved lse cancels; kept in double because x - E_p[x] cancels for peaked rows.
+        double mean = 0.0;
         if (gent != 0.0f) {
-            double acc = 0.0;
+            double sp = 0.0, spx = 0.0;
             for (int32_t i = 0; i < j->V; i++) {
-                float z = x[i] - lse;
-                acc += (double)expf(z) * z;
+                double p = expf(x[i] - lse);
+                sp += p;
+                spx += p * x[i];
             }
-            mean = (float)acc;
+            mean = spx / sp;
         }
         for (int32_t i = 0; i < j->V; i++) {
-            float z = x[i] - lse;
-            float p = expf(z);
-            dx[i] = -glp * p - gent * p * (z - mean);
+            float p = expf(x[i] - lse);
+            dx[i] = -glp * p - gent * p * (float)((double)x[i] - mean);
         }
         if (glp != 0.0f) dx[tg] += glp;
     }

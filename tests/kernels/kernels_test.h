@@ -79,11 +79,11 @@ typedef double (*kt_loss_fn)(void *ctx);
 // Compares grad[i] with the central difference (L(x+h) - L(x-h)) / 2h of the float64 loss,
 // for every element of x or, when n > max_checks, for an evenly spread subset of them.
 // Returns max|grad - fd| / max(max|fd|, floor) over the checked elements; floor gives the
-// scale to measure against where the true gradient is zero.
-static inline double kt_fd_rel_err_floor(double *x, size_t n, const float *grad,
-                                         kt_loss_fn loss, void *ctx, size_t max_checks,
-                                         double floor) {
-    const double h = 1e-5;
+// scale to measure against where the true gradient is zero. Step h: 1e-5 by default; larger
+// where the gradients are tiny next to the loss, so that cancellation in L(x+h) - L(x-h)
+// stays below the fp32 error being measured.
+static inline double kt_fd_rel_err_ex(double *x, size_t n, const float *grad, kt_loss_fn loss,
+                                      void *ctx, size_t max_checks, double floor, double h) {
     size_t step = n > max_checks ? n / max_checks : 1;
     double num = 0, den = 0;
     for (size_t i = (n > max_checks ? step / 2 : 0); i < n; i += step) {
@@ -104,7 +104,7 @@ static inline double kt_fd_rel_err_floor(double *x, size_t n, const float *grad,
 
 static inline double kt_fd_rel_err(double *x, size_t n, const float *grad, kt_loss_fn loss,
                                    void *ctx, size_t max_checks) {
-    return kt_fd_rel_err_floor(x, n, grad, loss, ctx, max_checks, 1e-30);
+    return kt_fd_rel_err_ex(x, n, grad, loss, ctx, max_checks, 1e-30, 1e-5);
 }
 
 // a == pre + delta elementwise, up to fp32 rounding of the sum: the "+=" contract.

@@ -1,0 +1,120 @@
+// logsoftmax_forward/backward against float64: logprob of the target, entropy and lse on
+// random logits (large ones too), dlogits from dlogprob and from dentropy against central
+// differences of the float64 forward, target < 0 giving logprob 0 and no gradient, and
+// bitwise equal results for 1, 2 and 3 threads.
+#include "tests/kernels/kernels_test.h"
+
+typedef struct lsm_ref {
+    double *logits;
+    const int32_t *target;
+    const double *dlp, *dent;   // loss = sum_t dlp[t] logprob[t] + dent[t] entropy[t]
+    int32_t T, V;
+} lsm_ref;
+
+static void lsm_forward_ref(double *logprob, double *entropy, double *lse, const double *x,
+                            const int32_t *target, int32_t T, int32_t V) {
+    for (int32_t t = 0; t < T; t++) {
+        const double *r = x + (size_t)t * V;
+        double m = -INFINITY, s = 0, h = 0;
+        for (int32_t i = 0; i < V; i++) m = fmax(m, r[i]);
+        for (int32_t i = 0; i < V; i++) s += exp(r[i] - m);
+        double l = m + log(s);
+        for (int32_t i = 0; i < V; i++) {
+            double lp = r[i] - l;
+            h -= exp(lp) * lp;
+        }
+        lse[t] = l;
+        entropy[t] = h;
+        logprob[t] = target[t] < 0 ? 0.0 : r[target[t]] - l;
+    }
+}
+
+static double lsm_loss(void *arg) {
+    lsm_ref *r = arg;
+    double *lp = kt_malloc(r->T * sizeof(double) * 3), *ent = lp + r->T, *lse = lp + 2 * r->T;
+    lsm_forward_ref(lp, ent, lse, r->logits, r->target, r->T, r->V);
+    double L = 0;
+    for (int32_t t = 0; t < r->T; t++)
+        L += (r->dlp ? r->dlp[t] * lp[t] : 0) + (r->dent ? r->dent[t] * ent[t] : 0);
+    free(lp);
+    return L;
+}
+
+static void check_case(int32_t T, int32_t V, double scale) {
+    size_t n = (size_t)T * V;
+    float *x = kt_rand(n, scale), *glp = kt_rand(T, 1.0), *gent = kt_rand(T, 1.0);
+    int32_t *target = kt_malloc((size_t)T * sizeof(int32_t));
+    for (int32_t t = 0; t < T; t++) target[t] = (int32_t)((kt_uniform() + 1.0) * 0.5 * V) % V;
+    if (T > 1) target[1] = -1;   // a masked row
+    double *xd = kt_to_double(x, n), *glpd = kt_to_double(glp, T), *gentd = kt_to_double(gent, T);
+    double *rl = kt_malloc(T * sizeof(double) * 3), *re = rl + T, *rs = rl + 2 * T;
+    lsm_forward_ref(rl, re, rs, xd, target, T, V);
+
+    tr_backend be;
+    kt_backend(&be, 2);
+    float *lp = kt_fill(T, NAN), *ent = kt_fill(T, NAN), *lse = kt_fill(T, NAN);
+    be.ops->logsoftmax_forward(&be, lp, ent, lse, x, target, T, V);
+    double lp_err = 0, ent_err = 0, else_err = 0;
+    for (int32_t t = 0; t < T; t++) {
+        lp_err = fmax(lp_err, fabs(lp[t] - rl[t]));
+        ent_err = fmax(ent_err, fabs(ent[t] - re[t]));
+        else_err = fmax(else_err, fabs(lse[t] - rs[t]) / fmax(1.0, fabs(rs[t])));
+    }
+    // absolute errors: logprob and entropy are O(log V); float keeps ~7 digits of them
+    CHECKF(lp_err < 1e-5 * fmax(1.0, scale), "logprob T=%d V=%d: %.3g", T, V, lp_err);
+    CHECKF(ent_err < 1e-5, "entropy T=%d V=%d: %.3g", T, V, ent_err);
+    CHECKF(else_err < 1e-6, "lse T=%d V=%d: %.3g", T, V, else_err);
+    if (T > 1) CHECK(lp[1] == 0.0f);
+    float *lp_only = kt_fill(T, NAN), *lse2 = kt_floats(T);
+    be.ops->logsoftmax_forward(&be, lp_only, NULL, lse2, x, target, T, V);
+    CHECK(kt_same_bits(lp_only, lp, T) && kt_same_bits(lse2, lse, T));
+
+    // gradients: each term alone, then both together, against finite differences
+    lsm_ref r = {.logits = xd, .target = target, .T = T, .V = V};
+    float *dx = kt_fill(n, NAN);
+    for (int32_t mode = 0; mode < 3; mode++) {
+        const float *a = mode != 1 ? glp : NULL, *b = mode != 0 ? gent : NULL;
+        r.dlp = a ? glpd : NULL;
+        r.dent = b ? gentd : NULL;
+        be.ops->logsoftmax_backward(&be, dx, a, b, x, lse, target, T, V);
+        // vocabulary-sized rows: p ~ 1/V makes gradients tiny next to the loss, so a larger
+        // step keeps the difference quotient's cancellation error small
+        double e = V > 1000 ? kt_fd_rel_err_ex(xd, n, dx, lsm_loss, &r, 40, 1e-30, 1e-3)
+                            : kt_fd_rel_err(xd, n, dx, lsm_loss, &r, n > 5000 ? 60 : 400);
+        CHECKF(e < 1e-5, "dlogits (mode %d) vs finite differences T=%d V=%d: %.3g", mode, T, V, e);
+    }
+    // a masked row takes no gradient through its logprob
+    if (T > 1) {
+        be.ops->logsoftmax_backward(&be, dx, glp, NULL, x, lse, target, T, V);
+        int zero = 1;
+        for (int32_t i = 0; i < V; i++) zero &= dx[(size_t)V + i] == 0.0f;
+        CHECK(zero);
+    }
+    tr_backend_cpu_free(&be);
+
+    float *res[3];
+    for (int32_t k = 0; k < 3; k++) {
+        res[k] = kt_floats(n + 3 * (size_t)T);
+        kt_backend(&be, k + 1);
+        be.ops->logsoftmax_forward(&be, res[k] + n, res[k] + n + T, res[k] + n + 2 * T, x,
+                                   target, T, V);
+        be.ops->logsoftmax_backward(&be, res[k], glp, gent, x, lse, target, T, V);
+        tr_backend_cpu_free(&be);
+    }
+    CHECKF(kt_same_bits(res[1], res[0], n + 3 * (size_t)T) &&
+               kt_same_bits(res[2], res[0], n + 3 * (size_t)T),
+           "bits differ across thread counts T=%d V=%d", T, V);
+    for (int32_t k = 0; k < 3; k++) free(res[k]);
+    free(x); free(glp); free(gent); free(target); free(xd); free(glpd); free(gentd); free(rl);
+    free(lp); free(ent); free(lse); free(lp_only); free(lse2); free(dx);
+}
+
+int main(void) {
+    kt_seed(7);
+    check_case(1, 37, 3.0);
+    check_case(6, 37, 3.0);
+    check_case(4, 11, 40.0);      // peaked rows: exp underflows for most entries
+    check_case(5, 50000, 5.0);    // one row per task, vocabulary-sized rows
+    check_case(700, 100, 2.0);    // many rows per task, several tasks
+    return tr_test_summary("test_logsoftmax");
+}
