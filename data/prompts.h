@@ -1,0 +1,34 @@
+// RL prompt sets: JSONL records with `prompt` (a string) or `messages` (a chat), every other
+// field handed to the reward as `meta`, kept as JSON object text ({"answer": "42"}).
+// Prompts are rendered with the chat format's generation prompt, or encoded as raw text.
+#pragma once
+#include <jansson.h>
+#include <stdint.h>
+
+#include "data/chat.h"
+#include "data/tokenizer.h"
+#include "engine/err.h"
+
+typedef struct tr_prompt {
+    char *text;         // the `prompt` string, or the last message's content for `messages`
+    json_t *messages;   // the `messages` array (a reference), NULL for `prompt` records
+    char *meta;         // JSON object text of the other fields, "{}" when there are none
+    int64_t line;       // source line
+} tr_prompt;
+
+typedef struct tr_prompt_set {
+    tr_prompt *items;
+    int64_t n, cap;
+} tr_prompt_set;
+
+// Reads path; errors name path:line (malformed JSON, `prompt` not a string, neither field).
+int tr_prompts_load(tr_prompt_set *s, const char *path, tr_err *err);
+// Adds one parsed record.
+int tr_prompts_add(tr_prompt_set *s, const char *path, int64_t line, const json_t *obj, tr_err *err);
+void tr_prompts_free(tr_prompt_set *s);
+
+// Ids of prompt i, appended to out (mask all 0). With chat: a `prompt` string becomes one user
+// message (after chat->default_system, if set) and the generation prompt follows. Without
+// chat (NULL): the `prompt` text encoded as is; `messages` records then need a chat format.
+int tr_prompts_encode(const tr_prompt_set *s, int64_t i, const tr_chat_format *chat,
+                      const tr_tokenizer *tok, tr_chat_tokens *out, tr_err *err);
