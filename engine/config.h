@@ -3,6 +3,7 @@
 // afterwards; the parser (config.c) validates every field and names the file and key on error.
 #pragma once
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "engine/err.h"

@@ -1,0 +1,165 @@
+// The flat parameter layout: HF tensor names and shapes for the Llama family in a fixed
+// order, each tensor starting on a 16-float (64-byte) boundary so SIMD and GPU loads of any
+// tensor stay aligned, and the struct of views into one buffer.
+#include "engine/params.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TR_PARAM_ALIGN 16  // floats
+
+typedef struct builder {
+    tr_param_layout *layout;
+    int32_t cap;
+    size_t offset;
+    tr_err *err;
+} builder;
+
+static int add(builder *b, int32_t ndim, int64_t d0, int64_t d1, const char *fmt, int32_t layer) {
+    tr_param_layout *l = b->layout;
+    if (l->n_tensors == b->cap)
+        return tr_errf(b->err, TR_ERANGE, "parameter layout: more tensors than planned");
+    tr_tensor_desc *t = &l->tensors[l->n_tensors];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, fmt, layer);
+    t->ndim = ndim;
+    t->shape[0] = d0;
+    t->shape[1] = ndim == 2 ? d1 : 0;
+    t->numel = (size_t)d0 * (size_t)(ndim == 2 ? d1 : 1);
+    t->offset = b->offset;
+    size_t padded = (t->numel + TR_PARAM_ALIGN - 1) / TR_PARAM_ALIGN * TR_PARAM_ALIGN;
+    if (b->offset > SIZE_MAX / 8 - padded)
+        return tr_errf(b->err, TR_ERANGE, "parameter layout: model too large");
+    b->offset += padded;
+    l->n_tensors++;
+    return 0;
+}
+
+int tr_param_layout_init(tr_param_layout *layout, const tr_model_config *cfg, tr_err *err) {
+    memset(layout, 0, sizeof *layout);
+    if (cfg->vocab_size <= 0 || cfg->hidden_size <= 0 || cfg->intermediate_size <= 0 ||
+        cfg->n_layers <= 0 || cfg->n_heads <= 0 || cfg->n_kv_heads <= 0 || cfg->head_dim <= 0)
+        return tr_errf(err, TR_EINVAL, "parameter layout: config has non-positive sizes");
+    if (cfg->head == TR_HEAD_SCORE && cfg->num_labels <= 0)
+        return tr_errf(err, TR_EINVAL, "parameter layout: score head needs num_labels > 0");
+    int32_t per_layer = 9 + (cfg->attention_bias ? 3 : 0);
+    if (cfg->n_layers > (INT32_MAX - 8) / per_layer)
+        return tr_errf(err, TR_ERANGE, "parameter layout: %d layers is too many", cfg->n_layers);
+    int32_t cap = 2 + cfg->n_layers * per_layer + 2;
+    layout->tensors = calloc((size_t)cap, sizeof *layout->tensors);
+    if (!layout->tensors)
+        return tr_errf(err, TR_ENOMEM, "parameter layout: out of memory for %d tensors", cap);
+    builder b = {.layout = layout, .cap = cap, .err = err};
+    int64_t h = cfg->hidden_size, hd = cfg->head_dim;
+    int64_t q = (int64_t)cfg->n_heads * hd, kv = (int64_t)cfg->n_kv_heads * hd;
+    int64_t inter = cfg->intermediate_size;
+    int rc = add(&b, 2, cfg->vocab_size, h, "model.embed_tokens.weight", 0);
+    for (int32_t i = 0; i < cfg->n_layers && !rc; i++) {
+        rc = add(&b, 1, h, 0, "model.layers.%d.input_layernorm.weight", i);
+        if (!rc) rc = add(&b, 2, q, h, "model.layers.%d.self_attn.q_proj.weight", i);
+        if (!rc && cfg->attention_bias) rc = add(&b, 1, q, 0, "model.layers.%d.self_attn.q_proj.bias", i);
+        if (!rc) rc = add(&b, 2, kv, h, "model.layers.%d.self_attn.k_proj.weight", i);
+        if (!rc && cfg->attention_bias) rc = add(&b, 1, kv, 0, "model.layers.%d.self_attn.k_proj.bias", i);
+        if (!rc) rc = add(&b, 2, kv, h, "model.layers.%d.self_attn.v_proj.weight", i);
+        if (!rc && cfg->attention_bias) rc = add(&b, 1, kv, 0, "model.layers.%d.self_attn.v_proj.bias", i);
+        if (!rc) rc = add(&b, 2, h, q, "model.layers.%d.self_attn.o_proj.weight", i);
+        if (!rc) rc = add(&b, 1, h, 0, "model.layers.%d.post_attention_layernorm.weight", i);
+        if (!rc) rc = add(&b, 2, inter, h, "model.layers.%d.mlp.gate_proj.weight", i);
+        if (!rc) rc = add(&b, 2, inter, h, "model.layers.%d.mlp.up_proj.weight", i);
+        if (!rc) rc = add(&b, 2, h, inter, "model.layers.%d.mlp.down_proj.weight", i);
+    }
+    if (!rc) rc = add(&b, 1, h, 0, "model.norm.weight", 0);
+    if (!rc) {
+        switch (cfg->head) {
+        case TR_HEAD_LM:
+            if (!cfg->tie_word_embeddings) rc = add(&b, 2, cfg->vocab_size, h, "lm_head.weight", 0);
+            break;
+        case TR_HEAD_SCORE: rc = add(&b, 2, cfg->num_labels, h, "score.weight", 0); break;
+        case TR_HEAD_VALUE:
+            rc = add(&b, 2, 1, h, "score.weight", 0);
+            if (!rc) rc = add(&b, 1, 1, 0, "score.bias", 0);
+            break;
+        }
+    }
+    if (rc) {
+        tr_param_layout_free(layout);
+        return -1;
+    }
+    layout->total = b.offset;
+    return 0;
+}
+
+void tr_param_layout_free(tr_param_layout *layout) {
+    if (!layout) return;
+    free(layout->tensors);
+    layout->tensors = NULL;
+    layout->n_tensors = 0;
+    layout->total = 0;
+}
+
+const tr_tensor_desc *tr_param_layout_find(const tr_param_layout *layout, const char *name) {
+    for (int32_t i = 0; i < layout->n_tensors; i++)
+        if (strcmp(layout->tensors[i].name, name) == 0) return &layout->tensors[i];
+    return NULL;
+}
+
+static float *view(const tr_param_layout *layout, float *buf, const char *fmt, int32_t layer) {
+    char name[TR_NAME_MAX];
+    snprintf(name, sizeof name, fmt, layer);
+    const tr_tensor_desc *t = tr_param_layout_find(layout, name);
+    return t ? buf + t->offset : NULL;
+}
+
+static float *next_view(const tr_tensor_desc **t, const tr_tensor_desc *end, float *buf) {
+    if (*t >= end) return NULL;
+    return buf + (*t)++->offset;
+}
+
+int tr_params_views(tr_params *p, const tr_param_layout *layout, const tr_model_config *cfg,
+                    float *buf, tr_err *err) {
+    memset(p, 0, sizeof *p);
+    p->layers = calloc((size_t)cfg->n_layers, sizeof *p->layers);
+    if (!p->layers) return tr_errf(err, TR_ENOMEM, "parameter views: out of memory");
+    // Walk the layout in order rather than searching by name for every view.
+    const tr_tensor_desc *t = layout->tensors;
+    const tr_tensor_desc *end = t + layout->n_tensors;
+    p->embed = next_view(&t, end, buf);
+    for (int32_t i = 0; i < cfg->n_layers; i++) {
+        tr_layer_params *L = &p->layers[i];
+        L->attn_norm = next_view(&t, end, buf);
+        L->wq = next_view(&t, end, buf);
+        if (cfg->attention_bias) L->bq = next_view(&t, end, buf);
+        L->wk = next_view(&t, end, buf);
+        if (cfg->attention_bias) L->bk = next_view(&t, end, buf);
+        L->wv = next_view(&t, end, buf);
+        if (cfg->attention_bias) L->bv = next_view(&t, end, buf);
+        L->wo = next_view(&t, end, buf);
+        L->mlp_norm = next_view(&t, end, buf);
+        L->w_gate = next_view(&t, end, buf);
+        L->w_up = next_view(&t, end, buf);
+        L->w_down = next_view(&t, end, buf);
+    }
+    p->final_norm = next_view(&t, end, buf);
+    if (cfg->head == TR_HEAD_LM) {
+        p->lm_head = cfg->tie_word_embeddings ? p->embed : next_view(&t, end, buf);
+    } else {
+        p->score_w = next_view(&t, end, buf);
+        if (cfg->head == TR_HEAD_VALUE) p->score_b = next_view(&t, end, buf);
+    }
+    // The layout must have been built for this config: same count, names where we look.
+    int32_t used = (int32_t)(t - layout->tensors);
+    if (used != layout->n_tensors || !p->final_norm ||
+        p->layers[cfg->n_layers - 1].w_down != view(layout, buf, "model.layers.%d.mlp.down_proj.weight",
+                                                     cfg->n_layers - 1)) {
+        tr_params_free_views(p);
+        return tr_errf(err, TR_EINVAL, "parameter views: layout does not match the config");
+    }
+    return 0;
+}
+
+void tr_params_free_views(tr_params *p) {
+    if (!p) return;
+    free(p->layers);
+    memset(p, 0, sizeof *p);
+}
