@@ -1,0 +1,270 @@
+// The model's backward against central finite differences of its own forward, on tiny
+// random models: for every parameter tensor, the directional derivative along a random
+// direction must match grad . direction. Covers what the HF fixtures do not: the entropy
+// gradient, a chunked LM head (logit_rows < T), a score head with 3 labels. Also checks
+// that packed documents give the same logprobs and gradients as separate forwards, and
+// that bad token ids are clean errors.
+#include <stdio.h>
+
+#include "engine/config.h"
+#include "engine/heads.h"
+#include "engine/model.h"
+#include "engine/rng.h"
+#include "tests/engine/model_util.h"
+#include "tests/test.h"
+
+static const char *tiny_config(const char *arch, int tied, int bias) {
+    static char buf[1024];
+    int value = strstr(arch, "TokenClassification") != NULL;
+    snprintf(buf, sizeof buf,
+             "{\"architectures\": [\"%s\"], \"model_type\": \"llama\", \"vocab_size\": 23,"
+             " \"hidden_size\": 12, \"intermediate_size\": 20, \"num_hidden_layers\": 2,"
+             " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 4,"
+             " \"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-5, \"rope_theta\": 100.0,"
+             " \"attention_bias\": %s, \"tie_word_embeddings\": %s, %s,"
+             " \"pad_token_id\": 0, \"torch_dtype\": \"float32\"}",
+             arch, bias ? "true" : "false", tied ? "true" : "false",
+             value ? "\"num_labels\": 1, \"id2label\": {\"0\": \"v\"}"
+                   : "\"num_labels\": 3, \"id2label\": {\"0\": \"a\", \"1\": \"b\", \"2\": \"c\"}");
+    return buf;
+}
+
+// Weights wide enough that every path carries signal; norms and biases away from 1 and 0.
+static void draw_weights(tr_model *m, uint64_t seed) {
+    tr_model_init_weights(m, seed, 0.4f);
+    tr_rng rng;
+    tr_rng_init(&rng, seed + 1);
+    for (int32_t i = 0; i < m->layout.n_tensors; i++) {
+        const tr_tensor_desc *d = &m->layout.tensors[i];
+        if (d->ndim == 1)
+            for (size_t j = 0; j < d->numel; j++)
+                m->params[d->offset + j] += 0.3f * tr_rng_normal(&rng);
+    }
+}
+
+static const int32_t IDS[] = {3, 17, 5, 22, 9, 1, 14, 8, 8, 2, 19, 6, 11, 0, 0, 21, 7};
+static const int32_t LENS[] = {6, 9, 2};  // doc 1 ends in two pad ids (0)
+
+// The scalar loss the tests differentiate, from the head outputs of the current forward:
+// LM: sum_t c1[t] logprob[t] + c2[t] entropy[t]; value: sum_t c1[t] v[t];
+// score: sum_i c1[i] score[i].
+static double head_loss(tr_model *m, const packed_batch *b, const float *c1, const float *c2) {
+    float out[512], ent[512];
+    tr_err err = {0};
+    double L = 0;
+    if (tr_model_forward(m, b->ids, &b->docs, &err) != 0) return NAN;
+    if (m->cfg.head == TR_HEAD_LM) {
+        if (tr_lm_head_forward(m, b->targets, out, ent, &err) != 0) return NAN;
+        for (int32_t t = 0; t < b->n_tokens; t++) L += (double)c1[t] * out[t] + (double)c2[t] * ent[t];
+    } else if (m->cfg.head == TR_HEAD_VALUE) {
+        if (tr_value_head_forward(m, out, &err) != 0) return NAN;
+        for (int32_t t = 0; t < b->n_tokens; t++) L += (double)c1[t] * out[t];
+    } else {
+        if (tr_score_head_forward(m, out, &err) != 0) return NAN;
+        for (int32_t i = 0; i < b->n_docs * m->cfg.num_labels; i++) L += (double)c1[i] * out[i];
+    }
+    return L;
+}
+
+static void head_grad(tr_model *m, const packed_batch *b, const float *c1, const float *c2) {
+    tr_model_zero_grad(m);
+    head_loss(m, b, c1, c2);
+    if (m->cfg.head == TR_HEAD_LM) tr_lm_head_backward(m, b->targets, c1, c2);
+    else if (m->cfg.head == TR_HEAD_VALUE) tr_value_head_backward(m, c1);
+    else tr_score_head_backward(m, c1);
+    tr_model_backward(m);
+}
+
+// Per tensor: (L(p + h d) - L(p - h d)) / 2h against grad . d for a random direction d.
+static void check_fd(const char *what, const char *arch, int tied, int bias, int32_t logit_rows,
+                     tr_backend *be) {
+    tr_err err = {0};
+    tr_model_config cfg;
+    const char *json = tiny_config(arch, tied, bias);
+    int rc = tr_config_parse(json, strlen(json), what, &cfg, &err);
+    CHECKF(rc == 0, "%s", err.msg);
+    if (rc) return;
+    tr_model m;
+    tr_model_opts opts = {.max_tokens = 32, .training = true, .logit_rows = logit_rows};
+    rc = tr_model_init(&m, &cfg, be, &opts, &err);
+    CHECKF(rc == 0, "%s", err.msg);
+    if (rc) return;
+    draw_weights(&m, 7);
+    packed_batch b;
+    pack_batch(&b, IDS, LENS, 3);
+    float c1[64], c2[64];
+    tr_rng rng;
+    tr_rng_init(&rng, 99);
+    for (int32_t i = 0; i < 64; i++) {
+        c1[i] = tr_rng_normal(&rng);
+        c2[i] = 0.5f * tr_rng_normal(&rng);
+    }
+    head_grad(&m, &b, c1, c2);
+    int32_t worst_i = 0;
+    double worst = 0;
+    float *dir = malloc(m.layout.total * sizeof(float));
+    for (int32_t i = 0; i < m.layout.n_tensors; i++) {
+        const tr_tensor_desc *d = &m.layout.tensors[i];
+        float *p = m.params + d->offset;
+        double an = 0;
+        for (size_t j = 0; j < d->numel; j++) {
+            dir[j] = tr_rng_normal(&rng);
+            an += (double)dir[j] * m.grads[d->offset + j];
+        }
+        // Fourth-order central stencil: truncation O(h^4) allows an h large enough that the
+        // fp32 rounding of L (about 1e-6 here, divided by h) stays small.
+        const float h = 5e-3f;
+        float *save = malloc(d->numel * sizeof(float));
+        memcpy(save, p, d->numel * sizeof(float));
+        double l[4];
+        const float steps[4] = {-2, -1, 1, 2};
+        for (int32_t k = 0; k < 4; k++) {
+            for (size_t j = 0; j < d->numel; j++) p[j] = save[j] + steps[k] * h * dir[j];
+            l[k] = head_loss(&m, &b, c1, c2);
+        }
+        memcpy(p, save, d->numel * sizeof(float));
+        free(save);
+        double fd = (8.0 * (l[2] - l[1]) - (l[3] - l[0])) / (12.0 * h);
+        double lp = l[2];
+        // Measured worst case is 1.4e-3 (fp32 noise of L over h); a wrong or missing term
+        // shows as an O(1) relative error.
+        double err_rel = fabs(fd - an) / (fabs(an) + 1e-2);
+        CHECKF(err_rel <= 5e-3, "%s: %s: finite difference %.6g vs backward %.6g", what,
+               d->name, fd, an);
+        if (getenv("FD_VERBOSE")) printf("  %s %.8g %.8g L=%.6g\n", d->name, fd, an, lp);
+        if (err_rel > worst) {
+            worst = err_rel;
+            worst_i = i;
+        }
+    }
+    printf("%s: worst relative error %.3g (%s)\n", what, worst, m.layout.tensors[worst_i].name);
+    free(dir);
+    tr_model_free(&m);
+}
+
+// Packed documents: each document's logprobs and the summed gradients equal separate runs.
+static void check_packing(tr_backend *be) {
+    tr_err err = {0};
+    tr_model_config cfg;
+    const char *json = tiny_config("LlamaForCausalLM", 0, 1);
+    CHECK(tr_config_parse(json, strlen(json), "packing", &cfg, &err) == 0);
+    tr_model m;
+    tr_model_opts opts = {.max_tokens = 32, .training = true};
+    CHECK(tr_model_init(&m, &cfg, be, &opts, &err) == 0);
+    draw_weights(&m, 11);
+    packed_batch all;
+    pack_batch(&all, IDS, LENS, 3);
+    float c1[64], c2[64], lp_all[64], lp_one[64];
+    for (int32_t t = 0; t < 64; t++) {
+        c1[t] = -1.0f / (t + 3);
+        c2[t] = 0.1f;
+    }
+    CHECK(tr_model_forward(&m, all.ids, &all.docs, &err) == 0);
+    CHECK(tr_lm_head_forward(&m, all.targets, lp_all, NULL, &err) == 0);
+    head_grad(&m, &all, c1, c2);
+    size_t n = m.layout.total;
+    float *g_all = malloc(n * sizeof(float)), *g_sum = calloc(n, sizeof(float));
+    memcpy(g_all, m.grads, n * sizeof(float));
+    double max_lp = 0;
+    for (int32_t d = 0, t0 = 0; d < 3; t0 += LENS[d], d++) {
+        packed_batch one;
+        pack_batch(&one, IDS + t0, &LENS[d], 1);
+        CHECK(tr_model_forward(&m, one.ids, &one.docs, &err) == 0);
+        CHECK(tr_lm_head_forward(&m, one.targets, lp_one, NULL, &err) == 0);
+        double e = tr_test_max_abs_err(lp_one, lp_all + t0, LENS[d]);
+        if (e > max_lp) max_lp = e;
+        head_grad(&m, &one, c1 + t0, c2 + t0);
+        for (size_t j = 0; j < n; j++) g_sum[j] += m.grads[j];
+    }
+    double eg = tr_test_rel_err(g_all, g_sum, n);
+    printf("packing: logprob max abs diff %.3g, gradient relative diff %.3g\n", max_lp, eg);
+    CHECK(max_lp <= 1e-6);
+    CHECK(eg <= 1e-5);
+    free(g_all);
+    free(g_sum);
+    tr_model_free(&m);
+}
+
+// Chunked LM head (recomputing logits in backward) gives the same numbers as one chunk.
+static void check_chunking(tr_backend *be) {
+    tr_err err = {0};
+    tr_model_config cfg;
+    const char *json = tiny_config("LlamaForCausalLM", 1, 0);
+    CHECK(tr_config_parse(json, strlen(json), "chunking", &cfg, &err) == 0);
+    tr_model a, c;
+    tr_model_opts oa = {.max_tokens = 32, .training = true}, oc = oa;
+    oc.logit_rows = 4;
+    CHECK(tr_model_init(&a, &cfg, be, &oa, &err) == 0);
+    CHECK(tr_model_init(&c, &cfg, be, &oc, &err) == 0);
+    CHECK(a.logit_rows == 32 && c.logit_rows == 4);
+    draw_weights(&a, 5);
+    memcpy(c.params, a.params, a.layout.total * sizeof(float));
+    packed_batch b;
+    pack_batch(&b, IDS, LENS, 3);
+    float c1[64], c2[64];
+    for (int32_t t = 0; t < 64; t++) {
+        c1[t] = 0.3f - 0.02f * t;
+        c2[t] = 0.05f * (t % 3);
+    }
+    double la = head_loss(&a, &b, c1, c2), lc = head_loss(&c, &b, c1, c2);
+    head_grad(&a, &b, c1, c2);
+    head_grad(&c, &b, c1, c2);
+    CHECK_NEAR(la, lc, 1e-6 * fabs(la));
+    CHECK(tr_test_rel_err(c.grads, a.grads, a.layout.total) <= 1e-6);
+    tr_model_free(&a);
+    tr_model_free(&c);
+}
+
+static void check_errors(tr_backend *be) {
+    tr_err err = {0};
+    tr_model_config cfg;
+    const char *json = tiny_config("LlamaForCausalLM", 0, 0);
+    CHECK(tr_config_parse(json, strlen(json), "errors", &cfg, &err) == 0);
+    tr_model m;
+    tr_model_opts opts = {.max_tokens = 8, .training = false};
+    CHECK(tr_model_init(&m, &cfg, be, &opts, &err) == 0);
+    draw_weights(&m, 3);
+    int32_t ids[4] = {1, 2, 23, 4}, lens[1] = {4};
+    packed_batch b;
+    pack_batch(&b, ids, lens, 1);
+    CHECK(tr_model_forward(&m, b.ids, &b.docs, &err) == -1);
+    CHECK(err.code == TR_ERANGE);
+    CHECKF(strstr(err.msg, "token 2") && strstr(err.msg, "23"), "%s", err.msg);
+    b.ids[2] = -1;
+    CHECK(tr_model_forward(&m, b.ids, &b.docs, &err) == -1 && err.code == TR_ERANGE);
+    b.ids[2] = 5;
+    CHECK(tr_model_forward(&m, b.ids, &b.docs, &err) == 0);
+    int32_t targets[4] = {2, 5, 99, -1};
+    float lp[4];
+    CHECK(tr_lm_head_forward(&m, targets, lp, NULL, &err) == -1 && err.code == TR_ERANGE);
+    CHECKF(strstr(err.msg, "token 2") && strstr(err.msg, "99"), "%s", err.msg);
+    CHECK(tr_value_head_forward(&m, lp, &err) == -1);
+    // More tokens than the arena was sized for.
+    int32_t ids9[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, lens9[1] = {9};
+    pack_batch(&b, ids9, lens9, 1);
+    CHECK(tr_model_forward(&m, b.ids, &b.docs, &err) == -1 && err.code == TR_ERANGE);
+    // A layout whose documents do not cover the tokens.
+    pack_batch(&b, ids, lens, 1);
+    b.doc_start[1] = 3;
+    CHECK(tr_model_forward(&m, b.ids, &b.docs, &err) == -1 && err.code == TR_EINVAL);
+    // Inference keeps one layer set: the arena must be smaller than the training one.
+    tr_model_opts train = opts;
+    train.training = true;
+    CHECK(tr_model_arena_floats(&cfg, &opts) < tr_model_arena_floats(&cfg, &train));
+    CHECK(m.grads == NULL);
+    tr_model_free(&m);
+}
+
+int main(void) {
+    tr_backend be;
+    if (tr_backend_cpu_init(&be, 2) != 0) return 1;
+    check_fd("llama untied, bias", "LlamaForCausalLM", 0, 1, 0, &be);
+    check_fd("llama tied, chunked logits", "LlamaForCausalLM", 1, 0, 5, &be);
+    check_fd("value head", "LlamaForTokenClassification", 0, 0, 0, &be);
+    check_fd("score head, 3 labels", "LlamaForSequenceClassification", 0, 1, 0, &be);
+    check_packing(&be);
+    check_chunking(&be);
+    check_errors(&be);
+    tr_backend_cpu_free(&be);
+    return tr_test_summary("test_model_grad");
+}
