@@ -216,7 +216,7 @@ int tr_train_state_load(tr_trainer *tr, const char *dir, tr_err *err) {
     join(path, sizeof path, dir, TR_TRAIN_STATE_JSON);
     if (parse_state(path, &step, &rng, err) != 0) return tr_err_wrap(err, "loading training state");
     size_t n = tr->model->layout.total;
-    float *m = malloc((n ? n : 1) * sizeof(float)), *v = malloc((n ? n : 1) * sizeof(float));
+    float *m = calloc(n ? n : 1, sizeof(float)), *v = calloc(n ? n : 1, sizeof(float));
     if (!m || !v) {
         free(m);
         free(v);
