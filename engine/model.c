@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/checkpoint.h"
 #include "engine/rng.h"
 
 // Arena layout (floats; T = max_tokens, C = hidden, Q = n_heads*head_dim,
@@ -209,6 +210,19 @@ void tr_model_free(tr_model *m) {
     free(m->pos);
     free(m->doc_start);
     memset(m, 0, sizeof *m);
+}
+
+int tr_model_load(tr_model *m, const char *dir, tr_backend *be, const tr_model_opts *opts,
+                  tr_err *err) {
+    tr_model_config cfg;
+    memset(m, 0, sizeof *m);
+    if (tr_checkpoint_load_config(dir, &cfg, err) != 0) return -1;
+    if (tr_model_init(m, &cfg, be, opts, err) != 0) return tr_err_wrap(err, "%s", dir);
+    if (tr_checkpoint_load(dir, &m->cfg, &m->layout, m->params, err) != 0) {
+        tr_model_free(m);
+        return -1;
+    }
+    return 0;
 }
 
 size_t tr_model_n_params(const tr_model *m) { return m->layout.total; }

@@ -84,6 +84,10 @@ void tr_model_free(tr_model *m);
 // Floats of activation arena tr_model_init allocates for these options (see model.c).
 size_t tr_model_arena_floats(const tr_model_config *cfg, const tr_model_opts *opts);
 
+// Reads the Hugging Face checkpoint DIR (config.json and weights) into a new model.
+int tr_model_load(tr_model *m, const char *dir, tr_backend *be, const tr_model_opts *opts,
+                  tr_err *err);
+
 // transformers' default init: normal(0, std) for embeddings and linear weights, ones for
 // norms, zero biases; deterministic in seed (Philox).
 void tr_model_init_weights(tr_model *m, uint64_t seed, float std);

@@ -19,28 +19,12 @@ typedef struct fixture {
     packed_batch batch;
 } fixture;
 
-static int load_weights(tr_model *m, const char *path, tr_err *err) {
-    tr_st_file f;
-    if (tr_st_open(&f, path, err) != 0) return -1;
-    int rc = 0;
-    for (int32_t i = 0; i < m->layout.n_tensors && rc == 0; i++) {
-        const tr_tensor_desc *d = &m->layout.tensors[i];
-        const tr_st_tensor *t = tr_st_find(&f, d->name);
-        if (!t || t->numel != d->numel) rc = tr_errf(err, TR_EFORMAT, "%s: %s", path, d->name);
-        else rc = tr_st_read_f32(&f, t, m->params + d->offset, err);
-    }
-    tr_st_close(&f);
-    return rc;
-}
-
 static int fixture_open(fixture *fx, const char *name, tr_backend *be, tr_err *err) {
     char path[512];
-    snprintf(path, sizeof path, "tests/fixtures/models/%s/config.json", name);
-    if (tr_config_load(tr_test_src(path), &fx->cfg, err) != 0) return -1;
+    snprintf(path, sizeof path, "tests/fixtures/models/%s", name);
     tr_model_opts opts = {.max_tokens = 64, .training = true};
-    if (tr_model_init(&fx->model, &fx->cfg, be, &opts, err) != 0) return -1;
-    snprintf(path, sizeof path, "tests/fixtures/models/%s/model.safetensors", name);
-    if (load_weights(&fx->model, tr_test_src(path), err) != 0) return -1;
+    if (tr_model_load(&fx->model, tr_test_src(path), be, &opts, err) != 0) return -1;
+    fx->cfg = fx->model.cfg;
     snprintf(path, sizeof path, "tests/fixtures/models/%s/expected.safetensors", name);
     if (tr_st_open(&fx->expected, tr_test_src(path), err) != 0) return -1;
     size_t n_ids, n_seq;
