@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -109,8 +110,8 @@ static int map_file(const char *path, const uint8_t **data, size_t *size, tr_err
 }
 
 void tr_indexed_close(tr_indexed *d) {
-    if (d->idx) munmap((void *)d->idx, d->idx_size);
-    if (d->bin) munmap((void *)d->bin, d->bin_size);
+    if (d->mapped && d->idx) munmap((void *)d->idx, d->idx_size);
+    if (d->mapped && d->bin) munmap((void *)d->bin, d->bin_size);
     d->idx = d->bin = NULL;
 }
 
@@ -191,9 +192,28 @@ int tr_indexed_open(tr_indexed *d, const char *prefix, tr_err *err) {
     char ip[4200], bp[4200];
     snprintf(ip, sizeof ip, "%s.idx", prefix);
     snprintf(bp, sizeof bp, "%s.bin", prefix);
+    d->mapped = true;
     if (map_file(ip, &d->idx, &d->idx_size, err)) return -1;
     if (map_file(bp, &d->bin, &d->bin_size, err) || validate(d, ip, bp, err)) {
         tr_indexed_close(d);
+        return -1;
+    }
+    return 0;
+}
+
+int tr_indexed_open_mem(tr_indexed *d, const char *name, const void *idx, size_t idx_size,
+                        const void *bin, size_t bin_size, tr_err *err) {
+    memset(d, 0, sizeof *d);
+    snprintf(d->prefix, sizeof d->prefix, "%s", name);
+    d->idx = idx;
+    d->idx_size = idx_size;
+    d->bin = bin_size ? bin : NULL;
+    d->bin_size = bin_size;
+    char ip[4200], bp[4200];
+    snprintf(ip, sizeof ip, "%s.idx", d->prefix);
+    snprintf(bp, sizeof bp, "%s.bin", d->prefix);
+    if (validate(d, ip, bp, err)) {
+        memset(d, 0, sizeof *d);
         return -1;
     }
     return 0;

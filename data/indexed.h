@@ -44,11 +44,16 @@ typedef struct tr_indexed {
     const uint8_t *bin;     // mmap'd .bin (NULL when empty)
     size_t bin_size;
     int64_t n_tokens;       // sum of sequence lengths
+    bool mapped;            // idx/bin are mmaps owned by this struct
 } tr_indexed;
 
 // Opens PREFIX.idx and PREFIX.bin; errors name the file and the byte offset that is wrong.
 int tr_indexed_open(tr_indexed *d, const char *prefix, tr_err *err);
 void tr_indexed_close(tr_indexed *d);
+// Validates and wraps index and data bytes already in memory (kept by the caller); name
+// stands for the prefix in messages. The same checks as tr_indexed_open.
+int tr_indexed_open_mem(tr_indexed *d, const char *name, const void *idx, size_t idx_size,
+                        const void *bin, size_t bin_size, tr_err *err);
 
 int32_t tr_indexed_seq_len(const tr_indexed *d, int64_t seq);
 int64_t tr_indexed_seq_ptr(const tr_indexed *d, int64_t seq);

@@ -18,13 +18,22 @@ int tr_jsonl_open(tr_jsonl *r, const char *path, tr_err *err) {
     }
     r->f = fopen(path, "rb");
     if (!r->f) return tr_errf(err, TR_EIO, "%s: cannot open: %s", path, strerror(errno));
+    r->owned = true;
     struct stat st;
     if (fstat(fileno(r->f), &st) == 0 && S_ISREG(st.st_mode)) r->size = (uint64_t)st.st_size;
     return 0;
 }
 
+int tr_jsonl_open_stream(tr_jsonl *r, FILE *f, const char *name, tr_err *err) {
+    memset(r, 0, sizeof *r);
+    if (strlen(name) >= sizeof r->path) return tr_errf(err, TR_EINVAL, "name too long: %s", name);
+    strcpy(r->path, name);
+    r->f = f;
+    return 0;
+}
+
 void tr_jsonl_close(tr_jsonl *r) {
-    if (r->f && r->f != stdin) fclose(r->f);
+    if (r->f && r->owned) fclose(r->f);
     r->f = NULL;
     free(r->buf);
     r->buf = NULL;
@@ -69,7 +78,7 @@ int tr_jsonl_next_line(tr_jsonl *r, const char **text, size_t *len, tr_err *err)
     }
 }
 
-const char *tr_json_type_name(const json_t *v) {
+const char *tr_jsonl_type_name(const json_t *v) {
     if (!v) return "nothing";
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "object";
@@ -93,7 +102,7 @@ int tr_jsonl_parse(const char *path, int64_t line, const char *text, size_t len,
         return tr_errf(err, TR_EFORMAT, "%s:%lld:%d: invalid JSON: %s", path, (long long)line,
                        je.column, je.text);
     if (!json_is_object(v)) {
-        const char *t = tr_json_type_name(v);
+        const char *t = tr_jsonl_type_name(v);
         json_decref(v);
         return tr_errf(err, TR_EFORMAT, "%s:%lld: expected a JSON object, got %s", path,
                        (long long)line, t);
@@ -123,7 +132,7 @@ int tr_jsonl_get_string(const char *path, int64_t line, const json_t *obj, const
     }
     if (!json_is_string(v))
         return tr_errf(err, TR_EFORMAT, "%s:%lld: field '%s' must be a string, got %s", path,
-                       (long long)line, key, tr_json_type_name(v));
+                       (long long)line, key, tr_jsonl_type_name(v));
     *s = json_string_value(v);
     if (len) *len = json_string_length(v);
     return 0;
@@ -139,7 +148,7 @@ int tr_jsonl_get_array(const char *path, int64_t line, const json_t *obj, const 
     }
     if (!json_is_array(v))
         return tr_errf(err, TR_EFORMAT, "%s:%lld: field '%s' must be an array, got %s", path,
-                       (long long)line, key, tr_json_type_name(v));
+                       (long long)line, key, tr_jsonl_type_name(v));
     *arr = v;
     return 0;
 }

@@ -18,10 +18,13 @@ typedef struct tr_jsonl {
     int64_t line;         // 1-based number of the line last returned
     uint64_t bytes_read;  // bytes consumed so far, for progress
     uint64_t size;        // file size in bytes, 0 when unknown (a pipe)
+    bool owned;           // f was opened here and is closed by tr_jsonl_close
 } tr_jsonl;
 
 // Opens PATH ("-" reads standard input).
 int tr_jsonl_open(tr_jsonl *r, const char *path, tr_err *err);
+// Reads an already open stream (not closed by tr_jsonl_close); name stands for the file.
+int tr_jsonl_open_stream(tr_jsonl *r, FILE *f, const char *name, tr_err *err);
 void tr_jsonl_close(tr_jsonl *r);
 
 // Next non-blank line, without its line ending: returns 1 with *text/*len set (valid until
@@ -42,4 +45,4 @@ int tr_jsonl_get_string(const char *path, int64_t line, const json_t *obj, const
 int tr_jsonl_get_array(const char *path, int64_t line, const json_t *obj, const char *key,
                        bool required, json_t **arr, tr_err *err);
 // Name of a JSON value's type for messages ("string", "number", "object", ...).
-const char *tr_json_type_name(const json_t *v);
+const char *tr_jsonl_type_name(const json_t *v);

@@ -118,7 +118,7 @@ int tr_sft_parse_messages(const char *path, int64_t line, const json_t *obj, tr_
         if (!json_is_object(e)) {
             free(out);
             return tr_errf(err, TR_EFORMAT, "%s:%lld: %s[%zu] must be an object, got %s", path,
-                           (long long)line, field, i, tr_json_type_name(e));
+                           (long long)line, field, i, tr_jsonl_type_name(e));
         }
         json_t *rv = json_object_get(e, rk), *cv = json_object_get(e, ck);
         const char *bad = !rv ? rk : !cv ? ck : !json_is_string(rv) ? rk : !json_is_string(cv) ? ck : NULL;
@@ -129,7 +129,7 @@ int tr_sft_parse_messages(const char *path, int64_t line, const json_t *obj, tr_
                 return tr_errf(err, TR_EFORMAT, "%s:%lld: %s[%zu]: missing field '%s'", path,
                                (long long)line, field, i, bad);
             return tr_errf(err, TR_EFORMAT, "%s:%lld: %s[%zu].%s must be a string, got %s", path,
-                           (long long)line, field, i, bad, tr_json_type_name(bv));
+                           (long long)line, field, i, bad, tr_jsonl_type_name(bv));
         }
         const char *role = json_string_value(rv), *content = json_string_value(cv);
         size_t clen = json_string_length(cv);
