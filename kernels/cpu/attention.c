@@ -33,15 +33,22 @@ static inline float attn_scale(int32_t D) { return (float)(1.0 / sqrt((double)D)
 // The running output lives in out itself, so no scratch is needed for any D.
 static void attn_row(float *out, float *lse, const float *q, const kv_rows *s, int32_t n,
                      int32_t D, float scale) {
+    const float *kr[ATT_CHUNK], *vr[ATT_CHUNK];
     float sc[ATT_CHUNK];
     float m = -INFINITY;
     double l = 0.0;
     for (int32_t d = 0; d < D; d++) out[d] = 0.0f;
     for (int32_t c0 = 0; c0 < n; c0 += ATT_CHUNK) {
         int32_t cn = n - c0 < ATT_CHUNK ? n - c0 : ATT_CHUNK;
+        for (int32_t j = 0; j < cn; j++) {
+            size_t o = kv_slot(s, c0 + j);
+            kr[j] = s->k + o;
+            vr[j] = s->v + o;
+        }
+        tr_vec_dots(sc, kr, cn, q, D);
         float cm = -INFINITY;
         for (int32_t j = 0; j < cn; j++) {
-            sc[j] = tr_vec_dot(q, s->k + kv_slot(s, c0 + j), D) * scale;
+            sc[j] *= scale;
             if (sc[j] > cm) cm = sc[j];
         }
         if (cm > m) {
@@ -53,10 +60,10 @@ static void attn_row(float *out, float *lse, const float *q, const kv_rows *s, i
             m = cm;
         }
         for (int32_t j = 0; j < cn; j++) {
-            float p = expf(sc[j] - m);
-            l += p;
-            tr_vec_axpy(out, p, s->v + kv_slot(s, c0 + j), D);
+            sc[j] = expf(sc[j] - m);
+            l += sc[j];
         }
+        tr_vec_axpy_rows(out, sc, vr, cn, D);
     }
     tr_vec_scale(out, (float)(1.0 / l), D);
     if (lse) *lse = (float)((double)m + log(l));
@@ -127,60 +134,79 @@ void tr_cpu_attention_forward(tr_backend *be, float *out, float *lse, const floa
     tr_pool_run(tr_cpu_pool(be), tr_cpu_ceil_div(T, ATT_Q_ROWS) * H, attn_forward_task, &j);
 }
 
-// dq for a block of query rows of one head: p and dp recomputed per key, keys in order.
+// dq for a block of query rows of one head: p and dp recomputed per chunk of keys, in order.
 static void attn_backward_dq_task(void *arg, int32_t task) {
     const attn_job *j = arg;
     int32_t h = task % j->H, t0 = (task / j->H) * ATT_Q_ROWS;
     int32_t t1 = t0 + ATT_Q_ROWS < j->T ? t0 + ATT_Q_ROWS : j->T;
     int32_t kvh = h / (j->H / j->KVH), D = j->D;
+    const float *kr[ATT_CHUNK], *vr[ATT_CHUNK];
+    float p[ATT_CHUNK], ds[ATT_CHUNK];
     int32_t d = attn_doc_of(j->docs, t0);
     for (int32_t t = t0; t < t1; t++) {
         while (j->docs->doc_start[d + 1] <= t) d++;
-        int32_t start = j->docs->doc_start[d];
+        int32_t start = j->docs->doc_start[d], n = t - start + 1;
         kv_rows s = attn_doc_rows(j, j->k, j->v, start, kvh);
         size_t row = (size_t)t * j->H + h;
         const float *q = j->q + row * D, *go = j->dout + row * D;
         float *dq = j->dq + row * D;
         float lse = j->lse_in[row];
         float delta = attn_row_delta(go, j->out_in + row * D, D);
-        for (int32_t i = 0; i <= t - start; i++) {
-            const float *kr = s.k + kv_slot(&s, i), *vr = s.v + kv_slot(&s, i);
-            float p = expf(tr_vec_dot(q, kr, D) * j->scale - lse);
-            float ds = p * (tr_vec_dot(go, vr, D) - delta);
-            tr_vec_axpy(dq, ds * j->scale, kr, D);
+        for (int32_t c0 = 0; c0 < n; c0 += ATT_CHUNK) {
+            int32_t cn = n - c0 < ATT_CHUNK ? n - c0 : ATT_CHUNK;
+            for (int32_t i = 0; i < cn; i++) {
+                size_t o = kv_slot(&s, c0 + i);
+                kr[i] = s.k + o;
+                vr[i] = s.v + o;
+            }
+            tr_vec_dots(p, kr, cn, q, D);
+            tr_vec_dots(ds, vr, cn, go, D);
+            for (int32_t i = 0; i < cn; i++) {
+                p[i] = expf(p[i] * j->scale - lse);
+                ds[i] = p[i] * (ds[i] - delta) * j->scale;
+            }
+            tr_vec_axpy_rows(dq, ds, kr, cn, D);
         }
     }
 }
 
 // dk, dv for a block of key rows of one kv head: every query of the group's heads that sees
-// them, heads in order, queries in order. Split at document edges inside the block.
+// them, heads in order, then queries in order (taken in chunks whose softmax terms are kept
+// on the stack). Split at document edges inside the block.
 static void attn_backward_dkv_task(void *arg, int32_t task) {
     const attn_job *j = arg;
     int32_t kvh = task % j->KVH, j0 = (task / j->KVH) * ATT_K_ROWS;
     int32_t j1 = j0 + ATT_K_ROWS < j->T ? j0 + ATT_K_ROWS : j->T;
     int32_t group = j->H / j->KVH, D = j->D;
     size_t kv_stride = (size_t)j->KVH * D;
+    const float *qr[ATT_CHUNK], *gr[ATT_CHUNK];
+    float lse[ATT_CHUNK], delta[ATT_CHUNK], p[ATT_CHUNK], ds[ATT_CHUNK];
     int32_t d = attn_doc_of(j->docs, j0);
     for (int32_t a = j0; a < j1;) {
         while (j->docs->doc_start[d + 1] <= a) d++;
         int32_t end = j->docs->doc_start[d + 1];
         int32_t b = end < j1 ? end : j1;
         for (int32_t h = kvh * group; h < (kvh + 1) * group; h++) {
-            for (int32_t i = a; i < end; i++) {
-                size_t row = (size_t)i * j->H + h;
-                const float *q = j->q + row * D, *go = j->dout + row * D;
-                float lse = j->lse_in[row];
-                float delta = attn_row_delta(go, j->out_in + row * D, D);
-                int32_t last = i + 1 < b ? i + 1 : b;
-                for (int32_t key = a; key < last; key++) {
-                    size_t off = (size_t)key * kv_stride + (size_t)kvh * D;
-                    const float *kr = j->k + off, *vr = j->v + off;
-                    float p = expf(tr_vec_dot(q, kr, D) * j->scale - lse);
-                    if (j->dv) tr_vec_axpy(j->dv + off, p, go, D);
-                    if (j->dk) {
-                        float ds = p * (tr_vec_dot(go, vr, D) - delta);
-                        tr_vec_axpy(j->dk + off, ds * j->scale, q, D);
+            for (int32_t i0 = a; i0 < end; i0 += ATT_CHUNK) {
+                int32_t i1 = i0 + ATT_CHUNK < end ? i0 + ATT_CHUNK : end;
+                for (int32_t i = i0; i < i1; i++) {
+                    size_t row = (size_t)i * j->H + h;
+                    qr[i - i0] = j->q + row * D;
+                    gr[i - i0] = j->dout + row * D;
+                    lse[i - i0] = j->lse_in[row];
+                    delta[i - i0] = attn_row_delta(gr[i - i0], j->out_in + row * D, D);
+                }
+                for (int32_t key = a; key < b && key < i1; key++) {
+                    int32_t off = key > i0 ? key - i0 : 0, nq = i1 - i0 - off;
+                    size_t o = (size_t)key * kv_stride + (size_t)kvh * D;
+                    tr_vec_dots(p, qr + off, nq, j->k + o, D);
+                    tr_vec_dots(ds, gr + off, nq, j->v + o, D);
+                    for (int32_t i = 0; i < nq; i++) {
+                        p[i] = expf(p[i] * j->scale - lse[off + i]);
+                        ds[i] = p[i] * (ds[i] - delta[off + i]) * j->scale;
                     }
+                    if (j->dv) tr_vec_axpy_rows(j->dv + o, p, gr + off, nq, D);
+                    if (j->dk) tr_vec_axpy_rows(j->dk + o, ds, qr + off, nq, D);
                 }
             }
         }
