@@ -34,8 +34,8 @@ static void gen_value(tr_msg_writer *w, const char *key, int depth) {
     case 4: tr_msg_put_str(w, key, words[rndn(6)]); break;
     case 5: tr_msg_put_nil(w, key); break;
     case 6: {
-        uint8_t data[64];
-        for (int i = 0; i < 64; i++) data[i] = (uint8_t)rnd();
+        uint8_t data[9 * 8];  // up to 3 x 3 elements of 8 bytes
+        for (size_t i = 0; i < sizeof data; i++) data[i] = (uint8_t)rnd();
         int dtype = (int)rndn(TR_DTYPE_COUNT);
         int ndim = (int)rndn(3);
         int64_t shape[2] = {1, 1};
