@@ -6,7 +6,10 @@
 #include "engine/err.h"
 #include "version.h"
 
+int tr_cmd_logprobs(int argc, char **argv);
+
 static const tr_command commands[] = {
+    {"logprobs", "per-token log-probabilities of token sequences under a model", tr_cmd_logprobs},
     {NULL, NULL, NULL},
 };
 

@@ -17,12 +17,15 @@
 #   step3.<hf name>: parameters after 3 steps of clip_grad_norm_ + torch.optim.AdamW, each
 #   step on the same batch and the same loss;
 #   gen.prompt.<i>, gen.output.<i>: generate(do_sample=False, max_new_tokens=16), the output
-#   including the prompt.
+#   including the prompt;
+#   and logprobs_input.jsonl / logprobs_expected.jsonl: the batch as `troupe logprobs` reads
+#   it and the logprobs it must write.
 # score model (Qwen2ForSequenceClassification, num_labels 1, pad_token_id set): scores [S]
 #   at the last non-pad token (sequence 1 ends in pad tokens); coef [S]; loss = sum coef*score;
 #   grad.<hf name>.
 # value model (LlamaForTokenClassification, num_labels 1): values [N]; coef [N];
 #   loss = sum coef*value; grad.<hf name>.
+import json
 import math
 import os
 import sys
@@ -187,7 +190,21 @@ def make_lm(outdir, name, cfg, seed):
     expected.update(lm_fixture(model, gen))
     save_file({k: v.contiguous() for k, v in expected.items()},
               os.path.join(d, "expected.safetensors"))
+    write_logprobs_jsonl(d, expected)
     print(name, sum(v.numel() for v in expected.values()), "values in expected")
+
+
+def write_logprobs_jsonl(d, expected):
+    # The same batch as `troupe logprobs` input and expected output (len - 1 values a line).
+    ids, lens = expected["input_ids"].tolist(), expected["seq_lens"].tolist()
+    lp = expected["logprobs"].tolist()
+    with open(os.path.join(d, "logprobs_input.jsonl"), "w") as fi, \
+            open(os.path.join(d, "logprobs_expected.jsonl"), "w") as fo:
+        o = 0
+        for n in lens:
+            fi.write(json.dumps({"input_ids": ids[o:o + n]}) + "\n")
+            fo.write(json.dumps({"logprobs": [float(x) for x in lp[o:o + n - 1]]}) + "\n")
+            o += n
 
 
 def make_score(outdir, seed):

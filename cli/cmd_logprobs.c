@@ -1,0 +1,326 @@
+// `troupe logprobs`: per-token log-probabilities of token sequences under a causal LM.
+// Input JSONL lines carry input_ids; each output line, in input order, is
+// {"logprobs": [...]} with logprobs[i] = ln p(input_ids[i+1] | input_ids[..i]).
+// Sequences are packed as separate documents into forwards of up to --batch-tokens tokens.
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "engine/err.h"
+#include "engine/file.h"
+#include "engine/heads.h"
+#include "engine/model.h"
+
+static const char *CMD = "logprobs";
+
+typedef struct seq {
+    int32_t *ids;
+    int32_t n;
+} seq;
+
+typedef struct seq_list {
+    seq *items;
+    size_t n, cap;
+} seq_list;
+
+static void seq_list_free(seq_list *l) {
+    for (size_t i = 0; i < l->n; i++) free(l->items[i].ids);
+    free(l->items);
+}
+
+static const char *type_name(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "object";
+    case JSON_ARRAY: return "array";
+    case JSON_STRING: return "string";
+    case JSON_INTEGER: return "integer";
+    case JSON_REAL: return "number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "boolean";
+    case JSON_NULL: return "null";
+    }
+    return "?";
+}
+
+// One line's input_ids into s, each id checked against the vocabulary.
+static int parse_line(const char *path, long long line, const char *text, size_t len,
+                      int32_t vocab, seq *s, tr_err *err) {
+    json_error_t jerr;
+    json_t *obj = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!obj)
+        return tr_errf(err, TR_EFORMAT, "%s:%lld:%d: %s", path, line, jerr.column, jerr.text);
+    int rc = -1;
+    json_t *arr = json_is_object(obj) ? json_object_get(obj, "input_ids") : NULL;
+    size_t n = arr ? json_array_size(arr) : 0;
+    if (!json_is_object(obj))
+        tr_errf(err, TR_EFORMAT, "%s:%lld: a line must be a JSON object, got %s", path, line,
+                type_name(obj));
+    else if (!arr && json_object_get(obj, "text"))
+        tr_errf(err, TR_EUNSUPPORTED, "%s:%lld: 'text' input needs the tokenizer, which troupe "
+                "logprobs does not load yet; give 'input_ids'", path, line);
+    else if (!arr)
+        tr_errf(err, TR_EFORMAT, "%s:%lld: missing field 'input_ids'", path, line);
+    else if (!json_is_array(arr))
+        tr_errf(err, TR_EFORMAT, "%s:%lld: field 'input_ids' must be an array, got %s", path,
+                line, type_name(arr));
+    else if (n == 0)
+        tr_errf(err, TR_EFORMAT, "%s:%lld: 'input_ids' is empty", path, line);
+    else if (n > INT32_MAX / 2)
+        tr_errf(err, TR_ERANGE, "%s:%lld: %zu input_ids is too many", path, line, n);
+    else if (!(s->ids = malloc(n * sizeof(int32_t))))
+        tr_errf(err, TR_ENOMEM, "%s:%lld: out of memory", path, line);
+    else
+        rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        json_t *v = json_array_get(arr, i);
+        if (!json_is_integer(v))
+            rc = tr_errf(err, TR_EFORMAT, "%s:%lld: input_ids[%zu] must be an integer, got %s",
+                         path, line, i, type_name(v));
+        else if (json_integer_value(v) < 0 || json_integer_value(v) >= vocab)
+            rc = tr_errf(err, TR_ERANGE, "%s:%lld: input_ids[%zu] = %" JSON_INTEGER_FORMAT
+                         " is outside the model's vocabulary [0, %d)", path, line, i,
+                         json_integer_value(v), vocab);
+        else
+            s->ids[i] = (int32_t)json_integer_value(v);
+    }
+    s->n = (int32_t)n;
+    json_decref(obj);
+    return rc;
+}
+
+// Reads every non-blank line of path ("-": standard input).
+static int read_sequences(const char *path, int32_t vocab, seq_list *out, tr_err *err) {
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    if (!f) return tr_errf(err, TR_EIO, "%s: cannot open: %s", path, strerror(errno));
+    char *buf = NULL;
+    size_t cap = 0;
+    long long line = 0;
+    int rc = 0;
+    for (;;) {
+        errno = 0;
+        ssize_t len = getline(&buf, &cap, f);
+        if (len < 0) {
+            if (ferror(f)) rc = tr_errf(err, TR_EIO, "%s: read failed: %s", path, strerror(errno));
+            break;
+        }
+        line++;
+        while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r')) len--;
+        size_t k = 0;
+        while (k < (size_t)len && (buf[k] == ' ' || buf[k] == '\t')) k++;
+        if (k == (size_t)len) continue;
+        if (out->n == out->cap) {
+            size_t c = out->cap ? out->cap * 2 : 256;
+            seq *g = realloc(out->items, c * sizeof *g);
+            if (!g) {
+                rc = tr_errf(err, TR_ENOMEM, "%s:%lld: out of memory", path, line);
+                break;
+            }
+            out->items = g;
+            out->cap = c;
+        }
+        seq *s = &out->items[out->n++];
+        s->ids = NULL;
+        s->n = 0;
+        if ((rc = parse_line(path, line, buf, (size_t)len, vocab, s, err)) != 0) break;
+    }
+    free(buf);
+    if (f != stdin) fclose(f);
+    return rc;
+}
+
+// Appends text to a growing buffer; returns -1 when memory runs out.
+typedef struct strbuf {
+    char *s;
+    size_t len, cap;
+} strbuf;
+
+static int sb_put(strbuf *b, const char *s, size_t n) {
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + n + 1) cap *= 2;
+        char *g = realloc(b->s, cap);
+        if (!g) return -1;
+        b->s = g;
+        b->cap = cap;
+    }
+    memcpy(b->s + b->len, s, n);
+    b->len += n;
+    b->s[b->len] = '\0';
+    return 0;
+}
+
+static int write_line(strbuf *b, const float *lp, int32_t n) {
+    char num[32];
+    if (sb_put(b, "{\"logprobs\": [", 14) != 0) return -1;
+    for (int32_t i = 0; i < n; i++) {
+        // %.9g reads back as the same float.
+        int k = snprintf(num, sizeof num, i ? ", %.9g" : "%.9g", (double)lp[i]);
+        if (sb_put(b, num, (size_t)k) != 0) return -1;
+    }
+    return sb_put(b, "]}\n", 3);
+}
+
+typedef struct output {
+    FILE *stdout_f;          // NULL when writing a file
+    tr_file_writer w;
+    strbuf buf;
+} output;
+
+static int flush_output(output *o, tr_err *err) {
+    if (o->buf.len == 0) return 0;
+    int rc = 0;
+    if (o->stdout_f) {
+        if (fwrite(o->buf.s, 1, o->buf.len, o->stdout_f) != o->buf.len)
+            rc = tr_errf(err, TR_EIO, "writing standard output failed");
+    } else {
+        rc = tr_file_writer_write(&o->w, o->buf.s, o->buf.len, err);
+    }
+    o->buf.len = 0;
+    return rc;
+}
+
+// Runs the sequences [first, last) as one packed forward and appends their lines to o.
+static int run_batch(tr_model *m, const seq_list *seqs, size_t first, size_t last, int32_t *ids,
+                     int32_t *targets, int32_t *pos, int32_t *starts, float *lp, output *o,
+                     tr_err *err) {
+    int32_t t = 0, d = 0;
+    for (size_t i = first; i < last; i++, d++) {
+        const seq *s = &seqs->items[i];
+        starts[d] = t;
+        for (int32_t j = 0; j < s->n; j++, t++) {
+            ids[t] = s->ids[j];
+            pos[t] = j;
+            targets[t] = j + 1 < s->n ? s->ids[j + 1] : -1;
+        }
+    }
+    starts[d] = t;
+    tr_doc_layout docs = {.n_tokens = t, .n_docs = d, .doc_start = starts, .pos = pos};
+    if (tr_model_forward(m, ids, &docs, err) != 0 ||
+        tr_lm_head_forward(m, targets, lp, NULL, err) != 0)
+        return -1;
+    for (size_t i = first; i < last; i++) {
+        int32_t off = starts[i - first];
+        if (write_line(&o->buf, lp + off, seqs->items[i].n - 1) != 0)
+            return tr_errf(err, TR_ENOMEM, "out of memory formatting output");
+    }
+    return flush_output(o, err);
+}
+
+int tr_cmd_logprobs(int argc, char **argv) {
+    const char *model_dir = NULL, *data = NULL, *out_path = NULL;
+    long threads = 0, batch_tokens = 4096;
+    tr_arg table[] = {
+        {"model", TR_ARG_STR, &model_dir, "DIR", "Hugging Face model directory (a causal LM)",
+         true, false},
+        {"data", TR_ARG_STR, &data, "FILE", "JSONL with \"input_ids\" per line ('-': stdin)",
+         true, false},
+        {"out", TR_ARG_STR, &out_path, "FILE", "output JSONL (default: standard output)", false,
+         false},
+        {"threads", TR_ARG_INT, &threads, "N", "CPU threads (default: all cores)", false, false},
+        {"batch-tokens", TR_ARG_INT, &batch_tokens, "N",
+         "tokens per forward pass; longer sequences get a pass of their own (default 4096)",
+         false, false},
+        {NULL, 0, NULL, NULL, NULL, false, false},
+    };
+    bool help;
+    int rc = tr_args_parse(CMD, argc, argv, table, NULL, 0, NULL, &help);
+    if (rc) return rc;
+    if (help) {
+        tr_args_usage(CMD, "--model DIR --data FILE.jsonl [--out FILE] [--threads N]",
+                      "Writes one line {\"logprobs\": [...]} per input line, in input order:\n"
+                      "logprobs[i] = ln p(input_ids[i+1] | input_ids[0..i]), len - 1 values.",
+                      table);
+        return 0;
+    }
+    if (threads < 0 || threads > 1024 || batch_tokens < 1 || batch_tokens > (1 << 24)) {
+        fprintf(stderr, "troupe %s: --threads must be in 0..1024 and --batch-tokens in "
+                "1..16777216\n", CMD);
+        return 2;
+    }
+
+    tr_err err = {0};
+    tr_model_config cfg;
+    char cfg_path[4200];
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", model_dir);
+    if (tr_config_load(cfg_path, &cfg, &err) != 0) return tr_cli_fail(CMD, &err);
+    if (cfg.head != TR_HEAD_LM) {
+        tr_errf(&err, TR_EINVAL, "%s is a %s; logprobs needs a causal LM", model_dir,
+                cfg.architecture);
+        return tr_cli_fail(CMD, &err);
+    }
+    seq_list seqs = {0};
+    if (read_sequences(data, cfg.vocab_size, &seqs, &err) != 0) {
+        seq_list_free(&seqs);
+        return tr_cli_fail(CMD, &err);
+    }
+    int32_t longest = 1;
+    for (size_t i = 0; i < seqs.n; i++)
+        if (seqs.items[i].n > longest) longest = seqs.items[i].n;
+    int32_t max_tokens = longest > batch_tokens ? longest : (int32_t)batch_tokens;
+
+    tr_backend be;
+    if (tr_backend_cpu_init(&be, (int32_t)threads) != 0) {
+        seq_list_free(&seqs);
+        tr_errf(&err, TR_ENOMEM, "cannot start %ld CPU threads", threads);
+        return tr_cli_fail(CMD, &err);
+    }
+    tr_model m;
+    tr_model_opts opts = {.max_tokens = max_tokens, .training = false};
+    size_t nt = (size_t)max_tokens;
+    int32_t *ids = malloc(nt * sizeof(int32_t)), *targets = malloc(nt * sizeof(int32_t));
+    int32_t *pos = malloc(nt * sizeof(int32_t)), *starts = malloc((nt + 1) * sizeof(int32_t));
+    float *lp = malloc(nt * sizeof(float));
+    output o = {0};
+    bool model_ok = false, writer_open = false;
+    rc = 1;
+    if (!ids || !targets || !pos || !starts || !lp) {
+        tr_errf(&err, TR_ENOMEM, "out of memory for %d-token batches", max_tokens);
+        goto done;
+    }
+    if (tr_model_load(&m, model_dir, &be, &opts, &err) != 0) goto done;
+    model_ok = true;
+    if (out_path) {
+        if (tr_file_writer_open(&o.w, out_path, &err) != 0) goto done;
+        writer_open = true;
+    } else {
+        o.stdout_f = stdout;
+    }
+    size_t first = 0;
+    int32_t tokens = 0;
+    for (size_t i = 0; i <= seqs.n; i++) {
+        bool flush = i == seqs.n || (i > first && tokens + seqs.items[i].n > max_tokens);
+        if (flush && i > first) {
+            if (run_batch(&m, &seqs, first, i, ids, targets, pos, starts, lp, &o, &err) != 0)
+                goto done;
+            first = i;
+            tokens = 0;
+        }
+        if (i < seqs.n) tokens += seqs.items[i].n;
+    }
+    if (writer_open) {
+        writer_open = false;
+        if (tr_file_writer_commit(&o.w, &err) != 0) goto done;
+    } else if (fflush(stdout) != 0) {
+        tr_errf(&err, TR_EIO, "writing standard output failed");
+        goto done;
+    }
+    rc = 0;
+done:
+    if (writer_open) tr_file_writer_abort(&o.w);
+    free(o.buf.s);
+    if (model_ok) tr_model_free(&m);
+    tr_backend_cpu_free(&be);
+    free(ids);
+    free(targets);
+    free(pos);
+    free(starts);
+    free(lp);
+    seq_list_free(&seqs);
+    return rc == 0 ? 0 : tr_cli_fail(CMD, &err);
+}
