@@ -99,6 +99,16 @@ typedef struct attn_job {
     int32_t max_blocks;
 } attn_job;
 
+// Single-core time estimate for tr_cpu_run: ~4 flops per (query, key, channel) at ~8/ns.
+static double attn_work_ns(const tr_doc_layout *docs, int32_t H, int32_t D) {
+    double pairs = 0;
+    for (int32_t d = 0; d < docs->n_docs; d++) {
+        double len = docs->doc_start[d + 1] - docs->doc_start[d];
+        pairs += 0.5 * len * (len + 1);
+    }
+    return 0.5 * pairs * H * D;
+}
+
 static kv_rows attn_doc_rows(const attn_job *j, const float *k, const float *v, int32_t start,
                              int32_t kvh) {
     size_t stride = (size_t)j->KVH * j->D;
@@ -131,7 +141,8 @@ void tr_cpu_attention_forward(tr_backend *be, float *out, float *lse, const floa
     if (T <= 0) return;
     attn_job j = {.out = out, .lse = lse, .q = q, .k = k, .v = v, .docs = docs, .T = T, .H = H,
                   .KVH = KVH, .D = D, .scale = attn_scale(D)};
-    tr_pool_run(tr_cpu_pool(be), tr_cpu_ceil_div(T, ATT_Q_ROWS) * H, attn_forward_task, &j);
+    tr_cpu_run(be, tr_cpu_ceil_div(T, ATT_Q_ROWS) * H, attn_forward_task, &j,
+               attn_work_ns(docs, H, D));
 }
 
 // dq for a block of query rows of one head: p and dp recomputed per chunk of keys, in order.
@@ -224,11 +235,11 @@ void tr_cpu_attention_backward(tr_backend *be, float *dq, float *dk, float *dv,
                   .q = q, .k = k, .v = v, .docs = docs, .T = T, .H = H, .KVH = KVH, .D = D,
                   .scale = attn_scale(D)};
     if (dq)
-        tr_pool_run(tr_cpu_pool(be), tr_cpu_ceil_div(T, ATT_Q_ROWS) * H, attn_backward_dq_task,
-                    &j);
+        tr_cpu_run(be, tr_cpu_ceil_div(T, ATT_Q_ROWS) * H, attn_backward_dq_task, &j,
+                   1.5 * attn_work_ns(docs, H, D));
     if (dk || dv)
-        tr_pool_run(tr_cpu_pool(be), tr_cpu_ceil_div(T, ATT_K_ROWS) * KVH,
-                    attn_backward_dkv_task, &j);
+        tr_cpu_run(be, tr_cpu_ceil_div(T, ATT_K_ROWS) * KVH, attn_backward_dkv_task, &j,
+                   2.0 * attn_work_ns(docs, H, D));
 }
 
 static void attn_decode_task(void *arg, int32_t task) {
@@ -251,5 +262,7 @@ void tr_cpu_attention_decode(tr_backend *be, float *out, const float *q, const t
     attn_job j = {.out = out, .q = q, .kv = kv, .block_table = block_table,
                   .max_blocks = max_blocks, .seq_len = seq_len, .H = H,
                   .scale = attn_scale(kv->head_dim)};
-    tr_pool_run(tr_cpu_pool(be), B * H, attn_decode_task, &j);
+    double work = 0;   // ~4 flops per key and channel at ~8 flops/ns
+    for (int32_t b = 0; b < B; b++) work += 0.5 * seq_len[b] * H * kv->head_dim;
+    tr_cpu_run(be, B * H, attn_decode_task, &j, work);
 }

@@ -15,6 +15,19 @@ typedef struct tr_cpu_ctx {
 
 static inline tr_pool *tr_cpu_pool(tr_backend *be) { return ((tr_cpu_ctx *)be->ctx)->pool; }
 
+// Waking the pool's workers costs ~10 us; a job estimated (ns on one core) below this runs
+// its tasks in the calling thread instead. Same tasks either way, so the same bits.
+#define TR_CPU_INLINE_NS 20000.0
+
+static inline void tr_cpu_run(tr_backend *be, int32_t n_tasks, tr_pool_fn fn, void *arg,
+                              double est_ns) {
+    if (est_ns < TR_CPU_INLINE_NS) {
+        for (int32_t t = 0; t < n_tasks; t++) fn(arg, t);
+        return;
+    }
+    tr_pool_run(tr_cpu_pool(be), n_tasks, fn, arg);
+}
+
 static inline int32_t tr_cpu_ceil_div(int64_t a, int64_t b) { return (int32_t)((a + b - 1) / b); }
 
 void tr_cpu_matmul_forward(tr_backend *be, float *out, const float *in, const float *w,

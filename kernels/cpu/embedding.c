@@ -29,7 +29,8 @@ static void emb_forward_task(void *arg, int32_t task) {
 void tr_cpu_embedding_forward(tr_backend *be, float *out, const int32_t *ids,
                               const float *table, int32_t T, int32_t C) {
     emb_job j = {.out = out, .table = table, .ids = ids, .T = T, .C = C};
-    tr_pool_run(tr_cpu_pool(be), tr_cpu_ceil_div(T, EMB_ROWS_PER_TASK), emb_forward_task, &j);
+    tr_cpu_run(be, tr_cpu_ceil_div(T, EMB_ROWS_PER_TASK), emb_forward_task, &j,
+               0.25 * T * C);
 }
 
 static void emb_backward_task(void *arg, int32_t task) {
@@ -47,5 +48,5 @@ void tr_cpu_embedding_backward(tr_backend *be, float *dtable, const float *dout,
                                const int32_t *ids, int32_t T, int32_t C) {
     if (T <= 0) return;
     emb_job j = {.dtable = dtable, .dout = dout, .ids = ids, .T = T, .C = C};
-    tr_pool_run(tr_cpu_pool(be), tr_cpu_ceil_div(C, EMB_COLS_PER_TASK), emb_backward_task, &j);
+    tr_cpu_run(be, tr_cpu_ceil_div(C, EMB_COLS_PER_TASK), emb_backward_task, &j, 0.5 * T * C);
 }

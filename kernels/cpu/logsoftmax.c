@@ -51,7 +51,7 @@ void tr_cpu_logsoftmax_forward(tr_backend *be, float *logprob, float *entropy, f
                                int32_t V) {
     lsm_job j = {.logprob = logprob, .entropy = entropy, .lse = lse, .logits = logits,
                  .target = target, .T = T, .V = V, .rows_per_task = lsm_rows_per_task(V)};
-    tr_pool_run(tr_cpu_pool(be), tr_cpu_ceil_div(T, j.rows_per_task), lsm_forward_task, &j);
+    tr_cpu_run(be, tr_cpu_ceil_div(T, j.rows_per_task), lsm_forward_task, &j, 3.0 * T * V);
 }
 
 // With p = exp(x - lse): d logprob/dx = onehot - p; dH/dx_i = -p_i (x_i - sum_k p_k x_k).
@@ -92,5 +92,5 @@ void tr_cpu_logsoftmax_backward(tr_backend *be, float *dlogits, const float *dlo
     lsm_job j = {.dlogits = dlogits, .dlogprob = dlogprob, .dentropy = dentropy,
                  .logits = logits, .lse_in = lse, .target = target, .T = T, .V = V,
                  .rows_per_task = lsm_rows_per_task(V)};
-    tr_pool_run(tr_cpu_pool(be), tr_cpu_ceil_div(T, j.rows_per_task), lsm_backward_task, &j);
+    tr_cpu_run(be, tr_cpu_ceil_div(T, j.rows_per_task), lsm_backward_task, &j, 4.0 * T * V);
 }

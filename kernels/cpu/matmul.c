@@ -47,7 +47,8 @@ static void gemm_tile(void *arg, int32_t task) {
 static void gemm_run(tr_backend *be, gemm_job *j) {
     if (j->M <= 0 || j->N <= 0) return;
     j->n_tiles_n = tr_cpu_ceil_div(j->N, MM_TILE_N);
-    tr_pool_run(tr_cpu_pool(be), tr_cpu_ceil_div(j->M, MM_TILE_M) * j->n_tiles_n, gemm_tile, j);
+    double flops = 2.0 * j->M * j->N * j->K;
+    tr_cpu_run(be, tr_cpu_ceil_div(j->M, MM_TILE_M) * j->n_tiles_n, gemm_tile, j, flops / 50.0);
 }
 
 void tr_cpu_matmul_forward(tr_backend *be, float *out, const float *in, const float *w,
@@ -101,6 +102,6 @@ void tr_cpu_matmul_backward(tr_backend *be, float *din, float *dw, float *dbias,
     }
     if (dbias) {
         dbias_job j = {.dbias = dbias, .dout = dout, .T = T, .OC = OC};
-        tr_pool_run(tr_cpu_pool(be), tr_cpu_ceil_div(OC, MM_BIAS_TILE), dbias_tile, &j);
+        tr_cpu_run(be, tr_cpu_ceil_div(OC, MM_BIAS_TILE), dbias_tile, &j, (double)T * OC);
     }
 }

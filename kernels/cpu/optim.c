@@ -35,7 +35,7 @@ static void add_task(void *arg, int32_t task) {
 
 void tr_cpu_add(tr_backend *be, float *out, const float *a, const float *b, size_t n) {
     opt_job j = {.out = out, .a = a, .b = b, .n = n};
-    tr_pool_run(tr_cpu_pool(be), opt_tasks(&j, OPT_ELEMS_PER_TASK), add_task, &j);
+    tr_cpu_run(be, opt_tasks(&j, OPT_ELEMS_PER_TASK), add_task, &j, 0.5 * (double)n);
 }
 
 static void scale_task(void *arg, int32_t task) {
@@ -45,7 +45,7 @@ static void scale_task(void *arg, int32_t task) {
 
 void tr_cpu_scale(tr_backend *be, float *x, float s, size_t n) {
     opt_job j = {.p = x, .s = s, .n = n};
-    tr_pool_run(tr_cpu_pool(be), opt_tasks(&j, OPT_ELEMS_PER_TASK), scale_task, &j);
+    tr_cpu_run(be, opt_tasks(&j, OPT_ELEMS_PER_TASK), scale_task, &j, 0.3 * (double)n);
 }
 
 static void sumsq_task(void *arg, int32_t task) {
@@ -66,7 +66,7 @@ double tr_cpu_sumsq(tr_backend *be, const float *x, size_t n) {
     size_t block = OPT_ELEMS_PER_TASK;
     if (n > block * SUMSQ_MAX_BLOCKS) block = (n + SUMSQ_MAX_BLOCKS - 1) / SUMSQ_MAX_BLOCKS;
     int32_t n_blocks = opt_tasks(&j, block);
-    tr_pool_run(tr_cpu_pool(be), n_blocks, sumsq_task, &j);
+    tr_cpu_run(be, n_blocks, sumsq_task, &j, 0.5 * (double)n);
     double total = 0.0;
     for (int32_t b = 0; b < n_blocks; b++) total += partial[b];
     return total;
@@ -92,5 +92,5 @@ void tr_cpu_adamw(tr_backend *be, float *p, const float *g, float *m, float *v, 
                  .eps = eps, .wd = wd,
                  .bc1 = (float)(1.0 - pow((double)b1, (double)t)),
                  .bc2 = (float)(1.0 - pow((double)b2, (double)t))};
-    tr_pool_run(tr_cpu_pool(be), opt_tasks(&j, OPT_ELEMS_PER_TASK), adamw_task, &j);
+    tr_cpu_run(be, opt_tasks(&j, OPT_ELEMS_PER_TASK), adamw_task, &j, 2.0 * (double)n);
 }

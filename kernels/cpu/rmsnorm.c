@@ -33,7 +33,7 @@ static void rms_forward_task(void *arg, int32_t task) {
 void tr_cpu_rmsnorm_forward(tr_backend *be, float *out, float *rstd, const float *in,
                             const float *w, float eps, int32_t T, int32_t C) {
     rms_job j = {.out = out, .rstd = rstd, .in = in, .w = w, .eps = eps, .T = T, .C = C};
-    tr_pool_run(tr_cpu_pool(be), tr_cpu_ceil_div(T, RMS_ROWS_PER_TASK), rms_forward_task, &j);
+    tr_cpu_run(be, tr_cpu_ceil_div(T, RMS_ROWS_PER_TASK), rms_forward_task, &j, 2.0 * T * C);
 }
 
 // din_c += r w_c g_c - x_c r^3 / C * sum_k g_k w_k x_k   (g = dout, r = rstd)
@@ -75,9 +75,9 @@ void tr_cpu_rmsnorm_backward(tr_backend *be, float *din, float *dw, const float 
     rms_job j = {.din = din, .dw = dw, .dout = dout, .in = in, .w = w, .rstd_in = rstd,
                  .T = T, .C = C};
     if (din)
-        tr_pool_run(tr_cpu_pool(be), tr_cpu_ceil_div(T, RMS_ROWS_PER_TASK),
-                    rms_backward_din_task, &j);
+        tr_cpu_run(be, tr_cpu_ceil_div(T, RMS_ROWS_PER_TASK), rms_backward_din_task, &j,
+                   2.0 * T * C);
     if (dw && T > 0)
-        tr_pool_run(tr_cpu_pool(be), tr_cpu_ceil_div(C, RMS_COLS_PER_TASK),
-                    rms_backward_dw_task, &j);
+        tr_cpu_run(be, tr_cpu_ceil_div(C, RMS_COLS_PER_TASK), rms_backward_dw_task, &j,
+                   2.0 * T * C);
 }

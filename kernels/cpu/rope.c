@@ -47,7 +47,7 @@ static void rope_task(void *arg, int32_t task) {
 static void rope_run(tr_backend *be, float *x, const int32_t *pos, const float *inv_freq,
                      int32_t T, int32_t H, int32_t D, float sign) {
     rope_job j = {.x = x, .pos = pos, .inv_freq = inv_freq, .T = T, .H = H, .D = D, .sign = sign};
-    tr_pool_run(tr_cpu_pool(be), tr_cpu_ceil_div(T, ROPE_ROWS_PER_TASK), rope_task, &j);
+    tr_cpu_run(be, tr_cpu_ceil_div(T, ROPE_ROWS_PER_TASK), rope_task, &j, 1.0 * T * H * D);
 }
 
 void tr_cpu_rope_forward(tr_backend *be, float *x, const int32_t *pos, const float *inv_freq,

@@ -26,8 +26,8 @@ static void swiglu_forward_task(void *arg, int32_t task) {
 void tr_cpu_swiglu_forward(tr_backend *be, float *out, const float *gate, const float *up,
                            size_t n) {
     swiglu_job j = {.out = out, .gate = gate, .up = up, .n = n};
-    tr_pool_run(tr_cpu_pool(be), tr_cpu_ceil_div((int64_t)n, ELEM_PER_TASK), swiglu_forward_task,
-                &j);
+    tr_cpu_run(be, tr_cpu_ceil_div((int64_t)n, ELEM_PER_TASK), swiglu_forward_task, &j,
+               2.0 * (double)n);
 }
 
 // d silu(g)/dg = sig * (1 + g * (1 - sig))
@@ -47,6 +47,6 @@ static void swiglu_backward_task(void *arg, int32_t task) {
 void tr_cpu_swiglu_backward(tr_backend *be, float *dgate, float *dup, const float *dout,
                             const float *gate, const float *up, size_t n) {
     swiglu_job j = {.dgate = dgate, .dup = dup, .dout = dout, .gate = gate, .up = up, .n = n};
-    tr_pool_run(tr_cpu_pool(be), tr_cpu_ceil_div((int64_t)n, ELEM_PER_TASK),
-                swiglu_backward_task, &j);
+    tr_cpu_run(be, tr_cpu_ceil_div((int64_t)n, ELEM_PER_TASK), swiglu_backward_task, &j,
+               3.0 * (double)n);
 }
