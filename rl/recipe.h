@@ -1,0 +1,222 @@
+// Recipes: the YAML file that describes a run (workflow, models, data, rollout, algorithm,
+// training, placement, logging), read through libyaml into the typed tr_recipe below.
+// Unknown keys, wrong types and impossible values are errors naming file:line:column;
+// `--set a.b.c=value` overrides any key. docs/recipes.md lists every key and its default.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/err.h"
+#include "rl/advantage.h"
+#include "rl/loss.h"
+
+#define TR_RECIPE_PATH_MAX 1024
+#define TR_RECIPE_NAME_MAX 256
+#define TR_RECIPE_MAX_DEVICES 64
+#define TR_RECIPE_MAX_PREFIXES 64
+#define TR_RECIPE_MAX_GROUPS 4
+#define TR_RECIPE_MAX_SETS 256
+
+enum tr_recipe_workflow {
+    TR_RECIPE_GRPO,
+    TR_RECIPE_PPO,
+    TR_RECIPE_SFT,
+    TR_RECIPE_PRETRAIN,
+};
+
+enum tr_recipe_backend { TR_RECIPE_CPU, TR_RECIPE_CUDA };
+
+enum tr_recipe_schedule { TR_RECIPE_SCHED_CONSTANT, TR_RECIPE_SCHED_LINEAR, TR_RECIPE_SCHED_COSINE };
+
+// The model roles, in the order of the models: section.
+enum tr_recipe_role {
+    TR_RECIPE_POLICY,
+    TR_RECIPE_REFERENCE,
+    TR_RECIPE_CRITIC,
+    TR_RECIPE_REWARD,
+    TR_RECIPE_N_ROLES,
+};
+
+enum tr_recipe_reward_kind { TR_RECIPE_REWARD_RULE, TR_RECIPE_REWARD_MODEL, TR_RECIPE_REWARD_SERVICE };
+enum tr_recipe_reward_fn { TR_RECIPE_FN_EXACT_MATCH, TR_RECIPE_FN_NUMERIC_MATCH, TR_RECIPE_FN_REGEX };
+enum tr_recipe_on_failure { TR_RECIPE_ON_FAILURE_FAIL, TR_RECIPE_ON_FAILURE_ZERO };
+enum tr_recipe_chat_format { TR_RECIPE_CHAT_CHATML, TR_RECIPE_CHAT_LLAMA3, TR_RECIPE_CHAT_NONE };
+enum tr_recipe_from { TR_RECIPE_FROM_NONE, TR_RECIPE_FROM_POLICY };
+
+typedef struct tr_recipe_optim {
+    double lr;
+    double weight_decay;
+    double betas[2];
+    double eps;
+    double grad_clip;                  // global gradient-norm clip; 0 = off
+    enum tr_recipe_schedule schedule;  // learning-rate schedule after warmup
+    int64_t warmup_steps;              // linear warmup from 0
+    double min_lr_ratio;               // floor of linear/cosine decay, as a fraction of lr
+} tr_recipe_optim;
+
+typedef struct tr_recipe_parallel {
+    int64_t tp;  // tensor-parallel ranks
+    int64_t dp;  // data-parallel ranks
+} tr_recipe_parallel;
+
+typedef struct tr_recipe_devices {
+    int32_t ids[TR_RECIPE_MAX_DEVICES];  // empty: the launcher assigns devices in order
+    int32_t n;
+} tr_recipe_devices;
+
+// policy, reference, critic: a transformer loaded from a Hugging Face directory, freshly
+// initialised from a config.json, or (reference, critic) started from the policy's checkpoint.
+typedef struct tr_recipe_model {
+    bool present;                      // the role appears in the recipe
+    char path[TR_RECIPE_PATH_MAX];     // HF checkpoint directory
+    bool has_init;
+    char init_config[TR_RECIPE_PATH_MAX];  // init.config: a config.json for random init
+    int64_t init_seed;
+    enum tr_recipe_from from;          // from: policy (reference, critic)
+    tr_recipe_parallel parallel;
+    tr_recipe_devices devices;
+    tr_recipe_optim optim;
+} tr_recipe_model;
+
+// How a verdict or a score becomes the reward (see docs/recipes.md).
+typedef struct tr_recipe_curve {
+    double correct;    // rule: the answer matches
+    double wrong;      // rule: an answer was found and does not match
+    double missing;    // rule: no answer could be extracted
+    double scale;      // model/service: reward = scale * score + shift
+    double shift;
+} tr_recipe_curve;
+
+typedef struct tr_recipe_reward {
+    bool present;
+    enum tr_recipe_reward_kind kind;
+    enum tr_recipe_reward_fn function;
+    char pattern[TR_RECIPE_NAME_MAX];  // regex: extracts the answer (first group, else match)
+    char path[TR_RECIPE_PATH_MAX];     // model: HF *ForSequenceClassification directory
+    tr_recipe_parallel parallel;
+    tr_recipe_devices devices;
+    char endpoint[TR_RECIPE_NAME_MAX]; // service: ZeroMQ endpoint
+    int64_t timeout_ms;
+    int64_t retries;
+    int64_t max_batch;                 // items per score request
+    enum tr_recipe_on_failure on_failure;
+    tr_recipe_curve curve;
+} tr_recipe_reward;
+
+typedef struct tr_recipe_prefix {
+    char path[TR_RECIPE_PATH_MAX];  // Megatron indexed dataset prefix (PATH.bin, PATH.idx)
+    double weight;
+} tr_recipe_prefix;
+
+typedef struct tr_recipe_data {
+    char train[TR_RECIPE_PATH_MAX];
+    char eval[TR_RECIPE_PATH_MAX];
+    enum tr_recipe_chat_format chat_format;
+    char prompt_key[TR_RECIPE_NAME_MAX];
+    int64_t max_prompt_len;
+    int64_t max_len;   // sft: conversations are truncated to this many tokens
+    bool pack;         // sft: pack conversations into rows of max_len
+    tr_recipe_prefix prefixes[TR_RECIPE_MAX_PREFIXES];
+    int32_t n_prefixes;
+    char split[TR_RECIPE_NAME_MAX];  // pretrain: train,valid,test proportions, "969,30,1"
+    int64_t seq_len;   // pretrain: tokens per row
+} tr_recipe_data;
+
+typedef struct tr_recipe_rollout {
+    int64_t n;               // responses per prompt (the group size)
+    int64_t max_new_tokens;
+    double temperature;      // 0 = greedy
+    double top_p;
+    int64_t top_k;           // 0 = off
+    bool dynamic_sampling;   // drop groups whose rewards are all equal, sample more
+    int64_t max_resample;    // extra generation rounds dynamic sampling may use per step
+    int64_t overlong_buffer; // DAPO soft overlong punishment zone, tokens; 0 = off
+    double overlong_penalty;
+} tr_recipe_rollout;
+
+typedef struct tr_recipe_algorithm {
+    enum tr_adv_kind advantage;
+    bool norm_by_std;
+    double gamma;
+    double lam;
+    double clip_low;
+    double clip_high;
+    double clip_dual;        // 0 = off
+    enum tr_ratio_mode ratio;
+    double kl_coef;          // 0 = no KL to the reference
+    enum tr_kl_est kl_estimator;
+    enum tr_kl_placement kl_placement;
+    double entropy_coef;
+    double value_clip;       // 0 = no value clipping
+    enum tr_loss_agg loss_agg;
+    int64_t ppo_epochs;
+    int64_t mini_batches;
+} tr_recipe_algorithm;
+
+typedef struct tr_recipe_train {
+    int64_t steps;
+    int64_t prompts_per_step;    // grpo/ppo
+    int64_t batch_size;          // sft/pretrain: rows per step
+    int64_t micro_batch_tokens;
+    int64_t eval_every;          // 0 = no periodic eval
+    int64_t save_every;          // 0 = only the final checkpoint
+    int64_t max_len;             // longest row trained on; resolved from data/rollout when 0
+} tr_recipe_train;
+
+typedef struct tr_recipe_placement {
+    int32_t colocate[TR_RECIPE_MAX_GROUPS][TR_RECIPE_N_ROLES];  // roles sharing one process
+    int32_t colocate_len[TR_RECIPE_MAX_GROUPS];
+    int32_t n_colocate;
+    char endpoint[TR_RECIPE_NAME_MAX];  // controller's ZeroMQ endpoint; "" = ipc in run_dir
+    bool attach;                        // workers are started elsewhere and attach
+} tr_recipe_placement;
+
+typedef struct tr_recipe_log {
+    bool tensorboard;
+    int64_t samples_every;  // write sample rollouts every N steps; 0 = never
+    bool progress;
+} tr_recipe_log;
+
+typedef struct tr_recipe {
+    enum tr_recipe_workflow workflow;
+    int64_t seed;
+    char run_dir[TR_RECIPE_PATH_MAX];
+    enum tr_recipe_backend backend;
+    int64_t threads;  // CPU worker threads; 0 = all cores
+    tr_recipe_model models[TR_RECIPE_REWARD];  // policy, reference, critic
+    tr_recipe_reward reward;
+    tr_recipe_data data;
+    tr_recipe_rollout rollout;
+    tr_recipe_algorithm algorithm;
+    tr_recipe_train train;
+    tr_recipe_placement placement;
+    tr_recipe_log log;
+} tr_recipe;
+
+// All defaults (docs/recipes.md), no role present; fails only if the built-in schema is broken.
+int tr_recipe_defaults(tr_recipe *r, tr_err *err);
+
+// Reads the recipe at path, applies the overrides ("a.b.c=value", in order; a value that
+// starts with [ { " or ' is read as YAML flow, anything else literally), validates, and
+// fills r. Errors name file:line:column (or the override) and the dotted key.
+int tr_recipe_load(const char *path, const char *const *sets, int n_sets, tr_recipe *r, tr_err *err);
+// The same from text in memory; name is used in error messages.
+int tr_recipe_parse(const char *text, size_t len, const char *name, const char *const *sets,
+                    int n_sets, tr_recipe *r, tr_err *err);
+
+// The resolved recipe as YAML (every key, defaults filled): malloc'd, NUL-terminated.
+int tr_recipe_emit(const tr_recipe *r, char **yaml, size_t *len, tr_err *err);
+// Writes run_dir/resolved.yaml atomically, creating run_dir.
+int tr_recipe_write_resolved(const tr_recipe *r, tr_err *err);
+
+// 0 when a and b hold the same value for every key; otherwise 1 with the first differing
+// dotted key in key (for tests and --resume checks).
+int tr_recipe_diff(const tr_recipe *a, const tr_recipe *b, char *key, size_t cap);
+
+// The key reference of docs/recipes.md (a Markdown table generated from the schema).
+int tr_recipe_doc_table(char **md, size_t *len, tr_err *err);
+
+extern const char *const tr_recipe_workflow_names[];
+extern const char *const tr_recipe_role_names[];
+const char *tr_recipe_role_name(enum tr_recipe_role role);

@@ -1,0 +1,335 @@
+// The recipe schema: every key, its type, default, range and meaning, in recipe order.
+// This table is the one place defaults live; docs/recipes.md is generated from it and a
+// test keeps the two identical.
+#include <stdbool.h>
+
+#include "rl/recipe.h"
+#include "rl/recipe_schema.h"
+
+const char *const tr_recipe_workflow_names[] = {"grpo", "ppo", "sft", "pretrain", NULL};
+const char *const tr_recipe_role_names[] = {"policy", "reference", "critic", "reward", NULL};
+static const char *const backend_names[] = {"cpu", "cuda", NULL};
+static const char *const schedule_names[] = {"constant", "linear", "cosine", NULL};
+static const char *const reward_kind_names[] = {"rule", "model", "service", NULL};
+static const char *const reward_fn_names[] = {"exact_match", "numeric_match", "regex", NULL};
+static const char *const on_failure_names[] = {"fail", "zero", NULL};
+static const char *const chat_names[] = {"chatml", "llama3", "none", NULL};
+static const char *const from_names[] = {"none", "policy", NULL};
+
+const char *tr_recipe_role_name(enum tr_recipe_role role) {
+    if ((int)role < 0 || role >= TR_RECIPE_N_ROLES) return "unknown";
+    return tr_recipe_role_names[role];
+}
+
+// Enums are stored through an int; the compiler must agree on their size.
+_Static_assert(sizeof(enum tr_recipe_workflow) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum tr_adv_kind) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum tr_loss_agg) == sizeof(int), "enum size");
+
+#define MIN (TR_RK_HAS_MIN)
+#define POS (TR_RK_HAS_MIN | TR_RK_MIN_OPEN)
+#define UNIT (TR_RK_HAS_MIN | TR_RK_HAS_MAX)
+
+static const tr_rkey parallel_keys[] = {
+    {.name = "tp", .type = TR_RK_INT, .off = offsetof(tr_recipe_parallel, tp), .flags = MIN, .min = 1,
+     .def = "1", .doc = "tensor-parallel ranks (Megatron column/row splits)"},
+    {.name = "dp", .type = TR_RK_INT, .off = offsetof(tr_recipe_parallel, dp), .flags = MIN, .min = 1,
+     .def = "1", .doc = "data-parallel ranks (ZeRO-1 optimizer sharding)"},
+    {0},
+};
+
+static const tr_rkey optim_keys[] = {
+    {.name = "lr", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_optim, lr), .flags = POS, .min = 0,
+     .def = "1.0e-6", .doc = "peak learning rate (AdamW)"},
+    {.name = "weight_decay", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_optim, weight_decay),
+     .flags = MIN, .min = 0, .def = "0.0", .doc = "decoupled weight decay"},
+    {.name = "betas", .type = TR_RK_FLOATS, .off = offsetof(tr_recipe_optim, betas), .size = 2,
+     .flags = UNIT | TR_RK_MAX_OPEN, .min = 0, .max = 1, .def = "[0.9, 0.999]",
+     .doc = "Adam beta1, beta2"},
+    {.name = "eps", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_optim, eps), .flags = POS, .min = 0,
+     .def = "1.0e-8", .doc = "Adam epsilon"},
+    {.name = "grad_clip", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_optim, grad_clip),
+     .flags = MIN, .min = 0, .def = "1.0", .doc = "global gradient-norm clip; 0 = off"},
+    {.name = "schedule", .type = TR_RK_ENUM, .off = offsetof(tr_recipe_optim, schedule),
+     .names = schedule_names, .def = "constant", .doc = "learning rate after warmup"},
+    {.name = "warmup_steps", .type = TR_RK_INT, .off = offsetof(tr_recipe_optim, warmup_steps),
+     .flags = MIN, .min = 0, .def = "0", .doc = "linear warmup from 0 over this many steps"},
+    {.name = "min_lr_ratio", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_optim, min_lr_ratio),
+     .flags = UNIT, .min = 0, .max = 1, .def = "0.0",
+     .doc = "linear/cosine decay ends at this fraction of lr"},
+    {0},
+};
+
+static const tr_rkey init_keys[] = {
+    {.name = "config", .type = TR_RK_STR, .off = offsetof(tr_recipe_model, init_config),
+     .size = TR_RECIPE_PATH_MAX, .flags = TR_RK_REQUIRED,
+     .doc = "Hugging Face config.json to build a randomly initialised model from"},
+    {.name = "seed", .type = TR_RK_INT, .off = offsetof(tr_recipe_model, init_seed), .flags = MIN,
+     .min = 0, .def = "1", .doc = "seed of the random initialisation"},
+    {0},
+};
+
+static const tr_rkey model_keys[] = {
+    {.name = "path", .type = TR_RK_STR, .off = offsetof(tr_recipe_model, path),
+     .size = TR_RECIPE_PATH_MAX, .def = "\"\"",
+     .doc = "Hugging Face checkpoint directory (one of path, init, from)"},
+    {.name = "init", .type = TR_RK_MAP, .off = 0, .flags = TR_RK_PRESENCE,
+     .aux_off = offsetof(tr_recipe_model, has_init), .sub = init_keys,
+     .doc = "random initialisation instead of a checkpoint"},
+    {.name = "from", .type = TR_RK_ENUM, .off = offsetof(tr_recipe_model, from), .names = from_names,
+     .def = "none", .doc = "reference, critic: start from the policy's checkpoint"},
+    {.name = "parallel", .type = TR_RK_MAP, .off = offsetof(tr_recipe_model, parallel),
+     .sub = parallel_keys, .doc = "parallel layout"},
+    {.name = "devices", .type = TR_RK_DEVICES, .off = offsetof(tr_recipe_model, devices),
+     .flags = MIN, .min = 0, .def = "[]",
+     .doc = "GPU ids, tp*dp of them; empty: assigned in order"},
+    {.name = "optim", .type = TR_RK_MAP, .off = offsetof(tr_recipe_model, optim), .sub = optim_keys,
+     .doc = "optimizer (policy, critic)"},
+    {0},
+};
+
+static const tr_rkey curve_keys[] = {
+    {.name = "correct", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_curve, correct), .def = "1.0",
+     .doc = "rule: reward of a matching answer"},
+    {.name = "wrong", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_curve, wrong), .def = "0.0",
+     .doc = "rule: reward of an answer that does not match"},
+    {.name = "missing", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_curve, missing), .def = "0.0",
+     .doc = "rule: reward when no answer can be extracted"},
+    {.name = "scale", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_curve, scale), .def = "1.0",
+     .doc = "model, service: reward = scale * score + shift"},
+    {.name = "shift", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_curve, shift), .def = "0.0",
+     .doc = "model, service: added after scaling"},
+    {0},
+};
+
+static const tr_rkey reward_keys[] = {
+    {.name = "kind", .type = TR_RK_ENUM, .off = offsetof(tr_recipe_reward, kind),
+     .names = reward_kind_names, .def = "rule",
+     .doc = "rule (built-in verifier), model (score head), service (ZeroMQ)"},
+    {.name = "function", .type = TR_RK_ENUM, .off = offsetof(tr_recipe_reward, function),
+     .names = reward_fn_names, .def = "exact_match", .doc = "rule: how a response is checked"},
+    {.name = "pattern", .type = TR_RK_STR, .off = offsetof(tr_recipe_reward, pattern),
+     .size = TR_RECIPE_NAME_MAX, .def = "\"\"",
+     .doc = "regex: PCRE2 pattern extracting the answer (group 1, else the match)"},
+    {.name = "path", .type = TR_RK_STR, .off = offsetof(tr_recipe_reward, path),
+     .size = TR_RECIPE_PATH_MAX, .def = "\"\"", .doc = "model: a score-head (ForSequenceClassification) checkpoint"},
+    {.name = "parallel", .type = TR_RK_MAP, .off = offsetof(tr_recipe_reward, parallel),
+     .sub = parallel_keys, .doc = "model: parallel layout"},
+    {.name = "devices", .type = TR_RK_DEVICES, .off = offsetof(tr_recipe_reward, devices),
+     .flags = MIN, .min = 0, .def = "[]", .doc = "model: GPU ids"},
+    {.name = "endpoint", .type = TR_RK_STR, .off = offsetof(tr_recipe_reward, endpoint),
+     .size = TR_RECIPE_NAME_MAX, .def = "\"\"", .doc = "service: ZeroMQ endpoint (tcp://, ipc://)"},
+    {.name = "timeout_ms", .type = TR_RK_INT, .off = offsetof(tr_recipe_reward, timeout_ms),
+     .flags = MIN, .min = 1, .def = "30000", .doc = "service: per-request timeout"},
+    {.name = "retries", .type = TR_RK_INT, .off = offsetof(tr_recipe_reward, retries), .flags = MIN,
+     .min = 0, .def = "2", .doc = "service: retries after a timeout or error"},
+    {.name = "max_batch", .type = TR_RK_INT, .off = offsetof(tr_recipe_reward, max_batch),
+     .flags = MIN, .min = 1, .def = "256", .doc = "items per score request"},
+    {.name = "on_failure", .type = TR_RK_ENUM, .off = offsetof(tr_recipe_reward, on_failure),
+     .names = on_failure_names, .def = "fail",
+     .doc = "after the retries: fail the step, or score the items 0"},
+    {.name = "curve", .type = TR_RK_MAP, .off = offsetof(tr_recipe_reward, curve), .sub = curve_keys,
+     .doc = "verdicts and scores to rewards"},
+    {0},
+};
+
+static const tr_rkey models_keys[] = {
+    {.name = "policy", .type = TR_RK_MAP, .off = offsetof(tr_recipe, models[TR_RECIPE_POLICY]),
+     .flags = TR_RK_PRESENCE | TR_RK_REQUIRED, .aux_off = offsetof(tr_recipe_model, present),
+     .sub = model_keys, .doc = "the trained model"},
+    {.name = "reference", .type = TR_RK_MAP, .off = offsetof(tr_recipe, models[TR_RECIPE_REFERENCE]),
+     .flags = TR_RK_PRESENCE, .aux_off = offsetof(tr_recipe_model, present), .sub = model_keys,
+     .doc = "frozen model for the KL term (needed when algorithm.kl.coef > 0)"},
+    {.name = "critic", .type = TR_RK_MAP, .off = offsetof(tr_recipe, models[TR_RECIPE_CRITIC]),
+     .flags = TR_RK_PRESENCE, .aux_off = offsetof(tr_recipe_model, present), .sub = model_keys,
+     .doc = "value model (needed by advantage gae)"},
+    {.name = "reward", .type = TR_RK_MAP, .off = offsetof(tr_recipe, reward), .flags = TR_RK_PRESENCE,
+     .aux_off = offsetof(tr_recipe_reward, present), .sub = reward_keys,
+     .doc = "reward (grpo, ppo)"},
+    {0},
+};
+
+static const tr_rkey prefix_keys[] = {
+    {.name = "path", .type = TR_RK_STR, .off = offsetof(tr_recipe_prefix, path),
+     .size = TR_RECIPE_PATH_MAX, .flags = TR_RK_REQUIRED,
+     .doc = "indexed dataset prefix (PATH.bin + PATH.idx)"},
+    {.name = "weight", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_prefix, weight), .flags = POS,
+     .min = 0, .def = "1.0", .doc = "sampling weight (normalised over prefixes)"},
+    {0},
+};
+
+static const tr_rkey data_keys[] = {
+    {.name = "train", .type = TR_RK_STR, .off = offsetof(tr_recipe_data, train),
+     .size = TR_RECIPE_PATH_MAX, .def = "\"\"", .doc = "JSONL prompts (grpo, ppo) or conversations (sft)"},
+    {.name = "eval", .type = TR_RK_STR, .off = offsetof(tr_recipe_data, eval),
+     .size = TR_RECIPE_PATH_MAX, .def = "\"\"", .doc = "JSONL evaluation set; empty: none"},
+    {.name = "chat_format", .type = TR_RK_ENUM, .off = offsetof(tr_recipe_data, chat_format),
+     .names = chat_names, .def = "chatml", .doc = "chat template applied to prompts and conversations"},
+    {.name = "prompt_key", .type = TR_RK_STR, .off = offsetof(tr_recipe_data, prompt_key),
+     .size = TR_RECIPE_NAME_MAX, .def = "prompt", .doc = "JSONL field holding the prompt"},
+    {.name = "max_prompt_len", .type = TR_RK_INT, .off = offsetof(tr_recipe_data, max_prompt_len),
+     .flags = MIN, .min = 1, .def = "512", .doc = "longer prompts are skipped (tokens)"},
+    {.name = "max_len", .type = TR_RK_INT, .off = offsetof(tr_recipe_data, max_len), .flags = MIN,
+     .min = 1, .def = "2048", .doc = "sft: conversations are truncated to this many tokens"},
+    {.name = "pack", .type = TR_RK_BOOL, .off = offsetof(tr_recipe_data, pack), .def = "true",
+     .doc = "sft: pack conversations into rows of max_len"},
+    {.name = "prefixes", .type = TR_RK_LIST, .off = offsetof(tr_recipe_data, prefixes),
+     .size = TR_RECIPE_MAX_PREFIXES, .stride = sizeof(tr_recipe_prefix),
+     .aux_off = offsetof(tr_recipe_data, n_prefixes), .sub = prefix_keys, .def = "[]",
+     .doc = "pretrain: [{path, weight}] indexed datasets"},
+    {.name = "split", .type = TR_RK_STR, .off = offsetof(tr_recipe_data, split),
+     .size = TR_RECIPE_NAME_MAX, .def = "\"969,30,1\"",
+     .doc = "pretrain: train,valid,test proportions of each dataset"},
+    {.name = "seq_len", .type = TR_RK_INT, .off = offsetof(tr_recipe_data, seq_len), .flags = MIN,
+     .min = 1, .def = "2048", .doc = "pretrain: tokens per row"},
+    {0},
+};
+
+static const tr_rkey overlong_keys[] = {
+    {.name = "buffer", .type = TR_RK_INT, .off = offsetof(tr_recipe_rollout, overlong_buffer),
+     .flags = MIN, .min = 0, .def = "0",
+     .doc = "DAPO soft overlong zone before max_new_tokens (tokens); 0 = off"},
+    {.name = "penalty", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_rollout, overlong_penalty),
+     .flags = MIN, .min = 0, .def = "1.0", .doc = "reward taken off at max_new_tokens"},
+    {0},
+};
+
+static const tr_rkey rollout_keys[] = {
+    {.name = "n", .type = TR_RK_INT, .off = offsetof(tr_recipe_rollout, n), .flags = MIN, .min = 1,
+     .def = "8", .doc = "responses per prompt (the group)"},
+    {.name = "max_new_tokens", .type = TR_RK_INT, .off = offsetof(tr_recipe_rollout, max_new_tokens),
+     .flags = MIN, .min = 1, .def = "256", .doc = "response length limit"},
+    {.name = "temperature", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_rollout, temperature),
+     .flags = MIN, .min = 0, .def = "1.0", .doc = "sampling temperature; 0 = greedy"},
+    {.name = "top_p", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_rollout, top_p),
+     .flags = UNIT | TR_RK_MIN_OPEN, .min = 0, .max = 1, .def = "1.0", .doc = "nucleus sampling"},
+    {.name = "top_k", .type = TR_RK_INT, .off = offsetof(tr_recipe_rollout, top_k), .flags = MIN,
+     .min = 0, .def = "0", .doc = "top-k sampling; 0 = off"},
+    {.name = "dynamic_sampling", .type = TR_RK_BOOL,
+     .off = offsetof(tr_recipe_rollout, dynamic_sampling), .def = "false",
+     .doc = "DAPO: drop groups whose rewards are all equal and sample more"},
+    {.name = "max_resample", .type = TR_RK_INT, .off = offsetof(tr_recipe_rollout, max_resample),
+     .flags = MIN, .min = 0, .def = "0", .doc = "extra generation rounds per step for dynamic sampling"},
+    {.name = "overlong", .type = TR_RK_MAP, .off = 0, .sub = overlong_keys,
+     .doc = "DAPO soft overlong punishment"},
+    {0},
+};
+
+static const tr_rkey clip_keys[] = {
+    {.name = "low", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_algorithm, clip_low),
+     .flags = UNIT | TR_RK_MAX_OPEN, .min = 0, .max = 1, .def = "0.2", .doc = "ratio floor 1 - low"},
+    {.name = "high", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_algorithm, clip_high),
+     .flags = MIN, .min = 0, .def = "0.2", .doc = "ratio ceiling 1 + high (DAPO clip-higher: 0.28)"},
+    {.name = "dual", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_algorithm, clip_dual),
+     .flags = MIN, .min = 0, .def = "0.0", .doc = "dual clip c > 1 for negative advantages; 0 = off"},
+    {0},
+};
+
+static const tr_rkey kl_keys[] = {
+    {.name = "coef", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_algorithm, kl_coef), .flags = MIN,
+     .min = 0, .def = "0.0", .doc = "KL-to-reference weight; 0 = no KL (no reference needed)"},
+    {.name = "estimator", .type = TR_RK_ENUM, .off = offsetof(tr_recipe_algorithm, kl_estimator),
+     .names = tr_kl_est_names, .def = "k3", .doc = "Schulman's k1, k2 or k3 (clamped)"},
+    {.name = "placement", .type = TR_RK_ENUM, .off = offsetof(tr_recipe_algorithm, kl_placement),
+     .names = tr_kl_placement_names, .def = "loss",
+     .doc = "a loss term, or a per-token penalty in the reward"},
+    {0},
+};
+
+static const tr_rkey algorithm_keys[] = {
+    {.name = "advantage", .type = TR_RK_ENUM, .off = offsetof(tr_recipe_algorithm, advantage),
+     .names = tr_adv_kind_names, .def_doc = "grpo (ppo: gae)", .doc = "advantage estimator"},
+    {.name = "norm_by_std", .type = TR_RK_BOOL, .off = offsetof(tr_recipe_algorithm, norm_by_std),
+     .def = "true", .doc = "grpo: divide by the group std; false = Dr.GRPO"},
+    {.name = "gamma", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_algorithm, gamma), .flags = UNIT,
+     .min = 0, .max = 1, .def = "1.0", .doc = "discount (gae, reinforce_pp)"},
+    {.name = "lam", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_algorithm, lam), .flags = UNIT,
+     .min = 0, .max = 1, .def = "1.0", .doc = "GAE lambda"},
+    {.name = "clip", .type = TR_RK_MAP, .off = 0, .sub = clip_keys, .doc = "PPO ratio clipping"},
+    {.name = "ratio", .type = TR_RK_ENUM, .off = offsetof(tr_recipe_algorithm, ratio),
+     .names = tr_ratio_mode_names, .def = "token",
+     .doc = "token ratios, or GSPO sequence ratios (geometric mean)"},
+    {.name = "kl", .type = TR_RK_MAP, .off = 0, .sub = kl_keys, .doc = "KL to the reference"},
+    {.name = "entropy_coef", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_algorithm, entropy_coef),
+     .flags = MIN, .min = 0, .def = "0.0", .doc = "entropy bonus weight"},
+    {.name = "value_clip", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_algorithm, value_clip),
+     .flags = MIN, .min = 0, .def = "0.5", .doc = "PPO2 value clip range; 0 = off"},
+    {.name = "loss_agg", .type = TR_RK_ENUM, .off = offsetof(tr_recipe_algorithm, loss_agg),
+     .names = tr_loss_agg_names, .def = "token-mean",
+     .doc = "per-token losses to one number (-norm divides by rollout.max_new_tokens)"},
+    {.name = "ppo_epochs", .type = TR_RK_INT, .off = offsetof(tr_recipe_algorithm, ppo_epochs),
+     .flags = MIN, .min = 1, .def = "1", .doc = "passes over each step's rollouts"},
+    {.name = "mini_batches", .type = TR_RK_INT, .off = offsetof(tr_recipe_algorithm, mini_batches),
+     .flags = MIN, .min = 1, .def = "1", .doc = "optimizer steps per epoch"},
+    {0},
+};
+
+static const tr_rkey train_keys[] = {
+    {.name = "steps", .type = TR_RK_INT, .off = offsetof(tr_recipe_train, steps),
+     .flags = TR_RK_REQUIRED | MIN, .min = 1, .doc = "training steps"},
+    {.name = "prompts_per_step", .type = TR_RK_INT, .off = offsetof(tr_recipe_train, prompts_per_step),
+     .flags = MIN, .min = 1, .def = "16", .doc = "grpo, ppo: prompts per step (times rollout.n responses)"},
+    {.name = "batch_size", .type = TR_RK_INT, .off = offsetof(tr_recipe_train, batch_size),
+     .flags = MIN, .min = 1, .def = "16", .doc = "sft, pretrain: rows per step"},
+    {.name = "micro_batch_tokens", .type = TR_RK_INT,
+     .off = offsetof(tr_recipe_train, micro_batch_tokens), .flags = MIN, .min = 1, .def = "4096",
+     .doc = "tokens per forward/backward (gradient accumulation)"},
+    {.name = "eval_every", .type = TR_RK_INT, .off = offsetof(tr_recipe_train, eval_every),
+     .flags = MIN, .min = 0, .def = "0", .doc = "evaluate every N steps; 0 = off"},
+    {.name = "save_every", .type = TR_RK_INT, .off = offsetof(tr_recipe_train, save_every),
+     .flags = MIN, .min = 0, .def = "0", .doc = "checkpoint every N steps; 0 = only at the end"},
+    {.name = "max_len", .type = TR_RK_INT, .off = offsetof(tr_recipe_train, max_len), .flags = MIN,
+     .min = 0, .def_doc = "0: resolved",
+     .doc = "longest row; 0 = max_prompt_len + max_new_tokens (sft: data.max_len, pretrain: data.seq_len)"},
+    {0},
+};
+
+static const tr_rkey placement_keys[] = {
+    {.name = "colocate", .type = TR_RK_ROLE_GROUPS, .off = 0, .def = "[]",
+     .doc = "[[roles]] that share one process per rank (and its memory)"},
+    {.name = "endpoint", .type = TR_RK_STR, .off = offsetof(tr_recipe_placement, endpoint),
+     .size = TR_RECIPE_NAME_MAX, .def = "\"\"",
+     .doc = "controller's ZeroMQ endpoint; empty: ipc:// in run_dir"},
+    {.name = "attach", .type = TR_RK_BOOL, .off = offsetof(tr_recipe_placement, attach),
+     .def = "false", .doc = "workers are started elsewhere (srun, containers) and attach"},
+    {0},
+};
+
+static const tr_rkey log_keys[] = {
+    {.name = "tensorboard", .type = TR_RK_BOOL, .off = offsetof(tr_recipe_log, tensorboard),
+     .def = "true", .doc = "write TensorBoard event files into run_dir"},
+    {.name = "samples_every", .type = TR_RK_INT, .off = offsetof(tr_recipe_log, samples_every),
+     .flags = MIN, .min = 0, .def = "0", .doc = "log sample rollouts every N steps; 0 = never"},
+    {.name = "progress", .type = TR_RK_BOOL, .off = offsetof(tr_recipe_log, progress), .def = "true",
+     .doc = "one progress line per step on stderr"},
+    {0},
+};
+
+const tr_rkey tr_recipe_schema[] = {
+    {.name = "workflow", .type = TR_RK_ENUM, .off = offsetof(tr_recipe, workflow),
+     .names = tr_recipe_workflow_names, .flags = TR_RK_REQUIRED, .doc = "what the run does"},
+    {.name = "seed", .type = TR_RK_INT, .off = offsetof(tr_recipe, seed), .flags = MIN, .min = 0,
+     .def = "1", .doc = "seed of data order and sampling"},
+    {.name = "run_dir", .type = TR_RK_STR, .off = offsetof(tr_recipe, run_dir),
+     .size = TR_RECIPE_PATH_MAX, .flags = TR_RK_REQUIRED,
+     .doc = "checkpoints, logs and resolved.yaml go here"},
+    {.name = "backend", .type = TR_RK_ENUM, .off = offsetof(tr_recipe, backend), .names = backend_names,
+     .def = "cpu", .doc = "compute backend"},
+    {.name = "threads", .type = TR_RK_INT, .off = offsetof(tr_recipe, threads), .flags = MIN, .min = 0,
+     .def = "0", .doc = "CPU threads per worker; 0 = all cores"},
+    {.name = "models", .type = TR_RK_MAP, .off = 0, .flags = TR_RK_REQUIRED, .sub = models_keys,
+     .doc = "the model roles"},
+    {.name = "data", .type = TR_RK_MAP, .off = offsetof(tr_recipe, data), .sub = data_keys,
+     .doc = "datasets"},
+    {.name = "rollout", .type = TR_RK_MAP, .off = offsetof(tr_recipe, rollout), .sub = rollout_keys,
+     .doc = "generation (grpo, ppo)"},
+    {.name = "algorithm", .type = TR_RK_MAP, .off = offsetof(tr_recipe, algorithm),
+     .sub = algorithm_keys, .doc = "advantage and loss (grpo, ppo)"},
+    {.name = "train", .type = TR_RK_MAP, .off = offsetof(tr_recipe, train), .flags = TR_RK_REQUIRED,
+     .sub = train_keys, .doc = "the training loop"},
+    {.name = "placement", .type = TR_RK_MAP, .off = offsetof(tr_recipe, placement),
+     .sub = placement_keys, .doc = "processes and endpoints"},
+    {.name = "log", .type = TR_RK_MAP, .off = offsetof(tr_recipe, log), .sub = log_keys,
+     .doc = "logging"},
+    {0},
+};

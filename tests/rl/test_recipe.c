@@ -1,0 +1,342 @@
+// Recipe parsing: a full recipe lands in the expected struct; each kind of bad input gives
+// an error with the exact file:line:column (1-based, libyaml marks) and the allowed keys or
+// values; --set overrides (nested, lists, new mappings, wrong types, unknown keys); the
+// resolved recipe round-trips (parse(emit(r)) == r) and is written atomically into run_dir.
+#include <sys/stat.h>
+
+#include "engine/file.h"
+#include "rl/recipe.h"
+#include "tests/test.h"
+
+// Lines are numbered in the comments; errors below refer to them.
+static const char *full =
+    "workflow: ppo\n"                                         // 1
+    "seed: 7\n"                                               // 2
+    "run_dir: runs/full\n"                                    // 3
+    "backend: cuda\n"                                         // 4
+    "threads: 3\n"                                            // 5
+    "models:\n"                                               // 6
+    "  policy:\n"                                             // 7
+    "    path: ckpt/policy\n"                                 // 8
+    "    parallel: {tp: 2, dp: 2}\n"                          // 9
+    "    devices: [0, 1, 2, 3]\n"                             // 10
+    "    optim: {lr: 2.5e-6, weight_decay: 0.05, betas: [0.9, 0.95], eps: 1.0e-7,\n"
+    "            grad_clip: 0.5, schedule: cosine, warmup_steps: 12, min_lr_ratio: 0.1}\n"
+    "  reference: {from: policy}\n"                           // 13
+    "  critic:\n"                                             // 14
+    "    init: {config: cfg/critic.json, seed: 9}\n"          // 15
+    "    optim: {lr: 1.0e-5}\n"                               // 16
+    "  reward:\n"                                             // 17
+    "    kind: service\n"                                     // 18
+    "    endpoint: tcp://127.0.0.1:5555\n"                    // 19
+    "    timeout_ms: 1500\n"                                  // 20
+    "    retries: 4\n"                                        // 21
+    "    max_batch: 32\n"                                     // 22
+    "    on_failure: zero\n"                                  // 23
+    "    curve: {scale: 2.0, shift: -1.0}\n"                  // 24
+    "data:\n"                                                 // 25
+    "  train: data/train.jsonl\n"                             // 26
+    "  eval: data/eval.jsonl\n"                               // 27
+    "  chat_format: llama3\n"                                 // 28
+    "  prompt_key: question\n"                                // 29
+    "  max_prompt_len: 100\n"                                 // 30
+    "rollout: {n: 4, max_new_tokens: 50, temperature: 0.7, top_p: 0.9, top_k: 20,\n"
+    "          dynamic_sampling: true, max_resample: 2, overlong: {buffer: 10, penalty: 0.5}}\n"
+    "algorithm:\n"                                            // 33
+    "  gamma: 0.99\n"                                         // 34
+    "  lam: 0.95\n"                                           // 35
+    "  clip: {low: 0.1, high: 0.3, dual: 3}\n"                // 36
+    "  ratio: sequence\n"                                     // 37
+    "  kl: {coef: 0.01, estimator: k2, placement: reward}\n"  // 38
+    "  entropy_coef: 0.001\n"                                 // 39
+    "  value_clip: 0.2\n"                                     // 40
+    "  loss_agg: seq-mean-token-sum-norm\n"                   // 41
+    "  ppo_epochs: 2\n"                                       // 42
+    "  mini_batches: 4\n"                                     // 43
+    "train: {steps: 30, prompts_per_step: 8, micro_batch_tokens: 1000, eval_every: 5,\n"
+    "        save_every: 10}\n"                               // 45
+    "placement:\n"                                            // 46
+    "  colocate: [[policy, reference]]\n"                     // 47
+    "  endpoint: ipc:///tmp/troupe.sock\n"                    // 48
+    "  attach: true\n"                                        // 49
+    "log: {tensorboard: false, samples_every: 3, progress: false}\n";
+
+static void test_full(void) {
+    tr_recipe r;
+    tr_err err = {0};
+    int rc = tr_recipe_parse(full, strlen(full), "full.yaml", NULL, 0, &r, &err);
+    CHECKF(rc == 0, "%s", err.msg);
+    if (rc) return;
+    CHECK(r.workflow == TR_RECIPE_PPO && r.seed == 7 && !strcmp(r.run_dir, "runs/full"));
+    CHECK(r.backend == TR_RECIPE_CUDA && r.threads == 3);
+    const tr_recipe_model *p = &r.models[TR_RECIPE_POLICY];
+    CHECK(p->present && !strcmp(p->path, "ckpt/policy") && !p->has_init && p->from == TR_RECIPE_FROM_NONE);
+    CHECK(p->parallel.tp == 2 && p->parallel.dp == 2 && p->devices.n == 4 && p->devices.ids[3] == 3);
+    CHECK(p->optim.lr == 2.5e-6 && p->optim.weight_decay == 0.05 && p->optim.betas[0] == 0.9 &&
+          p->optim.betas[1] == 0.95 && p->optim.eps == 1.0e-7 && p->optim.grad_clip == 0.5);
+    CHECK(p->optim.schedule == TR_RECIPE_SCHED_COSINE && p->optim.warmup_steps == 12 &&
+          p->optim.min_lr_ratio == 0.1);
+    const tr_recipe_model *ref = &r.models[TR_RECIPE_REFERENCE];
+    CHECK(ref->present && ref->from == TR_RECIPE_FROM_POLICY && !ref->path[0]);
+    CHECK(ref->optim.lr == 1.0e-6);  // defaults fill the roles too
+    const tr_recipe_model *c = &r.models[TR_RECIPE_CRITIC];
+    CHECK(c->present && c->has_init && !strcmp(c->init_config, "cfg/critic.json") && c->init_seed == 9);
+    CHECK(c->optim.lr == 1.0e-5 && c->optim.betas[1] == 0.999 && c->parallel.tp == 1);
+    const tr_recipe_reward *rw = &r.reward;
+    CHECK(rw->present && rw->kind == TR_RECIPE_REWARD_SERVICE && !strcmp(rw->endpoint, "tcp://127.0.0.1:5555"));
+    CHECK(rw->timeout_ms == 1500 && rw->retries == 4 && rw->max_batch == 32);
+    CHECK(rw->on_failure == TR_RECIPE_ON_FAILURE_ZERO && rw->curve.scale == 2.0 && rw->curve.shift == -1.0);
+    CHECK(rw->curve.correct == 1.0 && rw->curve.wrong == 0.0);
+    CHECK(!strcmp(r.data.train, "data/train.jsonl") && !strcmp(r.data.eval, "data/eval.jsonl"));
+    CHECK(r.data.chat_format == TR_RECIPE_CHAT_LLAMA3 && !strcmp(r.data.prompt_key, "question"));
+    CHECK(r.data.max_prompt_len == 100 && r.data.n_prefixes == 0 && !strcmp(r.data.split, "969,30,1"));
+    CHECK(r.rollout.n == 4 && r.rollout.max_new_tokens == 50 && r.rollout.temperature == 0.7);
+    CHECK(r.rollout.top_p == 0.9 && r.rollout.top_k == 20 && r.rollout.dynamic_sampling);
+    CHECK(r.rollout.max_resample == 2 && r.rollout.overlong_buffer == 10 && r.rollout.overlong_penalty == 0.5);
+    const tr_recipe_algorithm *a = &r.algorithm;
+    CHECK(a->advantage == TR_ADV_GAE);  // not written: the ppo default
+    CHECK(a->norm_by_std && a->gamma == 0.99 && a->lam == 0.95);
+    CHECK(a->clip_low == 0.1 && a->clip_high == 0.3 && a->clip_dual == 3.0 && a->ratio == TR_RATIO_SEQUENCE);
+    CHECK(a->kl_coef == 0.01 && a->kl_estimator == TR_KL_K2 && a->kl_placement == TR_KL_IN_REWARD);
+    CHECK(a->entropy_coef == 0.001 && a->value_clip == 0.2 && a->loss_agg == TR_AGG_SEQ_MEAN_TOKEN_SUM_NORM);
+    CHECK(a->ppo_epochs == 2 && a->mini_batches == 4);
+    CHECK(r.train.steps == 30 && r.train.prompts_per_step == 8 && r.train.batch_size == 16);
+    CHECK(r.train.micro_batch_tokens == 1000 && r.train.eval_every == 5 && r.train.save_every == 10);
+    CHECK(r.train.max_len == 150);  // resolved: max_prompt_len 100 + max_new_tokens 50
+    CHECK(r.placement.n_colocate == 1 && r.placement.colocate_len[0] == 2);
+    CHECK(r.placement.colocate[0][0] == TR_RECIPE_POLICY && r.placement.colocate[0][1] == TR_RECIPE_REFERENCE);
+    CHECK(!strcmp(r.placement.endpoint, "ipc:///tmp/troupe.sock") && r.placement.attach);
+    CHECK(!r.log.tensorboard && r.log.samples_every == 3 && !r.log.progress);
+}
+
+// A small valid recipe; the bad cases below change one line of it.
+#define L1 "workflow: grpo\n"
+#define L2 "run_dir: runs/t\n"
+#define L3 "models:\n"
+#define L4 "  policy:\n"
+#define L5 "    path: m\n"
+#define L6 "  reward: {kind: rule}\n"
+#define L7 "data: {train: t.jsonl}\n"
+#define L8 "train:\n"
+#define L9 "  steps: 10\n"
+
+// The error message must equal want exactly.
+static void expect_error(const char *text, const char *const *sets, int n_sets, const char *want) {
+    tr_recipe r;
+    tr_err err = {0};
+    int rc = tr_recipe_parse(text, strlen(text), "bad.yaml", sets, n_sets, &r, &err);
+    CHECKF(rc == -1, "accepted, wanted: %s", want);
+    CHECKF(rc == -1 && !strcmp(err.msg, want), "\n  got:    %s\n  wanted: %s", err.msg, want);
+}
+
+static void test_errors(void) {
+    tr_recipe r;
+    tr_err err = {0};
+    const char *ok = L1 L2 L3 L4 L5 L6 L7 L8 L9;
+    CHECKF(tr_recipe_parse(ok, strlen(ok), "ok.yaml", NULL, 0, &r, &err) == 0, "%s", err.msg);
+
+    // Unknown keys: the key's own position, the allowed keys and the nearest one.
+    expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "  stepz: 3\n",
+                 NULL, 0,
+                 "bad.yaml:10:3: train.stepz: unknown key; allowed keys: steps, prompts_per_step, batch_size, "
+                 "micro_batch_tokens, eval_every, save_every, max_len (did you mean 'steps'?)");
+    expect_error(L1 L2 L3 L4 L5 "    optimizer: {lr: 1}\n" L6 L7 L8 L9, NULL, 0,
+                 "bad.yaml:6:5: models.policy.optimizer: unknown key; allowed keys: path, init, from, "
+                 "parallel, devices, optim (did you mean 'optim'?)");
+    expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "zzz: 1\n", NULL, 0,
+                 "bad.yaml:10:1: zzz: unknown key; allowed keys: workflow, seed, run_dir, backend, threads, "
+                 "models, data, rollout, algorithm, train, placement, log");
+    // Wrong types, pointing at the value.
+    expect_error(L1 L2 L3 L4 L5 L6 L7 L8 "  steps: ten\n", NULL, 0,
+                 "bad.yaml:9:10: train.steps: expected an integer, got 'ten'");
+    expect_error(L1 L2 L3 L4 L5 L6 L7 L8 "  steps: \"10\"\n", NULL, 0,
+                 "bad.yaml:9:10: train.steps: expected an integer, got the quoted string '10'");
+    expect_error(L1 L2 L3 L4 L5 L6 L7 L8 "  steps: 1.5\n", NULL, 0,
+                 "bad.yaml:9:10: train.steps: expected an integer, got '1.5'");
+    expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "rollout: {temperature: [1]}\n", NULL, 0,
+                 "bad.yaml:10:24: rollout.temperature: expected a number, got a list");
+    expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "log: {tensorboard: yes}\n", NULL, 0,
+                 "bad.yaml:10:20: log.tensorboard: expected true or false, got 'yes'");
+    expect_error(L1 L2 L3 L4 L5 L6 "data: [a]\n" L8 L9, NULL, 0,
+                 "bad.yaml:7:7: data: expected a mapping, got a list");
+    // Bad enum values list what is allowed.
+    expect_error("workflow: gpro\n" L2 L3 L4 L5 L6 L7 L8 L9, NULL, 0,
+                 "bad.yaml:1:11: workflow: 'gpro' is not one of: grpo, ppo, sft, pretrain (did you mean 'grpo'?)");
+    expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "algorithm: {loss_agg: mean}\n", NULL, 0,
+                 "bad.yaml:10:23: algorithm.loss_agg: 'mean' is not one of: token-mean, seq-mean-token-sum, "
+                 "seq-mean-token-mean, seq-mean-token-sum-norm");
+    // Impossible values.
+    expect_error(L1 L2 L3 L4 L5 L6 L7 L8 "  steps: -5\n", NULL, 0,
+                 "bad.yaml:9:10: train.steps: -5 is out of range: must be >= 1");
+    expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "rollout: {top_p: 0}\n", NULL, 0,
+                 "bad.yaml:10:18: rollout.top_p: 0 is out of range: must be in (0, 1]");
+    expect_error(L1 L2 L3 L4 L5 "    optim: {betas: [0.9, 1.0]}\n" L6 L7 L8 L9, NULL, 0,
+                 "bad.yaml:6:26: models.policy.optim.betas[1]: 1 is out of range: must be in [0, 1)");
+    // Missing required keys point at the mapping that should hold them.
+    expect_error(L2 L3 L4 L5 L6 L7 L8 L9, NULL, 0, "bad.yaml:1:1: workflow: required key missing");
+    expect_error(L1 L2 L3 L4 L5 L6 L7 "train: {batch_size: 4}\n", NULL, 0,
+                 "bad.yaml:8:8: train.steps: required key missing");
+    expect_error(L1 L2 L3 L6 L7 L8 L9, NULL, 0, "bad.yaml:4:3: models.policy: required key missing");
+    // YAML itself: syntax errors and duplicate keys.
+    expect_error(L1 L2 "  oops: [\n", NULL, 0,
+                 "bad.yaml:3:7: YAML syntax error: mapping values are not allowed in this context");
+    expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "seed: 1\nseed: 2\n", NULL, 0,
+                 "bad.yaml:11:1: duplicate key 'seed' (first at line 10)");
+    expect_error("", NULL, 0,
+                 "bad.yaml: the recipe is empty (it needs at least workflow, run_dir, models.policy, train.steps)");
+
+    // Rules across keys.
+    expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "algorithm: {kl: {coef: 0.1}}\n", NULL, 0,
+                 "bad.yaml:10:24: algorithm.kl.coef: a KL term needs models.reference (e.g. reference: {from: policy})");
+    expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "algorithm: {advantage: gae}\n", NULL, 0,
+                 "bad.yaml:10:24: algorithm.advantage: gae needs models.critic (e.g. critic: {from: policy})");
+    expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "rollout: {n: 1}\n", NULL, 0,
+                 "bad.yaml:10:14: rollout.n: advantage grpo compares responses within a group: needs n >= 2, got 1");
+    expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "algorithm: {clip: {dual: 0.5}}\n", NULL, 0,
+                 "bad.yaml:10:26: algorithm.clip.dual: 0.5: the dual clip must be 0 (off) or > 1");
+    expect_error(L1 L2 L3 L4 L5 "    init: {config: c.json}\n" L6 L7 L8 L9, NULL, 0,
+                 "bad.yaml:5:5: models.policy: give only one of path, init");
+    expect_error(L1 L2 L3 L4 L5 "    devices: [0, 1]\n" L6 L7 L8 L9, NULL, 0,
+                 "bad.yaml:6:14: models.policy.devices: 2 devices for tp 1 x dp 1 = 1 ranks");
+    expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "placement: {colocate: [[policy, critic]]}\n", NULL, 0,
+                 "bad.yaml:10:23: placement.colocate: role critic is not defined under models");
+    expect_error(L1 L2 L3 L4 L5 "  reward: {kind: service, endpoint: localhost:5555}\n" L7 L8 L9, NULL, 0,
+                 "bad.yaml:6:37: models.reward.endpoint: 'localhost:5555' is not a ZeroMQ endpoint (tcp://, ipc://, inproc://)");
+    expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "  max_len: 100\n", NULL, 0,
+                 "bad.yaml:10:12: train.max_len: 100 is shorter than the longest row (768)");
+    expect_error(L1 L2 L3 L4 L5 L6 "data: {train: \"\"}\n" L8 L9, NULL, 0,
+                 "bad.yaml:7:15: data.train: workflow grpo needs a prompt set (JSONL)");
+    expect_error("workflow: pretrain\n" L2 L3 L4 L5 L8 L9, NULL, 0,
+                 "bad.yaml:1:1: data.prefixes: workflow pretrain needs indexed datasets: [{path: PREFIX, weight: 1.0}]");
+}
+
+static void test_overrides(void) {
+    const char *ok = L1 L2 L3 L4 L5 L6 L7 L8 L9;
+    tr_recipe r;
+    tr_err err = {0};
+    const char *sets[] = {
+        "algorithm.clip.low=0.1",                 // nested, existing mapping absent in the file
+        "train.steps=25",                         // replaces a value from the file
+        "models.policy.optim.betas=[0.8, 0.9]",   // a list
+        "models.reference={from: policy}",        // a new role as a flow mapping
+        "algorithm.kl.coef=0.02",                 // valid only because of the line above
+        "models.reward.pattern=#(\\d+)",          // literal: '#' is not a YAML comment here
+        "run_dir='runs/q x'",                     // a quoted string
+        "placement.colocate=[[policy, reference]]",
+    };
+    int rc = tr_recipe_parse(ok, strlen(ok), "ok.yaml", sets, 8, &r, &err);
+    CHECKF(rc == 0, "%s", err.msg);
+    CHECK(r.algorithm.clip_low == 0.1 && r.algorithm.clip_high == 0.2);
+    CHECK(r.train.steps == 25);
+    CHECK(r.models[TR_RECIPE_POLICY].optim.betas[0] == 0.8 && r.models[TR_RECIPE_POLICY].optim.betas[1] == 0.9);
+    CHECK(r.models[TR_RECIPE_REFERENCE].present && r.models[TR_RECIPE_REFERENCE].from == TR_RECIPE_FROM_POLICY);
+    CHECK(r.algorithm.kl_coef == 0.02);
+    CHECK(!strcmp(r.reward.pattern, "#(\\d+)"));
+    CHECK(!strcmp(r.run_dir, "runs/q x"));
+    CHECK(r.placement.n_colocate == 1);
+    // Later overrides win.
+    const char *twice[] = {"seed=3", "seed=4"};
+    CHECK(tr_recipe_parse(ok, strlen(ok), "ok.yaml", twice, 2, &r, &err) == 0 && r.seed == 4);
+
+    // Errors name the override.
+    const char *s1[] = {"train.steps=many"};
+    expect_error(ok, s1, 1, "--set train.steps=many: train.steps: expected an integer, got 'many'");
+    const char *s2[] = {"algorithm.clip.lowe=0.1"};
+    expect_error(ok, s2, 1, "--set algorithm.clip.lowe=0.1: algorithm.clip.lowe: unknown key; allowed keys: "
+                            "low, high, dual (did you mean 'low'?)");
+    const char *s3[] = {"models.policy.optim.betas=[0.9]"};
+    expect_error(ok, s3, 1, "--set models.policy.optim.betas=[0.9]: models.policy.optim.betas: expected a list "
+                            "of 2 numbers, got 1 items");
+    const char *s4[] = {"train.steps.x=1"};
+    expect_error(ok, s4, 1, "--set train.steps.x=1: 'train.steps' is a value (bad.yaml:9:10), not a mapping");
+    const char *s5[] = {"train.steps"};
+    expect_error(ok, s5, 1, "--set train.steps: expected KEY=VALUE (e.g. train.steps=10)");
+    const char *s6[] = {"rollout.n=1"};
+    expect_error(ok, s6, 1, "--set rollout.n=1: rollout.n: advantage grpo compares responses within a group: "
+                            "needs n >= 2, got 1");
+    const char *s7[] = {"workflow=sfx"};
+    expect_error(ok, s7, 1, "--set workflow=sfx: workflow: 'sfx' is not one of: grpo, ppo, sft, pretrain "
+                            "(did you mean 'sft'?)");
+    const char *s8[] = {"models.policy.devices=[0, 1"};
+    expect_error(ok, s8, 1, "--set models.policy.devices=[0, 1: YAML syntax error: did not find expected ',' "
+                            "or ']' while parsing a flow sequence");
+    // A recipe made only of overrides.
+    const char *only[] = {"workflow=sft", "run_dir=r", "models.policy.path=m", "data.train=d.jsonl",
+                          "train.steps=3"};
+    CHECK(tr_recipe_parse("", 0, "empty.yaml", only, 5, &r, &err) == 0);
+    CHECK(r.workflow == TR_RECIPE_SFT && r.train.max_len == 2048);
+}
+
+static void test_round_trip(void) {
+    tr_recipe a, b;
+    tr_err err = {0};
+    CHECK(tr_recipe_parse(full, strlen(full), "full.yaml", NULL, 0, &a, &err) == 0);
+    char *y1, *y2;
+    size_t n1, n2;
+    CHECK(tr_recipe_emit(&a, &y1, &n1, &err) == 0);
+    int rc = tr_recipe_parse(y1, n1, "resolved.yaml", NULL, 0, &b, &err);
+    CHECKF(rc == 0, "%s", err.msg);
+    char key[256];
+    CHECKF(tr_recipe_diff(&a, &b, key, sizeof key) == 0, "differs at %s", key);
+    CHECK(tr_recipe_emit(&b, &y2, &n2, &err) == 0);
+    CHECK(n1 == n2 && !strcmp(y1, y2));
+    free(y2);
+    // diff finds a change, and names it.
+    b.algorithm.clip_high = 0.31;
+    CHECK(tr_recipe_diff(&a, &b, key, sizeof key) == 1 && !strcmp(key, "algorithm.clip.high"));
+    b = a;
+    b.models[TR_RECIPE_CRITIC].init_seed = 10;
+    CHECK(tr_recipe_diff(&a, &b, key, sizeof key) == 1 && !strcmp(key, "models.critic.init.seed"));
+
+    // Values that need care in YAML: quotes, backslashes, a '#', a colon, numbers that only
+    // round-trip with 17 digits, a negative zero, a pretrain prefix list.
+    const char *sets[] = {"workflow=pretrain", "run_dir=\"we\\\"ird: #dir\\\\x\"",
+                          "data.prefixes=[{path: a/b, weight: 0.1}, {path: 'c d', weight: 3}]",
+                          "models.policy.optim.lr=0.30000000000000004", "models.reward.curve.shift=-0.0",
+                          "data.split=\"1,0,0\"", "train.max_len=0", "train.micro_batch_tokens=4096"};
+    tr_recipe c, d;
+    rc = tr_recipe_parse(y1, n1, "resolved.yaml", sets, 8, &c, &err);
+    CHECKF(rc == 0, "%s", err.msg);
+    CHECK(!strcmp(c.run_dir, "we\"ird: #dir\\x") && c.data.n_prefixes == 2 && c.data.prefixes[1].weight == 3.0);
+    CHECK(c.models[TR_RECIPE_POLICY].optim.lr == 0.1 + 0.2);
+    free(y1);
+    CHECK(tr_recipe_emit(&c, &y1, &n1, &err) == 0);
+    rc = tr_recipe_parse(y1, n1, "resolved.yaml", NULL, 0, &d, &err);
+    CHECKF(rc == 0, "%s", err.msg);
+    CHECKF(tr_recipe_diff(&c, &d, key, sizeof key) == 0, "differs at %s", key);
+    CHECK(signbit(d.reward.curve.shift));
+    free(y1);
+
+    // Written into run_dir atomically (the directory is created), and it loads back.
+    const char *dir = tr_test_tmpdir();
+    char run_dir[512], path[600];
+    snprintf(run_dir, sizeof run_dir, "%s/runs/one", dir);
+    snprintf(a.run_dir, sizeof a.run_dir, "%s", run_dir);
+    CHECK(tr_recipe_write_resolved(&a, &err) == 0);
+    snprintf(path, sizeof path, "%s/resolved.yaml", run_dir);
+    rc = tr_recipe_load(path, NULL, 0, &b, &err);
+    CHECKF(rc == 0, "%s", err.msg);
+    CHECKF(tr_recipe_diff(&a, &b, key, sizeof key) == 0, "differs at %s", key);
+    CHECK(tr_recipe_load("/nonexistent/recipe.yaml", NULL, 0, &b, &err) == -1 && err.code == TR_EIO);
+}
+
+static void test_defaults(void) {
+    tr_recipe r;
+    tr_err err = {0};
+    CHECK(tr_recipe_defaults(&r, &err) == 0);
+    CHECK(!r.models[TR_RECIPE_POLICY].present && !r.reward.present);
+    CHECK(r.seed == 1 && r.backend == TR_RECIPE_CPU && r.rollout.n == 8 && r.rollout.top_p == 1.0);
+    CHECK(r.algorithm.clip_low == 0.2 && r.algorithm.clip_high == 0.2 && r.algorithm.norm_by_std);
+    CHECK(r.algorithm.kl_estimator == TR_KL_K3 && r.algorithm.loss_agg == TR_AGG_TOKEN_MEAN);
+    CHECK(r.models[TR_RECIPE_CRITIC].optim.betas[1] == 0.999 && r.reward.timeout_ms == 30000);
+    CHECK(!strcmp(r.data.prompt_key, "prompt") && r.data.pack && r.log.tensorboard);
+}
+
+int main(void) {
+    test_full();
+    test_errors();
+    test_overrides();
+    test_round_trip();
+    test_defaults();
+    return tr_test_summary("test_recipe");
+}
