@@ -406,6 +406,13 @@ int tr_st_read_f32(const tr_st_file *f, const tr_st_tensor *t, float *out, tr_er
 int tr_st_read_i64(const tr_st_file *f, const tr_st_tensor *t, int64_t *out, tr_err *err) {
     const unsigned char *p = t->data;
     size_t es = tr_st_dtype_size(t->dtype);
+    switch (t->dtype) {
+    case TR_ST_BOOL: case TR_ST_U8: case TR_ST_I8: case TR_ST_I16: case TR_ST_U16:
+    case TR_ST_I32: case TR_ST_U32: case TR_ST_I64: case TR_ST_U64: break;
+    default:
+        return tr_errf(err, TR_EUNSUPPORTED, "%s: tensor '%s': dtype %s cannot be read as "
+                       "integers", f->path, t->name, tr_st_dtype_name(t->dtype));
+    }
     for (uint64_t i = 0; i < t->numel; i++) {
         const unsigned char *q = p + es * i;
         switch (t->dtype) {
@@ -427,9 +434,7 @@ int tr_st_read_i64(const tr_st_file *f, const tr_st_tensor *t, int64_t *out, tr_
             out[i] = (int64_t)v;
             break;
         }
-        default:
-            return tr_errf(err, TR_EUNSUPPORTED, "%s: tensor '%s': dtype %s cannot be read as "
-                           "integers", f->path, t->name, tr_st_dtype_name(t->dtype));
+        default: break;
         }
     }
     return 0;

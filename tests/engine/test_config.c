@@ -1,0 +1,286 @@
+// config.json parsing against what transformers resolves from the same files (defaults per
+// model type, heads, token ids, RoPE parameters and the inv_freq buffer of its rotary
+// embedding, all recorded by tools/make_io_fixtures.py), the parameter layout against the
+// HF tensor list, bad configs (each must name the file and key), and save -> parse round trips.
+#include "engine/config.h"
+#include "engine/file.h"
+#include "engine/json.h"
+#include "engine/params.h"
+#include "tests/test.h"
+
+static tr_json_doc load_json(const char *rel) {
+    tr_json_doc doc = {0};
+    char *text;
+    size_t len;
+    tr_err err = {0};
+    if (tr_file_read(tr_test_src(rel), &text, &len, &err) ||
+        tr_json_parse(&doc, text, len, rel, &err)) {
+        fprintf(stderr, "cannot load %s: %s\n", rel, err.msg);
+        exit(1);
+    }
+    free(text);
+    return doc;
+}
+
+static const char *rope_name(enum tr_rope_type t) {
+    return t == TR_ROPE_LLAMA3 ? "llama3" : t == TR_ROPE_LINEAR ? "linear" : "default";
+}
+
+static int config_equal(const tr_model_config *a, const tr_model_config *b) {
+    int same = a->arch == b->arch && a->head == b->head && strcmp(a->model_type, b->model_type) == 0 &&
+               strcmp(a->architecture, b->architecture) == 0 && a->vocab_size == b->vocab_size &&
+               a->hidden_size == b->hidden_size && a->intermediate_size == b->intermediate_size &&
+               a->n_layers == b->n_layers && a->n_heads == b->n_heads &&
+               a->n_kv_heads == b->n_kv_heads && a->head_dim == b->head_dim &&
+               a->max_position_embeddings == b->max_position_embeddings &&
+               a->rms_norm_eps == b->rms_norm_eps && a->attention_bias == b->attention_bias &&
+               a->tie_word_embeddings == b->tie_word_embeddings && a->rope_theta == b->rope_theta &&
+               a->rope_type == b->rope_type && a->rope_factor == b->rope_factor &&
+               a->rope_low_freq_factor == b->rope_low_freq_factor &&
+               a->rope_high_freq_factor == b->rope_high_freq_factor &&
+               a->rope_original_max_pos == b->rope_original_max_pos &&
+               a->bos_token_id == b->bos_token_id && a->pad_token_id == b->pad_token_id &&
+               a->n_eos == b->n_eos && strcmp(a->torch_dtype, b->torch_dtype) == 0;
+    if (a->head != TR_HEAD_LM) same = same && a->num_labels == b->num_labels;
+    for (int32_t i = 0; same && i < a->n_eos; i++) same = a->eos_token_ids[i] == b->eos_token_ids[i];
+    return same;
+}
+
+static void expect_int(const tr_json *e, const char *key, int64_t got) {
+    int64_t want = tr_json_get(e, key)->inum;
+    CHECKF(got == want, "%s: %s = %lld, transformers %lld", e->key, key, (long long)got,
+           (long long)want);
+}
+
+static void test_against_transformers(void) {
+    tr_json_doc exp = load_json("tests/fixtures/io/configs_expected.json");
+    char rel[256], tmp[512];
+    const char *dir = tr_test_tmpdir();
+    int exact = 0, total = 0;
+    double worst = 0;
+    for (const tr_json *e = exp.root->child; e; e = e->next) {
+        snprintf(rel, sizeof rel, "tests/fixtures/io/configs/%s.json", e->key);
+        tr_model_config c;
+        tr_err err = {0};
+        CHECKF(tr_config_load(tr_test_src(rel), &c, &err) == 0, "%s: %s", e->key, err.msg);
+        if (err.msg[0]) continue;
+        expect_int(e, "n_kv_heads", c.n_kv_heads);
+        expect_int(e, "head_dim", c.head_dim);
+        expect_int(e, "max_position_embeddings", c.max_position_embeddings);
+        expect_int(e, "bos_token_id", c.bos_token_id);
+        expect_int(e, "pad_token_id", c.pad_token_id);
+        if (c.head != TR_HEAD_LM) expect_int(e, "num_labels", c.num_labels);
+        CHECKF(c.attention_bias == tr_json_get(e, "attention_bias")->boolean, "%s: attention_bias",
+               e->key);
+        CHECKF(c.tie_word_embeddings == tr_json_get(e, "tie_word_embeddings")->boolean,
+               "%s: tie_word_embeddings", e->key);
+        CHECKF(c.rms_norm_eps == (float)tr_json_get(e, "rms_norm_eps")->num, "%s: eps", e->key);
+        CHECKF(c.rope_theta == tr_json_get(e, "rope_theta")->num, "%s: rope_theta", e->key);
+        CHECKF(strcmp(rope_name(c.rope_type), tr_json_get(e, "rope_type")->str) == 0,
+               "%s: rope type %s", e->key, rope_name(c.rope_type));
+        const tr_json *eos = tr_json_get(e, "eos_token_ids");
+        CHECKF(c.n_eos == eos->count, "%s: %d eos ids", e->key, c.n_eos);
+        for (int32_t i = 0; i < c.n_eos && i < eos->count; i++)
+            CHECK(c.eos_token_ids[i] == tr_json_at(eos, i)->inum);
+
+        // inv_freq: transformers computes it with fp32 tensor ops; ours repeats them in fp32,
+        // so the only differences left come from torch's vectorized pow against libm powf
+        // (each within 1 ulp), i.e. a few ulp of fp32 after the llama3 blend.
+        const tr_json *inv = tr_json_get(e, "inv_freq"), *inv64 = tr_json_get(e, "inv_freq_f64");
+        CHECK(inv->count == c.head_dim / 2);
+        double *ours = malloc((size_t)c.head_dim / 2 * sizeof *ours);
+        tr_config_rope_inv_freq(&c, ours);
+        int32_t i = 0;
+        for (const tr_json *v = inv->child; v; v = v->next, i++) {
+            double rel_err = fabs(ours[i] - v->num) / v->num;
+            CHECKF(rel_err <= 4 * 0x1p-24, "%s: inv_freq[%d] = %.9g, transformers %.9g", e->key, i,
+                   ours[i], v->num);
+            // And the published formula in float64, to fp32 accuracy of the exponent.
+            double ref = tr_json_at(inv64, i)->num;
+            CHECKF(fabs(ours[i] - ref) / ref <= 2e-6, "%s: inv_freq[%d] = %.9g, formula %.9g",
+                   e->key, i, ours[i], ref);
+            exact += ours[i] == v->num;
+            total++;
+            if (rel_err > worst) worst = rel_err;
+        }
+        free(ours);
+
+        // Save, parse again: the same config.
+        snprintf(tmp, sizeof tmp, "%s/%s.json", dir, e->key);
+        CHECKF(tr_config_save(tmp, &c, &err) == 0, "%s", err.msg);
+        tr_model_config c2;
+        CHECKF(tr_config_load(tmp, &c2, &err) == 0, "%s: reload: %s", e->key, err.msg);
+        CHECKF(config_equal(&c, &c2), "%s: config changed in a save/load round trip", e->key);
+    }
+    printf("inv_freq: %d of %d values bit-identical to transformers, worst relative diff %.3g\n",
+           exact, total, worst);
+    tr_json_free(&exp);
+}
+
+static void test_heads(void) {
+    tr_model_config c;
+    tr_err err = {0};
+    CHECK(tr_config_load(tr_test_src("tests/fixtures/io/configs/llama3_classic.json"), &c, &err) == 0);
+    CHECK(c.arch == TR_ARCH_LLAMA && c.head == TR_HEAD_LM && strcmp(c.architecture, "LlamaForCausalLM") == 0);
+    CHECK(c.rope_type == TR_ROPE_LLAMA3 && c.rope_factor == 32.0 && c.rope_low_freq_factor == 1.0 &&
+          c.rope_high_freq_factor == 4.0 && c.rope_original_max_pos == 8192);
+    CHECK(strcmp(c.torch_dtype, "bfloat16") == 0);
+    CHECK(c.vocab_size == 128256 && c.hidden_size == 64 && c.n_layers == 1);
+    CHECK(tr_config_load(tr_test_src("tests/fixtures/io/configs/qwen2_v5.json"), &c, &err) == 0);
+    CHECK(c.arch == TR_ARCH_QWEN2 && c.head == TR_HEAD_SCORE && c.num_labels == 1);
+    CHECK(tr_config_load(tr_test_src("tests/fixtures/io/configs/mistral_valuehead.json"), &c, &err) == 0);
+    CHECK(c.arch == TR_ARCH_MISTRAL && c.head == TR_HEAD_VALUE && c.num_labels == 1);
+    CHECK(tr_config_load(tr_test_src("tests/fixtures/io/configs/llama_minimal.json"), &c, &err) == 0);
+    CHECK(c.head == TR_HEAD_LM && strcmp(c.architecture, "LlamaForCausalLM") == 0);
+}
+
+static void test_layout(void) {
+    // Tensor list of the fixture checkpoints, as transformers saved them.
+    const char *models[] = {"tiny-llama", "tiny-qwen2-sharded", "tiny-mistral-rm"};
+    for (int m = 0; m < 3; m++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "tests/fixtures/io/%s/config.json", models[m]);
+        tr_model_config c;
+        tr_err err = {0};
+        CHECK(tr_config_load(tr_test_src(rel), &c, &err) == 0);
+        tr_param_layout L;
+        CHECK(tr_param_layout_init(&L, &c, &err) == 0);
+        snprintf(rel, sizeof rel, "tests/fixtures/io/%s.expected.json", models[m]);
+        tr_json_doc exp = load_json(rel);
+        const tr_json *tensors = tr_json_get(exp.root, "tensors");
+        CHECKF(L.n_tensors == tensors->count, "%s: %d tensors, transformers saved %d", models[m],
+               L.n_tensors, tensors->count);
+        size_t sum = 0;
+        for (int32_t i = 0; i < L.n_tensors; i++) {
+            const tr_tensor_desc *d = &L.tensors[i];
+            const tr_json *t = tr_json_get(tensors, d->name);
+            CHECKF(t != NULL, "%s: %s not in the HF checkpoint", models[m], d->name);
+            if (!t) continue;
+            const tr_json *shape = tr_json_get(t, "shape");
+            CHECK(shape->count == d->ndim);
+            for (int32_t k = 0; k < d->ndim; k++) CHECK(tr_json_at(shape, k)->inum == d->shape[k]);
+            CHECK(d->offset % 16 == 0);
+            CHECK(i == 0 || d->offset >= L.tensors[i - 1].offset + L.tensors[i - 1].numel);
+            CHECK(tr_param_layout_find(&L, d->name) == d);
+            sum += d->numel;
+        }
+        CHECK((int64_t)sum == tr_json_get(exp.root, "n_params")->inum);
+        CHECK(L.total % 16 == 0 && L.total >= sum && L.total < sum + 16 * (size_t)L.n_tensors);
+        CHECK(tr_param_layout_find(&L, "nope") == NULL);
+        // Views point where the layout says.
+        float *buf = calloc(L.total, sizeof *buf);
+        tr_params p;
+        CHECK(tr_params_views(&p, &L, &c, buf, &err) == 0);
+        CHECK(p.embed == buf + tr_param_layout_find(&L, "model.embed_tokens.weight")->offset);
+        CHECK(p.layers[c.n_layers - 1].w_down ==
+              buf + L.tensors[L.n_tensors - (c.head == TR_HEAD_LM && c.tie_word_embeddings ? 2 :
+                                               c.head == TR_HEAD_VALUE ? 4 : 3)].offset);
+        CHECK((p.layers[0].bq != NULL) == c.attention_bias);
+        if (c.attention_bias)
+            CHECK(p.layers[0].bk == buf + tr_param_layout_find(&L, "model.layers.0.self_attn.k_proj.bias")->offset);
+        if (c.head == TR_HEAD_LM)
+            CHECK(c.tie_word_embeddings ? p.lm_head == p.embed : p.lm_head != p.embed);
+        else
+            CHECK(p.lm_head == NULL && p.score_w != NULL && (p.score_b != NULL) == (c.head == TR_HEAD_VALUE));
+        tr_params_free_views(&p);
+        free(buf);
+        tr_param_layout_free(&L);
+        tr_json_free(&exp);
+    }
+}
+
+// Each bad config must fail with the file name and every needle in the message.
+static void bad(const char *json, const char *needle1, const char *needle2) {
+    tr_model_config c;
+    tr_err err = {0};
+    int rc = tr_config_parse(json, strlen(json), "bad/config.json", &c, &err);
+    CHECKF(rc == -1, "accepted: %s", json);
+    if (rc) {
+        CHECKF(strstr(err.msg, "bad/config.json") != NULL, "no file name: %s", err.msg);
+        CHECKF(strstr(err.msg, needle1) != NULL, "'%s' not in: %s", needle1, err.msg);
+        CHECKF(!needle2 || strstr(err.msg, needle2) != NULL, "'%s' not in: %s", needle2, err.msg);
+    }
+}
+
+#define BASE "\"vocab_size\":64,\"hidden_size\":32,\"intermediate_size\":48,\"num_hidden_layers\":2,"
+
+static void test_bad_configs(void) {
+    const char *ok = "{\"model_type\":\"llama\"," BASE "\"num_attention_heads\":4}";
+    tr_model_config c;
+    tr_err err = {0};
+    CHECK(tr_config_parse(ok, strlen(ok), "ok.json", &c, &err) == 0);
+
+    bad("{\"model_type\":\"llama\",\"vocab_size\":64,\"intermediate_size\":48,\"num_hidden_layers\":2,"
+        "\"num_attention_heads\":4}", "missing required key 'hidden_size'", NULL);
+    bad("{\"model_type\":\"llama\"," BASE "\"max_position_embeddings\":64}", "num_attention_heads", NULL);
+    bad("{\"vocab_size\":3}", "model_type", NULL);
+    bad("{\"model_type\":\"gpt2\"}", "model_type 'gpt2' is not supported", NULL);
+    bad("{\"model_type\":7}", "model_type", NULL);
+    bad("{\"model_type\":\"llama\",\"vocab_size\":\"64\",\"hidden_size\":32}", "vocab_size", "1:36");
+    bad("{\"model_type\":\"llama\"," BASE "\"num_attention_heads\":4,\"hidden_size\":0}", "duplicate", NULL);
+    bad("{\"model_type\":\"llama\",\"vocab_size\":64,\"hidden_size\":0,\"intermediate_size\":48,"
+        "\"num_hidden_layers\":2,\"num_attention_heads\":4}", "hidden_size", "positive");
+    bad("{\"model_type\":\"llama\",\"vocab_size\":64,\"hidden_size\":32,\"intermediate_size\":48,"
+        "\"num_hidden_layers\":1.5,\"num_attention_heads\":4}", "num_hidden_layers", "integer");
+    bad("{\"model_type\":\"llama\",\"vocab_size\":64,\"hidden_size\":30,\"intermediate_size\":48,"
+        "\"num_hidden_layers\":2,\"num_attention_heads\":4}", "hidden_size", "head_dim");
+    bad("{\"model_type\":\"llama\"," BASE "\"num_attention_heads\":4,\"num_key_value_heads\":3}",
+        "num_key_value_heads", NULL);
+    bad("{\"model_type\":\"qwen2\"," BASE "\"num_attention_heads\":4}", "num_key_value_heads",
+        "default");  // qwen2's default of 32 kv heads does not divide 4
+    bad("{\"model_type\":\"llama\"," BASE "\"num_attention_heads\":4,\"head_dim\":-8}", "head_dim", NULL);
+    bad("{\"model_type\":\"llama\"," BASE "\"num_attention_heads\":4,\"head_dim\":7}", "head_dim", "even");
+    bad("{\"model_type\":\"llama\"," BASE "\"num_attention_heads\":4,\"rms_norm_eps\":-1}", "rms_norm_eps", NULL);
+    bad("{\"model_type\":\"llama\"," BASE "\"num_attention_heads\":4,\"hidden_act\":\"gelu\"}", "hidden_act", NULL);
+    bad("{\"model_type\":\"llama\"," BASE "\"num_attention_heads\":4,\"mlp_bias\":true}", "mlp_bias", NULL);
+    bad("{\"model_type\":\"llama\"," BASE "\"num_attention_heads\":4,\"attention_bias\":1}", "attention_bias", NULL);
+    bad("{\"model_type\":\"llama\"," BASE "\"num_attention_heads\":4,\"tie_word_embeddings\":\"yes\"}",
+        "tie_word_embeddings", NULL);
+    bad("{\"model_type\":\"llama\"," BASE "\"num_attention_heads\":4,\"rope_scaling\":{\"rope_type\":\"yarn\","
+        "\"factor\":4}}", "rope_scaling", "'yarn' is not supported");
+    bad("{\"model_type\":\"llama\"," BASE "\"num_attention_heads\":4,\"rope_parameters\":{\"rope_type\":"
+        "\"dynamic\",\"factor\":4}}", "rope_parameters", "dynamic");
+    bad("{\"model_type\":\"llama\"," BASE "\"num_attention_heads\":4,\"rope_scaling\":{\"rope_type\":\"llama3\","
+        "\"factor\":8,\"high_freq_factor\":4}}", "rope_scaling.low_freq_factor", NULL);
+    bad("{\"model_type\":\"llama\"," BASE "\"num_attention_heads\":4,\"rope_scaling\":{\"type\":\"llama3\","
+        "\"factor\":8,\"low_freq_factor\":4,\"high_freq_factor\":1}}", "high_freq_factor", NULL);
+    bad("{\"model_type\":\"llama\"," BASE "\"num_attention_heads\":4,\"rope_scaling\":{\"type\":\"linear\"}}",
+        "rope_scaling.factor", NULL);
+    bad("{\"model_type\":\"llama\"," BASE "\"num_attention_heads\":4,\"rope_scaling\":{\"type\":\"linear\","
+        "\"factor\":\"2\"}}", "rope_scaling.factor", "number");
+    bad("{\"model_type\":\"llama\"," BASE "\"num_attention_heads\":4,\"rope_parameters\":{\"full_attention\":"
+        "{\"rope_type\":\"default\"}}}", "full_attention", NULL);
+    bad("{\"model_type\":\"llama\"," BASE "\"num_attention_heads\":4,\"partial_rotary_factor\":0.5}",
+        "partial_rotary_factor", NULL);
+    bad("{\"model_type\":\"llama\"," BASE "\"num_attention_heads\":4,\"rope_theta\":0}", "rope_theta", NULL);
+    bad("{\"model_type\":\"qwen2\"," BASE "\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+        "\"use_sliding_window\":true}", "use_sliding_window", "not supported yet");
+    bad("{\"model_type\":\"qwen2\"," BASE "\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+        "\"layer_types\":[\"full_attention\",\"sliding_attention\"]}", "layer_types", NULL);
+    bad("{\"model_type\":\"llama\"," BASE "\"num_attention_heads\":4,\"architectures\":[\"Qwen2ForCausalLM\"]}",
+        "Qwen2ForCausalLM", "model_type 'llama'");
+    bad("{\"model_type\":\"llama\"," BASE "\"num_attention_heads\":4,\"architectures\":[\"LlamaModel\"]}",
+        "LlamaModel", "not supported");
+    bad("{\"model_type\":\"llama\"," BASE "\"num_attention_heads\":4,\"architectures\":[]}", "architectures", NULL);
+    bad("{\"model_type\":\"llama\"," BASE "\"num_attention_heads\":4,\"architectures\":"
+        "[\"LlamaForTokenClassification\"]}", "label", NULL);  // value head, 2 default labels
+    bad("{\"model_type\":\"llama\"," BASE "\"num_attention_heads\":4,\"eos_token_id\":[1,\"2\"]}",
+        "eos_token_id", NULL);
+    bad("{\"model_type\":\"llama\"," BASE "\"num_attention_heads\":4,\"eos_token_id\":[1,2,3,4,5,6,7,8,9]}",
+        "eos_token_id", NULL);
+    bad("{\"model_type\":\"llama\"," BASE "\"num_attention_heads\":4,\"bos_token_id\":-3}", "bos_token_id", NULL);
+    bad("[1]", "object", NULL);
+    bad("{\"model_type\":\"llama\",", "bad/config.json:1:", NULL);
+    bad("", "bad/config.json:1:1", NULL);
+
+    CHECK(tr_config_load("/nonexistent/config.json", &c, &err) == -1);
+    CHECK(err.code == TR_EIO && strstr(err.msg, "/nonexistent/config.json"));
+}
+
+int main(void) {
+    test_against_transformers();
+    test_heads();
+    test_layout();
+    test_bad_configs();
+    return tr_test_summary("test_config");
+}
