@@ -112,15 +112,18 @@ int tr_chat_encode_plain(const tr_tokenizer *tok, const char *text, size_t len,
     char cand[TR_CHAT_MAX_SPECIAL + 1];
     for (size_t i = 0; i < len; i++) {
         if (text[i] != '<') continue;
-        // Every "<...>" spelling up to TR_CHAT_MAX_SPECIAL bytes that names a token is cut.
+        // Every "<...>" spelling up to TR_CHAT_MAX_SPECIAL bytes that names a special token is cut.
         size_t cut = 0;
         for (size_t j = i + 1; j < len && j - i < TR_CHAT_MAX_SPECIAL && !cut; j++) {
             if (text[j] != '>') continue;
             size_t n = j - i + 1;
             memcpy(cand, text + i, n);
             cand[n] = '\0';
-            if (memchr(cand, '\0', n) == NULL && tr_tokenizer_token_id(tok, cand) >= 0)
-                cut = i + cut_point(cand, n);
+            if (memchr(cand, '\0', n) != NULL) continue;
+            // Only special tokens are kept out, as HF's split_special_tokens does: other added
+            // tokens (e.g. <tool_call>) match in content as they do in HF.
+            int32_t id = tr_tokenizer_token_id(tok, cand);
+            if (id >= 0 && tr_tokenizer_is_special(tok, id)) cut = i + cut_point(cand, n);
         }
         if (cut) {
             if (encode_append(tok, text + piece, cut - piece, out, mask, err)) return -1;

@@ -4,7 +4,8 @@
 Renders test conversations with the published chat templates (Qwen2.5's chatml template,
 no-tools branch, and Meta-Llama-3-Instruct's template, both Jinja as in their
 tokenizer_config.json), tokenizes the text with Hugging Face `tokenizers` on the fixture
-tokenizers in tests/fixtures/tokenizer/, and writes OUTDIR/cases.jsonl: per case the
+tokenizers (copies of the tokenizer fixtures, kept in tests/fixtures/chat/ so this
+fixture stays valid when those are regenerated), and writes OUTDIR/cases.jsonl: per case the
 messages, the expected text, ids and loss mask.
 
 Expected ids are HF's encoding of the whole rendered text. The mask is 1 on tokens whose
@@ -159,7 +160,7 @@ def main():
     os.makedirs(out, exist_ok=True)
     lines = []
     for fmt, dsys, gen, msgs in CASES:
-        path = os.path.join(root, "tests/fixtures/tokenizer", "qwen2.json" if fmt == "chatml" else "llama3.json")
+        path = os.path.join(root, "tests/fixtures/chat", "qwen2_tokenizer.json" if fmt == "chatml" else "llama3_tokenizer.json")
         tok = Tokenizer.from_file(path)
         plain = Tokenizer.from_file(path)
         plain.encode_special_tokens = True
