@@ -96,7 +96,7 @@ void tr_model_init_weights(tr_model *m, uint64_t seed, float std);
 // against the vocabulary and the layout's consistency; errors name the token index.
 int tr_model_forward(tr_model *m, const int32_t *ids, const tr_doc_layout *docs, tr_err *err);
 // Back-propagates acts.d_lnf (filled by a head's backward) through the trunk of the last
-// forward, accumulating into the gradient buffer.
+// forward, accumulating into the gradient buffer. Only for models set up with training.
 void tr_model_backward(tr_model *m);
 void tr_model_zero_grad(tr_model *m);
 
