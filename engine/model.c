@@ -279,21 +279,16 @@ static int check_batch(const tr_model *m, const int32_t *ids, const tr_doc_layou
     return 0;
 }
 
-int tr_model_forward(tr_model *m, const int32_t *ids, const tr_doc_layout *docs, tr_err *err) {
-    if (check_batch(m, ids, docs, err) != 0) return -1;
+// The layer stack over the T rows already copied into m->ids / m->pos. Attention is the only
+// step that differs between training (causal over packed documents) and generation (over the
+// paged KV cache), so it is the callback; everything else is this one code path.
+static void trunk_forward(tr_model *m, int32_t T, tr_attend_fn attend, void *ctx) {
     const tr_ops *op = m->be->ops;
     tr_backend *be = m->be;
     const tr_model_config *c = &m->cfg;
-    const int32_t T = docs->n_tokens, C = c->hidden_size, I = c->intermediate_size;
+    const int32_t C = c->hidden_size, I = c->intermediate_size;
     const int32_t H = c->n_heads, KVH = c->n_kv_heads, D = c->head_dim;
     const int32_t Q = H * D, K = KVH * D;
-    memcpy(m->ids, ids, (size_t)T * sizeof(int32_t));
-    memcpy(m->pos, docs->pos, (size_t)T * sizeof(int32_t));
-    memcpy(m->doc_start, docs->doc_start, ((size_t)docs->n_docs + 1) * sizeof(int32_t));
-    m->docs.n_tokens = T;
-    m->docs.n_docs = docs->n_docs;
-    m->logits_cached = false;
-
     tr_acts *a = &m->acts;
     op->embedding_forward(be, a->residual[0], m->ids, m->w.embed, T, C);
     for (int32_t l = 0; l < c->n_layers; l++) {
@@ -306,8 +301,7 @@ int tr_model_forward(tr_model *m, const int32_t *ids, const tr_doc_layout *docs,
         op->matmul_forward(be, la->v, la->ln1, w->wv, w->bv, T, C, K);
         op->rope_forward(be, la->q, m->pos, m->inv_freq, T, H, D);
         op->rope_forward(be, la->k, m->pos, m->inv_freq, T, KVH, D);
-        op->attention_forward(be, la->att, la->att_lse, la->q, la->k, la->v, &m->docs, H, KVH,
-                              D);
+        attend(ctx, m, l, la, T);
         op->matmul_forward(be, a->scratch, la->att, w->wo, NULL, T, Q, C);
         op->add(be, la->res_mid, x, a->scratch, (size_t)T * C);
         op->rmsnorm_forward(be, la->ln2, la->ln2_rstd, la->res_mid, w->mlp_norm,
@@ -320,6 +314,50 @@ int tr_model_forward(tr_model *m, const int32_t *ids, const tr_doc_layout *docs,
     }
     op->rmsnorm_forward(be, a->lnf, a->lnf_rstd, a->residual[c->n_layers], m->w.final_norm,
                         c->rms_norm_eps, T, C);
+}
+
+static void attend_docs(void *ctx, tr_model *m, int32_t layer, tr_layer_acts *la, int32_t T) {
+    (void)ctx;
+    (void)layer;
+    (void)T;
+    const tr_model_config *c = &m->cfg;
+    m->be->ops->attention_forward(m->be, la->att, la->att_lse, la->q, la->k, la->v, &m->docs,
+                                  c->n_heads, c->n_kv_heads, c->head_dim);
+}
+
+int tr_model_forward(tr_model *m, const int32_t *ids, const tr_doc_layout *docs, tr_err *err) {
+    if (check_batch(m, ids, docs, err) != 0) return -1;
+    const int32_t T = docs->n_tokens;
+    memcpy(m->ids, ids, (size_t)T * sizeof(int32_t));
+    memcpy(m->pos, docs->pos, (size_t)T * sizeof(int32_t));
+    memcpy(m->doc_start, docs->doc_start, ((size_t)docs->n_docs + 1) * sizeof(int32_t));
+    m->docs.n_tokens = T;
+    m->docs.n_docs = docs->n_docs;
+    m->logits_cached = false;
+    trunk_forward(m, T, attend_docs, NULL);
+    return 0;
+}
+
+int tr_model_forward_rows(tr_model *m, const int32_t *ids, const int32_t *pos, int32_t T,
+                          tr_attend_fn attend, void *ctx, tr_err *err) {
+    if (T < 1 || T > m->max_tokens)
+        return tr_errf(err, TR_ERANGE, "model forward: %d rows, the model was set up for "
+                       "1..%d per pass", T, m->max_tokens);
+    for (int32_t t = 0; t < T; t++) {
+        if (ids[t] < 0 || ids[t] >= m->cfg.vocab_size)
+            return tr_errf(err, TR_ERANGE, "model forward: row %d has id %d, outside the "
+                           "vocabulary [0, %d)", t, ids[t], m->cfg.vocab_size);
+        if (pos[t] < 0)
+            return tr_errf(err, TR_EINVAL, "model forward: row %d has position %d", t, pos[t]);
+    }
+    memcpy(m->ids, ids, (size_t)T * sizeof(int32_t));
+    memcpy(m->pos, pos, (size_t)T * sizeof(int32_t));
+    // Every row is its own document to the heads (a score per row); backward has no meaning.
+    for (int32_t t = 0; t <= T; t++) m->doc_start[t] = t;
+    m->docs.n_tokens = T;
+    m->docs.n_docs = T;
+    m->logits_cached = false;
+    trunk_forward(m, T, attend, ctx);
     return 0;
 }
 

@@ -95,6 +95,15 @@ void tr_model_init_weights(tr_model *m, uint64_t seed, float std);
 // Runs the trunk over one micro-batch: ids[docs->n_tokens] packed into docs. Checks ids
 // against the vocabulary and the layout's consistency; errors name the token index.
 int tr_model_forward(tr_model *m, const int32_t *ids, const tr_doc_layout *docs, tr_err *err);
+// Generation's entry into the same trunk: T rows, row t being token ids[t] at RoPE position
+// pos[t], with attention left to attend(), which runs once per layer after la->q, la->k (RoPE
+// applied) and la->v hold the layer's rows and must fill la->att. tr_model_forward is this
+// with causal attention over packed documents, so both paths share every other step. The
+// heads then read rows [0, T); there is no backward for such a pass.
+typedef void (*tr_attend_fn)(void *ctx, tr_model *m, int32_t layer, tr_layer_acts *la,
+                             int32_t T);
+int tr_model_forward_rows(tr_model *m, const int32_t *ids, const int32_t *pos, int32_t T,
+                          tr_attend_fn attend, void *ctx, tr_err *err);
 // Back-propagates acts.d_lnf (filled by a head's backward) through the trunk of the last
 // forward, accumulating into the gradient buffer. Only for models set up with training.
 void tr_model_backward(tr_model *m);
