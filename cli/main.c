@@ -7,9 +7,11 @@
 #include "version.h"
 
 int tr_cmd_logprobs(int argc, char **argv);
+int tr_cmd_preprocess(int argc, char **argv);
 
 static const tr_command commands[] = {
     {"logprobs", "per-token log-probabilities of token sequences under a model", tr_cmd_logprobs},
+    {"preprocess", "tokenize JSONL into a Megatron indexed dataset (.bin/.idx)", tr_cmd_preprocess},
     {NULL, NULL, NULL},
 };
 
