@@ -2,14 +2,15 @@
 // documents and the decode step over the paged KV cache. Both paths compute a query row with
 // the same function (attn_row), visiting keys in the same order with the same chunking, so a
 // decoded token's output is bitwise the row the training forward computes for it.
+#include <cblas.h>
 #include <math.h>
 
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/vec.h"
 
-#define ATT_Q_ROWS 16     // query rows per forward / dq task
-#define ATT_K_ROWS 32     // key rows per dk/dv task
+#define ATT_Q_ROWS 16     // query rows per forward task
 #define ATT_CHUNK 64      // keys per online-softmax chunk (scores live on the stack)
+#define ATT_TILE 64       // query and key rows per backward tile (two 16 KiB stack tiles)
 
 // The keys and values one query row may read, for one kv head: key j sits at k + slot(j).
 typedef struct kv_rows {
@@ -145,83 +146,99 @@ void tr_cpu_attention_forward(tr_backend *be, float *out, float *lse, const floa
                attn_work_ns(docs, H, D));
 }
 
-// dq for a block of query rows of one head: p and dp recomputed per chunk of keys, in order.
-static void attn_backward_dq_task(void *arg, int32_t task) {
-    const attn_job *j = arg;
-    int32_t h = task % j->H, t0 = (task / j->H) * ATT_Q_ROWS;
-    int32_t t1 = t0 + ATT_Q_ROWS < j->T ? t0 + ATT_Q_ROWS : j->T;
-    int32_t kvh = h / (j->H / j->KVH), D = j->D;
-    const float *kr[ATT_CHUNK], *vr[ATT_CHUNK];
-    float p[ATT_CHUNK], ds[ATT_CHUNK];
-    int32_t d = attn_doc_of(j->docs, t0);
-    for (int32_t t = t0; t < t1; t++) {
-        while (j->docs->doc_start[d + 1] <= t) d++;
-        int32_t start = j->docs->doc_start[d], n = t - start + 1;
-        kv_rows s = attn_doc_rows(j, j->k, j->v, start, kvh);
-        size_t row = (size_t)t * j->H + h;
-        const float *q = j->q + row * D, *go = j->dout + row * D;
-        float *dq = j->dq + row * D;
-        float lse = j->lse_in[row];
-        float delta = attn_row_delta(go, j->out_in + row * D, D);
-        for (int32_t c0 = 0; c0 < n; c0 += ATT_CHUNK) {
-            int32_t cn = n - c0 < ATT_CHUNK ? n - c0 : ATT_CHUNK;
-            for (int32_t i = 0; i < cn; i++) {
-                size_t o = kv_slot(&s, c0 + i);
-                kr[i] = s.k + o;
-                vr[i] = s.v + o;
-            }
-            tr_vec_dots(p, kr, cn, q, D);
-            tr_vec_dots(ds, vr, cn, go, D);
-            for (int32_t i = 0; i < cn; i++) {
-                p[i] = expf(p[i] * j->scale - lse);
-                ds[i] = p[i] * (ds[i] - delta) * j->scale;
-            }
-            tr_vec_axpy_rows(dq, ds, kr, cn, D);
+// The backward recomputes probabilities tile by tile from the saved lse, FlashAttention-2
+// style, with sgemm on ATT_TILE x ATT_TILE tiles (it need not match the forward's bits, only
+// its own across thread counts). Two passes avoid racing writes: dq by query tiles, then dk
+// and dv by key tiles, each recomputing S = Q K^T and dP = dO V^T.
+// With a query tile [i0, i1) and a key tile [k0, k1) of one document, it fills
+// p = softmax probabilities (0 above the diagonal) and ds = dS = p (dP - delta) * scale.
+static void attn_tile_grads(const attn_job *j, int32_t h, int32_t i0, int32_t i1, int32_t k0,
+                            int32_t k1, const float *delta, float *p, float *ds) {
+    int32_t D = j->D, g = h / (j->H / j->KVH), qn = i1 - i0, kn = k1 - k0;
+    int32_t ldq = j->H * D, ldk = j->KVH * D;
+    const float *q = j->q + ((size_t)i0 * j->H + h) * D;
+    const float *go = j->dout + ((size_t)i0 * j->H + h) * D;
+    const float *k = j->k + ((size_t)k0 * j->KVH + g) * D;
+    const float *v = j->v + ((size_t)k0 * j->KVH + g) * D;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, qn, kn, D, j->scale, q, ldq, k, ldk,
+                0.0f, p, kn);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, qn, kn, D, 1.0f, go, ldq, v, ldk, 0.0f,
+                ds, kn);
+    for (int32_t a = 0; a < qn; a++) {
+        float lse = j->lse_in[(size_t)(i0 + a) * j->H + h];
+        int32_t visible = i0 + a - k0 + 1;   // keys k0 .. i0+a
+        if (visible > kn) visible = kn;
+        float *pr = p + (size_t)a * kn, *dr = ds + (size_t)a * kn;
+        for (int32_t b = 0; b < kn; b++) {
+            float pb = b < visible ? expf(pr[b] - lse) : 0.0f;
+            pr[b] = pb;
+            dr[b] = pb * (dr[b] - delta[a]) * j->scale;
         }
     }
 }
 
-// dk, dv for a block of key rows of one kv head: every query of the group's heads that sees
-// them, heads in order, then queries in order (taken in chunks whose softmax terms are kept
-// on the stack). Split at document edges inside the block.
+static void attn_tile_delta(const attn_job *j, int32_t h, int32_t i0, int32_t i1, float *delta) {
+    for (int32_t i = i0; i < i1; i++) {
+        size_t row = ((size_t)i * j->H + h) * j->D;
+        delta[i - i0] = attn_row_delta(j->dout + row, j->out_in + row, j->D);
+    }
+}
+
+// dq for one query tile of one head, split at document edges; key tiles in order.
+static void attn_backward_dq_task(void *arg, int32_t task) {
+    const attn_job *j = arg;
+    int32_t h = task % j->H, t0 = (task / j->H) * ATT_TILE;
+    int32_t t1 = t0 + ATT_TILE < j->T ? t0 + ATT_TILE : j->T;
+    int32_t D = j->D, g = h / (j->H / j->KVH);
+    float p[ATT_TILE * ATT_TILE], ds[ATT_TILE * ATT_TILE], delta[ATT_TILE];
+    int32_t d = attn_doc_of(j->docs, t0);
+    for (int32_t i0 = t0; i0 < t1;) {
+        while (j->docs->doc_start[d + 1] <= i0) d++;
+        int32_t start = j->docs->doc_start[d], end = j->docs->doc_start[d + 1];
+        int32_t i1 = end < t1 ? end : t1;
+        attn_tile_delta(j, h, i0, i1, delta);
+        for (int32_t k0 = start; k0 < i1; k0 += ATT_TILE) {
+            int32_t k1 = k0 + ATT_TILE < i1 ? k0 + ATT_TILE : i1;
+            attn_tile_grads(j, h, i0, i1, k0, k1, delta, p, ds);
+            // dq[i0:i1] += dS @ K[k0:k1]
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, D, k1 - k0, 1.0f,
+                        ds, k1 - k0, j->k + ((size_t)k0 * j->KVH + g) * D, j->KVH * D, 1.0f,
+                        j->dq + ((size_t)i0 * j->H + h) * D, j->H * D);
+        }
+        i0 = i1;
+    }
+}
+
+// dk, dv for one key tile of one kv head, split at document edges: the group's heads in
+// order, then the query tiles that see the keys, in order.
 static void attn_backward_dkv_task(void *arg, int32_t task) {
     const attn_job *j = arg;
-    int32_t kvh = task % j->KVH, j0 = (task / j->KVH) * ATT_K_ROWS;
-    int32_t j1 = j0 + ATT_K_ROWS < j->T ? j0 + ATT_K_ROWS : j->T;
-    int32_t group = j->H / j->KVH, D = j->D;
-    size_t kv_stride = (size_t)j->KVH * D;
-    const float *qr[ATT_CHUNK], *gr[ATT_CHUNK];
-    float lse[ATT_CHUNK], delta[ATT_CHUNK], p[ATT_CHUNK], ds[ATT_CHUNK];
-    int32_t d = attn_doc_of(j->docs, j0);
-    for (int32_t a = j0; a < j1;) {
-        while (j->docs->doc_start[d + 1] <= a) d++;
+    int32_t g = task % j->KVH, t0 = (task / j->KVH) * ATT_TILE;
+    int32_t t1 = t0 + ATT_TILE < j->T ? t0 + ATT_TILE : j->T;
+    int32_t D = j->D, group = j->H / j->KVH;
+    float p[ATT_TILE * ATT_TILE], ds[ATT_TILE * ATT_TILE], delta[ATT_TILE];
+    int32_t d = attn_doc_of(j->docs, t0);
+    for (int32_t k0 = t0; k0 < t1;) {
+        while (j->docs->doc_start[d + 1] <= k0) d++;
         int32_t end = j->docs->doc_start[d + 1];
-        int32_t b = end < j1 ? end : j1;
-        for (int32_t h = kvh * group; h < (kvh + 1) * group; h++) {
-            for (int32_t i0 = a; i0 < end; i0 += ATT_CHUNK) {
-                int32_t i1 = i0 + ATT_CHUNK < end ? i0 + ATT_CHUNK : end;
-                for (int32_t i = i0; i < i1; i++) {
-                    size_t row = (size_t)i * j->H + h;
-                    qr[i - i0] = j->q + row * D;
-                    gr[i - i0] = j->dout + row * D;
-                    lse[i - i0] = j->lse_in[row];
-                    delta[i - i0] = attn_row_delta(gr[i - i0], j->out_in + row * D, D);
-                }
-                for (int32_t key = a; key < b && key < i1; key++) {
-                    int32_t off = key > i0 ? key - i0 : 0, nq = i1 - i0 - off;
-                    size_t o = (size_t)key * kv_stride + (size_t)kvh * D;
-                    tr_vec_dots(p, qr + off, nq, j->k + o, D);
-                    tr_vec_dots(ds, gr + off, nq, j->v + o, D);
-                    for (int32_t i = 0; i < nq; i++) {
-                        p[i] = expf(p[i] * j->scale - lse[off + i]);
-                        ds[i] = p[i] * (ds[i] - delta[off + i]) * j->scale;
-                    }
-                    if (j->dv) tr_vec_axpy_rows(j->dv + o, p, gr + off, nq, D);
-                    if (j->dk) tr_vec_axpy_rows(j->dk + o, ds, qr + off, nq, D);
-                }
+        int32_t k1 = end < t1 ? end : t1, kn = k1 - k0;
+        size_t kv_off = ((size_t)k0 * j->KVH + g) * D;
+        for (int32_t h = g * group; h < (g + 1) * group; h++) {
+            for (int32_t i0 = k0; i0 < end; i0 += ATT_TILE) {
+                int32_t i1 = i0 + ATT_TILE < end ? i0 + ATT_TILE : end, qn = i1 - i0;
+                size_t q_off = ((size_t)i0 * j->H + h) * D;
+                attn_tile_delta(j, h, i0, i1, delta);
+                attn_tile_grads(j, h, i0, i1, k0, k1, delta, p, ds);
+                // dv[k0:k1] += P^T @ dO[i0:i1]; dk[k0:k1] += dS^T @ Q[i0:i1]
+                if (j->dv)
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kn, D, qn, 1.0f, p, kn,
+                                j->dout + q_off, j->H * D, 1.0f, j->dv + kv_off, j->KVH * D);
+                if (j->dk)
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kn, D, qn, 1.0f, ds,
+                                kn, j->q + q_off, j->H * D, 1.0f, j->dk + kv_off, j->KVH * D);
             }
         }
-        a = b;
+        k0 = k1;
     }
 }
 
@@ -234,12 +251,11 @@ void tr_cpu_attention_backward(tr_backend *be, float *dq, float *dk, float *dv,
     attn_job j = {.dq = dq, .dk = dk, .dv = dv, .dout = dout, .out_in = out, .lse_in = lse,
                   .q = q, .k = k, .v = v, .docs = docs, .T = T, .H = H, .KVH = KVH, .D = D,
                   .scale = attn_scale(D)};
-    if (dq)
-        tr_cpu_run(be, tr_cpu_ceil_div(T, ATT_Q_ROWS) * H, attn_backward_dq_task, &j,
-                   1.5 * attn_work_ns(docs, H, D));
+    // sgemm tiles run ~4x faster than the forward's row loops
+    double work = 0.4 * attn_work_ns(docs, H, D);
+    if (dq) tr_cpu_run(be, tr_cpu_ceil_div(T, ATT_TILE) * H, attn_backward_dq_task, &j, work);
     if (dk || dv)
-        tr_cpu_run(be, tr_cpu_ceil_div(T, ATT_K_ROWS) * KVH, attn_backward_dkv_task, &j,
-                   2.0 * attn_work_ns(docs, H, D));
+        tr_cpu_run(be, tr_cpu_ceil_div(T, ATT_TILE) * KVH, attn_backward_dkv_task, &j, work);
 }
 
 static void attn_decode_task(void *arg, int32_t task) {
