@@ -390,11 +390,14 @@ static int check_model_source(const tr_recipe_model *m, const char *role, const 
 
 static int check_devices(const tr_recipe_devices *d, const tr_recipe_parallel *p, const char *role,
                          const tr_ynode *root, tr_err *err) {
-    if (d->n == 0 || d->n == p->tp * p->dp) return 0;
+    int64_t ranks;
+    bool overflow = __builtin_mul_overflow(p->tp, p->dp, &ranks);
+    if (d->n == 0 || (!overflow && d->n == ranks)) return 0;
     char path[64];
     snprintf(path, sizeof path, "models.%s.devices", role);
+    if (overflow) return fail_path(root, path, err, "tp x dp overflows");
     return fail_path(root, path, err, "%d devices for tp %lld x dp %lld = %lld ranks", (int)d->n,
-                     (long long)p->tp, (long long)p->dp, (long long)(p->tp * p->dp));
+                     (long long)p->tp, (long long)p->dp, (long long)ranks);
 }
 
 // "a,b,c": three non-negative proportions, not all zero (Megatron's --split).
@@ -467,7 +470,9 @@ static int validate(tr_recipe *r, const tr_ynode *root, tr_err *err) {
             return fail_path(root, "algorithm.kl.coef", err, "a KL term needs models.reference (e.g. reference: {from: policy})");
         if (r->algorithm.clip_dual != 0.0 && !(r->algorithm.clip_dual > 1.0))
             return fail_path(root, "algorithm.clip.dual", err, "%g: the dual clip must be 0 (off) or > 1", r->algorithm.clip_dual);
-        int64_t seqs = r->train.prompts_per_step * r->rollout.n;
+        int64_t seqs;
+        if (__builtin_mul_overflow(r->train.prompts_per_step, r->rollout.n, &seqs))
+            return fail_path(root, "train.prompts_per_step", err, "prompts_per_step x rollout.n overflows");
         if (seqs % r->algorithm.mini_batches)
             return fail_path(root, "algorithm.mini_batches", err,
                              "%lld responses per step (prompts_per_step x rollout.n) do not split into %lld mini-batches",
@@ -487,8 +492,9 @@ static int validate(tr_recipe *r, const tr_ynode *root, tr_err *err) {
         return fail_path(root, "train.eval_every", err, "periodic eval needs data.eval (or eval_every: 0)");
 
     // The longest row a trainer must hold.
-    int64_t need = rl ? r->data.max_prompt_len + r->rollout.max_new_tokens
-                      : (r->workflow == TR_RECIPE_SFT ? r->data.max_len : r->data.seq_len);
+    int64_t need = r->workflow == TR_RECIPE_SFT ? r->data.max_len : r->data.seq_len;
+    if (rl && __builtin_add_overflow(r->data.max_prompt_len, r->rollout.max_new_tokens, &need))
+        return fail_path(root, "rollout.max_new_tokens", err, "max_prompt_len + max_new_tokens overflows");
     if (r->train.max_len == 0) r->train.max_len = need;
     if (r->train.max_len < need)
         return fail_path(root, "train.max_len", err, "%lld is shorter than the longest row (%lld)",

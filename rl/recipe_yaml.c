@@ -216,6 +216,24 @@ int tr_yaml_load(const char *text, size_t len, const char *src, bool marks, tr_y
         rc = convert(&c, y, 0, root);
     }
     yaml_document_delete(&doc);
+    // A second document ("---") would be silently ignored; say so instead.
+    if (rc == 0 && y) {
+        if (!yaml_parser_load(&parser, &doc)) {
+            rc = tr_errf(err, TR_EFORMAT, "%s:%d:%d: YAML syntax error: %s", src,
+                         (int)parser.problem_mark.line + 1, (int)parser.problem_mark.column + 1,
+                         parser.problem ? parser.problem : "malformed");
+        } else {
+            yaml_node_t *extra = yaml_document_get_root_node(&doc);
+            if (extra)
+                rc = tr_errf(err, TR_EFORMAT, "%s:%d:%d: a recipe is a single YAML document; a second one starts here",
+                             src, (int)extra->start_mark.line + 1, (int)extra->start_mark.column + 1);
+            yaml_document_delete(&doc);
+        }
+        if (rc) {
+            tr_ynode_free(*root);
+            *root = NULL;
+        }
+    }
     yaml_parser_delete(&parser);
     return rc;
 }

@@ -182,6 +182,9 @@ static void test_errors(void) {
                  "bad.yaml:3:7: YAML syntax error: mapping values are not allowed in this context");
     expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "seed: 1\nseed: 2\n", NULL, 0,
                  "bad.yaml:11:1: duplicate key 'seed' (first at line 10)");
+    expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "---\nseed: 2\n", NULL, 0,
+                 "bad.yaml:11:1: a recipe is a single YAML document; a second one starts here");
+    expect_error("a: &x [*x]\n", NULL, 0, "bad.yaml:1:4: nesting deeper than 64 (a recursive alias?)");
     expect_error("", NULL, 0,
                  "bad.yaml: the recipe is empty (it needs at least workflow, run_dir, models.policy, train.steps)");
 
