@@ -1,7 +1,7 @@
 // Causal grouped-query attention on the CPU: the training forward/backward over packed
-// documents and the decode step over the paged KV cache. Both paths compute a query row with
-// the same function (attn_row), visiting keys in the same order with the same chunking, so a
-// decoded token's output is bitwise the row the training forward computes for it.
+// documents and the decode step over the paged KV cache. Forward and decode compute a query
+// row with the same function (attn_row), keys in the same order and chunks, so a decoded
+// token's output is bitwise the training forward's row. The backward works on sgemm tiles.
 #include <cblas.h>
 #include <math.h>
 

@@ -1,0 +1,139 @@
+// CPU kernel speed at the sizes of a ~10M-parameter Llama-style model (hidden 256, T = 1024):
+// GFLOP/s of the linear layers and milliseconds of attention forward/backward, for 1 and 2
+// threads. Run by hand: build-*/bench/bench_kernels [max_threads]. Best of a few repetitions.
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/ops.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static float *rand_floats(size_t n, float scale) {
+    float *x = malloc(n * sizeof(float));
+    if (!x) {
+        fprintf(stderr, "bench_kernels: out of memory\n");
+        exit(1);
+    }
+    uint32_t s = 12345u + (uint32_t)n;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        x[i] = scale * ((float)(s >> 8) / 16777216.0f - 0.5f);
+    }
+    return x;
+}
+
+#define REPS 3
+
+typedef struct mm_shape {
+    const char *name;
+    int32_t IC, OC;
+} mm_shape;
+
+static void bench_matmul(tr_backend *be, const mm_shape *s, int32_t T) {
+    float *in = rand_floats((size_t)T * s->IC, 1), *w = rand_floats((size_t)s->OC * s->IC, 0.1f);
+    float *out = rand_floats((size_t)T * s->OC, 1), *din = rand_floats((size_t)T * s->IC, 0);
+    float *dw = rand_floats((size_t)s->OC * s->IC, 0);
+    double flops = 2.0 * T * s->IC * s->OC, best_f = 1e30, best_b = 1e30;
+    for (int r = 0; r < REPS; r++) {
+        double t0 = now_s();
+        be->ops->matmul_forward(be, out, in, w, NULL, T, s->IC, s->OC);
+        double t1 = now_s();
+        be->ops->matmul_backward(be, din, dw, NULL, out, in, w, T, s->IC, s->OC);
+        double t2 = now_s();
+        if (t1 - t0 < best_f) best_f = t1 - t0;
+        if (t2 - t1 < best_b) best_b = t2 - t1;
+    }
+    printf("  matmul %-8s T=%-5d IC=%-5d OC=%-5d  fwd %7.1f GFLOP/s  bwd %7.1f GFLOP/s\n", s->name,
+           T, s->IC, s->OC, flops / best_f * 1e-9, 2 * flops / best_b * 1e-9);
+    free(in); free(w); free(out); free(din); free(dw);
+}
+
+static void bench_attention(tr_backend *be, int32_t T, int32_t n_docs, int32_t H, int32_t KVH,
+                            int32_t D) {
+    int32_t *doc_start = malloc((size_t)(n_docs + 1) * sizeof(int32_t));
+    int32_t *pos = malloc((size_t)T * sizeof(int32_t));
+    if (!doc_start || !pos) exit(1);
+    for (int32_t d = 0; d <= n_docs; d++) doc_start[d] = (int32_t)((int64_t)T * d / n_docs);
+    for (int32_t d = 0; d < n_docs; d++)
+        for (int32_t t = doc_start[d]; t < doc_start[d + 1]; t++) pos[t] = t - doc_start[d];
+    tr_doc_layout docs = {.n_tokens = T, .n_docs = n_docs, .doc_start = doc_start, .pos = pos};
+    size_t nq = (size_t)T * H * D, nk = (size_t)T * KVH * D;
+    float *q = rand_floats(nq, 2), *k = rand_floats(nk, 2), *v = rand_floats(nk, 1);
+    float *out = rand_floats(nq, 0), *lse = rand_floats((size_t)T * H, 0);
+    float *dq = rand_floats(nq, 0), *dk = rand_floats(nk, 0), *dv = rand_floats(nk, 0);
+    double best_f = 1e30, best_b = 1e30;
+    for (int r = 0; r < REPS; r++) {
+        double t0 = now_s();
+        be->ops->attention_forward(be, out, lse, q, k, v, &docs, H, KVH, D);
+        double t1 = now_s();
+        be->ops->attention_backward(be, dq, dk, dv, out, out, lse, q, k, v, &docs, H, KVH, D);
+        double t2 = now_s();
+        if (t1 - t0 < best_f) best_f = t1 - t0;
+        if (t2 - t1 < best_b) best_b = t2 - t1;
+    }
+    printf("  attention T=%d docs=%d H=%d KVH=%d D=%-3d        fwd %7.2f ms        bwd %7.2f ms\n",
+           T, n_docs, H, KVH, D, best_f * 1e3, best_b * 1e3);
+    free(doc_start); free(pos); free(q); free(k); free(v); free(out); free(lse);
+    free(dq); free(dk); free(dv);
+}
+
+// B sequences of ctx tokens each in a paged cache of 16-token blocks, one query per sequence.
+static void bench_decode(tr_backend *be, int32_t B, int32_t ctx, int32_t H, int32_t KVH,
+                         int32_t D) {
+    int32_t bs = 16, max_blocks = (ctx + bs - 1) / bs, n_blocks = B * max_blocks;
+    float *kp = rand_floats((size_t)n_blocks * bs * KVH * D, 2);
+    float *vp = rand_floats((size_t)n_blocks * bs * KVH * D, 1);
+    float *q = rand_floats((size_t)B * H * D, 2), *out = rand_floats((size_t)B * H * D, 0);
+    int32_t *table = malloc((size_t)n_blocks * sizeof(int32_t));
+    int32_t *seq_len = malloc((size_t)B * sizeof(int32_t));
+    if (!table || !seq_len) exit(1);
+    for (int32_t i = 0; i < n_blocks; i++) table[i] = (i * 7919) % n_blocks;   // scattered
+    for (int32_t b = 0; b < B; b++) seq_len[b] = ctx;
+    tr_kv_pages kv = {.k_pool = kp, .v_pool = vp, .block_size = bs, .n_blocks = n_blocks,
+                      .n_kv_heads = KVH, .head_dim = D};
+    double best = 1e30;
+    for (int r = 0; r < REPS; r++) {
+        double t0 = now_s();
+        be->ops->attention_decode(be, out, q, &kv, table, max_blocks, seq_len, B, H);
+        double t1 = now_s();
+        if (t1 - t0 < best) best = t1 - t0;
+    }
+    printf("  attention_decode B=%d ctx=%d H=%d KVH=%d D=%-3d      %7.3f ms\n", B, ctx, H, KVH,
+           D, best * 1e3);
+    free(kp); free(vp); free(q); free(out); free(table); free(seq_len);
+}
+
+int main(int argc, char **argv) {
+    int32_t max_threads = argc > 1 ? atoi(argv[1]) : 2;
+    if (max_threads < 1) max_threads = 1;
+    const int32_t T = 1024;
+    // hidden 256, 4 heads of 64 with 2 kv heads, SwiGLU 1024, vocabulary 8192: 8 layers ~ 10M
+    static const mm_shape shapes[] = {
+        {"qkv", 256, 512}, {"o", 256, 256}, {"gate/up", 256, 1024},
+        {"down", 1024, 256}, {"lm_head", 256, 8192},
+    };
+    for (int32_t n = 1; n <= max_threads; n++) {
+        tr_backend be;
+        if (tr_backend_cpu_init(&be, n) != 0) {
+            fprintf(stderr, "bench_kernels: cannot start the CPU backend\n");
+            return 1;
+        }
+        printf("cpu backend, %d thread%s\n", n, n > 1 ? "s" : "");
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+            bench_matmul(&be, &shapes[i], T);
+        bench_matmul(&be, &shapes[0], 1);
+        bench_attention(&be, T, 1, 4, 2, 64);
+        bench_attention(&be, T, 1, 8, 4, 32);
+        bench_attention(&be, T, 4, 4, 2, 64);
+        bench_decode(&be, 16, 512, 4, 2, 64);
+        tr_backend_cpu_free(&be);
+    }
+    return 0;
+}
