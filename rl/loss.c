@@ -84,7 +84,9 @@ int tr_policy_loss(const tr_policy_loss_cfg *cfg, const tr_policy_loss_in *in,
         tr_loss_norm_from_mask(in->mask, in->B, in->T, 0.0, &local);
         norm = &local;
     }
-    bool use_kl = cfg->kl_coef != 0.0f, use_ent = cfg->entropy_coef != 0.0f;
+    // KL and entropy are measured whenever their inputs are given (they are worth logging
+    // with a zero coefficient too); they reach the gradient only through their coefficients.
+    bool use_kl = in->ref_logp != NULL, use_ent = in->entropy != NULL;
     int64_t n_clip = 0, n_low = 0, n_high = 0, n_dual = 0, n_tok = 0;
     double sum_kl_old = 0.0, sum_ratio = 0.0;
     double lo = 1.0 - (double)cfg->clip_low, hi = 1.0 + (double)cfg->clip_high;
@@ -124,7 +126,7 @@ int tr_policy_loss(const tr_policy_loss_cfg *cfg, const tr_policy_loss_in *in,
             }
             if (use_ent) {
                 out->entropy += w * in->entropy[i];
-                grad_entropy[i] = (float)(-(double)cfg->entropy_coef * w);
+                if (grad_entropy) grad_entropy[i] = (float)(-(double)cfg->entropy_coef * w);
             }
             grad_logp[i] = (float)g;
             n_tok++;

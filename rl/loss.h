@@ -80,8 +80,10 @@ typedef struct tr_policy_loss_in {
     const float *logp;      // current policy log-probability of each sampled token
     const float *old_logp;  // the same under the policy that sampled (behaviour policy)
     const float *adv;       // per-token advantages
-    const float *ref_logp;  // reference log-probabilities (needed when kl_coef != 0)
-    const float *entropy;   // per-token entropy of the current policy (needed when entropy_coef != 0)
+    const float *ref_logp;  // reference log-probabilities (needed when kl_coef != 0; when
+                            // given with kl_coef 0 the KL is still measured)
+    const float *entropy;   // per-token entropy of the current policy (needed when
+                            // entropy_coef != 0; likewise measured whenever given)
     const tr_loss_norm *norm;  // NULL: computed from this batch's mask
 } tr_policy_loss_in;
 

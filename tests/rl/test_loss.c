@@ -106,6 +106,16 @@ static void test_aggregation(void) {
         CHECK(g[4] == 0.0f && g[5] == 0.0f);
         CHECK(o.n_tokens == 4);
     }
+    // With kl_coef 0 but reference logprobs given, the KL is measured and left out of the
+    // loss and gradient: ref = logp - 0.5 on every token, k3 = e^-0.5 - 1 + 0.5 = 0.10653066.
+    const float ref[6] = {-1.5f, -2.5f, -3.5f, -1.5f, 0, 0};
+    in.ref_logp = ref;
+    cfg.agg = TR_AGG_TOKEN_MEAN;
+    tr_policy_loss_out o;
+    float g[6];
+    CHECK(tr_policy_loss(&cfg, &in, &o, g, NULL, &err) == 0);
+    CHECK_NEAR(o.kl, 0.10653066, 1e-7);
+    CHECK(o.loss == -2.5 && g[1] == -0.5f);
 }
 
 static void test_gspo(void) {
