@@ -66,8 +66,10 @@ int tr_chat_render(const tr_chat_format *f, const tr_chat_msg *msgs, size_t n,
 int tr_chat_render_text(int kind, const char *default_system, const tr_chat_msg *msgs, size_t n,
                         bool add_generation_prompt, char **text, size_t *len, tr_err *err);
 
-// Encodes text with no special-token matching: text that spells a special token is split
-// where the pre-tokenizer would split it anyway and encoded as ordinary text.
+// Encodes text without matching special tokens (HF's split_special_tokens=True): text that
+// spells a special token is cut where GPT-style pre-tokenizer regexes split it anyway (before
+// its closing punctuation, "<|im_end" | "|>") and encoded as ordinary text. Non-special added
+// tokens still match, as in HF.
 int tr_chat_encode_plain(const tr_tokenizer *tok, const char *text, size_t len,
                          tr_chat_tokens *out, uint8_t mask, tr_err *err);
 

@@ -29,6 +29,7 @@ void tr_prompts_free(tr_prompt_set *s);
 
 // Ids of prompt i, appended to out (mask all 0). With chat: a `prompt` string becomes one user
 // message (after chat->default_system, if set) and the generation prompt follows. Without
-// chat (NULL): the `prompt` text encoded as is; `messages` records then need a chat format.
+// chat (NULL): the `prompt` text encoded as plain text (special-token spellings stay text);
+// `messages` records then need a chat format.
 int tr_prompts_encode(const tr_prompt_set *s, int64_t i, const tr_chat_format *chat,
                       const tr_tokenizer *tok, tr_chat_tokens *out, tr_err *err);
