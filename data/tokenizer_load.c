@@ -177,7 +177,7 @@ static int parse_pretok(lctx *L, tr_tokenizer *t, const json_t *v, const char *k
             snprintf(k, sizeof k, "%s.use_regex", key);
             if (tr_tok_regex_compile(&p->re, GPT2_PATTERN, sizeof GPT2_PATTERN - 1, false, k,
                                      L->err))
-                return -1;
+                return tr_err_wrap(L->err, "%s", L->name);
         }
         return 0;
     }
@@ -193,7 +193,7 @@ static int parse_pretok(lctx *L, tr_tokenizer *t, const json_t *v, const char *k
     if (!json_is_string(ps)) return type_err(L, k, "a string", ps);
     if (tr_tok_regex_compile(&p->re, json_string_value(ps), json_string_length(ps), lit != NULL, k,
                              L->err))
-        return -1;
+        return tr_err_wrap(L->err, "%s", L->name);
     const char *beh;
     size_t blen;
     if (req_string(L, v, "behavior", key, &beh, &blen)) return -1;

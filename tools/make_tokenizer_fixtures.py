@@ -123,7 +123,8 @@ def fixed_texts():
         "zero\u200bwidth", "\u0085NEL", "a\u180eb", "\u2028\u2029", "narrow\u202fnbsp",
         "\ufeffBOM", "   \u00a0  x", "x \u2003\u2003 y",
         # control characters
-        "\x00nul", "\x01\x07\x1b[31mred\x1b[0m", "del\x7f", "\x0b\x0c vt ff",
+        "\x00nul", "\x01\x07\x1b[31mred\x1b[0m", "del\x7f", "\x0b\x0c vt ff", "a\x01\x02\x03b\x04",
+        "\x05", "\x01 \x02x\x03\x03",
         # punctuation runs
         "!!!???...", "...\n\n", "---> <=>", "a.b.c", ":: ;;", "<<EOF", "“quotes” ‘single’",
         "\u00ab guillemets \u00bb", "...\r\n\r\n", " ?!\n",
@@ -134,7 +135,7 @@ def fixed_texts():
         "a<|eot_id|>b<|reserved_special_token_3|>c", "<|reserved_special_token_10|>",
         "<tool_call>{\"name\": \"f\"}</tool_call>", "x <tool_call> y",
         "  <mask>  x", "a<mask>b", "<mask>\t\n", "\u3000<mask>\u3000",
-        "[[w]]", "a[[w]]b", " [[w]] ", "x[[w]]", "[[w]]_", "é[[w]]", "[[w]]\u0301", "-[[w]]-",
+        "\u0085<mask>\u0085", "x\u180e<mask>\u180ey", "\u2029<mask>\u00a0z", "[[w]]", "a[[w]]b", " [[w]] ", "x[[w]]", "[[w]]_", "é[[w]]", "[[w]]\u0301", "-[[w]]-",
         "Ångström", "A\u030Ang", "xÅngy", "<|im_start|>A\u030Ang",
         "ĠTroupe", " Troupe", "Troupe troupe TROUPE",
         # long words
@@ -193,7 +194,7 @@ def main():
     os.makedirs(out, exist_ok=True)
     rng = random.Random(1234)
     corpus = gen_corpus(rng, 6000)
-    texts = fixed_texts() + random_texts(rng, 40)
+    texts = fixed_texts() + random_texts(rng, 30)
     tokenizers = {}
 
     # Qwen2-like: NFC, Split(Qwen2 regex) + ByteLevel(use_regex=false), merges as strings.
@@ -272,6 +273,25 @@ def main():
                                                    bl()))
     tokenizers["split_empty"] = variant(None, seq(split(r"\b|x*", "Isolated"), bl()))
 
+    # Byte tokens 0x00..0x08 taken out of the vocabulary (and the merges that use them): those
+    # bytes become unk_token, or vanish when there is none.
+    def without_low_bytes(unk, fuse):
+        j = variant(None, bl(regex=True))
+        gone = {chr(0x100 + b) for b in range(9)}
+        vocab = j["model"]["vocab"]
+        for t in list(vocab):
+            if any(ch in gone for ch in t):
+                del vocab[t]
+        j["model"]["merges"] = [m for m in j["model"]["merges"]
+                                if not any(ch in gone for ch in m[0] + m[1])]
+        j["model"]["unk_token"] = unk
+        j["model"]["fuse_unk"] = fuse
+        return j
+
+    tokenizers["unk"] = without_low_bytes("<|endoftext|>", False)
+    tokenizers["unk_fused"] = without_low_bytes("<|endoftext|>", True)
+    tokenizers["no_unk"] = without_low_bytes(None, False)
+
     names = sorted(tokenizers)
     for name in names:
         path = os.path.join(out, name + ".json")
@@ -286,7 +306,9 @@ def main():
     drng = random.Random(99)
     for name in names:
         tok = Tokenizer.from_file(os.path.join(out, name + ".json"))
-        n_vocab = tok.get_vocab_size(with_added_tokens=True)
+        # Ids that name a token (HF drops the others when decoding; troupe refuses them).
+        valid = [i for i in range(tok.get_vocab_size(with_added_tokens=True) + 64)
+                 if tok.id_to_token(i) is not None]
         id_lines, dec_lines = [], []
         for i, t in enumerate(texts):
             ids = tok.encode(t, add_special_tokens=False).ids
@@ -297,7 +319,7 @@ def main():
         # Random id sequences: single bytes of multi-byte characters make invalid UTF-8,
         # which HF decodes lossily.
         for _ in range(40):
-            ids = [drng.randrange(n_vocab) for _ in range(drng.randint(0, 12))]
+            ids = [drng.choice(valid) for _ in range(drng.randint(0, 12))]
             dec_lines.append({"ids": ids, "text": tok.decode(ids, skip_special_tokens=False)})
         with open(os.path.join(out, name + ".ids.jsonl"), "w", encoding="utf-8") as f:
             f.write("\n".join(id_lines) + "\n")

@@ -11,9 +11,9 @@
 #include "engine/file.h"
 #include "tests/test.h"
 
-static const char *NAMES[] = {"qwen2",        "llama3",     "gpt2",         "split_removed",
-                              "split_prev",   "split_next", "split_contiguous", "split_invert",
-                              "split_empty"};
+static const char *NAMES[] = {"qwen2",      "llama3",           "gpt2",         "split_removed",
+                              "split_prev", "split_next",       "split_contiguous", "split_invert",
+                              "split_empty", "unk",             "unk_fused",    "no_unk"};
 
 typedef struct lines {
     json_t **v;
