@@ -6,11 +6,13 @@
 #include "engine/err.h"
 #include "version.h"
 
+int tr_cmd_info(int argc, char **argv);
 int tr_cmd_logprobs(int argc, char **argv);
 int tr_cmd_preprocess(int argc, char **argv);
 int tr_cmd_tokenize(int argc, char **argv);
 
 static const tr_command commands[] = {
+    {"info", "a checkpoint's configuration, parameter count and training memory", tr_cmd_info},
     {"logprobs", "per-token log-probabilities of token sequences under a model", tr_cmd_logprobs},
     {"preprocess", "tokenize JSONL into a Megatron indexed dataset (.bin/.idx)", tr_cmd_preprocess},
     {"tokenize", "JSONL text to token ids and back with a Hugging Face tokenizer.json", tr_cmd_tokenize},
