@@ -1,0 +1,470 @@
+// The generation scheduler: admission by reserved KV blocks (FIFO over requests, then over a
+// request's samples), prefill passes that pack prompts (chunked when longer than a pass),
+// decode steps over every running sample, and retirement that frees blocks at once.
+// Every pass runs the model's trunk with attention over the paged cache (attention_decode),
+// whose arithmetic matches the training forward's row for row.
+#include "engine/generate.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/heads.h"
+
+// A request while it runs: its prompt's blocks (held until every sample has started from
+// them) and the next sample to start.
+typedef struct gen_group {
+    tr_kv_seq kv;
+    int32_t out0;        // first output index
+    int32_t next;        // samples before it have started or finished at prefill
+    int32_t reserved;    // blocks kept for its next sample to start with
+    int32_t sample_res;  // worst-case blocks of one sample
+    int32_t done;        // prompt tokens prefilled
+    bool holding;        // kv holds the prompt's blocks
+} gen_group;
+
+typedef struct gen_run {
+    tr_generator *g;
+    const tr_gen_request *reqs;
+    int32_t n_reqs;
+    tr_gen_output *outs;
+    tr_rng *rngs;        // one stream per output
+    gen_group *groups;
+    int32_t next_req;    // requests before it have been admitted
+    int32_t head;        // groups before it have started every sample
+} gen_run;
+
+int32_t tr_gen_sample_blocks(int32_t n_prompt, int32_t max_new_tokens, int32_t block_size) {
+    // Positions written: the prompt and every new token but the last (never fed back).
+    int64_t written = (int64_t)n_prompt + max_new_tokens - 1;
+    int32_t shared = n_prompt / block_size;   // full prompt blocks, never written again
+    int32_t total = tr_kv_blocks_for(written, block_size);
+    return total > shared ? total - shared : 0;
+}
+
+void tr_generator_free(tr_generator *g) {
+    tr_kvcache_free(&g->cache);
+    tr_sampler_free(&g->sampler);
+    free(g->row_ids);
+    free(g->row_pos);
+    free(g->row_slot);
+    free(g->row_len);
+    free(g->row_target);
+    free(g->row_lp);
+    free(g->row_lse);
+    free(g->segs);
+    free(g->tables);
+    free(g->slots);
+    memset(g, 0, sizeof *g);
+}
+
+int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_err *err) {
+    memset(g, 0, sizeof *g);
+    if (m->cfg.head != TR_HEAD_LM)
+        return tr_errf(err, TR_EINVAL, "generate: the model (%s) has no LM head",
+                       m->cfg.architecture[0] ? m->cfg.architecture : m->cfg.model_type);
+    int32_t bs = opts->block_size > 0 ? opts->block_size : 16;
+    int64_t kv_tokens = opts->kv_tokens > 0 ? opts->kv_tokens : 16384;
+    g->model = m;
+    g->max_rows = m->max_tokens;
+    g->max_seqs = opts->max_seqs > 0 ? opts->max_seqs : 64;
+    if (g->max_seqs > g->max_rows) g->max_seqs = g->max_rows;
+    if (tr_kvcache_init(&g->cache, &m->cfg, bs, kv_tokens, err) != 0 ||
+        tr_sampler_init(&g->sampler, m->cfg.vocab_size, err) != 0) {
+        tr_generator_free(g);
+        return tr_err_wrap(err, "generate");
+    }
+    int64_t pool = (int64_t)g->cache.n_blocks * bs;
+    int64_t max_len = opts->max_seq_len > 0 ? opts->max_seq_len : pool;
+    if (max_len > pool) max_len = pool;
+    g->max_seq_len = (int32_t)max_len;
+    g->table_cap = tr_kv_blocks_for(max_len, bs);
+    size_t rows = (size_t)g->max_rows, lrows = (size_t)m->logit_rows;
+    g->row_ids = malloc(rows * sizeof(int32_t));
+    g->row_pos = malloc(rows * sizeof(int32_t));
+    g->row_slot = malloc(rows * sizeof(int32_t));
+    g->row_len = malloc(rows * sizeof(int32_t));
+    g->row_target = malloc(rows * sizeof(int32_t));
+    g->row_lp = malloc(lrows * sizeof(float));
+    g->row_lse = malloc(lrows * sizeof(float));
+    g->segs = malloc(rows * sizeof(tr_gen_segment));
+    g->tables = malloc((size_t)g->max_seqs * (size_t)g->table_cap * sizeof(int32_t));
+    g->slots = calloc((size_t)g->max_seqs, sizeof(tr_gen_slot));
+    if (!g->row_ids || !g->row_pos || !g->row_slot || !g->row_len || !g->row_target ||
+        !g->row_lp || !g->row_lse || !g->segs || !g->tables || !g->slots) {
+        tr_generator_free(g);
+        return tr_errf(err, TR_ENOMEM, "generate: out of memory for %zu-row passes", rows);
+    }
+    return 0;
+}
+
+void tr_gen_outputs_free(tr_gen_output *outs, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        free(outs[i].tokens);
+        free(outs[i].logprobs);
+        outs[i].tokens = NULL;
+        outs[i].logprobs = NULL;
+        outs[i].n_tokens = 0;
+    }
+}
+
+static int check_request(const tr_generator *g, const tr_gen_request *r, int32_t i,
+                         tr_err *err) {
+    const int32_t V = g->model->cfg.vocab_size, bs = g->cache.block_size;
+    if (r->n_prompt < 1 || !r->prompt)
+        return tr_errf(err, TR_EINVAL, "generate: request %d has an empty prompt", i);
+    if (r->n_samples < 1)
+        return tr_errf(err, TR_EINVAL, "generate: request %d asks for %d samples", i,
+                       r->n_samples);
+    if (r->max_new_tokens < 1)
+        return tr_errf(err, TR_EINVAL, "generate: request %d: max_new_tokens must be >= 1, "
+                       "got %d", i, r->max_new_tokens);
+    if (r->n_stop < 0 || (r->n_stop > 0 && !r->stop_ids))
+        return tr_errf(err, TR_EINVAL, "generate: request %d: bad stop list", i);
+    if (tr_sample_params_check(&r->sampling, err) != 0)
+        return tr_err_wrap(err, "generate: request %d", i);
+    for (int32_t t = 0; t < r->n_prompt; t++)
+        if (r->prompt[t] < 0 || r->prompt[t] >= V)
+            return tr_errf(err, TR_ERANGE, "generate: request %d: prompt token %d is id %d, "
+                           "outside the vocabulary [0, %d)", i, t, r->prompt[t], V);
+    for (int32_t t = 0; t < r->n_stop; t++)
+        if (r->stop_ids[t] < 0 || r->stop_ids[t] >= V)
+            return tr_errf(err, TR_ERANGE, "generate: request %d: stop id %d is outside the "
+                           "vocabulary [0, %d)", i, r->stop_ids[t], V);
+    int64_t len = (int64_t)r->n_prompt + r->max_new_tokens - 1;
+    if (len > g->max_seq_len)
+        return tr_errf(err, TR_ERANGE, "generate: request %d: prompt (%d tokens) + "
+                       "max_new_tokens (%d) - 1 = %lld exceeds the longest sequence the "
+                       "generator holds (%d)", i, r->n_prompt, r->max_new_tokens,
+                       (long long)len, g->max_seq_len);
+    int64_t need = (int64_t)tr_kv_blocks_for(r->n_prompt, bs) +
+                   tr_gen_sample_blocks(r->n_prompt, r->max_new_tokens, bs);
+    if (need > g->cache.n_blocks)
+        return tr_errf(err, TR_ENOMEM, "generate: request %d needs %lld KV blocks of %d tokens "
+                       "for its prompt and one sample, the pool has %d; raise the KV token "
+                       "budget", i, (long long)need, bs, g->cache.n_blocks);
+    return 0;
+}
+
+// Attention of one pass: this pass's keys and values go into the cache first, then every
+// row reads its sequence's first row_len slots, its own included.
+static void gen_attend(void *ctx, tr_model *m, int32_t layer, tr_layer_acts *la, int32_t T) {
+    tr_generator *g = ctx;
+    const tr_model_config *c = &m->cfg;
+    const size_t Q = (size_t)c->n_heads * c->head_dim;
+    tr_kvcache_write(&g->cache, layer, la->k, la->v, g->row_slot, T);
+    tr_kv_pages pages = tr_kvcache_layer(&g->cache, layer);
+    for (int32_t s = 0; s < g->n_segs; s++) {
+        const tr_gen_segment *sg = &g->segs[s];
+        m->be->ops->attention_decode(m->be, la->att + (size_t)sg->r0 * Q,
+                                     la->q + (size_t)sg->r0 * Q, &pages, sg->table, sg->stride,
+                                     g->row_len + sg->r0, sg->n, c->n_heads);
+    }
+}
+
+static bool is_stop(const tr_gen_request *r, int32_t tok) {
+    for (int32_t i = 0; i < r->n_stop; i++)
+        if (r->stop_ids[i] == tok) return true;
+    return false;
+}
+
+static void finish_check(const tr_gen_request *r, tr_gen_output *o) {
+    if (is_stop(r, o->tokens[o->n_tokens - 1])) o->finish = TR_FINISH_STOP;
+    else if (o->n_tokens >= r->max_new_tokens) o->finish = TR_FINISH_LENGTH;
+}
+
+static void note_blocks(tr_generator *g) {
+    int32_t used = g->cache.n_blocks - g->cache.n_free;
+    if (used > g->stats.peak_blocks) g->stats.peak_blocks = used;
+}
+
+// Blocks free and not promised to anyone.
+static int32_t unreserved(const tr_generator *g) { return g->cache.n_free - g->reserved; }
+
+// Starts waiting samples, oldest request first, while slots and blocks allow.
+static int start_samples(gen_run *run, tr_err *err) {
+    tr_generator *g = run->g;
+    while (run->head < run->next_req) {
+        gen_group *grp = &run->groups[run->head];
+        const tr_gen_request *r = &run->reqs[run->head];
+        while (grp->next < r->n_samples && run->outs[grp->out0 + grp->next].finish)
+            grp->next++;
+        if (grp->next == r->n_samples) {
+            // Every sample has its own references now (or finished at prefill).
+            if (grp->holding) tr_kv_seq_release(&g->cache, &grp->kv);
+            grp->holding = false;
+            g->reserved -= grp->reserved;
+            grp->reserved = 0;
+            run->head++;
+            continue;
+        }
+        if (g->n_active == g->max_seqs) return 0;
+        if (unreserved(g) + grp->reserved < grp->sample_res) return 0;
+        g->reserved -= grp->reserved;
+        grp->reserved = 0;
+        int32_t i = g->n_active;
+        tr_gen_slot *s = &g->slots[i];
+        tr_kv_seq_init(&s->kv, g->tables + (size_t)i * g->table_cap, g->table_cap);
+        if (tr_kv_seq_fork(&g->cache, &s->kv, &grp->kv, err) != 0) return -1;
+        s->out = grp->out0 + grp->next;
+        s->reserved = grp->sample_res;
+        g->reserved += s->reserved;
+        g->n_active++;
+        grp->next++;
+        if (g->n_active > g->stats.peak_seqs) g->stats.peak_seqs = g->n_active;
+    }
+    return 0;
+}
+
+// Samples the first token of each sample of a request from its prompt's last logits row.
+static void sample_first(gen_run *run, int32_t req, const float *logits) {
+    tr_generator *g = run->g;
+    const tr_gen_request *r = &run->reqs[req];
+    const gen_group *grp = &run->groups[req];
+    tr_backend *be = g->model->be;
+    for (int32_t j = 0; j < r->n_samples; j++) {
+        tr_gen_output *o = &run->outs[grp->out0 + j];
+        tr_rng *rng = &run->rngs[grp->out0 + j];
+        int32_t tok = tr_sample(&g->sampler, logits, &r->sampling, rng);
+        float lp, lse;
+        be->ops->logsoftmax_forward(be, &lp, NULL, &lse, logits, &tok, 1,
+                                    g->model->cfg.vocab_size);
+        o->tokens[0] = tok;
+        o->logprobs[0] = lp;
+        o->n_tokens = 1;
+        finish_check(r, o);
+    }
+}
+
+// Admits requests in order while the pool can hold each one's prompt plus one sample, and
+// prefills them in passes of up to max_rows rows. Returns the number admitted, or -1.
+static int32_t prefill_round(gen_run *run, tr_err *err) {
+    tr_generator *g = run->g;
+    tr_model *m = g->model;
+    const int32_t bs = g->cache.block_size;
+    int32_t first = run->next_req, k = 0;
+    int64_t rows = 0;
+    while (first + k < run->n_reqs) {
+        const tr_gen_request *r = &run->reqs[first + k];
+        gen_group *grp = &run->groups[first + k];
+        int32_t pb = tr_kv_blocks_for(r->n_prompt, bs);
+        if (k > 0 && rows + r->n_prompt > g->max_rows) break;
+        if (g->n_active + k == g->max_seqs) break;
+        if (unreserved(g) < pb + grp->sample_res) {
+            g->stats.waits++;
+            break;
+        }
+        for (int32_t b = 0; b < pb; b++) grp->kv.blocks[grp->kv.n_blocks++] = tr_kvcache_alloc(&g->cache);
+        grp->holding = true;
+        grp->reserved = grp->sample_res;
+        g->reserved += grp->reserved;
+        rows += r->n_prompt;
+        k++;
+    }
+    note_blocks(g);
+    if (k == 0) return 0;
+    // Passes: rows of the admitted prompts in order, a prompt split where a pass fills up.
+    int32_t cur = first;
+    while (cur < first + k) {
+        int32_t n = 0;
+        g->n_segs = 0;
+        for (int32_t q = cur; q < first + k && n < g->max_rows; q++) {
+            const tr_gen_request *r = &run->reqs[q];
+            gen_group *grp = &run->groups[q];
+            if (grp->done == r->n_prompt) continue;
+            int32_t take = r->n_prompt - grp->done;
+            if (take > g->max_rows - n) take = g->max_rows - n;
+            g->segs[g->n_segs++] = (tr_gen_segment){.r0 = n, .n = take, .table = grp->kv.blocks,
+                                                    .stride = 0, .request = q};
+            for (int32_t t = 0; t < take; t++, n++) {
+                int32_t p = grp->done + t;
+                g->row_ids[n] = r->prompt[p];
+                g->row_pos[n] = p;
+                g->row_slot[n] = tr_kv_seq_slot(&grp->kv, p, bs);
+                g->row_len[n] = p + 1;
+            }
+        }
+        if (tr_model_forward_rows(m, g->row_ids, g->row_pos, n, gen_attend, g, err) != 0)
+            return -1;
+        g->stats.passes++;
+        g->stats.prefill_tokens += n;
+        // Requests whose last prompt row ran in this pass sample their first tokens.
+        for (int32_t s = 0; s < g->n_segs; s++) {
+            const tr_gen_segment *sg = &g->segs[s];
+            int32_t q = sg->request;
+            gen_group *grp = &run->groups[q];
+            grp->done += sg->n;
+            grp->kv.len = grp->done;
+            if (grp->done < run->reqs[q].n_prompt) continue;
+            if (tr_lm_head_logits(m, sg->r0 + sg->n - 1, 1, m->acts.logits, err) != 0) return -1;
+            sample_first(run, q, m->acts.logits);
+        }
+        while (cur < first + k && run->groups[cur].done == run->reqs[cur].n_prompt) cur++;
+    }
+    run->next_req = first + k;
+    return k;
+}
+
+// One decode step: every running sample feeds its last token and samples the next.
+static int decode_step(gen_run *run, tr_err *err) {
+    tr_generator *g = run->g;
+    tr_model *m = g->model;
+    const int32_t B = g->n_active, bs = g->cache.block_size, V = m->cfg.vocab_size;
+    for (int32_t i = 0; i < B; i++) {
+        tr_gen_slot *s = &g->slots[i];
+        const tr_gen_output *o = &run->outs[s->out];
+        int32_t pos = s->kv.len;
+        int32_t took = tr_kv_seq_prepare(&g->cache, &s->kv, pos, err);
+        if (took < 0) return tr_err_wrap(err, "generate: output %d", s->out);
+        s->reserved -= took;
+        g->reserved -= took;
+        s->kv.len = pos + 1;
+        g->row_ids[i] = o->tokens[o->n_tokens - 1];
+        g->row_pos[i] = pos;
+        g->row_slot[i] = tr_kv_seq_slot(&s->kv, pos, bs);
+        g->row_len[i] = pos + 1;
+    }
+    note_blocks(g);
+    g->segs[0] = (tr_gen_segment){.r0 = 0, .n = B, .table = g->tables, .stride = g->table_cap,
+                                  .request = -1};
+    g->n_segs = 1;
+    if (tr_model_forward_rows(m, g->row_ids, g->row_pos, B, gen_attend, g, err) != 0) return -1;
+    g->stats.passes++;
+    g->stats.decode_steps++;
+    g->stats.decode_tokens += B;
+    const int32_t R = m->logit_rows;
+    for (int32_t r0 = 0; r0 < B; r0 += R) {
+        int32_t n = B - r0 < R ? B - r0 : R;
+        if (tr_lm_head_logits(m, r0, n, m->acts.logits, err) != 0) return -1;
+        for (int32_t i = 0; i < n; i++) {
+            const tr_gen_slot *s = &g->slots[r0 + i];
+            const tr_gen_request *r = &run->reqs[run->outs[s->out].request];
+            g->row_target[i] = tr_sample(&g->sampler, m->acts.logits + (size_t)i * V,
+                                         &r->sampling, &run->rngs[s->out]);
+        }
+        m->be->ops->logsoftmax_forward(m->be, g->row_lp, NULL, g->row_lse, m->acts.logits,
+                                       g->row_target, n, V);
+        for (int32_t i = 0; i < n; i++) {
+            tr_gen_output *o = &run->outs[g->slots[r0 + i].out];
+            o->tokens[o->n_tokens] = g->row_target[i];
+            o->logprobs[o->n_tokens] = g->row_lp[i];
+            o->n_tokens++;
+            finish_check(&run->reqs[o->request], o);
+        }
+    }
+    // Retire finished samples; the last running one moves into the freed slot.
+    for (int32_t i = 0; i < g->n_active;) {
+        tr_gen_slot *s = &g->slots[i];
+        if (!run->outs[s->out].finish) {
+            i++;
+            continue;
+        }
+        tr_kv_seq_release(&g->cache, &s->kv);
+        g->reserved -= s->reserved;
+        s->reserved = 0;
+        int32_t last = --g->n_active;
+        if (i != last) {
+            tr_gen_slot *l = &g->slots[last];
+            int32_t *table = g->tables + (size_t)i * g->table_cap;
+            memcpy(table, l->kv.blocks, (size_t)l->kv.n_blocks * sizeof(int32_t));
+            s->out = l->out;
+            s->reserved = l->reserved;
+            s->kv = l->kv;
+            s->kv.blocks = table;
+        }
+    }
+    return 0;
+}
+
+// Returns every block a failed run still holds, so the pool is whole again.
+static void release_all(gen_run *run) {
+    tr_generator *g = run->g;
+    for (int32_t i = 0; i < g->n_active; i++) tr_kv_seq_release(&g->cache, &g->slots[i].kv);
+    g->n_active = 0;
+    for (int32_t q = 0; q < run->n_reqs; q++)
+        if (run->groups[q].holding) tr_kv_seq_release(&g->cache, &run->groups[q].kv);
+    g->reserved = 0;
+}
+
+int tr_generate(tr_generator *g, const tr_gen_request *reqs, int32_t n_reqs,
+                tr_gen_output *outs, tr_err *err) {
+    memset(&g->stats, 0, sizeof g->stats);
+    if (n_reqs < 0) return tr_errf(err, TR_EINVAL, "generate: %d requests", n_reqs);
+    int64_t n_out = 0, prompt_blocks = 0;
+    for (int32_t i = 0; i < n_reqs; i++) {
+        if (check_request(g, &reqs[i], i, err) != 0) return -1;
+        n_out += reqs[i].n_samples;
+        prompt_blocks += tr_kv_blocks_for(reqs[i].n_prompt, g->cache.block_size);
+    }
+    if (n_out > INT32_MAX / 2)
+        return tr_errf(err, TR_ERANGE, "generate: %lld samples is too many", (long long)n_out);
+    gen_run run = {.g = g, .reqs = reqs, .n_reqs = n_reqs, .outs = outs};
+    run.rngs = malloc((size_t)(n_out ? n_out : 1) * sizeof(tr_rng));
+    run.groups = calloc(n_reqs > 0 ? (size_t)n_reqs : 1, sizeof(gen_group));
+    int32_t *group_tables = malloc((size_t)(prompt_blocks ? prompt_blocks : 1) * sizeof(int32_t));
+    int rc = 0;
+    for (int64_t i = 0; i < n_out; i++) {
+        outs[i].tokens = NULL;
+        outs[i].logprobs = NULL;
+    }
+    if (!run.rngs || !run.groups || !group_tables) {
+        rc = tr_errf(err, TR_ENOMEM, "generate: out of memory for %lld samples",
+                     (long long)n_out);
+        goto done;
+    }
+    int32_t o = 0;
+    int64_t t_off = 0;
+    for (int32_t i = 0; i < n_reqs && rc == 0; i++) {
+        const tr_gen_request *r = &reqs[i];
+        gen_group *grp = &run.groups[i];
+        int32_t pb = tr_kv_blocks_for(r->n_prompt, g->cache.block_size);
+        tr_kv_seq_init(&grp->kv, group_tables + t_off, pb);
+        t_off += pb;
+        grp->out0 = o;
+        grp->sample_res = tr_gen_sample_blocks(r->n_prompt, r->max_new_tokens,
+                                               g->cache.block_size);
+        for (int32_t j = 0; j < r->n_samples; j++, o++) {
+            tr_gen_output *out = &outs[o];
+            memset(out, 0, sizeof *out);
+            out->request = i;
+            out->sample = j;
+            out->tokens = malloc((size_t)r->max_new_tokens * sizeof(int32_t));
+            out->logprobs = malloc((size_t)r->max_new_tokens * sizeof(float));
+            if (!out->tokens || !out->logprobs) {
+                rc = tr_errf(err, TR_ENOMEM, "generate: out of memory for the outputs of "
+                             "request %d", i);
+                break;
+            }
+            tr_rng_init(&run.rngs[o], tr_rng_derive(r->seed, (uint64_t)j));
+        }
+    }
+    g->n_active = 0;
+    g->reserved = 0;
+    while (rc == 0) {
+        if ((rc = start_samples(&run, err)) != 0) break;
+        if (run.head == run.next_req && run.next_req < n_reqs) {
+            int32_t k = prefill_round(&run, err);
+            if (k < 0) {
+                rc = -1;
+                break;
+            }
+            if (k > 0) continue;
+        }
+        if (g->n_active == 0) {
+            if (run.next_req == n_reqs && run.head == n_reqs) break;
+            // Unreachable when admission works: nothing runs, so the whole pool is free.
+            rc = tr_errf(err, TR_EINVAL, "generate: no request can start (%d of %d KV blocks "
+                         "free, %d reserved)", g->cache.n_free, g->cache.n_blocks, g->reserved);
+            break;
+        }
+        rc = decode_step(&run, err);
+    }
+done:
+    if (rc != 0) {
+        release_all(&run);
+        tr_gen_outputs_free(outs, n_out);
+    }
+    free(run.rngs);
+    free(run.groups);
+    free(group_tables);
+    return rc;
+}

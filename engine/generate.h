@@ -1,0 +1,111 @@
+// Batched generation with continuous batching over a paged KV cache. Each request's prompt is
+// prefilled once; its n samples then share the prompt's blocks and decode one token per step
+// together with every other running sample. Finished samples free their blocks at once and
+// waiting ones take their place. The trunk is the training forward's own code
+// (tr_model_forward_rows), so reported logprobs are the training path's.
+//
+// Admission reserves a sample's worst-case blocks (prompt + max_new_tokens - 1 positions)
+// before it starts, so a running sample never runs out of blocks mid-decode: requests wait
+// while the pool is short, and only a request whose prompt plus one sample exceeds the whole
+// pool is an error.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/err.h"
+#include "engine/kvcache.h"
+#include "engine/model.h"
+#include "engine/rng.h"
+#include "engine/sample.h"
+
+typedef struct tr_gen_request {
+    const int32_t *prompt;
+    int32_t n_prompt;            // >= 1
+    int32_t n_samples;           // >= 1, all continuing the same prompt
+    tr_sample_params sampling;
+    uint64_t seed;               // sample j draws from tr_rng_derive(seed, j)
+    const int32_t *stop_ids;     // a sampled stop id ends the sample (and is part of it)
+    int32_t n_stop;
+    int32_t max_new_tokens;      // >= 1
+} tr_gen_request;
+
+enum tr_finish_reason { TR_FINISH_NONE = 0, TR_FINISH_STOP, TR_FINISH_LENGTH };
+
+// One sample's result. logprobs[i] = ln p(tokens[i] | prompt, tokens[..i]) under the model's
+// unmodified distribution (temperature 1, no top-k/top-p), whatever the sampling was.
+typedef struct tr_gen_output {
+    int32_t request, sample;
+    int32_t *tokens;             // max_new_tokens entries allocated, n_tokens used
+    float *logprobs;
+    int32_t n_tokens;
+    enum tr_finish_reason finish;
+} tr_gen_output;
+
+typedef struct tr_gen_opts {
+    int64_t kv_tokens;     // KV pool capacity in tokens, rounded up to whole blocks (0: 16384)
+    int32_t block_size;    // tokens per KV block (0: 16)
+    int32_t max_seqs;      // samples decoded together (0: 64); at most the model's max_tokens
+    int32_t max_seq_len;   // longest prompt + max_new_tokens - 1 accepted (0: the pool size)
+} tr_gen_opts;
+
+typedef struct tr_gen_stats {
+    int64_t prefill_tokens;    // prompt tokens run through the trunk
+    int64_t decode_tokens;     // tokens fed by decode steps
+    int64_t decode_steps;
+    int64_t passes;            // trunk forwards (prefill chunks and decode steps)
+    int64_t waits;             // admission rounds that left a request waiting for KV blocks
+    int32_t peak_seqs;         // most samples decoding at once
+    int32_t peak_blocks;       // most KV blocks in use at once
+} tr_gen_stats;
+
+// A decoding sample: its output, its share of the KV cache and the blocks still reserved
+// for its growth.
+typedef struct tr_gen_slot {
+    int32_t out;
+    int32_t reserved;
+    tr_kv_seq kv;
+} tr_gen_slot;
+
+// The rows of one trunk pass that attend through the same block-table layout: rows
+// [r0, r0 + n) read table + i * stride for their i-th row (stride 0: one shared table).
+typedef struct tr_gen_segment {
+    int32_t r0, n;
+    const int32_t *table;
+    int32_t stride;
+    int32_t request;        // the request a prefill segment belongs to; -1 in decode steps
+} tr_gen_segment;
+
+typedef struct tr_generator {
+    tr_model *model;            // not owned; an LM, inference or training set-up
+    tr_kvcache cache;
+    tr_sampler sampler;
+    int32_t max_seqs;
+    int32_t max_rows;           // rows per trunk pass (the model's max_tokens)
+    int32_t table_cap;          // block-table entries per sequence
+    int32_t max_seq_len;
+    // Buffers of one pass, sized at init.
+    int32_t *row_ids, *row_pos, *row_slot, *row_len, *row_target;   // [max_rows]
+    float *row_lp, *row_lse;    // [model->logit_rows]
+    tr_gen_segment *segs;       // [max_rows]
+    int32_t n_segs;
+    int32_t *tables;            // [max_seqs][table_cap]: slot i's block table
+    tr_gen_slot *slots;         // [max_seqs]; slots [0, n_active) are decoding
+    int32_t n_active;
+    int32_t reserved;           // blocks promised to admitted samples, not yet taken
+    tr_gen_stats stats;         // of the last tr_generate
+} tr_generator;
+
+// Sizes the KV pool and every per-pass buffer for model m (which must have an LM head).
+int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_err *err);
+void tr_generator_free(tr_generator *g);
+
+// Runs the requests to completion. outs has sum(n_samples) entries, filled request by
+// request, samples in order; their buffers are allocated here (before any step) and freed by
+// tr_gen_outputs_free. Requests are checked before anything runs: errors name the request.
+// On error the cache is left empty and outs hold no buffers.
+int tr_generate(tr_generator *g, const tr_gen_request *reqs, int32_t n_reqs,
+                tr_gen_output *outs, tr_err *err);
+void tr_gen_outputs_free(tr_gen_output *outs, int64_t n);
+
+// Blocks one sample of a request needs beyond the prompt's shared full blocks, worst case.
+int32_t tr_gen_sample_blocks(int32_t n_prompt, int32_t max_new_tokens, int32_t block_size);

@@ -1,0 +1,155 @@
+// The KV block pool: a LIFO free list (a just-freed block is reused first, while it is still
+// in cache), reference counts for blocks shared between the samples of one prompt, and copy
+// on write for a shared partially filled block.
+#include "engine/kvcache.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static size_t block_floats(const tr_model_config *cfg, int32_t block_size) {
+    return (size_t)block_size * (size_t)cfg->n_kv_heads * (size_t)cfg->head_dim;
+}
+
+size_t tr_kvcache_bytes(const tr_model_config *cfg, int32_t block_size, int32_t n_blocks) {
+    return 2 * (size_t)cfg->n_layers * (size_t)n_blocks * block_floats(cfg, block_size) *
+           sizeof(float);
+}
+
+int tr_kvcache_init(tr_kvcache *c, const tr_model_config *cfg, int32_t block_size,
+                    int64_t max_tokens, tr_err *err) {
+    memset(c, 0, sizeof *c);
+    if (block_size < 1 || block_size > 4096)
+        return tr_errf(err, TR_EINVAL, "kv cache: block size must be in 1..4096, got %d",
+                       block_size);
+    if (max_tokens < 1)
+        return tr_errf(err, TR_EINVAL, "kv cache: token budget must be >= 1, got %lld",
+                       (long long)max_tokens);
+    int64_t n_blocks = (max_tokens + block_size - 1) / block_size;
+    if (n_blocks > INT32_MAX / 2)
+        return tr_errf(err, TR_ERANGE, "kv cache: %lld blocks is too many", (long long)n_blocks);
+    c->n_layers = cfg->n_layers;
+    c->n_kv_heads = cfg->n_kv_heads;
+    c->head_dim = cfg->head_dim;
+    c->block_size = block_size;
+    c->n_blocks = (int32_t)n_blocks;
+    c->layer_floats = (size_t)n_blocks * block_floats(cfg, block_size);
+    size_t total = c->layer_floats * (size_t)(cfg->n_layers > 0 ? cfg->n_layers : 1);
+    c->k = aligned_alloc(64, (total * sizeof(float) + 63) / 64 * 64);
+    c->v = aligned_alloc(64, (total * sizeof(float) + 63) / 64 * 64);
+    c->refs = calloc((size_t)n_blocks, sizeof(int32_t));
+    c->free_ids = malloc((size_t)n_blocks * sizeof(int32_t));
+    if (!c->k || !c->v || !c->refs || !c->free_ids) {
+        tr_kvcache_free(c);
+        return tr_errf(err, TR_ENOMEM, "kv cache: cannot allocate %lld blocks of %d tokens "
+                       "(%zu bytes)", (long long)n_blocks, block_size,
+                       tr_kvcache_bytes(cfg, block_size, (int32_t)n_blocks));
+    }
+    // Free stack with block 0 on top, so a fresh pool hands out blocks in order.
+    for (int32_t i = 0; i < c->n_blocks; i++) c->free_ids[i] = c->n_blocks - 1 - i;
+    c->n_free = c->n_blocks;
+    return 0;
+}
+
+void tr_kvcache_free(tr_kvcache *c) {
+    free(c->k);
+    free(c->v);
+    free(c->refs);
+    free(c->free_ids);
+    memset(c, 0, sizeof *c);
+}
+
+tr_kv_pages tr_kvcache_layer(const tr_kvcache *c, int32_t layer) {
+    tr_kv_pages p = {.k_pool = c->k + (size_t)layer * c->layer_floats,
+                     .v_pool = c->v + (size_t)layer * c->layer_floats,
+                     .block_size = c->block_size, .n_blocks = c->n_blocks,
+                     .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim};
+    return p;
+}
+
+int32_t tr_kvcache_alloc(tr_kvcache *c) {
+    if (c->n_free == 0) return -1;
+    int32_t b = c->free_ids[--c->n_free];
+    c->refs[b] = 1;
+    return b;
+}
+
+void tr_kvcache_retain(tr_kvcache *c, int32_t block) { c->refs[block]++; }
+
+void tr_kvcache_release(tr_kvcache *c, int32_t block) {
+    if (--c->refs[block] == 0) c->free_ids[c->n_free++] = block;
+}
+
+void tr_kv_seq_init(tr_kv_seq *s, int32_t *table, int32_t cap) {
+    s->blocks = table;
+    s->cap = cap;
+    s->n_blocks = 0;
+    s->len = 0;
+}
+
+int32_t tr_kv_seq_blocks_needed(const tr_kvcache *c, const tr_kv_seq *s, int32_t pos) {
+    int32_t bi = pos / c->block_size;
+    if (bi >= s->n_blocks) return 1;
+    return c->refs[s->blocks[bi]] > 1 ? 1 : 0;
+}
+
+int tr_kv_seq_prepare(tr_kvcache *c, tr_kv_seq *s, int32_t pos, tr_err *err) {
+    int32_t bs = c->block_size, bi = pos / bs;
+    if (bi > s->n_blocks || (bi == s->n_blocks && pos % bs != 0))
+        return tr_errf(err, TR_EINVAL, "kv cache: position %d is past the end of a %d-block "
+                       "sequence", pos, s->n_blocks);
+    if (bi < s->n_blocks && c->refs[s->blocks[bi]] == 1) return 0;
+    if (bi == s->n_blocks && bi >= s->cap)
+        return tr_errf(err, TR_ERANGE, "kv cache: position %d needs block %d, the sequence's "
+                       "table holds %d", pos, bi + 1, s->cap);
+    int32_t nb = tr_kvcache_alloc(c);
+    if (nb < 0)
+        return tr_errf(err, TR_ENOMEM, "kv cache: all %d blocks are in use", c->n_blocks);
+    if (bi == s->n_blocks) {
+        s->blocks[s->n_blocks++] = nb;
+        return 1;
+    }
+    // Shared block: copy the slots before pos (the others are about to be written or unused).
+    int32_t old = s->blocks[bi];
+    size_t row = (size_t)c->n_kv_heads * c->head_dim;
+    size_t n = (size_t)(pos % bs) * row;
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        size_t base = (size_t)l * c->layer_floats;
+        memcpy(c->k + base + (size_t)nb * bs * row, c->k + base + (size_t)old * bs * row,
+               n * sizeof(float));
+        memcpy(c->v + base + (size_t)nb * bs * row, c->v + base + (size_t)old * bs * row,
+               n * sizeof(float));
+    }
+    tr_kvcache_release(c, old);
+    s->blocks[bi] = nb;
+    return 1;
+}
+
+int tr_kv_seq_fork(tr_kvcache *c, tr_kv_seq *dst, const tr_kv_seq *src, tr_err *err) {
+    if (src->n_blocks > dst->cap)
+        return tr_errf(err, TR_ERANGE, "kv cache: a %d-block sequence does not fit a %d-entry "
+                       "table", src->n_blocks, dst->cap);
+    for (int32_t i = 0; i < src->n_blocks; i++) {
+        dst->blocks[i] = src->blocks[i];
+        tr_kvcache_retain(c, src->blocks[i]);
+    }
+    dst->n_blocks = src->n_blocks;
+    dst->len = src->len;
+    return 0;
+}
+
+void tr_kv_seq_release(tr_kvcache *c, tr_kv_seq *s) {
+    for (int32_t i = 0; i < s->n_blocks; i++) tr_kvcache_release(c, s->blocks[i]);
+    s->n_blocks = 0;
+    s->len = 0;
+}
+
+void tr_kvcache_write(tr_kvcache *c, int32_t layer, const float *k, const float *v,
+                      const int32_t *slots, int32_t n) {
+    size_t row = (size_t)c->n_kv_heads * c->head_dim;
+    float *kp = c->k + (size_t)layer * c->layer_floats;
+    float *vp = c->v + (size_t)layer * c->layer_floats;
+    for (int32_t r = 0; r < n; r++) {
+        memcpy(kp + (size_t)slots[r] * row, k + (size_t)r * row, row * sizeof(float));
+        memcpy(vp + (size_t)slots[r] * row, v + (size_t)r * row, row * sizeof(float));
+    }
+}

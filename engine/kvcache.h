@@ -1,0 +1,75 @@
+// Paged KV cache for generation: one pool of fixed-size blocks sized once at start-up, shared
+// by all layers (block b is the same token slots in every layer's K and V pool), a free list,
+// reference counts so sequences can share blocks, and per-sequence block tables. Nothing here
+// allocates after tr_kvcache_init; sequences only take blocks from and return them to the pool.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/config.h"
+#include "engine/err.h"
+#include "kernels/ops.h"
+
+typedef struct tr_kvcache {
+    int32_t n_layers, n_kv_heads, head_dim;
+    int32_t block_size;     // token slots per block
+    int32_t n_blocks;
+    size_t layer_floats;    // floats of one layer's K (or V) pool: n_blocks*block_size*KVH*D
+    float *k, *v;           // [n_layers][n_blocks][block_size][n_kv_heads][head_dim]
+    int32_t *refs;          // [n_blocks] holders of each block; 0 = on the free list
+    int32_t *free_ids;      // [n_blocks] stack of free blocks, top at n_free - 1
+    int32_t n_free;
+} tr_kvcache;
+
+// A sequence's view of the cache: its block table (storage owned by the caller, cap entries)
+// and how many token slots, from position 0, hold keys and values.
+typedef struct tr_kv_seq {
+    int32_t *blocks;
+    int32_t cap;
+    int32_t n_blocks;
+    int32_t len;
+} tr_kv_seq;
+
+// Blocks covering positions [0, n_tokens).
+static inline int32_t tr_kv_blocks_for(int64_t n_tokens, int32_t block_size) {
+    return (int32_t)((n_tokens + block_size - 1) / block_size);
+}
+
+// Bytes tr_kvcache_init allocates for n_blocks blocks of block_size tokens (K and V).
+size_t tr_kvcache_bytes(const tr_model_config *cfg, int32_t block_size, int32_t n_blocks);
+
+// Pool of ceil(max_tokens / block_size) blocks for cfg's layers and kv heads.
+int tr_kvcache_init(tr_kvcache *c, const tr_model_config *cfg, int32_t block_size,
+                    int64_t max_tokens, tr_err *err);
+void tr_kvcache_free(tr_kvcache *c);
+
+// The pages of one layer as attention_decode reads them.
+tr_kv_pages tr_kvcache_layer(const tr_kvcache *c, int32_t layer);
+
+// Takes a free block (reference count 1); -1 when the pool is empty.
+int32_t tr_kvcache_alloc(tr_kvcache *c);
+void tr_kvcache_retain(tr_kvcache *c, int32_t block);
+// Drops one reference; the block returns to the free list when none are left.
+void tr_kvcache_release(tr_kvcache *c, int32_t block);
+
+void tr_kv_seq_init(tr_kv_seq *s, int32_t *table, int32_t cap);
+// Makes position pos (== s->len or inside the last block) writable: takes a new block when
+// pos opens one, or replaces a shared last block by a private copy of its first pos % bs
+// slots in every layer (copy on write). Returns the number of blocks taken (0 or 1), or -1
+// with err set when the pool is empty or the table is full.
+int tr_kv_seq_prepare(tr_kvcache *c, tr_kv_seq *s, int32_t pos, tr_err *err);
+// Blocks tr_kv_seq_prepare would take for pos: 0 or 1 (no side effects).
+int32_t tr_kv_seq_blocks_needed(const tr_kvcache *c, const tr_kv_seq *s, int32_t pos);
+// dst (empty) shares every block of src: one more reference each, same length.
+int tr_kv_seq_fork(tr_kvcache *c, tr_kv_seq *dst, const tr_kv_seq *src, tr_err *err);
+// Drops the sequence's references and empties it.
+void tr_kv_seq_release(tr_kvcache *c, tr_kv_seq *s);
+// Slot index (block * block_size + offset) of position pos; the block must be in the table.
+static inline int32_t tr_kv_seq_slot(const tr_kv_seq *s, int32_t pos, int32_t block_size) {
+    return s->blocks[pos / block_size] * block_size + pos % block_size;
+}
+
+// Copies n rows of keys and values ([n, KVH*D] each) of layer into the given slots.
+// Host memory copies: the CPU backend's pool lives in host memory.
+void tr_kvcache_write(tr_kvcache *c, int32_t layer, const float *k, const float *v,
+                      const int32_t *slots, int32_t n);

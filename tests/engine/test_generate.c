@@ -1,0 +1,340 @@
+// Generation against its references, on the transformers fixture models:
+//  - greedy output equals transformers' generate(do_sample=False) (tools/make_model_fixtures.py);
+//  - every reported logprob equals the training path's (tr_model_forward + LM head over
+//    prompt + output) within 1e-5, for prompts of different lengths with n > 1, small blocks
+//    (shared prefixes, copy on write) and prompts longer than one pass (chunked prefill);
+//  - a request's tokens do not depend on what else is in the batch, the block size or how
+//    many sequences decode together;
+//  - KV accounting: a short pool makes requests wait (same results), nothing leaks, and a
+//    request that cannot fit at all is an error naming it.
+#include <stdio.h>
+
+#include "engine/generate.h"
+#include "engine/heads.h"
+#include "engine/model.h"
+#include "tests/engine/model_util.h"
+#include "tests/test.h"
+
+#define MAX_OUT 64
+
+static int load(tr_model *m, const char *name, int32_t max_tokens, tr_backend *be) {
+    char path[256];
+    snprintf(path, sizeof path, "tests/fixtures/models/%s", name);
+    tr_model_opts opts = {.max_tokens = max_tokens, .training = false};
+    tr_err err = {0};
+    int rc = tr_model_load(m, tr_test_src(path), be, &opts, &err);
+    CHECKF(rc == 0, "%s", err.msg);
+    return rc;
+}
+
+// Runs reqs through a fresh generator with opts; outs must hold every sample.
+static int run(tr_model *m, const tr_gen_opts *opts, const tr_gen_request *reqs, int32_t n,
+               tr_gen_output *outs, tr_gen_stats *stats) {
+    tr_generator g;
+    tr_err err = {0};
+    int rc = tr_generator_init(&g, m, opts, &err);
+    CHECKF(rc == 0, "%s", err.msg);
+    if (rc != 0) return -1;
+    rc = tr_generate(&g, reqs, n, outs, &err);
+    CHECKF(rc == 0, "%s", err.msg);
+    // Nothing is left holding a block once every sample has finished.
+    CHECKF(g.cache.n_free == g.cache.n_blocks, "%d of %d blocks free after the run",
+           g.cache.n_free, g.cache.n_blocks);
+    int32_t held = 0;
+    for (int32_t b = 0; b < g.cache.n_blocks; b++) held += g.cache.refs[b] != 0;
+    CHECK(held == 0 && g.reserved == 0 && g.n_active == 0);
+    if (stats) *stats = g.stats;
+    tr_generator_free(&g);
+    return rc;
+}
+
+static void test_greedy_hf(const char *name, tr_backend *be) {
+    printf("%s: greedy vs transformers\n", name);
+    tr_model m;
+    if (load(&m, name, 64, be) != 0) return;
+    char path[256];
+    snprintf(path, sizeof path, "tests/fixtures/models/%s/expected.safetensors", name);
+    tr_st_file ex;
+    tr_err err = {0};
+    CHECKF(tr_st_open(&ex, tr_test_src(path), &err) == 0, "%s", err.msg);
+    int32_t *prompts[8], *want[8];
+    size_t np[8], nw[8];
+    int32_t n = 0;
+    for (; n < 8; n++) {
+        char key[64];
+        snprintf(key, sizeof key, "gen.prompt.%d", n);
+        if (!(prompts[n] = st_ints(&ex, key, &np[n]))) break;
+        snprintf(key, sizeof key, "gen.output.%d", n);
+        want[n] = st_ints(&ex, key, &nw[n]);
+        CHECK(want[n] && nw[n] > np[n]);
+    }
+    CHECKF(n >= 3, "%d greedy fixtures", n);
+    // Every prompt with two samples: both must be the greedy continuation.
+    tr_gen_request reqs[8];
+    for (int32_t i = 0; i < n; i++)
+        reqs[i] = (tr_gen_request){.prompt = prompts[i], .n_prompt = (int32_t)np[i],
+                                   .n_samples = 2, .sampling = {.temperature = 0, .top_p = 1},
+                                   .seed = 1, .stop_ids = m.cfg.eos_token_ids,
+                                   .n_stop = m.cfg.n_eos, .max_new_tokens = 16};
+    tr_gen_output outs[16];
+    tr_gen_opts opts = {.kv_tokens = 256, .block_size = 4};
+    if (run(&m, &opts, reqs, n, outs, NULL) == 0) {
+        for (int32_t i = 0; i < 2 * n; i++) {
+            int32_t r = outs[i].request;
+            int32_t n_new = (int32_t)(nw[r] - np[r]);
+            bool same = outs[i].n_tokens == n_new;
+            for (int32_t t = 0; same && t < n_new; t++)
+                same = outs[i].tokens[t] == want[r][np[r] + t];
+            CHECKF(same, "prompt %d sample %d: %d tokens, transformers %d", r, outs[i].sample,
+                   outs[i].n_tokens, n_new);
+            bool eos = false;
+            for (int32_t e = 0; e < m.cfg.n_eos; e++)
+                eos |= want[r][nw[r] - 1] == m.cfg.eos_token_ids[e];
+            CHECK(outs[i].finish == (eos ? TR_FINISH_STOP : TR_FINISH_LENGTH));
+            if (eos) CHECK(n_new < 16);
+        }
+        printf("  %d prompts x 2 samples match\n", n);
+        tr_gen_outputs_free(outs, 2 * n);
+    }
+    // A stop id taken from the continuation ends the sample right there.
+    int32_t stop = want[0][np[0] + 3];
+    int32_t first = 0;
+    while (want[0][np[0] + first] != stop) first++;
+    tr_gen_request r0 = reqs[0];
+    r0.stop_ids = &stop;
+    r0.n_stop = 1;
+    r0.n_samples = 1;
+    if (run(&m, &opts, &r0, 1, outs, NULL) == 0) {
+        CHECK(outs[0].n_tokens == first + 1 && outs[0].finish == TR_FINISH_STOP);
+        CHECK(outs[0].tokens[first] == stop);
+        tr_gen_outputs_free(outs, 1);
+    }
+    for (int32_t i = 0; i < n; i++) {
+        free(prompts[i]);
+        free(want[i]);
+    }
+    tr_st_close(&ex);
+    tr_model_free(&m);
+}
+
+// Prompts of lengths 1..37 (deterministic ids), some longer than a 16-row pass.
+static void make_prompts(int32_t prompts[][40], int32_t *lens, int32_t n, int32_t V) {
+    static const int32_t L[] = {1, 5, 13, 20, 37, 8, 3, 16};
+    for (int32_t i = 0; i < n; i++) {
+        lens[i] = L[i % 8];
+        for (int32_t t = 0; t < lens[i]; t++) prompts[i][t] = (7 + 31 * i + 17 * t * t) % V;
+    }
+}
+
+// The training path's logprobs of prompt + output, compared to what generation reported.
+static double check_against_training(tr_model *train, const int32_t *prompt, int32_t P,
+                                     const tr_gen_output *o, int64_t *bitwise) {
+    int32_t ids[128], lens[1] = {P + o->n_tokens};
+    for (int32_t t = 0; t < P; t++) ids[t] = prompt[t];
+    for (int32_t t = 0; t < o->n_tokens; t++) ids[P + t] = o->tokens[t];
+    packed_batch b;
+    pack_batch(&b, ids, lens, 1);
+    float lp[128];
+    tr_err err = {0};
+    CHECKF(tr_model_forward(train, b.ids, &b.docs, &err) == 0, "%s", err.msg);
+    CHECKF(tr_lm_head_forward(train, b.targets, lp, NULL, &err) == 0, "%s", err.msg);
+    double worst = 0;
+    for (int32_t t = 0; t < o->n_tokens; t++) {
+        double d = fabs((double)lp[P - 1 + t] - (double)o->logprobs[t]);
+        if (!(d <= worst)) worst = d;
+        *bitwise += lp[P - 1 + t] == o->logprobs[t];
+    }
+    return worst;
+}
+
+static void test_logprobs(const char *name, tr_backend *be) {
+    printf("%s: logprobs vs the training path\n", name);
+    tr_model gen_m, train_m;
+    // 16-row passes: the 20- and 37-token prompts are prefilled in chunks.
+    if (load(&gen_m, name, 16, be) != 0) return;
+    if (load(&train_m, name, 128, be) != 0) return;
+    const int32_t NR = 6, NS = 3;
+    int32_t prompts[8][40], lens[8];
+    make_prompts(prompts, lens, NR, gen_m.cfg.vocab_size);
+    tr_gen_request reqs[8];
+    const tr_sample_params sp[] = {{1.0f, 0, 1.0f}, {0.8f, 20, 1.0f}, {1.2f, 0, 0.9f},
+                                   {0.0f, 0, 1.0f}, {1.0f, 5, 0.7f}, {1.0f, 0, 1.0f}};
+    for (int32_t i = 0; i < NR; i++)
+        reqs[i] = (tr_gen_request){.prompt = prompts[i], .n_prompt = lens[i], .n_samples = NS,
+                                   .sampling = sp[i], .seed = 100 + (uint64_t)i,
+                                   .stop_ids = gen_m.cfg.eos_token_ids,
+                                   .n_stop = gen_m.cfg.n_eos, .max_new_tokens = 12 + i};
+    tr_gen_output outs[8 * 3];
+    tr_gen_opts opts = {.kv_tokens = 1024, .block_size = 4, .max_seqs = 8};
+    tr_gen_stats st;
+    if (run(&gen_m, &opts, reqs, NR, outs, &st) == 0) {
+        double worst = 0;
+        int64_t bitwise = 0, total = 0;
+        bool distinct = false;
+        for (int32_t i = 0; i < NR * NS; i++) {
+            const tr_gen_output *o = &outs[i];
+            CHECK(o->request == i / NS && o->sample == i % NS);
+            CHECK(o->n_tokens >= 1 && o->n_tokens <= reqs[o->request].max_new_tokens);
+            CHECK(o->finish == TR_FINISH_STOP || o->n_tokens == reqs[o->request].max_new_tokens);
+            double e = check_against_training(&train_m, prompts[o->request], lens[o->request],
+                                              o, &bitwise);
+            if (!(e <= worst)) worst = e;
+            total += o->n_tokens;
+            if (o->sample > 0 && o->tokens[0] != outs[i - 1].tokens[0]) distinct = true;
+        }
+        printf("  %lld tokens, max |logprob - training path| = %.3g (%lld bitwise equal); "
+               "%lld passes, peak %d sequences, %d blocks\n", (long long)total, worst,
+               (long long)bitwise, (long long)st.passes, st.peak_seqs, st.peak_blocks);
+        CHECKF(worst <= 1e-5, "max logprob difference %.3g", worst);
+        // Sampled requests really sampled: some samples of one prompt differ.
+        CHECK(distinct);
+        // Greedy request 3: all samples equal.
+        for (int32_t j = 1; j < NS; j++) {
+            const tr_gen_output *a = &outs[3 * NS], *b = &outs[3 * NS + j];
+            CHECK(a->n_tokens == b->n_tokens &&
+                  memcmp(a->tokens, b->tokens, (size_t)a->n_tokens * sizeof(int32_t)) == 0);
+        }
+        // Chunked prefill ran: 83 prompt tokens through 16-row passes, each prompt once.
+        int32_t prompt_tokens = 0;
+        for (int32_t i = 0; i < NR; i++) prompt_tokens += lens[i];
+        CHECK(st.prefill_tokens == prompt_tokens);
+        tr_gen_outputs_free(outs, NR * NS);
+    }
+    tr_model_free(&gen_m);
+    tr_model_free(&train_m);
+}
+
+static bool same_output(const tr_gen_output *a, const tr_gen_output *b) {
+    return a->n_tokens == b->n_tokens && a->finish == b->finish &&
+           memcmp(a->tokens, b->tokens, (size_t)a->n_tokens * sizeof(int32_t)) == 0;
+}
+
+static bool same_logprobs(const tr_gen_output *a, const tr_gen_output *b) {
+    return a->n_tokens == b->n_tokens &&
+           memcmp(a->logprobs, b->logprobs, (size_t)a->n_tokens * sizeof(float)) == 0;
+}
+
+static void test_batch_independence(const char *name, tr_backend *be) {
+    printf("%s: results independent of the batch\n", name);
+    tr_model m;
+    if (load(&m, name, 32, be) != 0) return;
+    int32_t prompts[8][40], lens[8];
+    make_prompts(prompts, lens, 8, m.cfg.vocab_size);
+    tr_gen_request reqs[8];
+    for (int32_t i = 0; i < 8; i++)
+        reqs[i] = (tr_gen_request){.prompt = prompts[i], .n_prompt = lens[i], .n_samples = 2,
+                                   .sampling = {1.0f, 50, 0.95f}, .seed = 7 + (uint64_t)i,
+                                   .stop_ids = NULL, .n_stop = 0, .max_new_tokens = 20};
+    // Request 2 alone, then in the middle of all eight, with other block sizes and fewer
+    // sequences decoding together.
+    tr_gen_output alone[2], all[16], other[16];
+    tr_gen_opts o1 = {.kv_tokens = 512, .block_size = 16, .max_seqs = 2};
+    tr_gen_opts o2 = {.kv_tokens = 512, .block_size = 4, .max_seqs = 16};
+    tr_gen_opts o3 = {.kv_tokens = 2048, .block_size = 7, .max_seqs = 5};
+    if (run(&m, &o1, &reqs[2], 1, alone, NULL) != 0 || run(&m, &o2, reqs, 8, all, NULL) != 0 ||
+        run(&m, &o3, reqs, 8, other, NULL) != 0)
+        return;
+    for (int32_t j = 0; j < 2; j++) {
+        CHECKF(same_output(&alone[j], &all[4 + j]), "sample %d alone vs batch of 8", j);
+        CHECKF(same_output(&alone[j], &other[4 + j]), "sample %d alone vs block size 7", j);
+    }
+    int32_t lp_same = 0;
+    for (int32_t i = 0; i < 16; i++) {
+        CHECKF(same_output(&all[i], &other[i]), "output %d differs between layouts", i);
+        lp_same += same_logprobs(&all[i], &other[i]);
+    }
+    printf("  tokens identical; logprobs bitwise identical in %d of 16 outputs\n", lp_same);
+    // Two samples of one request draw from different streams.
+    CHECK(!same_output(&all[0], &all[1]) || !same_output(&all[2], &all[3]));
+    tr_gen_outputs_free(alone, 2);
+    tr_gen_outputs_free(all, 16);
+    tr_gen_outputs_free(other, 16);
+    tr_model_free(&m);
+}
+
+static void test_pool_pressure(const char *name, tr_backend *be) {
+    printf("%s: KV pool pressure\n", name);
+    tr_model m;
+    if (load(&m, name, 32, be) != 0) return;
+    int32_t prompts[8][40], lens[8];
+    make_prompts(prompts, lens, 8, m.cfg.vocab_size);
+    tr_gen_request reqs[8];
+    for (int32_t i = 0; i < 8; i++)
+        reqs[i] = (tr_gen_request){.prompt = prompts[i], .n_prompt = lens[i], .n_samples = 3,
+                                   .sampling = {1.0f, 0, 1.0f}, .seed = 50 + (uint64_t)i,
+                                   .stop_ids = m.cfg.eos_token_ids, .n_stop = m.cfg.n_eos,
+                                   .max_new_tokens = 10};
+    // The largest request (37-token prompt): 10 prompt blocks + one sample's 3 = 13 blocks.
+    int32_t need = tr_kv_blocks_for(37, 4) + tr_gen_sample_blocks(37, 10, 4);
+    CHECK(need == 13);
+    tr_gen_output big[24], small[24];
+    tr_gen_stats sb, ss;
+    tr_gen_opts ob = {.kv_tokens = 4096, .block_size = 4, .max_seqs = 32};
+    tr_gen_opts os = {.kv_tokens = 4 * need, .block_size = 4, .max_seqs = 32};
+    if (run(&m, &ob, reqs, 8, big, &sb) != 0 || run(&m, &os, reqs, 8, small, &ss) != 0) return;
+    printf("  big pool: %lld waits, peak %d sequences, %d blocks; %d-block pool: %lld waits, "
+           "peak %d sequences, %d blocks, %lld decode steps (vs %lld)\n", (long long)sb.waits,
+           sb.peak_seqs, sb.peak_blocks, need, (long long)ss.waits, ss.peak_seqs,
+           ss.peak_blocks, (long long)ss.decode_steps, (long long)sb.decode_steps);
+    CHECK(sb.waits == 0 && ss.waits > 0);
+    CHECK(ss.peak_seqs < sb.peak_seqs && sb.peak_seqs == 24);
+    for (int32_t i = 0; i < 24; i++) {
+        CHECKF(same_output(&big[i], &small[i]), "output %d differs under pool pressure", i);
+    }
+    tr_gen_outputs_free(big, 24);
+    tr_gen_outputs_free(small, 24);
+
+    // A pool exactly the size of the largest request runs it (its samples one after another).
+    tr_gen_opts oe = {.kv_tokens = 4 * need, .block_size = 4, .max_seqs = 32};
+    if (run(&m, &oe, &reqs[4], 1, small, &ss) == 0) {
+        CHECK(ss.peak_seqs == 1);
+        tr_gen_outputs_free(small, 3);
+    }
+    // Shared prefix, counted by hand: a 13-token prompt in 4-token blocks is 3 full blocks
+    // and 1 holding one token; 3 greedy samples of 10 tokens write positions 13..21 (blocks
+    // 3..5). Two samples copy block 3 on write, the third keeps it: 3 + 3 + 3 * 2 = 12 blocks
+    // at the end, against 18 without sharing.
+    tr_gen_request sh = {.prompt = prompts[2], .n_prompt = 13, .n_samples = 3,
+                         .sampling = {0.0f, 0, 1.0f}, .max_new_tokens = 10};
+    CHECK(lens[2] == 13);
+    if (run(&m, &ob, &sh, 1, small, &ss) == 0) {
+        CHECKF(ss.peak_blocks == 12, "peak %d blocks", ss.peak_blocks);
+        tr_gen_outputs_free(small, 3);
+    }
+    // One block short: an error naming the request, and the pool stays whole.
+    tr_generator g;
+    tr_err err = {0};
+    tr_gen_opts os2 = {.kv_tokens = 4 * (need - 1), .block_size = 4};
+    CHECK(tr_generator_init(&g, &m, &os2, &err) == 0);
+    CHECK(tr_generate(&g, reqs, 8, small, &err) != 0);
+    CHECKF(strstr(err.msg, "request 4 needs 13 KV blocks") != NULL, "%s", err.msg);
+    CHECK(g.cache.n_free == g.cache.n_blocks);
+    // Bad requests are refused before anything runs.
+    tr_gen_request bad = reqs[0];
+    bad.max_new_tokens = 0;
+    CHECK(tr_generate(&g, &bad, 1, small, &err) != 0 && strstr(err.msg, "request 0") != NULL);
+    bad = reqs[0];
+    int32_t oov = m.cfg.vocab_size;
+    bad.prompt = &oov;
+    bad.n_prompt = 1;
+    CHECK(tr_generate(&g, &bad, 1, small, &err) != 0 && strstr(err.msg, "vocabulary") != NULL);
+    bad = reqs[0];
+    bad.sampling.top_p = 0.0f;
+    CHECK(tr_generate(&g, &bad, 1, small, &err) != 0 && strstr(err.msg, "top_p") != NULL);
+    tr_generator_free(&g);
+    tr_model_free(&m);
+}
+
+int main(void) {
+    tr_backend be;
+    if (tr_backend_cpu_init(&be, 2) != 0) return 1;
+    const char *models[] = {"llama3", "qwen2"};
+    for (int32_t i = 0; i < 2; i++) {
+        test_greedy_hf(models[i], &be);
+        test_logprobs(models[i], &be);
+        test_batch_independence(models[i], &be);
+        test_pool_pressure(models[i], &be);
+    }
+    tr_backend_cpu_free(&be);
+    return tr_test_summary("test_generate");
+}
