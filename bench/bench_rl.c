@@ -8,7 +8,7 @@
 #include <time.h>
 
 #include "rl/advantage.h"
-#include "rl/loss.h"
+#include "engine/loss.h"
 
 enum { B = 2048, T = 1024, GROUP = 16, REPS = 3 };
 

@@ -9,7 +9,7 @@
 
 #include "engine/err.h"
 #include "rl/advantage.h"
-#include "rl/loss.h"
+#include "engine/loss.h"
 
 #define TR_RECIPE_PATH_MAX 1024
 #define TR_RECIPE_NAME_MAX 256

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""RL algorithm fixtures for rl/advantage.c and rl/loss*.c: python3 tools/make_rl_fixtures.py OUTDIR
+"""RL algorithm fixtures for rl/advantage.c and engine/loss*.c: python3 tools/make_rl_fixtures.py OUTDIR
 
 Writes OUTDIR/rl_reference.txt: random inputs (a batch of responses with padding, a fully
 masked row, groups of different sizes) and, for many configurations, the advantages and the

@@ -7,7 +7,7 @@
 
 #include "engine/file.h"
 #include "rl/advantage.h"
-#include "rl/loss.h"
+#include "engine/loss.h"
 #include "tests/test.h"
 
 enum { B = 6, T = 7, N = B * T, MAX_ARRAYS = 64 };

@@ -7,7 +7,7 @@
 
 #include "engine/err.h"
 
-// Same layout as rl/advantage.h: B rows of T tokens, row-major, mask 1 on trained tokens.
+// The layout rl/advantage.h also uses: B rows of T tokens, row-major, mask 1 on trained tokens.
 
 // How per-token losses l[b,t] become one number. n_seqs counts rows with a valid token.
 enum tr_loss_agg {

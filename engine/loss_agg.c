@@ -1,6 +1,6 @@
 // Loss aggregation: the per-token weights that turn per-token losses into one number for
 // each of the four modes, with denominators shared by all micro-batches of a mini-batch.
-#include "rl/loss.h"
+#include "engine/loss.h"
 
 #include <stddef.h>
 

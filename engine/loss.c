@@ -5,7 +5,7 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "rl/loss.h"
+#include "engine/loss.h"
 
 // One token's clipped surrogate for ratio r: the loss and d(loss)/dr, plus which branch won.
 typedef struct surrogate {

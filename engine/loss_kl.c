@@ -3,7 +3,7 @@
 #include <math.h>
 #include <stddef.h>
 
-#include "rl/loss.h"
+#include "engine/loss.h"
 
 const char *const tr_kl_est_names[] = {"k1", "k2", "k3", NULL};
 const char *const tr_kl_placement_names[] = {"loss", "reward", NULL};

@@ -4,7 +4,7 @@
 // of the loss itself, micro-batch additivity, and fully masked / empty batches.
 #include <stdint.h>
 
-#include "rl/loss.h"
+#include "engine/loss.h"
 #include "tests/test.h"
 
 static tr_policy_loss_cfg base_cfg(void) {

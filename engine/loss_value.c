@@ -2,7 +2,7 @@
 // squared errors of the new prediction and of the prediction clipped around the old one.
 #include <string.h>
 
-#include "rl/loss.h"
+#include "engine/loss.h"
 
 int tr_value_loss(float clip, enum tr_loss_agg agg, const tr_value_loss_in *in,
                   tr_value_loss_out *out, float *grad_values, tr_err *err) {
