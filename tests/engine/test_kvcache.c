@@ -1,0 +1,133 @@
+// The KV block pool by hand: sizing, free-list order and exhaustion, reference counts of
+// shared blocks, copy on write of a shared partial block (only the written prefix is copied,
+// in every layer, and the original stays intact), table limits, and slot addressing as
+// attention_decode reads it.
+#include <stdio.h>
+
+#include "engine/kvcache.h"
+#include "tests/test.h"
+
+static tr_model_config small_cfg(void) {
+    tr_model_config c;
+    memset(&c, 0, sizeof c);
+    c.n_layers = 2;
+    c.n_kv_heads = 2;
+    c.head_dim = 4;
+    return c;
+}
+
+// Value stored for (layer, position, channel) of sequence `tag`; K and V differ in sign.
+static float val(int32_t tag, int32_t layer, int32_t pos, int32_t ch) {
+    return (float)(tag * 10000 + layer * 1000 + pos * 10 + ch);
+}
+
+static void write_pos(tr_kvcache *c, const tr_kv_seq *s, int32_t tag, int32_t pos) {
+    float k[8], v[8];
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        for (int32_t ch = 0; ch < 8; ch++) {
+            k[ch] = val(tag, l, pos, ch);
+            v[ch] = -val(tag, l, pos, ch);
+        }
+        int32_t slot = tr_kv_seq_slot(s, pos, c->block_size);
+        tr_kvcache_write(c, l, k, v, &slot, 1);
+    }
+}
+
+// Whether positions [0, n) of s read back as sequence tag's values through the layer pages.
+static bool reads_back(const tr_kvcache *c, const tr_kv_seq *s, int32_t tag, int32_t from,
+                       int32_t n) {
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        tr_kv_pages p = tr_kvcache_layer(c, l);
+        for (int32_t pos = from; pos < n; pos++) {
+            size_t off = (size_t)tr_kv_seq_slot(s, pos, p.block_size) * p.n_kv_heads * p.head_dim;
+            for (int32_t ch = 0; ch < 8; ch++)
+                if (p.k_pool[off + ch] != val(tag, l, pos, ch) ||
+                    p.v_pool[off + ch] != -val(tag, l, pos, ch))
+                    return false;
+        }
+    }
+    return true;
+}
+
+int main(void) {
+    tr_model_config cfg = small_cfg();
+    tr_err err = {0};
+    tr_kvcache c;
+    // 10 tokens in blocks of 4: 3 blocks; 2 layers x (K, V) x 3 x 4 x 2 x 4 floats.
+    CHECK(tr_kvcache_init(&c, &cfg, 4, 10, &err) == 0);
+    CHECK(c.n_blocks == 3 && c.n_free == 3);
+    CHECK(tr_kvcache_bytes(&cfg, 4, 3) == 2u * 2 * 3 * 4 * 2 * 4 * sizeof(float));
+    tr_kvcache bad;
+    CHECK(tr_kvcache_init(&bad, &cfg, 0, 10, &err) != 0 && strstr(err.msg, "block size"));
+
+    // Free list: a fresh pool hands out 0, 1, 2; then it is empty; a freed block comes back.
+    CHECK(tr_kvcache_alloc(&c) == 0 && tr_kvcache_alloc(&c) == 1 && tr_kvcache_alloc(&c) == 2);
+    CHECK(tr_kvcache_alloc(&c) == -1 && c.n_free == 0);
+    tr_kvcache_release(&c, 1);
+    CHECK(c.n_free == 1 && c.refs[1] == 0 && tr_kvcache_alloc(&c) == 1);
+    tr_kvcache_retain(&c, 2);
+    tr_kvcache_release(&c, 2);
+    CHECK(c.refs[2] == 1 && c.n_free == 0);   // still held once
+    for (int32_t b = 0; b < 3; b++) tr_kvcache_release(&c, b);
+    CHECK(c.n_free == 3);
+
+    // A sequence grows one block per 4 positions.
+    int32_t ta[3], tb[3], tc[1];
+    tr_kv_seq a, b, s1;
+    tr_kv_seq_init(&a, ta, 3);
+    int32_t took = 0;
+    for (int32_t pos = 0; pos < 6; pos++) {
+        CHECK(tr_kv_seq_blocks_needed(&c, &a, pos) == (pos % 4 == 0));
+        int32_t t = tr_kv_seq_prepare(&c, &a, pos, &err);
+        CHECK(t == (pos % 4 == 0));
+        took += t;
+        a.len = pos + 1;
+        write_pos(&c, &a, 1, pos);
+    }
+    CHECK(took == 2 && a.n_blocks == 2 && c.n_free == 1);
+    CHECK(reads_back(&c, &a, 1, 0, 6));
+    // Positions past the end are refused.
+    CHECK(tr_kv_seq_prepare(&c, &a, 9, &err) == -1 && strstr(err.msg, "past the end"));
+
+    // Fork: b shares both blocks; writing position 6 (inside the shared, partly filled
+    // block 1) copies slots 4 and 5 of every layer into a private block.
+    tr_kv_seq_init(&b, tb, 3);
+    CHECK(tr_kv_seq_fork(&c, &b, &a, &err) == 0);
+    CHECK(b.len == 6 && b.n_blocks == 2 && c.refs[ta[0]] == 2 && c.refs[ta[1]] == 2);
+    int32_t shared_block = ta[1];
+    CHECK(tr_kv_seq_blocks_needed(&c, &b, 6) == 1);
+    CHECK(tr_kv_seq_prepare(&c, &b, 6, &err) == 1);
+    CHECK(b.blocks[0] == a.blocks[0] && b.blocks[1] != shared_block);
+    CHECK(c.refs[shared_block] == 1 && c.refs[b.blocks[1]] == 1 && c.refs[ta[0]] == 2);
+    CHECK(reads_back(&c, &b, 1, 0, 6));   // the prefix came along
+    b.len = 7;
+    write_pos(&c, &b, 2, 6);
+    CHECK(reads_back(&c, &b, 2, 6, 7));
+    // a's block is untouched by b's write, and a, now the only holder, writes in place.
+    CHECK(reads_back(&c, &a, 1, 0, 6));
+    CHECK(tr_kv_seq_prepare(&c, &a, 6, &err) == 0 && a.blocks[1] == shared_block);
+    CHECK(c.n_free == 0);
+
+    // Pool empty: growth fails with a message, nothing changes.
+    CHECK(tr_kv_seq_prepare(&c, &b, 8, &err) == -1 && strstr(err.msg, "in use"));
+    CHECK(b.n_blocks == 2);
+    // A table too small for a fork or for growth.
+    tr_kv_seq_init(&s1, tc, 1);
+    CHECK(tr_kv_seq_fork(&c, &s1, &a, &err) == -1);
+    tr_kv_seq_release(&c, &b);
+    CHECK(c.n_free == 1 && c.refs[ta[0]] == 1);
+    tr_kv_seq_init(&s1, tc, 1);
+    CHECK(tr_kv_seq_prepare(&c, &s1, 0, &err) == 1);
+    CHECK(tr_kv_seq_prepare(&c, &s1, 4, &err) == -1 && strstr(err.msg, "table"));
+    tr_kv_seq_release(&c, &s1);
+    tr_kv_seq_release(&c, &a);
+    CHECK(c.n_free == 3 && a.n_blocks == 0 && a.len == 0);
+    for (int32_t i = 0; i < 3; i++) CHECK(c.refs[i] == 0);
+
+    // Layer pages: layer 1's pool starts one layer's floats after layer 0's.
+    tr_kv_pages p0 = tr_kvcache_layer(&c, 0), p1 = tr_kvcache_layer(&c, 1);
+    CHECK(p1.k_pool - p0.k_pool == 3 * 4 * 2 * 4 && p0.n_blocks == 3 && p0.block_size == 4);
+    CHECK(p0.n_kv_heads == 2 && p0.head_dim == 4);
+    tr_kvcache_free(&c);
+    return tr_test_summary("test_kvcache");
+}
