@@ -200,6 +200,20 @@ static void test_bad_files(void) {
     CHECK(tr_st_open(&f, path, &err) == -1 && strstr(err.msg, "trunc.safetensors"));
     free(data);
 
+    // BF16 data at an even and at an odd address (no padding after the header): the bytes
+    // 00 01 02 03 are the little-endian bf16 values 0x0100 and 0x0302.
+    const char *hdrs[2] = {"{\"a\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[0,4]}} ",
+                           "{\"a\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[0,4]}}  "};
+    for (int k = 0; k < 2; k++) {
+        const char *bp = make_file("bf16_align.safetensors", strlen(hdrs[k]), hdrs[k], 4);
+        CHECK(tr_st_open(&f, bp, &err) == 0);
+        CHECK(((uintptr_t)f.tensors[0].data % 2) == (uintptr_t)k);
+        float v[2];
+        CHECK(tr_st_read_f32(&f, &f.tensors[0], v, &err) == 0);
+        CHECK(f32_bits(v[0]) == 0x01000000u && f32_bits(v[1]) == 0x03020000u);
+        tr_st_close(&f);
+    }
+
     const char *ok = "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
     const char *pp = make_file("good.safetensors", strlen(ok), ok, 8);
     CHECK(tr_st_open(&f, pp, &err) == 0);
