@@ -1,7 +1,6 @@
 // The CPU backend: its tr_ops table and the context behind it (a thread pool). OpenBLAS is set
 // to one thread because the kernels parallelize over fixed tiles themselves; letting it split
 // work by its own thread count would make results depend on that count.
-// No op allocates: every kernel works in its outputs or small fixed-size stack buffers.
 #include <cblas.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -31,6 +30,11 @@ static const tr_ops cpu_ops = {
     .adamw = tr_cpu_adamw,
 };
 
+// Memory: no op allocates and the context holds no scratch. Kernels work in their outputs
+// (attention keeps its running output row in out) or in fixed-size stack buffers whose size
+// does not grow with the arguments: at most the attention backward's two 64 x 64 float tiles
+// (32 KiB), far inside a thread's default stack. So nothing needs sizing before a step.
+// One thread at a time may call the ops of one backend.
 int tr_backend_cpu_init(tr_backend *be, int32_t n_threads) {
     be->ops = NULL;
     be->ctx = NULL;

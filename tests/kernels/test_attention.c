@@ -1,8 +1,7 @@
-// Attention against a float64 reference: causal GQA within documents (H/KVH = 1, 2, 4; several
-// documents of different lengths; T = 1), lse, every gradient (dq, dk, dv) against central
-// differences of the float64 forward, accumulation, bitwise equality for 1, 2 and 3 threads,
-// and attention_decode over a paged KV cache (blocks scattered out of order, unused slots NaN)
-// reproducing the forward's rows bit for bit.
+// Attention against float64: causal GQA in documents (H/KVH = 1, 2, 4; documents of different
+// lengths; T = 1), lse, dq/dk/dv against central differences, accumulation, 1/2/3-thread bit
+// equality, and attention_decode over a paged KV cache (blocks scattered out of order, unused
+// slots NaN) reproducing the forward's rows bit for bit.
 #include "tests/kernels/kernels_test.h"
 
 typedef struct att_case {
