@@ -76,6 +76,46 @@ static void add_symbol(tr_tok_symbol *sym, size_t *n, int32_t id, uint32_t len) 
     (*n)++;
 }
 
+// Short words: keep the symbols in a packed array with the rank of each adjacent pair and
+// merge the lowest (leftmost on ties) until none is left. Same order as the heap below, less
+// bookkeeping; the heap wins once words get long.
+#define BPE_SCAN_MAX 64
+
+static int merge_scan(tr_tok_ctx *c, tr_tok_symbol *sym, size_t n) {
+    const tr_tokenizer *t = c->tok;
+    int32_t id[BPE_SCAN_MAX], merged[BPE_SCAN_MAX];
+    uint32_t rank[BPE_SCAN_MAX];
+    for (size_t i = 0; i < n; i++) id[i] = sym[i].id;
+    for (size_t i = 0; i + 1 < n; i++) {
+        const tr_tok_pair_slot *m = tr_tok_pairmap_get(&t->merges, id[i], id[i + 1]);
+        rank[i] = m ? m->rank : UINT32_MAX;
+        merged[i] = m ? m->id : -1;
+    }
+    while (n > 1) {
+        size_t best = 0;
+        for (size_t i = 1; i + 1 < n; i++)
+            if (rank[i] < rank[best]) best = i;
+        if (rank[best] == UINT32_MAX) break;
+        id[best] = merged[best];
+        for (size_t i = best + 1; i + 1 < n; i++) {
+            id[i] = id[i + 1];
+            rank[i] = rank[i + 1];
+            merged[i] = merged[i + 1];
+        }
+        n--;
+        for (size_t i = best ? best - 1 : 0; i <= best && i + 1 < n; i++) {
+            const tr_tok_pair_slot *m = tr_tok_pairmap_get(&t->merges, id[i], id[i + 1]);
+            rank[i] = m ? m->rank : UINT32_MAX;
+            merged[i] = m ? m->id : -1;
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        if (tr_tok_push_id(c, id[i])) return -1;
+    return 0;
+}
+
+static int merge_word(tr_tok_ctx *c, const uint8_t *w, size_t len);
+
 int tr_tok_bpe(tr_tok_ctx *c, const uint8_t *w, size_t len) {
     const tr_tokenizer *t = c->tok;
     if (len == 0) return 0;
@@ -83,6 +123,21 @@ int tr_tok_bpe(tr_tok_ctx *c, const uint8_t *w, size_t len) {
         int32_t id = len == 1 ? t->byte_ids[w[0]] : tr_tok_strmap_get(&t->bpe_vocab, w, len);
         if (id >= 0) return tr_tok_push_id(c, id);
     }
+    int32_t cached[TR_TOK_CACHE_IDS];
+    size_t n_cached;
+    if (tr_tok_cache_get(&t->cache, w, len, cached, &n_cached)) {
+        for (size_t i = 0; i < n_cached; i++)
+            if (tr_tok_push_id(c, cached[i])) return -1;
+        return 0;
+    }
+    size_t first = c->n_ids;
+    if (merge_word(c, w, len)) return -1;
+    if (c->n_ids > first) tr_tok_cache_put(&t->cache, w, len, c->ids + first, c->n_ids - first);
+    return 0;
+}
+
+static int merge_word(tr_tok_ctx *c, const uint8_t *w, size_t len) {
+    const tr_tokenizer *t = c->tok;
     if (len > INT32_MAX / 4) return tr_errf(c->err, TR_ERANGE, "word of %zu bytes is too long", len);
     if (reserve(c, len)) return -1;
 
@@ -108,6 +163,8 @@ int tr_tok_bpe(tr_tok_ctx *c, const uint8_t *w, size_t len) {
         unk_len += 1;
     }
     if (unk_len) add_symbol(sym, &n, t->unk_id, (uint32_t)unk_len);
+
+    if (n <= BPE_SCAN_MAX) return merge_scan(c, sym, n);
 
     tr_tok_merge *heap = c->heap;
     size_t nh = 0;

@@ -2,6 +2,7 @@
 // vocabulary maps, the merge table, added tokens with their match tries, the normalizer and
 // pre-tokenizer steps, and the per-call scratch that encode uses.
 #pragma once
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -181,6 +182,22 @@ typedef struct tr_tok_merge {
     int32_t id;
 } tr_tok_merge;
 
+// ---- word cache (tokenizer_cache.c) ----
+
+#define TR_TOK_CACHE_SLOTS 8192  // a power of two
+#define TR_TOK_CACHE_KEY 16      // longest cached word, bytes
+#define TR_TOK_CACHE_IDS 8       // most ids a cached word may merge to
+
+typedef struct tr_tok_cache {
+    _Atomic uint64_t *slots;
+} tr_tok_cache;
+
+int tr_tok_cache_init(tr_tok_cache *c, tr_err *err);
+void tr_tok_cache_free(tr_tok_cache *c);
+// Safe from any number of threads at once; a miss costs nothing but the lookup.
+bool tr_tok_cache_get(const tr_tok_cache *c, const uint8_t *w, size_t len, int32_t *ids, size_t *n);
+void tr_tok_cache_put(const tr_tok_cache *c, const uint8_t *w, size_t len, const int32_t *ids, size_t n);
+
 // ---- per-call scratch (tokenizer.c) ----
 
 typedef struct tr_tok_ctx {
@@ -235,6 +252,8 @@ struct tr_tokenizer {
     tr_tok_strmap added_vocab;  // content -> id
     tr_tok_trie trie_raw;       // tokens with normalized = false, matched before normalizing
     tr_tok_trie trie_norm;      // tokens with normalized = true, matched after
+
+    tr_tok_cache cache;  // the one part written after load (lock-free, see tokenizer_cache.c)
 
     int norm[TR_TOK_MAX_NORM];
     int n_norm;

@@ -635,7 +635,8 @@ static int parse_root(lctx *L, tr_tokenizer *t, const json_t *root) {
     if (!t->trie_raw.nodes && (tr_tok_trie_init(&t->trie_raw, L->err) ||
                                tr_tok_trie_init(&t->trie_norm, L->err)))
         return -1;
-    return build_id_tables(L, t, max_id);
+    if (build_id_tables(L, t, max_id)) return -1;
+    return tr_tok_cache_init(&t->cache, L->err);
 }
 
 int tr_tokenizer_load_json(tr_tokenizer **out, const char *json, size_t len, const char *name,
@@ -688,6 +689,7 @@ void tr_tokenizer_free(tr_tokenizer *t) {
     free(t->added);
     tr_tok_trie_free(&t->trie_raw);
     tr_tok_trie_free(&t->trie_norm);
+    tr_tok_cache_free(&t->cache);
     for (int i = 0; i < t->n_pretok; i++) pcre2_code_free(t->pretok[i].re);
     free(t);
 }
