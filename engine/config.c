@@ -590,7 +590,10 @@ int tr_config_save(const char *path, const tr_model_config *cfg, tr_err *err) {
         tr_json_end_array(&w);
     }
     if (cfg->torch_dtype[0]) {
+        // transformers 5.x reads "dtype"; 4.x and other readers (vLLM) read "torch_dtype".
         tr_json_key(&w, "dtype");
+        tr_json_string(&w, cfg->torch_dtype);
+        tr_json_key(&w, "torch_dtype");
         tr_json_string(&w, cfg->torch_dtype);
     }
     tr_json_end_object(&w);
