@@ -18,7 +18,8 @@ int tr_tokenizer_load_json(tr_tokenizer **tok, const char *json, size_t len, con
 void tr_tokenizer_free(tr_tokenizer *tok);
 
 // Encodes len bytes of UTF-8 text; added/special tokens that appear in the text are matched
-// first, as HF does. *ids is malloc'd (caller frees), *n its length.
+// first, as HF does. *ids is malloc'd (caller frees), *n its length. Text that is not valid
+// UTF-8 is an error naming the byte offset (HF only takes valid strings).
 int tr_tokenizer_encode(const tr_tokenizer *tok, const char *text, size_t len, int32_t **ids,
                         size_t *n, tr_err *err);
 // Decodes ids to UTF-8 text (malloc'd, NUL-terminated); special tokens are kept as text.

@@ -14,6 +14,13 @@ size_t tr_tok_utf8_check(const char *str, size_t len) {
         uint8_t b = s[i];
         if (b < 0x80) {
             i++;
+            // Most text is ASCII: skip it eight bytes at a time.
+            while (i + 8 <= len) {
+                uint64_t w;
+                memcpy(&w, s + i, 8);
+                if (w & 0x8080808080808080ull) break;
+                i += 8;
+            }
             continue;
         }
         size_t need;
