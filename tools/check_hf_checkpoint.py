@@ -3,9 +3,11 @@
 same outputs as a reference checkpoint (e.g. the one it was loaded from).
 
 Usage: python3 tools/check_hf_checkpoint.py SAVED_DIR REFERENCE_DIR [--bf16]
-Loads both with AutoModelFor<head> (from config.json "architectures"), in float32, runs the
-same token ids through both, and compares every state-dict tensor and the outputs: exactly
-for an F32 save; for --bf16, against the reference rounded to bfloat16. Exit status 0 = same.
+Loads both with the class named in config.json "architectures", in float32, runs the same
+token ids through both, and compares every state-dict tensor and the outputs: exactly for an
+F32 save; for --bf16, against the reference rounded to bfloat16. When SAVED_DIR holds a value
+head (*ForTokenClassification) on REFERENCE_DIR's trunk, the trunks are compared and the
+saved model's outputs against score(reference trunk). Exit status 0 = same.
 """
 import json
 import os
@@ -33,13 +35,26 @@ def main():
                 p.copy_(p.to(torch.bfloat16).to(torch.float32))
     bad = 0
     rs = ref.state_dict()
+    value = type(saved).__name__.endswith("ForTokenClassification") and \
+        not type(ref).__name__.endswith("ForTokenClassification")
     for name, t in saved.state_dict().items():
+        if value and not name.startswith("model."):
+            continue
         if not torch.equal(t, rs[name]):
             print(f"tensor {name} differs: max abs {float((t - rs[name]).abs().max()):.3g}")
             bad += 1
     ids = torch.arange(12).remainder(saved.config.vocab_size).reshape(2, 6)
     with torch.no_grad():
-        a, b = saved(ids).logits, ref(ids).logits
+        a = saved(ids).logits
+        if value:
+            if tuple(saved.score.weight.shape) != (1, saved.config.hidden_size) or \
+                    saved.score.bias is None:
+                print("value head: score must be Linear(hidden, 1) with a bias")
+                bad += 1
+            b = torch.nn.functional.linear(ref.model(ids).last_hidden_state, saved.score.weight,
+                                           saved.score.bias)
+        else:
+            b = ref(ids).logits
     if not torch.equal(a, b):
         print(f"outputs differ: max abs {float((a - b).abs().max()):.3g}")
         bad += 1

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Checkpoints written by troupe load in transformers and compute exactly what the originals
+# compute: each fixture checkpoint is loaded and saved by troupe (F32 single file, BF16
+# shards, and a value head on the Llama trunk), then tools/check_hf_checkpoint.py compares
+# them in transformers. Skipped (77) where Python has no torch/transformers.
+set -u
+resave="$1"
+src="${TROUPE_SOURCE_ROOT:-.}"
+py="${TROUPE_PYTHON:-/opt/refenv/bin/python}"
+[ -x "$py" ] || py=python3
+"$py" -c "import torch, transformers" 2>/dev/null || { echo "no torch/transformers: skipped"; exit 77; }
+out=$(mktemp -d /tmp/troupe-hfrt-XXXXXX)
+fail=0
+check() {  # check SAVED REF [--bf16]
+    "$py" "$src/tools/check_hf_checkpoint.py" "$@" >"$out/log" 2>&1 || { cat "$out/log"; fail=1; }
+    grep -E "identical|DIFFERENT" "$out/log"
+}
+for m in tiny-llama tiny-qwen2-sharded tiny-mistral-rm; do
+    ref="$src/tests/fixtures/io/$m"
+    "$resave" "$ref" "$out/$m-f32" f32 0 || fail=1
+    check "$out/$m-f32" "$ref"
+    "$resave" "$ref" "$out/$m-bf16" bf16 3000 || fail=1
+    ls "$out/$m-bf16"/model-00002-of-* >/dev/null 2>&1 || { echo "FAIL: $m bf16 not sharded"; fail=1; }
+    check "$out/$m-bf16" "$ref" --bf16
+done
+"$resave" "$src/tests/fixtures/io/tiny-llama" "$out/value" f32 0 value || fail=1
+check "$out/value" "$src/tests/fixtures/io/tiny-llama"
+[ $fail = 0 ] && rm -rf "$out"
+exit $fail
