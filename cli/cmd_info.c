@@ -120,9 +120,9 @@ int tr_cmd_info(int argc, char **argv) {
     for (int32_t i = 0; i < c.n_eos; i++) printf("%s%d", i ? ", " : " ", c.eos_token_ids[i]);
     printf("\n");
     printf("dtype         %s\n", c.torch_dtype[0] ? c.torch_dtype : "(not given)");
-    printf("weights       %s\n", has_index  ? "sharded safetensors with index, checked"
-                                 : has_single ? "model.safetensors, checked"
-                                              : "none (config only)");
+    printf("weights       %s\n", has_single ? "model.safetensors, checked"
+                                 : has_index ? "sharded safetensors with index, checked"
+                                             : "none (config only)");
     printf("parameters    %" PRIu64 " (%d tensors)\n", n_params, layout.n_tensors);
 
     // Training in fp32 on the CPU holds four buffers laid out like the parameters (weights,

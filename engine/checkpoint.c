@@ -95,38 +95,37 @@ static int open_shard(loader *L, const char *name, shard **out) {
     return 0;
 }
 
+// Like transformers, a model.safetensors wins over an index when a directory has both.
 static int open_files(loader *L) {
     snprintf(L->index_path, sizeof L->index_path, "%s/%s", L->dir, INDEX_NAME);
-    shard *s;
-    if (tr_file_exists(L->index_path)) {
-        char *text;
-        size_t len;
-        if (tr_file_read(L->index_path, &text, &len, L->err)) return -1;
-        int rc = tr_json_parse(&L->index, text, len, L->index_path, L->err);
-        free(text);
-        if (rc) return -1;
-        const tr_json *wm = tr_json_get(L->index.root, "weight_map");
-        if (!wm || wm->type != TR_JSON_OBJECT)
-            return tr_errf(L->err, TR_EFORMAT, "%s: 'weight_map' must be an object of tensor name "
-                           "to file name", L->index_path);
-        for (const tr_json *m = wm->child; m; m = m->next) {
-            if (m->type != TR_JSON_STRING || !plain_file_name(m->str, m->len))
-                return tr_errf(L->err, TR_EFORMAT, "%s:%d:%d: weight_map['%s'] must name a file in "
-                               "the checkpoint directory", L->index_path, m->line, m->col, m->key);
-            if (open_shard(L, m->str, &s)) return -1;
-        }
-        L->weight_map = wm;
-        return 0;
-    }
     char path[4400];
     snprintf(path, sizeof path, "%s/%s", L->dir, SINGLE_NAME);
-    if (!tr_file_exists(path)) {
+    shard *s;
+    if (tr_file_exists(path)) return open_shard(L, SINGLE_NAME, &s);
+    if (!tr_file_exists(L->index_path)) {
         snprintf(path, sizeof path, "%s/pytorch_model.bin", L->dir);
         return tr_errf(L->err, TR_EIO, "%s: no %s or %s%s", L->dir, SINGLE_NAME, INDEX_NAME,
                        tr_file_exists(path) ? " (pytorch_model.bin is not supported; convert to "
                                               "safetensors)" : "");
     }
-    return open_shard(L, SINGLE_NAME, &s);
+    char *text;
+    size_t len;
+    if (tr_file_read(L->index_path, &text, &len, L->err)) return -1;
+    int rc = tr_json_parse(&L->index, text, len, L->index_path, L->err);
+    free(text);
+    if (rc) return -1;
+    const tr_json *wm = tr_json_get(L->index.root, "weight_map");
+    if (!wm || wm->type != TR_JSON_OBJECT)
+        return tr_errf(L->err, TR_EFORMAT, "%s: 'weight_map' must be an object of tensor name "
+                       "to file name", L->index_path);
+    for (const tr_json *m = wm->child; m; m = m->next) {
+        if (m->type != TR_JSON_STRING || !plain_file_name(m->str, m->len))
+            return tr_errf(L->err, TR_EFORMAT, "%s:%d:%d: weight_map['%s'] must name a file in "
+                           "the checkpoint directory", L->index_path, m->line, m->col, m->key);
+        if (open_shard(L, m->str, &s)) return -1;
+    }
+    L->weight_map = wm;
+    return 0;
 }
 
 // The shard that should hold `name`: the one weight_map names, or the single file.
