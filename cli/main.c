@@ -7,11 +7,13 @@
 #include "version.h"
 
 int tr_cmd_info(int argc, char **argv);
+int tr_cmd_generate(int argc, char **argv);
 int tr_cmd_logprobs(int argc, char **argv);
 int tr_cmd_preprocess(int argc, char **argv);
 int tr_cmd_tokenize(int argc, char **argv);
 
 static const tr_command commands[] = {
+    {"generate", "sample continuations of prompts (batched, paged KV cache, exact logprobs)", tr_cmd_generate},
     {"info", "a checkpoint's configuration, parameter count and training memory", tr_cmd_info},
     {"logprobs", "per-token log-probabilities of token sequences under a model", tr_cmd_logprobs},
     {"preprocess", "tokenize JSONL into a Megatron indexed dataset (.bin/.idx)", tr_cmd_preprocess},

@@ -130,18 +130,18 @@ static int check_request(const tr_generator *g, const tr_gen_request *r, int32_t
         if (r->stop_ids[t] < 0 || r->stop_ids[t] >= V)
             return tr_errf(err, TR_ERANGE, "generate: request %d: stop id %d is outside the "
                            "vocabulary [0, %d)", i, r->stop_ids[t], V);
-    int64_t len = (int64_t)r->n_prompt + r->max_new_tokens - 1;
-    if (len > g->max_seq_len)
-        return tr_errf(err, TR_ERANGE, "generate: request %d: prompt (%d tokens) + "
-                       "max_new_tokens (%d) - 1 = %lld exceeds the longest sequence the "
-                       "generator holds (%d)", i, r->n_prompt, r->max_new_tokens,
-                       (long long)len, g->max_seq_len);
     int64_t need = (int64_t)tr_kv_blocks_for(r->n_prompt, bs) +
                    tr_gen_sample_blocks(r->n_prompt, r->max_new_tokens, bs);
     if (need > g->cache.n_blocks)
         return tr_errf(err, TR_ENOMEM, "generate: request %d needs %lld KV blocks of %d tokens "
                        "for its prompt and one sample, the pool has %d; raise the KV token "
                        "budget", i, (long long)need, bs, g->cache.n_blocks);
+    int64_t len = (int64_t)r->n_prompt + r->max_new_tokens - 1;
+    if (len > g->max_seq_len)
+        return tr_errf(err, TR_ERANGE, "generate: request %d: prompt (%d tokens) + "
+                       "max_new_tokens (%d) - 1 = %lld exceeds the longest sequence the "
+                       "generator holds (%d)", i, r->n_prompt, r->max_new_tokens,
+                       (long long)len, g->max_seq_len);
     return 0;
 }
 

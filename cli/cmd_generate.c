@@ -1,0 +1,470 @@
+// `troupe generate`: samples continuations of JSONL prompts with the engine's batched
+// generator. A line gives `input_ids`, `prompt` (text, encoded with the model's
+// tokenizer.json) or `messages` (rendered with --chat-format plus the generation prompt).
+// One output line per sample, prompt by prompt in input order, samples in order.
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "data/chat.h"
+#include "data/jsonl.h"
+#include "data/sft.h"
+#include "data/tokenizer.h"
+#include "engine/config.h"
+#include "engine/err.h"
+#include "engine/file.h"
+#include "engine/generate.h"
+#include "engine/model.h"
+
+static const char *CMD = "generate";
+
+#define MAX_STOPS (TR_MAX_EOS * 2 + 2)
+
+typedef struct gen_prompt {
+    int32_t *ids;
+    int32_t n;
+    bool chat;      // rendered from messages: the chat format's stop tokens apply
+} gen_prompt;
+
+typedef struct gen_input {
+    gen_prompt *items;
+    size_t n, cap;
+    tr_chat_format chat;
+    bool chat_ready;
+} gen_input;
+
+static void gen_input_free(gen_input *in) {
+    for (size_t i = 0; i < in->n; i++) free(in->items[i].ids);
+    free(in->items);
+}
+
+static int parse_ids(const char *path, int64_t line, const json_t *arr, int32_t vocab,
+                     gen_prompt *p, tr_err *err) {
+    size_t n = json_array_size(arr);
+    if (n == 0) return tr_errf(err, TR_EFORMAT, "%s:%lld: 'input_ids' is empty", path, (long long)line);
+    if (n > INT32_MAX / 2)
+        return tr_errf(err, TR_ERANGE, "%s:%lld: %zu input_ids is too many", path, (long long)line, n);
+    if (!(p->ids = malloc(n * sizeof(int32_t))))
+        return tr_errf(err, TR_ENOMEM, "%s:%lld: out of memory", path, (long long)line);
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(arr, i);
+        if (!json_is_integer(v))
+            return tr_errf(err, TR_EFORMAT, "%s:%lld: input_ids[%zu] must be an integer, got %s",
+                           path, (long long)line, i, tr_jsonl_type_name(v));
+        json_int_t x = json_integer_value(v);
+        if (x < 0 || x >= vocab)
+            return tr_errf(err, TR_ERANGE, "%s:%lld: input_ids[%zu] = %" JSON_INTEGER_FORMAT
+                           " is outside the model's vocabulary [0, %d)", path, (long long)line,
+                           i, x, vocab);
+        p->ids[i] = (int32_t)x;
+    }
+    p->n = (int32_t)n;
+    return 0;
+}
+
+// Takes the ids of a rendering or an encoding, checked against the model's vocabulary.
+static int take_ids(const char *path, int64_t line, int32_t *ids, size_t n, int32_t vocab,
+                    gen_prompt *p, tr_err *err) {
+    p->ids = ids;
+    if (n == 0) return tr_errf(err, TR_EFORMAT, "%s:%lld: the prompt encodes to no tokens", path, (long long)line);
+    if (n > INT32_MAX / 2)
+        return tr_errf(err, TR_ERANGE, "%s:%lld: %zu prompt tokens is too many", path, (long long)line, n);
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] >= vocab)
+            return tr_errf(err, TR_ERANGE, "%s:%lld: the tokenizer gave id %d, outside the "
+                           "model's vocabulary [0, %d)", path, (long long)line, ids[i], vocab);
+    p->n = (int32_t)n;
+    return 0;
+}
+
+static int parse_line(const char *path, int64_t line, const json_t *obj, int32_t vocab,
+                      const tr_tokenizer *tok, const char *chat_name, gen_input *in,
+                      gen_prompt *p, tr_err *err) {
+    json_t *ids = json_object_get(obj, "input_ids");
+    json_t *text = json_object_get(obj, "prompt");
+    json_t *msgs = json_object_get(obj, "messages");
+    int given = (ids != NULL) + (text != NULL) + (msgs != NULL);
+    if (given == 0)
+        return tr_errf(err, TR_EFORMAT, "%s:%lld: a line needs 'input_ids', 'prompt' or "
+                       "'messages'", path, (long long)line);
+    if (given > 1)
+        return tr_errf(err, TR_EFORMAT, "%s:%lld: give only one of 'input_ids', 'prompt' and "
+                       "'messages'", path, (long long)line);
+    if (ids) {
+        if (!json_is_array(ids))
+            return tr_errf(err, TR_EFORMAT, "%s:%lld: field 'input_ids' must be an array, got "
+                           "%s", path, (long long)line, tr_jsonl_type_name(ids));
+        return parse_ids(path, line, ids, vocab, p, err);
+    }
+    if (!tok)
+        return tr_errf(err, TR_EINVAL, "%s:%lld: '%s' needs the model's tokenizer.json, which "
+                       "the model directory lacks; give 'input_ids'", path, (long long)line,
+                       text ? "prompt" : "messages");
+    if (text) {
+        const char *s;
+        size_t len;
+        if (tr_jsonl_get_string(path, line, obj, "prompt", true, &s, &len, err) != 0) return -1;
+        int32_t *out = NULL;
+        size_t n = 0;
+        if (tr_tokenizer_encode(tok, s, len, &out, &n, err) != 0)
+            return tr_err_wrap(err, "%s:%lld", path, (long long)line);
+        return take_ids(path, line, out, n, vocab, p, err);
+    }
+    if (!in->chat_ready) {
+        if (tr_chat_format_init(&in->chat, chat_name, tok, err) != 0)
+            return tr_err_wrap(err, "%s:%lld", path, (long long)line);
+        in->chat_ready = true;
+    }
+    tr_chat_msg *m;
+    size_t n;
+    if (tr_sft_parse_messages(path, line, obj, &m, &n, err) != 0) return -1;
+    tr_chat_tokens t = {0};
+    int rc = tr_chat_render(&in->chat, m, n, true, &t, err);
+    free(m);
+    free(t.mask);
+    if (rc != 0) {
+        free(t.ids);
+        return tr_err_wrap(err, "%s:%lld", path, (long long)line);
+    }
+    p->chat = true;
+    return take_ids(path, line, t.ids, t.n, vocab, p, err);
+}
+
+static int read_prompts(const char *path, int32_t vocab, const tr_tokenizer *tok,
+                        const char *chat_name, gen_input *in, tr_err *err) {
+    tr_jsonl r;
+    if (tr_jsonl_open(&r, path, err) != 0) return -1;
+    int rc;
+    for (;;) {
+        json_t *obj;
+        rc = tr_jsonl_next(&r, &obj, err);
+        if (rc <= 0) break;
+        if (in->n == in->cap) {
+            size_t c = in->cap ? in->cap * 2 : 64;
+            gen_prompt *g = realloc(in->items, c * sizeof *g);
+            if (!g) {
+                json_decref(obj);
+                rc = tr_errf(err, TR_ENOMEM, "%s:%lld: out of memory", path, (long long)r.line);
+                break;
+            }
+            in->items = g;
+            in->cap = c;
+        }
+        gen_prompt *p = &in->items[in->n++];
+        memset(p, 0, sizeof *p);
+        rc = parse_line(path, r.line, obj, vocab, tok, chat_name, in, p, err);
+        json_decref(obj);
+        if (rc != 0) break;
+    }
+    tr_jsonl_close(&r);
+    return rc < 0 ? -1 : 0;
+}
+
+// Ids outside the vocabulary are left out: the model cannot produce them.
+static void add_stop(int32_t *stops, int32_t *n, int32_t id, int32_t vocab) {
+    if (id < 0 || id >= vocab) return;
+    for (int32_t i = 0; i < *n; i++)
+        if (stops[i] == id) return;
+    if (*n < MAX_STOPS) stops[(*n)++] = id;
+}
+
+// eos_token_id of DIR/generation_config.json (an integer or a list), when the file exists:
+// transformers' generate stops on these.
+static int read_generation_eos(const char *dir, int32_t vocab, int32_t *stops, int32_t *n,
+                               tr_err *err) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    if (!tr_file_exists(path)) return 0;
+    json_error_t jerr;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return tr_errf(err, TR_EFORMAT, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
+    json_t *eos = json_is_object(root) ? json_object_get(root, "eos_token_id") : NULL;
+    int rc = 0;
+    if (eos && json_is_integer(eos)) {
+        add_stop(stops, n, (int32_t)json_integer_value(eos), vocab);
+    } else if (eos && json_is_array(eos)) {
+        for (size_t i = 0; i < json_array_size(eos) && rc == 0; i++) {
+            json_t *v = json_array_get(eos, i);
+            if (!json_is_integer(v))
+                rc = tr_errf(err, TR_EFORMAT, "%s: eos_token_id[%zu] must be an integer", path, i);
+            else add_stop(stops, n, (int32_t)json_integer_value(v), vocab);
+        }
+    } else if (eos && !json_is_null(eos)) {
+        rc = tr_errf(err, TR_EFORMAT, "%s: eos_token_id must be an integer or a list, got %s",
+                     path, tr_jsonl_type_name(eos));
+    }
+    json_decref(root);
+    return rc;
+}
+
+typedef struct strbuf {
+    char *s;
+    size_t len, cap;
+} strbuf;
+
+static int sb_put(strbuf *b, const char *s, size_t n) {
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + n + 1) cap *= 2;
+        char *g = realloc(b->s, cap);
+        if (!g) return -1;
+        b->s = g;
+        b->cap = cap;
+    }
+    memcpy(b->s + b->len, s, n);
+    b->len += n;
+    b->s[b->len] = '\0';
+    return 0;
+}
+
+static int sb_str(strbuf *b, const char *s) { return sb_put(b, s, strlen(s)); }
+
+// One output line; the text is the decode of the tokens without a final stop token.
+static int format_line(strbuf *b, int64_t index, const tr_gen_output *o,
+                       const tr_tokenizer *tok, tr_err *err) {
+    char num[64];
+    int k = snprintf(num, sizeof num, "{\"index\": %" PRId64 ", \"sample\": %d, \"output_ids\": [",
+                     index, o->sample);
+    int bad = sb_put(b, num, (size_t)k);
+    for (int32_t i = 0; i < o->n_tokens && !bad; i++) {
+        k = snprintf(num, sizeof num, i ? ", %d" : "%d", o->tokens[i]);
+        bad = sb_put(b, num, (size_t)k);
+    }
+    bad = bad || sb_str(b, "], \"logprobs\": [");
+    for (int32_t i = 0; i < o->n_tokens && !bad; i++) {
+        // %.9g reads back as the same float.
+        k = snprintf(num, sizeof num, i ? ", %.9g" : "%.9g", (double)o->logprobs[i]);
+        bad = sb_put(b, num, (size_t)k);
+    }
+    bad = bad || sb_str(b, o->finish == TR_FINISH_STOP ? "], \"finish_reason\": \"stop\""
+                                                        : "], \"finish_reason\": \"length\"");
+    if (bad) return tr_errf(err, TR_ENOMEM, "out of memory formatting output");
+    if (tok) {
+        size_t n = (size_t)o->n_tokens - (o->finish == TR_FINISH_STOP ? 1 : 0), len = 0;
+        char *text = NULL;
+        if (tr_tokenizer_decode(tok, o->tokens, n, &text, &len, err) != 0)
+            return tr_err_wrap(err, "decoding prompt %" PRId64 " sample %d", index, o->sample);
+        json_t *js = json_stringn(text, len);
+        char *enc = js ? json_dumps(js, JSON_ENCODE_ANY) : NULL;
+        bad = !enc || sb_str(b, ", \"text\": ") || sb_str(b, enc);
+        free(enc);
+        json_decref(js);
+        free(text);
+        if (bad) return tr_errf(err, TR_ENOMEM, "out of memory formatting output");
+    }
+    if (sb_str(b, "}\n")) return tr_errf(err, TR_ENOMEM, "out of memory formatting output");
+    return 0;
+}
+
+int tr_cmd_generate(int argc, char **argv) {
+    const char *model_dir = NULL, *prompts = NULL, *out_path = NULL, *chat_name = "chatml";
+    long n = 1, max_new = 64, top_k = 0, seed = 0, threads = 0, kv_tokens = 0;
+    long block_size = 16, max_seqs = 64, batch_tokens = 2048;
+    double temperature = 1.0, top_p = 1.0;
+    tr_arg table[] = {
+        {"model", TR_ARG_STR, &model_dir, "DIR", "Hugging Face model directory (a causal LM)",
+         true, false},
+        {"prompts", TR_ARG_STR, &prompts, "FILE",
+         "JSONL with \"input_ids\", \"prompt\" or \"messages\" per line ('-': stdin)", true,
+         false},
+        {"out", TR_ARG_STR, &out_path, "FILE", "output JSONL (default: standard output)", false,
+         false},
+        {"n", TR_ARG_INT, &n, "N", "samples per prompt (default 1)", false, false},
+        {"max-new-tokens", TR_ARG_INT, &max_new, "N", "tokens per sample at most (default 64)",
+         false, false},
+        {"temperature", TR_ARG_FLOAT, &temperature, "T", "0 = greedy (default 1)", false, false},
+        {"top-p", TR_ARG_FLOAT, &top_p, "P", "nucleus mass, in (0, 1] (default 1: off)", false,
+         false},
+        {"top-k", TR_ARG_INT, &top_k, "K", "most likely tokens kept (default 0: off)", false,
+         false},
+        {"seed", TR_ARG_INT, &seed, "S", "sampling seed (default 0)", false, false},
+        {"chat-format", TR_ARG_STR, &chat_name, "NAME",
+         "format of \"messages\" lines: chatml or llama3 (default chatml)", false, false},
+        {"threads", TR_ARG_INT, &threads, "N", "CPU threads (default: all cores)", false, false},
+        {"kv-tokens", TR_ARG_INT, &kv_tokens, "N",
+         "KV cache size in tokens (default: what every request at once needs, at most 32768)",
+         false, false},
+        {"block-size", TR_ARG_INT, &block_size, "N", "tokens per KV block (default 16)", false,
+         false},
+        {"max-seqs", TR_ARG_INT, &max_seqs, "N", "samples decoded together (default 64)", false,
+         false},
+        {"batch-tokens", TR_ARG_INT, &batch_tokens, "N",
+         "prompt tokens per prefill pass (default 2048)", false, false},
+        {NULL, 0, NULL, NULL, NULL, false, false},
+    };
+    bool help;
+    int rc = tr_args_parse(CMD, argc, argv, table, NULL, 0, NULL, &help);
+    if (rc) return rc;
+    if (help) {
+        tr_args_usage(CMD, "--model DIR --prompts FILE.jsonl [--out FILE] [--n N] "
+                      "[--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] "
+                      "[--seed S] [--threads N]",
+                      "Writes one line per sample, prompt by prompt in input order:\n"
+                      "{\"index\": i, \"sample\": j, \"output_ids\": [...], \"logprobs\": [...],\n"
+                      " \"finish_reason\": \"stop\"|\"length\", \"text\": ...}\n"
+                      "logprobs are ln p(token) under the model's unmodified distribution\n"
+                      "(temperature 1, no top-k/top-p). A sample stops at config.json's and\n"
+                      "generation_config.json's eos ids, and for \"messages\" lines at the chat\n"
+                      "format's end-of-turn tokens; the stop token ends output_ids and is left\n"
+                      "out of text (present when the model has tokenizer.json). Line i samples\n"
+                      "from streams derived from --seed and i, so its output does not depend on\n"
+                      "the other lines.",
+                      table);
+        return 0;
+    }
+    const char *bad = n < 1 || n > 65536 ? "--n must be in 1..65536"
+                    : max_new < 1 || max_new > (1 << 24) ? "--max-new-tokens must be in 1..16777216"
+                    : !(temperature >= 0 && temperature <= 1e6) ? "--temperature must be in [0, 1e6]"
+                    : !(top_p > 0 && top_p <= 1) ? "--top-p must be in (0, 1]"
+                    : top_k < 0 || top_k > INT32_MAX ? "--top-k must be >= 0"
+                    : seed < 0 ? "--seed must be >= 0"
+                    : threads < 0 || threads > 1024 ? "--threads must be in 0..1024"
+                    : kv_tokens < 0 || kv_tokens > ((long)1 << 34) ? "--kv-tokens must be >= 0"
+                    : block_size < 1 || block_size > 4096 ? "--block-size must be in 1..4096"
+                    : max_seqs < 1 || max_seqs > 65536 ? "--max-seqs must be in 1..65536"
+                    : batch_tokens < 1 || batch_tokens > (1 << 24) ? "--batch-tokens must be in 1..16777216"
+                    : tr_chat_kind_parse(chat_name) == 0 ? "--chat-format must be chatml or llama3"
+                    : NULL;
+    if (bad) {
+        fprintf(stderr, "troupe %s: %s\n", CMD, bad);
+        return 2;
+    }
+
+    tr_err err = {0};
+    tr_model_config cfg;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", model_dir);
+    if (tr_config_load(path, &cfg, &err) != 0) return tr_cli_fail(CMD, &err);
+    if (cfg.head != TR_HEAD_LM) {
+        tr_errf(&err, TR_EINVAL, "%s is a %s; generate needs a causal LM", model_dir,
+                cfg.architecture);
+        return tr_cli_fail(CMD, &err);
+    }
+    int32_t stops[MAX_STOPS], n_stops = 0, chat_stops[MAX_STOPS], n_chat = 0;
+    const int32_t V = cfg.vocab_size;
+    for (int32_t i = 0; i < cfg.n_eos; i++) add_stop(stops, &n_stops, cfg.eos_token_ids[i], V);
+    if (read_generation_eos(model_dir, V, stops, &n_stops, &err) != 0)
+        return tr_cli_fail(CMD, &err);
+
+    tr_tokenizer *tok = NULL;
+    snprintf(path, sizeof path, "%s/tokenizer.json", model_dir);
+    if (tr_file_exists(path) && tr_tokenizer_load(&tok, path, &err) != 0)
+        return tr_cli_fail(CMD, &err);
+    gen_input in = {0};
+    tr_gen_request *reqs = NULL;
+    tr_gen_output *outs = NULL;
+    int64_t n_out = 0;
+    tr_backend be;
+    bool be_ok = false, model_ok = false, gen_ok = false, writer_open = false;
+    tr_model m;
+    tr_generator g;
+    tr_file_writer w;
+    strbuf buf = {0};
+    rc = 1;
+    if (read_prompts(prompts, cfg.vocab_size, tok, chat_name, &in, &err) != 0) goto done;
+    if (in.chat_ready) {
+        for (int32_t i = 0; i < n_stops; i++) add_stop(chat_stops, &n_chat, stops[i], V);
+        for (int32_t i = 0; i < in.chat.n_stop; i++)
+            add_stop(chat_stops, &n_chat, in.chat.stop[i], V);
+    }
+    reqs = calloc(in.n ? in.n : 1, sizeof *reqs);
+    if (!reqs) {
+        tr_errf(&err, TR_ENOMEM, "out of memory for %zu prompts", in.n);
+        goto done;
+    }
+    // Default pool: every request at once (its prompt plus n worst-case samples).
+    int64_t need_all = 0, need_one = 0, longest = 1;
+    for (size_t i = 0; i < in.n; i++) {
+        const gen_prompt *p = &in.items[i];
+        tr_gen_request *r = &reqs[i];
+        r->prompt = p->ids;
+        r->n_prompt = p->n;
+        r->n_samples = (int32_t)n;
+        r->sampling = (tr_sample_params){.temperature = (float)temperature,
+                                         .top_k = (int32_t)top_k, .top_p = (float)top_p};
+        r->seed = tr_rng_derive((uint64_t)seed, (uint64_t)i);
+        r->stop_ids = p->chat ? chat_stops : stops;
+        r->n_stop = p->chat ? n_chat : n_stops;
+        r->max_new_tokens = (int32_t)max_new;
+        int64_t pb = tr_kv_blocks_for(p->n, (int32_t)block_size);
+        int64_t sb = tr_gen_sample_blocks(p->n, (int32_t)max_new, (int32_t)block_size);
+        need_all += pb + n * sb;
+        if (pb + sb > need_one) need_one = pb + sb;
+        if (p->n + max_new - 1 > longest) longest = p->n + max_new - 1;
+        n_out += n;
+    }
+    if (kv_tokens == 0) {
+        int64_t cap = 32768 / block_size;
+        kv_tokens = (need_all < cap ? need_all : cap) * block_size;
+        if (kv_tokens < need_one * block_size) kv_tokens = need_one * block_size;
+    }
+    if (longest > INT32_MAX) {
+        tr_errf(&err, TR_ERANGE, "prompt + --max-new-tokens is too long");
+        goto done;
+    }
+    outs = calloc(n_out ? (size_t)n_out : 1, sizeof *outs);
+    if (!outs) {
+        tr_errf(&err, TR_ENOMEM, "out of memory for %" PRId64 " samples", n_out);
+        goto done;
+    }
+    if (tr_backend_cpu_init(&be, (int32_t)threads) != 0) {
+        tr_errf(&err, TR_ENOMEM, "cannot start %ld CPU threads", threads);
+        goto done;
+    }
+    be_ok = true;
+    tr_model_opts mo = {.max_tokens = (int32_t)(batch_tokens > max_seqs ? batch_tokens : max_seqs),
+                        .training = false};
+    if (tr_model_load(&m, model_dir, &be, &mo, &err) != 0) goto done;
+    model_ok = true;
+    tr_gen_opts go = {.kv_tokens = kv_tokens, .block_size = (int32_t)block_size,
+                      .max_seqs = (int32_t)max_seqs, .max_seq_len = (int32_t)longest};
+    if (tr_generator_init(&g, &m, &go, &err) != 0) goto done;
+    gen_ok = true;
+    if (tr_generate(&g, reqs, (int32_t)in.n, outs, &err) != 0) {
+        n_out = 0;   // tr_generate freed them
+        goto done;
+    }
+    if (out_path) {
+        if (tr_file_writer_open(&w, out_path, &err) != 0) goto done;
+        writer_open = true;
+    }
+    for (int64_t i = 0; i < n_out; i++) {
+        if (format_line(&buf, outs[i].request, &outs[i], tok, &err) != 0) goto done;
+        if (buf.len >= (1 << 20) || i + 1 == n_out) {
+            if (writer_open) {
+                if (tr_file_writer_write(&w, buf.s, buf.len, &err) != 0) goto done;
+            } else if (fwrite(buf.s, 1, buf.len, stdout) != buf.len) {
+                tr_errf(&err, TR_EIO, "writing standard output failed");
+                goto done;
+            }
+            buf.len = 0;
+        }
+    }
+    if (writer_open) {
+        writer_open = false;
+        if (tr_file_writer_commit(&w, &err) != 0) goto done;
+    } else if (fflush(stdout) != 0) {
+        tr_errf(&err, TR_EIO, "writing standard output failed");
+        goto done;
+    }
+    rc = 0;
+done:
+    if (writer_open) tr_file_writer_abort(&w);
+    free(buf.s);
+    if (outs) tr_gen_outputs_free(outs, n_out);
+    free(outs);
+    free(reqs);
+    if (gen_ok) tr_generator_free(&g);
+    if (model_ok) tr_model_free(&m);
+    if (be_ok) tr_backend_cpu_free(&be);
+    gen_input_free(&in);
+    tr_tokenizer_free(tok);
+    return rc == 0 ? 0 : tr_cli_fail(CMD, &err);
+}

@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# `troupe generate` end to end. Greedy output on the chat fixture (ids, text and chatml
+# prompts, tools/make_generate_fixtures.py) equals transformers' generate: output ids, finish
+# reasons and text exactly, logprobs within 1e-5; so does a run with tiny passes, blocks and
+# batches. Sampled runs: n lines per prompt in order, reproducible, unchanged by the batch
+# layout, and their logprobs equal `troupe logprobs` on prompt + output. Bad input fails with
+# exit 1 naming FILE:LINE; usage errors exit 2; a failed run leaves no output file.
+set -u
+troupe="$1"
+src="${TROUPE_SOURCE_ROOT:-.}"
+fx="$src/tests/fixtures/generate/chat_qwen2"
+models="$src/tests/fixtures/models"
+tmp=$(mktemp -d /tmp/troupe-generate-XXXXXX)
+fail=0
+
+check() {  # check DESCRIPTION STATUS: prints FAIL unless STATUS is 0
+    if [ "$2" != 0 ]; then echo "FAIL: $1"; fail=1; fi
+}
+
+# same_as_hf GOT: every line equals expected.jsonl (ids, finish, text exact; logprobs 1e-5).
+same_as_hf() {
+    python3 - "$1" "$fx/expected.jsonl" <<'EOF'
+import json, sys
+got = [json.loads(l) for l in open(sys.argv[1])]
+want = [json.loads(l) for l in open(sys.argv[2])]
+bad = len(got) != len(want)
+if bad: print(f"{len(got)} lines, want {len(want)}")
+for g, w in zip(got, want):
+    for k in ("index", "sample", "output_ids", "finish_reason", "text"):
+        if g.get(k) != w[k]:
+            print(f"line {w['index']}: {k} = {g.get(k)!r}, transformers {w[k]!r}"); bad = True
+    d = max((abs(a - b) for a, b in zip(g["logprobs"], w["logprobs"])), default=0)
+    if len(g["logprobs"]) != len(w["logprobs"]) or d > 1e-5:
+        print(f"line {w['index']}: logprobs differ by {d}"); bad = True
+sys.exit(1 if bad else 0)
+EOF
+}
+
+"$troupe" generate --model "$fx" --prompts "$fx/prompts.jsonl" --temperature 0 \
+    --max-new-tokens 12 --threads 2 >"$tmp/greedy.jsonl" 2>"$tmp/err"
+check "greedy: exit status ($(cat "$tmp/err"))" $?
+same_as_hf "$tmp/greedy.jsonl"
+check "greedy output equals transformers" $?
+# Chunked prefill (3-token passes), 2-token blocks, one sequence at a time, --out.
+"$troupe" generate --model "$fx" --prompts "$fx/prompts.jsonl" --temperature 0 \
+    --max-new-tokens 12 --batch-tokens 3 --block-size 2 --max-seqs 1 --out "$tmp/small.jsonl" \
+    2>"$tmp/err"
+check "greedy, small passes: exit status ($(cat "$tmp/err"))" $?
+same_as_hf "$tmp/small.jsonl"
+check "greedy with small passes and blocks equals transformers" $?
+
+# Sampling: 3 samples a prompt, in order; the same again with another batch layout.
+opts=(--model "$fx" --prompts "$fx/prompts.jsonl" --n 3 --temperature 0.9 --top-p 0.95
+      --top-k 100 --seed 11 --max-new-tokens 10)
+"$troupe" generate "${opts[@]}" >"$tmp/s1.jsonl" 2>"$tmp/err"
+check "sampling: exit status ($(cat "$tmp/err"))" $?
+"$troupe" generate "${opts[@]}" --max-seqs 2 --block-size 3 --kv-tokens 60 --threads 1 \
+    >"$tmp/s2.jsonl" 2>"$tmp/err"
+check "sampling, small pool: exit status ($(cat "$tmp/err"))" $?
+# Tokens are the same; logprobs agree to rounding (the CPU matmul's last bits follow the
+# number of rows in a pass).
+python3 - "$tmp/s1.jsonl" "$tmp/s2.jsonl" <<'EOF2'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+same = len(a) == len(b) > 0 and all(
+    x["output_ids"] == y["output_ids"] and x["finish_reason"] == y["finish_reason"] and
+    x["text"] == y["text"] and max(abs(p - q) for p, q in zip(x["logprobs"], y["logprobs"])) <= 1e-5
+    for x, y in zip(a, b))
+sys.exit(0 if same else 1)
+EOF2
+check "samples do not depend on the batch layout or pool size" $?
+"$troupe" generate "${opts[@]}" >"$tmp/s1b.jsonl" 2>/dev/null
+cmp -s "$tmp/s1.jsonl" "$tmp/s1b.jsonl"
+check "the same command gives the same bytes" $?
+"$troupe" generate "${opts[@]}" --seed 12 >"$tmp/s3.jsonl" 2>/dev/null
+! cmp -s "$tmp/s1.jsonl" "$tmp/s3.jsonl"
+check "another seed, other samples" $?
+python3 - "$tmp/s1.jsonl" "$fx/prompts.jsonl" "$tmp/lp_in.jsonl" "$tmp/lp_want.jsonl" <<'EOF'
+import json, sys
+got = [json.loads(l) for l in open(sys.argv[1])]
+prompts = [json.loads(l) for l in open(sys.argv[2])]
+bad = [(g["index"], g["sample"]) for g in got] != [(i, j) for i in range(len(prompts)) for j in range(3)]
+distinct = any(len({tuple(g["output_ids"]) for g in got if g["index"] == i}) > 1 for i in range(len(prompts)))
+for g in got:
+    n = len(g["output_ids"])
+    stops = {0, 2} if "messages" in prompts[g["index"]] else {0}   # <|endoftext|>, <|im_end|>
+    stopped = g["output_ids"][-1] in stops
+    bad |= not 1 <= n <= 10 or len(g["logprobs"]) != n
+    bad |= g["finish_reason"] != ("stop" if stopped else "length") or (not stopped and n != 10)
+    bad |= any(t in stops for t in g["output_ids"][:-1])
+    bad |= not all(lp <= 0 for lp in g["logprobs"]) or not isinstance(g["text"], str)
+# For id prompts: prompt + output as `troupe logprobs` input, generation's logprobs expected.
+with open(sys.argv[3], "w") as fi, open(sys.argv[4], "w") as fo:
+    for g in got:
+        p = prompts[g["index"]]
+        if "input_ids" in p:
+            fi.write(json.dumps({"input_ids": p["input_ids"] + g["output_ids"]}) + "\n")
+            fo.write(json.dumps(g["logprobs"]) + "\n")
+sys.exit(1 if bad or not distinct else 0)
+EOF
+check "sampled lines: order, lengths, finish reasons, distinct samples" $?
+"$troupe" logprobs --model "$fx" --data "$tmp/lp_in.jsonl" >"$tmp/lp_got.jsonl" 2>"$tmp/err"
+check "logprobs of the samples: exit status ($(cat "$tmp/err"))" $?
+python3 - "$tmp/lp_got.jsonl" "$tmp/lp_want.jsonl" <<'EOF'
+import json, sys
+got = [json.loads(l)["logprobs"] for l in open(sys.argv[1])]
+want = [json.loads(l) for l in open(sys.argv[2])]
+worst = max(abs(a - b) for g, w in zip(got, want) for a, b in zip(g[-len(w):], w))
+sys.exit(0 if len(got) == len(want) > 0 and worst <= 1e-5 else 1)
+EOF
+check "generation logprobs equal troupe logprobs on prompt + output" $?
+
+# A model without tokenizer.json: ids work (no "text"), text prompts are an error.
+printf '{"input_ids": [5, 17, 42]}\n' >"$tmp/ids.jsonl"
+"$troupe" generate --model "$models/llama3" --prompts "$tmp/ids.jsonl" --n 2 \
+    --max-new-tokens 4 >"$tmp/ids.out" 2>"$tmp/err"
+check "ids without a tokenizer ($(cat "$tmp/err"))" $?
+[ "$(wc -l <"$tmp/ids.out")" = 2 ] && ! grep -q '"text"' "$tmp/ids.out"
+check "two lines without text" $?
+
+# expect_error STATUS PATTERN ARGS...: exit status and a message matching PATTERN.
+expect_error() {
+    local want="$1" pat="$2"; shift 2
+    "$troupe" generate "$@" >"$tmp/out" 2>"$tmp/err"
+    local got=$?
+    if [ "$got" != "$want" ] || ! grep -q -- "$pat" "$tmp/err"; then
+        echo "FAIL: generate $*: exit $got (want $want), stderr:"; cat "$tmp/err"; fail=1
+    fi
+}
+printf '{"input_ids": [1]}\n\n{"prompt": "hi"}\n' >"$tmp/text.jsonl"
+expect_error 1 'text.jsonl:3:.*tokenizer.json' --model "$models/llama3" --prompts "$tmp/text.jsonl"
+printf '{"input_ids": [1, 2]}\n{"input_ids": [1, 3000]}\n' >"$tmp/range.jsonl"
+expect_error 1 'range.jsonl:2: input_ids\[1\] = 3000 is outside' --model "$fx" \
+    --prompts "$tmp/range.jsonl"
+printf '{"input_ids": [1, 2]}\n{"input_ids": [1, 2],}\n' >"$tmp/malformed.jsonl"
+expect_error 1 'malformed.jsonl:2:' --model "$fx" --prompts "$tmp/malformed.jsonl"
+printf '{"prompt": "a", "input_ids": [1]}\n' >"$tmp/both.jsonl"
+expect_error 1 'both.jsonl:1: give only one' --model "$fx" --prompts "$tmp/both.jsonl"
+printf '{"messages": [{"role": "robot", "content": "x"}]}\n' >"$tmp/role.jsonl"
+expect_error 1 'role.jsonl:1: messages\[0\].role' --model "$fx" --prompts "$tmp/role.jsonl"
+printf '{"text": "x"}\n' >"$tmp/none.jsonl"
+expect_error 1 "none.jsonl:1: a line needs" --model "$fx" --prompts "$tmp/none.jsonl"
+expect_error 1 'needs .* KV blocks' --model "$fx" --prompts "$fx/prompts.jsonl" --kv-tokens 8
+expect_error 1 'causal LM' --model "$models/score_qwen2" --prompts "$tmp/ids.jsonl"
+expect_error 1 'no-such.jsonl' --model "$fx" --prompts "$tmp/no-such.jsonl"
+expect_error 2 'required' --model "$fx"
+expect_error 2 '\-\-n must' --model "$fx" --prompts "$tmp/ids.jsonl" --n 0
+expect_error 2 'top-p' --model "$fx" --prompts "$tmp/ids.jsonl" --top-p 1.5
+expect_error 2 'chat-format' --model "$fx" --prompts "$tmp/ids.jsonl" --chat-format vicuna
+expect_error 2 'temperature' --model "$fx" --prompts "$tmp/ids.jsonl" --temperature -1
+# A failed run leaves no output file behind.
+"$troupe" generate --model "$fx" --prompts "$tmp/range.jsonl" --out "$tmp/partial.jsonl" \
+    2>/dev/null
+[ ! -e "$tmp/partial.jsonl" ] && [ -z "$(ls "$tmp" | grep 'partial.jsonl.tmp')" ]
+check "no partial output file" $?
+
+rm -rf "$tmp"
+exit $fail
