@@ -158,10 +158,32 @@ static void test_curve_endpoint(void) {
     CHECK(tr_router_init(&r, &ro, &e) == -1 && strstr(e.msg, "authorized_file"));
 }
 
+// The key file example in docs/protocol.md is a real pair in the format the reader takes.
+static void test_documented_example(void) {
+    char *doc;
+    size_t n;
+    tr_err e;
+    CHECKF(tr_file_read(tr_test_src("docs/protocol.md"), &doc, &n, &e) == 0, "%s", e.msg);
+    if (!doc) return;
+    char *pub = strstr(doc, "public-key = \"");
+    char *sec = pub ? strstr(pub, "secret-key = \"") : NULL;
+    CHECK(pub && sec);
+    if (pub && sec) {
+        char *end = strchr(sec, '\n');
+        char p[320];
+        if (end) *end = '\0';
+        CHECK(tr_file_write_atomic(path_in(p, sizeof p, "doc.key"), pub, strlen(pub), &e) == 0);
+        tr_curve_keypair kp;
+        CHECKF(tr_curve_key_read(p, &kp, &e) == 0, "%s", e.msg);
+    }
+    free(doc);
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "%s", tr_test_tmpdir());
     test_key_files();
     test_curve_endpoint();
+    test_documented_example();
     int rc = tr_test_summary("test_curve");
     if (rc == 0) {
         char cmd[300];
