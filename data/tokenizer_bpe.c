@@ -1,6 +1,7 @@
 // Byte-level BPE of one pre-tokenized word: start from one symbol per byte and apply merges
-// lowest rank first (ties: leftmost) with a binary heap over a linked list of symbols, the
-// same order Hugging Face's Word::merge_all uses, so ties and stale pairs resolve alike.
+// lowest rank first, leftmost on ties, which is the order of Hugging Face's Word::merge_all.
+// Short words merge in a packed array, long ones with a binary heap over a linked list; both
+// sit behind the whole-word vocabulary lookup (ignore_merges) and the shared word cache.
 #include <stdlib.h>
 #include <string.h>
 
@@ -114,28 +115,6 @@ static int merge_scan(tr_tok_ctx *c, tr_tok_symbol *sym, size_t n) {
     return 0;
 }
 
-static int merge_word(tr_tok_ctx *c, const uint8_t *w, size_t len);
-
-int tr_tok_bpe(tr_tok_ctx *c, const uint8_t *w, size_t len) {
-    const tr_tokenizer *t = c->tok;
-    if (len == 0) return 0;
-    if (t->ignore_merges || len == 1) {
-        int32_t id = len == 1 ? t->byte_ids[w[0]] : tr_tok_strmap_get(&t->bpe_vocab, w, len);
-        if (id >= 0) return tr_tok_push_id(c, id);
-    }
-    int32_t cached[TR_TOK_CACHE_IDS];
-    size_t n_cached;
-    if (tr_tok_cache_get(&t->cache, w, len, cached, &n_cached)) {
-        for (size_t i = 0; i < n_cached; i++)
-            if (tr_tok_push_id(c, cached[i])) return -1;
-        return 0;
-    }
-    size_t first = c->n_ids;
-    if (merge_word(c, w, len)) return -1;
-    if (c->n_ids > first) tr_tok_cache_put(&t->cache, w, len, c->ids + first, c->n_ids - first);
-    return 0;
-}
-
 static int merge_word(tr_tok_ctx *c, const uint8_t *w, size_t len) {
     const tr_tokenizer *t = c->tok;
     if (len > INT32_MAX / 4) return tr_errf(c->err, TR_ERANGE, "word of %zu bytes is too long", len);
@@ -199,5 +178,25 @@ static int merge_word(tr_tok_ctx *c, const uint8_t *w, size_t len) {
     }
     for (size_t i = 0; i < n; i++)
         if (sym[i].len && tr_tok_push_id(c, sym[i].id)) return -1;
+    return 0;
+}
+
+int tr_tok_bpe(tr_tok_ctx *c, const uint8_t *w, size_t len) {
+    const tr_tokenizer *t = c->tok;
+    if (len == 0) return 0;
+    if (t->ignore_merges || len == 1) {
+        int32_t id = len == 1 ? t->byte_ids[w[0]] : tr_tok_strmap_get(&t->bpe_vocab, w, len);
+        if (id >= 0) return tr_tok_push_id(c, id);
+    }
+    int32_t cached[TR_TOK_CACHE_IDS];
+    size_t n_cached;
+    if (tr_tok_cache_get(&t->cache, w, len, cached, &n_cached)) {
+        for (size_t i = 0; i < n_cached; i++)
+            if (tr_tok_push_id(c, cached[i])) return -1;
+        return 0;
+    }
+    size_t first = c->n_ids;
+    if (merge_word(c, w, len)) return -1;
+    if (c->n_ids > first) tr_tok_cache_put(&t->cache, w, len, c->ids + first, c->n_ids - first);
     return 0;
 }

@@ -2,20 +2,21 @@
 // behaviours and invert) and the ByteLevel step (prefix space, GPT-2 regex), run on one
 // piece of text and handing every final piece to BPE. Patterns are Oniguruma syntax in
 // tokenizer.json; PCRE2 runs them after the few escapes whose meaning differs are rewritten.
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "data/tokenizer_impl.h"
 
-// Oniguruma's \s is Unicode White_Space (PCRE2's also takes U+180E), its \w takes marks,
-// every number and the Other_Alphabetic symbols (PCRE2 10.42's only letters, numbers, '_'),
-// and its \h is a hex digit (PCRE2's is horizontal space).
+// Oniguruma's \s is Unicode White_Space (PCRE2's also takes U+180E); its \w is Alphabetic,
+// marks, decimal digits and connector punctuation plus, from its Latin-1 table, the
+// superscript digits and vulgar fractions (PCRE2 10.42's \w is letters, numbers and '_');
+// its \h is a hex digit (PCRE2's is horizontal space).
 static const char SPACE_SET[] =
     "\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}"
     "\\x{202F}\\x{205F}\\x{3000}";
 static const char WORD_SET[] =
-    "\\p{L}\\p{M}\\p{N}\\p{Pc}\\x{200C}\\x{200D}\\x{24B6}-\\x{24E9}\\x{1F130}-\\x{1F149}"
-    "\\x{1F150}-\\x{1F169}\\x{1F170}-\\x{1F189}";
+    "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{B2}\\x{B3}\\x{B9}\\x{BC}-\\x{BE}";
 static const char HEX_SET[] = "0-9a-fA-F";
 
 typedef struct buf {
@@ -66,6 +67,17 @@ static int translate(const char *pat, size_t len, buf *out) {
             }
             if (set && in_class && !neg) {
                 puts_(out, set);
+                i++;
+                continue;
+            }
+            if ((e == 'b' || e == 'B') && !in_class) {
+                // Word boundaries by Oniguruma's \w as well.
+                char w[sizeof WORD_SET + 2], tmp[4 * sizeof WORD_SET + 64];
+                snprintf(w, sizeof w, "[%s]", WORD_SET);
+                snprintf(tmp, sizeof tmp,
+                         e == 'b' ? "(?:(?<=%s)(?!%s)|(?<!%s)(?=%s))" : "(?:(?<=%s)(?=%s)|(?<!%s)(?!%s))",
+                         w, w, w, w);
+                puts_(out, tmp);
                 i++;
                 continue;
             }
@@ -134,7 +146,15 @@ int tr_tok_regex_compile(pcre2_code **re, const char *pat, size_t len, bool lite
     }
     int code;
     PCRE2_SIZE off;
-    *re = pcre2_compile((PCRE2_SPTR)(b.p ? b.p : ""), b.n, opt, &code, &off, NULL);
+    // Oniguruma's newline is LF only, whatever PCRE2 was built with.
+    pcre2_compile_context *cc = pcre2_compile_context_create(NULL);
+    if (!cc) {
+        free(b.p);
+        return tr_errf(err, TR_ENOMEM, "%s: out of memory", key);
+    }
+    pcre2_set_newline(cc, PCRE2_NEWLINE_LF);
+    *re = pcre2_compile((PCRE2_SPTR)(b.p ? b.p : ""), b.n, opt, &code, &off, cc);
+    pcre2_compile_context_free(cc);
     if (!*re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(code, msg, sizeof msg);

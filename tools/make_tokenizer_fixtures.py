@@ -138,6 +138,9 @@ def fixed_texts():
         "\u0085<mask>\u0085", "x\u180e<mask>\u180ey", "\u2029<mask>\u00a0z", "[[w]]", "a[[w]]b", " [[w]] ", "x[[w]]", "[[w]]_", "é[[w]]", "[[w]]\u0301", "-[[w]]-",
         "Ångström", "A\u030Ang", "xÅngy", "<|im_start|>A\u030Ang",
         "ĠTroupe", " Troupe", "Troupe troupe TROUPE",
+        # character classes
+        "Ⓐⓑ ² ½ x\u200cy \u0663 deadbeef 0xCAFE ab12 zz", "e\u0301\u0302-mark \u0903x",
+        "a\u180eb\u0085c\u00a0d\u2007e\u200bf", "_under_score_ \u203fconn",
         # long words
         "a" * 1000, "supercalifragilistic" * 40, "ab" * 300, "1" * 200, " " * 300,
         "\n" * 100, "你好" * 80, "😀" * 40, "x" + "\u0301" * 60, "-" * 200,
@@ -272,6 +275,11 @@ def main():
     tokenizers["split_invert"] = variant(None, seq(split(r"\p{L}+", "Removed", invert=True),
                                                    bl()))
     tokenizers["split_empty"] = variant(None, seq(split(r"\b|x*", "Isolated"), bl()))
+    # Oniguruma's classes where PCRE2's differ: \h is a hex digit, \w takes marks and all
+    # numbers, \s is White_Space; Removed makes any difference show in the ids.
+    tokenizers["onig_classes"] = variant(None, seq(split(r"\h{2,}", "Removed"),
+                                                   split(r"\w+", "Removed"),
+                                                   split(r"\s", "Isolated"), bl()))
 
     # Byte tokens 0x00..0x08 taken out of the vocabulary (and the merges that use them): those
     # bytes become unk_token, or vanish when there is none.

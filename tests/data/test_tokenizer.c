@@ -13,7 +13,8 @@
 
 static const char *NAMES[] = {"qwen2",      "llama3",           "gpt2",         "split_removed",
                               "split_prev", "split_next",       "split_contiguous", "split_invert",
-                              "split_empty", "unk",             "unk_fused",    "no_unk"};
+                              "split_empty", "unk",             "unk_fused",    "no_unk",
+                              "onig_classes"};
 
 typedef struct lines {
     json_t **v;
