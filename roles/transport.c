@@ -149,8 +149,9 @@ static void close_sock(void **s) {
 static void ep_free(tr_endpoint *ep) {
     if (ep->thread_started) {
         const char q = 'Q';
-        // If the pipe is broken the thread is already gone (it exits on any pipe error).
-        zmq_send(ep->pipe_app, &q, 1, ZMQ_DONTWAIT);
+        // Should the pipe refuse the quit command, shutting the context down makes every
+        // blocking call of the I/O thread fail with ETERM, which ends it as well.
+        if (zmq_send(ep->pipe_app, &q, 1, ZMQ_DONTWAIT) < 0) zmq_ctx_shutdown(ep->ctx);
         pthread_join(ep->thread, NULL);
     } else {
         close_sock(&ep->sock);
@@ -238,30 +239,20 @@ static void handle_zap(tr_endpoint *ep) {
         else more = zmq_msg_more(&x);
         zmq_msg_close(&x);
     }
-    if (n < 2) {  // not even a request id to answer: the REP socket must still reply
-        for (int i = 0; i < n; i++) zmq_msg_close(&f[i]);
-        zmq_send(ep->zap, "1.0", 3, ZMQ_SNDMORE);
-        zmq_send(ep->zap, "", 0, ZMQ_SNDMORE);
-        zmq_send(ep->zap, "400", 3, ZMQ_SNDMORE);
-        zmq_send(ep->zap, "malformed ZAP request", 21, ZMQ_SNDMORE);
-        zmq_send(ep->zap, "", 0, ZMQ_SNDMORE);
-        zmq_send(ep->zap, "", 0, 0);
-        return;
-    }
+    // The REP socket must answer even a malformed request, or it stops taking new ones.
     bool ok = n >= 7 && zmq_msg_size(&f[5]) == 5 && memcmp(zmq_msg_data(&f[5]), "CURVE", 5) == 0 &&
               zmq_msg_size(&f[6]) == 32 && tr_curve_authorized_has(&ep->auth, zmq_msg_data(&f[6]));
-    if (!ok) {
-        pthread_mutex_lock(&ep->mu);
-        ep->stats.auth_rejected++;
-        pthread_mutex_unlock(&ep->mu);
-    }
-    zmq_send(ep->zap, "1.0", 3, ZMQ_SNDMORE);
-    zmq_send(ep->zap, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), ZMQ_SNDMORE);
-    zmq_send(ep->zap, ok ? "200" : "400", 3, ZMQ_SNDMORE);
-    const char *text = ok ? "OK" : "public key not authorized";
-    zmq_send(ep->zap, text, strlen(text), ZMQ_SNDMORE);
-    zmq_send(ep->zap, "", 0, ZMQ_SNDMORE);
-    zmq_send(ep->zap, "", 0, 0);
+    const char *text = ok ? "OK" : n < 7 ? "malformed ZAP request" : "public key not authorized";
+    const void *reqid = n >= 2 ? zmq_msg_data(&f[1]) : "";
+    size_t reqid_len = n >= 2 ? zmq_msg_size(&f[1]) : 0;
+    bool sent = zmq_send(ep->zap, "1.0", 3, ZMQ_SNDMORE) >= 0 && zmq_send(ep->zap, reqid, reqid_len, ZMQ_SNDMORE) >= 0 &&
+                zmq_send(ep->zap, ok ? "200" : "400", 3, ZMQ_SNDMORE) >= 0 &&
+                zmq_send(ep->zap, text, strlen(text), ZMQ_SNDMORE) >= 0 && zmq_send(ep->zap, "", 0, ZMQ_SNDMORE) >= 0 &&
+                zmq_send(ep->zap, "", 0, 0) >= 0;
+    pthread_mutex_lock(&ep->mu);
+    if (!ok) ep->stats.auth_rejected++;
+    if (!sent) ep->stats.send_failures++;  // the handshake then times out on the client side
+    pthread_mutex_unlock(&ep->mu);
     for (int i = 0; i < n; i++) zmq_msg_close(&f[i]);
 }
 
@@ -547,7 +538,9 @@ static void io_fail(tr_endpoint *ep, const char *what) {
     }
     pthread_mutex_unlock(&ep->mu);
     const char k = 'E';
-    zmq_send(ep->pipe_io, &k, 1, ZMQ_DONTWAIT);
+    // Wakes a waiting caller; should the pipe be broken, the caller's wait loop finds
+    // io_failed on its next one-second slice.
+    (void)zmq_send(ep->pipe_io, &k, 1, ZMQ_DONTWAIT);
 }
 
 // Handles one command from the caller; returns 1 on quit, -1 when the pipe has nothing.
@@ -633,7 +626,7 @@ static void *io_main(void *arg) {
     }
     // A dead peer will never take the queued messages: do not linger for it.
     bool dead_peer = !ep->is_router && ep->controller_dead;
-    if (dead_peer) set_int(ep->sock, ZMQ_LINGER, 0, "ZMQ_LINGER", NULL);
+    if (dead_peer) (void)set_int(ep->sock, ZMQ_LINGER, 0, "ZMQ_LINGER", NULL);  // best effort while closing
     close_sock(&ep->sock);
     close_sock(&ep->zap);
     close_sock(&ep->pipe_io);
@@ -698,12 +691,20 @@ static int ep_recv(tr_endpoint *ep, tr_wire_msg *m, int timeout_ms, tr_err *err)
     memset(m, 0, sizeof *m);
     msgpack_unpacked_init(&m->msg.unpacked_);
     if (ep_check(ep, err)) return -1;
+    if (!ep->is_router) {
+        pthread_mutex_lock(&ep->mu);
+        bool dead = ep->controller_dead;
+        pthread_mutex_unlock(&ep->mu);
+        if (dead)
+            return tr_errf(err, TR_EPEER, "controller at %s is dead (silent for over %d ms)", ep->endpoint,
+                           ep->hb_timeout_ms);
+    }
     int64_t deadline = timeout_ms < 0 ? -1 : tr_now_ms() + timeout_ms;
     for (;;) {
-        long wait = -1;
+        long wait = 1000;
         if (deadline >= 0) {
             int64_t left = deadline - tr_now_ms();
-            wait = left > 0 ? (long)left : 0;
+            wait = left <= 0 ? 0 : left < 1000 ? (long)left : 1000;
         }
         zmq_pollitem_t it = {ep->pipe_app, 0, ZMQ_POLLIN, 0};
         int rc = zmq_poll(&it, 1, wait);
@@ -711,6 +712,8 @@ static int ep_recv(tr_endpoint *ep, tr_wire_msg *m, int timeout_ms, tr_err *err)
             if (zmq_errno() == EINTR) return tr_errf(err, TR_ECANCELED, "interrupted while waiting for a message");
             return zerr(err, "zmq_poll");
         }
+        if (rc == 0 && ep_check(ep, err)) return -1;
+        if (rc == 0 && (deadline < 0 || tr_now_ms() < deadline)) continue;
         if (rc == 0) {
             if (!ep->is_router) {
                 pthread_mutex_lock(&ep->mu);
@@ -1007,7 +1010,7 @@ int tr_dealer_init(tr_dealer **out, const tr_dealer_opts *o, tr_err *err) {
     return 0;
 fail:
     // Nothing worth delivering is queued; do not wait for an absent controller.
-    if (ep->sock) set_int(ep->sock, ZMQ_LINGER, 0, "ZMQ_LINGER", NULL);
+    if (ep->sock) (void)set_int(ep->sock, ZMQ_LINGER, 0, "ZMQ_LINGER", NULL);  // best effort while closing
     tr_dealer_free(d);
     return -1;
 }

@@ -249,6 +249,8 @@ static void test_controller_death(void) {
         if (tr_dealer_recv(d, &m, 500, &e) == -1 && e.code == TR_EPEER) reported = 1;
     CHECK(reported);
     CHECKF(strstr(e.msg, "controller") != NULL, "%s", e.msg);
+    // Every later receive fails at once too, even one that would wait forever.
+    CHECK(tr_dealer_recv(d, &m, -1, &e) == -1 && e.code == TR_EPEER);
     CHECK(tr_dealer_send(d, "x", 1, &e) == -1 && e.code == TR_EPEER);
     tr_dealer_free(d);
 }
