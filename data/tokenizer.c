@@ -142,7 +142,5 @@ const char *tr_tokenizer_id_to_token(const tr_tokenizer *tok, int32_t id, size_t
 }
 
 bool tr_tokenizer_is_special(const tr_tokenizer *tok, int32_t id) {
-    for (int32_t i = 0; i < tok->n_added; i++)
-        if (tok->added[i].id == id) return tok->added[i].special;
-    return false;
+    return id >= 0 && id < tok->n_ids && tok->special[id];
 }

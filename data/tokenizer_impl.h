@@ -245,6 +245,7 @@ struct tr_tokenizer {
     uint8_t *bytes_pool;
     size_t bytes_pool_len;
     bool decoder_bytelevel;  // false: no decoder, tokens are joined with spaces
+    uint8_t *special;        // per id: 1 for special added tokens
 
     // added tokens
     tr_tok_added *added;

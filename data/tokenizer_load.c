@@ -545,7 +545,10 @@ static int build_id_tables(lctx *L, tr_tokenizer *t, int32_t max_id) {
     t->id_str = malloc((size_t)(t->n_ids ? t->n_ids : 1) * sizeof *t->id_str);
     t->id_bytes = malloc((size_t)(t->n_ids ? t->n_ids : 1) * sizeof *t->id_bytes);
     if (!t->id_str || !t->id_bytes) return tr_errf(L->err, TR_ENOMEM, "out of memory for %d ids", t->n_ids);
+    t->special = calloc((size_t)(t->n_ids ? t->n_ids : 1), 1);
+    if (!t->special) return tr_errf(L->err, TR_ENOMEM, "out of memory for %d ids", t->n_ids);
     for (int32_t i = 0; i < t->n_ids; i++) t->id_str[i] = t->id_bytes[i] = UINT64_MAX;
+    for (int32_t r = 0; r < t->n_added; r++) t->special[t->added[r].id] = t->added[r].special;
     const tr_tok_strmap *m = &t->model_vocab;
     for (uint32_t i = 0; i < m->n; i++) {
         const tr_tok_strmap_entry *e = &m->entries[i];
@@ -685,6 +688,7 @@ void tr_tokenizer_free(tr_tokenizer *t) {
     free(t->str_pool);
     free(t->id_bytes);
     free(t->bytes_pool);
+    free(t->special);
     for (int32_t r = 0; r < t->n_added; r++) free(t->added[r].content);
     free(t->added);
     tr_tok_trie_free(&t->trie_raw);
