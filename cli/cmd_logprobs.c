@@ -1,6 +1,7 @@
 // `troupe logprobs`: per-token log-probabilities of token sequences under a causal LM.
-// Input JSONL lines carry input_ids; each output line, in input order, is
-// {"logprobs": [...]} with logprobs[i] = ln p(input_ids[i+1] | input_ids[..i]).
+// Input JSONL lines carry input_ids, or text encoded with the model's tokenizer.json; each
+// output line, in input order, is {"logprobs": [...]} with
+// logprobs[i] = ln p(input_ids[i+1] | input_ids[..i]).
 // Sequences are packed as separate documents into forwards of up to --batch-tokens tokens.
 #include <errno.h>
 #include <inttypes.h>
@@ -12,6 +13,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "data/tokenizer.h"
 #include "engine/err.h"
 #include "engine/file.h"
 #include "engine/heads.h"
@@ -48,35 +50,67 @@ static const char *type_name(const json_t *v) {
     return "?";
 }
 
-// One line's input_ids into s, each id checked against the vocabulary.
+// Takes n ids (malloc'd, owned by s afterwards) after checking them against the vocabulary.
+static int take_ids(const char *path, long long line, int32_t *ids, size_t n, int32_t vocab,
+                    seq *s, tr_err *err) {
+    s->ids = ids;
+    s->n = (int32_t)n;
+    if (n == 0) return tr_errf(err, TR_EFORMAT, "%s:%lld: the text encodes to no tokens", path, line);
+    if (n > INT32_MAX / 2) return tr_errf(err, TR_ERANGE, "%s:%lld: %zu tokens is too many", path, line, n);
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= vocab)
+            return tr_errf(err, TR_ERANGE, "%s:%lld: the tokenizer gave id %d, outside the "
+                           "model's vocabulary [0, %d)", path, line, ids[i], vocab);
+    return 0;
+}
+
+// One line's input_ids (or encoded text) into s, each id checked against the vocabulary.
 static int parse_line(const char *path, long long line, const char *text, size_t len,
-                      int32_t vocab, seq *s, tr_err *err) {
+                      int32_t vocab, const tr_tokenizer *tok, seq *s, tr_err *err) {
     json_error_t jerr;
     json_t *obj = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
     if (!obj)
         return tr_errf(err, TR_EFORMAT, "%s:%lld:%d: %s", path, line, jerr.column, jerr.text);
     int rc = -1;
     json_t *arr = json_is_object(obj) ? json_object_get(obj, "input_ids") : NULL;
+    json_t *txt = json_is_object(obj) ? json_object_get(obj, "text") : NULL;
     size_t n = arr ? json_array_size(arr) : 0;
-    if (!json_is_object(obj))
+    if (!json_is_object(obj)) {
         tr_errf(err, TR_EFORMAT, "%s:%lld: a line must be a JSON object, got %s", path, line,
                 type_name(obj));
-    else if (!arr && json_object_get(obj, "text"))
-        tr_errf(err, TR_EUNSUPPORTED, "%s:%lld: 'text' input needs the tokenizer, which troupe "
-                "logprobs does not load yet; give 'input_ids'", path, line);
-    else if (!arr)
-        tr_errf(err, TR_EFORMAT, "%s:%lld: missing field 'input_ids'", path, line);
-    else if (!json_is_array(arr))
+    } else if (arr && txt) {
+        tr_errf(err, TR_EFORMAT, "%s:%lld: give one of 'input_ids' and 'text', not both", path,
+                line);
+    } else if (txt) {
+        int32_t *ids = NULL;
+        size_t k = 0;
+        if (!json_is_string(txt))
+            tr_errf(err, TR_EFORMAT, "%s:%lld: field 'text' must be a string, got %s", path,
+                    line, type_name(txt));
+        else if (!tok)
+            tr_errf(err, TR_EINVAL, "%s:%lld: 'text' needs the model's tokenizer.json, which "
+                    "the model directory lacks; give 'input_ids'", path, line);
+        else if (tr_tokenizer_encode(tok, json_string_value(txt), json_string_length(txt), &ids,
+                                     &k, err) != 0)
+            tr_err_wrap(err, "%s:%lld", path, line);
+        else
+            rc = take_ids(path, line, ids, k, vocab, s, err);
+        json_decref(obj);
+        return rc;
+    } else if (!arr) {
+        tr_errf(err, TR_EFORMAT, "%s:%lld: missing field 'input_ids' (or 'text')", path, line);
+    } else if (!json_is_array(arr)) {
         tr_errf(err, TR_EFORMAT, "%s:%lld: field 'input_ids' must be an array, got %s", path,
                 line, type_name(arr));
-    else if (n == 0)
+    } else if (n == 0) {
         tr_errf(err, TR_EFORMAT, "%s:%lld: 'input_ids' is empty", path, line);
-    else if (n > INT32_MAX / 2)
+    } else if (n > INT32_MAX / 2) {
         tr_errf(err, TR_ERANGE, "%s:%lld: %zu input_ids is too many", path, line, n);
-    else if (!(s->ids = malloc(n * sizeof(int32_t))))
+    } else if (!(s->ids = malloc(n * sizeof(int32_t)))) {
         tr_errf(err, TR_ENOMEM, "%s:%lld: out of memory", path, line);
-    else
+    } else {
         rc = 0;
+    }
     for (size_t i = 0; i < n && rc == 0; i++) {
         json_t *v = json_array_get(arr, i);
         if (!json_is_integer(v))
@@ -95,7 +129,8 @@ static int parse_line(const char *path, long long line, const char *text, size_t
 }
 
 // Reads every non-blank line of path ("-": standard input).
-static int read_sequences(const char *path, int32_t vocab, seq_list *out, tr_err *err) {
+static int read_sequences(const char *path, int32_t vocab, const tr_tokenizer *tok,
+                          seq_list *out, tr_err *err) {
     FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
     if (!f) return tr_errf(err, TR_EIO, "%s: cannot open: %s", path, strerror(errno));
     char *buf = NULL;
@@ -127,7 +162,7 @@ static int read_sequences(const char *path, int32_t vocab, seq_list *out, tr_err
         seq *s = &out->items[out->n++];
         s->ids = NULL;
         s->n = 0;
-        if ((rc = parse_line(path, line, buf, (size_t)len, vocab, s, err)) != 0) break;
+        if ((rc = parse_line(path, line, buf, (size_t)len, vocab, tok, s, err)) != 0) break;
     }
     free(buf);
     if (f != stdin) fclose(f);
@@ -218,8 +253,9 @@ int tr_cmd_logprobs(int argc, char **argv) {
     tr_arg table[] = {
         {"model", TR_ARG_STR, &model_dir, "DIR", "Hugging Face model directory (a causal LM)",
          true, false},
-        {"data", TR_ARG_STR, &data, "FILE", "JSONL with \"input_ids\" per line ('-': stdin)",
-         true, false},
+        {"data", TR_ARG_STR, &data, "FILE",
+         "JSONL with \"input_ids\" (or \"text\", with the model's tokenizer.json) per line "
+         "('-': stdin)", true, false},
         {"out", TR_ARG_STR, &out_path, "FILE", "output JSONL (default: standard output)", false,
          false},
         {"threads", TR_ARG_INT, &threads, "N", "CPU threads (default: all cores)", false, false},
@@ -234,7 +270,9 @@ int tr_cmd_logprobs(int argc, char **argv) {
     if (help) {
         tr_args_usage(CMD, "--model DIR --data FILE.jsonl [--out FILE] [--threads N]",
                       "Writes one line {\"logprobs\": [...]} per input line, in input order:\n"
-                      "logprobs[i] = ln p(input_ids[i+1] | input_ids[0..i]), len - 1 values.",
+                      "logprobs[i] = ln p(input_ids[i+1] | input_ids[0..i]), len - 1 values.\n"
+                      "\"text\" is encoded as transformers' encode(text, "
+                      "add_special_tokens=False).",
                       table);
         return 0;
     }
@@ -254,8 +292,15 @@ int tr_cmd_logprobs(int argc, char **argv) {
                 cfg.architecture);
         return tr_cli_fail(CMD, &err);
     }
+    tr_tokenizer *tok = NULL;
+    char tok_path[4200];
+    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", model_dir);
+    if (tr_file_exists(tok_path) && tr_tokenizer_load(&tok, tok_path, &err) != 0)
+        return tr_cli_fail(CMD, &err);
     seq_list seqs = {0};
-    if (read_sequences(data, cfg.vocab_size, &seqs, &err) != 0) {
+    int read_rc = read_sequences(data, cfg.vocab_size, tok, &seqs, &err);
+    tr_tokenizer_free(tok);
+    if (read_rc != 0) {
         seq_list_free(&seqs);
         return tr_cli_fail(CMD, &err);
     }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `troupe logprobs` end to end: on the transformers fixtures its output matches the logprobs
 # transformers computed (1e-5 abs, line for line, in input order) whether sequences share a
-# forward or not; bad input fails with exit 1 and a message naming FILE:LINE; usage errors
-# exit 2.
+# forward or not; text input equals its token ids; bad input fails with exit 1 and a message
+# naming FILE:LINE; usage errors exit 2.
 set -u
 troupe="$1"
 src="${TROUPE_SOURCE_ROOT:-.}"
@@ -50,6 +50,21 @@ for m in llama3 qwen2; do
     check "$m: --out file matches transformers" $?
 done
 
+# "text" lines are encoded with the model's tokenizer.json: the same output as the ids that
+# `troupe tokenize` (checked against HF tokenizers) gives for the text.
+tokfx="$src/tests/fixtures/generate/chat_qwen2"
+printf '{"text": "Hello world, this is a test of generation."}\n{"text": "fox \\u00e9t\\u00e9"}\n' \
+    >"$tmp/text_in.jsonl"
+"$troupe" tokenize --tokenizer "$tokfx/tokenizer.json" <"$tmp/text_in.jsonl" |
+    sed 's/"ids"/"input_ids"/' >"$tmp/text_ids.jsonl"
+check "tokenize" $?
+"$troupe" logprobs --model "$tokfx" --data "$tmp/text_in.jsonl" >"$tmp/text.out" 2>"$tmp/err"
+check "text input ($(cat "$tmp/err"))" $?
+"$troupe" logprobs --model "$tokfx" --data "$tmp/text_ids.jsonl" >"$tmp/text_ids.out" 2>&1
+check "ids of the text" $?
+[ -s "$tmp/text.out" ] && cmp -s "$tmp/text.out" "$tmp/text_ids.out"
+check "text and its ids give the same logprobs" $?
+
 # A one-token sequence gives an empty list; blank lines are skipped.
 printf '{"input_ids": [5]}\n\n{"input_ids": [5, 6]}\n' >"$tmp/short.jsonl"
 "$troupe" logprobs --model "$fx/llama3" --data "$tmp/short.jsonl" >"$tmp/short.out" 2>&1
@@ -77,7 +92,10 @@ printf '{"input_ids": [1, "x"]}\n' >"$tmp/type.jsonl"
 expect_error 1 'type.jsonl:1: input_ids\[1\] must be an integer' \
     --model "$fx/llama3" --data "$tmp/type.jsonl"
 printf '{"text": "hello"}\n' >"$tmp/text.jsonl"
-expect_error 1 'text.jsonl:1:.*tokenizer' --model "$fx/llama3" --data "$tmp/text.jsonl"
+expect_error 1 "text.jsonl:1: 'text' needs the model's tokenizer.json" \
+    --model "$fx/llama3" --data "$tmp/text.jsonl"
+printf '{"text": "hello", "input_ids": [1, 2]}\n' >"$tmp/both.jsonl"
+expect_error 1 'both.jsonl:1: give one of' --model "$fx/llama3" --data "$tmp/both.jsonl"
 expect_error 1 'causal LM' --model "$fx/score_qwen2" --data "$tmp/short.jsonl"
 expect_error 1 'config.json' --model "$tmp/no-such-model" --data "$tmp/short.jsonl"
 expect_error 1 'no-such.jsonl' --model "$fx/llama3" --data "$tmp/no-such.jsonl"
