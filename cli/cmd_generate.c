@@ -47,9 +47,11 @@ static void gen_input_free(gen_input *in) {
 static int parse_ids(const char *path, int64_t line, const json_t *arr, int32_t vocab,
                      gen_prompt *p, tr_err *err) {
     size_t n = json_array_size(arr);
-    if (n == 0) return tr_errf(err, TR_EFORMAT, "%s:%lld: 'input_ids' is empty", path, (long long)line);
+    if (n == 0)
+        return tr_errf(err, TR_EFORMAT, "%s:%lld: 'input_ids' is empty", path, (long long)line);
     if (n > INT32_MAX / 2)
-        return tr_errf(err, TR_ERANGE, "%s:%lld: %zu input_ids is too many", path, (long long)line, n);
+        return tr_errf(err, TR_ERANGE, "%s:%lld: %zu input_ids is too many", path,
+                       (long long)line, n);
     if (!(p->ids = malloc(n * sizeof(int32_t))))
         return tr_errf(err, TR_ENOMEM, "%s:%lld: out of memory", path, (long long)line);
     for (size_t i = 0; i < n; i++) {
@@ -72,9 +74,12 @@ static int parse_ids(const char *path, int64_t line, const json_t *arr, int32_t 
 static int take_ids(const char *path, int64_t line, int32_t *ids, size_t n, int32_t vocab,
                     gen_prompt *p, tr_err *err) {
     p->ids = ids;
-    if (n == 0) return tr_errf(err, TR_EFORMAT, "%s:%lld: the prompt encodes to no tokens", path, (long long)line);
+    if (n == 0)
+        return tr_errf(err, TR_EFORMAT, "%s:%lld: the prompt encodes to no tokens", path,
+                       (long long)line);
     if (n > INT32_MAX / 2)
-        return tr_errf(err, TR_ERANGE, "%s:%lld: %zu prompt tokens is too many", path, (long long)line, n);
+        return tr_errf(err, TR_ERANGE, "%s:%lld: %zu prompt tokens is too many", path,
+                       (long long)line, n);
     for (size_t i = 0; i < n; i++)
         if (ids[i] >= vocab)
             return tr_errf(err, TR_ERANGE, "%s:%lld: the tokenizer gave id %d, outside the "
@@ -243,11 +248,11 @@ static int format_line(strbuf *b, int64_t index, const tr_gen_output *o,
         k = snprintf(num, sizeof num, i ? ", %.9g" : "%.9g", (double)o->logprobs[i]);
         bad = sb_put(b, num, (size_t)k);
     }
-    bad = bad || sb_str(b, o->finish == TR_FINISH_STOP ? "], \"finish_reason\": \"stop\""
+    bad = bad || sb_str(b, o->finish == TR_GEN_STOP ? "], \"finish_reason\": \"stop\""
                                                         : "], \"finish_reason\": \"length\"");
     if (bad) return tr_errf(err, TR_ENOMEM, "out of memory formatting output");
     if (tok) {
-        size_t n = (size_t)o->n_tokens - (o->finish == TR_FINISH_STOP ? 1 : 0), len = 0;
+        size_t n = (size_t)o->n_tokens - (o->finish == TR_GEN_STOP ? 1 : 0), len = 0;
         char *text = NULL;
         if (tr_tokenizer_decode(tok, o->tokens, n, &text, &len, err) != 0)
             return tr_err_wrap(err, "decoding prompt %" PRId64 " sample %d", index, o->sample);
@@ -319,19 +324,20 @@ int tr_cmd_generate(int argc, char **argv) {
                       table);
         return 0;
     }
-    const char *bad = n < 1 || n > 65536 ? "--n must be in 1..65536"
-                    : max_new < 1 || max_new > (1 << 24) ? "--max-new-tokens must be in 1..16777216"
-                    : !(temperature >= 0 && temperature <= 1e6) ? "--temperature must be in [0, 1e6]"
-                    : !(top_p > 0 && top_p <= 1) ? "--top-p must be in (0, 1]"
-                    : top_k < 0 || top_k > INT32_MAX ? "--top-k must be >= 0"
-                    : seed < 0 ? "--seed must be >= 0"
-                    : threads < 0 || threads > 1024 ? "--threads must be in 0..1024"
-                    : kv_tokens < 0 || kv_tokens > ((long)1 << 34) ? "--kv-tokens must be >= 0"
-                    : block_size < 1 || block_size > 4096 ? "--block-size must be in 1..4096"
-                    : max_seqs < 1 || max_seqs > 65536 ? "--max-seqs must be in 1..65536"
-                    : batch_tokens < 1 || batch_tokens > (1 << 24) ? "--batch-tokens must be in 1..16777216"
-                    : tr_chat_kind_parse(chat_name) == 0 ? "--chat-format must be chatml or llama3"
-                    : NULL;
+    const char *bad = NULL;
+    if (n < 1 || n > 65536) bad = "--n must be in 1..65536";
+    else if (max_new < 1 || max_new > (1 << 24)) bad = "--max-new-tokens must be in 1..16777216";
+    else if (!(temperature >= 0 && temperature <= 1e6)) bad = "--temperature must be in [0, 1e6]";
+    else if (!(top_p > 0 && top_p <= 1)) bad = "--top-p must be in (0, 1]";
+    else if (top_k < 0 || top_k > INT32_MAX) bad = "--top-k must be in 0..2147483647";
+    else if (seed < 0) bad = "--seed must be >= 0";
+    else if (threads < 0 || threads > 1024) bad = "--threads must be in 0..1024";
+    else if (kv_tokens < 0 || kv_tokens > ((long)1 << 34)) bad = "--kv-tokens must be in 0..2^34";
+    else if (block_size < 1 || block_size > 4096) bad = "--block-size must be in 1..4096";
+    else if (max_seqs < 1 || max_seqs > 65536) bad = "--max-seqs must be in 1..65536";
+    else if (batch_tokens < 1 || batch_tokens > (1 << 24))
+        bad = "--batch-tokens must be in 1..16777216";
+    else if (tr_chat_kind_parse(chat_name) == 0) bad = "--chat-format must be chatml or llama3";
     if (bad) {
         fprintf(stderr, "troupe %s: %s\n", CMD, bad);
         return 2;

@@ -168,8 +168,8 @@ static bool is_stop(const tr_gen_request *r, int32_t tok) {
 }
 
 static void finish_check(const tr_gen_request *r, tr_gen_output *o) {
-    if (is_stop(r, o->tokens[o->n_tokens - 1])) o->finish = TR_FINISH_STOP;
-    else if (o->n_tokens >= r->max_new_tokens) o->finish = TR_FINISH_LENGTH;
+    if (is_stop(r, o->tokens[o->n_tokens - 1])) o->finish = TR_GEN_STOP;
+    else if (o->n_tokens >= r->max_new_tokens) o->finish = TR_GEN_LENGTH;
 }
 
 static void note_blocks(tr_generator *g) {
@@ -186,7 +186,8 @@ static int start_samples(gen_run *run, tr_err *err) {
     while (run->head < run->next_req) {
         gen_group *grp = &run->groups[run->head];
         const tr_gen_request *r = &run->reqs[run->head];
-        while (grp->next < r->n_samples && run->outs[grp->out0 + grp->next].finish)
+        while (grp->next < r->n_samples &&
+               run->outs[grp->out0 + grp->next].finish != TR_GEN_RUNNING)
             grp->next++;
         if (grp->next == r->n_samples) {
             // Every sample has its own references now (or finished at prefill).
@@ -253,7 +254,8 @@ static int32_t prefill_round(gen_run *run, tr_err *err) {
             g->stats.waits++;
             break;
         }
-        for (int32_t b = 0; b < pb; b++) grp->kv.blocks[grp->kv.n_blocks++] = tr_kvcache_alloc(&g->cache);
+        for (int32_t b = 0; b < pb; b++)
+            grp->kv.blocks[grp->kv.n_blocks++] = tr_kvcache_alloc(&g->cache);
         grp->holding = true;
         grp->reserved = grp->sample_res;
         g->reserved += grp->reserved;
@@ -354,7 +356,7 @@ static int decode_step(gen_run *run, tr_err *err) {
     // Retire finished samples; the last running one moves into the freed slot.
     for (int32_t i = 0; i < g->n_active;) {
         tr_gen_slot *s = &g->slots[i];
-        if (!run->outs[s->out].finish) {
+        if (run->outs[s->out].finish == TR_GEN_RUNNING) {
             i++;
             continue;
         }
@@ -427,6 +429,7 @@ int tr_generate(tr_generator *g, const tr_gen_request *reqs, int32_t n_reqs,
             memset(out, 0, sizeof *out);
             out->request = i;
             out->sample = j;
+            out->finish = TR_GEN_RUNNING;
             out->tokens = malloc((size_t)r->max_new_tokens * sizeof(int32_t));
             out->logprobs = malloc((size_t)r->max_new_tokens * sizeof(float));
             if (!out->tokens || !out->logprobs) {

@@ -1,8 +1,9 @@
 // Batched generation with continuous batching over a paged KV cache. Each request's prompt is
-// prefilled once; its n samples then share the prompt's blocks and decode one token per step
-// together with every other running sample. Finished samples free their blocks at once and
-// waiting ones take their place. The trunk is the training forward's own code
-// (tr_model_forward_rows), so reported logprobs are the training path's.
+// prefilled once; its n samples then share the prompt's blocks (a partially filled last block
+// is copied when a sample first writes into it while others still share it) and decode one
+// token per step together with every other running sample. Finished samples free their
+// blocks at once and waiting ones take their place. The trunk is the training forward's own
+// code (tr_model_forward_rows), so reported logprobs are the training path's.
 //
 // Admission reserves a sample's worst-case blocks (prompt + max_new_tokens - 1 positions)
 // before it starts, so a running sample never runs out of blocks mid-decode: requests wait
@@ -29,7 +30,8 @@ typedef struct tr_gen_request {
     int32_t max_new_tokens;      // >= 1
 } tr_gen_request;
 
-enum tr_finish_reason { TR_FINISH_NONE = 0, TR_FINISH_STOP, TR_FINISH_LENGTH };
+// How a sample ended. STOP and LENGTH have the values of roles' rollout finish codes.
+enum tr_gen_finish { TR_GEN_RUNNING = -1, TR_GEN_STOP = 0, TR_GEN_LENGTH = 1 };
 
 // One sample's result. logprobs[i] = ln p(tokens[i] | prompt, tokens[..i]) under the model's
 // unmodified distribution (temperature 1, no top-k/top-p), whatever the sampling was.
@@ -38,7 +40,7 @@ typedef struct tr_gen_output {
     int32_t *tokens;             // max_new_tokens entries allocated, n_tokens used
     float *logprobs;
     int32_t n_tokens;
-    enum tr_finish_reason finish;
+    enum tr_gen_finish finish;
 } tr_gen_output;
 
 typedef struct tr_gen_opts {

@@ -80,8 +80,10 @@ python3 - "$tmp/s1.jsonl" "$fx/prompts.jsonl" "$tmp/lp_in.jsonl" "$tmp/lp_want.j
 import json, sys
 got = [json.loads(l) for l in open(sys.argv[1])]
 prompts = [json.loads(l) for l in open(sys.argv[2])]
-bad = [(g["index"], g["sample"]) for g in got] != [(i, j) for i in range(len(prompts)) for j in range(3)]
-distinct = any(len({tuple(g["output_ids"]) for g in got if g["index"] == i}) > 1 for i in range(len(prompts)))
+n_p = len(prompts)
+bad = [(g["index"], g["sample"]) for g in got] != [(i, j) for i in range(n_p) for j in range(3)]
+distinct = any(len({tuple(g["output_ids"]) for g in got if g["index"] == i}) > 1
+               for i in range(n_p))
 for g in got:
     n = len(g["output_ids"])
     stops = {0, 2} if "messages" in prompts[g["index"]] else {0}   # <|endoftext|>, <|im_end|>

@@ -90,7 +90,7 @@ static void test_greedy_hf(const char *name, tr_backend *be) {
             bool eos = false;
             for (int32_t e = 0; e < m.cfg.n_eos; e++)
                 eos |= want[r][nw[r] - 1] == m.cfg.eos_token_ids[e];
-            CHECK(outs[i].finish == (eos ? TR_FINISH_STOP : TR_FINISH_LENGTH));
+            CHECK(outs[i].finish == (eos ? TR_GEN_STOP : TR_GEN_LENGTH));
             if (eos) CHECK(n_new < 16);
         }
         printf("  %d prompts x 2 samples match\n", n);
@@ -105,7 +105,7 @@ static void test_greedy_hf(const char *name, tr_backend *be) {
     r0.n_stop = 1;
     r0.n_samples = 1;
     if (run(&m, &opts, &r0, 1, outs, NULL) == 0) {
-        CHECK(outs[0].n_tokens == first + 1 && outs[0].finish == TR_FINISH_STOP);
+        CHECK(outs[0].n_tokens == first + 1 && outs[0].finish == TR_GEN_STOP);
         CHECK(outs[0].tokens[first] == stop);
         tr_gen_outputs_free(outs, 1);
     }
@@ -175,7 +175,7 @@ static void test_logprobs(const char *name, tr_backend *be) {
             const tr_gen_output *o = &outs[i];
             CHECK(o->request == i / NS && o->sample == i % NS);
             CHECK(o->n_tokens >= 1 && o->n_tokens <= reqs[o->request].max_new_tokens);
-            CHECK(o->finish == TR_FINISH_STOP || o->n_tokens == reqs[o->request].max_new_tokens);
+            CHECK(o->finish == TR_GEN_STOP || o->n_tokens == reqs[o->request].max_new_tokens);
             double e = check_against_training(&train_m, prompts[o->request], lens[o->request],
                                               o, &bitwise);
             if (!(e <= worst)) worst = e;
