@@ -1,0 +1,164 @@
+// GRPO (and the other critic-free estimators: RLOO, REINFORCE++): per step, prompts ->
+// policy.generate (n per prompt) -> reward.score -> dynamic sampling's refill ->
+// reference.logprobs (KL) -> policy.logprobs (the behaviour logprobs, also measuring the
+// rollout/training mismatch) -> group advantages -> policy.train -> weight sync; then eval,
+// log and checkpoint as scheduled.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/loss.h"
+#include "rl/advantage.h"
+#include "rl/advantage_shaping.h"
+#include "rl/rollout_select.h"
+#include "rl/workflow_rl.h"
+
+// Advantages of the batch into s->adv: the estimator of the recipe over the padded layout,
+// with the KL penalty folded into the rewards when the recipe places it there. Returns the
+// mean KL of that penalty in *kl_reward (NAN when not in the reward).
+static int advantages(tr_run *run, tr_rl_step *s, double *kl_reward, tr_err *err) {
+    const tr_recipe_algorithm *al = &run->rc->algorithm;
+    const tr_rollouts *r = &s->batch;
+    int32_t B = s->B, T = s->T;
+    float *token_rewards = NULL;
+    *kl_reward = NAN;
+    if (al->kl_coef > 0 && al->kl_placement == TR_KL_IN_REWARD) {
+        tr_rl_to_padded(r, T, s->old_lp, s->p_a);
+        tr_rl_to_padded(r, T, s->ref_lp, s->p_b);
+        *kl_reward = tr_kl_reward_penalty(al->kl_estimator, (float)al->kl_coef, s->p_a, s->p_b,
+                                          s->mask, (int64_t)B * T, s->p_c);
+        token_rewards = s->p_c;
+    }
+    tr_adv_cfg cfg = {al->advantage, al->norm_by_std, TR_ADV_GRPO_EPS, (float)al->gamma,
+                      (float)al->lam};
+    tr_adv_input in = {B, T, s->reward, r->group, s->n_groups, s->mask, NULL, token_rewards};
+    if (tr_adv_compute(&cfg, &in, s->p_d, NULL, err)) return tr_err_wrap(err, "advantages");
+    tr_rl_from_padded(r, T, s->p_d, s->adv);
+    return 0;
+}
+
+int tr_workflow_grpo(tr_run *run, tr_err *err) {
+    const tr_recipe *rc = run->rc;
+    const int32_t P = (int32_t)rc->train.prompts_per_step;
+    const bool kl = rc->algorithm.kl_coef > 0;
+    const bool dynamic = rc->rollout.dynamic_sampling;
+    tr_prompt_loader train = {0}, eval = {0};
+    bool has_eval = rc->data.eval[0] != '\0';
+    tr_rl_step s;
+    tr_rl_step_init(&s);
+    int rc_ = -1;
+    int32_t max_prompt = (int32_t)rc->data.max_prompt_len;
+    if (tr_prompt_loader_init(&train, rc->data.train, run->chatp, run->tok, max_prompt, true,
+                              (uint64_t)rc->seed, err) ||
+        (has_eval && tr_prompt_loader_init(&eval, rc->data.eval, run->chatp, run->tok, max_prompt,
+                                           false, 0, err)))
+        goto done;
+
+    if (!run->resumed && has_eval) {  // step 0: the starting policy's accuracy
+        tr_metrics_begin(&run->m, 0);
+        if (tr_rl_eval(run, &eval, err) || tr_metrics_commit(&run->m, err)) goto done;
+    }
+
+    for (int64_t step = run->step + 1; step <= rc->train.steps; step++) {
+        double t_step = tr_metrics_now(), t_gen = 0, t_reward = 0, t0;
+        tr_metrics_begin(&run->m, step);
+        tr_rl_step_reset(&s);
+        if (tr_rl_step_reserve_batch(&s, P * (int32_t)rc->rollout.n, err)) goto done;
+
+        // Prompts -> policy.generate -> reward.score; dynamic sampling keeps only groups whose
+        // rewards differ and draws more prompts until the batch is full or max_resample
+        // extra rounds are spent.
+        int32_t round = 0;
+        do {
+            if (tr_prompt_loader_draw(&train, run->data_cursor, P, &s.draw, err)) goto done;
+            run->data_cursor += P;
+            tr_rollouts_clear(&s.gen);
+            t0 = tr_metrics_now();
+            tr_sampling smp = tr_rl_sampling(rc, step, round);
+            if (tr_policy_generate(run->policy, &s.draw.batch, &smp, &s.gen, err)) goto done;
+            t_gen += tr_metrics_now() - t0;
+            t0 = tr_metrics_now();
+            if (tr_rl_step_reserve_gen(&s, s.gen.n, err) ||
+                tr_rl_score(run, &s.gen, s.gen_score, s.gen_reward, &s, err))
+                goto done;
+            t_reward += tr_metrics_now() - t0;
+            int32_t kept_groups = P;
+            if (dynamic) {
+                if (tr_dynamic_sampling_filter(s.gen_reward, s.gen.group, s.gen.n, P, s.keep,
+                                               &kept_groups, err))
+                    goto done;
+            } else {
+                memset(s.keep, 1, (size_t)s.gen.n);
+            }
+            if (tr_rollouts_take_groups(&s.batch, &s.n_groups, P, s.reward, s.score, &s.gen,
+                                        s.gen_reward, s.gen_score, s.keep, err))
+                goto done;
+            round++;
+        } while (dynamic && s.n_groups < P && round <= rc->rollout.max_resample);
+        if (tr_metrics_set(&run->m, "time/generate", t_gen, err) ||
+            tr_metrics_set(&run->m, "time/reward", t_reward, err) ||
+            tr_rl_log_rollouts(run, &s, err) ||
+            (dynamic && (tr_metrics_set(&run->m, "dynamic/groups", s.n_groups, err) ||
+                         tr_metrics_set(&run->m, "dynamic/rounds", round, err))))
+            goto done;
+
+        if (s.n_groups > 0) {
+            if (tr_rl_step_layout(&s, err)) goto done;
+            // reference.logprobs for the KL term.
+            if (kl) {
+                t0 = tr_metrics_now();
+                if (tr_model_logprobs(run->reference, &s.batch, s.ref_lp, NULL, err)) goto done;
+                if (tr_metrics_set(&run->m, "time/reference", tr_metrics_now() - t0, err)) goto done;
+            }
+            // policy.logprobs: the behaviour logprobs on the training path; they should equal
+            // what generation reported, and the largest difference is logged.
+            t0 = tr_metrics_now();
+            if (tr_model_logprobs(run->policy, &s.batch, s.old_lp, s.entropy, err)) goto done;
+            double t_old = tr_metrics_now() - t0;
+
+            double kl_reward;
+            if (advantages(run, &s, &kl_reward, err)) goto done;
+
+            // policy.train: ppo_epochs x mini_batches optimizer steps on the batch.
+            tr_train_batch tb = {&s.batch, s.adv, s.old_lp,
+                                 kl && rc->algorithm.kl_placement == TR_KL_IN_LOSS ? s.ref_lp : NULL,
+                                 NULL, NULL};
+            tr_train_metrics tm;
+            t0 = tr_metrics_now();
+            if (tr_policy_train(run->policy, &tb, &tm, err)) goto done;
+            double t_train = tr_metrics_now() - t0 + t_old;
+            t0 = tr_metrics_now();
+            bool synced;
+            if (tr_policy_sync_weights(run->policy, &synced, err)) goto done;
+            double t_sync = tr_metrics_now() - t0;
+
+            if (tr_rl_log_train(run, &tm, err) ||
+                tr_metrics_set(&run->m, "entropy", tr_rl_response_mean(&s.batch, s.entropy), err) ||
+                (!isnan(kl_reward) && tr_metrics_set(&run->m, "kl", kl_reward, err)) ||
+                (!kl && tr_metrics_set(&run->m, "kl", NAN, err)) ||
+                tr_metrics_set(&run->m, "logprob_diff/max",
+                               tr_rl_max_abs_diff(&s.batch, s.batch.gen_logprobs, s.old_lp), err) ||
+                tr_metrics_set(&run->m, "time/train", t_train, err) ||
+                tr_metrics_set(&run->m, "time/sync", t_sync, err) ||
+                tr_rl_log_samples(run, step, &s, err))
+                goto done;
+        }
+        if (tr_run_eval_due(step, rc->train.steps, rc->train.eval_every) && has_eval &&
+            tr_rl_eval(run, &eval, err))
+            goto done;
+        double dt = tr_metrics_now() - t_step;
+        if (tr_metrics_set(&run->m, "throughput/tokens_per_s", (double)s.batch.n_tokens / dt, err) ||
+            tr_metrics_set(&run->m, "time/step", dt, err) || tr_metrics_commit(&run->m, err))
+            goto done;
+        run->step = step;
+        if (tr_run_save_due(step, rc->train.steps, rc->train.save_every) &&
+            tr_run_checkpoint(run, step, err))
+            goto done;
+    }
+    rc_ = 0;
+done:
+    tr_rl_step_free(&s);
+    tr_prompt_loader_free(&train);
+    if (has_eval) tr_prompt_loader_free(&eval);
+    return rc_;
+}

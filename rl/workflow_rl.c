@@ -1,0 +1,331 @@
+// Shared pieces of the GRPO and PPO workflows: buffers, reward shaping, padded layout,
+// rollout and training metrics, and evaluation on the held-out prompts.
+#include <ctype.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/rng.h"
+#include "rl/advantage_shaping.h"
+#include "rl/workflow_rl.h"
+#include "roles/reward_rule.h"
+
+void tr_rl_step_init(tr_rl_step *s) {
+    memset(s, 0, sizeof *s);
+    tr_rollouts_init(&s->gen);
+    tr_rollouts_init(&s->batch);
+}
+
+void tr_rl_step_free(tr_rl_step *s) {
+    tr_prompt_draw_free(&s->draw);
+    tr_rollouts_free(&s->gen);
+    tr_rollouts_free(&s->batch);
+    free(s->gen_score);
+    free(s->gen_reward);
+    free(s->keep);
+    free(s->score);
+    free(s->reward);
+    free(s->old_lp);
+    free(s->ref_lp);
+    free(s->entropy);
+    free(s->values);
+    free(s->adv);
+    free(s->returns);
+    free(s->mask);
+    free(s->p_seq_reward);
+    free(s->p_group);
+    free(s->p_a);
+    free(s->p_b);
+    free(s->p_c);
+    free(s->p_d);
+    memset(s, 0, sizeof *s);
+}
+
+void tr_rl_step_reset(tr_rl_step *s) {
+    tr_rollouts_clear(&s->batch);
+    s->n_groups = 0;
+    s->n_generated = s->gen_tokens = s->n_truncated = 0;
+    s->reward_sum = s->reward_sq = s->score_sum = 0;
+}
+
+static int grow_f(float **p, size_t n) {
+    float *q = realloc(*p, (n ? n : 1) * sizeof *q);
+    if (!q) return -1;
+    *p = q;
+    return 0;
+}
+
+int tr_rl_step_reserve_gen(tr_rl_step *s, int32_t n, tr_err *err) {
+    uint8_t *k = realloc(s->keep, (size_t)(n ? n : 1));
+    if (k) s->keep = k;
+    if (!k || grow_f(&s->gen_score, (size_t)n) || grow_f(&s->gen_reward, (size_t)n))
+        return tr_errf(err, TR_ENOMEM, "rollout scores: out of memory for %d sequences", n);
+    return 0;
+}
+
+int tr_rl_step_reserve_batch(tr_rl_step *s, int32_t n, tr_err *err) {
+    if (n <= s->cap_seqs) return 0;
+    if (grow_f(&s->score, (size_t)n) || grow_f(&s->reward, (size_t)n))
+        return tr_errf(err, TR_ENOMEM, "step batch: out of memory for %d sequences", n);
+    s->cap_seqs = n;
+    return 0;
+}
+
+int tr_rl_step_layout(tr_rl_step *s, tr_err *err) {
+    const tr_rollouts *r = &s->batch;
+    int32_t T = 1;
+    for (int32_t i = 0; i < r->n; i++)
+        if (r->response_len[i] > T) T = r->response_len[i];
+    s->B = r->n;
+    s->T = T;
+    size_t nt = (size_t)(r->n_tokens > 0 ? r->n_tokens : 1);
+    if ((int64_t)nt > s->cap_tokens) {
+        if (grow_f(&s->old_lp, nt) || grow_f(&s->ref_lp, nt) || grow_f(&s->entropy, nt) ||
+            grow_f(&s->values, nt) || grow_f(&s->adv, nt) || grow_f(&s->returns, nt))
+            return tr_errf(err, TR_ENOMEM, "step batch: out of memory for %zu tokens", nt);
+        s->cap_tokens = (int64_t)nt;
+    }
+    int64_t np = (int64_t)s->B * T;
+    if (np > s->cap_pad) {
+        uint8_t *m = realloc(s->mask, (size_t)np);
+        if (m) s->mask = m;
+        int32_t *g = realloc(s->p_group, (size_t)s->B * sizeof *g);
+        if (g) s->p_group = g;
+        if (!m || !g || grow_f(&s->p_seq_reward, (size_t)s->B) || grow_f(&s->p_a, (size_t)np) ||
+            grow_f(&s->p_b, (size_t)np) || grow_f(&s->p_c, (size_t)np) || grow_f(&s->p_d, (size_t)np))
+            return tr_errf(err, TR_ENOMEM, "step batch: out of memory for %d x %d", s->B, T);
+        s->cap_pad = np;
+    }
+    tr_rl_mask(r, T, s->mask);
+    memset(s->old_lp, 0, nt * sizeof(float));
+    memset(s->ref_lp, 0, nt * sizeof(float));
+    memset(s->entropy, 0, nt * sizeof(float));
+    memset(s->values, 0, nt * sizeof(float));
+    memset(s->adv, 0, nt * sizeof(float));
+    memset(s->returns, 0, nt * sizeof(float));
+    return 0;
+}
+
+tr_sampling tr_rl_sampling(const tr_recipe *r, int64_t step, int32_t round) {
+    tr_sampling s;
+    memset(&s, 0, sizeof s);
+    s.n = (int32_t)r->rollout.n;
+    s.max_new_tokens = (int32_t)r->rollout.max_new_tokens;
+    s.temperature = (float)r->rollout.temperature;
+    s.top_p = (float)r->rollout.top_p;
+    s.top_k = (int32_t)r->rollout.top_k;
+    s.seed = tr_rng_derive(tr_rng_derive((uint64_t)r->seed, (uint64_t)step), (uint64_t)round);
+    return s;
+}
+
+// A rule's zero score is "missing" when the response holds nothing the rule could read as
+// an answer, else "wrong".
+static bool answer_missing(enum tr_recipe_reward_fn fn, const char *text) {
+    if (!text) return true;
+    size_t n = strlen(text);
+    switch (fn) {
+    case TR_RECIPE_FN_NUMERIC_MATCH: {
+        double v;
+        return tr_reward_last_number(text, n, &v) == 0;
+    }
+    case TR_RECIPE_FN_EXACT_MATCH:
+        for (size_t i = 0; i < n; i++)
+            if (!isspace((unsigned char)text[i])) return false;
+        return true;
+    case TR_RECIPE_FN_REGEX: return true;  // no match: nothing was extracted
+    }
+    return true;
+}
+
+int tr_rl_score(tr_run *run, const tr_rollouts *r, float *score, float *reward, tr_rl_step *s,
+                tr_err *err) {
+    const tr_recipe_reward *rw = &run->rc->reward;
+    const tr_recipe_rollout *ro = &run->rc->rollout;
+    int64_t failures = 0;
+    if (r->n == 0) return 0;
+    if (tr_reward_score(run->reward, r, score, &failures, err)) return -1;
+    for (int32_t i = 0; i < r->n; i++) {
+        double v;
+        if (!isfinite(score[i]))
+            return tr_errf(err, TR_EPEER, "reward: sequence %d scored %g", i, (double)score[i]);
+        if (rw->kind == TR_RECIPE_REWARD_RULE) {
+            char *text = r->response_text ? r->response_text[i] : NULL, *decoded = NULL;
+            if (!text && score[i] < 0.5f) {
+                size_t len;
+                const int32_t *resp = r->tokens + r->offset[i] + r->prompt_len[i];
+                if (tr_tokenizer_decode(run->tok, resp, (size_t)r->response_len[i], &decoded,
+                                        &len, err))
+                    return tr_err_wrap(err, "reward: decoding response %d", i);
+                text = decoded;
+            }
+            v = score[i] >= 0.5f ? rw->curve.correct
+                : answer_missing(rw->function, text) ? rw->curve.missing
+                                                     : rw->curve.wrong;
+            free(decoded);
+        } else {
+            v = rw->curve.scale * score[i] + rw->curve.shift;
+        }
+        v += tr_overlong_penalty(r->response_len[i], (int32_t)ro->max_new_tokens,
+                                 (int32_t)ro->overlong_buffer, (float)ro->overlong_penalty);
+        reward[i] = (float)v;
+        if (s) {
+            s->n_generated++;
+            s->gen_tokens += r->response_len[i];
+            s->n_truncated += r->finish[i] == TR_FINISH_LENGTH;
+            s->reward_sum += v;
+            s->reward_sq += v * v;
+            s->score_sum += score[i];
+        }
+    }
+    return 0;
+}
+
+void tr_rl_mask(const tr_rollouts *r, int32_t T, uint8_t *mask) {
+    for (int32_t b = 0; b < r->n; b++)
+        for (int32_t t = 0; t < T; t++) mask[(int64_t)b * T + t] = t < r->response_len[b];
+}
+
+void tr_rl_to_padded(const tr_rollouts *r, int32_t T, const float *tok, float *pad) {
+    for (int32_t b = 0; b < r->n; b++) {
+        const float *src = tok + r->offset[b] + r->prompt_len[b];
+        for (int32_t t = 0; t < T; t++)
+            pad[(int64_t)b * T + t] = t < r->response_len[b] ? src[t] : 0.0f;
+    }
+}
+
+void tr_rl_from_padded(const tr_rollouts *r, int32_t T, const float *pad, float *tok) {
+    for (int32_t b = 0; b < r->n; b++) {
+        float *dst = tok + r->offset[b];
+        for (int32_t t = 0; t < r->prompt_len[b]; t++) dst[t] = 0.0f;
+        for (int32_t t = 0; t < r->response_len[b]; t++)
+            dst[r->prompt_len[b] + t] = pad[(int64_t)b * T + t];
+    }
+}
+
+double tr_rl_response_mean(const tr_rollouts *r, const float *x) {
+    double sum = 0;
+    int64_t n = 0;
+    for (int32_t i = 0; i < r->n; i++) {
+        int64_t o = r->offset[i] + r->prompt_len[i];
+        for (int32_t t = 0; t < r->response_len[i]; t++) sum += x[o + t];
+        n += r->response_len[i];
+    }
+    return n ? sum / (double)n : NAN;
+}
+
+double tr_rl_max_abs_diff(const tr_rollouts *r, const float *a, const float *b) {
+    double m = 0;
+    for (int32_t i = 0; i < r->n; i++) {
+        int64_t o = r->offset[i] + r->prompt_len[i];
+        for (int32_t t = 0; t < r->response_len[i]; t++) {
+            double d = fabs((double)a[o + t] - (double)b[o + t]);
+            if (!(d <= m)) m = d;  // NaN propagates
+        }
+    }
+    return m;
+}
+
+int tr_rl_eval(tr_run *run, tr_prompt_loader *eval, tr_err *err) {
+    const int32_t chunk = 256;
+    tr_prompt_draw d = {0};
+    tr_rollouts r;
+    tr_rollouts_init(&r);
+    float *score = NULL, *reward = NULL;
+    double acc = 0, rew = 0, len = 0;
+    int rc = 0;
+    tr_sampling smp = tr_rl_sampling(run->rc, 0, 0);
+    smp.n = 1;
+    smp.temperature = 0.0f;
+    smp.top_p = 1.0f;
+    smp.top_k = 0;
+    for (int64_t k = 0; k < eval->n && rc == 0; k += chunk) {
+        int32_t cnt = (int32_t)(eval->n - k < chunk ? eval->n - k : chunk);
+        tr_rollouts_clear(&r);
+        if ((rc = tr_prompt_loader_draw(eval, k, cnt, &d, err))) break;
+        if ((rc = tr_policy_generate(run->policy, &d.batch, &smp, &r, err))) break;
+        if (grow_f(&score, (size_t)r.n) || grow_f(&reward, (size_t)r.n)) {
+            rc = tr_errf(err, TR_ENOMEM, "eval: out of memory");
+            break;
+        }
+        if ((rc = tr_rl_score(run, &r, score, reward, NULL, err))) break;
+        for (int32_t i = 0; i < r.n; i++) {
+            acc += score[i];
+            rew += reward[i];
+            len += r.response_len[i];
+        }
+    }
+    if (rc == 0) {
+        double n = (double)eval->n;
+        rc = tr_metrics_set(&run->m, "eval/accuracy", acc / n, err) ||
+             tr_metrics_set(&run->m, "eval/reward", rew / n, err) ||
+             tr_metrics_set(&run->m, "eval/response_len", len / n, err);
+    } else {
+        tr_err_wrap(err, "evaluation on %s", run->rc->data.eval);
+    }
+    free(score);
+    free(reward);
+    tr_rollouts_free(&r);
+    tr_prompt_draw_free(&d);
+    return rc ? -1 : 0;
+}
+
+int tr_rl_log_rollouts(tr_run *run, const tr_rl_step *s, tr_err *err) {
+    tr_metrics *m = &run->m;
+    double n = s->n_generated > 0 ? (double)s->n_generated : NAN;
+    double mean = s->reward_sum / n;
+    double var = s->n_generated > 1 ? (s->reward_sq - n * mean * mean) / (n - 1) : 0.0;
+    if (var < 0) var = 0;
+    return tr_metrics_set(m, "reward/mean", mean, err) ||
+                   tr_metrics_set(m, "reward/std", sqrt(var), err) ||
+                   tr_metrics_set(m, "score/mean", s->score_sum / n, err) ||
+                   tr_metrics_set(m, "response_len/mean", (double)s->gen_tokens / n, err) ||
+                   tr_metrics_set(m, "response_len/clip_ratio", (double)s->n_truncated / n, err)
+               ? -1
+               : 0;
+}
+
+int tr_rl_log_train(tr_run *run, const tr_train_metrics *tm, tr_err *err) {
+    tr_metrics *m = &run->m;
+    return tr_metrics_set(m, "loss", tm->loss, err) || tr_metrics_set(m, "pg_loss", tm->pg_loss, err) ||
+                   tr_metrics_set(m, "kl", tm->kl, err) ||
+                   tr_metrics_set(m, "entropy", tm->entropy, err) ||
+                   tr_metrics_set(m, "clip_frac", tm->clip_frac, err) ||
+                   tr_metrics_set(m, "approx_kl", tm->approx_kl, err) ||
+                   tr_metrics_set(m, "grad_norm", tm->grad_norm, err) ||
+                   tr_metrics_set(m, "lr", tm->lr, err)
+               ? -1
+               : 0;
+}
+
+int tr_rl_log_samples(tr_run *run, int64_t step, const tr_rl_step *s, tr_err *err) {
+    int64_t every = run->rc->log.samples_every;
+    if (!run->samples || every <= 0 || step % every != 0) return 0;
+    int32_t shown = 0, last_group = -1;
+    for (int32_t i = 0; i < s->batch.n && shown < 4; i++) {
+        if (s->batch.group[i] == last_group) continue;
+        last_group = s->batch.group[i];
+        const tr_rollouts *r = &s->batch;
+        char *resp = r->response_text ? r->response_text[i] : NULL, *decoded = NULL;
+        size_t len;
+        if (!resp) {
+            if (tr_tokenizer_decode(run->tok, r->tokens + r->offset[i] + r->prompt_len[i],
+                                    (size_t)r->response_len[i], &decoded, &len, err))
+                return -1;
+            resp = decoded;
+        }
+        json_t *o = json_pack("{s:I, s:s, s:s, s:f, s:f}", "step", (json_int_t)step, "prompt",
+                              r->prompt_text && r->prompt_text[i] ? r->prompt_text[i] : "",
+                              "response", resp, "reward", (double)s->reward[i], "score",
+                              (double)s->score[i]);
+        free(decoded);
+        if (!o) continue;  // invalid UTF-8 in a cut-off response: not worth failing the step
+        int w = json_dumpf(o, run->samples, JSON_COMPACT | JSON_ENSURE_ASCII);
+        json_decref(o);
+        if (w != 0 || fputc('\n', run->samples) == EOF)
+            return tr_errf(err, TR_EIO, "samples.jsonl: write failed");
+        shown++;
+    }
+    fflush(run->samples);
+    return 0;
+}

@@ -1,0 +1,74 @@
+// What the RL workflows (GRPO, PPO) share: the step's buffers, rewards (the reward role's
+// scores through the recipe's curve, plus the overlong penalty), the padded [B, T] response
+// layout of rl/advantage.h and engine/loss.h, the per-step rollout metrics, and evaluation
+// with greedy decoding on the held-out prompts.
+#pragma once
+#include <stdint.h>
+
+#include "rl/prompt_loader.h"
+#include "rl/workflow.h"
+#include "roles/rollout.h"
+
+typedef struct tr_rl_step {
+    tr_prompt_draw draw;
+    tr_rollouts gen;          // one generation round
+    float *gen_score, *gen_reward;   // [gen.n]
+    uint8_t *keep;            // [gen.n]
+    tr_rollouts batch;        // what the step trains on
+    int32_t n_groups;
+    float *score, *reward;    // [batch.n] raw score (rule: 1 right, 0 not) and shaped reward
+    int32_t cap_seqs;
+    // Per token of batch (aligned with batch.tokens).
+    float *old_lp, *ref_lp, *entropy, *values, *adv, *returns;
+    int64_t cap_tokens;
+    // The padded layout: B = batch.n rows of T = longest response.
+    int32_t B, T;
+    uint8_t *mask;
+    float *p_seq_reward, *p_a, *p_b, *p_c, *p_d;   // [B] and [B*T] scratch
+    int64_t cap_pad;
+    int32_t *p_group;
+    // Generation statistics of the step (every round).
+    int64_t n_generated, gen_tokens, n_truncated;
+    double reward_sum, reward_sq, score_sum;
+} tr_rl_step;
+
+void tr_rl_step_init(tr_rl_step *s);
+void tr_rl_step_free(tr_rl_step *s);
+// Empties the batch and the statistics for a new step.
+void tr_rl_step_reset(tr_rl_step *s);
+// Sizes the per-sequence arrays of a generation round (gen.n sequences).
+int tr_rl_step_reserve_gen(tr_rl_step *s, int32_t n, tr_err *err);
+// Sizes the batch's per-sequence (cap_seqs) arrays.
+int tr_rl_step_reserve_batch(tr_rl_step *s, int32_t n, tr_err *err);
+// Sizes the per-token arrays and the padded layout for the current batch.
+int tr_rl_step_layout(tr_rl_step *s, tr_err *err);
+
+// The sampling settings of the recipe for a training round (seed from step and round).
+tr_sampling tr_rl_sampling(const tr_recipe *r, int64_t step, int32_t round);
+
+// Scores r with the reward role: score[i] the role's score, reward[i] the recipe's curve of
+// it (rule: correct / wrong / missing; model, service: scale * score + shift) plus the
+// overlong penalty. Counts the round into the step's statistics when s is not NULL.
+int tr_rl_score(tr_run *run, const tr_rollouts *r, float *score, float *reward, tr_rl_step *s,
+                tr_err *err);
+
+// Ragged per-token array (aligned with r->tokens) <-> padded [B, T] over responses.
+void tr_rl_to_padded(const tr_rollouts *r, int32_t T, const float *tok, float *pad);
+void tr_rl_from_padded(const tr_rollouts *r, int32_t T, const float *pad, float *tok);
+// mask[b*T + t] = 1 for t < response_len[b].
+void tr_rl_mask(const tr_rollouts *r, int32_t T, uint8_t *mask);
+// Mean of x over the response tokens (NAN when there are none).
+double tr_rl_response_mean(const tr_rollouts *r, const float *x);
+// max |a - b| over the response tokens.
+double tr_rl_max_abs_diff(const tr_rollouts *r, const float *a, const float *b);
+
+// Greedy generation over every eval prompt, scored by the reward role: sets eval/accuracy
+// (mean score), eval/reward (mean shaped reward) and eval/response_len in run->m.
+int tr_rl_eval(tr_run *run, tr_prompt_loader *eval, tr_err *err);
+
+// Step metrics common to GRPO and PPO (rewards, response lengths, training metrics,
+// logprob_diff/max, phase timings are set by the caller).
+int tr_rl_log_rollouts(tr_run *run, const tr_rl_step *s, tr_err *err);
+int tr_rl_log_train(tr_run *run, const tr_train_metrics *tm, tr_err *err);
+// Writes a few of the batch's rollouts to run_dir/samples.jsonl when log.samples_every says so.
+int tr_rl_log_samples(tr_run *run, int64_t step, const tr_rl_step *s, tr_err *err);
