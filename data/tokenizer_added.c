@@ -49,7 +49,12 @@ int tr_tok_trie_add(tr_tok_trie *t, const char *s, size_t len, int32_t token, tr
         node = c;
     }
     if (t->nodes[node].token < 0) t->nodes[node].token = token;
-    t->first[(uint8_t)s[0]] = 1;
+    uint8_t b0 = (uint8_t)s[0];
+    if (!t->first[b0]) {
+        t->first[b0] = 1;
+        if (t->n_firsts < 3) t->firsts[t->n_firsts] = b0;
+        if (t->n_firsts < 4) t->n_firsts++;
+    }
     return 0;
 }
 
@@ -84,7 +89,16 @@ int tr_tok_added_split(const tr_tokenizer *tok, const tr_tok_trie *trie, const c
     out->n = 0;
     size_t start_offset = 0, pos = 0;
     while (pos < len) {
-        if (!trie->first[(uint8_t)s[pos]]) {
+        if (trie->n_firsts <= 3) {
+            // Jump to the nearest byte a token can start with.
+            size_t next = len;
+            for (int k = 0; k < trie->n_firsts; k++) {
+                const char *p = memchr(s + pos, trie->firsts[k], next - pos);
+                if (p) next = (size_t)(p - s);
+            }
+            pos = next;
+            if (pos == len) break;
+        } else if (!trie->first[(uint8_t)s[pos]]) {
             pos++;
             continue;
         }

@@ -116,6 +116,8 @@ typedef struct tr_tok_trie {
     tr_tok_trie_node *nodes;
     int32_t n, cap;
     uint8_t first[256];  // 1 where some token starts with this byte
+    uint8_t firsts[3];   // those bytes while there are at most 3 (then memchr finds them)
+    int n_firsts;        // distinct first bytes, counted up to 4
 } tr_tok_trie;
 
 int tr_tok_trie_init(tr_tok_trie *t, tr_err *err);

@@ -172,7 +172,12 @@ int tr_tok_regex_compile(pcre2_code **re, const char *pat, size_t len, bool lite
 
 static int match_at(tr_tok_ctx *c, const pcre2_code *re, const char *s, size_t len, size_t at,
                     size_t *ms, size_t *me, bool *found) {
-    int rc = pcre2_match(re, (PCRE2_SPTR)s, len, at, PCRE2_NO_UTF_CHECK, c->md, NULL);
+    // The text was checked as UTF-8 once in encode; the JIT entry point skips the rest of
+    // pcre2_match's per-call checks.
+    size_t jit_size = 0;
+    pcre2_pattern_info(re, PCRE2_INFO_JITSIZE, &jit_size);
+    int rc = jit_size ? pcre2_jit_match(re, (PCRE2_SPTR)s, len, at, 0, c->md, NULL)
+                      : pcre2_match(re, (PCRE2_SPTR)s, len, at, PCRE2_NO_UTF_CHECK, c->md, NULL);
     if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
         rc = pcre2_match(re, (PCRE2_SPTR)s, len, at, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, c->md,
                          NULL);

@@ -168,7 +168,8 @@ static int map_nf(int form, const char *s, size_t len, char **out, size_t *out_l
 // True when NFC can split text right before c: c is a starter that nothing before it
 // composes with, and NFC leaves c itself alone (UAX #15's NFC_Quick_Check=Yes, ccc=0).
 static bool nfc_boundary(int32_t c) {
-    if (c < 0x300) return true;
+    if (c < 0x300 || (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0xAC00 && c <= 0xD7A3))
+        return true;  // Latin-1 and Latin Extended, CJK ideographs, Hangul syllables
     if ((c >= 0x1161 && c <= 0x1175) || (c >= 0x11A8 && c <= 0x11C2)) return false;  // Hangul V, T
     const utf8proc_property_t *p = utf8proc_get_property(c);
     if (p->combining_class != 0 || p->category == UTF8PROC_CATEGORY_MN ||
