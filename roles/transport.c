@@ -653,14 +653,22 @@ static int ep_check(tr_endpoint *ep, tr_err *err) {
     return rc;
 }
 
-static int ep_send(tr_endpoint *ep, const char *peer, const void *data, size_t len, tr_err *err) {
-    if (ep_check(ep, err)) return -1;
-    if (len > ep->max_bytes)
-        return tr_errf(err, TR_ERANGE, "message of %zu bytes to %s exceeds the maximum of %" PRIu64 " bytes", len,
-                       peer[0] ? peer : "the controller", ep->max_bytes);
-    pthread_mutex_lock(&ep->mu);
+static void free_buffer(void *data, void *hint) {
+    (void)hint;
+    free(data);
+}
+
+// Sends data (len bytes); when owned is true data is a malloc'd buffer that ZeroMQ takes
+// over without a copy (and frees), whatever the outcome.
+static int ep_send_buf(tr_endpoint *ep, const char *peer, void *data, size_t len, bool owned, tr_err *err) {
     int rc = 0;
-    if (ep->is_router) {
+    if (ep_check(ep, err)) rc = -1;
+    if (!rc && len > ep->max_bytes)
+        rc = tr_errf(err, TR_ERANGE, "message of %zu bytes to %s exceeds the maximum of %" PRIu64 " bytes", len,
+                     peer[0] ? peer : "the controller", ep->max_bytes);
+    pthread_mutex_lock(&ep->mu);
+    if (rc) {
+    } else if (ep->is_router) {
         peer_slot *s = find_peer(ep, peer);
         if (!s) rc = tr_errf(err, TR_EPEER, "peer %s has not said hello", peer);
         else if (s->p.dead) rc = tr_errf(err, TR_EPEER, "peer %s is dead (silent for over %d ms)", peer, ep->hb_timeout_ms);
@@ -669,12 +677,44 @@ static int ep_send(tr_endpoint *ep, const char *peer, const void *data, size_t l
     }
     if (!rc) ep->stats.sent++;
     pthread_mutex_unlock(&ep->mu);
-    if (rc) return -1;
+    if (rc) {
+        if (owned) free(data);
+        return -1;
+    }
+    zmq_msg_t body;
+    if (owned) {
+        if (zmq_msg_init_data(&body, data, len, free_buffer, NULL) != 0) {
+            free(data);
+            return zerr(err, "zmq_msg_init_data");
+        }
+    } else {
+        if (zmq_msg_init_size(&body, len) != 0) return tr_errf(err, TR_ENOMEM, "out of memory for a %zu-byte message", len);
+        if (len) memcpy(zmq_msg_data(&body), data, len);
+    }
     const char k = 'S';
     if (zmq_send(ep->pipe_app, &k, 1, ZMQ_SNDMORE) < 0 || zmq_send(ep->pipe_app, peer, strlen(peer), ZMQ_SNDMORE) < 0 ||
-        zmq_send(ep->pipe_app, data, len, 0) < 0)
+        zmq_msg_send(&body, ep->pipe_app, 0) < 0) {
+        zmq_msg_close(&body);
         return zerr(err, "send to the transport thread");
+    }
     return 0;
+}
+
+static int ep_send(tr_endpoint *ep, const char *peer, const void *data, size_t len, tr_err *err) {
+    return ep_send_buf(ep, peer, (void *)data, len, false, err);
+}
+
+// Hands the writer's buffer to ZeroMQ (no copy of large tensors) and resets the writer.
+static int ep_send_writer(tr_endpoint *ep, const char *peer, tr_msg_writer *w, tr_err *err) {
+    const void *d;
+    size_t n;
+    if (tr_msg_writer_finish(w, &d, &n, err)) {
+        tr_msg_writer_reset(w);
+        return -1;
+    }
+    char *buf = msgpack_sbuffer_release(&w->buf);
+    tr_msg_writer_reset(w);
+    return ep_send_buf(ep, peer, buf, n, true, err);
 }
 
 void tr_wire_msg_free(tr_wire_msg *m) {
@@ -831,12 +871,7 @@ int tr_router_send(tr_router *r, const char *peer, const void *data, size_t len,
 }
 
 int tr_router_send_writer(tr_router *r, const char *peer, tr_msg_writer *w, tr_err *err) {
-    const void *d;
-    size_t n;
-    int rc = tr_msg_writer_finish(w, &d, &n, err);
-    if (!rc) rc = tr_router_send(r, peer, d, n, err);
-    tr_msg_writer_reset(w);
-    return rc;
+    return ep_send_writer(&r->ep, peer, w, err);
 }
 
 int tr_router_recv(tr_router *r, tr_wire_msg *m, int timeout_ms, tr_err *err) {
@@ -1026,12 +1061,7 @@ int tr_dealer_send(tr_dealer *d, const void *data, size_t len, tr_err *err) {
 }
 
 int tr_dealer_send_writer(tr_dealer *d, tr_msg_writer *w, tr_err *err) {
-    const void *data;
-    size_t n;
-    int rc = tr_msg_writer_finish(w, &data, &n, err);
-    if (!rc) rc = tr_dealer_send(d, data, n, err);
-    tr_msg_writer_reset(w);
-    return rc;
+    return ep_send_writer(&d->ep, "", w, err);
 }
 
 int tr_dealer_recv(tr_dealer *d, tr_wire_msg *m, int timeout_ms, tr_err *err) {

@@ -86,7 +86,8 @@ const char *tr_router_endpoint(const tr_router *r);
 // Queues data for peer. Fails at once if the peer never said hello, is dead, or the
 // message is larger than max_message_bytes. Never blocks.
 int tr_router_send(tr_router *r, const char *peer, const void *data, size_t len, tr_err *err);
-// Finishes the writer's message, sends it and resets the writer.
+// Finishes the writer's message and sends it without copying it (ZeroMQ takes over the
+// writer's buffer); the writer is reset and can build the next message.
 int tr_router_send_writer(tr_router *r, const char *peer, tr_msg_writer *w, tr_err *err);
 // Waits up to timeout_ms (-1 = forever) for the next application message. Fails with
 // TR_ETIMEOUT when none came, and with TR_EPEER (naming it) once for every peer that died.
