@@ -14,15 +14,13 @@ int tr_file_read(const char *path, char **data, size_t *len, tr_err *err) {
     *len = 0;
     FILE *f = fopen(path, "rb");
     if (!f) return tr_errf(err, TR_EIO, "%s: cannot open: %s", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0) {
+    // fopen succeeds on directories; size them with fstat and refuse anything but a file.
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
         fclose(f);
-        return tr_errf(err, TR_EIO, "%s: cannot seek: %s", path, strerror(errno));
+        return tr_errf(err, TR_EIO, "%s: not a regular file", path);
     }
-    long size = ftell(f);
-    if (size < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        fclose(f);
-        return tr_errf(err, TR_EIO, "%s: cannot size: %s", path, strerror(errno));
-    }
+    long size = (long)st.st_size;
     char *buf = malloc((size_t)size + 1);
     if (!buf) {
         fclose(f);

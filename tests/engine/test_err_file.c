@@ -48,6 +48,10 @@ int main(void) {
     CHECK(tr_file_read("/nonexistent/zz", &data, &len, &err) == -1);
     CHECK(err.code == TR_EIO && strstr(err.msg, "/nonexistent/zz") != NULL);
 
+    // A directory opens with fopen; reading it must be a clean error, not a huge malloc.
+    CHECK(tr_file_read(dir, &data, &len, &err) == -1);
+    CHECK(strstr(err.msg, "not a regular file") != NULL);
+
     snprintf(sub, sizeof sub, "%s/a/b/c", dir);
     CHECK(tr_mkdirs(sub, &err) == 0);
     CHECK(tr_mkdirs(sub, &err) == 0);
