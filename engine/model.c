@@ -225,7 +225,12 @@ int tr_model_load(tr_model *m, const char *dir, tr_backend *be, const tr_model_o
     return 0;
 }
 
-size_t tr_model_n_params(const tr_model *m) { return m->layout.total; }
+size_t tr_model_n_params(const tr_model *m) {
+    // layout.total includes the alignment padding between tensors; count real elements.
+    size_t n = 0;
+    for (int32_t i = 0; i < m->layout.n_tensors; i++) n += m->layout.tensors[i].numel;
+    return n;
+}
 
 void tr_model_init_weights(tr_model *m, uint64_t seed, float std) {
     tr_rng rng;
