@@ -334,7 +334,25 @@ def main():
         with open(os.path.join(out, name + ".decode.jsonl"), "w", encoding="utf-8") as f:
             for d in dec_lines:
                 f.write(json.dumps(d, ensure_ascii=False, separators=(",", ":")) + "\n")
-    print("wrote %d tokenizers and %d texts to %s" % (len(names), len(texts), out))
+
+    # Decode-only fixture: no decoder, so HF joins the token strings with spaces.
+    nd = variant(None, bl(regex=True))
+    nd["decoder"] = None
+    with open(os.path.join(out, "no_decoder.json"), "w", encoding="utf-8") as f:
+        json.dump(nd, f, ensure_ascii=False, separators=(",", ":"))
+        f.write("\n")
+    tok = Tokenizer.from_file(os.path.join(out, "no_decoder.json"))
+    nrng = random.Random(5)
+    with open(os.path.join(out, "no_decoder.decode.jsonl"), "w", encoding="utf-8") as f:
+        for t in texts[:40]:
+            ids = tok.encode(t, add_special_tokens=False).ids
+            f.write(json.dumps({"ids": ids, "text": tok.decode(ids, skip_special_tokens=False)},
+                               ensure_ascii=False, separators=(",", ":")) + "\n")
+        for _ in range(20):
+            ids = [nrng.randrange(tok.get_vocab_size()) for _ in range(nrng.randint(0, 8))]
+            f.write(json.dumps({"ids": ids, "text": tok.decode(ids, skip_special_tokens=False)},
+                               ensure_ascii=False, separators=(",", ":")) + "\n")
+    print("wrote %d tokenizers and %d texts to %s" % (len(names) + 1, len(texts), out))
 
 
 if __name__ == "__main__":

@@ -246,10 +246,44 @@ static void check_tokenizer(const char *name, const lines *texts) {
     tr_tokenizer_free(tok);
 }
 
+// A tokenizer without a decoder: HF joins the token strings with spaces.
+static void check_decode_only(const char *name) {
+    char path[4200], rel[256];
+    snprintf(rel, sizeof rel, "tests/fixtures/tokenizer/%s.json", name);
+    snprintf(path, sizeof path, "%s", tr_test_src(rel));
+    tr_tokenizer *tok = NULL;
+    tr_err err = {0};
+    int rc = tr_tokenizer_load(&tok, path, &err);
+    CHECKF(rc == 0, "%s: %s", name, err.msg);
+    if (rc) return;
+    snprintf(rel, sizeof rel, "tests/fixtures/tokenizer/%s.decode.jsonl", name);
+    lines dec = read_jsonl(rel);
+    int bad = 0;
+    for (size_t k = 0; k < dec.n; k++) {
+        const json_t *t = json_object_get(dec.v[k], "text");
+        int32_t *ids;
+        size_t n = ids_of(json_object_get(dec.v[k], "ids"), &ids);
+        char *back = NULL;
+        size_t blen = 0;
+        rc = tr_tokenizer_decode(tok, ids, n, &back, &blen, &err);
+        if (rc || blen != json_string_length(t) || memcmp(back, json_string_value(t), blen) != 0) {
+            if (bad++ < 3)
+                fprintf(stderr, "%s: decode %zu: want '%s' got '%s'\n", name, k, json_string_value(t),
+                        rc ? err.msg : back);
+        }
+        free(back);
+        free(ids);
+    }
+    CHECKF(dec.n >= 60 && bad == 0, "%s: %d of %zu decodes differ", name, bad, dec.n);
+    free_lines(&dec);
+    tr_tokenizer_free(tok);
+}
+
 int main(void) {
     lines texts = read_jsonl("tests/fixtures/tokenizer/texts.jsonl");
     CHECKF(texts.n > 200, "%zu texts", texts.n);
     for (size_t i = 0; i < sizeof NAMES / sizeof NAMES[0]; i++) check_tokenizer(NAMES[i], &texts);
+    check_decode_only("no_decoder");
     free_lines(&texts);
     return tr_test_summary("test_tokenizer");
 }
