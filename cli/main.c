@@ -11,6 +11,7 @@ int tr_cmd_generate(int argc, char **argv);
 int tr_cmd_logprobs(int argc, char **argv);
 int tr_cmd_preprocess(int argc, char **argv);
 int tr_cmd_tokenize(int argc, char **argv);
+int tr_cmd_worker(int argc, char **argv);
 
 static const tr_command commands[] = {
     {"generate", "sample continuations of prompts (batched, paged KV cache, exact logprobs)", tr_cmd_generate},
@@ -18,6 +19,7 @@ static const tr_command commands[] = {
     {"logprobs", "per-token log-probabilities of token sequences under a model", tr_cmd_logprobs},
     {"preprocess", "tokenize JSONL into a Megatron indexed dataset (.bin/.idx)", tr_cmd_preprocess},
     {"tokenize", "JSONL text to token ids and back with a Hugging Face tokenizer.json", tr_cmd_tokenize},
+    {"worker", "host role workers (policy, reference, critic, reward) for a controller", tr_cmd_worker},
     {NULL, NULL, NULL},
 };
 

@@ -29,7 +29,7 @@ enum tr_loss_kind {
     TR_LOSS_CALLBACK,       // a function computes l_i and its gradients from the outputs
 };
 
-enum tr_loss_norm {
+enum tr_step_norm {
     TR_NORM_TOKEN_MEAN,     // W = sum of all weights of the step (or weight_total if > 0)
     TR_NORM_SUM,            // W = 1: the caller folded any normalization into the weights
 };
@@ -52,7 +52,7 @@ typedef int (*tr_loss_fn)(void *user, int32_t index, const tr_micro_batch *mb, i
 
 typedef struct tr_step_args {
     enum tr_loss_kind loss;
-    enum tr_loss_norm norm;
+    enum tr_step_norm norm;
     double weight_total;      // TR_NORM_TOKEN_MEAN: W when > 0 (e.g. summed over ranks)
     tr_loss_fn loss_fn;
     void *user;

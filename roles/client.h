@@ -1,6 +1,8 @@
 // The controller's view of the role workers: typed calls for every op of docs/protocol.md,
-// each sent SPMD to all ranks of a role group (data split across DP ranks, results gathered
-// in order). The worker side (roles/worker*.c) serves exactly these ops.
+// each sent SPMD to all ranks of a role group (data split across DP ranks by sequences,
+// results gathered in rank order, so in the caller's order). The worker side
+// (roles/worker*.c) serves exactly these ops. Errors name the role, rank and op
+// ("policy/1: generate: ..."); a dead peer is reported with its id.
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -9,12 +11,23 @@
 #include "roles/rollout.h"
 #include "roles/transport.h"
 
+// What the owner of the group (the controller) adds to every call: check() runs about every
+// 100 ms while a call waits and on every transport error; returning -1 (with err set) ends
+// the call with that error, e.g. "policy/0 (pid 123) was killed by signal 9; last lines of
+// its log: ...". NULL: none.
+typedef struct tr_group_hooks {
+    int (*check)(void *ctx, tr_err *err);
+    void *ctx;
+} tr_group_hooks;
+
 typedef struct tr_group {
     tr_router *router;            // not owned
     char role[TR_ROLE_NAME_MAX];  // "policy", "reference", "critic", "reward"
     int32_t world;                // ranks: peers "<role>/0" .. "<role>/<world-1>"
     int timeout_ms;               // per call; -1 = wait forever (heartbeats still detect death)
     uint64_t next_id;
+    tr_group_hooks hooks;
+    uint64_t stale_replies;       // replies to earlier (failed or timed-out) calls, dropped
 } tr_group;
 
 typedef struct tr_sampling {
@@ -23,9 +36,11 @@ typedef struct tr_sampling {
     float temperature;         // 0 = greedy
     float top_p;               // 1 = off
     int32_t top_k;             // 0 = off
-    uint64_t seed;             // sample j of prompt i uses tr_rng_derive(seed, i * n + j)
-    int32_t stop_ids[8];
-    int32_t n_stop;
+    uint64_t seed;             // prompt i (its index in the call) samples with the request seed
+                               // tr_rng_derive(seed, i); its sample j draws from
+                               // tr_rng_derive(that, j), whatever the DP split
+    int32_t stop_ids[8];       // n_stop 0: the worker's default (chat format's stops, else
+    int32_t n_stop;            // the model config's eos ids)
 } tr_sampling;
 
 // Prompts for generate: ids of each prompt, flat.
@@ -33,52 +48,133 @@ typedef struct tr_prompt_batch {
     int32_t n;
     const int32_t *ids;        // concatenated
     const int64_t *offset;     // [n + 1]
-    const int32_t *group;      // [n] group id reported back in the rollouts
+    const int32_t *group;      // [n] group id reported back in the rollouts; NULL: i
     char *const *text;         // [n] optional prompt texts (copied into the rollouts)
     char *const *meta;         // [n] optional meta JSON (copied into the rollouts)
 } tr_prompt_batch;
 
-// What policy.train needs besides the rollouts: per-token arrays aligned with r->tokens.
+// What policy.train / critic.train need besides the rollouts: per-token arrays aligned with
+// r->tokens (entries on prompt tokens are ignored).
 typedef struct tr_train_batch {
     const tr_rollouts *r;
-    const float *advantages;   // [n_tokens]
-    const float *old_logprobs; // [n_tokens] behaviour logprobs (recomputed or generation's)
+    const float *advantages;   // [n_tokens] policy.train
+    const float *old_logprobs; // [n_tokens] policy.train: behaviour logprobs
     const float *ref_logprobs; // [n_tokens] or NULL when KL is off
-    const float *returns;      // [n_tokens] critic targets (critic.train)
-    const float *old_values;   // [n_tokens] critic values at rollout (critic.train)
+    const float *returns;      // [n_tokens] critic.train targets
+    const float *old_values;   // [n_tokens] critic.train: values at rollout (the clip centre)
 } tr_train_batch;
 
-// Training metrics averaged over the step as reported by rank 0 (after DP reduction).
+// Supervised rows for policy.train_sft (SFT, pretraining), as data/sft.h fills them: each row
+// of row_len tokens holds n_docs[r] documents (attention and positions restart per document).
+typedef struct tr_sft_batch {
+    int32_t n_rows, row_len;
+    const int32_t *ids;        // [n_rows * row_len]
+    const int32_t *targets;    // [n_rows * row_len] id to predict after token t; -1 = no loss
+    const int32_t *doc_start;  // row r's n_docs[r] + 1 starts (0 ... row_len), rows back to back
+    const int32_t *n_docs;     // [n_rows]
+} tr_sft_batch;
+
+// Training metrics of one train call, as computed by rank 0 (DP > 1 training is refused
+// until the workers share a gradient all-reduce). Losses are means over the optimizer
+// steps of the call; fractions are over trained tokens.
 typedef struct tr_train_metrics {
-    double loss, clip_frac, approx_kl, kl, entropy, grad_norm, lr, value_loss, value_clip_frac;
-    int64_t tokens;
+    double loss, pg_loss, clip_frac, clip_frac_low, clip_frac_high, dual_clip_frac, approx_kl;
+    double kl, entropy, ratio_mean, grad_norm, lr;
+    double value_loss, value_clip_frac, value_mean;
+    int64_t tokens;            // trained tokens (summed over epochs)
+    int64_t steps;             // optimizer steps taken by this call
+    int64_t step;              // the optimizer's step count afterwards
 } tr_train_metrics;
+
+// The init op: everything a worker needs, decided by the controller (workers never read the
+// recipe). Strings may be NULL (absent).
+typedef struct tr_role_optim {
+    double lr, beta1, beta2, eps, weight_decay;
+    double grad_clip;          // global-norm clip; 0 = off
+    const char *schedule;      // "constant", "linear", "cosine"
+    int64_t warmup_steps, total_steps;
+    double min_lr_ratio;
+} tr_role_optim;
+
+typedef struct tr_role_loss {
+    double clip_low, clip_high, clip_dual;
+    const char *ratio;         // engine/loss.h spellings: "token", "sequence"
+    const char *agg;           // "token-mean", ...
+    double kl_coef;
+    const char *kl_estimator;  // "k1", "k2", "k3"
+    double entropy_coef;
+    double value_clip;         // critic: PPO2 value clip; 0 = off
+    int32_t ppo_epochs, mini_batches;
+    int32_t max_len;           // seq-mean-token-sum-norm's constant (max response length)
+} tr_role_loss;
+
+typedef struct tr_role_reward {
+    const char *kind;          // "rule", "service", "model"
+    const char *function;      // rule: "exact_match", "numeric_match", "regex"
+    const char *pattern;       // rule regex
+    const char *endpoint;      // service
+    int32_t timeout_ms, attempts, max_items;
+    const char *on_failure;    // service: "fail" or "zero"
+} tr_role_reward;
+
+typedef struct tr_init_args {
+    const char *model;         // Hugging Face directory
+    const char *init_config;   // or: a config.json for random init (transformers' init)
+    uint64_t init_seed;
+    const char *head;          // NULL: the checkpoint's; "value": an LM checkpoint's body with
+                               // a value head drawn from init_seed (a critic from the policy)
+    const char *backend;       // "cpu"
+    int32_t threads;           // 0 = all cores; colocated roles share the first init's pool
+    int32_t max_tokens;        // tokens per forward (a micro-batch); every sequence must fit
+    uint64_t seed;             // the trainer's random stream
+    const char *tokenizer;     // tokenizer.json: response texts (policy), decoding (reward)
+    const char *chat_format;   // "chatml", "llama3": default stop tokens of generate
+    bool train;                // policy, critic: gradients and AdamW state
+    tr_role_optim optim;
+    tr_role_loss loss;
+    int64_t kv_tokens;         // policy: KV cache tokens (0: 16384)
+    int32_t max_seqs;          // policy: samples decoded together (0: 64)
+    tr_role_reward reward;     // reward role
+} tr_init_args;
+
+// What a worker reports after init (rank 0's).
+typedef struct tr_role_info {
+    int64_t n_params;          // 0 for rule and service rewards
+    int32_t vocab_size;
+    int32_t max_tokens;
+    char architecture[64];
+} tr_role_info;
 
 int tr_group_init(tr_group *g, tr_router *router, const char *role, int32_t world);
 
-// policy.generate: rollouts for every prompt x sampling.n, ordered by (prompt, sample).
+// init: sends the same args to every rank (the worker learns its rank from its hello).
+int tr_role_init(tr_group *g, const tr_init_args *a, tr_role_info *info, tr_err *err);
+// policy.generate: rollouts for every prompt x sampling.n, ordered by (prompt, sample),
+// appended to out. Response texts come back when the policy has a tokenizer.
 int tr_policy_generate(tr_group *g, const tr_prompt_batch *prompts, const tr_sampling *s,
                        tr_rollouts *out, tr_err *err);
-// policy.logprobs / reference.logprobs: training-path logprob of every token ([n_tokens],
-// 0 on prompt tokens); entropy may be NULL.
+// policy.logprobs / reference.logprobs: training-path logprob of every token ([n_tokens]):
+// logprobs[t] = ln p(tokens[t] | tokens[..t]) on response tokens, 0 on prompt tokens.
+// entropy (may be NULL) is that distribution's entropy, 0 on prompt tokens.
 int tr_model_logprobs(tr_group *g, const tr_rollouts *r, float *logprobs, float *entropy,
                       tr_err *err);
-// policy.train: one RL update (ppo_epochs x mini-batches as configured at worker init).
+// policy.train: one RL update (ppo_epochs x mini-batches as configured at init).
 int tr_policy_train(tr_group *g, const tr_train_batch *b, tr_train_metrics *out, tr_err *err);
-// policy.train on supervised rows (SFT / pretrain): ids + loss mask + document starts.
-int tr_policy_train_sft(tr_group *g, int32_t n_rows, int32_t row_len, const int32_t *ids,
-                        const uint8_t *loss_mask, const int32_t *doc_starts_flat,
-                        const int32_t *n_docs, tr_train_metrics *out, tr_err *err);
-// critic.values ([n_tokens], 0 on prompt tokens) and critic.train.
+// policy.train_sft: one optimizer step of token-mean cross entropy over the rows.
+int tr_policy_train_sft(tr_group *g, const tr_sft_batch *b, tr_train_metrics *out, tr_err *err);
+// critic.values ([n_tokens]: values[t] = V(tokens[..t]), the state response token t is
+// sampled from; 0 on prompt tokens) and critic.train (clipped value loss).
 int tr_critic_values(tr_group *g, const tr_rollouts *r, float *values, tr_err *err);
 int tr_critic_train(tr_group *g, const tr_train_batch *b, tr_train_metrics *out, tr_err *err);
-// reward.score: one score per sequence (rule, model or service as the worker was set up).
+// reward.score: one score per sequence (rule, model or service as the worker was set up);
+// *failures (may be NULL) counts items a failing service scored 0 under on_failure: zero.
 int tr_reward_score(tr_group *g, const tr_rollouts *r, float *scores, int64_t *failures,
                     tr_err *err);
-// save/load an HF directory (+ training state) under dir; sync_weights pushes the policy's
-// weights to where generation runs (no-op when colocated in one process).
+// save/load an HF directory (+ training state) under dir (rank 0 writes); sync_weights
+// pushes the policy's weights to where generation runs: a no-op today, because the
+// generator always runs on the trainer's own weights (*synced false).
 int tr_role_save(tr_group *g, const char *dir, tr_err *err);
 int tr_role_load(tr_group *g, const char *dir, tr_err *err);
-int tr_policy_sync_weights(tr_group *g, tr_err *err);
-// Asks every rank to exit.
+int tr_policy_sync_weights(tr_group *g, bool *synced, tr_err *err);
+// Asks every rank to exit; waits for the acknowledgements (not for the processes).
 int tr_group_shutdown(tr_group *g, tr_err *err);

@@ -1,0 +1,24 @@
+// Internal to the client: the generic SPMD call that client_ops.c's typed calls are made of.
+#pragma once
+#include <stdint.h>
+
+#include "roles/client.h"
+#include "roles/msg.h"
+
+typedef struct tr_call {
+    const char *op;
+    int32_t ranks;   // ranks to call, 0 .. ranks-1; 0 = the whole group
+    // Writes rank r's complete request (tr_msg_begin_request(w, op, id, ...) and its args).
+    void (*build)(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, const char *op, uint64_t id);
+    // Reads rank r's ok result; called in rank order once every rank has answered. May be NULL.
+    int (*reply)(void *ctx, int32_t rank, const tr_msg_map *result, tr_err *err);
+    void *ctx;
+} tr_call;
+
+int tr_group_call(tr_group *g, const tr_call *c, tr_err *err);
+
+// Rank r's contiguous share [first, first + count) of n items split over world ranks.
+void tr_share(int64_t n, int32_t world, int32_t rank, int64_t *first, int64_t *count);
+
+// Reads a train reply's metrics map (absent keys stay 0).
+int tr_train_metrics_get(const tr_msg_map *res, tr_train_metrics *m, tr_err *err);

@@ -1,0 +1,410 @@
+// The typed calls of client.h: each builds its op's args (docs/protocol.md) for every rank,
+// with rank r's share of the sequences, and reads the results back into the caller's arrays
+// at that share's offset, so the gathered output is in the caller's order.
+#include <stdlib.h>
+#include <string.h>
+
+#include "roles/client.h"
+#include "roles/client_impl.h"
+#include "roles/rollout_wire.h"
+
+// ---- init ----
+
+static void put_str_opt(tr_msg_writer *w, const char *key, const char *s) {
+    if (s && s[0]) tr_msg_put_str(w, key, s);
+}
+
+static uint32_t n_str(const char *s) {
+    return s && s[0] ? 1u : 0u;
+}
+
+static void build_init(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, const char *op, uint64_t id) {
+    (void)rank;
+    (void)ranks;
+    const tr_init_args *a = ctx;
+    bool has_reward = a->reward.kind && a->reward.kind[0];
+    bool has_gen = a->kv_tokens > 0 || a->max_seqs > 0;
+    uint32_t n = 5 + n_str(a->model) + n_str(a->init_config) + n_str(a->head) + n_str(a->tokenizer) +
+                 n_str(a->chat_format) + (a->init_config && a->init_config[0] ? 1 : 0) + (a->train ? 2 : 0) +
+                 (has_gen ? 2 : 0) + (has_reward ? 1 : 0);
+    tr_msg_begin_request(w, op, id, n);
+    put_str_opt(w, "model", a->model);
+    put_str_opt(w, "init_config", a->init_config);
+    if (a->init_config && a->init_config[0]) tr_msg_put_uint(w, "init_seed", a->init_seed);
+    put_str_opt(w, "head", a->head);
+    tr_msg_put_str(w, "backend", a->backend && a->backend[0] ? a->backend : "cpu");
+    tr_msg_put_int(w, "threads", a->threads);
+    tr_msg_put_int(w, "max_tokens", a->max_tokens);
+    tr_msg_put_uint(w, "seed", a->seed);
+    put_str_opt(w, "tokenizer", a->tokenizer);
+    put_str_opt(w, "chat_format", a->chat_format);
+    tr_msg_put_bool(w, "train", a->train);
+    if (a->train) {
+        const tr_role_optim *o = &a->optim;
+        tr_msg_put_map(w, "optim", 10);
+        tr_msg_put_float(w, "lr", o->lr);
+        tr_msg_put_float(w, "beta1", o->beta1);
+        tr_msg_put_float(w, "beta2", o->beta2);
+        tr_msg_put_float(w, "eps", o->eps);
+        tr_msg_put_float(w, "weight_decay", o->weight_decay);
+        tr_msg_put_float(w, "grad_clip", o->grad_clip);
+        tr_msg_put_str(w, "schedule", o->schedule ? o->schedule : "constant");
+        tr_msg_put_int(w, "warmup_steps", o->warmup_steps);
+        tr_msg_put_int(w, "total_steps", o->total_steps);
+        tr_msg_put_float(w, "min_lr_ratio", o->min_lr_ratio);
+        const tr_role_loss *l = &a->loss;
+        tr_msg_put_map(w, "loss", 12);
+        tr_msg_put_float(w, "clip_low", l->clip_low);
+        tr_msg_put_float(w, "clip_high", l->clip_high);
+        tr_msg_put_float(w, "clip_dual", l->clip_dual);
+        tr_msg_put_str(w, "ratio", l->ratio ? l->ratio : "token");
+        tr_msg_put_str(w, "agg", l->agg ? l->agg : "token-mean");
+        tr_msg_put_float(w, "kl_coef", l->kl_coef);
+        tr_msg_put_str(w, "kl_estimator", l->kl_estimator ? l->kl_estimator : "k3");
+        tr_msg_put_float(w, "entropy_coef", l->entropy_coef);
+        tr_msg_put_float(w, "value_clip", l->value_clip);
+        tr_msg_put_int(w, "ppo_epochs", l->ppo_epochs > 0 ? l->ppo_epochs : 1);
+        tr_msg_put_int(w, "mini_batches", l->mini_batches > 0 ? l->mini_batches : 1);
+        tr_msg_put_int(w, "max_len", l->max_len);
+    }
+    if (has_gen) {
+        tr_msg_put_int(w, "kv_tokens", a->kv_tokens);
+        tr_msg_put_int(w, "max_seqs", a->max_seqs);
+    }
+    if (has_reward) {
+        const tr_role_reward *r = &a->reward;
+        tr_msg_put_map(w, "reward", 5 + n_str(r->function) + n_str(r->pattern) + n_str(r->endpoint));
+        tr_msg_put_str(w, "kind", r->kind);
+        put_str_opt(w, "function", r->function);
+        put_str_opt(w, "pattern", r->pattern);
+        put_str_opt(w, "endpoint", r->endpoint);
+        tr_msg_put_int(w, "timeout_ms", r->timeout_ms);
+        tr_msg_put_int(w, "attempts", r->attempts);
+        tr_msg_put_int(w, "max_items", r->max_items);
+        tr_msg_put_str(w, "on_failure", r->on_failure ? r->on_failure : "fail");
+    }
+}
+
+typedef struct init_ctx {
+    const tr_init_args *a;
+    tr_role_info *info;
+} init_ctx;
+
+static void build_init_ctx(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, const char *op, uint64_t id) {
+    build_init((void *)((init_ctx *)ctx)->a, rank, ranks, w, op, id);
+}
+
+static int reply_init(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *err) {
+    init_ctx *c = ctx;
+    if (rank != 0 || !c->info) return 0;
+    int64_t np = 0, vocab = 0, mt = 0;
+    memset(c->info, 0, sizeof *c->info);
+    if (tr_msg_get_int_opt(res, "n_params", &np, err) || tr_msg_get_int_opt(res, "vocab_size", &vocab, err) ||
+        tr_msg_get_int_opt(res, "max_tokens", &mt, err))
+        return -1;
+    if (tr_msg_has(res, "architecture") &&
+        tr_msg_get_str_buf(res, "architecture", c->info->architecture, sizeof c->info->architecture, err))
+        return -1;
+    c->info->n_params = np;
+    c->info->vocab_size = (int32_t)vocab;
+    c->info->max_tokens = (int32_t)mt;
+    return 0;
+}
+
+int tr_role_init(tr_group *g, const tr_init_args *a, tr_role_info *info, tr_err *err) {
+    init_ctx c = {a, info};
+    tr_call call = {"init", 0, build_init_ctx, reply_init, &c};
+    return tr_group_call(g, &call, err);
+}
+
+// ---- generate ----
+
+typedef struct gen_ctx {
+    const tr_prompt_batch *p;
+    const tr_sampling *s;
+    int32_t *plen, *group;   // [n]
+    tr_rollouts *out;
+    int32_t world;
+} gen_ctx;
+
+static void build_generate(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, const char *op, uint64_t id) {
+    gen_ctx *c = ctx;
+    const tr_prompt_batch *p = c->p;
+    int64_t first, count;
+    tr_share(p->n, ranks, rank, &first, &count);
+    int64_t t0 = p->offset[first], nt = p->offset[first + count] - t0;
+    tr_msg_begin_request(w, op, id, 4 + (p->text ? 1 : 0) + (p->meta ? 1 : 0) + 1);
+    tr_msg_put_int(w, "index0", first);
+    tr_msg_put_tensor(w, "prompt_len", TR_DTYPE_I32, 1, &count, count ? c->plen + first : NULL);
+    tr_msg_put_tensor(w, "prompts", TR_DTYPE_I32, 1, &nt, nt ? p->ids + t0 : NULL);
+    tr_msg_put_tensor(w, "group", TR_DTYPE_I32, 1, &count, count ? c->group + first : NULL);
+    if (p->text) {
+        tr_msg_put_array(w, "text", (uint32_t)count);
+        for (int64_t i = first; i < first + count; i++) {
+            if (p->text[i]) tr_msg_put_str(w, NULL, p->text[i]);
+            else tr_msg_put_nil(w, NULL);
+        }
+    }
+    if (p->meta) {
+        tr_msg_put_array(w, "meta", (uint32_t)count);
+        for (int64_t i = first; i < first + count; i++) tr_msg_put_str(w, NULL, p->meta[i] ? p->meta[i] : "{}");
+    }
+    const tr_sampling *s = c->s;
+    int64_t ns = s->n_stop;
+    tr_msg_put_map(w, "sampling", 7);
+    tr_msg_put_int(w, "n", s->n);
+    tr_msg_put_int(w, "max_new_tokens", s->max_new_tokens);
+    tr_msg_put_float(w, "temperature", s->temperature);
+    tr_msg_put_float(w, "top_p", s->top_p);
+    tr_msg_put_int(w, "top_k", s->top_k);
+    tr_msg_put_uint(w, "seed", s->seed);
+    tr_msg_put_tensor(w, "stop_ids", TR_DTYPE_I32, 1, &ns, ns ? s->stop_ids : NULL);
+}
+
+static int reply_generate(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *err) {
+    gen_ctx *c = ctx;
+    int64_t first, count;
+    tr_share(c->p->n, c->world, rank, &first, &count);
+    int32_t before = c->out->n;
+    if (tr_rollouts_get(res, "rollouts", 0, c->out, err)) return -1;
+    if ((int64_t)(c->out->n - before) != count * c->s->n)
+        return tr_errf(err, TR_EFORMAT, "%d rollouts for %lld prompts x %d samples", c->out->n - before,
+                       (long long)count, c->s->n);
+    return 0;
+}
+
+int tr_policy_generate(tr_group *g, const tr_prompt_batch *prompts, const tr_sampling *s,
+                       tr_rollouts *out, tr_err *err) {
+    if (prompts->n < 0 || s->n < 1 || s->n_stop < 0 || s->n_stop > 8)
+        return tr_errf(err, TR_EINVAL, "%s.generate: %d prompts x %d samples, %d stop ids", g->role, prompts->n,
+                       s->n, s->n_stop);
+    size_t n = prompts->n ? (size_t)prompts->n : 1;
+    gen_ctx c = {prompts, s, malloc(n * sizeof(int32_t)), malloc(n * sizeof(int32_t)), out, g->world};
+    if (!c.plen || !c.group) {
+        free(c.plen);
+        free(c.group);
+        return tr_errf(err, TR_ENOMEM, "%s.generate: out of memory", g->role);
+    }
+    for (int32_t i = 0; i < prompts->n; i++) {
+        c.plen[i] = (int32_t)(prompts->offset[i + 1] - prompts->offset[i]);
+        c.group[i] = prompts->group ? prompts->group[i] : i;
+    }
+    tr_call call = {"generate", 0, build_generate, reply_generate, &c};
+    int rc = tr_group_call(g, &call, err);
+    free(c.plen);
+    free(c.group);
+    return rc;
+}
+
+// ---- per-sequence ops: logprobs, values, score ----
+
+typedef struct seq_ctx {
+    const tr_rollouts *r;
+    int32_t world;
+    const char *key;      // result tensor aligned with tokens ("logprobs", "values")
+    float *out;
+    float *entropy;       // logprobs only, may be NULL
+    float *scores;        // score: per sequence
+    int64_t failures;
+} seq_ctx;
+
+static void build_seq(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, const char *op, uint64_t id) {
+    seq_ctx *c = ctx;
+    int64_t first, count;
+    tr_share(c->r->n, ranks, rank, &first, &count);
+    bool score = c->scores != NULL, lp = strcmp(op, "logprobs") == 0;
+    tr_msg_begin_request(w, op, id, lp ? 2 : 1);
+    tr_rollouts_put(w, "rollouts", c->r, (int32_t)first, (int32_t)count, score ? TR_RO_TEXT : 0);
+    if (lp) tr_msg_put_bool(w, "entropy", c->entropy != NULL);
+}
+
+static int reply_seq(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *err) {
+    seq_ctx *c = ctx;
+    int64_t first, count;
+    tr_share(c->r->n, c->world, rank, &first, &count);
+    if (c->scores) {
+        int64_t f = 0;
+        if (tr_token_floats_get(res, "scores", count, c->scores + first, err) ||
+            tr_msg_get_int_opt(res, "failures", &f, err))
+            return -1;
+        c->failures += f;
+        return 0;
+    }
+    int64_t t0 = c->r->offset[first], nt = c->r->offset[first + count] - t0;
+    if (tr_token_floats_get(res, c->key, nt, c->out + t0, err)) return -1;
+    if (c->entropy && tr_token_floats_get(res, "entropy", nt, c->entropy + t0, err)) return -1;
+    return 0;
+}
+
+int tr_model_logprobs(tr_group *g, const tr_rollouts *r, float *logprobs, float *entropy,
+                      tr_err *err) {
+    seq_ctx c = {.r = r, .world = g->world, .key = "logprobs", .out = logprobs, .entropy = entropy};
+    tr_call call = {"logprobs", 0, build_seq, reply_seq, &c};
+    return tr_group_call(g, &call, err);
+}
+
+int tr_critic_values(tr_group *g, const tr_rollouts *r, float *values, tr_err *err) {
+    seq_ctx c = {.r = r, .world = g->world, .key = "values", .out = values};
+    tr_call call = {"values", 0, build_seq, reply_seq, &c};
+    return tr_group_call(g, &call, err);
+}
+
+int tr_reward_score(tr_group *g, const tr_rollouts *r, float *scores, int64_t *failures,
+                    tr_err *err) {
+    seq_ctx c = {.r = r, .world = g->world, .scores = scores};
+    tr_call call = {"score", 0, build_seq, reply_seq, &c};
+    int rc = tr_group_call(g, &call, err);
+    if (!rc && failures) *failures = c.failures;
+    return rc;
+}
+
+// ---- train ----
+
+typedef struct train_ctx {
+    const tr_train_batch *b;
+    const tr_sft_batch *sft;
+    bool critic;
+    tr_train_metrics *out;
+} train_ctx;
+
+static void build_train(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, const char *op, uint64_t id) {
+    (void)rank;
+    (void)ranks;
+    train_ctx *c = ctx;
+    if (c->sft) {
+        const tr_sft_batch *s = c->sft;
+        int64_t nt = (int64_t)s->n_rows * s->row_len, nr = s->n_rows, nd = 0;
+        for (int32_t i = 0; i < s->n_rows; i++) nd += (int64_t)s->n_docs[i] + 1;
+        tr_msg_begin_request(w, op, id, 6);
+        tr_msg_put_int(w, "n_rows", s->n_rows);
+        tr_msg_put_int(w, "row_len", s->row_len);
+        tr_msg_put_tensor(w, "ids", TR_DTYPE_I32, 1, &nt, s->ids);
+        tr_msg_put_tensor(w, "targets", TR_DTYPE_I32, 1, &nt, s->targets);
+        tr_msg_put_tensor(w, "doc_start", TR_DTYPE_I32, 1, &nd, s->doc_start);
+        tr_msg_put_tensor(w, "n_docs", TR_DTYPE_I32, 1, &nr, s->n_docs);
+        return;
+    }
+    const tr_train_batch *b = c->b;
+    const tr_rollouts *r = b->r;
+    if (c->critic) {
+        tr_msg_begin_request(w, op, id, 3);
+        tr_rollouts_put(w, "rollouts", r, 0, r->n, 0);
+        tr_token_floats_put(w, "returns", r, 0, r->n, b->returns);
+        tr_token_floats_put(w, "old_values", r, 0, r->n, b->old_values);
+        return;
+    }
+    tr_msg_begin_request(w, op, id, b->ref_logprobs ? 4 : 3);
+    tr_rollouts_put(w, "rollouts", r, 0, r->n, 0);
+    tr_token_floats_put(w, "advantages", r, 0, r->n, b->advantages);
+    tr_token_floats_put(w, "old_logprobs", r, 0, r->n, b->old_logprobs);
+    if (b->ref_logprobs) tr_token_floats_put(w, "ref_logprobs", r, 0, r->n, b->ref_logprobs);
+}
+
+int tr_train_metrics_get(const tr_msg_map *res, tr_train_metrics *m, tr_err *err) {
+    memset(m, 0, sizeof *m);
+    struct {
+        const char *key;
+        double *v;
+    } f[] = {{"loss", &m->loss},
+             {"pg_loss", &m->pg_loss},
+             {"clip_frac", &m->clip_frac},
+             {"clip_frac_low", &m->clip_frac_low},
+             {"clip_frac_high", &m->clip_frac_high},
+             {"dual_clip_frac", &m->dual_clip_frac},
+             {"approx_kl", &m->approx_kl},
+             {"kl", &m->kl},
+             {"entropy", &m->entropy},
+             {"ratio_mean", &m->ratio_mean},
+             {"grad_norm", &m->grad_norm},
+             {"lr", &m->lr},
+             {"value_loss", &m->value_loss},
+             {"value_clip_frac", &m->value_clip_frac},
+             {"value_mean", &m->value_mean}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (tr_msg_get_float_opt(res, f[i].key, f[i].v, err)) return -1;
+    if (tr_msg_get_int_opt(res, "tokens", &m->tokens, err) || tr_msg_get_int_opt(res, "steps", &m->steps, err) ||
+        tr_msg_get_int_opt(res, "step", &m->step, err))
+        return -1;
+    return 0;
+}
+
+static int reply_train(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *err) {
+    train_ctx *c = ctx;
+    tr_msg_map m;
+    if (tr_msg_get_map(res, "metrics", &m, err)) return -1;
+    if (rank != 0 || !c->out) return 0;
+    return tr_train_metrics_get(&m, c->out, err);
+}
+
+static int train_call(tr_group *g, const char *op, train_ctx *c, tr_err *err) {
+    if (g->world > 1)
+        return tr_errf(err, TR_EUNSUPPORTED, "%s.%s: %d data-parallel ranks: training across ranks needs the "
+                       "gradient all-reduce, which is not built yet (use dp: 1)", g->role, op, g->world);
+    tr_call call = {op, 0, build_train, reply_train, c};
+    return tr_group_call(g, &call, err);
+}
+
+int tr_policy_train(tr_group *g, const tr_train_batch *b, tr_train_metrics *out, tr_err *err) {
+    if (!b->advantages || !b->old_logprobs)
+        return tr_errf(err, TR_EINVAL, "%s.train: advantages and old_logprobs are required", g->role);
+    train_ctx c = {.b = b, .out = out};
+    return train_call(g, "train", &c, err);
+}
+
+int tr_policy_train_sft(tr_group *g, const tr_sft_batch *b, tr_train_metrics *out, tr_err *err) {
+    if (b->n_rows < 1 || b->row_len < 1)
+        return tr_errf(err, TR_EINVAL, "%s.train_sft: %d rows of %d tokens", g->role, b->n_rows, b->row_len);
+    train_ctx c = {.sft = b, .out = out};
+    return train_call(g, "train_sft", &c, err);
+}
+
+int tr_critic_train(tr_group *g, const tr_train_batch *b, tr_train_metrics *out, tr_err *err) {
+    if (!b->returns || !b->old_values)
+        return tr_errf(err, TR_EINVAL, "%s.train: returns and old_values are required", g->role);
+    train_ctx c = {.b = b, .critic = true, .out = out};
+    return train_call(g, "train", &c, err);
+}
+
+// ---- save, load, sync_weights, shutdown ----
+
+static void build_dir(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, const char *op, uint64_t id) {
+    (void)rank;
+    (void)ranks;
+    tr_msg_begin_request(w, op, id, 1);
+    tr_msg_put_str(w, "dir", ctx);
+}
+
+int tr_role_save(tr_group *g, const char *dir, tr_err *err) {
+    // Data-parallel replicas hold the same weights: rank 0 writes.
+    tr_call call = {"save", 1, build_dir, NULL, (void *)dir};
+    return tr_group_call(g, &call, err);
+}
+
+int tr_role_load(tr_group *g, const char *dir, tr_err *err) {
+    tr_call call = {"load", 0, build_dir, NULL, (void *)dir};
+    return tr_group_call(g, &call, err);
+}
+
+static void build_empty(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, const char *op, uint64_t id) {
+    (void)ctx;
+    (void)rank;
+    (void)ranks;
+    tr_msg_begin_request(w, op, id, 0);
+}
+
+static int reply_sync(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *err) {
+    bool s = false;
+    if (tr_msg_get_bool(res, "synced", &s, err)) return -1;
+    if (rank == 0 && ctx) *(bool *)ctx = s;
+    return 0;
+}
+
+int tr_policy_sync_weights(tr_group *g, bool *synced, tr_err *err) {
+    tr_call call = {"sync_weights", 0, build_empty, reply_sync, synced};
+    return tr_group_call(g, &call, err);
+}
+
+int tr_group_shutdown(tr_group *g, tr_err *err) {
+    tr_call call = {"shutdown", 0, build_empty, NULL, NULL};
+    return tr_group_call(g, &call, err);
+}

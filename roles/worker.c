@@ -1,0 +1,227 @@
+// The worker's serve loop: connect one DEALER per hosted role (retrying hello until the
+// controller answers), then take requests from every dealer in turn, dispatch each to its
+// role's op handler and reply. A failing op is an error reply, never the end of the worker;
+// the loop ends on a shutdown op, on the caller's stop flag (SIGTERM) and when the
+// controller has been silent past the heartbeat timeout.
+#include "roles/worker.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "roles/worker_impl.h"
+
+#define HELLO_ATTEMPT_MS 2000
+#define POLL_MS 200
+
+void tr_worker_logf(tr_role_ctx *rc, const char *fmt, ...) {
+    tr_worker *w = rc->w;
+    if (!w->log) return;
+    char line[TR_ERR_MSG_MAX + 128];
+    int n = snprintf(line, sizeof line, "[%s] ", rc->id);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+    va_end(ap);
+    w->log(w->log_ctx, line);
+}
+
+static int role_kind(const char *name, enum tr_role_kind *k) {
+    static const char *const names[] = {"policy", "reference", "critic", "reward"};
+    for (int i = 0; i < 4; i++)
+        if (strcmp(name, names[i]) == 0) {
+            *k = (enum tr_role_kind)i;
+            return 0;
+        }
+    return -1;
+}
+
+static bool stopped(const tr_worker_opts *o) {
+    return o->stop && *o->stop;
+}
+
+// Says hello until the controller answers or the connect timeout passes.
+static int connect_role(tr_role_ctx *rc, const tr_worker_opts *o, tr_err *err) {
+    int total = o->connect_timeout_ms > 0 ? o->connect_timeout_ms : 60000;
+    int64_t deadline = tr_now_ms() + total;
+    bool logged = false;
+    for (;;) {
+        int64_t left = deadline - tr_now_ms();
+        tr_dealer_opts d = {.endpoint = o->endpoint, .role = rc->name, .rank = o->rank, .world = o->world,
+                            .hello_timeout_ms = (int)(left < HELLO_ATTEMPT_MS ? (left > 100 ? left : 100)
+                                                                                : HELLO_ATTEMPT_MS),
+                            .curve = o->curve};
+        if (tr_dealer_init(&rc->dealer, &d, err) == 0) return 0;
+        if (stopped(o)) return 0;  // the serve loop sees the flag and exits cleanly
+        if (err->code != TR_ETIMEOUT && err->code != TR_ECANCELED) return -1;
+        if (tr_now_ms() >= deadline)
+            return tr_errf(err, TR_ETIMEOUT, "%s: no controller answered at %s within %d ms", rc->id, o->endpoint,
+                           total);
+        if (!logged) tr_worker_logf(rc, "waiting for the controller at %s", o->endpoint);
+        logged = true;
+    }
+}
+
+static bool op_allowed(enum tr_role_kind k, const char *op) {
+    static const char *const policy[] = {"generate", "logprobs", "train", "train_sft", "save", "load",
+                                         "sync_weights", NULL};
+    static const char *const reference[] = {"logprobs", NULL};
+    static const char *const critic[] = {"values", "train", "save", "load", NULL};
+    static const char *const reward[] = {"score", NULL};
+    const char *const *ops = k == TR_ROLE_POLICY ? policy : k == TR_ROLE_REFERENCE ? reference
+                           : k == TR_ROLE_CRITIC ? critic : reward;
+    for (int i = 0; ops[i]; i++)
+        if (strcmp(ops[i], op) == 0) return true;
+    return false;
+}
+
+// sync_weights: the generator runs on the trainer's own parameter buffer (colocated in one
+// process), so there is nothing to copy; a separate generation engine would receive the
+// weights here.
+static int op_sync_weights(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
+    (void)rc;
+    static const char *const keys[] = {NULL};
+    if (tr_msg_check_keys(&req->args, keys, err)) return -1;
+    tr_msg_begin_reply(rep, req->id, 2);
+    tr_msg_put_bool(rep, "synced", false);
+    tr_msg_put_str(rep, "reason", "generation runs on the trainer's weights");
+    return 0;
+}
+
+static int dispatch(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, bool *shutdown, tr_err *err) {
+    const char *op = req->op;
+    if (strcmp(op, "shutdown") == 0) {
+        *shutdown = true;
+        tr_msg_begin_reply(rep, req->id, 0);
+        return 0;
+    }
+    if (strcmp(op, "init") == 0) {
+        if (rc->ready) return tr_errf(err, TR_EINVAL, "init: %s is already initialized", rc->id);
+        if (tr_worker_op_init(rc, req, rep, err)) {
+            tr_role_ctx_free(rc);
+            return -1;
+        }
+        rc->ready = true;
+        return 0;
+    }
+    if (!op_allowed(rc->kind, op)) return tr_errf(err, TR_EUNSUPPORTED, "the %s role has no op '%s'", rc->name, op);
+    if (!rc->ready) return tr_errf(err, TR_EINVAL, "%s before init", op);
+    if (strcmp(op, "generate") == 0) return tr_worker_op_generate(rc, req, rep, err);
+    if (strcmp(op, "logprobs") == 0) return tr_worker_op_logprobs(rc, req, rep, err);
+    if (strcmp(op, "values") == 0) return tr_worker_op_values(rc, req, rep, err);
+    if (strcmp(op, "train") == 0) return tr_worker_op_train(rc, req, rep, err);
+    if (strcmp(op, "train_sft") == 0) return tr_worker_op_train_sft(rc, req, rep, err);
+    if (strcmp(op, "save") == 0) return tr_worker_op_save(rc, req, rep, err);
+    if (strcmp(op, "load") == 0) return tr_worker_op_load(rc, req, rep, err);
+    if (strcmp(op, "sync_weights") == 0) return op_sync_weights(rc, req, rep, err);
+    if (strcmp(op, "score") == 0) return tr_worker_op_score(rc, req, rep, err);
+    return tr_errf(err, TR_EUNSUPPORTED, "unknown op '%s'", op);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// Handles one request; -1 only when the reply cannot be sent (the controller is gone).
+static int serve_one(tr_role_ctx *role, tr_wire_msg *m, bool *shutdown, tr_err *err) {
+    if (m->msg.kind != TR_MSG_REQUEST) return 0;  // replies are never addressed to workers
+    tr_msg_writer rep;
+    tr_msg_writer_init(&rep);
+    tr_err e;
+    tr_err_clear(&e);
+    double t0 = now_s();
+    int rc_op = dispatch(role, &m->msg, &rep, shutdown, &e);
+    int rc = 0;
+    if (rc_op == 0) {
+        const void *d;
+        size_t n;
+        if (tr_msg_writer_finish(&rep, &d, &n, &e)) rc_op = -1;
+        else rc = tr_dealer_send(role->dealer, d, n, err);
+    }
+    if (rc_op) {
+        tr_worker_logf(role, "%s failed: %s", m->msg.op, e.msg);
+        rc = tr_dealer_send_error(role->dealer, m->msg.id, &e, err);
+    } else if (strcmp(m->msg.op, "shutdown") != 0) {
+        tr_worker_logf(role, "%s: done in %.3f s", m->msg.op, now_s() - t0);
+    }
+    tr_msg_writer_free(&rep);
+    return rc;
+}
+
+static void free_worker(tr_worker *w) {
+    for (int i = 0; i < w->n_roles; i++) {
+        tr_role_ctx_free(&w->roles[i]);
+        tr_dealer_free(w->roles[i].dealer);
+        w->roles[i].dealer = NULL;
+    }
+    if (w->has_backend) tr_backend_cpu_free(&w->be);
+    w->has_backend = false;
+}
+
+int tr_worker_run(const tr_worker_opts *o, tr_err *err) {
+    if (o->n_roles < 1 || o->n_roles > TR_WORKER_MAX_ROLES)
+        return tr_errf(err, TR_EINVAL, "worker: %d roles (1..%d)", o->n_roles, TR_WORKER_MAX_ROLES);
+    tr_worker *w = calloc(1, sizeof *w);
+    if (!w) return tr_errf(err, TR_ENOMEM, "worker: out of memory");
+    w->rank = o->rank;
+    w->world = o->world;
+    w->log = o->log;
+    w->log_ctx = o->log_ctx;
+    int rc = 0;
+    for (int i = 0; i < o->n_roles && !rc; i++) {
+        tr_role_ctx *r = &w->roles[i];
+        r->w = w;
+        if (role_kind(o->roles[i], &r->kind)) {
+            rc = tr_errf(err, TR_EINVAL, "worker: unknown role '%s' (policy, reference, critic, reward)", o->roles[i]);
+            break;
+        }
+        for (int j = 0; j < i; j++)
+            if (strcmp(o->roles[j], o->roles[i]) == 0)
+                rc = tr_errf(err, TR_EINVAL, "worker: role '%s' given twice", o->roles[i]);
+        snprintf(r->name, sizeof r->name, "%s", o->roles[i]);
+        snprintf(r->id, sizeof r->id, "%s/%d", r->name, o->rank);
+        w->n_roles = i + 1;
+    }
+    for (int i = 0; i < w->n_roles && !rc && !stopped(o); i++) {
+        rc = connect_role(&w->roles[i], o, err);
+        if (!rc && w->roles[i].dealer) tr_worker_logf(&w->roles[i], "connected to %s", o->endpoint);
+    }
+    // A process hosting several roles exits once every role was told to shut down.
+    bool shut[TR_WORKER_MAX_ROLES] = {false};
+    int n_shut = 0;
+    bool shutdown = false;
+    while (!rc && !shutdown && !stopped(o)) {
+        int wait = POLL_MS / w->n_roles;
+        for (int i = 0; i < w->n_roles && !rc && !shutdown; i++) {
+            tr_role_ctx *r = &w->roles[i];
+            if (shut[i]) continue;
+            tr_wire_msg m;
+            tr_err e;
+            tr_err_clear(&e);
+            if (tr_dealer_recv(r->dealer, &m, wait, &e)) {
+                if (e.code == TR_EPEER) {
+                    tr_worker_logf(r, "exiting: %s", e.msg);
+                    *err = e;
+                    rc = tr_err_wrap(err, "%s", r->id);
+                } else if (e.code != TR_ETIMEOUT && e.code != TR_ECANCELED) {
+                    tr_worker_logf(r, "dropped a message: %s", e.msg);
+                }
+                continue;
+            }
+            if (serve_one(r, &m, &shut[i], err)) {
+                tr_worker_logf(r, "exiting: cannot reply: %s", err->msg);
+                rc = tr_err_wrap(err, "%s", r->id);
+            }
+            tr_wire_msg_free(&m);
+            if (shut[i] && ++n_shut == w->n_roles) shutdown = true;
+        }
+    }
+    if (!rc) tr_worker_logf(&w->roles[0], "exiting: %s", shutdown ? "shutdown requested" : "stop signal");
+    free_worker(w);
+    free(w);
+    return rc;
+}

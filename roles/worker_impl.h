@@ -1,0 +1,105 @@
+// Internal to the worker: the state of one hosted role and the op handlers that
+// worker.c dispatches to (worker_model.c, worker_policy.c, worker_train.c, worker_reward.c).
+// Every handler reads the request args and writes a complete ok reply, or fails with err.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "data/chat.h"
+#include "data/tokenizer.h"
+#include "engine/generate.h"
+#include "engine/loss.h"
+#include "engine/model.h"
+#include "engine/train.h"
+#include "roles/msg.h"
+#include "roles/reward_rule.h"
+#include "roles/reward_service.h"
+#include "roles/rollout.h"
+#include "roles/transport.h"
+
+enum tr_role_kind { TR_ROLE_POLICY, TR_ROLE_REFERENCE, TR_ROLE_CRITIC, TR_ROLE_REWARD };
+enum tr_reward_kind { TR_REWARD_KIND_RULE, TR_REWARD_KIND_SERVICE, TR_REWARD_KIND_MODEL };
+
+typedef struct tr_worker tr_worker;
+
+// Buffers of one micro-batch, sized for the model's max_tokens at init.
+typedef struct tr_mb_buf {
+    int32_t *ids, *pos, *targets, *doc_start;   // doc_start: [max_tokens + 1]
+    int32_t *seq;                                // [max_tokens] sequence index of each document
+    float *out, *entropy, *weights;
+} tr_mb_buf;
+
+typedef struct tr_role_ctx {
+    tr_worker *w;
+    enum tr_role_kind kind;
+    char name[TR_ROLE_NAME_MAX];
+    char id[TR_PEER_ID_MAX];          // "<role>/<rank>"
+    tr_dealer *dealer;
+    bool ready;                       // init succeeded
+
+    bool has_model;
+    tr_model model;
+    tr_mb_buf mb;
+    bool has_trainer;
+    tr_trainer trainer;
+    bool has_gen;
+    tr_generator gen;
+    int64_t kv_tokens;
+    int32_t max_seqs;
+
+    tr_tokenizer *tok;
+    bool has_chat;
+    tr_chat_format chat;
+    int32_t stop_ids[TR_MAX_EOS + 2];
+    int32_t n_stop;
+    char tokenizer_dir[1024];         // copied beside saved checkpoints
+
+    tr_policy_loss_cfg loss;
+    float value_clip;
+    int32_t ppo_epochs, mini_batches, max_len;
+
+    enum tr_reward_kind reward_kind;
+    tr_reward_rule *rule;
+    tr_reward_service *service;
+} tr_role_ctx;
+
+struct tr_worker {
+    int32_t rank, world;
+    bool has_backend;
+    tr_backend be;
+    int32_t threads;
+    tr_role_ctx roles[4];
+    int n_roles;
+    void (*log)(void *ctx, const char *line);
+    void *log_ctx;
+};
+
+void tr_worker_logf(tr_role_ctx *rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+// worker_model.c: init (model, tokenizer, trainer), the shared forward ops, and teardown.
+int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+int tr_worker_op_logprobs(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+int tr_worker_op_values(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+void tr_role_ctx_free(tr_role_ctx *rc);
+// Sequences [s0, s1) of r into mb as documents, as many as fit max_tokens starting at s0;
+// returns the number taken (>= 1), or -1 when sequence s0 alone is longer than max_tokens.
+int32_t tr_mb_fill(tr_role_ctx *rc, const tr_rollouts *r, int32_t s0, int32_t s1, tr_doc_layout *docs,
+                   tr_err *err);
+// Reads rollouts (lengths and tokens, ids checked against the vocabulary) from args.
+int tr_worker_get_rollouts(tr_role_ctx *rc, const tr_msg_map *args, tr_rollouts *r, tr_err *err);
+// The head output row that predicts token t of a sequence starting at row o: o + t - 1.
+// Tokens with t < max(prompt_len, 1) have no prediction in the sequence (0 is reported).
+static inline int32_t tr_first_scored(int32_t prompt_len) { return prompt_len > 1 ? prompt_len : 1; }
+
+// worker_policy.c
+int tr_worker_op_generate(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+int tr_worker_op_save(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+int tr_worker_op_load(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+
+// worker_train.c: policy train (RL), train_sft, critic train.
+int tr_worker_op_train(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+int tr_worker_op_train_sft(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+
+// worker_reward.c
+int tr_worker_reward_init(tr_role_ctx *rc, const tr_msg_map *reward, tr_err *err);
+int tr_worker_op_score(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);

@@ -1,0 +1,399 @@
+// The worker's model side: the init op (backend, model from a checkpoint or a config,
+// trainer, tokenizer, chat stops), packing rollout sequences into micro-batches as separate
+// documents, and the forward-only ops logprobs (policy, reference) and values (critic).
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/checkpoint.h"
+#include "engine/heads.h"
+#include "roles/rollout_wire.h"
+#include "roles/worker_impl.h"
+
+static const char *const role_names[] = {"policy", "reference", "critic", "reward"};
+
+// ---- init ----
+
+static int enum_from(const char *const *names, const char *s, const char *what, int *out, tr_err *err) {
+    for (int i = 0; names[i]; i++)
+        if (strcmp(names[i], s) == 0) {
+            *out = i;
+            return 0;
+        }
+    char allowed[256] = "";
+    size_t n = 0;
+    for (int i = 0; names[i] && n + 32 < sizeof allowed; i++)
+        n += (size_t)snprintf(allowed + n, sizeof allowed - n, "%s%s", i ? ", " : "", names[i]);
+    return tr_errf(err, TR_EINVAL, "init: %s '%s' is not one of: %s", what, s, allowed);
+}
+
+static int parse_optim(const tr_msg_map *m, tr_optim_cfg *o, tr_err *err) {
+    static const char *const keys[] = {"lr", "beta1", "beta2", "eps", "weight_decay", "grad_clip", "schedule",
+                                       "warmup_steps", "total_steps", "min_lr_ratio", NULL};
+    double lr, b1, b2, eps, wd, clip, minr;
+    int64_t warm, total;
+    char sched[16];
+    if (tr_msg_check_keys(m, keys, err) || tr_msg_get_float(m, "lr", &lr, err) ||
+        tr_msg_get_float(m, "beta1", &b1, err) || tr_msg_get_float(m, "beta2", &b2, err) ||
+        tr_msg_get_float(m, "eps", &eps, err) || tr_msg_get_float(m, "weight_decay", &wd, err) ||
+        tr_msg_get_float(m, "grad_clip", &clip, err) || tr_msg_get_str_buf(m, "schedule", sched, sizeof sched, err) ||
+        tr_msg_get_int(m, "warmup_steps", &warm, err) || tr_msg_get_int(m, "total_steps", &total, err) ||
+        tr_msg_get_float(m, "min_lr_ratio", &minr, err))
+        return -1;
+    memset(o, 0, sizeof *o);
+    if (tr_lr_kind_parse(sched, &o->schedule.kind))
+        return tr_errf(err, TR_EINVAL, "init: optim.schedule '%s' is not constant, linear or cosine", sched);
+    o->lr = lr;
+    o->beta1 = (float)b1;
+    o->beta2 = (float)b2;
+    o->eps = (float)eps;
+    o->weight_decay = (float)wd;
+    o->decay_all = false;  // norms and biases do not decay, as in transformers' Trainer
+    o->max_grad_norm = (float)clip;
+    o->schedule.warmup_steps = warm;
+    o->schedule.total_steps = total;
+    o->schedule.min_lr_ratio = minr;
+    return 0;
+}
+
+static int parse_loss(tr_role_ctx *rc, const tr_msg_map *m, tr_err *err) {
+    static const char *const keys[] = {"clip_low", "clip_high", "clip_dual", "ratio", "agg", "kl_coef",
+                                       "kl_estimator", "entropy_coef", "value_clip", "ppo_epochs",
+                                       "mini_batches", "max_len", NULL};
+    double lo, hi, dual, kl, ent, vclip;
+    int64_t epochs, mbs, max_len;
+    char ratio[16], agg[32], est[8];
+    if (tr_msg_check_keys(m, keys, err) || tr_msg_get_float(m, "clip_low", &lo, err) ||
+        tr_msg_get_float(m, "clip_high", &hi, err) || tr_msg_get_float(m, "clip_dual", &dual, err) ||
+        tr_msg_get_str_buf(m, "ratio", ratio, sizeof ratio, err) || tr_msg_get_str_buf(m, "agg", agg, sizeof agg, err) ||
+        tr_msg_get_float(m, "kl_coef", &kl, err) || tr_msg_get_str_buf(m, "kl_estimator", est, sizeof est, err) ||
+        tr_msg_get_float(m, "entropy_coef", &ent, err) || tr_msg_get_float(m, "value_clip", &vclip, err) ||
+        tr_msg_get_int(m, "ppo_epochs", &epochs, err) || tr_msg_get_int(m, "mini_batches", &mbs, err) ||
+        tr_msg_get_int(m, "max_len", &max_len, err))
+        return -1;
+    int r, a, e;
+    if (enum_from(tr_ratio_mode_names, ratio, "loss.ratio", &r, err) ||
+        enum_from(tr_loss_agg_names, agg, "loss.agg", &a, err) ||
+        enum_from(tr_kl_est_names, est, "loss.kl_estimator", &e, err))
+        return -1;
+    if (!(lo >= 0) || !(hi >= 0) || !(dual == 0 || dual > 1) || !(kl >= 0) || !(ent >= 0) || !(vclip >= 0) ||
+        epochs < 1 || epochs > 1000 || mbs < 1 || mbs > 1000000 || max_len < 0 || max_len > INT32_MAX)
+        return tr_errf(err, TR_EINVAL, "init: loss settings out of range (clips >= 0, clip_dual 0 or > 1, "
+                       "coefficients >= 0, ppo_epochs and mini_batches >= 1, max_len >= 0)");
+    rc->loss = (tr_policy_loss_cfg){.clip_low = (float)lo, .clip_high = (float)hi, .clip_dual = (float)dual,
+                                    .ratio = (enum tr_ratio_mode)r, .agg = (enum tr_loss_agg)a,
+                                    .kl_coef = (float)kl, .kl_est = (enum tr_kl_est)e,
+                                    .entropy_coef = (float)ent};
+    rc->value_clip = (float)vclip;
+    rc->ppo_epochs = (int32_t)epochs;
+    rc->mini_batches = (int32_t)mbs;
+    rc->max_len = (int32_t)max_len;
+    return 0;
+}
+
+static int mb_alloc(tr_mb_buf *b, int32_t T, tr_err *err) {
+    size_t n = (size_t)T;
+    b->ids = malloc(n * sizeof(int32_t));
+    b->pos = malloc(n * sizeof(int32_t));
+    b->targets = malloc(n * sizeof(int32_t));
+    b->doc_start = malloc((n + 1) * sizeof(int32_t));
+    b->seq = malloc(n * sizeof(int32_t));
+    b->out = malloc(n * sizeof(float));
+    b->entropy = malloc(n * sizeof(float));
+    b->weights = malloc(n * sizeof(float));
+    if (!b->ids || !b->pos || !b->targets || !b->doc_start || !b->seq || !b->out || !b->entropy || !b->weights)
+        return tr_errf(err, TR_ENOMEM, "init: out of memory for %d-token micro-batch buffers", T);
+    for (size_t i = 0; i < n; i++) b->weights[i] = 1.0f;
+    return 0;
+}
+
+static void mb_free(tr_mb_buf *b) {
+    free(b->ids);
+    free(b->pos);
+    free(b->targets);
+    free(b->doc_start);
+    free(b->seq);
+    free(b->out);
+    free(b->entropy);
+    free(b->weights);
+    memset(b, 0, sizeof *b);
+}
+
+void tr_role_ctx_free(tr_role_ctx *rc) {
+    if (rc->has_gen) tr_generator_free(&rc->gen);
+    if (rc->has_trainer) tr_trainer_free(&rc->trainer);
+    if (rc->has_model) tr_model_free(&rc->model);
+    rc->has_gen = rc->has_trainer = rc->has_model = false;
+    mb_free(&rc->mb);
+    tr_tokenizer_free(rc->tok);
+    rc->tok = NULL;
+    rc->has_chat = false;
+    tr_reward_rule_free(rc->rule);
+    rc->rule = NULL;
+    tr_reward_service_free(rc->service);
+    rc->service = NULL;
+    rc->ready = false;
+}
+
+// An LM checkpoint's config turned into a critic's: same body, one value per token.
+static void to_value_head(tr_model_config *cfg) {
+    cfg->head = TR_HEAD_VALUE;
+    cfg->num_labels = 1;
+    char *p = strstr(cfg->architecture, "ForCausalLM");
+    if (p) snprintf(p, sizeof cfg->architecture - (size_t)(p - cfg->architecture), "ForTokenClassification");
+}
+
+static enum tr_head role_head(enum tr_role_kind k) {
+    return k == TR_ROLE_CRITIC ? TR_HEAD_VALUE : k == TR_ROLE_REWARD ? TR_HEAD_SCORE : TR_HEAD_LM;
+}
+
+static const char *head_name(enum tr_head h) {
+    return h == TR_HEAD_LM ? "causal LM" : h == TR_HEAD_VALUE ? "value (token classification) model"
+                                                              : "score (sequence classification) model";
+}
+
+static int load_model(tr_role_ctx *rc, const tr_msg_map *a, int32_t max_tokens, bool train, tr_err *err) {
+    char model[1024] = "", init_cfg[1024] = "", head[16] = "";
+    int64_t init_seed = 0;
+    if (tr_msg_has(a, "model") && tr_msg_get_str_buf(a, "model", model, sizeof model, err)) return -1;
+    if (tr_msg_has(a, "init_config") && tr_msg_get_str_buf(a, "init_config", init_cfg, sizeof init_cfg, err))
+        return -1;
+    if (tr_msg_get_int_opt(a, "init_seed", &init_seed, err)) return -1;
+    if (tr_msg_has(a, "head") && tr_msg_get_str_buf(a, "head", head, sizeof head, err)) return -1;
+    if (!model[0] == !init_cfg[0])
+        return tr_errf(err, TR_EINVAL, "init: give exactly one of model (a checkpoint) and init_config");
+    if (head[0] && strcmp(head, "value") != 0)
+        return tr_errf(err, TR_EINVAL, "init: head '%s': only 'value' converts a checkpoint", head);
+    tr_model_config cfg;
+    if (model[0] ? tr_checkpoint_load_config(model, &cfg, err) : tr_config_load(init_cfg, &cfg, err)) return -1;
+    bool convert = head[0] && cfg.head == TR_HEAD_LM;
+    if (convert) to_value_head(&cfg);
+    enum tr_head want = role_head(rc->kind);
+    if (cfg.head != want)
+        return tr_errf(err, TR_EINVAL, "init: %s is a %s (%s); the %s role needs a %s", model[0] ? model : init_cfg,
+                       head_name(cfg.head), cfg.architecture, rc->name, head_name(want));
+    if (want == TR_HEAD_SCORE && cfg.num_labels != 1)
+        return tr_errf(err, TR_EINVAL, "init: %s has %d labels; a reward model has 1", model, cfg.num_labels);
+    tr_model_opts mo = {.max_tokens = max_tokens, .training = train};
+    if (tr_model_init(&rc->model, &cfg, &rc->w->be, &mo, err)) return -1;
+    rc->has_model = true;
+    int rc2 = 0;
+    if (!model[0]) {
+        tr_model_init_weights(&rc->model, (uint64_t)init_seed, 0.02f);
+    } else if (convert) {
+        // The value head is new: drawn as transformers' init would, the body from the checkpoint.
+        tr_model_init_weights(&rc->model, (uint64_t)init_seed, 0.02f);
+        rc2 = tr_checkpoint_load_backbone(model, &cfg, &rc->model.layout, rc->model.params, err);
+    } else {
+        rc2 = tr_checkpoint_load(model, &cfg, &rc->model.layout, rc->model.params, err);
+    }
+    if (rc2) return -1;
+    return mb_alloc(&rc->mb, max_tokens, err);
+}
+
+static int load_tokenizer(tr_role_ctx *rc, const tr_msg_map *a, tr_err *err) {
+    char path[1024] = "", chat[16] = "";
+    if (tr_msg_has(a, "tokenizer") && tr_msg_get_str_buf(a, "tokenizer", path, sizeof path, err)) return -1;
+    if (tr_msg_has(a, "chat_format") && tr_msg_get_str_buf(a, "chat_format", chat, sizeof chat, err)) return -1;
+    if (path[0]) {
+        if (tr_tokenizer_load(&rc->tok, path, err)) return -1;
+        char copy[1024];
+        snprintf(copy, sizeof copy, "%s", path);
+        snprintf(rc->tokenizer_dir, sizeof rc->tokenizer_dir, "%s", dirname(copy));
+    }
+    rc->n_stop = 0;
+    if (chat[0] && strcmp(chat, "none") != 0) {
+        if (!rc->tok) return tr_errf(err, TR_EINVAL, "init: chat_format %s needs a tokenizer", chat);
+        if (tr_chat_format_init(&rc->chat, chat, rc->tok, err)) return -1;
+        rc->has_chat = true;
+        for (int32_t i = 0; i < rc->chat.n_stop; i++) rc->stop_ids[rc->n_stop++] = rc->chat.stop[i];
+    } else if (rc->has_model) {
+        for (int32_t i = 0; i < rc->model.cfg.n_eos; i++) rc->stop_ids[rc->n_stop++] = rc->model.cfg.eos_token_ids[i];
+    }
+    return 0;
+}
+
+int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
+    const tr_msg_map *a = &req->args;
+    static const char *const keys[] = {"model", "init_config", "init_seed", "head", "backend", "threads",
+                                       "max_tokens", "seed", "tokenizer", "chat_format", "train", "optim",
+                                       "loss", "kv_tokens", "max_seqs", "reward", NULL};
+    char backend[16];
+    int64_t threads, max_tokens, kv_tokens = 0, max_seqs = 0;
+    uint64_t seed;
+    bool train;
+    if (tr_msg_check_keys(a, keys, err) || tr_msg_get_str_buf(a, "backend", backend, sizeof backend, err) ||
+        tr_msg_get_int(a, "threads", &threads, err) || tr_msg_get_int(a, "max_tokens", &max_tokens, err) ||
+        tr_msg_get_uint(a, "seed", &seed, err) || tr_msg_get_bool(a, "train", &train, err) ||
+        tr_msg_get_int_opt(a, "kv_tokens", &kv_tokens, err) || tr_msg_get_int_opt(a, "max_seqs", &max_seqs, err))
+        return -1;
+    if (strcmp(backend, "cpu") != 0)
+        return tr_errf(err, TR_EUNSUPPORTED, "init: backend '%s': workers run the cpu backend only so far", backend);
+    if (threads < 0 || threads > 4096 || max_tokens < 1 || max_tokens > (1 << 24) || kv_tokens < 0 ||
+        max_seqs < 0 || max_seqs > (1 << 20))
+        return tr_errf(err, TR_EINVAL, "init: threads %lld, max_tokens %lld, kv_tokens %lld or max_seqs %lld out "
+                       "of range", (long long)threads, (long long)max_tokens, (long long)kv_tokens,
+                       (long long)max_seqs);
+    if (train && rc->kind != TR_ROLE_POLICY && rc->kind != TR_ROLE_CRITIC)
+        return tr_errf(err, TR_EINVAL, "init: the %s role does not train", rc->name);
+    bool has_reward = tr_msg_has(a, "reward");
+    if (has_reward != (rc->kind == TR_ROLE_REWARD))
+        return tr_errf(err, TR_EINVAL, "init: %s", has_reward ? "reward settings are for the reward role"
+                                                              : "the reward role needs reward settings");
+    if (train != (tr_msg_has(a, "optim") && tr_msg_has(a, "loss")))
+        return tr_errf(err, TR_EINVAL, "init: train needs optim and loss settings, and only it takes them");
+    tr_worker *w = rc->w;
+    bool needs_model = rc->kind != TR_ROLE_REWARD || tr_msg_has(a, "model") || tr_msg_has(a, "init_config");
+    if (needs_model && !w->has_backend) {
+        if (tr_backend_cpu_init(&w->be, (int32_t)threads))
+            return tr_errf(err, TR_ENOMEM, "init: cannot start a CPU backend with %lld threads", (long long)threads);
+        w->has_backend = true;
+        w->threads = (int32_t)threads;
+    } else if (needs_model && threads != w->threads) {
+        tr_worker_logf(rc, "init: sharing the colocated roles' %d-thread pool (asked for %lld)", w->threads,
+                       (long long)threads);
+    }
+    if (has_reward) {
+        tr_msg_map rm;
+        if (tr_msg_get_map(a, "reward", &rm, err) || tr_worker_reward_init(rc, &rm, err)) return -1;
+    }
+    bool model_reward = rc->kind == TR_ROLE_REWARD && rc->reward_kind == TR_REWARD_KIND_MODEL;
+    if (rc->kind != TR_ROLE_REWARD || model_reward) {
+        if (load_model(rc, a, (int32_t)max_tokens, train, err)) return -1;
+    } else if (tr_msg_has(a, "model") || tr_msg_has(a, "init_config")) {
+        return tr_errf(err, TR_EINVAL, "init: a %s reward takes no model", rc->reward_kind == TR_REWARD_KIND_RULE
+                                                                             ? "rule" : "service");
+    }
+    if (load_tokenizer(rc, a, err)) return -1;
+    if (train) {
+        tr_msg_map om, lm;
+        tr_optim_cfg opt;
+        if (tr_msg_get_map(a, "optim", &om, err) || parse_optim(&om, &opt, err) ||
+            tr_msg_get_map(a, "loss", &lm, err) || parse_loss(rc, &lm, err))
+            return -1;
+        if (tr_trainer_init(&rc->trainer, &rc->model, &opt, seed, err)) return tr_err_wrap(err, "init");
+        rc->has_trainer = true;
+    }
+    rc->kv_tokens = kv_tokens;
+    rc->max_seqs = (int32_t)max_seqs;
+    int64_t n_params = rc->has_model ? (int64_t)tr_model_n_params(&rc->model) : 0;
+    tr_worker_logf(rc, "init: %s%s%s, %lld parameters, %lld tokens per forward%s", role_names[rc->kind],
+                   rc->has_model ? " " : "", rc->has_model ? rc->model.cfg.architecture : "", (long long)n_params,
+                   (long long)max_tokens, train ? ", training" : "");
+    tr_msg_begin_reply(rep, req->id, 4);
+    tr_msg_put_int(rep, "n_params", n_params);
+    tr_msg_put_int(rep, "vocab_size", rc->has_model ? rc->model.cfg.vocab_size : 0);
+    tr_msg_put_int(rep, "max_tokens", max_tokens);
+    tr_msg_put_str(rep, "architecture", rc->has_model ? rc->model.cfg.architecture : "");
+    return 0;
+}
+
+// ---- micro-batches of sequences ----
+
+int tr_worker_get_rollouts(tr_role_ctx *rc, const tr_msg_map *args, tr_rollouts *r, tr_err *err) {
+    int64_t max_len = rc->has_model ? rc->model.max_tokens : 0;
+    if (tr_rollouts_get(args, "rollouts", max_len, r, err)) return -1;
+    if (!rc->has_model) return 0;
+    int32_t V = rc->model.cfg.vocab_size;
+    for (int64_t t = 0; t < r->n_tokens; t++)
+        if (r->tokens[t] < 0 || r->tokens[t] >= V) {
+            int32_t s = 0;
+            while (r->offset[s + 1] <= t) s++;
+            return tr_errf(err, TR_ERANGE, "rollouts: sequence %d token %lld is %d, outside the vocabulary [0, %d)",
+                           s, (long long)(t - r->offset[s]), r->tokens[t], V);
+        }
+    return 0;
+}
+
+int32_t tr_mb_fill(tr_role_ctx *rc, const tr_rollouts *r, int32_t s0, int32_t s1, tr_doc_layout *docs,
+                   tr_err *err) {
+    tr_mb_buf *b = &rc->mb;
+    int32_t T = rc->model.max_tokens, t = 0, d = 0, s = s0;
+    for (; s < s1; s++) {
+        int32_t len = (int32_t)(r->offset[s + 1] - r->offset[s]);
+        if (t + len > T) break;
+        const int32_t *tok = r->tokens + r->offset[s];
+        b->doc_start[d] = t;
+        b->seq[d] = s;
+        for (int32_t j = 0; j < len; j++) {
+            b->ids[t + j] = tok[j];
+            b->pos[t + j] = j;
+            b->targets[t + j] = j + 1 < len ? tok[j + 1] : -1;
+        }
+        t += len;
+        d++;
+    }
+    if (d == 0) {
+        tr_errf(err, TR_ERANGE, "sequence %d has %lld tokens; this worker's forward takes %d", s0,
+                (long long)(r->offset[s0 + 1] - r->offset[s0]), T);
+        return -1;
+    }
+    b->doc_start[d] = t;
+    *docs = (tr_doc_layout){.n_tokens = t, .n_docs = d, .doc_start = b->doc_start, .pos = b->pos};
+    return d;
+}
+
+// ---- logprobs and values ----
+
+// Runs the trunk and head over every sequence; per-token outputs aligned with r->tokens.
+static int forward_all(tr_role_ctx *rc, const tr_rollouts *r, float *out, float *entropy, tr_err *err) {
+    tr_model *m = &rc->model;
+    tr_mb_buf *b = &rc->mb;
+    memset(out, 0, (size_t)r->n_tokens * sizeof(float));
+    if (entropy) memset(entropy, 0, (size_t)r->n_tokens * sizeof(float));
+    for (int32_t s = 0; s < r->n;) {
+        tr_doc_layout docs;
+        int32_t k = tr_mb_fill(rc, r, s, r->n, &docs, err);
+        if (k < 0) return -1;
+        int rc2 = tr_model_forward(m, b->ids, &docs, err);
+        if (!rc2) rc2 = m->cfg.head == TR_HEAD_LM ? tr_lm_head_forward(m, b->targets, b->out, entropy ? b->entropy : NULL, err)
+                                                  : tr_value_head_forward(m, b->out, err);
+        if (rc2) return tr_err_wrap(err, "sequences %d..%d", s, s + k - 1);
+        for (int32_t d = 0; d < k; d++) {
+            int32_t i = b->seq[d], o = b->doc_start[d];
+            int32_t len = (int32_t)(r->offset[i + 1] - r->offset[i]);
+            for (int32_t t = tr_first_scored(r->prompt_len[i]); t < len; t++) {
+                out[r->offset[i] + t] = b->out[o + t - 1];
+                if (entropy) entropy[r->offset[i] + t] = b->entropy[o + t - 1];
+            }
+        }
+        s += k;
+    }
+    return 0;
+}
+
+static int op_forward(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, bool values, tr_err *err) {
+    static const char *const lp_keys[] = {"rollouts", "entropy", NULL};
+    static const char *const v_keys[] = {"rollouts", NULL};
+    bool want_ent = false;
+    if (tr_msg_check_keys(&req->args, values ? v_keys : lp_keys, err) ||
+        tr_msg_get_bool_opt(&req->args, "entropy", &want_ent, err))
+        return -1;
+    tr_rollouts r;
+    tr_rollouts_init(&r);
+    float *out = NULL, *ent = NULL;
+    int rc2 = tr_worker_get_rollouts(rc, &req->args, &r, err);
+    size_t nt = (size_t)(r.n_tokens ? r.n_tokens : 1);
+    if (!rc2 && (!(out = malloc(nt * sizeof(float))) || (want_ent && !(ent = malloc(nt * sizeof(float))))))
+        rc2 = tr_errf(err, TR_ENOMEM, "out of memory for %lld tokens", (long long)r.n_tokens);
+    if (!rc2) rc2 = forward_all(rc, &r, out, ent, err);
+    if (!rc2) {
+        int64_t n = r.n_tokens;
+        tr_msg_begin_reply(rep, req->id, want_ent ? 2 : 1);
+        tr_msg_put_tensor(rep, values ? "values" : "logprobs", TR_DTYPE_F32, 1, &n, out);
+        if (want_ent) tr_msg_put_tensor(rep, "entropy", TR_DTYPE_F32, 1, &n, ent);
+        tr_worker_logf(rc, "%s: %d sequences, %lld tokens", values ? "values" : "logprobs", r.n, (long long)n);
+    }
+    free(out);
+    free(ent);
+    tr_rollouts_free(&r);
+    return rc2;
+}
+
+int tr_worker_op_logprobs(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
+    return op_forward(rc, req, rep, false, err);
+}
+
+int tr_worker_op_values(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
+    return op_forward(rc, req, rep, true, err);
+}

@@ -1,0 +1,484 @@
+// The train ops. RL (policy and critic): ppo_epochs passes over the rollouts, each split
+// into mini_batches optimizer steps; a mini-batch runs as micro-batches of whole sequences
+// (separate documents), and for each micro-batch the engine's loss (engine/loss.h) turns the
+// head outputs into dL/dlogprob or dL/dvalue, normalized over the whole mini-batch so the
+// micro-batches add up to the mini-batch loss. SFT: one step of token-mean cross entropy.
+#include <stdlib.h>
+#include <string.h>
+
+#include "roles/client.h"
+#include "roles/rollout_wire.h"
+#include "roles/worker_impl.h"
+
+// Micro-batch i covers sequences [seq0[i], seq0[i+1]).
+typedef struct plan {
+    tr_micro_batch *mbs;
+    int32_t *seq0;
+    int32_t *doc_all;     // doc starts of every micro-batch, back to back
+    int32_t n;
+} plan;
+
+typedef struct rl_ctx {
+    tr_role_ctx *rc;
+    const tr_rollouts *r;
+    const float *adv, *old, *ref;        // policy
+    const float *ret, *old_v;            // critic
+    const tr_loss_norm *norm;
+    const plan *p;
+    // padded [rows x cols] scratch, cap floats each
+    int64_t cap;
+    uint8_t *mask;
+    float *a, *b, *c, *d, *e, *ga, *ge;
+    // metrics summed over the call
+    double loss, pg_loss, kl, entropy, tok_clip, tok_clip_lo, tok_clip_hi, tok_dual, tok_akl, tok_ratio;
+    double v_clip, v_mean;
+    int64_t tokens;
+} rl_ctx;
+
+static void plan_free(plan *p) {
+    free(p->mbs);
+    free(p->seq0);
+    free(p->doc_all);
+    memset(p, 0, sizeof *p);
+}
+
+// Packs sequences [s0, s1) into micro-batches of at most max_tokens; pos/targets are the
+// per-token arrays of all rollouts (aligned with r->tokens).
+static int plan_build(tr_role_ctx *rc, const tr_rollouts *r, int32_t s0, int32_t s1, const int32_t *pos,
+                      const int32_t *targets, plan *p, tr_err *err) {
+    int32_t ns = s1 - s0, T = rc->model.max_tokens;
+    p->mbs = calloc((size_t)ns, sizeof *p->mbs);
+    p->seq0 = malloc((size_t)(ns + 1) * sizeof *p->seq0);
+    p->doc_all = malloc((size_t)(2 * ns + 1) * sizeof *p->doc_all);
+    if (!p->mbs || !p->seq0 || !p->doc_all) return tr_errf(err, TR_ENOMEM, "train: out of memory");
+    int32_t *ds = p->doc_all;
+    for (int32_t s = s0; s < s1;) {
+        int64_t base = r->offset[s];
+        int32_t k = 0;
+        while (s + k < s1 && r->offset[s + k + 1] - base <= T) k++;
+        if (k == 0)
+            return tr_errf(err, TR_ERANGE, "train: sequence %d has %lld tokens; this worker's forward takes %d", s,
+                           (long long)(r->offset[s + 1] - base), T);
+        for (int32_t j = 0; j <= k; j++) ds[j] = (int32_t)(r->offset[s + j] - base);
+        tr_micro_batch *mb = &p->mbs[p->n];
+        mb->ids = r->tokens + base;
+        mb->targets = targets + base;
+        mb->weights = rc->mb.weights;  // ones: the loss callback carries every weight
+        mb->docs = (tr_doc_layout){.n_tokens = ds[k], .n_docs = k, .doc_start = ds, .pos = pos + base};
+        p->seq0[p->n++] = s;
+        ds += k + 1;
+        s += k;
+    }
+    p->seq0[p->n] = s1;
+    return 0;
+}
+
+// Rows and columns of a micro-batch's padded layout: one row per sequence, one column per
+// scored response token.
+static void mb_shape(const tr_rollouts *r, int32_t a, int32_t b, int32_t *rows, int32_t *cols) {
+    int32_t c = 0;
+    for (int32_t i = a; i < b; i++) {
+        int32_t len = (int32_t)(r->offset[i + 1] - r->offset[i]);
+        int32_t n = len - tr_first_scored(r->prompt_len[i]);
+        if (r->response_len[i] < n) n = r->response_len[i];
+        if (n > c) c = n;
+    }
+    *rows = b - a;
+    *cols = c > 0 ? c : 1;
+}
+
+// Row i's scored tokens t in [t0, len): column t - t0, head row o + t - 1.
+static void row_range(const tr_rollouts *r, int32_t i, int32_t *t0, int32_t *len) {
+    *len = (int32_t)(r->offset[i + 1] - r->offset[i]);
+    *t0 = tr_first_scored(r->prompt_len[i]);
+    int32_t p = r->prompt_len[i];
+    if (*t0 < p) *t0 = p;
+}
+
+static int rl_loss(void *user, int32_t index, const tr_micro_batch *mb, int32_t n, const float *out,
+                   const float *entropy, float *loss, float *dout, float *dentropy, tr_err *err) {
+    rl_ctx *c = user;
+    const tr_rollouts *r = c->r;
+    int32_t a = c->p->seq0[index], b = c->p->seq0[index + 1], B, T;
+    mb_shape(r, a, b, &B, &T);
+    size_t nn = (size_t)B * (size_t)T;
+    memset(c->mask, 0, nn);
+    memset(c->a, 0, nn * sizeof(float));
+    memset(c->b, 0, nn * sizeof(float));
+    memset(c->c, 0, nn * sizeof(float));
+    memset(c->d, 0, nn * sizeof(float));
+    memset(c->e, 0, nn * sizeof(float));
+    bool critic = c->rc->kind == TR_ROLE_CRITIC;
+    for (int32_t i = a; i < b; i++) {
+        int32_t t0, len, o = mb->docs.doc_start[i - a];
+        int64_t off = r->offset[i];
+        row_range(r, i, &t0, &len);
+        for (int32_t t = t0; t < len; t++) {
+            size_t k = (size_t)(i - a) * T + (size_t)(t - t0);
+            c->mask[k] = 1;
+            c->a[k] = out[o + t - 1];
+            if (critic) {
+                c->b[k] = c->old_v[off + t];
+                c->c[k] = c->ret[off + t];
+            } else {
+                c->b[k] = c->old[off + t];
+                c->c[k] = c->adv[off + t];
+                if (c->ref) c->d[k] = c->ref[off + t];
+                if (entropy) c->e[k] = entropy[o + t - 1];
+            }
+        }
+    }
+    memset(loss, 0, (size_t)n * sizeof(float));
+    memset(dout, 0, (size_t)n * sizeof(float));
+    int rc;
+    int64_t ntok;
+    if (critic) {
+        tr_value_loss_in in = {.B = B, .T = T, .mask = c->mask, .values = c->a, .old_values = c->b,
+                               .returns = c->c, .norm = c->norm};
+        tr_value_loss_out vo;
+        rc = tr_value_loss(c->rc->value_clip, c->rc->loss.agg, &in, &vo, c->ga, err);
+        if (rc) return -1;
+        loss[0] = (float)vo.loss;
+        c->loss += vo.loss;
+        ntok = vo.n_tokens;
+        c->v_clip += vo.clip_frac * (double)ntok;
+        c->v_mean += vo.value_mean * (double)ntok;
+    } else {
+        tr_policy_loss_in in = {.B = B, .T = T, .mask = c->mask, .logp = c->a, .old_logp = c->b, .adv = c->c,
+                                .ref_logp = c->ref ? c->d : NULL, .entropy = entropy ? c->e : NULL,
+                                .norm = c->norm};
+        tr_policy_loss_out po;
+        bool ent_grad = c->rc->loss.entropy_coef != 0 && entropy;
+        rc = tr_policy_loss(&c->rc->loss, &in, &po, c->ga, ent_grad ? c->ge : NULL, err);
+        if (rc) return -1;
+        loss[0] = (float)po.loss;
+        c->loss += po.loss;
+        c->pg_loss += po.pg_loss;
+        c->kl += po.kl;
+        c->entropy += po.entropy;
+        ntok = po.n_tokens;
+        c->tok_clip += po.clip_frac * (double)ntok;
+        c->tok_clip_lo += po.clip_frac_low * (double)ntok;
+        c->tok_clip_hi += po.clip_frac_high * (double)ntok;
+        c->tok_dual += po.dual_clip_frac * (double)ntok;
+        c->tok_akl += po.approx_kl * (double)ntok;
+        c->tok_ratio += po.ratio_mean * (double)ntok;
+        if (!ent_grad) memset(c->ge, 0, nn * sizeof(float));
+    }
+    c->tokens += ntok;
+    for (int32_t i = a; i < b; i++) {
+        int32_t t0, len, o = mb->docs.doc_start[i - a];
+        row_range(r, i, &t0, &len);
+        for (int32_t t = t0; t < len; t++) {
+            size_t k = (size_t)(i - a) * T + (size_t)(t - t0);
+            dout[o + t - 1] = c->ga[k];
+            if (!critic && dentropy) dentropy[o + t - 1] = c->ge[k];
+        }
+    }
+    return 0;
+}
+
+// The mini-batch's aggregation denominators, from its scored response tokens.
+static void mini_norm(const tr_rollouts *r, int32_t s0, int32_t s1, int32_t max_len, tr_loss_norm *norm) {
+    double toks = 0, seqs = 0, longest = 0;
+    for (int32_t i = s0; i < s1; i++) {
+        int32_t t0, len;
+        row_range(r, i, &t0, &len);
+        int32_t n = len > t0 ? len - t0 : 0;
+        toks += n;
+        if (n > 0) seqs++;
+        if (r->response_len[i] > longest) longest = r->response_len[i];
+    }
+    norm->n_tokens = toks;
+    norm->n_seqs = seqs;
+    norm->max_len = max_len > 0 ? max_len : longest;
+}
+
+static int scratch_alloc(rl_ctx *c, int64_t cap, tr_err *err) {
+    size_t n = (size_t)(cap ? cap : 1);
+    c->cap = cap;
+    c->mask = malloc(n);
+    float **f[] = {&c->a, &c->b, &c->c, &c->d, &c->e, &c->ga, &c->ge};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) *f[i] = malloc(n * sizeof(float));
+    if (!c->mask || !c->a || !c->b || !c->c || !c->d || !c->e || !c->ga || !c->ge)
+        return tr_errf(err, TR_ENOMEM, "train: out of memory for %lld-entry loss buffers", (long long)cap);
+    return 0;
+}
+
+static void scratch_free(rl_ctx *c) {
+    free(c->mask);
+    free(c->a);
+    free(c->b);
+    free(c->c);
+    free(c->d);
+    free(c->e);
+    free(c->ga);
+    free(c->ge);
+}
+
+static void put_metrics(tr_msg_writer *w, const tr_train_metrics *m, bool critic) {
+    tr_msg_put_map(w, "metrics", critic ? 9 : 15);
+    tr_msg_put_float(w, "loss", m->loss);
+    if (critic) {
+        tr_msg_put_float(w, "value_loss", m->value_loss);
+        tr_msg_put_float(w, "value_clip_frac", m->value_clip_frac);
+        tr_msg_put_float(w, "value_mean", m->value_mean);
+    } else {
+        tr_msg_put_float(w, "pg_loss", m->pg_loss);
+        tr_msg_put_float(w, "clip_frac", m->clip_frac);
+        tr_msg_put_float(w, "clip_frac_low", m->clip_frac_low);
+        tr_msg_put_float(w, "clip_frac_high", m->clip_frac_high);
+        tr_msg_put_float(w, "dual_clip_frac", m->dual_clip_frac);
+        tr_msg_put_float(w, "approx_kl", m->approx_kl);
+        tr_msg_put_float(w, "kl", m->kl);
+        tr_msg_put_float(w, "entropy", m->entropy);
+        tr_msg_put_float(w, "ratio_mean", m->ratio_mean);
+    }
+    tr_msg_put_float(w, "grad_norm", m->grad_norm);
+    tr_msg_put_float(w, "lr", m->lr);
+    tr_msg_put_int(w, "tokens", m->tokens);
+    tr_msg_put_int(w, "steps", m->steps);
+    tr_msg_put_int(w, "step", m->step);
+}
+
+typedef struct rl_in {
+    tr_rollouts r;
+    float *x, *y, *z;     // policy: advantages, old_logprobs, ref_logprobs; critic: returns, old_values
+    int32_t *pos, *targets;
+} rl_in;
+
+static void rl_in_free(rl_in *in) {
+    tr_rollouts_free(&in->r);
+    free(in->x);
+    free(in->y);
+    free(in->z);
+    free(in->pos);
+    free(in->targets);
+}
+
+static int rl_in_get(tr_role_ctx *rc, const tr_msg_map *a, rl_in *in, tr_err *err) {
+    bool critic = rc->kind == TR_ROLE_CRITIC;
+    static const char *const pkeys[] = {"rollouts", "advantages", "old_logprobs", "ref_logprobs", NULL};
+    static const char *const ckeys[] = {"rollouts", "returns", "old_values", NULL};
+    if (tr_msg_check_keys(a, critic ? ckeys : pkeys, err) || tr_worker_get_rollouts(rc, a, &in->r, err)) return -1;
+    const tr_rollouts *r = &in->r;
+    if (r->n < 1) return tr_errf(err, TR_EINVAL, "train: no sequences");
+    size_t n = (size_t)r->n_tokens;
+    bool has_ref = !critic && tr_msg_has(a, "ref_logprobs");
+    in->x = malloc(n * sizeof(float));
+    in->y = malloc(n * sizeof(float));
+    in->z = has_ref ? malloc(n * sizeof(float)) : NULL;
+    in->pos = malloc(n * sizeof(int32_t));
+    in->targets = malloc(n * sizeof(int32_t));
+    if (!in->x || !in->y || (has_ref && !in->z) || !in->pos || !in->targets)
+        return tr_errf(err, TR_ENOMEM, "train: out of memory for %zu tokens", n);
+    if (tr_token_floats_get(a, critic ? "returns" : "advantages", r->n_tokens, in->x, err) ||
+        tr_token_floats_get(a, critic ? "old_values" : "old_logprobs", r->n_tokens, in->y, err) ||
+        (has_ref && tr_token_floats_get(a, "ref_logprobs", r->n_tokens, in->z, err)))
+        return -1;
+    if (!critic && rc->loss.kl_coef != 0 && !has_ref)
+        return tr_errf(err, TR_EINVAL, "train: the KL loss (kl_coef %g) needs ref_logprobs", rc->loss.kl_coef);
+    for (int32_t i = 0; i < r->n; i++)
+        for (int64_t t = r->offset[i]; t < r->offset[i + 1]; t++) {
+            in->pos[t] = (int32_t)(t - r->offset[i]);
+            in->targets[t] = t + 1 < r->offset[i + 1] ? r->tokens[t + 1] : -1;
+        }
+    return 0;
+}
+
+int tr_worker_op_train(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
+    if (!rc->has_trainer) return tr_errf(err, TR_EINVAL, "train: %s was initialized without train", rc->id);
+    if (rc->w->world > 1)
+        return tr_errf(err, TR_EUNSUPPORTED, "train: %d data-parallel ranks need the gradient all-reduce, which is "
+                       "not built yet", rc->w->world);
+    bool critic = rc->kind == TR_ROLE_CRITIC;
+    rl_in in;
+    memset(&in, 0, sizeof in);
+    tr_rollouts_init(&in.r);
+    rl_ctx c;
+    memset(&c, 0, sizeof c);
+    int rc2 = rl_in_get(rc, &req->args, &in, err);
+    const tr_rollouts *r = &in.r;
+    int32_t M = rc->mini_batches < r->n ? rc->mini_batches : r->n;
+    if (M < 1) M = 1;
+    int64_t cap = 0;
+    plan *plans = rc2 ? NULL : calloc((size_t)(uint32_t)M, sizeof *plans);
+    if (!rc2 && !plans) rc2 = tr_errf(err, TR_ENOMEM, "train: out of memory");
+    for (int32_t m = 0; m < M && !rc2; m++) {
+        int32_t s0 = (int32_t)((int64_t)r->n * m / M), s1 = (int32_t)((int64_t)r->n * (m + 1) / M);
+        rc2 = plan_build(rc, r, s0, s1, in.pos, in.targets, &plans[m], err);
+        for (int32_t i = 0; i < plans[m].n && !rc2; i++) {
+            int32_t B, T;
+            mb_shape(r, plans[m].seq0[i], plans[m].seq0[i + 1], &B, &T);
+            if ((int64_t)B * T > cap) cap = (int64_t)B * T;
+        }
+    }
+    if (!rc2) rc2 = scratch_alloc(&c, cap, err);
+    c.rc = rc;
+    c.r = r;
+    c.adv = critic ? NULL : in.x;
+    c.old = critic ? NULL : in.y;
+    c.ref = critic ? NULL : in.z;
+    c.ret = critic ? in.x : NULL;
+    c.old_v = critic ? in.y : NULL;
+    tr_train_metrics mt;
+    memset(&mt, 0, sizeof mt);
+    double gn = 0;
+    for (int32_t e = 0; e < rc->ppo_epochs && !rc2; e++)
+        for (int32_t m = 0; m < M && !rc2; m++) {
+            int32_t s0 = plans[m].seq0[0], s1 = plans[m].seq0[plans[m].n];
+            tr_loss_norm norm;
+            mini_norm(r, s0, s1, rc->max_len, &norm);
+            c.norm = &norm;
+            c.p = &plans[m];
+            tr_step_args sa = {.loss = TR_LOSS_CALLBACK, .norm = TR_NORM_SUM, .loss_fn = rl_loss, .user = &c};
+            tr_step_result res;
+            if (tr_train_step(&rc->trainer, plans[m].mbs, plans[m].n, &sa, &res, err)) {
+                rc2 = tr_err_wrap(err, "train: epoch %d mini-batch %d", e, m);
+                break;
+            }
+            mt.steps++;
+            gn += res.grad_norm;
+            mt.lr = res.lr;
+            mt.step = res.step;
+        }
+    if (!rc2) {
+        double steps = mt.steps > 0 ? (double)mt.steps : 1, tok = c.tokens > 0 ? (double)c.tokens : 1;
+        mt.loss = c.loss / steps;
+        mt.grad_norm = gn / steps;
+        mt.tokens = c.tokens;
+        if (critic) {
+            mt.value_loss = c.loss / steps;
+            mt.value_clip_frac = c.v_clip / tok;
+            mt.value_mean = c.v_mean / tok;
+        } else {
+            mt.pg_loss = c.pg_loss / steps;
+            mt.kl = c.kl / steps;
+            mt.entropy = c.entropy / steps;
+            mt.clip_frac = c.tok_clip / tok;
+            mt.clip_frac_low = c.tok_clip_lo / tok;
+            mt.clip_frac_high = c.tok_clip_hi / tok;
+            mt.dual_clip_frac = c.tok_dual / tok;
+            mt.approx_kl = c.tok_akl / tok;
+            mt.ratio_mean = c.tok_ratio / tok;
+        }
+        tr_msg_begin_reply(rep, req->id, 1);
+        put_metrics(rep, &mt, critic);
+        tr_worker_logf(rc, "train: %d sequences, %lld steps, loss %.6g, grad norm %.4g, lr %.3g", r->n,
+                       (long long)mt.steps, mt.loss, mt.grad_norm, mt.lr);
+    }
+    for (int32_t m = 0; plans && m < M; m++) plan_free(&plans[m]);
+    free(plans);
+    scratch_free(&c);
+    rl_in_free(&in);
+    return rc2;
+}
+
+// ---- SFT ----
+
+static int get_i32(const tr_msg_map *a, const char *key, int64_t n, int32_t *out, tr_err *err) {
+    tr_tensor_view t;
+    if (tr_msg_get_tensor(a, key, &t, err)) return -1;
+    if (t.ndim != 1 || t.numel != n)
+        return tr_errf(err, TR_EINVAL, "train_sft: args.%s: expected %lld entries, got %lld", key, (long long)n,
+                       (long long)t.numel);
+    return tr_tensor_view_copy(&t, TR_DTYPE_I32, out, (size_t)n * sizeof(int32_t), key, err);
+}
+
+int tr_worker_op_train_sft(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
+    static const char *const keys[] = {"n_rows", "row_len", "ids", "targets", "doc_start", "n_docs", NULL};
+    const tr_msg_map *a = &req->args;
+    if (!rc->has_trainer) return tr_errf(err, TR_EINVAL, "train_sft: %s was initialized without train", rc->id);
+    if (rc->w->world > 1)
+        return tr_errf(err, TR_EUNSUPPORTED, "train_sft: %d data-parallel ranks need the gradient all-reduce, which "
+                       "is not built yet", rc->w->world);
+    int64_t nr, rl;
+    if (tr_msg_check_keys(a, keys, err) || tr_msg_get_int(a, "n_rows", &nr, err) ||
+        tr_msg_get_int(a, "row_len", &rl, err))
+        return -1;
+    int32_t T = rc->model.max_tokens, V = rc->model.cfg.vocab_size;
+    if (nr < 1 || rl < 1 || rl > T || nr > (1 << 24))
+        return tr_errf(err, TR_EINVAL, "train_sft: %lld rows of %lld tokens (a row must fit the %d-token forward)",
+                       (long long)nr, (long long)rl, T);
+    size_t n = (size_t)(nr * rl);
+    int32_t *ids = malloc(n * sizeof *ids), *tg = malloc(n * sizeof *tg), *pos = malloc(n * sizeof *pos);
+    int32_t *nd = malloc((size_t)nr * sizeof *nd), *ds = NULL, *mds = NULL;
+    tr_micro_batch *mbs = calloc((size_t)nr, sizeof *mbs);
+    tr_tensor_view dv;
+    int rc2 = 0;
+    if (!ids || !tg || !pos || !nd || !mbs) rc2 = tr_errf(err, TR_ENOMEM, "train_sft: out of memory");
+    if (!rc2 && (get_i32(a, "ids", (int64_t)n, ids, err) || get_i32(a, "targets", (int64_t)n, tg, err) ||
+                 get_i32(a, "n_docs", nr, nd, err) || tr_msg_get_tensor(a, "doc_start", &dv, err)))
+        rc2 = -1;
+    int64_t total_docs = 0;
+    for (int64_t i = 0; i < nr && !rc2; i++) {
+        if (nd[i] < 1 || nd[i] > rl) rc2 = tr_errf(err, TR_EINVAL, "train_sft: row %lld has %d documents", (long long)i, nd[i]);
+        total_docs += nd[i] + 1;
+    }
+    if (!rc2 && dv.numel != total_docs)
+        rc2 = tr_errf(err, TR_EINVAL, "train_sft: doc_start has %lld entries, n_docs needs %lld", (long long)dv.numel,
+                      (long long)total_docs);
+    if (!rc2 && (!(ds = malloc((size_t)total_docs * sizeof *ds)) || !(mds = malloc((size_t)total_docs * sizeof *mds))))
+        rc2 = tr_errf(err, TR_ENOMEM, "train_sft: out of memory");
+    if (!rc2) rc2 = tr_tensor_view_copy(&dv, TR_DTYPE_I32, ds, (size_t)total_docs * sizeof *ds, "doc_start", err);
+    int64_t trained = 0;
+    const int32_t *d = ds;
+    for (int64_t i = 0; i < nr && !rc2; i++) {
+        if (d[0] != 0 || d[nd[i]] != rl)
+            rc2 = tr_errf(err, TR_EINVAL, "train_sft: row %lld: documents must cover 0..%lld", (long long)i, (long long)rl);
+        for (int32_t k = 0; k < nd[i] && !rc2; k++) {
+            if (d[k + 1] <= d[k])
+                rc2 = tr_errf(err, TR_EINVAL, "train_sft: row %lld: document %d is empty or out of order", (long long)i, k);
+            for (int32_t t = d[k]; t < d[k + 1] && !rc2; t++) {
+                size_t j = (size_t)(i * rl + t);
+                pos[j] = t - d[k];
+                if (ids[j] < 0 || ids[j] >= V || tg[j] < -1 || tg[j] >= V)
+                    rc2 = tr_errf(err, TR_ERANGE, "train_sft: row %lld token %d: id %d or target %d outside the "
+                                  "vocabulary [0, %d)", (long long)i, t, ids[j], tg[j], V);
+                if (tg[j] >= 0) trained++;
+            }
+        }
+        d += nd[i] + 1;
+    }
+    // Whole rows per micro-batch, as many as fit the forward.
+    int32_t per = T / (int32_t)rl, n_mb = 0;
+    d = ds;
+    int32_t *md = mds;
+    for (int64_t r0 = 0; r0 < nr && !rc2; r0 += per) {
+        int64_t r1 = r0 + per < nr ? r0 + per : nr;
+        int32_t k = 0;
+        for (int64_t i = r0; i < r1; i++) {
+            for (int32_t j = 0; j < nd[i]; j++) md[k++] = (int32_t)((i - r0) * rl) + d[j];
+            d += nd[i] + 1;
+        }
+        md[k] = (int32_t)((r1 - r0) * rl);
+        mbs[n_mb++] = (tr_micro_batch){.ids = ids + r0 * rl, .targets = tg + r0 * rl,
+                                       .docs = {.n_tokens = md[k], .n_docs = k, .doc_start = md, .pos = pos + r0 * rl}};
+        md += k + 1;
+    }
+    tr_step_result res;
+    tr_step_args sa = {.loss = TR_LOSS_CROSS_ENTROPY, .norm = TR_NORM_TOKEN_MEAN};
+    if (!rc2 && tr_train_step(&rc->trainer, mbs, n_mb, &sa, &res, err)) rc2 = tr_err_wrap(err, "train_sft");
+    if (!rc2) {
+        tr_train_metrics m = {.loss = res.loss, .grad_norm = res.grad_norm, .lr = res.lr, .tokens = trained,
+                              .steps = 1, .step = res.step};
+        tr_msg_begin_reply(rep, req->id, 1);
+        tr_msg_put_map(rep, "metrics", 6);
+        tr_msg_put_float(rep, "loss", m.loss);
+        tr_msg_put_float(rep, "grad_norm", m.grad_norm);
+        tr_msg_put_float(rep, "lr", m.lr);
+        tr_msg_put_int(rep, "tokens", m.tokens);
+        tr_msg_put_int(rep, "steps", m.steps);
+        tr_msg_put_int(rep, "step", m.step);
+        tr_worker_logf(rc, "train_sft: %lld rows, %lld trained tokens, loss %.6g", (long long)nr, (long long)trained,
+                       m.loss);
+    }
+    free(ids);
+    free(tg);
+    free(pos);
+    free(nd);
+    free(ds);
+    free(mds);
+    free(mbs);
+    return rc2;
+}

@@ -1,0 +1,450 @@
+// Role workers as real processes (`troupe worker`), driven through the client calls of
+// roles/client.h by this test acting as the controller (a ROUTER on loopback):
+//   - policy/reference/reward round trips on a fixture model: the logprobs the reference
+//     (2 DP ranks, gathered in order) and the policy recompute equal the generation's within
+//     1e-5; rule scores equal the rule applied here to texts decoded here; same seed, same
+//     rollouts; the first PPO step's metrics at ratio 1 equal the surrogate's closed form
+//     (pg_loss = -mean advantage, no clipping, approx_kl 0);
+//   - error replies name role/rank/op; save/load round trip; colocated roles in one process;
+//   - a worker exits on SIGTERM, on shutdown, and by itself when the controller goes silent;
+//   - a reward service that hangs, crashes or answers garbage: on_failure fail -> an error,
+//     zero -> zero scores counted as failures (with the misbehaving fake service).
+// usage: test_worker TROUPE [FAKE_REWARD_SERVICE]
+#include <math.h>
+#include <poll.h>
+#include <stdint.h>
+
+#include "data/tokenizer.h"
+#include "engine/heads.h"
+#include "engine/model.h"
+#include "roles/client.h"
+#include "roles/reward_rule.h"
+#include "tests/roles/proc_util.h"
+#include "tests/test.h"
+
+#define HB_INTERVAL_MS 200
+#define HB_TIMEOUT_MS 2000
+
+static const char *troupe, *fake_service, *tmp, *model_dir;
+static int n_logs;
+
+typedef struct proc {
+    pid_t pid;
+    char log[512];
+} proc;
+
+static proc spawn_worker(const char *roles, const char *endpoint, int rank, int world) {
+    proc p;
+    char r[16], w[16];
+    snprintf(r, sizeof r, "%d", rank);
+    snprintf(w, sizeof w, "%d", world);
+    snprintf(p.log, sizeof p.log, "%s/worker-%d.log", tmp, n_logs++);
+    char *argv[] = {(char *)troupe, "worker", "--role", (char *)roles, "--connect", (char *)endpoint,
+                    "--rank", r, "--world", w, NULL};
+    p.pid = tp_spawn(argv, p.log);
+    return p;
+}
+
+static tr_router *start_router(void) {
+    tr_router *router = NULL;
+    tr_err err = {0};
+    tr_router_opts o = {.endpoint = "tcp://127.0.0.1:*", .heartbeat_interval_ms = HB_INTERVAL_MS,
+                        .heartbeat_timeout_ms = HB_TIMEOUT_MS};
+    if (tr_router_init(&router, &o, &err)) {
+        fprintf(stderr, "router: %s\n", err.msg);
+        return NULL;
+    }
+    return router;
+}
+
+static void group(tr_group *g, tr_router *r, const char *role, int world) {
+    tr_group_init(g, r, role, world);
+    g->timeout_ms = 60000;
+}
+
+static tr_init_args model_args(bool train) {
+    tr_init_args a = {.model = model_dir, .backend = "cpu", .threads = 1, .max_tokens = 256, .seed = 3,
+                      .tokenizer = NULL, .train = train};
+    if (train) {
+        a.optim = (tr_role_optim){.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .grad_clip = 1.0,
+                                  .schedule = "constant"};
+        a.loss = (tr_role_loss){.clip_low = 0.2, .clip_high = 0.28, .ratio = "token", .agg = "token-mean",
+                                .kl_estimator = "k3", .ppo_epochs = 1, .mini_batches = 1, .max_len = 12};
+    }
+    return a;
+}
+
+static bool finished(proc *p, int timeout_ms, int want_status) {
+    int st = 0;
+    if (!tp_wait(p->pid, timeout_ms, &st)) {
+        tp_reap(p->pid);
+        p->pid = 0;
+        return false;
+    }
+    p->pid = 0;
+    return WIFEXITED(st) && WEXITSTATUS(st) == want_status;
+}
+
+// Prompts of random ids (fixed seed) in [3, 300): lengths 3..6.
+static void make_prompts(int32_t n, int32_t *ids, int64_t *off) {
+    uint32_t s = 12345;
+    off[0] = 0;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t len = 3 + i % 4;
+        for (int32_t j = 0; j < len; j++) {
+            s = s * 1664525u + 1013904223u;
+            ids[off[i] + j] = 3 + (int32_t)((s >> 8) % 297);
+        }
+        off[i + 1] = off[i] + len;
+    }
+}
+
+static void check_logprobs_equal_generation(const tr_rollouts *r, const float *lp, const char *who) {
+    double worst = 0;
+    int prompt_nonzero = 0;
+    for (int32_t i = 0; i < r->n; i++) {
+        int64_t o = r->offset[i];
+        for (int32_t t = 0; t < r->prompt_len[i]; t++) prompt_nonzero += lp[o + t] != 0.0f;
+        for (int32_t t = r->prompt_len[i]; t < r->prompt_len[i] + r->response_len[i]; t++) {
+            double d = fabs((double)lp[o + t] - r->gen_logprobs[o + t]);
+            if (!(d <= worst)) worst = d;
+        }
+    }
+    CHECKF(worst <= 1e-5, "%s logprobs differ from the generation's by %.3g", who, worst);
+    CHECK(prompt_nonzero == 0);
+    printf("%s: max |logprob - generation logprob| = %.3g\n", who, worst);
+}
+
+static void test_round_trip(void) {
+    tr_router *router = start_router();
+    CHECK(router != NULL);
+    if (!router) return;
+    const char *ep = tr_router_endpoint(router);
+    proc pol = spawn_worker("policy", ep, 0, 1), ref0 = spawn_worker("reference", ep, 0, 2),
+         ref1 = spawn_worker("reference", ep, 1, 2), rew = spawn_worker("reward", ep, 0, 1);
+    tr_err err = {0};
+    CHECKF(tr_router_wait_peers(router, NULL, 4, 30000, &err) == 0, "%s", err.msg);
+    tr_group gp, gr, gw;
+    group(&gp, router, "policy", 1);
+    group(&gr, router, "reference", 2);
+    group(&gw, router, "reward", 1);
+    char tok_path[1100];
+    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", model_dir);
+    tr_init_args pa = model_args(true), ra = model_args(false);
+    pa.tokenizer = tok_path;
+    tr_init_args wa = {.backend = "cpu", .threads = 1, .max_tokens = 256, .tokenizer = tok_path,
+                       .reward = {.kind = "rule", .function = "regex", .pattern = "[aeiou]", .on_failure = "fail"}};
+    tr_role_info info;
+    CHECKF(tr_role_init(&gp, &pa, &info, &err) == 0, "%s", err.msg);
+    CHECK(info.vocab_size == 300 && info.n_params > 0 && strstr(info.architecture, "Qwen2") != NULL);
+    CHECKF(tr_role_init(&gr, &ra, &info, &err) == 0, "%s", err.msg);
+    CHECKF(tr_role_init(&gw, &wa, &info, &err) == 0, "%s", err.msg);
+    CHECK(info.n_params == 0);
+    // A second init is refused, naming the worker.
+    CHECK(tr_role_init(&gw, &wa, &info, &err) != 0 && strstr(err.msg, "reward/0: init") != NULL);
+
+    enum { NP = 3, NS = 4, MAXNEW = 12 };
+    int32_t ids[64];
+    int64_t off[NP + 1];
+    make_prompts(NP, ids, off);
+    char *texts[NP] = {"first", NULL, "third"};
+    char *metas[NP] = {"{\"answer\": \"1\"}", "{}", "{\"answer\": \"3\"}"};
+    int32_t groups[NP] = {10, 11, 12};
+    tr_prompt_batch pb = {.n = NP, .ids = ids, .offset = off, .group = groups, .text = texts, .meta = metas};
+    tr_sampling s = {.n = NS, .max_new_tokens = MAXNEW, .temperature = 1.0f, .top_p = 1.0f, .seed = 7};
+    tr_rollouts r, r2;
+    tr_rollouts_init(&r);
+    tr_rollouts_init(&r2);
+    CHECKF(tr_policy_generate(&gp, &pb, &s, &r, &err) == 0, "%s", err.msg);
+    CHECK(r.n == NP * NS);
+    tr_tokenizer *tok = NULL;
+    CHECK(tr_tokenizer_load(&tok, tok_path, &err) == 0);
+    int bad_order = 0, bad_prompt = 0, bad_finish = 0, bad_text = 0;
+    for (int32_t i = 0; i < r.n && tok; i++) {
+        int32_t p = i / NS;
+        bad_order += r.group[i] != groups[p] || r.sample[i] != i % NS;
+        bad_prompt += r.prompt_len[i] != off[p + 1] - off[p] ||
+                      memcmp(r.tokens + r.offset[i], ids + off[p], (size_t)r.prompt_len[i] * 4) != 0 ||
+                      strcmp(r.meta[i], metas[p]) != 0 ||
+                      (texts[p] ? !r.prompt_text[i] || strcmp(r.prompt_text[i], texts[p]) : r.prompt_text[i] != NULL);
+        const int32_t *resp = r.tokens + r.offset[i] + r.prompt_len[i];
+        int32_t n = r.response_len[i];
+        bool stopped = n > 0 && resp[n - 1] == 2;  // the fixture's eos_token_id
+        bad_finish += n < 1 || n > MAXNEW || (r.finish[i] == TR_FINISH_STOP) != stopped ||
+                      (r.finish[i] == TR_FINISH_LENGTH && n != MAXNEW);
+        char *text = NULL;
+        size_t len;
+        CHECK(tr_tokenizer_decode(tok, resp, (size_t)(stopped ? n - 1 : n), &text, &len, &err) == 0);
+        bad_text += !r.response_text[i] || !text || strcmp(text, r.response_text[i]) != 0;
+        free(text);
+    }
+    CHECK(bad_order == 0 && bad_prompt == 0 && bad_finish == 0 && bad_text == 0);
+
+    // The same seed gives the same rollouts (each prompt's stream is derived from its index).
+    CHECKF(tr_policy_generate(&gp, &pb, &s, &r2, &err) == 0, "%s", err.msg);
+    CHECK(r2.n_tokens == r.n_tokens && memcmp(r2.tokens, r.tokens, (size_t)r.n_tokens * 4) == 0);
+
+    // Rule scores against the rule applied here.
+    float scores[NP * NS];
+    int64_t failures = -1;
+    CHECKF(tr_reward_score(&gw, &r, scores, &failures, &err) == 0, "%s", err.msg);
+    CHECK(failures == 0);
+    tr_reward_rule *rule = NULL;
+    tr_reward_rule_opts ro = {.kind = TR_REWARD_RULE_REGEX, .pattern = "[aeiou]"};
+    CHECK(tr_reward_rule_init(&rule, &ro, &err) == 0);
+    int bad_score = 0, ones = 0;
+    for (int32_t i = 0; i < r.n && rule; i++) {
+        float want = -1;
+        tr_reward_rule_score(rule, r.response_text[i], strlen(r.response_text[i]), NULL, &want, &err);
+        bad_score += want != scores[i];
+        ones += scores[i] == 1.0f;
+    }
+    CHECK(bad_score == 0);
+    printf("rule scores: %d of %d responses match [aeiou]\n", ones, r.n);
+    tr_reward_rule_free(rule);
+
+    // Training-path logprobs equal the generation's, from the reference (split over 2 ranks)
+    // and from the policy itself; entropy is a valid entropy.
+    float *lp = calloc((size_t)r.n_tokens, sizeof(float)), *lp2 = calloc((size_t)r.n_tokens, sizeof(float));
+    float *ent = calloc((size_t)r.n_tokens, sizeof(float));
+    CHECKF(tr_model_logprobs(&gr, &r, lp, NULL, &err) == 0, "%s", err.msg);
+    check_logprobs_equal_generation(&r, lp, "reference (2 ranks)");
+    CHECKF(tr_model_logprobs(&gp, &r, lp2, ent, &err) == 0, "%s", err.msg);
+    check_logprobs_equal_generation(&r, lp2, "policy");
+    int bad_ent = 0;
+    for (int64_t t = 0; t < r.n_tokens; t++) bad_ent += !(ent[t] >= 0.0f && ent[t] <= logf(300.0f) + 1e-4f);
+    CHECK(bad_ent == 0);
+
+    // One PPO step at ratio 1: the clipped surrogate is -A per token, token-mean aggregated.
+    float *adv = calloc((size_t)r.n_tokens, sizeof(float));
+    double adv_sum = 0;
+    int64_t n_resp = 0;
+    for (int32_t i = 0; i < r.n; i++) {
+        float mean = 0;
+        for (int32_t j = 0; j < NS; j++) mean += scores[(i / NS) * NS + j] / NS;
+        for (int32_t t = r.prompt_len[i]; t < r.prompt_len[i] + r.response_len[i]; t++) {
+            adv[r.offset[i] + t] = scores[i] - mean + 0.25f * (float)((t % 3) - 1);
+            adv_sum += adv[r.offset[i] + t];
+            n_resp++;
+        }
+    }
+    tr_train_batch tb = {.r = &r, .advantages = adv, .old_logprobs = lp2};
+    tr_train_metrics m;
+    CHECKF(tr_policy_train(&gp, &tb, &m, &err) == 0, "%s", err.msg);
+    CHECK_NEAR(m.pg_loss, -adv_sum / (double)n_resp, 1e-5);
+    CHECK_NEAR(m.loss, m.pg_loss, 1e-9);
+    CHECK(m.clip_frac == 0 && m.approx_kl < 1e-9 && fabs(m.ratio_mean - 1) < 1e-6);
+    CHECK(m.tokens == n_resp && m.steps == 1 && m.step == 1 && m.grad_norm > 0 && m.lr > 0);
+    printf("train: pg_loss %.6g (closed form %.6g), grad norm %.4g\n", m.pg_loss, -adv_sum / (double)n_resp,
+           m.grad_norm);
+    // The update moved the policy.
+    CHECKF(tr_model_logprobs(&gp, &r, lp, NULL, &err) == 0, "%s", err.msg);
+    double moved = 0;
+    for (int64_t t = 0; t < r.n_tokens; t++) moved = fmax(moved, fabs((double)lp[t] - lp2[t]));
+    CHECK(moved > 1e-4);
+
+    // Errors come back naming role, rank and op; the worker keeps serving.
+    int32_t bad_ids[3] = {5, 5000, 7};
+    int64_t bad_off[2] = {0, 3};
+    tr_prompt_batch bad = {.n = 1, .ids = bad_ids, .offset = bad_off};
+    CHECK(tr_policy_generate(&gp, &bad, &s, &r2, &err) != 0);
+    CHECKF(strstr(err.msg, "policy/0: generate:") && strstr(err.msg, "5000"), "%s", err.msg);
+    CHECK(tr_model_logprobs(&gw, &r, lp, NULL, &err) != 0);
+    CHECKF(strstr(err.msg, "reward/0: logprobs:") && strstr(err.msg, "no op"), "%s", err.msg);
+
+    // save / load / sync_weights.
+    char ckpt[600];
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt", tmp);
+    CHECKF(tr_role_save(&gp, ckpt, &err) == 0, "%s", err.msg);
+    char f[700];
+    const char *want[] = {"config.json", "model.safetensors", "tokenizer.json", "trainer_state.json"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(f, sizeof f, "%s/%s", ckpt, want[i]);
+        CHECKF(access(f, R_OK) == 0, "%s", f);
+    }
+    CHECKF(tr_role_load(&gp, ckpt, &err) == 0, "%s", err.msg);
+    CHECKF(tr_model_logprobs(&gp, &r, lp2, NULL, &err) == 0, "%s", err.msg);
+    CHECK(memcmp(lp, lp2, (size_t)r.n_tokens * sizeof(float)) == 0);
+    bool synced = true;
+    CHECK(tr_policy_sync_weights(&gp, &synced, &err) == 0 && !synced);
+
+    CHECK(tr_group_shutdown(&gp, &err) == 0 && tr_group_shutdown(&gr, &err) == 0 &&
+          tr_group_shutdown(&gw, &err) == 0);
+    CHECK(finished(&pol, 10000, 0) && finished(&ref0, 10000, 0) && finished(&ref1, 10000, 0) &&
+          finished(&rew, 10000, 0));
+    free(lp);
+    free(lp2);
+    free(ent);
+    free(adv);
+    tr_tokenizer_free(tok);
+    tr_rollouts_free(&r);
+    tr_rollouts_free(&r2);
+    tr_router_free(router);
+}
+
+// policy and reference in one process: both dealers, one pid, one thread pool.
+static void test_colocated(void) {
+    tr_router *router = start_router();
+    if (!router) return;
+    proc p = spawn_worker("policy,reference", tr_router_endpoint(router), 0, 1);
+    tr_err err = {0};
+    CHECKF(tr_router_wait_peers(router, NULL, 2, 30000, &err) == 0, "%s", err.msg);
+    tr_peer peers[4];
+    int n = 0;
+    tr_router_peers(router, peers, 4, &n);
+    CHECK(n == 2 && peers[0].pid == p.pid && peers[1].pid == p.pid);
+    tr_group gp, gr;
+    group(&gp, router, "policy", 1);
+    group(&gr, router, "reference", 1);
+    tr_init_args a = model_args(false);
+    CHECKF(tr_role_init(&gp, &a, NULL, &err) == 0 && tr_role_init(&gr, &a, NULL, &err) == 0, "%s", err.msg);
+    int32_t ids[32];
+    int64_t off[3];
+    make_prompts(2, ids, off);
+    tr_prompt_batch pb = {.n = 2, .ids = ids, .offset = off};
+    tr_sampling s = {.n = 2, .max_new_tokens = 8, .temperature = 0.8f, .top_p = 0.9f, .top_k = 50, .seed = 1};
+    tr_rollouts r;
+    tr_rollouts_init(&r);
+    CHECKF(tr_policy_generate(&gp, &pb, &s, &r, &err) == 0, "%s", err.msg);
+    float *lp = calloc((size_t)(r.n_tokens ? r.n_tokens : 1), sizeof(float));
+    CHECKF(tr_model_logprobs(&gr, &r, lp, NULL, &err) == 0, "%s", err.msg);
+    check_logprobs_equal_generation(&r, lp, "colocated reference");
+    // Shutting one role down keeps the process for the other.
+    CHECK(tr_group_shutdown(&gp, &err) == 0);
+    tp_sleep_ms(300);
+    CHECK(!tp_gone(p.pid));
+    CHECK(tr_group_shutdown(&gr, &err) == 0);
+    CHECK(finished(&p, 10000, 0));
+    free(lp);
+    tr_rollouts_free(&r);
+    tr_router_free(router);
+}
+
+// SIGTERM ends a worker cleanly; a silent controller ends it with an error.
+static void test_exits(void) {
+    tr_router *router = start_router();
+    if (!router) return;
+    tr_err err = {0};
+    proc a = spawn_worker("reference", tr_router_endpoint(router), 0, 1);
+    CHECK(tr_router_wait_peers(router, "reference", 1, 30000, &err) == 0);
+    kill(a.pid, SIGTERM);
+    CHECK(finished(&a, 5000, 0));
+    CHECK(tp_file_has(a.log, "[reference/0] exiting: stop signal"));
+
+    proc b = spawn_worker("critic", tr_router_endpoint(router), 0, 1);
+    CHECK(tr_router_wait_peers(router, "critic", 1, 30000, &err) == 0);
+    long long t0 = tp_now_ms();
+    tr_router_free(router);  // the controller goes away without a word
+    CHECK(finished(&b, HB_TIMEOUT_MS + 5000, 1));
+    long long dt = tp_now_ms() - t0;
+    CHECK(tp_file_has(b.log, "controller at") && tp_file_has(b.log, "is dead"));
+    printf("worker exited %lld ms after its controller went silent (heartbeat timeout %d ms)\n", dt, HB_TIMEOUT_MS);
+}
+
+// ---- reward services ----
+
+static pid_t start_fake(const char *endpoint, const char *mode) {
+    int fds[2];
+    if (pipe(fds) != 0) return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        execl(fake_service, fake_service, endpoint, mode, (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    char line[256] = "";
+    struct pollfd p = {fds[0], POLLIN, 0};
+    ssize_t n = poll(&p, 1, 10000) > 0 ? read(fds[0], line, sizeof line - 1) : -1;
+    close(fds[0]);
+    if (n <= 0 || strncmp(line, "listening on", 12) != 0) {
+        tp_reap(pid);
+        return -1;
+    }
+    return pid;
+}
+
+static void service_case(const char *mode, const char *on_failure, bool want_ok, const float *want_scores,
+                         int64_t want_failures) {
+    char ep[600];
+    static int k;
+    snprintf(ep, sizeof ep, "ipc://%s/svc%d", tmp, k++);
+    pid_t svc = start_fake(ep, mode);
+    CHECKF(svc > 0, "fake service %s", mode);
+    tr_router *router = start_router();
+    if (!router || svc <= 0) {
+        tp_reap(svc);
+        if (router) tr_router_free(router);
+        return;
+    }
+    proc w = spawn_worker("reward", tr_router_endpoint(router), 0, 1);
+    tr_err err = {0};
+    CHECK(tr_router_wait_peers(router, "reward", 1, 30000, &err) == 0);
+    tr_group g;
+    group(&g, router, "reward", 1);
+    tr_init_args a = {.backend = "cpu", .threads = 1, .max_tokens = 64,
+                      .reward = {.kind = "service", .endpoint = ep, .timeout_ms = 300, .attempts = 2,
+                                 .max_items = 2, .on_failure = on_failure}};
+    CHECKF(tr_role_init(&g, &a, NULL, &err) == 0, "%s", err.msg);
+    tr_rollouts r;
+    tr_rollouts_init(&r);
+    int32_t prompt[2] = {5, 6}, resp[2] = {7, 8};
+    for (int i = 0; i < 3; i++)
+        tr_rollouts_append(&r, 0, i, prompt, 2, resp, NULL, 2, TR_FINISH_STOP, "p", "r", "{\"answer\": 1}", &err);
+    float scores[3] = {-1, -1, -1};
+    int64_t failures = -1;
+    int rc = tr_reward_score(&g, &r, scores, &failures, &err);
+    CHECKF((rc == 0) == want_ok, "%s/%s: %s", mode, on_failure, rc ? err.msg : "ok");
+    if (rc == 0) {
+        CHECK(scores[0] == want_scores[0] && scores[1] == want_scores[1] && scores[2] == want_scores[2]);
+        CHECKF(failures == want_failures, "%s: %lld failures", mode, (long long)failures);
+    } else {
+        CHECKF(strstr(err.msg, "reward/0: score:") && strstr(err.msg, ep), "%s", err.msg);
+    }
+    printf("service %-12s on_failure %-4s -> %s\n", mode, on_failure, rc ? err.msg : "scores ok");
+    CHECK(tr_group_shutdown(&g, &err) == 0);
+    CHECK(finished(&w, 10000, 0));
+    tp_reap(svc);
+    tr_rollouts_free(&r);
+    tr_router_free(router);
+}
+
+static void test_reward_service(void) {
+    // The fake service scores every item 0.5; the zero policy scores failed items 0.
+    const float good[3] = {0.5f, 0.5f, 0.5f}, zero[3] = {0, 0, 0}, half[3] = {0.5f, 0.5f, 0};
+    service_case("ok", "fail", true, good, 0);
+    service_case("hang", "fail", false, NULL, 0);
+    service_case("hang", "zero", true, zero, 3);
+    service_case("crash_after=0", "fail", false, NULL, 0);
+    service_case("crash_after=0", "zero", true, zero, 3);
+    service_case("not_msgpack", "fail", false, NULL, 0);
+    service_case("not_msgpack", "zero", true, zero, 3);
+    // The first batch (2 items) is answered, then the service dies: only the rest are zeroed.
+    service_case("crash_after=1", "zero", true, half, 1);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: test_worker TROUPE [FAKE_REWARD_SERVICE]\n");
+        return 2;
+    }
+    troupe = argv[1];
+    fake_service = argc > 2 ? argv[2] : NULL;
+    static char dir[256];
+    snprintf(dir, sizeof dir, "%s", tr_test_tmpdir());
+    tmp = dir;
+    static char md[1024];
+    const char *m = tp_model_dir(getenv("TROUPE_SOURCE_ROOT") ? getenv("TROUPE_SOURCE_ROOT") : ".", tmp, "qwen2");
+    CHECK(m != NULL);
+    if (!m) return tr_test_summary("test_worker");
+    snprintf(md, sizeof md, "%s", m);
+    model_dir = md;
+    test_round_trip();
+    test_colocated();
+    test_exits();
+    if (fake_service) test_reward_service();
+    else printf("SKIP: reward service cases (no fake service given)\n");
+    return tr_test_summary("test_worker");
+}
