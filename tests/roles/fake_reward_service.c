@@ -21,7 +21,7 @@
 
 #include "roles/msg.h"
 
-#define SLOW_MS 700
+#define SLOW_MS 1500
 
 static int count_items(const void *buf, size_t len) {
     if (tr_msg_check_msgpack(buf, len, NULL)) return -1;

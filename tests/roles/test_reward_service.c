@@ -150,13 +150,13 @@ static const tr_reward_item four[] = {
 
 // Runs one misbehaving mode under both policies. fail_text must appear in the fail-policy
 // error; want_zero are the zero-policy scores; timeouts/garbage the expected counters.
-static void bad_case(const char *mode, int max_items, const char *fail_text, const float *want_zero,
+static void bad_case(const char *mode, int max_items, int timeout_ms, const char *fail_text, const float *want_zero,
                      uint64_t timeouts, uint64_t garbage, int line) {
     for (int policy = 0; policy < 2; policy++) {
         service svc;
         CHECK(start_fake(&svc, mode) == 0);
         if (!svc.pid) continue;
-        tr_reward_service *c = client(svc.endpoint, policy, max_items, 300);
+        tr_reward_service *c = client(svc.endpoint, policy, max_items, timeout_ms);
         float scores[4] = {-1, -1, -1, -1};
         tr_err e;
         tr_err_clear(&e);
@@ -192,17 +192,19 @@ static void bad_case(const char *mode, int max_items, const char *fail_text, con
 static void test_bad_services(void) {
     static const float zeros[4] = {0, 0, 0, 0};
     static const float half_then_zero[4] = {0.5f, 0.5f, 0, 0};
-    // Hangs: every attempt times out (3 per batch); 2 batches of 2 under the zero policy
-    // would double that, so one batch of 4.
-    bad_case("hang", 4, "no reply within 300 ms", zeros, 3, 0, __LINE__);
-    // Crashes after the first batch: the second batch times out.
-    bad_case("crash_after=1", 2, "no reply within 300 ms", half_then_zero, 3, 0, __LINE__);
-    bad_case("wrong_count", 4, "3 scores for 4 items", zeros, 0, 3, __LINE__);
-    bad_case("not_msgpack", 4, "reply is not msgpack", zeros, 0, 3, __LINE__);
-    bad_case("nan", 4, "score 0 is NaN", zeros, 0, 3, __LINE__);
-    bad_case("wrong_type", 4, "expected float, got str", zeros, 0, 3, __LINE__);
-    bad_case("error", 4, "service error: model not loaded", zeros, 0, 3, __LINE__);
-    bad_case("two_frames", 4, "reply of 2 frames", zeros, 0, 3, __LINE__);
+    // Hangs: every attempt times out (3 per batch); one batch of 4, so the zero policy
+    // waits for it once.
+    bad_case("hang", 4, 300, "no reply within 300 ms", zeros, 3, 0, __LINE__);
+    // Crashes after the first batch: the second batch times out. The first reply must come
+    // within the timeout, hence a longer one than for the hang.
+    bad_case("crash_after=1", 2, 600, "no reply within 600 ms", half_then_zero, 3, 0, __LINE__);
+    // Garbage comes at once; the long timeout only guards against a slow machine.
+    bad_case("wrong_count", 4, 3000, "3 scores for 4 items", zeros, 0, 3, __LINE__);
+    bad_case("not_msgpack", 4, 3000, "reply is not msgpack", zeros, 0, 3, __LINE__);
+    bad_case("nan", 4, 3000, "score 0 is NaN", zeros, 0, 3, __LINE__);
+    bad_case("wrong_type", 4, 3000, "expected float, got str", zeros, 0, 3, __LINE__);
+    bad_case("error", 4, 3000, "service error: model not loaded", zeros, 0, 3, __LINE__);
+    bad_case("two_frames", 4, 3000, "reply of 2 frames", zeros, 0, 3, __LINE__);
 }
 
 static void test_recovery(void) {
@@ -219,9 +221,10 @@ static void test_recovery(void) {
     tr_reward_service_free(c);
     stop_service(&svc);
     // A late first reply: timeout, fresh socket, retry answered; the late reply is not mistaken for it.
-    // The service wakes at 700 ms, after the first timeout (500 ms) and within the retry's.
+    // The service wakes at 1500 ms: 500 ms after the first timeout (1000 ms), 500 ms before
+    // the retry's (sent at ~1020 ms).
     CHECK(start_fake(&svc, "slow_first") == 0);
-    c = client(svc.endpoint, TR_REWARD_POLICY_FAIL, 4, 500);
+    c = client(svc.endpoint, TR_REWARD_POLICY_FAIL, 4, 1000);
     CHECKF(c && tr_reward_service_score(c, four, 4, scores, &e) == 0, "%s", e.msg);
     tr_reward_service_get_stats(c, &st);
     CHECK(scores[0] == 0.5f && st.timeouts == 1 && st.reconnects == 1 && st.items_scored == 4);
