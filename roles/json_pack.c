@@ -28,11 +28,15 @@ static void pack_value(tr_msg_writer *w, const char *key, json_t *v) {
     }
 }
 
-int tr_json_pack(tr_msg_writer *w, const char *key, const char *json_text, tr_err *err) {
+static int pack_text(tr_msg_writer *w, const char *key, const char *json_text, bool object, tr_err *err) {
     json_error_t je;
     // Object keys with NUL bytes cannot be C strings for the writer; jansson refuses them by default.
     json_t *v = json_loads(json_text, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &je);
     if (!v) return tr_errf(err, TR_EFORMAT, "JSON at line %d column %d: %s", je.line, je.column, je.text);
+    if (object && !json_is_object(v)) {
+        json_decref(v);
+        return tr_errf(err, TR_EFORMAT, "JSON is not an object");
+    }
     pack_value(w, key, v);
     json_decref(v);
     if (w->failed) {
@@ -40,4 +44,12 @@ int tr_json_pack(tr_msg_writer *w, const char *key, const char *json_text, tr_er
         return tr_err_wrap(err, "packing JSON");
     }
     return 0;
+}
+
+int tr_json_pack(tr_msg_writer *w, const char *key, const char *json_text, tr_err *err) {
+    return pack_text(w, key, json_text, false, err);
+}
+
+int tr_json_pack_object(tr_msg_writer *w, const char *key, const char *json_text, tr_err *err) {
+    return pack_text(w, key, json_text, true, err);
 }

@@ -8,3 +8,5 @@
 // Packs the JSON text as one value into the writer at key (NULL inside arrays). Nesting is
 // limited by the writer (TR_MSG_MAX_DEPTH); errors name the JSON line and column.
 int tr_json_pack(tr_msg_writer *w, const char *key, const char *json_text, tr_err *err);
+// The same, but the text must be a JSON object (packed as a map).
+int tr_json_pack_object(tr_msg_writer *w, const char *key, const char *json_text, tr_err *err);

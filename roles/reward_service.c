@@ -192,7 +192,7 @@ static int build_request(tr_reward_service *s, const tr_reward_item *items, int 
         tr_msg_put_map(&s->w, NULL, 3);
         if (put_text(s, "prompt", items[i].prompt, err) || put_text(s, "response", items[i].response, err)) return -1;
         if (items[i].meta_json) {
-            if (tr_json_pack(&s->w, "meta", items[i].meta_json, err))
+            if (tr_json_pack_object(&s->w, "meta", items[i].meta_json, err))
                 return tr_err_wrap(err, "reward service %s: item %d meta", s->endpoint, i);
         } else {
             tr_msg_put_map(&s->w, "meta", 0);

@@ -43,6 +43,7 @@ typedef struct tr_reward_service_stats {
     uint64_t items_failed;    // scores set to 0 by the zero policy
 } tr_reward_service_stats;
 
+// One client serves one thread at a time (it owns a ZeroMQ socket).
 typedef struct tr_reward_service tr_reward_service;
 
 int tr_reward_service_policy_from_name(const char *name);  // "fail", "zero"; -1 when unknown

@@ -44,6 +44,10 @@ int main(void) {
     memset(deep + 40, ']', 40);
     deep[80] = '\0';
     CHECK(tr_json_pack(&w, NULL, deep, &e) == -1 && strstr(e.msg, "too deep"));
+    tr_msg_writer_reset(&w);
+    CHECK(tr_json_pack_object(&w, NULL, "[1, 2]", &e) == -1 && strstr(e.msg, "not an object"));
+    tr_msg_writer_reset(&w);
+    CHECK(tr_json_pack_object(&w, NULL, " {\"k\": 1} ", &e) == 0);
     tr_msg_writer_free(&w);
     return tr_test_summary("test_json_pack");
 }

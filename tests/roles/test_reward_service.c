@@ -137,6 +137,8 @@ static void good_path(const char *const *argv, int argc, int ep_pos) {
         // A malformed meta is a data error under any policy, naming the item.
         tr_reward_item bad = {"p", "1", "{\"answer\": 1,}"};
         CHECK(tr_reward_service_score(c, &bad, 1, scores, &e) == -1 && strstr(e.msg, "item 0 meta"));
+        bad.meta_json = "[1]";
+        CHECK(tr_reward_service_score(c, &bad, 1, scores, &e) == -1 && strstr(e.msg, "not an object"));
         tr_reward_service_free(c);
     }
     int st = stop_service(&svc);
