@@ -119,9 +119,11 @@ static int ep_init(tr_endpoint *ep, bool is_router, uint64_t max_bytes, tr_err *
     if (!ep->ctx) return zerr(err, "zmq_ctx_new");
     ep->sock = zmq_socket(ep->ctx, is_router ? ZMQ_ROUTER : ZMQ_DEALER);
     if (!ep->sock) return zerr(err, "zmq_socket");
-    // Messages beyond twice the limit are cut at the wire by ZeroMQ (which drops the
-    // connection); those in between reach the I/O thread, are counted and answered.
-    int64_t wire_cap = ep->max_bytes > (uint64_t)INT64_MAX / 2 ? -1 : (int64_t)(ep->max_bytes * 2);
+    // At the controller, messages beyond twice the limit are cut at the wire by ZeroMQ
+    // (which drops the connection); those in between reach the I/O thread, are counted and
+    // answered. A worker learns the limit only from the hello reply, after its connection
+    // exists, and has no peer but the controller it was pointed at: no wire cap there.
+    int64_t wire_cap = !is_router || ep->max_bytes > (uint64_t)INT64_MAX / 2 ? -1 : (int64_t)(ep->max_bytes * 2);
     if (zmq_setsockopt(ep->sock, ZMQ_MAXMSGSIZE, &wire_cap, sizeof wire_cap) != 0) return zerr(err, "ZMQ_MAXMSGSIZE");
     if (set_int(ep->sock, ZMQ_SNDHWM, 0, "ZMQ_SNDHWM", err) || set_int(ep->sock, ZMQ_RCVHWM, 0, "ZMQ_RCVHWM", err) ||
         set_int(ep->sock, ZMQ_LINGER, LINGER_MS, "ZMQ_LINGER", err))

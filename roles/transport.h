@@ -52,7 +52,7 @@ typedef struct tr_dealer_opts {
     const char *role;                 // "policy", "reference", "critic", "reward", ...
     int32_t rank, world;              // this rank of the role group, and the group's size
     int hello_timeout_ms;             // 0 = 10000: how long tr_dealer_init waits for the hello reply
-    uint64_t max_message_bytes;       // 0 = default; the controller's value wins after hello
+    uint64_t max_message_bytes;       // 0 = default; until the hello reply brings the controller's
     tr_curve_opts curve;
 } tr_dealer_opts;
 
