@@ -66,17 +66,23 @@ int tr_group_call(tr_group *g, const tr_call *c, tr_err *err) {
         tr_msg_writer_reset(&w);
         c->build(c->ctx, r, ranks, &w, c->op, id);
         if (tr_router_send_writer(g->router, peer, &w, err)) {
+            if (c->best_effort) {
+                got[r] = true;  // nothing to wait for from this rank
+                continue;
+            }
             if (run_check(g, err) == 0) tr_err_wrap(err, "%s: %s", peer, c->op);
             rc = -1;
         }
     }
     tr_msg_writer_free(&w);
     int32_t n_got = 0;
-    int64_t deadline = g->timeout_ms < 0 ? -1 : tr_now_ms() + g->timeout_ms;
+    for (int32_t r = 0; r < ranks; r++) n_got += got[r];
+    int64_t deadline = g->timeout_ms >= 0 ? tr_now_ms() + g->timeout_ms : c->best_effort ? tr_now_ms() + 10000 : -1;
     while (!rc && n_got < ranks) {
         int wait = POLL_MS;
         if (deadline >= 0) {
             int64_t left = deadline - tr_now_ms();
+            if (left <= 0 && c->best_effort) break;
             if (left <= 0) {
                 char missing[256] = "";
                 size_t len = 0;
@@ -93,6 +99,7 @@ int tr_group_call(tr_group *g, const tr_call *c, tr_err *err) {
         tr_err e;
         tr_err_clear(&e);
         if (tr_router_recv(g->router, &m, wait, &e)) {
+            if (c->best_effort) continue;
             // The hook's description of a dead worker (exit status, log) beats the transport's.
             if (run_check(g, err)) {
                 rc = -1;
@@ -123,6 +130,7 @@ int tr_group_call(tr_group *g, const tr_call *c, tr_err *err) {
         n_got++;
     }
     for (int32_t r = 0; r < ranks && !rc; r++) {
+        if (!rep[r].frame_) continue;  // best effort: no reply from this rank
         if (c->reply && c->reply(c->ctx, r, &rep[r].msg.args, err)) {
             tr_err_wrap(err, "%s/%d: %s: reply", g->role, r, c->op);
             rc = -1;

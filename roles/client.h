@@ -176,5 +176,7 @@ int tr_reward_score(tr_group *g, const tr_rollouts *r, float *scores, int64_t *f
 int tr_role_save(tr_group *g, const char *dir, tr_err *err);
 int tr_role_load(tr_group *g, const char *dir, tr_err *err);
 int tr_policy_sync_weights(tr_group *g, bool *synced, tr_err *err);
-// Asks every rank to exit; waits for the acknowledgements (not for the processes).
+// Asks every rank to exit and waits for the acknowledgements (not for the processes) up to
+// the group's timeout (10 s when it has none); ranks already dead or silent are skipped, so
+// this only fails when the request cannot be built.
 int tr_group_shutdown(tr_group *g, tr_err *err);

@@ -1,5 +1,6 @@
 // Internal to the client: the generic SPMD call that client_ops.c's typed calls are made of.
 #pragma once
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "roles/client.h"
@@ -13,6 +14,9 @@ typedef struct tr_call {
     // Reads rank r's ok result; called in rank order once every rank has answered. May be NULL.
     int (*reply)(void *ctx, int32_t rank, const tr_msg_map *result, tr_err *err);
     void *ctx;
+    // Send to every rank even when some cannot be reached, ignore dead peers and collect what
+    // comes back within the timeout (shutdown): no error for unreachable ranks.
+    bool best_effort;
 } tr_call;
 
 int tr_group_call(tr_group *g, const tr_call *c, tr_err *err);

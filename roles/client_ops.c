@@ -113,7 +113,7 @@ static int reply_init(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *er
 
 int tr_role_init(tr_group *g, const tr_init_args *a, tr_role_info *info, tr_err *err) {
     init_ctx c = {a, info};
-    tr_call call = {"init", 0, build_init_ctx, reply_init, &c};
+    tr_call call = {.op = "init", .ranks = 0, .build = build_init_ctx, .reply = reply_init, .ctx = &c};
     return tr_group_call(g, &call, err);
 }
 
@@ -189,7 +189,7 @@ int tr_policy_generate(tr_group *g, const tr_prompt_batch *prompts, const tr_sam
         c.plen[i] = (int32_t)(prompts->offset[i + 1] - prompts->offset[i]);
         c.group[i] = prompts->group ? prompts->group[i] : i;
     }
-    tr_call call = {"generate", 0, build_generate, reply_generate, &c};
+    tr_call call = {.op = "generate", .ranks = 0, .build = build_generate, .reply = reply_generate, .ctx = &c};
     int rc = tr_group_call(g, &call, err);
     free(c.plen);
     free(c.group);
@@ -239,20 +239,20 @@ static int reply_seq(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *err
 int tr_model_logprobs(tr_group *g, const tr_rollouts *r, float *logprobs, float *entropy,
                       tr_err *err) {
     seq_ctx c = {.r = r, .world = g->world, .key = "logprobs", .out = logprobs, .entropy = entropy};
-    tr_call call = {"logprobs", 0, build_seq, reply_seq, &c};
+    tr_call call = {.op = "logprobs", .ranks = 0, .build = build_seq, .reply = reply_seq, .ctx = &c};
     return tr_group_call(g, &call, err);
 }
 
 int tr_critic_values(tr_group *g, const tr_rollouts *r, float *values, tr_err *err) {
     seq_ctx c = {.r = r, .world = g->world, .key = "values", .out = values};
-    tr_call call = {"values", 0, build_seq, reply_seq, &c};
+    tr_call call = {.op = "values", .ranks = 0, .build = build_seq, .reply = reply_seq, .ctx = &c};
     return tr_group_call(g, &call, err);
 }
 
 int tr_reward_score(tr_group *g, const tr_rollouts *r, float *scores, int64_t *failures,
                     tr_err *err) {
     seq_ctx c = {.r = r, .world = g->world, .scores = scores};
-    tr_call call = {"score", 0, build_seq, reply_seq, &c};
+    tr_call call = {.op = "score", .ranks = 0, .build = build_seq, .reply = reply_seq, .ctx = &c};
     int rc = tr_group_call(g, &call, err);
     if (!rc && failures) *failures = c.failures;
     return rc;
@@ -340,7 +340,7 @@ static int train_call(tr_group *g, const char *op, train_ctx *c, tr_err *err) {
     if (g->world > 1)
         return tr_errf(err, TR_EUNSUPPORTED, "%s.%s: %d data-parallel ranks: training across ranks needs the "
                        "gradient all-reduce, which is not built yet (use dp: 1)", g->role, op, g->world);
-    tr_call call = {op, 0, build_train, reply_train, c};
+    tr_call call = {.op = op, .build = build_train, .reply = reply_train, .ctx = c};
     return tr_group_call(g, &call, err);
 }
 
@@ -376,12 +376,12 @@ static void build_dir(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, 
 
 int tr_role_save(tr_group *g, const char *dir, tr_err *err) {
     // Data-parallel replicas hold the same weights: rank 0 writes.
-    tr_call call = {"save", 1, build_dir, NULL, (void *)dir};
+    tr_call call = {.op = "save", .ranks = 1, .build = build_dir, .reply = NULL, .ctx = (void *)dir};
     return tr_group_call(g, &call, err);
 }
 
 int tr_role_load(tr_group *g, const char *dir, tr_err *err) {
-    tr_call call = {"load", 0, build_dir, NULL, (void *)dir};
+    tr_call call = {.op = "load", .ranks = 0, .build = build_dir, .reply = NULL, .ctx = (void *)dir};
     return tr_group_call(g, &call, err);
 }
 
@@ -400,11 +400,11 @@ static int reply_sync(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *er
 }
 
 int tr_policy_sync_weights(tr_group *g, bool *synced, tr_err *err) {
-    tr_call call = {"sync_weights", 0, build_empty, reply_sync, synced};
+    tr_call call = {.op = "sync_weights", .ranks = 0, .build = build_empty, .reply = reply_sync, .ctx = synced};
     return tr_group_call(g, &call, err);
 }
 
 int tr_group_shutdown(tr_group *g, tr_err *err) {
-    tr_call call = {"shutdown", 0, build_empty, NULL, NULL};
+    tr_call call = {.op = "shutdown", .build = build_empty, .best_effort = true};
     return tr_group_call(g, &call, err);
 }

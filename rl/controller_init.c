@@ -1,0 +1,113 @@
+// Recipe -> init args of each role: model source (own path or init config, or the policy's
+// for `from: policy`, a critic turning the policy's LM into a value model), optimizer and
+// schedule length, the algorithm's loss settings, generation sizes and reward settings.
+#include "rl/controller_init.h"
+
+#include <libgen.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/file.h"
+
+static const char *schedule_name(enum tr_recipe_schedule s) {
+    return s == TR_RECIPE_SCHED_LINEAR ? "linear" : s == TR_RECIPE_SCHED_COSINE ? "cosine" : "constant";
+}
+
+static const char *chat_name(enum tr_recipe_chat_format f) {
+    return f == TR_RECIPE_CHAT_CHATML ? "chatml" : f == TR_RECIPE_CHAT_LLAMA3 ? "llama3" : NULL;
+}
+
+static const char *reward_fn_name(enum tr_recipe_reward_fn f) {
+    return f == TR_RECIPE_FN_NUMERIC_MATCH ? "numeric_match" : f == TR_RECIPE_FN_REGEX ? "regex" : "exact_match";
+}
+
+// The policy's tokenizer.json (beside its checkpoint or its init config), when present.
+static void policy_tokenizer(const tr_recipe *r, char *out, size_t cap) {
+    const tr_recipe_model *p = &r->models[TR_RECIPE_POLICY];
+    char dir[TR_RECIPE_PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", p->path[0] ? p->path : p->init_config);
+    snprintf(out, cap, "%s/tokenizer.json", p->path[0] ? p->path : dirname(dir));
+    if (!tr_file_exists(out)) out[0] = '\0';
+}
+
+static void model_source(const tr_recipe *r, enum tr_recipe_role role, tr_role_setup *s) {
+    const tr_recipe_model *m = &r->models[role];
+    const tr_recipe_model *src = m->from == TR_RECIPE_FROM_POLICY ? &r->models[TR_RECIPE_POLICY] : m;
+    if (src->has_init) {
+        snprintf(s->init_config, sizeof s->init_config, "%s", src->init_config);
+        s->a.init_config = s->init_config;
+        s->a.init_seed = (uint64_t)src->init_seed;
+    } else {
+        snprintf(s->model, sizeof s->model, "%s", src->path);
+        s->a.model = s->model;
+    }
+    // A critic from the policy: the policy's body under a new value head.
+    if (role == TR_RECIPE_CRITIC && m->from == TR_RECIPE_FROM_POLICY) {
+        s->a.head = "value";
+        if (!src->has_init) s->a.init_seed = (uint64_t)r->seed;
+    }
+}
+
+static void optim(const tr_recipe *r, const tr_recipe_optim *o, tr_role_optim *out) {
+    bool rl = r->workflow == TR_RECIPE_GRPO || r->workflow == TR_RECIPE_PPO;
+    int64_t per_step = rl ? r->algorithm.ppo_epochs * r->algorithm.mini_batches : 1;
+    *out = (tr_role_optim){.lr = o->lr, .beta1 = o->betas[0], .beta2 = o->betas[1], .eps = o->eps,
+                           .weight_decay = o->weight_decay, .grad_clip = o->grad_clip,
+                           .schedule = schedule_name(o->schedule), .warmup_steps = o->warmup_steps,
+                           .total_steps = r->train.steps * per_step, .min_lr_ratio = o->min_lr_ratio};
+}
+
+static void loss(const tr_recipe *r, tr_role_loss *out) {
+    const tr_recipe_algorithm *al = &r->algorithm;
+    *out = (tr_role_loss){.clip_low = al->clip_low, .clip_high = al->clip_high, .clip_dual = al->clip_dual,
+                          .ratio = tr_ratio_mode_names[al->ratio], .agg = tr_loss_agg_names[al->loss_agg],
+                          // KL placed in the reward is the workflow's business, not the loss's.
+                          .kl_coef = al->kl_placement == TR_KL_IN_LOSS ? al->kl_coef : 0.0,
+                          .kl_estimator = tr_kl_est_names[al->kl_estimator], .entropy_coef = al->entropy_coef,
+                          .value_clip = al->value_clip, .ppo_epochs = (int32_t)al->ppo_epochs,
+                          .mini_batches = (int32_t)al->mini_batches,
+                          .max_len = (int32_t)r->rollout.max_new_tokens};
+}
+
+void tr_controller_role_setup(const tr_recipe *r, enum tr_recipe_role role, tr_role_setup *s) {
+    memset(s, 0, sizeof *s);
+    tr_init_args *a = &s->a;
+    a->backend = r->backend == TR_RECIPE_CUDA ? "cuda" : "cpu";
+    a->threads = (int32_t)r->threads;
+    a->max_tokens = (int32_t)r->train.micro_batch_tokens;
+    a->seed = (uint64_t)r->seed;
+    policy_tokenizer(r, s->tokenizer, sizeof s->tokenizer);
+    a->tokenizer = s->tokenizer[0] ? s->tokenizer : NULL;
+    if (role == TR_RECIPE_REWARD) {
+        const tr_recipe_reward *w = &r->reward;
+        static const char *const kinds[] = {"rule", "model", "service"};
+        a->reward = (tr_role_reward){.kind = kinds[w->kind], .function = reward_fn_name(w->function),
+                                     .pattern = w->pattern, .endpoint = w->endpoint,
+                                     .timeout_ms = (int32_t)w->timeout_ms, .attempts = (int32_t)(w->retries + 1),
+                                     .max_items = (int32_t)w->max_batch,
+                                     .on_failure = w->on_failure == TR_RECIPE_ON_FAILURE_ZERO ? "zero" : "fail"};
+        if (w->kind == TR_RECIPE_REWARD_MODEL) {
+            snprintf(s->model, sizeof s->model, "%s", w->path);
+            a->model = s->model;
+        }
+        return;
+    }
+    model_source(r, role, s);
+    if (role == TR_RECIPE_REFERENCE) return;
+    a->train = true;
+    optim(r, &r->models[role].optim, &a->optim);
+    loss(r, &a->loss);
+    if (role == TR_RECIPE_POLICY) {
+        a->chat_format = chat_name(r->data.chat_format);
+        // Decode together every sample of a step's share (up to 64), with KV room for each
+        // to reach the longest row.
+        int64_t dp = r->models[role].parallel.dp > 0 ? r->models[role].parallel.dp : 1;
+        int64_t seqs = r->train.prompts_per_step * r->rollout.n / dp;
+        if (seqs > 64) seqs = 64;
+        if (seqs < 1) seqs = 1;
+        if (seqs > a->max_tokens) seqs = a->max_tokens;
+        a->max_seqs = (int32_t)seqs;
+        a->kv_tokens = seqs * r->train.max_len;
+        if (a->kv_tokens < 16384) a->kv_tokens = 16384;
+    }
+}
