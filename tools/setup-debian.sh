@@ -5,7 +5,7 @@
 set -euo pipefail
 pkgs=(build-essential pkg-config meson ninja-build git python3
       libzmq3-dev libmsgpack-dev libyaml-dev libjansson-dev libpcre2-dev libutf8proc-dev
-      libopenblas-dev)
+      libopenblas-dev python3-zmq python3-msgpack)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
