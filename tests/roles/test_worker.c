@@ -5,6 +5,9 @@
 //     1e-5; rule scores equal the rule applied here to texts decoded here; same seed, same
 //     rollouts; the first PPO step's metrics at ratio 1 equal the surrogate's closed form
 //     (pg_loss = -mean advantage, no clipping, approx_kl 0);
+//   - against transformers' outputs of the fixtures: policy logprobs/entropy and greedy
+//     generation, critic values, reward-model scores; the critic's first clipped value loss
+//     equals 1/2 (v - R)^2 token-mean;
 //   - error replies name role/rank/op; save/load round trip; colocated roles in one process;
 //   - a worker exits on SIGTERM, on shutdown, and by itself when the controller goes silent;
 //   - a reward service that hangs, crashes or answers garbage: on_failure fail -> an error,
@@ -17,13 +20,14 @@
 #include "data/tokenizer.h"
 #include "engine/heads.h"
 #include "engine/model.h"
+#include "engine/safetensors.h"
 #include "roles/client.h"
 #include "roles/reward_rule.h"
 #include "tests/roles/proc_util.h"
 #include "tests/test.h"
 
-#define HB_INTERVAL_MS 200
-#define HB_TIMEOUT_MS 2000
+#define HB_INTERVAL_MS 250
+#define HB_TIMEOUT_MS 4000
 
 static const char *troupe, *fake_service, *tmp, *model_dir;
 static int n_logs;
@@ -320,6 +324,211 @@ static void test_colocated(void) {
     tr_router_free(router);
 }
 
+// ---- against transformers (tests/fixtures/models/*/expected.safetensors) ----
+
+typedef struct hf_fixture {
+    tr_st_file f;
+    int32_t ids[64], lens[8], n_seq, n_tok;
+} hf_fixture;
+
+static float *hf_read(hf_fixture *h, const char *name, int64_t n) {
+    const tr_st_tensor *t = tr_st_find(&h->f, name);
+    float *out = t && (int64_t)t->numel == n ? malloc((size_t)n * sizeof(float)) : NULL;
+    tr_err err = {0};
+    if (out && tr_st_read_f32(&h->f, t, out, &err)) {
+        free(out);
+        out = NULL;
+    }
+    CHECKF(out != NULL, "fixture tensor %s", name);
+    return out;
+}
+
+static int hf_open(hf_fixture *h, const char *model) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/fixtures/models/%s/expected.safetensors",
+             getenv("TROUPE_SOURCE_ROOT") ? getenv("TROUPE_SOURCE_ROOT") : ".", model);
+    tr_err err = {0};
+    if (tr_st_open(&h->f, path, &err)) return -1;
+    const tr_st_tensor *ti = tr_st_find(&h->f, "input_ids"), *tl = tr_st_find(&h->f, "seq_lens");
+    int64_t v[64];
+    if (!ti || !tl || ti->numel > 64 || tl->numel > 8 || tr_st_read_i64(&h->f, ti, v, &err)) return -1;
+    h->n_tok = (int32_t)ti->numel;
+    for (int32_t i = 0; i < h->n_tok; i++) h->ids[i] = (int32_t)v[i];
+    if (tr_st_read_i64(&h->f, tl, v, &err)) return -1;
+    h->n_seq = (int32_t)tl->numel;
+    for (int32_t i = 0; i < h->n_seq; i++) h->lens[i] = (int32_t)v[i];
+    return 0;
+}
+
+// The fixture's sequences as rollouts: the first prompt_len tokens of each are the prompt.
+static void hf_rollouts(const hf_fixture *h, int32_t prompt_len, tr_rollouts *r) {
+    tr_err err = {0};
+    int32_t o = 0;
+    for (int32_t i = 0; i < h->n_seq; i++) {
+        tr_rollouts_append(r, i, 0, h->ids + o, prompt_len, h->ids + o + prompt_len, NULL, h->lens[i] - prompt_len,
+                           TR_FINISH_LENGTH, NULL, "", NULL, &err);
+        o += h->lens[i];
+    }
+}
+
+// Largest |ours[t] - hf[t - 1]| over the scored tokens (t >= prompt_len) of every sequence.
+static double hf_shifted_err(const tr_rollouts *r, const float *ours, const float *hf) {
+    double e = 0;
+    for (int32_t i = 0; i < r->n; i++)
+        for (int64_t t = r->prompt_len[i]; t < r->prompt_len[i] + r->response_len[i]; t++)
+            e = fmax(e, fabs((double)ours[r->offset[i] + t] - hf[r->offset[i] + t - 1]));
+    return e;
+}
+
+static void test_hf_reference(void) {
+    tr_router *router = start_router();
+    if (!router) return;
+    const char *ep = tr_router_endpoint(router);
+    char lm[1100], val[1100], score[1100];
+    snprintf(lm, sizeof lm, "%s", model_dir);
+    snprintf(val, sizeof val, "%s", tp_model_dir(getenv("TROUPE_SOURCE_ROOT"), tmp, "value_llama3"));
+    snprintf(score, sizeof score, "%s", tp_model_dir(getenv("TROUPE_SOURCE_ROOT"), tmp, "score_qwen2"));
+    proc pp = spawn_worker("policy", ep, 0, 1), pc = spawn_worker("critic", ep, 0, 1),
+         pw = spawn_worker("reward", ep, 0, 1);
+    tr_err err = {0};
+    CHECKF(tr_router_wait_peers(router, NULL, 3, 30000, &err) == 0, "%s", err.msg);
+    tr_group gp, gc, gw;
+    group(&gp, router, "policy", 1);
+    group(&gc, router, "critic", 1);
+    group(&gw, router, "reward", 1);
+    tr_init_args pa = model_args(true), ca = model_args(true), wa = model_args(false);
+    // The fixture's optimizer (tools/make_model_fixtures.py: ADAMW, MAX_GRAD_NORM).
+    pa.optim = (tr_role_optim){.lr = 2e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1,
+                               .grad_clip = 1.0, .schedule = "constant"};
+    ca.model = val;
+    ca.loss.value_clip = 0.2;
+    wa.model = score;
+    wa.reward = (tr_role_reward){.kind = "model", .on_failure = "fail"};
+    CHECKF(tr_role_init(&gp, &pa, NULL, &err) == 0, "%s", err.msg);
+    CHECKF(tr_role_init(&gc, &ca, NULL, &err) == 0, "%s", err.msg);
+    CHECKF(tr_role_init(&gw, &wa, NULL, &err) == 0, "%s", err.msg);
+
+    hf_fixture h;
+    tr_rollouts r;
+    // Policy logprobs and entropy, and greedy generation.
+    if (hf_open(&h, "qwen2") == 0) {
+        tr_rollouts_init(&r);
+        hf_rollouts(&h, 1, &r);
+        float *want = hf_read(&h, "logprobs", h.n_tok), *went = hf_read(&h, "entropy", h.n_tok);
+        float lp[64], ent[64];
+        CHECKF(tr_model_logprobs(&gp, &r, lp, ent, &err) == 0, "%s", err.msg);
+        if (want && went) {
+            double e1 = hf_shifted_err(&r, lp, want), e2 = hf_shifted_err(&r, ent, went);
+            CHECKF(e1 <= 1e-5 && e2 <= 1e-5, "logprobs %.3g, entropy %.3g", e1, e2);
+            printf("policy logprobs vs transformers: %.3g, entropy %.3g\n", e1, e2);
+        }
+        free(want);
+        free(went);
+        tr_rollouts_free(&r);
+        for (int i = 0; i < 3; i++) {
+            char name[32];
+            snprintf(name, sizeof name, "gen.prompt.%d", i);
+            const tr_st_tensor *tp = tr_st_find(&h.f, name);
+            snprintf(name, sizeof name, "gen.output.%d", i);
+            const tr_st_tensor *to = tr_st_find(&h.f, name);
+            int64_t p64[64], o64[64];
+            CHECK(tp && to && tp->numel < 64 && to->numel < 64 && tr_st_read_i64(&h.f, tp, p64, &err) == 0 &&
+                  tr_st_read_i64(&h.f, to, o64, &err) == 0);
+            if (!tp || !to) continue;
+            int32_t prompt[64];
+            for (size_t j = 0; j < tp->numel; j++) prompt[j] = (int32_t)p64[j];
+            int64_t off[2] = {0, (int64_t)tp->numel};
+            tr_prompt_batch pb = {.n = 1, .ids = prompt, .offset = off};
+            tr_sampling s = {.n = 1, .max_new_tokens = 16, .temperature = 0.0f, .top_p = 1.0f};
+            tr_rollouts_init(&r);
+            CHECKF(tr_policy_generate(&gp, &pb, &s, &r, &err) == 0, "%s", err.msg);
+            int same = r.n == 1 && r.n_tokens == (int64_t)to->numel;
+            for (int64_t t = 0; same && t < r.n_tokens; t++) same = r.tokens[t] == o64[t];
+            CHECKF(same, "greedy generation %d differs from transformers'", i);
+            tr_rollouts_free(&r);
+        }
+        // train_sft: the fixture's sequences as the documents of one row; the first step's
+        // loss and pre-clip gradient norm are transformers' (its AdamW steps also decay norm
+        // weights, the worker's do not, so later steps are not compared).
+        int32_t targets[64], doc_start[8] = {0}, n_docs = h.n_seq;
+        for (int32_t i = 0, o = 0; i < h.n_seq; o += h.lens[i], i++) {
+            doc_start[i + 1] = o + h.lens[i];
+            for (int32_t t = 0; t < h.lens[i]; t++) targets[o + t] = t + 1 < h.lens[i] ? h.ids[o + t + 1] : -1;
+        }
+        tr_sft_batch sb = {.n_rows = 1, .row_len = h.n_tok, .ids = h.ids, .targets = targets,
+                           .doc_start = doc_start, .n_docs = &n_docs};
+        float *loss = hf_read(&h, "loss", 1), *gn = hf_read(&h, "grad_norm", 3);
+        tr_train_metrics m;
+        CHECKF(tr_policy_train_sft(&gp, &sb, &m, &err) == 0, "%s", err.msg);
+        if (loss && gn) {
+            CHECKF(fabs(m.loss - loss[0]) <= 1e-5 * loss[0] && fabs(m.grad_norm - gn[0]) <= 1e-5 * gn[0],
+                   "train_sft loss %.8g (transformers %.8g), grad norm %.8g (%.8g)", m.loss, loss[0], m.grad_norm,
+                   gn[0]);
+            printf("train_sft vs transformers: loss %.8g (%.8g), grad norm %.8g (%.8g)\n", m.loss, loss[0],
+                   m.grad_norm, gn[0]);
+        }
+        CHECK(m.tokens == h.n_tok - h.n_seq && m.steps == 1 && m.step == 1);
+        free(loss);
+        free(gn);
+        tr_st_close(&h.f);
+    } else {
+        CHECK(0);
+    }
+    // Critic values, then one clipped-value-loss step whose loss at values == old_values is
+    // the plain 1/2 (v - R)^2, token-mean.
+    if (hf_open(&h, "value_llama3") == 0) {
+        tr_rollouts_init(&r);
+        hf_rollouts(&h, 2, &r);
+        float *want = hf_read(&h, "values", h.n_tok), v[64], ret[64];
+        CHECKF(tr_critic_values(&gc, &r, v, &err) == 0, "%s", err.msg);
+        if (want) {
+            double e = hf_shifted_err(&r, v, want);
+            CHECKF(e <= 1e-5, "values differ from transformers' by %.3g", e);
+            printf("critic values vs transformers: %.3g\n", e);
+        }
+        double sq = 0;
+        int64_t n = 0;
+        for (int32_t i = 0; i < r.n; i++)
+            for (int64_t t = r.offset[i]; t < r.offset[i + 1]; t++) {
+                ret[t] = v[t] + 0.1f * (float)(t % 5) - 0.2f;
+                if (t - r.offset[i] >= r.prompt_len[i]) {
+                    sq += 0.5 * ((double)v[t] - ret[t]) * ((double)v[t] - ret[t]);
+                    n++;
+                }
+            }
+        tr_train_batch tb = {.r = &r, .returns = ret, .old_values = v};
+        tr_train_metrics m;
+        CHECKF(tr_critic_train(&gc, &tb, &m, &err) == 0, "%s", err.msg);
+        CHECK_NEAR(m.value_loss, sq / (double)n, 1e-6);
+        CHECK(m.value_clip_frac == 0 && m.tokens == n && m.steps == 1);
+        free(want);
+        tr_rollouts_free(&r);
+        tr_st_close(&h.f);
+    } else {
+        CHECK(0);
+    }
+    // Reward model scores.
+    if (hf_open(&h, "score_qwen2") == 0) {
+        tr_rollouts_init(&r);
+        hf_rollouts(&h, 2, &r);
+        float *want = hf_read(&h, "scores", h.n_seq), sc[8];
+        CHECKF(tr_reward_score(&gw, &r, sc, NULL, &err) == 0, "%s", err.msg);
+        double e = 0;
+        for (int32_t i = 0; want && i < h.n_seq; i++) e = fmax(e, fabs((double)sc[i] - want[i]));
+        CHECKF(want && e <= 1e-5, "scores differ from transformers' by %.3g", e);
+        printf("reward model scores vs transformers: %.3g\n", e);
+        free(want);
+        tr_rollouts_free(&r);
+        tr_st_close(&h.f);
+    } else {
+        CHECK(0);
+    }
+    CHECK(tr_group_shutdown(&gp, &err) == 0 && tr_group_shutdown(&gc, &err) == 0 &&
+          tr_group_shutdown(&gw, &err) == 0);
+    CHECK(finished(&pp, 10000, 0) && finished(&pc, 10000, 0) && finished(&pw, 10000, 0));
+    tr_router_free(router);
+}
+
 // SIGTERM ends a worker cleanly; a silent controller ends it with an error.
 static void test_exits(void) {
     tr_router *router = start_router();
@@ -385,7 +594,7 @@ static void service_case(const char *mode, const char *on_failure, bool want_ok,
     tr_group g;
     group(&g, router, "reward", 1);
     tr_init_args a = {.backend = "cpu", .threads = 1, .max_tokens = 64,
-                      .reward = {.kind = "service", .endpoint = ep, .timeout_ms = 300, .attempts = 2,
+                      .reward = {.kind = "service", .endpoint = ep, .timeout_ms = 1000, .attempts = 2,
                                  .max_items = 2, .on_failure = on_failure}};
     CHECKF(tr_role_init(&g, &a, NULL, &err) == 0, "%s", err.msg);
     tr_rollouts r;
@@ -442,6 +651,7 @@ int main(int argc, char **argv) {
     snprintf(md, sizeof md, "%s", m);
     model_dir = md;
     test_round_trip();
+    test_hf_reference();
     test_colocated();
     test_exits();
     if (fake_service) test_reward_service();
