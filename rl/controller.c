@@ -40,6 +40,8 @@ struct tr_controller {
     char run_dir[TR_RECIPE_PATH_MAX];
     char exe[4096];
     tr_router *router;
+    tr_curve_opts wcurve;         // keys of the workers we fork (non-loopback endpoints)
+    char key_paths[4][TR_RECIPE_PATH_MAX + 64];   // generated keys: what the curve opts point at
     bool has_group[TR_RECIPE_N_ROLES];
     tr_group groups[TR_RECIPE_N_ROLES];
     worker_proc procs[MAX_PROCS];
@@ -205,6 +207,10 @@ static int choose_endpoint(tr_controller *c, const tr_recipe *r, char *ep, size_
 static int setup_keys(tr_controller *c, tr_curve_opts *router_curve, tr_err *err) {
     if (c->o.curve.key_file) {
         *router_curve = c->o.curve;
+        c->wcurve = c->o.worker_curve;
+        if (!c->attach && (!c->wcurve.key_file || !c->wcurve.server_key_file))
+            return tr_errf(err, TR_EINVAL, "CURVE keys given for the controller but not for the workers it starts "
+                           "(worker_curve.key_file and server_key_file)");
         return 0;
     }
     char dir[TR_RECIPE_PATH_MAX + 16], base[TR_RECIPE_PATH_MAX + 64], path[TR_RECIPE_PATH_MAX + 128];
@@ -227,14 +233,10 @@ static int setup_keys(tr_controller *c, tr_curve_opts *router_curve, tr_err *err
         free(text);
         if (rc) return -1;
     }
-    static char key[TR_RECIPE_PATH_MAX + 64], auth[TR_RECIPE_PATH_MAX + 64], wkey[TR_RECIPE_PATH_MAX + 64],
-        spub[TR_RECIPE_PATH_MAX + 64];
-    snprintf(key, sizeof key, "%s/controller.key", dir);
-    snprintf(auth, sizeof auth, "%s/authorized", dir);
-    snprintf(wkey, sizeof wkey, "%s/worker.key", dir);
-    snprintf(spub, sizeof spub, "%s/controller.pub", dir);
-    *router_curve = (tr_curve_opts){.key_file = key, .authorized_file = auth};
-    c->o.curve = (tr_curve_opts){.key_file = wkey, .server_key_file = spub};
+    static const char *const files[4] = {"controller.key", "authorized", "worker.key", "controller.pub"};
+    for (int i = 0; i < 4; i++) snprintf(c->key_paths[i], sizeof c->key_paths[i], "%s/%s", dir, files[i]);
+    *router_curve = (tr_curve_opts){.key_file = c->key_paths[0], .authorized_file = c->key_paths[1]};
+    c->wcurve = (tr_curve_opts){.key_file = c->key_paths[2], .server_key_file = c->key_paths[3]};
     return 0;
 }
 
@@ -297,11 +299,11 @@ static int spawn(tr_controller *c, worker_proc *p, const char *endpoint, tr_err 
     char *argv[20] = {c->exe, "worker", "--role", roles, "--connect", (char *)endpoint, "--rank", rank,
                       "--world", world, "--parent-pid", ppid};
     int k = 12;
-    if (c->o.curve.key_file) {
+    if (c->wcurve.key_file) {
         argv[k++] = "--curve-key";
-        argv[k++] = (char *)c->o.curve.key_file;
+        argv[k++] = (char *)c->wcurve.key_file;
         argv[k++] = "--server-key";
-        argv[k++] = (char *)c->o.curve.server_key_file;
+        argv[k++] = (char *)c->wcurve.server_key_file;
     }
     argv[k] = NULL;
     int logfd = open(p->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);

@@ -23,13 +23,17 @@ typedef struct tr_controller_opts {
     int grace_ms;                  // stop: wait this long after the shutdown op, then after
                                    // SIGTERM, before SIGKILL; 0 = 5000
     bool keep_signals;             // do not install the SIGINT/SIGTERM handlers
-    tr_curve_opts curve;           // non-loopback endpoints: own key, authorized worker keys;
-                                   // empty: generated once under run_dir/keys/
+    tr_curve_opts curve;           // non-loopback endpoints: key_file (own pair) and
+                                   // authorized_file (worker public keys); empty: generated
+                                   // once under run_dir/keys/
+    tr_curve_opts worker_curve;    // with curve: key_file and server_key_file handed to the
+                                   // workers this controller forks
     int log_tail_lines;            // lines of a dead worker's log in the error; 0 = 12
 } tr_controller_opts;
 
 // Starts (or attaches) the workers of r and initializes every group. On error nothing is
-// left running and *out is NULL. Unless keep_signals, SIGINT and SIGTERM only set a flag
+// left running and *out is NULL. Call it from a thread that lives for the whole run: the
+// forked workers' PR_SET_PDEATHSIG follows the thread that forked them. Unless keep_signals, SIGINT and SIGTERM only set a flag
 // from now until tr_controller_stop: the next group call (or check) fails with
 // TR_ECANCELED, and the caller stops the controller.
 int tr_controller_start(tr_controller **out, const tr_recipe *r, tr_err *err);
