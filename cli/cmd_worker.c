@@ -38,8 +38,12 @@ static void log_line(void *ctx, const char *line) {
 // Splits "policy,reference" into o->roles (pointing into buf).
 static int split_roles(char *buf, tr_worker_opts *o) {
     o->n_roles = 0;
+    static const char *const known[] = {"policy", "reference", "critic", "reward"};
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (o->n_roles == TR_WORKER_MAX_ROLES) return -1;
+        bool ok = false;
+        for (int i = 0; i < 4; i++) ok = ok || strcmp(t, known[i]) == 0;
+        for (int i = 0; i < o->n_roles; i++) ok = ok && strcmp(t, o->roles[i]) != 0;
+        if (!ok || o->n_roles == TR_WORKER_MAX_ROLES) return -1;
         o->roles[o->n_roles++] = t;
     }
     return o->n_roles > 0 ? 0 : -1;
@@ -83,7 +87,8 @@ int tr_cmd_worker(int argc, char **argv) {
     tr_worker_opts o = {0};
     snprintf(role_buf, sizeof role_buf, "%s", roles);
     if (strlen(roles) >= sizeof role_buf || split_roles(role_buf, &o)) {
-        fprintf(stderr, "troupe %s: --role takes 1 to %d comma-separated roles\n", CMD, TR_WORKER_MAX_ROLES);
+        fprintf(stderr, "troupe %s: --role takes 1 to %d different comma-separated roles among policy, reference, "
+                "critic, reward (got '%s')\n", CMD, TR_WORKER_MAX_ROLES, roles);
         return 2;
     }
     struct sigaction sa;

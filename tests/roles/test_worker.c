@@ -550,6 +550,29 @@ static void test_exits(void) {
     printf("worker exited %lld ms after its controller went silent (heartbeat timeout %d ms)\n", dt, HB_TIMEOUT_MS);
 }
 
+// Exit statuses of the command line: usage errors 2, a controller that never answers 1.
+static void test_cli(void) {
+    struct {
+        const char *args[8];
+        int status;
+    } cases[] = {
+        {{"worker", "--help"}, 0},
+        {{"worker", "--role", "policy"}, 2},
+        {{"worker", "--role", "bogus", "--connect", "tcp://127.0.0.1:9"}, 2},
+        {{"worker", "--role", "policy,policy", "--connect", "tcp://127.0.0.1:9"}, 2},
+        {{"worker", "--role", "policy", "--connect", "tcp://127.0.0.1:9", "--rank"}, 2},
+        {{"worker", "--role", "reward", "--connect", "ipc:///nonexistent/dir/x", "--connect-timeout-ms", "300"}, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *argv[10] = {(char *)troupe};
+        for (int j = 0; j < 8 && cases[i].args[j]; j++) argv[j + 1] = (char *)cases[i].args[j];
+        char log[600];
+        snprintf(log, sizeof log, "%s/cli-%zu.log", tmp, i);
+        proc p = {tp_spawn(argv, log), ""};
+        CHECKF(finished(&p, 10000, cases[i].status), "case %zu", i);
+    }
+}
+
 // ---- reward services ----
 
 static pid_t start_fake(const char *endpoint, const char *mode) {
@@ -654,6 +677,7 @@ int main(int argc, char **argv) {
     test_hf_reference();
     test_colocated();
     test_exits();
+    test_cli();
     if (fake_service) test_reward_service();
     else printf("SKIP: reward service cases (no fake service given)\n");
     return tr_test_summary("test_worker");
