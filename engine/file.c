@@ -4,6 +4,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <limits.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -43,9 +45,28 @@ int tr_file_writer_open(tr_file_writer *w, const char *path, tr_err *err) {
     memset(w, 0, sizeof *w);
     if (strlen(path) >= sizeof w->path) return tr_errf(err, TR_EINVAL, "path too long: %s", path);
     strcpy(w->path, path);
-    snprintf(w->tmp, sizeof w->tmp, "%s.tmp.%ld", path, (long)getpid());
+    // Only a regular file (or a new one) is replaced by rename: renaming over /dev/stdout or
+    // a FIFO would replace the device itself, so those are written in place, and a symlink to
+    // a file has its target replaced. A directory is refused now, not after all the work.
+    struct stat st;
+    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        bool is_link = S_ISLNK(st.st_mode);
+        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+            return tr_errf(err, TR_EIO, "%s: is a directory", path);
+        char real[PATH_MAX];
+        if (is_link && S_ISREG(st.st_mode) && realpath(path, real) &&
+            strlen(real) < sizeof w->path) {
+            strcpy(w->path, real);
+        } else {
+            w->f = fopen(path, "wb");
+            if (!w->f) return tr_errf(err, TR_EIO, "%s: cannot open: %s", path, strerror(errno));
+            return 0;
+        }
+    }
+    snprintf(w->tmp, sizeof w->tmp, "%s.tmp.%ld", w->path, (long)getpid());
     w->f = fopen(w->tmp, "wb");
-    if (!w->f) return tr_errf(err, TR_EIO, "%s: cannot create: %s", w->tmp, strerror(errno));
+    if (!w->f)
+        return tr_errf(err, TR_EIO, "%s: cannot create %s: %s", path, w->tmp, strerror(errno));
     return 0;
 }
 
@@ -69,6 +90,16 @@ static void fsync_dir_of(const char *path) {
 }
 
 int tr_file_writer_commit(tr_file_writer *w, tr_err *err) {
+    if (!w->tmp[0]) {   // written in place: a device, pipe or symlink cannot be fsync'd
+        int bad = fflush(w->f) != 0 || ferror(w->f);
+        int e = errno;
+        if (fclose(w->f) != 0 && !bad) {
+            bad = 1;
+            e = errno;
+        }
+        w->f = NULL;
+        return bad ? tr_errf(err, TR_EIO, "%s: write failed: %s", w->path, strerror(e)) : 0;
+    }
     if (fflush(w->f) != 0 || fsync(fileno(w->f)) != 0) {
         int e = errno;
         tr_file_writer_abort(w);

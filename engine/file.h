@@ -11,6 +11,10 @@
 int tr_file_read(const char *path, char **data, size_t *len, tr_err *err);
 
 // An in-progress atomic write. Open, write (any number of times), then commit or abort.
+// A path that exists and is neither a regular file nor a symlink to one (a device such as
+// /dev/stdout, a FIFO) is written in place instead, as rename would replace the device; a
+// symlink to a file has its target replaced; a directory is an error at open. tmp is empty
+// for an in-place write.
 typedef struct tr_file_writer {
     FILE *f;
     char path[4096];

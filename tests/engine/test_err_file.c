@@ -1,6 +1,7 @@
 // Tests of error formatting and the atomic file writer: a committed write replaces the file
 // whole, an aborted one leaves the old content and no temporary behind.
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include "engine/err.h"
@@ -44,6 +45,38 @@ int main(void) {
     CHECK(len == 5 && memcmp(data, "hello", 5) == 0);
     free(data);
     CHECK(count_entries(dir) == 1);
+
+    // Writers never rename over what is not a regular file: a FIFO (like /dev/stdout on a
+    // pipe) is written in place and stays a FIFO, a symlink keeps pointing at its file, which
+    // gets the new content, and a directory is refused at open, leaving no temporary.
+    char fifo[512], link[512];
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    CHECK(mkfifo(fifo, 0600) == 0);
+    int rd = open(fifo, O_RDONLY | O_NONBLOCK);
+    CHECK(rd >= 0);
+    CHECK(tr_file_writer_open(&w, fifo, &err) == 0);
+    CHECK(tr_file_writer_write(&w, "piped", 5, &err) == 0);
+    CHECK(tr_file_writer_commit(&w, &err) == 0);
+    char got[16] = {0};
+    CHECK(read(rd, got, sizeof got) == 5 && memcmp(got, "piped", 5) == 0);
+    close(rd);
+    struct stat st;
+    CHECK(lstat(fifo, &st) == 0 && S_ISFIFO(st.st_mode));
+    CHECK(unlink(fifo) == 0);
+    snprintf(link, sizeof link, "%s/link", dir);
+    CHECK(symlink("x.txt", link) == 0);
+    CHECK(tr_file_write_atomic(link, "linked", 6, &err) == 0);
+    CHECK(lstat(link, &st) == 0 && S_ISLNK(st.st_mode));
+    CHECK(tr_file_read(path, &data, &len, &err) == 0);
+    CHECK(len == 6 && memcmp(data, "linked", 6) == 0);
+    free(data);
+    CHECK(unlink(link) == 0);
+    CHECK(tr_file_writer_open(&w, dir, &err) == -1);
+    CHECK(strstr(err.msg, "is a directory") != NULL);
+    CHECK(count_entries(dir) == 1);
+    snprintf(link, sizeof link, "%s/missing/out.txt", dir);
+    CHECK(tr_file_writer_open(&w, link, &err) == -1);
+    CHECK(strncmp(err.msg, link, strlen(link)) == 0 && strstr(err.msg, "No such file") != NULL);
 
     CHECK(tr_file_read("/nonexistent/zz", &data, &len, &err) == -1);
     CHECK(err.code == TR_EIO && strstr(err.msg, "/nonexistent/zz") != NULL);
