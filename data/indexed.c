@@ -378,8 +378,8 @@ int tr_indexed_builder_finish(tr_indexed_builder *b, tr_err *err) {
     // the last document index always equals the sequence count, as readers require.
     if (b->doc_idx[b->n_doc_idx - 1] != b->n_seqs && tr_indexed_builder_end_document(b, err))
         return -1;
-    b->open = false;
-    if (tr_file_writer_commit(&b->bin, err)) return -1;
+    // Both files are written and synced before either is renamed into place, so a failure
+    // (a full disk, a directory at PREFIX.idx) leaves no new .bin beside an old or no .idx.
     tr_file_writer w;
     if (tr_file_writer_open(&w, b->idx_path, err)) return -1;
     uint8_t head[TR_IDX_HEADER_SIZE];
@@ -402,7 +402,18 @@ int tr_indexed_builder_finish(tr_indexed_builder *b, tr_err *err) {
         }
         if (tr_file_writer_write(&w, chunk, (size_t)m * 8, err)) return -1;
     }
-    if (tr_file_writer_write(&w, b->doc_idx, (size_t)b->n_doc_idx * 8, err)) return -1;
+    if (tr_file_writer_write(&w, b->doc_idx, (size_t)b->n_doc_idx * 8, err) ||
+        tr_file_writer_sync(&w, err))
+        return -1;
+    if (tr_file_writer_sync(&b->bin, err)) {
+        tr_file_writer_abort(&w);
+        return -1;
+    }
+    b->open = false;
+    if (tr_file_writer_commit(&b->bin, err)) {
+        tr_file_writer_abort(&w);
+        return -1;
+    }
     return tr_file_writer_commit(&w, err);
 }
 

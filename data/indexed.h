@@ -89,7 +89,8 @@ int tr_indexed_builder_add(tr_indexed_builder *b, const int32_t *ids, int64_t n,
 int tr_indexed_builder_end_document(tr_indexed_builder *b, tr_err *err);
 // Appends every sequence and document of the dataset at prefix (same dtype required).
 int tr_indexed_builder_append(tr_indexed_builder *b, const char *prefix, tr_err *err);
-// Commits PREFIX.bin, then writes PREFIX.idx atomically. Frees nothing: call _free after.
+// Writes PREFIX.idx, then renames both files into place once both are on disk. Frees
+// nothing: call _free after (which removes the temporaries of a failed finish).
 int tr_indexed_builder_finish(tr_indexed_builder *b, tr_err *err);
 // Releases memory; an unfinished builder's temporary .bin is removed.
 void tr_indexed_builder_free(tr_indexed_builder *b);

@@ -89,6 +89,15 @@ static void fsync_dir_of(const char *path) {
     }
 }
 
+int tr_file_writer_sync(tr_file_writer *w, tr_err *err) {
+    if (fflush(w->f) != 0 || (w->tmp[0] && fsync(fileno(w->f)) != 0)) {
+        int e = errno;
+        tr_file_writer_abort(w);
+        return tr_errf(err, TR_EIO, "%s: flush failed: %s", w->path, strerror(e));
+    }
+    return 0;
+}
+
 int tr_file_writer_commit(tr_file_writer *w, tr_err *err) {
     if (!w->tmp[0]) {   // written in place: a device, pipe or symlink cannot be fsync'd
         int bad = fflush(w->f) != 0 || ferror(w->f);

@@ -23,6 +23,9 @@ typedef struct tr_file_writer {
 
 int tr_file_writer_open(tr_file_writer *w, const char *path, tr_err *err);
 int tr_file_writer_write(tr_file_writer *w, const void *data, size_t len, tr_err *err);
+// Flushes and fsyncs without renaming, so the writes of several files can all succeed
+// before any of them replaces its target (commit then only renames).
+int tr_file_writer_sync(tr_file_writer *w, tr_err *err);
 int tr_file_writer_commit(tr_file_writer *w, tr_err *err);
 void tr_file_writer_abort(tr_file_writer *w);
 

@@ -171,6 +171,15 @@ int main(void) {
     tr_indexed_builder_free(&bb);
     snprintf(a, sizeof a, "%s.bin", q);
     CHECK(!tr_file_exists(a));  // an unfinished builder leaves nothing behind
+    // A finish that cannot write the .idx (a directory in its place) leaves no .bin either.
+    snprintf(b, sizeof b, "%s.idx", q);
+    CHECK(mkdir(b, 0700) == 0);
+    CHECK(tr_indexed_builder_init(&bb, q, TR_IDX_UINT16, &err) == 0);
+    CHECK(tr_indexed_builder_add(&bb, big, 1, &err) == 0);
+    CHECK(tr_indexed_builder_finish(&bb, &err) == -1 && strstr(err.msg, "range.idx"));
+    tr_indexed_builder_free(&bb);
+    CHECK(!tr_file_exists(a));
+    CHECK(rmdir(b) == 0);
     CHECK(tr_indexed_dtype_for_vocab(65499) == TR_IDX_UINT16);
     CHECK(tr_indexed_dtype_for_vocab(65500) == TR_IDX_INT32);
     CHECK(tr_indexed_dtype_for_vocab(151665) == TR_IDX_INT32);
