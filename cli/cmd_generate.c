@@ -12,6 +12,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/progress.h"
 #include "data/chat.h"
 #include "data/jsonl.h"
 #include "data/sft.h"
@@ -268,19 +269,45 @@ static int format_line(strbuf *b, int64_t index, const tr_gen_output *o,
     return 0;
 }
 
+// Progress of a running tr_generate: samples finished and tokens sampled so far.
+typedef struct gen_watch {
+    tr_progress pg;
+    const tr_gen_output *outs;
+    int64_t n_out;
+} gen_watch;
+
+static void gen_tokens(const gen_watch *w, int64_t *done, int64_t *tokens) {
+    *done = 0;
+    *tokens = 0;
+    for (int64_t i = 0; i < w->n_out; i++) {
+        *done += w->outs[i].finish != TR_GEN_RUNNING;
+        *tokens += w->outs[i].n_tokens;
+    }
+}
+
+static void gen_on_pass(void *ctx, const tr_gen_stats *stats) {
+    (void)stats;
+    gen_watch *w = ctx;
+    if (!tr_progress_due(&w->pg)) return;
+    int64_t done, tokens;
+    gen_tokens(w, &done, &tokens);
+    tr_progress_show(&w->pg, done, w->n_out, tokens, false);
+}
+
 int tr_cmd_generate(int argc, char **argv) {
     const char *model_dir = NULL, *prompts = NULL, *out_path = NULL, *chat_name = "chatml";
     long n = 1, max_new = 64, top_k = 0, seed = 0, threads = 0, kv_tokens = 0;
     long block_size = 16, max_seqs = 64, batch_tokens = 2048;
     double temperature = 1.0, top_p = 1.0;
+    bool progress = false, quiet = false;
     tr_arg table[] = {
         {"model", TR_ARG_STR, &model_dir, "DIR", "Hugging Face model directory (a causal LM)",
          true, false},
         {"prompts", TR_ARG_STR, &prompts, "FILE",
          "JSONL with \"input_ids\", \"prompt\" or \"messages\" per line ('-': stdin)", true,
          false},
-        {"out", TR_ARG_STR, &out_path, "FILE", "output JSONL (default: standard output)", false,
-         false},
+        {"out", TR_ARG_STR, &out_path, "FILE", "output JSONL ('-' or default: standard output)",
+         false, false},
         {"n", TR_ARG_INT, &n, "N", "samples per prompt (default 1)", false, false},
         {"max-new-tokens", TR_ARG_INT, &max_new, "N", "tokens per sample at most (default 64)",
          false, false},
@@ -302,6 +329,10 @@ int tr_cmd_generate(int argc, char **argv) {
          false},
         {"batch-tokens", TR_ARG_INT, &batch_tokens, "N",
          "prompt tokens per prefill pass (default 2048)", false, false},
+        {"progress", TR_ARG_FLAG, &progress, NULL,
+         "progress on stderr even when it is not a terminal (a line every 10 s)", false, false},
+        {"quiet", TR_ARG_FLAG, &quiet, NULL, "no progress on stderr, not even on a terminal",
+         false, false},
         {NULL, 0, NULL, NULL, NULL, false, false},
     };
     bool help;
@@ -310,7 +341,7 @@ int tr_cmd_generate(int argc, char **argv) {
     if (help) {
         tr_args_usage(CMD, "--model DIR --prompts FILE.jsonl [--out FILE] [--n N] "
                       "[--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] "
-                      "[--seed S] [--threads N]",
+                      "[--seed S] [--chat-format NAME] [--threads N] [--progress | --quiet]",
                       "Writes one line per sample, prompt by prompt in input order:\n"
                       "{\"index\": i, \"sample\": j, \"output_ids\": [...], \"logprobs\": [...],\n"
                       " \"finish_reason\": \"stop\"|\"length\", \"text\": ...}\n"
@@ -342,6 +373,7 @@ int tr_cmd_generate(int argc, char **argv) {
         fprintf(stderr, "troupe %s: %s\n", CMD, bad);
         return 2;
     }
+    if (out_path && strcmp(out_path, "-") == 0) out_path = NULL;
 
     tr_err err = {0};
     tr_model_config cfg;
@@ -373,7 +405,13 @@ int tr_cmd_generate(int argc, char **argv) {
     tr_generator g;
     tr_file_writer w;
     strbuf buf = {0};
+    gen_watch watch = {0};
     rc = 1;
+    // The output is opened first, so a bad --out fails before the work rather than after it.
+    if (out_path) {
+        if (tr_file_writer_open(&w, out_path, &err) != 0) goto done;
+        writer_open = true;
+    }
     if (read_prompts(prompts, cfg.vocab_size, tok, chat_name, &in, &err) != 0) goto done;
     if (in.chat_ready) {
         for (int32_t i = 0; i < n_stops; i++) add_stop(chat_stops, &n_chat, stops[i], V);
@@ -410,6 +448,11 @@ int tr_cmd_generate(int argc, char **argv) {
         int64_t cap = 32768 / block_size;
         kv_tokens = (need_all < cap ? need_all : cap) * block_size;
         if (kv_tokens < need_one * block_size) kv_tokens = need_one * block_size;
+    } else if (kv_tokens < need_one * block_size) {
+        tr_errf(&err, TR_EINVAL, "--kv-tokens %ld is too small: the longest request needs %"
+                PRId64 " tokens of KV cache (its prompt and one sample of --max-new-tokens, in "
+                "blocks of %ld)", kv_tokens, need_one * block_size, block_size);
+        goto done;
     }
     if (longest > INT32_MAX) {
         tr_errf(&err, TR_ERANGE, "prompt + --max-new-tokens is too long");
@@ -433,14 +476,18 @@ int tr_cmd_generate(int argc, char **argv) {
                       .max_seqs = (int32_t)max_seqs, .max_seq_len = (int32_t)longest};
     if (tr_generator_init(&g, &m, &go, &err) != 0) goto done;
     gen_ok = true;
+    watch.outs = outs;
+    watch.n_out = n_out;
+    tr_progress_init(&watch.pg, CMD, "samples", progress, quiet);
+    g.on_pass = gen_on_pass;
+    g.on_pass_ctx = &watch;
     if (tr_generate(&g, reqs, (int32_t)in.n, outs, &err) != 0) {
         n_out = 0;   // tr_generate freed them
         goto done;
     }
-    if (out_path) {
-        if (tr_file_writer_open(&w, out_path, &err) != 0) goto done;
-        writer_open = true;
-    }
+    int64_t done_n, tokens;
+    gen_tokens(&watch, &done_n, &tokens);
+    tr_progress_show(&watch.pg, done_n, n_out, tokens, true);
     for (int64_t i = 0; i < n_out; i++) {
         if (format_line(&buf, outs[i].request, &outs[i], tok, &err) != 0) goto done;
         if (buf.len >= (1 << 20) || i + 1 == n_out) {
@@ -462,6 +509,7 @@ int tr_cmd_generate(int argc, char **argv) {
     }
     rc = 0;
 done:
+    tr_progress_end(&watch.pg);
     if (writer_open) tr_file_writer_abort(&w);
     free(buf.s);
     if (outs) tr_gen_outputs_free(outs, n_out);

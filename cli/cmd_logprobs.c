@@ -13,6 +13,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/progress.h"
 #include "data/tokenizer.h"
 #include "engine/err.h"
 #include "engine/file.h"
@@ -250,17 +251,22 @@ static int run_batch(tr_model *m, const seq_list *seqs, size_t first, size_t las
 int tr_cmd_logprobs(int argc, char **argv) {
     const char *model_dir = NULL, *data = NULL, *out_path = NULL;
     long threads = 0, batch_tokens = 4096;
+    bool progress = false, quiet = false;
     tr_arg table[] = {
         {"model", TR_ARG_STR, &model_dir, "DIR", "Hugging Face model directory (a causal LM)",
          true, false},
         {"data", TR_ARG_STR, &data, "FILE",
          "JSONL with \"input_ids\" (or \"text\", with the model's tokenizer.json) per line "
          "('-': stdin)", true, false},
-        {"out", TR_ARG_STR, &out_path, "FILE", "output JSONL (default: standard output)", false,
-         false},
+        {"out", TR_ARG_STR, &out_path, "FILE", "output JSONL ('-' or default: standard output)",
+         false, false},
         {"threads", TR_ARG_INT, &threads, "N", "CPU threads (default: all cores)", false, false},
         {"batch-tokens", TR_ARG_INT, &batch_tokens, "N",
          "tokens per forward pass; longer sequences get a pass of their own (default 4096)",
+         false, false},
+        {"progress", TR_ARG_FLAG, &progress, NULL,
+         "progress on stderr even when it is not a terminal (a line every 10 s)", false, false},
+        {"quiet", TR_ARG_FLAG, &quiet, NULL, "no progress on stderr, not even on a terminal",
          false, false},
         {NULL, 0, NULL, NULL, NULL, false, false},
     };
@@ -268,7 +274,8 @@ int tr_cmd_logprobs(int argc, char **argv) {
     int rc = tr_args_parse(CMD, argc, argv, table, NULL, 0, NULL, &help);
     if (rc) return rc;
     if (help) {
-        tr_args_usage(CMD, "--model DIR --data FILE.jsonl [--out FILE] [--threads N]",
+        tr_args_usage(CMD, "--model DIR --data FILE.jsonl [--out FILE] [--threads N] "
+                      "[--batch-tokens N] [--progress | --quiet]",
                       "Writes one line {\"logprobs\": [...]} per input line, in input order:\n"
                       "logprobs[i] = ln p(input_ids[i+1] | input_ids[0..i]), len - 1 values.\n"
                       "\"text\" is encoded as transformers' encode(text, "
@@ -281,6 +288,7 @@ int tr_cmd_logprobs(int argc, char **argv) {
                 "1..16777216\n", CMD);
         return 2;
     }
+    if (out_path && strcmp(out_path, "-") == 0) out_path = NULL;
 
     tr_err err = {0};
     tr_model_config cfg;
@@ -322,6 +330,7 @@ int tr_cmd_logprobs(int argc, char **argv) {
     int32_t *pos = malloc(nt * sizeof(int32_t)), *starts = malloc((nt + 1) * sizeof(int32_t));
     float *lp = malloc(nt * sizeof(float));
     output o = {0};
+    tr_progress pg = {0};
     bool model_ok = false, writer_open = false;
     rc = 1;
     if (!ids || !targets || !pos || !starts || !lp) {
@@ -336,13 +345,17 @@ int tr_cmd_logprobs(int argc, char **argv) {
     } else {
         o.stdout_f = stdout;
     }
+    tr_progress_init(&pg, CMD, "sequences", progress, quiet);
     size_t first = 0;
     int32_t tokens = 0;
+    int64_t tokens_done = 0;
     for (size_t i = 0; i <= seqs.n; i++) {
         bool flush = i == seqs.n || (i > first && tokens + seqs.items[i].n > max_tokens);
         if (flush && i > first) {
             if (run_batch(&m, &seqs, first, i, ids, targets, pos, starts, lp, &o, &err) != 0)
                 goto done;
+            tokens_done += tokens;
+            tr_progress_show(&pg, (int64_t)i, (int64_t)seqs.n, tokens_done, false);
             first = i;
             tokens = 0;
         }
@@ -355,8 +368,10 @@ int tr_cmd_logprobs(int argc, char **argv) {
         tr_errf(&err, TR_EIO, "writing standard output failed");
         goto done;
     }
+    tr_progress_show(&pg, (int64_t)seqs.n, (int64_t)seqs.n, tokens_done, true);
     rc = 0;
 done:
+    tr_progress_end(&pg);
     if (writer_open) tr_file_writer_abort(&o.w);
     free(o.buf.s);
     if (model_ok) tr_model_free(&m);

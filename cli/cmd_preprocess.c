@@ -201,6 +201,12 @@ int tr_cmd_preprocess(int argc, char **argv) {
                       table);
         return 0;
     }
+    size_t plen = strlen(prefix);
+    if (plen == 0 || prefix[plen - 1] == '/') {
+        fprintf(stderr, "troupe preprocess: --output-prefix must end in a file name (it writes "
+                        "PREFIX.bin and PREFIX.idx), got '%s'\n", prefix);
+        return 2;
+    }
     if (workers < 1 || workers > 256) {
         fprintf(stderr, "troupe preprocess: --workers must be 1..256, got %ld\n", workers);
         return 2;

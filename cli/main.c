@@ -1,4 +1,5 @@
 // troupe's entry point: global --help/--version and dispatch to one command per file.
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -38,6 +39,15 @@ static void usage(FILE *out) {
                  " 2 usage error.\n");
 }
 
+// Output that never reached standard output (a full disk, a closed descriptor) is a failure,
+// also for commands that print with plain printf.
+static int check_stdout(int rc) {
+    if (fflush(stdout) == 0 && !ferror(stdout)) return rc;
+    if (rc == 0) fprintf(stderr, "troupe: error: writing standard output failed: %s\n",
+                         strerror(errno));
+    return rc ? rc : 1;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
@@ -46,14 +56,14 @@ int main(int argc, char **argv) {
     const char *a = argv[1];
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0 || strcmp(a, "help") == 0) {
         usage(stdout);
-        return 0;
+        return check_stdout(0);
     }
     if (strcmp(a, "--version") == 0 || strcmp(a, "version") == 0) {
         printf("troupe %s\n", TROUPE_VERSION);
-        return 0;
+        return check_stdout(0);
     }
     for (const tr_command *c = commands; c->name; c++)
-        if (strcmp(c->name, a) == 0) return c->run(argc - 1, argv + 1);
+        if (strcmp(c->name, a) == 0) return check_stdout(c->run(argc - 1, argv + 1));
     if (a[0] == '-')
         fprintf(stderr, "troupe: unknown option '%s' (see troupe --help)\n", a);
     else

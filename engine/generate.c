@@ -450,7 +450,10 @@ int tr_generate(tr_generator *g, const tr_gen_request *reqs, int32_t n_reqs,
                 rc = -1;
                 break;
             }
-            if (k > 0) continue;
+            if (k > 0) {
+                if (g->on_pass) g->on_pass(g->on_pass_ctx, &g->stats);
+                continue;
+            }
         }
         if (g->n_active == 0) {
             if (run.next_req == n_reqs && run.head == n_reqs) break;
@@ -460,6 +463,7 @@ int tr_generate(tr_generator *g, const tr_gen_request *reqs, int32_t n_reqs,
             break;
         }
         rc = decode_step(&run, err);
+        if (rc == 0 && g->on_pass) g->on_pass(g->on_pass_ctx, &g->stats);
     }
 done:
     if (rc != 0) {

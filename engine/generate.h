@@ -95,6 +95,10 @@ typedef struct tr_generator {
     int32_t n_active;
     int32_t reserved;           // blocks promised to admitted samples, not yet taken
     tr_gen_stats stats;         // of the last tr_generate
+    // Set after init to hear of every trunk pass (e.g. to report progress); the outputs of
+    // the running tr_generate tell which samples have finished so far.
+    void (*on_pass)(void *ctx, const tr_gen_stats *stats);
+    void *on_pass_ctx;
 } tr_generator;
 
 // Sizes the KV pool and every per-pass buffer for model m (which must have an LM head).

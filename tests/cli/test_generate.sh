@@ -38,14 +38,14 @@ EOF
 
 "$troupe" generate --model "$fx" --prompts "$fx/prompts.jsonl" --temperature 0 \
     --max-new-tokens 12 --threads 2 >"$tmp/greedy.jsonl" 2>"$tmp/err"
-check "greedy: exit status ($(cat "$tmp/err"))" $?
+st=$?; check "greedy: exit status ($(cat "$tmp/err"))" $st
 same_as_hf "$tmp/greedy.jsonl"
 check "greedy output equals transformers" $?
 # Chunked prefill (3-token passes), 2-token blocks, one sequence at a time, --out.
 "$troupe" generate --model "$fx" --prompts "$fx/prompts.jsonl" --temperature 0 \
     --max-new-tokens 12 --batch-tokens 3 --block-size 2 --max-seqs 1 --out "$tmp/small.jsonl" \
     2>"$tmp/err"
-check "greedy, small passes: exit status ($(cat "$tmp/err"))" $?
+st=$?; check "greedy, small passes: exit status ($(cat "$tmp/err"))" $st
 same_as_hf "$tmp/small.jsonl"
 check "greedy with small passes and blocks equals transformers" $?
 
@@ -53,10 +53,10 @@ check "greedy with small passes and blocks equals transformers" $?
 opts=(--model "$fx" --prompts "$fx/prompts.jsonl" --n 3 --temperature 0.9 --top-p 0.95
       --top-k 100 --seed 11 --max-new-tokens 10)
 "$troupe" generate "${opts[@]}" >"$tmp/s1.jsonl" 2>"$tmp/err"
-check "sampling: exit status ($(cat "$tmp/err"))" $?
+st=$?; check "sampling: exit status ($(cat "$tmp/err"))" $st
 "$troupe" generate "${opts[@]}" --max-seqs 2 --block-size 3 --kv-tokens 60 --threads 1 \
     >"$tmp/s2.jsonl" 2>"$tmp/err"
-check "sampling, small pool: exit status ($(cat "$tmp/err"))" $?
+st=$?; check "sampling, small pool: exit status ($(cat "$tmp/err"))" $st
 # Tokens are the same; logprobs agree to rounding (the CPU matmul's last bits follow the
 # number of rows in a pass).
 python3 - "$tmp/s1.jsonl" "$tmp/s2.jsonl" <<'EOF2'
@@ -103,7 +103,7 @@ sys.exit(1 if bad or not distinct else 0)
 EOF
 check "sampled lines: order, lengths, finish reasons, distinct samples" $?
 "$troupe" logprobs --model "$fx" --data "$tmp/lp_in.jsonl" >"$tmp/lp_got.jsonl" 2>"$tmp/err"
-check "logprobs of the samples: exit status ($(cat "$tmp/err"))" $?
+st=$?; check "logprobs of the samples: exit status ($(cat "$tmp/err"))" $st
 python3 - "$tmp/lp_got.jsonl" "$tmp/lp_want.jsonl" <<'EOF'
 import json, sys
 got = [json.loads(l)["logprobs"] for l in open(sys.argv[1])]
@@ -117,7 +117,7 @@ check "generation logprobs equal troupe logprobs on prompt + output" $?
 printf '{"input_ids": [5, 17, 42]}\n' >"$tmp/ids.jsonl"
 "$troupe" generate --model "$models/llama3" --prompts "$tmp/ids.jsonl" --n 2 \
     --max-new-tokens 4 >"$tmp/ids.out" 2>"$tmp/err"
-check "ids without a tokenizer ($(cat "$tmp/err"))" $?
+st=$?; check "ids without a tokenizer ($(cat "$tmp/err"))" $st
 [ "$(wc -l <"$tmp/ids.out")" = 2 ] && ! grep -q '"text"' "$tmp/ids.out"
 check "two lines without text" $?
 
@@ -143,7 +143,7 @@ printf '{"messages": [{"role": "robot", "content": "x"}]}\n' >"$tmp/role.jsonl"
 expect_error 1 'role.jsonl:1: messages\[0\].role' --model "$fx" --prompts "$tmp/role.jsonl"
 printf '{"text": "x"}\n' >"$tmp/none.jsonl"
 expect_error 1 "none.jsonl:1: a line needs" --model "$fx" --prompts "$tmp/none.jsonl"
-expect_error 1 'needs .* KV blocks' --model "$fx" --prompts "$fx/prompts.jsonl" --kv-tokens 8
+expect_error 1 'kv-tokens 8 is too small: the longest request needs' --model "$fx" --prompts "$fx/prompts.jsonl" --kv-tokens 8
 expect_error 1 'causal LM' --model "$models/score_qwen2" --prompts "$tmp/ids.jsonl"
 expect_error 1 'no-such.jsonl' --model "$fx" --prompts "$tmp/no-such.jsonl"
 expect_error 2 'required' --model "$fx"

@@ -39,13 +39,13 @@ check() {  # check DESCRIPTION STATUS: prints FAIL unless STATUS is 0
 for m in llama3 qwen2; do
     "$troupe" logprobs --model "$fx/$m" --data "$fx/$m/logprobs_input.jsonl" --threads 2 \
         >"$tmp/$m.out" 2>"$tmp/err"
-    check "$m: exit status $? ($(cat "$tmp/err"))" $?
+    st=$?; check "$m: exit status $st ($(cat "$tmp/err"))" $st
     compare "$tmp/$m.out" "$fx/$m/logprobs_expected.jsonl"
     check "$m: stdout matches transformers" $?
     # One sequence per forward (batch of 1 token forces it) and --out.
     "$troupe" logprobs --model "$fx/$m" --data "$fx/$m/logprobs_input.jsonl" --batch-tokens 1 \
         --out "$tmp/$m.file.jsonl" 2>"$tmp/err"
-    check "$m --out: exit status ($(cat "$tmp/err"))" $?
+    st=$?; check "$m --out: exit status ($(cat "$tmp/err"))" $st
     compare "$tmp/$m.file.jsonl" "$fx/$m/logprobs_expected.jsonl"
     check "$m: --out file matches transformers" $?
 done
@@ -59,7 +59,7 @@ printf '{"text": "Hello world, this is a test of generation."}\n{"text": "fox \\
     sed 's/"ids"/"input_ids"/' >"$tmp/text_ids.jsonl"
 check "tokenize" $?
 "$troupe" logprobs --model "$tokfx" --data "$tmp/text_in.jsonl" >"$tmp/text.out" 2>"$tmp/err"
-check "text input ($(cat "$tmp/err"))" $?
+st=$?; check "text input ($(cat "$tmp/err"))" $st
 "$troupe" logprobs --model "$tokfx" --data "$tmp/text_ids.jsonl" >"$tmp/text_ids.out" 2>&1
 check "ids of the text" $?
 [ -s "$tmp/text.out" ] && cmp -s "$tmp/text.out" "$tmp/text_ids.out"
