@@ -334,5 +334,6 @@ int main(int argc, char **argv) {
     test_sigkill();
     test_sigstop();
     test_attach();
+    if (tr_test_failures == 0) tp_rmtree(tmp);
     return tr_test_summary("test_controller");
 }

@@ -4,6 +4,7 @@
 #pragma once
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,4 +105,17 @@ static inline const char *tp_model_dir(const char *src_root, const char *dir, co
     snprintf(b, sizeof b, "%s/tokenizer.json", out);
     if (symlink(a, b) != 0 && errno != EEXIST) return NULL;
     return out;
+}
+
+static inline int tp_rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    remove(path);
+    return 0;
+}
+
+// Removes a test's temporary directory (kept for inspection when a check failed).
+static inline void tp_rmtree(const char *dir) {
+    nftw(dir, tp_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }

@@ -680,5 +680,6 @@ int main(int argc, char **argv) {
     test_cli();
     if (fake_service) test_reward_service();
     else printf("SKIP: reward service cases (no fake service given)\n");
+    if (tr_test_failures == 0) tp_rmtree(tmp);
     return tr_test_summary("test_worker");
 }
