@@ -110,7 +110,7 @@ static const tr_rkey reward_keys[] = {
      .names = reward_fn_names, .def = "exact_match", .doc = "rule: how a response is checked"},
     {.name = "pattern", .type = TR_RK_STR, .off = offsetof(tr_recipe_reward, pattern),
      .size = TR_RECIPE_NAME_MAX, .def = "\"\"",
-     .doc = "regex: PCRE2 pattern extracting the answer (group 1, else the match)"},
+     .doc = "regex: PCRE2 format check, score 1 when the response matches anywhere"},
     {.name = "path", .type = TR_RK_STR, .off = offsetof(tr_recipe_reward, path),
      .size = TR_RECIPE_PATH_MAX, .def = "\"\"", .doc = "model: a score-head (ForSequenceClassification) checkpoint"},
     {.name = "parallel", .type = TR_RK_MAP, .off = offsetof(tr_recipe_reward, parallel),
