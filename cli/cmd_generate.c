@@ -424,7 +424,7 @@ int tr_cmd_generate(int argc, char **argv) {
         goto done;
     }
     // Default pool: every request at once (its prompt plus n worst-case samples).
-    int64_t need_all = 0, need_one = 0, longest = 1;
+    int64_t need_all = 0, need_one = 0, longest = 1, prompt_tokens = 0;
     for (size_t i = 0; i < in.n; i++) {
         const gen_prompt *p = &in.items[i];
         tr_gen_request *r = &reqs[i];
@@ -442,6 +442,7 @@ int tr_cmd_generate(int argc, char **argv) {
         need_all += pb + n * sb;
         if (pb + sb > need_one) need_one = pb + sb;
         if (p->n + max_new - 1 > longest) longest = p->n + max_new - 1;
+        prompt_tokens += p->n;
         n_out += n;
     }
     if (kv_tokens == 0) {
@@ -468,8 +469,13 @@ int tr_cmd_generate(int argc, char **argv) {
         goto done;
     }
     be_ok = true;
-    tr_model_opts mo = {.max_tokens = (int32_t)(batch_tokens > max_seqs ? batch_tokens : max_seqs),
-                        .training = false};
+    // A pass holds at most every prompt (prefill) or every sample (decode); beyond that the
+    // zeroed activation arena would only cost time and memory.
+    int64_t rows = batch_tokens > max_seqs ? batch_tokens : max_seqs;
+    int64_t seqs = n_out < max_seqs ? n_out : max_seqs;
+    int64_t fit = prompt_tokens > seqs ? prompt_tokens : seqs;
+    if (fit < rows) rows = fit > 1 ? fit : 1;
+    tr_model_opts mo = {.max_tokens = (int32_t)rows, .training = false};
     if (tr_model_load(&m, model_dir, &be, &mo, &err) != 0) goto done;
     model_ok = true;
     tr_gen_opts go = {.kv_tokens = kv_tokens, .block_size = (int32_t)block_size,

@@ -313,9 +313,15 @@ int tr_cmd_logprobs(int argc, char **argv) {
         return tr_cli_fail(CMD, &err);
     }
     int32_t longest = 1;
-    for (size_t i = 0; i < seqs.n; i++)
+    int64_t total = 0;
+    for (size_t i = 0; i < seqs.n; i++) {
         if (seqs.items[i].n > longest) longest = seqs.items[i].n;
+        total += seqs.items[i].n;
+    }
+    // No pass holds more than the whole input: a small input needs no arena for
+    // --batch-tokens tokens (which is zeroed, so it would cost time and memory).
     int32_t max_tokens = longest > batch_tokens ? longest : (int32_t)batch_tokens;
+    if (total < max_tokens) max_tokens = total > longest ? (int32_t)total : longest;
 
     tr_backend be;
     if (tr_backend_cpu_init(&be, (int32_t)threads) != 0) {
