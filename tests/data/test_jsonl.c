@@ -40,6 +40,7 @@ int main(void) {
     // Good input with every line-ending quirk. The 3 MB line outgrows any fixed buffer.
     size_t big = 3u << 20;
     char *buf = malloc(big + 1024);
+    if (!buf) return 1;
     size_t n = 0;
     n += (size_t)sprintf(buf + n, "\xEF\xBB\xBF{\"text\": \"bom\"}\n");      // line 1
     n += (size_t)sprintf(buf + n, "\n   \t\n");                             // lines 2-3 blank
