@@ -10,7 +10,14 @@ static int set_value(const char *cmd, tr_arg *a, const char *v) {
     char *end = NULL;
     errno = 0;
     switch (a->kind) {
-    case TR_ARG_STR: *(const char **)a->out = v; return 0;
+    case TR_ARG_STR:
+        // An empty path or name is an unset shell variable more often than a wish.
+        if (!*v) {
+            fprintf(stderr, "troupe %s: --%s needs a non-empty value\n", cmd, a->name);
+            return 2;
+        }
+        *(const char **)a->out = v;
+        return 0;
     case TR_ARG_INT: {
         long x = strtol(v, &end, 10);
         if (errno || end == v || *end) {
