@@ -44,7 +44,8 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
     (void)sb;
     (void)ftw;
     int rc = flag == FTW_DP ? rmdir(path) : unlink(path);
-    return rc == 0 ? 0 : errno;
+    // Gone already: a process that was writing there (an orphaned worker) removed it.
+    return rc == 0 || errno == ENOENT ? 0 : errno;
 }
 
 int tr_remove_tree(const char *path, tr_err *err) {

@@ -1,0 +1,189 @@
+// The run around every workflow: checks the run directory (fresh or resumed), writes the
+// resolved recipe, loads the tokenizer and chat format, opens the metrics log, starts the
+// role workers through the controller, restores the last checkpoint on --resume, runs the
+// workflow and stops the workers. Also the eval/checkpoint schedules and step checkpoints.
+#include <errno.h>
+#include <inttypes.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/file.h"
+#include "rl/controller.h"
+#include "rl/run_ckpt.h"
+#include "rl/workflow.h"
+
+// Roles whose weights change during the run, so a checkpoint must hold them.
+static int trained_roles(const tr_run *run, tr_group **groups, const char **names) {
+    int n = 0;
+    groups[n] = run->policy;
+    names[n++] = "policy";
+    if (run->rc->workflow == TR_RECIPE_PPO && run->critic) {
+        groups[n] = run->critic;
+        names[n++] = "critic";
+    }
+    return n;
+}
+
+int tr_run_checkpoint(tr_run *run, int64_t step, tr_err *err) {
+    const char *run_dir = run->rc->run_dir;
+    char tmp[4096], dir[4200];
+    if (tr_run_ckpt_begin(run_dir, step, tmp, sizeof tmp, err)) return -1;
+    tr_group *groups[TR_RECIPE_N_ROLES];
+    const char *names[TR_RECIPE_N_ROLES];
+    int n = trained_roles(run, groups, names);
+    for (int i = 0; i < n; i++) {
+        snprintf(dir, sizeof dir, "%s/%s", tmp, names[i]);
+        if (tr_role_save(groups[i], dir, err))
+            return tr_err_wrap(err, "checkpoint of step %" PRId64 ", %s", step, names[i]);
+    }
+    tr_run_state st = {step, run->data_cursor, ""};
+    snprintf(st.workflow, sizeof st.workflow, "%s", tr_recipe_workflow_names[run->rc->workflow]);
+    if (tr_run_ckpt_commit(run_dir, tmp, &st, err))
+        return tr_err_wrap(err, "checkpoint of step %" PRId64, step);
+    return 0;
+}
+
+// tokenizer.json of the policy: in its checkpoint directory, or beside init.config.
+static int tokenizer_path(const tr_recipe *r, char *out, size_t cap) {
+    const tr_recipe_model *p = &r->models[TR_RECIPE_POLICY];
+    if (p->path[0]) {
+        snprintf(out, cap, "%s/tokenizer.json", p->path);
+    } else {
+        char cfg[TR_RECIPE_PATH_MAX];
+        snprintf(cfg, sizeof cfg, "%s", p->init_config);
+        snprintf(out, cap, "%s/tokenizer.json", dirname(cfg));
+    }
+    return tr_file_exists(out);
+}
+
+// Keys a resumed run may change: how long it runs and what it logs.
+static int check_resume_recipe(const tr_recipe *r, tr_err *err) {
+    char path[TR_RECIPE_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/resolved.yaml", r->run_dir);
+    if (!tr_file_exists(path)) return 0;
+    tr_recipe *old = malloc(sizeof *old);
+    if (!old) return tr_errf(err, TR_ENOMEM, "out of memory");
+    if (tr_recipe_load(path, NULL, 0, old, err)) {
+        free(old);
+        return tr_err_wrap(err, "--resume: reading the run's recipe");
+    }
+    old->train.steps = r->train.steps;
+    old->train.eval_every = r->train.eval_every;
+    old->train.save_every = r->train.save_every;
+    old->log = r->log;
+    char key[256];
+    int d = tr_recipe_diff(old, r, key, sizeof key);
+    free(old);
+    if (d)
+        return tr_errf(err, TR_EINVAL, "--resume: %s differs from the run's %s (only train.steps, "
+                       "train.eval_every, train.save_every and log.* may change on resume)", key, path);
+    return 0;
+}
+
+int tr_workflow_run(const tr_recipe *r, const tr_workflow_opts *o, tr_err *err) {
+    tr_run run;
+    memset(&run, 0, sizeof run);
+    run.rc = r;
+    const char *run_dir = r->run_dir;
+    char path[TR_RECIPE_PATH_MAX + 64];
+    int rc = -1;
+    bool metrics_open = false;
+
+    // Fresh or resumed: a fresh run never writes over an earlier one.
+    tr_run_state st;
+    if (tr_run_ckpt_find_last(run_dir, &st, err)) return -1;
+    if (o->resume) {
+        if (st.step >= 0 && strcmp(st.workflow, tr_recipe_workflow_names[r->workflow]) != 0)
+            return tr_errf(err, TR_EINVAL, "--resume: %s holds a %s run, the recipe is %s", run_dir,
+                           st.workflow, tr_recipe_workflow_names[r->workflow]);
+        if (check_resume_recipe(r, err) || tr_run_ckpt_clean(run_dir, err)) return -1;
+        if (st.step >= 0) {
+            run.step = st.step;
+            run.data_cursor = st.data_cursor;
+            run.resumed = true;
+        }
+    } else {
+        snprintf(path, sizeof path, "%s/checkpoints", run_dir);
+        char mpath[TR_RECIPE_PATH_MAX + 64];
+        snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", run_dir);
+        if (tr_file_exists(path) || tr_file_exists(mpath))
+            return tr_errf(err, TR_EINVAL, "%s holds an earlier run: continue it with --resume, or "
+                           "choose another run_dir (--set run_dir=...)", run_dir);
+    }
+    if (run.resumed && run.step >= r->train.steps)
+        return tr_errf(err, TR_EINVAL, "--resume: the run already completed step %" PRId64 " of %"
+                       PRId64 " (raise train.steps to continue)", run.step, r->train.steps);
+    if (tr_recipe_write_resolved(r, err)) return -1;
+
+    // Tokenizer and chat format (pretraining works on ids and may have none).
+    if (tokenizer_path(r, path, sizeof path)) {
+        if (tr_tokenizer_load(&run.tok, path, err)) return -1;
+    } else if (r->workflow != TR_RECIPE_PRETRAIN) {
+        return tr_errf(err, TR_EINVAL, "%s: not found (the policy's tokenizer.json is needed to "
+                       "encode prompts and conversations)", path);
+    }
+    if (run.tok && r->data.chat_format != TR_RECIPE_CHAT_NONE) {
+        if (tr_chat_format_init(&run.chat, r->data.chat_format == TR_RECIPE_CHAT_CHATML ? "chatml"
+                                                                                        : "llama3",
+                                run.tok, err))
+            goto done;
+        run.chatp = &run.chat;
+    }
+
+    tr_metrics_opts mo = {run_dir, tr_recipe_workflow_names[r->workflow], r->train.steps,
+                          run.resumed ? run.step : -1, r->log.tensorboard, r->log.progress,
+                          o->progress_out};
+    if (tr_metrics_open(&run.m, &mo, err)) goto done;
+    metrics_open = true;
+    if (r->log.samples_every > 0) {
+        snprintf(path, sizeof path, "%s/samples.jsonl", run_dir);
+        run.samples = fopen(path, run.resumed ? "a" : "w");
+        if (!run.samples) {
+            tr_errf(err, TR_EIO, "%s: cannot open: %s", path, strerror(errno));
+            goto done;
+        }
+    }
+
+    // The role workers; a resumed run loads its trained roles from the checkpoint.
+    if (tr_controller_start(&run.ctl, r, err)) goto done;
+    run.policy = tr_controller_group(run.ctl, TR_RECIPE_POLICY);
+    run.reference = tr_controller_group(run.ctl, TR_RECIPE_REFERENCE);
+    run.critic = tr_controller_group(run.ctl, TR_RECIPE_CRITIC);
+    run.reward = tr_controller_group(run.ctl, TR_RECIPE_REWARD);
+    if (run.resumed) {
+        char ck[4096], dir[4200];
+        if (tr_run_ckpt_path(run_dir, run.step, ck, sizeof ck, err)) goto done;
+        tr_group *groups[TR_RECIPE_N_ROLES];
+        const char *names[TR_RECIPE_N_ROLES];
+        int n = trained_roles(&run, groups, names);
+        for (int i = 0; i < n; i++) {
+            snprintf(dir, sizeof dir, "%s/%s", ck, names[i]);
+            if (tr_role_load(groups[i], dir, err)) {
+                tr_err_wrap(err, "--resume: loading %s", dir);
+                goto done;
+            }
+        }
+    }
+
+    switch (r->workflow) {
+    case TR_RECIPE_GRPO: rc = tr_workflow_grpo(&run, err); break;
+    case TR_RECIPE_PPO: rc = tr_workflow_ppo(&run, err); break;
+    case TR_RECIPE_SFT: rc = tr_workflow_sft(&run, err); break;
+    case TR_RECIPE_PRETRAIN: rc = tr_workflow_pretrain(&run, err); break;
+    }
+    if (rc) tr_err_wrap(err, "step %" PRId64, run.step + 1);
+
+done:
+    if (run.ctl) {
+        tr_err serr = {0};
+        if (tr_controller_stop(run.ctl, &serr) && rc == 0) {
+            *err = serr;
+            rc = -1;
+        }
+    }
+    if (run.samples) fclose(run.samples);
+    if (metrics_open) tr_metrics_close(&run.m);
+    tr_tokenizer_free(run.tok);
+    return rc;
+}

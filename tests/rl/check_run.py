@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+# Checks a run directory written by `troupe run` (used by test_run.sh and test_quickstart.sh):
+#   check_run.py grpo|ppo|sft|pretrain RUN_DIR STEPS EVAL_EVERY [EXTRA_EVAL_STEPS]
+#                                                                   metrics, schedule, checkpoints
+#   check_run.py same RUN_A RUN_B                                   equal metrics step by step
+#   check_run.py learns RUN_DIR KEY MIN_GAIN                         last eval - first eval >= gain
+# Prints what is wrong and exits 1.
+import json
+import math
+import os
+import sys
+
+errors = []
+
+
+def err(msg):
+    errors.append(msg)
+    print("check_run: " + msg, file=sys.stderr)
+
+
+def metrics(run):
+    out = []
+    path = os.path.join(run, "metrics.jsonl")
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.endswith("\n"):
+                err("%s:%d: line without newline" % (path, n))
+            o = json.loads(line)
+            if not line.startswith('{"step": '):
+                err("%s:%d: 'step' is not the first key" % (path, n))
+            out.append(o)
+    return out
+
+
+RL_KEYS = ["reward/mean", "reward/std", "kl", "entropy", "clip_frac", "grad_norm", "lr",
+           "response_len/mean", "logprob_diff/max", "throughput/tokens_per_s", "time/generate",
+           "time/reward", "time/train", "time/sync"]
+SFT_KEYS = ["loss", "grad_norm", "lr", "throughput/tokens_per_s", "time/train"]
+CKPT_FILES = ["config.json", "model.safetensors", "trainer_state.json",
+              "optim_exp_avg.safetensors", "optim_exp_avg_sq.safetensors"]
+
+
+def finite(o, k):
+    v = o.get(k)
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def check_steps(ms, steps, every, eval_key, extra):
+    got = [o["step"] for o in ms]
+    if got != list(range(steps + 1)):
+        err("steps %s, want 0..%d once each" % (got, steps))
+    want_eval = {0, steps} | ({s for s in range(0, steps + 1, every)} if every else set()) | extra
+    have_eval = {o["step"] for o in ms if eval_key in o}
+    if have_eval != want_eval:
+        err("%s at steps %s, want %s" % (eval_key, sorted(have_eval), sorted(want_eval)))
+    for o in ms:
+        if eval_key in o and not finite(o, eval_key):
+            err("step %d: %s = %r" % (o["step"], eval_key, o[eval_key]))
+
+
+def check_keys(ms, keys):
+    for o in ms:
+        if o["step"] == 0:
+            continue
+        for k in keys:
+            if not finite(o, k):
+                err("step %d: %s missing or not finite (%r)" % (o["step"], k, o.get(k)))
+
+
+def check_checkpoints(run, steps, roles, tokenizer=True):
+    root = os.path.join(run, "checkpoints")
+    names = sorted(os.listdir(root)) if os.path.isdir(root) else []
+    if "step_%d" % steps not in names:
+        err("no checkpoint of the last step %d (have %s)" % (steps, names))
+    for n in names:
+        if not n.startswith("step_") or not n[5:].isdigit():
+            err("unexpected entry checkpoints/%s (a temporary left behind?)" % n)
+            continue
+        d = os.path.join(root, n)
+        st = json.load(open(os.path.join(d, "run_state.json")))
+        if st.get("step") != int(n[5:]):
+            err("%s/run_state.json says step %r" % (d, st.get("step")))
+        for role in roles:
+            for f in CKPT_FILES + (["tokenizer.json"] if tokenizer and role == "policy" else []):
+                if not os.path.isfile(os.path.join(d, role, f)):
+                    err("%s/%s/%s missing" % (d, role, f))
+            ts = json.load(open(os.path.join(d, role, "trainer_state.json")))
+            if not isinstance(ts.get("step"), int) or ts["step"] < int(n[5:]):
+                err("%s/%s/trainer_state.json: optimizer step %r for run step %s"
+                    % (d, role, ts.get("step"), n[5:]))
+    if not os.path.isfile(os.path.join(run, "resolved.yaml")):
+        err("resolved.yaml missing")
+
+
+def main():
+    mode = sys.argv[1]
+    if mode == "same":
+        a = {o["step"]: o for o in metrics(sys.argv[2])}
+        b = {o["step"]: o for o in metrics(sys.argv[3])}
+        if sorted(a) != sorted(b):
+            err("steps differ: %s vs %s" % (sorted(a), sorted(b)))
+        for s in sorted(set(a) & set(b)):
+            for k in sorted(set(a[s]) | set(b[s])):
+                if k.startswith("time/") or k.startswith("throughput/"):
+                    continue
+                # The end of an earlier, shorter run evaluated where the longer one did not.
+                if k.startswith("eval/") and (k not in a[s] or k not in b[s]):
+                    continue
+                if a[s].get(k) != b[s].get(k):
+                    err("step %d %s: %r vs %r" % (s, k, a[s].get(k), b[s].get(k)))
+    elif mode == "learns":
+        ms = metrics(sys.argv[2])
+        key, gain = sys.argv[3], float(sys.argv[4])
+        ev = [(o["step"], o[key]) for o in ms if key in o]
+        print("%s: %s" % (key, " ".join("%d:%.3f" % e for e in ev)))
+        if len(ev) < 2 or ev[-1][1] - ev[0][1] < gain:
+            err("%s rose by %.3f from the first to the last eval, want >= %.3f"
+                % (key, ev[-1][1] - ev[0][1] if len(ev) >= 2 else float("nan"), gain))
+    else:
+        run, steps, every = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+        extra = {int(x) for x in sys.argv[5].split(",")} if len(sys.argv) > 5 else set()
+        ms = metrics(run)
+        if mode in ("grpo", "ppo"):
+            check_steps(ms, steps, every, "eval/accuracy", extra)
+            keys = RL_KEYS + (["critic/value_loss", "critic/grad_norm", "time/critic"]
+                              if mode == "ppo" else [])
+            check_keys(ms, keys)
+            for o in ms[1:]:
+                if o.get("logprob_diff/max", 1) > 1e-4:
+                    err("step %d: logprob_diff/max %r: generation and training disagree"
+                        % (o["step"], o.get("logprob_diff/max")))
+                if not 0 <= o.get("eval/accuracy", 0) <= 1:
+                    err("step %d: eval/accuracy out of [0, 1]" % o["step"])
+            check_checkpoints(run, steps, ["policy", "critic"] if mode == "ppo" else ["policy"])
+        else:
+            check_steps(ms, steps, every, "eval/loss", extra)
+            check_keys(ms, SFT_KEYS)
+            train = [o["loss"] for o in ms if "loss" in o]
+            ev = [o["eval/loss"] for o in ms if "eval/loss" in o]
+            if mode == "sft" and not (train[-1] < train[0] and ev[-1] < ev[0]):
+                err("sft did not learn: loss %s, eval/loss %s" % (train, ev))
+            check_checkpoints(run, steps, ["policy"], tokenizer=True)
+    sys.exit(1 if errors else 0)
+
+
+if __name__ == "__main__":
+    main()

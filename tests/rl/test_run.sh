@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# `troupe run` end to end on a tiny randomly initialised model (workers as real processes):
+# GRPO with a KL reference -- metrics.jsonl keys and step records, the eval schedule
+# (eval_every 0: only the first and last step), generation and training logprobs equal
+# (the same forward), checkpoint layout, a fresh run refusing an earlier run's directory,
+# --resume continuing to the same numbers as an uninterrupted run, a SIGKILLed run resuming
+# from its last complete checkpoint; then SFT, PPO and pretraining runs; usage errors.
+set -u
+troupe="$1"
+src="${TROUPE_SOURCE_ROOT:-.}"
+check_py="$src/tests/rl/check_run.py"
+tmp=$(mktemp -d /tmp/troupe-run-XXXXXX)
+fail=0
+check() {  # check DESCRIPTION STATUS
+    if [ "$2" != 0 ]; then echo "FAIL: $1"; fail=1; else echo "ok: $1"; fi
+}
+
+# A tiny Llama (2 layers, width 32) with the quickstart's tokenizer.
+mkdir -p "$tmp/init"
+cp "$src/examples/arith/init/tokenizer.json" "$tmp/init/"
+python3 - "$src/examples/arith/init/config.json" "$tmp/init/config.json" <<'EOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+         num_key_value_heads=2)
+json.dump(c, open(sys.argv[2], "w"))
+EOF
+head -n 12 "$src/examples/arith/eval.jsonl" > "$tmp/eval.jsonl"
+
+grpo_recipe() {  # grpo_recipe RUN_DIR STEPS [SAVE_EVERY]
+    cat <<EOF
+workflow: grpo
+seed: 3
+run_dir: $1
+threads: 1
+models:
+  policy:
+    init: {config: $tmp/init/config.json, seed: 5}
+    optim: {lr: 1.0e-3, schedule: constant}
+  reference: {from: policy}
+  reward: {kind: rule, function: numeric_match}
+data: {train: $src/examples/arith/train.jsonl, eval: $tmp/eval.jsonl, chat_format: chatml, max_prompt_len: 32}
+rollout: {n: 4, max_new_tokens: 4, temperature: 1.0}
+algorithm: {kl: {coef: 0.01, estimator: k3, placement: loss}, mini_batches: 2}
+train: {steps: $2, prompts_per_step: 4, micro_batch_tokens: 256, eval_every: 0, save_every: ${3:-2}}
+log: {tensorboard: true, samples_every: 1, progress: true}
+EOF
+}
+
+# --- GRPO: a 3-step run ---
+grpo_recipe "$tmp/a" 3 > "$tmp/grpo.yaml"
+"$troupe" run "$tmp/grpo.yaml" 2> "$tmp/a.err"
+st=$?
+check "grpo run exits 0" $st
+[ $st = 0 ] || tail -n 20 "$tmp/a.err"
+python3 "$check_py" grpo "$tmp/a" 3 0
+check "grpo metrics, eval schedule and checkpoints" $?
+grep -q "grpo step 3/3 | reward .* | eval .* | ETA " "$tmp/a.err"
+check "progress line with step/total, reward, eval and ETA" $?
+
+# A fresh run refuses the directory of an earlier one.
+"$troupe" run "$tmp/grpo.yaml" 2> "$tmp/refuse.err"
+st=$?
+[ $st = 1 ] && grep -q -- "--resume" "$tmp/refuse.err"
+check "fresh run into an earlier run's directory exits 1 naming --resume (got $st)" $?
+
+# --resume to 5 steps, against an uninterrupted 5-step run.
+"$troupe" run "$tmp/grpo.yaml" --set train.steps=5 --resume 2> "$tmp/a2.err"
+check "resume exits 0" $?
+python3 "$check_py" grpo "$tmp/a" 5 0 3
+check "resumed run's metrics and checkpoints (step 3 evaluated as the first run's end)" $?
+grpo_recipe "$tmp/b" 5 > "$tmp/grpo5.yaml"
+"$troupe" run "$tmp/grpo5.yaml" 2> "$tmp/b.err"
+check "uninterrupted 5-step run exits 0" $?
+python3 "$check_py" same "$tmp/a" "$tmp/b"
+check "resumed run equals the uninterrupted one at every step" $?
+"$troupe" run "$tmp/grpo.yaml" --set train.steps=5 --resume 2> "$tmp/done.err"
+st=$?
+[ $st = 1 ] && grep -q "already completed" "$tmp/done.err"
+check "resuming a finished run exits 1 (got $st)" $?
+"$troupe" run "$tmp/grpo.yaml" --set train.steps=6 --set rollout.n=2 --resume 2> "$tmp/diff.err"
+st=$?
+[ $st = 1 ] && grep -q "rollout.n" "$tmp/diff.err"
+check "resume with a changed recipe key exits 1 naming it (got $st)" $?
+
+# A run killed with SIGKILL once it has a checkpoint resumes from the last complete one.
+grpo_recipe "$tmp/k" 400 10 > "$tmp/grpo_k.yaml"
+"$troupe" run "$tmp/grpo_k.yaml" 2> "$tmp/k.err" &
+pid=$!
+for _ in $(seq 1200); do
+    [ -f "$tmp/k/checkpoints/step_10/run_state.json" ] && break
+    sleep 0.05
+done
+kill -9 $pid 2>/dev/null
+wait $pid 2>/dev/null
+[ ! -f "$tmp/k/checkpoints/step_400/run_state.json" ]
+check "the run was killed before its end" $?
+"$troupe" run "$tmp/grpo_k.yaml" --resume 2> "$tmp/k2.err"
+check "resume after SIGKILL exits 0" $?
+python3 "$check_py" grpo "$tmp/k" 400 0
+check "killed-and-resumed run has every step once and complete checkpoints" $?
+
+# --- SFT, PPO, pretraining ---
+cat > "$tmp/sft.yaml" <<EOF
+workflow: sft
+seed: 2
+run_dir: $tmp/sft
+threads: 1
+models:
+  policy:
+    init: {config: $tmp/init/config.json, seed: 5}
+    optim: {lr: 3.0e-3, schedule: constant}
+data: {train: $src/examples/arith/sft.jsonl, eval: $src/examples/arith/sft-eval.jsonl, chat_format: chatml, max_len: 32, pack: true}
+train: {steps: 4, batch_size: 8, micro_batch_tokens: 256, eval_every: 2, save_every: 0}
+log: {tensorboard: false}
+EOF
+"$troupe" run "$tmp/sft.yaml" 2> "$tmp/sft.err"
+check "sft run exits 0" $?
+python3 "$check_py" sft "$tmp/sft" 4 2
+check "sft metrics (loss falls), eval at 0/2/4, final checkpoint" $?
+
+cat > "$tmp/ppo.yaml" <<EOF
+workflow: ppo
+seed: 4
+run_dir: $tmp/ppo
+threads: 1
+models:
+  policy:
+    init: {config: $tmp/init/config.json, seed: 5}
+    optim: {lr: 1.0e-3}
+  reference: {from: policy}
+  critic: {from: policy, optim: {lr: 1.0e-3}}
+  reward: {kind: rule, function: numeric_match, curve: {correct: 1.0, wrong: 0.0, missing: -1.0}}
+data: {train: $src/examples/arith/train.jsonl, eval: $tmp/eval.jsonl, chat_format: chatml, max_prompt_len: 32}
+rollout: {n: 1, max_new_tokens: 4}
+algorithm: {advantage: gae, kl: {coef: 0.05, estimator: k1, placement: reward}}
+train: {steps: 2, prompts_per_step: 8, micro_batch_tokens: 256, eval_every: 0, save_every: 0}
+log: {tensorboard: false}
+EOF
+"$troupe" run "$tmp/ppo.yaml" 2> "$tmp/ppo.err"
+st=$?
+check "ppo run exits 0" $st
+[ $st = 0 ] || tail -n 20 "$tmp/ppo.err"
+python3 "$check_py" ppo "$tmp/ppo" 2 0
+check "ppo metrics (critic keys, kl in the reward) and policy+critic checkpoint" $?
+
+python3 -c "
+import itertools, json
+for l in itertools.islice(open('$src/examples/arith/sft.jsonl'), 600):
+    m = json.loads(l)['messages']
+    print(json.dumps({'text': m[0]['content'] + '=' + m[1]['content']}))
+" > "$tmp/docs.jsonl"
+"$troupe" preprocess --input "$tmp/docs.jsonl" --tokenizer "$tmp/init/tokenizer.json" \
+    --output-prefix "$tmp/docs" --append-eod --quiet
+check "preprocess for the pretraining run" $?
+cat > "$tmp/pretrain.yaml" <<EOF
+workflow: pretrain
+seed: 5
+run_dir: $tmp/pre
+threads: 1
+models:
+  policy:
+    init: {config: $tmp/init/config.json, seed: 5}
+    optim: {lr: 3.0e-3}
+data: {prefixes: [{path: $tmp/docs, weight: 1.0}], split: "90,10,0", seq_len: 32}
+train: {steps: 3, batch_size: 4, micro_batch_tokens: 256, eval_every: 0, save_every: 0}
+log: {tensorboard: false}
+EOF
+"$troupe" run "$tmp/pretrain.yaml" 2> "$tmp/pre.err"
+st=$?
+check "pretrain run exits 0" $st
+[ $st = 0 ] || tail -n 20 "$tmp/pre.err"
+python3 "$check_py" pretrain "$tmp/pre" 3 0
+check "pretrain metrics, validation loss at 0 and 3, final checkpoint" $?
+
+# --- usage and recipe errors ---
+"$troupe" run 2> /dev/null
+check "no recipe: exit 2" $([ $? = 2 ]; echo $?)
+"$troupe" run "$tmp/grpo.yaml" --bogus 2> /dev/null
+check "unknown option: exit 2" $([ $? = 2 ]; echo $?)
+"$troupe" run "$tmp/grpo.yaml" --set train.stepz=3 2> "$tmp/set.err"
+st=$?
+[ $st = 1 ] && grep -q "train.stepz" "$tmp/set.err"
+check "bad --set key exits 1 naming the key (got $st)" $?
+
+if [ $fail = 0 ]; then rm -rf "$tmp"; else echo "left $tmp for inspection"; fi
+exit $fail
