@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "cli/args.h"
+#include "cli/cleanup.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
 #include "data/chat.h"
@@ -411,6 +412,7 @@ int tr_cmd_generate(int argc, char **argv) {
     if (out_path) {
         if (tr_file_writer_open(&w, out_path, &err) != 0) goto done;
         writer_open = true;
+        tr_cleanup_add(w.tmp);
     }
     if (read_prompts(prompts, cfg.vocab_size, tok, chat_name, &in, &err) != 0) goto done;
     if (in.chat_ready) {
@@ -517,6 +519,7 @@ int tr_cmd_generate(int argc, char **argv) {
 done:
     tr_progress_end(&watch.pg);
     if (writer_open) tr_file_writer_abort(&w);
+    if (out_path) tr_cleanup_remove(w.tmp);
     free(buf.s);
     if (outs) tr_gen_outputs_free(outs, n_out);
     free(outs);

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "cli/args.h"
+#include "cli/cleanup.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
 #include "data/tokenizer.h"
@@ -348,6 +349,7 @@ int tr_cmd_logprobs(int argc, char **argv) {
     if (out_path) {
         if (tr_file_writer_open(&o.w, out_path, &err) != 0) goto done;
         writer_open = true;
+        tr_cleanup_add(o.w.tmp);
     } else {
         o.stdout_f = stdout;
     }
@@ -379,6 +381,7 @@ int tr_cmd_logprobs(int argc, char **argv) {
 done:
     tr_progress_end(&pg);
     if (writer_open) tr_file_writer_abort(&o.w);
+    if (out_path) tr_cleanup_remove(o.w.tmp);
     free(o.buf.s);
     if (model_ok) tr_model_free(&m);
     tr_backend_cpu_free(&be);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "cli/args.h"
+#include "cli/cleanup.h"
 #include "cli/commands.h"
 #include "data/indexed.h"
 #include "data/jsonl.h"
@@ -250,6 +251,7 @@ int tr_cmd_preprocess(int argc, char **argv) {
         goto out_nobuilder;
     }
     if (tr_indexed_builder_init(&bld, prefix, dtype, &err)) goto out_nobuilder;
+    tr_cleanup_add(bld.bin.tmp);
     pthread_mutex_init(&p.mu, NULL);
     pthread_cond_init(&p.work, NULL);
     pthread_cond_init(&p.done, NULL);
@@ -303,6 +305,7 @@ out:
     pthread_mutex_destroy(&p.mu);
     pthread_cond_destroy(&p.work);
     pthread_cond_destroy(&p.done);
+    tr_cleanup_remove(bld.bin.tmp);
     tr_indexed_builder_free(&bld);
 out_nobuilder:
     if (bufs) {

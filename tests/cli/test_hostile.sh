@@ -113,6 +113,33 @@ if ! ldd "$troupe" 2>/dev/null | grep -q libasan; then
     checkerr "huge --batch-tokens on a small input (exit $st)" $?
 fi
 
+# A run killed mid-way leaves no temporary behind and dies of the signal (143). The input is
+# a FIFO held open and stalled after one line, so the kill lands while the output is open.
+mkdir "$tmp/sig"
+killed() {  # killed DESCRIPTION LINE CMD ARGS... (the input FIFO is $tmp/sig/in)
+    local what="$1" line="$2"; shift 2
+    rm -f "$tmp/sig/in"; mkfifo "$tmp/sig/in"
+    "$troupe" "$@" 2>"$tmp/err" &
+    local pid=$!
+    exec 3>"$tmp/sig/in"
+    printf '%s\n' "$line" >&3
+    for _ in $(seq 100); do ls "$tmp/sig" | grep -q '\.tmp\.' && break; sleep 0.1; done
+    ls "$tmp/sig" | grep -q '\.tmp\.'
+    check "$what: temporary created" $?
+    kill -TERM "$pid"
+    wait "$pid"
+    local st=$?
+    exec 3>&-
+    local left
+    left=$(ls "$tmp/sig" | grep -v '^in$' | tr '\n' ' ')
+    [ "$st" = 143 ] && [ -z "$left" ]
+    checkerr "$what killed: exit $st, left '$left'" $?
+}
+killed preprocess '{"text": "a"}' preprocess --input "$tmp/sig/in" --tokenizer "$tok" \
+    --output-prefix "$tmp/sig/pp" --quiet
+killed generate '{"input_ids": [1]}' generate --model "$gen" --prompts "$tmp/sig/in" \
+    --out "$tmp/sig/g.jsonl"
+
 # Bad models: each message names the file that is wrong.
 mkdir -p "$tmp/noweights" "$tmp/trunc" "$tmp/cfgdir/config.json" "$tmp/emptycfg"
 cp "$models/qwen2/config.json" "$tmp/noweights/"
