@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -236,6 +237,13 @@ static int sb_str(strbuf *b, const char *s) { return sb_put(b, s, strlen(s)); }
 // One output line; the text is the decode of the tokens without a final stop token.
 static int format_line(strbuf *b, int64_t index, const tr_gen_output *o,
                        const tr_tokenizer *tok, tr_err *err) {
+    // printf's "nan" is not JSON; a non-finite logprob means the model's numbers are.
+    for (int32_t i = 0; i < o->n_tokens; i++)
+        if (!isfinite(o->logprobs[i]))
+            return tr_errf(err, TR_ERANGE, "index %" PRId64 " sample %d: the logprob of output "
+                           "token %d is %g: the model computes non-finite numbers (NaN or "
+                           "infinite weights or activations)", index, o->sample, i,
+                           (double)o->logprobs[i]);
     char num[64];
     int k = snprintf(num, sizeof num, "{\"index\": %" PRId64 ", \"sample\": %d, \"output_ids\": [",
                      index, o->sample);

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +27,7 @@ static const char *CMD = "logprobs";
 typedef struct seq {
     int32_t *ids;
     int32_t n;
+    long long line;     // in the input file, for messages
 } seq;
 
 typedef struct seq_list {
@@ -164,6 +166,7 @@ static int read_sequences(const char *path, int32_t vocab, const tr_tokenizer *t
         seq *s = &out->items[out->n++];
         s->ids = NULL;
         s->n = 0;
+        s->line = line;
         if ((rc = parse_line(path, line, buf, (size_t)len, vocab, tok, s, err)) != 0) break;
     }
     free(buf);
@@ -223,9 +226,9 @@ static int flush_output(output *o, tr_err *err) {
 }
 
 // Runs the sequences [first, last) as one packed forward and appends their lines to o.
-static int run_batch(tr_model *m, const seq_list *seqs, size_t first, size_t last, int32_t *ids,
-                     int32_t *targets, int32_t *pos, int32_t *starts, float *lp, output *o,
-                     tr_err *err) {
+static int run_batch(tr_model *m, const char *path, const seq_list *seqs, size_t first,
+                     size_t last, int32_t *ids, int32_t *targets, int32_t *pos, int32_t *starts,
+                     float *lp, output *o, tr_err *err) {
     int32_t t = 0, d = 0;
     for (size_t i = first; i < last; i++, d++) {
         const seq *s = &seqs->items[i];
@@ -243,6 +246,12 @@ static int run_batch(tr_model *m, const seq_list *seqs, size_t first, size_t las
         return -1;
     for (size_t i = first; i < last; i++) {
         int32_t off = starts[i - first];
+        // printf's "nan" is not JSON; a non-finite logprob means the model's numbers are.
+        for (int32_t j = 0; j + 1 < seqs->items[i].n; j++)
+            if (!isfinite(lp[off + j]))
+                return tr_errf(err, TR_ERANGE, "%s:%lld: logprob %d is %g: the model computes "
+                               "non-finite numbers (NaN or infinite weights or activations)",
+                               path, seqs->items[i].line, j, (double)lp[off + j]);
         if (write_line(&o->buf, lp + off, seqs->items[i].n - 1) != 0)
             return tr_errf(err, TR_ENOMEM, "out of memory formatting output");
     }
@@ -360,7 +369,7 @@ int tr_cmd_logprobs(int argc, char **argv) {
     for (size_t i = 0; i <= seqs.n; i++) {
         bool flush = i == seqs.n || (i > first && tokens + seqs.items[i].n > max_tokens);
         if (flush && i > first) {
-            if (run_batch(&m, &seqs, first, i, ids, targets, pos, starts, lp, &o, &err) != 0)
+            if (run_batch(&m, data, &seqs, first, i, ids, targets, pos, starts, lp, &o, &err) != 0)
                 goto done;
             tokens_done += tokens;
             tr_progress_show(&pg, (int64_t)i, (int64_t)seqs.n, tokens_done, false);

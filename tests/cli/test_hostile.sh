@@ -155,6 +155,28 @@ printf '{"model": {"type": "WordPiece", "vocab": {}}}' >"$tmp/wrong.json"
 expect 1 "wrong.json: model.type: unsupported model type 'WordPiece'" tokenize \
     --tokenizer "$tmp/wrong.json"
 
+# A weight that is NaN: printf's "nan" would be invalid JSON, so it is an error naming the
+# line (logprobs) or the sample (generate), and no output file is left.
+nan_model() {  # nan_model SRC DST: a copy whose first down_proj weight of layer 1 is NaN
+    cp -r "$1" "$2" && python3 - "$2/model.safetensors" <<'EOF'
+import json, struct, sys
+with open(sys.argv[1], "r+b") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    t = json.loads(f.read(n))["model.layers.1.mlp.down_proj.weight"]
+    assert t["dtype"] == "F32"
+    f.seek(8 + n + t["data_offsets"][0])
+    f.write(struct.pack("<I", 0x7FC00000))
+EOF
+}
+nan_model "$models/qwen2" "$tmp/nan" && nan_model "$gen" "$tmp/gnan"
+check "NaN models made" $?
+expect 1 "logprobs_input.jsonl:1: logprob 0 is nan: the model computes non-finite" logprobs \
+    --model "$tmp/nan" --data "$lp_in" --out "$tmp/nan.out"
+expect 1 "index 0 sample 0: the logprob of output token 0 is nan" generate --model "$tmp/gnan" \
+    --prompts "$tmp/ids.jsonl" --out "$tmp/nan.out"
+[ ! -e "$tmp/nan.out" ]
+check "no output from a NaN model" $?
+
 # Bad data files and lines.
 printf '[1, 2]\n' >"$tmp/array.jsonl"
 expect 1 "array.jsonl:1: .*object" logprobs --model "$models/qwen2" --data "$tmp/array.jsonl"
