@@ -104,10 +104,10 @@ checkerr "generate --progress final line ($samples samples, $tokens tokens)" $?
 # builds reserve terabytes of shadow memory, so they skip this.
 if ! ldd "$troupe" 2>/dev/null | grep -q libasan; then
     (ulimit -v 4000000
-     "$troupe" logprobs --model "$models/qwen2" --data "$lp_in" --batch-tokens 16777216 \
+     "$troupe" logprobs --model "$models/qwen2" --data "$lp_in" --batch-tokens 16777216 --threads 2 \
          >"$tmp/big.out" 2>"$tmp/err" &&
      "$troupe" generate --model "$gen" --prompts "$tmp/ids.jsonl" --max-new-tokens 3 \
-         --batch-tokens 16777216 --max-seqs 65536 >"$tmp/gbig.out" 2>>"$tmp/err")
+         --batch-tokens 16777216 --max-seqs 65536 --threads 2 >"$tmp/gbig.out" 2>>"$tmp/err")
     st=$?
     [ $st = 0 ] && cmp -s "$tmp/big.out" "$tmp/lp.ref" && cmp -s "$tmp/gbig.out" "$tmp/gdash.out"
     checkerr "huge --batch-tokens on a small input (exit $st)" $?
