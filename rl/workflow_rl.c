@@ -138,36 +138,39 @@ static bool answer_missing(enum tr_recipe_reward_fn fn, const char *text) {
     return true;
 }
 
+double tr_rl_shape_reward(const tr_recipe *rc, float score, const char *text, int32_t response_len) {
+    const tr_recipe_reward *rw = &rc->reward;
+    const tr_recipe_rollout *ro = &rc->rollout;
+    double v;
+    if (rw->kind == TR_RECIPE_REWARD_RULE)
+        v = score >= 0.5f                        ? rw->curve.correct
+            : answer_missing(rw->function, text) ? rw->curve.missing
+                                                 : rw->curve.wrong;
+    else
+        v = rw->curve.scale * score + rw->curve.shift;
+    return v + tr_overlong_penalty(response_len, (int32_t)ro->max_new_tokens,
+                                   (int32_t)ro->overlong_buffer, (float)ro->overlong_penalty);
+}
+
 int tr_rl_score(tr_run *run, const tr_rollouts *r, float *score, float *reward, tr_rl_step *s,
                 tr_err *err) {
-    const tr_recipe_reward *rw = &run->rc->reward;
-    const tr_recipe_rollout *ro = &run->rc->rollout;
     int64_t failures = 0;
     if (r->n == 0) return 0;
     if (tr_reward_score(run->reward, r, score, &failures, err)) return -1;
     for (int32_t i = 0; i < r->n; i++) {
-        double v;
         if (!isfinite(score[i]))
             return tr_errf(err, TR_EPEER, "reward: sequence %d scored %g", i, (double)score[i]);
-        if (rw->kind == TR_RECIPE_REWARD_RULE) {
-            char *text = r->response_text ? r->response_text[i] : NULL, *decoded = NULL;
-            if (!text && score[i] < 0.5f) {
-                size_t len;
-                const int32_t *resp = r->tokens + r->offset[i] + r->prompt_len[i];
-                if (tr_tokenizer_decode(run->tok, resp, (size_t)r->response_len[i], &decoded,
-                                        &len, err))
-                    return tr_err_wrap(err, "reward: decoding response %d", i);
-                text = decoded;
-            }
-            v = score[i] >= 0.5f ? rw->curve.correct
-                : answer_missing(rw->function, text) ? rw->curve.missing
-                                                     : rw->curve.wrong;
-            free(decoded);
-        } else {
-            v = rw->curve.scale * score[i] + rw->curve.shift;
+        // The response text tells a wrong answer from a missing one (rule rewards only).
+        char *text = r->response_text ? r->response_text[i] : NULL, *decoded = NULL;
+        if (!text && score[i] < 0.5f && run->rc->reward.kind == TR_RECIPE_REWARD_RULE) {
+            size_t len;
+            const int32_t *resp = r->tokens + r->offset[i] + r->prompt_len[i];
+            if (tr_tokenizer_decode(run->tok, resp, (size_t)r->response_len[i], &decoded, &len, err))
+                return tr_err_wrap(err, "reward: decoding response %d", i);
+            text = decoded;
         }
-        v += tr_overlong_penalty(r->response_len[i], (int32_t)ro->max_new_tokens,
-                                 (int32_t)ro->overlong_buffer, (float)ro->overlong_penalty);
+        double v = tr_rl_shape_reward(run->rc, score[i], text, r->response_len[i]);
+        free(decoded);
         reward[i] = (float)v;
         if (s) {
             s->n_generated++;
@@ -178,6 +181,7 @@ int tr_rl_score(tr_run *run, const tr_rollouts *r, float *score, float *reward, 
             s->score_sum += score[i];
         }
     }
+    if (failures > 0 && tr_metrics_set(&run->m, "reward/failures", (double)failures, err)) return -1;
     return 0;
 }
 

@@ -46,6 +46,10 @@ int tr_rl_step_layout(tr_rl_step *s, tr_err *err);
 // The sampling settings of the recipe for a training round (seed from step and round).
 tr_sampling tr_rl_sampling(const tr_recipe *r, int64_t step, int32_t round);
 
+// The reward of one response: a rule's score through the curve (1 -> correct; 0 -> missing
+// when text holds nothing the rule could read as an answer, else wrong), a model's or
+// service's through scale * score + shift; plus the DAPO overlong penalty of its length.
+double tr_rl_shape_reward(const tr_recipe *rc, float score, const char *text, int32_t response_len);
 // Scores r with the reward role: score[i] the role's score, reward[i] the recipe's curve of
 // it (rule: correct / wrong / missing; model, service: scale * score + shift) plus the
 // overlong penalty. Counts the round into the step's statistics when s is not NULL.
