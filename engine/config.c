@@ -373,6 +373,7 @@ int tr_config_parse(const char *json, size_t len, const char *name, tr_model_con
     switch (ai->arch) {
     case TR_ARCH_LLAMA:
         if (get_bool(&c, doc.root, "attention_bias", false, &cfg->attention_bias)) goto done;
+        cfg->o_proj_bias = cfg->attention_bias;  // LlamaAttention gives o_proj the same bias flag
         if (get_bool(&c, doc.root, "mlp_bias", false, &flag)) goto done;
         if (flag) {
             fail_v(&c, get(doc.root, "mlp_bias"), "mlp_bias true is not supported");
@@ -381,6 +382,7 @@ int tr_config_parse(const char *json, size_t len, const char *name, tr_model_con
         break;
     case TR_ARCH_QWEN2:
         cfg->attention_bias = true;  // Qwen2 attention always has q/k/v biases
+        cfg->o_proj_bias = false;    // and never one on o_proj
         if (get_bool(&c, doc.root, "use_sliding_window", false, &flag)) goto done;
         if (flag) {
             fail_v(&c, get(doc.root, "use_sliding_window"),
@@ -402,6 +404,7 @@ int tr_config_parse(const char *json, size_t len, const char *name, tr_model_con
         break;
     case TR_ARCH_MISTRAL:
         cfg->attention_bias = false;  // sliding_window is accepted and not stored
+        cfg->o_proj_bias = false;
         break;
     }
     if (get_bool(&c, doc.root, "tie_word_embeddings", false, &cfg->tie_word_embeddings)) goto done;
@@ -501,10 +504,16 @@ int tr_config_save(const char *path, const tr_model_config *cfg, tr_err *err) {
     const char *model_type = cfg->arch == TR_ARCH_QWEN2     ? "qwen2"
                              : cfg->arch == TR_ARCH_MISTRAL ? "mistral"
                                                             : "llama";
-    if (cfg->arch == TR_ARCH_MISTRAL && cfg->attention_bias)
+    // config.json has one switch per architecture, so only the bias sets transformers builds
+    // can be written: a config that saved otherwise would load as a different model.
+    if (cfg->arch == TR_ARCH_MISTRAL && (cfg->attention_bias || cfg->o_proj_bias))
         return tr_errf(err, TR_EINVAL, "%s: mistral has no attention bias", path);
-    if (cfg->arch == TR_ARCH_QWEN2 && !cfg->attention_bias)
-        return tr_errf(err, TR_EINVAL, "%s: qwen2 always has attention bias", path);
+    if (cfg->arch == TR_ARCH_QWEN2 && (!cfg->attention_bias || cfg->o_proj_bias))
+        return tr_errf(err, TR_EINVAL, "%s: qwen2 has q/k/v biases and no o_proj bias", path);
+    if (cfg->arch == TR_ARCH_LLAMA && cfg->attention_bias != cfg->o_proj_bias)
+        return tr_errf(err, TR_EINVAL, "%s: llama's attention_bias covers q/k/v and o_proj "
+                       "together (q/k/v bias %s, o_proj bias %s)", path,
+                       cfg->attention_bias ? "on" : "off", cfg->o_proj_bias ? "on" : "off");
     char arch[96];
     snprintf(arch, sizeof arch, "%s%s", prefix, suffix);
     tr_json_writer w;

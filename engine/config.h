@@ -37,6 +37,8 @@ typedef struct tr_model_config {
     int32_t max_position_embeddings;
     float rms_norm_eps;
     bool attention_bias;      // q/k/v projections carry a bias (Qwen2: always; Llama: key)
+    bool o_proj_bias;         // o_proj carries a bias too: Llama's attention_bias covers all
+                              // four projections, Qwen2's fixed biases stop at v_proj
     bool tie_word_embeddings;
     int32_t num_labels;       // score head outputs (1 for reward models)
     // RoPE: classic top-level rope_theta/rope_scaling or the newer rope_parameters.

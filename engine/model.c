@@ -307,7 +307,7 @@ static void trunk_forward(tr_model *m, int32_t T, tr_attend_fn attend, void *ctx
         op->rope_forward(be, la->q, m->pos, m->inv_freq, T, H, D);
         op->rope_forward(be, la->k, m->pos, m->inv_freq, T, KVH, D);
         attend(ctx, m, l, la, T);
-        op->matmul_forward(be, a->scratch, la->att, w->wo, NULL, T, Q, C);
+        op->matmul_forward(be, a->scratch, la->att, w->wo, w->bo, T, Q, C);
         op->add(be, la->res_mid, x, a->scratch, (size_t)T * C);
         op->rmsnorm_forward(be, la->ln2, la->ln2_rstd, la->res_mid, w->mlp_norm,
                             c->rms_norm_eps, T, C);
@@ -398,7 +398,7 @@ void tr_model_backward(tr_model *m) {
                              la->ln2_rstd, T, C);
         // Attention block: d_res is now the gradient of res_mid.
         zero(a->d_att, (size_t)T * Q);
-        op->matmul_backward(be, a->d_att, g->wo, NULL, a->d_res, la->att, w->wo, T, Q, C);
+        op->matmul_backward(be, a->d_att, g->wo, g->bo, a->d_res, la->att, w->wo, T, Q, C);
         zero(a->d_q, (size_t)T * Q);
         zero(a->d_k, (size_t)T * K);
         zero(a->d_v, (size_t)T * K);

@@ -24,6 +24,7 @@ typedef struct tr_layer_params {
     float *wq, *wk, *wv;               // [n_heads*hd, hidden], [n_kv*hd, hidden] x2
     float *bq, *bk, *bv;               // NULL unless attention_bias
     float *wo;                         // [hidden, n_heads*hd]
+    float *bo;                         // [hidden]; NULL unless o_proj_bias
     float *mlp_norm;                   // [hidden]                post_attention_layernorm.weight
     float *w_gate, *w_up;              // [intermediate, hidden]
     float *w_down;                     // [hidden, intermediate]
