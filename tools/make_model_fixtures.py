@@ -7,7 +7,7 @@
 # expected.safetensors with these tensors (int tensors are I32):
 #   input_ids [N]        the batch: sequences of seq_lens concatenated (each run unpadded,
 #   seq_lens  [S]        as its own forward, so positions restart at 0 per sequence)
-# LM models (llama3, qwen2):
+# LM models (llama3, qwen2, llama_bias: Llama with attention_bias, i.e. q/k/v/o_proj biases):
 #   logits [N, V]; logprobs [N]: ln p(ids[i+1] | ids[..i]) within the sequence, 0 at the
 #   last token of each sequence; entropy [N] of the next-token distribution;
 #   loss [1]: mean cross entropy over the N - S predicted tokens;
@@ -60,6 +60,14 @@ def llama3_config(**kw):
                                 rope_scaling={"rope_type": "llama3", "factor": 8.0,
                                               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                               "original_max_position_embeddings": 32}, **kw))
+
+
+def llama_bias_config(**kw):
+    # attention_bias puts a bias on all four attention projections in LlamaAttention (Qwen2
+    # stops at v_proj): the o_proj bias is what this model adds over the others. Classic RoPE
+    # and head_dim from hidden / heads, so the llama3 path is not needed to reach it.
+    return LlamaConfig(**common(tie_word_embeddings=False, attention_bias=True,
+                                rope_theta=10000.0, **kw))
 
 
 def qwen2_config(**kw):
@@ -265,6 +273,7 @@ def main():
     make_lm(outdir, "qwen2", qwen2_config(), 2)
     make_score(outdir, 3)
     make_value(outdir, 4)
+    make_lm(outdir, "llama_bias", llama_bias_config(), 5)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 // config.json parsing against what transformers resolves from the same files (defaults per
-// model type, heads, token ids, RoPE parameters and the inv_freq buffer of its rotary
-// embedding, all recorded by tools/make_io_fixtures.py), the parameter layout against the
-// HF tensor list, bad configs (each must name the file and key), and save -> parse round trips.
+// model type, heads, biases, token ids, RoPE parameters and inv_freq, recorded by
+// tools/make_io_fixtures.py), the parameter layout against HF tensor lists (every bias set),
+// bad configs (each must name the file and key), and save -> parse round trips.
 #include "engine/config.h"
 #include "engine/file.h"
 #include "engine/json.h"
 #include "engine/params.h"
+#include "engine/safetensors.h"
 #include "tests/test.h"
 
 static tr_json_doc load_json(const char *rel) {
@@ -34,6 +35,7 @@ static int config_equal(const tr_model_config *a, const tr_model_config *b) {
                a->n_kv_heads == b->n_kv_heads && a->head_dim == b->head_dim &&
                a->max_position_embeddings == b->max_position_embeddings &&
                a->rms_norm_eps == b->rms_norm_eps && a->attention_bias == b->attention_bias &&
+               a->o_proj_bias == b->o_proj_bias &&
                a->tie_word_embeddings == b->tie_word_embeddings && a->rope_theta == b->rope_theta &&
                a->rope_type == b->rope_type && a->rope_factor == b->rope_factor &&
                a->rope_low_freq_factor == b->rope_low_freq_factor &&
@@ -71,6 +73,8 @@ static void test_against_transformers(void) {
         expect_int(e, "pad_token_id", c.pad_token_id);
         if (c.head != TR_HEAD_LM) expect_int(e, "num_labels", c.num_labels);
         CHECKF(c.attention_bias == tr_json_get(e, "attention_bias")->boolean, "%s: attention_bias",
+               e->key);
+        CHECKF(c.o_proj_bias == tr_json_get(e, "o_proj_bias")->boolean, "%s: o_proj_bias",
                e->key);
         CHECKF(c.tie_word_embeddings == tr_json_get(e, "tie_word_embeddings")->boolean,
                "%s: tie_word_embeddings", e->key);
@@ -189,6 +193,83 @@ static void test_layout(void) {
     }
 }
 
+// The layout against the tensors transformers saved for the model fixtures, which cover
+// every bias set: none (llama3), q/k/v (qwen2) and q/k/v/o (llama_bias, attention_bias).
+static void test_layout_biases(void) {
+    const char *models[] = {"llama3", "qwen2", "llama_bias", "score_qwen2", "value_llama3"};
+    for (int m = 0; m < 5; m++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "tests/fixtures/models/%s/config.json", models[m]);
+        tr_model_config c;
+        tr_err err = {0};
+        CHECKF(tr_config_load(tr_test_src(rel), &c, &err) == 0, "%s", err.msg);
+        tr_param_layout L;
+        CHECKF(tr_param_layout_init(&L, &c, &err) == 0, "%s", err.msg);
+        snprintf(rel, sizeof rel, "tests/fixtures/models/%s/model.safetensors", models[m]);
+        tr_st_file f;
+        CHECKF(tr_st_open(&f, tr_test_src(rel), &err) == 0, "%s", err.msg);
+        CHECKF(L.n_tensors == f.n_tensors, "%s: %d tensors, transformers saved %d", models[m],
+               L.n_tensors, f.n_tensors);
+        for (int32_t i = 0; i < f.n_tensors; i++) {
+            const tr_st_tensor *t = &f.tensors[i];
+            const tr_tensor_desc *d = tr_param_layout_find(&L, t->name);
+            CHECKF(d != NULL, "%s: layout lacks %s", models[m], t->name);
+            if (!d) continue;
+            CHECK(d->ndim == t->ndim && d->shape[0] == t->shape[0] &&
+                  (d->ndim == 1 || d->shape[1] == t->shape[1]));
+        }
+        int llama_bias = strcmp(models[m], "llama_bias") == 0;
+        CHECKF(c.o_proj_bias == llama_bias, "%s: o_proj_bias %d", models[m], c.o_proj_bias);
+        CHECK(c.attention_bias == (llama_bias || c.arch == TR_ARCH_QWEN2));
+        float *buf = calloc(L.total, sizeof *buf);
+        tr_params p;
+        CHECK(buf && tr_params_views(&p, &L, &c, buf, &err) == 0);
+        for (int32_t l = 0; l < c.n_layers; l++) {
+            snprintf(rel, sizeof rel, "model.layers.%d.self_attn.o_proj.bias", l);
+            const tr_tensor_desc *d = tr_param_layout_find(&L, rel);
+            CHECKF(d ? p.layers[l].bo == buf + d->offset && d->numel == (size_t)c.hidden_size
+                     : p.layers[l].bo == NULL, "%s: layer %d o_proj bias view", models[m], l);
+            snprintf(rel, sizeof rel, "model.layers.%d.self_attn.o_proj.weight", l);
+            CHECK(p.layers[l].wo == buf + tr_param_layout_find(&L, rel)->offset);
+            snprintf(rel, sizeof rel, "model.layers.%d.post_attention_layernorm.weight", l);
+            CHECK(p.layers[l].mlp_norm == buf + tr_param_layout_find(&L, rel)->offset);
+        }
+        tr_params_free_views(&p);
+        free(buf);
+        tr_st_close(&f);
+        tr_param_layout_free(&L);
+    }
+}
+
+// config.json has one bias switch per architecture, so a config whose q/k/v and o_proj
+// biases transformers could not build is refused on save rather than written as another model.
+static void test_bias_save(void) {
+    const char *dir = tr_test_tmpdir();
+    char path[512];
+    snprintf(path, sizeof path, "%s/bias.json", dir);
+    tr_model_config c, c2;
+    tr_err err = {0};
+    CHECK(tr_config_load(tr_test_src("tests/fixtures/models/llama_bias/config.json"), &c, &err) == 0);
+    CHECK(c.attention_bias && c.o_proj_bias);
+    CHECKF(tr_config_save(path, &c, &err) == 0, "%s", err.msg);
+    CHECK(tr_config_load(path, &c2, &err) == 0 && config_equal(&c, &c2) && c2.o_proj_bias);
+    c.o_proj_bias = false;  // q/k/v only is Qwen2's set, not Llama's
+    CHECK(tr_config_save(path, &c, &err) == -1 && strstr(err.msg, "o_proj"));
+    c.attention_bias = false;
+    c.o_proj_bias = true;
+    CHECK(tr_config_save(path, &c, &err) == -1 && strstr(err.msg, "o_proj"));
+    CHECK(tr_config_load(tr_test_src("tests/fixtures/models/qwen2/config.json"), &c, &err) == 0);
+    CHECK(c.attention_bias && !c.o_proj_bias);
+    c.o_proj_bias = true;
+    CHECK(tr_config_save(path, &c, &err) == -1 && strstr(err.msg, "o_proj"));
+    CHECK(tr_config_load(tr_test_src("tests/fixtures/io/configs/mistral_bias_key.json"), &c, &err) == 0);
+    CHECK(!c.attention_bias && !c.o_proj_bias);
+    c.o_proj_bias = true;
+    CHECK(tr_config_save(path, &c, &err) == -1 && strstr(err.msg, "mistral"));
+    // The file of the last good save is still the llama_bias config.
+    CHECK(tr_config_load(path, &c2, &err) == 0 && c2.o_proj_bias && c2.attention_bias);
+}
+
 // Each bad config must fail with the file name and every needle in the message.
 static void bad(const char *json, const char *needle1, const char *needle2) {
     tr_model_config c;
@@ -281,6 +362,8 @@ int main(void) {
     test_against_transformers();
     test_heads();
     test_layout();
+    test_layout_biases();
+    test_bias_save();
     test_bad_configs();
     return tr_test_summary("test_config");
 }

@@ -350,6 +350,9 @@ int main(void) {
         test_batch_independence(models[i], &be);
         test_pool_pressure(models[i], &be);
     }
+    // Llama with attention_bias: the o_proj bias reaches generation through the shared trunk.
+    test_greedy_hf("llama_bias", &be);
+    test_logprobs("llama_bias", &be);
     tr_backend_cpu_free(&be);
     return tr_test_summary("test_generate");
 }

@@ -2,7 +2,8 @@
 # Checkpoints written by troupe load in transformers and compute exactly what the originals
 # compute: each fixture checkpoint is loaded and saved by troupe (F32 single file, BF16
 # shards, and a value head on the Llama trunk), then tools/check_hf_checkpoint.py compares
-# them in transformers. Skipped (77) where Python has no torch/transformers.
+# them in transformers; the Llama fixture with attention_bias adds the o_proj bias. Skipped
+# (77) where Python has no torch/transformers.
 set -u
 resave="$1"
 src="${TROUPE_SOURCE_ROOT:-.}"
@@ -25,5 +26,11 @@ for m in tiny-llama tiny-qwen2-sharded tiny-mistral-rm; do
 done
 "$resave" "$src/tests/fixtures/io/tiny-llama" "$out/value" f32 0 value || fail=1
 check "$out/value" "$src/tests/fixtures/io/tiny-llama"
+# Llama with attention_bias: the o_proj biases must be written (and kept by a value head).
+bias="$src/tests/fixtures/models/llama_bias"
+"$resave" "$bias" "$out/llama_bias-f32" f32 0 || fail=1
+check "$out/llama_bias-f32" "$bias"
+"$resave" "$bias" "$out/llama_bias-value" f32 0 value || fail=1
+check "$out/llama_bias-value" "$bias"
 [ $fail = 0 ] && rm -rf "$out"
 exit $fail

@@ -1,9 +1,8 @@
 // The model's backward against central finite differences of its own forward, on tiny
-// random models: for every parameter tensor, the directional derivative along a random
-// direction must match grad . direction. Covers what the HF fixtures do not: the entropy
-// gradient, a chunked LM head (logit_rows < T), a score head with 3 labels. Also checks
-// that packed documents give the same logprobs and gradients as separate forwards, and
-// that bad token ids are clean errors.
+// random models: per parameter tensor (attention_bias's q/k/v and o_proj biases included),
+// grad . d must match the directional derivative along a random d. Also what the HF fixtures
+// do not cover: the entropy gradient, a chunked LM head, a 3-label score head, packed
+// documents equal to separate forwards, and bad token ids as clean errors.
 #include <stdio.h>
 
 #include "engine/config.h"
@@ -99,6 +98,14 @@ static void check_fd(const char *what, const char *arch, int tied, int bias, int
         c1[i] = tr_rng_normal(&rng);
         c2[i] = 0.5f * tr_rng_normal(&rng);
     }
+    // Llama's attention_bias biases all four projections; each is one more tensor below.
+    if (bias)
+        for (int32_t l = 0; l < cfg.n_layers; l++) {
+            char name[TR_NAME_MAX];
+            snprintf(name, sizeof name, "model.layers.%d.self_attn.o_proj.bias", l);
+            CHECKF(tr_param_layout_find(&m.layout, name) && m.w.layers[l].bo,
+                   "%s: no %s", what, name);
+        }
     head_grad(&m, &b, c1, c2);
     int32_t worst_i = 0;
     double worst = 0;
@@ -126,10 +133,14 @@ static void check_fd(const char *what, const char *arch, int tied, int bias, int
         free(save);
         double fd = (8.0 * (l[2] - l[1]) - (l[3] - l[0])) / (12.0 * h);
         double lp = l[2];
-        // Measured worst case is 1.4e-3 (fp32 noise of L over h); a wrong or missing term
-        // shows as an O(1) relative error.
-        double err_rel = fabs(fd - an) / (fabs(an) + 1e-2);
-        CHECKF(err_rel <= 5e-3, "%s: %s: finite difference %.6g vs backward %.6g", what,
+        // Allowed: 5e-3 relative, plus the stencil's response to fp32 rounding of L (about
+        // 1e-6, as the comment above says; an h scan puts it at 5e-7..8e-7): (8+8+1+1)/12 *
+        // 1e-6 / h = 3e-4. That absolute part matters only for near-zero derivatives such as
+        // a k_proj bias's (softmax ignores a score shift shared by all keys; only RoPE's
+        // position dependence leaves a gradient). A wrong or missing term is an O(1) error.
+        const double noise = 18.0 / 12.0 * 1e-6 / h;
+        double err_rel = fabs(fd - an) / (5e-3 * fabs(an) + noise);
+        CHECKF(err_rel <= 1.0, "%s: %s: finite difference %.6g vs backward %.6g", what,
                d->name, fd, an);
         if (getenv("FD_VERBOSE")) printf("  %s %.8g %.8g L=%.6g\n", d->name, fd, an, lp);
         if (err_rel > worst) {
@@ -137,7 +148,8 @@ static void check_fd(const char *what, const char *arch, int tied, int bias, int
             worst_i = i;
         }
     }
-    printf("%s: worst relative error %.3g (%s)\n", what, worst, m.layout.tensors[worst_i].name);
+    printf("%s: worst error %.3g of the allowed (%s)\n", what, worst,
+           m.layout.tensors[worst_i].name);
     free(dir);
     tr_model_free(&m);
 }
