@@ -107,6 +107,7 @@ int tr_cmd_info(int argc, char **argv) {
     printf("layers        %d\n", c.n_layers);
     printf("heads         %d query, %d key/value, head_dim %d\n", c.n_heads, c.n_kv_heads, c.head_dim);
     printf("qkv bias      %s\n", c.attention_bias ? "yes" : "no");
+    printf("o_proj bias   %s\n", c.o_proj_bias ? "yes" : "no");
     printf("tied embed    %s\n", c.head == TR_HEAD_LM ? (c.tie_word_embeddings ? "yes" : "no") : "n/a");
     printf("norm eps      %g\n", (double)c.rms_norm_eps);
     printf("max position  %d\n", c.max_position_embeddings);
