@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/arena.h"
 #include "engine/heads.h"
 
 // A request while it runs: its prompt's blocks (held until every sample has started from
@@ -57,19 +58,33 @@ void tr_generator_free(tr_generator *g) {
     memset(g, 0, sizeof *g);
 }
 
+static int32_t opts_block_size(const tr_gen_opts *opts) {
+    return opts->block_size > 0 ? opts->block_size : 16;
+}
+
+static int64_t opts_kv_tokens(const tr_gen_opts *opts) {
+    return opts->kv_tokens > 0 ? opts->kv_tokens : 16384;
+}
+
+size_t tr_generator_kv_floats(const tr_model_config *cfg, const tr_gen_opts *opts) {
+    return tr_kvcache_floats(cfg, opts_block_size(opts), opts_kv_tokens(opts));
+}
+
 int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_err *err) {
     memset(g, 0, sizeof *g);
     if (m->cfg.head != TR_HEAD_LM)
         return tr_errf(err, TR_EINVAL, "generate: the model (%s) has no LM head",
                        m->cfg.architecture[0] ? m->cfg.architecture : m->cfg.model_type);
-    int32_t bs = opts->block_size > 0 ? opts->block_size : 16;
-    int64_t kv_tokens = opts->kv_tokens > 0 ? opts->kv_tokens : 16384;
+    int32_t bs = opts_block_size(opts);
+    int64_t kv_tokens = opts_kv_tokens(opts);
     g->model = m;
     g->max_rows = m->max_tokens;
     g->max_seqs = opts->max_seqs > 0 ? opts->max_seqs : 64;
     if (g->max_seqs > g->max_rows) g->max_seqs = g->max_rows;
-    if (tr_kvcache_init(&g->cache, &m->cfg, bs, kv_tokens, err) != 0 ||
-        tr_sampler_init(&g->sampler, m->cfg.vocab_size, err) != 0) {
+    int rc = opts->kv_buf ? tr_kvcache_init_in(&g->cache, &m->cfg, bs, kv_tokens, opts->kv_buf,
+                                               opts->kv_buf_floats, err)
+                          : tr_kvcache_init(&g->cache, &m->cfg, bs, kv_tokens, err);
+    if (rc != 0 || tr_sampler_init(&g->sampler, m->cfg.vocab_size, err) != 0) {
         tr_generator_free(g);
         return tr_err_wrap(err, "generate");
     }
@@ -387,9 +402,22 @@ static void release_all(gen_run *run) {
     g->reserved = 0;
 }
 
+// A generator on a worker arena runs only in the generation phase that laid out its model's
+// views and its KV pool: a forward or train phase in between overwrote both.
+static int check_phase(const tr_generator *g, tr_err *err) {
+    const tr_arena *a = g->model->shared;
+    if (!a) return 0;
+    if (g->shared == a && a->phase == TR_PHASE_GENERATE && a->holder == g->model &&
+        a->epoch == g->shared_epoch)
+        return 0;
+    return tr_errf(err, TR_EINVAL, "generate: the worker arena is in phase %s, not a generation "
+                   "phase begun for this generator", tr_arena_phase_name(a->phase));
+}
+
 int tr_generate(tr_generator *g, const tr_gen_request *reqs, int32_t n_reqs,
                 tr_gen_output *outs, tr_err *err) {
     memset(&g->stats, 0, sizeof g->stats);
+    if (check_phase(g, err) != 0) return -1;
     if (n_reqs < 0) return tr_errf(err, TR_EINVAL, "generate: %d requests", n_reqs);
     int64_t n_out = 0, prompt_blocks = 0;
     for (int32_t i = 0; i < n_reqs; i++) {
@@ -440,6 +468,8 @@ int tr_generate(tr_generator *g, const tr_gen_request *reqs, int32_t n_reqs,
             tr_rng_init(&run.rngs[o], tr_rng_derive(r->seed, (uint64_t)j));
         }
     }
+    // Fresh block tables every call: the pool holds nothing between calls.
+    tr_kvcache_reset(&g->cache);
     g->n_active = 0;
     g->reserved = 0;
     while (rc == 0) {

@@ -48,6 +48,10 @@ typedef struct tr_gen_opts {
     int32_t block_size;    // tokens per KV block (0: 16)
     int32_t max_seqs;      // samples decoded together (0: 64); at most the model's max_tokens
     int32_t max_seq_len;   // longest prompt + max_new_tokens - 1 accepted (0: the pool size)
+    // The KV block pool's floats in the caller's memory (64-byte aligned, kv_buf_floats >=
+    // tr_generator_kv_floats), never freed by the generator; NULL: it allocates its own.
+    float *kv_buf;
+    size_t kv_buf_floats;
 } tr_gen_opts;
 
 typedef struct tr_gen_stats {
@@ -99,16 +103,27 @@ typedef struct tr_generator {
     // the running tr_generate tell which samples have finished so far.
     void (*on_pass)(void *ctx, const tr_gen_stats *stats);
     void *on_pass_ctx;
+    // Set by tr_arena_begin_generate when the model's activations (and the KV pool) live in
+    // a worker arena: tr_generate runs only in the generation phase that laid them out.
+    const struct tr_arena *shared;
+    uint64_t shared_epoch;
 } tr_generator;
 
-// Sizes the KV pool and every per-pass buffer for model m (which must have an LM head).
+// Floats of the KV pool opts describe for cfg (defaults applied), as tr_kvcache_floats.
+size_t tr_generator_kv_floats(const tr_model_config *cfg, const tr_gen_opts *opts);
+
+// Sizes the KV pool and every per-pass buffer for model m (which must have an LM head). All
+// the generator's memory is taken here; tr_generate allocates only per-call bookkeeping sized
+// by its requests (and the outputs), before its first pass.
 int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_err *err);
 void tr_generator_free(tr_generator *g);
 
 // Runs the requests to completion. outs has sum(n_samples) entries, filled request by
 // request, samples in order; their buffers are allocated here (before any step) and freed by
 // tr_gen_outputs_free. Requests are checked before anything runs: errors name the request.
-// On error the cache is left empty and outs hold no buffers.
+// The cache starts empty with fresh block tables (nothing survives from an earlier call, so
+// other phases may overwrite the pool in between) and is left empty, on error too; outs then
+// hold no buffers.
 int tr_generate(tr_generator *g, const tr_gen_request *reqs, int32_t n_reqs,
                 tr_gen_output *outs, tr_err *err);
 void tr_gen_outputs_free(tr_gen_output *outs, int64_t n);

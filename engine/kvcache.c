@@ -3,6 +3,7 @@
 // on write for a shared partially filled block.
 #include "engine/kvcache.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,8 +16,18 @@ size_t tr_kvcache_bytes(const tr_model_config *cfg, int32_t block_size, int32_t 
            sizeof(float);
 }
 
-int tr_kvcache_init(tr_kvcache *c, const tr_model_config *cfg, int32_t block_size,
-                    int64_t max_tokens, tr_err *err) {
+static size_t round16(size_t n) { return (n + 15) / 16 * 16; }
+
+size_t tr_kvcache_floats(const tr_model_config *cfg, int32_t block_size, int64_t max_tokens) {
+    if (block_size < 1 || max_tokens < 1) return 0;
+    size_t n_blocks = (size_t)((max_tokens + block_size - 1) / block_size);
+    size_t layers = (size_t)(cfg->n_layers > 0 ? cfg->n_layers : 1);
+    return 2 * round16(layers * n_blocks * block_floats(cfg, block_size));
+}
+
+// The checks and bookkeeping shared by both inits; the pool floats are the caller's.
+static int init_meta(tr_kvcache *c, const tr_model_config *cfg, int32_t block_size,
+                     int64_t max_tokens, tr_err *err) {
     memset(c, 0, sizeof *c);
     if (block_size < 1 || block_size > 4096)
         return tr_errf(err, TR_EINVAL, "kv cache: block size must be in 1..4096, got %d",
@@ -33,29 +44,74 @@ int tr_kvcache_init(tr_kvcache *c, const tr_model_config *cfg, int32_t block_siz
     c->block_size = block_size;
     c->n_blocks = (int32_t)n_blocks;
     c->layer_floats = (size_t)n_blocks * block_floats(cfg, block_size);
-    size_t total = c->layer_floats * (size_t)(cfg->n_layers > 0 ? cfg->n_layers : 1);
-    c->k = aligned_alloc(64, (total * sizeof(float) + 63) / 64 * 64);
-    c->v = aligned_alloc(64, (total * sizeof(float) + 63) / 64 * 64);
     c->refs = calloc((size_t)n_blocks, sizeof(int32_t));
     c->free_ids = malloc((size_t)n_blocks * sizeof(int32_t));
-    if (!c->k || !c->v || !c->refs || !c->free_ids) {
+    if (!c->refs || !c->free_ids) {
         tr_kvcache_free(c);
-        return tr_errf(err, TR_ENOMEM, "kv cache: cannot allocate %lld blocks of %d tokens "
-                       "(%zu bytes)", (long long)n_blocks, block_size,
-                       tr_kvcache_bytes(cfg, block_size, (int32_t)n_blocks));
+        return tr_errf(err, TR_ENOMEM, "kv cache: cannot allocate the tables of %lld blocks",
+                       (long long)n_blocks);
     }
-    // Free stack with block 0 on top, so a fresh pool hands out blocks in order.
-    for (int32_t i = 0; i < c->n_blocks; i++) c->free_ids[i] = c->n_blocks - 1 - i;
-    c->n_free = c->n_blocks;
+    tr_kvcache_reset(c);
+    return 0;
+}
+
+// K at buf, V from the next 16-float boundary (what tr_kvcache_floats counts).
+static void place_pool(tr_kvcache *c, float *buf) {
+    size_t layers = (size_t)(c->n_layers > 0 ? c->n_layers : 1);
+    c->k = buf;
+    c->v = buf + round16(layers * c->layer_floats);
+}
+
+int tr_kvcache_init(tr_kvcache *c, const tr_model_config *cfg, int32_t block_size,
+                    int64_t max_tokens, tr_err *err) {
+    if (init_meta(c, cfg, block_size, max_tokens, err) != 0) return -1;
+    size_t floats = tr_kvcache_floats(cfg, block_size, max_tokens);
+    float *buf = aligned_alloc(64, floats * sizeof(float));
+    if (!buf) {
+        int32_t n_blocks = c->n_blocks;
+        tr_kvcache_free(c);
+        return tr_errf(err, TR_ENOMEM, "kv cache: cannot allocate %d blocks of %d tokens "
+                       "(%zu bytes)", n_blocks, block_size, floats * sizeof(float));
+    }
+    place_pool(c, buf);
+    c->owns_pool = true;
+    return 0;
+}
+
+int tr_kvcache_init_in(tr_kvcache *c, const tr_model_config *cfg, int32_t block_size,
+                       int64_t max_tokens, float *buf, size_t buf_floats, tr_err *err) {
+    if (init_meta(c, cfg, block_size, max_tokens, err) != 0) return -1;
+    size_t need = tr_kvcache_floats(cfg, block_size, max_tokens);
+    if (!buf || buf_floats < need || ((uintptr_t)buf % 64) != 0) {
+        int32_t n_blocks = c->n_blocks;
+        tr_kvcache_free(c);
+        return tr_errf(err, TR_EINVAL, "kv cache: %d blocks of %d tokens need %zu floats at a "
+                       "64-byte boundary; the buffer given has %zu%s", n_blocks, block_size, need,
+                       buf_floats, buf && ((uintptr_t)buf % 64) != 0 ? " (misaligned)" : "");
+    }
+    place_pool(c, buf);
     return 0;
 }
 
 void tr_kvcache_free(tr_kvcache *c) {
-    free(c->k);
-    free(c->v);
+    if (c->owns_pool) free(c->k);
     free(c->refs);
     free(c->free_ids);
     memset(c, 0, sizeof *c);
+}
+
+void tr_kvcache_reset(tr_kvcache *c) {
+    // Free stack with block 0 on top, so a fresh pool hands out blocks in order.
+    for (int32_t i = 0; i < c->n_blocks; i++) {
+        c->refs[i] = 0;
+        c->free_ids[i] = c->n_blocks - 1 - i;
+    }
+    c->n_free = c->n_blocks;
+}
+
+void tr_kvcache_rebind(tr_kvcache *c, float *buf) {
+    if (!c->owns_pool) place_pool(c, buf);
+    tr_kvcache_reset(c);
 }
 
 tr_kv_pages tr_kvcache_layer(const tr_kvcache *c, int32_t layer) {

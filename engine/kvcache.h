@@ -2,7 +2,9 @@
 // by all layers (block b is the same token slots in every layer's K and V pool), a free list,
 // reference counts so sequences can share blocks, and per-sequence block tables. Nothing here
 // allocates after tr_kvcache_init; sequences only take blocks from and return them to the pool.
+// The pool's floats may live in a caller's buffer (a worker arena, engine/arena.h).
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -16,6 +18,7 @@ typedef struct tr_kvcache {
     int32_t n_blocks;
     size_t layer_floats;    // floats of one layer's K (or V) pool: n_blocks*block_size*KVH*D
     float *k, *v;           // [n_layers][n_blocks][block_size][n_kv_heads][head_dim]
+    bool owns_pool;         // k and v were allocated here (false: the caller's buffer)
     int32_t *refs;          // [n_blocks] holders of each block; 0 = on the free list
     int32_t *free_ids;      // [n_blocks] stack of free blocks, top at n_free - 1
     int32_t n_free;
@@ -35,13 +38,28 @@ static inline int32_t tr_kv_blocks_for(int64_t n_tokens, int32_t block_size) {
     return (int32_t)((n_tokens + block_size - 1) / block_size);
 }
 
-// Bytes tr_kvcache_init allocates for n_blocks blocks of block_size tokens (K and V).
+// Bytes of the keys and values of n_blocks blocks of block_size tokens (without the padding
+// tr_kvcache_floats adds between K and V).
 size_t tr_kvcache_bytes(const tr_model_config *cfg, int32_t block_size, int32_t n_blocks);
+
+// Floats of the K and V pools of ceil(max_tokens / block_size) blocks as one buffer holds
+// them: K first, V from the next 64-byte boundary. 0 when the arguments are out of range.
+size_t tr_kvcache_floats(const tr_model_config *cfg, int32_t block_size, int64_t max_tokens);
 
 // Pool of ceil(max_tokens / block_size) blocks for cfg's layers and kv heads.
 int tr_kvcache_init(tr_kvcache *c, const tr_model_config *cfg, int32_t block_size,
                     int64_t max_tokens, tr_err *err);
+// The same pool with its K and V floats in buf (64-byte aligned, buf_floats >=
+// tr_kvcache_floats), which the cache never frees; only the bookkeeping is allocated.
+int tr_kvcache_init_in(tr_kvcache *c, const tr_model_config *cfg, int32_t block_size,
+                       int64_t max_tokens, float *buf, size_t buf_floats, tr_err *err);
 void tr_kvcache_free(tr_kvcache *c);
+// Every block back on the free list, handed out in order again as by a fresh pool. Keys and
+// values already written are garbage from here on.
+void tr_kvcache_reset(tr_kvcache *c);
+// Moves a caller-buffer pool to buf (same size) and resets it; what the old buffer held is
+// not carried over. For a region that other phases overwrite between generations.
+void tr_kvcache_rebind(tr_kvcache *c, float *buf);
 
 // The pages of one layer as attention_decode reads them.
 tr_kv_pages tr_kvcache_layer(const tr_kvcache *c, int32_t layer);

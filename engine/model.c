@@ -3,9 +3,12 @@
 // backend table; this file only decides shapes, order and where each tensor lives.
 #include "engine/model.h"
 
+#include <assert.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/arena.h"
 #include "engine/checkpoint.h"
 #include "engine/rng.h"
 
@@ -23,7 +26,8 @@
 // Qwen2-0.5B shape (C 896, Q 896, K 128, H 14, I 4864, L 24) 0.49 M floats = 2 MB a token,
 // 8 GB for a 4096-token micro-batch; the 3I term (SwiGLU) dominates. Inference keeps one
 // layer set, so its arena does not grow with L. Callers size micro-batches with
-// tr_model_arena_floats.
+// tr_model_arena_floats. A model on a worker arena has both layouts over the same memory,
+// laid out by tr_model_bind_acts when a phase begins (engine/arena.h).
 
 #define TR_ALIGN_FLOATS 16
 
@@ -131,6 +135,32 @@ size_t tr_model_arena_floats(const tr_model_config *cfg, const tr_model_opts *op
     return layout_arena(cfg, opts->max_tokens, R, opts->training, NULL, &a);
 }
 
+size_t tr_model_acts_floats(const tr_model *m, bool training) {
+    tr_acts a;
+    return layout_arena(&m->cfg, m->max_tokens, m->logit_rows, training, NULL, &a);
+}
+
+int tr_model_bind_acts(tr_model *m, float *base, size_t floats, bool training, tr_err *err) {
+    if (m->owns_arena)
+        return tr_errf(err, TR_EINVAL, "model: its activation arena is its own; only a model "
+                       "set up on the caller's memory (opts.acts) is laid out again");
+    if (training && !m->training)
+        return tr_errf(err, TR_EINVAL, "model: the training layout needs a model set up for "
+                       "training");
+    size_t need = tr_model_acts_floats(m, training);
+    if (!base || floats < need || ((uintptr_t)base % 64) != 0)
+        return tr_errf(err, TR_EINVAL, "model: %s activations of %d tokens need %zu floats at a "
+                       "64-byte boundary; the memory given has %zu%s",
+                       training ? "training" : "inference", m->max_tokens, need, floats,
+                       base && ((uintptr_t)base % 64) != 0 ? " (misaligned)" : "");
+    m->arena = base;
+    m->arena_floats = floats;
+    m->acts_training = training;
+    m->logits_cached = false;
+    layout_arena(&m->cfg, m->max_tokens, m->logit_rows, training, base, &m->acts);
+    return 0;
+}
+
 static float *alloc_floats(size_t n) {
     size_t bytes = round_up(n ? n : 1) * sizeof(float);
     float *p = aligned_alloc(64, bytes);
@@ -172,7 +202,23 @@ int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
     m->doc_start = malloc(((size_t)m->max_tokens + 1) * sizeof(int32_t));
     m->arena_floats = layout_arena(cfg, m->max_tokens, m->logit_rows, m->training, NULL,
                                    &m->acts);
-    m->arena = alloc_floats(m->arena_floats);
+    if (opts->acts) {
+        if (opts->acts_floats < m->arena_floats || ((uintptr_t)opts->acts % 64) != 0) {
+            size_t need = m->arena_floats;
+            tr_model_free(m);
+            return tr_errf(err, TR_EINVAL, "model: %s activations of %d tokens need %zu floats "
+                           "at a 64-byte boundary; the memory given has %zu%s",
+                           opts->training ? "training" : "inference", opts->max_tokens, need,
+                           opts->acts_floats,
+                           ((uintptr_t)opts->acts % 64) != 0 ? " (misaligned)" : "");
+        }
+        m->arena = opts->acts;
+        m->arena_floats = opts->acts_floats;
+    } else {
+        m->arena = alloc_floats(m->arena_floats);
+        m->owns_arena = true;
+    }
+    m->acts_training = m->training;
     double *inv = malloc((size_t)cfg->head_dim / 2 * sizeof(double));
     if (!m->params || (opts->training && !m->grads) || !m->inv_freq || !m->acts.residual ||
         !m->acts.layers || !m->ids || !m->pos || !m->doc_start || !m->arena || !inv) {
@@ -205,7 +251,7 @@ void tr_model_free(tr_model *m) {
     free(m->inv_freq);
     free(m->acts.residual);
     free(m->acts.layers);
-    free(m->arena);
+    if (m->owns_arena) free(m->arena);
     free(m->ids);
     free(m->pos);
     free(m->doc_start);
@@ -330,8 +376,18 @@ static void attend_docs(void *ctx, tr_model *m, int32_t layer, tr_layer_acts *la
                                   c->n_heads, c->n_kv_heads, c->head_dim);
 }
 
+// A model on a lent arena runs only inside a phase begun for it: another phase may have
+// overwritten the region since its views were laid out (stale KV blocks, another model).
+static int check_phase(const tr_model *m, tr_err *err) {
+    const tr_arena *a = m->shared;
+    if (!a || (a->holder == m && a->epoch == m->shared_epoch)) return 0;
+    return tr_errf(err, TR_EINVAL, "model forward: the activation arena is %s; a phase must "
+                   "be begun for this model first", a->holder == m ? "in a later phase"
+                   : a->phase == TR_PHASE_IDLE ? "idle" : "lent to another holder");
+}
+
 int tr_model_forward(tr_model *m, const int32_t *ids, const tr_doc_layout *docs, tr_err *err) {
-    if (check_batch(m, ids, docs, err) != 0) return -1;
+    if (check_phase(m, err) != 0 || check_batch(m, ids, docs, err) != 0) return -1;
     const int32_t T = docs->n_tokens;
     memcpy(m->ids, ids, (size_t)T * sizeof(int32_t));
     memcpy(m->pos, docs->pos, (size_t)T * sizeof(int32_t));
@@ -345,6 +401,7 @@ int tr_model_forward(tr_model *m, const int32_t *ids, const tr_doc_layout *docs,
 
 int tr_model_forward_rows(tr_model *m, const int32_t *ids, const int32_t *pos, int32_t T,
                           tr_attend_fn attend, void *ctx, tr_err *err) {
+    if (check_phase(m, err) != 0) return -1;
     if (T < 1 || T > m->max_tokens)
         return tr_errf(err, TR_ERANGE, "model forward: %d rows, the model was set up for "
                        "1..%d per pass", T, m->max_tokens);
@@ -375,6 +432,8 @@ void tr_model_backward(tr_model *m) {
     const int32_t Q = H * D, K = KVH * D;
     tr_acts *a = &m->acts;
     const size_t TC = (size_t)T * C;
+    // With the inference layout every layer's saved activations alias one set.
+    assert(m->acts_training && m->grads);
 
     zero(a->d_res, TC);
     op->rmsnorm_backward(be, a->d_res, m->g.final_norm, a->d_lnf, a->residual[c->n_layers],

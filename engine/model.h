@@ -1,7 +1,9 @@
 // The engine's transformer: a Llama-family decoder (RMSNorm, GQA attention with RoPE, SwiGLU)
 // written once against the backend op table. Parameters, gradients and activations each live
-// in one buffer sized at init; forward and backward allocate nothing. The trunk ends at the
-// final RMSNorm; heads.h turns its output into logprobs, values or scores.
+// in one buffer sized at init; forward and backward allocate nothing. The activation buffer
+// may be the caller's (a worker arena, engine/arena.h), over which the views are laid out
+// again for each phase. The trunk ends at the final RMSNorm; heads.h turns its output into
+// logprobs, values or scores.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -61,7 +63,13 @@ typedef struct tr_model {
     int32_t logit_rows;         // LM-head logits are computed this many rows at a time
     float *arena;               // activations, arena_floats floats
     size_t arena_floats;
+    bool owns_arena;            // false: the caller's buffer (opts.acts), never freed here
+    bool acts_training;         // acts is the training layout (every layer kept for backward)
     tr_acts acts;
+    // Set while a worker arena lends the activation memory (tr_arena_begin_*): forwards check
+    // that the arena's current phase is the one the views were laid out in.
+    const struct tr_arena *shared;
+    uint64_t shared_epoch;
     // The current batch, copied in by tr_model_forward so backward can use it.
     int32_t *ids;               // [max_tokens]
     int32_t *pos;               // [max_tokens]
@@ -70,19 +78,36 @@ typedef struct tr_model {
     bool logits_cached;         // acts.logits holds all T rows of the current forward
 } tr_model;
 
+struct tr_arena;
+
 typedef struct tr_model_opts {
     int32_t max_tokens;   // tokens per micro-batch (packed documents included)
     bool training;        // allocate gradients and backward scratch
     int32_t logit_rows;   // rows of LM logits held at once; 0 = as many as fit in 32 MiB
+    // Activation memory of the caller's (64-byte aligned, acts_floats >= what
+    // tr_model_arena_floats gives for these options), never freed by the model; NULL: the
+    // model allocates its own.
+    float *acts;
+    size_t acts_floats;
 } tr_model_opts;
 
 // Allocates parameters (zeroed), gradients when training, and the activation arena for
-// cfg's model. Weights are then loaded (tr_model_load) or drawn (tr_model_init_weights).
+// cfg's model (or lays the views over opts->acts). Weights are then loaded (tr_model_load)
+// or drawn (tr_model_init_weights).
 int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
                   const tr_model_opts *opts, tr_err *err);
 void tr_model_free(tr_model *m);
 // Floats of activation arena tr_model_init allocates for these options (see model.c).
 size_t tr_model_arena_floats(const tr_model_config *cfg, const tr_model_opts *opts);
+// Floats of m's activations in the training layout (every layer's activations and the
+// backward scratch) or the inference layout (one layer set, no backward), for its max_tokens
+// and logit_rows.
+size_t tr_model_acts_floats(const tr_model *m, bool training);
+// Lays the activation views out over base (floats floats, 64-byte aligned) in the training
+// or inference layout, for a model whose activations are the caller's (opts.acts). Nothing
+// is allocated or copied: what base held is overwritten by the next forward. The training
+// layout needs a model set up for training.
+int tr_model_bind_acts(tr_model *m, float *base, size_t floats, bool training, tr_err *err);
 
 // Reads the Hugging Face checkpoint DIR (config.json and weights) into a new model.
 int tr_model_load(tr_model *m, const char *dir, tr_backend *be, const tr_model_opts *opts,
@@ -105,7 +130,8 @@ typedef void (*tr_attend_fn)(void *ctx, tr_model *m, int32_t layer, tr_layer_act
 int tr_model_forward_rows(tr_model *m, const int32_t *ids, const int32_t *pos, int32_t T,
                           tr_attend_fn attend, void *ctx, tr_err *err);
 // Back-propagates acts.d_lnf (filled by a head's backward) through the trunk of the last
-// forward, accumulating into the gradient buffer. Only for models set up with training.
+// forward, accumulating into the gradient buffer. Only for models set up with training whose
+// views are in the training layout (acts_training).
 void tr_model_backward(tr_model *m);
 void tr_model_zero_grad(tr_model *m);
 

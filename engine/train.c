@@ -176,6 +176,9 @@ int tr_train_step(tr_trainer *tr, const tr_micro_batch *mbs, int32_t n, const tr
     tr_model *m = tr->model;
     memset(res, 0, sizeof *res);
     if (n < 1) return tr_errf(err, TR_EINVAL, "train step: no micro-batches");
+    if (!m->acts_training)
+        return tr_errf(err, TR_EINVAL, "train step: the model's activations are laid out for "
+                       "inference (a train phase of its arena lays them out for backward)");
     if (args->loss == TR_LOSS_CALLBACK && !args->loss_fn)
         return tr_errf(err, TR_EINVAL, "train step: loss 'callback' without a function");
     double w_total = 0;

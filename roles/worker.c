@@ -90,6 +90,42 @@ static int op_sync_weights(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *re
     return 0;
 }
 
+static int run_op(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
+    const char *op = req->op;
+    if (strcmp(op, "generate") == 0) return tr_worker_op_generate(rc, req, rep, err);
+    if (strcmp(op, "logprobs") == 0) return tr_worker_op_logprobs(rc, req, rep, err);
+    if (strcmp(op, "values") == 0) return tr_worker_op_values(rc, req, rep, err);
+    if (strcmp(op, "train") == 0) return tr_worker_op_train(rc, req, rep, err);
+    if (strcmp(op, "train_sft") == 0) return tr_worker_op_train_sft(rc, req, rep, err);
+    if (strcmp(op, "save") == 0) return tr_worker_op_save(rc, req, rep, err);
+    if (strcmp(op, "load") == 0) return tr_worker_op_load(rc, req, rep, err);
+    if (strcmp(op, "sync_weights") == 0) return op_sync_weights(rc, req, rep, err);
+    if (strcmp(op, "score") == 0) return tr_worker_op_score(rc, req, rep, err);
+    return tr_errf(err, TR_EUNSUPPORTED, "unknown op '%s'", op);
+}
+
+// Lends the worker arena to the op's role for the op's duration: generate lays out the
+// policy's inference activations and KV blocks (fresh block tables), train/train_sft the
+// training activations, logprobs/values/score the inference activations. One op at a time
+// runs in a worker, so each phase finds the region idle and owns all of it.
+static int begin_phase(tr_role_ctx *rc, const char *op, bool *lent, tr_err *err) {
+    tr_arena *a = &rc->w->arena;
+    int r;
+    *lent = false;
+    if (strcmp(op, "generate") == 0 && rc->has_gen)
+        r = tr_arena_begin_generate(a, &rc->gen, err);
+    else if ((strcmp(op, "train") == 0 || strcmp(op, "train_sft") == 0) && rc->has_trainer)
+        r = tr_arena_begin_train(a, &rc->model, err);
+    else if ((strcmp(op, "logprobs") == 0 || strcmp(op, "values") == 0 || strcmp(op, "score") == 0) &&
+             rc->has_model)
+        r = tr_arena_begin_forward(a, &rc->model, err);
+    else
+        return 0;
+    if (r) return tr_err_wrap(err, "%s", op);
+    *lent = true;
+    return 0;
+}
+
 static int dispatch(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, bool *shutdown, tr_err *err) {
     const char *op = req->op;
     if (strcmp(op, "shutdown") == 0) {
@@ -108,16 +144,11 @@ static int dispatch(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, bool
     }
     if (!op_allowed(rc->kind, op)) return tr_errf(err, TR_EUNSUPPORTED, "the %s role has no op '%s'", rc->name, op);
     if (!rc->ready) return tr_errf(err, TR_EINVAL, "%s before init", op);
-    if (strcmp(op, "generate") == 0) return tr_worker_op_generate(rc, req, rep, err);
-    if (strcmp(op, "logprobs") == 0) return tr_worker_op_logprobs(rc, req, rep, err);
-    if (strcmp(op, "values") == 0) return tr_worker_op_values(rc, req, rep, err);
-    if (strcmp(op, "train") == 0) return tr_worker_op_train(rc, req, rep, err);
-    if (strcmp(op, "train_sft") == 0) return tr_worker_op_train_sft(rc, req, rep, err);
-    if (strcmp(op, "save") == 0) return tr_worker_op_save(rc, req, rep, err);
-    if (strcmp(op, "load") == 0) return tr_worker_op_load(rc, req, rep, err);
-    if (strcmp(op, "sync_weights") == 0) return op_sync_weights(rc, req, rep, err);
-    if (strcmp(op, "score") == 0) return tr_worker_op_score(rc, req, rep, err);
-    return tr_errf(err, TR_EUNSUPPORTED, "unknown op '%s'", op);
+    bool lent = false;
+    if (begin_phase(rc, op, &lent, err)) return -1;
+    int r = run_op(rc, req, rep, err);
+    if (lent) tr_arena_end(&rc->w->arena);
+    return r;
 }
 
 static double now_s(void) {
@@ -158,6 +189,7 @@ static void free_worker(tr_worker *w) {
         tr_dealer_free(w->roles[i].dealer);
         w->roles[i].dealer = NULL;
     }
+    tr_arena_free(&w->arena);
     if (w->has_backend) tr_backend_cpu_free(&w->be);
     w->has_backend = false;
 }

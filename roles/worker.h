@@ -1,6 +1,7 @@
 // A worker process's body: hosts one role (policy, reference, critic, reward) or several
-// colocated roles sharing one backend and thread pool, connects one DEALER per hosted role
-// to the controller and serves the ops of docs/protocol.md until told to stop.
+// colocated roles sharing one backend, thread pool and activation arena (engine/arena.h),
+// connects one DEALER per hosted role to the controller and serves the ops of
+// docs/protocol.md until told to stop.
 #pragma once
 #include <signal.h>
 #include <stdint.h>

@@ -7,6 +7,7 @@
 
 #include "data/chat.h"
 #include "data/tokenizer.h"
+#include "engine/arena.h"
 #include "engine/generate.h"
 #include "engine/loss.h"
 #include "engine/model.h"
@@ -43,9 +44,10 @@ typedef struct tr_role_ctx {
     bool has_trainer;
     tr_trainer trainer;
     bool has_gen;
-    tr_generator gen;
+    tr_generator gen;                 // the policy's, made at init with its KV pool in the arena
     int64_t kv_tokens;
     int32_t max_seqs;
+    tr_arena_need need;               // this role's share of the worker arena's sizing rule
 
     tr_tokenizer *tok;
     bool has_chat;
@@ -68,6 +70,10 @@ struct tr_worker {
     bool has_backend;
     tr_backend be;
     int32_t threads;
+    // Activations and KV cache of every hosted role: one region, grown while roles are
+    // initialised and lent to one op at a time (engine/arena.h).
+    tr_arena arena;
+    size_t separate_floats;           // what the hosted roles' own buffers would have taken
     tr_role_ctx roles[4];
     int n_roles;
     void (*log)(void *ctx, const char *line);

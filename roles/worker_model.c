@@ -1,6 +1,7 @@
-// The worker's model side: the init op (backend, model from a checkpoint or a config,
-// trainer, tokenizer, chat stops), packing rollout sequences into micro-batches as separate
-// documents, and the forward-only ops logprobs (policy, reference) and values (critic).
+// The worker's model side: the init op (backend, model from a checkpoint or a config on the
+// worker arena, the policy's generator, trainer, tokenizer, chat stops), packing rollout
+// sequences into micro-batches as separate documents, and the forward-only ops logprobs
+// (policy, reference) and values (critic).
 #include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,6 +153,12 @@ static const char *head_name(enum tr_head h) {
                                                               : "score (sequence classification) model";
 }
 
+// The policy's generator: every sample of a step decoding together up to max_seqs (64 by
+// default, at most a forward's rows), KV room for kv_tokens (16384 by default).
+static tr_gen_opts gen_opts(const tr_role_ctx *rc) {
+    return (tr_gen_opts){.kv_tokens = rc->kv_tokens, .max_seqs = rc->max_seqs > 0 ? rc->max_seqs : 64};
+}
+
 static int load_model(tr_role_ctx *rc, const tr_msg_map *a, int32_t max_tokens, bool train, tr_err *err) {
     char model[1024] = "", init_cfg[1024] = "", head[16] = "";
     int64_t init_seed = 0;
@@ -174,9 +181,25 @@ static int load_model(tr_role_ctx *rc, const tr_msg_map *a, int32_t max_tokens, 
                        head_name(cfg.head), cfg.architecture, rc->name, head_name(want));
     if (want == TR_HEAD_SCORE && cfg.num_labels != 1)
         return tr_errf(err, TR_EINVAL, "init: %s has %d labels; a reward model has 1", model, cfg.num_labels);
+    // The model's activations (and the policy's KV pool) come from the worker's one arena,
+    // grown here to this role's need if it is the largest so far.
+    tr_worker *w = rc->w;
     tr_model_opts mo = {.max_tokens = max_tokens, .training = train};
-    if (tr_model_init(&rc->model, &cfg, &rc->w->be, &mo, err)) return -1;
+    tr_gen_opts go = gen_opts(rc);
+    tr_arena_need_init(&rc->need, &cfg, &mo, rc->kind == TR_ROLE_POLICY ? &go : NULL);
+    if (tr_arena_reserve(&w->arena, tr_arena_need_floats(&rc->need), err)) return tr_err_wrap(err, "init");
+    mo.acts = w->arena.base;
+    mo.acts_floats = w->arena.floats;
+    if (tr_model_init(&rc->model, &cfg, &w->be, &mo, err)) return -1;
     rc->has_model = true;
+    tr_arena_adopt(&w->arena, &rc->model);
+    if (rc->kind == TR_ROLE_POLICY) {
+        size_t off = tr_arena_kv_offset(&rc->model);
+        go.kv_buf = w->arena.base + off;
+        go.kv_buf_floats = w->arena.floats - off;
+        if (tr_generator_init(&rc->gen, &rc->model, &go, err)) return tr_err_wrap(err, "init");
+        rc->has_gen = true;
+    }
     int rc2 = 0;
     if (!model[0]) {
         tr_model_init_weights(&rc->model, (uint64_t)init_seed, 0.02f);
@@ -257,6 +280,8 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
         tr_msg_map rm;
         if (tr_msg_get_map(a, "reward", &rm, err) || tr_worker_reward_init(rc, &rm, err)) return -1;
     }
+    rc->kv_tokens = kv_tokens;
+    rc->max_seqs = (int32_t)max_seqs;
     bool model_reward = rc->kind == TR_ROLE_REWARD && rc->reward_kind == TR_REWARD_KIND_MODEL;
     if (rc->kind != TR_ROLE_REWARD || model_reward) {
         if (load_model(rc, a, (int32_t)max_tokens, train, err)) return -1;
@@ -274,17 +299,25 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
         if (tr_trainer_init(&rc->trainer, &rc->model, &opt, seed, err)) return tr_err_wrap(err, "init");
         rc->has_trainer = true;
     }
-    rc->kv_tokens = kv_tokens;
-    rc->max_seqs = (int32_t)max_seqs;
     int64_t n_params = rc->has_model ? (int64_t)tr_model_n_params(&rc->model) : 0;
     tr_worker_logf(rc, "init: %s%s%s, %lld parameters, %lld tokens per forward%s", role_names[rc->kind],
                    rc->has_model ? " " : "", rc->has_model ? rc->model.cfg.architecture : "", (long long)n_params,
                    (long long)max_tokens, train ? ", training" : "");
-    tr_msg_begin_reply(rep, req->id, 4);
+    if (rc->has_model) w->separate_floats += tr_arena_separate_floats(&rc->need);
+    int64_t arena_bytes = (int64_t)(w->arena.floats * sizeof(float));
+    int64_t separate_bytes = (int64_t)(w->separate_floats * sizeof(float));
+    if (rc->has_model)
+        tr_worker_logf(rc, "arena: %lld bytes for the hosted roles, separate buffers would take %lld; this role "
+                       "needs %zu floats = max(train %zu, forward %zu + kv %zu)", (long long)arena_bytes,
+                       (long long)separate_bytes, tr_arena_need_floats(&rc->need), rc->need.train,
+                       rc->need.forward, rc->need.kv);
+    tr_msg_begin_reply(rep, req->id, 6);
     tr_msg_put_int(rep, "n_params", n_params);
     tr_msg_put_int(rep, "vocab_size", rc->has_model ? rc->model.cfg.vocab_size : 0);
     tr_msg_put_int(rep, "max_tokens", max_tokens);
     tr_msg_put_str(rep, "architecture", rc->has_model ? rc->model.cfg.architecture : "");
+    tr_msg_put_int(rep, "arena_bytes", arena_bytes);
+    tr_msg_put_int(rep, "arena_separate_bytes", separate_bytes);
     return 0;
 }
 

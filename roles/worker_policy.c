@@ -1,5 +1,5 @@
 // The policy's own ops: generate (continuous batching over the trainer's weights, so the
-// generator never needs a weight copy), and save/load of Hugging Face checkpoints with the
+// generator never needs a weight copy; its KV blocks share the arena with training), and save/load of Hugging Face checkpoints with the
 // training state beside them (policy and critic).
 #include <stdlib.h>
 #include <string.h>
@@ -136,16 +136,6 @@ int tr_worker_op_generate(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep
     if (parse_generate(rc, &req->args, &g, err)) {
         gen_args_free(&g);
         return -1;
-    }
-    if (!rc->has_gen) {
-        int32_t ms = rc->max_seqs > 0 ? rc->max_seqs : 64;
-        if (ms > rc->model.max_tokens) ms = rc->model.max_tokens;
-        tr_gen_opts go = {.kv_tokens = rc->kv_tokens, .max_seqs = ms};
-        if (tr_generator_init(&rc->gen, &rc->model, &go, err)) {
-            gen_args_free(&g);
-            return tr_err_wrap(err, "generate");
-        }
-        rc->has_gen = true;
     }
     int64_t n_out = (int64_t)g.k * g.n;
     tr_gen_request *reqs = calloc((size_t)(g.k ? g.k : 1), sizeof *reqs);

@@ -1,0 +1,135 @@
+// The worker arena: its one allocation, the sizing rule of arena.h, and the phases that lend
+// the region to one model (and its generator) at a time by laying their views out over it.
+#include "engine/arena.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void tr_arena_need_init(tr_arena_need *n, const tr_model_config *cfg, const tr_model_opts *mo,
+                        const tr_gen_opts *go) {
+    tr_model_opts o = *mo;
+    o.acts = NULL;
+    o.acts_floats = 0;
+    o.training = false;
+    n->forward = tr_model_arena_floats(cfg, &o);
+    o.training = true;
+    n->train = mo->training ? tr_model_arena_floats(cfg, &o) : 0;
+    n->kv = go ? tr_generator_kv_floats(cfg, go) : 0;
+}
+
+size_t tr_arena_need_floats(const tr_arena_need *n) {
+    size_t gen = n->forward + n->kv;
+    return n->train > gen ? n->train : gen;
+}
+
+size_t tr_arena_separate_floats(const tr_arena_need *n) {
+    return (n->train ? n->train : n->forward) + n->kv;
+}
+
+int tr_arena_init(tr_arena *a, size_t floats, tr_err *err) {
+    memset(a, 0, sizeof *a);
+    return tr_arena_reserve(a, floats, err);
+}
+
+int tr_arena_reserve(tr_arena *a, size_t floats, tr_err *err) {
+    if (floats <= a->floats) return 0;
+    if (a->phase != TR_PHASE_IDLE)
+        return tr_errf(err, TR_EINVAL, "arena: cannot grow to %zu floats during a %s phase",
+                       floats, tr_arena_phase_name(a->phase));
+    size_t n = (floats + 15) / 16 * 16;
+    if (n > SIZE_MAX / sizeof(float))
+        return tr_errf(err, TR_ERANGE, "arena: %zu floats is too many", floats);
+    float *p = aligned_alloc(64, n * sizeof(float));
+    if (!p)
+        return tr_errf(err, TR_ENOMEM, "arena: cannot allocate %zu bytes of activation memory",
+                       n * sizeof(float));
+    memset(p, 0, n * sizeof(float));
+    free(a->base);
+    a->base = p;
+    a->floats = n;
+    return 0;
+}
+
+void tr_arena_free(tr_arena *a) {
+    free(a->base);
+    memset(a, 0, sizeof *a);
+}
+
+void tr_arena_adopt(tr_arena *a, tr_model *m) {
+    m->shared = a;
+    m->shared_epoch = 0;   // no phase has epoch 0: the model waits for its first phase
+}
+
+size_t tr_arena_kv_offset(const tr_model *m) {
+    return tr_model_acts_floats(m, false);
+}
+
+const char *tr_arena_phase_name(tr_arena_phase p) {
+    switch (p) {
+    case TR_PHASE_IDLE: return "idle";
+    case TR_PHASE_FORWARD: return "forward";
+    case TR_PHASE_TRAIN: return "train";
+    case TR_PHASE_GENERATE: return "generate";
+    }
+    return "unknown";
+}
+
+static int begin(tr_arena *a, tr_model *m, tr_arena_phase phase, size_t need, tr_err *err) {
+    if (a->phase != TR_PHASE_IDLE)
+        return tr_errf(err, TR_EINVAL, "arena: a %s phase cannot begin while a %s phase holds "
+                       "the region", tr_arena_phase_name(phase), tr_arena_phase_name(a->phase));
+    if (need > a->floats)
+        return tr_errf(err, TR_EINVAL, "arena: the %s phase needs %zu floats, the region has "
+                       "%zu", tr_arena_phase_name(phase), need, a->floats);
+    a->phase = phase;
+    a->holder = m;
+    a->epoch++;
+    m->shared = a;
+    m->shared_epoch = a->epoch;
+    return 0;
+}
+
+int tr_arena_begin_forward(tr_arena *a, tr_model *m, tr_err *err) {
+    if (begin(a, m, TR_PHASE_FORWARD, tr_model_acts_floats(m, false), err) != 0) return -1;
+    if (tr_model_bind_acts(m, a->base, a->floats, false, err) != 0) {
+        tr_arena_end(a);
+        return -1;
+    }
+    return 0;
+}
+
+int tr_arena_begin_train(tr_arena *a, tr_model *m, tr_err *err) {
+    if (!m->training)
+        return tr_errf(err, TR_EINVAL, "arena: a train phase needs a model set up for training");
+    if (begin(a, m, TR_PHASE_TRAIN, tr_model_acts_floats(m, true), err) != 0) return -1;
+    if (tr_model_bind_acts(m, a->base, a->floats, true, err) != 0) {
+        tr_arena_end(a);
+        return -1;
+    }
+    return 0;
+}
+
+int tr_arena_begin_generate(tr_arena *a, tr_generator *g, tr_err *err) {
+    tr_model *m = g->model;
+    const tr_kvcache *c = &g->cache;
+    size_t off = tr_arena_kv_offset(m);
+    size_t kv = c->owns_pool ? 0
+                : tr_kvcache_floats(&m->cfg, c->block_size, (int64_t)c->n_blocks * c->block_size);
+    if (begin(a, m, TR_PHASE_GENERATE, off + kv, err) != 0) return -1;
+    // The model's views end where the KV blocks start, so no pass can write into them.
+    if (tr_model_bind_acts(m, a->base, off, false, err) != 0) {
+        tr_arena_end(a);
+        return -1;
+    }
+    tr_kvcache_rebind(&g->cache, c->owns_pool ? NULL : a->base + off);
+    g->n_active = 0;
+    g->reserved = 0;
+    g->shared = a;
+    g->shared_epoch = a->epoch;
+    return 0;
+}
+
+void tr_arena_end(tr_arena *a) {
+    a->phase = TR_PHASE_IDLE;
+    a->holder = NULL;
+}
