@@ -8,7 +8,11 @@
 //   - against transformers' outputs of the fixtures: policy logprobs/entropy and greedy
 //     generation, critic values, reward-model scores; the critic's first clipped value loss
 //     equals 1/2 (v - R)^2 token-mean;
-//   - error replies name role/rank/op; save/load round trip; colocated roles in one process;
+//   - error replies name role/rank/op; save/load round trip;
+//   - colocated policy + reference in one process (one arena) give bit for bit the numbers of
+//     separate processes through generate, logprobs, a PPO step with KL and generate again,
+//     and the worker's arena is the documented max(train, forward + kv) formula, smaller
+//     than separate buffers;
 //   - a worker exits on SIGTERM, on shutdown, and by itself when the controller goes silent;
 //   - a reward service that hangs, crashes or answers garbage: on_failure fail -> an error,
 //     zero -> zero scores counted as failures (with the misbehaving fake service).
@@ -18,11 +22,13 @@
 #include <stdint.h>
 
 #include "data/tokenizer.h"
+#include "engine/checkpoint.h"
 #include "engine/heads.h"
 #include "engine/model.h"
 #include "engine/safetensors.h"
 #include "roles/client.h"
 #include "roles/reward_rule.h"
+#include "tests/engine/arena_formula.h"
 #include "tests/roles/proc_util.h"
 #include "tests/test.h"
 
@@ -286,42 +292,150 @@ static void test_round_trip(void) {
     tr_router_free(router);
 }
 
-// policy and reference in one process: both dealers, one pid, one thread pool.
-static void test_colocated(void) {
-    tr_router *router = start_router();
-    if (!router) return;
-    proc p = spawn_worker("policy,reference", tr_router_endpoint(router), 0, 1);
+// What a policy and a reference do in one RL step, as the workflow drives them: generate,
+// reference logprobs, a PPO step with a KL term on those logprobs, generate again, and the
+// trained policy's logprobs of the first rollouts.
+typedef struct step_run {
+    tr_rollouts r, r2;
+    float *ref_lp, *old_lp, *lp_after;
+    tr_train_metrics m;
+} step_run;
+
+static void step_run_free(step_run *o) {
+    tr_rollouts_free(&o->r);
+    tr_rollouts_free(&o->r2);
+    free(o->ref_lp);
+    free(o->old_lp);
+    free(o->lp_after);
+}
+
+static int rl_step(tr_group *gp, tr_group *gr, step_run *o, const char *who) {
     tr_err err = {0};
-    CHECKF(tr_router_wait_peers(router, NULL, 2, 30000, &err) == 0, "%s", err.msg);
-    tr_peer peers[4];
-    int n = 0;
-    tr_router_peers(router, peers, 4, &n);
-    CHECK(n == 2 && peers[0].pid == p.pid && peers[1].pid == p.pid);
-    tr_group gp, gr;
-    group(&gp, router, "policy", 1);
-    group(&gr, router, "reference", 1);
-    tr_init_args a = model_args(false);
-    CHECKF(tr_role_init(&gp, &a, NULL, &err) == 0 && tr_role_init(&gr, &a, NULL, &err) == 0, "%s", err.msg);
     int32_t ids[32];
     int64_t off[3];
     make_prompts(2, ids, off);
     tr_prompt_batch pb = {.n = 2, .ids = ids, .offset = off};
     tr_sampling s = {.n = 2, .max_new_tokens = 8, .temperature = 0.8f, .top_p = 0.9f, .top_k = 50, .seed = 1};
-    tr_rollouts r;
-    tr_rollouts_init(&r);
-    CHECKF(tr_policy_generate(&gp, &pb, &s, &r, &err) == 0, "%s", err.msg);
-    float *lp = calloc((size_t)(r.n_tokens ? r.n_tokens : 1), sizeof(float));
-    CHECKF(tr_model_logprobs(&gr, &r, lp, NULL, &err) == 0, "%s", err.msg);
-    check_logprobs_equal_generation(&r, lp, "colocated reference");
+    memset(o, 0, sizeof *o);
+    tr_rollouts_init(&o->r);
+    tr_rollouts_init(&o->r2);
+    int rc = tr_policy_generate(gp, &pb, &s, &o->r, &err);
+    size_t n = (size_t)(o->r.n_tokens ? o->r.n_tokens : 1);
+    float *adv = calloc(n, sizeof(float));
+    o->ref_lp = calloc(n, sizeof(float));
+    o->old_lp = calloc(n, sizeof(float));
+    o->lp_after = calloc(n, sizeof(float));
+    if (!rc) rc = tr_model_logprobs(gr, &o->r, o->ref_lp, NULL, &err);
+    if (!rc) rc = tr_model_logprobs(gp, &o->r, o->old_lp, NULL, &err);
+    for (int64_t t = 0; !rc && t < o->r.n_tokens; t++) adv[t] = 0.1f * (float)(o->r.tokens[t] % 7 - 3);
+    tr_train_batch tb = {.r = &o->r, .advantages = adv, .old_logprobs = o->old_lp, .ref_logprobs = o->ref_lp};
+    if (!rc) rc = tr_policy_train(gp, &tb, &o->m, &err);
+    s.seed = 2;
+    if (!rc) rc = tr_policy_generate(gp, &pb, &s, &o->r2, &err);
+    if (!rc) rc = tr_model_logprobs(gp, &o->r, o->lp_after, NULL, &err);
+    CHECKF(rc == 0, "%s: %s", who, err.msg);
+    free(adv);
+    return rc;
+}
+
+static bool same_rollouts(const tr_rollouts *a, const tr_rollouts *b) {
+    return a->n == b->n && a->n_tokens == b->n_tokens &&
+           memcmp(a->tokens, b->tokens, (size_t)a->n_tokens * sizeof(int32_t)) == 0 &&
+           memcmp(a->gen_logprobs, b->gen_logprobs, (size_t)a->n_tokens * sizeof(float)) == 0 &&
+           memcmp(a->response_len, b->response_len, (size_t)a->n * sizeof(int32_t)) == 0;
+}
+
+// The last "arena: N bytes ..., separate buffers would take S" line of a worker's log.
+static bool arena_line(const char *log, long long *bytes, long long *separate) {
+    FILE *f = fopen(log, "r");
+    char line[1024];
+    bool found = false;
+    while (f && fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "arena: ");
+        if (p && sscanf(p, "arena: %lld bytes for the hosted roles, separate buffers would take %lld", bytes,
+                        separate) == 2)
+            found = true;
+    }
+    if (f) fclose(f);
+    return found;
+}
+
+// policy and reference in one process (both dealers, one pid, one thread pool, one arena)
+// against the same roles in separate processes: the same rollouts, reference logprobs, PPO
+// metrics, rollouts after the update and trained logprobs, bit for bit. The colocated
+// worker's arena is the documented max(policy train, policy forward + kv, reference forward).
+static void test_colocated(void) {
+    tr_router *router = start_router(), *router_sep = start_router();
+    if (!router || !router_sep) {
+        CHECK(0);
+        if (router) tr_router_free(router);
+        if (router_sep) tr_router_free(router_sep);
+        return;
+    }
+    proc p = spawn_worker("policy,reference", tr_router_endpoint(router), 0, 1);
+    proc sp = spawn_worker("policy", tr_router_endpoint(router_sep), 0, 1),
+         sr = spawn_worker("reference", tr_router_endpoint(router_sep), 0, 1);
+    tr_err err = {0};
+    CHECKF(tr_router_wait_peers(router, NULL, 2, 30000, &err) == 0, "%s", err.msg);
+    CHECKF(tr_router_wait_peers(router_sep, NULL, 2, 30000, &err) == 0, "%s", err.msg);
+    tr_peer peers[4];
+    int n = 0;
+    tr_router_peers(router, peers, 4, &n);
+    CHECK(n == 2 && peers[0].pid == p.pid && peers[1].pid == p.pid);
+    tr_group gp, gr, gsp, gsr;
+    group(&gp, router, "policy", 1);
+    group(&gr, router, "reference", 1);
+    group(&gsp, router_sep, "policy", 1);
+    group(&gsr, router_sep, "reference", 1);
+    tr_init_args pa = model_args(true), ra = model_args(false);
+    pa.loss.kl_coef = 0.05;  // the reference's logprobs enter the update
+    CHECKF(tr_role_init(&gp, &pa, NULL, &err) == 0 && tr_role_init(&gr, &ra, NULL, &err) == 0, "%s", err.msg);
+    CHECKF(tr_role_init(&gsp, &pa, NULL, &err) == 0 && tr_role_init(&gsr, &ra, NULL, &err) == 0, "%s", err.msg);
+    step_run co, se;
+    if (rl_step(&gp, &gr, &co, "colocated") == 0 && rl_step(&gsp, &gsr, &se, "separate") == 0) {
+        check_logprobs_equal_generation(&co.r, co.ref_lp, "colocated reference");
+        size_t nb = (size_t)co.r.n_tokens * sizeof(float);
+        CHECK(same_rollouts(&co.r, &se.r));
+        CHECK(co.r.n_tokens == se.r.n_tokens && memcmp(co.ref_lp, se.ref_lp, nb) == 0 &&
+              memcmp(co.old_lp, se.old_lp, nb) == 0);
+        CHECK(co.m.loss == se.m.loss && co.m.grad_norm == se.m.grad_norm && co.m.kl == se.m.kl &&
+              co.m.tokens == se.m.tokens && co.m.grad_norm > 0);
+        CHECK(same_rollouts(&co.r2, &se.r2));
+        CHECK(memcmp(co.lp_after, se.lp_after, nb) == 0 && memcmp(co.lp_after, co.old_lp, nb) != 0);
+        printf("colocated = separate, bit for bit: %lld rollout tokens, loss %.6g, kl %.6g, grad norm %.6g\n",
+               (long long)co.r.n_tokens, co.m.loss, co.m.kl, co.m.grad_norm);
+    }
+    step_run_free(&co);
+    step_run_free(&se);
+
+    // The arena after both inits, against the formula on the fixture's config: the policy
+    // trains on max_tokens 256 and generates with the default 16384-token KV pool (blocks
+    // of 16); the reference runs inference on 256 tokens.
+    tr_model_config cfg;
+    long long bytes = 0, separate = 0;
+    CHECKF(tr_checkpoint_load_config(model_dir, &cfg, &err) == 0, "%s", err.msg);
+    CHECKF(arena_line(p.log, &bytes, &separate), "no arena line in %s", p.log);
+    size_t train = af_acts_floats(&cfg, 256, true), fwd = af_acts_floats(&cfg, 256, false);
+    size_t kv = af_kv_floats(&cfg, 16384, 16);
+    size_t want = af_need(train, fwd, kv) > fwd ? af_need(train, fwd, kv) : fwd;
+    size_t want_sep = train + kv + fwd;
+    CHECKF(bytes == (long long)(want * sizeof(float)) && separate == (long long)(want_sep * sizeof(float)),
+           "arena %lld bytes (formula %zu), separate %lld (formula %zu)", bytes, want * sizeof(float), separate,
+           want_sep * sizeof(float));
+    CHECK(bytes < separate);
+    printf("colocated policy + reference arena: %lld bytes = max(train %zu, forward %zu + kv %zu, forward %zu) "
+           "floats; separate buffers %lld bytes\n", bytes, train, fwd, kv, fwd, separate);
+
     // Shutting one role down keeps the process for the other.
     CHECK(tr_group_shutdown(&gp, &err) == 0);
     tp_sleep_ms(300);
     CHECK(!tp_gone(p.pid));
     CHECK(tr_group_shutdown(&gr, &err) == 0);
     CHECK(finished(&p, 10000, 0));
-    free(lp);
-    tr_rollouts_free(&r);
+    CHECK(tr_group_shutdown(&gsp, &err) == 0 && tr_group_shutdown(&gsr, &err) == 0);
+    CHECK(finished(&sp, 10000, 0) && finished(&sr, 10000, 0));
     tr_router_free(router);
+    tr_router_free(router_sep);
 }
 
 // ---- against transformers (tests/fixtures/models/*/expected.safetensors) ----
