@@ -1,7 +1,7 @@
 // The KV block pool by hand: sizing, free-list order and exhaustion, reference counts of
 // shared blocks, copy on write of a shared partial block (only the written prefix is copied,
-// in every layer, and the original stays intact), table limits, and slot addressing as
-// attention_decode reads it.
+// in every layer, and the original stays intact), table limits, slot addressing as
+// attention_decode reads it, and a pool in a caller's buffer (placement, reset, rebinding).
 #include <stdio.h>
 
 #include "engine/kvcache.h"
@@ -128,6 +128,42 @@ int main(void) {
     tr_kv_pages p0 = tr_kvcache_layer(&c, 0), p1 = tr_kvcache_layer(&c, 1);
     CHECK(p1.k_pool - p0.k_pool == 3 * 4 * 2 * 4 && p0.n_blocks == 3 && p0.block_size == 4);
     CHECK(p0.n_kv_heads == 2 && p0.head_dim == 4);
+    tr_kvcache_free(&c);
+
+    // The pool in a caller's buffer: 2 layers x 3 blocks x 4 x 8 = 192 floats of K, V from
+    // the next 16-float boundary (192 already is one); the cache never frees the buffer.
+    CHECK(tr_kvcache_floats(&cfg, 4, 10) == 2 * 192);
+    CHECK(tr_kvcache_floats(&cfg, 4, 9) == 2 * 192);
+    // One layer, one kv head of 2: 2 blocks of 3 tokens are 12 floats of K, V at 16.
+    tr_model_config tiny = cfg;
+    tiny.n_layers = 1;
+    tiny.n_kv_heads = 1;
+    tiny.head_dim = 2;
+    CHECK(tr_kvcache_floats(&tiny, 3, 5) == 2 * 16 && tr_kvcache_floats(&tiny, 3, 0) == 0);
+    static float buf[2][2 * 192 + 16] __attribute__((aligned(64)));
+    CHECK(tr_kvcache_init_in(&c, &cfg, 4, 10, buf[0], 2 * 192, &err) == 0);
+    CHECK(c.k == buf[0] && c.v == buf[0] + 192 && c.n_blocks == 3 && !c.owns_pool);
+    CHECK(tr_kvcache_init_in(&bad, &cfg, 4, 10, buf[0], 2 * 192 - 1, &err) != 0 &&
+          strstr(err.msg, "384"));
+    CHECK(tr_kvcache_init_in(&bad, &cfg, 4, 10, buf[0] + 1, 2 * 192, &err) != 0 &&
+          strstr(err.msg, "misaligned"));
+    // Used out of order, then reset: every block free and handed out 0, 1, 2 again.
+    tr_kv_seq_init(&a, ta, 3);
+    for (int32_t pos = 0; pos < 10; pos++) {
+        CHECK(tr_kv_seq_prepare(&c, &a, pos, &err) >= 0);
+        a.len = pos + 1;
+        write_pos(&c, &a, 3, pos);
+    }
+    CHECK(reads_back(&c, &a, 3, 0, 10));
+    tr_kvcache_release(&c, ta[0]);
+    tr_kvcache_reset(&c);
+    CHECK(c.n_free == 3 && c.refs[0] == 0 && c.refs[1] == 0 && c.refs[2] == 0);
+    CHECK(tr_kvcache_alloc(&c) == 0 && tr_kvcache_alloc(&c) == 1 && tr_kvcache_alloc(&c) == 2);
+    // Rebinding moves the pool (nothing carried over) and empties it.
+    tr_kvcache_rebind(&c, buf[1]);
+    CHECK(c.k == buf[1] && c.v == buf[1] + 192 && c.n_free == 3);
+    tr_kv_pages pb = tr_kvcache_layer(&c, 1);
+    CHECK(pb.k_pool == buf[1] + 96 && pb.v_pool == buf[1] + 192 + 96);
     tr_kvcache_free(&c);
     return tr_test_summary("test_kvcache");
 }
