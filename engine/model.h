@@ -32,14 +32,14 @@ typedef struct tr_layer_acts {
 
 typedef struct tr_acts {
     float **residual;      // n_layers + 1 pointers: [l] is layer l's input, [L] the last output
-    tr_layer_acts *layers; // n_layers entries (all alias one set when not training)
+    tr_layer_acts *layers; // n_layers entries (all alias one set in the inference layout)
     float *lnf;            // [T, C] final norm output: the input of every head
     float *lnf_rstd;       // [T]
     float *scratch;        // [T, C] o_proj / down_proj output before the residual add
     float *logits;         // [logit_rows, V] one chunk of LM-head logits (LM head only)
     float *lse;            // [T] log-sum-exp of each token's logits (LM head only)
     float *head_out;       // [T, num_labels] value/score projection of every token
-    // Backward scratch (training only), reused by every layer.
+    // Backward scratch (training layout only), reused by every layer.
     float *d_res;          // [T, C] gradient of the residual stream
     float *d_lnf;          // [T, C] gradient of lnf, written by the head backward functions
     float *d_ln;           // [T, C] gradient of a norm output (aliases d_lnf: never both live)
@@ -58,7 +58,7 @@ typedef struct tr_model {
     tr_params w;                // views into params
     tr_params g;                // views into grads (all NULL unless training)
     float *inv_freq;            // [head_dim / 2] RoPE inverse frequencies, computed once
-    bool training;
+    bool training;              // gradients allocated: the training layout is possible
     int32_t max_tokens;         // tokens per forward (one micro-batch), fixed at init
     int32_t logit_rows;         // LM-head logits are computed this many rows at a time
     float *arena;               // activations, arena_floats floats
@@ -66,8 +66,8 @@ typedef struct tr_model {
     bool owns_arena;            // false: the caller's buffer (opts.acts), never freed here
     bool acts_training;         // acts is the training layout (every layer kept for backward)
     tr_acts acts;
-    // Set while a worker arena lends the activation memory (tr_arena_begin_*): forwards check
-    // that the arena's current phase is the one the views were laid out in.
+    // Set once a worker arena holds the activation memory (tr_arena_adopt, tr_arena_begin_*):
+    // forwards then run only in the arena phase the views were laid out in.
     const struct tr_arena *shared;
     uint64_t shared_epoch;
     // The current batch, copied in by tr_model_forward so backward can use it.
