@@ -7,7 +7,8 @@
 //    policy trains, the reference runs again and the policy generates again: tokens,
 //    logprobs, the trained parameters and Adam moments are bit for bit those of separately
 //    allocated models, generator and KV pool; the KV blocks lie inside the training
-//    activations, so the sharing is real;
+//    activations, so the sharing is real; the region grows (and moves) between the
+//    reference's set-up and the policy's, as a worker's does;
 //  - invariants: a generator used outside its generation phase (e.g. after a train phase),
 //    a model run while another holds the region, training on the inference layout, nested
 //    phases, growing during a phase and undersized buffers are errors naming the cause.
@@ -200,21 +201,27 @@ static void test_phases(const char *name, int64_t kv_tokens, tr_backend *be) {
     if (!rc) rc = tr_generator_init(&s.gen, &s.pol, &go, &err);
     CHECKF(rc == 0, "separate: %s", err.msg);
 
-    // One region, sized by the rule for the policy and the reference.
+    // One region, sized by the rule for the policy and the reference, grown as a worker
+    // grows it: the reference is set up first, then the region moves to fit the policy (the
+    // reference's views are laid out again when its phases begin).
     tr_arena_need np, nr;
     tr_arena_need_init(&np, &cfg, &po, &go);
     tr_arena_need_init(&nr, &cfg, &ro, NULL);
-    size_t floats = tr_arena_need_floats(&np);
-    if (tr_arena_need_floats(&nr) > floats) floats = tr_arena_need_floats(&nr);
     tr_arena a;
-    CHECKF(tr_arena_init(&a, floats, &err) == 0, "%s", err.msg);
-    po.acts = ro.acts = a.base;
-    po.acts_floats = ro.acts_floats = a.floats;
-    if (!rc) rc = tr_model_load(&w.pol, path, be, &po, &err);
+    CHECKF(tr_arena_init(&a, tr_arena_need_floats(&nr), &err) == 0, "%s", err.msg);
+    ro.acts = a.base;
+    ro.acts_floats = a.floats;
     if (!rc) rc = tr_model_load(&w.ref, path, be, &ro, &err);
+    if (!rc) tr_arena_adopt(&a, &w.ref);
+    float *first = a.base;
+    CHECKF(tr_arena_reserve(&a, tr_arena_need_floats(&np), &err) == 0, "%s", err.msg);
+    CHECK(a.floats == tr_arena_need_floats(&np) && a.floats > tr_arena_need_floats(&nr));
+    CHECK(a.base != first);
+    po.acts = a.base;
+    po.acts_floats = a.floats;
+    if (!rc) rc = tr_model_load(&w.pol, path, be, &po, &err);
     if (!rc) {
         tr_arena_adopt(&a, &w.pol);
-        tr_arena_adopt(&a, &w.ref);
         size_t off = tr_arena_kv_offset(&w.pol);
         go.kv_buf = a.base + off;
         go.kv_buf_floats = a.floats - off;
