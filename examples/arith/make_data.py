@@ -1,7 +1,14 @@
 #!/usr/bin/env python3
 # Generates the quickstart's synthetic verifiable task: small-integer addition and
-# subtraction ("37+25" -> "62"), as RL prompt sets, SFT conversations, a model config and a
-# tiny byte-level BPE tokenizer with chatml special tokens. Deterministic in --seed.
+# subtraction ("37+25" -> "62"), as RL prompt sets (with the true answers), SFT conversations,
+# and under init/ the config.json of a tiny Llama to train from scratch beside a byte-level
+# BPE tokenizer.json with chatml special tokens. Deterministic in --seed.
+#
+# The SFT answers come from a careless teacher: when a difference is negative it mostly
+# forgets the minus sign ("7-12" -> "5"), as students do. A model imitating it answers in the
+# right format, gets the digits right as often as it can, and mostly drops the sign; the
+# verifier's reward in GRPO (configs/quickstart.yaml) is what teaches it the sign, while it
+# also sharpens the digits.
 #   /opt/refenv/bin/python examples/arith/make_data.py [OUTDIR]   (default: examples/arith)
 # Needs the `tokenizers` package (HF) only for tokenizer.json; --no-tokenizer skips it.
 import argparse
@@ -59,9 +66,15 @@ def main():
     ap.add_argument("outdir", nargs="?", default=os.path.dirname(os.path.abspath(__file__)))
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--max-operand", type=int, default=49)
-    ap.add_argument("--eval", type=int, default=200, help="held-out problems")
+    ap.add_argument("--eval", type=int, default=400, help="held-out problems")
+    ap.add_argument("--careless", type=float, default=0.7,
+                    help="share of negative differences whose sign the SFT teacher drops")
     ap.add_argument("--sft-eval", type=int, default=100)
     ap.add_argument("--no-tokenizer", action="store_true")
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--intermediate", type=int, default=384)
     args = ap.parse_args()
     os.makedirs(args.outdir, exist_ok=True)
     rng = random.Random(args.seed)
@@ -77,19 +90,49 @@ def main():
                 [{"prompt": q(p), "answer": str(p[3])} for p in rest])
     write_jsonl(os.path.join(args.outdir, "eval.jsonl"),
                 [{"prompt": q(p), "answer": str(p[3])} for p in held])
-    # SFT: the same training problems with worked answers; its eval split is cut from them
-    # (the RL eval set stays unseen by both stages).
-    write_jsonl(os.path.join(args.outdir, "sft.jsonl"),
-                [chat(q(p), str(p[3])) for p in rest[args.sft_eval:]])
-    write_jsonl(os.path.join(args.outdir, "sft-eval.jsonl"),
-                [chat(q(p), str(p[3])) for p in rest[:args.sft_eval]])
+    # SFT: the training problems answered by the careless teacher; its eval split is cut from
+    # them (the RL eval set stays unseen by both stages).
+    def teacher(p):
+        if p[3] < 0 and rng.random() < args.careless:
+            return str(-p[3])
+        return str(p[3])
+    sft = [chat(q(p), teacher(p)) for p in rest]
+    write_jsonl(os.path.join(args.outdir, "sft.jsonl"), sft[args.sft_eval:])
+    write_jsonl(os.path.join(args.outdir, "sft-eval.jsonl"), sft[:args.sft_eval])
 
     if not args.no_tokenizer:
         # Only the text between special tokens: chatml's role lines and the problems.
         corpus = ["system\n", "user\n", "assistant\n"] * 4
         for p in probs:
             corpus += [q(p), str(p[3])]
-        make_tokenizer(os.path.join(args.outdir, "tokenizer.json"), corpus)
+        init = os.path.join(args.outdir, "init")
+        os.makedirs(init, exist_ok=True)
+        tok = make_tokenizer(os.path.join(init, "tokenizer.json"), corpus)
+        ids = {t: tok.token_to_id(t) for t in SPECIALS}
+        config = {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": tok.get_vocab_size(),
+            "hidden_size": args.hidden,
+            "intermediate_size": args.intermediate,
+            "num_hidden_layers": args.layers,
+            "num_attention_heads": args.heads,
+            "num_key_value_heads": args.heads,
+            "max_position_embeddings": 64,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0,
+            "tie_word_embeddings": True,
+            "attention_bias": False,
+            "initializer_range": 0.02,
+            "bos_token_id": None,
+            "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
+            "pad_token_id": ids["<|endoftext|>"],
+            "torch_dtype": "float32",
+        }
+        with open(os.path.join(init, "config.json.tmp"), "w") as f:
+            json.dump(config, f, indent=2)
+            f.write("\n")
+        os.replace(os.path.join(init, "config.json.tmp"), os.path.join(init, "config.json"))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ errors = []
 
 def err(msg):
     errors.append(msg)
-    print("check_run: " + msg, file=sys.stderr)
+    if len(errors) <= 20:
+        print("check_run: " + msg, file=sys.stderr)
 
 
 def metrics(run):
@@ -58,11 +59,17 @@ def check_steps(ms, steps, every, eval_key, extra):
             err("step %d: %s = %r" % (o["step"], eval_key, o[eval_key]))
 
 
+# Present on every step, but null when the run has nothing to measure it against.
+NULLABLE = {"kl"}
+
+
 def check_keys(ms, keys):
     for o in ms:
         if o["step"] == 0:
             continue
         for k in keys:
+            if k in NULLABLE and k in o and o[k] is None:
+                continue
             if not finite(o, k):
                 err("step %d: %s missing or not finite (%r)" % (o["step"], k, o.get(k)))
 
@@ -140,6 +147,8 @@ def main():
             if mode == "sft" and not (train[-1] < train[0] and ev[-1] < ev[0]):
                 err("sft did not learn: loss %s, eval/loss %s" % (train, ev))
             check_checkpoints(run, steps, ["policy"], tokenizer=True)
+    if len(errors) > 20:
+        print("check_run: ... %d problems in all" % len(errors), file=sys.stderr)
     sys.exit(1 if errors else 0)
 
 
