@@ -11,6 +11,7 @@ int tr_cmd_info(int argc, char **argv);
 int tr_cmd_generate(int argc, char **argv);
 int tr_cmd_logprobs(int argc, char **argv);
 int tr_cmd_preprocess(int argc, char **argv);
+int tr_cmd_run(int argc, char **argv);
 int tr_cmd_tokenize(int argc, char **argv);
 int tr_cmd_worker(int argc, char **argv);
 
@@ -19,6 +20,7 @@ static const tr_command commands[] = {
     {"info", "a checkpoint's configuration, parameter count and training memory", tr_cmd_info},
     {"logprobs", "per-token log-probabilities of token sequences under a model", tr_cmd_logprobs},
     {"preprocess", "tokenize JSONL into a Megatron indexed dataset (.bin/.idx)", tr_cmd_preprocess},
+    {"run", "run a recipe: GRPO, PPO, SFT or pretraining with its role workers", tr_cmd_run},
     {"tokenize", "JSONL text to token ids and back with a Hugging Face tokenizer.json", tr_cmd_tokenize},
     {"worker", "host role workers (policy, reference, critic, reward) for a controller", tr_cmd_worker},
     {NULL, NULL, NULL},

@@ -7,7 +7,7 @@
 # the outcome does not depend on the host.
 #   test_quickstart.sh TROUPE [STEPS] [MIN_GAIN]
 set -u
-troupe="$1"
+troupe="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"  # absolute: the run cds below
 steps="${2:-200}"
 gain="${3:-0.08}"
 src="${TROUPE_SOURCE_ROOT:-.}"
