@@ -7,6 +7,7 @@
 #include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "engine/file.h"
 #include "rl/controller.h"
@@ -104,18 +105,17 @@ int tr_workflow_run(const tr_recipe *r, const tr_workflow_opts *o, tr_err *err) 
             run.resumed = true;
         }
     } else {
-        snprintf(path, sizeof path, "%s/checkpoints", run_dir);
-        char mpath[TR_RECIPE_PATH_MAX + 64];
-        snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", run_dir);
-        if (tr_file_exists(path) || tr_file_exists(mpath))
+        // An earlier run that logged a step or saved a checkpoint is kept; one that failed
+        // before its first record (a wrong path in the recipe) may be started over.
+        snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
+        struct stat sb;
+        if (st.step >= 0 || (stat(path, &sb) == 0 && sb.st_size > 0))
             return tr_errf(err, TR_EINVAL, "%s holds an earlier run: continue it with --resume, or "
                            "choose another run_dir (--set run_dir=...)", run_dir);
     }
     if (run.resumed && run.step >= r->train.steps)
         return tr_errf(err, TR_EINVAL, "--resume: the run already completed step %" PRId64 " of %"
                        PRId64 " (raise train.steps to continue)", run.step, r->train.steps);
-    if (tr_recipe_write_resolved(r, err)) return -1;
-
     // Tokenizer and chat format (pretraining works on ids and may have none).
     if (tokenizer_path(r, path, sizeof path)) {
         if (tr_tokenizer_load(&run.tok, path, err)) return -1;
@@ -130,6 +130,8 @@ int tr_workflow_run(const tr_recipe *r, const tr_workflow_opts *o, tr_err *err) 
             goto done;
         run.chatp = &run.chat;
     }
+
+    if (tr_recipe_write_resolved(r, err)) goto done;
 
     tr_metrics_opts mo = {run_dir, tr_recipe_workflow_names[r->workflow], r->train.steps,
                           run.resumed ? run.step : -1, r->log.tensorboard, r->log.progress,

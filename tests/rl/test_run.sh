@@ -64,6 +64,14 @@ st=$?
 [ $st = 1 ] && grep -q -- "--resume" "$tmp/refuse.err"
 check "fresh run into an earlier run's directory exits 1 naming --resume (got $st)" $?
 
+# A run that failed before logging a step (here: a missing prompt file) may start over.
+"$troupe" run "$tmp/grpo.yaml" --set run_dir="$tmp/f" --set data.train="$tmp/missing.jsonl" 2> "$tmp/f.err"
+st=$?
+[ $st = 1 ] && grep -q "missing.jsonl" "$tmp/f.err"
+check "a missing prompt file fails the run naming it (got $st)" $?
+"$troupe" run "$tmp/grpo.yaml" --set run_dir="$tmp/f" --set train.steps=1 2> "$tmp/f2.err"
+check "the failed run's directory takes a fresh run" $?
+
 # --resume to 5 steps, against an uninterrupted 5-step run.
 "$troupe" run "$tmp/grpo.yaml" --set train.steps=5 --resume 2> "$tmp/a2.err"
 check "resume exits 0" $?
