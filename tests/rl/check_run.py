@@ -4,6 +4,8 @@
 #                                                                   metrics, schedule, checkpoints
 #   check_run.py same RUN_A RUN_B                                   equal metrics step by step
 #   check_run.py learns RUN_DIR KEY MIN_GAIN                         last eval - first eval >= gain
+#   check_run.py rises RUN_DIR KEY                                   mean of KEY over the last
+#                                                                   quarter of steps > first quarter
 # Prints what is wrong and exits 1.
 import json
 import math
@@ -123,6 +125,14 @@ def main():
         if len(ev) < 2 or ev[-1][1] - ev[0][1] < gain:
             err("%s rose by %.3f from the first to the last eval, want >= %.3f"
                 % (key, ev[-1][1] - ev[0][1] if len(ev) >= 2 else float("nan"), gain))
+    elif mode == "rises":
+        key = sys.argv[3]
+        v = [o[key] for o in metrics(sys.argv[2]) if o["step"] > 0 and finite(o, key)]
+        q = max(1, len(v) // 4)
+        first, last = sum(v[:q]) / q, sum(v[-q:]) / q
+        print("%s: first quarter %.4f, last quarter %.4f" % (key, first, last))
+        if not last > first:
+            err("%s did not rise: %.4f -> %.4f" % (key, first, last))
     else:
         run, steps, every = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
         extra = {int(x) for x in sys.argv[5].split(",")} if len(sys.argv) > 5 else set()

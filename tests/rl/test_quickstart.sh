@@ -2,7 +2,8 @@
 # The quickstart learns: configs/quickstart.yaml, shortened to STEPS steps (default 200;
 # the learning-rate schedule shrinks with it), must raise the held-out eval accuracy (greedy
 # answers scored by the rule reward) by at least MIN_GAIN (default 0.08; the full run gains
-# about 0.18) from the first eval to the last; every step's record and the final checkpoint
+# about 0.18) from the first eval to the last, and the training reward of the last quarter
+# of the steps must beat the first quarter's; every step's record and the final checkpoint
 # are checked as in test_run.sh. The CPU backend computes the same bits on any machine, so
 # the outcome does not depend on the host.
 #   test_quickstart.sh TROUPE [STEPS] [MIN_GAIN]
@@ -24,5 +25,6 @@ fi
 fail=0
 python3 tests/rl/check_run.py grpo "$tmp/run" "$steps" 40 || fail=1
 python3 tests/rl/check_run.py learns "$tmp/run" eval/accuracy "$gain" || fail=1
+python3 tests/rl/check_run.py rises "$tmp/run" reward/mean || fail=1
 if [ $fail = 0 ]; then rm -rf "$tmp"; else echo "left $tmp for inspection"; fi
 exit $fail
