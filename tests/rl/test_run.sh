@@ -126,6 +126,10 @@ EOF
 check "sft run exits 0" $?
 python3 "$check_py" sft "$tmp/sft" 4 2
 check "sft metrics (loss falls), eval at 0/2/4, final checkpoint" $?
+"$troupe" run "$tmp/sft.yaml" --set run_dir="$tmp/sft_r" --set train.steps=2 2> /dev/null &&
+    "$troupe" run "$tmp/sft.yaml" --set run_dir="$tmp/sft_r" --resume 2> "$tmp/sft_r.err" &&
+    python3 "$check_py" same "$tmp/sft" "$tmp/sft_r"
+check "sft resumed after 2 steps equals the uninterrupted run (row cursor, optimizer state)" $?
 
 cat > "$tmp/ppo.yaml" <<EOF
 workflow: ppo
@@ -151,6 +155,10 @@ check "ppo run exits 0" $st
 [ $st = 0 ] || tail -n 20 "$tmp/ppo.err"
 python3 "$check_py" ppo "$tmp/ppo" 2 0
 check "ppo metrics (critic keys, kl in the reward) and policy+critic checkpoint" $?
+"$troupe" run "$tmp/ppo.yaml" --set run_dir="$tmp/ppo_r" --set train.steps=1 2> /dev/null &&
+    "$troupe" run "$tmp/ppo.yaml" --set run_dir="$tmp/ppo_r" --resume 2> "$tmp/ppo_r.err" &&
+    python3 "$check_py" same "$tmp/ppo" "$tmp/ppo_r"
+check "ppo resumed after 1 step equals the uninterrupted run (policy and critic restored)" $?
 
 python3 -c "
 import itertools, json
