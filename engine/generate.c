@@ -44,7 +44,7 @@ int32_t tr_gen_sample_blocks(int32_t n_prompt, int32_t max_new_tokens, int32_t b
 
 void tr_generator_free(tr_generator *g) {
     tr_kvcache_free(&g->cache);
-    tr_sampler_free(&g->sampler);
+    tr_token_sampler_free(&g->sampler);
     free(g->row_ids);
     free(g->row_pos);
     free(g->row_slot);
@@ -84,7 +84,7 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
     int rc = opts->kv_buf ? tr_kvcache_init_in(&g->cache, &m->cfg, bs, kv_tokens, opts->kv_buf,
                                                opts->kv_buf_floats, err)
                           : tr_kvcache_init(&g->cache, &m->cfg, bs, kv_tokens, err);
-    if (rc != 0 || tr_sampler_init(&g->sampler, m->cfg.vocab_size, err) != 0) {
+    if (rc != 0 || tr_token_sampler_init(&g->sampler, m->cfg.vocab_size, err) != 0) {
         tr_generator_free(g);
         return tr_err_wrap(err, "generate");
     }

@@ -84,7 +84,7 @@ typedef struct tr_gen_segment {
 typedef struct tr_generator {
     tr_model *model;            // not owned; an LM, inference or training set-up
     tr_kvcache cache;
-    tr_sampler sampler;
+    tr_token_sampler sampler;
     int32_t max_seqs;
     int32_t max_rows;           // rows per trunk pass (the model's max_tokens)
     int32_t table_cap;          // block-table entries per sequence

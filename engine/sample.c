@@ -9,21 +9,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-int tr_sampler_init(tr_sampler *s, int32_t vocab, tr_err *err) {
+int tr_token_sampler_init(tr_token_sampler *s, int32_t vocab, tr_err *err) {
     memset(s, 0, sizeof *s);
     if (vocab < 1) return tr_errf(err, TR_EINVAL, "sampler: vocabulary of %d tokens", vocab);
     s->vocab = vocab;
     s->w = malloc((size_t)vocab * sizeof(double));
     s->idx = malloc((size_t)vocab * sizeof(int32_t));
     if (!s->w || !s->idx) {
-        tr_sampler_free(s);
+        tr_token_sampler_free(s);
         return tr_errf(err, TR_ENOMEM, "sampler: out of memory for a %d-token vocabulary",
                        vocab);
     }
     return 0;
 }
 
-void tr_sampler_free(tr_sampler *s) {
+void tr_token_sampler_free(tr_token_sampler *s) {
     free(s->w);
     free(s->idx);
     memset(s, 0, sizeof *s);
@@ -91,7 +91,7 @@ static void rank_head(const float *lg, int32_t *idx, int32_t n, int32_t k) {
 // Fills s->w and the kept set; returns its size. When the set is ranked, *ranked is true and
 // s->idx[0, n) lists it in rank order; otherwise the set is the whole vocabulary in id order.
 // *total is the kept weight, summed in the order tr_sample walks it.
-static int32_t prepare(tr_sampler *s, const float *lg, const tr_sample_params *p, bool *ranked,
+static int32_t prepare(tr_token_sampler *s, const float *lg, const tr_sample_params *p, bool *ranked,
                        double *total) {
     const int32_t V = s->vocab;
     float mx = lg[0];
@@ -153,7 +153,7 @@ static int32_t argmax(const float *lg, int32_t V) {
     return best;
 }
 
-int32_t tr_sample(tr_sampler *s, const float *logits, const tr_sample_params *p, tr_rng *rng) {
+int32_t tr_sample(tr_token_sampler *s, const float *logits, const tr_sample_params *p, tr_rng *rng) {
     if (p->temperature == 0.0f) return argmax(logits, s->vocab);
     bool ranked;
     double total;
@@ -172,7 +172,7 @@ int32_t tr_sample(tr_sampler *s, const float *logits, const tr_sample_params *p,
     return ranked ? s->idx[0] : 0;
 }
 
-int32_t tr_sample_probs(tr_sampler *s, const float *logits, const tr_sample_params *p,
+int32_t tr_sample_probs(tr_token_sampler *s, const float *logits, const tr_sample_params *p,
                         double *probs) {
     const int32_t V = s->vocab;
     for (int32_t i = 0; i < V; i++) probs[i] = 0.0;

@@ -16,24 +16,24 @@ typedef struct tr_sample_params {
 } tr_sample_params;
 
 // Scratch for one vocabulary, allocated once; a sampler is used by one thread at a time.
-typedef struct tr_sampler {
+typedef struct tr_token_sampler {
     int32_t vocab;
     double *w;        // [vocab] unnormalized probabilities exp((z - max) / T)
     int32_t *idx;     // [vocab] token ids, ranked in place
-} tr_sampler;
+} tr_token_sampler;
 
-int tr_sampler_init(tr_sampler *s, int32_t vocab, tr_err *err);
-void tr_sampler_free(tr_sampler *s);
+int tr_token_sampler_init(tr_token_sampler *s, int32_t vocab, tr_err *err);
+void tr_token_sampler_free(tr_token_sampler *s);
 
 // temperature >= 0 and finite, top_k >= 0, 0 < top_p <= 1.
 int tr_sample_params_check(const tr_sample_params *p, tr_err *err);
 
 // Draws a token from logits[vocab]; one 53-bit uniform from rng unless greedy.
-int32_t tr_sample(tr_sampler *s, const float *logits, const tr_sample_params *p, tr_rng *rng);
+int32_t tr_sample(tr_token_sampler *s, const float *logits, const tr_sample_params *p, tr_rng *rng);
 
 // The distribution tr_sample draws from: probs[vocab], 0 outside the kept set (greedy: a
 // one-hot). Returns the size of the kept set.
-int32_t tr_sample_probs(tr_sampler *s, const float *logits, const tr_sample_params *p,
+int32_t tr_sample_probs(tr_token_sampler *s, const float *logits, const tr_sample_params *p,
                         double *probs);
 
 // Uniform double in [0, 1) with 53 random bits (two 32-bit draws).

@@ -16,9 +16,9 @@
 // frequency within 5 binomial standard deviations (+1 draw), zero-probability tokens never.
 static void check_dist(const char *what, const float *logits, int32_t V,
                        tr_sample_params p, const double *want, uint64_t seed) {
-    tr_sampler s;
+    tr_token_sampler s;
     tr_err err = {0};
-    CHECK(tr_sampler_init(&s, V, &err) == 0);
+    CHECK(tr_token_sampler_init(&s, V, &err) == 0);
     double probs[16];
     int32_t kept = tr_sample_probs(&s, logits, &p, probs);
     int32_t want_kept = 0;
@@ -46,7 +46,7 @@ static void check_dist(const char *what, const float *logits, int32_t V,
         else CHECKF(fabs(f - want[i]) <= bound, "%s: token %d frequency %.5f, p %.5f (bound "
                     "%.5f)", what, i, f, want[i], bound);
     }
-    tr_sampler_free(&s);
+    tr_token_sampler_free(&s);
 }
 
 static void test_hand_distributions(void) {
@@ -91,16 +91,16 @@ static void test_hand_distributions(void) {
     check_dist("ties top_p=0.5", tie, 4, (tr_sample_params){1.0f, 0, 0.5f}, half, 9);
     // Greedy: argmax, lowest id on ties, no randomness used.
     float g[4] = {0.0f, 3.0f, 3.0f, 1.0f};
-    tr_sampler s;
+    tr_token_sampler s;
     tr_err err = {0};
-    CHECK(tr_sampler_init(&s, 4, &err) == 0);
+    CHECK(tr_token_sampler_init(&s, 4, &err) == 0);
     tr_rng rng;
     tr_rng_init(&rng, 3);
     tr_sample_params greedy = {0.0f, 0, 1.0f};
     CHECK(tr_sample(&s, g, &greedy, &rng) == 1 && rng.counter == 0 && rng.used == 4);
     double one[4] = {0, 1, 0, 0};
     check_dist("greedy", g, 4, greedy, one, 10);
-    tr_sampler_free(&s);
+    tr_token_sampler_free(&s);
 }
 
 // float64 reference for a large vocabulary: full sort by (logit desc, id asc), temperature,
@@ -141,9 +141,9 @@ static void test_large_vocab(void) {
     // Flat-ish logits in [-1, 1), with runs of exact ties (every 10th value repeated).
     for (int32_t i = 0; i < V; i++) lg[i] = 2.0f * tr_rng_uniform(&rng) - 1.0f;
     for (int32_t i = 10; i < V; i += 10) lg[i] = lg[i - 10];
-    tr_sampler s;
+    tr_token_sampler s;
     tr_err err = {0};
-    CHECK(tr_sampler_init(&s, V, &err) == 0);
+    CHECK(tr_token_sampler_init(&s, V, &err) == 0);
     static double got[V], want[V];
     const tr_sample_params cases[] = {{1.0f, 0, 0.9f},   {0.7f, 300, 1.0f}, {1.3f, 300, 0.5f},
                                       {1.0f, 0, 1.0f},   {0.5f, 5, 1.0f},   {1.0f, 999, 0.99f},
@@ -161,14 +161,14 @@ static void test_large_vocab(void) {
         for (int32_t d = 0; d < 2000; d++) inside &= want[tr_sample(&s, lg, &cases[c], &rng)] > 0;
         CHECKF(inside, "case %zu: a draw outside the kept set", c);
     }
-    tr_sampler_free(&s);
+    tr_token_sampler_free(&s);
 }
 
 static void test_streams(void) {
     float lg[8] = {0.1f, 0.5f, -0.3f, 0.0f, 0.2f, 0.9f, -1.0f, 0.4f};
-    tr_sampler s;
+    tr_token_sampler s;
     tr_err err = {0};
-    CHECK(tr_sampler_init(&s, 8, &err) == 0);
+    CHECK(tr_token_sampler_init(&s, 8, &err) == 0);
     tr_sample_params p = {1.0f, 0, 1.0f};
     // Same seed: same tokens; derived streams of one seed differ from each other.
     tr_rng a, b, c;
@@ -203,7 +203,7 @@ static void test_streams(void) {
     CHECK(tr_sample_params_check(&(tr_sample_params){1.0f, 0, 1.5f}, &err) != 0 &&
           strstr(err.msg, "top_p"));
     CHECK(tr_sample_params_check(&(tr_sample_params){0.0f, 0, 1.0f}, &err) == 0);
-    tr_sampler_free(&s);
+    tr_token_sampler_free(&s);
 }
 
 int main(void) {
