@@ -172,13 +172,7 @@ int tr_workflow_run(const tr_recipe *r, const tr_workflow_opts *o, tr_err *err) 
     case TR_RECIPE_GRPO: rc = tr_workflow_grpo(&run, err); break;
     case TR_RECIPE_PPO: rc = tr_workflow_ppo(&run, err); break;
     case TR_RECIPE_SFT: rc = tr_workflow_sft(&run, err); break;
-    case TR_RECIPE_PRETRAIN:
-        // data/sampler.h (pretraining windows) and engine/sample.h (token sampling) both
-        // define tr_sampler_init and tr_sampler_free, so the linker cannot take both into one
-        // binary; tr_workflow_pretrain is built and waits for one of them to be renamed.
-        rc = tr_errf(err, TR_EUNSUPPORTED, "workflow pretrain: not linked into this troupe "
-                     "(data/sampler.h and engine/sample.h define the same tr_sampler_* symbols)");
-        break;
+    case TR_RECIPE_PRETRAIN: rc = tr_workflow_pretrain(&run, err); break;
     }
     if (rc) tr_err_wrap(err, "step %" PRId64, run.step + 1);
 
