@@ -194,9 +194,11 @@ static int choose_endpoint(tr_controller *c, const tr_recipe *r, char *ep, size_
         return tr_errf(err, TR_EINVAL, "placement.attach needs placement.endpoint: the address workers started "
                        "elsewhere connect to");
     // ipc:// in run_dir when the socket path fits (108 bytes on Linux), else loopback TCP.
+    // The name carries the controller's pid: workers of an earlier controller of the same
+    // run_dir (killed, their heartbeat timeout not yet run out) cannot join a resumed run.
     char abs[4096];
-    if (realpath(c->run_dir, abs) && strlen(abs) + sizeof "/controller.ipc" <= 100)
-        snprintf(ep, cap, "ipc://%s/controller.ipc", abs);
+    if (realpath(c->run_dir, abs) && strlen(abs) + sizeof "/controller-4294967295.ipc" <= 100)
+        snprintf(ep, cap, "ipc://%s/controller-%ld.ipc", abs, (long)getpid());
     else
         snprintf(ep, cap, "tcp://127.0.0.1:*");
     return 0;
