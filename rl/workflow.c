@@ -45,6 +45,18 @@ int tr_run_checkpoint(tr_run *run, int64_t step, tr_err *err) {
     return 0;
 }
 
+int tr_run_step_end(tr_run *run, int64_t step, double tokens, double t_step, tr_err *err) {
+    double dt = tr_metrics_now() - t_step;
+    if (tr_metrics_set(&run->m, "throughput/tokens_per_s", tokens / dt, err) ||
+        tr_metrics_set(&run->m, "time/step", dt, err) || tr_metrics_commit(&run->m, err))
+        return -1;
+    run->step = step;
+    if (tr_run_save_due(step, run->rc->train.steps, run->rc->train.save_every) &&
+        tr_run_checkpoint(run, step, err))
+        return -1;
+    return 0;
+}
+
 // tokenizer.json of the policy: in its checkpoint directory, or beside init.config.
 static int tokenizer_path(const tr_recipe *r, char *out, size_t cap) {
     const tr_recipe_model *p = &r->models[TR_RECIPE_POLICY];

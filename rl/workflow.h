@@ -49,6 +49,10 @@ bool tr_run_save_due(int64_t step, int64_t total, int64_t every);
 
 // Saves every trained role (policy; critic for ppo) and the run state as checkpoint `step`.
 int tr_run_checkpoint(tr_run *run, int64_t step, tr_err *err);
+// Ends a step the same way in every workflow: throughput over `tokens` since t_step and
+// time/step into the record, the record committed, run->step advanced, and the checkpoint
+// written when one is due.
+int tr_run_step_end(tr_run *run, int64_t step, double tokens, double t_step, tr_err *err);
 
 // The workflows. Each runs steps run->step + 1 .. train.steps.
 int tr_workflow_grpo(tr_run *run, tr_err *err);

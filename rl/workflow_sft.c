@@ -115,14 +115,7 @@ int tr_workflow_sft(tr_run *run, tr_err *err) {
         if (tr_run_eval_due(step, rc->train.steps, rc->train.eval_every) && has_eval &&
             tr_eval_sft_loss(run, &eval, err))
             goto done;
-        double dt = tr_metrics_now() - t_step;
-        if (tr_metrics_set(&run->m, "throughput/tokens_per_s", (double)R * L / dt, err) ||
-            tr_metrics_set(&run->m, "time/step", dt, err) || tr_metrics_commit(&run->m, err))
-            goto done;
-        run->step = step;
-        if (tr_run_save_due(step, rc->train.steps, rc->train.save_every) &&
-            tr_run_checkpoint(run, step, err))
-            goto done;
+        if (tr_run_step_end(run, step, (double)R * L, t_step, err)) goto done;
     }
     rc_ = 0;
 done:
