@@ -21,6 +21,7 @@
 #include "data/tokenizer.h"
 #include "engine/config.h"
 #include "engine/err.h"
+#include "engine/strbuf.h"
 #include "engine/file.h"
 #include "engine/generate.h"
 #include "engine/model.h"
@@ -212,30 +213,8 @@ static int read_generation_eos(const char *dir, int32_t vocab, int32_t *stops, i
     return rc;
 }
 
-typedef struct strbuf {
-    char *s;
-    size_t len, cap;
-} strbuf;
-
-static int sb_put(strbuf *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *g = realloc(b->s, cap);
-        if (!g) return -1;
-        b->s = g;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->len, s, n);
-    b->len += n;
-    b->s[b->len] = '\0';
-    return 0;
-}
-
-static int sb_str(strbuf *b, const char *s) { return sb_put(b, s, strlen(s)); }
-
 // One output line; the text is the decode of the tokens without a final stop token.
-static int format_line(strbuf *b, int64_t index, const tr_gen_output *o,
+static int format_line(tr_strbuf *b, int64_t index, const tr_gen_output *o,
                        const tr_tokenizer *tok, tr_err *err) {
     // printf's "nan" is not JSON; a non-finite logprob means the model's numbers are.
     for (int32_t i = 0; i < o->n_tokens; i++)
@@ -247,18 +226,18 @@ static int format_line(strbuf *b, int64_t index, const tr_gen_output *o,
     char num[64];
     int k = snprintf(num, sizeof num, "{\"index\": %" PRId64 ", \"sample\": %d, \"output_ids\": [",
                      index, o->sample);
-    int bad = sb_put(b, num, (size_t)k);
+    int bad = tr_strbuf_put(b, num, (size_t)k);
     for (int32_t i = 0; i < o->n_tokens && !bad; i++) {
         k = snprintf(num, sizeof num, i ? ", %d" : "%d", o->tokens[i]);
-        bad = sb_put(b, num, (size_t)k);
+        bad = tr_strbuf_put(b, num, (size_t)k);
     }
-    bad = bad || sb_str(b, "], \"logprobs\": [");
+    bad = bad || tr_strbuf_str(b, "], \"logprobs\": [");
     for (int32_t i = 0; i < o->n_tokens && !bad; i++) {
         // %.9g reads back as the same float.
         k = snprintf(num, sizeof num, i ? ", %.9g" : "%.9g", (double)o->logprobs[i]);
-        bad = sb_put(b, num, (size_t)k);
+        bad = tr_strbuf_put(b, num, (size_t)k);
     }
-    bad = bad || sb_str(b, o->finish == TR_GEN_STOP ? "], \"finish_reason\": \"stop\""
+    bad = bad || tr_strbuf_str(b, o->finish == TR_GEN_STOP ? "], \"finish_reason\": \"stop\""
                                                         : "], \"finish_reason\": \"length\"");
     if (bad) return tr_errf(err, TR_ENOMEM, "out of memory formatting output");
     if (tok) {
@@ -268,13 +247,13 @@ static int format_line(strbuf *b, int64_t index, const tr_gen_output *o,
             return tr_err_wrap(err, "decoding prompt %" PRId64 " sample %d", index, o->sample);
         json_t *js = json_stringn(text, len);
         char *enc = js ? json_dumps(js, JSON_ENCODE_ANY) : NULL;
-        bad = !enc || sb_str(b, ", \"text\": ") || sb_str(b, enc);
+        bad = !enc || tr_strbuf_str(b, ", \"text\": ") || tr_strbuf_str(b, enc);
         free(enc);
         json_decref(js);
         free(text);
         if (bad) return tr_errf(err, TR_ENOMEM, "out of memory formatting output");
     }
-    if (sb_str(b, "}\n")) return tr_errf(err, TR_ENOMEM, "out of memory formatting output");
+    if (tr_strbuf_str(b, "}\n")) return tr_errf(err, TR_ENOMEM, "out of memory formatting output");
     return 0;
 }
 
@@ -413,7 +392,7 @@ int tr_cmd_generate(int argc, char **argv) {
     tr_model m;
     tr_generator g;
     tr_file_writer w;
-    strbuf buf = {0};
+    tr_strbuf buf = {0};
     gen_watch watch = {0};
     rc = 1;
     // The output is opened first, so a bad --out fails before the work rather than after it.
@@ -528,7 +507,7 @@ done:
     tr_progress_end(&watch.pg);
     if (writer_open) tr_file_writer_abort(&w);
     if (out_path) tr_cleanup_remove(w.tmp);
-    free(buf.s);
+    tr_strbuf_free(&buf);
     if (outs) tr_gen_outputs_free(outs, n_out);
     free(outs);
     free(reqs);

@@ -18,6 +18,7 @@
 #include "cli/progress.h"
 #include "data/tokenizer.h"
 #include "engine/err.h"
+#include "engine/strbuf.h"
 #include "engine/file.h"
 #include "engine/heads.h"
 #include "engine/model.h"
@@ -174,42 +175,21 @@ static int read_sequences(const char *path, int32_t vocab, const tr_tokenizer *t
     return rc;
 }
 
-// Appends text to a growing buffer; returns -1 when memory runs out.
-typedef struct strbuf {
-    char *s;
-    size_t len, cap;
-} strbuf;
-
-static int sb_put(strbuf *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *g = realloc(b->s, cap);
-        if (!g) return -1;
-        b->s = g;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->len, s, n);
-    b->len += n;
-    b->s[b->len] = '\0';
-    return 0;
-}
-
-static int write_line(strbuf *b, const float *lp, int32_t n) {
+static int write_line(tr_strbuf *b, const float *lp, int32_t n) {
     char num[32];
-    if (sb_put(b, "{\"logprobs\": [", 14) != 0) return -1;
+    if (tr_strbuf_put(b, "{\"logprobs\": [", 14) != 0) return -1;
     for (int32_t i = 0; i < n; i++) {
         // %.9g reads back as the same float.
         int k = snprintf(num, sizeof num, i ? ", %.9g" : "%.9g", (double)lp[i]);
-        if (sb_put(b, num, (size_t)k) != 0) return -1;
+        if (tr_strbuf_put(b, num, (size_t)k) != 0) return -1;
     }
-    return sb_put(b, "]}\n", 3);
+    return tr_strbuf_put(b, "]}\n", 3);
 }
 
 typedef struct output {
     FILE *stdout_f;          // NULL when writing a file
     tr_file_writer w;
-    strbuf buf;
+    tr_strbuf buf;
 } output;
 
 static int flush_output(output *o, tr_err *err) {
@@ -391,7 +371,7 @@ done:
     tr_progress_end(&pg);
     if (writer_open) tr_file_writer_abort(&o.w);
     if (out_path) tr_cleanup_remove(o.w.tmp);
-    free(o.buf.s);
+    tr_strbuf_free(&o.buf);
     if (model_ok) tr_model_free(&m);
     tr_backend_cpu_free(&be);
     free(ids);
