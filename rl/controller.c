@@ -541,7 +541,13 @@ int tr_controller_stop(tr_controller *c, tr_err *err) {
         }
     }
     bool healthy = !c->failed;
+    // The socket file of an ipc:// endpoint would outlive the router; each run names its
+    // own (controller-<pid>.ipc), so remove it rather than let run_dir collect them.
+    char ipc_path[4096] = "";
+    const char *ep = c->router ? tr_router_endpoint(c->router) : NULL;
+    if (ep && strncmp(ep, "ipc://", 6) == 0) snprintf(ipc_path, sizeof ipc_path, "%s", ep + 6);
     tr_router_free(c->router);
+    if (ipc_path[0]) unlink(ipc_path);
     restore_signals(c);
     free(c);
     if (!clean && healthy && err)

@@ -57,6 +57,8 @@ python3 "$check_py" grpo "$tmp/a" 3 0
 check "grpo metrics, eval schedule and checkpoints" $?
 grep -q "grpo step 3/3 | reward .* | eval .* | ETA " "$tmp/a.err"
 check "progress line with step/total, reward, eval and ETA" $?
+! ls "$tmp/a"/controller*.ipc > /dev/null 2>&1
+check "the controller's ipc socket file is removed at the end of the run" $?
 
 # A fresh run refuses the directory of an earlier one.
 "$troupe" run "$tmp/grpo.yaml" 2> "$tmp/refuse.err"
