@@ -132,12 +132,7 @@ int tr_workflow_grpo(tr_run *run, tr_err *err) {
             if (tr_policy_sync_weights(run->policy, &synced, err)) goto done;
             double t_sync = tr_metrics_now() - t0;
 
-            if (tr_rl_log_train(run, &tm, err) ||
-                tr_metrics_set(&run->m, "entropy", tr_rl_response_mean(&s.batch, s.entropy), err) ||
-                (!isnan(kl_reward) && tr_metrics_set(&run->m, "kl", kl_reward, err)) ||
-                (!kl && tr_metrics_set(&run->m, "kl", NAN, err)) ||
-                tr_metrics_set(&run->m, "logprob_diff/max",
-                               tr_rl_max_abs_diff(&s.batch, s.batch.gen_logprobs, s.old_lp), err) ||
+            if (tr_rl_log_train(run, &s, &tm, kl, kl_reward, err) ||
                 tr_metrics_set(&run->m, "time/train", t_train, err) ||
                 tr_metrics_set(&run->m, "time/sync", t_sync, err) ||
                 tr_rl_log_samples(run, step, &s, err))

@@ -119,16 +119,11 @@ int tr_workflow_ppo(tr_run *run, tr_err *err) {
         if (tr_policy_sync_weights(run->policy, &synced, err)) goto done;
         double t_sync = tr_metrics_now() - t0;
 
-        if (tr_rl_log_rollouts(run, &s, err) || tr_rl_log_train(run, &tm, err) ||
-            tr_metrics_set(&run->m, "entropy", tr_rl_response_mean(&s.batch, s.entropy), err) ||
-            (!isnan(kl_reward) && tr_metrics_set(&run->m, "kl", kl_reward, err)) ||
-            (!kl && tr_metrics_set(&run->m, "kl", NAN, err)) ||
+        if (tr_rl_log_rollouts(run, &s, err) || tr_rl_log_train(run, &s, &tm, kl, kl_reward, err) ||
             tr_metrics_set(&run->m, "critic/value_loss", cm.value_loss, err) ||
             tr_metrics_set(&run->m, "critic/clip_frac", cm.value_clip_frac, err) ||
             tr_metrics_set(&run->m, "critic/grad_norm", cm.grad_norm, err) ||
             tr_metrics_set(&run->m, "critic/value_mean", cm.value_mean, err) ||
-            tr_metrics_set(&run->m, "logprob_diff/max",
-                           tr_rl_max_abs_diff(&s.batch, s.batch.gen_logprobs, s.old_lp), err) ||
             tr_metrics_set(&run->m, "time/generate", t_gen, err) ||
             tr_metrics_set(&run->m, "time/reward", t_reward, err) ||
             (kl && tr_metrics_set(&run->m, "time/reference", t_ref, err)) ||

@@ -289,15 +289,22 @@ int tr_rl_log_rollouts(tr_run *run, const tr_rl_step *s, tr_err *err) {
                : 0;
 }
 
-int tr_rl_log_train(tr_run *run, const tr_train_metrics *tm, tr_err *err) {
+int tr_rl_log_train(tr_run *run, const tr_rl_step *s, const tr_train_metrics *tm, bool kl,
+                    double kl_reward, tr_err *err) {
     tr_metrics *m = &run->m;
+    // kl: the loss term's when KL is in the loss, the reward penalty's when it is in the
+    // reward (kl_reward not NaN), null when there is no KL at all. Entropy over the response
+    // tokens of the batch, from the behaviour pass.
+    double kl_v = !kl ? NAN : !isnan(kl_reward) ? kl_reward : tm->kl;
     return tr_metrics_set(m, "loss", tm->loss, err) || tr_metrics_set(m, "pg_loss", tm->pg_loss, err) ||
-                   tr_metrics_set(m, "kl", tm->kl, err) ||
-                   tr_metrics_set(m, "entropy", tm->entropy, err) ||
+                   tr_metrics_set(m, "kl", kl_v, err) ||
+                   tr_metrics_set(m, "entropy", tr_rl_response_mean(&s->batch, s->entropy), err) ||
                    tr_metrics_set(m, "clip_frac", tm->clip_frac, err) ||
                    tr_metrics_set(m, "approx_kl", tm->approx_kl, err) ||
                    tr_metrics_set(m, "grad_norm", tm->grad_norm, err) ||
-                   tr_metrics_set(m, "lr", tm->lr, err)
+                   tr_metrics_set(m, "lr", tm->lr, err) ||
+                   tr_metrics_set(m, "logprob_diff/max",
+                                  tr_rl_max_abs_diff(&s->batch, s->batch.gen_logprobs, s->old_lp), err)
                ? -1
                : 0;
 }

@@ -70,9 +70,11 @@ double tr_rl_max_abs_diff(const tr_rollouts *r, const float *a, const float *b);
 // (mean score), eval/reward (mean shaped reward) and eval/response_len in run->m.
 int tr_rl_eval(tr_run *run, tr_prompt_loader *eval, tr_err *err);
 
-// Step metrics common to GRPO and PPO (rewards, response lengths, training metrics,
-// logprob_diff/max, phase timings are set by the caller).
+// Step metrics common to GRPO and PPO: rewards and response lengths; training metrics with
+// kl (from the loss, the reward penalty kl_reward, or null without KL), entropy and
+// logprob_diff/max (generation vs training-path logprobs). Phase timings are the caller's.
 int tr_rl_log_rollouts(tr_run *run, const tr_rl_step *s, tr_err *err);
-int tr_rl_log_train(tr_run *run, const tr_train_metrics *tm, tr_err *err);
+int tr_rl_log_train(tr_run *run, const tr_rl_step *s, const tr_train_metrics *tm, bool kl,
+                    double kl_reward, tr_err *err);
 // Writes a few of the batch's rollouts to run_dir/samples.jsonl when log.samples_every says so.
 int tr_rl_log_samples(tr_run *run, int64_t step, const tr_rl_step *s, tr_err *err);
