@@ -45,3 +45,49 @@ extern "C" int tr_cuda_device_query(int index, tr_cuda_device_info *info, char *
     info->free_mem = free_b;
     return 0;
 }
+
+static int cuda_fail(cudaError_t e, const char *what, size_t bytes, char *msg, size_t msg_len) {
+    if (msg_len) snprintf(msg, msg_len, "%s (%zu bytes): %s", what, bytes, cudaGetErrorString(e));
+    return -1;
+}
+
+extern "C" int tr_cuda_alloc(void **ptr, size_t bytes, char *msg, size_t msg_len) {
+    *ptr = NULL;
+    cudaError_t e = cudaMalloc(ptr, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        *ptr = NULL;
+        return cuda_fail(e, "cudaMalloc", bytes, msg, msg_len);
+    }
+    return 0;
+}
+
+extern "C" void tr_cuda_free(void *ptr) {
+    if (ptr) cudaFree(ptr);   // a failure here has no one to report to
+}
+
+// cudaMemcpy on the legacy default stream waits for the backends' (blocking) streams.
+extern "C" int tr_cuda_copy_h2d(void *dst, const void *src, size_t bytes, char *msg,
+                                size_t msg_len) {
+    if (bytes == 0) return 0;
+    cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+    return e == cudaSuccess ? 0 : cuda_fail(e, "cudaMemcpy host to device", bytes, msg, msg_len);
+}
+
+extern "C" int tr_cuda_copy_d2h(void *dst, const void *src, size_t bytes, char *msg,
+                                size_t msg_len) {
+    if (bytes == 0) return 0;
+    cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+    return e == cudaSuccess ? 0 : cuda_fail(e, "cudaMemcpy device to host", bytes, msg, msg_len);
+}
+
+extern "C" int tr_cuda_zero(void *ptr, size_t bytes, char *msg, size_t msg_len) {
+    if (bytes == 0) return 0;
+    cudaError_t e = cudaMemset(ptr, 0, bytes);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    return e == cudaSuccess ? 0 : cuda_fail(e, "cudaMemset", bytes, msg, msg_len);
+}
+
+extern "C" int tr_cuda_sync(char *msg, size_t msg_len) {
+    cudaError_t e = cudaDeviceSynchronize();
+    return e == cudaSuccess ? 0 : cuda_fail(e, "cudaDeviceSynchronize", 0, msg, msg_len);
+}

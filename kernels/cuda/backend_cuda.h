@@ -1,0 +1,28 @@
+// The CUDA backend (NVIDIA Hopper, sm_90, fp32): the tr_ops table of kernels/ops.h on one GPU,
+// behind a C API so host code stays C11. Every pointer handed to an op is device memory,
+// including the arrays inside tr_doc_layout (doc_start, pos), tr_kv_pages (pools) and the
+// decode block_table / seq_len; the two structs themselves are host memory.
+#pragma once
+#include <stddef.h>
+
+#include "kernels/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Makes `device` current for the calling thread and creates the backend's stream and cuBLAS
+// handle (fp32 math, no TF32). Ops run asynchronously on that stream, in call order; the
+// calling thread must keep `device` current. Returns 0, or -1 with be->ops NULL: then
+// tr_backend_cuda_status says why, and tr_backend_cuda_free releases what was made.
+int tr_backend_cuda_init(tr_backend *be, int device);
+void tr_backend_cuda_free(tr_backend *be);
+
+// Ops return void, so the backend records the first CUDA or cuBLAS failure (launch or
+// execution) and keeps it. This waits for the queued ops, then returns 0 if none failed, or
+// -1 with the first failure's text (call site and CUDA message) copied into msg.
+int tr_backend_cuda_status(tr_backend *be, char *msg, size_t cap);
+
+#ifdef __cplusplus
+}
+#endif

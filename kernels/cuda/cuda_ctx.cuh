@@ -1,0 +1,129 @@
+// Internal to the CUDA backend (.cu files only): the backend context (stream, cuBLAS handle,
+// sumsq scratch, first recorded error), the checks that record failures, deterministic block
+// reductions, and the op functions each .cu file adds to the table in backend_cuda.cu.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "kernels/ops.h"
+
+// sumsq adds at most this many fixed blocks; their partial sums live in the context.
+#define TR_CUDA_SUMSQ_BLOCKS 1024
+
+typedef struct tr_cuda_ctx {
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    double *partial;        // device, TR_CUDA_SUMSQ_BLOCKS doubles
+    double *partial_host;   // pinned, same size
+    int failed;
+    char msg[512];
+} tr_cuda_ctx;
+
+static inline tr_cuda_ctx *tr_cuda_ctx_of(tr_backend *be) { return (tr_cuda_ctx *)be->ctx; }
+static inline cudaStream_t tr_cuda_stream(tr_backend *be) { return tr_cuda_ctx_of(be)->stream; }
+
+// Records the first failure; later ones are consequences and are dropped. Returns 0 on
+// success so that callers can stop early: `if (tr_cuda_check(...)) return;`.
+int tr_cuda_record(tr_cuda_ctx *ctx, const char *file, int line, const char *what,
+                   const char *detail);
+static inline int tr_cuda_check_rt(tr_backend *be, cudaError_t e, const char *file, int line,
+                                   const char *what) {
+    if (e == cudaSuccess) return 0;
+    return tr_cuda_record(tr_cuda_ctx_of(be), file, line, what, cudaGetErrorString(e));
+}
+static inline int tr_cuda_check_blas(tr_backend *be, cublasStatus_t s, const char *file,
+                                     int line, const char *what) {
+    if (s == CUBLAS_STATUS_SUCCESS) return 0;
+    return tr_cuda_record(tr_cuda_ctx_of(be), file, line, what, cublasGetStatusString(s));
+}
+#define TR_CUDA_CHECK(be, call) tr_cuda_check_rt((be), (call), __FILE__, __LINE__, #call)
+#define TR_CUBLAS_CHECK(be, call) tr_cuda_check_blas((be), (call), __FILE__, __LINE__, #call)
+// After a kernel launch: bad configurations are reported here, faults at the next sync.
+#define TR_CUDA_LAUNCHED(be, name) \
+    tr_cuda_check_rt((be), cudaGetLastError(), __FILE__, __LINE__, "launch " name)
+
+// Grid size for elementwise kernels over n items with a grid-stride loop.
+static inline unsigned tr_cuda_grid(size_t n, unsigned threads) {
+    size_t g = (n + threads - 1) / threads;
+    return g > 65535u * 16u ? 65535u * 16u : (unsigned)(g ? g : 1);
+}
+
+// Block reductions in a fixed order (warp butterfly, then warp 0 over the warp results), so
+// the same inputs give the same bits on every run. blockDim.x must be a multiple of 32; every
+// thread of the block must call, and every thread gets the result.
+struct tr_op_sum {
+    template <typename T> __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct tr_op_max {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <typename T, typename Op>
+__device__ inline T tr_block_reduce(T v, Op op, T identity) {
+    __shared__ T buf[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();   // buf may still be read by a previous call
+    if (lane == 0) buf[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        int nw = (int)(blockDim.x >> 5);
+        v = lane < nw ? buf[lane] : identity;
+        for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+        if (lane == 0) buf[0] = v;
+    }
+    __syncthreads();
+    return buf[0];
+}
+
+__device__ inline double tr_block_sum(double v) { return tr_block_reduce(v, tr_op_sum(), 0.0); }
+__device__ inline float tr_block_max(float v) {
+    return tr_block_reduce(v, tr_op_max(), -INFINITY);
+}
+
+// Op functions, signatures as in kernels/ops.h.
+void tr_cuda_matmul_forward(tr_backend *be, float *out, const float *in, const float *w,
+                            const float *bias, int32_t T, int32_t IC, int32_t OC);
+void tr_cuda_matmul_backward(tr_backend *be, float *din, float *dw, float *dbias,
+                             const float *dout, const float *in, const float *w, int32_t T,
+                             int32_t IC, int32_t OC);
+void tr_cuda_embedding_forward(tr_backend *be, float *out, const int32_t *ids,
+                               const float *table, int32_t T, int32_t C);
+void tr_cuda_embedding_backward(tr_backend *be, float *dtable, const float *dout,
+                                const int32_t *ids, int32_t T, int32_t C);
+void tr_cuda_rmsnorm_forward(tr_backend *be, float *out, float *rstd, const float *in,
+                             const float *w, float eps, int32_t T, int32_t C);
+void tr_cuda_rmsnorm_backward(tr_backend *be, float *din, float *dw, const float *dout,
+                              const float *in, const float *w, const float *rstd, int32_t T,
+                              int32_t C);
+void tr_cuda_rope_forward(tr_backend *be, float *x, const int32_t *pos, const float *inv_freq,
+                          int32_t T, int32_t H, int32_t D);
+void tr_cuda_rope_backward(tr_backend *be, float *dx, const int32_t *pos,
+                           const float *inv_freq, int32_t T, int32_t H, int32_t D);
+void tr_cuda_attention_forward(tr_backend *be, float *out, float *lse, const float *q,
+                               const float *k, const float *v, const tr_doc_layout *docs,
+                               int32_t H, int32_t KVH, int32_t D);
+void tr_cuda_attention_backward(tr_backend *be, float *dq, float *dk, float *dv,
+                                const float *dout, const float *out, const float *lse,
+                                const float *q, const float *k, const float *v,
+                                const tr_doc_layout *docs, int32_t H, int32_t KVH, int32_t D);
+void tr_cuda_attention_decode(tr_backend *be, float *out, const float *q,
+                              const tr_kv_pages *kv, const int32_t *block_table,
+                              int32_t max_blocks, const int32_t *seq_len, int32_t B, int32_t H);
+void tr_cuda_swiglu_forward(tr_backend *be, float *out, const float *gate, const float *up,
+                            size_t n);
+void tr_cuda_swiglu_backward(tr_backend *be, float *dgate, float *dup, const float *dout,
+                             const float *gate, const float *up, size_t n);
+void tr_cuda_logsoftmax_forward(tr_backend *be, float *logprob, float *entropy, float *lse,
+                                const float *logits, const int32_t *target, int32_t T,
+                                int32_t V);
+void tr_cuda_logsoftmax_backward(tr_backend *be, float *dlogits, const float *dlogprob,
+                                 const float *dentropy, const float *logits, const float *lse,
+                                 const int32_t *target, int32_t T, int32_t V);
+void tr_cuda_add(tr_backend *be, float *out, const float *a, const float *b, size_t n);
+double tr_cuda_sumsq(tr_backend *be, const float *x, size_t n);
+void tr_cuda_scale(tr_backend *be, float *x, float s, size_t n);
+void tr_cuda_adamw(tr_backend *be, float *p, const float *g, float *m, float *v, size_t n,
+                   float lr, float b1, float b2, float eps, float wd, int32_t t);
