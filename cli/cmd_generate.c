@@ -20,6 +20,7 @@
 #include "data/sft.h"
 #include "data/tokenizer.h"
 #include "engine/config.h"
+#include "engine/checkpoint.h"
 #include "engine/err.h"
 #include "engine/strbuf.h"
 #include "engine/file.h"
@@ -365,14 +366,7 @@ int tr_cmd_generate(int argc, char **argv) {
 
     tr_err err = {0};
     tr_model_config cfg;
-    char path[4200];
-    snprintf(path, sizeof path, "%s/config.json", model_dir);
-    if (tr_config_load(path, &cfg, &err) != 0) return tr_cli_fail(CMD, &err);
-    if (cfg.head != TR_HEAD_LM) {
-        tr_errf(&err, TR_EINVAL, "%s is a %s; generate needs a causal LM", model_dir,
-                cfg.architecture);
-        return tr_cli_fail(CMD, &err);
-    }
+    if (tr_checkpoint_load_lm_config(model_dir, CMD, &cfg, &err) != 0) return tr_cli_fail(CMD, &err);
     int32_t stops[MAX_STOPS], n_stops = 0, chat_stops[MAX_STOPS], n_chat = 0;
     const int32_t V = cfg.vocab_size;
     for (int32_t i = 0; i < cfg.n_eos; i++) add_stop(stops, &n_stops, cfg.eos_token_ids[i], V);
@@ -380,6 +374,7 @@ int tr_cmd_generate(int argc, char **argv) {
         return tr_cli_fail(CMD, &err);
 
     tr_tokenizer *tok = NULL;
+    char path[4200];
     snprintf(path, sizeof path, "%s/tokenizer.json", model_dir);
     if (tr_file_exists(path) && tr_tokenizer_load(&tok, path, &err) != 0)
         return tr_cli_fail(CMD, &err);

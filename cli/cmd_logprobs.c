@@ -17,6 +17,7 @@
 #include "cli/commands.h"
 #include "cli/progress.h"
 #include "data/tokenizer.h"
+#include "engine/checkpoint.h"
 #include "engine/err.h"
 #include "engine/strbuf.h"
 #include "engine/file.h"
@@ -282,14 +283,7 @@ int tr_cmd_logprobs(int argc, char **argv) {
 
     tr_err err = {0};
     tr_model_config cfg;
-    char cfg_path[4200];
-    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", model_dir);
-    if (tr_config_load(cfg_path, &cfg, &err) != 0) return tr_cli_fail(CMD, &err);
-    if (cfg.head != TR_HEAD_LM) {
-        tr_errf(&err, TR_EINVAL, "%s is a %s; logprobs needs a causal LM", model_dir,
-                cfg.architecture);
-        return tr_cli_fail(CMD, &err);
-    }
+    if (tr_checkpoint_load_lm_config(model_dir, CMD, &cfg, &err) != 0) return tr_cli_fail(CMD, &err);
     tr_tokenizer *tok = NULL;
     char tok_path[4200];
     snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", model_dir);

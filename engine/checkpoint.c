@@ -52,6 +52,15 @@ int tr_checkpoint_load_config(const char *dir, tr_model_config *cfg, tr_err *err
     return tr_config_load(path, cfg, err);
 }
 
+int tr_checkpoint_load_lm_config(const char *dir, const char *what, tr_model_config *cfg,
+                                 tr_err *err) {
+    if (tr_checkpoint_load_config(dir, cfg, err)) return -1;
+    if (cfg->head != TR_HEAD_LM)
+        return tr_errf(err, TR_EINVAL, "%s is a %s; %s needs a causal LM", dir, cfg->architecture,
+                       what);
+    return 0;
+}
+
 static bool is_head(const char *name) {
     return strncmp(name, "lm_head.", 8) == 0 || strncmp(name, "score.", 6) == 0;
 }

@@ -23,6 +23,10 @@ extern const char *const tr_ckpt_tokenizer_files[];
 
 // Reads DIR/config.json.
 int tr_checkpoint_load_config(const char *dir, tr_model_config *cfg, tr_err *err);
+// Reads DIR/config.json and requires a causal LM (not a score or value model); `what` names
+// the use in the error ("generate needs a causal LM").
+int tr_checkpoint_load_lm_config(const char *dir, const char *what, tr_model_config *cfg,
+                                 tr_err *err);
 
 // Loads the weights of DIR into buf (layout->total floats, layout built from cfg); padding
 // between tensors is zeroed. Every tensor of the layout must be present with its shape;
