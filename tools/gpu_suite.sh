@@ -1,36 +1,95 @@
 #!/usr/bin/env bash
-# Runs on a GPU machine (CUDA toolkit with nvcc, cuBLAS, OpenBLAS, meson, ninja): builds the
-# kernels and engine layers with the CUDA backend, then runs the CUDA op test and the CUDA
-# benchmark. Logs go to $OUT when set, else ./gpu-results. Usage: tools/gpu_suite.sh
+# Runs on a GPU machine (CUDA toolkit with nvcc, cuBLAS, NCCL, OpenBLAS, meson, ninja, python3):
+# builds the kernels and engine layers with the CUDA backend, then runs the CUDA op test, their
+# unit tests and the CUDA benchmark; then builds the full troupe binary with CUDA and runs the
+# unit and e2e suites. Usage: tools/gpu_suite.sh
+#
+# The full build needs the upper layers' libraries, which a bare GPU machine lacks: make .debs/
+# on a networked Debian 12 machine with tools/fetch_gpu_deps.sh and carry .debs along (it is
+# ignored by git); tools/gpu_deps.sh unpacks it there. Without .debs only the engine part runs.
+# On the lent GPU machine: command `tools/gpu_suite.sh`, carry [".debs"], timeout 600 s; the
+# whole script takes a few minutes on 16 cores.
+#
+# Output goes to $OUT when set, else ./gpu-results: summary.txt (each step's exit status and the
+# test counts) and logs.tar.gz (one log per step plus meson's full test logs). The loose logs are
+# removed after packing when $OUT is set, since only a few files come back from there.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 out="${OUT:-gpu-results}"
-mkdir -p "$out"
-build=build-gpu
+logs="$out/logs"
+mkdir -p "$logs"
+summary="$out/summary.txt"
+: >"$summary"
+build="build-gpu"
+build_all="build-gpu-all"
 status=0
 
-run() {   # run NAME CMD...: output to the terminal and to $out/NAME.log; records failure
+run() {   # run NAME CMD...: output to the terminal and to $logs/NAME.log; records failure
     local name=$1
     shift
     echo "== $name: $*"
-    "$@" 2>&1 | tee "$out/$name.log"
+    "$@" 2>&1 | tee "$logs/$name.log"
     local rc=${PIPESTATUS[0]}
     echo "== $name: exit $rc"
+    echo "$name: exit $rc" >>"$summary"
     if [ "$rc" -ne 0 ]; then status=1; fi
     return "$rc"
 }
 
+# shellcheck disable=SC2317  # called through run
+configure() {   # configure DIR OPTION...: configure, or reconfigure a build folder left from before
+    local dir=$1
+    shift
+    if [ -d "$dir" ]; then
+        meson setup --reconfigure "$dir" "$@"
+    else
+        meson setup "$dir" "$@"
+    fi
+}
+
+engine_part() {   # kernels + engine only: needs nothing beyond CUDA and OpenBLAS
+    run setup configure "$build" -Dcuda=enabled -Dlayers=engine || return 1
+    run build ninja -C "$build" || return 1
+    # The op test reports each op's error next to the CPU backend; 77 would mean no device seen.
+    run test_cuda_ops env OPENBLAS_NUM_THREADS=1 "$build/tests/kernels/test_cuda_ops"
+    run unit_kernels meson test -C "$build" --suite unit --print-errorlogs
+    run bench_cuda "$build/bench/bench_cuda"
+}
+
+full_part() {   # every layer and the troupe binary, with the libraries from .debs/
+    run deps tools/gpu_deps.sh || return 1
+    # shellcheck source=/dev/null
+    . .deps-root/env.sh
+    # werror=false: gcc 13 there may warn where Debian's gcc 12, which CI builds with, does not.
+    run setup_all configure "$build_all" -Dcuda=enabled -Dwerror=false || return 1
+    run build_all ninja -C "$build_all" || return 1
+    run test_all meson test -C "$build_all" --suite unit --suite e2e --print-errorlogs
+    cp "$build_all/meson-logs/testlog.txt" "$logs/testlog_all.txt" 2>/dev/null
+    # The model tests again by name, in a log of their own: forward against transformers,
+    # gradients against finite differences, generation and the training step.
+    run model_tests meson test -C "$build_all" --print-errorlogs \
+        test_model_hf test_model_grad test_generate test_train
+}
+
 run nvidia-smi nvidia-smi || true
-git rev-parse HEAD > "$out/commit.txt" 2>/dev/null || true
-if [ -d "$build" ]; then
-    run setup meson setup --reconfigure "$build" -Dcuda=enabled -Dlayers=engine || exit 1
+commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+echo "commit: $commit" | tee -a "$summary"
+engine_part
+cp "$build/meson-logs/testlog.txt" "$logs/testlog_engine.txt" 2>/dev/null
+if [ -d .debs/dev ]; then
+    full_part
 else
-    run setup meson setup "$build" -Dcuda=enabled -Dlayers=engine || exit 1
+    echo "no .debs/: the full binary is not built (make it with tools/fetch_gpu_deps.sh and carry it)" |
+        tee -a "$summary"
 fi
-run build ninja -C "$build" || exit 1
-# The op test reports each op's error next to the CPU backend; 77 would mean no device seen.
-run test_cuda_ops env OPENBLAS_NUM_THREADS=1 "$build/tests/kernels/test_cuda_ops"
-run unit_kernels meson test -C "$build" --suite unit --print-errorlogs
-run bench_cuda "$build/bench/bench_cuda"
+
+# Test counts of each meson test run, for a glance without unpacking the logs.
+for f in "$logs"/unit_kernels.log "$logs"/test_all.log "$logs"/model_tests.log; do
+    [ -f "$f" ] || continue
+    echo "$(basename "$f" .log): $(grep -E '^(Ok|Fail|Skipped|Timeout):' "$f" | tr -s ' ' | tr '\n' ' ')" >>"$summary"
+done
+echo "overall status: $status" >>"$summary"
+tar -czf "$out/logs.tar.gz" -C "$out" logs && if [ -n "${OUT:-}" ]; then rm -rf "$logs"; fi
+cat "$summary"
 echo "logs in $out; overall status $status"
 exit "$status"
