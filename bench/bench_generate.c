@@ -2,7 +2,10 @@
 // ~10M-parameter Llama-style model of bench_train (random weights), at 1 and 2 threads.
 // Decode time is the difference between a run generating 1 + NEW tokens per sequence and one
 // generating 1 (prefill and first token only), so prompt processing is not counted.
-// usage: bench_generate [NEW_TOKENS [PROMPT_LEN]]   (defaults 32 and 64)
+// usage: bench_generate [--machine] [NEW_TOKENS [PROMPT_LEN]]   (defaults 32 and 64).
+// --machine adds one key=value line per thread count and batch after the table
+// (`troupe decode threads=N batch=B tok/s=...`), which bench/run_cpu_peers.sh reads.
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,10 +48,17 @@ static int timed(tr_generator *g, tr_gen_request *reqs, int32_t B, int32_t max_n
 }
 
 int main(int argc, char **argv) {
+    bool machine = false;
+    if (argc > 1 && strcmp(argv[1], "--machine") == 0) {
+        machine = true;
+        argv++;
+        argc--;
+    }
     int new_tokens = argc > 1 ? atoi(argv[1]) : 32;
     int prompt_len = argc > 2 ? atoi(argv[2]) : 64;
     if (new_tokens < 1 || prompt_len < 1 || prompt_len > 1024 || new_tokens > 1024) {
-        fprintf(stderr, "usage: bench_generate [NEW_TOKENS [PROMPT_LEN]] (1..1024 each)\n");
+        fprintf(stderr, "usage: bench_generate [--machine] [NEW_TOKENS [PROMPT_LEN]] "
+                "(1..1024 each)\n");
         return 2;
     }
     tr_err err = {0};
@@ -80,6 +90,8 @@ int main(int argc, char **argv) {
     printf("%-8s %-6s %-14s %-14s %-16s %-14s\n", "threads", "batch", "decode tok/s",
            "ms/step", "decode cpu-s/tok", "prefill tok/s");
     const int32_t thread_counts[] = {1, 2}, batches[] = {1, 16, 64};
+    // Kept until the table is done, so the key=value lines do not interleave with it.
+    double decode_tps[2][3], prefill_tps[2][3], step_ms[2][3], cpu_per_tok[2][3];
     for (int32_t k = 0; k < 2; k++) {
         tr_backend be;
         if (tr_backend_cpu_init(&be, thread_counts[k]) != 0) return 1;
@@ -109,10 +121,23 @@ int main(int argc, char **argv) {
             printf("%-8d %-6d %-14.0f %-14.2f %-16.6f %-14.0f\n", thread_counts[k], B,
                    tokens / decode, 1e3 * decode / new_tokens, (c1 - c0) / tokens,
                    (double)B * prompt_len / w0);
+            decode_tps[k][bi] = tokens / decode;
+            prefill_tps[k][bi] = (double)B * prompt_len / w0;
+            step_ms[k][bi] = 1e3 * decode / new_tokens;
+            cpu_per_tok[k][bi] = (c1 - c0) / tokens;
         }
         tr_generator_free(&g);
         tr_model_free(&m);
         tr_backend_cpu_free(&be);
+    }
+    if (machine) {
+        printf("\n");
+        for (int32_t k = 0; k < 2; k++)
+            for (int32_t bi = 0; bi < 3; bi++)
+                printf("troupe decode threads=%d batch=%d prompt=%d new=%d tok/s=%.1f "
+                       "ms/step=%.3f cpu-s/tok=%.6f prefill_tok/s=%.1f\n", thread_counts[k],
+                       batches[bi], prompt_len, new_tokens, decode_tps[k][bi], step_ms[k][bi],
+                       cpu_per_tok[k][bi], prefill_tps[k][bi]);
     }
     free(prompts);
     return 0;

@@ -1,6 +1,9 @@
 // CPU training throughput: tokens/s of a full step (forward, backward, clipping, AdamW) and of
 // the forward alone, for a ~10M-parameter Llama-style model, at 1 and 2 threads.
-// usage: bench_train [STEPS [TOKENS_PER_STEP]]   (defaults 3 and 1024, in 256-token documents)
+// usage: bench_train [--machine] [STEPS [TOKENS_PER_STEP]]   (defaults 3 and 1024, in
+// 256-token documents). --machine adds one key=value line per thread count after the table
+// (`troupe train threads=N tok/s=...`), which bench/run_cpu_peers.sh reads.
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,10 +35,17 @@ static double now(void) { return clock_s(CLOCK_MONOTONIC); }
 static double cpu_now(void) { return clock_s(CLOCK_PROCESS_CPUTIME_ID); }
 
 int main(int argc, char **argv) {
+    bool machine = false;
+    if (argc > 1 && strcmp(argv[1], "--machine") == 0) {
+        machine = true;
+        argv++;
+        argc--;
+    }
     int steps = argc > 1 ? atoi(argv[1]) : 3;
     int tokens = argc > 2 ? atoi(argv[2]) : 1024;
     if (steps < 1 || tokens < SEQ || tokens % SEQ != 0) {
-        fprintf(stderr, "usage: bench_train [STEPS [TOKENS_PER_STEP, a multiple of %d]]\n", SEQ);
+        fprintf(stderr, "usage: bench_train [--machine] [STEPS [TOKENS_PER_STEP, a multiple of "
+                "%d]]\n", SEQ);
         return 2;
     }
     tr_err err = {0};
@@ -74,6 +84,9 @@ int main(int argc, char **argv) {
     printf("%-8s %-8s %-8s %-12s %-12s %-14s %-8s\n", "threads", "params", "s/step",
            "cpu-s/step", "train tok/s", "forward tok/s", "loss");
     const int32_t thread_counts[] = {1, 2};
+    // Kept until the table is done, so the key=value lines do not interleave with it.
+    double train_tps[2], fwd_tps[2], step_s[2], step_cpu[2];
+    float loss[2];
     for (int32_t k = 0; k < 2; k++) {
         tr_backend be;
         if (tr_backend_cpu_init(&be, thread_counts[k]) != 0) return 1;
@@ -110,9 +123,21 @@ int main(int argc, char **argv) {
         snprintf(params, sizeof params, "%.2fM", (double)tr_model_n_params(&m) / 1e6);
         printf("%-8d %-8s %-8.3f %-12.3f %-12.0f %-14.0f %-8.4f\n", thread_counts[k], params,
                train_s, train_cpu, tokens / train_s, tokens / fwd_s, res.loss);
+        train_tps[k] = tokens / train_s;
+        fwd_tps[k] = tokens / fwd_s;
+        step_s[k] = train_s;
+        step_cpu[k] = train_cpu;
+        loss[k] = res.loss;
         tr_trainer_free(&tr);
         tr_model_free(&m);
         tr_backend_cpu_free(&be);
+    }
+    if (machine) {
+        printf("\n");
+        for (int32_t k = 0; k < 2; k++)
+            printf("troupe train threads=%d tokens=%d steps=%d tok/s=%.1f forward_tok/s=%.1f "
+                   "s/step=%.4f cpu-s/step=%.4f loss=%.4f\n", thread_counts[k], tokens, steps,
+                   train_tps[k], fwd_tps[k], step_s[k], step_cpu[k], loss[k]);
     }
     free(ids);
     free(targets);
