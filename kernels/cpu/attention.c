@@ -1,8 +1,7 @@
 // Causal grouped-query attention on the CPU: the training forward/backward over packed
 // documents and the decode step over the paged KV cache. Forward and decode compute a query
 // row with the same function (attn_row), keys in the same order and chunks, so a decoded
-// token's output is bitwise the training forward's row. The backward works on sgemm tiles.
-#include <cblas.h>
+// token's output is bitwise the training forward's row. The backward works on gemm tiles.
 #include <math.h>
 
 #include "kernels/cpu/cpu.h"
@@ -98,6 +97,7 @@ typedef struct attn_job {
     const tr_kv_pages *kv;
     const int32_t *block_table, *seq_len;
     int32_t max_blocks;
+    tr_gemm_isa isa;   // the backward's tile products run inside pool tasks
 } attn_job;
 
 // Single-core time estimate for tr_cpu_run: ~4 flops per (query, key, channel) at ~8/ns.
@@ -147,9 +147,9 @@ void tr_cpu_attention_forward(tr_backend *be, float *out, float *lse, const floa
 }
 
 // The backward recomputes probabilities tile by tile from the saved lse, FlashAttention-2
-// style, with sgemm on ATT_TILE x ATT_TILE tiles (it need not match the forward's bits, only
-// its own across thread counts). Two passes avoid racing writes: dq by query tiles, then dk
-// and dv by key tiles, each recomputing S = Q K^T and dP = dO V^T.
+// style, with gemm products on ATT_TILE x ATT_TILE tiles (it need not match the forward's
+// bits, only its own across thread counts). Two passes avoid racing writes: dq by query
+// tiles, then dk and dv by key tiles, each recomputing S = Q K^T and dP = dO V^T.
 // With a query tile [i0, i1) and a key tile [k0, k1) of one document, it fills
 // p = softmax probabilities (0 above the diagonal) and ds = dS = p (dP - delta) * scale.
 static void attn_tile_grads(const attn_job *j, int32_t h, int32_t i0, int32_t i1, int32_t k0,
@@ -160,17 +160,21 @@ static void attn_tile_grads(const attn_job *j, int32_t h, int32_t i0, int32_t i1
     const float *go = j->dout + ((size_t)i0 * j->H + h) * D;
     const float *k = j->k + ((size_t)k0 * j->KVH + g) * D;
     const float *v = j->v + ((size_t)k0 * j->KVH + g) * D;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, qn, kn, D, j->scale, q, ldq, k, ldk,
-                0.0f, p, kn);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, qn, kn, D, 1.0f, go, ldq, v, ldk, 0.0f,
-                ds, kn);
+    // p = Q K^T, ds = dO V^T: B(d, b) = K[b, d]
+    tr_gemm s = {.M = qn, .N = kn, .K = D, .a = q, .a_rs = ldq, .a_ks = 1, .b = k, .b_ks = 1,
+                 .b_cs = ldk, .c = p, .ldc = kn};
+    tr_gemm_serial(j->isa, &s);
+    s.a = go;
+    s.b = v;
+    s.c = ds;
+    tr_gemm_serial(j->isa, &s);
     for (int32_t a = 0; a < qn; a++) {
         float lse = j->lse_in[(size_t)(i0 + a) * j->H + h];
         int32_t visible = i0 + a - k0 + 1;   // keys k0 .. i0+a
         if (visible > kn) visible = kn;
         float *pr = p + (size_t)a * kn, *dr = ds + (size_t)a * kn;
         for (int32_t b = 0; b < kn; b++) {
-            float pb = b < visible ? expf(pr[b] - lse) : 0.0f;
+            float pb = b < visible ? expf(pr[b] * j->scale - lse) : 0.0f;
             pr[b] = pb;
             dr[b] = pb * (dr[b] - delta[a]) * j->scale;
         }
@@ -201,9 +205,12 @@ static void attn_backward_dq_task(void *arg, int32_t task) {
             int32_t k1 = k0 + ATT_TILE < i1 ? k0 + ATT_TILE : i1;
             attn_tile_grads(j, h, i0, i1, k0, k1, delta, p, ds);
             // dq[i0:i1] += dS @ K[k0:k1]
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, D, k1 - k0, 1.0f,
-                        ds, k1 - k0, j->k + ((size_t)k0 * j->KVH + g) * D, j->KVH * D, 1.0f,
-                        j->dq + ((size_t)i0 * j->H + h) * D, j->H * D);
+            tr_gemm dq = {.M = i1 - i0, .N = D, .K = k1 - k0, .a = ds, .a_rs = k1 - k0,
+                          .a_ks = 1, .b = j->k + ((size_t)k0 * j->KVH + g) * D,
+                          .b_ks = j->KVH * D, .b_cs = 1,
+                          .c = j->dq + ((size_t)i0 * j->H + h) * D, .ldc = j->H * D,
+                          .accumulate = true};
+            tr_gemm_serial(j->isa, &dq);
         }
         i0 = i1;
     }
@@ -229,13 +236,15 @@ static void attn_backward_dkv_task(void *arg, int32_t task) {
                 size_t q_off = ((size_t)i0 * j->H + h) * D;
                 attn_tile_delta(j, h, i0, i1, delta);
                 attn_tile_grads(j, h, i0, i1, k0, k1, delta, p, ds);
-                // dv[k0:k1] += P^T @ dO[i0:i1]; dk[k0:k1] += dS^T @ Q[i0:i1]
-                if (j->dv)
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kn, D, qn, 1.0f, p, kn,
-                                j->dout + q_off, j->H * D, 1.0f, j->dv + kv_off, j->KVH * D);
-                if (j->dk)
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kn, D, qn, 1.0f, ds,
-                                kn, j->q + q_off, j->H * D, 1.0f, j->dk + kv_off, j->KVH * D);
+                // dv[k0:k1] += P^T @ dO[i0:i1]; dk[k0:k1] += dS^T @ Q[i0:i1]: A(b, a) = p[a, b]
+                tr_gemm t = {.M = kn, .N = D, .K = qn, .a = p, .a_rs = 1, .a_ks = kn,
+                             .b = j->dout + q_off, .b_ks = j->H * D, .b_cs = 1,
+                             .c = j->dv + kv_off, .ldc = j->KVH * D, .accumulate = true};
+                if (j->dv) tr_gemm_serial(j->isa, &t);
+                t.a = ds;
+                t.b = j->q + q_off;
+                t.c = j->dk + kv_off;
+                if (j->dk) tr_gemm_serial(j->isa, &t);
             }
         }
         k0 = k1;
@@ -250,8 +259,8 @@ void tr_cpu_attention_backward(tr_backend *be, float *dq, float *dk, float *dv,
     if (T <= 0) return;
     attn_job j = {.dq = dq, .dk = dk, .dv = dv, .dout = dout, .out_in = out, .lse_in = lse,
                   .q = q, .k = k, .v = v, .docs = docs, .T = T, .H = H, .KVH = KVH, .D = D,
-                  .scale = attn_scale(D)};
-    // sgemm tiles run ~4x faster than the forward's row loops
+                  .scale = attn_scale(D), .isa = tr_cpu_isa(be)};
+    // gemm tiles run ~4x faster than the forward's row loops
     double work = 0.4 * attn_work_ns(docs, H, D);
     if (dq) tr_cpu_run(be, tr_cpu_ceil_div(T, ATT_TILE) * H, attn_backward_dq_task, &j, work);
     if (dk || dv)

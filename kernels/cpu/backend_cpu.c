@@ -1,7 +1,5 @@
-// The CPU backend: its tr_ops table and the context behind it (a thread pool). OpenBLAS is set
-// to one thread because the kernels parallelize over fixed tiles themselves; letting it split
-// work by its own thread count would make results depend on that count.
-#include <cblas.h>
+// The CPU backend: its tr_ops table and the context behind it (a thread pool and the matrix
+// product's micro-kernel, chosen once from what the processor has).
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -32,8 +30,9 @@ static const tr_ops cpu_ops = {
 
 // Memory: no op allocates and the context holds no scratch. Kernels work in their outputs
 // (attention keeps its running output row in out) or in fixed-size stack buffers whose size
-// does not grow with the arguments: at most the attention backward's two 64 x 64 float tiles
-// (32 KiB), far inside a thread's default stack. So nothing needs sizing before a step.
+// does not grow with the arguments: at most a gemm block's packed panel of B (32 KiB) inside
+// an attention backward task with its two 64 x 64 float tiles (32 KiB), far inside a
+// thread's default stack. So nothing needs sizing before a step.
 // One thread at a time may call the ops of one backend.
 int tr_backend_cpu_init(tr_backend *be, int32_t n_threads) {
     be->ops = NULL;
@@ -50,7 +49,7 @@ int tr_backend_cpu_init(tr_backend *be, int32_t n_threads) {
         free(ctx);
         return -1;
     }
-    openblas_set_num_threads(1);
+    ctx->isa = tr_gemm_isa_detect();
     be->ops = &cpu_ops;
     be->ctx = ctx;
     be->n_threads = n_threads;

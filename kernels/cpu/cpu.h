@@ -6,14 +6,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/ops.h"
 
 typedef struct tr_cpu_ctx {
     tr_pool *pool;
+    tr_gemm_isa isa;   // the matrix product's micro-kernel, fixed at init
 } tr_cpu_ctx;
 
 static inline tr_pool *tr_cpu_pool(tr_backend *be) { return ((tr_cpu_ctx *)be->ctx)->pool; }
+static inline tr_gemm_isa tr_cpu_isa(tr_backend *be) { return ((tr_cpu_ctx *)be->ctx)->isa; }
 
 // Waking the pool's workers costs ~10 us; a job estimated (ns on one core) below this runs
 // its tasks in the calling thread instead. Same tasks either way, so the same bits.

@@ -1,0 +1,304 @@
+// The CPU matrix product (gemm.h): tiles of C are tasks, each walks K in blocks, packs a
+// panel of B per block and runs a register micro-kernel over the rows, reading A in place.
+// Micro-kernels exist for AVX-512, AVX2+FMA and plain C (fmaf); each keeps one accumulator
+// lane per element of C and adds the products in k order with a fused multiply-add, so all
+// three give the same bits and a K-block boundary only stores and reloads the running sum.
+#include "kernels/cpu/gemm.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define GEMM_X86 1
+#include <immintrin.h>
+#else
+#define GEMM_X86 0
+#endif
+
+#define GEMM_MR_MAX 12
+#define GEMM_NR_MAX 32
+#define GEMM_KC_MAX 256
+#define GEMM_MC 192        // rows of C per task: a multiple of every MR (4, 6, 12)
+
+// kc steps of the chain for an MR x NR tile: ar[r] points at A(row r, k0), successive k are
+// aks apart; bp is the packed B panel (kc rows of NR floats). load_c continues the chain from
+// the tile's current values; bias (NR floats) is added after the last step when not NULL.
+typedef void (*gemm_ukr_fn)(int32_t kc, const float *const *ar, ptrdiff_t aks,
+                            const float *bp, float *c, ptrdiff_t ldc, bool load_c,
+                            const float *bias);
+
+typedef struct gemm_kernel {
+    int32_t mr, nr, kc;
+    gemm_ukr_fn ukr;
+} gemm_kernel;
+
+// ---- plain C: 4 x 8, fmaf (correctly rounded everywhere, the reference for the others) ----
+
+static void ukr_generic(int32_t kc, const float *const *ar, ptrdiff_t aks, const float *bp,
+                        float *c, ptrdiff_t ldc, bool load_c, const float *bias) {
+    float acc[4][8];
+    for (int32_t r = 0; r < 4; r++)
+        for (int32_t j = 0; j < 8; j++) acc[r][j] = load_c ? c[r * ldc + j] : 0.0f;
+    for (int32_t k = 0; k < kc; k++) {
+        const float *b = bp + (size_t)k * 8;
+        for (int32_t r = 0; r < 4; r++) {
+            float a = ar[r][k * aks];
+            for (int32_t j = 0; j < 8; j++) acc[r][j] = fmaf(a, b[j], acc[r][j]);
+        }
+    }
+    for (int32_t r = 0; r < 4; r++)
+        for (int32_t j = 0; j < 8; j++) c[r * ldc + j] = bias ? acc[r][j] + bias[j] : acc[r][j];
+}
+
+#if GEMM_X86
+
+// ---- AVX2 + FMA: 6 x 16 (12 accumulators, two B vectors, one broadcast) ----
+
+__attribute__((target("avx2,fma"))) static void ukr_avx2(int32_t kc, const float *const *ar,
+                                                        ptrdiff_t aks, const float *bp, float *c,
+                                                        ptrdiff_t ldc, bool load_c,
+                                                        const float *bias) {
+    __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
+    if (load_c) {
+        c00 = _mm256_loadu_ps(c), c01 = _mm256_loadu_ps(c + 8);
+        c10 = _mm256_loadu_ps(c + ldc), c11 = _mm256_loadu_ps(c + ldc + 8);
+        c20 = _mm256_loadu_ps(c + 2 * ldc), c21 = _mm256_loadu_ps(c + 2 * ldc + 8);
+        c30 = _mm256_loadu_ps(c + 3 * ldc), c31 = _mm256_loadu_ps(c + 3 * ldc + 8);
+        c40 = _mm256_loadu_ps(c + 4 * ldc), c41 = _mm256_loadu_ps(c + 4 * ldc + 8);
+        c50 = _mm256_loadu_ps(c + 5 * ldc), c51 = _mm256_loadu_ps(c + 5 * ldc + 8);
+    } else {
+        c00 = c01 = c10 = c11 = c20 = c21 = _mm256_setzero_ps();
+        c30 = c31 = c40 = c41 = c50 = c51 = _mm256_setzero_ps();
+    }
+    const float *a0 = ar[0], *a1 = ar[1], *a2 = ar[2], *a3 = ar[3], *a4 = ar[4], *a5 = ar[5];
+    // One running offset for the six rows keeps the loop to indexed loads and FMAs.
+    ptrdiff_t o = 0;
+#pragma GCC unroll 4
+    for (int32_t k = 0; k < kc; k++) {
+        __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
+        __m256 a;
+        a = _mm256_broadcast_ss(a0 + o);
+        c00 = _mm256_fmadd_ps(a, b0, c00), c01 = _mm256_fmadd_ps(a, b1, c01);
+        a = _mm256_broadcast_ss(a1 + o);
+        c10 = _mm256_fmadd_ps(a, b0, c10), c11 = _mm256_fmadd_ps(a, b1, c11);
+        a = _mm256_broadcast_ss(a2 + o);
+        c20 = _mm256_fmadd_ps(a, b0, c20), c21 = _mm256_fmadd_ps(a, b1, c21);
+        a = _mm256_broadcast_ss(a3 + o);
+        c30 = _mm256_fmadd_ps(a, b0, c30), c31 = _mm256_fmadd_ps(a, b1, c31);
+        a = _mm256_broadcast_ss(a4 + o);
+        c40 = _mm256_fmadd_ps(a, b0, c40), c41 = _mm256_fmadd_ps(a, b1, c41);
+        a = _mm256_broadcast_ss(a5 + o);
+        c50 = _mm256_fmadd_ps(a, b0, c50), c51 = _mm256_fmadd_ps(a, b1, c51);
+        o += aks;
+        bp += 16;
+    }
+    if (bias) {
+        __m256 b0 = _mm256_loadu_ps(bias), b1 = _mm256_loadu_ps(bias + 8);
+        c00 = _mm256_add_ps(c00, b0), c01 = _mm256_add_ps(c01, b1);
+        c10 = _mm256_add_ps(c10, b0), c11 = _mm256_add_ps(c11, b1);
+        c20 = _mm256_add_ps(c20, b0), c21 = _mm256_add_ps(c21, b1);
+        c30 = _mm256_add_ps(c30, b0), c31 = _mm256_add_ps(c31, b1);
+        c40 = _mm256_add_ps(c40, b0), c41 = _mm256_add_ps(c41, b1);
+        c50 = _mm256_add_ps(c50, b0), c51 = _mm256_add_ps(c51, b1);
+    }
+    _mm256_storeu_ps(c, c00), _mm256_storeu_ps(c + 8, c01);
+    _mm256_storeu_ps(c + ldc, c10), _mm256_storeu_ps(c + ldc + 8, c11);
+    _mm256_storeu_ps(c + 2 * ldc, c20), _mm256_storeu_ps(c + 2 * ldc + 8, c21);
+    _mm256_storeu_ps(c + 3 * ldc, c30), _mm256_storeu_ps(c + 3 * ldc + 8, c31);
+    _mm256_storeu_ps(c + 4 * ldc, c40), _mm256_storeu_ps(c + 4 * ldc + 8, c41);
+    _mm256_storeu_ps(c + 5 * ldc, c50), _mm256_storeu_ps(c + 5 * ldc + 8, c51);
+}
+
+// ---- AVX-512F: 12 x 32 (24 accumulators) ----
+
+__attribute__((target("avx512f"))) static void ukr_avx512(int32_t kc, const float *const *ar,
+                                                         ptrdiff_t aks, const float *bp,
+                                                         float *c, ptrdiff_t ldc, bool load_c,
+                                                         const float *bias) {
+    __m512 acc[12][2];
+    for (int32_t r = 0; r < 12; r++) {
+        acc[r][0] = load_c ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();
+        acc[r][1] = load_c ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps();
+    }
+    ptrdiff_t o = 0;
+    for (int32_t k = 0; k < kc; k++) {
+        __m512 b0 = _mm512_loadu_ps(bp), b1 = _mm512_loadu_ps(bp + 16);
+        // Fully unrolled by the compiler: acc stays in registers (24 + 2 + 1 of 32).
+#pragma GCC unroll 12
+        for (int32_t r = 0; r < 12; r++) {
+            __m512 x = _mm512_set1_ps(ar[r][o]);
+            acc[r][0] = _mm512_fmadd_ps(x, b0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(x, b1, acc[r][1]);
+        }
+        o += aks;
+        bp += 32;
+    }
+    __m512 b0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+    __m512 b1 = bias ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();
+    for (int32_t r = 0; r < 12; r++) {
+        // Without a bias nothing is added: x + 0 would turn a -0 sum into +0.
+        _mm512_storeu_ps(c + r * ldc, bias ? _mm512_add_ps(acc[r][0], b0) : acc[r][0]);
+        _mm512_storeu_ps(c + r * ldc + 16, bias ? _mm512_add_ps(acc[r][1], b1) : acc[r][1]);
+    }
+}
+
+#endif  // GEMM_X86
+
+static gemm_kernel gemm_kernel_of(tr_gemm_isa isa) {
+#if GEMM_X86
+    if (isa == TR_GEMM_AVX512) return (gemm_kernel){.mr = 12, .nr = 32, .kc = 128, .ukr = ukr_avx512};
+    if (isa == TR_GEMM_AVX2) return (gemm_kernel){.mr = 6, .nr = 16, .kc = 256, .ukr = ukr_avx2};
+#endif
+    (void)isa;
+    return (gemm_kernel){.mr = 4, .nr = 8, .kc = 256, .ukr = ukr_generic};
+}
+
+tr_gemm_isa tr_gemm_isa_detect(void) {
+    tr_gemm_isa best = TR_GEMM_GENERIC;
+#if GEMM_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = TR_GEMM_AVX2;
+    if (__builtin_cpu_supports("avx512f")) best = TR_GEMM_AVX512;
+#endif
+    const char *want = getenv("TROUPE_CPU_ISA");
+    if (want) {
+        tr_gemm_isa w = best;
+        if (strcmp(want, "generic") == 0) w = TR_GEMM_GENERIC;
+        else if (strcmp(want, "avx2") == 0) w = TR_GEMM_AVX2;
+        else if (strcmp(want, "avx512") == 0) w = TR_GEMM_AVX512;
+        if (w < best) best = w;
+    }
+    return best;
+}
+
+const char *tr_gemm_isa_name(tr_gemm_isa isa) {
+    return isa == TR_GEMM_AVX512 ? "avx512" : isa == TR_GEMM_AVX2 ? "avx2" : "generic";
+}
+
+// Packs B(k0 .. k0+kn-1, j0 .. j0+nr-1) as kn rows of NR floats, zero beyond nr.
+static void gemm_pack_b(float *bp, const tr_gemm *g, int32_t k0, int32_t kn, int32_t j0,
+                        int32_t nr, int32_t NR) {
+    if (g->b_cs == 1) {
+        for (int32_t k = 0; k < kn; k++) {
+            const float *src = g->b + (k0 + k) * g->b_ks + j0;
+            float *dst = bp + (size_t)k * NR;
+            memcpy(dst, src, (size_t)nr * sizeof(float));
+            for (int32_t j = nr; j < NR; j++) dst[j] = 0.0f;
+        }
+        return;
+    }
+    if (nr < NR)
+        for (int32_t k = 0; k < kn; k++)
+            for (int32_t j = nr; j < NR; j++) bp[(size_t)k * NR + j] = 0.0f;
+    // Columns of B run along k (B = W^T): a transpose, one column of B at a time.
+    for (int32_t j = 0; j < nr; j++) {
+        const float *src = g->b + (j0 + j) * g->b_cs + k0 * g->b_ks;
+        float *dst = bp + j;
+        if (g->b_ks == 1)
+            for (int32_t k = 0; k < kn; k++) dst[(size_t)k * NR] = src[k];
+        else
+            for (int32_t k = 0; k < kn; k++) dst[(size_t)k * NR] = src[k * g->b_ks];
+    }
+}
+
+// C rows [i0, i1) x columns [j0, j1): the whole chain over K, block by block.
+static void gemm_block(const gemm_kernel *kr, const tr_gemm *g, int32_t i0, int32_t i1,
+                       int32_t j0, int32_t j1) {
+    const int32_t MR = kr->mr, NR = kr->nr;
+    float bp[GEMM_KC_MAX * GEMM_NR_MAX] __attribute__((aligned(64)));
+    float tile[GEMM_MR_MAX * GEMM_NR_MAX], bias_pad[GEMM_NR_MAX];
+    const float *ar[GEMM_MR_MAX];
+    for (int32_t k0 = 0; k0 < g->K; k0 += kr->kc) {
+        int32_t kn = g->K - k0 < kr->kc ? g->K - k0 : kr->kc;
+        bool load_c = k0 > 0 || g->accumulate, last = k0 + kn == g->K;
+        for (int32_t j = j0; j < j1; j += NR) {
+            int32_t nr = j1 - j < NR ? j1 - j : NR;
+            gemm_pack_b(bp, g, k0, kn, j, nr, NR);
+            const float *bias = NULL;
+            if (last && g->bias) {
+                if (nr == NR) bias = g->bias + j;
+                else {
+                    for (int32_t x = 0; x < NR; x++) bias_pad[x] = x < nr ? g->bias[j + x] : 0.0f;
+                    bias = bias_pad;
+                }
+            }
+            for (int32_t i = i0; i < i1; i += MR) {
+                int32_t mr = i1 - i < MR ? i1 - i : MR;
+                // Rows past the end read the last real row; their results are dropped.
+                for (int32_t r = 0; r < MR; r++)
+                    ar[r] = g->a + (i + (r < mr ? r : mr - 1)) * g->a_rs + k0 * g->a_ks;
+                float *c = g->c + (ptrdiff_t)i * g->ldc + j;
+                if (mr == MR && nr == NR) {
+                    kr->ukr(kn, ar, g->a_ks, bp, c, g->ldc, load_c, bias);
+                    continue;
+                }
+                memset(tile, 0, sizeof tile);
+                if (load_c)
+                    for (int32_t r = 0; r < mr; r++)
+                        for (int32_t x = 0; x < nr; x++) tile[r * NR + x] = c[r * g->ldc + x];
+                kr->ukr(kn, ar, g->a_ks, bp, tile, NR, load_c, bias);
+                for (int32_t r = 0; r < mr; r++)
+                    for (int32_t x = 0; x < nr; x++) c[r * g->ldc + x] = tile[r * NR + x];
+            }
+        }
+    }
+}
+
+// K = 0: the chain is empty, so C is its start (0 or itself) plus the bias.
+static void gemm_empty(const tr_gemm *g) {
+    for (int32_t i = 0; i < g->M; i++)
+        for (int32_t j = 0; j < g->N; j++) {
+            float *c = g->c + (ptrdiff_t)i * g->ldc + j;
+            float v = g->accumulate ? *c : 0.0f;
+            *c = g->bias ? v + g->bias[j] : v;
+        }
+}
+
+void tr_gemm_serial(tr_gemm_isa isa, const tr_gemm *g) {
+    if (g->M <= 0 || g->N <= 0) return;
+    if (g->K <= 0) {
+        gemm_empty(g);
+        return;
+    }
+    gemm_kernel kr = gemm_kernel_of(isa);
+    // Row blocks keep the part of A that each packed panel of B meets inside the L2 cache.
+    for (int32_t i0 = 0; i0 < g->M; i0 += GEMM_MC)
+        gemm_block(&kr, g, i0, g->M - i0 < GEMM_MC ? g->M : i0 + GEMM_MC, 0, g->N);
+}
+
+typedef struct gemm_job {
+    const tr_gemm *g;
+    gemm_kernel kr;
+    int32_t mc, nc, n_tiles_n;
+} gemm_job;
+
+static void gemm_task(void *arg, int32_t task) {
+    const gemm_job *j = arg;
+    int32_t i0 = (task / j->n_tiles_n) * j->mc, j0 = (task % j->n_tiles_n) * j->nc;
+    int32_t i1 = i0 + j->mc < j->g->M ? i0 + j->mc : j->g->M;
+    int32_t j1 = j0 + j->nc < j->g->N ? j0 + j->nc : j->g->N;
+    gemm_block(&j->kr, j->g, i0, i1, j0, j1);
+}
+
+void tr_gemm_run(tr_backend *be, const tr_gemm *g) {
+    if (g->M <= 0 || g->N <= 0) return;
+    if (g->K <= 0) {
+        gemm_empty(g);
+        return;
+    }
+    gemm_job j = {.g = g, .kr = gemm_kernel_of(tr_cpu_isa(be))};
+    const int32_t MR = j.kr.mr, NR = j.kr.nr;
+    // Tiles only decide who computes what, never the bits: sized for cache and balance.
+    j.mc = g->M < GEMM_MC ? tr_cpu_ceil_div(g->M, MR) * MR : GEMM_MC;
+    int32_t n_tiles_m = tr_cpu_ceil_div(g->M, j.mc);
+    int32_t want = 4 * be->n_threads, panels = tr_cpu_ceil_div(g->N, NR);
+    int32_t per_row = want > n_tiles_m ? tr_cpu_ceil_div(want, n_tiles_m) : 1;
+    if (per_row > panels) per_row = panels;
+    j.nc = tr_cpu_ceil_div(panels, per_row) * NR;
+    j.n_tiles_n = tr_cpu_ceil_div(g->N, j.nc);
+    double flops = 2.0 * g->M * g->N * g->K;
+    tr_cpu_run(be, n_tiles_m * j.n_tiles_n, gemm_task, &j, flops / 40.0);
+}
