@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `troupe logprobs` end to end: on the transformers fixtures its output matches the logprobs
-# transformers computed (1e-5 abs, line for line, in input order) whether sequences share a
-# forward or not; text input equals its token ids; bad input fails with exit 1 and a message
+# transformers computed (1e-5 abs, line for line, in input order: fp32 sums in another order
+# differ by a few ulp per layer), and is the same bytes for every --batch-tokens, whether
+# sequences share a forward or not; text input equals its token ids; bad input fails with exit 1 and a message
 # naming FILE:LINE; usage errors exit 2.
 set -u
 troupe="$1"
@@ -48,6 +49,14 @@ for m in llama3 qwen2 llama_bias; do
     st=$?; check "$m --out: exit status ($(cat "$tmp/err"))" $st
     compare "$tmp/$m.file.jsonl" "$fx/$m/logprobs_expected.jsonl"
     check "$m: --out file matches transformers" $?
+    cmp -s "$tmp/$m.out" "$tmp/$m.file.jsonl"
+    check "$m: one sequence per forward gives the bytes of a shared forward" $?
+    for bt in 7 33 100; do
+        "$troupe" logprobs --model "$fx/$m" --data "$fx/$m/logprobs_input.jsonl" \
+            --batch-tokens $bt --threads 1 >"$tmp/$m.bt.out" 2>"$tmp/err"
+        cmp -s "$tmp/$m.out" "$tmp/$m.bt.out"
+        check "$m: --batch-tokens $bt --threads 1 gives the same bytes" $?
+    done
 done
 
 # "text" lines are encoded with the model's tokenizer.json: the same output as the ids that

@@ -1,7 +1,7 @@
 // The controller with real worker processes (`troupe worker`), all on loopback:
 //   - fork mode from a recipe (policy and reference colocated, rule reward apart): logs in
 //     run_dir/logs, a generate -> score -> logprobs round trip whose reference logprobs equal
-//     the generation's within 1e-5;
+//     the generation's bit for bit;
 //   - a worker killed with SIGKILL, and one stopped with SIGSTOP (hung), each reported within
 //     10 s by the next call, naming role and rank and quoting its log;
 //   - attach mode: workers started by hand before the controller join it;
@@ -76,7 +76,7 @@ static int round_trip(tr_controller *c, bool reference, tr_err *err) {
     if (!rc) {
         double worst = 0;
         for (int64_t t = 0; t < r.n_tokens; t++) worst = fmax(worst, fabs((double)lp[t] - r.gen_logprobs[t]));
-        CHECKF(worst <= 1e-5, "logprobs differ from the generation's by %.3g", worst);
+        CHECKF(worst == 0, "logprobs differ from the generation's by %.3g", worst);
         CHECK(r.n == 4);
         for (int i = 0; i < 4; i++) CHECK(scores[i] == 0.0f || scores[i] == 1.0f);
     }
