@@ -1,6 +1,8 @@
 // CPU kernel speed at the sizes of a ~10M-parameter Llama-style model (hidden 256, T = 1024):
 // GFLOP/s of the linear layers and milliseconds of attention forward/backward, for 1 and 2
 // threads. Run by hand: build-*/bench/bench_kernels [max_threads]. Best of a few repetitions.
+// Where OpenBLAS was found at build time, its single-threaded sgemm on the forward's shape is
+// timed beside troupe's own product, as the reference for what a tuned BLAS does here.
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +10,9 @@
 #include <time.h>
 
 #include "kernels/ops.h"
+#ifdef TR_BENCH_OPENBLAS
+#include <cblas.h>
+#endif
 
 static double now_s(void) {
     struct timespec ts;
@@ -50,8 +55,22 @@ static void bench_matmul(tr_backend *be, const mm_shape *s, int32_t T) {
         if (t1 - t0 < best_f) best_f = t1 - t0;
         if (t2 - t1 < best_b) best_b = t2 - t1;
     }
-    printf("  matmul %-8s T=%-5d IC=%-5d OC=%-5d  fwd %7.1f GFLOP/s  bwd %7.1f GFLOP/s\n", s->name,
+    printf("  matmul %-8s T=%-5d IC=%-5d OC=%-5d  fwd %7.1f GFLOP/s  bwd %7.1f GFLOP/s", s->name,
            T, s->IC, s->OC, flops / best_f * 1e-9, 2 * flops / best_b * 1e-9);
+#ifdef TR_BENCH_OPENBLAS
+    if (be->n_threads == 1) {
+        double best_o = 1e30;
+        for (int r = 0; r < REPS; r++) {
+            double t0 = now_s();
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, s->OC, s->IC, 1.0f, in,
+                        s->IC, w, s->IC, 0.0f, out, s->OC);
+            double t1 = now_s();
+            if (t1 - t0 < best_o) best_o = t1 - t0;
+        }
+        printf("  (openblas fwd %7.1f)", flops / best_o * 1e-9);
+    }
+#endif
+    printf("\n");
     free(in); free(w); free(out); free(din); free(dw);
 }
 
@@ -112,6 +131,9 @@ static void bench_decode(tr_backend *be, int32_t B, int32_t ctx, int32_t H, int3
 
 int main(int argc, char **argv) {
     int32_t max_threads = argc > 1 ? atoi(argv[1]) : 2;
+#ifdef TR_BENCH_OPENBLAS
+    openblas_set_num_threads(1);
+#endif
     if (max_threads < 1) max_threads = 1;
     const int32_t T = 1024;
     // hidden 256, 4 heads of 64 with 2 kv heads, SwiGLU 1024, vocabulary 8192: 8 layers ~ 10M

@@ -131,7 +131,7 @@ static int parse_state(const char *path, int64_t *step, tr_rng *rng, tr_err *err
     rc = -1;
     const tr_json *root = doc.root, *fmt = tr_json_get(root, "format");
     const tr_json *r = tr_json_get(root, "rng"), *seed = r ? tr_json_get(r, "seed") : NULL;
-    int64_t version, counter, used;
+    int64_t version = 0, counter = 0, used = 0;   // set by json_int before any use
     if (root->type != TR_JSON_OBJECT || !fmt || fmt->type != TR_JSON_STRING ||
         strcmp(fmt->str, STATE_FORMAT) != 0) {
         tr_errf(err, TR_EFORMAT, "%s: not a troupe trainer state (\"format\": \"%s\" expected)",

@@ -58,12 +58,12 @@ static void test_key_files(void) {
     char a1[320], a2[320];
     tr_curve_keypair k2;
     CHECK(tr_curve_keygen_files(path_in(a1, sizeof a1, "b"), &k2, &e) == 0);
-    char *t1, *t2;
+    char *t1 = NULL, *t2 = NULL;
     size_t n1, n2;
     snprintf(a1, sizeof a1, "%s/b.pub", dir);
     CHECK(tr_file_read(pub, &t1, &n1, &e) == 0 && tr_file_read(a1, &t2, &n2, &e) == 0);
     char both[1024];
-    snprintf(both, sizeof both, "%s%s", t1, t2);
+    snprintf(both, sizeof both, "%s%s", t1 ? t1 : "", t2 ? t2 : "");
     free(t1);
     free(t2);
     CHECK(tr_file_write_atomic(path_in(a2, sizeof a2, "authorized"), both, strlen(both), &e) == 0);
