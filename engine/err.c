@@ -26,8 +26,12 @@ int tr_err_wrap(tr_err *err, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
-    // Shift the old message right and put "prefix: " in front, truncating at the end.
+    if (err->code == TR_OK) err->code = TR_EINVAL;
+    // Two layers may both name one context (the op a worker ran and the client that sent
+    // it, or an op and the engine module of the same name); the reader needs it once.
     size_t pl = strlen(prefix), cap = sizeof err->msg - 1;
+    if (pl && !strncmp(err->msg, prefix, pl) && err->msg[pl] == ':' && err->msg[pl + 1] == ' ') return -1;
+    // Shift the old message right and put "prefix: " in front, truncating at the end.
     if (pl + 2 > cap) pl = cap - 2;
     size_t ol = strlen(err->msg);
     if (pl + 2 + ol > cap) ol = cap - pl - 2;
@@ -36,7 +40,6 @@ int tr_err_wrap(tr_err *err, const char *fmt, ...) {
     err->msg[pl] = ':';
     err->msg[pl + 1] = ' ';
     err->msg[pl + 2 + ol] = '\0';
-    if (err->code == TR_OK) err->code = TR_EINVAL;
     return -1;
 }
 

@@ -29,6 +29,7 @@ typedef struct tr_err {
 int tr_errf(tr_err *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int tr_verrf(tr_err *err, int code, const char *fmt, va_list ap);
 // Prefixes the existing message with context ("loading model/x: " + old message); returns -1.
+// A message that already starts with that context is left as it is, so a context is named once.
 int tr_err_wrap(tr_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void tr_err_clear(tr_err *err);
 const char *tr_err_code_name(int code);

@@ -120,8 +120,10 @@ int tr_group_call(tr_group *g, const tr_call *c, tr_err *err) {
             continue;
         }
         if (!m.msg.ok) {
-            rc = tr_errf(err, m.msg.remote.code ? m.msg.remote.code : TR_EPEER, "%s: %s: %s", m.peer, c->op,
-                         m.msg.remote.msg);
+            // A worker names the op it ran; the wrap adds it only for replies that do not.
+            tr_errf(err, m.msg.remote.code ? m.msg.remote.code : TR_EPEER, "%s", m.msg.remote.msg);
+            tr_err_wrap(err, "%s", c->op);
+            rc = tr_err_wrap(err, "%s", m.peer);
             tr_wire_msg_free(&m);
             break;
         }

@@ -174,7 +174,9 @@ static int serve_one(tr_role_ctx *role, tr_wire_msg *m, bool *shutdown, tr_err *
         else rc = tr_dealer_send(role->dealer, d, n, err);
     }
     if (rc_op) {
-        tr_worker_logf(role, "%s failed: %s", m->msg.op, e.msg);
+        // The reply names the op once, however deep the handler named it already.
+        tr_err_wrap(&e, "%s", m->msg.op);
+        tr_worker_logf(role, "failed: %s", e.msg);
         rc = tr_dealer_send_error(role->dealer, m->msg.id, &e, err);
     } else if (strcmp(m->msg.op, "shutdown") != 0) {
         tr_worker_logf(role, "%s: done in %.3f s", m->msg.op, now_s() - t0);

@@ -187,7 +187,7 @@ static int load_model(tr_role_ctx *rc, const tr_msg_map *a, int32_t max_tokens, 
     tr_model_opts mo = {.max_tokens = max_tokens, .training = train};
     tr_gen_opts go = gen_opts(rc);
     tr_arena_need_init(&rc->need, &cfg, &mo, rc->kind == TR_ROLE_POLICY ? &go : NULL);
-    if (tr_arena_reserve(&w->arena, tr_arena_need_floats(&rc->need), err)) return tr_err_wrap(err, "init");
+    if (tr_arena_reserve(&w->arena, tr_arena_need_floats(&rc->need), err)) return -1;
     mo.acts = w->arena.base;
     mo.acts_floats = w->arena.floats;
     if (tr_model_init(&rc->model, &cfg, &w->be, &mo, err)) return -1;
@@ -197,7 +197,7 @@ static int load_model(tr_role_ctx *rc, const tr_msg_map *a, int32_t max_tokens, 
         size_t off = tr_arena_kv_offset(&rc->model);
         go.kv_buf = w->arena.base + off;
         go.kv_buf_floats = w->arena.floats - off;
-        if (tr_generator_init(&rc->gen, &rc->model, &go, err)) return tr_err_wrap(err, "init");
+        if (tr_generator_init(&rc->gen, &rc->model, &go, err)) return -1;
         rc->has_gen = true;
     }
     int rc2 = 0;
@@ -296,7 +296,7 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
         if (tr_msg_get_map(a, "optim", &om, err) || parse_optim(&om, &opt, err) ||
             tr_msg_get_map(a, "loss", &lm, err) || parse_loss(rc, &lm, err))
             return -1;
-        if (tr_trainer_init(&rc->trainer, &rc->model, &opt, seed, err)) return tr_err_wrap(err, "init");
+        if (tr_trainer_init(&rc->trainer, &rc->model, &opt, seed, err)) return -1;
         rc->has_trainer = true;
     }
     int64_t n_params = rc->has_model ? (int64_t)tr_model_n_params(&rc->model) : 0;

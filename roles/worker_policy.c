@@ -152,7 +152,6 @@ int tr_worker_op_generate(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep
     if (!rc2 && g.k > 0) {
         rc2 = tr_generate(&rc->gen, reqs, g.k, outs, err);
         have_outs = rc2 == 0;
-        if (rc2) tr_err_wrap(err, "generate");
     }
     int64_t new_tokens = 0;
     for (int64_t j = 0; j < n_out && !rc2; j++) {
@@ -208,17 +207,17 @@ int tr_worker_op_load(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
         return -1;
     tr_model_config cfg;
     const tr_model_config *c = &rc->model.cfg;
-    if (tr_checkpoint_load_config(dir, &cfg, err)) return tr_err_wrap(err, "load");
+    if (tr_checkpoint_load_config(dir, &cfg, err)) return -1;
     if (cfg.head != c->head || cfg.vocab_size != c->vocab_size || cfg.hidden_size != c->hidden_size ||
         cfg.n_layers != c->n_layers || cfg.n_heads != c->n_heads || cfg.n_kv_heads != c->n_kv_heads ||
         cfg.intermediate_size != c->intermediate_size)
         return tr_errf(err, TR_EINVAL, "load: %s (%s) is not the shape of the running %s model", dir,
                        cfg.architecture, c->architecture);
-    if (tr_checkpoint_load(dir, c, &rc->model.layout, rc->model.params, err)) return tr_err_wrap(err, "load");
+    if (tr_checkpoint_load(dir, c, &rc->model.layout, rc->model.params, err)) return -1;
     bool state = false;
     snprintf(path, sizeof path, "%s/%s", dir, TR_TRAIN_STATE_JSON);
     if (rc->has_trainer && tr_file_exists(path)) {
-        if (tr_train_state_load(&rc->trainer, dir, err)) return tr_err_wrap(err, "load");
+        if (tr_train_state_load(&rc->trainer, dir, err)) return -1;
         state = true;
     }
     tr_worker_logf(rc, "loaded %s%s", dir, state ? " with its training state" : "");
