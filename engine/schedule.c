@@ -5,12 +5,19 @@
 #include <math.h>
 #include <string.h>
 
+int64_t tr_lr_warmup(const tr_lr_schedule *s) {
+    int64_t w = s->warmup_steps > 0 ? s->warmup_steps : 0;
+    return s->total_steps > 0 && w > s->total_steps ? s->total_steps : w;
+}
+
 double tr_lr_at(const tr_lr_schedule *s, double lr, int64_t step) {
     if (step < 0) step = 0;
-    if (step < s->warmup_steps) return lr * (double)step / (double)s->warmup_steps;
+    int64_t warmup = tr_lr_warmup(s);
+    if (step < warmup) return lr * (double)step / (double)warmup;
     if (s->kind == TR_LR_CONSTANT) return lr;
-    int64_t span = s->total_steps - s->warmup_steps;
-    double progress = (double)(step - s->warmup_steps) / (double)(span > 1 ? span : 1);
+    // No decay left after a warmup that fills the run: past it the rate is at the floor.
+    int64_t span = s->total_steps - warmup;
+    double progress = span > 0 ? (double)(step - warmup) / (double)span : 1.0;
     if (progress > 1.0) progress = 1.0;
     double f = s->kind == TR_LR_LINEAR ? 1.0 - progress : 0.5 * (1.0 + cos(M_PI * progress));
     return lr * (s->min_lr_ratio + (1.0 - s->min_lr_ratio) * f);

@@ -24,11 +24,12 @@ int tr_trainer_init(tr_trainer *tr, tr_model *m, const tr_optim_cfg *opt, uint64
                        "weight_decay >= 0 (got lr %g, betas %g %g, eps %g, weight_decay %g)",
                        opt->lr, opt->beta1, opt->beta2, opt->eps, opt->weight_decay);
     const tr_lr_schedule *s = &opt->schedule;
-    if (s->warmup_steps < 0 || !(s->min_lr_ratio >= 0 && s->min_lr_ratio <= 1) ||
-        (s->kind != TR_LR_CONSTANT && s->total_steps < s->warmup_steps))
+    // A warmup longer than the run is cut to it (schedule.h), so it is no error here.
+    if (s->warmup_steps < 0 || s->total_steps < 0 || !(s->min_lr_ratio >= 0 && s->min_lr_ratio <= 1) ||
+        (s->kind != TR_LR_CONSTANT && s->total_steps < 1))
         return tr_errf(err, TR_EINVAL, "trainer: schedule %s needs warmup_steps >= 0, "
-                       "total_steps >= warmup_steps and min_lr_ratio in [0, 1] (got %lld, "
-                       "%lld, %g)", tr_lr_kind_name(s->kind), (long long)s->warmup_steps,
+                       "total_steps >= 0 (linear, cosine: >= 1) and min_lr_ratio in [0, 1] (got "
+                       "%lld, %lld, %g)", tr_lr_kind_name(s->kind), (long long)s->warmup_steps,
                        (long long)s->total_steps, s->min_lr_ratio);
     tr->model = m;
     tr->opt = *opt;

@@ -47,6 +47,24 @@ static void test_schedules(void) {
     tr_lr_schedule n = {.kind = TR_LR_COSINE, .warmup_steps = 0, .total_steps = 4};
     CHECK_NEAR(tr_lr_at(&n, lr, 0), lr, 1e-15);
     CHECK_NEAR(tr_lr_at(&n, lr, 2), 0.5 * lr, 1e-15);
+    // A warmup longer than the run is cut to the run: 3 updates ramp 0, 1/3, 2/3 of lr for
+    // every kind (not 0, 1/5, 2/5 of a 5-step ramp that never ends), and the decay never starts.
+    const enum tr_lr_kind kinds[] = {TR_LR_CONSTANT, TR_LR_LINEAR, TR_LR_COSINE};
+    for (int i = 0; i < 3; i++) {
+        tr_lr_schedule w = {.kind = kinds[i], .warmup_steps = 5, .total_steps = 3, .min_lr_ratio = 0.1};
+        CHECK(tr_lr_warmup(&w) == 3);
+        CHECK_NEAR(tr_lr_at(&w, lr, 0), 0.0, 1e-15);
+        CHECK_NEAR(tr_lr_at(&w, lr, 1), lr / 3, 1e-15);
+        CHECK_NEAR(tr_lr_at(&w, lr, 2), 2 * lr / 3, 1e-15);
+        // Past the run: the peak for constant, the floor for a decay with no span left.
+        CHECK_NEAR(tr_lr_at(&w, lr, 3), kinds[i] == TR_LR_CONSTANT ? lr : 0.1 * lr, 1e-15);
+    }
+    // Equal lengths behave the same; an unknown length (0, constant only) keeps the warmup.
+    tr_lr_schedule e = {.kind = TR_LR_COSINE, .warmup_steps = 4, .total_steps = 4};
+    CHECK(tr_lr_warmup(&e) == 4);
+    CHECK_NEAR(tr_lr_at(&e, lr, 3), 0.75 * lr, 1e-15);
+    tr_lr_schedule u = {.kind = TR_LR_CONSTANT, .warmup_steps = 10};
+    CHECK(tr_lr_warmup(&u) == 10);
     enum tr_lr_kind kind;
     CHECK(tr_lr_kind_parse("cosine", &kind) == 0 && kind == TR_LR_COSINE);
     CHECK(tr_lr_kind_parse("cosin", &kind) == -1);
@@ -358,6 +376,35 @@ static void test_errors(tr_backend *be) {
     destroy(&s);
 }
 
+// A trainer whose warmup is longer than its run: accepted, and its updates use the cut ramp.
+static void test_short_run(tr_backend *be) {
+    tr_optim_cfg opt = OPT;
+    opt.schedule = (tr_lr_schedule){.kind = TR_LR_COSINE, .warmup_steps = 5, .total_steps = 2, .min_lr_ratio = 0.1};
+    setup s;
+    if (make(&s, be, &opt, 47) != 0) {
+        CHECK(0);
+        return;
+    }
+    packed_batch pb[1];
+    tr_micro_batch mbs[1];
+    const int32_t per[1] = {4};
+    split(pb, mbs, per, 1);
+    tr_step_args args = {.loss = TR_LOSS_CROSS_ENTROPY};
+    tr_step_result r0, r1;
+    tr_err err = {0};
+    CHECKF(tr_train_step(&s.tr, mbs, 1, &args, &r0, &err) == 0 &&
+           tr_train_step(&s.tr, mbs, 1, &args, &r1, &err) == 0, "%s", err.msg);
+    CHECK_NEAR(r0.lr, 0.0, 1e-15);
+    CHECK_NEAR(r1.lr, 0.5 * opt.lr, 1e-15);
+    destroy(&s);
+    // Still refused: a decay over a run of no steps.
+    tr_trainer tr;
+    opt.schedule.total_steps = 0;
+    CHECK(make(&s, be, &OPT, 47) == 0);
+    CHECK(tr_trainer_init(&tr, &s.model, &opt, 5, &err) == -1 && strstr(err.msg, "total_steps"));
+    destroy(&s);
+}
+
 int main(void) {
     tr_backend be;
     if (tr_backend_cpu_init(&be, 2) != 0) return 1;
@@ -367,6 +414,7 @@ int main(void) {
     test_clipping(&be);
     test_state_roundtrip(&be);
     test_errors(&be);
+    test_short_run(&be);
     tr_backend_cpu_free(&be);
     return tr_test_summary("test_train");
 }
