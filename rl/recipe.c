@@ -14,6 +14,7 @@
 #include "engine/file.h"
 #include "rl/recipe_schema.h"
 #include "rl/recipe_tree.h"
+#include "roles/reward_rule.h"
 
 #define PATH_CAP 512
 
@@ -105,17 +106,28 @@ static bool is_null(const tr_ynode *n) {
             !strcmp(n->text, "Null") || !strcmp(n->text, "NULL"));
 }
 
+// Whole numbers in full (bounds such as 16777216), others in %g's shortest form.
+static const char *num_text(double v, char *buf, size_t cap) {
+    if (v == floor(v) && fabs(v) < 1e18)
+        snprintf(buf, cap, "%.0f", v);
+    else
+        snprintf(buf, cap, "%g", v);
+    return buf;
+}
+
 static int check_range(const tr_rkey *k, const tr_ynode *n, const char *path, double v, tr_err *err) {
     bool lo_ok = !(k->flags & TR_RK_HAS_MIN) || ((k->flags & TR_RK_MIN_OPEN) ? v > k->min : v >= k->min);
     bool hi_ok = !(k->flags & TR_RK_HAS_MAX) || ((k->flags & TR_RK_MAX_OPEN) ? v < k->max : v <= k->max);
     if (lo_ok && hi_ok) return 0;
-    char range[96];
+    char range[128], lo[40], hi[40], got[40];
     if ((k->flags & TR_RK_HAS_MIN) && (k->flags & TR_RK_HAS_MAX))
-        snprintf(range, sizeof range, "in %c%g, %g%c", (k->flags & TR_RK_MIN_OPEN) ? '(' : '[', k->min,
-                 k->max, (k->flags & TR_RK_MAX_OPEN) ? ')' : ']');
+        snprintf(range, sizeof range, "in %c%s, %s%c", (k->flags & TR_RK_MIN_OPEN) ? '(' : '[',
+                 num_text(k->min, lo, sizeof lo), num_text(k->max, hi, sizeof hi),
+                 (k->flags & TR_RK_MAX_OPEN) ? ')' : ']');
     else
-        snprintf(range, sizeof range, "%s %g", (k->flags & TR_RK_MIN_OPEN) ? ">" : ">=", k->min);
-    return fail_node(n, path, err, "%g is out of range: must be %s", v, range);
+        snprintf(range, sizeof range, "%s %s", (k->flags & TR_RK_MIN_OPEN) ? ">" : ">=",
+                 num_text(k->min, lo, sizeof lo));
+    return fail_node(n, path, err, "%s is out of range: must be %s", num_text(v, got, sizeof got), range);
 }
 
 static int parse_int(const tr_ynode *n, const char *path, int64_t *out, tr_err *err) {
@@ -421,6 +433,21 @@ static bool role_present(const tr_recipe *r, int role) {
     return role == TR_RECIPE_REWARD ? r->reward.present : r->models[role].present;
 }
 
+static int64_t role_dp(const tr_recipe *r, int role) {
+    return role == TR_RECIPE_REWARD ? r->reward.parallel.dp : r->models[role].parallel.dp;
+}
+
+// The reward worker compiles the pattern at init; compiling it here too reports a bad
+// pattern against the recipe line instead of from inside a started run.
+static int check_pattern(const tr_recipe_reward *rw, const tr_ynode *root, tr_err *err) {
+    tr_reward_rule *rule = NULL;
+    tr_err e = {0};
+    tr_reward_rule_opts o = {.kind = TR_REWARD_RULE_REGEX, .pattern = rw->pattern};
+    if (tr_reward_rule_init(&rule, &o, &e)) return fail_path(root, "models.reward.pattern", err, "%s", e.msg);
+    tr_reward_rule_free(rule);
+    return 0;
+}
+
 // Rules across keys, and values resolved from others.
 static int validate(tr_recipe *r, const tr_ynode *root, tr_err *err) {
     bool rl = r->workflow == TR_RECIPE_GRPO || r->workflow == TR_RECIPE_PPO;
@@ -448,10 +475,18 @@ static int validate(tr_recipe *r, const tr_ynode *root, tr_err *err) {
             return fail_path(root, "models.reward.endpoint", err, "'%s' is not a ZeroMQ endpoint (tcp://, ipc://, inproc://)", rw->endpoint);
         if (rw->kind == TR_RECIPE_REWARD_MODEL && check_devices(&rw->devices, &rw->parallel, "reward", root, err))
             return -1;
+        if (rw->kind == TR_RECIPE_REWARD_RULE && rw->function == TR_RECIPE_FN_REGEX && check_pattern(rw, root, err))
+            return -1;
     }
     if (r->placement.endpoint[0] && !valid_endpoint(r->placement.endpoint))
         return fail_path(root, "placement.endpoint", err, "'%s' is not a ZeroMQ endpoint (tcp://, ipc://, inproc://)",
                          r->placement.endpoint);
+    if (r->placement.attach && !r->placement.endpoint[0])
+        return fail_path(root, "placement.attach", err, "needs placement.endpoint: the address workers started "
+                         "elsewhere connect to");
+    // Every trainer gets the loss settings, whatever the workflow.
+    if (r->algorithm.clip_dual != 0.0 && !(r->algorithm.clip_dual > 1.0))
+        return fail_path(root, "algorithm.clip.dual", err, "%g: the dual clip must be 0 (off) or > 1", r->algorithm.clip_dual);
 
     if (rl) {
         if (!rw->present) return fail_path(root, "models.reward", err, "workflow %s needs a reward", wf);
@@ -468,11 +503,15 @@ static int validate(tr_recipe *r, const tr_ynode *root, tr_err *err) {
                              tr_adv_kind_names[adv], (long long)r->rollout.n);
         if (r->algorithm.kl_coef > 0 && !r->models[TR_RECIPE_REFERENCE].present)
             return fail_path(root, "algorithm.kl.coef", err, "a KL term needs models.reference (e.g. reference: {from: policy})");
-        if (r->algorithm.clip_dual != 0.0 && !(r->algorithm.clip_dual > 1.0))
-            return fail_path(root, "algorithm.clip.dual", err, "%g: the dual clip must be 0 (off) or > 1", r->algorithm.clip_dual);
         int64_t seqs;
-        if (__builtin_mul_overflow(r->train.prompts_per_step, r->rollout.n, &seqs))
-            return fail_path(root, "train.prompts_per_step", err, "prompts_per_step x rollout.n overflows");
+        if (__builtin_mul_overflow(r->train.prompts_per_step, r->rollout.n, &seqs) || seqs > INT32_MAX)
+            return fail_path(root, "train.prompts_per_step", err, "prompts_per_step x rollout.n is more than %d "
+                             "responses per step", INT32_MAX);
+        // The optimizer steps of the run: the length of the learning-rate schedule.
+        int64_t updates;
+        if (__builtin_mul_overflow(r->train.steps, r->algorithm.ppo_epochs * r->algorithm.mini_batches, &updates))
+            return fail_path(root, "train.steps", err, "train.steps x algorithm.ppo_epochs x algorithm.mini_batches "
+                             "optimizer steps overflow");
         if (seqs % r->algorithm.mini_batches)
             return fail_path(root, "algorithm.mini_batches", err,
                              "%lld responses per step (prompts_per_step x rollout.n) do not split into %lld mini-batches",
@@ -482,6 +521,9 @@ static int validate(tr_recipe *r, const tr_ynode *root, tr_err *err) {
                              (long long)r->rollout.overlong_buffer, (long long)r->rollout.max_new_tokens);
     } else if (r->workflow == TR_RECIPE_SFT) {
         if (!r->data.train[0]) return fail_path(root, "data.train", err, "workflow sft needs conversations (JSONL)");
+        if (r->data.chat_format == TR_RECIPE_CHAT_NONE)
+            return fail_path(root, "data.chat_format", err, "workflow sft renders conversations through a chat "
+                             "format (chatml or llama3), not none");
     } else {
         if (r->data.n_prefixes == 0)
             return fail_path(root, "data.prefixes", err, "workflow pretrain needs indexed datasets: [{path: PREFIX, weight: 1.0}]");
@@ -520,6 +562,12 @@ static int validate(tr_recipe *r, const tr_ynode *root, tr_err *err) {
                                  r->reward.kind == TR_RECIPE_REWARD_RULE ? "rule" : "service");
             if (seen[role]) return fail_path(root, gpath, err, "role %s appears in more than one place", name);
             seen[role] = true;
+            // One process per rank holds the whole group, so every role has that many ranks.
+            int first = r->placement.colocate[g][0];
+            if (role_dp(r, role) != role_dp(r, first))
+                return fail_path(root, gpath, err, "%s has parallel.dp %lld and %s %lld; colocated roles need "
+                                 "the same data-parallel size", tr_recipe_role_names[first],
+                                 (long long)role_dp(r, first), name, (long long)role_dp(r, role));
         }
     }
     return 0;

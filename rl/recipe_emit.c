@@ -292,10 +292,10 @@ static void doc_allowed(strbuf *b, const tr_rkey *k) {
     if (!(k->flags & TR_RK_HAS_MIN)) return;
     if (k->type == TR_RK_FLOATS) sb_printf(b, ", each ");
     if (k->flags & TR_RK_HAS_MAX)
-        sb_printf(b, "%c%g, %g%c", (k->flags & TR_RK_MIN_OPEN) ? '(' : '[', k->min, k->max,
+        sb_printf(b, "%c%.10g, %.10g%c", (k->flags & TR_RK_MIN_OPEN) ? '(' : '[', k->min, k->max,
                   (k->flags & TR_RK_MAX_OPEN) ? ')' : ']');
     else
-        sb_printf(b, "%s %g", (k->flags & TR_RK_MIN_OPEN) ? ">" : ">=", k->min);
+        sb_printf(b, "%s %.10g", (k->flags & TR_RK_MIN_OPEN) ? ">" : ">=", k->min);
 }
 
 static void doc_rows(strbuf *b, const tr_rkey *keys, const char *path) {

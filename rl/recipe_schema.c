@@ -30,6 +30,10 @@ _Static_assert(sizeof(enum tr_loss_agg) == sizeof(int), "enum size");
 #define POS (TR_RK_HAS_MIN | TR_RK_MIN_OPEN)
 #define UNIT (TR_RK_HAS_MIN | TR_RK_HAS_MAX)
 
+// The upper bounds are the workers' own limits (a forward's tokens, the rows of a step,
+// threads, sampling and reward settings), so a recipe that loads is one the workers accept.
+#define MAX_TOKENS (1 << 24)
+
 static const tr_rkey parallel_keys[] = {
     {.name = "tp", .type = TR_RK_INT, .off = offsetof(tr_recipe_parallel, tp), .flags = MIN, .min = 1,
      .def = "1", .doc = "tensor-parallel ranks (Megatron column/row splits)"},
@@ -53,7 +57,8 @@ static const tr_rkey optim_keys[] = {
     {.name = "schedule", .type = TR_RK_ENUM, .off = offsetof(tr_recipe_optim, schedule),
      .names = schedule_names, .def = "constant", .doc = "learning rate after warmup"},
     {.name = "warmup_steps", .type = TR_RK_INT, .off = offsetof(tr_recipe_optim, warmup_steps),
-     .flags = MIN, .min = 0, .def = "0", .doc = "linear warmup from 0 over this many steps"},
+     .flags = MIN, .min = 0, .def = "0",
+     .doc = "linear warmup from 0 over this many optimizer steps; cut to the run's length"},
     {.name = "min_lr_ratio", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_optim, min_lr_ratio),
      .flags = UNIT, .min = 0, .max = 1, .def = "0.0",
      .doc = "linear/cosine decay ends at this fraction of lr"},
@@ -120,11 +125,11 @@ static const tr_rkey reward_keys[] = {
     {.name = "endpoint", .type = TR_RK_STR, .off = offsetof(tr_recipe_reward, endpoint),
      .size = TR_RECIPE_NAME_MAX, .def = "\"\"", .doc = "service: ZeroMQ endpoint (tcp://, ipc://)"},
     {.name = "timeout_ms", .type = TR_RK_INT, .off = offsetof(tr_recipe_reward, timeout_ms),
-     .flags = MIN, .min = 1, .def = "30000", .doc = "service: per-request timeout"},
-    {.name = "retries", .type = TR_RK_INT, .off = offsetof(tr_recipe_reward, retries), .flags = MIN,
-     .min = 0, .def = "2", .doc = "service: retries after a timeout or error"},
+     .flags = UNIT, .min = 1, .max = INT32_MAX, .def = "30000", .doc = "service: per-request timeout"},
+    {.name = "retries", .type = TR_RK_INT, .off = offsetof(tr_recipe_reward, retries), .flags = UNIT,
+     .min = 0, .max = 999, .def = "2", .doc = "service: retries after a timeout or error"},
     {.name = "max_batch", .type = TR_RK_INT, .off = offsetof(tr_recipe_reward, max_batch),
-     .flags = MIN, .min = 1, .def = "256", .doc = "items per score request"},
+     .flags = UNIT, .min = 1, .max = INT32_MAX, .def = "256", .doc = "items per score request"},
     {.name = "on_failure", .type = TR_RK_ENUM, .off = offsetof(tr_recipe_reward, on_failure),
      .names = on_failure_names, .def = "fail",
      .doc = "after the retries: fail the step, or score the items 0"},
@@ -195,16 +200,16 @@ static const tr_rkey overlong_keys[] = {
 };
 
 static const tr_rkey rollout_keys[] = {
-    {.name = "n", .type = TR_RK_INT, .off = offsetof(tr_recipe_rollout, n), .flags = MIN, .min = 1,
-     .def = "8", .doc = "responses per prompt (the group)"},
+    {.name = "n", .type = TR_RK_INT, .off = offsetof(tr_recipe_rollout, n), .flags = UNIT, .min = 1,
+     .max = 65536, .def = "8", .doc = "responses per prompt (the group)"},
     {.name = "max_new_tokens", .type = TR_RK_INT, .off = offsetof(tr_recipe_rollout, max_new_tokens),
-     .flags = MIN, .min = 1, .def = "256", .doc = "response length limit"},
+     .flags = UNIT, .min = 1, .max = MAX_TOKENS, .def = "256", .doc = "response length limit"},
     {.name = "temperature", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_rollout, temperature),
      .flags = MIN, .min = 0, .def = "1.0", .doc = "sampling temperature; 0 = greedy"},
     {.name = "top_p", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_rollout, top_p),
      .flags = UNIT | TR_RK_MIN_OPEN, .min = 0, .max = 1, .def = "1.0", .doc = "nucleus sampling"},
-    {.name = "top_k", .type = TR_RK_INT, .off = offsetof(tr_recipe_rollout, top_k), .flags = MIN,
-     .min = 0, .def = "0", .doc = "top-k sampling; 0 = off"},
+    {.name = "top_k", .type = TR_RK_INT, .off = offsetof(tr_recipe_rollout, top_k), .flags = UNIT,
+     .min = 0, .max = INT32_MAX, .def = "0", .doc = "top-k sampling; 0 = off"},
     {.name = "dynamic_sampling", .type = TR_RK_BOOL,
      .off = offsetof(tr_recipe_rollout, dynamic_sampling), .def = "false",
      .doc = "DAPO: drop groups whose rewards are all equal and sample more"},
@@ -258,9 +263,9 @@ static const tr_rkey algorithm_keys[] = {
      .names = tr_loss_agg_names, .def = "token-mean",
      .doc = "per-token losses to one number (-norm divides by rollout.max_new_tokens)"},
     {.name = "ppo_epochs", .type = TR_RK_INT, .off = offsetof(tr_recipe_algorithm, ppo_epochs),
-     .flags = MIN, .min = 1, .def = "1", .doc = "passes over each step's rollouts"},
+     .flags = UNIT, .min = 1, .max = 1000, .def = "1", .doc = "passes over each step's rollouts"},
     {.name = "mini_batches", .type = TR_RK_INT, .off = offsetof(tr_recipe_algorithm, mini_batches),
-     .flags = MIN, .min = 1, .def = "1", .doc = "optimizer steps per epoch"},
+     .flags = UNIT, .min = 1, .max = 1000000, .def = "1", .doc = "optimizer steps per epoch"},
     {0},
 };
 
@@ -270,10 +275,10 @@ static const tr_rkey train_keys[] = {
     {.name = "prompts_per_step", .type = TR_RK_INT, .off = offsetof(tr_recipe_train, prompts_per_step),
      .flags = MIN, .min = 1, .def = "16", .doc = "grpo, ppo: prompts per step (times rollout.n responses)"},
     {.name = "batch_size", .type = TR_RK_INT, .off = offsetof(tr_recipe_train, batch_size),
-     .flags = MIN, .min = 1, .def = "16", .doc = "sft, pretrain: rows per step"},
+     .flags = UNIT, .min = 1, .max = MAX_TOKENS, .def = "16", .doc = "sft, pretrain: rows per step"},
     {.name = "micro_batch_tokens", .type = TR_RK_INT,
-     .off = offsetof(tr_recipe_train, micro_batch_tokens), .flags = MIN, .min = 1, .def = "4096",
-     .doc = "tokens per forward/backward (gradient accumulation)"},
+     .off = offsetof(tr_recipe_train, micro_batch_tokens), .flags = UNIT, .min = 1, .max = MAX_TOKENS,
+     .def = "4096", .doc = "tokens per forward/backward (gradient accumulation)"},
     {.name = "eval_every", .type = TR_RK_INT, .off = offsetof(tr_recipe_train, eval_every),
      .flags = MIN, .min = 0, .def = "0", .doc = "evaluate every N steps; 0 = off"},
     {.name = "save_every", .type = TR_RK_INT, .off = offsetof(tr_recipe_train, save_every),
@@ -315,8 +320,8 @@ const tr_rkey tr_recipe_schema[] = {
      .doc = "checkpoints, logs and resolved.yaml go here"},
     {.name = "backend", .type = TR_RK_ENUM, .off = offsetof(tr_recipe, backend), .names = backend_names,
      .def = "cpu", .doc = "compute backend"},
-    {.name = "threads", .type = TR_RK_INT, .off = offsetof(tr_recipe, threads), .flags = MIN, .min = 0,
-     .def = "0", .doc = "CPU threads per worker; 0 = all cores"},
+    {.name = "threads", .type = TR_RK_INT, .off = offsetof(tr_recipe, threads), .flags = UNIT, .min = 0,
+     .max = 4096, .def = "0", .doc = "CPU threads per worker; 0 = all cores"},
     {.name = "models", .type = TR_RK_MAP, .off = 0, .flags = TR_RK_REQUIRED, .sub = models_keys,
      .doc = "the model roles"},
     {.name = "data", .type = TR_RK_MAP, .off = offsetof(tr_recipe, data), .sub = data_keys,

@@ -22,7 +22,7 @@ static const char *full =
     "    devices: [0, 1, 2, 3]\n"                             // 10
     "    optim: {lr: 2.5e-6, weight_decay: 0.05, betas: [0.9, 0.95], eps: 1.0e-7,\n"
     "            grad_clip: 0.5, schedule: cosine, warmup_steps: 12, min_lr_ratio: 0.1}\n"
-    "  reference: {from: policy}\n"                           // 13
+    "  reference: {from: policy, parallel: {dp: 2}}\n"        // 13
     "  critic:\n"                                             // 14
     "    init: {config: cfg/critic.json, seed: 9}\n"          // 15
     "    optim: {lr: 1.0e-5}\n"                               // 16
@@ -211,6 +211,39 @@ static void test_errors(void) {
                  "bad.yaml:7:15: data.train: workflow grpo needs a prompt set (JSONL)");
     expect_error("workflow: pretrain\n" L2 L3 L4 L5 L8 L9, NULL, 0,
                  "bad.yaml:1:1: data.prefixes: workflow pretrain needs indexed datasets: [{path: PREFIX, weight: 1.0}]");
+
+    // Rules the workers or the controller used to find only once a run had started.
+    expect_error("workflow: sft\n" L2 L3 L4 L5 "data: {train: t.jsonl}\n" L8 L9 "algorithm: {clip: {dual: 0.5}}\n", NULL, 0,
+                 "bad.yaml:9:26: algorithm.clip.dual: 0.5: the dual clip must be 0 (off) or > 1");
+    expect_error("workflow: sft\n" L2 L3 L4 L5 "data: {train: t.jsonl, chat_format: none}\n" L8 L9, NULL, 0,
+                 "bad.yaml:6:37: data.chat_format: workflow sft renders conversations through a chat format "
+                 "(chatml or llama3), not none");
+    expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "placement: {attach: true}\n", NULL, 0,
+                 "bad.yaml:10:21: placement.attach: needs placement.endpoint: the address workers started "
+                 "elsewhere connect to");
+    expect_error(L1 L2 L3 L4 L5 "    parallel: {dp: 2}\n  reference: {from: policy}\n" L6 L7 L8 L9
+                 "placement: {colocate: [[policy, reference]]}\n", NULL, 0,
+                 "bad.yaml:12:23: placement.colocate: policy has parallel.dp 2 and reference 1; colocated roles "
+                 "need the same data-parallel size");
+    expect_error(L1 L2 L3 L4 L5 "  reward: {kind: rule, function: regex, pattern: \"(ab\"}\n" L7 L8 L9, NULL, 0,
+                 "bad.yaml:6:50: models.reward.pattern: reward rule regex: pattern at offset 3: missing closing "
+                 "parenthesis");
+    expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "  prompts_per_step: 40000\nrollout: {n: 65536}\n", NULL, 0,
+                 "bad.yaml:10:21: train.prompts_per_step: prompts_per_step x rollout.n is more than 2147483647 "
+                 "responses per step");
+    expect_error(L1 L2 L3 L4 L5 L6 L7 L8 "  steps: 9223372036854775807\nalgorithm: {mini_batches: 2}\n", NULL, 0,
+                 "bad.yaml:9:10: train.steps: train.steps x algorithm.ppo_epochs x algorithm.mini_batches "
+                 "optimizer steps overflow");
+    // Upper bounds are the workers' limits.
+    expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "  micro_batch_tokens: 16777217\n", NULL, 0,
+                 "bad.yaml:10:23: train.micro_batch_tokens: 16777217 is out of range: must be in [1, 16777216]");
+    expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "threads: 5000\n", NULL, 0,
+                 "bad.yaml:10:10: threads: 5000 is out of range: must be in [0, 4096]");
+    expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "algorithm: {ppo_epochs: 1001}\n", NULL, 0,
+                 "bad.yaml:10:25: algorithm.ppo_epochs: 1001 is out of range: must be in [1, 1000]");
+    // A warmup longer than the run is no error (the schedule cuts it to the run).
+    const char *warm = L1 L2 L3 "  policy: {path: m, optim: {schedule: cosine, warmup_steps: 50}}\n" L6 L7 L8 "  steps: 3\n";
+    CHECKF(tr_recipe_parse(warm, strlen(warm), "ok.yaml", NULL, 0, &r, &err) == 0, "%s", err.msg);
 }
 
 static void test_overrides(void) {
