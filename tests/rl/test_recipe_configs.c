@@ -1,6 +1,8 @@
-// Every recipe shipped in configs/ validates and round-trips through its resolved form, and
-// the key table in docs/recipes.md is exactly the one generated from the schema (so the
-// documented defaults are the real ones). `test_recipe_configs --table` prints that table.
+// Every recipe shipped in configs/ validates and round-trips through its resolved form, names
+// model configs that exist, and every workflow has a CPU recipe whose every file is in the
+// repository (so it runs as shipped); the key table in docs/recipes.md is exactly the one
+// generated from the schema (so the documented defaults are the real ones).
+// `test_recipe_configs --table` prints that table.
 #include <dirent.h>
 
 #include "engine/file.h"
@@ -12,6 +14,37 @@
 
 static int by_name(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+// A path a recipe names, relative to the source root (recipes are run from there).
+static bool src_exists(const char *rel, const char *suffix) {
+    char path[8192];
+    snprintf(path, sizeof path, "%s%s", tr_test_src(rel), suffix);
+    return tr_file_exists(path);
+}
+
+// Whether every file the recipe reads is in the repository; names each one missing.
+static bool files_present(const tr_recipe *r, const char *name) {
+    const tr_recipe_model *p = &r->models[TR_RECIPE_POLICY];
+    bool ok = true;
+    if (p->path[0] && !src_exists(p->path, "/config.json")) {
+        printf("%s: %s/config.json is missing\n", name, p->path);
+        ok = false;
+    }
+    const char *files[] = {r->data.train, r->data.eval};
+    for (int i = 0; i < 2; i++)
+        if (files[i][0] && !src_exists(files[i], "")) {
+            printf("%s: %s is missing\n", name, files[i]);
+            ok = false;
+        }
+    for (int32_t i = 0; i < r->data.n_prefixes; i++) {
+        const char *pre = r->data.prefixes[i].path;
+        if (!src_exists(pre, ".bin") || !src_exists(pre, ".idx")) {
+            printf("%s: %s.bin or .idx is missing\n", name, pre);
+            ok = false;
+        }
+    }
+    return ok;
 }
 
 static void test_configs(void) {
@@ -30,7 +63,7 @@ static void test_configs(void) {
     closedir(d);
     qsort(names, (size_t)n, sizeof names[0], by_name);
     bool quick = false, quick_sft = false;
-    bool workflows[4] = {false};
+    bool workflows[4] = {false}, on_cpu[4] = {false};
     for (int i = 0; i < n; i++) {
         char path[8192];
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
@@ -40,6 +73,11 @@ static void test_configs(void) {
         CHECKF(rc == 0, "%s", err.msg);
         if (rc) continue;
         workflows[r.workflow] = true;
+        for (int role = 0; role < TR_RECIPE_REWARD; role++)
+            if (r.models[role].present && r.models[role].has_init)
+                CHECKF(src_exists(r.models[role].init_config, ""), "%s: %s does not exist", names[i],
+                       r.models[role].init_config);
+        if (r.backend == TR_RECIPE_CPU && files_present(&r, names[i])) on_cpu[r.workflow] = true;
         char *yaml;
         size_t len;
         CHECK(tr_recipe_emit(&r, &yaml, &len, &err) == 0);
@@ -63,6 +101,8 @@ static void test_configs(void) {
     }
     CHECK(quick && quick_sft);
     CHECKF(workflows[0] && workflows[1] && workflows[2] && workflows[3], "configs/ lacks a workflow example");
+    for (int w = 0; w < 4; w++)
+        CHECKF(on_cpu[w], "configs/ has no %s recipe that runs on the CPU as shipped", tr_recipe_workflow_names[w]);
     for (int i = 0; i < n; i++) free(names[i]);
 }
 
