@@ -6,7 +6,10 @@
 // Conventions: T = tokens (rows), C = channels. Backward functions ACCUMULATE (+=) into
 // parameter gradients (dw, db) and into input gradients (din), as llm.c does, so the caller
 // zeroes gradient buffers once per step and residual branches need no extra adds.
-// Pointers are device pointers of the backend (host memory for cpu).
+// Pointers are device pointers of the backend, from its alloc (host memory for cpu), and so
+// are the arrays inside tr_doc_layout, tr_kv_pages and every index array an op reads; the
+// structs themselves and scalar arguments are host values. Ops run in call order on the
+// backend's stream; nothing is read back until a download and a sync.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -36,6 +39,26 @@ typedef struct tr_kv_pages {
 
 typedef struct tr_ops {
     const char *name;
+
+    // ---- memory: every buffer an op reads or writes comes from here ----
+    // Device memory (host memory on cpu), 256-byte aligned; NULL when there is not enough.
+    void *(*alloc)(tr_backend *be, size_t bytes);
+    void (*free)(tr_backend *be, void *p);
+    // Pinned host memory for staging transfers (plain host memory on cpu).
+    void *(*alloc_host)(tr_backend *be, size_t bytes);
+    void (*free_host)(tr_backend *be, void *p);
+    // Copies in stream order. upload reads src (host) until the next sync; download's dst
+    // (host) holds the bytes after the next sync; copy is device to device, not overlapping.
+    void (*upload)(tr_backend *be, void *dst, const void *src, size_t bytes);
+    void (*download)(tr_backend *be, void *dst, const void *src, size_t bytes);
+    void (*copy)(tr_backend *be, void *dst, const void *src, size_t bytes);
+    // Waits for everything queued. Returns 0, or -1 with the first failure since init in msg
+    // (ops return void, so a failed launch or a fault is kept until here); `where` names this
+    // sync point in the message. In the debug mode (TROUPE_SYNC_EACH_OP=1) every op syncs and
+    // the message names the op itself.
+    int (*sync)(tr_backend *be, const char *where, char *msg, size_t cap);
+    // Free and total device memory in bytes (cpu: the host's available and total memory).
+    void (*mem_info)(tr_backend *be, size_t *free_bytes, size_t *total_bytes);
 
     // out[T,OC] = in[T,IC] @ w[OC,IC]^T (+ bias[OC] if not NULL)
     void (*matmul_forward)(tr_backend *be, float *out, const float *in, const float *w,
@@ -128,5 +151,6 @@ struct tr_backend {
 
 // CPU backend with n_threads worker threads (0 = number of cores). Results are bitwise the
 // same for every thread count. Returns 0, or -1 if threads or memory could not be had.
+// Code above kernels/ starts backends through kernels/backend.h instead.
 int tr_backend_cpu_init(tr_backend *be, int32_t n_threads);
 void tr_backend_cpu_free(tr_backend *be);

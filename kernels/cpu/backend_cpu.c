@@ -1,12 +1,23 @@
 // The CPU backend: its tr_ops table and the context behind it (a thread pool and the matrix
-// product's micro-kernel, chosen once from what the processor has).
+// product's micro-kernel, chosen once from what the processor has). TROUPE_CPU_GUARD=1 in
+// the environment selects guarded memory (guard.c) for every CPU backend of the process.
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "kernels/cpu/cpu.h"
 
 static const tr_ops cpu_ops = {
     .name = "cpu",
+    .alloc = tr_cpu_alloc,
+    .free = tr_cpu_free,
+    .alloc_host = tr_cpu_alloc_host,
+    .free_host = tr_cpu_free_host,
+    .upload = tr_cpu_upload,
+    .download = tr_cpu_upload,
+    .copy = tr_cpu_upload,
+    .sync = tr_cpu_sync,
+    .mem_info = tr_cpu_mem_info,
     .matmul_forward = tr_cpu_matmul_forward,
     .matmul_backward = tr_cpu_matmul_backward,
     .embedding_forward = tr_cpu_embedding_forward,
@@ -50,7 +61,9 @@ int tr_backend_cpu_init(tr_backend *be, int32_t n_threads) {
         return -1;
     }
     ctx->isa = tr_gemm_isa_detect();
-    be->ops = &cpu_ops;
+    const char *guard = getenv("TROUPE_CPU_GUARD");
+    ctx->guard = guard && strcmp(guard, "1") == 0;
+    be->ops = ctx->guard ? &tr_cpu_guarded_ops : &cpu_ops;
     be->ctx = ctx;
     be->n_threads = n_threads;
     return 0;
@@ -60,6 +73,7 @@ void tr_backend_cpu_free(tr_backend *be) {
     if (!be || !be->ctx) return;
     tr_cpu_ctx *ctx = be->ctx;
     tr_pool_free(ctx->pool);
+    tr_cpu_memory_free(ctx);
     free(ctx);
     be->ctx = NULL;
     be->ops = NULL;

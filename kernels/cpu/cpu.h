@@ -3,6 +3,7 @@
 // Every op splits its work into tasks of a FIXED size that depends only on the op's
 // arguments, never on the thread count, and reduces in a fixed order: bitwise reproducible.
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -10,9 +11,20 @@
 #include "kernels/cpu/pool.h"
 #include "kernels/ops.h"
 
+// One allocation of guarded mode: its own mapping, page-rounded.
+typedef struct tr_cpu_region {
+    void *base;
+    size_t bytes;
+} tr_cpu_region;
+
 typedef struct tr_cpu_ctx {
     tr_pool *pool;
     tr_gemm_isa isa;   // the matrix product's micro-kernel, fixed at init
+    // Guarded mode (kernels/cpu/guard.c): backend memory is PROT_NONE outside ops.
+    bool guard;
+    int32_t guard_open;          // depth of ops running; memory is accessible while > 0
+    tr_cpu_region *regions;      // every live allocation
+    int32_t n_regions, cap_regions;
 } tr_cpu_ctx;
 
 static inline tr_pool *tr_cpu_pool(tr_backend *be) { return ((tr_cpu_ctx *)be->ctx)->pool; }
@@ -32,6 +44,21 @@ static inline void tr_cpu_run(tr_backend *be, int32_t n_tasks, tr_pool_fn fn, vo
 }
 
 static inline int32_t tr_cpu_ceil_div(int64_t a, int64_t b) { return (int32_t)((a + b - 1) / b); }
+
+// Memory half (memory.c): host memory, memcpy copies, nothing to wait for.
+void *tr_cpu_alloc(tr_backend *be, size_t bytes);
+void tr_cpu_free(tr_backend *be, void *p);
+void *tr_cpu_alloc_host(tr_backend *be, size_t bytes);
+void tr_cpu_free_host(tr_backend *be, void *p);
+void tr_cpu_upload(tr_backend *be, void *dst, const void *src, size_t bytes);
+int tr_cpu_sync(tr_backend *be, const char *where, char *msg, size_t cap);
+void tr_cpu_mem_info(tr_backend *be, size_t *free_bytes, size_t *total_bytes);
+void tr_cpu_memory_free(tr_cpu_ctx *ctx);
+// Guarded mode: the op table whose entries open the memory around the real op after checking
+// that every pointer argument is backend memory; a violation prints what and aborts (it is
+// a bug in the caller, never bad input).
+extern const tr_ops tr_cpu_guarded_ops;
+void tr_cpu_guard_fail(const char *op, const char *what, const void *p);
 
 void tr_cpu_matmul_forward(tr_backend *be, float *out, const float *in, const float *w,
                            const float *bias, int32_t T, int32_t IC, int32_t OC);

@@ -1,5 +1,6 @@
-// The CUDA backend: its tr_ops table, the context behind it (stream, cuBLAS handle, sumsq
-// scratch) and the first-error record that stands in for return codes, since ops return void.
+// The CUDA backend: its tr_ops table with the memory half (cudaMalloc, pinned staging, copies
+// on the backend's stream), the context behind it (stream, cuBLAS handle, sumsq scratch) and
+// the first-error record that stands in for return codes, since ops return void.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,27 +8,104 @@
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/cuda_ctx.cuh"
 
+// ---- memory half ----
+
+// A failed cudaMalloc is an answer (not enough memory), not a fault of the stream: the error
+// is cleared so that the next launch check does not report it as its own.
+static void *cuda_alloc(tr_backend *be, size_t bytes) {
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    (void)be;
+    return p;
+}
+
+static void cuda_free(tr_backend *be, void *p) {
+    if (p) TR_CUDA_CHECK(be, cudaFree(p));
+}
+
+static void *cuda_alloc_host(tr_backend *be, size_t bytes) {
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    (void)be;
+    return p;
+}
+
+static void cuda_free_host(tr_backend *be, void *p) {
+    if (p) TR_CUDA_CHECK(be, cudaFreeHost(p));
+}
+
+static void cuda_upload(tr_backend *be, void *dst, const void *src, size_t bytes) {
+    if (bytes)
+        TR_CUDA_CHECK(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
+                                          tr_cuda_stream(be)));
+}
+
+static void cuda_download(tr_backend *be, void *dst, const void *src, size_t bytes) {
+    if (bytes)
+        TR_CUDA_CHECK(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost,
+                                          tr_cuda_stream(be)));
+}
+
+static void cuda_copy(tr_backend *be, void *dst, const void *src, size_t bytes) {
+    if (bytes)
+        TR_CUDA_CHECK(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                                          tr_cuda_stream(be)));
+}
+
+static int cuda_sync(tr_backend *be, const char *where, char *msg, size_t cap) {
+    tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
+    if (!ctx->failed) TR_CUDA_CHECK(be, cudaStreamSynchronize(ctx->stream));
+    if (!ctx->failed) {
+        if (cap) msg[0] = '\0';
+        return 0;
+    }
+    if (cap)
+        snprintf(msg, cap, "CUDA device %d, %s %s: %s", ctx->device,
+                 ctx->sync_each_op ? "in the op at" : "by the sync point", where, ctx->msg);
+    return -1;
+}
+
+static void cuda_mem_info(tr_backend *be, size_t *free_bytes, size_t *total_bytes) {
+    *free_bytes = *total_bytes = 0;
+    TR_CUDA_CHECK(be, cudaMemGetInfo(free_bytes, total_bytes));
+}
+
 static const tr_ops cuda_ops = {
-    "cuda",
-    tr_cuda_matmul_forward,
-    tr_cuda_matmul_backward,
-    tr_cuda_embedding_forward,
-    tr_cuda_embedding_backward,
-    tr_cuda_rmsnorm_forward,
-    tr_cuda_rmsnorm_backward,
-    tr_cuda_rope_forward,
-    tr_cuda_rope_backward,
-    tr_cuda_attention_forward,
-    tr_cuda_attention_backward,
-    tr_cuda_attention_decode,
-    tr_cuda_swiglu_forward,
-    tr_cuda_swiglu_backward,
-    tr_cuda_add,
-    tr_cuda_logsoftmax_forward,
-    tr_cuda_logsoftmax_backward,
-    tr_cuda_sumsq,
-    tr_cuda_scale,
-    tr_cuda_adamw,
+    .name = "cuda",
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .alloc_host = cuda_alloc_host,
+    .free_host = cuda_free_host,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .copy = cuda_copy,
+    .sync = cuda_sync,
+    .mem_info = cuda_mem_info,
+    .matmul_forward = tr_cuda_matmul_forward,
+    .matmul_backward = tr_cuda_matmul_backward,
+    .embedding_forward = tr_cuda_embedding_forward,
+    .embedding_backward = tr_cuda_embedding_backward,
+    .rmsnorm_forward = tr_cuda_rmsnorm_forward,
+    .rmsnorm_backward = tr_cuda_rmsnorm_backward,
+    .rope_forward = tr_cuda_rope_forward,
+    .rope_backward = tr_cuda_rope_backward,
+    .attention_forward = tr_cuda_attention_forward,
+    .attention_backward = tr_cuda_attention_backward,
+    .attention_decode = tr_cuda_attention_decode,
+    .swiglu_forward = tr_cuda_swiglu_forward,
+    .swiglu_backward = tr_cuda_swiglu_backward,
+    .add = tr_cuda_add,
+    .logsoftmax_forward = tr_cuda_logsoftmax_forward,
+    .logsoftmax_backward = tr_cuda_logsoftmax_backward,
+    .sumsq = tr_cuda_sumsq,
+    .scale = tr_cuda_scale,
+    .adamw = tr_cuda_adamw,
 };
 
 int tr_cuda_record(tr_cuda_ctx *ctx, const char *file, int line, const char *what,
@@ -48,6 +126,8 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device) {
     tr_cuda_ctx *ctx = (tr_cuda_ctx *)calloc(1, sizeof *ctx);
     if (!ctx) return -1;
     ctx->device = device;
+    const char *each = getenv("TROUPE_SYNC_EACH_OP");
+    ctx->sync_each_op = each && strcmp(each, "1") == 0;
     be->ctx = ctx;
     if (TR_CUDA_CHECK(be, cudaSetDevice(device))) return -1;
     if (TR_CUDA_CHECK(be, cudaStreamCreate(&ctx->stream))) return -1;

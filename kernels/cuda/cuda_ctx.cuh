@@ -17,6 +17,7 @@ typedef struct tr_cuda_ctx {
     cublasHandle_t blas;
     double *partial;        // device, TR_CUDA_SUMSQ_BLOCKS doubles
     double *partial_host;   // pinned, same size
+    int sync_each_op;       // TROUPE_SYNC_EACH_OP=1: every op waits and names itself on failure
     int failed;
     char msg[512];
 } tr_cuda_ctx;
@@ -35,14 +36,22 @@ static inline int tr_cuda_check_rt(tr_backend *be, cudaError_t e, const char *fi
 }
 static inline int tr_cuda_check_blas(tr_backend *be, cublasStatus_t s, const char *file,
                                      int line, const char *what) {
-    if (s == CUBLAS_STATUS_SUCCESS) return 0;
-    return tr_cuda_record(tr_cuda_ctx_of(be), file, line, what, cublasGetStatusString(s));
+    tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return tr_cuda_record(ctx, file, line, what, cublasGetStatusString(s));
+    if (!ctx->sync_each_op || !ctx->stream) return 0;
+    return tr_cuda_check_rt(be, cudaStreamSynchronize(ctx->stream), file, line, what);
 }
 #define TR_CUDA_CHECK(be, call) tr_cuda_check_rt((be), (call), __FILE__, __LINE__, #call)
 #define TR_CUBLAS_CHECK(be, call) tr_cuda_check_blas((be), (call), __FILE__, __LINE__, #call)
-// After a kernel launch: bad configurations are reported here, faults at the next sync.
-#define TR_CUDA_LAUNCHED(be, name) \
-    tr_cuda_check_rt((be), cudaGetLastError(), __FILE__, __LINE__, "launch " name)
+// After a kernel launch: bad configurations are reported here, faults at the next sync (or
+// right here, naming the kernel, when every op syncs).
+static inline int tr_cuda_launched(tr_backend *be, const char *file, int line, const char *name) {
+    if (tr_cuda_check_rt(be, cudaGetLastError(), file, line, name)) return -1;
+    if (!tr_cuda_ctx_of(be)->sync_each_op) return 0;
+    return tr_cuda_check_rt(be, cudaStreamSynchronize(tr_cuda_stream(be)), file, line, name);
+}
+#define TR_CUDA_LAUNCHED(be, name) tr_cuda_launched((be), __FILE__, __LINE__, "launch " name)
 
 // Grid size for elementwise kernels over n items with a grid-stride loop.
 static inline unsigned tr_cuda_grid(size_t n, unsigned threads) {

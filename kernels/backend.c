@@ -1,0 +1,70 @@
+// The backend factory (backend.h): the only place that knows which backends were built.
+#include "kernels/backend.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "tr_build_config.h"
+#if TR_HAVE_CUDA
+#include "kernels/cuda/backend_cuda.h"
+#include "kernels/cuda/device.h"
+#endif
+
+bool tr_backend_built(const char *kind) {
+    if (!kind || strcmp(kind, "cpu") == 0) return true;
+    return strcmp(kind, "cuda") == 0 && TR_HAVE_CUDA;
+}
+
+int32_t tr_backend_cuda_devices(void) {
+#if TR_HAVE_CUDA
+    return tr_cuda_device_count();
+#else
+    return 0;
+#endif
+}
+
+int tr_backend_init(tr_backend *be, const tr_backend_opts *opts, char *msg, size_t cap) {
+    memset(be, 0, sizeof *be);
+    const char *kind = opts->kind ? opts->kind : "cpu";
+    if (strcmp(kind, "cpu") == 0) {
+        if (opts->threads < 0 || tr_backend_cpu_init(be, opts->threads) != 0) {
+            snprintf(msg, cap, "cpu backend: cannot start %d threads", opts->threads);
+            return -1;
+        }
+        return 0;
+    }
+    if (strcmp(kind, "cuda") != 0) {
+        snprintf(msg, cap, "unknown backend '%s' (cpu or cuda)", kind);
+        return -1;
+    }
+#if TR_HAVE_CUDA
+    int32_t n = tr_cuda_device_count();
+    if (opts->device < 0 || opts->device >= n) {
+        snprintf(msg, cap, "cuda backend: device %d does not exist (%d visible)", opts->device, n);
+        return -1;
+    }
+    if (tr_backend_cuda_init(be, opts->device) != 0) {
+        char why[512];
+        tr_backend_cuda_status(be, why, sizeof why);
+        snprintf(msg, cap, "cuda backend on device %d: %s", opts->device, why);
+        tr_backend_cuda_free(be);
+        memset(be, 0, sizeof *be);
+        return -1;
+    }
+    return 0;
+#else
+    snprintf(msg, cap, "cuda backend: this troupe was built without CUDA (meson -Dcuda=enabled)");
+    return -1;
+#endif
+}
+
+void tr_backend_free(tr_backend *be) {
+    if (!be || !be->ops) return;
+#if TR_HAVE_CUDA
+    if (strcmp(be->ops->name, "cuda") == 0) {
+        tr_backend_cuda_free(be);
+        return;
+    }
+#endif
+    tr_backend_cpu_free(be);
+}

@@ -1,0 +1,368 @@
+// Guarded mode of the CPU backend (TROUPE_CPU_GUARD=1), the CPU stand-in for a GPU's separate
+// memory: backend allocations are PROT_NONE mappings (memory.c) that only an op opens, so a
+// host read or write of engine memory outside a backend call faults, and every pointer an op
+// is handed must lie in a backend allocation, as device pointers must on a GPU. Each entry
+// below checks its pointers, opens the memory, runs the real op and closes it again.
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#include "kernels/cpu/cpu.h"
+
+void tr_cpu_guard_fail(const char *op, const char *what, const void *p) {
+    fprintf(stderr, "troupe: guarded CPU memory: %s: %s (%p)\n", op, what, p);
+    abort();
+}
+
+static void guard_protect(tr_cpu_ctx *ctx, int prot) {
+    for (int32_t i = 0; i < ctx->n_regions; i++)
+        if (mprotect(ctx->regions[i].base, ctx->regions[i].bytes, prot) != 0)
+            tr_cpu_guard_fail("mprotect", "cannot change a region's protection",
+                              ctx->regions[i].base);
+}
+
+static void open_mem(tr_backend *be) {
+    tr_cpu_ctx *ctx = be->ctx;
+    if (ctx->guard_open++ == 0) guard_protect(ctx, PROT_READ | PROT_WRITE);
+}
+
+static void close_mem(tr_backend *be) {
+    tr_cpu_ctx *ctx = be->ctx;
+    if (--ctx->guard_open == 0) guard_protect(ctx, PROT_NONE);
+}
+
+// The region holding [p, p + bytes), or NULL.
+static const tr_cpu_region *region_of(tr_backend *be, const void *p, size_t bytes) {
+    tr_cpu_ctx *ctx = be->ctx;
+    const char *c = p;
+    for (int32_t i = 0; i < ctx->n_regions; i++) {
+        const char *b = ctx->regions[i].base;
+        if (c >= b && c + bytes <= b + ctx->regions[i].bytes) return &ctx->regions[i];
+    }
+    return NULL;
+}
+
+// dev: backend memory of at least `bytes` (NULL only when optional).
+static void dev(tr_backend *be, const void *p, size_t bytes, int optional, const char *op,
+                const char *arg) {
+    if (!p && optional) return;
+    if (!p || !region_of(be, p, bytes)) {
+        char what[160];
+        snprintf(what, sizeof what, "%s (%zu bytes) is not backend memory%s", arg, bytes,
+                 p && region_of(be, p, 1) ? " in full (it runs past its allocation)" : "");
+        tr_cpu_guard_fail(op, what, p);
+    }
+}
+
+static void host(tr_backend *be, const void *p, const char *op, const char *arg) {
+    if (region_of(be, p, 1)) {
+        char what[160];
+        snprintf(what, sizeof what, "%s must be host memory, not backend memory", arg);
+        tr_cpu_guard_fail(op, what, p);
+    }
+}
+
+#define F sizeof(float)
+#define I sizeof(int32_t)
+
+static void docs_dev(tr_backend *be, const tr_doc_layout *d, const char *op) {
+    dev(be, d->doc_start, (size_t)(d->n_docs + 1) * I, 0, op, "docs.doc_start");
+    dev(be, d->pos, (size_t)d->n_tokens * I, 0, op, "docs.pos");
+}
+
+static void g_upload(tr_backend *be, void *dst, const void *src, size_t bytes) {
+    dev(be, dst, bytes, 0, "upload", "dst");
+    host(be, src, "upload", "src");
+    open_mem(be);
+    tr_cpu_upload(be, dst, src, bytes);
+    close_mem(be);
+}
+
+static void g_download(tr_backend *be, void *dst, const void *src, size_t bytes) {
+    dev(be, src, bytes, 0, "download", "src");
+    host(be, dst, "download", "dst");
+    open_mem(be);
+    tr_cpu_upload(be, dst, src, bytes);
+    close_mem(be);
+}
+
+static void g_copy(tr_backend *be, void *dst, const void *src, size_t bytes) {
+    dev(be, dst, bytes, 0, "copy", "dst");
+    dev(be, src, bytes, 0, "copy", "src");
+    open_mem(be);
+    tr_cpu_upload(be, dst, src, bytes);
+    close_mem(be);
+}
+
+static void g_matmul_forward(tr_backend *be, float *out, const float *in, const float *w,
+                             const float *bias, int32_t T, int32_t IC, int32_t OC) {
+    const char *op = "matmul_forward";
+    dev(be, out, (size_t)T * OC * F, 0, op, "out");
+    dev(be, in, (size_t)T * IC * F, 0, op, "in");
+    dev(be, w, (size_t)OC * IC * F, 0, op, "w");
+    dev(be, bias, (size_t)OC * F, 1, op, "bias");
+    open_mem(be);
+    tr_cpu_matmul_forward(be, out, in, w, bias, T, IC, OC);
+    close_mem(be);
+}
+
+static void g_matmul_backward(tr_backend *be, float *din, float *dw, float *dbias,
+                              const float *dout, const float *in, const float *w, int32_t T,
+                              int32_t IC, int32_t OC) {
+    const char *op = "matmul_backward";
+    dev(be, din, (size_t)T * IC * F, 1, op, "din");
+    dev(be, dw, (size_t)OC * IC * F, 1, op, "dw");
+    dev(be, dbias, (size_t)OC * F, 1, op, "dbias");
+    dev(be, dout, (size_t)T * OC * F, 0, op, "dout");
+    dev(be, in, (size_t)T * IC * F, 0, op, "in");
+    dev(be, w, (size_t)OC * IC * F, 0, op, "w");
+    open_mem(be);
+    tr_cpu_matmul_backward(be, din, dw, dbias, dout, in, w, T, IC, OC);
+    close_mem(be);
+}
+
+static void g_embedding_forward(tr_backend *be, float *out, const int32_t *ids,
+                                const float *table, int32_t T, int32_t C) {
+    const char *op = "embedding_forward";
+    dev(be, out, (size_t)T * C * F, 0, op, "out");
+    dev(be, ids, (size_t)T * I, 0, op, "ids");
+    dev(be, table, F, 0, op, "table");
+    open_mem(be);
+    tr_cpu_embedding_forward(be, out, ids, table, T, C);
+    close_mem(be);
+}
+
+static void g_embedding_backward(tr_backend *be, float *dtable, const float *dout,
+                                 const int32_t *ids, int32_t T, int32_t C) {
+    const char *op = "embedding_backward";
+    dev(be, dtable, F, 0, op, "dtable");
+    dev(be, dout, (size_t)T * C * F, 0, op, "dout");
+    dev(be, ids, (size_t)T * I, 0, op, "ids");
+    open_mem(be);
+    tr_cpu_embedding_backward(be, dtable, dout, ids, T, C);
+    close_mem(be);
+}
+
+static void g_rmsnorm_forward(tr_backend *be, float *out, float *rstd, const float *in,
+                              const float *w, float eps, int32_t T, int32_t C) {
+    const char *op = "rmsnorm_forward";
+    dev(be, out, (size_t)T * C * F, 0, op, "out");
+    dev(be, rstd, (size_t)T * F, 0, op, "rstd");
+    dev(be, in, (size_t)T * C * F, 0, op, "in");
+    dev(be, w, (size_t)C * F, 0, op, "w");
+    open_mem(be);
+    tr_cpu_rmsnorm_forward(be, out, rstd, in, w, eps, T, C);
+    close_mem(be);
+}
+
+static void g_rmsnorm_backward(tr_backend *be, float *din, float *dw, const float *dout,
+                               const float *in, const float *w, const float *rstd, int32_t T,
+                               int32_t C) {
+    const char *op = "rmsnorm_backward";
+    dev(be, din, (size_t)T * C * F, 0, op, "din");
+    dev(be, dw, (size_t)C * F, 1, op, "dw");
+    dev(be, dout, (size_t)T * C * F, 0, op, "dout");
+    dev(be, in, (size_t)T * C * F, 0, op, "in");
+    dev(be, w, (size_t)C * F, 0, op, "w");
+    dev(be, rstd, (size_t)T * F, 0, op, "rstd");
+    open_mem(be);
+    tr_cpu_rmsnorm_backward(be, din, dw, dout, in, w, rstd, T, C);
+    close_mem(be);
+}
+
+static void g_rope(tr_backend *be, float *x, const int32_t *pos, const float *inv_freq,
+                   int32_t T, int32_t H, int32_t D, int backward) {
+    const char *op = backward ? "rope_backward" : "rope_forward";
+    dev(be, x, (size_t)T * H * D * F, 0, op, "x");
+    dev(be, pos, (size_t)T * I, 0, op, "pos");
+    dev(be, inv_freq, (size_t)(D / 2) * F, 0, op, "inv_freq");
+    open_mem(be);
+    if (backward) tr_cpu_rope_backward(be, x, pos, inv_freq, T, H, D);
+    else tr_cpu_rope_forward(be, x, pos, inv_freq, T, H, D);
+    close_mem(be);
+}
+
+static void g_rope_forward(tr_backend *be, float *x, const int32_t *pos, const float *inv_freq,
+                           int32_t T, int32_t H, int32_t D) {
+    g_rope(be, x, pos, inv_freq, T, H, D, 0);
+}
+
+static void g_rope_backward(tr_backend *be, float *dx, const int32_t *pos,
+                            const float *inv_freq, int32_t T, int32_t H, int32_t D) {
+    g_rope(be, dx, pos, inv_freq, T, H, D, 1);
+}
+
+static void g_attention_forward(tr_backend *be, float *out, float *lse, const float *q,
+                                const float *k, const float *v, const tr_doc_layout *docs,
+                                int32_t H, int32_t KVH, int32_t D) {
+    const char *op = "attention_forward";
+    size_t T = (size_t)docs->n_tokens;
+    dev(be, out, T * H * D * F, 0, op, "out");
+    dev(be, lse, T * H * F, 0, op, "lse");
+    dev(be, q, T * H * D * F, 0, op, "q");
+    dev(be, k, T * KVH * D * F, 0, op, "k");
+    dev(be, v, T * KVH * D * F, 0, op, "v");
+    docs_dev(be, docs, op);
+    open_mem(be);
+    tr_cpu_attention_forward(be, out, lse, q, k, v, docs, H, KVH, D);
+    close_mem(be);
+}
+
+static void g_attention_backward(tr_backend *be, float *dq, float *dk, float *dv,
+                                 const float *dout, const float *out, const float *lse,
+                                 const float *q, const float *k, const float *v,
+                                 const tr_doc_layout *docs, int32_t H, int32_t KVH, int32_t D) {
+    const char *op = "attention_backward";
+    size_t T = (size_t)docs->n_tokens;
+    dev(be, dq, T * H * D * F, 1, op, "dq");
+    dev(be, dk, T * KVH * D * F, 1, op, "dk");
+    dev(be, dv, T * KVH * D * F, 1, op, "dv");
+    dev(be, dout, T * H * D * F, 0, op, "dout");
+    dev(be, out, T * H * D * F, 0, op, "out");
+    dev(be, lse, T * H * F, 0, op, "lse");
+    dev(be, q, T * H * D * F, 0, op, "q");
+    dev(be, k, T * KVH * D * F, 0, op, "k");
+    dev(be, v, T * KVH * D * F, 0, op, "v");
+    docs_dev(be, docs, op);
+    open_mem(be);
+    tr_cpu_attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, docs, H, KVH, D);
+    close_mem(be);
+}
+
+static void g_attention_decode(tr_backend *be, float *out, const float *q,
+                               const tr_kv_pages *kv, const int32_t *block_table,
+                               int32_t max_blocks, const int32_t *seq_len, int32_t B,
+                               int32_t H) {
+    const char *op = "attention_decode";
+    size_t D = (size_t)kv->head_dim;
+    dev(be, out, (size_t)B * H * D * F, 0, op, "out");
+    dev(be, q, (size_t)B * H * D * F, 0, op, "q");
+    dev(be, kv->k_pool, F, 0, op, "kv.k_pool");
+    dev(be, kv->v_pool, F, 0, op, "kv.v_pool");
+    dev(be, block_table, (size_t)B * max_blocks * I, 0, op, "block_table");
+    dev(be, seq_len, (size_t)B * I, 0, op, "seq_len");
+    open_mem(be);
+    tr_cpu_attention_decode(be, out, q, kv, block_table, max_blocks, seq_len, B, H);
+    close_mem(be);
+}
+
+static void g_swiglu_forward(tr_backend *be, float *out, const float *gate, const float *up,
+                             size_t n) {
+    const char *op = "swiglu_forward";
+    dev(be, out, n * F, 0, op, "out");
+    dev(be, gate, n * F, 0, op, "gate");
+    dev(be, up, n * F, 0, op, "up");
+    open_mem(be);
+    tr_cpu_swiglu_forward(be, out, gate, up, n);
+    close_mem(be);
+}
+
+static void g_swiglu_backward(tr_backend *be, float *dgate, float *dup, const float *dout,
+                              const float *gate, const float *up, size_t n) {
+    const char *op = "swiglu_backward";
+    dev(be, dgate, n * F, 0, op, "dgate");
+    dev(be, dup, n * F, 0, op, "dup");
+    dev(be, dout, n * F, 0, op, "dout");
+    dev(be, gate, n * F, 0, op, "gate");
+    dev(be, up, n * F, 0, op, "up");
+    open_mem(be);
+    tr_cpu_swiglu_backward(be, dgate, dup, dout, gate, up, n);
+    close_mem(be);
+}
+
+static void g_add(tr_backend *be, float *out, const float *a, const float *b, size_t n) {
+    dev(be, out, n * F, 0, "add", "out");
+    dev(be, a, n * F, 0, "add", "a");
+    dev(be, b, n * F, 0, "add", "b");
+    open_mem(be);
+    tr_cpu_add(be, out, a, b, n);
+    close_mem(be);
+}
+
+static void g_logsoftmax_forward(tr_backend *be, float *logprob, float *entropy, float *lse,
+                                 const float *logits, const int32_t *target, int32_t T,
+                                 int32_t V) {
+    const char *op = "logsoftmax_forward";
+    dev(be, logprob, (size_t)T * F, 1, op, "logprob");
+    dev(be, entropy, (size_t)T * F, 1, op, "entropy");
+    dev(be, lse, (size_t)T * F, 0, op, "lse");
+    dev(be, logits, (size_t)T * V * F, 0, op, "logits");
+    dev(be, target, (size_t)T * I, 0, op, "target");
+    open_mem(be);
+    tr_cpu_logsoftmax_forward(be, logprob, entropy, lse, logits, target, T, V);
+    close_mem(be);
+}
+
+static void g_logsoftmax_backward(tr_backend *be, float *dlogits, const float *dlogprob,
+                                  const float *dentropy, const float *logits, const float *lse,
+                                  const int32_t *target, int32_t T, int32_t V) {
+    const char *op = "logsoftmax_backward";
+    dev(be, dlogits, (size_t)T * V * F, 0, op, "dlogits");
+    dev(be, dlogprob, (size_t)T * F, 1, op, "dlogprob");
+    dev(be, dentropy, (size_t)T * F, 1, op, "dentropy");
+    dev(be, logits, (size_t)T * V * F, 0, op, "logits");
+    dev(be, lse, (size_t)T * F, 0, op, "lse");
+    dev(be, target, (size_t)T * I, 0, op, "target");
+    open_mem(be);
+    tr_cpu_logsoftmax_backward(be, dlogits, dlogprob, dentropy, logits, lse, target, T, V);
+    close_mem(be);
+}
+
+static double g_sumsq(tr_backend *be, const float *x, size_t n) {
+    dev(be, x, n * F, 0, "sumsq", "x");
+    open_mem(be);
+    double s = tr_cpu_sumsq(be, x, n);
+    close_mem(be);
+    return s;
+}
+
+static void g_scale(tr_backend *be, float *x, float s, size_t n) {
+    dev(be, x, n * F, 0, "scale", "x");
+    open_mem(be);
+    tr_cpu_scale(be, x, s, n);
+    close_mem(be);
+}
+
+static void g_adamw(tr_backend *be, float *p, const float *g, float *m, float *v, size_t n,
+                    float lr, float b1, float b2, float eps, float wd, int32_t t) {
+    const char *op = "adamw";
+    dev(be, p, n * F, 0, op, "p");
+    dev(be, g, n * F, 0, op, "g");
+    dev(be, m, n * F, 0, op, "m");
+    dev(be, v, n * F, 0, op, "v");
+    open_mem(be);
+    tr_cpu_adamw(be, p, g, m, v, n, lr, b1, b2, eps, wd, t);
+    close_mem(be);
+}
+
+const tr_ops tr_cpu_guarded_ops = {
+    .name = "cpu",
+    .alloc = tr_cpu_alloc,
+    .free = tr_cpu_free,
+    .alloc_host = tr_cpu_alloc_host,
+    .free_host = tr_cpu_free_host,
+    .upload = g_upload,
+    .download = g_download,
+    .copy = g_copy,
+    .sync = tr_cpu_sync,
+    .mem_info = tr_cpu_mem_info,
+    .matmul_forward = g_matmul_forward,
+    .matmul_backward = g_matmul_backward,
+    .embedding_forward = g_embedding_forward,
+    .embedding_backward = g_embedding_backward,
+    .rmsnorm_forward = g_rmsnorm_forward,
+    .rmsnorm_backward = g_rmsnorm_backward,
+    .rope_forward = g_rope_forward,
+    .rope_backward = g_rope_backward,
+    .attention_forward = g_attention_forward,
+    .attention_backward = g_attention_backward,
+    .attention_decode = g_attention_decode,
+    .swiglu_forward = g_swiglu_forward,
+    .swiglu_backward = g_swiglu_backward,
+    .add = g_add,
+    .logsoftmax_forward = g_logsoftmax_forward,
+    .logsoftmax_backward = g_logsoftmax_backward,
+    .sumsq = g_sumsq,
+    .scale = g_scale,
+    .adamw = g_adamw,
+};

@@ -1,0 +1,102 @@
+// The CPU backend's memory half: "device" memory is host memory, copies are memcpy and sync
+// has nothing to wait for. In guarded mode (TROUPE_CPU_GUARD=1) every allocation is its own
+// mapping, kept PROT_NONE except while an op runs (kernels/cpu/guard.c), so any host code
+// that reads or writes engine memory outside a backend call faults at once, as it would be
+// wrong on a GPU; the ops also check that every pointer they get is such memory.
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "kernels/cpu/cpu.h"
+
+#define MEM_ALIGN 256
+
+static size_t page_round(size_t bytes) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    return (bytes + page - 1) / page * page;
+}
+
+// The region table of guarded mode; its own memory is plain host memory.
+static int guard_add(tr_cpu_ctx *ctx, void *p, size_t bytes) {
+    if (ctx->n_regions == ctx->cap_regions) {
+        int32_t cap = ctx->cap_regions ? 2 * ctx->cap_regions : 64;
+        tr_cpu_region *r = realloc(ctx->regions, (size_t)cap * sizeof *r);
+        if (!r) return -1;
+        ctx->regions = r;
+        ctx->cap_regions = cap;
+    }
+    ctx->regions[ctx->n_regions++] = (tr_cpu_region){.base = p, .bytes = bytes};
+    return 0;
+}
+
+void *tr_cpu_alloc(tr_backend *be, size_t bytes) {
+    tr_cpu_ctx *ctx = be->ctx;
+    if (!ctx->guard) {
+        size_t n = (bytes + MEM_ALIGN - 1) / MEM_ALIGN * MEM_ALIGN;
+        return aligned_alloc(MEM_ALIGN, n ? n : MEM_ALIGN);
+    }
+    size_t n = page_round(bytes ? bytes : 1);
+    void *p = mmap(NULL, n, ctx->guard_open > 0 ? PROT_READ | PROT_WRITE : PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    if (guard_add(ctx, p, n) != 0) {
+        munmap(p, n);
+        return NULL;
+    }
+    return p;
+}
+
+void tr_cpu_free(tr_backend *be, void *p) {
+    tr_cpu_ctx *ctx = be->ctx;
+    if (!p) return;
+    if (!ctx->guard) {
+        free(p);
+        return;
+    }
+    for (int32_t i = 0; i < ctx->n_regions; i++)
+        if (ctx->regions[i].base == p) {
+            munmap(p, ctx->regions[i].bytes);
+            ctx->regions[i] = ctx->regions[--ctx->n_regions];
+            return;
+        }
+    tr_cpu_guard_fail("free", "a pointer the backend did not allocate", p);
+}
+
+void *tr_cpu_alloc_host(tr_backend *be, size_t bytes) {
+    (void)be;
+    size_t n = (bytes + MEM_ALIGN - 1) / MEM_ALIGN * MEM_ALIGN;
+    return aligned_alloc(MEM_ALIGN, n ? n : MEM_ALIGN);
+}
+
+void tr_cpu_free_host(tr_backend *be, void *p) {
+    (void)be;
+    free(p);
+}
+
+void tr_cpu_upload(tr_backend *be, void *dst, const void *src, size_t bytes) {
+    (void)be;
+    if (bytes) memcpy(dst, src, bytes);
+}
+
+int tr_cpu_sync(tr_backend *be, const char *where, char *msg, size_t cap) {
+    (void)be, (void)where;
+    if (cap) msg[0] = '\0';
+    return 0;
+}
+
+void tr_cpu_mem_info(tr_backend *be, size_t *free_bytes, size_t *total_bytes) {
+    (void)be;
+    long page = sysconf(_SC_PAGESIZE), avail = sysconf(_SC_AVPHYS_PAGES);
+    long total = sysconf(_SC_PHYS_PAGES);
+    *free_bytes = avail > 0 && page > 0 ? (size_t)avail * (size_t)page : 0;
+    *total_bytes = total > 0 && page > 0 ? (size_t)total * (size_t)page : 0;
+}
+
+void tr_cpu_memory_free(tr_cpu_ctx *ctx) {
+    for (int32_t i = 0; i < ctx->n_regions; i++)
+        munmap(ctx->regions[i].base, ctx->regions[i].bytes);
+    free(ctx->regions);
+    ctx->regions = NULL;
+    ctx->n_regions = ctx->cap_regions = 0;
+}
