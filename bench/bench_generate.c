@@ -101,7 +101,10 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bench_generate: %s\n", err.msg);
             return 1;
         }
-        tr_model_init_weights(&m, 7, 0.02f);
+        if (tr_model_init_weights(&m, 7, 0.02f, &err) != 0) {
+            fprintf(stderr, "%s\n", err.msg);
+            return 1;
+        }
         tr_generator g;
         tr_gen_opts go = {.kv_tokens = (int64_t)MAX_B * (prompt_len + new_tokens + 16),
                           .block_size = 16, .max_seqs = MAX_B};

@@ -98,7 +98,10 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bench_train: %s\n", err.msg);
             return 1;
         }
-        tr_model_init_weights(&m, 7, 0.02f);
+        if (tr_model_init_weights(&m, 7, 0.02f, &err) != 0) {
+            fprintf(stderr, "%s\n", err.msg);
+            return 1;
+        }
         tr_step_result res;
         if (tr_train_step(&tr, &mb, 1, &args, &res, &err) != 0) {
             fprintf(stderr, "bench_train: %s\n", err.msg);

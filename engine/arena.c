@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/device.h"
+
 void tr_arena_need_init(tr_arena_need *n, const tr_model_config *cfg, const tr_model_opts *mo,
                         const tr_gen_opts *go) {
     tr_model_opts o = *mo;
@@ -26,8 +28,9 @@ size_t tr_arena_separate_floats(const tr_arena_need *n) {
     return (n->train ? n->train : n->forward) + n->kv;
 }
 
-int tr_arena_init(tr_arena *a, size_t floats, tr_err *err) {
+int tr_arena_init(tr_arena *a, tr_backend *be, size_t floats, tr_err *err) {
     memset(a, 0, sizeof *a);
+    a->be = be;
     return tr_arena_reserve(a, floats, err);
 }
 
@@ -39,19 +42,20 @@ int tr_arena_reserve(tr_arena *a, size_t floats, tr_err *err) {
     size_t n = (floats + 15) / 16 * 16;
     if (n > SIZE_MAX / sizeof(float))
         return tr_errf(err, TR_ERANGE, "arena: %zu floats is too many", floats);
-    float *p = aligned_alloc(64, n * sizeof(float));
-    if (!p)
-        return tr_errf(err, TR_ENOMEM, "arena: cannot allocate %zu bytes of activation memory",
-                       n * sizeof(float));
-    memset(p, 0, n * sizeof(float));
-    free(a->base);
+    // The old region goes first: its contents are dropped anyway, and on a GPU both at once
+    // might not fit.
+    tr_dev_free(a->be, a->base);
+    a->base = NULL;
+    a->floats = 0;
+    float *p = tr_dev_zalloc(a->be, n * sizeof(float), "arena (activations and KV cache)", err);
+    if (!p) return -1;
     a->base = p;
     a->floats = n;
     return 0;
 }
 
 void tr_arena_free(tr_arena *a) {
-    free(a->base);
+    if (a->be) tr_dev_free(a->be, a->base);
     memset(a, 0, sizeof *a);
 }
 

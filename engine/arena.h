@@ -45,15 +45,16 @@ typedef enum tr_arena_phase {
 } tr_arena_phase;
 
 typedef struct tr_arena {
-    float *base;            // floats floats, 64-byte aligned; NULL while 0
+    tr_backend *be;         // whose memory the region is (not owned)
+    float *base;            // floats floats of backend memory; NULL while 0
     size_t floats;
     tr_arena_phase phase;
     const tr_model *holder; // the model whose views the current phase laid out; NULL idle
     uint64_t epoch;         // phases begun so far: views carry the epoch they were laid in
 } tr_arena;
 
-// A region of floats floats (0: none yet), zeroed.
-int tr_arena_init(tr_arena *a, size_t floats, tr_err *err);
+// A region of floats floats (0: none yet) of be's memory, zeroed.
+int tr_arena_init(tr_arena *a, tr_backend *be, size_t floats, tr_err *err);
 // Grows the region to at least floats, between phases only (at start-up, while roles are
 // set up). The old contents are dropped: every model and generator lays its views out again
 // when its next phase begins.

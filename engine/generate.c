@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "engine/arena.h"
+#include "engine/device.h"
 #include "engine/heads.h"
 
 // A request while it runs: its prompt's blocks (held until every sample has started from
@@ -43,6 +44,10 @@ int32_t tr_gen_sample_blocks(int32_t n_prompt, int32_t max_new_tokens, int32_t b
 }
 
 void tr_generator_free(tr_generator *g) {
+    if (g->model) {
+        tr_dev_free(g->model->be, g->dev);
+        tr_dev_free_host(g->model->be, g->host_logits);
+    }
     tr_kvcache_free(&g->cache);
     tr_token_sampler_free(&g->sampler);
     free(g->row_ids);
@@ -51,7 +56,6 @@ void tr_generator_free(tr_generator *g) {
     free(g->row_len);
     free(g->row_target);
     free(g->row_lp);
-    free(g->row_lse);
     free(g->segs);
     free(g->tables);
     free(g->slots);
@@ -81,9 +85,9 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
     g->max_rows = m->max_tokens;
     g->max_seqs = opts->max_seqs > 0 ? opts->max_seqs : 64;
     if (g->max_seqs > g->max_rows) g->max_seqs = g->max_rows;
-    int rc = opts->kv_buf ? tr_kvcache_init_in(&g->cache, &m->cfg, bs, kv_tokens, opts->kv_buf,
-                                               opts->kv_buf_floats, err)
-                          : tr_kvcache_init(&g->cache, &m->cfg, bs, kv_tokens, err);
+    int rc = opts->kv_buf ? tr_kvcache_init_in(&g->cache, m->be, &m->cfg, bs, kv_tokens,
+                                               opts->kv_buf, opts->kv_buf_floats, err)
+                          : tr_kvcache_init(&g->cache, m->be, &m->cfg, bs, kv_tokens, err);
     if (rc != 0 || tr_token_sampler_init(&g->sampler, m->cfg.vocab_size, err) != 0) {
         tr_generator_free(g);
         return tr_err_wrap(err, "generate");
@@ -100,15 +104,37 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
     g->row_len = malloc(rows * sizeof(int32_t));
     g->row_target = malloc(rows * sizeof(int32_t));
     g->row_lp = malloc(lrows * sizeof(float));
-    g->row_lse = malloc(lrows * sizeof(float));
     g->segs = malloc(rows * sizeof(tr_gen_segment));
-    g->tables = malloc((size_t)g->max_seqs * (size_t)g->table_cap * sizeof(int32_t));
+    size_t tables = (size_t)g->max_seqs * (size_t)g->table_cap;
+    g->tables = malloc(tables * sizeof(int32_t));
     g->slots = calloc((size_t)g->max_seqs, sizeof(tr_gen_slot));
     if (!g->row_ids || !g->row_pos || !g->row_slot || !g->row_len || !g->row_target ||
-        !g->row_lp || !g->row_lse || !g->segs || !g->tables || !g->slots) {
+        !g->row_lp || !g->segs || !g->tables || !g->slots) {
         tr_generator_free(g);
         return tr_errf(err, TR_ENOMEM, "generate: out of memory for %zu-row passes", rows);
     }
+    // Backend copies: the int32 arrays, then three logit-row arrays, each 64-byte aligned.
+    size_t al = 16, off[8], total = 0;
+    size_t sizes[7] = {rows, rows, tables, tables, lrows, lrows, lrows};
+    for (int i = 0; i < 7; i++) {
+        off[i] = total;
+        total += (sizes[i] + al - 1) / al * al;
+    }
+    g->dev = tr_dev_alloc(m->be, total * 4, "generation tables", err);
+    g->host_logits = g->dev ? tr_dev_alloc_host(m->be, lrows * (size_t)m->cfg.vocab_size *
+                                                sizeof(float), "sampling logits", err) : NULL;
+    if (!g->host_logits) {
+        tr_generator_free(g);
+        return tr_err_wrap(err, "generate");
+    }
+    int32_t *d = g->dev;
+    g->d_slot = d + off[0];
+    g->d_len = d + off[1];
+    g->d_tables = d + off[2];
+    g->d_seg_tables = d + off[3];
+    g->d_target = d + off[4];
+    g->d_lp = (float *)(d + off[5]);
+    g->d_lse = (float *)(d + off[6]);
     return 0;
 }
 
@@ -166,14 +192,21 @@ static void gen_attend(void *ctx, tr_model *m, int32_t layer, tr_layer_acts *la,
     tr_generator *g = ctx;
     const tr_model_config *c = &m->cfg;
     const size_t Q = (size_t)c->n_heads * c->head_dim;
-    tr_kvcache_write(&g->cache, layer, la->k, la->v, g->row_slot, T);
+    tr_kvcache_write(&g->cache, layer, la->k, la->v, g->d_slot, T);
     tr_kv_pages pages = tr_kvcache_layer(&g->cache, layer);
     for (int32_t s = 0; s < g->n_segs; s++) {
         const tr_gen_segment *sg = &g->segs[s];
         m->be->ops->attention_decode(m->be, la->att + (size_t)sg->r0 * Q,
                                      la->q + (size_t)sg->r0 * Q, &pages, sg->table, sg->stride,
-                                     g->row_len + sg->r0, sg->n, c->n_heads);
+                                     g->d_len + sg->r0, sg->n, c->n_heads);
     }
+}
+
+// The pass's cache slots and attended lengths, for the attention callback's ops.
+static void upload_rows(tr_generator *g, int32_t n) {
+    tr_backend *be = g->model->be;
+    be->ops->upload(be, g->d_slot, g->row_slot, (size_t)n * sizeof(int32_t));
+    be->ops->upload(be, g->d_len, g->row_len, (size_t)n * sizeof(int32_t));
 }
 
 static bool is_stop(const tr_gen_request *r, int32_t tok) {
@@ -231,24 +264,57 @@ static int start_samples(gen_run *run, tr_err *err) {
     return 0;
 }
 
-// Samples the first token of each sample of a request from its prompt's last logits row.
-static void sample_first(gen_run *run, int32_t req, const float *logits) {
+// Draws row i's next token for output outs[i] from the first n rows of m->acts.logits and
+// fills row_target[i] and row_lp[i]. The logits come to the host for the draw; the logprob is
+// logsoftmax_forward's on the backend, so it is the training path's number. rows_same: all n
+// draws read logits row 0 (the samples of one prompt).
+static int sample_rows(gen_run *run, const int32_t *outs, int32_t n, bool rows_same,
+                       tr_err *err) {
+    tr_generator *g = run->g;
+    tr_model *m = g->model;
+    tr_backend *be = m->be;
+    const int32_t V = m->cfg.vocab_size;
+    const float *logits = m->acts.logits;
+    int32_t n_rows = rows_same ? 1 : n;
+    be->ops->download(be, g->host_logits, logits, (size_t)n_rows * V * sizeof(float));
+    if (tr_dev_sync(be, "generate: logits", err) != 0) return -1;
+    for (int32_t i = 0; i < n; i++) {
+        const tr_gen_request *r = &run->reqs[run->outs[outs[i]].request];
+        const float *row = g->host_logits + (size_t)(rows_same ? 0 : i) * V;
+        g->row_target[i] = tr_sample(&g->sampler, row, &r->sampling, &run->rngs[outs[i]]);
+    }
+    be->ops->upload(be, g->d_target, g->row_target, (size_t)n * sizeof(int32_t));
+    if (rows_same)
+        for (int32_t i = 0; i < n; i++)
+            be->ops->logsoftmax_forward(be, g->d_lp + i, NULL, g->d_lse + i, logits,
+                                        g->d_target + i, 1, V);
+    else
+        be->ops->logsoftmax_forward(be, g->d_lp, NULL, g->d_lse, logits, g->d_target, n, V);
+    be->ops->download(be, g->row_lp, g->d_lp, (size_t)n * sizeof(float));
+    if (tr_dev_sync(be, "generate: sampling", err) != 0) return -1;
+    for (int32_t i = 0; i < n; i++) {
+        tr_gen_output *o = &run->outs[outs[i]];
+        o->tokens[o->n_tokens] = g->row_target[i];
+        o->logprobs[o->n_tokens] = g->row_lp[i];
+        o->n_tokens++;
+        finish_check(&run->reqs[o->request], o);
+    }
+    return 0;
+}
+
+// Samples the first token of each sample of a request from its prompt's last logits row
+// (row 0 of m->acts.logits), as many at a time as the logit rows hold.
+static int sample_first(gen_run *run, int32_t req, tr_err *err) {
     tr_generator *g = run->g;
     const tr_gen_request *r = &run->reqs[req];
     const gen_group *grp = &run->groups[req];
-    tr_backend *be = g->model->be;
-    for (int32_t j = 0; j < r->n_samples; j++) {
-        tr_gen_output *o = &run->outs[grp->out0 + j];
-        tr_rng *rng = &run->rngs[grp->out0 + j];
-        int32_t tok = tr_sample(&g->sampler, logits, &r->sampling, rng);
-        float lp, lse;
-        be->ops->logsoftmax_forward(be, &lp, NULL, &lse, logits, &tok, 1,
-                                    g->model->cfg.vocab_size);
-        o->tokens[0] = tok;
-        o->logprobs[0] = lp;
-        o->n_tokens = 1;
-        finish_check(r, o);
+    const int32_t R = g->model->logit_rows;
+    for (int32_t j0 = 0; j0 < r->n_samples; j0 += R) {
+        int32_t n = r->n_samples - j0 < R ? r->n_samples - j0 : R;
+        for (int32_t i = 0; i < n; i++) g->row_ids[i] = grp->out0 + j0 + i;
+        if (sample_rows(run, g->row_ids, n, true, err) != 0) return -1;
     }
+    return 0;
 }
 
 // Admits requests in order while the pool can hold each one's prompt plus one sample, and
@@ -290,7 +356,10 @@ static int32_t prefill_round(gen_run *run, tr_err *err) {
             if (grp->done == r->n_prompt) continue;
             int32_t take = r->n_prompt - grp->done;
             if (take > g->max_rows - n) take = g->max_rows - n;
-            g->segs[g->n_segs++] = (tr_gen_segment){.r0 = n, .n = take, .table = grp->kv.blocks,
+            int32_t *table = g->d_seg_tables + (size_t)g->n_segs * g->table_cap;
+            m->be->ops->upload(m->be, table, grp->kv.blocks,
+                               (size_t)grp->kv.n_blocks * sizeof(int32_t));
+            g->segs[g->n_segs++] = (tr_gen_segment){.r0 = n, .n = take, .table = table,
                                                     .stride = 0, .request = q};
             for (int32_t t = 0; t < take; t++, n++) {
                 int32_t p = grp->done + t;
@@ -300,6 +369,7 @@ static int32_t prefill_round(gen_run *run, tr_err *err) {
                 g->row_len[n] = p + 1;
             }
         }
+        upload_rows(g, n);
         if (tr_model_forward_rows(m, g->row_ids, g->row_pos, n, gen_attend, g, err) != 0)
             return -1;
         g->stats.passes++;
@@ -312,8 +382,9 @@ static int32_t prefill_round(gen_run *run, tr_err *err) {
             grp->done += sg->n;
             grp->kv.len = grp->done;
             if (grp->done < run->reqs[q].n_prompt) continue;
-            if (tr_lm_head_logits(m, sg->r0 + sg->n - 1, 1, m->acts.logits, err) != 0) return -1;
-            sample_first(run, q, m->acts.logits);
+            if (tr_lm_head_logits(m, sg->r0 + sg->n - 1, 1, m->acts.logits, err) != 0 ||
+                sample_first(run, q, err) != 0)
+                return -1;
         }
         while (cur < first + k && run->groups[cur].done == run->reqs[cur].n_prompt) cur++;
     }
@@ -325,7 +396,7 @@ static int32_t prefill_round(gen_run *run, tr_err *err) {
 static int decode_step(gen_run *run, tr_err *err) {
     tr_generator *g = run->g;
     tr_model *m = g->model;
-    const int32_t B = g->n_active, bs = g->cache.block_size, V = m->cfg.vocab_size;
+    const int32_t B = g->n_active, bs = g->cache.block_size;
     for (int32_t i = 0; i < B; i++) {
         tr_gen_slot *s = &g->slots[i];
         const tr_gen_output *o = &run->outs[s->out];
@@ -341,9 +412,11 @@ static int decode_step(gen_run *run, tr_err *err) {
         g->row_len[i] = pos + 1;
     }
     note_blocks(g);
-    g->segs[0] = (tr_gen_segment){.r0 = 0, .n = B, .table = g->tables, .stride = g->table_cap,
+    g->segs[0] = (tr_gen_segment){.r0 = 0, .n = B, .table = g->d_tables, .stride = g->table_cap,
                                   .request = -1};
     g->n_segs = 1;
+    m->be->ops->upload(m->be, g->d_tables, g->tables, (size_t)B * g->table_cap * sizeof(int32_t));
+    upload_rows(g, B);
     if (tr_model_forward_rows(m, g->row_ids, g->row_pos, B, gen_attend, g, err) != 0) return -1;
     g->stats.passes++;
     g->stats.decode_steps++;
@@ -351,22 +424,10 @@ static int decode_step(gen_run *run, tr_err *err) {
     const int32_t R = m->logit_rows;
     for (int32_t r0 = 0; r0 < B; r0 += R) {
         int32_t n = B - r0 < R ? B - r0 : R;
-        if (tr_lm_head_logits(m, r0, n, m->acts.logits, err) != 0) return -1;
-        for (int32_t i = 0; i < n; i++) {
-            const tr_gen_slot *s = &g->slots[r0 + i];
-            const tr_gen_request *r = &run->reqs[run->outs[s->out].request];
-            g->row_target[i] = tr_sample(&g->sampler, m->acts.logits + (size_t)i * V,
-                                         &r->sampling, &run->rngs[s->out]);
-        }
-        m->be->ops->logsoftmax_forward(m->be, g->row_lp, NULL, g->row_lse, m->acts.logits,
-                                       g->row_target, n, V);
-        for (int32_t i = 0; i < n; i++) {
-            tr_gen_output *o = &run->outs[g->slots[r0 + i].out];
-            o->tokens[o->n_tokens] = g->row_target[i];
-            o->logprobs[o->n_tokens] = g->row_lp[i];
-            o->n_tokens++;
-            finish_check(&run->reqs[o->request], o);
-        }
+        for (int32_t i = 0; i < n; i++) g->row_ids[i] = g->slots[r0 + i].out;
+        if (tr_lm_head_logits(m, r0, n, m->acts.logits, err) != 0 ||
+            sample_rows(run, g->row_ids, n, false, err) != 0)
+            return -1;
     }
     // Retire finished samples; the last running one moves into the freed slot.
     for (int32_t i = 0; i < g->n_active;) {

@@ -89,12 +89,20 @@ typedef struct tr_generator {
     int32_t max_rows;           // rows per trunk pass (the model's max_tokens)
     int32_t table_cap;          // block-table entries per sequence
     int32_t max_seq_len;
-    // Buffers of one pass, sized at init.
+    // Buffers of one pass, sized at init: host bookkeeping ...
     int32_t *row_ids, *row_pos, *row_slot, *row_len, *row_target;   // [max_rows]
-    float *row_lp, *row_lse;    // [model->logit_rows]
+    float *row_lp;              // [model->logit_rows]
+    float *host_logits;         // [logit_rows * vocab] pinned: rows being sampled
     tr_gen_segment *segs;       // [max_rows]
     int32_t n_segs;
     int32_t *tables;            // [max_seqs][table_cap]: slot i's block table
+    // ... and the backend copies the ops read (one allocation, dev).
+    void *dev;
+    int32_t *d_slot, *d_len;    // [max_rows] cache slot and attended length of each row
+    int32_t *d_tables;          // [max_seqs][table_cap] decode block tables
+    int32_t *d_seg_tables;      // [max_seqs][table_cap] a prefill pass's prompt tables
+    int32_t *d_target;          // [logit_rows] sampled ids
+    float *d_lp, *d_lse;        // [logit_rows] their logprobs
     tr_gen_slot *slots;         // [max_seqs]; slots [0, n_active) are decoding
     int32_t n_active;
     int32_t reserved;           // blocks promised to admitted samples, not yet taken

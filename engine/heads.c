@@ -1,9 +1,13 @@
 // LM, value and score heads over the final-norm output. The LM head never holds [T, vocab]
 // logits whole: it runs logit_rows rows at a time through matmul + fused log-softmax, and
 // its backward recomputes a chunk's logits rather than keeping them (unless all T fit).
+// Per-token inputs and outputs are host arrays; they cross to and from the model's backend
+// copies (d_targets, d_out, ...) here, with one wait per forward for the outputs.
 #include "engine/heads.h"
 
 #include <string.h>
+
+#include "engine/device.h"
 
 static int need_head(const tr_model *m, enum tr_head head, const char *what, tr_err *err) {
     if (m->cfg.head != head)
@@ -25,16 +29,19 @@ int tr_lm_head_forward(tr_model *m, const int32_t *targets, float *logprob, floa
     const tr_ops *op = m->be->ops;
     tr_acts *a = &m->acts;
     const int32_t R = m->logit_rows;
+    op->upload(m->be, m->d_targets, targets, (size_t)T * sizeof(int32_t));
     for (int32_t r0 = 0; r0 < T; r0 += R) {
         int32_t n = T - r0 < R ? T - r0 : R;
         op->matmul_forward(m->be, a->logits, a->lnf + (size_t)r0 * C, m->w.lm_head, NULL, n, C,
                            V);
-        op->logsoftmax_forward(m->be, logprob ? logprob + r0 : NULL,
-                               entropy ? entropy + r0 : NULL, a->lse + r0, a->logits,
-                               targets + r0, n, V);
+        op->logsoftmax_forward(m->be, logprob ? m->d_out + r0 : NULL,
+                               entropy ? m->d_entropy + r0 : NULL, a->lse + r0, a->logits,
+                               m->d_targets + r0, n, V);
     }
     m->logits_cached = T <= R;
-    return 0;
+    if (logprob) op->download(m->be, logprob, m->d_out, (size_t)T * sizeof(float));
+    if (entropy) op->download(m->be, entropy, m->d_entropy, (size_t)T * sizeof(float));
+    return tr_dev_sync(m->be, "lm head", err);
 }
 
 void tr_lm_head_backward(tr_model *m, const int32_t *targets, const float *dlogprob,
@@ -43,14 +50,17 @@ void tr_lm_head_backward(tr_model *m, const int32_t *targets, const float *dlogp
     const tr_ops *op = m->be->ops;
     tr_acts *a = &m->acts;
     const int32_t R = m->logit_rows;
-    memset(a->d_lnf, 0, (size_t)T * C * sizeof(float));
+    op->upload(m->be, m->d_targets, targets, (size_t)T * sizeof(int32_t));
+    if (dlogprob) op->upload(m->be, m->d_dout, dlogprob, (size_t)T * sizeof(float));
+    if (dentropy) op->upload(m->be, m->d_dentropy, dentropy, (size_t)T * sizeof(float));
+    op->fill(m->be, a->d_lnf, 0.0f, (size_t)T * C);
     for (int32_t r0 = 0; r0 < T; r0 += R) {
         int32_t n = T - r0 < R ? T - r0 : R;
         const float *x = a->lnf + (size_t)r0 * C;
         if (!m->logits_cached) op->matmul_forward(m->be, a->logits, x, m->w.lm_head, NULL, n, C, V);
-        op->logsoftmax_backward(m->be, a->d_logits, dlogprob ? dlogprob + r0 : NULL,
-                                dentropy ? dentropy + r0 : NULL, a->logits, a->lse + r0,
-                                targets + r0, n, V);
+        op->logsoftmax_backward(m->be, a->d_logits, dlogprob ? m->d_dout + r0 : NULL,
+                                dentropy ? m->d_dentropy + r0 : NULL, a->logits, a->lse + r0,
+                                m->d_targets + r0, n, V);
         op->matmul_backward(m->be, a->d_lnf + (size_t)r0 * C, m->g.lm_head, NULL, a->d_logits,
                             x, m->w.lm_head, n, C, V);
     }
@@ -72,21 +82,21 @@ int tr_value_head_forward(tr_model *m, float *values, tr_err *err) {
     const int32_t T = m->docs.n_tokens, C = m->cfg.hidden_size;
     m->be->ops->matmul_forward(m->be, m->acts.head_out, m->acts.lnf, m->w.score_w, m->w.score_b,
                                T, C, 1);
-    memcpy(values, m->acts.head_out, (size_t)T * sizeof(float));
-    return 0;
+    return tr_dev_download_sync(m->be, values, m->acts.head_out, (size_t)T * sizeof(float),
+                                "value head", err);
 }
 
 void tr_value_head_backward(tr_model *m, const float *dvalues) {
     const int32_t T = m->docs.n_tokens, C = m->cfg.hidden_size;
     tr_acts *a = &m->acts;
-    memcpy(a->d_head_out, dvalues, (size_t)T * sizeof(float));
-    memset(a->d_lnf, 0, (size_t)T * C * sizeof(float));
+    m->be->ops->upload(m->be, a->d_head_out, dvalues, (size_t)T * sizeof(float));
+    m->be->ops->fill(m->be, a->d_lnf, 0.0f, (size_t)T * C);
     m->be->ops->matmul_backward(m->be, a->d_lnf, m->g.score_w, m->g.score_b, a->d_head_out,
                                 a->lnf, m->w.score_w, T, C, 1);
 }
 
 int32_t tr_score_head_token(const tr_model *m, int32_t d) {
-    int32_t s = m->docs.doc_start[d], e = m->docs.doc_start[d + 1];
+    int32_t s = m->host_docs.doc_start[d], e = m->host_docs.doc_start[d + 1];
     int32_t pad = m->cfg.pad_token_id;
     if (pad < 0) return e - 1;
     for (int32_t t = e - 1; t >= s; t--)
@@ -94,29 +104,38 @@ int32_t tr_score_head_token(const tr_model *m, int32_t d) {
     return s;  // all pad: transformers' argmax over an all-zero mask picks the first token
 }
 
+// Row index of each document's score token, in host memory for the gather and scatter below.
+static void score_rows(const tr_model *m, int32_t *rows) {
+    for (int32_t d = 0; d < m->docs.n_docs; d++) rows[d] = tr_score_head_token(m, d);
+}
+
 // The projection runs over every token (num_labels is tiny next to the trunk) so that both
 // passes stay plain matmuls; only the picked rows reach the scores.
 int tr_score_head_forward(tr_model *m, float *scores, tr_err *err) {
     if (need_head(m, TR_HEAD_SCORE, "score head", err) != 0) return -1;
     const int32_t T = m->docs.n_tokens, C = m->cfg.hidden_size, N = m->cfg.num_labels;
-    m->be->ops->matmul_forward(m->be, m->acts.head_out, m->acts.lnf, m->w.score_w, m->w.score_b,
-                               T, C, N);
-    for (int32_t d = 0; d < m->docs.n_docs; d++) {
-        int32_t t = tr_score_head_token(m, d);
-        memcpy(scores + (size_t)d * N, m->acts.head_out + (size_t)t * N, (size_t)N * sizeof(float));
-    }
-    return 0;
+    const tr_ops *op = m->be->ops;
+    op->matmul_forward(m->be, m->acts.head_out, m->acts.lnf, m->w.score_w, m->w.score_b, T, C, N);
+    // The token rows go to d_targets (free until an LM head would need it).
+    score_rows(m, m->host_rows);
+    op->upload(m->be, m->d_targets, m->host_rows, (size_t)m->docs.n_docs * sizeof(int32_t));
+    op->gather_rows(m->be, m->d_out, m->acts.head_out, m->d_targets, m->docs.n_docs,
+                    (size_t)N * sizeof(float));
+    return tr_dev_download_sync(m->be, scores, m->d_out,
+                                (size_t)m->docs.n_docs * N * sizeof(float), "score head", err);
 }
 
 void tr_score_head_backward(tr_model *m, const float *dscores) {
     const int32_t T = m->docs.n_tokens, C = m->cfg.hidden_size, N = m->cfg.num_labels;
+    const tr_ops *op = m->be->ops;
     tr_acts *a = &m->acts;
-    memset(a->d_head_out, 0, (size_t)T * N * sizeof(float));
-    for (int32_t d = 0; d < m->docs.n_docs; d++) {
-        int32_t t = tr_score_head_token(m, d);
-        memcpy(a->d_head_out + (size_t)t * N, dscores + (size_t)d * N, (size_t)N * sizeof(float));
-    }
-    memset(a->d_lnf, 0, (size_t)T * C * sizeof(float));
+    score_rows(m, m->host_rows);
+    op->upload(m->be, m->d_targets, m->host_rows, (size_t)m->docs.n_docs * sizeof(int32_t));
+    op->upload(m->be, m->d_dout, dscores, (size_t)m->docs.n_docs * N * sizeof(float));
+    op->fill(m->be, a->d_head_out, 0.0f, (size_t)T * N);
+    op->scatter_rows(m->be, a->d_head_out, m->d_dout, m->d_targets, m->docs.n_docs,
+                     (size_t)N * sizeof(float));
+    op->fill(m->be, a->d_lnf, 0.0f, (size_t)T * C);
     m->be->ops->matmul_backward(m->be, a->d_lnf, m->g.score_w, m->g.score_b, a->d_head_out,
                                 a->lnf, m->w.score_w, T, C, N);
 }

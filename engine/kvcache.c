@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/device.h"
+
 static size_t block_floats(const tr_model_config *cfg, int32_t block_size) {
     return (size_t)block_size * (size_t)cfg->n_kv_heads * (size_t)cfg->head_dim;
 }
@@ -62,25 +64,26 @@ static void place_pool(tr_kvcache *c, float *buf) {
     c->v = buf + round16(layers * c->layer_floats);
 }
 
-int tr_kvcache_init(tr_kvcache *c, const tr_model_config *cfg, int32_t block_size,
-                    int64_t max_tokens, tr_err *err) {
+int tr_kvcache_init(tr_kvcache *c, tr_backend *be, const tr_model_config *cfg,
+                    int32_t block_size, int64_t max_tokens, tr_err *err) {
     if (init_meta(c, cfg, block_size, max_tokens, err) != 0) return -1;
+    c->be = be;
     size_t floats = tr_kvcache_floats(cfg, block_size, max_tokens);
-    float *buf = aligned_alloc(64, floats * sizeof(float));
+    float *buf = tr_dev_alloc(be, floats * sizeof(float), "kv cache", err);
     if (!buf) {
-        int32_t n_blocks = c->n_blocks;
         tr_kvcache_free(c);
-        return tr_errf(err, TR_ENOMEM, "kv cache: cannot allocate %d blocks of %d tokens "
-                       "(%zu bytes)", n_blocks, block_size, floats * sizeof(float));
+        return -1;
     }
     place_pool(c, buf);
     c->owns_pool = true;
     return 0;
 }
 
-int tr_kvcache_init_in(tr_kvcache *c, const tr_model_config *cfg, int32_t block_size,
-                       int64_t max_tokens, float *buf, size_t buf_floats, tr_err *err) {
+int tr_kvcache_init_in(tr_kvcache *c, tr_backend *be, const tr_model_config *cfg,
+                       int32_t block_size, int64_t max_tokens, float *buf, size_t buf_floats,
+                       tr_err *err) {
     if (init_meta(c, cfg, block_size, max_tokens, err) != 0) return -1;
+    c->be = be;
     size_t need = tr_kvcache_floats(cfg, block_size, max_tokens);
     if (!buf || buf_floats < need || ((uintptr_t)buf % 64) != 0) {
         int32_t n_blocks = c->n_blocks;
@@ -94,7 +97,7 @@ int tr_kvcache_init_in(tr_kvcache *c, const tr_model_config *cfg, int32_t block_
 }
 
 void tr_kvcache_free(tr_kvcache *c) {
-    if (c->owns_pool) free(c->k);
+    if (c->owns_pool) tr_dev_free(c->be, c->k);
     free(c->refs);
     free(c->free_ids);
     memset(c, 0, sizeof *c);
@@ -168,12 +171,13 @@ int tr_kv_seq_prepare(tr_kvcache *c, tr_kv_seq *s, int32_t pos, tr_err *err) {
     int32_t old = s->blocks[bi];
     size_t row = (size_t)c->n_kv_heads * c->head_dim;
     size_t n = (size_t)(pos % bs) * row;
+    const tr_ops *op = c->be->ops;
     for (int32_t l = 0; l < c->n_layers; l++) {
         size_t base = (size_t)l * c->layer_floats;
-        memcpy(c->k + base + (size_t)nb * bs * row, c->k + base + (size_t)old * bs * row,
-               n * sizeof(float));
-        memcpy(c->v + base + (size_t)nb * bs * row, c->v + base + (size_t)old * bs * row,
-               n * sizeof(float));
+        op->copy(c->be, c->k + base + (size_t)nb * bs * row, c->k + base + (size_t)old * bs * row,
+                 n * sizeof(float));
+        op->copy(c->be, c->v + base + (size_t)nb * bs * row, c->v + base + (size_t)old * bs * row,
+                 n * sizeof(float));
     }
     tr_kvcache_release(c, old);
     s->blocks[bi] = nb;
@@ -201,11 +205,8 @@ void tr_kv_seq_release(tr_kvcache *c, tr_kv_seq *s) {
 
 void tr_kvcache_write(tr_kvcache *c, int32_t layer, const float *k, const float *v,
                       const int32_t *slots, int32_t n) {
-    size_t row = (size_t)c->n_kv_heads * c->head_dim;
-    float *kp = c->k + (size_t)layer * c->layer_floats;
-    float *vp = c->v + (size_t)layer * c->layer_floats;
-    for (int32_t r = 0; r < n; r++) {
-        memcpy(kp + (size_t)slots[r] * row, k + (size_t)r * row, row * sizeof(float));
-        memcpy(vp + (size_t)slots[r] * row, v + (size_t)r * row, row * sizeof(float));
-    }
+    size_t row = (size_t)c->n_kv_heads * c->head_dim * sizeof(float);
+    const tr_ops *op = c->be->ops;
+    op->scatter_rows(c->be, c->k + (size_t)layer * c->layer_floats, k, slots, n, row);
+    op->scatter_rows(c->be, c->v + (size_t)layer * c->layer_floats, v, slots, n, row);
 }

@@ -13,11 +13,13 @@
 #include "kernels/ops.h"
 
 typedef struct tr_kvcache {
+    tr_backend *be;         // whose memory the pool is (not owned)
     int32_t n_layers, n_kv_heads, head_dim;
     int32_t block_size;     // token slots per block
     int32_t n_blocks;
     size_t layer_floats;    // floats of one layer's K (or V) pool: n_blocks*block_size*KVH*D
-    float *k, *v;           // [n_layers][n_blocks][block_size][n_kv_heads][head_dim]
+    float *k, *v;           // [n_layers][n_blocks][block_size][n_kv_heads][head_dim], backend
+                            // memory; the tables below are the host's bookkeeping
     bool owns_pool;         // k and v were allocated here (false: the caller's buffer)
     int32_t *refs;          // [n_blocks] holders of each block; 0 = on the free list
     int32_t *free_ids;      // [n_blocks] stack of free blocks, top at n_free - 1
@@ -46,13 +48,14 @@ size_t tr_kvcache_bytes(const tr_model_config *cfg, int32_t block_size, int32_t 
 // them: K first, V from the next 64-byte boundary. 0 when the arguments are out of range.
 size_t tr_kvcache_floats(const tr_model_config *cfg, int32_t block_size, int64_t max_tokens);
 
-// Pool of ceil(max_tokens / block_size) blocks for cfg's layers and kv heads.
-int tr_kvcache_init(tr_kvcache *c, const tr_model_config *cfg, int32_t block_size,
-                    int64_t max_tokens, tr_err *err);
-// The same pool with its K and V floats in buf (64-byte aligned, buf_floats >=
+// Pool of ceil(max_tokens / block_size) blocks for cfg's layers and kv heads, in be's memory.
+int tr_kvcache_init(tr_kvcache *c, tr_backend *be, const tr_model_config *cfg,
+                    int32_t block_size, int64_t max_tokens, tr_err *err);
+// The same pool with its K and V floats in buf (be's memory, 64-byte aligned, buf_floats >=
 // tr_kvcache_floats), which the cache never frees; only the bookkeeping is allocated.
-int tr_kvcache_init_in(tr_kvcache *c, const tr_model_config *cfg, int32_t block_size,
-                       int64_t max_tokens, float *buf, size_t buf_floats, tr_err *err);
+int tr_kvcache_init_in(tr_kvcache *c, tr_backend *be, const tr_model_config *cfg,
+                       int32_t block_size, int64_t max_tokens, float *buf, size_t buf_floats,
+                       tr_err *err);
 void tr_kvcache_free(tr_kvcache *c);
 // Every block back on the free list, handed out in order again as by a fresh pool. Keys and
 // values already written are garbage from here on.
@@ -87,7 +90,7 @@ static inline int32_t tr_kv_seq_slot(const tr_kv_seq *s, int32_t pos, int32_t bl
     return s->blocks[pos / block_size] * block_size + pos % block_size;
 }
 
-// Copies n rows of keys and values ([n, KVH*D] each) of layer into the given slots.
-// Host memory copies: the CPU backend's pool lives in host memory.
+// Copies n rows of keys and values ([n, KVH*D] each, backend memory) of layer into the
+// given slots (backend memory: the generator uploads a pass's slots once for all layers).
 void tr_kvcache_write(tr_kvcache *c, int32_t layer, const float *k, const float *v,
                       const int32_t *slots, int32_t n);

@@ -10,6 +10,7 @@
 
 #include "engine/arena.h"
 #include "engine/checkpoint.h"
+#include "engine/device.h"
 #include "engine/rng.h"
 
 // Arena layout (floats; T = max_tokens, C = hidden, Q = n_heads*head_dim,
@@ -161,11 +162,32 @@ int tr_model_bind_acts(tr_model *m, float *base, size_t floats, bool training, t
     return 0;
 }
 
-static float *alloc_floats(size_t n) {
-    size_t bytes = round_up(n ? n : 1) * sizeof(float);
-    float *p = aligned_alloc(64, bytes);
-    if (p) memset(p, 0, bytes);
-    return p;
+static size_t float_bytes(size_t n) { return round_up(n ? n : 1) * sizeof(float); }
+
+// Outputs per token of the head: num_labels for a score head (a score per document, at most
+// one document per token), else 1 (a logprob or a value).
+static int32_t outputs_per_token(const tr_model_config *cfg) {
+    return cfg->head == TR_HEAD_SCORE && cfg->num_labels > 1 ? cfg->num_labels : 1;
+}
+
+// The batch and head arrays in backend memory, laid out once; with base NULL it only counts.
+static size_t layout_io(tr_model *m, char *base) {
+    size_t T = (size_t)m->max_tokens, N = (size_t)outputs_per_token(&m->cfg), off = 0;
+#define IO_TAKE(ptr, type, n)                                  \
+    do {                                                       \
+        if (base) (ptr) = (type *)(base + off);                \
+        off += float_bytes(n);                                 \
+    } while (0)
+    IO_TAKE(m->d_ids, int32_t, T);
+    IO_TAKE(m->d_pos, int32_t, T);
+    IO_TAKE(m->d_doc_start, int32_t, T + 1);
+    IO_TAKE(m->d_targets, int32_t, T);
+    IO_TAKE(m->d_out, float, T * N);
+    IO_TAKE(m->d_entropy, float, T);
+    IO_TAKE(m->d_dout, float, T * N);
+    IO_TAKE(m->d_dentropy, float, T);
+#undef IO_TAKE
+    return off;
 }
 
 int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
@@ -192,53 +214,75 @@ int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
     if (tr_param_layout_init(&m->layout, cfg, err) != 0) return tr_err_wrap(err, "model");
 
     const int32_t L = cfg->n_layers;
-    m->params = alloc_floats(m->layout.total);
-    if (opts->training) m->grads = alloc_floats(m->layout.total);
-    m->inv_freq = alloc_floats((size_t)cfg->head_dim / 2);
+    m->arena_floats = layout_arena(cfg, m->max_tokens, m->logit_rows, m->training, NULL,
+                                   &m->acts);
+    if (opts->acts && (opts->acts_floats < m->arena_floats || ((uintptr_t)opts->acts % 64) != 0)) {
+        size_t need = m->arena_floats;
+        tr_param_layout_free(&m->layout);
+        return tr_errf(err, TR_EINVAL, "model: %s activations of %d tokens need %zu floats at a "
+                       "64-byte boundary; the memory given has %zu%s",
+                       opts->training ? "training" : "inference", opts->max_tokens, need,
+                       opts->acts_floats,
+                       ((uintptr_t)opts->acts % 64) != 0 ? " (misaligned)" : "");
+    }
+    // Host bookkeeping first, then backend memory: the failure message names the buffer.
     m->acts.residual = calloc((size_t)L + 1, sizeof(float *));
     m->acts.layers = calloc((size_t)(L > 0 ? L : 1), sizeof(tr_layer_acts));
     m->ids = malloc((size_t)m->max_tokens * sizeof(int32_t));
     m->pos = malloc((size_t)m->max_tokens * sizeof(int32_t));
     m->doc_start = malloc(((size_t)m->max_tokens + 1) * sizeof(int32_t));
-    m->arena_floats = layout_arena(cfg, m->max_tokens, m->logit_rows, m->training, NULL,
-                                   &m->acts);
-    if (opts->acts) {
-        if (opts->acts_floats < m->arena_floats || ((uintptr_t)opts->acts % 64) != 0) {
-            size_t need = m->arena_floats;
-            tr_model_free(m);
-            return tr_errf(err, TR_EINVAL, "model: %s activations of %d tokens need %zu floats "
-                           "at a 64-byte boundary; the memory given has %zu%s",
-                           opts->training ? "training" : "inference", opts->max_tokens, need,
-                           opts->acts_floats,
-                           ((uintptr_t)opts->acts % 64) != 0 ? " (misaligned)" : "");
-        }
+    m->host_rows = malloc((size_t)m->max_tokens * sizeof(int32_t));
+    double *inv = malloc((size_t)cfg->head_dim / 2 * sizeof(double));
+    float *inv_f = malloc((size_t)cfg->head_dim / 2 * sizeof(float));
+    if (!m->acts.residual || !m->acts.layers || !m->ids || !m->pos || !m->doc_start ||
+        !m->host_rows || !inv || !inv_f) {
+        free(inv);
+        free(inv_f);
+        tr_model_free(m);
+        return tr_errf(err, TR_ENOMEM, "model: out of host memory for %d-token batches",
+                       opts->max_tokens);
+    }
+    tr_config_rope_inv_freq(cfg, inv);
+    for (int32_t i = 0; i < cfg->head_dim / 2; i++) inv_f[i] = (float)inv[i];
+    free(inv);
+    size_t pbytes = float_bytes(m->layout.total);
+    int rc = 0;
+    if (!(m->params = tr_dev_zalloc(be, pbytes, "model parameters", err))) rc = -1;
+    if (!rc && m->training && !(m->grads = tr_dev_zalloc(be, pbytes, "model gradients", err)))
+        rc = -1;
+    if (!rc && !(m->inv_freq = tr_dev_alloc(be, float_bytes((size_t)cfg->head_dim / 2),
+                                            "RoPE frequencies", err)))
+        rc = -1;
+    if (!rc && !(m->io = tr_dev_alloc(be, layout_io(m, NULL), "batch arrays", err))) rc = -1;
+    if (!rc && opts->acts) {
         m->arena = opts->acts;
         m->arena_floats = opts->acts_floats;
-    } else {
-        m->arena = alloc_floats(m->arena_floats);
-        m->owns_arena = true;
+    } else if (!rc) {
+        m->arena = tr_dev_alloc(be, float_bytes(m->arena_floats), "activation arena", err);
+        m->owns_arena = m->arena != NULL;
+        if (!m->arena) rc = -1;
+    }
+    if (!rc) {
+        layout_io(m, m->io);
+        be->ops->upload(be, m->inv_freq, inv_f, (size_t)cfg->head_dim / 2 * sizeof(float));
+        rc = tr_dev_sync(be, "model set-up", err);
+    }
+    free(inv_f);
+    if (rc != 0) {
+        tr_model_free(m);
+        return tr_err_wrap(err, "model");
     }
     m->acts_training = m->training;
-    double *inv = malloc((size_t)cfg->head_dim / 2 * sizeof(double));
-    if (!m->params || (opts->training && !m->grads) || !m->inv_freq || !m->acts.residual ||
-        !m->acts.layers || !m->ids || !m->pos || !m->doc_start || !m->arena || !inv) {
-        free(inv);
-        size_t total = m->layout.total, arena = m->arena_floats;
-        tr_model_free(m);
-        return tr_errf(err, TR_ENOMEM, "model: cannot allocate %zu parameter floats (x%d) and "
-                       "a %zu-float activation arena", total, opts->training ? 2 : 1, arena);
-    }
     layout_arena(cfg, m->max_tokens, m->logit_rows, m->training, m->arena, &m->acts);
-    tr_config_rope_inv_freq(cfg, inv);
-    for (int32_t i = 0; i < cfg->head_dim / 2; i++) m->inv_freq[i] = (float)inv[i];
-    free(inv);
     if (tr_params_views(&m->w, &m->layout, cfg, m->params, err) != 0 ||
         (m->grads && tr_params_views(&m->g, &m->layout, cfg, m->grads, err) != 0)) {
         tr_model_free(m);
         return tr_err_wrap(err, "model");
     }
-    m->docs.doc_start = m->doc_start;
-    m->docs.pos = m->pos;
+    m->docs.doc_start = m->d_doc_start;
+    m->docs.pos = m->d_pos;
+    m->host_docs.doc_start = m->doc_start;
+    m->host_docs.pos = m->pos;
     return 0;
 }
 
@@ -246,15 +290,19 @@ void tr_model_free(tr_model *m) {
     tr_params_free_views(&m->w);
     tr_params_free_views(&m->g);
     tr_param_layout_free(&m->layout);
-    free(m->params);
-    free(m->grads);
-    free(m->inv_freq);
+    if (m->be) {
+        tr_dev_free(m->be, m->params);
+        tr_dev_free(m->be, m->grads);
+        tr_dev_free(m->be, m->inv_freq);
+        tr_dev_free(m->be, m->io);
+        if (m->owns_arena) tr_dev_free(m->be, m->arena);
+    }
     free(m->acts.residual);
     free(m->acts.layers);
-    if (m->owns_arena) free(m->arena);
     free(m->ids);
     free(m->pos);
     free(m->doc_start);
+    free(m->host_rows);
     memset(m, 0, sizeof *m);
 }
 
@@ -264,11 +312,56 @@ int tr_model_load(tr_model *m, const char *dir, tr_backend *be, const tr_model_o
     memset(m, 0, sizeof *m);
     if (tr_checkpoint_load_config(dir, &cfg, err) != 0) return -1;
     if (tr_model_init(m, &cfg, be, opts, err) != 0) return tr_err_wrap(err, "%s", dir);
-    if (tr_checkpoint_load(dir, &m->cfg, &m->layout, m->params, err) != 0) {
+    if (tr_model_load_weights(m, dir, false, err) != 0) {
         tr_model_free(m);
         return -1;
     }
     return 0;
+}
+
+// Pinned host memory of the parameter buffer's size, for checkpoint I/O.
+static float *param_staging(tr_model *m, const char *what, tr_err *err) {
+    return tr_dev_alloc_host(m->be, m->layout.total * sizeof(float), what, err);
+}
+
+int tr_model_load_weights(tr_model *m, const char *dir, bool backbone, tr_err *err) {
+    float *buf = param_staging(m, "checkpoint staging", err);
+    if (!buf) return -1;
+    size_t bytes = m->layout.total * sizeof(float);
+    int rc = 0;
+    // A backbone load leaves the heads as they are, so the staging starts from the model.
+    if (backbone) rc = tr_dev_download_sync(m->be, buf, m->params, bytes, "reading weights", err);
+    if (!rc) rc = backbone ? tr_checkpoint_load_backbone(dir, &m->cfg, &m->layout, buf, err)
+                           : tr_checkpoint_load(dir, &m->cfg, &m->layout, buf, err);
+    if (!rc) rc = tr_dev_upload_sync(m->be, m->params, buf, bytes, "loading weights", err);
+    tr_dev_free_host(m->be, buf);
+    return rc;
+}
+
+int tr_model_save(tr_model *m, const char *dir, const tr_ckpt_save_opts *opts, tr_err *err) {
+    float *buf = param_staging(m, "checkpoint staging", err);
+    if (!buf) return -1;
+    int rc = tr_dev_download_sync(m->be, buf, m->params, m->layout.total * sizeof(float),
+                                  "saving weights", err);
+    if (!rc) rc = tr_checkpoint_save(dir, &m->cfg, &m->layout, buf, opts, err);
+    tr_dev_free_host(m->be, buf);
+    return rc;
+}
+
+int tr_model_read_params(tr_model *m, float *host, tr_err *err) {
+    return tr_dev_download_sync(m->be, host, m->params, m->layout.total * sizeof(float),
+                                "reading parameters", err);
+}
+
+int tr_model_write_params(tr_model *m, const float *host, tr_err *err) {
+    return tr_dev_upload_sync(m->be, m->params, host, m->layout.total * sizeof(float),
+                              "writing parameters", err);
+}
+
+int tr_model_read_grads(tr_model *m, float *host, tr_err *err) {
+    if (!m->grads) return tr_errf(err, TR_EINVAL, "model: no gradients (not set up for training)");
+    return tr_dev_download_sync(m->be, host, m->grads, m->layout.total * sizeof(float),
+                                "reading gradients", err);
 }
 
 size_t tr_model_n_params(const tr_model *m) {
@@ -278,12 +371,15 @@ size_t tr_model_n_params(const tr_model *m) {
     return n;
 }
 
-void tr_model_init_weights(tr_model *m, uint64_t seed, float std) {
+int tr_model_init_weights(tr_model *m, uint64_t seed, float std, tr_err *err) {
+    float *buf = param_staging(m, "initial weights", err);
+    if (!buf) return -1;
+    memset(buf, 0, m->layout.total * sizeof(float));
     tr_rng rng;
     tr_rng_init(&rng, seed);
     for (int32_t i = 0; i < m->layout.n_tensors; i++) {
         const tr_tensor_desc *t = &m->layout.tensors[i];
-        float *p = m->params + t->offset;
+        float *p = buf + t->offset;
         size_t n = t->numel;
         size_t len = strlen(t->name);
         bool is_norm = len >= 11 && strcmp(t->name + len - 11, "norm.weight") == 0;
@@ -291,15 +387,17 @@ void tr_model_init_weights(tr_model *m, uint64_t seed, float std) {
         for (size_t j = 0; j < n; j++)
             p[j] = is_norm ? 1.0f : is_bias ? 0.0f : std * tr_rng_normal(&rng);
     }
+    int rc = tr_model_write_params(m, buf, err);
+    tr_dev_free_host(m->be, buf);
+    return rc;
 }
 
 void tr_model_zero_grad(tr_model *m) {
-    if (m->grads) memset(m->grads, 0, m->layout.total * sizeof(float));
+    if (m->grads) m->be->ops->fill(m->be, m->grads, 0.0f, m->layout.total);
 }
 
-// Backward ops accumulate, so scratch gradients start from zero. The op table has no fill
-// op yet; host memset is right for the CPU backend (a device backend needs one).
-static void zero(float *p, size_t n) { memset(p, 0, n * sizeof(float)); }
+// Backward ops accumulate, so scratch gradients start from zero.
+static void zero(tr_model *m, float *p, size_t n) { m->be->ops->fill(m->be, p, 0.0f, n); }
 
 static int check_batch(const tr_model *m, const int32_t *ids, const tr_doc_layout *docs,
                        tr_err *err) {
@@ -341,7 +439,7 @@ static void trunk_forward(tr_model *m, int32_t T, tr_attend_fn attend, void *ctx
     const int32_t H = c->n_heads, KVH = c->n_kv_heads, D = c->head_dim;
     const int32_t Q = H * D, K = KVH * D;
     tr_acts *a = &m->acts;
-    op->embedding_forward(be, a->residual[0], m->ids, m->w.embed, T, C);
+    op->embedding_forward(be, a->residual[0], m->d_ids, m->w.embed, T, C);
     for (int32_t l = 0; l < c->n_layers; l++) {
         const tr_layer_params *w = &m->w.layers[l];
         tr_layer_acts *la = &a->layers[l];
@@ -350,8 +448,8 @@ static void trunk_forward(tr_model *m, int32_t T, tr_attend_fn attend, void *ctx
         op->matmul_forward(be, la->q, la->ln1, w->wq, w->bq, T, C, Q);
         op->matmul_forward(be, la->k, la->ln1, w->wk, w->bk, T, C, K);
         op->matmul_forward(be, la->v, la->ln1, w->wv, w->bv, T, C, K);
-        op->rope_forward(be, la->q, m->pos, m->inv_freq, T, H, D);
-        op->rope_forward(be, la->k, m->pos, m->inv_freq, T, KVH, D);
+        op->rope_forward(be, la->q, m->d_pos, m->inv_freq, T, H, D);
+        op->rope_forward(be, la->k, m->d_pos, m->inv_freq, T, KVH, D);
         attend(ctx, m, l, la, T);
         op->matmul_forward(be, a->scratch, la->att, w->wo, w->bo, T, Q, C);
         op->add(be, la->res_mid, x, a->scratch, (size_t)T * C);
@@ -376,6 +474,17 @@ static void attend_docs(void *ctx, tr_model *m, int32_t layer, tr_layer_acts *la
                                   c->n_heads, c->n_kv_heads, c->head_dim);
 }
 
+// The batch the host arrays hold becomes the current one: sizes, and the copies the ops read.
+static void set_batch(tr_model *m, int32_t T, int32_t n_docs) {
+    const tr_ops *op = m->be->ops;
+    op->upload(m->be, m->d_ids, m->ids, (size_t)T * sizeof(int32_t));
+    op->upload(m->be, m->d_pos, m->pos, (size_t)T * sizeof(int32_t));
+    op->upload(m->be, m->d_doc_start, m->doc_start, ((size_t)n_docs + 1) * sizeof(int32_t));
+    m->docs.n_tokens = m->host_docs.n_tokens = T;
+    m->docs.n_docs = m->host_docs.n_docs = n_docs;
+    m->logits_cached = false;
+}
+
 // A model on a lent arena runs only inside a phase begun for it: another phase may have
 // overwritten the region since its views were laid out (stale KV blocks, another model).
 static int check_phase(const tr_model *m, tr_err *err) {
@@ -392,9 +501,7 @@ int tr_model_forward(tr_model *m, const int32_t *ids, const tr_doc_layout *docs,
     memcpy(m->ids, ids, (size_t)T * sizeof(int32_t));
     memcpy(m->pos, docs->pos, (size_t)T * sizeof(int32_t));
     memcpy(m->doc_start, docs->doc_start, ((size_t)docs->n_docs + 1) * sizeof(int32_t));
-    m->docs.n_tokens = T;
-    m->docs.n_docs = docs->n_docs;
-    m->logits_cached = false;
+    set_batch(m, T, docs->n_docs);
     trunk_forward(m, T, attend_docs, NULL);
     return 0;
 }
@@ -416,9 +523,7 @@ int tr_model_forward_rows(tr_model *m, const int32_t *ids, const int32_t *pos, i
     memcpy(m->pos, pos, (size_t)T * sizeof(int32_t));
     // Every row is its own document to the heads (a score per row); backward has no meaning.
     for (int32_t t = 0; t <= T; t++) m->doc_start[t] = t;
-    m->docs.n_tokens = T;
-    m->docs.n_docs = T;
-    m->logits_cached = false;
+    set_batch(m, T, T);
     trunk_forward(m, T, attend, ctx);
     return 0;
 }
@@ -435,7 +540,7 @@ void tr_model_backward(tr_model *m) {
     // With the inference layout every layer's saved activations alias one set.
     assert(m->acts_training && m->grads);
 
-    zero(a->d_res, TC);
+    zero(m, a->d_res, TC);
     op->rmsnorm_backward(be, a->d_res, m->g.final_norm, a->d_lnf, a->residual[c->n_layers],
                          m->w.final_norm, a->lnf_rstd, T, C);
     for (int32_t l = c->n_layers - 1; l >= 0; l--) {
@@ -443,34 +548,34 @@ void tr_model_backward(tr_model *m) {
         const tr_layer_params *g = &m->g.layers[l];
         const tr_layer_acts *la = &a->layers[l];
         // MLP block: d_res is the gradient of residual[l + 1] and also flows straight on.
-        zero(a->d_act, (size_t)T * I);
+        zero(m, a->d_act, (size_t)T * I);
         op->matmul_backward(be, a->d_act, g->w_down, NULL, a->d_res, la->act, w->w_down, T, I,
                             C);
-        zero(a->d_gate, (size_t)T * I);
-        zero(a->d_up, (size_t)T * I);
+        zero(m, a->d_gate, (size_t)T * I);
+        zero(m, a->d_up, (size_t)T * I);
         op->swiglu_backward(be, a->d_gate, a->d_up, a->d_act, la->gate, la->up, (size_t)T * I);
-        zero(a->d_ln, TC);
+        zero(m, a->d_ln, TC);
         op->matmul_backward(be, a->d_ln, g->w_gate, NULL, a->d_gate, la->ln2, w->w_gate, T, C,
                             I);
         op->matmul_backward(be, a->d_ln, g->w_up, NULL, a->d_up, la->ln2, w->w_up, T, C, I);
         op->rmsnorm_backward(be, a->d_res, g->mlp_norm, a->d_ln, la->res_mid, w->mlp_norm,
                              la->ln2_rstd, T, C);
         // Attention block: d_res is now the gradient of res_mid.
-        zero(a->d_att, (size_t)T * Q);
+        zero(m, a->d_att, (size_t)T * Q);
         op->matmul_backward(be, a->d_att, g->wo, g->bo, a->d_res, la->att, w->wo, T, Q, C);
-        zero(a->d_q, (size_t)T * Q);
-        zero(a->d_k, (size_t)T * K);
-        zero(a->d_v, (size_t)T * K);
+        zero(m, a->d_q, (size_t)T * Q);
+        zero(m, a->d_k, (size_t)T * K);
+        zero(m, a->d_v, (size_t)T * K);
         op->attention_backward(be, a->d_q, a->d_k, a->d_v, a->d_att, la->att, la->att_lse,
                                la->q, la->k, la->v, &m->docs, H, KVH, D);
-        op->rope_backward(be, a->d_q, m->pos, m->inv_freq, T, H, D);
-        op->rope_backward(be, a->d_k, m->pos, m->inv_freq, T, KVH, D);
-        zero(a->d_ln, TC);
+        op->rope_backward(be, a->d_q, m->d_pos, m->inv_freq, T, H, D);
+        op->rope_backward(be, a->d_k, m->d_pos, m->inv_freq, T, KVH, D);
+        zero(m, a->d_ln, TC);
         op->matmul_backward(be, a->d_ln, g->wq, g->bq, a->d_q, la->ln1, w->wq, T, C, Q);
         op->matmul_backward(be, a->d_ln, g->wk, g->bk, a->d_k, la->ln1, w->wk, T, C, K);
         op->matmul_backward(be, a->d_ln, g->wv, g->bv, a->d_v, la->ln1, w->wv, T, C, K);
         op->rmsnorm_backward(be, a->d_res, g->attn_norm, a->d_ln, a->residual[l], w->attn_norm,
                              la->ln1_rstd, T, C);
     }
-    op->embedding_backward(be, m->g.embed, a->d_res, m->ids, T, C);
+    op->embedding_backward(be, m->g.embed, a->d_res, m->d_ids, T, C);
 }

@@ -53,6 +53,8 @@ typedef struct tr_model {
     tr_model_config cfg;
     tr_param_layout layout;
     tr_backend *be;             // not owned
+    // Backend memory (device memory on a GPU): host code never reads or writes these but
+    // through the backend (ops, upload/download), which guarded CPU mode enforces.
     float *params;              // layout.total floats
     float *grads;               // layout.total floats, NULL unless training
     tr_params w;                // views into params
@@ -70,15 +72,25 @@ typedef struct tr_model {
     // forwards then run only in the arena phase the views were laid out in.
     const struct tr_arena *shared;
     uint64_t shared_epoch;
-    // The current batch, copied in by tr_model_forward so backward can use it.
+    // The current batch. Host copies for bookkeeping (checks, score-head rows) ...
     int32_t *ids;               // [max_tokens]
     int32_t *pos;               // [max_tokens]
     int32_t *doc_start;         // [max_tokens + 1]
-    tr_doc_layout docs;         // points at the three arrays above; n_tokens 0 before forward
+    tr_doc_layout host_docs;    // over the three host arrays; n_tokens 0 before forward
+    int32_t *host_rows;         // [max_tokens] row indices on their way to the backend
+    // ... and their backend copies, which the ops read; docs points at them.
+    void *io;                   // one allocation holding the d_* arrays
+    int32_t *d_ids, *d_pos, *d_doc_start;
+    tr_doc_layout docs;
+    // Head inputs and outputs in backend memory ([max_tokens * head outputs per token]):
+    // targets, logprob/value/score, entropy, and the loss gradients w.r.t. them.
+    int32_t *d_targets;
+    float *d_out, *d_entropy, *d_dout, *d_dentropy;
     bool logits_cached;         // acts.logits holds all T rows of the current forward
 } tr_model;
 
 struct tr_arena;
+struct tr_ckpt_save_opts;
 
 typedef struct tr_model_opts {
     int32_t max_tokens;   // tokens per micro-batch (packed documents included)
@@ -112,10 +124,21 @@ int tr_model_bind_acts(tr_model *m, float *base, size_t floats, bool training, t
 // Reads the Hugging Face checkpoint DIR (config.json and weights) into a new model.
 int tr_model_load(tr_model *m, const char *dir, tr_backend *be, const tr_model_opts *opts,
                   tr_err *err);
+// Loads DIR's weights into the model's existing buffers (backbone: only model.*, heads left
+// as they are; see tr_checkpoint_load_backbone), through pinned host staging.
+int tr_model_load_weights(tr_model *m, const char *dir, bool backbone, tr_err *err);
+// Saves the weights as an HF checkpoint directory (tr_checkpoint_save), through staging.
+int tr_model_save(tr_model *m, const char *dir, const struct tr_ckpt_save_opts *opts,
+                  tr_err *err);
+// The parameter or gradient buffer to or from host memory (layout.total floats), waiting
+// for the copy; for tests, checkpoints and tools, never a step's hot path.
+int tr_model_read_params(tr_model *m, float *host, tr_err *err);
+int tr_model_write_params(tr_model *m, const float *host, tr_err *err);
+int tr_model_read_grads(tr_model *m, float *host, tr_err *err);
 
 // transformers' default init: normal(0, std) for embeddings and linear weights, ones for
-// norms, zero biases; deterministic in seed (Philox).
-void tr_model_init_weights(tr_model *m, uint64_t seed, float std);
+// norms, zero biases; deterministic in seed (Philox). Drawn on the host, then uploaded.
+int tr_model_init_weights(tr_model *m, uint64_t seed, float std, tr_err *err);
 
 // Runs the trunk over one micro-batch: ids[docs->n_tokens] packed into docs. Checks ids
 // against the vocabulary and the layout's consistency; errors name the token index.

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/device.h"
 #include "engine/heads.h"
 
 static int32_t outputs_per_token(const tr_model_config *cfg) {
@@ -35,8 +36,13 @@ int tr_trainer_init(tr_trainer *tr, tr_model *m, const tr_optim_cfg *opt, uint64
     tr->opt = *opt;
     tr_rng_init(&tr->rng, seed);
     size_t n = m->layout.total;
-    tr->adam_m = calloc(n ? n : 1, sizeof(float));
-    tr->adam_v = calloc(n ? n : 1, sizeof(float));
+    tr->adam_m = tr_dev_zalloc(m->be, (n ? n : 1) * sizeof(float), "Adam first moments", err);
+    tr->adam_v = tr->adam_m ? tr_dev_zalloc(m->be, (n ? n : 1) * sizeof(float),
+                                            "Adam second moments", err) : NULL;
+    if (!tr->adam_v) {
+        tr_trainer_free(tr);
+        return -1;
+    }
     tr->max_out = m->max_tokens * outputs_per_token(&m->cfg);
     size_t k = (size_t)tr->max_out;
     tr->out = malloc(k * sizeof(float));
@@ -45,18 +51,19 @@ int tr_trainer_init(tr_trainer *tr, tr_model *m, const tr_optim_cfg *opt, uint64
     tr->dout = malloc(k * sizeof(float));
     tr->dentropy = malloc(k * sizeof(float));
     tr->weights = malloc(k * sizeof(float));
-    if (!tr->adam_m || !tr->adam_v || !tr->out || !tr->entropy || !tr->loss || !tr->dout ||
-        !tr->dentropy || !tr->weights) {
+    if (!tr->out || !tr->entropy || !tr->loss || !tr->dout || !tr->dentropy || !tr->weights) {
         tr_trainer_free(tr);
-        return tr_errf(err, TR_ENOMEM, "trainer: cannot allocate Adam moments (2 x %zu floats)",
-                       n);
+        return tr_errf(err, TR_ENOMEM, "trainer: cannot allocate %d-output loss scratch",
+                       tr->max_out);
     }
     return 0;
 }
 
 void tr_trainer_free(tr_trainer *tr) {
-    free(tr->adam_m);
-    free(tr->adam_v);
+    if (tr->model) {
+        tr_dev_free(tr->model->be, tr->adam_m);
+        tr_dev_free(tr->model->be, tr->adam_v);
+    }
     free(tr->out);
     free(tr->entropy);
     free(tr->loss);

@@ -1,6 +1,6 @@
 // Saving and restoring the trainer beside a checkpoint: Adam moments through the safetensors
-// module, scalars as JSON. Loading reads everything into temporaries first, so a bad file
-// leaves the trainer as it was.
+// module (downloaded to and uploaded from pinned host staging), scalars as JSON. Loading
+// reads everything into staging first, so a bad file leaves the trainer as it was.
 #include "engine/train_state.h"
 
 #include <inttypes.h>
@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/device.h"
 #include "engine/file.h"
 #include "engine/json.h"
 #include "engine/safetensors.h"
@@ -39,12 +40,26 @@ static int save_moments(const tr_trainer *tr, const char *path, const float *buf
     return rc;
 }
 
+// One moment buffer through host staging into its file.
+static int save_moment(const tr_trainer *tr, const char *dir, const char *name,
+                       const float *dev, tr_err *err) {
+    tr_backend *be = tr->model->be;
+    size_t bytes = tr->model->layout.total * sizeof(float);
+    float *buf = tr_dev_alloc_host(be, bytes, "training state staging", err);
+    if (!buf) return -1;
+    char path[4096];
+    join(path, sizeof path, dir, name);
+    int rc = tr_dev_download_sync(be, buf, dev, bytes, "saving Adam moments", err);
+    if (!rc) rc = save_moments(tr, path, buf, err);
+    tr_dev_free_host(be, buf);
+    return rc;
+}
+
 int tr_train_state_save(const tr_trainer *tr, const char *dir, tr_err *err) {
     char path[4096];
-    join(path, sizeof path, dir, TR_TRAIN_STATE_EXP_AVG);
-    if (save_moments(tr, path, tr->adam_m, err) != 0) return tr_err_wrap(err, "saving training state");
-    join(path, sizeof path, dir, TR_TRAIN_STATE_EXP_AVG_SQ);
-    if (save_moments(tr, path, tr->adam_v, err) != 0) return tr_err_wrap(err, "saving training state");
+    if (save_moment(tr, dir, TR_TRAIN_STATE_EXP_AVG, tr->adam_m, err) != 0 ||
+        save_moment(tr, dir, TR_TRAIN_STATE_EXP_AVG_SQ, tr->adam_v, err) != 0)
+        return tr_err_wrap(err, "saving training state");
 
     const tr_optim_cfg *o = &tr->opt;
     char seed[32];
@@ -215,25 +230,24 @@ int tr_train_state_load(tr_trainer *tr, const char *dir, tr_err *err) {
     tr_rng rng = tr->rng;
     join(path, sizeof path, dir, TR_TRAIN_STATE_JSON);
     if (parse_state(path, &step, &rng, err) != 0) return tr_err_wrap(err, "loading training state");
-    size_t n = tr->model->layout.total;
-    float *m = calloc(n ? n : 1, sizeof(float)), *v = calloc(n ? n : 1, sizeof(float));
-    if (!m || !v) {
-        free(m);
-        free(v);
-        return tr_errf(err, TR_ENOMEM, "loading training state: out of memory");
-    }
+    tr_backend *be = tr->model->be;
+    size_t bytes = tr->model->layout.total * sizeof(float);
+    float *m = tr_dev_alloc_host(be, bytes ? bytes : 4, "training state staging", err);
+    float *v = m ? tr_dev_alloc_host(be, bytes ? bytes : 4, "training state staging", err) : NULL;
     char path_v[4096];
     join(path, sizeof path, dir, TR_TRAIN_STATE_EXP_AVG);
     join(path_v, sizeof path_v, dir, TR_TRAIN_STATE_EXP_AVG_SQ);
-    if (load_moments(tr, path, step, m, err) != 0 || load_moments(tr, path_v, step, v, err) != 0) {
-        free(m);
-        free(v);
-        return tr_err_wrap(err, "loading training state");
+    int rc = v ? 0 : -1;
+    if (!rc) rc = load_moments(tr, path, step, m, err);
+    if (!rc) rc = load_moments(tr, path_v, step, v, err);
+    if (!rc) {
+        be->ops->upload(be, tr->adam_m, m, bytes);
+        be->ops->upload(be, tr->adam_v, v, bytes);
+        rc = tr_dev_sync(be, "loading Adam moments", err);
     }
-    free(tr->adam_m);
-    free(tr->adam_v);
-    tr->adam_m = m;
-    tr->adam_v = v;
+    tr_dev_free_host(be, m);
+    tr_dev_free_host(be, v);
+    if (rc) return tr_err_wrap(err, "loading training state");
     tr->step = step;
     tr->rng = rng;
     return 0;

@@ -140,6 +140,15 @@ typedef struct tr_ops {
     // p -= lr * (mh / (sqrt(vh) + eps) + wd * p)
     void (*adamw)(tr_backend *be, float *p, const float *g, float *m, float *v, size_t n,
                   float lr, float b1, float b2, float eps, float wd, int32_t t);
+
+    // x[n] = value
+    void (*fill)(tr_backend *be, float *x, float value, size_t n);
+    // out row r = src row idx[r], for r < n; rows of row_bytes bytes (any dtype).
+    void (*gather_rows)(tr_backend *be, void *out, const void *src, const int32_t *idx,
+                        int32_t n, size_t row_bytes);
+    // dst row idx[r] = rows row r (idx distinct).
+    void (*scatter_rows)(tr_backend *be, void *dst, const void *rows, const int32_t *idx,
+                         int32_t n, size_t row_bytes);
 } tr_ops;
 
 // A backend: its op table plus its private context (thread pool, streams, handles).

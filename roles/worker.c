@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kernels/backend.h"
 #include "roles/worker_impl.h"
 
 #define HELLO_ATTEMPT_MS 2000
@@ -192,7 +193,7 @@ static void free_worker(tr_worker *w) {
         w->roles[i].dealer = NULL;
     }
     tr_arena_free(&w->arena);
-    if (w->has_backend) tr_backend_cpu_free(&w->be);
+    if (w->has_backend) tr_backend_free(&w->be);
     w->has_backend = false;
 }
 

@@ -9,6 +9,7 @@
 #include "engine/checkpoint.h"
 #include "engine/heads.h"
 #include "roles/rollout_wire.h"
+#include "kernels/backend.h"
 #include "roles/worker_impl.h"
 
 static const char *const role_names[] = {"policy", "reference", "critic", "reward"};
@@ -202,13 +203,13 @@ static int load_model(tr_role_ctx *rc, const tr_msg_map *a, int32_t max_tokens, 
     }
     int rc2 = 0;
     if (!model[0]) {
-        tr_model_init_weights(&rc->model, (uint64_t)init_seed, 0.02f);
+        rc2 = tr_model_init_weights(&rc->model, (uint64_t)init_seed, 0.02f, err);
     } else if (convert) {
         // The value head is new: drawn as transformers' init would, the body from the checkpoint.
-        tr_model_init_weights(&rc->model, (uint64_t)init_seed, 0.02f);
-        rc2 = tr_checkpoint_load_backbone(model, &cfg, &rc->model.layout, rc->model.params, err);
+        rc2 = tr_model_init_weights(&rc->model, (uint64_t)init_seed, 0.02f, err);
+        if (!rc2) rc2 = tr_model_load_weights(&rc->model, model, true, err);
     } else {
-        rc2 = tr_checkpoint_load(model, &cfg, &rc->model.layout, rc->model.params, err);
+        rc2 = tr_model_load_weights(&rc->model, model, false, err);
     }
     if (rc2) return -1;
     return mb_alloc(&rc->mb, max_tokens, err);
@@ -239,19 +240,21 @@ static int load_tokenizer(tr_role_ctx *rc, const tr_msg_map *a, tr_err *err) {
 int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
     const tr_msg_map *a = &req->args;
     static const char *const keys[] = {"model", "init_config", "init_seed", "head", "backend", "threads",
-                                       "max_tokens", "seed", "tokenizer", "chat_format", "train", "optim",
-                                       "loss", "kv_tokens", "max_seqs", "reward", NULL};
+                                       "device", "max_tokens", "seed", "tokenizer", "chat_format", "train",
+                                       "optim", "loss", "kv_tokens", "max_seqs", "reward", NULL};
     char backend[16];
-    int64_t threads, max_tokens, kv_tokens = 0, max_seqs = 0;
+    int64_t threads, device = 0, max_tokens, kv_tokens = 0, max_seqs = 0;
     uint64_t seed;
     bool train;
     if (tr_msg_check_keys(a, keys, err) || tr_msg_get_str_buf(a, "backend", backend, sizeof backend, err) ||
         tr_msg_get_int(a, "threads", &threads, err) || tr_msg_get_int(a, "max_tokens", &max_tokens, err) ||
         tr_msg_get_uint(a, "seed", &seed, err) || tr_msg_get_bool(a, "train", &train, err) ||
-        tr_msg_get_int_opt(a, "kv_tokens", &kv_tokens, err) || tr_msg_get_int_opt(a, "max_seqs", &max_seqs, err))
+        tr_msg_get_int_opt(a, "kv_tokens", &kv_tokens, err) || tr_msg_get_int_opt(a, "max_seqs", &max_seqs, err) ||
+        tr_msg_get_int_opt(a, "device", &device, err))
         return -1;
-    if (strcmp(backend, "cpu") != 0)
-        return tr_errf(err, TR_EUNSUPPORTED, "init: backend '%s': workers run the cpu backend only so far", backend);
+    if (!tr_backend_built(backend))
+        return tr_errf(err, TR_EUNSUPPORTED, "init: backend '%s' is not in this build of troupe", backend);
+    if (device < 0 || device > 1024) return tr_errf(err, TR_EINVAL, "init: device %lld out of range", (long long)device);
     if (threads < 0 || threads > 4096 || max_tokens < 1 || max_tokens > (1 << 24) || kv_tokens < 0 ||
         max_seqs < 0 || max_seqs > (1 << 20))
         return tr_errf(err, TR_EINVAL, "init: threads %lld, max_tokens %lld, kv_tokens %lld or max_seqs %lld out "
@@ -268,10 +271,16 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
     tr_worker *w = rc->w;
     bool needs_model = rc->kind != TR_ROLE_REWARD || tr_msg_has(a, "model") || tr_msg_has(a, "init_config");
     if (needs_model && !w->has_backend) {
-        if (tr_backend_cpu_init(&w->be, (int32_t)threads))
-            return tr_errf(err, TR_ENOMEM, "init: cannot start a CPU backend with %lld threads", (long long)threads);
+        char why[512];
+        tr_backend_opts bo = {.kind = backend, .threads = (int32_t)threads, .device = (int32_t)device};
+        if (tr_backend_init(&w->be, &bo, why, sizeof why))
+            return tr_errf(err, TR_EDEVICE, "init: %s", why);
         w->has_backend = true;
         w->threads = (int32_t)threads;
+        w->arena.be = &w->be;
+    } else if (needs_model && strcmp(backend, w->be.ops->name) != 0) {
+        return tr_errf(err, TR_EINVAL, "init: colocated roles share one backend: %s, not %s", w->be.ops->name,
+                       backend);
     } else if (needs_model && threads != w->threads) {
         tr_worker_logf(rc, "init: sharing the colocated roles' %d-thread pool (asked for %lld)", w->threads,
                        (long long)threads);

@@ -190,7 +190,7 @@ int tr_worker_op_save(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
     if (tr_msg_check_keys(&req->args, keys, err) || tr_msg_get_str_buf(&req->args, "dir", dir, sizeof dir, err))
         return -1;
     tr_ckpt_save_opts so = {.dtype = TR_ST_F32, .tokenizer_dir = rc->tokenizer_dir[0] ? rc->tokenizer_dir : NULL};
-    if (tr_checkpoint_save(dir, &rc->model.cfg, &rc->model.layout, rc->model.params, &so, err))
+    if (tr_model_save(&rc->model, dir, &so, err))
         return tr_err_wrap(err, "save %s", dir);
     if (rc->has_trainer && tr_train_state_save(&rc->trainer, dir, err)) return tr_err_wrap(err, "save %s", dir);
     tr_worker_logf(rc, "saved %s", dir);
@@ -213,7 +213,7 @@ int tr_worker_op_load(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
         cfg.intermediate_size != c->intermediate_size)
         return tr_errf(err, TR_EINVAL, "load: %s (%s) is not the shape of the running %s model", dir,
                        cfg.architecture, c->architecture);
-    if (tr_checkpoint_load(dir, c, &rc->model.layout, rc->model.params, err)) return -1;
+    if (tr_model_load_weights(&rc->model, dir, false, err)) return -1;
     bool state = false;
     snprintf(path, sizeof path, "%s/%s", dir, TR_TRAIN_STATE_JSON);
     if (rc->has_trainer && tr_file_exists(path)) {

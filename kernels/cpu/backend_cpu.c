@@ -37,6 +37,9 @@ static const tr_ops cpu_ops = {
     .sumsq = tr_cpu_sumsq,
     .scale = tr_cpu_scale,
     .adamw = tr_cpu_adamw,
+    .fill = tr_cpu_fill,
+    .gather_rows = tr_cpu_gather_rows,
+    .scatter_rows = tr_cpu_scatter_rows,
 };
 
 // Memory: no op allocates and the context holds no scratch. Kernels work in their outputs

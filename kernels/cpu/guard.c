@@ -335,6 +335,33 @@ static void g_adamw(tr_backend *be, float *p, const float *g, float *m, float *v
     close_mem(be);
 }
 
+static void g_fill(tr_backend *be, float *x, float value, size_t n) {
+    dev(be, x, n * F, 0, "fill", "x");
+    open_mem(be);
+    tr_cpu_fill(be, x, value, n);
+    close_mem(be);
+}
+
+static void g_gather_rows(tr_backend *be, void *out, const void *src, const int32_t *idx,
+                          int32_t n, size_t row_bytes) {
+    dev(be, out, (size_t)n * row_bytes, 0, "gather_rows", "out");
+    dev(be, src, row_bytes, 0, "gather_rows", "src");
+    dev(be, idx, (size_t)n * I, 0, "gather_rows", "idx");
+    open_mem(be);
+    tr_cpu_gather_rows(be, out, src, idx, n, row_bytes);
+    close_mem(be);
+}
+
+static void g_scatter_rows(tr_backend *be, void *dst, const void *rows, const int32_t *idx,
+                           int32_t n, size_t row_bytes) {
+    dev(be, dst, row_bytes, 0, "scatter_rows", "dst");
+    dev(be, rows, (size_t)n * row_bytes, 0, "scatter_rows", "rows");
+    dev(be, idx, (size_t)n * I, 0, "scatter_rows", "idx");
+    open_mem(be);
+    tr_cpu_scatter_rows(be, dst, rows, idx, n, row_bytes);
+    close_mem(be);
+}
+
 const tr_ops tr_cpu_guarded_ops = {
     .name = "cpu",
     .alloc = tr_cpu_alloc,
@@ -365,4 +392,7 @@ const tr_ops tr_cpu_guarded_ops = {
     .sumsq = g_sumsq,
     .scale = g_scale,
     .adamw = g_adamw,
+    .fill = g_fill,
+    .gather_rows = g_gather_rows,
+    .scatter_rows = g_scatter_rows,
 };

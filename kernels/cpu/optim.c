@@ -2,6 +2,7 @@
 // gradient-norm clipping, scale and add. Elementwise work is split into fixed chunks; the sum
 // of squares adds fixed blocks in double and then the block sums in order.
 #include <math.h>
+#include <string.h>
 
 #include "kernels/cpu/cpu.h"
 
@@ -46,6 +47,16 @@ static void scale_task(void *arg, int32_t task) {
 void tr_cpu_scale(tr_backend *be, float *x, float s, size_t n) {
     opt_job j = {.p = x, .s = s, .n = n};
     tr_cpu_run(be, opt_tasks(&j, OPT_ELEMS_PER_TASK), scale_task, &j, 0.3 * (double)n);
+}
+
+static void fill_task(void *arg, int32_t task) {
+    const opt_job *j = arg;
+    for (size_t i = opt_begin(j, task), e = opt_end(j, task); i < e; i++) j->p[i] = j->s;
+}
+
+void tr_cpu_fill(tr_backend *be, float *x, float value, size_t n) {
+    opt_job j = {.p = x, .s = value, .n = n};
+    tr_cpu_run(be, opt_tasks(&j, OPT_ELEMS_PER_TASK), fill_task, &j, 0.2 * (double)n);
 }
 
 static void sumsq_task(void *arg, int32_t task) {
@@ -93,4 +104,20 @@ void tr_cpu_adamw(tr_backend *be, float *p, const float *g, float *m, float *v, 
                  .bc1 = (float)(1.0 - pow((double)b1, (double)t)),
                  .bc2 = (float)(1.0 - pow((double)b2, (double)t))};
     tr_cpu_run(be, opt_tasks(&j, OPT_ELEMS_PER_TASK), adamw_task, &j, 2.0 * (double)n);
+}
+
+void tr_cpu_gather_rows(tr_backend *be, void *out, const void *src, const int32_t *idx,
+                        int32_t n, size_t row_bytes) {
+    (void)be;
+    for (int32_t r = 0; r < n; r++)
+        memcpy((char *)out + (size_t)r * row_bytes, (const char *)src + (size_t)idx[r] * row_bytes,
+               row_bytes);
+}
+
+void tr_cpu_scatter_rows(tr_backend *be, void *dst, const void *rows, const int32_t *idx,
+                         int32_t n, size_t row_bytes) {
+    (void)be;
+    for (int32_t r = 0; r < n; r++)
+        memcpy((char *)dst + (size_t)idx[r] * row_bytes, (const char *)rows + (size_t)r * row_bytes,
+               row_bytes);
 }

@@ -134,5 +134,10 @@ void tr_cuda_logsoftmax_backward(tr_backend *be, float *dlogits, const float *dl
 void tr_cuda_add(tr_backend *be, float *out, const float *a, const float *b, size_t n);
 double tr_cuda_sumsq(tr_backend *be, const float *x, size_t n);
 void tr_cuda_scale(tr_backend *be, float *x, float s, size_t n);
+void tr_cuda_fill(tr_backend *be, float *x, float value, size_t n);
+void tr_cuda_gather_rows(tr_backend *be, void *out, const void *src, const int32_t *idx,
+                         int32_t n, size_t row_bytes);
+void tr_cuda_scatter_rows(tr_backend *be, void *dst, const void *rows, const int32_t *idx,
+                          int32_t n, size_t row_bytes);
 void tr_cuda_adamw(tr_backend *be, float *p, const float *g, float *m, float *v, size_t n,
                    float lr, float b1, float b2, float eps, float wd, int32_t t);

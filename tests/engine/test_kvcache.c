@@ -5,7 +5,10 @@
 #include <stdio.h>
 
 #include "engine/kvcache.h"
+#include "tests/engine/engine_test.h"
 #include "tests/test.h"
+
+static tr_backend be;
 
 static tr_model_config small_cfg(void) {
     tr_model_config c;
@@ -21,6 +24,10 @@ static float val(int32_t tag, int32_t layer, int32_t pos, int32_t ch) {
     return (float)(tag * 10000 + layer * 1000 + pos * 10 + ch);
 }
 
+// Rows to write and their slot, in backend memory as the generator has them.
+static float *dev_k, *dev_v;
+static int32_t *dev_slot;
+
 static void write_pos(tr_kvcache *c, const tr_kv_seq *s, int32_t tag, int32_t pos) {
     float k[8], v[8];
     for (int32_t l = 0; l < c->n_layers; l++) {
@@ -29,36 +36,47 @@ static void write_pos(tr_kvcache *c, const tr_kv_seq *s, int32_t tag, int32_t po
             v[ch] = -val(tag, l, pos, ch);
         }
         int32_t slot = tr_kv_seq_slot(s, pos, c->block_size);
-        tr_kvcache_write(c, l, k, v, &slot, 1);
+        et_put(&be, dev_k, k, sizeof k);
+        et_put(&be, dev_v, v, sizeof v);
+        et_put(&be, dev_slot, &slot, sizeof slot);
+        tr_kvcache_write(c, l, dev_k, dev_v, dev_slot, 1);
     }
 }
 
 // Whether positions [0, n) of s read back as sequence tag's values through the layer pages.
 static bool reads_back(const tr_kvcache *c, const tr_kv_seq *s, int32_t tag, int32_t from,
                        int32_t n) {
+    bool ok = true;
     for (int32_t l = 0; l < c->n_layers; l++) {
         tr_kv_pages p = tr_kvcache_layer(c, l);
+        float *k = et_floats(&be, p.k_pool, c->layer_floats);
+        float *v = et_floats(&be, p.v_pool, c->layer_floats);
         for (int32_t pos = from; pos < n; pos++) {
             size_t off = (size_t)tr_kv_seq_slot(s, pos, p.block_size) * p.n_kv_heads * p.head_dim;
             for (int32_t ch = 0; ch < 8; ch++)
-                if (p.k_pool[off + ch] != val(tag, l, pos, ch) ||
-                    p.v_pool[off + ch] != -val(tag, l, pos, ch))
-                    return false;
+                if (k[off + ch] != val(tag, l, pos, ch) || v[off + ch] != -val(tag, l, pos, ch))
+                    ok = false;
         }
+        free(k);
+        free(v);
     }
-    return true;
+    return ok;
 }
 
 int main(void) {
     tr_model_config cfg = small_cfg();
     tr_err err = {0};
+    et_backend(&be, 1);
+    dev_k = et_dev(&be, NULL, 8 * sizeof(float));
+    dev_v = et_dev(&be, NULL, 8 * sizeof(float));
+    dev_slot = et_dev(&be, NULL, sizeof(int32_t));
     tr_kvcache c;
     // 10 tokens in blocks of 4: 3 blocks; 2 layers x (K, V) x 3 x 4 x 2 x 4 floats.
-    CHECK(tr_kvcache_init(&c, &cfg, 4, 10, &err) == 0);
+    CHECK(tr_kvcache_init(&c, &be, &cfg, 4, 10, &err) == 0);
     CHECK(c.n_blocks == 3 && c.n_free == 3);
     CHECK(tr_kvcache_bytes(&cfg, 4, 3) == 2u * 2 * 3 * 4 * 2 * 4 * sizeof(float));
     tr_kvcache bad;
-    CHECK(tr_kvcache_init(&bad, &cfg, 0, 10, &err) != 0 && strstr(err.msg, "block size"));
+    CHECK(tr_kvcache_init(&bad, &be, &cfg, 0, 10, &err) != 0 && strstr(err.msg, "block size"));
 
     // Free list: a fresh pool hands out 0, 1, 2; then it is empty; a freed block comes back.
     CHECK(tr_kvcache_alloc(&c) == 0 && tr_kvcache_alloc(&c) == 1 && tr_kvcache_alloc(&c) == 2);
@@ -140,12 +158,13 @@ int main(void) {
     tiny.n_kv_heads = 1;
     tiny.head_dim = 2;
     CHECK(tr_kvcache_floats(&tiny, 3, 5) == 2 * 16 && tr_kvcache_floats(&tiny, 3, 0) == 0);
-    static float buf[2][2 * 192 + 16] __attribute__((aligned(64)));
-    CHECK(tr_kvcache_init_in(&c, &cfg, 4, 10, buf[0], 2 * 192, &err) == 0);
+    float *buf[2] = {et_dev(&be, NULL, (2 * 192 + 16) * sizeof(float)),
+                     et_dev(&be, NULL, (2 * 192 + 16) * sizeof(float))};
+    CHECK(tr_kvcache_init_in(&c, &be, &cfg, 4, 10, buf[0], 2 * 192, &err) == 0);
     CHECK(c.k == buf[0] && c.v == buf[0] + 192 && c.n_blocks == 3 && !c.owns_pool);
-    CHECK(tr_kvcache_init_in(&bad, &cfg, 4, 10, buf[0], 2 * 192 - 1, &err) != 0 &&
+    CHECK(tr_kvcache_init_in(&bad, &be, &cfg, 4, 10, buf[0], 2 * 192 - 1, &err) != 0 &&
           strstr(err.msg, "384"));
-    CHECK(tr_kvcache_init_in(&bad, &cfg, 4, 10, buf[0] + 1, 2 * 192, &err) != 0 &&
+    CHECK(tr_kvcache_init_in(&bad, &be, &cfg, 4, 10, buf[0] + 1, 2 * 192, &err) != 0 &&
           strstr(err.msg, "misaligned"));
     // Used out of order, then reset: every block free and handed out 0, 1, 2 again.
     tr_kv_seq_init(&a, ta, 3);
@@ -165,5 +184,11 @@ int main(void) {
     tr_kv_pages pb = tr_kvcache_layer(&c, 1);
     CHECK(pb.k_pool == buf[1] + 96 && pb.v_pool == buf[1] + 192 + 96);
     tr_kvcache_free(&c);
+    be.ops->free(&be, buf[0]);
+    be.ops->free(&be, buf[1]);
+    be.ops->free(&be, dev_k);
+    be.ops->free(&be, dev_v);
+    be.ops->free(&be, dev_slot);
+    tr_backend_free(&be);
     return tr_test_summary("test_kvcache");
 }

@@ -1,0 +1,66 @@
+// The backend engine tests run on, and moving test data to and from its memory. The backend
+// comes from the environment, so one test binary checks the CPU backend (also in guarded
+// mode, TROUPE_CPU_GUARD=1) and, on a GPU machine, the CUDA backend: TROUPE_BACKEND=cuda,
+// TROUPE_DEVICE=N. Asking for CUDA where there is none skips the test (exit 77).
+#pragma once
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/backend.h"
+
+static inline void et_backend(tr_backend *be, int32_t threads) {
+    const char *kind = getenv("TROUPE_BACKEND"), *dev = getenv("TROUPE_DEVICE");
+    tr_backend_opts o = {.kind = kind, .threads = threads, .device = dev ? atoi(dev) : 0};
+    char msg[512];
+    if (kind && strcmp(kind, "cuda") == 0 && tr_backend_cuda_devices() < 1) {
+        printf("no CUDA device: skipped\n");
+        exit(77);
+    }
+    if (tr_backend_init(be, &o, msg, sizeof msg) != 0) {
+        fprintf(stderr, "backend: %s\n", msg);
+        exit(1);
+    }
+}
+
+static inline void et_sync(tr_backend *be, const char *where) {
+    char msg[512];
+    if (be->ops->sync(be, where, msg, sizeof msg) != 0) {
+        fprintf(stderr, "%s\n", msg);
+        exit(1);
+    }
+}
+
+// bytes of backend memory holding a copy of host (zeros when host is NULL).
+static inline void *et_dev(tr_backend *be, const void *host, size_t bytes) {
+    void *p = be->ops->alloc(be, bytes ? bytes : 4);
+    if (!p) {
+        fprintf(stderr, "backend: out of memory (%zu bytes)\n", bytes);
+        exit(1);
+    }
+    if (host) be->ops->upload(be, p, host, bytes);
+    else be->ops->fill(be, p, 0.0f, bytes / 4);
+    et_sync(be, "test upload");
+    return p;
+}
+
+static inline void et_put(tr_backend *be, void *dev, const void *host, size_t bytes) {
+    be->ops->upload(be, dev, host, bytes);
+    et_sync(be, "test upload");
+}
+
+static inline void et_get(tr_backend *be, void *host, const void *dev, size_t bytes) {
+    be->ops->download(be, host, dev, bytes);
+    et_sync(be, "test download");
+}
+
+// A malloc'd host copy of n floats of backend memory.
+static inline float *et_floats(tr_backend *be, const float *dev, size_t n) {
+    float *h = malloc((n ? n : 1) * sizeof(float));
+    if (!h) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
+    et_get(be, h, dev, n * sizeof(float));
+    return h;
+}
