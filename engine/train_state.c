@@ -238,6 +238,11 @@ int tr_train_state_load(tr_trainer *tr, const char *dir, tr_err *err) {
     join(path, sizeof path, dir, TR_TRAIN_STATE_EXP_AVG);
     join(path_v, sizeof path_v, dir, TR_TRAIN_STATE_EXP_AVG_SQ);
     int rc = v ? 0 : -1;
+    // The padding between tensors is in no file; zero, as the buffers started.
+    if (!rc) {
+        memset(m, 0, bytes);
+        memset(v, 0, bytes);
+    }
     if (!rc) rc = load_moments(tr, path, step, m, err);
     if (!rc) rc = load_moments(tr, path_v, step, v, err);
     if (!rc) {

@@ -3,6 +3,7 @@
 // mapping, kept PROT_NONE except while an op runs (kernels/cpu/guard.c), so any host code
 // that reads or writes engine memory outside a backend call faults at once, as it would be
 // wrong on a GPU; the ops also check that every pointer they get is such memory.
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -12,10 +13,12 @@
 
 #define MEM_ALIGN 256
 
-static size_t page_round(size_t bytes) {
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    return (bytes + page - 1) / page * page;
-}
+// Guarded regions are whole 2 MiB huge pages where the kernel gives them (transparent huge
+// pages on madvise): mprotect then changes one entry per 2 MiB instead of 512, which is
+// what keeps toggling the protection around every op affordable.
+#define GUARD_HUGE ((size_t)2 << 20)
+
+static size_t huge_round(size_t bytes) { return (bytes + GUARD_HUGE - 1) / GUARD_HUGE * GUARD_HUGE; }
 
 // The region table of guarded mode; its own memory is plain host memory.
 static int guard_add(tr_cpu_ctx *ctx, void *p, size_t bytes) {
@@ -36,10 +39,18 @@ void *tr_cpu_alloc(tr_backend *be, size_t bytes) {
         size_t n = (bytes + MEM_ALIGN - 1) / MEM_ALIGN * MEM_ALIGN;
         return aligned_alloc(MEM_ALIGN, n ? n : MEM_ALIGN);
     }
-    size_t n = page_round(bytes ? bytes : 1);
-    void *p = mmap(NULL, n, ctx->guard_open > 0 ? PROT_READ | PROT_WRITE : PROT_NONE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return NULL;
+    // Over-map by one huge page, keep the aligned part, return the rest.
+    size_t n = huge_round(bytes ? bytes : 1);
+    char *raw = mmap(NULL, n + GUARD_HUGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return NULL;
+    char *p = (char *)(((uintptr_t)raw + GUARD_HUGE - 1) / GUARD_HUGE * GUARD_HUGE);
+    if (p > raw) munmap(raw, (size_t)(p - raw));
+    if (raw + GUARD_HUGE > p) munmap(p + n, (size_t)(raw + GUARD_HUGE - p));
+    madvise(p, n, MADV_HUGEPAGE);   // a hint; without huge pages guarding is only slower
+    if (ctx->guard_open > 0 && mprotect(p, n, PROT_READ | PROT_WRITE) != 0) {
+        munmap(p, n);
+        return NULL;
+    }
     if (guard_add(ctx, p, n) != 0) {
         munmap(p, n);
         return NULL;

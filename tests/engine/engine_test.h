@@ -64,3 +64,18 @@ static inline float *et_floats(tr_backend *be, const float *dev, size_t n) {
     et_get(be, h, dev, n * sizeof(float));
     return h;
 }
+
+// Whether two buffers of backend memory hold the same bytes.
+static inline int et_same(tr_backend *be, const void *a, const void *b, size_t bytes) {
+    char *x = malloc(bytes ? bytes : 1), *y = malloc(bytes ? bytes : 1);
+    if (!x || !y) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
+    et_get(be, x, a, bytes);
+    et_get(be, y, b, bytes);
+    int same = memcmp(x, y, bytes) == 0;
+    free(x);
+    free(y);
+    return same;
+}

@@ -12,6 +12,7 @@
 //  - invariants: a generator used outside its generation phase (e.g. after a train phase),
 //    a model run while another holds the region, training on the inference layout, nested
 //    phases, growing during a phase and undersized buffers are errors naming the cause.
+#include <math.h>
 #include <stdio.h>
 
 #include "engine/arena.h"
@@ -19,6 +20,7 @@
 #include "engine/heads.h"
 #include "engine/train.h"
 #include "tests/engine/arena_formula.h"
+#include "tests/engine/engine_test.h"
 #include "tests/engine/model_util.h"
 #include "tests/test.h"
 
@@ -163,7 +165,7 @@ static int ref_logprobs(tr_model *m, const batches *b, float *lp, tr_err *err) {
 }
 
 // What another phase leaves behind: every float of the region NaN.
-static void poison(tr_arena *a) { memset(a->base, 0xff, a->floats * sizeof(float)); }
+static void poison(tr_arena *a) { a->be->ops->fill(a->be, a->base, NAN, a->floats); }
 
 typedef struct roles {
     tr_model pol, ref;
@@ -202,21 +204,19 @@ static void test_phases(const char *name, int64_t kv_tokens, tr_backend *be) {
     CHECKF(rc == 0, "separate: %s", err.msg);
 
     // One region, sized by the rule for the policy and the reference, grown as a worker
-    // grows it: the reference is set up first, then the region moves to fit the policy (the
-    // reference's views are laid out again when its phases begin).
+    // grows it: the reference is set up first, then the region is replaced by one that fits
+    // the policy (the reference's views are laid out again when its phases begin).
     tr_arena_need np, nr;
     tr_arena_need_init(&np, &cfg, &po, &go);
     tr_arena_need_init(&nr, &cfg, &ro, NULL);
     tr_arena a;
-    CHECKF(tr_arena_init(&a, tr_arena_need_floats(&nr), &err) == 0, "%s", err.msg);
+    CHECKF(tr_arena_init(&a, be, tr_arena_need_floats(&nr), &err) == 0, "%s", err.msg);
     ro.acts = a.base;
     ro.acts_floats = a.floats;
     if (!rc) rc = tr_model_load(&w.ref, path, be, &ro, &err);
     if (!rc) tr_arena_adopt(&a, &w.ref);
-    float *first = a.base;
     CHECKF(tr_arena_reserve(&a, tr_arena_need_floats(&np), &err) == 0, "%s", err.msg);
     CHECK(a.floats == tr_arena_need_floats(&np) && a.floats > tr_arena_need_floats(&nr));
-    CHECK(a.base != first);
     po.acts = a.base;
     po.acts_floats = a.floats;
     if (!rc) rc = tr_model_load(&w.pol, path, be, &po, &err);
@@ -269,10 +269,10 @@ static void test_phases(const char *name, int64_t kv_tokens, tr_backend *be) {
     tr_arena_end(&a);
     size_t np_bytes = s.pol.layout.total * sizeof(float);
     CHECK(sr.loss == wr.loss && sr.grad_norm == wr.grad_norm && sr.grad_norm > 0);
-    CHECK(memcmp(s.pol.params, w.pol.params, np_bytes) == 0);
-    CHECK(memcmp(s.pol.grads, w.pol.grads, np_bytes) == 0);
-    CHECK(memcmp(s.tr.adam_m, w.tr.adam_m, np_bytes) == 0 &&
-          memcmp(s.tr.adam_v, w.tr.adam_v, np_bytes) == 0);
+    CHECK(et_same(be, s.pol.params, w.pol.params, np_bytes));
+    CHECK(et_same(be, s.pol.grads, w.pol.grads, np_bytes));
+    CHECK(et_same(be, s.tr.adam_m, w.tr.adam_m, np_bytes) &&
+          et_same(be, s.tr.adam_v, w.tr.adam_v, np_bytes));
     printf("  train step: loss %.6f, grad norm %.6f, parameters and moments bit for bit\n",
            sr.loss, sr.grad_norm);
     // The reference again (its weights did not move), then the trained policy generates.
@@ -322,7 +322,7 @@ static void test_phases(const char *name, int64_t kv_tokens, tr_backend *be) {
     CHECK(tr_arena_begin_train(&a, &w.ref, &err) != 0 && strstr(err.msg, "set up for training"));
     // A region too small for the phase.
     tr_arena small;
-    CHECK(tr_arena_init(&small, np.forward, &err) == 0);
+    CHECK(tr_arena_init(&small, be, np.forward, &err) == 0);
     CHECK(tr_arena_begin_train(&small, &w.pol, &err) != 0 && strstr(err.msg, "needs"));
     CHECK(tr_arena_begin_generate(&small, &w.gen, &err) != 0 && strstr(err.msg, "needs"));
     CHECK(small.phase == TR_PHASE_IDLE);
@@ -338,7 +338,7 @@ static void test_phases(const char *name, int64_t kv_tokens, tr_backend *be) {
     CHECK(tr_model_bind_acts(&s.pol, a.base, a.floats, true, &err) != 0 &&
           strstr(err.msg, "its own"));
     tr_kvcache c;
-    CHECK(tr_kvcache_init_in(&c, &cfg, 4, kv_tokens, a.base, np.kv - 1, &err) != 0 &&
+    CHECK(tr_kvcache_init_in(&c, be, &cfg, 4, kv_tokens, a.base, np.kv - 1, &err) != 0 &&
           strstr(err.msg, "need"));
 out:
     tr_generator_free(&w.gen);
@@ -354,10 +354,10 @@ out:
 
 int main(void) {
     tr_backend be;
-    if (tr_backend_cpu_init(&be, 2) != 0) return 1;
+    et_backend(&be, 2);
     test_sizing();
     test_phases("qwen2", 256, &be);
     test_phases("llama3", 4096, &be);
-    tr_backend_cpu_free(&be);
+    tr_backend_free(&be);
     return tr_test_summary("test_arena");
 }

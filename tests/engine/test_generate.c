@@ -13,6 +13,7 @@
 #include "engine/heads.h"
 #include "engine/model.h"
 #include "tests/engine/model_util.h"
+#include "tests/engine/engine_test.h"
 #include "tests/test.h"
 
 #define MAX_OUT 64
@@ -345,7 +346,7 @@ static void test_pool_pressure(const char *name, tr_backend *be) {
 
 int main(void) {
     tr_backend be;
-    if (tr_backend_cpu_init(&be, 2) != 0) return 1;
+    et_backend(&be, 2);
     const char *models[] = {"llama3", "qwen2"};
     for (int32_t i = 0; i < 2; i++) {
         test_greedy_hf(models[i], &be);
@@ -356,6 +357,6 @@ int main(void) {
     // Llama with attention_bias: the o_proj bias reaches generation through the shared trunk.
     test_greedy_hf("llama_bias", &be);
     test_logprobs("llama_bias", &be);
-    tr_backend_cpu_free(&be);
+    tr_backend_free(&be);
     return tr_test_summary("test_generate");
 }

@@ -10,6 +10,7 @@
 #include "engine/model.h"
 #include "engine/rng.h"
 #include "tests/engine/model_util.h"
+#include "tests/engine/engine_test.h"
 #include "tests/test.h"
 
 static const char *tiny_config(const char *arch, int tied, int bias) {
@@ -30,15 +31,28 @@ static const char *tiny_config(const char *arch, int tied, int bias) {
 
 // Weights wide enough that every path carries signal; norms and biases away from 1 and 0.
 static void draw_weights(tr_model *m, uint64_t seed) {
-    tr_model_init_weights(m, seed, 0.4f);
+    tr_err err = {0};
+    float *p = malloc(m->layout.total * sizeof(float));
+    CHECK(p && tr_model_init_weights(m, seed, 0.4f, &err) == 0 &&
+          tr_model_read_params(m, p, &err) == 0);
     tr_rng rng;
     tr_rng_init(&rng, seed + 1);
     for (int32_t i = 0; i < m->layout.n_tensors; i++) {
         const tr_tensor_desc *d = &m->layout.tensors[i];
         if (d->ndim == 1)
             for (size_t j = 0; j < d->numel; j++)
-                m->params[d->offset + j] += 0.3f * tr_rng_normal(&rng);
+                p[d->offset + j] += 0.3f * tr_rng_normal(&rng);
     }
+    CHECK(tr_model_write_params(m, p, &err) == 0);
+    free(p);
+}
+
+// The model's gradients in a malloc'd host array.
+static float *grads_of(tr_model *m) {
+    tr_err err = {0};
+    float *g = malloc(m->layout.total * sizeof(float));
+    CHECK(g && tr_model_read_grads(m, g, &err) == 0);
+    return g;
 }
 
 static const int32_t IDS[] = {3, 17, 5, 22, 9, 1, 14, 8, 8, 2, 19, 6, 11, 0, 0, 21, 7};
@@ -109,14 +123,16 @@ static void check_fd(const char *what, const char *arch, int tied, int bias, int
     head_grad(&m, &b, c1, c2);
     int32_t worst_i = 0;
     double worst = 0;
-    float *dir = malloc(m.layout.total * sizeof(float));
+    float *dir = malloc(m.layout.total * sizeof(float)), *grads = grads_of(&m);
+    float *params = malloc(m.layout.total * sizeof(float));
+    CHECK(tr_model_read_params(&m, params, &err) == 0);
     for (int32_t i = 0; i < m.layout.n_tensors; i++) {
         const tr_tensor_desc *d = &m.layout.tensors[i];
-        float *p = m.params + d->offset;
+        float *p = params + d->offset;
         double an = 0;
         for (size_t j = 0; j < d->numel; j++) {
             dir[j] = tr_rng_normal(&rng);
-            an += (double)dir[j] * m.grads[d->offset + j];
+            an += (double)dir[j] * grads[d->offset + j];
         }
         // Fourth-order central stencil: truncation O(h^4) allows an h large enough that the
         // fp32 rounding of L (about 1e-6 here, divided by h) stays small.
@@ -127,9 +143,11 @@ static void check_fd(const char *what, const char *arch, int tied, int bias, int
         const float steps[4] = {-2, -1, 1, 2};
         for (int32_t k = 0; k < 4; k++) {
             for (size_t j = 0; j < d->numel; j++) p[j] = save[j] + steps[k] * h * dir[j];
+            CHECK(tr_model_write_params(&m, params, &err) == 0);
             l[k] = head_loss(&m, &b, c1, c2);
         }
         memcpy(p, save, d->numel * sizeof(float));
+        CHECK(tr_model_write_params(&m, params, &err) == 0);
         free(save);
         double fd = (8.0 * (l[2] - l[1]) - (l[3] - l[0])) / (12.0 * h);
         double lp = l[2];
@@ -151,6 +169,8 @@ static void check_fd(const char *what, const char *arch, int tied, int bias, int
     printf("%s: worst error %.3g of the allowed (%s)\n", what, worst,
            m.layout.tensors[worst_i].name);
     free(dir);
+    free(grads);
+    free(params);
     tr_model_free(&m);
 }
 
@@ -175,8 +195,7 @@ static void check_packing(tr_backend *be) {
     CHECK(tr_lm_head_forward(&m, all.targets, lp_all, NULL, &err) == 0);
     head_grad(&m, &all, c1, c2);
     size_t n = m.layout.total;
-    float *g_all = malloc(n * sizeof(float)), *g_sum = calloc(n, sizeof(float));
-    memcpy(g_all, m.grads, n * sizeof(float));
+    float *g_all = grads_of(&m), *g_sum = calloc(n, sizeof(float));
     double max_lp = 0;
     for (int32_t d = 0, t0 = 0; d < 3; t0 += LENS[d], d++) {
         packed_batch one;
@@ -186,11 +205,17 @@ static void check_packing(tr_backend *be) {
         double e = tr_test_max_abs_err(lp_one, lp_all + t0, LENS[d]);
         if (e > max_lp) max_lp = e;
         head_grad(&m, &one, c1 + t0, c2 + t0);
-        for (size_t j = 0; j < n; j++) g_sum[j] += m.grads[j];
+        float *g = grads_of(&m);
+        for (size_t j = 0; j < n; j++) g_sum[j] += g[j];
+        free(g);
     }
     double eg = tr_test_rel_err(g_all, g_sum, n);
     printf("packing: logprob max abs diff %.3g, gradient relative diff %.3g\n", max_lp, eg);
-    CHECK(max_lp <= 1e-6);
+    // The forward is batch-invariant (every product a k-ordered chain, attention and norms
+    // per row), so a document's logprobs are the same bits packed or alone. The gradients are
+    // sums in another order (three calls summed here on the host vs chains over all tokens):
+    // equal to rounding, 1e-5 relative is a few hundred fp32 ulps of the largest entries.
+    CHECK(max_lp == 0);
     CHECK(eg <= 1e-5);
     free(g_all);
     free(g_sum);
@@ -210,7 +235,9 @@ static void check_chunking(tr_backend *be) {
     CHECK(tr_model_init(&c, &cfg, be, &oc, &err) == 0);
     CHECK(a.logit_rows == 32 && c.logit_rows == 4);
     draw_weights(&a, 5);
-    memcpy(c.params, a.params, a.layout.total * sizeof(float));
+    float *pa = malloc(a.layout.total * sizeof(float));
+    CHECK(tr_model_read_params(&a, pa, &err) == 0 && tr_model_write_params(&c, pa, &err) == 0);
+    free(pa);
     packed_batch b;
     pack_batch(&b, IDS, LENS, 3);
     float c1[64], c2[64];
@@ -222,7 +249,10 @@ static void check_chunking(tr_backend *be) {
     head_grad(&a, &b, c1, c2);
     head_grad(&c, &b, c1, c2);
     CHECK_NEAR(la, lc, 1e-6 * fabs(la));
-    CHECK(tr_test_rel_err(c.grads, a.grads, a.layout.total) <= 1e-6);
+    float *ga = grads_of(&a), *gc = grads_of(&c);
+    CHECK(tr_test_rel_err(gc, ga, a.layout.total) <= 1e-6);
+    free(ga);
+    free(gc);
     tr_model_free(&a);
     tr_model_free(&c);
 }
@@ -269,7 +299,7 @@ static void check_errors(tr_backend *be) {
 
 int main(void) {
     tr_backend be;
-    if (tr_backend_cpu_init(&be, 2) != 0) return 1;
+    et_backend(&be, 2);
     check_fd("llama untied, bias", "LlamaForCausalLM", 0, 1, 0, &be);
     check_fd("llama tied, chunked logits", "LlamaForCausalLM", 1, 0, 5, &be);
     check_fd("value head", "LlamaForTokenClassification", 0, 0, 0, &be);
@@ -277,6 +307,6 @@ int main(void) {
     check_packing(&be);
     check_chunking(&be);
     check_errors(&be);
-    tr_backend_cpu_free(&be);
+    tr_backend_free(&be);
     return tr_test_summary("test_model_grad");
 }

@@ -11,6 +11,7 @@
 #include "engine/model.h"
 #include "engine/train.h"
 #include "tests/engine/model_util.h"
+#include "tests/engine/engine_test.h"
 #include "tests/test.h"
 
 typedef struct fixture {
@@ -43,10 +44,12 @@ static void fixture_close(fixture *fx) {
     tr_st_close(&fx->expected);
 }
 
-// Compares every parameter's gradient (or value, with prefix "step3.") with the fixture.
-static void check_params(const char *what, fixture *fx, const float *buf, const char *prefix,
+// Compares every parameter's gradient (or value, with prefix "step3.") with the fixture;
+// dev is the model's buffer (backend memory).
+static void check_params(const char *what, fixture *fx, const float *dev, const char *prefix,
                          double tol, bool relative) {
     const tr_param_layout *lay = &fx->model.layout;
+    float *buf = et_floats(fx->model.be, dev, lay->total);
     double worst = 0;
     const char *worst_name = "";
     for (int32_t i = 0; i < lay->n_tensors; i++) {
@@ -75,6 +78,7 @@ static void check_params(const char *what, fixture *fx, const float *buf, const 
            what, n_fixture, prefix, lay->n_tensors);
     printf("  %s: worst %s error %.3g (%s)\n", what, relative ? "relative" : "abs", worst,
            worst_name);
+    free(buf);
 }
 
 static void test_lm(const char *name, tr_backend *be) {
@@ -99,7 +103,10 @@ static void test_lm(const char *name, tr_backend *be) {
     float *logits = malloc((size_t)T * V * sizeof(float));
     CHECK(want_lp && want_ent && want_logits && logits && n == (size_t)T);
     if (!want_lp || !want_ent || !want_logits || !logits) return;
-    CHECK(tr_lm_head_logits(m, 0, T, logits, &err) == 0);
+    float *dev_logits = et_dev(be, NULL, (size_t)T * V * sizeof(float));
+    CHECK(tr_lm_head_logits(m, 0, T, dev_logits, &err) == 0);
+    et_get(be, logits, dev_logits, (size_t)T * V * sizeof(float));
+    be->ops->free(be, dev_logits);
     double e_lp = tr_test_max_abs_err(logprob, want_lp, T);
     double e_ent = tr_test_max_abs_err(entropy, want_ent, T);
     double e_logits = tr_test_max_abs_err(logits, want_logits, (size_t)T * V);
@@ -218,15 +225,12 @@ static void test_score(tr_backend *be) {
 
 int main(void) {
     tr_backend be;
-    if (tr_backend_cpu_init(&be, 2) != 0) {
-        fprintf(stderr, "no CPU backend\n");
-        return 1;
-    }
+    et_backend(&be, 2);
     test_lm("llama3", &be);
     test_lm("qwen2", &be);
     test_lm("llama_bias", &be);  // attention_bias: q/k/v and o_proj biases
     test_value(&be);
     test_score(&be);
-    tr_backend_cpu_free(&be);
+    tr_backend_free(&be);
     return tr_test_summary("test_model_hf");
 }

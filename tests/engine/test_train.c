@@ -13,6 +13,7 @@
 #include "engine/train.h"
 #include "engine/train_state.h"
 #include "tests/engine/model_util.h"
+#include "tests/engine/engine_test.h"
 #include "tests/test.h"
 
 static void test_schedules(void) {
@@ -95,7 +96,10 @@ static int make(setup *s, tr_backend *be, const tr_optim_cfg *opt, uint64_t weig
         fprintf(stderr, "setup: %s\n", err.msg);
         return -1;
     }
-    tr_model_init_weights(&s->model, weight_seed, 0.3f);
+    if (tr_model_init_weights(&s->model, weight_seed, 0.3f, &err) != 0) {
+        fprintf(stderr, "setup: %s\n", err.msg);
+        return -1;
+    }
     return 0;
 }
 
@@ -152,13 +156,16 @@ static void test_accumulation(tr_backend *be) {
         if (k == 0) {
             g_ref = malloc(n * sizeof(float));
             p_ref = malloc(n * sizeof(float));
-            memcpy(g_ref, s.model.grads, n * sizeof(float));
-            memcpy(p_ref, s.model.params, n * sizeof(float));
+            et_get(be, g_ref, s.model.grads, n * sizeof(float));
+            et_get(be, p_ref, s.model.params, n * sizeof(float));
             loss_ref = res.loss;
             CHECK_NEAR(res.lr, OPT.lr, 1e-15);
         } else {
-            double eg = tr_test_rel_err(s.model.grads, g_ref, n);
-            double ep = tr_test_max_abs_err(s.model.params, p_ref, n);
+            float *g = et_floats(be, s.model.grads, n), *p = et_floats(be, s.model.params, n);
+            double eg = tr_test_rel_err(g, g_ref, n);
+            double ep = tr_test_max_abs_err(p, p_ref, n);
+            free(g);
+            free(p);
             printf("accumulation over %d micro-batches: gradient rel diff %.3g, params %.3g\n",
                    n_mb[k], eg, ep);
             CHECK(eg <= 1e-5);
@@ -235,8 +242,7 @@ static void test_loss_modes(tr_backend *be) {
         if (mode == 2) CHECK(calls == 2);
         if (mode != 3) CHECK_NEAR(res.weight_total, wsum, 1e-9);
         n = s.model.layout.total;
-        p[mode] = malloc(n * sizeof(float));
-        memcpy(p[mode], s.model.params, n * sizeof(float));
+        p[mode] = et_floats(be, s.model.params, n);
         losses[mode] = res.loss;
         for (int32_t i = 0; i < 2; i++) mbs[i].dout = NULL;
         destroy(&s);
@@ -279,16 +285,20 @@ static void test_clipping(tr_backend *be) {
     CHECK(res.grad_norm > 0.25);
     // The clipped gradients left in the buffer have norm max_grad_norm.
     double ss = 0;
-    for (size_t i = 0; i < a.model.layout.total; i++) ss += (double)a.model.grads[i] * a.model.grads[i];
+    size_t n = a.model.layout.total;
+    float *g = et_floats(be, a.model.grads, n), *am = et_floats(be, a.tr.adam_m, n);
+    for (size_t i = 0; i < n; i++) ss += (double)g[i] * g[i];
     CHECK_NEAR(sqrt(ss), 0.25 * res.grad_norm / (res.grad_norm + 1e-6), 1e-6);
     // Adam's first step is sign-like, so scaling the gradient changes only eps's share:
     // compare instead the first moment, m = (1 - beta1) * clipped gradient.
     double em = 0;
-    for (size_t i = 0; i < a.model.layout.total; i++) {
-        double d = fabs(a.tr.adam_m[i] - (1.0 - opt.beta1) * a.model.grads[i]);
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs(am[i] - (1.0 - opt.beta1) * g[i]);
         if (d > em) em = d;
     }
     CHECK(em <= 1e-8);
+    free(g);
+    free(am);
     destroy(&a);
 }
 
@@ -313,16 +323,16 @@ static void test_state_roundtrip(tr_backend *be) {
     const char *dir = tr_test_tmpdir();
     CHECKF(tr_train_state_save(&a.tr, dir, &err) == 0, "%s", err.msg);
     size_t n = a.model.layout.total;
-    memcpy(b.model.params, a.model.params, n * sizeof(float));
+    be->ops->copy(be, b.model.params, a.model.params, n * sizeof(float));
     CHECKF(tr_train_state_load(&b.tr, dir, &err) == 0, "%s", err.msg);
     CHECK(b.tr.step == 2);
     CHECK(tr_rng_u32(&a.tr.rng) == tr_rng_u32(&b.tr.rng));
-    CHECK(memcmp(a.tr.adam_v, b.tr.adam_v, n * sizeof(float)) == 0);
+    CHECK(et_same(be, a.tr.adam_v, b.tr.adam_v, n * sizeof(float)));
     CHECK(tr_train_step(&a.tr, mbs, 2, &args, &res, &err) == 0);
     double lr_a = res.lr;
     CHECK(tr_train_step(&b.tr, mbs, 2, &args, &res, &err) == 0);
     CHECK(res.lr == lr_a && res.step == 3);
-    CHECK(memcmp(a.model.params, b.model.params, n * sizeof(float)) == 0);
+    CHECK(et_same(be, a.model.params, b.model.params, n * sizeof(float)));
 
     // A moment file from another step is refused, and the trainer is left as it was.
     char path[512];
@@ -361,13 +371,14 @@ static void test_errors(tr_backend *be) {
     tr_step_result res;
     tr_err err = {0};
     size_t n = s.model.layout.total;
-    float *before = malloc(n * sizeof(float));
-    memcpy(before, s.model.params, n * sizeof(float));
+    float *before = et_floats(be, s.model.params, n);
     pb[0].ids[5] = 31;  // vocab is 31
     CHECK(tr_train_step(&s.tr, mbs, 1, &args, &res, &err) == -1);
     CHECKF(err.code == TR_ERANGE && strstr(err.msg, "micro-batch 0") && strstr(err.msg, "token 5"),
            "%s", err.msg);
-    CHECK(memcmp(before, s.model.params, n * sizeof(float)) == 0 && s.tr.step == 0);
+    float *after = et_floats(be, s.model.params, n);
+    CHECK(memcmp(before, after, n * sizeof(float)) == 0 && s.tr.step == 0);
+    free(after);
     pb[0].ids[5] = 3;
     float zero[32] = {0};
     mbs[0].weights = zero;
@@ -407,7 +418,7 @@ static void test_short_run(tr_backend *be) {
 
 int main(void) {
     tr_backend be;
-    if (tr_backend_cpu_init(&be, 2) != 0) return 1;
+    et_backend(&be, 2);
     test_schedules();
     test_accumulation(&be);
     test_loss_modes(&be);
@@ -415,6 +426,6 @@ int main(void) {
     test_state_roundtrip(&be);
     test_errors(&be);
     test_short_run(&be);
-    tr_backend_cpu_free(&be);
+    tr_backend_free(&be);
     return tr_test_summary("test_train");
 }
