@@ -37,6 +37,12 @@ static const tr_ops cpu_ops = {
     .sumsq = tr_cpu_sumsq,
     .scale = tr_cpu_scale,
     .adamw = tr_cpu_adamw,
+    .fill = tr_cpu_fill,
+    .gather_rows = tr_cpu_gather_rows,
+    .scatter_rows = tr_cpu_scatter_rows,
+    .kv_copy_blocks = tr_cpu_kv_copy_blocks,
+    .cast_f32_bf16 = tr_cpu_cast_f32_bf16,
+    .cast_bf16_f32 = tr_cpu_cast_bf16_f32,
 };
 
 // Memory: no op allocates and the context holds no scratch. Kernels work in their outputs

@@ -106,6 +106,12 @@ static const tr_ops cuda_ops = {
     .sumsq = tr_cuda_sumsq,
     .scale = tr_cuda_scale,
     .adamw = tr_cuda_adamw,
+    .fill = tr_cuda_fill,
+    .gather_rows = tr_cuda_gather_rows,
+    .scatter_rows = tr_cuda_scatter_rows,
+    .kv_copy_blocks = tr_cuda_kv_copy_blocks,
+    .cast_f32_bf16 = tr_cuda_cast_f32_bf16,
+    .cast_bf16_f32 = tr_cuda_cast_bf16_f32,
 };
 
 int tr_cuda_record(tr_cuda_ctx *ctx, const char *file, int line, const char *what,

@@ -136,3 +136,12 @@ double tr_cuda_sumsq(tr_backend *be, const float *x, size_t n);
 void tr_cuda_scale(tr_backend *be, float *x, float s, size_t n);
 void tr_cuda_adamw(tr_backend *be, float *p, const float *g, float *m, float *v, size_t n,
                    float lr, float b1, float b2, float eps, float wd, int32_t t);
+void tr_cuda_fill(tr_backend *be, float *x, float value, size_t n);
+void tr_cuda_gather_rows(tr_backend *be, void *out, const void *src, const int32_t *idx,
+                         int32_t n, size_t row_bytes);
+void tr_cuda_scatter_rows(tr_backend *be, void *dst, const void *rows, const int32_t *idx,
+                          int32_t n, size_t row_bytes);
+void tr_cuda_kv_copy_blocks(tr_backend *be, const tr_kv_pool *pool, const int32_t *src,
+                            const int32_t *dst, const int32_t *n_slots, int32_t n);
+void tr_cuda_cast_f32_bf16(tr_backend *be, uint16_t *out, const float *in, size_t n);
+void tr_cuda_cast_bf16_f32(tr_backend *be, float *out, const uint16_t *in, size_t n);
