@@ -45,10 +45,11 @@ int tr_trainer_init(tr_trainer *tr, tr_model *m, const tr_optim_cfg *opt, uint64
     tr->dout = malloc(k * sizeof(float));
     tr->dentropy = malloc(k * sizeof(float));
     tr->weights = malloc(k * sizeof(float));
+    tr->dev_sumsq = m->be->ops->alloc(m->be, sizeof(double));
     if (!tr->adam_m || !tr->adam_v || !tr->out || !tr->entropy || !tr->loss || !tr->dout ||
-        !tr->dentropy || !tr->weights) {
+        !tr->dentropy || !tr->weights || !tr->dev_sumsq) {
         tr_trainer_free(tr);
-        return tr_errf(err, TR_ENOMEM, "trainer: cannot allocate Adam moments (2 x %zu floats)",
+        return tr_errf(err, TR_ENOMEM, "trainer: cannot allocate Adam moments (2 x %zu floats) and step scratch",
                        n);
     }
     return 0;
@@ -63,6 +64,7 @@ void tr_trainer_free(tr_trainer *tr) {
     free(tr->dout);
     free(tr->dentropy);
     free(tr->weights);
+    if (tr->dev_sumsq) tr->model->be->ops->free(tr->model->be, tr->dev_sumsq);
     memset(tr, 0, sizeof *tr);
 }
 
@@ -201,7 +203,15 @@ int tr_train_step(tr_trainer *tr, const tr_micro_batch *mbs, int32_t n, const tr
 
     const tr_ops *op = m->be->ops;
     const size_t total = m->layout.total;
-    double norm = sqrt(op->sumsq(m->be, m->grads, total));
+    // The sum of squares stays in backend memory until this one read, the step's only wait.
+    double zero = 0.0, sumsq = 0.0;
+    char msg[512];
+    op->upload(m->be, tr->dev_sumsq, &zero, sizeof zero);
+    op->sumsq(m->be, tr->dev_sumsq, m->grads, total);
+    op->download(m->be, &sumsq, tr->dev_sumsq, sizeof sumsq);
+    if (op->sync(m->be, "grad norm", msg, sizeof msg) != 0)
+        return tr_errf(err, TR_EDEVICE, "train step %lld: %s", (long long)tr->step + 1, msg);
+    double norm = sqrt(sumsq);
     if (!isfinite(norm))
         return tr_errf(err, TR_EINVAL, "train step %lld: gradient norm is %g; update skipped",
                        (long long)tr->step + 1, norm);

@@ -141,8 +141,9 @@ typedef struct tr_ops {
                                 const float *dentropy, const float *logits, const float *lse,
                                 const int32_t *target, int32_t T, int32_t V);
 
-    // Deterministic sum of squares (fixed blocking, double accumulation).
-    double (*sumsq)(tr_backend *be, const float *x, size_t n);
+    // *acc += sum of x[i]^2, in double over a fixed blocking (deterministic). acc is one double
+    // of backend memory, so nothing waits: the caller downloads it when it needs the value.
+    void (*sumsq)(tr_backend *be, double *acc, const float *x, size_t n);
     // x *= s
     void (*scale)(tr_backend *be, float *x, float s, size_t n);
     // AdamW with decoupled weight decay, bias correction at step t (1-based):

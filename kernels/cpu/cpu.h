@@ -106,7 +106,7 @@ void tr_cpu_logsoftmax_backward(tr_backend *be, float *dlogits, const float *dlo
                                 const int32_t *target, int32_t T, int32_t V);
 
 void tr_cpu_add(tr_backend *be, float *out, const float *a, const float *b, size_t n);
-double tr_cpu_sumsq(tr_backend *be, const float *x, size_t n);
+void tr_cpu_sumsq(tr_backend *be, double *acc, const float *x, size_t n);
 void tr_cpu_scale(tr_backend *be, float *x, float s, size_t n);
 void tr_cpu_adamw(tr_backend *be, float *p, const float *g, float *m, float *v, size_t n,
                   float lr, float b1, float b2, float eps, float wd, int32_t t);

@@ -308,12 +308,12 @@ static void g_logsoftmax_backward(tr_backend *be, float *dlogits, const float *d
     close_mem(be);
 }
 
-static double g_sumsq(tr_backend *be, const float *x, size_t n) {
+static void g_sumsq(tr_backend *be, double *acc, const float *x, size_t n) {
+    dev(be, acc, sizeof(double), 0, "sumsq", "acc");
     dev(be, x, n * F, 0, "sumsq", "x");
     open_mem(be);
-    double s = tr_cpu_sumsq(be, x, n);
+    tr_cpu_sumsq(be, acc, x, n);
     close_mem(be);
-    return s;
 }
 
 static void g_scale(tr_backend *be, float *x, float s, size_t n) {

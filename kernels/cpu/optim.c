@@ -58,7 +58,7 @@ static void sumsq_task(void *arg, int32_t task) {
     j->partial[task] = (acc[0] + acc[2]) + (acc[1] + acc[3]);
 }
 
-double tr_cpu_sumsq(tr_backend *be, const float *x, size_t n) {
+void tr_cpu_sumsq(tr_backend *be, double *acc, const float *x, size_t n) {
     double partial[SUMSQ_MAX_BLOCKS];
     opt_job j = {.a = x, .n = n, .partial = partial};
     // Block size depends on n only; grown past OPT_ELEMS_PER_TASK for buffers so large that
@@ -69,7 +69,7 @@ double tr_cpu_sumsq(tr_backend *be, const float *x, size_t n) {
     tr_cpu_run(be, n_blocks, sumsq_task, &j, 0.5 * (double)n);
     double total = 0.0;
     for (int32_t b = 0; b < n_blocks; b++) total += partial[b];
-    return total;
+    *acc += total;
 }
 
 static void adamw_task(void *arg, int32_t task) {

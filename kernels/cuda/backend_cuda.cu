@@ -144,9 +144,6 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device) {
     if (TR_CUDA_CHECK(be, cudaMalloc((void **)&ctx->partial,
                                      TR_CUDA_SUMSQ_BLOCKS * sizeof(double))))
         return -1;
-    if (TR_CUDA_CHECK(be, cudaMallocHost((void **)&ctx->partial_host,
-                                         TR_CUDA_SUMSQ_BLOCKS * sizeof(double))))
-        return -1;
     be->ops = &cuda_ops;
     return 0;
 }
@@ -156,7 +153,6 @@ extern "C" void tr_backend_cuda_free(tr_backend *be) {
     tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
     // Teardown errors have nobody left to report to; each release is still attempted.
     if (ctx->stream) cudaStreamSynchronize(ctx->stream);
-    if (ctx->partial_host) cudaFreeHost(ctx->partial_host);
     if (ctx->partial) cudaFree(ctx->partial);
     if (ctx->blas) cublasDestroy(ctx->blas);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);

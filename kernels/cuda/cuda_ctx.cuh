@@ -16,7 +16,6 @@ typedef struct tr_cuda_ctx {
     cudaStream_t stream;
     cublasHandle_t blas;
     double *partial;        // device, TR_CUDA_SUMSQ_BLOCKS doubles
-    double *partial_host;   // pinned, same size
     int sync_each_op;       // TROUPE_SYNC_EACH_OP=1: every op waits and names itself on failure
     int failed;
     char msg[512];
@@ -132,7 +131,7 @@ void tr_cuda_logsoftmax_backward(tr_backend *be, float *dlogits, const float *dl
                                  const float *dentropy, const float *logits, const float *lse,
                                  const int32_t *target, int32_t T, int32_t V);
 void tr_cuda_add(tr_backend *be, float *out, const float *a, const float *b, size_t n);
-double tr_cuda_sumsq(tr_backend *be, const float *x, size_t n);
+void tr_cuda_sumsq(tr_backend *be, double *acc, const float *x, size_t n);
 void tr_cuda_scale(tr_backend *be, float *x, float s, size_t n);
 void tr_cuda_adamw(tr_backend *be, float *p, const float *g, float *m, float *v, size_t n,
                    float lr, float b1, float b2, float eps, float wd, int32_t t);

@@ -495,19 +495,33 @@ static void test_elementwise(size_t n) {
     free(e.a); free(e.b); free(e.c); free(e.d0); free(e.e0);
 }
 
-// sumsq over sizes below one block, across several, and past the block-count cap.
+// sumsq over sizes below one block, across several, and past the block-count cap: into a
+// device double holding 0 (twice: the same bits) and one holding 0.5, which must end as the
+// single rounding of 0.5 + the first. CPU and CUDA order the additions inside a block
+// differently (4 lanes vs a 256-thread tree), so they agree to rounding, not bitwise: for
+// random positive terms that is about sqrt(16384) * 2^-53 ~ 1e-14 relative, while a lost or
+// repeated block partial (at least 1/1024 of the sum) is far above 1e-12.
 static void test_sumsq(void) {
     static const size_t sizes[] = {1, 1000, 16384 * 5 + 17, (size_t)16384 * 1024 + 4099};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         size_t n = sizes[i];
         float *x = kt_rand(n, 3.0);
-        double want = cpu_be.ops->sumsq(&cpu_be, x, n);
+        double want = 0.0, a, b, c, zero = 0.0, half = 0.5;
+        cpu_be.ops->sumsq(&cpu_be, &want, x, n);
         float *dx = putf(1, x, n);
-        double a = gpu_be.ops->sumsq(&gpu_be, dx, n), b = gpu_be.ops->sumsq(&gpu_be, dx, n);
+        double *acc_a = put(1, &zero, sizeof zero), *acc_b = put(1, &zero, sizeof zero);
+        double *acc_c = put(1, &half, sizeof half);
+        gpu_be.ops->sumsq(&gpu_be, acc_a, dx, n);
+        gpu_be.ops->sumsq(&gpu_be, acc_b, dx, n);
+        gpu_be.ops->sumsq(&gpu_be, acc_c, dx, n);
+        get(1, &a, acc_a, sizeof a);
+        get(1, &b, acc_b, sizeof b);
+        get(1, &c, acc_c, sizeof c);
         bufs_free(1);
         double rel = fabs(a - want) / want;
         CHECKF(rel <= 1e-12, "sumsq n=%zu: cuda %.17g cpu %.17g", n, a, want);
         CHECKF(memcmp(&a, &b, sizeof a) == 0, "sumsq n=%zu: two cuda runs differ", n);
+        CHECKF(c == 0.5 + a, "sumsq n=%zu into 0.5: %.17g, want %.17g", n, c, 0.5 + a);
         printf("  sumsq n=%-10zu rel err %.2e\n", n, rel);
         free(x);
     }
