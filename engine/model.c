@@ -228,6 +228,13 @@ int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
         return tr_errf(err, TR_ENOMEM, "model: cannot allocate %zu parameter floats (x%d) and "
                        "a %zu-float activation arena", total, opts->training ? 2 : 1, arena);
     }
+    size_t emb_bytes = m->training ? be->ops->embedding_scratch_bytes(be, m->max_tokens) : 0;
+    if (emb_bytes > 0 && !(m->emb_scratch = be->ops->alloc(be, emb_bytes))) {
+        free(inv);
+        tr_model_free(m);
+        return tr_errf(err, TR_ENOMEM, "model: cannot allocate %zu bytes of embedding backward "
+                       "scratch", emb_bytes);
+    }
     layout_arena(cfg, m->max_tokens, m->logit_rows, m->training, m->arena, &m->acts);
     tr_config_rope_inv_freq(cfg, inv);
     for (int32_t i = 0; i < cfg->head_dim / 2; i++) m->inv_freq[i] = (float)inv[i];
@@ -255,6 +262,7 @@ void tr_model_free(tr_model *m) {
     free(m->ids);
     free(m->pos);
     free(m->doc_start);
+    if (m->emb_scratch) m->be->ops->free(m->be, m->emb_scratch);
     memset(m, 0, sizeof *m);
 }
 
@@ -472,5 +480,5 @@ void tr_model_backward(tr_model *m) {
         op->rmsnorm_backward(be, a->d_res, g->attn_norm, a->d_ln, a->residual[l], w->attn_norm,
                              la->ln1_rstd, T, C);
     }
-    op->embedding_backward(be, m->g.embed, a->d_res, m->ids, T, C);
+    op->embedding_backward(be, m->g.embed, a->d_res, m->ids, T, C, m->emb_scratch);
 }

@@ -76,6 +76,7 @@ typedef struct tr_model {
     int32_t *doc_start;         // [max_tokens + 1]
     tr_doc_layout docs;         // points at the three arrays above; n_tokens 0 before forward
     bool logits_cached;         // acts.logits holds all T rows of the current forward
+    void *emb_scratch;          // backend memory for embedding_backward (training; NULL if 0)
 } tr_model;
 
 struct tr_arena;

@@ -81,9 +81,12 @@ typedef struct tr_ops {
     // out[T,C] = table[ids[t], :]; ids are checked by the caller.
     void (*embedding_forward)(tr_backend *be, float *out, const int32_t *ids,
                               const float *table, int32_t T, int32_t C);
-    // dtable[ids[t], :] += dout[t, :] (deterministic: fixed order over t)
+    // dtable[ids[t], :] += dout[t, :], each row adding its tokens' rows in token order (the
+    // same bits on every backend). scratch: embedding_scratch_bytes(T) bytes of backend
+    // memory, NULL when that is 0; scratch sized for T serves any smaller T.
     void (*embedding_backward)(tr_backend *be, float *dtable, const float *dout,
-                               const int32_t *ids, int32_t T, int32_t C);
+                               const int32_t *ids, int32_t T, int32_t C, void *scratch);
+    size_t (*embedding_scratch_bytes)(tr_backend *be, int32_t T);
 
     // out = in * rstd * w with rstd[t] = 1/sqrt(mean(in[t]^2) + eps), saved for backward.
     void (*rmsnorm_forward)(tr_backend *be, float *out, float *rstd, const float *in,

@@ -22,6 +22,7 @@ static const tr_ops cpu_ops = {
     .matmul_backward = tr_cpu_matmul_backward,
     .embedding_forward = tr_cpu_embedding_forward,
     .embedding_backward = tr_cpu_embedding_backward,
+    .embedding_scratch_bytes = tr_cpu_embedding_scratch_bytes,
     .rmsnorm_forward = tr_cpu_rmsnorm_forward,
     .rmsnorm_backward = tr_cpu_rmsnorm_backward,
     .rope_forward = tr_cpu_rope_forward,

@@ -69,7 +69,8 @@ void tr_cpu_matmul_backward(tr_backend *be, float *din, float *dw, float *dbias,
 void tr_cpu_embedding_forward(tr_backend *be, float *out, const int32_t *ids,
                               const float *table, int32_t T, int32_t C);
 void tr_cpu_embedding_backward(tr_backend *be, float *dtable, const float *dout,
-                               const int32_t *ids, int32_t T, int32_t C);
+                               const int32_t *ids, int32_t T, int32_t C, void *scratch);
+size_t tr_cpu_embedding_scratch_bytes(tr_backend *be, int32_t T);
 
 void tr_cpu_rmsnorm_forward(tr_backend *be, float *out, float *rstd, const float *in,
                             const float *w, float eps, int32_t T, int32_t C);

@@ -133,13 +133,14 @@ static void g_embedding_forward(tr_backend *be, float *out, const int32_t *ids,
 }
 
 static void g_embedding_backward(tr_backend *be, float *dtable, const float *dout,
-                                 const int32_t *ids, int32_t T, int32_t C) {
+                                 const int32_t *ids, int32_t T, int32_t C, void *scratch) {
     const char *op = "embedding_backward";
     dev(be, dtable, F, 0, op, "dtable");
     dev(be, dout, (size_t)T * C * F, 0, op, "dout");
     dev(be, ids, (size_t)T * I, 0, op, "ids");
+    dev(be, scratch, tr_cpu_embedding_scratch_bytes(be, T), 1, op, "scratch");
     open_mem(be);
-    tr_cpu_embedding_backward(be, dtable, dout, ids, T, C);
+    tr_cpu_embedding_backward(be, dtable, dout, ids, T, C, scratch);
     close_mem(be);
 }
 
@@ -439,6 +440,7 @@ const tr_ops tr_cpu_guarded_ops = {
     .matmul_backward = g_matmul_backward,
     .embedding_forward = g_embedding_forward,
     .embedding_backward = g_embedding_backward,
+    .embedding_scratch_bytes = tr_cpu_embedding_scratch_bytes,
     .rmsnorm_forward = g_rmsnorm_forward,
     .rmsnorm_backward = g_rmsnorm_backward,
     .rope_forward = g_rope_forward,

@@ -91,6 +91,7 @@ static const tr_ops cuda_ops = {
     .matmul_backward = tr_cuda_matmul_backward,
     .embedding_forward = tr_cuda_embedding_forward,
     .embedding_backward = tr_cuda_embedding_backward,
+    .embedding_scratch_bytes = tr_cuda_embedding_scratch_bytes,
     .rmsnorm_forward = tr_cuda_rmsnorm_forward,
     .rmsnorm_backward = tr_cuda_rmsnorm_backward,
     .rope_forward = tr_cuda_rope_forward,

@@ -77,7 +77,9 @@ static tr_backend *be_of(int gpu) { return gpu ? &gpu_be : &cpu_be; }
 // bitwise. Outputs are written by op into out[i] (host arrays of len[i] floats).
 typedef void (*op_fn)(int gpu, float **out, void *arg);
 
-static void compare(const char *name, op_fn op, void *arg, int n_out, const size_t *len) {
+// exact: the op's contract fixes its arithmetic, so CUDA must also equal the CPU bitwise.
+static void compare_ex(const char *name, op_fn op, void *arg, int n_out, const size_t *len,
+                       int exact) {
     float *ref[8], *a[8], *b[8];
     for (int i = 0; i < n_out; i++) {
         ref[i] = kt_floats(len[i]);
@@ -91,11 +93,19 @@ static void compare(const char *name, op_fn op, void *arg, int n_out, const size
         double e = tr_test_rel_err(a[i], ref[i], len[i]);
         CHECKF(e <= TOL, "%s output %d: cuda vs cpu rel err %.3g", name, i, e);
         CHECKF(kt_same_bits(a[i], b[i], len[i]), "%s output %d: two cuda runs differ", name, i);
-        printf("  %-22s out %d: max err / scale %.2e\n", name, i, e);
+        if (exact)
+            CHECKF(kt_same_bits(a[i], ref[i], len[i]), "%s output %d: cuda differs from cpu",
+                   name, i);
+        printf("  %-22s out %d: max err / scale %.2e%s\n", name, i, e,
+               exact ? (kt_same_bits(a[i], ref[i], len[i]) ? ", bitwise" : ", NOT bitwise") : "");
         free(ref[i]);
         free(a[i]);
         free(b[i]);
     }
+}
+
+static void compare(const char *name, op_fn op, void *arg, int n_out, const size_t *len) {
+    compare_ex(name, op, arg, n_out, len, 0);
 }
 
 // --- matmul ---------------------------------------------------------------------------------
@@ -166,24 +176,39 @@ static void emb_backward(int gpu, float **out, void *arg) {
     float *dt = putf(gpu, e->dtable0, (size_t)e->V * e->C);
     float *dout = putf(gpu, e->dout, (size_t)e->T * e->C);
     int32_t *ids = puti(gpu, e->ids, e->T);
-    be_of(gpu)->ops->embedding_backward(be_of(gpu), dt, dout, ids, e->T, e->C);
+    void *scratch = put(gpu, NULL, be_of(gpu)->ops->embedding_scratch_bytes(be_of(gpu), e->T));
+    be_of(gpu)->ops->embedding_backward(be_of(gpu), dt, dout, ids, e->T, e->C, scratch);
     getf(gpu, out[0], dt, (size_t)e->V * e->C);
     bufs_free(gpu);
 }
 
-static void test_embedding(void) {
-    emb_arg e = {.T = 300, .C = 96, .V = 50};
+// ids: V ids drawn at random, then every `hot`-th token set to id 0 (a long run of one id);
+// both backends must give the same bits (rows add their tokens in token order).
+static void test_embedding(int32_t T, int32_t C, int32_t V, int32_t hot) {
+    emb_arg e = {.T = T, .C = C, .V = V};
     e.ids = kt_malloc((size_t)e.T * sizeof(int32_t));
-    // many repeats, the same id at the first and the last token
     for (int32_t t = 0; t < e.T; t++) e.ids[t] = (int32_t)((kt_uniform() + 1.0) * 0.5 * e.V) % e.V;
-    e.ids[e.T - 1] = e.ids[0];
+    for (int32_t t = 0; hot > 0 && t < e.T; t += hot) e.ids[t] = 0;
+    e.ids[e.T - 1] = e.ids[0];   // the same id at the first and the last token
     e.table = kt_rand((size_t)e.V * e.C, 1.0);
     e.dout = kt_rand((size_t)e.T * e.C, 1.0);
     e.dtable0 = kt_rand((size_t)e.V * e.C, 1.0);
     size_t lf[1] = {(size_t)e.T * e.C}, lb[1] = {(size_t)e.V * e.C};
-    compare("embedding_forward", emb_forward, &e, 1, lf);
-    compare("embedding_backward", emb_backward, &e, 1, lb);
+    compare_ex("embedding_forward", emb_forward, &e, 1, lf, 1);
+    compare_ex("embedding_backward", emb_backward, &e, 1, lb, 1);
     free(e.ids); free(e.table); free(e.dout); free(e.dtable0);
+}
+
+// Scratch sized for T tokens must serve every smaller T (the model sizes it once).
+static void test_embedding_scratch(void) {
+    size_t prev = 0;
+    int mono = 1;
+    for (int32_t T = 1; T <= (1 << 20); T += T < 5000 ? 1 : T / 64) {
+        size_t b = gpu_be.ops->embedding_scratch_bytes(&gpu_be, T);
+        mono &= b >= prev && b >= 3 * (size_t)T * sizeof(int32_t);
+        prev = b;
+    }
+    CHECKF(mono, "embedding_scratch_bytes is not monotone in T");
 }
 
 // --- rmsnorm --------------------------------------------------------------------------------
@@ -745,7 +770,11 @@ int main(void) {
     test_matmul(70, 96, 130);      // odd sizes: no tile divides them
     test_matmul(256, 512, 256);
     test_matmul(1, 33, 8);
-    test_embedding();
+    test_embedding(300, 96, 50, 0);
+    test_embedding(1, 33, 5, 0);
+    test_embedding(5000, 600, 7, 0);        // long runs; three column blocks
+    test_embedding(4096, 64, 100000, 3);    // mostly distinct ids, one on every third token
+    test_embedding_scratch();
     test_rmsnorm();
     test_rope();
     test_attention(300, 3, (const int32_t[]){0, 37, 38, 300}, 4, 2, 64);
