@@ -11,6 +11,7 @@ static void ctx_free(tr_tok_ctx *c) {
     pcre2_match_data_free(c->md);
     for (int i = 0; i <= TR_TOK_MAX_PRETOK; i++) free(c->levels[i].v);
     free(c->raw.v);
+    free(c->shadow);
     free(c->prefix);
     free(c->sym);
     free(c->heap);

@@ -11,6 +11,7 @@
 #include <pcre2.h>
 
 #include "data/tokenizer.h"
+#include "data/unicode_tables.h"
 #include "engine/err.h"
 
 // Ids are array indices, so a file may not ask for absurdly large ones.
@@ -71,9 +72,21 @@ size_t tr_tok_utf8_check(const char *s, size_t len);
 int32_t tr_tok_utf8_next(const char *s, size_t len, size_t *n);
 // Decodes the character that ends at s[len] (valid UTF-8 assumed).
 int32_t tr_tok_utf8_prev(const char *s, size_t len, size_t *n);
-// Unicode White_Space, as Rust's regex \s.
+// Fills the kind lookup below; tokenizer load calls it before anything reads it.
+void tr_tok_unicode_init(void);
+extern uint16_t tr_tok_kind_stage1[0x110000 / TR_UNI_BLOCK];
+extern uint8_t tr_tok_kind_stage2[TR_UNI_N_BLOCKS * TR_UNI_BLOCK];
+// The kind of a code point (see data/unicode_tables.h); out-of-range values read as U+10FFFF.
+static inline uint8_t tr_tok_kind(int32_t c) {
+    uint32_t u = (uint32_t)c <= 0x10FFFF ? (uint32_t)c : 0x10FFFF;
+    return tr_tok_kind_stage2[(size_t)tr_tok_kind_stage1[u / TR_UNI_BLOCK] * TR_UNI_BLOCK +
+                              u % TR_UNI_BLOCK];
+}
+// General category (bits 0..4) and TR_UNI_* flags (bits 5..) of a code point.
+static inline uint16_t tr_tok_props(int32_t c) { return tr_uni_kind_props[tr_tok_kind(c)]; }
+// White_Space: what lstrip/rstrip of added tokens take.
 bool tr_tok_is_space(int32_t c);
-// Rust regex's Unicode \w (alphabetic, marks, decimal digits, connector punctuation, joiners).
+// The regex crate's Unicode \w, which single_word added tokens look at.
 bool tr_tok_is_word(int32_t c);
 // Appends s with invalid UTF-8 replaced by U+FFFD per maximal subpart (Rust from_utf8_lossy).
 // out must hold 3 * len bytes; returns the bytes written.
@@ -162,12 +175,17 @@ typedef struct tr_tok_pretok {
     int behavior;
     bool invert;
     bool add_prefix_space;
+    bool jit;  // re has JIT code
+    // When set, re runs on a shadow of the text in which each non-ASCII character stands in
+    // for its class of characters; shadow_part maps a kind to that class (tokenizer_pretok.c).
+    bool shadow;
+    uint8_t shadow_part[TR_UNI_N_KINDS];
 } tr_tok_pretok;
 
-// Compiles a pattern with the options that make PCRE2 behave like Oniguruma's Ruby syntax
-// for tokenizer patterns (UTF, Unicode properties for \s \w \d, multi-line anchors); literal
-// is for Split's {"String": ...} patterns. Errors name key.
-int tr_tok_regex_compile(pcre2_code **re, const char *pat, size_t len, bool literal,
+// Compiles p->re from a tokenizer.json pattern (Oniguruma syntax) so that PCRE2 matches as
+// HF's Oniguruma does, with every Unicode class taken from the generated tables; literal is
+// for Split's {"String": ...} patterns. Errors name key.
+int tr_tok_regex_compile(tr_tok_pretok *p, const char *pat, size_t len, bool literal,
                          const char *key, tr_err *err);
 
 // ---- BPE (tokenizer_bpe.c) ----
@@ -209,6 +227,8 @@ typedef struct tr_tok_ctx {
     pcre2_match_data *md;
     tr_tok_segs levels[TR_TOK_MAX_PRETOK + 1];  // split results per pre-tokenizer step
     tr_tok_segs raw;                             // scratch for regex matches
+    char *shadow;                                // the shadow text of a regex step
+    size_t shadow_cap;
     char *prefix;                                // " " + piece for add_prefix_space
     size_t prefix_cap;
     tr_tok_symbol *sym;

@@ -175,8 +175,7 @@ static int parse_pretok(lctx *L, tr_tokenizer *t, const json_t *v, const char *k
         if (opt_bool(L, v, "use_regex", key, true, &use_regex)) return -1;
         if (use_regex) {
             snprintf(k, sizeof k, "%s.use_regex", key);
-            if (tr_tok_regex_compile(&p->re, GPT2_PATTERN, sizeof GPT2_PATTERN - 1, false, k,
-                                     L->err))
+            if (tr_tok_regex_compile(p, GPT2_PATTERN, sizeof GPT2_PATTERN - 1, false, k, L->err))
                 return tr_err_wrap(L->err, "%s", L->name);
         }
         return 0;
@@ -191,7 +190,7 @@ static int parse_pretok(lctx *L, tr_tokenizer *t, const json_t *v, const char *k
     snprintf(k, sizeof k, "%s.pattern.%s", key, re ? "Regex" : "String");
     const json_t *ps = re ? re : lit;
     if (!json_is_string(ps)) return type_err(L, k, "a string", ps);
-    if (tr_tok_regex_compile(&p->re, json_string_value(ps), json_string_length(ps), lit != NULL, k,
+    if (tr_tok_regex_compile(p, json_string_value(ps), json_string_length(ps), lit != NULL, k,
                              L->err))
         return tr_err_wrap(L->err, "%s", L->name);
     const char *beh;
@@ -645,6 +644,7 @@ static int parse_root(lctx *L, tr_tokenizer *t, const json_t *root) {
 int tr_tokenizer_load_json(tr_tokenizer **out, const char *json, size_t len, const char *name,
                            tr_err *err) {
     *out = NULL;
+    tr_tok_unicode_init();
     lctx L = {.name = name ? name : "tokenizer.json", .err = err};
     json_error_t je;
     json_t *root = json_loadb(json, len, JSON_ALLOW_NUL, &je);

@@ -411,6 +411,7 @@ static int decode_step(gen_run *run, tr_err *err) {
         g->row_slot[i] = tr_kv_seq_slot(&s->kv, pos, bs);
         g->row_len[i] = pos + 1;
     }
+    tr_kvcache_flush(&g->cache);
     note_blocks(g);
     g->segs[0] = (tr_gen_segment){.r0 = 0, .n = B, .table = g->d_tables, .stride = g->table_cap,
                                   .request = -1};

@@ -48,13 +48,26 @@ static int init_meta(tr_kvcache *c, const tr_model_config *cfg, int32_t block_si
     c->layer_floats = (size_t)n_blocks * block_floats(cfg, block_size);
     c->refs = calloc((size_t)n_blocks, sizeof(int32_t));
     c->free_ids = malloc((size_t)n_blocks * sizeof(int32_t));
-    if (!c->refs || !c->free_ids) {
+    c->cow_src = malloc((size_t)n_blocks * 3 * sizeof(int32_t));
+    if (!c->refs || !c->free_ids || !c->cow_src) {
         tr_kvcache_free(c);
         return tr_errf(err, TR_ENOMEM, "kv cache: cannot allocate the tables of %lld blocks",
                        (long long)n_blocks);
     }
+    c->cow_dst = c->cow_src + n_blocks;
+    c->cow_slots = c->cow_dst + n_blocks;
     tr_kvcache_reset(c);
     return 0;
+}
+
+// The backend side of the copy-on-write queue (the pool's floats are the caller's).
+static int init_cow(tr_kvcache *c, tr_backend *be, tr_err *err) {
+    c->be = be;
+    c->d_cow = tr_dev_alloc(be, (size_t)c->n_blocks * 3 * sizeof(int32_t), "kv cache tables",
+                            err);
+    if (c->d_cow) return 0;
+    tr_kvcache_free(c);
+    return -1;
 }
 
 // K at buf, V from the next 16-float boundary (what tr_kvcache_floats counts).
@@ -66,8 +79,8 @@ static void place_pool(tr_kvcache *c, float *buf) {
 
 int tr_kvcache_init(tr_kvcache *c, tr_backend *be, const tr_model_config *cfg,
                     int32_t block_size, int64_t max_tokens, tr_err *err) {
-    if (init_meta(c, cfg, block_size, max_tokens, err) != 0) return -1;
-    c->be = be;
+    if (init_meta(c, cfg, block_size, max_tokens, err) != 0 || init_cow(c, be, err) != 0)
+        return -1;
     size_t floats = tr_kvcache_floats(cfg, block_size, max_tokens);
     float *buf = tr_dev_alloc(be, floats * sizeof(float), "kv cache", err);
     if (!buf) {
@@ -82,8 +95,8 @@ int tr_kvcache_init(tr_kvcache *c, tr_backend *be, const tr_model_config *cfg,
 int tr_kvcache_init_in(tr_kvcache *c, tr_backend *be, const tr_model_config *cfg,
                        int32_t block_size, int64_t max_tokens, float *buf, size_t buf_floats,
                        tr_err *err) {
-    if (init_meta(c, cfg, block_size, max_tokens, err) != 0) return -1;
-    c->be = be;
+    if (init_meta(c, cfg, block_size, max_tokens, err) != 0 || init_cow(c, be, err) != 0)
+        return -1;
     size_t need = tr_kvcache_floats(cfg, block_size, max_tokens);
     if (!buf || buf_floats < need || ((uintptr_t)buf % 64) != 0) {
         int32_t n_blocks = c->n_blocks;
@@ -97,9 +110,13 @@ int tr_kvcache_init_in(tr_kvcache *c, tr_backend *be, const tr_model_config *cfg
 }
 
 void tr_kvcache_free(tr_kvcache *c) {
-    if (c->owns_pool) tr_dev_free(c->be, c->k);
+    if (c->be) {
+        if (c->owns_pool) tr_dev_free(c->be, c->k);
+        tr_dev_free(c->be, c->d_cow);
+    }
     free(c->refs);
     free(c->free_ids);
+    free(c->cow_src);
     memset(c, 0, sizeof *c);
 }
 
@@ -110,6 +127,7 @@ void tr_kvcache_reset(tr_kvcache *c) {
         c->free_ids[i] = c->n_blocks - 1 - i;
     }
     c->n_free = c->n_blocks;
+    c->n_cow = 0;
 }
 
 void tr_kvcache_rebind(tr_kvcache *c, float *buf) {
@@ -168,20 +186,30 @@ int tr_kv_seq_prepare(tr_kvcache *c, tr_kv_seq *s, int32_t pos, tr_err *err) {
         return 1;
     }
     // Shared block: copy the slots before pos (the others are about to be written or unused).
+    // The old block keeps another holder, so it is not handed out again before the flush.
     int32_t old = s->blocks[bi];
-    size_t row = (size_t)c->n_kv_heads * c->head_dim;
-    size_t n = (size_t)(pos % bs) * row;
-    const tr_ops *op = c->be->ops;
-    for (int32_t l = 0; l < c->n_layers; l++) {
-        size_t base = (size_t)l * c->layer_floats;
-        op->copy(c->be, c->k + base + (size_t)nb * bs * row, c->k + base + (size_t)old * bs * row,
-                 n * sizeof(float));
-        op->copy(c->be, c->v + base + (size_t)nb * bs * row, c->v + base + (size_t)old * bs * row,
-                 n * sizeof(float));
-    }
+    c->cow_src[c->n_cow] = old;
+    c->cow_dst[c->n_cow] = nb;
+    c->cow_slots[c->n_cow] = pos % bs;
+    c->n_cow++;
     tr_kvcache_release(c, old);
     s->blocks[bi] = nb;
     return 1;
+}
+
+void tr_kvcache_flush(tr_kvcache *c) {
+    if (c->n_cow == 0) return;
+    const tr_ops *op = c->be->ops;
+    size_t n = (size_t)c->n_cow * sizeof(int32_t), slot = (size_t)c->n_kv_heads * c->head_dim;
+    int32_t *d = c->d_cow;
+    op->upload(c->be, d, c->cow_src, n);
+    op->upload(c->be, d + c->n_blocks, c->cow_dst, n);
+    op->upload(c->be, d + 2 * (size_t)c->n_blocks, c->cow_slots, n);
+    tr_kv_pool pool = {.k = c->k, .v = c->v, .layer_bytes = c->layer_floats * sizeof(float),
+                       .n_layers = c->n_layers, .block_size = c->block_size,
+                       .slot_bytes = slot * sizeof(float)};
+    op->kv_copy_blocks(c->be, &pool, d, d + c->n_blocks, d + 2 * (size_t)c->n_blocks, c->n_cow);
+    c->n_cow = 0;
 }
 
 int tr_kv_seq_fork(tr_kvcache *c, tr_kv_seq *dst, const tr_kv_seq *src, tr_err *err) {

@@ -24,6 +24,11 @@ typedef struct tr_kvcache {
     int32_t *refs;          // [n_blocks] holders of each block; 0 = on the free list
     int32_t *free_ids;      // [n_blocks] stack of free blocks, top at n_free - 1
     int32_t n_free;
+    // Copies on write queued by tr_kv_seq_prepare until tr_kvcache_flush runs them in one op:
+    // host lists [n_blocks] each and their backend copy (3 x n_blocks).
+    int32_t *cow_src, *cow_dst, *cow_slots;
+    int32_t n_cow;
+    int32_t *d_cow;
 } tr_kvcache;
 
 // A sequence's view of the cache: its block table (storage owned by the caller, cap entries)
@@ -76,9 +81,12 @@ void tr_kvcache_release(tr_kvcache *c, int32_t block);
 void tr_kv_seq_init(tr_kv_seq *s, int32_t *table, int32_t cap);
 // Makes position pos (== s->len or inside the last block) writable: takes a new block when
 // pos opens one, or replaces a shared last block by a private copy of its first pos % bs
-// slots in every layer (copy on write). Returns the number of blocks taken (0 or 1), or -1
-// with err set when the pool is empty or the table is full.
+// slots in every layer (copy on write, queued: tr_kvcache_flush must run before the cache is
+// read or written again). Returns the number of blocks taken (0 or 1), or -1 with err set
+// when the pool is empty or the table is full.
 int tr_kv_seq_prepare(tr_kvcache *c, tr_kv_seq *s, int32_t pos, tr_err *err);
+// Runs the queued copies on write, all of them in one backend op.
+void tr_kvcache_flush(tr_kvcache *c);
 // Blocks tr_kv_seq_prepare would take for pos: 0 or 1 (no side effects).
 int32_t tr_kv_seq_blocks_needed(const tr_kvcache *c, const tr_kv_seq *s, int32_t pos);
 // dst (empty) shares every block of src: one more reference each, same length.

@@ -254,6 +254,10 @@ int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
                                             "RoPE frequencies", err)))
         rc = -1;
     if (!rc && !(m->io = tr_dev_alloc(be, layout_io(m, NULL), "batch arrays", err))) rc = -1;
+    size_t emb_bytes = m->training ? be->ops->embedding_scratch_bytes(be, m->max_tokens) : 0;
+    if (!rc && emb_bytes > 0 &&
+        !(m->emb_scratch = tr_dev_alloc(be, emb_bytes, "embedding backward scratch", err)))
+        rc = -1;
     if (!rc && opts->acts) {
         m->arena = opts->acts;
         m->arena_floats = opts->acts_floats;
@@ -295,6 +299,7 @@ void tr_model_free(tr_model *m) {
         tr_dev_free(m->be, m->grads);
         tr_dev_free(m->be, m->inv_freq);
         tr_dev_free(m->be, m->io);
+        tr_dev_free(m->be, m->emb_scratch);
         if (m->owns_arena) tr_dev_free(m->be, m->arena);
     }
     free(m->acts.residual);
@@ -577,5 +582,5 @@ void tr_model_backward(tr_model *m) {
         op->rmsnorm_backward(be, a->d_res, g->attn_norm, a->d_ln, a->residual[l], w->attn_norm,
                              la->ln1_rstd, T, C);
     }
-    op->embedding_backward(be, m->g.embed, a->d_res, m->d_ids, T, C);
+    op->embedding_backward(be, m->g.embed, a->d_res, m->d_ids, T, C, m->emb_scratch);
 }

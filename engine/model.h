@@ -87,6 +87,7 @@ typedef struct tr_model {
     int32_t *d_targets;
     float *d_out, *d_entropy, *d_dout, *d_dentropy;
     bool logits_cached;         // acts.logits holds all T rows of the current forward
+    void *emb_scratch;          // backend memory for embedding_backward (training; NULL if 0)
 } tr_model;
 
 struct tr_arena;

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/philox.h"
+
 int tr_token_sampler_init(tr_token_sampler *s, int32_t vocab, tr_err *err) {
     memset(s, 0, sizeof *s);
     if (vocab < 1) return tr_errf(err, TR_EINVAL, "sampler: vocabulary of %d tokens", vocab);
@@ -40,8 +42,8 @@ int tr_sample_params_check(const tr_sample_params *p, tr_err *err) {
 }
 
 double tr_sample_uniform(tr_rng *rng) {
-    uint32_t a = tr_rng_u32(rng) >> 5, b = tr_rng_u32(rng) >> 6;
-    return ((double)a * 67108864.0 + (double)b) * (1.0 / 9007199254740992.0);
+    uint32_t a = tr_rng_u32(rng), b = tr_rng_u32(rng);
+    return tr_philox_uniform53(a, b);
 }
 
 // Rank order: higher logit first, lower id on ties (a strict total order on ids).

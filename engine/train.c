@@ -51,6 +51,11 @@ int tr_trainer_init(tr_trainer *tr, tr_model *m, const tr_optim_cfg *opt, uint64
     tr->dout = malloc(k * sizeof(float));
     tr->dentropy = malloc(k * sizeof(float));
     tr->weights = malloc(k * sizeof(float));
+    tr->dev_sumsq = tr_dev_alloc(m->be, sizeof(double), "gradient norm", err);
+    if (!tr->dev_sumsq) {
+        tr_trainer_free(tr);
+        return -1;
+    }
     if (!tr->out || !tr->entropy || !tr->loss || !tr->dout || !tr->dentropy || !tr->weights) {
         tr_trainer_free(tr);
         return tr_errf(err, TR_ENOMEM, "trainer: cannot allocate %d-output loss scratch",
@@ -63,6 +68,7 @@ void tr_trainer_free(tr_trainer *tr) {
     if (tr->model) {
         tr_dev_free(tr->model->be, tr->adam_m);
         tr_dev_free(tr->model->be, tr->adam_v);
+        tr_dev_free(tr->model->be, tr->dev_sumsq);
     }
     free(tr->out);
     free(tr->entropy);
@@ -208,7 +214,14 @@ int tr_train_step(tr_trainer *tr, const tr_micro_batch *mbs, int32_t n, const tr
 
     const tr_ops *op = m->be->ops;
     const size_t total = m->layout.total;
-    double norm = sqrt(op->sumsq(m->be, m->grads, total));
+    // The sum of squares stays in backend memory until this one read, the step's only wait.
+    double zero = 0.0, sumsq = 0.0;
+    op->upload(m->be, tr->dev_sumsq, &zero, sizeof zero);
+    op->sumsq(m->be, tr->dev_sumsq, m->grads, total);
+    op->download(m->be, &sumsq, tr->dev_sumsq, sizeof sumsq);
+    if (tr_dev_sync(m->be, "gradient norm", err) != 0)
+        return tr_err_wrap(err, "train step %lld", (long long)tr->step + 1);
+    double norm = sqrt(sumsq);
     if (!isfinite(norm))
         return tr_errf(err, TR_EINVAL, "train step %lld: gradient norm is %g; update skipped",
                        (long long)tr->step + 1, norm);

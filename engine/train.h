@@ -74,6 +74,7 @@ typedef struct tr_trainer {
     tr_rng rng;               // the training loop's random stream, saved with the state
     int32_t max_out;          // per-micro-batch head outputs the scratch below holds
     float *out, *entropy, *loss, *dout, *dentropy, *weights;  // [max_out] scratch
+    double *dev_sumsq;        // one double of backend memory: the gradient's sum of squares
 } tr_trainer;
 
 int tr_trainer_init(tr_trainer *tr, tr_model *m, const tr_optim_cfg *opt, uint64_t seed,

@@ -37,6 +37,16 @@ typedef struct tr_kv_pages {
     int32_t head_dim;
 } tr_kv_pages;
 
+// Every layer's K and V pools at once, for block copies (kv_copy_blocks): layer l's K pool
+// starts layer_bytes after layer l-1's (V likewise), and holds blocks of block_size slots of
+// slot_bytes each, a slot being one token's n_kv_heads * head_dim values in any dtype.
+typedef struct tr_kv_pool {
+    void *k, *v;
+    size_t layer_bytes;
+    int32_t n_layers, block_size;
+    size_t slot_bytes;
+} tr_kv_pool;
+
 typedef struct tr_ops {
     const char *name;
 
@@ -71,9 +81,12 @@ typedef struct tr_ops {
     // out[T,C] = table[ids[t], :]; ids are checked by the caller.
     void (*embedding_forward)(tr_backend *be, float *out, const int32_t *ids,
                               const float *table, int32_t T, int32_t C);
-    // dtable[ids[t], :] += dout[t, :] (deterministic: fixed order over t)
+    // dtable[ids[t], :] += dout[t, :], each row adding its tokens' rows in token order (the
+    // same bits on every backend). scratch: embedding_scratch_bytes(T) bytes of backend
+    // memory, NULL when that is 0; scratch sized for T serves any smaller T.
     void (*embedding_backward)(tr_backend *be, float *dtable, const float *dout,
-                               const int32_t *ids, int32_t T, int32_t C);
+                               const int32_t *ids, int32_t T, int32_t C, void *scratch);
+    size_t (*embedding_scratch_bytes)(tr_backend *be, int32_t T);
 
     // out = in * rstd * w with rstd[t] = 1/sqrt(mean(in[t]^2) + eps), saved for backward.
     void (*rmsnorm_forward)(tr_backend *be, float *out, float *rstd, const float *in,
@@ -131,8 +144,9 @@ typedef struct tr_ops {
                                 const float *dentropy, const float *logits, const float *lse,
                                 const int32_t *target, int32_t T, int32_t V);
 
-    // Deterministic sum of squares (fixed blocking, double accumulation).
-    double (*sumsq)(tr_backend *be, const float *x, size_t n);
+    // *acc += sum of x[i]^2, in double over a fixed blocking (deterministic). acc is one double
+    // of backend memory, so nothing waits: the caller downloads it when it needs the value.
+    void (*sumsq)(tr_backend *be, double *acc, const float *x, size_t n);
     // x *= s
     void (*scale)(tr_backend *be, float *x, float s, size_t n);
     // AdamW with decoupled weight decay, bias correction at step t (1-based):
@@ -141,14 +155,27 @@ typedef struct tr_ops {
     void (*adamw)(tr_backend *be, float *p, const float *g, float *m, float *v, size_t n,
                   float lr, float b1, float b2, float eps, float wd, int32_t t);
 
-    // x[n] = value
+    // ---- buffers: filling, moving and converting backend memory in place of host loops ----
+    // x[i] = value for i < n.
     void (*fill)(tr_backend *be, float *x, float value, size_t n);
-    // out row r = src row idx[r], for r < n; rows of row_bytes bytes (any dtype).
+    // Rows of row_bytes bytes of any dtype, r < n: gather sets out row r = src row idx[r];
+    // scatter sets dst row idx[r] = rows row r, idx distinct. idx is backend memory; the rows
+    // read and the rows written do not overlap.
     void (*gather_rows)(tr_backend *be, void *out, const void *src, const int32_t *idx,
                         int32_t n, size_t row_bytes);
-    // dst row idx[r] = rows row r (idx distinct).
     void (*scatter_rows)(tr_backend *be, void *dst, const void *rows, const int32_t *idx,
                          int32_t n, size_t row_bytes);
+    // KV copy-on-write of n blocks in one call: for i < n, the first n_slots[i] slots of block
+    // src[i] are copied into block dst[i] in the K and the V pool of every layer. src, dst and
+    // n_slots are backend memory; no dst[i] is another pair's src or dst.
+    void (*kv_copy_blocks)(tr_backend *be, const tr_kv_pool *pool, const int32_t *src,
+                           const int32_t *dst, const int32_t *n_slots, int32_t n);
+    // fp32 -> bf16 rounds to nearest, ties to even (overflowing to inf); inf and -0 are kept; a
+    // NaN stays a NaN of the same sign with its top payload bits (plus the quiet bit only when
+    // all the kept ones are zero), so every bf16 survives bf16 -> fp32 -> bf16. bf16 -> fp32
+    // is exact.
+    void (*cast_f32_bf16)(tr_backend *be, uint16_t *out, const float *in, size_t n);
+    void (*cast_bf16_f32)(tr_backend *be, float *out, const uint16_t *in, size_t n);
 } tr_ops;
 
 // A backend: its op table plus its private context (thread pool, streams, handles).

@@ -22,6 +22,7 @@ static const tr_ops cpu_ops = {
     .matmul_backward = tr_cpu_matmul_backward,
     .embedding_forward = tr_cpu_embedding_forward,
     .embedding_backward = tr_cpu_embedding_backward,
+    .embedding_scratch_bytes = tr_cpu_embedding_scratch_bytes,
     .rmsnorm_forward = tr_cpu_rmsnorm_forward,
     .rmsnorm_backward = tr_cpu_rmsnorm_backward,
     .rope_forward = tr_cpu_rope_forward,
@@ -40,6 +41,9 @@ static const tr_ops cpu_ops = {
     .fill = tr_cpu_fill,
     .gather_rows = tr_cpu_gather_rows,
     .scatter_rows = tr_cpu_scatter_rows,
+    .kv_copy_blocks = tr_cpu_kv_copy_blocks,
+    .cast_f32_bf16 = tr_cpu_cast_f32_bf16,
+    .cast_bf16_f32 = tr_cpu_cast_bf16_f32,
 };
 
 // Memory: no op allocates and the context holds no scratch. Kernels work in their outputs

@@ -1,6 +1,7 @@
 // Token embedding lookup and its backward on the CPU. The backward scatters rows into the
 // table; repeated ids would race if split by tokens, so it is split by blocks of channels and
-// every block walks the tokens in order: deterministic, no atomics, no scratch.
+// every block walks the tokens in order: deterministic, no atomics, no scratch. Each table
+// row thus adds its tokens in token order, the order kernels/cuda reproduces.
 #include <string.h>
 
 #include "kernels/cpu/cpu.h"
@@ -44,8 +45,14 @@ static void emb_backward_task(void *arg, int32_t task) {
     }
 }
 
+size_t tr_cpu_embedding_scratch_bytes(tr_backend *be, int32_t T) {
+    (void)be, (void)T;
+    return 0;
+}
+
 void tr_cpu_embedding_backward(tr_backend *be, float *dtable, const float *dout,
-                               const int32_t *ids, int32_t T, int32_t C) {
+                               const int32_t *ids, int32_t T, int32_t C, void *scratch) {
+    (void)scratch;
     if (T <= 0) return;
     emb_job j = {.dtable = dtable, .dout = dout, .ids = ids, .T = T, .C = C};
     tr_cpu_run(be, tr_cpu_ceil_div(C, EMB_COLS_PER_TASK), emb_backward_task, &j, 0.5 * T * C);

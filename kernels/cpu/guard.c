@@ -133,13 +133,14 @@ static void g_embedding_forward(tr_backend *be, float *out, const int32_t *ids,
 }
 
 static void g_embedding_backward(tr_backend *be, float *dtable, const float *dout,
-                                 const int32_t *ids, int32_t T, int32_t C) {
+                                 const int32_t *ids, int32_t T, int32_t C, void *scratch) {
     const char *op = "embedding_backward";
     dev(be, dtable, F, 0, op, "dtable");
     dev(be, dout, (size_t)T * C * F, 0, op, "dout");
     dev(be, ids, (size_t)T * I, 0, op, "ids");
+    dev(be, scratch, tr_cpu_embedding_scratch_bytes(be, T), 1, op, "scratch");
     open_mem(be);
-    tr_cpu_embedding_backward(be, dtable, dout, ids, T, C);
+    tr_cpu_embedding_backward(be, dtable, dout, ids, T, C, scratch);
     close_mem(be);
 }
 
@@ -308,12 +309,12 @@ static void g_logsoftmax_backward(tr_backend *be, float *dlogits, const float *d
     close_mem(be);
 }
 
-static double g_sumsq(tr_backend *be, const float *x, size_t n) {
+static void g_sumsq(tr_backend *be, double *acc, const float *x, size_t n) {
+    dev(be, acc, sizeof(double), 0, "sumsq", "acc");
     dev(be, x, n * F, 0, "sumsq", "x");
     open_mem(be);
-    double s = tr_cpu_sumsq(be, x, n);
+    tr_cpu_sumsq(be, acc, x, n);
     close_mem(be);
-    return s;
 }
 
 static void g_scale(tr_backend *be, float *x, float s, size_t n) {
@@ -342,23 +343,85 @@ static void g_fill(tr_backend *be, float *x, float value, size_t n) {
     close_mem(be);
 }
 
+// With the memory open: every row idx[r] of base lies inside base's allocation, as it must
+// on a GPU, where a row past the buffer is another allocation's memory or a fault.
+static void rows_in(tr_backend *be, const void *base, const int32_t *idx, int32_t n,
+                    size_t row_bytes, const char *op, const char *arg) {
+    const tr_cpu_region *reg = region_of(be, base, 1);
+    const char *end = (const char *)reg->base + reg->bytes;
+    for (int32_t r = 0; r < n; r++)
+        if (idx[r] < 0 || (size_t)(end - (const char *)base) / row_bytes <= (size_t)idx[r]) {
+            char what[160];
+            snprintf(what, sizeof what, "%s row %d (idx[%d]) lies outside its allocation", arg,
+                     idx[r], r);
+            tr_cpu_guard_fail(op, what, base);
+        }
+}
+
+static void g_rows(tr_backend *be, void *to, const void *from, const int32_t *idx, int32_t n,
+                   size_t row_bytes, int scatter) {
+    const char *op = scatter ? "scatter_rows" : "gather_rows";
+    size_t all = (size_t)(n > 0 ? n : 0) * row_bytes, one = n > 0 ? row_bytes : 0;
+    dev(be, to, scatter ? one : all, n <= 0, op, scatter ? "dst" : "out");
+    dev(be, from, scatter ? all : one, n <= 0, op, scatter ? "rows" : "src");
+    dev(be, idx, (size_t)(n > 0 ? n : 0) * I, n <= 0, op, "idx");
+    open_mem(be);
+    if (n > 0 && row_bytes > 0) rows_in(be, scatter ? to : from, idx, n, row_bytes, op,
+                               scatter ? "dst" : "src");
+    if (scatter) tr_cpu_scatter_rows(be, to, from, idx, n, row_bytes);
+    else tr_cpu_gather_rows(be, to, from, idx, n, row_bytes);
+    close_mem(be);
+}
+
 static void g_gather_rows(tr_backend *be, void *out, const void *src, const int32_t *idx,
                           int32_t n, size_t row_bytes) {
-    dev(be, out, (size_t)n * row_bytes, 0, "gather_rows", "out");
-    dev(be, src, row_bytes, 0, "gather_rows", "src");
-    dev(be, idx, (size_t)n * I, 0, "gather_rows", "idx");
-    open_mem(be);
-    tr_cpu_gather_rows(be, out, src, idx, n, row_bytes);
-    close_mem(be);
+    g_rows(be, out, src, idx, n, row_bytes, 0);
 }
 
 static void g_scatter_rows(tr_backend *be, void *dst, const void *rows, const int32_t *idx,
                            int32_t n, size_t row_bytes) {
-    dev(be, dst, row_bytes, 0, "scatter_rows", "dst");
-    dev(be, rows, (size_t)n * row_bytes, 0, "scatter_rows", "rows");
-    dev(be, idx, (size_t)n * I, 0, "scatter_rows", "idx");
+    g_rows(be, dst, rows, idx, n, row_bytes, 1);
+}
+
+static void g_kv_copy_blocks(tr_backend *be, const tr_kv_pool *pool, const int32_t *src,
+                             const int32_t *dst, const int32_t *n_slots, int32_t n) {
+    const char *op = "kv_copy_blocks";
+    size_t pool_bytes = pool->layer_bytes * (size_t)pool->n_layers;
+    size_t ni = (size_t)(n > 0 ? n : 0) * I;
+    dev(be, pool->k, pool_bytes, 0, op, "pool.k");
+    dev(be, pool->v, pool_bytes, 0, op, "pool.v");
+    dev(be, src, ni, n <= 0, op, "src");
+    dev(be, dst, ni, n <= 0, op, "dst");
+    dev(be, n_slots, ni, n <= 0, op, "n_slots");
     open_mem(be);
-    tr_cpu_scatter_rows(be, dst, rows, idx, n, row_bytes);
+    size_t block_bytes = (size_t)pool->block_size * pool->slot_bytes;
+    size_t n_blocks = block_bytes ? pool->layer_bytes / block_bytes : 0;
+    for (int32_t i = 0; i < n; i++)
+        if (src[i] < 0 || (size_t)src[i] >= n_blocks || dst[i] < 0 ||
+            (size_t)dst[i] >= n_blocks || n_slots[i] < 0 || n_slots[i] > pool->block_size) {
+            char what[160];
+            snprintf(what, sizeof what, "pair %d (block %d -> %d, %d slots) is outside a "
+                     "pool of %zu blocks of %d slots", i, src[i], dst[i], n_slots[i], n_blocks,
+                     pool->block_size);
+            tr_cpu_guard_fail(op, what, pool->k);
+        }
+    tr_cpu_kv_copy_blocks(be, pool, src, dst, n_slots, n);
+    close_mem(be);
+}
+
+static void g_cast_f32_bf16(tr_backend *be, uint16_t *out, const float *in, size_t n) {
+    dev(be, out, n * sizeof(uint16_t), 0, "cast_f32_bf16", "out");
+    dev(be, in, n * F, 0, "cast_f32_bf16", "in");
+    open_mem(be);
+    tr_cpu_cast_f32_bf16(be, out, in, n);
+    close_mem(be);
+}
+
+static void g_cast_bf16_f32(tr_backend *be, float *out, const uint16_t *in, size_t n) {
+    dev(be, out, n * F, 0, "cast_bf16_f32", "out");
+    dev(be, in, n * sizeof(uint16_t), 0, "cast_bf16_f32", "in");
+    open_mem(be);
+    tr_cpu_cast_bf16_f32(be, out, in, n);
     close_mem(be);
 }
 
@@ -377,6 +440,7 @@ const tr_ops tr_cpu_guarded_ops = {
     .matmul_backward = g_matmul_backward,
     .embedding_forward = g_embedding_forward,
     .embedding_backward = g_embedding_backward,
+    .embedding_scratch_bytes = tr_cpu_embedding_scratch_bytes,
     .rmsnorm_forward = g_rmsnorm_forward,
     .rmsnorm_backward = g_rmsnorm_backward,
     .rope_forward = g_rope_forward,
@@ -395,4 +459,7 @@ const tr_ops tr_cpu_guarded_ops = {
     .fill = g_fill,
     .gather_rows = g_gather_rows,
     .scatter_rows = g_scatter_rows,
+    .kv_copy_blocks = g_kv_copy_blocks,
+    .cast_f32_bf16 = g_cast_f32_bf16,
+    .cast_bf16_f32 = g_cast_bf16_f32,
 };

@@ -2,7 +2,6 @@
 // gradient-norm clipping, scale and add. Elementwise work is split into fixed chunks; the sum
 // of squares adds fixed blocks in double and then the block sums in order.
 #include <math.h>
-#include <string.h>
 
 #include "kernels/cpu/cpu.h"
 
@@ -49,16 +48,6 @@ void tr_cpu_scale(tr_backend *be, float *x, float s, size_t n) {
     tr_cpu_run(be, opt_tasks(&j, OPT_ELEMS_PER_TASK), scale_task, &j, 0.3 * (double)n);
 }
 
-static void fill_task(void *arg, int32_t task) {
-    const opt_job *j = arg;
-    for (size_t i = opt_begin(j, task), e = opt_end(j, task); i < e; i++) j->p[i] = j->s;
-}
-
-void tr_cpu_fill(tr_backend *be, float *x, float value, size_t n) {
-    opt_job j = {.p = x, .s = value, .n = n};
-    tr_cpu_run(be, opt_tasks(&j, OPT_ELEMS_PER_TASK), fill_task, &j, 0.2 * (double)n);
-}
-
 static void sumsq_task(void *arg, int32_t task) {
     const opt_job *j = arg;
     double acc[4] = {0.0, 0.0, 0.0, 0.0};
@@ -69,7 +58,7 @@ static void sumsq_task(void *arg, int32_t task) {
     j->partial[task] = (acc[0] + acc[2]) + (acc[1] + acc[3]);
 }
 
-double tr_cpu_sumsq(tr_backend *be, const float *x, size_t n) {
+void tr_cpu_sumsq(tr_backend *be, double *acc, const float *x, size_t n) {
     double partial[SUMSQ_MAX_BLOCKS];
     opt_job j = {.a = x, .n = n, .partial = partial};
     // Block size depends on n only; grown past OPT_ELEMS_PER_TASK for buffers so large that
@@ -80,7 +69,7 @@ double tr_cpu_sumsq(tr_backend *be, const float *x, size_t n) {
     tr_cpu_run(be, n_blocks, sumsq_task, &j, 0.5 * (double)n);
     double total = 0.0;
     for (int32_t b = 0; b < n_blocks; b++) total += partial[b];
-    return total;
+    *acc += total;
 }
 
 static void adamw_task(void *arg, int32_t task) {
@@ -104,20 +93,4 @@ void tr_cpu_adamw(tr_backend *be, float *p, const float *g, float *m, float *v, 
                  .bc1 = (float)(1.0 - pow((double)b1, (double)t)),
                  .bc2 = (float)(1.0 - pow((double)b2, (double)t))};
     tr_cpu_run(be, opt_tasks(&j, OPT_ELEMS_PER_TASK), adamw_task, &j, 2.0 * (double)n);
-}
-
-void tr_cpu_gather_rows(tr_backend *be, void *out, const void *src, const int32_t *idx,
-                        int32_t n, size_t row_bytes) {
-    (void)be;
-    for (int32_t r = 0; r < n; r++)
-        memcpy((char *)out + (size_t)r * row_bytes, (const char *)src + (size_t)idx[r] * row_bytes,
-               row_bytes);
-}
-
-void tr_cpu_scatter_rows(tr_backend *be, void *dst, const void *rows, const int32_t *idx,
-                         int32_t n, size_t row_bytes) {
-    (void)be;
-    for (int32_t r = 0; r < n; r++)
-        memcpy((char *)dst + (size_t)idx[r] * row_bytes, (const char *)rows + (size_t)r * row_bytes,
-               row_bytes);
 }

@@ -91,6 +91,7 @@ static const tr_ops cuda_ops = {
     .matmul_backward = tr_cuda_matmul_backward,
     .embedding_forward = tr_cuda_embedding_forward,
     .embedding_backward = tr_cuda_embedding_backward,
+    .embedding_scratch_bytes = tr_cuda_embedding_scratch_bytes,
     .rmsnorm_forward = tr_cuda_rmsnorm_forward,
     .rmsnorm_backward = tr_cuda_rmsnorm_backward,
     .rope_forward = tr_cuda_rope_forward,
@@ -109,6 +110,9 @@ static const tr_ops cuda_ops = {
     .fill = tr_cuda_fill,
     .gather_rows = tr_cuda_gather_rows,
     .scatter_rows = tr_cuda_scatter_rows,
+    .kv_copy_blocks = tr_cuda_kv_copy_blocks,
+    .cast_f32_bf16 = tr_cuda_cast_f32_bf16,
+    .cast_bf16_f32 = tr_cuda_cast_bf16_f32,
 };
 
 int tr_cuda_record(tr_cuda_ctx *ctx, const char *file, int line, const char *what,
@@ -141,9 +145,6 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device) {
     if (TR_CUDA_CHECK(be, cudaMalloc((void **)&ctx->partial,
                                      TR_CUDA_SUMSQ_BLOCKS * sizeof(double))))
         return -1;
-    if (TR_CUDA_CHECK(be, cudaMallocHost((void **)&ctx->partial_host,
-                                         TR_CUDA_SUMSQ_BLOCKS * sizeof(double))))
-        return -1;
     be->ops = &cuda_ops;
     return 0;
 }
@@ -153,7 +154,6 @@ extern "C" void tr_backend_cuda_free(tr_backend *be) {
     tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
     // Teardown errors have nobody left to report to; each release is still attempted.
     if (ctx->stream) cudaStreamSynchronize(ctx->stream);
-    if (ctx->partial_host) cudaFreeHost(ctx->partial_host);
     if (ctx->partial) cudaFree(ctx->partial);
     if (ctx->blas) cublasDestroy(ctx->blas);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);

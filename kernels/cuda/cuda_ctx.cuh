@@ -16,7 +16,6 @@ typedef struct tr_cuda_ctx {
     cudaStream_t stream;
     cublasHandle_t blas;
     double *partial;        // device, TR_CUDA_SUMSQ_BLOCKS doubles
-    double *partial_host;   // pinned, same size
     int sync_each_op;       // TROUPE_SYNC_EACH_OP=1: every op waits and names itself on failure
     int failed;
     char msg[512];
@@ -101,7 +100,8 @@ void tr_cuda_matmul_backward(tr_backend *be, float *din, float *dw, float *dbias
 void tr_cuda_embedding_forward(tr_backend *be, float *out, const int32_t *ids,
                                const float *table, int32_t T, int32_t C);
 void tr_cuda_embedding_backward(tr_backend *be, float *dtable, const float *dout,
-                                const int32_t *ids, int32_t T, int32_t C);
+                                const int32_t *ids, int32_t T, int32_t C, void *scratch);
+size_t tr_cuda_embedding_scratch_bytes(tr_backend *be, int32_t T);
 void tr_cuda_rmsnorm_forward(tr_backend *be, float *out, float *rstd, const float *in,
                              const float *w, float eps, int32_t T, int32_t C);
 void tr_cuda_rmsnorm_backward(tr_backend *be, float *din, float *dw, const float *dout,
@@ -132,12 +132,16 @@ void tr_cuda_logsoftmax_backward(tr_backend *be, float *dlogits, const float *dl
                                  const float *dentropy, const float *logits, const float *lse,
                                  const int32_t *target, int32_t T, int32_t V);
 void tr_cuda_add(tr_backend *be, float *out, const float *a, const float *b, size_t n);
-double tr_cuda_sumsq(tr_backend *be, const float *x, size_t n);
+void tr_cuda_sumsq(tr_backend *be, double *acc, const float *x, size_t n);
 void tr_cuda_scale(tr_backend *be, float *x, float s, size_t n);
+void tr_cuda_adamw(tr_backend *be, float *p, const float *g, float *m, float *v, size_t n,
+                   float lr, float b1, float b2, float eps, float wd, int32_t t);
 void tr_cuda_fill(tr_backend *be, float *x, float value, size_t n);
 void tr_cuda_gather_rows(tr_backend *be, void *out, const void *src, const int32_t *idx,
                          int32_t n, size_t row_bytes);
 void tr_cuda_scatter_rows(tr_backend *be, void *dst, const void *rows, const int32_t *idx,
                           int32_t n, size_t row_bytes);
-void tr_cuda_adamw(tr_backend *be, float *p, const float *g, float *m, float *v, size_t n,
-                   float lr, float b1, float b2, float eps, float wd, int32_t t);
+void tr_cuda_kv_copy_blocks(tr_backend *be, const tr_kv_pool *pool, const int32_t *src,
+                            const int32_t *dst, const int32_t *n_slots, int32_t n);
+void tr_cuda_cast_f32_bf16(tr_backend *be, uint16_t *out, const float *in, size_t n);
+void tr_cuda_cast_bf16_f32(tr_backend *be, float *out, const uint16_t *in, size_t n);

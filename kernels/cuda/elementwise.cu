@@ -60,51 +60,8 @@ void tr_cuda_add(tr_backend *be, float *out, const float *a, const float *b, siz
     TR_CUDA_LAUNCHED(be, "add");
 }
 
-static __global__ void fill_kernel(float *x, float v, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        x[i] = v;
-}
-
-void tr_cuda_fill(tr_backend *be, float *x, float value, size_t n) {
-    if (n == 0) return;
-    fill_kernel<<<tr_cuda_grid(n, EW_THREADS), EW_THREADS, 0, tr_cuda_stream(be)>>>(x, value, n);
-    TR_CUDA_LAUNCHED(be, "fill");
-}
-
 void tr_cuda_scale(tr_backend *be, float *x, float s, size_t n) {
     if (n == 0) return;
     scale_kernel<<<tr_cuda_grid(n, EW_THREADS), EW_THREADS, 0, tr_cuda_stream(be)>>>(x, s, n);
     TR_CUDA_LAUNCHED(be, "scale");
-}
-
-// One thread per 4-byte word of a row (row_bytes is a multiple of 4 for every caller).
-static __global__ void rows_kernel(uint32_t *dst, const uint32_t *src, const int32_t *idx,
-                                   int32_t n, size_t words, int scatter) {
-    size_t total = (size_t)n * words;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
-         i += (size_t)gridDim.x * blockDim.x) {
-        size_t r = i / words, w = i % words;
-        size_t other = (size_t)idx[r] * words + w;
-        if (scatter) dst[other] = src[i];
-        else dst[i] = src[other];
-    }
-}
-
-void tr_cuda_gather_rows(tr_backend *be, void *out, const void *src, const int32_t *idx,
-                         int32_t n, size_t row_bytes) {
-    size_t words = row_bytes / 4;
-    if (n <= 0 || words == 0) return;
-    rows_kernel<<<tr_cuda_grid((size_t)n * words, EW_THREADS), EW_THREADS, 0, tr_cuda_stream(be)>>>(
-        (uint32_t *)out, (const uint32_t *)src, idx, n, words, 0);
-    TR_CUDA_LAUNCHED(be, "gather_rows");
-}
-
-void tr_cuda_scatter_rows(tr_backend *be, void *dst, const void *rows, const int32_t *idx,
-                          int32_t n, size_t row_bytes) {
-    size_t words = row_bytes / 4;
-    if (n <= 0 || words == 0) return;
-    rows_kernel<<<tr_cuda_grid((size_t)n * words, EW_THREADS), EW_THREADS, 0, tr_cuda_stream(be)>>>(
-        (uint32_t *)dst, (const uint32_t *)rows, idx, n, words, 1);
-    TR_CUDA_LAUNCHED(be, "scatter_rows");
 }

@@ -1,6 +1,7 @@
 // Optimizer-step ops on the GPU: AdamW, and the sum of squares behind gradient-norm clipping.
 // sumsq is deterministic: fixed-size blocks (the size depends on n only) summed in double in
-// a fixed tree order, then the block partials added in order on the host.
+// a fixed tree order, then one thread adds the block partials in order into the caller's
+// device double, so the host waits for nothing.
 #include <math.h>
 
 #include "kernels/cuda/cuda_ctx.cuh"
@@ -42,22 +43,24 @@ __global__ void sumsq_kernel(double *partial, const float *x, size_t n, size_t b
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-// Returns NAN when a CUDA call fails (the failure is recorded for tr_backend_cuda_status).
-double tr_cuda_sumsq(tr_backend *be, const float *x, size_t n) {
-    if (n == 0) return 0.0;
+// The partials of at most TR_CUDA_SUMSQ_BLOCKS blocks, in block order: a serial loop is
+// the fixed order, and a thousand additions are nothing next to the pass over x.
+__global__ void sumsq_total_kernel(double *acc, const double *partial, unsigned n_blocks) {
+    double total = 0.0;
+    for (unsigned b = 0; b < n_blocks; b++) total += partial[b];
+    *acc += total;
+}
+
+// The context's partials are reused by every call: the stream orders the calls.
+void tr_cuda_sumsq(tr_backend *be, double *acc, const float *x, size_t n) {
+    if (n == 0) return;
     tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
     size_t block = SUMSQ_MIN_BLOCK;
     if (n > block * TR_CUDA_SUMSQ_BLOCKS)
         block = (n + TR_CUDA_SUMSQ_BLOCKS - 1) / TR_CUDA_SUMSQ_BLOCKS;
     unsigned n_blocks = (unsigned)((n + block - 1) / block);
     sumsq_kernel<<<n_blocks, OPT_THREADS, 0, ctx->stream>>>(ctx->partial, x, n, block);
-    if (TR_CUDA_LAUNCHED(be, "sumsq")) return NAN;
-    if (TR_CUDA_CHECK(be, cudaMemcpyAsync(ctx->partial_host, ctx->partial,
-                                          n_blocks * sizeof(double), cudaMemcpyDeviceToHost,
-                                          ctx->stream)))
-        return NAN;
-    if (TR_CUDA_CHECK(be, cudaStreamSynchronize(ctx->stream))) return NAN;
-    double total = 0.0;
-    for (unsigned b = 0; b < n_blocks; b++) total += ctx->partial_host[b];
-    return total;
+    if (TR_CUDA_LAUNCHED(be, "sumsq")) return;
+    sumsq_total_kernel<<<1, 1, 0, ctx->stream>>>(acc, ctx->partial, n_blocks);
+    TR_CUDA_LAUNCHED(be, "sumsq total");
 }

@@ -115,6 +115,7 @@ int main(void) {
     int32_t shared_block = ta[1];
     CHECK(tr_kv_seq_blocks_needed(&c, &b, 6) == 1);
     CHECK(tr_kv_seq_prepare(&c, &b, 6, &err) == 1);
+    tr_kvcache_flush(&c);
     CHECK(b.blocks[0] == a.blocks[0] && b.blocks[1] != shared_block);
     CHECK(c.refs[shared_block] == 1 && c.refs[b.blocks[1]] == 1 && c.refs[ta[0]] == 2);
     CHECK(reads_back(&c, &b, 1, 0, 6));   // the prefix came along

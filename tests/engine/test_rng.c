@@ -1,6 +1,9 @@
 // Philox4x32-10 against the published known-answer vectors (Random123 kat_vectors), plus
-// the statistics of the uniform and normal draws and exact resumption from (seed, counter).
+// the statistics of the uniform and normal draws, exact resumption from (seed, counter), and
+// kernels/philox.h's stream step (what GPU kernels use) continuing tr_rng's stream from any
+// (seed, counter, used) position.
 #include "engine/rng.h"
+#include "kernels/philox.h"
 #include "tests/test.h"
 
 int main(void) {
@@ -42,6 +45,19 @@ int main(void) {
     tr_rng_init(&b, 7);
     b.counter = a.counter;
     for (int i = 0; i < 16; i++) CHECK(tr_rng_u32(&a) == tr_rng_u32(&b));
+    // From every offset inside a block and across block boundaries: the position alone
+    // (without tr_rng's buffered block) gives tr_rng_u32's next words.
+    for (int skip = 0; skip < 13; skip++) {
+        tr_rng c;
+        tr_rng_init(&c, 0x1234567890abcdefULL + (uint64_t)skip);
+        for (int i = 0; i < skip; i++) tr_rng_u32(&c);
+        uint64_t counter = c.counter;
+        int32_t used = c.used;
+        int same = 1;
+        for (int i = 0; i < 11; i++) same &= tr_philox_next(c.seed, &counter, &used) == tr_rng_u32(&c);
+        CHECKF(same && counter == c.counter && used == c.used, "tr_philox_next after %d words",
+               skip);
+    }
     CHECK(tr_rng_derive(1, 0) != tr_rng_derive(1, 1));
     CHECK(tr_rng_derive(1, 5) == tr_rng_derive(1, 5));
     return tr_test_summary("test_rng");

@@ -1,7 +1,8 @@
 // The CUDA backend against the CPU backend (itself checked against float64 references and
 // finite differences by the other kernel tests): every op on the same random inputs, outputs
-// within 1e-4 of the output's scale; every CUDA op run twice gives the same bits; the paged
-// decode step reproduces the CUDA training forward's rows bit for bit. Exits 77 (skip)
+// within 1e-4 of the output's scale, and the exact ones (fill, row gathers and scatters, KV
+// block copies, bf16 casts) bit for bit; every CUDA op run twice gives the same bits; the
+// paged decode step reproduces the CUDA training forward's rows bit for bit. Exits 77 (skip)
 // without a CUDA device.
 #include <stdint.h>
 
@@ -76,7 +77,9 @@ static tr_backend *be_of(int gpu) { return gpu ? &gpu_be : &cpu_be; }
 // bitwise. Outputs are written by op into out[i] (host arrays of len[i] floats).
 typedef void (*op_fn)(int gpu, float **out, void *arg);
 
-static void compare(const char *name, op_fn op, void *arg, int n_out, const size_t *len) {
+// exact: the op's contract fixes its arithmetic, so CUDA must also equal the CPU bitwise.
+static void compare_ex(const char *name, op_fn op, void *arg, int n_out, const size_t *len,
+                       int exact) {
     float *ref[8], *a[8], *b[8];
     for (int i = 0; i < n_out; i++) {
         ref[i] = kt_floats(len[i]);
@@ -90,11 +93,19 @@ static void compare(const char *name, op_fn op, void *arg, int n_out, const size
         double e = tr_test_rel_err(a[i], ref[i], len[i]);
         CHECKF(e <= TOL, "%s output %d: cuda vs cpu rel err %.3g", name, i, e);
         CHECKF(kt_same_bits(a[i], b[i], len[i]), "%s output %d: two cuda runs differ", name, i);
-        printf("  %-22s out %d: max err / scale %.2e\n", name, i, e);
+        if (exact)
+            CHECKF(kt_same_bits(a[i], ref[i], len[i]), "%s output %d: cuda differs from cpu",
+                   name, i);
+        printf("  %-22s out %d: max err / scale %.2e%s\n", name, i, e,
+               exact ? (kt_same_bits(a[i], ref[i], len[i]) ? ", bitwise" : ", NOT bitwise") : "");
         free(ref[i]);
         free(a[i]);
         free(b[i]);
     }
+}
+
+static void compare(const char *name, op_fn op, void *arg, int n_out, const size_t *len) {
+    compare_ex(name, op, arg, n_out, len, 0);
 }
 
 // --- matmul ---------------------------------------------------------------------------------
@@ -165,24 +176,39 @@ static void emb_backward(int gpu, float **out, void *arg) {
     float *dt = putf(gpu, e->dtable0, (size_t)e->V * e->C);
     float *dout = putf(gpu, e->dout, (size_t)e->T * e->C);
     int32_t *ids = puti(gpu, e->ids, e->T);
-    be_of(gpu)->ops->embedding_backward(be_of(gpu), dt, dout, ids, e->T, e->C);
+    void *scratch = put(gpu, NULL, be_of(gpu)->ops->embedding_scratch_bytes(be_of(gpu), e->T));
+    be_of(gpu)->ops->embedding_backward(be_of(gpu), dt, dout, ids, e->T, e->C, scratch);
     getf(gpu, out[0], dt, (size_t)e->V * e->C);
     bufs_free(gpu);
 }
 
-static void test_embedding(void) {
-    emb_arg e = {.T = 300, .C = 96, .V = 50};
+// ids: V ids drawn at random, then every `hot`-th token set to id 0 (a long run of one id);
+// both backends must give the same bits (rows add their tokens in token order).
+static void test_embedding(int32_t T, int32_t C, int32_t V, int32_t hot) {
+    emb_arg e = {.T = T, .C = C, .V = V};
     e.ids = kt_malloc((size_t)e.T * sizeof(int32_t));
-    // many repeats, the same id at the first and the last token
     for (int32_t t = 0; t < e.T; t++) e.ids[t] = (int32_t)((kt_uniform() + 1.0) * 0.5 * e.V) % e.V;
-    e.ids[e.T - 1] = e.ids[0];
+    for (int32_t t = 0; hot > 0 && t < e.T; t += hot) e.ids[t] = 0;
+    e.ids[e.T - 1] = e.ids[0];   // the same id at the first and the last token
     e.table = kt_rand((size_t)e.V * e.C, 1.0);
     e.dout = kt_rand((size_t)e.T * e.C, 1.0);
     e.dtable0 = kt_rand((size_t)e.V * e.C, 1.0);
     size_t lf[1] = {(size_t)e.T * e.C}, lb[1] = {(size_t)e.V * e.C};
-    compare("embedding_forward", emb_forward, &e, 1, lf);
-    compare("embedding_backward", emb_backward, &e, 1, lb);
+    compare_ex("embedding_forward", emb_forward, &e, 1, lf, 1);
+    compare_ex("embedding_backward", emb_backward, &e, 1, lb, 1);
     free(e.ids); free(e.table); free(e.dout); free(e.dtable0);
+}
+
+// Scratch sized for T tokens must serve every smaller T (the model sizes it once).
+static void test_embedding_scratch(void) {
+    size_t prev = 0;
+    int mono = 1;
+    for (int32_t T = 1; T <= (1 << 20); T += T < 5000 ? 1 : T / 64) {
+        size_t b = gpu_be.ops->embedding_scratch_bytes(&gpu_be, T);
+        mono &= b >= prev && b >= 3 * (size_t)T * sizeof(int32_t);
+        prev = b;
+    }
+    CHECKF(mono, "embedding_scratch_bytes is not monotone in T");
 }
 
 // --- rmsnorm --------------------------------------------------------------------------------
@@ -494,19 +520,33 @@ static void test_elementwise(size_t n) {
     free(e.a); free(e.b); free(e.c); free(e.d0); free(e.e0);
 }
 
-// sumsq over sizes below one block, across several, and past the block-count cap.
+// sumsq over sizes below one block, across several, and past the block-count cap: into a
+// device double holding 0 (twice: the same bits) and one holding 0.5, which must end as the
+// single rounding of 0.5 + the first. CPU and CUDA order the additions inside a block
+// differently (4 lanes vs a 256-thread tree), so they agree to rounding, not bitwise: for
+// random positive terms that is about sqrt(16384) * 2^-53 ~ 1e-14 relative, while a lost or
+// repeated block partial (at least 1/1024 of the sum) is far above 1e-12.
 static void test_sumsq(void) {
     static const size_t sizes[] = {1, 1000, 16384 * 5 + 17, (size_t)16384 * 1024 + 4099};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         size_t n = sizes[i];
         float *x = kt_rand(n, 3.0);
-        double want = cpu_be.ops->sumsq(&cpu_be, x, n);
+        double want = 0.0, a, b, c, zero = 0.0, half = 0.5;
+        cpu_be.ops->sumsq(&cpu_be, &want, x, n);
         float *dx = putf(1, x, n);
-        double a = gpu_be.ops->sumsq(&gpu_be, dx, n), b = gpu_be.ops->sumsq(&gpu_be, dx, n);
+        double *acc_a = put(1, &zero, sizeof zero), *acc_b = put(1, &zero, sizeof zero);
+        double *acc_c = put(1, &half, sizeof half);
+        gpu_be.ops->sumsq(&gpu_be, acc_a, dx, n);
+        gpu_be.ops->sumsq(&gpu_be, acc_b, dx, n);
+        gpu_be.ops->sumsq(&gpu_be, acc_c, dx, n);
+        get(1, &a, acc_a, sizeof a);
+        get(1, &b, acc_b, sizeof b);
+        get(1, &c, acc_c, sizeof c);
         bufs_free(1);
         double rel = fabs(a - want) / want;
         CHECKF(rel <= 1e-12, "sumsq n=%zu: cuda %.17g cpu %.17g", n, a, want);
         CHECKF(memcmp(&a, &b, sizeof a) == 0, "sumsq n=%zu: two cuda runs differ", n);
+        CHECKF(c == 0.5 + a, "sumsq n=%zu into 0.5: %.17g, want %.17g", n, c, 0.5 + a);
         printf("  sumsq n=%-10zu rel err %.2e\n", n, rel);
         free(x);
     }
@@ -562,6 +602,155 @@ static void test_logsoftmax(int32_t T, int32_t V) {
     free(l.logits); free(l.target); free(l.dlogprob); free(l.dentropy); free(l.lse);
 }
 
+// --- buffers: fill, rows, KV block copies, casts (exact ops: CUDA equals CPU bitwise) -------
+
+static void same_bytes(const char *name, const void *cpu, const void *gpu, size_t bytes) {
+    CHECKF(memcmp(cpu, gpu, bytes) == 0, "%s: cuda differs from cpu", name);
+    printf("  %-22s %zu bytes, bitwise equal: %s\n", name, bytes,
+           memcmp(cpu, gpu, bytes) == 0 ? "yes" : "NO");
+}
+
+static uint8_t *rand_bytes(size_t n) {
+    uint8_t *b = kt_malloc(n);
+    for (size_t i = 0; i < n; i++) b[i] = (uint8_t)((kt_uniform() + 1.0) * 128.0);
+    return b;
+}
+
+// fill of an inner range: both ends are left alone
+static void fill_run(int gpu, void *out, const float *x, size_t n) {
+    float *d = putf(gpu, x, n);
+    be_of(gpu)->ops->fill(be_of(gpu), d + 3, -2.5f, n - 7);
+    get(gpu, out, d, n * sizeof(float));
+    bufs_free(gpu);
+}
+
+typedef struct rows_arg {
+    int32_t n_src, n, n_scatter;
+    size_t row_bytes, shift;   // shift: bytes the source starts past its allocation's start
+    uint8_t *src, *dst0;
+    int32_t *gidx, *sidx;
+} rows_arg;
+
+// gather then scatter of the gathered rows; out: the gathered rows, then dst
+static void rows_run(int gpu, uint8_t *out, const rows_arg *r) {
+    size_t sb = (size_t)r->n_src * r->row_bytes, ob = (size_t)r->n * r->row_bytes;
+    uint8_t *src = (uint8_t *)put(gpu, NULL, sb + r->shift) + r->shift;
+    if (gpu) {
+        char msg[256];
+        if (tr_cuda_copy_h2d(src, r->src, sb, msg, sizeof msg) != 0) die("h2d", msg);
+    } else {
+        memcpy(src, r->src, sb);
+    }
+    uint8_t *o = put(gpu, NULL, ob), *dst = put(gpu, r->dst0, sb);
+    int32_t *gidx = puti(gpu, r->gidx, r->n), *sidx = puti(gpu, r->sidx, r->n_scatter);
+    be_of(gpu)->ops->gather_rows(be_of(gpu), o, src, gidx, r->n, r->row_bytes);
+    be_of(gpu)->ops->scatter_rows(be_of(gpu), dst, o, sidx, r->n_scatter, r->row_bytes);
+    get(gpu, out, o, ob);
+    get(gpu, out + ob, dst, sb);
+    bufs_free(gpu);
+}
+
+static void test_rows(int32_t n_src, int32_t n, size_t row_bytes, size_t shift) {
+    rows_arg r = {.n_src = n_src, .n = n, .row_bytes = row_bytes, .shift = shift,
+                  .n_scatter = n < n_src ? n : n_src};
+    size_t sb = (size_t)n_src * row_bytes, ob = (size_t)n * row_bytes;
+    r.src = rand_bytes(sb);
+    r.dst0 = rand_bytes(sb);
+    r.gidx = kt_malloc((size_t)n * sizeof(int32_t));
+    r.sidx = kt_malloc((size_t)n_src * sizeof(int32_t));
+    for (int32_t i = 0; i < n; i++) r.gidx[i] = (int32_t)((kt_uniform() + 1.0) * 0.5 * n_src) % n_src;
+    for (int32_t i = 0; i < n_src; i++) r.sidx[i] = n_src - 1 - i;
+    uint8_t *a = kt_malloc(ob + sb), *b = kt_malloc(ob + sb);
+    rows_run(0, a, &r);
+    rows_run(1, b, &r);
+    char name[64];
+    snprintf(name, sizeof name, "rows %zu B +%zu", row_bytes, shift);
+    same_bytes(name, a, b, ob + sb);
+    free(r.src); free(r.dst0); free(r.gidx); free(r.sidx); free(a); free(b);
+}
+
+// all-layer copy-on-write over a pool of L x NB blocks of BS slots of `slot` bytes
+static void kv_copy_run(int gpu, uint8_t *out, int32_t L, int32_t NB, int32_t BS, size_t slot,
+                        const uint8_t *k, const uint8_t *v, const int32_t *src,
+                        const int32_t *dst, const int32_t *ns, int32_t n) {
+    size_t layer = (size_t)NB * BS * slot, bytes = (size_t)L * layer;
+    tr_kv_pool pool = {.k = put(gpu, k, bytes), .v = put(gpu, v, bytes), .layer_bytes = layer,
+                       .n_layers = L, .block_size = BS, .slot_bytes = slot};
+    int32_t *ds = puti(gpu, src, n), *dd = puti(gpu, dst, n), *dn = puti(gpu, ns, n);
+    be_of(gpu)->ops->kv_copy_blocks(be_of(gpu), &pool, ds, dd, dn, n);
+    get(gpu, out, pool.k, bytes);
+    get(gpu, out + bytes, pool.v, bytes);
+    bufs_free(gpu);
+}
+
+static void test_kv_copy(size_t slot) {
+    const int32_t L = 3, NB = 8, BS = 16, n = 5;
+    static const int32_t src[] = {0, 7, 2, 3, 1}, dst[] = {4, 5, 6, 0, 2};
+    static const int32_t ns[] = {16, 1, 0, 9, 15};
+    size_t bytes = (size_t)L * NB * BS * slot;
+    uint8_t *k = rand_bytes(bytes), *v = rand_bytes(bytes);
+    uint8_t *a = kt_malloc(2 * bytes), *b = kt_malloc(2 * bytes);
+    kv_copy_run(0, a, L, NB, BS, slot, k, v, src, dst, ns, n);
+    kv_copy_run(1, b, L, NB, BS, slot, k, v, src, dst, ns, n);
+    char name[64];
+    snprintf(name, sizeof name, "kv_copy_blocks %zu B", slot);
+    same_bytes(name, a, b, 2 * bytes);
+    free(k); free(v); free(a); free(b);
+}
+
+// every bf16 pattern to fp32; fp32 ties, their neighbours and random patterns to bf16
+static void casts_run(int gpu, uint8_t *out, const uint16_t *h, size_t nh, const float *f,
+                      size_t nf) {
+    uint16_t *dh = put(gpu, h, nh * 2), *df_out = put(gpu, NULL, nf * 2);
+    float *dh_out = putf(gpu, NULL, nh), *df = putf(gpu, f, nf);
+    be_of(gpu)->ops->cast_bf16_f32(be_of(gpu), dh_out, dh, nh);
+    be_of(gpu)->ops->cast_f32_bf16(be_of(gpu), df_out, df, nf);
+    get(gpu, out, dh_out, nh * sizeof(float));
+    get(gpu, out + nh * sizeof(float), df_out, nf * 2);
+    bufs_free(gpu);
+}
+
+static void test_buffers(void) {
+    size_t n = 100003;
+    float *x = kt_rand(n, 1.0);
+    uint8_t *a = kt_malloc(n * sizeof(float)), *b = kt_malloc(n * sizeof(float));
+    fill_run(0, a, x, n);
+    fill_run(1, b, x, n);
+    same_bytes("fill", a, b, n * sizeof(float));
+    free(x); free(a); free(b);
+
+    test_rows(300, 500, 64, 0);     // 16-byte words
+    test_rows(300, 500, 64, 4);     // misaligned source: 4-byte words
+    test_rows(300, 500, 20, 0);     // 4-byte words
+    test_rows(300, 500, 7, 0);      // bytes
+    test_rows(40, 30, 70000, 0);    // long rows
+    test_kv_copy(2 * 64 * sizeof(float));
+    test_kv_copy(12);
+    test_kv_copy(6);
+
+    const size_t nh = 65536, nr = (size_t)1 << 20, nf = 3 * nh + nr;
+    uint16_t *h = kt_malloc(nh * sizeof(uint16_t));
+    uint32_t *f = kt_malloc(nf * sizeof(uint32_t));
+    for (size_t i = 0; i < nh; i++) h[i] = (uint16_t)i;
+    for (size_t i = 0; i < nh; i++) {   // NaN patterns included: the payload rule too
+        f[3 * i] = (uint32_t)i << 16 | 0x8000u;
+        f[3 * i + 1] = (uint32_t)i << 16 | 0x7fffu;
+        f[3 * i + 2] = (uint32_t)i << 16 | 0x0001u;
+    }
+    for (size_t i = 0; i < nr; i++) {
+        uint32_t hi = (uint32_t)((kt_uniform() + 1.0) * 32768.0) & 0xffffu;
+        uint32_t lo = (uint32_t)((kt_uniform() + 1.0) * 32768.0) & 0xffffu;
+        f[3 * nh + i] = hi << 16 | lo;
+    }
+    size_t bytes = nh * sizeof(float) + nf * 2;
+    a = kt_malloc(bytes);
+    b = kt_malloc(bytes);
+    casts_run(0, a, h, nh, (const float *)f, nf);
+    casts_run(1, b, h, nh, (const float *)f, nf);
+    same_bytes("cast bf16<->f32", a, b, bytes);
+    free(h); free(f); free(a); free(b);
+}
+
 int main(void) {
     int n_dev = tr_cuda_device_count();
     if (n_dev == 0) {
@@ -581,7 +770,11 @@ int main(void) {
     test_matmul(70, 96, 130);      // odd sizes: no tile divides them
     test_matmul(256, 512, 256);
     test_matmul(1, 33, 8);
-    test_embedding();
+    test_embedding(300, 96, 50, 0);
+    test_embedding(1, 33, 5, 0);
+    test_embedding(5000, 600, 7, 0);        // long runs; three column blocks
+    test_embedding(4096, 64, 100000, 3);    // mostly distinct ids, one on every third token
+    test_embedding_scratch();
     test_rmsnorm();
     test_rope();
     test_attention(300, 3, (const int32_t[]){0, 37, 38, 300}, 4, 2, 64);
@@ -591,6 +784,7 @@ int main(void) {
     test_sumsq();
     test_logsoftmax(40, 3001);
     test_logsoftmax(3, 100);
+    test_buffers();
     CHECKF(tr_backend_cuda_status(&gpu_be, msg, sizeof msg) == 0, "cuda backend: %s", msg);
     tr_backend_cuda_free(&gpu_be);
     tr_backend_cpu_free(&cpu_be);

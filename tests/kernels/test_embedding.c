@@ -1,6 +1,7 @@
 // embedding_forward/backward: the forward is an exact row copy; the backward (with repeated
-// ids) against central differences of the float64 forward, accumulation, and bitwise equal
-// results for 1, 2 and 3 threads.
+// ids) against central differences of the float64 forward, accumulation, bitwise equal
+// results for 1, 2 and 3 threads, and bitwise the float sums of each row's tokens in token
+// order, the order the contract fixes for every backend.
 #include "tests/kernels/kernels_test.h"
 
 typedef struct emb_ref {
@@ -35,22 +36,33 @@ static void check_case(int32_t T, int32_t C, int32_t V, size_t fd_checks) {
 
     size_t nt = (size_t)V * C;
     float *dtable = kt_fill(nt, 0);
-    be.ops->embedding_backward(&be, dtable, dout, ids, T, C);
+    void *scratch = kt_malloc(be.ops->embedding_scratch_bytes(&be, T));
+    be.ops->embedding_backward(&be, dtable, dout, ids, T, C, scratch);
     double *td = kt_to_double(table, nt), *dd = kt_to_double(dout, (size_t)T * C);
     emb_ref r = {.table = td, .dout = dd, .ids = ids, .T = T, .C = C};
     double e = kt_fd_rel_err(td, nt, dtable, emb_loss, &r, fd_checks);
     CHECKF(e < 1e-6, "dtable vs finite differences (T=%d C=%d V=%d): %.3g", T, C, V, e);
 
     float *pre = kt_rand(nt, 1.0), *acc = kt_copy(pre, nt);
-    be.ops->embedding_backward(&be, acc, dout, ids, T, C);
+    be.ops->embedding_backward(&be, acc, dout, ids, T, C, scratch);
     CHECK(kt_accum_err(acc, pre, dtable, nt) < 1e-6);
+    float *ordered = kt_copy(pre, nt);   // row += each of its tokens' rows, tokens in order
+    for (int32_t t = 0; t < T; t++)
+        for (int32_t c = 0; c < C; c++)
+            ordered[(size_t)ids[t] * C + c] += dout[(size_t)t * C + c];
+    CHECKF(kt_same_bits(acc, ordered, nt), "backward is not the token-order sum (T=%d C=%d)", T,
+           C);
     tr_backend_cpu_free(&be);
+    free(scratch);
+    free(ordered);
 
     float *res[3];
     for (int32_t k = 0; k < 3; k++) {
         kt_backend(&be, k + 1);
         res[k] = kt_copy(pre, nt);
-        be.ops->embedding_backward(&be, res[k], dout, ids, T, C);
+        void *s = kt_malloc(be.ops->embedding_scratch_bytes(&be, T));
+        be.ops->embedding_backward(&be, res[k], dout, ids, T, C, s);
+        free(s);
         tr_backend_cpu_free(&be);
     }
     CHECK(kt_same_bits(res[1], res[0], nt) && kt_same_bits(res[2], res[0], nt));

@@ -1,6 +1,6 @@
 // Optimizer-step ops: AdamW against its formula written out in float64 for 3 steps (bias
 // correction, decoupled weight decay), sumsq against a float64 sum (including a buffer large
-// enough to switch to the grown block size), scale and add against direct arithmetic, and
+// enough to switch to the grown block size) and adding into what its accumulator holds, scale and add against direct arithmetic, and
 // bitwise equal results for 1, 2 and 3 threads.
 #include "tests/kernels/kernels_test.h"
 
@@ -46,7 +46,8 @@ static void check_threads(size_t n) {
         be.ops->adamw(&be, p, g, m, v, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1);
         be.ops->add(&be, o, p, a, n);
         be.ops->scale(&be, o, 0.5f, n);
-        ss[k] = be.ops->sumsq(&be, o, n);
+        ss[k] = 0.0;
+        be.ops->sumsq(&be, &ss[k], o, n);
         tr_backend_cpu_free(&be);
     }
     CHECK(kt_same_bits(res[1], res[0], 4 * n) && kt_same_bits(res[2], res[0], 4 * n));
@@ -62,8 +63,11 @@ static void check_sumsq(size_t n) {
     double ref = (double)acc;
     tr_backend be;
     kt_backend(&be, 3);
-    double s = be.ops->sumsq(&be, x, n);
+    double s = 0.0, into = 0.75;
+    be.ops->sumsq(&be, &s, x, n);
     CHECKF(fabs(s - ref) <= 1e-12 * fmax(ref, 1e-300), "sumsq n=%zu: %.17g vs %.17g", n, s, ref);
+    be.ops->sumsq(&be, &into, x, n);   // adds to what it holds: one rounding of 0.75 + s
+    CHECKF(into == 0.75 + s, "sumsq n=%zu into 0.75: %.17g, want %.17g", n, into, 0.75 + s);
     tr_backend_cpu_free(&be);
     free(x);
 }

@@ -1,0 +1,138 @@
+// Buffer ops on the CPU: fill, row gather and scatter by bytes, the all-layer KV block copy
+// of copy-on-write, and the fp32 <-> bf16 casts. No arithmetic beyond the casts' rounding, so
+// every result is exact; work is split into fixed chunks of elements or rows.
+#include <string.h>
+
+#include "kernels/cpu/cpu.h"
+
+#define MOVE_ELEMS_PER_TASK 65536
+#define MOVE_BYTES_PER_TASK (256 * 1024)
+
+typedef struct move_job {
+    float *f32;
+    const float *f32_in;
+    uint16_t *bf16;
+    const uint16_t *bf16_in;
+    float value;
+    size_t n;
+    char *dst;
+    const char *src;
+    const int32_t *idx;
+    size_t row_bytes;
+    int32_t rows_per_task, n_rows;
+    int scatter;
+    const tr_kv_pool *pool;
+    const int32_t *src_block, *dst_block, *n_slots;
+} move_job;
+
+static size_t elem_begin(int32_t task) { return (size_t)task * MOVE_ELEMS_PER_TASK; }
+static size_t elem_end(const move_job *j, int32_t task) {
+    size_t e = elem_begin(task) + MOVE_ELEMS_PER_TASK;
+    return e < j->n ? e : j->n;
+}
+static int32_t elem_tasks(size_t n) {
+    return (int32_t)((n + MOVE_ELEMS_PER_TASK - 1) / MOVE_ELEMS_PER_TASK);
+}
+
+static void fill_task(void *arg, int32_t task) {
+    const move_job *j = arg;
+    for (size_t i = elem_begin(task), e = elem_end(j, task); i < e; i++) j->f32[i] = j->value;
+}
+
+void tr_cpu_fill(tr_backend *be, float *x, float value, size_t n) {
+    move_job j = {.f32 = x, .value = value, .n = n};
+    tr_cpu_run(be, elem_tasks(n), fill_task, &j, 0.1 * (double)n);
+}
+
+static void rows_task(void *arg, int32_t task) {
+    const move_job *j = arg;
+    int32_t r0 = task * j->rows_per_task;
+    int32_t r1 = r0 + j->rows_per_task < j->n_rows ? r0 + j->rows_per_task : j->n_rows;
+    for (int32_t r = r0; r < r1; r++) {
+        size_t d = j->scatter ? (size_t)j->idx[r] : (size_t)r;
+        size_t s = j->scatter ? (size_t)r : (size_t)j->idx[r];
+        memcpy(j->dst + d * j->row_bytes, j->src + s * j->row_bytes, j->row_bytes);
+    }
+}
+
+static void rows_run(tr_backend *be, void *dst, const void *src, const int32_t *idx, int32_t n,
+                     size_t row_bytes, int scatter) {
+    if (n <= 0 || row_bytes == 0) return;
+    size_t per = MOVE_BYTES_PER_TASK / row_bytes;
+    move_job j = {.dst = dst, .src = src, .idx = idx, .row_bytes = row_bytes, .n_rows = n,
+                  .scatter = scatter,
+                  .rows_per_task = per < 1 ? 1 : per > INT32_MAX ? INT32_MAX : (int32_t)per};
+    tr_cpu_run(be, tr_cpu_ceil_div(n, j.rows_per_task), rows_task, &j,
+               0.05 * (double)n * (double)row_bytes);
+}
+
+void tr_cpu_gather_rows(tr_backend *be, void *out, const void *src, const int32_t *idx,
+                        int32_t n, size_t row_bytes) {
+    rows_run(be, out, src, idx, n, row_bytes, 0);
+}
+
+void tr_cpu_scatter_rows(tr_backend *be, void *dst, const void *rows, const int32_t *idx,
+                         int32_t n, size_t row_bytes) {
+    rows_run(be, dst, rows, idx, n, row_bytes, 1);
+}
+
+// One task per block pair: its slots in K and V of every layer.
+static void kv_copy_task(void *arg, int32_t task) {
+    const move_job *j = arg;
+    const tr_kv_pool *p = j->pool;
+    size_t block_bytes = (size_t)p->block_size * p->slot_bytes;
+    size_t from = (size_t)j->src_block[task] * block_bytes;
+    size_t to = (size_t)j->dst_block[task] * block_bytes;
+    size_t bytes = (size_t)j->n_slots[task] * p->slot_bytes;
+    for (int32_t l = 0; l < p->n_layers; l++) {
+        size_t base = (size_t)l * p->layer_bytes;
+        memcpy((char *)p->k + base + to, (const char *)p->k + base + from, bytes);
+        memcpy((char *)p->v + base + to, (const char *)p->v + base + from, bytes);
+    }
+}
+
+void tr_cpu_kv_copy_blocks(tr_backend *be, const tr_kv_pool *pool, const int32_t *src,
+                           const int32_t *dst, const int32_t *n_slots, int32_t n) {
+    if (n <= 0) return;
+    move_job j = {.pool = pool, .src_block = src, .dst_block = dst, .n_slots = n_slots};
+    double bytes = 2.0 * pool->n_layers * pool->block_size * (double)pool->slot_bytes;
+    tr_cpu_run(be, n, kv_copy_task, &j, 0.05 * n * bytes);
+}
+
+// Round to nearest even by adding 0x7fff plus the lowest kept bit: a carry out of the low
+// half rounds up exactly when the dropped half exceeds the tie, or equals it with an odd kept
+// bit; a carry into the exponent is the correct next binade (or inf). NaNs are truncated
+// instead, since the addition could carry them into another NaN or to inf.
+static inline uint16_t bf16_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        uint16_t h = (uint16_t)(u >> 16);
+        return (h & 0x7f) ? h : (uint16_t)(h | 0x40);
+    }
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static void to_bf16_task(void *arg, int32_t task) {
+    const move_job *j = arg;
+    for (size_t i = elem_begin(task), e = elem_end(j, task); i < e; i++)
+        j->bf16[i] = bf16_of(j->f32_in[i]);
+}
+
+static void to_f32_task(void *arg, int32_t task) {
+    const move_job *j = arg;
+    for (size_t i = elem_begin(task), e = elem_end(j, task); i < e; i++) {
+        uint32_t u = (uint32_t)j->bf16_in[i] << 16;
+        memcpy(&j->f32[i], &u, sizeof u);
+    }
+}
+
+void tr_cpu_cast_f32_bf16(tr_backend *be, uint16_t *out, const float *in, size_t n) {
+    move_job j = {.bf16 = out, .f32_in = in, .n = n};
+    tr_cpu_run(be, elem_tasks(n), to_bf16_task, &j, 0.3 * (double)n);
+}
+
+void tr_cpu_cast_bf16_f32(tr_backend *be, float *out, const uint16_t *in, size_t n) {
+    move_job j = {.f32 = out, .bf16_in = in, .n = n};
+    tr_cpu_run(be, elem_tasks(n), to_f32_task, &j, 0.2 * (double)n);
+}

@@ -1,0 +1,302 @@
+// Every code point against Hugging Face tokenizers 0.23.3. The tokenizers are fixtures built
+// by tools/make_unicode_fixtures.py with the pre-tokenizer (Split regex, ByteLevel settings)
+// and normalizer of Llama 3.2's and Qwen3's released tokenizer.json, which cannot be
+// downloaded here, over a vocabulary HF trained on the test texts plus merges that make any
+// difference in splitting show in the ids; two more cover DeepSeek-V3-style Splits and a
+// pattern troupe runs without its shadow text, under NFKC. Each code point U+0000..U+10FFFF
+// but surrogates is encoded in every context of tests/fixtures/unicode/expected.json and the
+// ids must be HF's: per block of 4096 code points their CRC-32 must match, and a list of code
+// points whose properties differ between Unicode versions must give HF's ids exactly. Also
+// checks the run-time kind lookup against the generated runs.
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "data/tokenizer.h"
+#include "data/tokenizer_impl.h"
+#include "engine/file.h"
+#include "tests/test.h"
+
+static uint32_t crc_table[4][256];
+
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int t = 1; t < 4; t++)
+            crc_table[t][i] = crc_table[0][crc_table[t - 1][i] & 0xff] ^ (crc_table[t - 1][i] >> 8);
+}
+
+// CRC-32 of the ids as little-endian uint32, what Python's zlib.crc32 gives the fixture
+// (four bytes a step).
+static uint32_t ids_crc(const int32_t *ids, size_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= (uint32_t)ids[i];
+        c = crc_table[3][c & 0xff] ^ crc_table[2][c >> 8 & 0xff] ^ crc_table[1][c >> 16 & 0xff] ^
+            crc_table[0][c >> 24];
+    }
+    return c ^ 0xFFFFFFFFu;
+}
+
+static size_t put_utf8(uint32_t c, char *o) {
+    if (c < 0x80) {
+        o[0] = (char)c;
+        return 1;
+    }
+    if (c < 0x800) {
+        o[0] = (char)(0xC0 | c >> 6);
+        o[1] = (char)(0x80 | (c & 0x3F));
+        return 2;
+    }
+    if (c < 0x10000) {
+        o[0] = (char)(0xE0 | c >> 12);
+        o[1] = (char)(0x80 | (c >> 6 & 0x3F));
+        o[2] = (char)(0x80 | (c & 0x3F));
+        return 3;
+    }
+    o[0] = (char)(0xF0 | c >> 18);
+    o[1] = (char)(0x80 | (c >> 12 & 0x3F));
+    o[2] = (char)(0x80 | (c >> 6 & 0x3F));
+    o[3] = (char)(0x80 | (c & 0x3F));
+    return 4;
+}
+
+typedef struct job {
+    const tr_tokenizer *tok;
+    const char *name;
+    const json_t *ctx;
+    const char *sep;
+    uint32_t block;
+    int bad_blocks, bad_samples, checks;
+} job;
+
+static void print_ids(const char *what, const int32_t *ids, size_t n) {
+    fprintf(stderr, "    %s:", what);
+    for (size_t i = 0; i < n && i < 24; i++) fprintf(stderr, " %d", ids[i]);
+    fprintf(stderr, n > 24 ? " ...\n" : "\n");
+}
+
+// A context: its parts, joined by the code point.
+typedef struct context {
+    const char *part[8];
+    size_t len[8];
+    size_t n;
+} context;
+
+static bool context_of(const json_t *parts, context *x) {
+    x->n = json_array_size(parts);
+    if (x->n < 2 || x->n > 8) return false;
+    for (size_t k = 0; k < x->n; k++) {
+        x->part[k] = json_string_value(json_array_get(parts, k));
+        x->len[k] = json_string_length(json_array_get(parts, k));
+        if (!x->part[k] || x->len[k] > 32) return false;
+    }
+    return true;
+}
+
+static size_t put_context(const context *x, uint32_t c, char *o) {
+    size_t len = 0;
+    for (size_t k = 0; k < x->n; k++) {
+        if (k) len += put_utf8(c, o + len);
+        memcpy(o + len, x->part[k], x->len[k]);
+        len += x->len[k];
+    }
+    return len;
+}
+
+// The context as text for messages: its parts joined by "<c>".
+static void context_name(const json_t *parts, char *o, size_t cap) {
+    size_t len = 0;
+    o[0] = '\0';
+    for (size_t k = 0; k < json_array_size(parts) && len < cap; k++)
+        len += (size_t)snprintf(o + len, cap - len, "%s%s", k ? "<c>" : "",
+                                json_string_value(json_array_get(parts, k)));
+}
+
+// One context of one tokenizer: all blocks, then the samples.
+static void *run_context(void *arg) {
+    job *j = arg;
+    const json_t *parts = json_object_get(j->ctx, "parts");
+    const char *hashes = json_string_value(json_object_get(j->ctx, "hashes"));
+    char name[128];
+    context_name(parts, name, sizeof name);
+    // Contexts of the released configurations run to U+10FFFF, the others stop earlier.
+    size_t end = (size_t)json_integer_value(json_object_get(j->ctx, "end"));
+    size_t nsep = strlen(j->sep), n_blocks = end / j->block, per = nsep + 8 * (32 + 4);
+    context x;
+    bool released = strcmp(j->name, "llama32") == 0 || strcmp(j->name, "qwen3") == 0;
+    if (!hashes || strlen(hashes) != 8 * n_blocks || !context_of(parts, &x) || nsep > 64 ||
+        end % j->block != 0 || end > 0x110000 || (released && end != 0x110000) || end == 0) {
+        j->bad_blocks = -1;
+        return NULL;
+    }
+    char *text = malloc((size_t)j->block * per);
+    if (!text) {
+        j->bad_blocks = -1;
+        return NULL;
+    }
+    for (size_t b = 0; b < n_blocks; b++) {
+        size_t len = 0;
+        for (uint32_t c = (uint32_t)b * j->block; c < (uint32_t)(b + 1) * j->block; c++) {
+            if (c >= 0xD800 && c <= 0xDFFF) continue;
+            len += put_context(&x, c, text + len);
+            memcpy(text + len, j->sep, nsep);
+            len += nsep;
+        }
+        int32_t *ids = NULL;
+        size_t n = 0;
+        tr_err err = {0};
+        char want[9];
+        memcpy(want, hashes + 8 * b, 8);
+        want[8] = '\0';
+        uint32_t crc = 0;
+        int rc = tr_tokenizer_encode(j->tok, text, len, &ids, &n, &err);
+        if (rc == 0) crc = ids_crc(ids, n);
+        j->checks++;
+        if (rc || crc != (uint32_t)strtoul(want, NULL, 16)) {
+            if (j->bad_blocks++ < 8)
+                fprintf(stderr, "%s, context '%s': U+%04zX..U+%04zX differ from HF%s%s\n", j->name,
+                        name, b * j->block, (b + 1) * j->block - 1, rc ? ": " : "",
+                        rc ? err.msg : "");
+        }
+        free(ids);
+    }
+
+    const char *key;
+    const json_t *want;
+    json_object_foreach((json_t *)json_object_get(j->ctx, "samples"), key, want) {
+        uint32_t c = (uint32_t)strtoul(key, NULL, 16);
+        size_t len = put_context(&x, c, text);
+        int32_t *ids = NULL;
+        size_t n = 0;
+        tr_err err = {0};
+        int rc = tr_tokenizer_encode(j->tok, text, len, &ids, &n, &err);
+        bool same = rc == 0 && n == json_array_size(want);
+        for (size_t i = 0; same && i < n; i++)
+            same = ids[i] == json_integer_value(json_array_get(want, i));
+        j->checks++;
+        if (!same && j->bad_samples++ < 8) {
+            fprintf(stderr, "%s, context '%s', c = U+%04X:\n", j->name, name, (unsigned)c);
+            int32_t w[64];
+            size_t nw = json_array_size(want) < 64 ? json_array_size(want) : 64;
+            for (size_t i = 0; i < nw; i++)
+                w[i] = (int32_t)json_integer_value(json_array_get(want, i));
+            print_ids("HF    ", w, nw);
+            if (rc == 0) print_ids("troupe", ids, n);
+            else fprintf(stderr, "    troupe: %s\n", err.msg);
+        }
+        free(ids);
+    }
+    free(text);
+    return NULL;
+}
+
+// Loads every fixture tokenizer and lists one job per context.
+static size_t load_jobs(const json_t *toks, uint32_t block, tr_tokenizer **loaded, job *jobs,
+                        size_t cap) {
+    size_t n = 0;
+    for (size_t i = 0; i < json_array_size(toks); i++) {
+        const json_t *entry = json_array_get(toks, i);
+        const char *name = json_string_value(json_object_get(entry, "name"));
+        const char *file = json_string_value(json_object_get(entry, "file"));
+        const char *sep = json_string_value(json_object_get(entry, "separator"));
+        const json_t *ctxs = json_object_get(entry, "contexts");
+        CHECK(name && file && sep && json_array_size(ctxs) > 0);
+        if (!name || !file || !sep) continue;
+        char rel[256];
+        snprintf(rel, sizeof rel, "tests/fixtures/unicode/%s", file);
+        tr_err err = {0};
+        int rc = tr_tokenizer_load(&loaded[i], tr_test_src(rel), &err);
+        CHECKF(rc == 0, "%s: %s", name, err.msg);
+        if (rc) continue;
+        CHECKF(tr_tokenizer_token_id(loaded[i], sep) >= 0, "%s: no separator token %s", name, sep);
+        for (size_t k = 0; k < json_array_size(ctxs) && n < cap; k++)
+            jobs[n++] = (job){.tok = loaded[i], .name = name, .ctx = json_array_get(ctxs, k),
+                              .sep = sep, .block = block};
+    }
+    return n;
+}
+
+typedef struct pool {
+    job *jobs;
+    size_t n;
+    atomic_size_t next;
+} pool;
+
+static void *worker(void *arg) {
+    pool *p = arg;
+    // The last contexts (the ones with the most code points per text) go first.
+    for (size_t k; (k = atomic_fetch_add(&p->next, 1)) < p->n;) run_context(&p->jobs[p->n - 1 - k]);
+    return NULL;
+}
+
+// The contexts are independent and a loaded tokenizer is shared read-only: up to four
+// threads.
+static void check_all(const json_t *toks, uint32_t block) {
+    enum { MAX_JOBS = 64, MAX_TOKS = 16 };
+    tr_tokenizer *loaded[MAX_TOKS] = {0};
+    job jobs[MAX_JOBS];
+    CHECK(json_array_size(toks) <= MAX_TOKS);
+    if (json_array_size(toks) > MAX_TOKS) return;
+    pool p = {.jobs = jobs, .n = load_jobs(toks, block, loaded, jobs, MAX_JOBS)};
+    atomic_init(&p.next, 0);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int n_th = cpus > 4 ? 3 : cpus > 1 ? (int)cpus - 1 : 0, started = 0;
+    pthread_t th[3];
+    while (started < n_th && pthread_create(&th[started], NULL, worker, &p) == 0) started++;
+    worker(&p);
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    int released = 0;
+    for (size_t k = 0; k < p.n; k++) {
+        char cname[128];
+        const char *name = jobs[k].name;
+        context_name(json_object_get(jobs[k].ctx, "parts"), cname, sizeof cname);
+        CHECKF(jobs[k].bad_blocks == 0, "%s, context '%s': %d blocks differ", name, cname,
+               jobs[k].bad_blocks);
+        CHECKF(jobs[k].bad_samples == 0, "%s, context '%s': %d samples differ", name, cname,
+               jobs[k].bad_samples);
+        size_t end = (size_t)json_integer_value(json_object_get(jobs[k].ctx, "end"));
+        CHECKF(jobs[k].checks > (int)(end / block), "%s, context '%s': only %d checks", name,
+               cname, jobs[k].checks);
+        released += strcmp(name, "llama32") == 0 || strcmp(name, "qwen3") == 0;
+    }
+    CHECKF(released >= 4, "only %d contexts of the released configurations", released);
+    for (size_t i = 0; i < MAX_TOKS; i++) tr_tokenizer_free(loaded[i]);
+}
+
+// The two-stage kind table built at run time agrees with the generated runs everywhere.
+static void check_kind_table(void) {
+    tr_tok_unicode_init();
+    int bad = 0;
+    size_t run = 0;
+    for (uint32_t c = 0; c < 0x110000; c++) {
+        while (run + 1 < TR_UNI_N_KIND_RUNS && tr_uni_kind_runs[run + 1] >> 8 <= c) run++;
+        if (tr_tok_kind((int32_t)c) != (tr_uni_kind_runs[run] & 0xff) && bad++ < 5)
+            fprintf(stderr, "kind of U+%04X: %d, runs say %d\n", (unsigned)c,
+                    tr_tok_kind((int32_t)c), (int)(tr_uni_kind_runs[run] & 0xff));
+    }
+    CHECKF(bad == 0, "%d code points with the wrong kind", bad);
+    CHECK(tr_tok_kind(-1) == tr_tok_kind(0x10FFFF));
+    CHECK(tr_tok_kind(0x110000) == tr_tok_kind(0x10FFFF));
+}
+
+int main(void) {
+    crc_init();
+    check_kind_table();
+    json_error_t je;
+    json_t *root = json_load_file(tr_test_src("tests/fixtures/unicode/expected.json"), 0, &je);
+    CHECKF(root != NULL, "expected.json: %s", je.text);
+    if (root) {
+        uint32_t block = (uint32_t)json_integer_value(json_object_get(root, "block"));
+        CHECK(block > 0 && 0x110000 % block == 0);
+        const json_t *toks = json_object_get(root, "tokenizers");
+        if (block > 0 && 0x110000 % block == 0) check_all(toks, block);
+        json_decref(root);
+    }
+    return tr_test_summary("test_unicode");
+}

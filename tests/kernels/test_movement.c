@@ -1,0 +1,280 @@
+// Buffer ops of the CPU backend against host loops written here: fill, gather_rows and
+// scatter_rows for row sizes of every alignment (bytes around each written range untouched),
+// kv_copy_blocks against a copy of the layout's arithmetic, and the bf16 casts: every bf16
+// pattern through fp32 and back, ties to even, and random fp32 patterns against a rounding
+// reference that measures distances in double. All buffers are backend memory, so the test
+// also runs under TROUPE_CPU_GUARD=1.
+#include "tests/kernels/kernels_test.h"
+
+static tr_backend be;
+
+static void *dput(const void *host, size_t bytes) {
+    void *p = be.ops->alloc(&be, bytes);
+    if (!p) {
+        fprintf(stderr, "backend alloc of %zu bytes failed\n", bytes);
+        exit(1);
+    }
+    if (host) be.ops->upload(&be, p, host, bytes);
+    return p;
+}
+
+static void dget(void *host, const void *p, size_t bytes) {
+    char msg[256];
+    be.ops->download(&be, host, p, bytes);
+    if (be.ops->sync(&be, "test_movement", msg, sizeof msg) != 0) {
+        fprintf(stderr, "sync: %s\n", msg);
+        exit(1);
+    }
+}
+
+static uint8_t *rand_bytes(size_t n) {
+    uint8_t *b = kt_malloc(n);
+    for (size_t i = 0; i < n; i++) b[i] = (uint8_t)((kt_uniform() + 1.0) * 128.0);
+    return b;
+}
+
+// fill of x[off, off + n) inside a larger buffer: exactly those floats become value.
+static void check_fill(size_t total, size_t off, size_t n, float value) {
+    float *h = kt_rand(total, 1.0), *got = kt_floats(total);
+    float *d = dput(h, total * sizeof(float));
+    be.ops->fill(&be, d + off, value, n);
+    dget(got, d, total * sizeof(float));
+    int ok = 1;
+    for (size_t i = 0; i < total; i++) {
+        float want = i >= off && i < off + n ? value : h[i];
+        ok &= memcmp(&got[i], &want, sizeof want) == 0;
+    }
+    CHECKF(ok, "fill of %zu floats at %zu (value %g)", n, off, (double)value);
+    be.ops->free(&be, d);
+    free(h);
+    free(got);
+}
+
+// gather of n rows out of n_src (idx with repeats), then scatter of the gathered rows back
+// to distinct rows of a second buffer; rows untouched by the scatter keep their bytes.
+static void check_rows(int32_t n_src, int32_t n, size_t row_bytes) {
+    size_t src_bytes = (size_t)n_src * row_bytes, out_bytes = (size_t)n * row_bytes;
+    uint8_t *src = rand_bytes(src_bytes), *dst0 = rand_bytes(src_bytes);
+    uint8_t *got = kt_malloc(src_bytes + out_bytes);
+    int32_t *gidx = kt_malloc((size_t)n * sizeof(int32_t));
+    int32_t *sidx = kt_malloc((size_t)n_src * sizeof(int32_t));
+    for (int32_t r = 0; r < n; r++) gidx[r] = (int32_t)((kt_uniform() + 1.0) * 0.5 * n_src) % n_src;
+    gidx[0] = n_src - 1;   // the last row: its end is the buffer's end
+    for (int32_t i = 0; i < n_src; i++) sidx[i] = i;
+    for (int32_t i = n_src - 1; i > 0; i--) {   // distinct targets: a shuffled prefix
+        int32_t r = (int32_t)((kt_uniform() + 1.0) * 0.5 * (i + 1)) % (i + 1), t = sidx[i];
+        sidx[i] = sidx[r];
+        sidx[r] = t;
+    }
+    int32_t ns = n < n_src ? n : n_src;
+    uint8_t *d_src = dput(src, src_bytes), *d_out = dput(NULL, out_bytes);
+    uint8_t *d_dst = dput(dst0, src_bytes);
+    int32_t *d_gidx = dput(gidx, (size_t)n * sizeof(int32_t));
+    int32_t *d_sidx = dput(sidx, (size_t)ns * sizeof(int32_t));
+    be.ops->gather_rows(&be, d_out, d_src, d_gidx, n, row_bytes);
+    be.ops->scatter_rows(&be, d_dst, d_out, d_sidx, ns, row_bytes);
+    dget(got, d_out, out_bytes);
+    int ok = 1;
+    for (int32_t r = 0; r < n; r++)
+        ok &= memcmp(got + (size_t)r * row_bytes, src + (size_t)gidx[r] * row_bytes, row_bytes) == 0;
+    CHECKF(ok, "gather_rows: %d of %d rows of %zu bytes", n, n_src, row_bytes);
+    dget(got, d_dst, src_bytes);
+    uint8_t *want = kt_malloc(src_bytes);
+    memcpy(want, dst0, src_bytes);
+    for (int32_t r = 0; r < ns; r++)
+        memcpy(want + (size_t)sidx[r] * row_bytes, src + (size_t)gidx[r] * row_bytes, row_bytes);
+    CHECKF(memcmp(got, want, src_bytes) == 0, "scatter_rows: %d rows of %zu bytes", ns,
+           row_bytes);
+    be.ops->free(&be, d_src);
+    be.ops->free(&be, d_out);
+    be.ops->free(&be, d_dst);
+    be.ops->free(&be, d_gidx);
+    be.ops->free(&be, d_sidx);
+    free(src); free(dst0); free(got); free(gidx); free(sidx); free(want);
+}
+
+// n = 0 touches nothing.
+static void check_rows_empty(void) {
+    uint8_t h[64], got[64];
+    for (int i = 0; i < 64; i++) h[i] = (uint8_t)i;
+    uint8_t *d = dput(h, 64);
+    int32_t *idx = dput(NULL, sizeof(int32_t));
+    be.ops->gather_rows(&be, d, d + 32, idx, 0, 16);
+    be.ops->scatter_rows(&be, d, d + 32, idx, 0, 16);
+    dget(got, d, 64);
+    CHECK(memcmp(got, h, 64) == 0);
+    be.ops->free(&be, d);
+    be.ops->free(&be, idx);
+}
+
+// A pool of L layers x NB blocks x BS slots of `slot` bytes in K and V; pairs copy the first
+// n_slots of a block over another one. The reference addresses bytes as
+// ((layer * NB + block) * BS + slot) * slot_bytes, the layout kvcache.h describes.
+static void check_kv_copy(int32_t L, int32_t NB, int32_t BS, size_t slot, int32_t n,
+                          const int32_t *src, const int32_t *dst, const int32_t *n_slots) {
+    size_t layer = (size_t)NB * BS * slot, bytes = (size_t)L * layer;
+    uint8_t *k = rand_bytes(bytes), *v = rand_bytes(bytes);
+    uint8_t *wk = kt_malloc(bytes), *wv = kt_malloc(bytes), *gk = kt_malloc(bytes);
+    uint8_t *gv = kt_malloc(bytes);
+    memcpy(wk, k, bytes);
+    memcpy(wv, v, bytes);
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t l = 0; l < L; l++)
+            for (int32_t s = 0; s < n_slots[i]; s++) {
+                size_t from = (((size_t)l * NB + src[i]) * BS + s) * slot;
+                size_t to = (((size_t)l * NB + dst[i]) * BS + s) * slot;
+                memcpy(wk + to, k + from, slot);
+                memcpy(wv + to, v + from, slot);
+            }
+    size_t ni = (size_t)(n > 0 ? n : 1) * sizeof(int32_t);
+    tr_kv_pool pool = {.k = dput(k, bytes), .v = dput(v, bytes), .layer_bytes = layer,
+                       .n_layers = L, .block_size = BS, .slot_bytes = slot};
+    int32_t *d_src = dput(NULL, ni), *d_dst = dput(NULL, ni), *d_n = dput(NULL, ni);
+    if (n > 0) {
+        be.ops->upload(&be, d_src, src, (size_t)n * sizeof(int32_t));
+        be.ops->upload(&be, d_dst, dst, (size_t)n * sizeof(int32_t));
+        be.ops->upload(&be, d_n, n_slots, (size_t)n * sizeof(int32_t));
+    }
+    be.ops->kv_copy_blocks(&be, &pool, d_src, d_dst, d_n, n);
+    dget(gk, pool.k, bytes);
+    dget(gv, pool.v, bytes);
+    CHECKF(memcmp(gk, wk, bytes) == 0 && memcmp(gv, wv, bytes) == 0,
+           "kv_copy_blocks: %d layers, %d pairs, %zu-byte slots", L, n, slot);
+    be.ops->free(&be, pool.k);
+    be.ops->free(&be, pool.v);
+    be.ops->free(&be, d_src);
+    be.ops->free(&be, d_dst);
+    be.ops->free(&be, d_n);
+    free(k); free(v); free(wk); free(wv); free(gk); free(gv);
+}
+
+static float f32_of_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static uint32_t bits_of_f32(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+// The bf16 nearest to x, ties to the even pattern, found by comparing x's distance to the two
+// bf16 neighbours in double (exact: both differences fit in 53 bits). The neighbour above the
+// largest finite bf16 is taken at 2^128, where IEEE rounding overflows to inf.
+static uint16_t ref_bf16(float x) {
+    uint32_t u = bits_of_f32(x);
+    uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1);
+    if ((u & 0xffffu) == 0) return lo;
+    double ax = fabs((double)x), vlo = fabs((double)f32_of_bits((uint32_t)lo << 16));
+    double vhi = (hi & 0x7fffu) == 0x7f80u ? ldexp(1.0, 128)
+                                            : fabs((double)f32_of_bits((uint32_t)hi << 16));
+    double dlo = ax - vlo, dhi = vhi - ax;
+    if (dlo < dhi) return lo;
+    if (dhi < dlo) return hi;
+    return (lo & 1u) ? hi : lo;
+}
+
+static void check_casts(void) {
+    // every bf16 pattern: to fp32 is the pattern shifted up; back to bf16 is the pattern
+    const size_t NB = 65536;
+    uint16_t *all = kt_malloc(NB * sizeof(uint16_t)), *back = kt_malloc(NB * sizeof(uint16_t));
+    float *wide = kt_floats(NB);
+    for (size_t i = 0; i < NB; i++) all[i] = (uint16_t)i;
+    uint16_t *d_all = dput(all, NB * sizeof(uint16_t)), *d_back = dput(NULL, NB * sizeof(uint16_t));
+    float *d_wide = dput(NULL, NB * sizeof(float));
+    be.ops->cast_bf16_f32(&be, d_wide, d_all, NB);
+    be.ops->cast_f32_bf16(&be, d_back, d_wide, NB);
+    dget(wide, d_wide, NB * sizeof(float));
+    dget(back, d_back, NB * sizeof(uint16_t));
+    int ok_wide = 1, ok_back = 1;
+    for (size_t i = 0; i < NB; i++) {
+        ok_wide &= bits_of_f32(wide[i]) == (uint32_t)i << 16;
+        ok_back &= back[i] == all[i];
+    }
+    CHECKF(ok_wide, "bf16 -> fp32 is not the pattern shifted up for every bf16");
+    CHECKF(ok_back, "bf16 -> fp32 -> bf16 is not the identity for every bf16");
+    be.ops->free(&be, d_all);
+    be.ops->free(&be, d_back);
+    be.ops->free(&be, d_wide);
+
+    // fp32 inputs: for each finite bf16 h, the tie above it, just below and just above the
+    // tie; then specials and random patterns
+    const size_t NR = 1u << 20;
+    size_t n = 3 * NB + NR + 16;
+    uint32_t *in = kt_malloc(n * sizeof(uint32_t));
+    size_t m = 0;
+    for (size_t h = 0; h < NB; h++) {
+        if ((h & 0x7f80u) == 0x7f80u) continue;   // inf and NaN: no tie above them
+        uint32_t b = (uint32_t)h << 16;
+        in[m++] = b | 0x8000u;
+        in[m++] = b | 0x7fffu;
+        in[m++] = b | 0x8001u;
+    }
+    static const uint32_t special[] = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u,
+                                       0x7f7fffffu, 0xff7fffffu, 0x7f7f8000u, 0x7f7f7fffu,
+                                       0x00000001u, 0x80008000u, 0x00018000u, 0x7f800001u,
+                                       0xff800001u, 0x7fc00000u, 0x7f810000u, 0xffffffffu};
+    for (size_t i = 0; i < 16; i++) in[m++] = special[i];
+    for (size_t i = 0; i < NR; i++) {
+        uint32_t a = (uint32_t)((kt_uniform() + 1.0) * 32768.0) & 0xffffu;
+        uint32_t b = (uint32_t)((kt_uniform() + 1.0) * 32768.0) & 0xffffu;
+        in[m++] = a << 16 | b;
+    }
+    uint16_t *out = kt_malloc(m * sizeof(uint16_t));
+    float *d_in = dput(in, m * sizeof(float));
+    uint16_t *d_out = dput(NULL, m * sizeof(uint16_t));
+    be.ops->cast_f32_bf16(&be, d_out, d_in, m);
+    dget(out, d_out, m * sizeof(uint16_t));
+    size_t bad = 0;
+    for (size_t i = 0; i < m; i++) {
+        float x = f32_of_bits(in[i]);
+        int ok;
+        if (x != x) {   // NaN in, NaN of the same sign out
+            uint16_t h = out[i];
+            ok = (h & 0x7f80u) == 0x7f80u && (h & 0x7fu) != 0 && (h >> 15) == (in[i] >> 31);
+        } else {
+            ok = out[i] == ref_bf16(x);
+        }
+        if (!ok && bad++ < 5)
+            fprintf(stderr, "cast_f32_bf16(0x%08x) = 0x%04x, want 0x%04x\n", in[i], out[i],
+                    ref_bf16(x));
+    }
+    CHECKF(bad == 0, "cast_f32_bf16: %zu of %zu wrong", bad, m);
+    // named cases: ties go to the even pattern, overflow past the last tie goes to inf
+    CHECK(out[0] == 0x0000 && out[1] == 0x0000 && out[2] == 0x0001);   // 0 + tie, below, above
+    size_t s0 = m - NR - 16;
+    CHECK(out[s0 + 1] == 0x8000 && out[s0 + 6] == 0x7f80 && out[s0 + 7] == 0x7f7f);
+    CHECK(out[s0 + 9] == 0x8000 && out[s0 + 10] == 0x0002);   // -0 tie stays -0; odd tie up
+    CHECK(out[s0 + 11] == 0x7fc0 && out[s0 + 12] == 0xffc0 && out[s0 + 14] == 0x7f81);   // NaNs
+    be.ops->free(&be, d_in);
+    be.ops->free(&be, d_out);
+    free(all); free(back); free(wide); free(in); free(out);
+}
+
+int main(void) {
+    kt_seed(21);
+    kt_backend(&be, 2);
+    check_fill(1000, 0, 1000, 1.5f);
+    check_fill(300000, 17, 200001, -0.0f);   // several tasks, both ends inside the buffer
+    check_fill(64, 3, 0, 7.0f);
+    check_fill(64, 5, 50, NAN);
+    static const size_t row_sizes[] = {1, 3, 4, 6, 16, 20, 100, 4100, 70000};
+    for (size_t i = 0; i < sizeof row_sizes / sizeof row_sizes[0]; i++) {
+        check_rows(37, 50, row_sizes[i]);
+        check_rows(5, 3, row_sizes[i]);
+    }
+    check_rows(1000, 5000, 64);   // many rows: several tasks
+    check_rows_empty();
+    // 3 layers of 6 blocks of 4 slots; pairs with no, some and all slots; float and odd slots
+    static const int32_t src[] = {0, 5, 2, 1}, dst[] = {3, 4, 1, 0}, ns[] = {4, 1, 0, 3};
+    check_kv_copy(3, 6, 4, 2 * 8 * sizeof(float), 4, src, dst, ns);
+    check_kv_copy(3, 6, 4, 6, 4, src, dst, ns);
+    check_kv_copy(1, 2, 16, 128 * sizeof(float), 1, (const int32_t[]){1},
+                  (const int32_t[]){0}, (const int32_t[]){9});
+    check_kv_copy(2, 3, 4, 32, 0, NULL, NULL, NULL);
+    check_casts();
+    tr_backend_cpu_free(&be);
+    return tr_test_summary("test_movement");
+}
