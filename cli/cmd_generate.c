@@ -25,6 +25,8 @@
 #include "engine/strbuf.h"
 #include "engine/file.h"
 #include "engine/generate.h"
+#include "engine/plan.h"
+#include "kernels/backend.h"
 #include "engine/model.h"
 
 static const char *CMD = "generate";
@@ -285,8 +287,9 @@ static void gen_on_pass(void *ctx, const tr_gen_stats *stats) {
 
 int tr_cmd_generate(int argc, char **argv) {
     const char *model_dir = NULL, *prompts = NULL, *out_path = NULL, *chat_name = "chatml";
-    long n = 1, max_new = 64, top_k = 0, seed = 0, threads = 0, kv_tokens = 0;
-    long block_size = 16, max_seqs = 64, batch_tokens = 2048;
+    long n = 1, max_new = 64, top_k = 0, seed = 0, threads = 0, kv_tokens = 0, device = 0;
+    long block_size = 16, max_seqs = 0, batch_tokens = 2048;
+    const char *backend = "cpu";
     double temperature = 1.0, top_p = 1.0;
     bool progress = false, quiet = false;
     tr_arg table[] = {
@@ -309,13 +312,15 @@ int tr_cmd_generate(int argc, char **argv) {
         {"chat-format", TR_ARG_STR, &chat_name, "NAME",
          "format of \"messages\" lines: chatml or llama3 (default chatml)", false, false},
         {"threads", TR_ARG_INT, &threads, "N", "CPU threads (default: all cores)", false, false},
+        {"backend", TR_ARG_STR, &backend, "NAME", "cpu or cuda (default cpu)", false, false},
+        {"device", TR_ARG_INT, &device, "N", "CUDA device index (default 0)", false, false},
         {"kv-tokens", TR_ARG_INT, &kv_tokens, "N",
-         "KV cache size in tokens (default: what every request at once needs, at most 32768)",
-         false, false},
+         "KV cache size in tokens (default: what every request at once needs, as far as the "
+         "device's free memory allows)", false, false},
         {"block-size", TR_ARG_INT, &block_size, "N", "tokens per KV block (default 16)", false,
          false},
-        {"max-seqs", TR_ARG_INT, &max_seqs, "N", "samples decoded together (default 64)", false,
-         false},
+        {"max-seqs", TR_ARG_INT, &max_seqs, "N",
+         "samples decoded together (default: every sample at once)", false, false},
         {"batch-tokens", TR_ARG_INT, &batch_tokens, "N",
          "prompt tokens per prefill pass (default 2048)", false, false},
         {"progress", TR_ARG_FLAG, &progress, NULL,
@@ -330,7 +335,8 @@ int tr_cmd_generate(int argc, char **argv) {
     if (help) {
         tr_args_usage(CMD, "--model DIR --prompts FILE.jsonl [--out FILE] [--n N] "
                       "[--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] "
-                      "[--seed S] [--chat-format NAME] [--threads N] [--progress | --quiet]",
+                      "[--seed S] [--chat-format NAME] [--threads N] [--backend cpu|cuda] "
+                      "[--device N] [--kv-tokens N] [--max-seqs N] [--progress | --quiet]",
                       "Writes one line per sample, prompt by prompt in input order:\n"
                       "{\"index\": i, \"sample\": j, \"output_ids\": [...], \"logprobs\": [...],\n"
                       " \"finish_reason\": \"stop\"|\"length\", \"text\": ...}\n"
@@ -354,7 +360,7 @@ int tr_cmd_generate(int argc, char **argv) {
     else if (threads < 0 || threads > 1024) bad = "--threads must be in 0..1024";
     else if (kv_tokens < 0 || kv_tokens > ((long)1 << 34)) bad = "--kv-tokens must be in 0..2^34";
     else if (block_size < 1 || block_size > 4096) bad = "--block-size must be in 1..4096";
-    else if (max_seqs < 1 || max_seqs > 65536) bad = "--max-seqs must be in 1..65536";
+    else if (max_seqs < 0 || max_seqs > 65536) bad = "--max-seqs must be in 0..65536";
     else if (batch_tokens < 1 || batch_tokens > (1 << 24))
         bad = "--batch-tokens must be in 1..16777216";
     else if (tr_chat_kind_parse(chat_name) == 0) bad = "--chat-format must be chatml or llama3";
@@ -362,6 +368,7 @@ int tr_cmd_generate(int argc, char **argv) {
         fprintf(stderr, "troupe %s: %s\n", CMD, bad);
         return 2;
     }
+    if ((rc = tr_cli_backend_check(CMD, backend, device)) != 0) return rc;
     if (out_path && strcmp(out_path, "-") == 0) out_path = NULL;
 
     tr_err err = {0};
@@ -429,11 +436,7 @@ int tr_cmd_generate(int argc, char **argv) {
         prompt_tokens += p->n;
         n_out += n;
     }
-    if (kv_tokens == 0) {
-        int64_t cap = 32768 / block_size;
-        kv_tokens = (need_all < cap ? need_all : cap) * block_size;
-        if (kv_tokens < need_one * block_size) kv_tokens = need_one * block_size;
-    } else if (kv_tokens < need_one * block_size) {
+    if (kv_tokens > 0 && kv_tokens < need_one * block_size) {
         tr_errf(&err, TR_EINVAL, "--kv-tokens %ld is too small: the longest request needs %"
                 PRId64 " tokens of KV cache (its prompt and one sample of --max-new-tokens, in "
                 "blocks of %ld)", kv_tokens, need_one * block_size, block_size);
@@ -448,22 +451,33 @@ int tr_cmd_generate(int argc, char **argv) {
         tr_errf(&err, TR_ENOMEM, "out of memory for %" PRId64 " samples", n_out);
         goto done;
     }
-    if (tr_backend_cpu_init(&be, (int32_t)threads) != 0) {
-        tr_errf(&err, TR_ENOMEM, "cannot start %ld CPU threads", threads);
-        goto done;
-    }
+    if (tr_cli_backend_start(&be, backend, device, threads, &err) != 0) goto done;
     be_ok = true;
     // A pass holds at most every prompt (prefill) or every sample (decode); beyond that the
-    // zeroed activation arena would only cost time and memory.
-    int64_t rows = batch_tokens > max_seqs ? batch_tokens : max_seqs;
-    int64_t seqs = n_out < max_seqs ? n_out : max_seqs;
+    // activation arena would only cost memory.
+    int64_t seqs = max_seqs > 0 && max_seqs < n_out ? max_seqs : n_out;
+    int64_t rows = batch_tokens > seqs ? batch_tokens : seqs;
     int64_t fit = prompt_tokens > seqs ? prompt_tokens : seqs;
     if (fit < rows) rows = fit > 1 ? fit : 1;
+    // The KV cache holds every request at once where the memory allows, and at least the
+    // longest request (its prompt and one sample): the generator then takes turns.
+    tr_plan plan;
+    tr_plan_req pr = {.cfg = &cfg, .max_tokens = (int32_t)rows, .generate = true,
+                      .block_size = (int32_t)block_size, .kv_tokens = kv_tokens,
+                      .kv_want = need_all * block_size, .max_seqs = (int32_t)seqs,
+                      .max_seqs_want = (int32_t)seqs};
+    if (tr_plan_make(&be, &pr, &plan, &err) != 0) goto done;
+    if (plan.kv_tokens < need_one * block_size) {
+        tr_errf(&err, TR_ENOMEM, "the longest request needs %" PRId64 " tokens of KV cache, the "
+                "memory left after the weights holds %" PRId64, need_one * block_size,
+                plan.kv_tokens);
+        goto done;
+    }
     tr_model_opts mo = {.max_tokens = (int32_t)rows, .training = false};
     if (tr_model_load(&m, model_dir, &be, &mo, &err) != 0) goto done;
     model_ok = true;
-    tr_gen_opts go = {.kv_tokens = kv_tokens, .block_size = (int32_t)block_size,
-                      .max_seqs = (int32_t)max_seqs, .max_seq_len = (int32_t)longest};
+    tr_gen_opts go = {.kv_tokens = plan.kv_tokens, .block_size = (int32_t)block_size,
+                      .max_seqs = plan.max_seqs, .max_seq_len = (int32_t)longest};
     if (tr_generator_init(&g, &m, &go, &err) != 0) goto done;
     gen_ok = true;
     watch.outs = outs;
@@ -508,7 +522,7 @@ done:
     free(reqs);
     if (gen_ok) tr_generator_free(&g);
     if (model_ok) tr_model_free(&m);
-    if (be_ok) tr_backend_cpu_free(&be);
+    if (be_ok) tr_backend_free(&be);
     gen_input_free(&in);
     tr_tokenizer_free(tok);
     return rc == 0 ? 0 : tr_cli_fail(CMD, &err);

@@ -1,6 +1,7 @@
-// `troupe info --model DIR [--tokens N]`: what a Hugging Face checkpoint directory holds
-// (architecture, head, sizes, RoPE, token ids), its parameter count, a check of its weight
-// files without reading the data, and the memory training it in fp32 on the CPU takes.
+// `troupe info --model DIR [--tokens N] [--backend B --device N]`: what a Hugging Face
+// checkpoint directory holds (architecture, head, sizes, RoPE, token ids), its parameter
+// count, a check of its weight files without reading the data, and the memory plan of
+// training and generating with it on the chosen backend (fp32).
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -12,6 +13,8 @@
 #include "engine/err.h"
 #include "engine/file.h"
 #include "engine/model.h"
+#include "engine/plan.h"
+#include "kernels/backend.h"
 
 static const char *CMD = "info";
 
@@ -21,19 +24,6 @@ static const char *arch_name(enum tr_arch a) {
 
 static const char *head_name(enum tr_head h) {
     return h == TR_HEAD_SCORE ? "score (reward model)" : h == TR_HEAD_VALUE ? "value (critic)" : "lm";
-}
-
-static void print_bytes(const char *what, double bytes, const char *note) {
-    const char *unit = "KiB";
-    double v = bytes / 1024.0;
-    if (bytes >= 1024.0 * 1024.0 * 1024.0) {
-        unit = "GiB";
-        v = bytes / (1024.0 * 1024.0 * 1024.0);
-    } else if (bytes >= 1024.0 * 1024.0) {
-        unit = "MiB";
-        v = bytes / (1024.0 * 1024.0);
-    }
-    printf("  %-14s %10.1f %s%s%s\n", what, v, unit, note ? "  " : "", note ? note : "");
 }
 
 static void print_rope(const tr_model_config *c) {
@@ -55,28 +45,44 @@ static void print_token(const char *name, int32_t id) {
 }
 
 int tr_cmd_info(int argc, char **argv) {
-    const char *model = NULL;
-    long tokens = 4096;
+    const char *model = NULL, *backend = "cpu";
+    long tokens = 4096, device = 0, kv_tokens = 0;
+    double memory_gb = 0;
     bool help = false;
     tr_arg args[] = {
         {"model", TR_ARG_STR, &model, "DIR", "Hugging Face checkpoint directory (config.json, "
                                              "safetensors)", true, false},
         {"tokens", TR_ARG_INT, &tokens, "N", "tokens per micro-batch for the activation memory "
                                              "estimate (default 4096)", false, false},
+        {"backend", TR_ARG_STR, &backend, "NAME", "plan for cpu or cuda (default cpu)", false,
+         false},
+        {"device", TR_ARG_INT, &device, "N", "CUDA device whose free memory bounds the plan "
+                                             "(default 0)", false, false},
+        {"kv-tokens", TR_ARG_INT, &kv_tokens, "N", "KV cache tokens to plan for (default: "
+                                                   "what the memory left holds)", false, false},
+        {"memory-gb", TR_ARG_FLOAT, &memory_gb, "G", "plan with this budget instead of the "
+                                                     "device's free memory", false, false},
         {NULL, 0, NULL, NULL, NULL, false, false},
     };
     int rc = tr_args_parse(CMD, argc, argv, args, NULL, 0, NULL, &help);
     if (rc) return rc;
     if (help) {
-        tr_args_usage(CMD, "--model DIR [--tokens N]",
-                      "Prints a checkpoint's configuration, parameter count and the memory to "
-                      "train it in fp32 on the CPU.", args);
+        tr_args_usage(CMD, "--model DIR [--tokens N] [--backend cpu|cuda] [--device N] "
+                      "[--kv-tokens N] [--memory-gb G]",
+                      "Prints a checkpoint's configuration, parameter count and the memory plan "
+                      "of training it (fp32 weights, gradients, Adam moments, activations) and "
+                      "generating with it (the KV cache the memory left holds).", args);
         return 0;
     }
     if (tokens < 1 || tokens > INT32_MAX) {
         fprintf(stderr, "troupe %s: --tokens must be between 1 and %d\n", CMD, INT32_MAX);
         return 2;
     }
+    if (kv_tokens < 0 || !(memory_gb >= 0)) {
+        fprintf(stderr, "troupe %s: --kv-tokens and --memory-gb must be >= 0\n", CMD);
+        return 2;
+    }
+    if ((rc = tr_cli_backend_check(CMD, backend, device)) != 0) return rc;
 
     tr_err err = {0};
     tr_model_config c;
@@ -126,22 +132,32 @@ int tr_cmd_info(int argc, char **argv) {
                                              : "none (config only)");
     printf("parameters    %" PRIu64 " (%d tensors)\n", n_params, layout.n_tensors);
 
-    // Training in fp32 on the CPU holds four buffers laid out like the parameters (weights,
-    // gradients, Adam's first and second moments: 4 x 4 bytes per parameter, alignment
-    // padding included) plus the activation arena of one micro-batch of N tokens, which is
-    // what the engine allocates (tr_model_arena_floats): per layer and token the saved
-    // inputs of backward (residual, 2 norm outputs + rstd, q, k, v, attention output and
-    // log-sum-exp, the residual after attention, gate, up, silu(gate)*up), then the final
-    // norm, one chunk of LM logits, and backward's scratch reused by every layer.
-    tr_model_opts mo = {.max_tokens = (int32_t)tokens, .training = true};
-    double pbytes = (double)layout.total * sizeof(float);
-    double abytes = (double)tr_model_arena_floats(&c, &mo) * sizeof(float);
-    printf("memory to train in fp32 on the CPU, %ld tokens per micro-batch:\n", tokens);
-    print_bytes("parameters", pbytes, NULL);
-    print_bytes("gradients", pbytes, NULL);
-    print_bytes("adam moments", 2 * pbytes, "(first and second)");
-    print_bytes("activations", abytes, NULL);
-    print_bytes("total", 4 * pbytes + abytes, NULL);
+    // The plan of a policy that trains and generates on one device: weights, gradients and
+    // Adam's two moments (4 x 4 bytes per parameter, alignment padding included), the
+    // activation arena of one micro-batch of N tokens (what tr_model_arena_floats gives: per
+    // layer and token the saved inputs of backward, the final norm, a chunk of LM logits and
+    // backward's scratch), shared with the generation's KV cache, which gets what is left.
+    tr_backend be;
+    if (tr_cli_backend_start(&be, backend, device, 1, &err) != 0) {
+        tr_param_layout_free(&layout);
+        return tr_cli_fail(CMD, &err);
+    }
+    tr_plan plan;
+    tr_plan_req pr = {.cfg = &c, .max_tokens = (int32_t)tokens, .training = true,
+                      .generate = c.head == TR_HEAD_LM, .kv_tokens = kv_tokens,
+                      .kv_want = (int64_t)1 << 30, .max_seqs_want = (int32_t)tokens,
+                      .budget = (size_t)(memory_gb * (double)(1 << 30))};
+    int prc = tr_plan_make(&be, &pr, &plan, &err);
+    tr_backend_free(&be);
+    if (prc != 0) {
+        tr_param_layout_free(&layout);
+        return tr_cli_fail(CMD, &err);
+    }
+    char text[1024];
+    tr_plan_format(&plan, text, sizeof text);
+    printf("memory plan to train and generate in fp32 on %s%s, %ld tokens per micro-batch:\n%s",
+           backend, strcmp(backend, "cuda") == 0 ? " (this device's free memory)" : "", tokens,
+           text);
     tr_param_layout_free(&layout);
     return 0;
 }

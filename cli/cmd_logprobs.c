@@ -23,6 +23,7 @@
 #include "engine/file.h"
 #include "engine/heads.h"
 #include "engine/model.h"
+#include "kernels/backend.h"
 
 static const char *CMD = "logprobs";
 
@@ -241,7 +242,8 @@ static int run_batch(tr_model *m, const char *path, const seq_list *seqs, size_t
 
 int tr_cmd_logprobs(int argc, char **argv) {
     const char *model_dir = NULL, *data = NULL, *out_path = NULL;
-    long threads = 0, batch_tokens = 4096;
+    long threads = 0, batch_tokens = 4096, device = 0;
+    const char *backend = "cpu";
     bool progress = false, quiet = false;
     tr_arg table[] = {
         {"model", TR_ARG_STR, &model_dir, "DIR", "Hugging Face model directory (a causal LM)",
@@ -252,6 +254,8 @@ int tr_cmd_logprobs(int argc, char **argv) {
         {"out", TR_ARG_STR, &out_path, "FILE", "output JSONL ('-' or default: standard output)",
          false, false},
         {"threads", TR_ARG_INT, &threads, "N", "CPU threads (default: all cores)", false, false},
+        {"backend", TR_ARG_STR, &backend, "NAME", "cpu or cuda (default cpu)", false, false},
+        {"device", TR_ARG_INT, &device, "N", "CUDA device index (default 0)", false, false},
         {"batch-tokens", TR_ARG_INT, &batch_tokens, "N",
          "tokens per forward pass; longer sequences get a pass of their own (default 4096)",
          false, false},
@@ -266,6 +270,7 @@ int tr_cmd_logprobs(int argc, char **argv) {
     if (rc) return rc;
     if (help) {
         tr_args_usage(CMD, "--model DIR --data FILE.jsonl [--out FILE] [--threads N] "
+                      "[--backend cpu|cuda] [--device N] "
                       "[--batch-tokens N] [--progress | --quiet]",
                       "Writes one line {\"logprobs\": [...]} per input line, in input order:\n"
                       "logprobs[i] = ln p(input_ids[i+1] | input_ids[0..i]), len - 1 values.\n"
@@ -279,6 +284,7 @@ int tr_cmd_logprobs(int argc, char **argv) {
                 "1..16777216\n", CMD);
         return 2;
     }
+    if ((rc = tr_cli_backend_check(CMD, backend, device)) != 0) return rc;
     if (out_path && strcmp(out_path, "-") == 0) out_path = NULL;
 
     tr_err err = {0};
@@ -308,9 +314,8 @@ int tr_cmd_logprobs(int argc, char **argv) {
     if (total < max_tokens) max_tokens = total > longest ? (int32_t)total : longest;
 
     tr_backend be;
-    if (tr_backend_cpu_init(&be, (int32_t)threads) != 0) {
+    if (tr_cli_backend_start(&be, backend, device, threads, &err) != 0) {
         seq_list_free(&seqs);
-        tr_errf(&err, TR_ENOMEM, "cannot start %ld CPU threads", threads);
         return tr_cli_fail(CMD, &err);
     }
     tr_model m;
@@ -367,7 +372,7 @@ done:
     if (out_path) tr_cleanup_remove(o.w.tmp);
     tr_strbuf_free(&o.buf);
     if (model_ok) tr_model_free(&m);
-    tr_backend_cpu_free(&be);
+    tr_backend_free(&be);
     free(ids);
     free(targets);
     free(pos);

@@ -11,3 +11,10 @@ typedef struct tr_command {
 // Prints "troupe CMD: MESSAGE" for a tr_err and returns 1; used by every command.
 struct tr_err;
 int tr_cli_fail(const char *cmd, const struct tr_err *err);
+
+// --backend NAME --device N: usage errors print a message and return 2 (0 when fine).
+int tr_cli_backend_check(const char *cmd, const char *kind, long device);
+// Starts that backend (threads: cpu's pool), or fills err.
+struct tr_backend;
+int tr_cli_backend_start(struct tr_backend *be, const char *kind, long device, long threads,
+                         struct tr_err *err);

@@ -74,6 +74,10 @@ void tr_controller_role_setup(const tr_recipe *r, enum tr_recipe_role role, tr_r
     tr_init_args *a = &s->a;
     a->backend = r->backend == TR_RECIPE_CUDA ? "cuda" : "cpu";
     a->threads = (int32_t)r->threads;
+    a->memory_bytes = (int64_t)(r->memory_gb * (double)(1 << 30));
+    const tr_recipe_devices *dev = role == TR_RECIPE_REWARD ? &r->reward.devices : &r->models[role].devices;
+    a->devices = dev->ids;
+    a->n_devices = dev->n;
     a->max_tokens = (int32_t)r->train.micro_batch_tokens;
     a->seed = (uint64_t)r->seed;
     policy_tokenizer(r, s->tokenizer, sizeof s->tokenizer);
@@ -99,15 +103,15 @@ void tr_controller_role_setup(const tr_recipe *r, enum tr_recipe_role role, tr_r
     loss(r, &a->loss);
     if (role == TR_RECIPE_POLICY) {
         a->chat_format = chat_name(r->data.chat_format);
-        // Decode together every sample of a step's share (up to 64), with KV room for each
-        // to reach the longest row.
+        // Decode together every sample of a step's share, with KV room for each to reach
+        // the longest row, as far as the worker's memory plan allows (recipe keys override).
         int64_t dp = r->models[role].parallel.dp > 0 ? r->models[role].parallel.dp : 1;
-        int64_t seqs = r->train.prompts_per_step * r->rollout.n / dp;
-        if (seqs > 64) seqs = 64;
+        int64_t seqs = r->rollout.max_seqs > 0 ? r->rollout.max_seqs
+                                               : (r->train.prompts_per_step * r->rollout.n + dp - 1) / dp;
         if (seqs < 1) seqs = 1;
         if (seqs > a->max_tokens) seqs = a->max_tokens;
         a->max_seqs = (int32_t)seqs;
-        a->kv_tokens = seqs * r->train.max_len;
-        if (a->kv_tokens < 16384) a->kv_tokens = 16384;
+        a->kv_tokens = r->rollout.kv_tokens;
+        a->kv_want = seqs * r->train.max_len;
     }
 }

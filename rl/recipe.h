@@ -133,6 +133,8 @@ typedef struct tr_recipe_rollout {
     int64_t max_resample;    // extra generation rounds dynamic sampling may use per step
     int64_t overlong_buffer; // DAPO soft overlong punishment zone, tokens; 0 = off
     double overlong_penalty;
+    int64_t kv_tokens;       // KV cache capacity per policy rank; 0 = the memory plan's
+    int64_t max_seqs;        // samples decoding together per rank; 0 = a step's share
 } tr_recipe_rollout;
 
 typedef struct tr_recipe_algorithm {
@@ -184,6 +186,7 @@ typedef struct tr_recipe {
     char run_dir[TR_RECIPE_PATH_MAX];
     enum tr_recipe_backend backend;
     int64_t threads;  // CPU worker threads; 0 = all cores
+    double memory_gb; // memory each worker may plan with; 0 = the device's free memory
     tr_recipe_model models[TR_RECIPE_REWARD];  // policy, reference, critic
     tr_recipe_reward reward;
     tr_recipe_data data;

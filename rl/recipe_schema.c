@@ -217,6 +217,14 @@ static const tr_rkey rollout_keys[] = {
      .flags = MIN, .min = 0, .def = "0", .doc = "extra generation rounds per step for dynamic sampling"},
     {.name = "overlong", .type = TR_RK_MAP, .off = 0, .sub = overlong_keys,
      .doc = "DAPO soft overlong punishment"},
+    {.name = "kv_tokens", .type = TR_RK_INT, .off = offsetof(tr_recipe_rollout, kv_tokens),
+     .flags = UNIT, .min = 0, .max = (int64_t)1 << 34, .def = "0",
+     .doc = "KV cache tokens per policy rank; 0 = every sample of a step's share at full "
+            "length, as far as the memory plan allows"},
+    {.name = "max_seqs", .type = TR_RK_INT, .off = offsetof(tr_recipe_rollout, max_seqs),
+     .flags = UNIT, .min = 0, .max = 1 << 20, .def = "0",
+     .doc = "samples decoding together per policy rank; 0 = a step's share (at most "
+            "train.micro_batch_tokens)"},
     {0},
 };
 
@@ -322,6 +330,9 @@ const tr_rkey tr_recipe_schema[] = {
      .def = "cpu", .doc = "compute backend"},
     {.name = "threads", .type = TR_RK_INT, .off = offsetof(tr_recipe, threads), .flags = UNIT, .min = 0,
      .max = 4096, .def = "0", .doc = "CPU threads per worker; 0 = all cores"},
+    {.name = "memory_gb", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe, memory_gb), .flags = UNIT,
+     .min = 0, .max = 1e6, .def = "0",
+     .doc = "memory (GiB) each worker plans with; 0 = its device's free memory (cpu: the host's)"},
     {.name = "models", .type = TR_RK_MAP, .off = 0, .flags = TR_RK_REQUIRED, .sub = models_keys,
      .doc = "the model roles"},
     {.name = "data", .type = TR_RK_MAP, .off = offsetof(tr_recipe, data), .sub = data_keys,

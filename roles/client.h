@@ -123,8 +123,11 @@ typedef struct tr_init_args {
     uint64_t init_seed;
     const char *head;          // NULL: the checkpoint's; "value": an LM checkpoint's body with
                                // a value head drawn from init_seed (a critic from the policy)
-    const char *backend;       // "cpu"
+    const char *backend;       // "cpu" or "cuda"
     int32_t threads;           // 0 = all cores; colocated roles share the first init's pool
+    const int32_t *devices;    // rank r runs on devices[r] (r < n_devices), else on r
+    int32_t n_devices;
+    int64_t memory_bytes;      // the memory plan's budget per rank; 0 = the device's free memory
     int32_t max_tokens;        // tokens per forward (a micro-batch); every sequence must fit
     uint64_t seed;             // the trainer's random stream
     const char *tokenizer;     // tokenizer.json: response texts (policy), decoding (reward)
@@ -132,8 +135,9 @@ typedef struct tr_init_args {
     bool train;                // policy, critic: gradients and AdamW state
     tr_role_optim optim;
     tr_role_loss loss;
-    int64_t kv_tokens;         // policy: KV cache tokens (0: 16384)
-    int32_t max_seqs;          // policy: samples decoded together (0: 64)
+    int64_t kv_tokens;         // policy: KV cache tokens exactly (0: from the memory plan)
+    int64_t kv_want;           // policy: KV tokens that hold every sample of a step at once
+    int32_t max_seqs;          // policy: samples decoded together (0: kv_want's samples)
     tr_role_reward reward;     // reward role
 } tr_init_args;
 

@@ -19,14 +19,13 @@ static uint32_t n_str(const char *s) {
 }
 
 static void build_init(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, const char *op, uint64_t id) {
-    (void)rank;
     (void)ranks;
     const tr_init_args *a = ctx;
     bool has_reward = a->reward.kind && a->reward.kind[0];
-    bool has_gen = a->kv_tokens > 0 || a->max_seqs > 0;
-    uint32_t n = 5 + n_str(a->model) + n_str(a->init_config) + n_str(a->head) + n_str(a->tokenizer) +
+    bool has_gen = a->kv_tokens > 0 || a->kv_want > 0 || a->max_seqs > 0;
+    uint32_t n = 7 + n_str(a->model) + n_str(a->init_config) + n_str(a->head) + n_str(a->tokenizer) +
                  n_str(a->chat_format) + (a->init_config && a->init_config[0] ? 1 : 0) + (a->train ? 2 : 0) +
-                 (has_gen ? 2 : 0) + (has_reward ? 1 : 0);
+                 (has_gen ? 3 : 0) + (has_reward ? 1 : 0);
     tr_msg_begin_request(w, op, id, n);
     put_str_opt(w, "model", a->model);
     put_str_opt(w, "init_config", a->init_config);
@@ -34,6 +33,8 @@ static void build_init(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w,
     put_str_opt(w, "head", a->head);
     tr_msg_put_str(w, "backend", a->backend && a->backend[0] ? a->backend : "cpu");
     tr_msg_put_int(w, "threads", a->threads);
+    tr_msg_put_int(w, "device", rank < a->n_devices ? a->devices[rank] : rank);
+    tr_msg_put_int(w, "memory_bytes", a->memory_bytes);
     tr_msg_put_int(w, "max_tokens", a->max_tokens);
     tr_msg_put_uint(w, "seed", a->seed);
     put_str_opt(w, "tokenizer", a->tokenizer);
@@ -69,6 +70,7 @@ static void build_init(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w,
     }
     if (has_gen) {
         tr_msg_put_int(w, "kv_tokens", a->kv_tokens);
+        tr_msg_put_int(w, "kv_want", a->kv_want);
         tr_msg_put_int(w, "max_seqs", a->max_seqs);
     }
     if (has_reward) {

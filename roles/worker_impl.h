@@ -8,6 +8,7 @@
 #include "data/chat.h"
 #include "data/tokenizer.h"
 #include "engine/arena.h"
+#include "engine/plan.h"
 #include "engine/generate.h"
 #include "engine/loss.h"
 #include "engine/model.h"
@@ -45,8 +46,10 @@ typedef struct tr_role_ctx {
     tr_trainer trainer;
     bool has_gen;
     tr_generator gen;                 // the policy's, made at init with its KV pool in the arena
-    int64_t kv_tokens;
+    int64_t kv_tokens, kv_want;       // init's KV request (exact, or wanted: the plan decides)
     int32_t max_seqs;
+    int64_t memory_bytes;             // the plan's budget (0: the device's free memory)
+    tr_plan plan;                     // this role's memory plan, made at init
     tr_arena_need need;               // this role's share of the worker arena's sizing rule
 
     tr_tokenizer *tok;
@@ -69,7 +72,7 @@ struct tr_worker {
     int32_t rank, world;
     bool has_backend;
     tr_backend be;
-    int32_t threads;
+    int32_t threads, device;
     // Activations and KV cache of every hosted role: one region, grown while roles are
     // initialised and lent to one op at a time (engine/arena.h).
     tr_arena arena;

@@ -154,10 +154,24 @@ static const char *head_name(enum tr_head h) {
                                                               : "score (sequence classification) model";
 }
 
-// The policy's generator: every sample of a step decoding together up to max_seqs (64 by
-// default, at most a forward's rows), KV room for kv_tokens (16384 by default).
+// The role's memory plan: weights, gradients and optimizer, the arena, and for the policy the
+// KV cache and the samples decoding together, from what the device (or the budget) holds.
+static int make_plan(tr_role_ctx *rc, const tr_model_config *cfg, int32_t max_tokens, bool train, tr_err *err) {
+    bool gen = rc->kind == TR_ROLE_POLICY;
+    tr_plan_req pr = {.cfg = cfg, .max_tokens = max_tokens, .training = train, .generate = gen,
+                      .kv_tokens = rc->kv_tokens, .kv_want = rc->kv_want > 0 ? rc->kv_want : 16384,
+                      .max_seqs = rc->max_seqs, .max_seqs_want = rc->max_seqs,
+                      .budget = (size_t)rc->memory_bytes};
+    if (tr_plan_make(&rc->w->be, &pr, &rc->plan, err)) return tr_err_wrap(err, "init");
+    char text[1024];
+    tr_plan_format(&rc->plan, text, sizeof text);
+    tr_worker_logf(rc, "memory plan on %s device %d:\n%s", rc->w->be.ops->name, rc->w->device, text);
+    return 0;
+}
+
+// The policy's generator, sized by the plan.
 static tr_gen_opts gen_opts(const tr_role_ctx *rc) {
-    return (tr_gen_opts){.kv_tokens = rc->kv_tokens, .max_seqs = rc->max_seqs > 0 ? rc->max_seqs : 64};
+    return (tr_gen_opts){.kv_tokens = rc->plan.kv_tokens, .max_seqs = rc->plan.max_seqs};
 }
 
 static int load_model(tr_role_ctx *rc, const tr_msg_map *a, int32_t max_tokens, bool train, tr_err *err) {
@@ -185,6 +199,7 @@ static int load_model(tr_role_ctx *rc, const tr_msg_map *a, int32_t max_tokens, 
     // The model's activations (and the policy's KV pool) come from the worker's one arena,
     // grown here to this role's need if it is the largest so far.
     tr_worker *w = rc->w;
+    if (make_plan(rc, &cfg, max_tokens, train, err)) return -1;
     tr_model_opts mo = {.max_tokens = max_tokens, .training = train};
     tr_gen_opts go = gen_opts(rc);
     tr_arena_need_init(&rc->need, &cfg, &mo, rc->kind == TR_ROLE_POLICY ? &go : NULL);
@@ -240,23 +255,25 @@ static int load_tokenizer(tr_role_ctx *rc, const tr_msg_map *a, tr_err *err) {
 int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
     const tr_msg_map *a = &req->args;
     static const char *const keys[] = {"model", "init_config", "init_seed", "head", "backend", "threads",
-                                       "device", "max_tokens", "seed", "tokenizer", "chat_format", "train",
-                                       "optim", "loss", "kv_tokens", "max_seqs", "reward", NULL};
+                                       "device", "memory_bytes", "max_tokens", "seed", "tokenizer",
+                                       "chat_format", "train", "optim", "loss", "kv_tokens", "kv_want",
+                                       "max_seqs", "reward", NULL};
     char backend[16];
-    int64_t threads, device = 0, max_tokens, kv_tokens = 0, max_seqs = 0;
+    int64_t threads, device = 0, memory = 0, max_tokens, kv_tokens = 0, kv_want = 0, max_seqs = 0;
     uint64_t seed;
     bool train;
     if (tr_msg_check_keys(a, keys, err) || tr_msg_get_str_buf(a, "backend", backend, sizeof backend, err) ||
         tr_msg_get_int(a, "threads", &threads, err) || tr_msg_get_int(a, "max_tokens", &max_tokens, err) ||
         tr_msg_get_uint(a, "seed", &seed, err) || tr_msg_get_bool(a, "train", &train, err) ||
         tr_msg_get_int_opt(a, "kv_tokens", &kv_tokens, err) || tr_msg_get_int_opt(a, "max_seqs", &max_seqs, err) ||
-        tr_msg_get_int_opt(a, "device", &device, err))
+        tr_msg_get_int_opt(a, "device", &device, err) || tr_msg_get_int_opt(a, "memory_bytes", &memory, err) ||
+        tr_msg_get_int_opt(a, "kv_want", &kv_want, err))
         return -1;
     if (!tr_backend_built(backend))
         return tr_errf(err, TR_EUNSUPPORTED, "init: backend '%s' is not in this build of troupe", backend);
     if (device < 0 || device > 1024) return tr_errf(err, TR_EINVAL, "init: device %lld out of range", (long long)device);
     if (threads < 0 || threads > 4096 || max_tokens < 1 || max_tokens > (1 << 24) || kv_tokens < 0 ||
-        max_seqs < 0 || max_seqs > (1 << 20))
+        kv_want < 0 || memory < 0 || max_seqs < 0 || max_seqs > (1 << 20))
         return tr_errf(err, TR_EINVAL, "init: threads %lld, max_tokens %lld, kv_tokens %lld or max_seqs %lld out "
                        "of range", (long long)threads, (long long)max_tokens, (long long)kv_tokens,
                        (long long)max_seqs);
@@ -277,10 +294,12 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
             return tr_errf(err, TR_EDEVICE, "init: %s", why);
         w->has_backend = true;
         w->threads = (int32_t)threads;
+        w->device = (int32_t)device;
         w->arena.be = &w->be;
-    } else if (needs_model && strcmp(backend, w->be.ops->name) != 0) {
-        return tr_errf(err, TR_EINVAL, "init: colocated roles share one backend: %s, not %s", w->be.ops->name,
-                       backend);
+    } else if (needs_model && (strcmp(backend, w->be.ops->name) != 0 ||
+                               (strcmp(backend, "cuda") == 0 && device != w->device))) {
+        return tr_errf(err, TR_EINVAL, "init: colocated roles share one backend: %s device %d, not %s device %lld",
+                       w->be.ops->name, w->device, backend, (long long)device);
     } else if (needs_model && threads != w->threads) {
         tr_worker_logf(rc, "init: sharing the colocated roles' %d-thread pool (asked for %lld)", w->threads,
                        (long long)threads);
@@ -290,7 +309,9 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
         if (tr_msg_get_map(a, "reward", &rm, err) || tr_worker_reward_init(rc, &rm, err)) return -1;
     }
     rc->kv_tokens = kv_tokens;
+    rc->kv_want = kv_want;
     rc->max_seqs = (int32_t)max_seqs;
+    rc->memory_bytes = memory;
     bool model_reward = rc->kind == TR_ROLE_REWARD && rc->reward_kind == TR_REWARD_KIND_MODEL;
     if (rc->kind != TR_ROLE_REWARD || model_reward) {
         if (load_model(rc, a, (int32_t)max_tokens, train, err)) return -1;

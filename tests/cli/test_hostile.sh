@@ -192,7 +192,7 @@ ls "$tmp" | grep -q '^pp\.' && { echo "FAIL: preprocess left files behind"; fail
 # Bad options: usage errors naming the option.
 for o in "--n -1" "--n 99999999999999999999" "--max-new-tokens -5" "--threads -1" \
          "--temperature -1" "--temperature nan" "--temperature inf" "--top-p 0" "--top-p 1.5" \
-         "--top-p nan" "--top-k -1" "--seed -1" "--block-size 0" "--max-seqs 0"; do
+         "--top-p nan" "--top-k -1" "--seed -1" "--block-size 0" "--max-seqs -1"; do
     # shellcheck disable=SC2086
     expect 2 "${o%% *}" generate --model "$gen" --prompts "$tmp/ids.jsonl" $o
 done

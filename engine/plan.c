@@ -1,0 +1,99 @@
+// The memory plan (plan.h): fixed parts from the model's layout and arena formulas, then the
+// KV cache from what is left, in whole blocks.
+#include "engine/plan.h"
+
+#include <stdio.h>
+
+#include "engine/kvcache.h"
+#include "engine/model.h"
+#include "engine/params.h"
+
+static double mib(size_t b) { return (double)b / (1 << 20); }
+
+// Bytes of a KV cache of `tokens` tokens (whole blocks, K and V, every layer).
+static size_t kv_bytes(const tr_model_config *cfg, int32_t bs, int64_t tokens) {
+    return tokens > 0 ? tr_kvcache_floats(cfg, bs, tokens) * sizeof(float) : 0;
+}
+
+int tr_plan_make(tr_backend *be, const tr_plan_req *r, tr_plan *p, tr_err *err) {
+    *p = (tr_plan){0};
+    const tr_model_config *cfg = r->cfg;
+    tr_param_layout lay;
+    if (tr_param_layout_init(&lay, cfg, err) != 0) return tr_err_wrap(err, "memory plan");
+    size_t pbytes = lay.total * sizeof(float);
+    tr_param_layout_free(&lay);
+    p->weights = pbytes;
+    p->grads = r->training ? pbytes : 0;
+    p->optim = r->training ? 2 * pbytes : 0;
+    tr_model_opts mo = {.max_tokens = r->max_tokens, .training = false};
+    p->arena_forward = tr_model_arena_floats(cfg, &mo) * sizeof(float);
+    mo.training = true;
+    p->arena_train = r->training ? tr_model_arena_floats(cfg, &mo) * sizeof(float) : 0;
+    size_t free_b = 0, total_b = 0;
+    be->ops->mem_info(be, &free_b, &total_b);
+    p->budget = r->budget > 0 ? r->budget : free_b;
+    // Left to the backend itself: library workspaces, the CUDA context's growth, staging.
+    p->reserve = p->budget / 32 > ((size_t)256 << 20) ? p->budget / 32 : (size_t)256 << 20;
+    if (p->reserve > p->budget / 4) p->reserve = p->budget / 4;
+    size_t fixed = p->weights + p->grads + p->optim;
+    size_t arena_min = p->arena_train > p->arena_forward ? p->arena_train : p->arena_forward;
+    size_t usable = p->budget - p->reserve;
+    if (fixed + arena_min > usable)
+        return tr_errf(err, TR_ENOMEM, "memory plan: weights %.1f MiB + gradients %.1f MiB + "
+                       "optimizer %.1f MiB + activations %.1f MiB (%d tokens per forward) = "
+                       "%.1f MiB, more than the %.1f MiB %s has (%.1f MiB kept back for the "
+                       "backend); lower the tokens per micro-batch or use more devices",
+                       mib(p->weights), mib(p->grads), mib(p->optim), mib(arena_min),
+                       r->max_tokens, mib(fixed + arena_min), mib(p->budget),
+                       r->budget > 0 ? "the budget" : "the device", mib(p->reserve));
+    int32_t bs = r->block_size > 0 ? r->block_size : 16;
+    if (r->generate) {
+        if (r->kv_tokens > 0) {
+            p->kv_tokens = r->kv_tokens;
+        } else {
+            // The arena holds max(train, forward + kv): KV beyond what training's activations
+            // leave free costs memory, so the tokens grow while the total fits.
+            int64_t want = r->kv_want > 0 ? r->kv_want : bs;
+            int64_t lo = 0, hi = want;
+            while (lo < hi) {
+                int64_t mid = lo + (hi - lo + 1) / 2;
+                size_t fwd_kv = p->arena_forward + kv_bytes(cfg, bs, mid);
+                size_t arena = fwd_kv > p->arena_train ? fwd_kv : p->arena_train;
+                if (fixed + arena <= usable) lo = mid;
+                else hi = mid - 1;
+            }
+            p->kv_tokens = lo / bs * bs;
+            if (p->kv_tokens < bs)
+                return tr_errf(err, TR_ENOMEM, "memory plan: no room for a KV cache of one %d-token "
+                               "block after weights, gradients, optimizer and activations "
+                               "(%.1f of %.1f MiB)", bs, mib(fixed + arena_min), mib(usable));
+        }
+        p->kv = kv_bytes(cfg, bs, p->kv_tokens);
+        int32_t seqs = r->max_seqs > 0 ? r->max_seqs : r->max_seqs_want > 0 ? r->max_seqs_want : 1;
+        if (seqs > r->max_tokens) seqs = r->max_tokens;
+        p->max_seqs = seqs;
+    }
+    size_t fwd_kv = p->arena_forward + p->kv;
+    p->arena = fwd_kv > p->arena_train ? fwd_kv : p->arena_train;
+    p->total = fixed + p->arena;
+    if (p->total > usable)
+        return tr_errf(err, TR_ENOMEM, "memory plan: %.1f MiB (weights %.1f, gradients %.1f, "
+                       "optimizer %.1f, arena %.1f with a %lld-token KV cache of %.1f) exceeds "
+                       "the %.1f MiB available", mib(p->total), mib(p->weights), mib(p->grads),
+                       mib(p->optim), mib(p->arena), (long long)p->kv_tokens, mib(p->kv),
+                       mib(usable));
+    return 0;
+}
+
+void tr_plan_format(const tr_plan *p, char *buf, size_t cap) {
+    snprintf(buf, cap,
+             "  weights        %10.1f MiB\n"
+             "  gradients      %10.1f MiB\n"
+             "  optimizer      %10.1f MiB  (Adam moments)\n"
+             "  arena          %10.1f MiB  = max(train %.1f, forward %.1f + KV %.1f)\n"
+             "  KV cache       %10lld tokens, %d sequences decoding together\n"
+             "  total          %10.1f MiB of %.1f MiB (%.1f kept back for the backend)\n",
+             mib(p->weights), mib(p->grads), mib(p->optim), mib(p->arena), mib(p->arena_train),
+             mib(p->arena_forward), mib(p->kv), (long long)p->kv_tokens, p->max_seqs,
+             mib(p->total), mib(p->budget), mib(p->reserve));
+}

@@ -1,0 +1,41 @@
+// The memory plan of a role: how much backend memory its weights, gradients, optimizer state,
+// activation arena and KV cache take, and how large a KV cache (and how many sequences
+// decoding together) the memory left over allows. Workers and commands size the generator
+// from it instead of fixed caps, and refuse at start-up when even the fixed part does not fit.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/config.h"
+#include "engine/err.h"
+#include "kernels/ops.h"
+
+typedef struct tr_plan_req {
+    const tr_model_config *cfg;
+    int32_t max_tokens;        // rows per forward (a micro-batch or a generation pass)
+    bool training;             // gradients and Adam moments beside the weights
+    bool generate;             // a KV cache
+    int32_t block_size;        // KV block size (0: 16)
+    int64_t kv_tokens;         // > 0: exactly this KV capacity; 0: what fits, up to kv_want
+    int64_t kv_want;           // KV tokens that would hold every sequence at once
+    int32_t max_seqs;          // > 0: exactly; 0: max_seqs_want, at most max_tokens rows
+    int32_t max_seqs_want;
+    size_t budget;             // bytes the role may take; 0: the backend's free memory
+} tr_plan_req;
+
+typedef struct tr_plan {
+    size_t weights, grads, optim;   // bytes (optim: both Adam moments)
+    size_t arena_train, arena_forward, kv;
+    size_t arena;                   // max(train, forward + kv): what the arena holds
+    size_t total, budget, reserve;  // total = weights + grads + optim + arena
+    int64_t kv_tokens;
+    int32_t max_seqs;
+} tr_plan;
+
+// Fills p. Fails (TR_ENOMEM, naming every part and the budget) when weights, gradients,
+// optimizer and the activations of one forward exceed the budget less a reserve for the
+// backend's own work, or when an exact kv_tokens does not fit.
+int tr_plan_make(tr_backend *be, const tr_plan_req *req, tr_plan *p, tr_err *err);
+// One line per part, for `troupe info` and worker logs.
+void tr_plan_format(const tr_plan *p, char *buf, size_t cap);
