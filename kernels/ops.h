@@ -47,6 +47,20 @@ typedef struct tr_kv_pool {
     size_t slot_bytes;
 } tr_kv_pool;
 
+typedef struct tr_sample_row {   // one row of logits' draw
+    float temperature;   // 0: greedy (argmax, lowest id on ties; draws nothing)
+    int32_t top_k;       // 0: no limit
+    float top_p;         // 1: no limit
+    uint64_t seed;       // the row's Philox stream (tr_rng's seed)
+    uint64_t counter;    // tr_rng's counter: blocks consumed so far
+    int32_t used;        // tr_rng's used: words of block counter-1 handed out (4: none left)
+} tr_sample_row;
+
+// A draw is "near" when its uniform target lies within TR_SAMPLE_NEAR of the kept weight
+// of a cumulative boundary, or top-p's cut within TR_SAMPLE_NEAR of the nucleus mass of its
+// limit: only there can another summation order pick a neighbouring id.
+#define TR_SAMPLE_NEAR 1e-12
+
 typedef struct tr_ops {
     const char *name;
 
@@ -176,6 +190,22 @@ typedef struct tr_ops {
     // is exact.
     void (*cast_f32_bf16)(tr_backend *be, uint16_t *out, const float *in, size_t n);
     void (*cast_bf16_f32)(tr_backend *be, float *out, const uint16_t *in, size_t n);
+
+    // ---- sampling ----
+    // Draws ids[b] from logits[b, V] as engine/sample.h's host sampler does with rows[b]'s
+    // parameters: weights exp((z - max) / T) in double; top-k, then top-p over the top-k
+    // set's mass, by rank (logit descending, lower id on ties); one 53-bit uniform from the
+    // row's next two Philox words (the caller then advances its tr_rng by two words) walked
+    // along the cumulative weights in rank order (id order when neither cut applies).
+    // logprob[b] = log_softmax(logits[b])[ids[b]] of the unmodified distribution, the bits
+    // logsoftmax_forward gives for that target. *n_near += the near draws (TR_SAMPLE_NEAR):
+    // on another backend only those may differ. Every pointer is backend memory; scratch is
+    // sample_scratch_bytes(B, V) bytes (sized for B rows, it serves fewer); the op allocates
+    // nothing and waits for nothing.
+    void (*sample)(tr_backend *be, int32_t *ids, float *logprob, const float *logits,
+                   const tr_sample_row *rows, int32_t B, int32_t V, void *scratch,
+                   int32_t *n_near);
+    size_t (*sample_scratch_bytes)(tr_backend *be, int32_t B, int32_t V);
 } tr_ops;
 
 // A backend: its op table plus its private context (thread pool, streams, handles).

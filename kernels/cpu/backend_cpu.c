@@ -44,6 +44,8 @@ static const tr_ops cpu_ops = {
     .kv_copy_blocks = tr_cpu_kv_copy_blocks,
     .cast_f32_bf16 = tr_cpu_cast_f32_bf16,
     .cast_bf16_f32 = tr_cpu_cast_bf16_f32,
+    .sample = tr_cpu_sample,
+    .sample_scratch_bytes = tr_cpu_sample_scratch_bytes,
 };
 
 // Memory: no op allocates and the context holds no scratch. Kernels work in their outputs

@@ -102,6 +102,9 @@ void tr_cpu_swiglu_backward(tr_backend *be, float *dgate, float *dup, const floa
 void tr_cpu_logsoftmax_forward(tr_backend *be, float *logprob, float *entropy, float *lse,
                                const float *logits, const int32_t *target, int32_t T,
                                int32_t V);
+// One row of the forward: lse = max + log sum exp(x - max), entropy (when not NULL) in
+// double; the sample op calls it too, so its logprobs are the forward's bits.
+void tr_cpu_logsoftmax_row(const float *x, int32_t V, double *lse, double *entropy);
 void tr_cpu_logsoftmax_backward(tr_backend *be, float *dlogits, const float *dlogprob,
                                 const float *dentropy, const float *logits, const float *lse,
                                 const int32_t *target, int32_t T, int32_t V);
@@ -121,3 +124,9 @@ void tr_cpu_kv_copy_blocks(tr_backend *be, const tr_kv_pool *pool, const int32_t
                            const int32_t *dst, const int32_t *n_slots, int32_t n);
 void tr_cpu_cast_f32_bf16(tr_backend *be, uint16_t *out, const float *in, size_t n);
 void tr_cpu_cast_bf16_f32(tr_backend *be, float *out, const uint16_t *in, size_t n);
+
+// Sampling (sample.c; the per-row arithmetic is kernels/cpu/sample.h's).
+void tr_cpu_sample(tr_backend *be, int32_t *ids, float *logprob, const float *logits,
+                   const tr_sample_row *rows, int32_t B, int32_t V, void *scratch,
+                   int32_t *n_near);
+size_t tr_cpu_sample_scratch_bytes(tr_backend *be, int32_t B, int32_t V);

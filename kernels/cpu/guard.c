@@ -425,6 +425,22 @@ static void g_cast_bf16_f32(tr_backend *be, float *out, const uint16_t *in, size
     close_mem(be);
 }
 
+static void g_sample(tr_backend *be, int32_t *ids, float *logprob, const float *logits,
+                     const tr_sample_row *rows, int32_t B, int32_t V, void *scratch,
+                     int32_t *n_near) {
+    const char *op = "sample";
+    size_t nb = (size_t)(B > 0 ? B : 0);
+    dev(be, ids, nb * I, 0, op, "ids");
+    dev(be, logprob, nb * F, 0, op, "logprob");
+    dev(be, logits, nb * (size_t)(V > 0 ? V : 0) * F, 0, op, "logits");
+    dev(be, rows, nb * sizeof(tr_sample_row), 0, op, "rows");
+    dev(be, scratch, tr_cpu_sample_scratch_bytes(be, B, V), 0, op, "scratch");
+    dev(be, n_near, I, 0, op, "n_near");
+    open_mem(be);
+    tr_cpu_sample(be, ids, logprob, logits, rows, B, V, scratch, n_near);
+    close_mem(be);
+}
+
 const tr_ops tr_cpu_guarded_ops = {
     .name = "cpu",
     .alloc = tr_cpu_alloc,
@@ -462,4 +478,6 @@ const tr_ops tr_cpu_guarded_ops = {
     .kv_copy_blocks = g_kv_copy_blocks,
     .cast_f32_bf16 = g_cast_f32_bf16,
     .cast_bf16_f32 = g_cast_bf16_f32,
+    .sample = g_sample,
+    .sample_scratch_bytes = tr_cpu_sample_scratch_bytes,
 };

@@ -15,26 +15,32 @@ typedef struct lsm_job {
     int32_t T, V, rows_per_task;
 } lsm_job;
 
+void tr_cpu_logsoftmax_row(const float *x, int32_t V, double *lse, double *entropy) {
+    float m = -INFINITY;
+    for (int32_t i = 0; i < V; i++) m = x[i] > m ? x[i] : m;
+    // sum e and sum e*(x-m), e = exp(x-m): entropy = log S - sum e (x-m) / S
+    double s = 0.0, sx = 0.0;
+    for (int32_t i = 0; i < V; i++) {
+        float z = x[i] - m;
+        double e = expf(z);
+        s += e;
+        sx += e * z;
+    }
+    double log_s = log(s);
+    *lse = (double)m + log_s;
+    if (entropy) *entropy = log_s - sx / s;
+}
+
 static void lsm_forward_task(void *arg, int32_t task) {
     const lsm_job *j = arg;
     int32_t t0 = task * j->rows_per_task;
     int32_t t1 = t0 + j->rows_per_task < j->T ? t0 + j->rows_per_task : j->T;
     for (int32_t t = t0; t < t1; t++) {
         const float *x = j->logits + (size_t)t * j->V;
-        float m = -INFINITY;
-        for (int32_t i = 0; i < j->V; i++) m = x[i] > m ? x[i] : m;
-        // sum e and sum e*(x-m), e = exp(x-m): entropy = log S - sum e (x-m) / S
-        double s = 0.0, sx = 0.0;
-        for (int32_t i = 0; i < j->V; i++) {
-            float z = x[i] - m;
-            double e = expf(z);
-            s += e;
-            sx += e * z;
-        }
-        double log_s = log(s);
-        double lse = (double)m + log_s;
+        double lse, entropy;
+        tr_cpu_logsoftmax_row(x, j->V, &lse, &entropy);
         j->lse[t] = (float)lse;
-        if (j->entropy) j->entropy[t] = (float)(log_s - sx / s);
+        if (j->entropy) j->entropy[t] = (float)entropy;
         if (j->logprob) {
             int32_t tg = j->target[t];
             j->logprob[t] = tg < 0 ? 0.0f : (float)((double)x[tg] - lse);

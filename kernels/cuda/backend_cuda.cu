@@ -113,6 +113,8 @@ static const tr_ops cuda_ops = {
     .kv_copy_blocks = tr_cuda_kv_copy_blocks,
     .cast_f32_bf16 = tr_cuda_cast_f32_bf16,
     .cast_bf16_f32 = tr_cuda_cast_bf16_f32,
+    .sample = tr_cuda_sample,
+    .sample_scratch_bytes = tr_cuda_sample_scratch_bytes,
 };
 
 int tr_cuda_record(tr_cuda_ctx *ctx, const char *file, int line, const char *what,

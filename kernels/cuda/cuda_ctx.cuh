@@ -145,3 +145,7 @@ void tr_cuda_kv_copy_blocks(tr_backend *be, const tr_kv_pool *pool, const int32_
                             const int32_t *dst, const int32_t *n_slots, int32_t n);
 void tr_cuda_cast_f32_bf16(tr_backend *be, uint16_t *out, const float *in, size_t n);
 void tr_cuda_cast_bf16_f32(tr_backend *be, float *out, const uint16_t *in, size_t n);
+void tr_cuda_sample(tr_backend *be, int32_t *ids, float *logprob, const float *logits,
+                    const tr_sample_row *rows, int32_t B, int32_t V, void *scratch,
+                    int32_t *n_near);
+size_t tr_cuda_sample_scratch_bytes(tr_backend *be, int32_t B, int32_t V);

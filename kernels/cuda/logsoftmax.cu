@@ -2,34 +2,24 @@
 // sum e and sum e*(x - m) in double (fixed-order block reductions) give lse, entropy and the
 // target's log-probability. The backward writes dlogits from dlogprob and dentropy.
 #include "kernels/cuda/cuda_ctx.cuh"
+#include "kernels/cuda/logsoftmax_row.cuh"
 
-#define LSM_THREADS 256
+#define LSM_THREADS TR_LSM_THREADS
 
 __global__ void logsoftmax_forward_kernel(float *logprob, float *entropy, float *lse,
                                           const float *logits, const int32_t *target,
                                           int32_t V) {
     int32_t t = blockIdx.x;
     const float *x = logits + (size_t)t * V;
-    float m = -INFINITY;
-    for (int32_t i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, x[i]);
-    m = tr_block_max(m);
-    // entropy = log S - sum e (x-m) / S with e = exp(x - m), S = sum e
-    double s = 0.0, sx = 0.0;
-    for (int32_t i = threadIdx.x; i < V; i += blockDim.x) {
-        float z = x[i] - m;
-        double e = expf(z);
-        s += e;
-        sx += e * z;
-    }
-    s = tr_block_sum(s);
-    sx = tr_block_sum(sx);
+    tr_lsm_stats st = tr_lsm_row(x, V);
     if (threadIdx.x != 0) return;
-    double log_s = log(s), l = (double)m + log_s;
+    // entropy = log S - sum e (x-m) / S with e = exp(x - m), S = sum e
+    double l = tr_lsm_lse(st);
     lse[t] = (float)l;
-    if (entropy) entropy[t] = (float)(log_s - sx / s);
+    if (entropy) entropy[t] = (float)(log(st.s) - st.sx / st.s);
     if (logprob) {
         int32_t tg = target[t];
-        logprob[t] = tg < 0 ? 0.0f : (float)((double)x[tg] - l);
+        logprob[t] = tg < 0 ? 0.0f : tr_lsm_logprob(x, tg, l);
     }
 }
 

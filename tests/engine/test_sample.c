@@ -3,11 +3,13 @@
 // lower id; exact support checks (tokens outside the kept set are never drawn) and empirical
 // frequencies over many draws within a binomial bound. A 1000-token vocabulary checks the
 // selection paths (top-k beyond one head, nucleus grown past 256 tokens) against a full sort
-// in float64.
+// in float64. The CPU backend's sample op draws tr_sample's ids from the same stream
+// positions, which the caller then advances by two words.
 #include <stdbool.h>
 #include <stdio.h>
 
 #include "engine/sample.h"
+#include "kernels/ops.h"
 #include "tests/test.h"
 
 #define N_DRAWS 200000
@@ -206,9 +208,83 @@ static void test_streams(void) {
     tr_token_sampler_free(&s);
 }
 
+static void *dev_put(tr_backend *be, const void *host, size_t bytes) {
+    void *p = be->ops->alloc(be, bytes);
+    if (!p) {
+        fprintf(stderr, "backend alloc of %zu bytes failed\n", bytes);
+        exit(1);
+    }
+    if (host) be->ops->upload(be, p, host, bytes);
+    return p;
+}
+
+// B rows of normal(0, 3) logits, every combination of the parameters below, each row with
+// its own stream at its own position: the op and tr_sample draw the same ids.
+static void test_backend_op(void) {
+    enum { B = 96, V = 700 };
+    static const float temps[] = {0.0f, 0.6f, 1.0f, 2.5f}, top_ps[] = {1.0f, 0.9f, 0.3f, 0.02f};
+    static const int32_t top_ks[] = {0, 1, 20, 300, 700, 900};
+    tr_backend be;
+    CHECK(tr_backend_cpu_init(&be, 2) == 0);
+    tr_token_sampler s;
+    tr_err err = {0};
+    CHECK(tr_token_sampler_init(&s, V, &err) == 0);
+    float *lg = malloc((size_t)B * V * sizeof(float));
+    tr_sample_row rows[B];
+    tr_rng streams[B], gen;
+    CHECK(lg != NULL);
+    tr_rng_init(&gen, 2024);
+    for (int32_t b = 0; b < B; b++) {
+        for (int32_t i = 0; i < V; i++) lg[(size_t)b * V + i] = 3.0f * tr_rng_normal(&gen);
+        tr_rng_init(&streams[b], tr_rng_derive(77, (uint64_t)b));
+        for (int32_t k = 0; k < b % 9; k++) tr_rng_u32(&streams[b]);
+        rows[b] = (tr_sample_row){.temperature = temps[b % 4], .top_k = top_ks[b / 4 % 6],
+                                  .top_p = top_ps[b / 24 % 4], .seed = streams[b].seed,
+                                  .counter = streams[b].counter, .used = streams[b].used};
+    }
+    int32_t zero = 0, n_near = -1, ids[B];
+    float *d_lg = dev_put(&be, lg, (size_t)B * V * sizeof(float));
+    tr_sample_row *d_rows = dev_put(&be, rows, sizeof rows);
+    int32_t *d_ids = dev_put(&be, NULL, sizeof ids), *d_near = dev_put(&be, &zero, sizeof zero);
+    float *d_lp = dev_put(&be, NULL, B * sizeof(float));
+    void *d_scratch = dev_put(&be, NULL, be.ops->sample_scratch_bytes(&be, B, V));
+    be.ops->sample(&be, d_ids, d_lp, d_lg, d_rows, B, V, d_scratch, d_near);
+    be.ops->download(&be, ids, d_ids, sizeof ids);
+    be.ops->download(&be, &n_near, d_near, sizeof n_near);
+    char msg[256];
+    CHECK(be.ops->sync(&be, "test_sample", msg, sizeof msg) == 0);
+    int same = 1, advanced = 1;
+    for (int32_t b = 0; b < B; b++) {
+        tr_sample_params p = {rows[b].temperature, rows[b].top_k, rows[b].top_p};
+        tr_rng after = streams[b];
+        if (p.temperature > 0.0f) {   // the caller's advance: two words
+            tr_rng_u32(&after);
+            tr_rng_u32(&after);
+        }
+        int32_t want = tr_sample(&s, lg + (size_t)b * V, &p, &streams[b]);
+        if (want != ids[b])
+            fprintf(stderr, "row %d: op %d, tr_sample %d\n", b, ids[b], want);
+        same &= want == ids[b];
+        advanced &= streams[b].counter == after.counter && streams[b].used == after.used;
+    }
+    CHECK(same);
+    CHECK(advanced);
+    CHECK(n_near == 0);   // random logits: no target within 1e-12 of a boundary
+    be.ops->free(&be, d_lg);
+    be.ops->free(&be, d_rows);
+    be.ops->free(&be, d_ids);
+    be.ops->free(&be, d_near);
+    be.ops->free(&be, d_lp);
+    be.ops->free(&be, d_scratch);
+    free(lg);
+    tr_token_sampler_free(&s);
+    tr_backend_cpu_free(&be);
+}
+
 int main(void) {
     test_hand_distributions();
     test_large_vocab();
     test_streams();
+    test_backend_op();
     return tr_test_summary("test_sample");
 }

@@ -1,9 +1,10 @@
 // The CUDA backend against the CPU backend (itself checked against float64 references and
 // finite differences by the other kernel tests): every op on the same random inputs, outputs
-// within 1e-4 of the output's scale, and the exact ones (fill, row gathers and scatters, KV
-// block copies, bf16 casts) bit for bit; every CUDA op run twice gives the same bits; the
-// paged decode step reproduces the CUDA training forward's rows bit for bit. Exits 77 (skip)
-// without a CUDA device.
+// within 1e-4 of the output's scale, and the exact ones (embedding, fill, row gathers and
+// scatters, KV block copies, bf16 casts) bit for bit; every CUDA op run twice gives the same
+// bits; the paged decode step reproduces the CUDA training forward's rows bit for bit; the
+// sampler draws the CPU's ids except in draws it counts as near. Exits 77 (skip) without a
+// CUDA device.
 #include <stdint.h>
 
 #include "kernels/cuda/backend_cuda.h"
@@ -751,6 +752,146 @@ static void test_buffers(void) {
     free(h); free(f); free(a); free(b);
 }
 
+// --- sampling ---------------------------------------------------------------------------------
+
+typedef struct smp_arg {
+    int32_t B, V;
+    float *logits;
+    tr_sample_row *rows;
+} smp_arg;
+
+typedef struct smp_out {
+    int32_t *ids, n_near;
+    float *lp, *lp_lsm;   // the op's logprobs; logsoftmax_forward's for the drawn ids
+} smp_out;
+
+// sample over rows [b0, b0 + nb) on one backend, n_near counted from 0; then that backend's
+// logsoftmax_forward with the drawn ids as targets.
+static void smp_run(int gpu, const smp_arg *s, int32_t b0, int32_t nb, smp_out *o) {
+    tr_backend *be = be_of(gpu);
+    float *x = putf(gpu, s->logits + (size_t)b0 * s->V, (size_t)nb * s->V);
+    tr_sample_row *rows = put(gpu, s->rows + b0, (size_t)nb * sizeof(tr_sample_row));
+    int32_t zero = 0, *ids = puti(gpu, NULL, nb), *n_near = puti(gpu, &zero, 1);
+    float *lp = putf(gpu, NULL, nb), *lp_lsm = putf(gpu, NULL, nb), *lse = putf(gpu, NULL, nb);
+    void *scratch = put(gpu, NULL, be->ops->sample_scratch_bytes(be, nb, s->V));
+    be->ops->sample(be, ids, lp, x, rows, nb, s->V, scratch, n_near);
+    be->ops->logsoftmax_forward(be, lp_lsm, NULL, lse, x, ids, nb, s->V);
+    get(gpu, o->ids, ids, (size_t)nb * sizeof(int32_t));
+    get(gpu, &o->n_near, n_near, sizeof(int32_t));
+    getf(gpu, o->lp, lp, nb);
+    getf(gpu, o->lp_lsm, lp_lsm, nb);
+    bufs_free(gpu);
+}
+
+static void smp_out_alloc(smp_out *o, int32_t B) {
+    o->ids = kt_malloc((size_t)B * sizeof(int32_t));
+    o->lp = kt_floats(B);
+    o->lp_lsm = kt_floats(B);
+}
+
+static void smp_out_free(smp_out *o) { free(o->ids); free(o->lp); free(o->lp_lsm); }
+
+enum { SMP_RANDOM, SMP_TIED, SMP_ZEROS, SMP_EQUAL };
+
+// B rows over every parameter combination (greedy, temperatures, top-k below, at and past V,
+// top-p), each row with its own stream position. CUDA draws the CPU's ids except in draws it
+// counts as near (each mismatched row, drawn alone, must count 1), and near draws are rare;
+// its logprobs are its logsoftmax_forward's bits; two CUDA runs agree bitwise; a row drawn
+// alone equals the batch's. `expect_near`: draws the rows are built to make near.
+static void test_sample(int32_t B, int32_t V, int kind, uint64_t salt, float top_p_all,
+                        int32_t expect_near) {
+    static const float temps[] = {0.0f, 0.5f, 1.0f, 1.7f};
+    static const float top_ps[] = {1.0f, 0.95f, 0.6f, 0.1f};
+    const int32_t top_ks[] = {0, 1, 3, 50, V, V + 5};
+    smp_arg s = {.B = B, .V = V, .logits = kt_floats((size_t)B * V),
+                 .rows = kt_malloc((size_t)B * sizeof(tr_sample_row))};
+    for (int32_t b = 0; b < B; b++) {
+        float *lg = s.logits + (size_t)b * V;
+        for (int32_t i = 0; i < V; i++) {
+            double x = 4.0 * kt_uniform();
+            lg[i] = kind == SMP_TIED ? (float)(floor(x * 2.0) / 2.0)
+                    : kind == SMP_ZEROS ? (i % 3 == 0 ? 0.0f : i % 3 == 1 ? -0.0f : (float)(x - 4.5))
+                    : kind == SMP_EQUAL ? 0.5f
+                                        : (float)x;
+        }
+        uint64_t c = salt + (uint64_t)b * 13;
+        s.rows[b] = (tr_sample_row){.temperature = temps[c % 4], .top_k = top_ks[c / 4 % 6],
+                                    .top_p = top_ps[c / 24 % 4],
+                                    .seed = 0x9e3779b97f4a7c15ull * (salt + 1) + (uint64_t)b,
+                                    .counter = (uint64_t)(b * 37 % 1000), .used = 4};
+        if (b % 3 == 1) s.rows[b].used = 1 + b % 3;   // inside a block (counter >= 1)
+        if (s.rows[b].used < 4 && s.rows[b].counter == 0) s.rows[b].counter = 1;
+        if (top_p_all > 0.0f) {
+            s.rows[b].temperature = 1.0f;
+            s.rows[b].top_k = 0;
+            s.rows[b].top_p = top_p_all;
+        }
+    }
+    smp_out cpu, g1, g2, alone;
+    smp_out_alloc(&cpu, B);
+    smp_out_alloc(&g1, B);
+    smp_out_alloc(&g2, B);
+    smp_out_alloc(&alone, 1);
+    smp_run(0, &s, 0, B, &cpu);
+    smp_run(1, &s, 0, B, &g1);
+    smp_run(1, &s, 0, B, &g2);
+    CHECKF(memcmp(g1.ids, g2.ids, (size_t)B * sizeof(int32_t)) == 0 &&
+           kt_same_bits(g1.lp, g2.lp, B) && g1.n_near == g2.n_near,
+           "sample B=%d V=%d: two cuda runs differ", B, V);
+    CHECKF(kt_same_bits(g1.lp, g1.lp_lsm, B),
+           "sample B=%d V=%d: logprobs are not cuda logsoftmax_forward's", B, V);
+    int32_t mismatched = 0, uncounted = 0, batch_alone = 1;
+    for (int32_t b = 0; b < B; b++) {
+        smp_run(1, &s, b, 1, &alone);
+        batch_alone &= alone.ids[0] == g1.ids[b] && kt_same_bits(alone.lp, &g1.lp[b], 1);
+        if (cpu.ids[b] == g1.ids[b]) continue;
+        mismatched++;
+        uncounted += alone.n_near != 1;
+        printf("  sample row %d: cpu %d, cuda %d (near on cuda: %d)\n", b, cpu.ids[b],
+               g1.ids[b], alone.n_near);
+    }
+    CHECKF(batch_alone, "sample B=%d V=%d: rows drawn alone differ from the batch", B, V);
+    CHECKF(uncounted == 0, "sample B=%d V=%d: %d of %d differing draws not counted near", B, V,
+           uncounted, mismatched);
+    CHECKF(g1.n_near >= mismatched && g1.n_near >= expect_near,
+           "sample B=%d V=%d: n_near %d below %d mismatches or %d built near draws", B, V,
+           g1.n_near, mismatched, expect_near);
+    // A uniform target falls within 1e-12 of the total of one of the kept set's boundaries
+    // with probability at most 2e-12 * V per draw (< 1e-6 here): even 2 extra near draws are
+    // wildly unlikely, so more means the count or the sums are wrong.
+    CHECKF(g1.n_near <= expect_near + 2, "sample B=%d V=%d: %d near draws", B, V, g1.n_near);
+    // the same id's logprob on both backends: logsoftmax rounding apart, TOL as above
+    float *lc = kt_floats(B), *lg = kt_floats(B);
+    int32_t m = 0;
+    for (int32_t b = 0; b < B; b++)
+        if (cpu.ids[b] == g1.ids[b]) {
+            lc[m] = cpu.lp[b];
+            lg[m++] = g1.lp[b];
+        }
+    double e = tr_test_rel_err(lg, lc, (size_t)m);
+    CHECKF(e <= TOL, "sample B=%d V=%d: logprob rel err %.3g", B, V, e);
+    printf("  sample B=%-3d V=%-6d ids differing %d, near cpu %d cuda %d, logprob err %.2e\n",
+           B, V, mismatched, cpu.n_near, g1.n_near, e);
+    free(lc); free(lg);
+    smp_out_free(&cpu); smp_out_free(&g1); smp_out_free(&g2); smp_out_free(&alone);
+    free(s.logits); free(s.rows);
+}
+
+// Scratch sized for B rows must serve fewer (callers size it once for their largest batch).
+static void test_sample_scratch(void) {
+    int mono = 1;
+    static const int32_t vs[] = {1, 1000, 152064};
+    for (int i = 0; i < 3; i++) {
+        size_t prev = 0;
+        for (int32_t B = 1; B <= 512; B++) {
+            size_t b = gpu_be.ops->sample_scratch_bytes(&gpu_be, B, vs[i]);
+            mono &= b >= prev;
+            prev = b;
+        }
+    }
+    CHECKF(mono, "sample_scratch_bytes is not monotone in B");
+}
+
 int main(void) {
     int n_dev = tr_cuda_device_count();
     if (n_dev == 0) {
@@ -785,6 +926,14 @@ int main(void) {
     test_logsoftmax(40, 3001);
     test_logsoftmax(3, 100);
     test_buffers();
+    test_sample(96, 1000, SMP_RANDOM, 0, 0.0f, 0);
+    test_sample(96, 1000, SMP_TIED, 1, 0.0f, 0);
+    test_sample(96, 257, SMP_ZEROS, 2, 0.0f, 0);
+    test_sample(96, 5, SMP_TIED, 3, 0.0f, 0);
+    test_sample(96, 3000, SMP_RANDOM, 4, 0.0f, 0);
+    test_sample(24, 152064, SMP_RANDOM, 5, 0.0f, 0);   // a real vocabulary
+    test_sample(4, 1000, SMP_EQUAL, 6, 0.5f, 4);       // the cut meets top_p's limit exactly
+    test_sample_scratch();
     CHECKF(tr_backend_cuda_status(&gpu_be, msg, sizeof msg) == 0, "cuda backend: %s", msg);
     tr_backend_cuda_free(&gpu_be);
     tr_backend_cpu_free(&cpu_be);
