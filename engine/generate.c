@@ -46,16 +46,16 @@ int32_t tr_gen_sample_blocks(int32_t n_prompt, int32_t max_new_tokens, int32_t b
 void tr_generator_free(tr_generator *g) {
     if (g->model) {
         tr_dev_free(g->model->be, g->dev);
-        tr_dev_free_host(g->model->be, g->host_logits);
+        tr_dev_free(g->model->be, g->sample_scratch);
     }
     tr_kvcache_free(&g->cache);
-    tr_token_sampler_free(&g->sampler);
     free(g->row_ids);
     free(g->row_pos);
     free(g->row_slot);
     free(g->row_len);
     free(g->row_target);
     free(g->row_lp);
+    free(g->row_draw);
     free(g->segs);
     free(g->tables);
     free(g->slots);
@@ -88,7 +88,7 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
     int rc = opts->kv_buf ? tr_kvcache_init_in(&g->cache, m->be, &m->cfg, bs, kv_tokens,
                                                opts->kv_buf, opts->kv_buf_floats, err)
                           : tr_kvcache_init(&g->cache, m->be, &m->cfg, bs, kv_tokens, err);
-    if (rc != 0 || tr_token_sampler_init(&g->sampler, m->cfg.vocab_size, err) != 0) {
+    if (rc != 0) {
         tr_generator_free(g);
         return tr_err_wrap(err, "generate");
     }
@@ -104,26 +104,31 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
     g->row_len = malloc(rows * sizeof(int32_t));
     g->row_target = malloc(rows * sizeof(int32_t));
     g->row_lp = malloc(lrows * sizeof(float));
+    g->row_draw = malloc(lrows * sizeof(tr_sample_row));
     g->segs = malloc(rows * sizeof(tr_gen_segment));
     size_t tables = (size_t)g->max_seqs * (size_t)g->table_cap;
     g->tables = malloc(tables * sizeof(int32_t));
     g->slots = calloc((size_t)g->max_seqs, sizeof(tr_gen_slot));
     if (!g->row_ids || !g->row_pos || !g->row_slot || !g->row_len || !g->row_target ||
-        !g->row_lp || !g->segs || !g->tables || !g->slots) {
+        !g->row_lp || !g->row_draw || !g->segs || !g->tables || !g->slots) {
         tr_generator_free(g);
         return tr_errf(err, TR_ENOMEM, "generate: out of memory for %zu-row passes", rows);
     }
-    // Backend copies: the int32 arrays, then three logit-row arrays, each 64-byte aligned.
-    size_t al = 16, off[8], total = 0;
-    size_t sizes[7] = {rows, rows, tables, tables, lrows, lrows, lrows};
+    // Backend copies, in 4-byte words, each array 64-byte aligned.
+    size_t al = 16, off[8], total = 0, draw_words = sizeof(tr_sample_row) / 4;
+    size_t sizes[7] = {rows, rows, tables, tables, lrows, lrows, lrows * draw_words};
     for (int i = 0; i < 7; i++) {
         off[i] = total;
         total += (sizes[i] + al - 1) / al * al;
     }
-    g->dev = tr_dev_alloc(m->be, total * 4, "generation tables", err);
-    g->host_logits = g->dev ? tr_dev_alloc_host(m->be, lrows * (size_t)m->cfg.vocab_size *
-                                                sizeof(float), "sampling logits", err) : NULL;
-    if (!g->host_logits) {
+    off[7] = total;
+    total += al;
+    tr_backend *be = m->be;
+    size_t scratch = be->ops->sample_scratch_bytes(be, (int32_t)lrows, m->cfg.vocab_size);
+    g->dev = tr_dev_alloc(be, total * 4, "generation tables", err);
+    g->sample_scratch = g->dev ? tr_dev_alloc(be, scratch ? scratch : 4, "sampling scratch", err)
+                               : NULL;
+    if (!g->sample_scratch) {
         tr_generator_free(g);
         return tr_err_wrap(err, "generate");
     }
@@ -134,7 +139,8 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
     g->d_seg_tables = d + off[3];
     g->d_target = d + off[4];
     g->d_lp = (float *)(d + off[5]);
-    g->d_lse = (float *)(d + off[6]);
+    g->d_draw = (tr_sample_row *)(d + off[6]);
+    g->d_near = d + off[7];
     return 0;
 }
 
@@ -264,35 +270,38 @@ static int start_samples(gen_run *run, tr_err *err) {
     return 0;
 }
 
-// Draws row i's next token for output outs[i] from the first n rows of m->acts.logits and
-// fills row_target[i] and row_lp[i]. The logits come to the host for the draw; the logprob is
-// logsoftmax_forward's on the backend, so it is the training path's number. rows_same: all n
-// draws read logits row 0 (the samples of one prompt).
+// Draws row i's next token for output outs[i] from row i of m->acts.logits (row 0 for every
+// draw when rows_same: the samples of one prompt) with the backend's sample op, which also
+// gives the token's logprob under the unmodified distribution, with logsoftmax_forward's
+// arithmetic: the training path's number. Only ids and logprobs come to the host.
 static int sample_rows(gen_run *run, const int32_t *outs, int32_t n, bool rows_same,
                        tr_err *err) {
     tr_generator *g = run->g;
     tr_model *m = g->model;
     tr_backend *be = m->be;
     const int32_t V = m->cfg.vocab_size;
-    const float *logits = m->acts.logits;
-    int32_t n_rows = rows_same ? 1 : n;
-    be->ops->download(be, g->host_logits, logits, (size_t)n_rows * V * sizeof(float));
-    if (tr_dev_sync(be, "generate: logits", err) != 0) return -1;
+    float *logits = m->acts.logits;
+    if (rows_same)
+        for (int32_t i = 1; i < n; i++)
+            be->ops->copy(be, logits + (size_t)i * V, logits, (size_t)V * sizeof(float));
     for (int32_t i = 0; i < n; i++) {
         const tr_gen_request *r = &run->reqs[run->outs[outs[i]].request];
-        const float *row = g->host_logits + (size_t)(rows_same ? 0 : i) * V;
-        g->row_target[i] = tr_sample(&g->sampler, row, &r->sampling, &run->rngs[outs[i]]);
+        const tr_rng *rng = &run->rngs[outs[i]];
+        g->row_draw[i] = (tr_sample_row){.temperature = r->sampling.temperature,
+                                         .top_k = r->sampling.top_k, .top_p = r->sampling.top_p,
+                                         .seed = rng->seed, .counter = rng->counter,
+                                         .used = rng->used};
     }
-    be->ops->upload(be, g->d_target, g->row_target, (size_t)n * sizeof(int32_t));
-    if (rows_same)
-        for (int32_t i = 0; i < n; i++)
-            be->ops->logsoftmax_forward(be, g->d_lp + i, NULL, g->d_lse + i, logits,
-                                        g->d_target + i, 1, V);
-    else
-        be->ops->logsoftmax_forward(be, g->d_lp, NULL, g->d_lse, logits, g->d_target, n, V);
+    be->ops->upload(be, g->d_draw, g->row_draw, (size_t)n * sizeof(tr_sample_row));
+    be->ops->sample(be, g->d_target, g->d_lp, logits, g->d_draw, n, V, g->sample_scratch,
+                    g->d_near);
+    be->ops->download(be, g->row_target, g->d_target, (size_t)n * sizeof(int32_t));
     be->ops->download(be, g->row_lp, g->d_lp, (size_t)n * sizeof(float));
     if (tr_dev_sync(be, "generate: sampling", err) != 0) return -1;
     for (int32_t i = 0; i < n; i++) {
+        const tr_gen_request *r = &run->reqs[run->outs[outs[i]].request];
+        // The op drew from the stream's position; the host stream moves past that draw.
+        if (r->sampling.temperature > 0.0f) tr_sample_uniform(&run->rngs[outs[i]]);
         tr_gen_output *o = &run->outs[outs[i]];
         o->tokens[o->n_tokens] = g->row_target[i];
         o->logprobs[o->n_tokens] = g->row_lp[i];
@@ -532,6 +541,8 @@ int tr_generate(tr_generator *g, const tr_gen_request *reqs, int32_t n_reqs,
     }
     // Fresh block tables every call: the pool holds nothing between calls.
     tr_kvcache_reset(&g->cache);
+    int32_t zero = 0, near = 0;
+    g->model->be->ops->upload(g->model->be, g->d_near, &zero, sizeof zero);
     g->n_active = 0;
     g->reserved = 0;
     while (rc == 0) {
@@ -556,6 +567,11 @@ int tr_generate(tr_generator *g, const tr_gen_request *reqs, int32_t n_reqs,
         }
         rc = decode_step(&run, err);
         if (rc == 0 && g->on_pass) g->on_pass(g->on_pass_ctx, &g->stats);
+    }
+    if (rc == 0) {
+        g->model->be->ops->download(g->model->be, &near, g->d_near, sizeof near);
+        rc = tr_dev_sync(g->model->be, "generate", err);
+        g->stats.near_draws = near;
     }
 done:
     if (rc != 0) {

@@ -62,6 +62,9 @@ typedef struct tr_gen_stats {
     int64_t waits;             // admission rounds that left a request waiting for KV blocks
     int32_t peak_seqs;         // most samples decoding at once
     int32_t peak_blocks;       // most KV blocks in use at once
+    int64_t near_draws;        // draws within rounding of a cumulative boundary, where
+                               // another summation order (another backend) could pick the
+                               // neighbouring id: counted, so that a difference is explained
 } tr_gen_stats;
 
 // A decoding sample: its output, its share of the KV cache and the blocks still reserved
@@ -84,7 +87,6 @@ typedef struct tr_gen_segment {
 typedef struct tr_generator {
     tr_model *model;            // not owned; an LM, inference or training set-up
     tr_kvcache cache;
-    tr_token_sampler sampler;
     int32_t max_seqs;
     int32_t max_rows;           // rows per trunk pass (the model's max_tokens)
     int32_t table_cap;          // block-table entries per sequence
@@ -92,7 +94,7 @@ typedef struct tr_generator {
     // Buffers of one pass, sized at init: host bookkeeping ...
     int32_t *row_ids, *row_pos, *row_slot, *row_len, *row_target;   // [max_rows]
     float *row_lp;              // [model->logit_rows]
-    float *host_logits;         // [logit_rows * vocab] pinned: rows being sampled
+    tr_sample_row *row_draw;    // [model->logit_rows] each sampled row's parameters and stream
     tr_gen_segment *segs;       // [max_rows]
     int32_t n_segs;
     int32_t *tables;            // [max_seqs][table_cap]: slot i's block table
@@ -102,7 +104,10 @@ typedef struct tr_generator {
     int32_t *d_tables;          // [max_seqs][table_cap] decode block tables
     int32_t *d_seg_tables;      // [max_seqs][table_cap] a prefill pass's prompt tables
     int32_t *d_target;          // [logit_rows] sampled ids
-    float *d_lp, *d_lse;        // [logit_rows] their logprobs
+    float *d_lp;                // [logit_rows] their logprobs
+    tr_sample_row *d_draw;      // [logit_rows]
+    int32_t *d_near;            // near-boundary draws of the current call
+    void *sample_scratch;       // the sample op's
     tr_gen_slot *slots;         // [max_seqs]; slots [0, n_active) are decoding
     int32_t n_active;
     int32_t reserved;           // blocks promised to admitted samples, not yet taken
