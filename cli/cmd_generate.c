@@ -289,7 +289,7 @@ int tr_cmd_generate(int argc, char **argv) {
     const char *model_dir = NULL, *prompts = NULL, *out_path = NULL, *chat_name = "chatml";
     long n = 1, max_new = 64, top_k = 0, seed = 0, threads = 0, kv_tokens = 0, device = 0;
     long block_size = 16, max_seqs = 0, batch_tokens = 2048;
-    const char *backend = "cpu";
+    const char *backend = getenv("TROUPE_BACKEND") ? getenv("TROUPE_BACKEND") : "cpu";
     double temperature = 1.0, top_p = 1.0;
     bool progress = false, quiet = false;
     tr_arg table[] = {
@@ -312,7 +312,7 @@ int tr_cmd_generate(int argc, char **argv) {
         {"chat-format", TR_ARG_STR, &chat_name, "NAME",
          "format of \"messages\" lines: chatml or llama3 (default chatml)", false, false},
         {"threads", TR_ARG_INT, &threads, "N", "CPU threads (default: all cores)", false, false},
-        {"backend", TR_ARG_STR, &backend, "NAME", "cpu or cuda (default cpu)", false, false},
+        {"backend", TR_ARG_STR, &backend, "NAME", "cpu or cuda (default: $TROUPE_BACKEND, else cpu)", false, false},
         {"device", TR_ARG_INT, &device, "N", "CUDA device index (default 0)", false, false},
         {"kv-tokens", TR_ARG_INT, &kv_tokens, "N",
          "KV cache size in tokens (default: what every request at once needs, as far as the "

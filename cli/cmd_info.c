@@ -5,6 +5,7 @@
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli/args.h"
@@ -45,7 +46,8 @@ static void print_token(const char *name, int32_t id) {
 }
 
 int tr_cmd_info(int argc, char **argv) {
-    const char *model = NULL, *backend = "cpu";
+    const char *model = NULL;
+    const char *backend = getenv("TROUPE_BACKEND") ? getenv("TROUPE_BACKEND") : "cpu";
     long tokens = 4096, device = 0, kv_tokens = 0;
     double memory_gb = 0;
     bool help = false;
@@ -54,7 +56,7 @@ int tr_cmd_info(int argc, char **argv) {
                                              "safetensors)", true, false},
         {"tokens", TR_ARG_INT, &tokens, "N", "tokens per micro-batch for the activation memory "
                                              "estimate (default 4096)", false, false},
-        {"backend", TR_ARG_STR, &backend, "NAME", "plan for cpu or cuda (default cpu)", false,
+        {"backend", TR_ARG_STR, &backend, "NAME", "plan for cpu or cuda (default: $TROUPE_BACKEND, else cpu)", false,
          false},
         {"device", TR_ARG_INT, &device, "N", "CUDA device whose free memory bounds the plan "
                                              "(default 0)", false, false},

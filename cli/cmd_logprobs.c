@@ -243,7 +243,7 @@ static int run_batch(tr_model *m, const char *path, const seq_list *seqs, size_t
 int tr_cmd_logprobs(int argc, char **argv) {
     const char *model_dir = NULL, *data = NULL, *out_path = NULL;
     long threads = 0, batch_tokens = 4096, device = 0;
-    const char *backend = "cpu";
+    const char *backend = getenv("TROUPE_BACKEND") ? getenv("TROUPE_BACKEND") : "cpu";
     bool progress = false, quiet = false;
     tr_arg table[] = {
         {"model", TR_ARG_STR, &model_dir, "DIR", "Hugging Face model directory (a causal LM)",
@@ -254,7 +254,7 @@ int tr_cmd_logprobs(int argc, char **argv) {
         {"out", TR_ARG_STR, &out_path, "FILE", "output JSONL ('-' or default: standard output)",
          false, false},
         {"threads", TR_ARG_INT, &threads, "N", "CPU threads (default: all cores)", false, false},
-        {"backend", TR_ARG_STR, &backend, "NAME", "cpu or cuda (default cpu)", false, false},
+        {"backend", TR_ARG_STR, &backend, "NAME", "cpu or cuda (default: $TROUPE_BACKEND, else cpu)", false, false},
         {"device", TR_ARG_INT, &device, "N", "CUDA device index (default 0)", false, false},
         {"batch-tokens", TR_ARG_INT, &batch_tokens, "N",
          "tokens per forward pass; longer sequences get a pass of their own (default 4096)",

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Runs on a GPU machine (CUDA toolkit with nvcc, cuBLAS, NCCL, OpenBLAS, meson, ninja, python3):
 # builds the kernels and engine layers with the CUDA backend, then runs the CUDA op test, their
-# unit tests and the CUDA benchmark; then builds the full troupe binary with CUDA and runs the
-# unit and e2e suites. Usage: tools/gpu_suite.sh
+# unit tests and the CUDA benchmark; then builds the full troupe binary with CUDA, runs the
+# unit and e2e suites, and runs the engine on the GPU: the model, training and generation
+# tests and the logprobs/generate commands with TROUPE_BACKEND=cuda, two CUDA runs compared
+# byte for byte, and the CPU quickstart's GRPO run on the GPU beside the same run on the CPU.
+# Usage: tools/gpu_suite.sh [PART...]   parts: engine full cuda quickstart (default: all)
 #
 # The full build needs the upper layers' libraries, which a bare GPU machine lacks: make .debs/
 # on a networked Debian 12 machine with tools/fetch_gpu_deps.sh and carry .debs along (it is
@@ -71,13 +74,75 @@ full_part() {   # every layer and the troupe binary, with the libraries from .de
         test_model_hf test_model_grad test_generate test_train
 }
 
+# The engine on the GPU: the same tests and commands as on the CPU, on device 0.
+cuda_part() {
+    local t="$build_all/cli/troupe" fx=tests/fixtures
+    run cuda_engine env TROUPE_BACKEND=cuda meson test -C "$build_all" --print-errorlogs \
+        test_model_hf test_model_grad test_generate test_train test_arena test_kvcache
+    cp "$build_all/meson-logs/testlog.txt" "$logs/testlog_cuda_engine.txt" 2>/dev/null
+    run cuda_cli env TROUPE_BACKEND=cuda meson test -C "$build_all" --print-errorlogs \
+        logprobs generate troupe_info
+    cp "$build_all/meson-logs/testlog.txt" "$logs/testlog_cuda_cli.txt" 2>/dev/null
+    # Two runs of the same command give the same bytes (every kernel is deterministic), and
+    # the device's memory plan is what `info` prints.
+    run cuda_twice bash -c "
+        set -e
+        for i in 1 2; do
+            $t generate --backend cuda --model $fx/generate/chat_qwen2 \
+                --prompts $fx/generate/chat_qwen2/prompts.jsonl --n 4 --temperature 0.9 \
+                --top-p 0.95 --seed 3 --max-new-tokens 24 --quiet > $out/gen\$i.jsonl
+            $t logprobs --backend cuda --model $fx/models/qwen2 \
+                --data $fx/models/qwen2/logprobs_input.jsonl --quiet > $out/lp\$i.jsonl
+        done
+        cmp $out/gen1.jsonl $out/gen2.jsonl && cmp $out/lp1.jsonl $out/lp2.jsonl
+        echo 'two CUDA runs: identical bytes'
+        $t info --backend cuda --model examples/arith/model --tokens 4096
+        rm -f $out/gen?.jsonl $out/lp?.jsonl"
+}
+
+# The quickstart (GRPO, 800 steps) on the GPU and on the CPU at once; their final greedy eval
+# accuracies must be within 3 points.
+quickstart_part() {
+    local t="$build_all/cli/troupe" q="$PWD/qs-runs"
+    rm -rf "$q" && mkdir -p "$q"
+    (TROUPE_BACKEND=cpu "$t" run configs/quickstart.yaml --set run_dir="$q/cpu" --set threads=8 \
+        >"$logs/quickstart_cpu.log" 2>&1; echo "exit $?" >>"$logs/quickstart_cpu.log") &
+    local cpu_pid=$!
+    run quickstart_cuda "$t" run configs/quickstart.yaml --set run_dir="$q/cuda" --set backend=cuda
+    wait "$cpu_pid"
+    run quickstart_compare python3 - "$q/cpu/metrics.jsonl" "$q/cuda/metrics.jsonl" <<'EOF'
+import json, sys
+def last(path, key):
+    v = [json.loads(l) for l in open(path)]
+    return [o[key] for o in v if key in o][-1], v
+cpu, vc = last(sys.argv[1], "eval/accuracy")
+gpu, vg = last(sys.argv[2], "eval/accuracy")
+t = lambda v: sum(o.get("time/step", 0) for o in v)
+print(f"final eval accuracy: cpu {cpu:.3f}, cuda {gpu:.3f} (diff {gpu - cpu:+.3f}); "
+      f"step time sum: cpu {t(vc):.1f} s, cuda {t(vg):.1f} s")
+sys.exit(0 if abs(gpu - cpu) <= 0.03 else 1)
+EOF
+}
+
+parts="${*:-engine full cuda quickstart}"
+has() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
 run nvidia-smi nvidia-smi || true
 commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 echo "commit: $commit" | tee -a "$summary"
-engine_part
-cp "$build/meson-logs/testlog.txt" "$logs/testlog_engine.txt" 2>/dev/null
+if has engine; then
+    engine_part
+    cp "$build/meson-logs/testlog.txt" "$logs/testlog_engine.txt" 2>/dev/null
+fi
 if [ -d .debs/dev ]; then
-    full_part
+    if has full || has cuda || has quickstart; then
+        if has full; then full_part; else
+            run deps tools/gpu_deps.sh && . .deps-root/env.sh &&
+                run setup_all configure "$build_all" -Dcuda=enabled -Dwerror=false &&
+                run build_all ninja -C "$build_all"
+        fi
+    fi
+    if has cuda; then cuda_part; fi
+    if has quickstart; then quickstart_part; fi
 else
     echo "no .debs/: the full binary is not built (make it with tools/fetch_gpu_deps.sh and carry it)" |
         tee -a "$summary"

@@ -187,9 +187,13 @@ static void test_logprobs(const char *name, tr_backend *be) {
                "%lld passes, peak %d sequences, %d blocks\n", (long long)total, worst,
                (long long)bitwise, (long long)st.passes, st.peak_seqs, st.peak_blocks);
         // The CPU product is batch-invariant (kernels/cpu/gemm.h): the rows of a decode pass
-        // and of a training forward give the same bits, so equality is exact.
-        CHECKF(worst == 0 && bitwise == total, "max logprob difference %.3g, %lld of %lld "
-               "bitwise equal", worst, (long long)bitwise, (long long)total);
+        // and of a training forward give the same bits, so equality is exact. Elsewhere the
+        // two paths differ by fp32 rounding of sums in another order (a few ulp per layer).
+        if (et_batch_invariant(gen_m.be))
+            CHECKF(worst == 0 && bitwise == total, "max logprob difference %.3g, %lld of %lld "
+                   "bitwise equal", worst, (long long)bitwise, (long long)total);
+        else
+            CHECKF(worst <= 1e-5, "max logprob difference %.3g", worst);
         // Sampled requests really sampled: some samples of one prompt differ.
         CHECK(distinct);
         // Greedy request 3: all samples equal.

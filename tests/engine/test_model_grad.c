@@ -215,7 +215,8 @@ static void check_packing(tr_backend *be) {
     // per row), so a document's logprobs are the same bits packed or alone. The gradients are
     // sums in another order (three calls summed here on the host vs chains over all tokens):
     // equal to rounding, 1e-5 relative is a few hundred fp32 ulps of the largest entries.
-    CHECK(max_lp == 0);
+    if (et_batch_invariant(be)) CHECK(max_lp == 0);
+    else CHECK(max_lp <= 1e-6);
     CHECK(eg <= 1e-5);
     free(g_all);
     free(g_sum);
