@@ -5,6 +5,7 @@
 // below checks its pointers, opens the memory, runs the real op and closes it again.
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 
 #include "kernels/cpu/cpu.h"
@@ -358,6 +359,28 @@ static void rows_in(tr_backend *be, const void *base, const int32_t *idx, int32_
         }
 }
 
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+// With the memory open: scatter's targets are distinct, since on a GPU two rows written to
+// one place land in any order.
+static void distinct(const int32_t *idx, int32_t n, const char *op) {
+    int32_t *s = malloc((size_t)n * sizeof *s);
+    if (!s) tr_cpu_guard_fail(op, "no host memory to check idx for repeats", idx);
+    memcpy(s, idx, (size_t)n * sizeof *s);
+    qsort(s, (size_t)n, sizeof *s, cmp_i32);
+    for (int32_t r = 1; r < n; r++)
+        if (s[r] == s[r - 1]) {
+            char what[160];
+            snprintf(what, sizeof what, "idx repeats row %d", s[r]);
+            free(s);
+            tr_cpu_guard_fail(op, what, idx);
+        }
+    free(s);
+}
+
 static void g_rows(tr_backend *be, void *to, const void *from, const int32_t *idx, int32_t n,
                    size_t row_bytes, int scatter) {
     const char *op = scatter ? "scatter_rows" : "gather_rows";
@@ -368,6 +391,7 @@ static void g_rows(tr_backend *be, void *to, const void *from, const int32_t *id
     open_mem(be);
     if (n > 0 && row_bytes > 0) rows_in(be, scatter ? to : from, idx, n, row_bytes, op,
                                scatter ? "dst" : "src");
+    if (scatter && n > 1) distinct(idx, n, op);
     if (scatter) tr_cpu_scatter_rows(be, to, from, idx, n, row_bytes);
     else tr_cpu_gather_rows(be, to, from, idx, n, row_bytes);
     close_mem(be);
@@ -405,6 +429,16 @@ static void g_kv_copy_blocks(tr_backend *be, const tr_kv_pool *pool, const int32
                      pool->block_size);
             tr_cpu_guard_fail(op, what, pool->k);
         }
+    // On a GPU the pairs run in any order: a block written by one pair and read or written
+    // by another gives whichever order ran.
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t j = 0; j < n; j++)
+            if (j != i && (dst[i] == src[j] || dst[i] == dst[j])) {
+                char what[160];
+                snprintf(what, sizeof what, "pair %d writes block %d, which pair %d %s", i,
+                         dst[i], j, dst[i] == src[j] ? "reads" : "writes too");
+                tr_cpu_guard_fail(op, what, pool->k);
+            }
     tr_cpu_kv_copy_blocks(be, pool, src, dst, n_slots, n);
     close_mem(be);
 }

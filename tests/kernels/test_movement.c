@@ -267,10 +267,11 @@ int main(void) {
     }
     check_rows(1000, 5000, 64);   // many rows: several tasks
     check_rows_empty();
-    // 3 layers of 6 blocks of 4 slots; pairs with no, some and all slots; float and odd slots
-    static const int32_t src[] = {0, 5, 2, 1}, dst[] = {3, 4, 1, 0}, ns[] = {4, 1, 0, 3};
-    check_kv_copy(3, 6, 4, 2 * 8 * sizeof(float), 4, src, dst, ns);
-    check_kv_copy(3, 6, 4, 6, 4, src, dst, ns);
+    // 3 layers of 8 blocks of 4 slots; pairs with no, some and all slots, two from one block
+    // (two forks of a shared block); float and odd slot sizes
+    static const int32_t src[] = {0, 5, 2, 0}, dst[] = {3, 4, 6, 7}, ns[] = {4, 1, 0, 3};
+    check_kv_copy(3, 8, 4, 2 * 8 * sizeof(float), 4, src, dst, ns);
+    check_kv_copy(3, 8, 4, 6, 4, src, dst, ns);
     check_kv_copy(1, 2, 16, 128 * sizeof(float), 1, (const int32_t[]){1},
                   (const int32_t[]){0}, (const int32_t[]){9});
     check_kv_copy(2, 3, 4, 32, 0, NULL, NULL, NULL);
