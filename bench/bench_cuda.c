@@ -1,6 +1,7 @@
 // CUDA backend speed: GFLOP/s of the linear layers at the sizes of a ~10M-parameter model
 // (with the CPU backend's ratio beside them) and of one 7B Llama layer (T = 4096), and
-// milliseconds of attention forward/backward and decode. Run by hand or by tools/gpu_suite.sh:
+// milliseconds of attention forward/backward and decode, the embedding backward, the
+// gradient's sum of squares and token sampling. Run by hand or by tools/gpu_suite.sh:
 // build-*/bench/bench_cuda [cpu_threads]. Best of a few repetitions after one warm-up.
 #include <stdint.h>
 #include <stdio.h>
@@ -205,6 +206,72 @@ static void bench_decode(int32_t B, int32_t ctx, int32_t H, int32_t KVH, int32_t
     free(seq_len);
 }
 
+// Embedding backward of T tokens over a vocabulary of V (ids sorted on the device each call).
+static void bench_embedding(int32_t T, int32_t C, int32_t V) {
+    int32_t *ids = malloc((size_t)T * sizeof(int32_t));
+    if (!ids) fail("malloc", "out of memory");
+    for (int32_t t = 0; t < T; t++) ids[t] = (int32_t)(((int64_t)t * 7919 + t / 3) % V);
+    int32_t *dids = dev_put(ids, (size_t)T * sizeof(int32_t));
+    float *dout = dev_rand((size_t)T * C), *dtable = dev_rand((size_t)V * C);
+    void *scratch = dev_put(NULL, gpu.ops->embedding_scratch_bytes(&gpu, T));
+    double best = 1e30;
+    for (int r = 0; r <= REPS; r++) {
+        double t0 = now_s();
+        gpu.ops->embedding_backward(&gpu, dtable, dout, dids, T, C, scratch);
+        gpu_sync();
+        double t1 = now_s();
+        if (r > 0 && t1 - t0 < best) best = t1 - t0;
+    }
+    printf("  embedding_backward T=%d C=%d V=%-6d               %8.3f ms\n", T, C, V, best * 1e3);
+    void *bufs[4] = {dids, dout, dtable, scratch};
+    for (int i = 0; i < 4; i++) tr_cuda_free(bufs[i]);
+    free(ids);
+}
+
+// Sum of squares of n floats into a device double.
+static void bench_sumsq(size_t n) {
+    float *x = dev_rand(n);
+    double *acc = dev_put(NULL, sizeof(double));
+    double best = 1e30;
+    for (int r = 0; r <= REPS; r++) {
+        double t0 = now_s();
+        gpu.ops->sumsq(&gpu, acc, x, n);
+        gpu_sync();
+        double t1 = now_s();
+        if (r > 0 && t1 - t0 < best) best = t1 - t0;
+    }
+    printf("  sumsq n=%-10zu                                %8.3f ms\n", n, best * 1e3);
+    tr_cuda_free(x);
+    tr_cuda_free(acc);
+}
+
+// B rows of V logits drawn with one parameter set.
+static void bench_sample(int32_t B, int32_t V, float temperature, int32_t top_k, float top_p) {
+    tr_sample_row *rows = malloc((size_t)B * sizeof(tr_sample_row));
+    if (!rows) fail("malloc", "out of memory");
+    for (int32_t b = 0; b < B; b++)
+        rows[b] = (tr_sample_row){.temperature = temperature, .top_k = top_k, .top_p = top_p,
+                                  .seed = 1000 + (uint64_t)b, .counter = 0, .used = 4};
+    float *logits = dev_rand((size_t)B * V);
+    tr_sample_row *drows = dev_put(rows, (size_t)B * sizeof(tr_sample_row));
+    int32_t *ids = dev_put(NULL, (size_t)B * sizeof(int32_t)), *n_near = dev_put(NULL, 4);
+    float *lp = dev_rand(B);
+    void *scratch = dev_put(NULL, gpu.ops->sample_scratch_bytes(&gpu, B, V));
+    double best = 1e30;
+    for (int r = 0; r <= REPS; r++) {
+        double t0 = now_s();
+        gpu.ops->sample(&gpu, ids, lp, logits, drows, B, V, scratch, n_near);
+        gpu_sync();
+        double t1 = now_s();
+        if (r > 0 && t1 - t0 < best) best = t1 - t0;
+    }
+    printf("  sample B=%d V=%d T=%.1f top_k=%d top_p=%.2f       %8.3f ms\n", B, V,
+           (double)temperature, top_k, (double)top_p, best * 1e3);
+    void *bufs[6] = {logits, drows, ids, n_near, lp, scratch};
+    for (int i = 0; i < 6; i++) tr_cuda_free(bufs[i]);
+    free(rows);
+}
+
 int main(int argc, char **argv) {
     int32_t cpu_threads = argc > 1 ? atoi(argv[1]) : 0;
     if (tr_cuda_device_count() == 0) {
@@ -242,6 +309,14 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) bench_matmul(&big[i], NULL);
     bench_attention(4096, 1, 32, 8, 128, NULL);
     bench_decode(16, 4096, 32, 8, 128);
+    bench_embedding(4096, 4096, 32000);
+    bench_embedding(32768, 4096, 128256);
+    bench_sumsq((size_t)1 << 28);   // the gradients of 268M parameters (1 GiB)
+    printf("sampling (V of Qwen2 / Llama 3):\n");
+    bench_sample(64, 152064, 0.0f, 0, 1.0f);
+    bench_sample(64, 152064, 1.0f, 0, 1.0f);
+    bench_sample(64, 152064, 0.7f, 50, 1.0f);
+    bench_sample(64, 152064, 1.0f, 0, 0.9f);
     tr_backend_cpu_free(&cpu);
     tr_backend_cuda_free(&gpu);
     return 0;
