@@ -195,8 +195,9 @@ typedef struct tr_ops {
     // Draws ids[b] from logits[b, V] as engine/sample.h's host sampler does with rows[b]'s
     // parameters: weights exp((z - max) / T) in double; top-k, then top-p over the top-k
     // set's mass, by rank (logit descending, lower id on ties); one 53-bit uniform from the
-    // row's next two Philox words (the caller then advances its tr_rng by two words) walked
-    // along the cumulative weights in rank order (id order when neither cut applies).
+    // row's next two Philox words (the caller then advances that row's tr_rng by two words,
+    // unless greedy) walked along the cumulative weights in rank order (id order when
+    // neither cut applies).
     // logprob[b] = log_softmax(logits[b])[ids[b]] of the unmodified distribution, the bits
     // logsoftmax_forward gives for that target. *n_near += the near draws (TR_SAMPLE_NEAR):
     // on another backend only those may differ. Every pointer is backend memory; scratch is
