@@ -78,7 +78,8 @@ full_part() {   # every layer and the troupe binary, with the libraries from .de
 cuda_part() {
     local t="$build_all/cli/troupe" fx=tests/fixtures
     run cuda_engine env TROUPE_BACKEND=cuda meson test -C "$build_all" --print-errorlogs \
-        test_model_hf test_model_grad test_generate test_train test_arena test_kvcache
+        test_model_hf test_model_grad test_generate test_train test_arena test_kvcache \
+        test_cuda_fault
     cp "$build_all/meson-logs/testlog.txt" "$logs/testlog_cuda_engine.txt" 2>/dev/null
     run cuda_cli env TROUPE_BACKEND=cuda meson test -C "$build_all" --print-errorlogs \
         logprobs generate troupe_info
@@ -98,6 +99,7 @@ cuda_part() {
         echo 'two CUDA runs: identical bytes'
         $t info --backend cuda --model examples/arith/model --tokens 4096
         rm -f $out/gen?.jsonl $out/lp?.jsonl"
+    run bench_cuda "$build_all/bench/bench_cuda"
 }
 
 # The quickstart (GRPO, 800 steps) on the GPU and on the CPU at once; their final greedy eval

@@ -65,9 +65,12 @@ static int cuda_sync(tr_backend *be, const char *where, char *msg, size_t cap) {
         if (cap) msg[0] = '\0';
         return 0;
     }
-    if (cap)
-        snprintf(msg, cap, "CUDA device %d, %s %s: %s", ctx->device,
-                 ctx->sync_each_op ? "in the op at" : "by the sync point", where, ctx->msg);
+    if (cap && ctx->sync_each_op)
+        snprintf(msg, cap, "CUDA device %d, failing op: %s (reported at '%s')", ctx->device,
+                 ctx->msg, where);
+    else if (cap)
+        snprintf(msg, cap, "CUDA device %d, failure before the sync point '%s': %s (run with "
+                 "TROUPE_SYNC_EACH_OP=1 to name the op)", ctx->device, where, ctx->msg);
     return -1;
 }
 

@@ -215,8 +215,10 @@ static void check_packing(tr_backend *be) {
     // per row), so a document's logprobs are the same bits packed or alone. The gradients are
     // sums in another order (three calls summed here on the host vs chains over all tokens):
     // equal to rounding, 1e-5 relative is a few hundred fp32 ulps of the largest entries.
+    // Elsewhere the packed forward sums in other orders: logprobs of magnitude ~5 differ by a
+    // few fp32 ulps per layer (an ulp at 4 is 4.8e-7), so 1e-5 as in the other such checks.
     if (et_batch_invariant(be)) CHECK(max_lp == 0);
-    else CHECK(max_lp <= 1e-6);
+    else CHECK(max_lp <= 1e-5);
     CHECK(eg <= 1e-5);
     free(g_all);
     free(g_sum);

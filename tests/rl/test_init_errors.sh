@@ -47,5 +47,14 @@ expect critic_lm critic/0 \
 expect no_weights policy/0 "examples/arith/init: no model.safetensors or model.safetensors.index.json" \
     --set models.policy.path=examples/arith/init
 
+# A memory budget too small for the weights and one micro-batch: the worker refuses at init
+# with the memory plan's numbers instead of failing later.
+"$troupe" run configs/quickstart.yaml --set run_dir="$tmp/small_budget" --set train.steps=1 \
+    --set memory_gb=0.001 2>"$tmp/small_budget.err"
+st=$?
+got=$(tail -n 1 "$tmp/small_budget.err")
+[ $st = 1 ] && printf '%s' "$got" | grep -q "policy/0: init: memory plan: weights 3.4 MiB .* more than the 1.0 MiB the budget has"
+check "a memory budget smaller than the plan: exit 1 naming the plan's parts" $? || echo "  got $st: $got"
+
 if [ $fail = 0 ]; then rm -rf "$tmp"; else echo "left $tmp for inspection"; fi
 exit $fail
