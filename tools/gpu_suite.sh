@@ -107,10 +107,12 @@ cuda_part() {
 quickstart_part() {
     local t="$build_all/cli/troupe" q="$PWD/qs-runs"
     rm -rf "$q" && mkdir -p "$q"
-    (TROUPE_BACKEND=cpu "$t" run configs/quickstart.yaml --set run_dir="$q/cpu" --set threads=8 \
+    # Bounded so that the suite still packs its logs when a run is slower than expected.
+    (timeout 420 "$t" run configs/quickstart.yaml --set run_dir="$q/cpu" --set threads=8 \
         >"$logs/quickstart_cpu.log" 2>&1; echo "exit $?" >>"$logs/quickstart_cpu.log") &
     local cpu_pid=$!
-    run quickstart_cuda "$t" run configs/quickstart.yaml --set run_dir="$q/cuda" --set backend=cuda
+    run quickstart_cuda timeout 420 "$t" run configs/quickstart.yaml --set run_dir="$q/cuda" \
+        --set backend=cuda
     wait "$cpu_pid"
     run quickstart_compare python3 - "$q/cpu/metrics.jsonl" "$q/cuda/metrics.jsonl" <<'EOF'
 import json, sys
