@@ -23,6 +23,7 @@
 #include "engine/file.h"
 #include "engine/heads.h"
 #include "engine/model.h"
+#include "engine/pack.h"
 #include "kernels/backend.h"
 
 static const char *CMD = "logprobs";
@@ -207,27 +208,14 @@ static int flush_output(output *o, tr_err *err) {
     return rc;
 }
 
-// Runs the sequences [first, last) as one packed forward and appends their lines to o.
+// Runs the sequences [first, last), packed into pk, as one forward and appends their lines.
 static int run_batch(tr_model *m, const char *path, const seq_list *seqs, size_t first,
-                     size_t last, int32_t *ids, int32_t *targets, int32_t *pos, int32_t *starts,
-                     float *lp, output *o, tr_err *err) {
-    int32_t t = 0, d = 0;
-    for (size_t i = first; i < last; i++, d++) {
-        const seq *s = &seqs->items[i];
-        starts[d] = t;
-        for (int32_t j = 0; j < s->n; j++, t++) {
-            ids[t] = s->ids[j];
-            pos[t] = j;
-            targets[t] = j + 1 < s->n ? s->ids[j + 1] : -1;
-        }
-    }
-    starts[d] = t;
-    tr_doc_layout docs = {.n_tokens = t, .n_docs = d, .doc_start = starts, .pos = pos};
-    if (tr_model_forward(m, ids, &docs, err) != 0 ||
-        tr_lm_head_forward(m, targets, lp, NULL, err) != 0)
+                     size_t last, const tr_pack *pk, float *lp, output *o, tr_err *err) {
+    if (tr_model_forward(m, pk->ids, &pk->docs, err) != 0 ||
+        tr_lm_head_forward(m, pk->targets, lp, NULL, err) != 0)
         return -1;
     for (size_t i = first; i < last; i++) {
-        int32_t off = starts[i - first];
+        int32_t off = pk->doc_start[i - first];
         // printf's "nan" is not JSON; a non-finite logprob means the model's numbers are.
         for (int32_t j = 0; j + 1 < seqs->items[i].n; j++)
             if (!isfinite(lp[off + j]))
@@ -320,18 +308,17 @@ int tr_cmd_logprobs(int argc, char **argv) {
     }
     tr_model m;
     tr_model_opts opts = {.max_tokens = max_tokens, .training = false};
-    size_t nt = (size_t)max_tokens;
-    int32_t *ids = malloc(nt * sizeof(int32_t)), *targets = malloc(nt * sizeof(int32_t));
-    int32_t *pos = malloc(nt * sizeof(int32_t)), *starts = malloc((nt + 1) * sizeof(int32_t));
-    float *lp = malloc(nt * sizeof(float));
+    tr_pack pk = {0};
+    float *lp = malloc((size_t)max_tokens * sizeof(float));
     output o = {0};
     tr_progress pg = {0};
     bool model_ok = false, writer_open = false;
     rc = 1;
-    if (!ids || !targets || !pos || !starts || !lp) {
+    if (!lp) {
         tr_errf(&err, TR_ENOMEM, "out of memory for %d-token batches", max_tokens);
         goto done;
     }
+    if (tr_pack_init(&pk, max_tokens, &err) != 0) goto done;
     if (tr_model_load(&m, model_dir, &be, &opts, &err) != 0) goto done;
     model_ok = true;
     if (out_path) {
@@ -343,19 +330,18 @@ int tr_cmd_logprobs(int argc, char **argv) {
     }
     tr_progress_init(&pg, CMD, "sequences", progress, quiet);
     size_t first = 0;
-    int32_t tokens = 0;
     int64_t tokens_done = 0;
     for (size_t i = 0; i <= seqs.n; i++) {
-        bool flush = i == seqs.n || (i > first && tokens + seqs.items[i].n > max_tokens);
-        if (flush && i > first) {
-            if (run_batch(&m, data, &seqs, first, i, ids, targets, pos, starts, lp, &o, &err) != 0)
-                goto done;
-            tokens_done += tokens;
+        // A sequence goes into the current pass if it fits; the pass runs when one does not.
+        if (i < seqs.n && tr_pack_add(&pk, seqs.items[i].ids, NULL, seqs.items[i].n)) continue;
+        if (i > first) {
+            if (run_batch(&m, data, &seqs, first, i, &pk, lp, &o, &err) != 0) goto done;
+            tokens_done += pk.docs.n_tokens;
             tr_progress_show(&pg, (int64_t)i, (int64_t)seqs.n, tokens_done, false);
             first = i;
-            tokens = 0;
+            tr_pack_clear(&pk);
         }
-        if (i < seqs.n) tokens += seqs.items[i].n;
+        if (i < seqs.n) tr_pack_add(&pk, seqs.items[i].ids, NULL, seqs.items[i].n);
     }
     if (writer_open) {
         writer_open = false;
@@ -373,10 +359,7 @@ done:
     tr_strbuf_free(&o.buf);
     if (model_ok) tr_model_free(&m);
     tr_backend_free(&be);
-    free(ids);
-    free(targets);
-    free(pos);
-    free(starts);
+    tr_pack_free(&pk);
     free(lp);
     seq_list_free(&seqs);
     return rc == 0 ? 0 : tr_cli_fail(CMD, &err);

@@ -8,6 +8,7 @@
 #include "data/chat.h"
 #include "data/tokenizer.h"
 #include "engine/arena.h"
+#include "engine/pack.h"
 #include "engine/plan.h"
 #include "engine/generate.h"
 #include "engine/loss.h"
@@ -26,7 +27,7 @@ typedef struct tr_worker tr_worker;
 
 // Buffers of one micro-batch, sized for the model's max_tokens at init.
 typedef struct tr_mb_buf {
-    int32_t *ids, *pos, *targets, *doc_start;   // doc_start: [max_tokens + 1]
+    tr_pack pack;                                // the micro-batch being run
     int32_t *seq;                                // [max_tokens] sequence index of each document
     float *out, *entropy, *weights;
 } tr_mb_buf;
@@ -90,10 +91,9 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
 int tr_worker_op_logprobs(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
 int tr_worker_op_values(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
 void tr_role_ctx_free(tr_role_ctx *rc);
-// Sequences [s0, s1) of r into mb as documents, as many as fit max_tokens starting at s0;
-// returns the number taken (>= 1), or -1 when sequence s0 alone is longer than max_tokens.
-int32_t tr_mb_fill(tr_role_ctx *rc, const tr_rollouts *r, int32_t s0, int32_t s1, tr_doc_layout *docs,
-                   tr_err *err);
+// Sequences [s0, s1) of r into mb.pack as documents, as many as fit max_tokens starting at
+// s0; returns the number taken (>= 1), or -1 when sequence s0 alone is longer than max_tokens.
+int32_t tr_mb_fill(tr_role_ctx *rc, const tr_rollouts *r, int32_t s0, int32_t s1, tr_err *err);
 // Reads rollouts (lengths and tokens, ids checked against the vocabulary) from args.
 int tr_worker_get_rollouts(tr_role_ctx *rc, const tr_msg_map *args, tr_rollouts *r, tr_err *err);
 // The head output row that predicts token t of a sequence starting at row o: o + t - 1.

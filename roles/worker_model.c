@@ -95,25 +95,19 @@ static int parse_loss(tr_role_ctx *rc, const tr_msg_map *m, tr_err *err) {
 
 static int mb_alloc(tr_mb_buf *b, int32_t T, tr_err *err) {
     size_t n = (size_t)T;
-    b->ids = malloc(n * sizeof(int32_t));
-    b->pos = malloc(n * sizeof(int32_t));
-    b->targets = malloc(n * sizeof(int32_t));
-    b->doc_start = malloc((n + 1) * sizeof(int32_t));
+    if (tr_pack_init(&b->pack, T, err)) return tr_err_wrap(err, "init");
     b->seq = malloc(n * sizeof(int32_t));
     b->out = malloc(n * sizeof(float));
     b->entropy = malloc(n * sizeof(float));
     b->weights = malloc(n * sizeof(float));
-    if (!b->ids || !b->pos || !b->targets || !b->doc_start || !b->seq || !b->out || !b->entropy || !b->weights)
+    if (!b->seq || !b->out || !b->entropy || !b->weights)
         return tr_errf(err, TR_ENOMEM, "init: out of memory for %d-token micro-batch buffers", T);
     for (size_t i = 0; i < n; i++) b->weights[i] = 1.0f;
     return 0;
 }
 
 static void mb_free(tr_mb_buf *b) {
-    free(b->ids);
-    free(b->pos);
-    free(b->targets);
-    free(b->doc_start);
+    tr_pack_free(&b->pack);
     free(b->seq);
     free(b->out);
     free(b->entropy);
@@ -368,32 +362,19 @@ int tr_worker_get_rollouts(tr_role_ctx *rc, const tr_msg_map *args, tr_rollouts 
     return 0;
 }
 
-int32_t tr_mb_fill(tr_role_ctx *rc, const tr_rollouts *r, int32_t s0, int32_t s1, tr_doc_layout *docs,
-                   tr_err *err) {
+int32_t tr_mb_fill(tr_role_ctx *rc, const tr_rollouts *r, int32_t s0, int32_t s1, tr_err *err) {
     tr_mb_buf *b = &rc->mb;
-    int32_t T = rc->model.max_tokens, t = 0, d = 0, s = s0;
+    tr_pack_clear(&b->pack);
+    int32_t s = s0;
     for (; s < s1; s++) {
         int32_t len = (int32_t)(r->offset[s + 1] - r->offset[s]);
-        if (t + len > T) break;
-        const int32_t *tok = r->tokens + r->offset[s];
-        b->doc_start[d] = t;
-        b->seq[d] = s;
-        for (int32_t j = 0; j < len; j++) {
-            b->ids[t + j] = tok[j];
-            b->pos[t + j] = j;
-            b->targets[t + j] = j + 1 < len ? tok[j + 1] : -1;
-        }
-        t += len;
-        d++;
+        b->seq[b->pack.docs.n_docs] = s;
+        if (!tr_pack_add(&b->pack, r->tokens + r->offset[s], NULL, len)) break;
     }
-    if (d == 0) {
-        tr_errf(err, TR_ERANGE, "sequence %d has %lld tokens; this worker's forward takes %d", s0,
-                (long long)(r->offset[s0 + 1] - r->offset[s0]), T);
-        return -1;
-    }
-    b->doc_start[d] = t;
-    *docs = (tr_doc_layout){.n_tokens = t, .n_docs = d, .doc_start = b->doc_start, .pos = b->pos};
-    return d;
+    if (s == s0)
+        return tr_errf(err, TR_ERANGE, "sequence %d has %lld tokens; this worker's forward takes %d", s0,
+                       (long long)(r->offset[s0 + 1] - r->offset[s0]), rc->model.max_tokens);
+    return s - s0;
 }
 
 // ---- logprobs and values ----
@@ -405,15 +386,15 @@ static int forward_all(tr_role_ctx *rc, const tr_rollouts *r, float *out, float 
     memset(out, 0, (size_t)r->n_tokens * sizeof(float));
     if (entropy) memset(entropy, 0, (size_t)r->n_tokens * sizeof(float));
     for (int32_t s = 0; s < r->n;) {
-        tr_doc_layout docs;
-        int32_t k = tr_mb_fill(rc, r, s, r->n, &docs, err);
+        int32_t k = tr_mb_fill(rc, r, s, r->n, err);
         if (k < 0) return -1;
-        int rc2 = tr_model_forward(m, b->ids, &docs, err);
-        if (!rc2) rc2 = m->cfg.head == TR_HEAD_LM ? tr_lm_head_forward(m, b->targets, b->out, entropy ? b->entropy : NULL, err)
+        const tr_pack *pk = &b->pack;
+        int rc2 = tr_model_forward(m, pk->ids, &pk->docs, err);
+        if (!rc2) rc2 = m->cfg.head == TR_HEAD_LM ? tr_lm_head_forward(m, pk->targets, b->out, entropy ? b->entropy : NULL, err)
                                                   : tr_value_head_forward(m, b->out, err);
         if (rc2) return tr_err_wrap(err, "sequences %d..%d", s, s + k - 1);
         for (int32_t d = 0; d < k; d++) {
-            int32_t i = b->seq[d], o = b->doc_start[d];
+            int32_t i = b->seq[d], o = pk->doc_start[d];
             int32_t len = (int32_t)(r->offset[i + 1] - r->offset[i]);
             for (int32_t t = tr_first_scored(r->prompt_len[i]); t < len; t++) {
                 out[r->offset[i] + t] = b->out[o + t - 1];

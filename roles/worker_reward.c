@@ -107,10 +107,10 @@ static int score_service(tr_role_ctx *rc, const tr_rollouts *r, float *scores, i
 static int score_model(tr_role_ctx *rc, const tr_rollouts *r, float *scores, tr_err *err) {
     tr_model *m = &rc->model;
     for (int32_t s = 0; s < r->n;) {
-        tr_doc_layout docs;
-        int32_t k = tr_mb_fill(rc, r, s, r->n, &docs, err);
+        int32_t k = tr_mb_fill(rc, r, s, r->n, err);
         if (k < 0) return -1;
-        if (tr_model_forward(m, rc->mb.ids, &docs, err) || tr_score_head_forward(m, rc->mb.out, err))
+        const tr_pack *pk = &rc->mb.pack;
+        if (tr_model_forward(m, pk->ids, &pk->docs, err) || tr_score_head_forward(m, rc->mb.out, err))
             return tr_err_wrap(err, "score: sequences %d..%d", s, s + k - 1);
         memcpy(scores + s, rc->mb.out, (size_t)k * sizeof(float));
         s += k;

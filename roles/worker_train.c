@@ -10,11 +10,11 @@
 #include "roles/rollout_wire.h"
 #include "roles/worker_impl.h"
 
-// Micro-batch i covers sequences [seq0[i], seq0[i+1]).
+// Micro-batch i covers sequences [seq0[i], seq0[i+1]), laid out by packs[i].
 typedef struct plan {
     tr_micro_batch *mbs;
+    tr_pack *packs;
     int32_t *seq0;
-    int32_t *doc_all;     // doc starts of every micro-batch, back to back
     int32_t n;
 } plan;
 
@@ -36,22 +36,20 @@ typedef struct rl_ctx {
 } rl_ctx;
 
 static void plan_free(plan *p) {
+    for (int32_t i = 0; p->packs && i < p->n; i++) tr_pack_free(&p->packs[i]);
     free(p->mbs);
+    free(p->packs);
     free(p->seq0);
-    free(p->doc_all);
     memset(p, 0, sizeof *p);
 }
 
-// Packs sequences [s0, s1) into micro-batches of at most max_tokens; pos/targets are the
-// per-token arrays of all rollouts (aligned with r->tokens).
-static int plan_build(tr_role_ctx *rc, const tr_rollouts *r, int32_t s0, int32_t s1, const int32_t *pos,
-                      const int32_t *targets, plan *p, tr_err *err) {
+// Packs sequences [s0, s1) into micro-batches of at most max_tokens, in order.
+static int plan_build(tr_role_ctx *rc, const tr_rollouts *r, int32_t s0, int32_t s1, plan *p, tr_err *err) {
     int32_t ns = s1 - s0, T = rc->model.max_tokens;
     p->mbs = calloc((size_t)ns, sizeof *p->mbs);
+    p->packs = calloc((size_t)ns, sizeof *p->packs);
     p->seq0 = malloc((size_t)(ns + 1) * sizeof *p->seq0);
-    p->doc_all = malloc((size_t)(2 * ns + 1) * sizeof *p->doc_all);
-    if (!p->mbs || !p->seq0 || !p->doc_all) return tr_errf(err, TR_ENOMEM, "train: out of memory");
-    int32_t *ds = p->doc_all;
+    if (!p->mbs || !p->packs || !p->seq0) return tr_errf(err, TR_ENOMEM, "train: out of memory");
     for (int32_t s = s0; s < s1;) {
         int64_t base = r->offset[s];
         int32_t k = 0;
@@ -59,14 +57,14 @@ static int plan_build(tr_role_ctx *rc, const tr_rollouts *r, int32_t s0, int32_t
         if (k == 0)
             return tr_errf(err, TR_ERANGE, "train: sequence %d has %lld tokens; this worker's forward takes %d", s,
                            (long long)(r->offset[s + 1] - base), T);
-        for (int32_t j = 0; j <= k; j++) ds[j] = (int32_t)(r->offset[s + j] - base);
-        tr_micro_batch *mb = &p->mbs[p->n];
-        mb->ids = r->tokens + base;
-        mb->targets = targets + base;
-        mb->weights = rc->mb.weights;  // ones: the loss callback carries every weight
-        mb->docs = (tr_doc_layout){.n_tokens = ds[k], .n_docs = k, .doc_start = ds, .pos = pos + base};
+        tr_pack *pk = &p->packs[p->n];
+        if (tr_pack_init(pk, (int32_t)(r->offset[s + k] - base), err)) return tr_err_wrap(err, "train");
+        for (int32_t j = s; j < s + k; j++)
+            tr_pack_add(pk, r->tokens + r->offset[j], NULL, (int32_t)(r->offset[j + 1] - r->offset[j]));
+        // ones: the loss callback carries every weight
+        p->mbs[p->n] = (tr_micro_batch){.ids = pk->ids, .targets = pk->targets, .weights = rc->mb.weights,
+                                        .docs = pk->docs};
         p->seq0[p->n++] = s;
-        ds += k + 1;
         s += k;
     }
     p->seq0[p->n] = s1;
@@ -252,8 +250,6 @@ static void rl_in_free(rl_in *in) {
     free(in->x);
     free(in->y);
     free(in->z);
-    free(in->pos);
-    free(in->targets);
 }
 
 static int rl_in_get(tr_role_ctx *rc, const tr_msg_map *a, rl_in *in, tr_err *err) {
@@ -268,9 +264,7 @@ static int rl_in_get(tr_role_ctx *rc, const tr_msg_map *a, rl_in *in, tr_err *er
     in->x = malloc(n * sizeof(float));
     in->y = malloc(n * sizeof(float));
     in->z = has_ref ? malloc(n * sizeof(float)) : NULL;
-    in->pos = malloc(n * sizeof(int32_t));
-    in->targets = malloc(n * sizeof(int32_t));
-    if (!in->x || !in->y || (has_ref && !in->z) || !in->pos || !in->targets)
+    if (!in->x || !in->y || (has_ref && !in->z))
         return tr_errf(err, TR_ENOMEM, "train: out of memory for %zu tokens", n);
     if (tr_token_floats_get(a, critic ? "returns" : "advantages", r->n_tokens, in->x, err) ||
         tr_token_floats_get(a, critic ? "old_values" : "old_logprobs", r->n_tokens, in->y, err) ||
@@ -278,11 +272,6 @@ static int rl_in_get(tr_role_ctx *rc, const tr_msg_map *a, rl_in *in, tr_err *er
         return -1;
     if (!critic && rc->loss.kl_coef != 0 && !has_ref)
         return tr_errf(err, TR_EINVAL, "train: the KL loss (kl_coef %g) needs ref_logprobs", rc->loss.kl_coef);
-    for (int32_t i = 0; i < r->n; i++)
-        for (int64_t t = r->offset[i]; t < r->offset[i + 1]; t++) {
-            in->pos[t] = (int32_t)(t - r->offset[i]);
-            in->targets[t] = t + 1 < r->offset[i + 1] ? r->tokens[t + 1] : -1;
-        }
     return 0;
 }
 
@@ -306,7 +295,7 @@ int tr_worker_op_train(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, t
     if (!rc2 && !plans) rc2 = tr_errf(err, TR_ENOMEM, "train: out of memory");
     for (int32_t m = 0; m < M && !rc2; m++) {
         int32_t s0 = (int32_t)((int64_t)r->n * m / M), s1 = (int32_t)((int64_t)r->n * (m + 1) / M);
-        rc2 = plan_build(rc, r, s0, s1, in.pos, in.targets, &plans[m], err);
+        rc2 = plan_build(rc, r, s0, s1, &plans[m], err);
         for (int32_t i = 0; i < plans[m].n && !rc2; i++) {
             int32_t B, T;
             mb_shape(r, plans[m].seq0[i], plans[m].seq0[i + 1], &B, &T);
@@ -401,12 +390,13 @@ int tr_worker_op_train_sft(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *re
         return tr_errf(err, TR_EINVAL, "train_sft: %lld rows of %lld tokens (a row must fit the %d-token forward)",
                        (long long)nr, (long long)rl, T);
     size_t n = (size_t)(nr * rl);
-    int32_t *ids = malloc(n * sizeof *ids), *tg = malloc(n * sizeof *tg), *pos = malloc(n * sizeof *pos);
-    int32_t *nd = malloc((size_t)nr * sizeof *nd), *ds = NULL, *mds = NULL;
+    int32_t *ids = malloc(n * sizeof *ids), *tg = malloc(n * sizeof *tg);
+    int32_t *nd = malloc((size_t)nr * sizeof *nd), *ds = NULL;
     tr_micro_batch *mbs = calloc((size_t)nr, sizeof *mbs);
+    tr_pack *packs = calloc((size_t)nr, sizeof *packs);
     tr_tensor_view dv;
     int rc2 = 0;
-    if (!ids || !tg || !pos || !nd || !mbs) rc2 = tr_errf(err, TR_ENOMEM, "train_sft: out of memory");
+    if (!ids || !tg || !nd || !mbs || !packs) rc2 = tr_errf(err, TR_ENOMEM, "train_sft: out of memory");
     if (!rc2 && (get_i32(a, "ids", (int64_t)n, ids, err) || get_i32(a, "targets", (int64_t)n, tg, err) ||
                  get_i32(a, "n_docs", nr, nd, err) || tr_msg_get_tensor(a, "doc_start", &dv, err)))
         rc2 = -1;
@@ -418,7 +408,7 @@ int tr_worker_op_train_sft(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *re
     if (!rc2 && dv.numel != total_docs)
         rc2 = tr_errf(err, TR_EINVAL, "train_sft: doc_start has %lld entries, n_docs needs %lld", (long long)dv.numel,
                       (long long)total_docs);
-    if (!rc2 && (!(ds = malloc((size_t)total_docs * sizeof *ds)) || !(mds = malloc((size_t)total_docs * sizeof *mds))))
+    if (!rc2 && !(ds = malloc((size_t)total_docs * sizeof *ds)))
         rc2 = tr_errf(err, TR_ENOMEM, "train_sft: out of memory");
     if (!rc2) rc2 = tr_tensor_view_copy(&dv, TR_DTYPE_I32, ds, (size_t)total_docs * sizeof *ds, "doc_start", err);
     int64_t trained = 0;
@@ -431,7 +421,6 @@ int tr_worker_op_train_sft(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *re
                 rc2 = tr_errf(err, TR_EINVAL, "train_sft: row %lld: document %d is empty or out of order", (long long)i, k);
             for (int32_t t = d[k]; t < d[k + 1] && !rc2; t++) {
                 size_t j = (size_t)(i * rl + t);
-                pos[j] = t - d[k];
                 if (ids[j] < 0 || ids[j] >= V || tg[j] < -1 || tg[j] >= V)
                     rc2 = tr_errf(err, TR_ERANGE, "train_sft: row %lld token %d: id %d or target %d outside the "
                                   "vocabulary [0, %d)", (long long)i, t, ids[j], tg[j], V);
@@ -440,21 +429,23 @@ int tr_worker_op_train_sft(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *re
         }
         d += nd[i] + 1;
     }
-    // Whole rows per micro-batch, as many as fit the forward.
+    // Whole rows per micro-batch, as many as fit the forward, their documents (each with the
+    // targets the data gave: the loss mask) packed end to end.
     int32_t per = T / (int32_t)rl, n_mb = 0;
     d = ds;
-    int32_t *md = mds;
     for (int64_t r0 = 0; r0 < nr && !rc2; r0 += per) {
         int64_t r1 = r0 + per < nr ? r0 + per : nr;
-        int32_t k = 0;
+        tr_pack *pk = &packs[n_mb];
+        if (tr_pack_init(pk, (int32_t)((r1 - r0) * rl), err)) {
+            rc2 = tr_err_wrap(err, "train_sft");
+            break;
+        }
         for (int64_t i = r0; i < r1; i++) {
-            for (int32_t j = 0; j < nd[i]; j++) md[k++] = (int32_t)((i - r0) * rl) + d[j];
+            for (int32_t j = 0; j < nd[i]; j++)
+                tr_pack_add(pk, ids + i * rl + d[j], tg + i * rl + d[j], d[j + 1] - d[j]);
             d += nd[i] + 1;
         }
-        md[k] = (int32_t)((r1 - r0) * rl);
-        mbs[n_mb++] = (tr_micro_batch){.ids = ids + r0 * rl, .targets = tg + r0 * rl,
-                                       .docs = {.n_tokens = md[k], .n_docs = k, .doc_start = md, .pos = pos + r0 * rl}};
-        md += k + 1;
+        mbs[n_mb++] = (tr_micro_batch){.ids = pk->ids, .targets = pk->targets, .docs = pk->docs};
     }
     tr_step_result res;
     tr_step_args sa = {.loss = TR_LOSS_CROSS_ENTROPY, .norm = TR_NORM_TOKEN_MEAN};
@@ -473,12 +464,12 @@ int tr_worker_op_train_sft(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *re
         tr_worker_logf(rc, "train_sft: %lld rows, %lld trained tokens, loss %.6g", (long long)nr, (long long)trained,
                        m.loss);
     }
+    for (int64_t i = 0; packs && i < nr; i++) tr_pack_free(&packs[i]);
+    free(packs);
     free(ids);
     free(tg);
-    free(pos);
     free(nd);
     free(ds);
-    free(mds);
     free(mbs);
     return rc2;
 }
