@@ -50,9 +50,9 @@ static const tr_ops cpu_ops = {
 
 // Memory: no op allocates and the context holds no scratch. Kernels work in their outputs
 // (attention keeps its running output row in out) or in fixed-size stack buffers whose size
-// does not grow with the arguments: at most a gemm block's packed panel of B (32 KiB) inside
-// an attention backward task with its two 64 x 64 float tiles (32 KiB), far inside a
-// thread's default stack. So nothing needs sizing before a step.
+// does not grow with the arguments: at most a gemm block's packed panels of B (32 KiB) and A
+// (192 KiB) inside an attention backward task with its two 64 x 64 float tiles (32 KiB),
+// well inside a thread's default stack (8 MiB). So nothing needs sizing before a step.
 // One thread at a time may call the ops of one backend.
 int tr_backend_cpu_init(tr_backend *be, int32_t n_threads) {
     be->ops = NULL;

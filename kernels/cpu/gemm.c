@@ -33,6 +33,7 @@ typedef void (*gemm_ukr_fn)(int32_t kc, const float *const *ar, ptrdiff_t aks,
 typedef struct gemm_kernel {
     int32_t mr, nr, kc;
     gemm_ukr_fn ukr;
+    tr_gemm_isa isa;
 } gemm_kernel;
 
 // ---- plain C: 4 x 8, fmaf (correctly rounded everywhere, the reference for the others) ----
@@ -149,11 +150,13 @@ __attribute__((target("avx512f"))) static void ukr_avx512(int32_t kc, const floa
 
 static gemm_kernel gemm_kernel_of(tr_gemm_isa isa) {
 #if GEMM_X86
-    if (isa == TR_GEMM_AVX512) return (gemm_kernel){.mr = 12, .nr = 32, .kc = 128, .ukr = ukr_avx512};
-    if (isa == TR_GEMM_AVX2) return (gemm_kernel){.mr = 6, .nr = 16, .kc = 256, .ukr = ukr_avx2};
+    if (isa == TR_GEMM_AVX512)
+        return (gemm_kernel){.mr = 12, .nr = 32, .kc = 128, .ukr = ukr_avx512, .isa = isa};
+    if (isa == TR_GEMM_AVX2)
+        return (gemm_kernel){.mr = 6, .nr = 16, .kc = 256, .ukr = ukr_avx2, .isa = isa};
 #endif
     (void)isa;
-    return (gemm_kernel){.mr = 4, .nr = 8, .kc = 256, .ukr = ukr_generic};
+    return (gemm_kernel){.mr = 4, .nr = 8, .kc = 256, .ukr = ukr_generic, .isa = TR_GEMM_GENERIC};
 }
 
 tr_gemm_isa tr_gemm_isa_detect(void) {
@@ -178,9 +181,48 @@ const char *tr_gemm_isa_name(tr_gemm_isa isa) {
     return isa == TR_GEMM_AVX512 ? "avx512" : isa == TR_GEMM_AVX2 ? "avx2" : "generic";
 }
 
+#if GEMM_X86
+// The transposing pack of B = W^T (columns contiguous along k) in 8 x 8 blocks: eight rows of
+// W (eight columns of B), eight steps of k each, transposed in registers. Returns the k steps
+// done (a multiple of 8); the caller packs the rest. Moving values only: any order is exact.
+__attribute__((target("avx2"))) static int32_t pack_bt_avx2(float *bp, const tr_gemm *g,
+                                                           int32_t k0, int32_t kn, int32_t j0,
+                                                           int32_t nr, int32_t NR) {
+    if (nr % 8 != 0) return 0;
+    int32_t k8 = kn / 8 * 8;
+    for (int32_t jb = 0; jb < nr; jb += 8) {
+        const float *src = g->b + (j0 + jb) * g->b_cs + k0;
+        for (int32_t k = 0; k < k8; k += 8) {
+            __m256 r0 = _mm256_loadu_ps(src + 0 * g->b_cs + k), r1 = _mm256_loadu_ps(src + 1 * g->b_cs + k);
+            __m256 r2 = _mm256_loadu_ps(src + 2 * g->b_cs + k), r3 = _mm256_loadu_ps(src + 3 * g->b_cs + k);
+            __m256 r4 = _mm256_loadu_ps(src + 4 * g->b_cs + k), r5 = _mm256_loadu_ps(src + 5 * g->b_cs + k);
+            __m256 r6 = _mm256_loadu_ps(src + 6 * g->b_cs + k), r7 = _mm256_loadu_ps(src + 7 * g->b_cs + k);
+            __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+            __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+            __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+            __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+            __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+            __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+            __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+            __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+            float *dst = bp + (size_t)k * NR + jb;
+            _mm256_storeu_ps(dst + 0 * NR, _mm256_permute2f128_ps(u0, u4, 0x20));
+            _mm256_storeu_ps(dst + 1 * NR, _mm256_permute2f128_ps(u1, u5, 0x20));
+            _mm256_storeu_ps(dst + 2 * NR, _mm256_permute2f128_ps(u2, u6, 0x20));
+            _mm256_storeu_ps(dst + 3 * NR, _mm256_permute2f128_ps(u3, u7, 0x20));
+            _mm256_storeu_ps(dst + 4 * NR, _mm256_permute2f128_ps(u0, u4, 0x31));
+            _mm256_storeu_ps(dst + 5 * NR, _mm256_permute2f128_ps(u1, u5, 0x31));
+            _mm256_storeu_ps(dst + 6 * NR, _mm256_permute2f128_ps(u2, u6, 0x31));
+            _mm256_storeu_ps(dst + 7 * NR, _mm256_permute2f128_ps(u3, u7, 0x31));
+        }
+    }
+    return k8;
+}
+#endif
+
 // Packs B(k0 .. k0+kn-1, j0 .. j0+nr-1) as kn rows of NR floats, zero beyond nr.
 static void gemm_pack_b(float *bp, const tr_gemm *g, int32_t k0, int32_t kn, int32_t j0,
-                        int32_t nr, int32_t NR) {
+                        int32_t nr, int32_t NR, tr_gemm_isa isa) {
     if (g->b_cs == 1) {
         for (int32_t k = 0; k < kn; k++) {
             const float *src = g->b + (k0 + k) * g->b_ks + j0;
@@ -193,14 +235,38 @@ static void gemm_pack_b(float *bp, const tr_gemm *g, int32_t k0, int32_t kn, int
     if (nr < NR)
         for (int32_t k = 0; k < kn; k++)
             for (int32_t j = nr; j < NR; j++) bp[(size_t)k * NR + j] = 0.0f;
-    // Columns of B run along k (B = W^T): a transpose, one column of B at a time.
+    // Columns of B run along k (B = W^T): a transpose, in 8 x 8 blocks where the CPU has
+    // AVX2, then one column of B at a time for what is left.
+    int32_t kd = 0;
+#if GEMM_X86
+    if (isa >= TR_GEMM_AVX2 && g->b_ks == 1) kd = pack_bt_avx2(bp, g, k0, kn, j0, nr, NR);
+#else
+    (void)isa;
+#endif
     for (int32_t j = 0; j < nr; j++) {
         const float *src = g->b + (j0 + j) * g->b_cs + k0 * g->b_ks;
         float *dst = bp + j;
         if (g->b_ks == 1)
-            for (int32_t k = 0; k < kn; k++) dst[(size_t)k * NR] = src[k];
+            for (int32_t k = kd; k < kn; k++) dst[(size_t)k * NR] = src[k];
         else
-            for (int32_t k = 0; k < kn; k++) dst[(size_t)k * NR] = src[k * g->b_ks];
+            for (int32_t k = kd; k < kn; k++) dst[(size_t)k * NR] = src[k * g->b_ks];
+    }
+}
+
+// Packs A(rows i0 .. i1-1, k0 .. k0+kn-1) as MR-row panels of kn steps (ap[panel][k][r]),
+// the last panel's missing rows repeating its last real row. Used when A's steps along k are
+// not contiguous (A^T, the weight gradient): there the rows a micro-kernel reads sit a whole
+// row of the source apart per step, and such strides (often a multiple of 4 KiB) would fall
+// into one L1 set and evict each other.
+static void gemm_pack_a(float *ap, const tr_gemm *g, int32_t i0, int32_t i1, int32_t k0,
+                        int32_t kn, int32_t MR) {
+    for (int32_t p0 = i0; p0 < i1; p0 += MR, ap += (size_t)kn * MR) {
+        int32_t mr = i1 - p0 < MR ? i1 - p0 : MR;
+        for (int32_t k = 0; k < kn; k++) {
+            const float *src = g->a + p0 * g->a_rs + (k0 + k) * g->a_ks;
+            float *dst = ap + (size_t)k * MR;
+            for (int32_t r = 0; r < MR; r++) dst[r] = src[(r < mr ? r : mr - 1) * g->a_rs];
+        }
     }
 }
 
@@ -209,14 +275,19 @@ static void gemm_block(const gemm_kernel *kr, const tr_gemm *g, int32_t i0, int3
                        int32_t j0, int32_t j1) {
     const int32_t MR = kr->mr, NR = kr->nr;
     float bp[GEMM_KC_MAX * GEMM_NR_MAX] __attribute__((aligned(64)));
+    // Packed A for strided rows: at most GEMM_MC rows of one K block (192 KiB of stack, only
+    // touched when used).
+    float ap[GEMM_MC * GEMM_KC_MAX] __attribute__((aligned(64)));
+    const bool pack_a = g->a_ks != 1;
     float tile[GEMM_MR_MAX * GEMM_NR_MAX], bias_pad[GEMM_NR_MAX];
     const float *ar[GEMM_MR_MAX];
     for (int32_t k0 = 0; k0 < g->K; k0 += kr->kc) {
         int32_t kn = g->K - k0 < kr->kc ? g->K - k0 : kr->kc;
         bool load_c = k0 > 0 || g->accumulate, last = k0 + kn == g->K;
+        if (pack_a) gemm_pack_a(ap, g, i0, i1, k0, kn, MR);
         for (int32_t j = j0; j < j1; j += NR) {
             int32_t nr = j1 - j < NR ? j1 - j : NR;
-            gemm_pack_b(bp, g, k0, kn, j, nr, NR);
+            gemm_pack_b(bp, g, k0, kn, j, nr, NR, kr->isa);
             const float *bias = NULL;
             if (last && g->bias) {
                 if (nr == NR) bias = g->bias + j;
@@ -228,18 +299,25 @@ static void gemm_block(const gemm_kernel *kr, const tr_gemm *g, int32_t i0, int3
             for (int32_t i = i0; i < i1; i += MR) {
                 int32_t mr = i1 - i < MR ? i1 - i : MR;
                 // Rows past the end read the last real row; their results are dropped.
-                for (int32_t r = 0; r < MR; r++)
-                    ar[r] = g->a + (i + (r < mr ? r : mr - 1)) * g->a_rs + k0 * g->a_ks;
+                ptrdiff_t aks = g->a_ks;
+                if (pack_a) {
+                    const float *panel = ap + (size_t)(i - i0) * kn;
+                    for (int32_t r = 0; r < MR; r++) ar[r] = panel + r;
+                    aks = MR;
+                } else {
+                    for (int32_t r = 0; r < MR; r++)
+                        ar[r] = g->a + (i + (r < mr ? r : mr - 1)) * g->a_rs + k0 * g->a_ks;
+                }
                 float *c = g->c + (ptrdiff_t)i * g->ldc + j;
                 if (mr == MR && nr == NR) {
-                    kr->ukr(kn, ar, g->a_ks, bp, c, g->ldc, load_c, bias);
+                    kr->ukr(kn, ar, aks, bp, c, g->ldc, load_c, bias);
                     continue;
                 }
                 memset(tile, 0, sizeof tile);
                 if (load_c)
                     for (int32_t r = 0; r < mr; r++)
                         for (int32_t x = 0; x < nr; x++) tile[r * NR + x] = c[r * g->ldc + x];
-                kr->ukr(kn, ar, g->a_ks, bp, tile, NR, load_c, bias);
+                kr->ukr(kn, ar, aks, bp, tile, NR, load_c, bias);
                 for (int32_t r = 0; r < mr; r++)
                     for (int32_t x = 0; x < nr; x++) c[r * g->ldc + x] = tile[r * NR + x];
             }
