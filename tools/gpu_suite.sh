@@ -99,6 +99,14 @@ cuda_part() {
         echo 'two CUDA runs: identical bytes'
         $t info --backend cuda --model examples/arith/model --tokens 4096
         rm -f $out/gen?.jsonl $out/lp?.jsonl"
+    # The CPU backend's bits on this machine's processor (AVX-512 where it has it), brought
+    # back to compare with another machine's (cpu_bits.jsonl: they must be the same bytes).
+    run cpu_bits bash -c "
+        $t logprobs --backend cpu --model $fx/models/qwen2 \
+            --data $fx/models/qwen2/logprobs_input.jsonl --quiet > $out/cpu_bits.jsonl &&
+        $t generate --backend cpu --model $fx/generate/chat_qwen2 \
+            --prompts $fx/generate/chat_qwen2/prompts.jsonl --n 4 --temperature 0.9 \
+            --top-p 0.95 --seed 3 --max-new-tokens 24 --quiet >> $out/cpu_bits.jsonl"
     run bench_cuda "$build_all/bench/bench_cuda"
 }
 
