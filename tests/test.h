@@ -60,7 +60,11 @@ static inline double tr_test_max_abs_err(const float *a, const float *b, size_t 
 static inline const char *tr_test_src(const char *rel) {
     static char buf[4096];
     const char *root = getenv("TROUPE_SOURCE_ROOT");
-    snprintf(buf, sizeof buf, "%s/%s", root ? root : ".", rel);
+    int n = snprintf(buf, sizeof buf, "%s/%s", root ? root : ".", rel);
+    if (n < 0 || (size_t)n >= sizeof buf) {
+        fprintf(stderr, "test path too long: %s/%s\n", root ? root : ".", rel);
+        exit(1);
+    }
     return buf;
 }
 
