@@ -137,6 +137,8 @@ def main():
         run, steps, every = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
         extra = {int(x) for x in sys.argv[5].split(",")} if len(sys.argv) > 5 else set()
         ms = metrics(run)
+        resolved = open(os.path.join(run, "resolved.yaml")).read()
+        lp_tol = 1e-4 if "\nbackend: cuda" in "\n" + resolved else 0
         if mode in ("grpo", "ppo"):
             check_steps(ms, steps, every, "eval/accuracy", extra)
             keys = RL_KEYS + (["critic/value_loss", "critic/grad_norm", "time/critic"]
@@ -144,8 +146,9 @@ def main():
             check_keys(ms, keys)
             for o in ms[1:]:
                 # The CPU backend's forward is batch-invariant: generation's logprobs are
-                # the training path's bits, so the largest difference is exactly 0.
-                if o.get("logprob_diff/max", 1) != 0:
+                # the training path's bits, so the largest difference is exactly 0. CUDA's is
+                # not yet: fp32 sums in other orders, a few ulp per layer.
+                if o.get("logprob_diff/max", 1) > lp_tol:
                     err("step %d: logprob_diff/max %r: generation and training disagree"
                         % (o["step"], o.get("logprob_diff/max")))
                 if not 0 <= o.get("eval/accuracy", 0) <= 1:

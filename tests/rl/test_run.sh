@@ -30,6 +30,7 @@ head -n 12 "$src/examples/arith/eval.jsonl" > "$tmp/eval.jsonl"
 grpo_recipe() {  # grpo_recipe RUN_DIR STEPS [SAVE_EVERY]
     cat <<EOF
 workflow: grpo
+backend: ${TROUPE_BACKEND:-cpu}
 seed: 3
 run_dir: $1
 threads: 1
@@ -115,6 +116,7 @@ check "killed-and-resumed run has every step once and complete checkpoints" $?
 # --- SFT, PPO, pretraining ---
 cat > "$tmp/sft.yaml" <<EOF
 workflow: sft
+backend: ${TROUPE_BACKEND:-cpu}
 seed: 2
 run_dir: $tmp/sft
 threads: 1
@@ -137,6 +139,7 @@ check "sft resumed after 2 steps equals the uninterrupted run (row cursor, optim
 
 cat > "$tmp/ppo.yaml" <<EOF
 workflow: ppo
+backend: ${TROUPE_BACKEND:-cpu}
 seed: 4
 run_dir: $tmp/ppo
 threads: 1
@@ -175,6 +178,7 @@ for l in itertools.islice(open('$src/examples/arith/sft.jsonl'), 600):
 check "preprocess for the pretraining run" $?
 cat > "$tmp/pretrain.yaml" <<EOF
 workflow: pretrain
+backend: ${TROUPE_BACKEND:-cpu}
 seed: 5
 run_dir: $tmp/pre
 threads: 1
