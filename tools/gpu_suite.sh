@@ -84,6 +84,12 @@ cuda_part() {
     run cuda_cli env TROUPE_BACKEND=cuda meson test -C "$build_all" --print-errorlogs \
         logprobs generate troupe_info
     cp "$build_all/meson-logs/testlog.txt" "$logs/testlog_cuda_cli.txt" 2>/dev/null
+    # The workflows' end-to-end tests (GRPO, SFT, PPO and pretraining runs, resumed runs equal
+    # to uninterrupted ones) and every CPU recipe, with their workers on the GPU.
+    run cuda_runs env TROUPE_BACKEND=cuda meson test -C "$build_all" --print-errorlogs \
+        run cpu_recipes
+    cp "$build_all/meson-logs/testlog.txt" "$logs/testlog_cuda_runs.txt" 2>/dev/null
+    cp "$build_all/meson-logs/testlog.txt" "$logs/testlog_cuda_cli.txt" 2>/dev/null
     # Two runs of the same command give the same bytes (every kernel is deterministic), and
     # the device's memory plan is what `info` prints.
     run cuda_twice bash -c "
