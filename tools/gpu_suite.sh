@@ -89,7 +89,6 @@ cuda_part() {
     run cuda_runs env TROUPE_BACKEND=cuda meson test -C "$build_all" --print-errorlogs \
         run cpu_recipes
     cp "$build_all/meson-logs/testlog.txt" "$logs/testlog_cuda_runs.txt" 2>/dev/null
-    cp "$build_all/meson-logs/testlog.txt" "$logs/testlog_cuda_cli.txt" 2>/dev/null
     # Two runs of the same command give the same bytes (every kernel is deterministic), and
     # the device's memory plan is what `info` prints.
     run cuda_twice bash -c "
