@@ -69,6 +69,8 @@ const tr_tok_pair_slot *tr_tok_pairmap_get(const tr_tok_pairmap *m, int32_t a, i
 // Offset of the first byte that is not valid UTF-8 (Rust String rules), or len if valid.
 size_t tr_tok_utf8_check(const char *s, size_t len);
 // Decodes the character at s[0..len) (valid UTF-8 assumed); *n gets its byte length.
+// Writes code point c (< 0x110000) as UTF-8 into o (room for 4 bytes); returns its length.
+size_t tr_tok_utf8_put(uint32_t c, char *o);
 int32_t tr_tok_utf8_next(const char *s, size_t len, size_t *n);
 // Decodes the character that ends at s[len] (valid UTF-8 assumed).
 int32_t tr_tok_utf8_prev(const char *s, size_t len, size_t *n);

@@ -330,7 +330,7 @@ static size_t compose(uint32_t *v, size_t n) {
     return out;
 }
 
-static size_t utf8_put(uint32_t c, char *o) {
+size_t tr_tok_utf8_put(uint32_t c, char *o) {
     if (c < 0x80) {
         o[0] = (char)c;
         return 1;
@@ -383,7 +383,7 @@ static int nf_stretch(int form, const char *s, size_t len, nf_scratch *x, tr_err
     x->chunk.n = 0;
     for (size_t k = 0; k < n; k++) {
         char u[4];
-        if (obuf_put(&x->chunk, u, utf8_put(x->cps.v[k] & 0xffffff, u), err)) return -1;
+        if (obuf_put(&x->chunk, u, tr_tok_utf8_put(x->cps.v[k] & 0xffffff, u), err)) return -1;
     }
     return 0;
 }

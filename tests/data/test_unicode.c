@@ -43,29 +43,6 @@ static uint32_t ids_crc(const int32_t *ids, size_t n) {
     return c ^ 0xFFFFFFFFu;
 }
 
-static size_t put_utf8(uint32_t c, char *o) {
-    if (c < 0x80) {
-        o[0] = (char)c;
-        return 1;
-    }
-    if (c < 0x800) {
-        o[0] = (char)(0xC0 | c >> 6);
-        o[1] = (char)(0x80 | (c & 0x3F));
-        return 2;
-    }
-    if (c < 0x10000) {
-        o[0] = (char)(0xE0 | c >> 12);
-        o[1] = (char)(0x80 | (c >> 6 & 0x3F));
-        o[2] = (char)(0x80 | (c & 0x3F));
-        return 3;
-    }
-    o[0] = (char)(0xF0 | c >> 18);
-    o[1] = (char)(0x80 | (c >> 12 & 0x3F));
-    o[2] = (char)(0x80 | (c >> 6 & 0x3F));
-    o[3] = (char)(0x80 | (c & 0x3F));
-    return 4;
-}
-
 typedef struct job {
     const tr_tokenizer *tok;
     const char *name;
@@ -102,7 +79,7 @@ static bool context_of(const json_t *parts, context *x) {
 static size_t put_context(const context *x, uint32_t c, char *o) {
     size_t len = 0;
     for (size_t k = 0; k < x->n; k++) {
-        if (k) len += put_utf8(c, o + len);
+        if (k) len += tr_tok_utf8_put(c, o + len);
         memcpy(o + len, x->part[k], x->len[k]);
         len += x->len[k];
     }

@@ -20,7 +20,7 @@
 #include "engine/heads.h"
 #include "engine/train.h"
 #include "tests/engine/arena_formula.h"
-#include "tests/engine/engine_test.h"
+#include "tests/backend_test.h"
 #include "tests/engine/model_util.h"
 #include "tests/test.h"
 

@@ -13,7 +13,7 @@
 #include "engine/heads.h"
 #include "engine/model.h"
 #include "tests/engine/model_util.h"
-#include "tests/engine/engine_test.h"
+#include "tests/backend_test.h"
 #include "tests/test.h"
 
 #define MAX_OUT 64

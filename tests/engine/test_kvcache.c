@@ -5,7 +5,7 @@
 #include <stdio.h>
 
 #include "engine/kvcache.h"
-#include "tests/engine/engine_test.h"
+#include "tests/backend_test.h"
 #include "tests/test.h"
 
 static tr_backend be;

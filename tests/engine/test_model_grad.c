@@ -10,7 +10,7 @@
 #include "engine/model.h"
 #include "engine/rng.h"
 #include "tests/engine/model_util.h"
-#include "tests/engine/engine_test.h"
+#include "tests/backend_test.h"
 #include "tests/test.h"
 
 static const char *tiny_config(const char *arch, int tied, int bias) {

@@ -11,7 +11,7 @@
 #include "engine/model.h"
 #include "engine/train.h"
 #include "tests/engine/model_util.h"
-#include "tests/engine/engine_test.h"
+#include "tests/backend_test.h"
 #include "tests/test.h"
 
 typedef struct fixture {

@@ -13,7 +13,7 @@
 #include "engine/train.h"
 #include "engine/train_state.h"
 #include "tests/engine/model_util.h"
-#include "tests/engine/engine_test.h"
+#include "tests/backend_test.h"
 #include "tests/test.h"
 
 static void test_schedules(void) {

@@ -4,28 +4,11 @@
 // pattern through fp32 and back, ties to even, and random fp32 patterns against a rounding
 // reference that measures distances in double. All buffers are backend memory, so the test
 // also runs under TROUPE_CPU_GUARD=1.
+#include "tests/backend_test.h"
 #include "tests/kernels/kernels_test.h"
 
 static tr_backend be;
 
-static void *dput(const void *host, size_t bytes) {
-    void *p = be.ops->alloc(&be, bytes);
-    if (!p) {
-        fprintf(stderr, "backend alloc of %zu bytes failed\n", bytes);
-        exit(1);
-    }
-    if (host) be.ops->upload(&be, p, host, bytes);
-    return p;
-}
-
-static void dget(void *host, const void *p, size_t bytes) {
-    char msg[256];
-    be.ops->download(&be, host, p, bytes);
-    if (be.ops->sync(&be, "test_movement", msg, sizeof msg) != 0) {
-        fprintf(stderr, "sync: %s\n", msg);
-        exit(1);
-    }
-}
 
 static uint8_t *rand_bytes(size_t n) {
     uint8_t *b = kt_malloc(n);
@@ -36,9 +19,9 @@ static uint8_t *rand_bytes(size_t n) {
 // fill of x[off, off + n) inside a larger buffer: exactly those floats become value.
 static void check_fill(size_t total, size_t off, size_t n, float value) {
     float *h = kt_rand(total, 1.0), *got = kt_floats(total);
-    float *d = dput(h, total * sizeof(float));
+    float *d = et_dev(&be, h, total * sizeof(float));
     be.ops->fill(&be, d + off, value, n);
-    dget(got, d, total * sizeof(float));
+    et_get(&be, got, d, total * sizeof(float));
     int ok = 1;
     for (size_t i = 0; i < total; i++) {
         float want = i >= off && i < off + n ? value : h[i];
@@ -67,18 +50,18 @@ static void check_rows(int32_t n_src, int32_t n, size_t row_bytes) {
         sidx[r] = t;
     }
     int32_t ns = n < n_src ? n : n_src;
-    uint8_t *d_src = dput(src, src_bytes), *d_out = dput(NULL, out_bytes);
-    uint8_t *d_dst = dput(dst0, src_bytes);
-    int32_t *d_gidx = dput(gidx, (size_t)n * sizeof(int32_t));
-    int32_t *d_sidx = dput(sidx, (size_t)ns * sizeof(int32_t));
+    uint8_t *d_src = et_dev(&be, src, src_bytes), *d_out = et_dev(&be, NULL, out_bytes);
+    uint8_t *d_dst = et_dev(&be, dst0, src_bytes);
+    int32_t *d_gidx = et_dev(&be, gidx, (size_t)n * sizeof(int32_t));
+    int32_t *d_sidx = et_dev(&be, sidx, (size_t)ns * sizeof(int32_t));
     be.ops->gather_rows(&be, d_out, d_src, d_gidx, n, row_bytes);
     be.ops->scatter_rows(&be, d_dst, d_out, d_sidx, ns, row_bytes);
-    dget(got, d_out, out_bytes);
+    et_get(&be, got, d_out, out_bytes);
     int ok = 1;
     for (int32_t r = 0; r < n; r++)
         ok &= memcmp(got + (size_t)r * row_bytes, src + (size_t)gidx[r] * row_bytes, row_bytes) == 0;
     CHECKF(ok, "gather_rows: %d of %d rows of %zu bytes", n, n_src, row_bytes);
-    dget(got, d_dst, src_bytes);
+    et_get(&be, got, d_dst, src_bytes);
     uint8_t *want = kt_malloc(src_bytes);
     memcpy(want, dst0, src_bytes);
     for (int32_t r = 0; r < ns; r++)
@@ -97,11 +80,11 @@ static void check_rows(int32_t n_src, int32_t n, size_t row_bytes) {
 static void check_rows_empty(void) {
     uint8_t h[64], got[64];
     for (int i = 0; i < 64; i++) h[i] = (uint8_t)i;
-    uint8_t *d = dput(h, 64);
-    int32_t *idx = dput(NULL, sizeof(int32_t));
+    uint8_t *d = et_dev(&be, h, 64);
+    int32_t *idx = et_dev(&be, NULL, sizeof(int32_t));
     be.ops->gather_rows(&be, d, d + 32, idx, 0, 16);
     be.ops->scatter_rows(&be, d, d + 32, idx, 0, 16);
-    dget(got, d, 64);
+    et_get(&be, got, d, 64);
     CHECK(memcmp(got, h, 64) == 0);
     be.ops->free(&be, d);
     be.ops->free(&be, idx);
@@ -127,17 +110,17 @@ static void check_kv_copy(int32_t L, int32_t NB, int32_t BS, size_t slot, int32_
                 memcpy(wv + to, v + from, slot);
             }
     size_t ni = (size_t)(n > 0 ? n : 1) * sizeof(int32_t);
-    tr_kv_pool pool = {.k = dput(k, bytes), .v = dput(v, bytes), .layer_bytes = layer,
+    tr_kv_pool pool = {.k = et_dev(&be, k, bytes), .v = et_dev(&be, v, bytes), .layer_bytes = layer,
                        .n_layers = L, .block_size = BS, .slot_bytes = slot};
-    int32_t *d_src = dput(NULL, ni), *d_dst = dput(NULL, ni), *d_n = dput(NULL, ni);
+    int32_t *d_src = et_dev(&be, NULL, ni), *d_dst = et_dev(&be, NULL, ni), *d_n = et_dev(&be, NULL, ni);
     if (n > 0) {
         be.ops->upload(&be, d_src, src, (size_t)n * sizeof(int32_t));
         be.ops->upload(&be, d_dst, dst, (size_t)n * sizeof(int32_t));
         be.ops->upload(&be, d_n, n_slots, (size_t)n * sizeof(int32_t));
     }
     be.ops->kv_copy_blocks(&be, &pool, d_src, d_dst, d_n, n);
-    dget(gk, pool.k, bytes);
-    dget(gv, pool.v, bytes);
+    et_get(&be, gk, pool.k, bytes);
+    et_get(&be, gv, pool.v, bytes);
     CHECKF(memcmp(gk, wk, bytes) == 0 && memcmp(gv, wv, bytes) == 0,
            "kv_copy_blocks: %d layers, %d pairs, %zu-byte slots", L, n, slot);
     be.ops->free(&be, pool.k);
@@ -182,12 +165,12 @@ static void check_casts(void) {
     uint16_t *all = kt_malloc(NB * sizeof(uint16_t)), *back = kt_malloc(NB * sizeof(uint16_t));
     float *wide = kt_floats(NB);
     for (size_t i = 0; i < NB; i++) all[i] = (uint16_t)i;
-    uint16_t *d_all = dput(all, NB * sizeof(uint16_t)), *d_back = dput(NULL, NB * sizeof(uint16_t));
-    float *d_wide = dput(NULL, NB * sizeof(float));
+    uint16_t *d_all = et_dev(&be, all, NB * sizeof(uint16_t)), *d_back = et_dev(&be, NULL, NB * sizeof(uint16_t));
+    float *d_wide = et_dev(&be, NULL, NB * sizeof(float));
     be.ops->cast_bf16_f32(&be, d_wide, d_all, NB);
     be.ops->cast_f32_bf16(&be, d_back, d_wide, NB);
-    dget(wide, d_wide, NB * sizeof(float));
-    dget(back, d_back, NB * sizeof(uint16_t));
+    et_get(&be, wide, d_wide, NB * sizeof(float));
+    et_get(&be, back, d_back, NB * sizeof(uint16_t));
     int ok_wide = 1, ok_back = 1;
     for (size_t i = 0; i < NB; i++) {
         ok_wide &= bits_of_f32(wide[i]) == (uint32_t)i << 16;
@@ -223,10 +206,10 @@ static void check_casts(void) {
         in[m++] = a << 16 | b;
     }
     uint16_t *out = kt_malloc(m * sizeof(uint16_t));
-    float *d_in = dput(in, m * sizeof(float));
-    uint16_t *d_out = dput(NULL, m * sizeof(uint16_t));
+    float *d_in = et_dev(&be, in, m * sizeof(float));
+    uint16_t *d_out = et_dev(&be, NULL, m * sizeof(uint16_t));
     be.ops->cast_f32_bf16(&be, d_out, d_in, m);
-    dget(out, d_out, m * sizeof(uint16_t));
+    et_get(&be, out, d_out, m * sizeof(uint16_t));
     size_t bad = 0;
     for (size_t i = 0; i < m; i++) {
         float x = f32_of_bits(in[i]);

@@ -7,28 +7,11 @@
 // drawn one at a time equal the batch's; inputs untouched. All buffers are backend memory, so
 // the test also runs under TROUPE_CPU_GUARD=1.
 #include "kernels/philox.h"
+#include "tests/backend_test.h"
 #include "tests/kernels/kernels_test.h"
 
 static tr_backend be;
 
-static void *dput(const void *host, size_t bytes) {
-    void *p = be.ops->alloc(&be, bytes);
-    if (!p) {
-        fprintf(stderr, "backend alloc of %zu bytes failed\n", bytes);
-        exit(1);
-    }
-    if (host) be.ops->upload(&be, p, host, bytes);
-    return p;
-}
-
-static void dget(void *host, const void *p, size_t bytes) {
-    char msg[256];
-    be.ops->download(&be, host, p, bytes);
-    if (be.ops->sync(&be, "test_sample_op", msg, sizeof msg) != 0) {
-        fprintf(stderr, "sync: %s\n", msg);
-        exit(1);
-    }
-}
 
 // ---- the reference sampler ----
 
@@ -166,19 +149,19 @@ static void check_batch(int32_t B, int32_t V, int kind, uint64_t salt) {
 
     const int32_t near0 = 5;   // n_near is added to
     size_t scratch_bytes = be.ops->sample_scratch_bytes(&be, B, V);
-    float *d_lg = dput(lg, (size_t)B * V * sizeof(float));
-    tr_sample_row *d_rows = dput(rows, (size_t)B * sizeof(tr_sample_row));
-    int32_t *d_ids = dput(NULL, (size_t)B * sizeof(int32_t));
-    float *d_lp = dput(NULL, (size_t)B * sizeof(float));
-    int32_t *d_near = dput(&near0, sizeof near0);
-    void *d_scratch = dput(NULL, scratch_bytes);
+    float *d_lg = et_dev(&be, lg, (size_t)B * V * sizeof(float));
+    tr_sample_row *d_rows = et_dev(&be, rows, (size_t)B * sizeof(tr_sample_row));
+    int32_t *d_ids = et_dev(&be, NULL, (size_t)B * sizeof(int32_t));
+    float *d_lp = et_dev(&be, NULL, (size_t)B * sizeof(float));
+    int32_t *d_near = et_dev(&be, &near0, sizeof near0);
+    void *d_scratch = et_dev(&be, NULL, scratch_bytes);
     be.ops->sample(&be, d_ids, d_lp, d_lg, d_rows, B, V, d_scratch, d_near);
 
     int32_t *ids = kt_malloc((size_t)B * sizeof(int32_t)), n_near;
     float *lp = kt_floats(B), *lp_want = kt_floats(B), *lse = kt_floats(B);
-    dget(ids, d_ids, (size_t)B * sizeof(int32_t));
-    dget(lp, d_lp, (size_t)B * sizeof(float));
-    dget(&n_near, d_near, sizeof n_near);
+    et_get(&be, ids, d_ids, (size_t)B * sizeof(int32_t));
+    et_get(&be, lp, d_lp, (size_t)B * sizeof(float));
+    et_get(&be, &n_near, d_near, sizeof n_near);
     int bad = 0;
     for (int32_t b = 0; b < B; b++)
         if (ids[b] != want[b] && bad++ < 5)
@@ -190,10 +173,10 @@ static void check_batch(int32_t B, int32_t V, int kind, uint64_t salt) {
            n_near, near0 + want_near);
 
     // logprobs: logsoftmax_forward's bits for the drawn ids
-    float *d_lp_want = dput(NULL, (size_t)B * sizeof(float));
-    float *d_lse = dput(NULL, (size_t)B * sizeof(float));
+    float *d_lp_want = et_dev(&be, NULL, (size_t)B * sizeof(float));
+    float *d_lse = et_dev(&be, NULL, (size_t)B * sizeof(float));
     be.ops->logsoftmax_forward(&be, d_lp_want, NULL, d_lse, d_lg, d_ids, B, V);
-    dget(lp_want, d_lp_want, (size_t)B * sizeof(float));
+    et_get(&be, lp_want, d_lp_want, (size_t)B * sizeof(float));
     CHECKF(kt_same_bits(lp, lp_want, B), "B=%d V=%d: logprobs are not logsoftmax_forward's", B, V);
     double worst = 0.0;   // and they are log-probabilities of the drawn ids, in float64
     for (int32_t b = 0; b < B; b++) {
@@ -214,8 +197,8 @@ static void check_batch(int32_t B, int32_t V, int kind, uint64_t salt) {
         float lp1;
         be.ops->sample(&be, d_ids, d_lp, d_lg + (size_t)b * V, d_rows + b, 1, V, d_scratch,
                        d_near);
-        dget(&id1, d_ids, sizeof id1);
-        dget(&lp1, d_lp, sizeof lp1);
+        et_get(&be, &id1, d_ids, sizeof id1);
+        et_get(&be, &lp1, d_lp, sizeof lp1);
         same &= id1 == ids[b] && memcmp(&lp1, &lp[b], sizeof lp1) == 0;
     }
     CHECKF(same, "B=%d V=%d: rows drawn alone differ from the batch", B, V);
@@ -223,8 +206,8 @@ static void check_batch(int32_t B, int32_t V, int kind, uint64_t salt) {
     // inputs unchanged
     float *lg2 = kt_floats((size_t)B * V);
     tr_sample_row *rows2 = kt_malloc((size_t)B * sizeof(tr_sample_row));
-    dget(lg2, d_lg, (size_t)B * V * sizeof(float));
-    dget(rows2, d_rows, (size_t)B * sizeof(tr_sample_row));
+    et_get(&be, lg2, d_lg, (size_t)B * V * sizeof(float));
+    et_get(&be, rows2, d_rows, (size_t)B * sizeof(tr_sample_row));
     CHECK(memcmp(lg2, lg, (size_t)B * V * sizeof(float)) == 0);
     CHECK(memcmp(rows2, rows, (size_t)B * sizeof(tr_sample_row)) == 0);
 
@@ -252,19 +235,19 @@ static void check_near_cut(void) {
                                   .top_p = b < 3 ? 0.5f : 0.3f, .seed = 99 + (uint64_t)b,
                                   .counter = 0, .used = 4};
     int32_t zero = 0, n_near, ids[4];
-    float *d_lg = dput(lg, sizeof lg);
-    tr_sample_row *d_rows = dput(rows, sizeof rows);
-    int32_t *d_ids = dput(NULL, sizeof ids), *d_near = dput(&zero, sizeof zero);
-    float *d_lp = dput(NULL, B * sizeof(float));
-    void *d_scratch = dput(NULL, be.ops->sample_scratch_bytes(&be, B, V));
+    float *d_lg = et_dev(&be, lg, sizeof lg);
+    tr_sample_row *d_rows = et_dev(&be, rows, sizeof rows);
+    int32_t *d_ids = et_dev(&be, NULL, sizeof ids), *d_near = et_dev(&be, &zero, sizeof zero);
+    float *d_lp = et_dev(&be, NULL, B * sizeof(float));
+    void *d_scratch = et_dev(&be, NULL, be.ops->sample_scratch_bytes(&be, B, V));
     be.ops->sample(&be, d_ids, d_lp, d_lg, d_rows, B, V, d_scratch, d_near);
-    dget(&n_near, d_near, sizeof n_near);
-    dget(ids, d_ids, sizeof ids);
+    et_get(&be, &n_near, d_near, sizeof n_near);
+    et_get(&be, ids, d_ids, sizeof ids);
     CHECKF(n_near == 3, "near cuts counted: %d, want 3", n_near);
     for (int32_t b = 0; b < B; b++)   // the nucleus: the lowest 5 (top_p 0.3: 4) ids
         CHECKF(ids[b] >= 0 && ids[b] < (b < 3 ? 5 : 4), "row %d drew %d", b, ids[b]);
     be.ops->sample(&be, d_ids, d_lp, d_lg, d_rows, 0, V, d_scratch, d_near);   // B = 0
-    dget(&n_near, d_near, sizeof n_near);
+    et_get(&be, &n_near, d_near, sizeof n_near);
     CHECK(n_near == 3);
     be.ops->free(&be, d_lg);
     be.ops->free(&be, d_rows);

@@ -1,7 +1,8 @@
-// The backend engine tests run on, and moving test data to and from its memory. The backend
-// comes from the environment, so one test binary checks the CPU backend (also in guarded
-// mode, TROUPE_CPU_GUARD=1) and, on a GPU machine, the CUDA backend: TROUPE_BACKEND=cuda,
-// TROUPE_DEVICE=N. Asking for CUDA where there is none skips the test (exit 77).
+// Tests' access to a backend: the one engine tests run on, and moving test data to and from
+// backend memory (kernel tests use these too). The backend comes from the environment, so one
+// test binary checks the CPU backend (also in guarded mode, TROUPE_CPU_GUARD=1) and, on a GPU
+// machine, the CUDA backend: TROUPE_BACKEND=cuda, TROUPE_DEVICE=N. Asking for CUDA where
+// there is none skips the test (exit 77).
 #pragma once
 #include <stdio.h>
 #include <stdlib.h>
