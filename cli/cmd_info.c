@@ -19,10 +19,6 @@
 
 static const char *CMD = "info";
 
-static const char *arch_name(enum tr_arch a) {
-    return a == TR_ARCH_QWEN2 ? "qwen2" : a == TR_ARCH_MISTRAL ? "mistral" : "llama";
-}
-
 static const char *head_name(enum tr_head h) {
     return h == TR_HEAD_SCORE ? "score (reward model)" : h == TR_HEAD_VALUE ? "value (critic)" : "lm";
 }
@@ -107,7 +103,7 @@ int tr_cmd_info(int argc, char **argv) {
     for (int32_t i = 0; i < layout.n_tensors; i++) n_params += layout.tensors[i].numel;
 
     printf("model         %s\n", model);
-    printf("architecture  %s (%s), head: %s\n", c.architecture, arch_name(c.arch), head_name(c.head));
+    printf("architecture  %s (%s), head: %s\n", c.architecture, c.model_type, head_name(c.head));
     if (c.head == TR_HEAD_SCORE) printf("labels        %d\n", c.num_labels);
     printf("vocab         %d\n", c.vocab_size);
     printf("hidden        %d\n", c.hidden_size);
@@ -116,6 +112,7 @@ int tr_cmd_info(int argc, char **argv) {
     printf("heads         %d query, %d key/value, head_dim %d\n", c.n_heads, c.n_kv_heads, c.head_dim);
     printf("qkv bias      %s\n", c.attention_bias ? "yes" : "no");
     printf("o_proj bias   %s\n", c.o_proj_bias ? "yes" : "no");
+    printf("qk norm       %s\n", c.qk_norm ? "yes (per head, before RoPE)" : "no");
     printf("tied embed    %s\n", c.head == TR_HEAD_LM ? (c.tie_word_embeddings ? "yes" : "no") : "n/a");
     printf("norm eps      %g\n", (double)c.rms_norm_eps);
     printf("max position  %d\n", c.max_position_embeddings);

@@ -1,6 +1,7 @@
-// Hugging Face config.json for Llama, Qwen2 and Mistral: parsing with transformers' defaults
-// and strict validation (errors name file:line:column and the key), the RoPE inverse
-// frequencies as transformers computes them, and writing a config.json transformers loads.
+// Hugging Face config.json for Llama, Qwen2, Qwen3 (dense) and Mistral: parsing with
+// transformers' defaults and strict validation (errors name file:line:column and the key),
+// the RoPE inverse frequencies as transformers computes them, and writing a config.json
+// transformers loads.
 #include "engine/config.h"
 
 #include <math.h>
@@ -25,14 +26,16 @@ typedef struct arch_info {
     const char *class_prefix;
     enum tr_arch arch;
     int32_t default_n_kv_heads;   // 0: same as num_attention_heads
+    int32_t default_head_dim;     // 0: hidden_size / num_attention_heads
     int32_t default_max_pos;
     int32_t default_bos, default_eos;  // -1: none
 } arch_info;
 
 static const arch_info archs[] = {
-    {"llama", "Llama", TR_ARCH_LLAMA, 0, 2048, 1, 2},
-    {"qwen2", "Qwen2", TR_ARCH_QWEN2, 32, 32768, -1, -1},
-    {"mistral", "Mistral", TR_ARCH_MISTRAL, 8, 4096 * 32, 1, 2},
+    {"llama", "Llama", TR_ARCH_LLAMA, 0, 0, 2048, 1, 2},
+    {"qwen2", "Qwen2", TR_ARCH_QWEN2, 32, 0, 32768, -1, -1},
+    {"qwen3", "Qwen3", TR_ARCH_QWEN3, 32, 128, 32768, -1, -1},
+    {"mistral", "Mistral", TR_ARCH_MISTRAL, 8, 0, 4096 * 32, 1, 2},
 };
 #define N_ARCHS (sizeof archs / sizeof archs[0])
 
@@ -291,6 +294,170 @@ static int parse_rope(const ctx *c, tr_model_config *cfg) {
     return 0;
 }
 
+// Architectures troupe does not run, refused by name: their checkpoints would otherwise fail
+// later on tensors the dense layout lacks, or, worse, load as some other model.
+static const struct {
+    const char *model_type, *class_prefix, *why;
+} refused_types[] = {
+    {"qwen3_moe", "Qwen3Moe", "a mixture-of-experts model"},
+    {"qwen2_moe", "Qwen2Moe", "a mixture-of-experts model"},
+    {"mixtral", "Mixtral", "a mixture-of-experts model"},
+    {"deepseek_v2", "DeepseekV2", "a mixture-of-experts model with latent attention"},
+    {"deepseek_v3", "DeepseekV3", "a mixture-of-experts model with latent attention"},
+};
+
+static int refuse_unsupported(const ctx *c, const tr_json *mt) {
+    const tr_json *a = get(c->root, "architectures");
+    const char *arch = a && a->type == TR_JSON_ARRAY && a->child && a->child->type == TR_JSON_STRING
+                           ? a->child->str : NULL;
+    for (size_t i = 0; i < sizeof refused_types / sizeof refused_types[0]; i++) {
+        if (strcmp(mt->str, refused_types[i].model_type) != 0) continue;
+        if (arch)
+            return fail_v(c, mt, "%s (model_type '%s') is %s, which is not supported (dense "
+                          "llama, qwen2, qwen3 and mistral models are)", arch, mt->str,
+                          refused_types[i].why);
+        return fail_v(c, mt, "%sForCausalLM (model_type '%s') is %s, which is not supported "
+                      "(dense llama, qwen2, qwen3 and mistral models are)",
+                      refused_types[i].class_prefix, mt->str, refused_types[i].why);
+    }
+    return fail_v(c, mt, "model_type '%s' is not supported (llama, qwen2, qwen3, mistral)",
+                  mt->str);
+}
+
+static int parse_model_type(const ctx *c, const arch_info **ai) {
+    const tr_json *v = get(c->root, "model_type");
+    *ai = NULL;
+    if (!v) return fail_v(c, NULL, "missing required key 'model_type'");
+    if (v->type != TR_JSON_STRING)
+        return fail_v(c, v, "key 'model_type' must be a string, got %s", tr_json_type_name(v->type));
+    for (size_t i = 0; i < N_ARCHS; i++)
+        if (strcmp(v->str, archs[i].model_type) == 0) *ai = &archs[i];
+    return *ai ? 0 : refuse_unsupported(c, v);
+}
+
+// Sizes and heads. Sizes have no defaults here even where transformers has one (a config.json
+// without hidden_size is broken, not a request for some reference model's width).
+static int parse_sizes(const ctx *c, const arch_info *ai, tr_model_config *cfg) {
+    const tr_json *root = c->root;
+    if (get_pos_i32(c, root, "vocab_size", true, 0, &cfg->vocab_size) ||
+        get_pos_i32(c, root, "hidden_size", true, 0, &cfg->hidden_size) ||
+        get_pos_i32(c, root, "intermediate_size", true, 0, &cfg->intermediate_size) ||
+        get_pos_i32(c, root, "num_hidden_layers", true, 0, &cfg->n_layers) ||
+        get_pos_i32(c, root, "num_attention_heads", true, 0, &cfg->n_heads) ||
+        get_pos_i32(c, root, "max_position_embeddings", false, ai->default_max_pos,
+                    &cfg->max_position_embeddings))
+        return -1;
+    // Absent: the class default; an explicit null: as many as query heads (what the config
+    // classes' post-init does with None).
+    const tr_json *kv = tr_json_get(root, "num_key_value_heads");
+    bool kv_defaulted = kv == NULL;
+    int32_t kv_def = kv || !ai->default_n_kv_heads ? cfg->n_heads : ai->default_n_kv_heads;
+    if (get_pos_i32(c, root, "num_key_value_heads", false, kv_def, &cfg->n_kv_heads)) return -1;
+    if (cfg->n_heads % cfg->n_kv_heads != 0)
+        return fail_v(c, get(root, "num_key_value_heads"),
+                      "num_attention_heads (%d) is not a multiple of num_key_value_heads (%d%s)",
+                      cfg->n_heads, cfg->n_kv_heads,
+                      kv_defaulted ? ", the transformers default for this model_type" : "");
+    if (get(root, "head_dim")) {
+        if (get_pos_i32(c, root, "head_dim", false, 0, &cfg->head_dim)) return -1;
+    } else if (ai->default_head_dim) {
+        cfg->head_dim = ai->default_head_dim;  // Qwen3Config: 128 whatever hidden / heads is
+    } else {
+        if (cfg->hidden_size % cfg->n_heads != 0)
+            return fail_v(c, get(root, "hidden_size"),
+                          "hidden_size (%d) is not divisible by num_attention_heads (%d) and no "
+                          "head_dim is given", cfg->hidden_size, cfg->n_heads);
+        cfg->head_dim = cfg->hidden_size / cfg->n_heads;
+    }
+    if (cfg->head_dim % 2 != 0)
+        return fail_v(c, get(root, "head_dim"), "head_dim (%d) must be even for rotary embeddings",
+                      cfg->head_dim);
+    double eps;
+    if (get_pos_num(c, root, "rms_norm_eps", false, 1e-6, &eps)) return -1;
+    cfg->rms_norm_eps = (float)eps;
+    const char *s;
+    if (get_str(c, root, "hidden_act", &s)) return -1;
+    if (s && strcmp(s, "silu") != 0)
+        return fail_v(c, get(root, "hidden_act"), "hidden_act '%s' is not supported (silu)", s);
+    return 0;
+}
+
+// Qwen2 and Qwen3 switch sliding-window attention on with use_sliding_window (their
+// sliding_window key is ignored otherwise) or per layer in layer_types; every layer attending
+// to the whole context is all troupe runs.
+static int check_full_attention(const ctx *c, const char *model_type) {
+    bool flag;
+    if (get_bool(c, c->root, "use_sliding_window", false, &flag)) return -1;
+    if (flag)
+        return fail_v(c, get(c->root, "use_sliding_window"),
+                      "use_sliding_window true is not supported yet (%s sliding-window attention; "
+                      "only full attention over the context is)", model_type);
+    const tr_json *v = get(c->root, "layer_types");
+    if (!v) return 0;
+    if (v->type != TR_JSON_ARRAY) return fail_v(c, v, "key 'layer_types' must be a list");
+    for (const tr_json *e = v->child; e; e = e->next)
+        if (e->type != TR_JSON_STRING || strcmp(e->str, "full_attention") != 0)
+            return fail_v(c, e, "layer_types: only full_attention layers are supported yet");
+    return 0;
+}
+
+// Mistral applies sliding_window whenever it is set, and MistralConfig sets 4096 when the key
+// is absent (null turns it off): a window shorter than the context changes which keys a query
+// sees, so such a model is refused rather than run as another one.
+static int check_mistral_window(const ctx *c, const tr_model_config *cfg) {
+    const tr_json *raw = tr_json_get(c->root, "sliding_window");
+    if (raw && raw->type == TR_JSON_NULL) return 0;
+    int32_t window;
+    if (get_pos_i32(c, c->root, "sliding_window", false, 4096, &window)) return -1;
+    if (window < cfg->max_position_embeddings)
+        return fail_v(c, raw, "sliding_window %d%s is shorter than the context "
+                      "(max_position_embeddings %d): sliding-window attention is not supported "
+                      "yet", window, raw ? "" : " (the transformers default for mistral)",
+                      cfg->max_position_embeddings);
+    return 0;
+}
+
+// Which projections carry biases, QK-norm, and the attention pattern, per architecture.
+static int parse_attention(const ctx *c, const arch_info *ai, tr_model_config *cfg) {
+    bool flag;
+    switch (ai->arch) {
+    case TR_ARCH_LLAMA:
+        if (get_bool(c, c->root, "attention_bias", false, &cfg->attention_bias)) return -1;
+        cfg->o_proj_bias = cfg->attention_bias;  // LlamaAttention gives o_proj the same bias flag
+        if (get_bool(c, c->root, "mlp_bias", false, &flag)) return -1;
+        if (flag) return fail_v(c, get(c->root, "mlp_bias"), "mlp_bias true is not supported");
+        return 0;
+    case TR_ARCH_QWEN2:
+        cfg->attention_bias = true;  // Qwen2 attention always has q/k/v biases
+        cfg->o_proj_bias = false;    // and never one on o_proj
+        return check_full_attention(c, "qwen2");
+    case TR_ARCH_QWEN3:
+        // Qwen3Attention: attention_bias (default false) on all four projections, and a
+        // per-head RMSNorm on q and k always.
+        if (get_bool(c, c->root, "attention_bias", false, &cfg->attention_bias)) return -1;
+        cfg->o_proj_bias = cfg->attention_bias;
+        cfg->qk_norm = true;
+        return check_full_attention(c, "qwen3");
+    case TR_ARCH_MISTRAL:
+        cfg->attention_bias = false;  // MistralAttention has no bias switch
+        cfg->o_proj_bias = false;
+        return check_mistral_window(c, cfg);
+    }
+    return fail_v(c, NULL, "unknown architecture");
+}
+
+static int parse_dtype(const ctx *c, tr_model_config *cfg) {
+    const char *s;
+    if (get_str(c, c->root, "dtype", &s)) return -1;
+    if (!s && get_str(c, c->root, "torch_dtype", &s)) return -1;
+    if (!s) return 0;
+    if (strlen(s) >= sizeof cfg->torch_dtype)
+        return fail_v(c, get(c->root, "dtype") ? get(c->root, "dtype") : get(c->root, "torch_dtype"),
+                      "dtype '%s' is not a known dtype", s);
+    snprintf(cfg->torch_dtype, sizeof cfg->torch_dtype, "%s", s);
+    return 0;
+}
+
 int tr_config_parse(const char *json, size_t len, const char *name, tr_model_config *cfg,
                     tr_err *err) {
     memset(cfg, 0, sizeof *cfg);
@@ -299,129 +466,19 @@ int tr_config_parse(const char *json, size_t len, const char *name, tr_model_con
     ctx c = {.name = name, .root = doc.root, .err = err};
     int rc = -1;
     const arch_info *ai = NULL;
-    const char *s;
-    const tr_json *v;
     if (doc.root->type != TR_JSON_OBJECT) {
         fail_v(&c, doc.root, "expected a JSON object, got %s", tr_json_type_name(doc.root->type));
         goto done;
     }
-    v = get(doc.root, "model_type");
-    if (!v) {
-        fail_v(&c, NULL, "missing required key 'model_type'");
-        goto done;
-    }
-    if (v->type != TR_JSON_STRING) {
-        fail_v(&c, v, "key 'model_type' must be a string, got %s", tr_json_type_name(v->type));
-        goto done;
-    }
-    for (size_t i = 0; i < N_ARCHS; i++)
-        if (strcmp(v->str, archs[i].model_type) == 0) ai = &archs[i];
-    if (!ai) {
-        fail_v(&c, v, "model_type '%s' is not supported (llama, qwen2, mistral)", v->str);
-        goto done;
-    }
+    if (parse_model_type(&c, &ai)) goto done;
     cfg->arch = ai->arch;
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", ai->model_type);
-    if (parse_head(&c, ai, cfg)) goto done;
-
-    if (get_pos_i32(&c, doc.root, "vocab_size", true, 0, &cfg->vocab_size) ||
-        get_pos_i32(&c, doc.root, "hidden_size", true, 0, &cfg->hidden_size) ||
-        get_pos_i32(&c, doc.root, "intermediate_size", true, 0, &cfg->intermediate_size) ||
-        get_pos_i32(&c, doc.root, "num_hidden_layers", true, 0, &cfg->n_layers) ||
-        get_pos_i32(&c, doc.root, "num_attention_heads", true, 0, &cfg->n_heads) ||
-        get_pos_i32(&c, doc.root, "max_position_embeddings", false, ai->default_max_pos,
-                    &cfg->max_position_embeddings))
+    if (parse_head(&c, ai, cfg) || parse_sizes(&c, ai, cfg) || parse_attention(&c, ai, cfg))
         goto done;
-    bool kv_defaulted = get(doc.root, "num_key_value_heads") == NULL;
-    if (get_pos_i32(&c, doc.root, "num_key_value_heads", false,
-                    ai->default_n_kv_heads ? ai->default_n_kv_heads : cfg->n_heads,
-                    &cfg->n_kv_heads))
-        goto done;
-    if (cfg->n_heads % cfg->n_kv_heads != 0) {
-        fail_v(&c, get(doc.root, "num_key_value_heads"),
-               "num_attention_heads (%d) is not a multiple of num_key_value_heads (%d%s)",
-               cfg->n_heads, cfg->n_kv_heads,
-               kv_defaulted ? ", the transformers default for this model_type" : "");
-        goto done;
-    }
-    if (get(doc.root, "head_dim")) {
-        if (get_pos_i32(&c, doc.root, "head_dim", false, 0, &cfg->head_dim)) goto done;
-    } else {
-        if (cfg->hidden_size % cfg->n_heads != 0) {
-            fail_v(&c, get(doc.root, "hidden_size"),
-                   "hidden_size (%d) is not divisible by num_attention_heads (%d) and no head_dim "
-                   "is given", cfg->hidden_size, cfg->n_heads);
-            goto done;
-        }
-        cfg->head_dim = cfg->hidden_size / cfg->n_heads;
-    }
-    if (cfg->head_dim % 2 != 0) {
-        fail_v(&c, get(doc.root, "head_dim"), "head_dim (%d) must be even for rotary embeddings",
-               cfg->head_dim);
-        goto done;
-    }
-    double eps;
-    if (get_pos_num(&c, doc.root, "rms_norm_eps", false, 1e-6, &eps)) goto done;
-    cfg->rms_norm_eps = (float)eps;
-
-    if (get_str(&c, doc.root, "hidden_act", &s)) goto done;
-    if (s && strcmp(s, "silu") != 0) {
-        fail_v(&c, get(doc.root, "hidden_act"), "hidden_act '%s' is not supported (silu)", s);
-        goto done;
-    }
-    bool flag;
-    switch (ai->arch) {
-    case TR_ARCH_LLAMA:
-        if (get_bool(&c, doc.root, "attention_bias", false, &cfg->attention_bias)) goto done;
-        cfg->o_proj_bias = cfg->attention_bias;  // LlamaAttention gives o_proj the same bias flag
-        if (get_bool(&c, doc.root, "mlp_bias", false, &flag)) goto done;
-        if (flag) {
-            fail_v(&c, get(doc.root, "mlp_bias"), "mlp_bias true is not supported");
-            goto done;
-        }
-        break;
-    case TR_ARCH_QWEN2:
-        cfg->attention_bias = true;  // Qwen2 attention always has q/k/v biases
-        cfg->o_proj_bias = false;    // and never one on o_proj
-        if (get_bool(&c, doc.root, "use_sliding_window", false, &flag)) goto done;
-        if (flag) {
-            fail_v(&c, get(doc.root, "use_sliding_window"),
-                   "use_sliding_window true is not supported yet (qwen2 sliding-window attention)");
-            goto done;
-        }
-        v = get(doc.root, "layer_types");
-        if (v) {
-            if (v->type != TR_JSON_ARRAY) {
-                fail_v(&c, v, "key 'layer_types' must be a list");
-                goto done;
-            }
-            for (const tr_json *e = v->child; e; e = e->next)
-                if (e->type != TR_JSON_STRING || strcmp(e->str, "full_attention") != 0) {
-                    fail_v(&c, e, "layer_types: only full_attention layers are supported yet");
-                    goto done;
-                }
-        }
-        break;
-    case TR_ARCH_MISTRAL:
-        cfg->attention_bias = false;  // sliding_window is accepted and not stored
-        cfg->o_proj_bias = false;
-        break;
-    }
     if (get_bool(&c, doc.root, "tie_word_embeddings", false, &cfg->tie_word_embeddings)) goto done;
-    if (parse_labels(&c, cfg)) goto done;
-    if (parse_rope(&c, cfg)) goto done;
-    if (parse_tokens(&c, ai, cfg)) goto done;
-
-    if (get_str(&c, doc.root, "dtype", &s)) goto done;
-    if (!s && get_str(&c, doc.root, "torch_dtype", &s)) goto done;
-    if (s) {
-        if (strlen(s) >= sizeof cfg->torch_dtype) {
-            fail_v(&c, get(doc.root, "dtype") ? get(doc.root, "dtype") : get(doc.root, "torch_dtype"),
-                   "dtype '%s' is not a known dtype", s);
-            goto done;
-        }
-        snprintf(cfg->torch_dtype, sizeof cfg->torch_dtype, "%s", s);
-    }
+    if (parse_labels(&c, cfg) || parse_rope(&c, cfg) || parse_tokens(&c, ai, cfg) ||
+        parse_dtype(&c, cfg))
+        goto done;
     rc = 0;
 done:
     tr_json_free(&doc);
@@ -494,26 +551,43 @@ static void write_token(tr_json_writer *w, const char *key, int32_t id) {
         tr_json_null(w);
 }
 
-int tr_config_save(const char *path, const tr_model_config *cfg, tr_err *err) {
-    const char *prefix = cfg->arch == TR_ARCH_QWEN2     ? "Qwen2"
-                         : cfg->arch == TR_ARCH_MISTRAL ? "Mistral"
-                                                        : "Llama";
-    const char *suffix = cfg->head == TR_HEAD_SCORE   ? "ForSequenceClassification"
-                         : cfg->head == TR_HEAD_VALUE ? "ForTokenClassification"
-                                                      : "ForCausalLM";
-    const char *model_type = cfg->arch == TR_ARCH_QWEN2     ? "qwen2"
-                             : cfg->arch == TR_ARCH_MISTRAL ? "mistral"
-                                                            : "llama";
-    // config.json has one switch per architecture, so only the bias sets transformers builds
-    // can be written: a config that saved otherwise would load as a different model.
+static const char *arch_prefix(enum tr_arch a) {
+    return a == TR_ARCH_QWEN2 ? "Qwen2" : a == TR_ARCH_QWEN3 ? "Qwen3"
+           : a == TR_ARCH_MISTRAL ? "Mistral" : "Llama";
+}
+
+static const char *arch_model_type(enum tr_arch a) {
+    return a == TR_ARCH_QWEN2 ? "qwen2" : a == TR_ARCH_QWEN3 ? "qwen3"
+           : a == TR_ARCH_MISTRAL ? "mistral" : "llama";
+}
+
+// config.json has one switch per architecture, so only the bias sets (and the QK-norm)
+// transformers builds can be written: a config that saved otherwise would load as a
+// different model.
+static int check_savable(const char *path, const tr_model_config *cfg, tr_err *err) {
+    if (cfg->qk_norm != (cfg->arch == TR_ARCH_QWEN3))
+        return tr_errf(err, TR_EINVAL, "%s: %s %s QK-norm", path, arch_model_type(cfg->arch),
+                       cfg->arch == TR_ARCH_QWEN3 ? "always has" : "has no");
     if (cfg->arch == TR_ARCH_MISTRAL && (cfg->attention_bias || cfg->o_proj_bias))
         return tr_errf(err, TR_EINVAL, "%s: mistral has no attention bias", path);
     if (cfg->arch == TR_ARCH_QWEN2 && (!cfg->attention_bias || cfg->o_proj_bias))
         return tr_errf(err, TR_EINVAL, "%s: qwen2 has q/k/v biases and no o_proj bias", path);
-    if (cfg->arch == TR_ARCH_LLAMA && cfg->attention_bias != cfg->o_proj_bias)
-        return tr_errf(err, TR_EINVAL, "%s: llama's attention_bias covers q/k/v and o_proj "
+    if ((cfg->arch == TR_ARCH_LLAMA || cfg->arch == TR_ARCH_QWEN3) &&
+        cfg->attention_bias != cfg->o_proj_bias)
+        return tr_errf(err, TR_EINVAL, "%s: %s's attention_bias covers q/k/v and o_proj "
                        "together (q/k/v bias %s, o_proj bias %s)", path,
-                       cfg->attention_bias ? "on" : "off", cfg->o_proj_bias ? "on" : "off");
+                       arch_model_type(cfg->arch), cfg->attention_bias ? "on" : "off",
+                       cfg->o_proj_bias ? "on" : "off");
+    return 0;
+}
+
+int tr_config_save(const char *path, const tr_model_config *cfg, tr_err *err) {
+    const char *prefix = arch_prefix(cfg->arch);
+    const char *suffix = cfg->head == TR_HEAD_SCORE   ? "ForSequenceClassification"
+                         : cfg->head == TR_HEAD_VALUE ? "ForTokenClassification"
+                                                      : "ForCausalLM";
+    const char *model_type = arch_model_type(cfg->arch);
+    if (check_savable(path, cfg, err)) return -1;
     char arch[96];
     snprintf(arch, sizeof arch, "%s%s", prefix, suffix);
     tr_json_writer w;
@@ -545,15 +619,22 @@ int tr_config_save(const char *path, const tr_model_config *cfg, tr_err *err) {
     tr_json_int(&w, cfg->max_position_embeddings);
     tr_json_key(&w, "rms_norm_eps");
     tr_json_float(&w, cfg->rms_norm_eps);
-    if (cfg->arch == TR_ARCH_LLAMA) {
+    if (cfg->arch == TR_ARCH_LLAMA || cfg->arch == TR_ARCH_QWEN3) {
         tr_json_key(&w, "attention_bias");
         tr_json_bool(&w, cfg->attention_bias);
+    }
+    if (cfg->arch == TR_ARCH_LLAMA) {
         tr_json_key(&w, "mlp_bias");
         tr_json_bool(&w, false);
     }
-    if (cfg->arch == TR_ARCH_QWEN2) {
+    if (cfg->arch == TR_ARCH_QWEN2 || cfg->arch == TR_ARCH_QWEN3) {
         tr_json_key(&w, "use_sliding_window");
         tr_json_bool(&w, false);
+    }
+    if (cfg->arch == TR_ARCH_MISTRAL) {
+        // Absent, MistralConfig would give the model a 4096-token window.
+        tr_json_key(&w, "sliding_window");
+        tr_json_null(&w);
     }
     tr_json_key(&w, "tie_word_embeddings");
     tr_json_bool(&w, cfg->tie_word_embeddings);

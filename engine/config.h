@@ -1,5 +1,5 @@
 // Model configuration read from a Hugging Face config.json: the Llama family (Llama 2/3,
-// Qwen2/2.5, Mistral) and the heads troupe puts on it. One struct, filled once, read-only
+// Qwen2/2.5, Qwen3 dense, Mistral) and the heads troupe puts on it. One struct, filled once, read-only
 // afterwards; the parser (config.c) validates every field and names the file and key on error.
 #pragma once
 #include <stdbool.h>
@@ -8,7 +8,7 @@
 
 #include "engine/err.h"
 
-enum tr_arch { TR_ARCH_LLAMA, TR_ARCH_QWEN2, TR_ARCH_MISTRAL };
+enum tr_arch { TR_ARCH_LLAMA, TR_ARCH_QWEN2, TR_ARCH_MISTRAL, TR_ARCH_QWEN3 };
 
 // Which output the model has, from config.json "architectures":
 //   *ForCausalLM             -> TR_HEAD_LM    (lm_head.weight, or tied to embed_tokens)
@@ -25,7 +25,7 @@ enum tr_rope_type { TR_ROPE_DEFAULT, TR_ROPE_LLAMA3, TR_ROPE_LINEAR };
 typedef struct tr_model_config {
     enum tr_arch arch;
     enum tr_head head;
-    char model_type[32];      // "llama", "qwen2", "mistral"
+    char model_type[32];      // "llama", "qwen2", "mistral", "qwen3"
     char architecture[64];    // e.g. "Qwen2ForCausalLM"; written back on save
     int32_t vocab_size;
     int32_t hidden_size;
@@ -33,12 +33,14 @@ typedef struct tr_model_config {
     int32_t n_layers;         // num_hidden_layers
     int32_t n_heads;          // num_attention_heads
     int32_t n_kv_heads;       // num_key_value_heads (defaults to n_heads)
-    int32_t head_dim;         // "head_dim" when given, else hidden_size / n_heads
+    int32_t head_dim;         // "head_dim" when given, else hidden_size / n_heads (qwen3: 128)
     int32_t max_position_embeddings;
     float rms_norm_eps;
     bool attention_bias;      // q/k/v projections carry a bias (Qwen2: always; Llama: key)
-    bool o_proj_bias;         // o_proj carries a bias too: Llama's attention_bias covers all
-                              // four projections, Qwen2's fixed biases stop at v_proj
+    bool o_proj_bias;         // o_proj carries a bias too: Llama's and Qwen3's attention_bias
+                              // covers all four projections, Qwen2's fixed biases stop at v_proj
+    bool qk_norm;             // Qwen3: an RMSNorm over each head of q and k (weights of
+                              // head_dim, rms_norm_eps) after the projections, before RoPE
     bool tie_word_embeddings;
     int32_t num_labels;       // score head outputs (1 for reward models)
     // RoPE: classic top-level rope_theta/rope_scaling or the newer rope_parameters.

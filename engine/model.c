@@ -14,21 +14,25 @@
 #include "engine/rng.h"
 
 // Arena layout (floats; T = max_tokens, C = hidden, Q = n_heads*head_dim,
-// K = n_kv_heads*head_dim, H = n_heads, I = intermediate, L = n_layers, V = vocab,
-// R = logit_rows, N = head outputs per token (num_labels; 1 for the value head)), every
-// region rounded up to 16 floats (64 bytes):
+// K = n_kv_heads*head_dim, H = n_heads, G = n_kv_heads, I = intermediate, L = n_layers,
+// V = vocab, R = logit_rows, N = head outputs per token (num_labels; 1 for the value head)),
+// every region rounded up to 16 floats (64 bytes):
 //   residual   (L+1) x T*C         training; inference keeps only 2 and alternates
 //   per layer  T*(3C + 2Q + 2K + H + 2 + 3I)   training: L sets; inference: one shared set
+//              + T*(Q + K + H + G) with QK-norm (Qwen3): q and k before the per-head norm
+//              and each head's rstd, which that norm's backward reads
 //   lnf T*C, lnf_rstd T, scratch T*C
 //   LM head:   logits R*V, lse T;   value/score head: head_out T*N
 //   training:  d_res T*C, d_ln T*C, d_q, d_att T*Q, d_k, d_v T*K, d_gate, d_up, d_act T*I,
-//              d_logits R*V (LM) or d_head_out T*N
-// Per token that is about (L+1)C + L(3C + 2Q + 2K + H + 3I) floats when training: for a
-// Qwen2-0.5B shape (C 896, Q 896, K 128, H 14, I 4864, L 24) 0.49 M floats = 2 MB a token,
-// 8 GB for a 4096-token micro-batch; the 3I term (SwiGLU) dominates. Inference keeps one
-// layer set, so its arena does not grow with L. Callers size micro-batches with
-// tr_model_arena_floats. A model on a worker arena has both layouts over the same memory,
-// laid out by tr_model_bind_acts when a phase begins (engine/arena.h).
+//              d_logits R*V (LM) or d_head_out T*N; with QK-norm d_k_raw T*K (the gradient
+//              of q before its norm reuses d_att, dead once attention's backward has run)
+// Per token that is about (L+1)C + L(3C + 2Q + 2K + H + 3I) floats when training, QK-norm
+// adding L(Q + K + H + G): for a Qwen2-0.5B shape (C 896, Q 896, K 128, H 14, I 4864, L 24)
+// 0.49 M floats = 2 MB a token, 8 GB for a 4096-token micro-batch; the 3I term (SwiGLU)
+// dominates (Qwen3-0.6B, Q 2048 and I 3072 over 28 layers, is 0.63 M floats a token).
+// Inference keeps one layer set, so its arena does not grow with L. Callers size
+// micro-batches with tr_model_arena_floats. A model on a worker arena has both layouts over
+// the same memory, laid out by tr_model_bind_acts when a phase begins (engine/arena.h).
 
 #define TR_ALIGN_FLOATS 16
 
@@ -54,7 +58,8 @@ static size_t layout_arena(const tr_model_config *cfg, int32_t T, int32_t R, boo
     size_t off = 0;
     const size_t C = (size_t)cfg->hidden_size, Q = (size_t)cfg->n_heads * cfg->head_dim;
     const size_t K = (size_t)cfg->n_kv_heads * cfg->head_dim, I = (size_t)cfg->intermediate_size;
-    const size_t H = (size_t)cfg->n_heads, V = (size_t)cfg->vocab_size;
+    const size_t H = (size_t)cfg->n_heads, G = (size_t)cfg->n_kv_heads;
+    const size_t V = (size_t)cfg->vocab_size;
     const size_t N = (size_t)head_width(cfg), t = (size_t)T;
     const int32_t L = cfg->n_layers;
 #define TAKE(ptr, n)                                   \
@@ -90,6 +95,12 @@ static size_t layout_arena(const tr_model_config *cfg, int32_t T, int32_t R, boo
         TAKE(la.gate, t * I);
         TAKE(la.up, t * I);
         TAKE(la.act, t * I);
+        if (cfg->qk_norm) {
+            TAKE(la.q_raw, t * Q);
+            TAKE(la.k_raw, t * K);
+            TAKE(la.q_rstd, t * H);
+            TAKE(la.k_rstd, t * G);
+        }
         if (base) {
             if (training) a->layers[l] = la;
             else
@@ -99,7 +110,7 @@ static size_t layout_arena(const tr_model_config *cfg, int32_t T, int32_t R, boo
     if (base) {
         a->logits = a->lse = a->head_out = NULL;
         a->d_res = a->d_lnf = a->d_ln = NULL;
-        a->d_q = a->d_k = a->d_v = a->d_att = NULL;
+        a->d_q = a->d_k = a->d_v = a->d_att = a->d_k_raw = NULL;
         a->d_gate = a->d_up = a->d_act = a->d_logits = a->d_head_out = NULL;
     }
     TAKE(a->lnf, t * C);
@@ -121,6 +132,7 @@ static size_t layout_arena(const tr_model_config *cfg, int32_t T, int32_t R, boo
         TAKE(a->d_gate, t * I);
         TAKE(a->d_up, t * I);
         TAKE(a->d_act, t * I);
+        if (cfg->qk_norm) TAKE(a->d_k_raw, t * K);
         if (cfg->head == TR_HEAD_LM) TAKE(a->d_logits, (size_t)R * V);
         else TAKE(a->d_head_out, t * N);
         if (base) a->d_lnf = a->d_ln;
@@ -450,9 +462,17 @@ static void trunk_forward(tr_model *m, int32_t T, tr_attend_fn attend, void *ctx
         tr_layer_acts *la = &a->layers[l];
         const float *x = a->residual[l];
         op->rmsnorm_forward(be, la->ln1, la->ln1_rstd, x, w->attn_norm, c->rms_norm_eps, T, C);
-        op->matmul_forward(be, la->q, la->ln1, w->wq, w->bq, T, C, Q);
-        op->matmul_forward(be, la->k, la->ln1, w->wk, w->bk, T, C, K);
+        // With QK-norm the projections land in q_raw/k_raw, and each head's D values are
+        // one row of the norm: [T*H, D] and [T*KVH, D] views of the same buffers.
+        op->matmul_forward(be, c->qk_norm ? la->q_raw : la->q, la->ln1, w->wq, w->bq, T, C, Q);
+        op->matmul_forward(be, c->qk_norm ? la->k_raw : la->k, la->ln1, w->wk, w->bk, T, C, K);
         op->matmul_forward(be, la->v, la->ln1, w->wv, w->bv, T, C, K);
+        if (c->qk_norm) {
+            op->rmsnorm_forward(be, la->q, la->q_rstd, la->q_raw, w->q_norm, c->rms_norm_eps,
+                                T * H, D);
+            op->rmsnorm_forward(be, la->k, la->k_rstd, la->k_raw, w->k_norm, c->rms_norm_eps,
+                                T * KVH, D);
+        }
         op->rope_forward(be, la->q, m->d_pos, m->inv_freq, T, H, D);
         op->rope_forward(be, la->k, m->d_pos, m->inv_freq, T, KVH, D);
         attend(ctx, m, l, la, T);
@@ -575,9 +595,20 @@ void tr_model_backward(tr_model *m) {
                                la->q, la->k, la->v, &m->docs, H, KVH, D);
         op->rope_backward(be, a->d_q, m->d_pos, m->inv_freq, T, H, D);
         op->rope_backward(be, a->d_k, m->d_pos, m->inv_freq, T, KVH, D);
+        const float *d_qp = a->d_q, *d_kp = a->d_k;  // gradients of the projections' outputs
+        if (c->qk_norm) {
+            zero(m, a->d_att, (size_t)T * Q);
+            zero(m, a->d_k_raw, (size_t)T * K);
+            op->rmsnorm_backward(be, a->d_att, g->q_norm, a->d_q, la->q_raw, w->q_norm,
+                                 la->q_rstd, T * H, D);
+            op->rmsnorm_backward(be, a->d_k_raw, g->k_norm, a->d_k, la->k_raw, w->k_norm,
+                                 la->k_rstd, T * KVH, D);
+            d_qp = a->d_att;
+            d_kp = a->d_k_raw;
+        }
         zero(m, a->d_ln, TC);
-        op->matmul_backward(be, a->d_ln, g->wq, g->bq, a->d_q, la->ln1, w->wq, T, C, Q);
-        op->matmul_backward(be, a->d_ln, g->wk, g->bk, a->d_k, la->ln1, w->wk, T, C, K);
+        op->matmul_backward(be, a->d_ln, g->wq, g->bq, d_qp, la->ln1, w->wq, T, C, Q);
+        op->matmul_backward(be, a->d_ln, g->wk, g->bk, d_kp, la->ln1, w->wk, T, C, K);
         op->matmul_backward(be, a->d_ln, g->wv, g->bv, a->d_v, la->ln1, w->wv, T, C, K);
         op->rmsnorm_backward(be, a->d_res, g->attn_norm, a->d_ln, a->residual[l], w->attn_norm,
                              la->ln1_rstd, T, C);

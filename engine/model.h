@@ -1,6 +1,7 @@
-// The engine's transformer: a Llama-family decoder (RMSNorm, GQA attention with RoPE, SwiGLU)
-// written once against the backend op table. Parameters, gradients and activations each live
-// in one buffer sized at init; forward and backward allocate nothing. The activation buffer
+// The engine's transformer: a Llama-family decoder (RMSNorm, GQA attention with RoPE and, for
+// Qwen3, a per-head RMSNorm of q and k, SwiGLU) written once against the backend op table.
+// Parameters, gradients and activations each live in one buffer sized at init; forward and
+// backward allocate nothing. The activation buffer
 // may be the caller's (a worker arena, engine/arena.h), over which the views are laid out
 // again for each phase. The trunk ends at the final RMSNorm; heads.h turns its output into
 // logprobs, values or scores.
@@ -20,6 +21,10 @@ typedef struct tr_layer_acts {
     float *ln1_rstd;   // [T]
     float *q;          // [T, H*D] after RoPE (what attention saw)
     float *k;          // [T, KVH*D] after RoPE
+    float *q_raw;      // [T, H*D] q_proj output before the per-head norm (qk_norm only)
+    float *k_raw;      // [T, KVH*D] k_proj output before the per-head norm (qk_norm only)
+    float *q_rstd;     // [T, H] per-head norm statistics (qk_norm only)
+    float *k_rstd;     // [T, KVH]
     float *v;          // [T, KVH*D]
     float *att;        // [T, H*D] attention output, before o_proj
     float *att_lse;    // [T, H]
@@ -44,6 +49,7 @@ typedef struct tr_acts {
     float *d_lnf;          // [T, C] gradient of lnf, written by the head backward functions
     float *d_ln;           // [T, C] gradient of a norm output (aliases d_lnf: never both live)
     float *d_q, *d_k, *d_v, *d_att;
+    float *d_k_raw;        // [T, KVH*D] gradient of k_raw (qk_norm only; q_raw's reuses d_att)
     float *d_gate, *d_up, *d_act;
     float *d_logits;       // [logit_rows, V]
     float *d_head_out;     // [T, num_labels]

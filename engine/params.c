@@ -43,7 +43,8 @@ int tr_param_layout_init(tr_param_layout *layout, const tr_model_config *cfg, tr
         return tr_errf(err, TR_EINVAL, "parameter layout: config has non-positive sizes");
     if (cfg->head == TR_HEAD_SCORE && cfg->num_labels <= 0)
         return tr_errf(err, TR_EINVAL, "parameter layout: score head needs num_labels > 0");
-    int32_t per_layer = 9 + (cfg->attention_bias ? 3 : 0) + (cfg->o_proj_bias ? 1 : 0);
+    int32_t per_layer = 9 + (cfg->attention_bias ? 3 : 0) + (cfg->o_proj_bias ? 1 : 0) +
+                        (cfg->qk_norm ? 2 : 0);
     if (cfg->n_layers > (INT32_MAX - 8) / per_layer)
         return tr_errf(err, TR_ERANGE, "parameter layout: %d layers is too many", cfg->n_layers);
     int32_t cap = 2 + cfg->n_layers * per_layer + 2;
@@ -65,6 +66,8 @@ int tr_param_layout_init(tr_param_layout *layout, const tr_model_config *cfg, tr
         if (!rc && cfg->attention_bias) rc = add(&b, 1, kv, 0, "model.layers.%d.self_attn.v_proj.bias", i);
         if (!rc) rc = add(&b, 2, h, q, "model.layers.%d.self_attn.o_proj.weight", i);
         if (!rc && cfg->o_proj_bias) rc = add(&b, 1, h, 0, "model.layers.%d.self_attn.o_proj.bias", i);
+        if (!rc && cfg->qk_norm) rc = add(&b, 1, hd, 0, "model.layers.%d.self_attn.q_norm.weight", i);
+        if (!rc && cfg->qk_norm) rc = add(&b, 1, hd, 0, "model.layers.%d.self_attn.k_norm.weight", i);
         if (!rc) rc = add(&b, 1, h, 0, "model.layers.%d.post_attention_layernorm.weight", i);
         if (!rc) rc = add(&b, 2, inter, h, "model.layers.%d.mlp.gate_proj.weight", i);
         if (!rc) rc = add(&b, 2, inter, h, "model.layers.%d.mlp.up_proj.weight", i);
@@ -137,6 +140,10 @@ int tr_params_views(tr_params *p, const tr_param_layout *layout, const tr_model_
         if (cfg->attention_bias) L->bv = next_view(&t, end, buf);
         L->wo = next_view(&t, end, buf);
         if (cfg->o_proj_bias) L->bo = next_view(&t, end, buf);
+        if (cfg->qk_norm) {
+            L->q_norm = next_view(&t, end, buf);
+            L->k_norm = next_view(&t, end, buf);
+        }
         L->mlp_norm = next_view(&t, end, buf);
         L->w_gate = next_view(&t, end, buf);
         L->w_up = next_view(&t, end, buf);

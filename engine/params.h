@@ -25,6 +25,7 @@ typedef struct tr_layer_params {
     float *bq, *bk, *bv;               // NULL unless attention_bias
     float *wo;                         // [hidden, n_heads*hd]
     float *bo;                         // [hidden]; NULL unless o_proj_bias
+    float *q_norm, *k_norm;            // [head_dim] each; NULL unless qk_norm (Qwen3)
     float *mlp_norm;                   // [hidden]                post_attention_layernorm.weight
     float *w_gate, *w_up;              // [intermediate, hidden]
     float *w_down;                     // [hidden, intermediate]

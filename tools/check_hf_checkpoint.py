@@ -7,7 +7,10 @@ Loads both with the class named in config.json "architectures", in float32, runs
 token ids through both, and compares every state-dict tensor and the outputs: exactly for an
 F32 save; for --bf16, against the reference rounded to bfloat16. When SAVED_DIR holds a value
 head (*ForTokenClassification) on REFERENCE_DIR's trunk, the trunks are compared and the
-saved model's outputs against score(reference trunk). Exit status 0 = same.
+saved model's outputs against score(reference trunk). The settings that shape the model
+(sizes, head_dim, biases, QK-norm's presence through the state dict, RoPE, the attention
+window where it is shorter than the context) must match too: a few tokens of output would not
+show a sliding window or a RoPE scaling that only long inputs reach. Exit status 0 = same.
 """
 import json
 import os
@@ -21,6 +24,36 @@ def load(d):
     arch = json.load(open(os.path.join(d, "config.json")))["architectures"][0]
     cls = getattr(transformers, arch)
     return cls.from_pretrained(d, dtype=torch.float32).eval()
+
+
+SHAPE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+              "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
+              "attention_bias", "max_position_embeddings", "rope_parameters")
+
+
+def window(cfg):
+    # The window only matters where it is shorter than the context.
+    w = getattr(cfg, "sliding_window", None)
+    if getattr(cfg, "use_sliding_window", True) is False:
+        w = None
+    return None if w is None or w >= cfg.max_position_embeddings else w
+
+
+def head_dim(cfg):
+    # Qwen2's config has none when it is hidden / heads; Qwen3's default is 128.
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+def config_diffs(a, b):
+    out = [k for k in SHAPE_KEYS if getattr(a, k, None) != getattr(b, k, None)]
+    if head_dim(a) != head_dim(b):
+        out.append("head_dim")
+    if window(a) != window(b):
+        out.append("sliding_window")
+    if [t for t in (getattr(a, "layer_types", None) or []) if t != "full_attention"] != \
+            [t for t in (getattr(b, "layer_types", None) or []) if t != "full_attention"]:
+        out.append("layer_types")
+    return out
 
 
 def main():
@@ -43,6 +76,10 @@ def main():
         if not torch.equal(t, rs[name]):
             print(f"tensor {name} differs: max abs {float((t - rs[name]).abs().max()):.3g}")
             bad += 1
+    for k in config_diffs(saved.config, ref.config):
+        print(f"config {k} differs: {getattr(saved.config, k, None)!r} vs "
+              f"{getattr(ref.config, k, None)!r}")
+        bad += 1
     ids = torch.arange(12).remainder(saved.config.vocab_size).reshape(2, 6)
     with torch.no_grad():
         a = saved(ids).logits

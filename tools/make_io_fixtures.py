@@ -167,18 +167,20 @@ CONFIGS = {
     "qwen2_v5": None,
     "mistral_minimal": {"model_type": "mistral", "vocab_size": 64, "hidden_size": 64,
                         "intermediate_size": 48, "num_hidden_layers": 1,
-                        "num_attention_heads": 8, "sliding_window": 4096,
+                        "num_attention_heads": 8, "sliding_window": None,
                         "rope_parameters": {"rope_type": "linear", "factor": 2.0}},
     # Mistral's attention has no bias switch: a stray attention_bias key changes nothing.
+    # (Mistral configs set sliding_window null: the class default of 4096 with the default
+    # context of 131072 is sliding-window attention, which troupe refuses.)
     "mistral_bias_key": {"model_type": "mistral", "vocab_size": 64, "hidden_size": 32,
                          "intermediate_size": 48, "num_hidden_layers": 1,
                          "num_attention_heads": 4, "num_key_value_heads": 2,
-                         "attention_bias": True},
+                         "attention_bias": True, "sliding_window": None},
     "mistral_valuehead": {"model_type": "mistral", "architectures": ["MistralForTokenClassification"],
                           "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
                           "num_hidden_layers": 1, "num_attention_heads": 4,
                           "num_key_value_heads": 4, "id2label": {"0": "LABEL_0"},
-                          "label2id": {"LABEL_0": 0}},
+                          "label2id": {"LABEL_0": 0}, "sliding_window": None},
 }
 
 

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 # Builds the tiny random-weight Hugging Face models the engine tests compare against, and
 # what transformers computes on them (float32, CPU): logits, logprobs, loss gradients, AdamW
-# steps, head outputs, greedy continuations. Usage: python3 tools/make_model_fixtures.py OUTDIR
+# steps, head outputs, greedy continuations.
+# Usage: python3 tools/make_model_fixtures.py OUTDIR [NAME...]   (default: every fixture)
 #
 # OUTDIR/<name>/ is a save_pretrained directory (config.json, model.safetensors) plus
 # expected.safetensors with these tensors (int tensors are I32):
 #   input_ids [N]        the batch: sequences of seq_lens concatenated (each run unpadded,
 #   seq_lens  [S]        as its own forward, so positions restart at 0 per sequence)
-# LM models (llama3, qwen2, llama_bias: Llama with attention_bias, i.e. q/k/v/o_proj biases):
+# LM models (llama3, qwen2, llama_bias: Llama with attention_bias, i.e. q/k/v/o_proj biases;
+# qwen3: per-head q/k RMSNorm, no biases, head_dim 16 with hidden 32 and 4 heads):
 #   logits [N, V]; logprobs [N]: ln p(ids[i+1] | ids[..i]) within the sequence, 0 at the
 #   last token of each sequence; entropy [N] of the next-token distribution;
 #   loss [1]: mean cross entropy over the N - S predicted tokens;
@@ -33,7 +35,8 @@ import sys
 import torch
 from safetensors.torch import save_file
 from transformers import (LlamaConfig, LlamaForCausalLM, LlamaForTokenClassification,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification)
+                          Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification,
+                          Qwen3Config, Qwen3ForCausalLM)
 
 VOCAB = 300
 SEQ_LENS = [7, 12, 5]
@@ -72,6 +75,17 @@ def llama_bias_config(**kw):
 
 def qwen2_config(**kw):
     return Qwen2Config(**common(tie_word_embeddings=True, rope_theta=10000.0, **kw))
+
+
+def qwen3_config(**kw):
+    # q/k per-head norms (q_norm, k_norm of head_dim) before RoPE; head_dim 16 while
+    # hidden / heads is 8, so the query width (64) differs from hidden (32) as in Qwen3-0.6B
+    # (1024 hidden, 16 heads of 128). Untied, unlike qwen2's fixture.
+    return Qwen3Config(**common(head_dim=16, tie_word_embeddings=False, attention_bias=False,
+                                rope_theta=10000.0, **kw))
+
+
+LM_CLASSES = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM}
 
 
 def redraw(model, gen):
@@ -188,7 +202,7 @@ def save(model, outdir, name, expected):
 def make_lm(outdir, name, cfg, seed):
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    model = (LlamaForCausalLM if cfg.model_type == "llama" else Qwen2ForCausalLM)(cfg).float()
+    model = LM_CLASSES[cfg.model_type](cfg).float()
     redraw(model, gen)
     d = os.path.join(outdir, name)
     os.makedirs(d, exist_ok=True)
@@ -262,18 +276,26 @@ def make_value(outdir, seed):
     save(model, outdir, "value_llama3", out)
 
 
+FIXTURES = {
+    "llama3": lambda d: make_lm(d, "llama3", llama3_config(), 1),
+    "qwen2": lambda d: make_lm(d, "qwen2", qwen2_config(), 2),
+    "score_qwen2": lambda d: make_score(d, 3),
+    "value_llama3": lambda d: make_value(d, 4),
+    "llama_bias": lambda d: make_lm(d, "llama_bias", llama_bias_config(), 5),
+    "qwen3": lambda d: make_lm(d, "qwen3", qwen3_config(), 6),
+}
+
+
 def main():
-    if len(sys.argv) != 2:
-        print("usage: make_model_fixtures.py OUTDIR", file=sys.stderr)
+    if len(sys.argv) < 2 or any(n not in FIXTURES for n in sys.argv[2:]):
+        print("usage: make_model_fixtures.py OUTDIR [%s ...]" % "|".join(FIXTURES),
+              file=sys.stderr)
         sys.exit(2)
     outdir = sys.argv[1]
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    make_lm(outdir, "llama3", llama3_config(), 1)
-    make_lm(outdir, "qwen2", qwen2_config(), 2)
-    make_score(outdir, 3)
-    make_value(outdir, 4)
-    make_lm(outdir, "llama_bias", llama_bias_config(), 5)
+    for name in sys.argv[2:] or FIXTURES:
+        FIXTURES[name](outdir)
 
 
 if __name__ == "__main__":

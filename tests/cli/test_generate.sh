@@ -2,7 +2,7 @@
 # `troupe generate` end to end. Greedy output on the chat fixture (ids, text and chatml
 # prompts, tools/make_generate_fixtures.py) equals transformers' generate: output ids, finish
 # reasons and text exactly, logprobs within 1e-5; so does a run with tiny passes, blocks and
-# batches. Sampled runs: n lines per prompt in order, reproducible, unchanged by the batch
+# batches, and greedy runs on each family's model fixture (llama, qwen2, qwen3). Sampled runs: n lines per prompt in order, reproducible, unchanged by the batch
 # layout, and their logprobs equal `troupe logprobs` on prompt + output. Bad input fails with
 # exit 1 naming FILE:LINE; usage errors exit 2; a failed run leaves no output file.
 set -u
@@ -114,6 +114,38 @@ same = all(max([abs(a - b) for a, b in zip(g[-len(w):], w)] + [0]) <= tol for g,
 sys.exit(0 if len(got) == len(want) > 0 and same else 1)
 EOF
 check "generation logprobs equal troupe logprobs on prompt + output, bit for bit" $?
+
+# Greedy on the model fixtures of every family against transformers' generate (the prompts
+# and outputs of expected.safetensors; the header is read by hand, the data is I32).
+for m in llama3 qwen2 llama_bias qwen3; do
+    python3 - "$models/$m/expected.safetensors" "$tmp/$m.prompts.jsonl" "$tmp/$m.want.jsonl" <<'EOF'
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+head = json.loads(raw[8:8 + n])
+def ints(key):
+    a, b = head[key]["data_offsets"]
+    assert head[key]["dtype"] == "I32"
+    return list(struct.unpack(f"<{(b - a) // 4}i", raw[8 + n + a:8 + n + b]))
+with open(sys.argv[2], "w") as fp, open(sys.argv[3], "w") as fw:
+    i = 0
+    while f"gen.prompt.{i}" in head:
+        p = ints(f"gen.prompt.{i}")
+        fp.write(json.dumps({"input_ids": p}) + "\n")
+        fw.write(json.dumps(ints(f"gen.output.{i}")[len(p):]) + "\n")
+        i += 1
+EOF
+    "$troupe" generate --model "$models/$m" --prompts "$tmp/$m.prompts.jsonl" --temperature 0 \
+        --max-new-tokens 16 >"$tmp/$m.greedy.jsonl" 2>"$tmp/err"
+    st=$?; check "$m greedy: exit status ($(cat "$tmp/err"))" $st
+    python3 - "$tmp/$m.greedy.jsonl" "$tmp/$m.want.jsonl" <<'EOF'
+import json, sys
+got = [json.loads(l)["output_ids"] for l in open(sys.argv[1])]
+want = [json.loads(l) for l in open(sys.argv[2])]
+sys.exit(0 if len(got) == len(want) >= 3 and got == want else 1)
+EOF
+    check "$m: greedy tokens equal transformers' generate" $?
+done
 
 # A model without tokenizer.json: ids work (no "text"), text prompts are an error.
 printf '{"input_ids": [5, 17, 42]}\n' >"$tmp/ids.jsonl"

@@ -37,7 +37,7 @@ check() {  # check DESCRIPTION STATUS: prints FAIL unless STATUS is 0
     if [ "$2" != 0 ]; then echo "FAIL: $1"; fail=1; fi
 }
 
-for m in llama3 qwen2 llama_bias; do
+for m in llama3 qwen2 llama_bias qwen3; do
     "$troupe" logprobs --model "$fx/$m" --data "$fx/$m/logprobs_input.jsonl" --threads 2 \
         >"$tmp/$m.out" 2>"$tmp/err"
     st=$?; check "$m: exit status $st ($(cat "$tmp/err"))" $st

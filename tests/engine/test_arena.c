@@ -61,8 +61,8 @@ static void check_sizes(const char *name, const tr_model_config *cfg, int32_t T,
 
 static void test_sizing(void) {
     printf("sizing against the documented formulas\n");
-    const char *names[] = {"qwen2", "llama3", "value_llama3", "score_qwen2"};
-    for (int i = 0; i < 4; i++) {
+    const char *names[] = {"qwen2", "llama3", "value_llama3", "score_qwen2", "qwen3"};
+    for (int i = 0; i < 5; i++) {
         char dir[256];
         snprintf(dir, sizeof dir, "tests/fixtures/models/%s", names[i]);
         tr_model_config cfg;

@@ -1,7 +1,8 @@
 // config.json parsing against what transformers resolves from the same files (defaults per
 // model type, heads, biases, token ids, RoPE parameters and inv_freq, recorded by
 // tools/make_io_fixtures.py), the parameter layout against HF tensor lists (every bias set),
-// bad configs (each must name the file and key), and save -> parse round trips.
+// bad configs (each must name the file and key), save -> parse round trips, Qwen3's defaults
+// and the architectures and attention windows refused by name.
 #include "engine/config.h"
 #include "engine/file.h"
 #include "engine/json.h"
@@ -35,7 +36,7 @@ static int config_equal(const tr_model_config *a, const tr_model_config *b) {
                a->n_kv_heads == b->n_kv_heads && a->head_dim == b->head_dim &&
                a->max_position_embeddings == b->max_position_embeddings &&
                a->rms_norm_eps == b->rms_norm_eps && a->attention_bias == b->attention_bias &&
-               a->o_proj_bias == b->o_proj_bias &&
+               a->o_proj_bias == b->o_proj_bias && a->qk_norm == b->qk_norm &&
                a->tie_word_embeddings == b->tie_word_embeddings && a->rope_theta == b->rope_theta &&
                a->rope_type == b->rope_type && a->rope_factor == b->rope_factor &&
                a->rope_low_freq_factor == b->rope_low_freq_factor &&
@@ -194,10 +195,12 @@ static void test_layout(void) {
 }
 
 // The layout against the tensors transformers saved for the model fixtures, which cover
-// every bias set: none (llama3), q/k/v (qwen2) and q/k/v/o (llama_bias, attention_bias).
+// every bias set: none (llama3), q/k/v (qwen2) and q/k/v/o (llama_bias, attention_bias), and
+// Qwen3's q_norm/k_norm.
 static void test_layout_biases(void) {
-    const char *models[] = {"llama3", "qwen2", "llama_bias", "score_qwen2", "value_llama3"};
-    for (int m = 0; m < 5; m++) {
+    const char *models[] = {"llama3", "qwen2", "llama_bias", "score_qwen2", "value_llama3",
+                            "qwen3"};
+    for (int m = 0; m < 6; m++) {
         char rel[256];
         snprintf(rel, sizeof rel, "tests/fixtures/models/%s/config.json", models[m]);
         tr_model_config c;
@@ -231,6 +234,16 @@ static void test_layout_biases(void) {
                      : p.layers[l].bo == NULL, "%s: layer %d o_proj bias view", models[m], l);
             snprintf(rel, sizeof rel, "model.layers.%d.self_attn.o_proj.weight", l);
             CHECK(p.layers[l].wo == buf + tr_param_layout_find(&L, rel)->offset);
+            // Qwen3's per-head norms: head_dim weights each, views where the layout says.
+            snprintf(rel, sizeof rel, "model.layers.%d.self_attn.q_norm.weight", l);
+            d = tr_param_layout_find(&L, rel);
+            CHECKF(d ? p.layers[l].q_norm == buf + d->offset && d->numel == (size_t)c.head_dim
+                     : p.layers[l].q_norm == NULL && !c.qk_norm, "%s: layer %d q_norm", models[m], l);
+            snprintf(rel, sizeof rel, "model.layers.%d.self_attn.k_norm.weight", l);
+            d = tr_param_layout_find(&L, rel);
+            CHECKF(d ? p.layers[l].k_norm == buf + d->offset && d->numel == (size_t)c.head_dim
+                     : p.layers[l].k_norm == NULL && !c.qk_norm, "%s: layer %d k_norm", models[m], l);
+            CHECK(c.qk_norm == (c.arch == TR_ARCH_QWEN3));
             snprintf(rel, sizeof rel, "model.layers.%d.post_attention_layernorm.weight", l);
             CHECK(p.layers[l].mlp_norm == buf + tr_param_layout_find(&L, rel)->offset);
         }
@@ -358,6 +371,84 @@ static void test_bad_configs(void) {
     CHECK(err.code == TR_EIO && strstr(err.msg, "/nonexistent/config.json"));
 }
 
+static void parse_ok(const char *json, tr_model_config *c) {
+    tr_err err = {0};
+    CHECKF(tr_config_parse(json, strlen(json), "ok/config.json", c, &err) == 0, "%s: %s", json,
+           err.msg);
+}
+
+// Qwen3 with transformers' Qwen3Config defaults, its bias switch and QK-norm through a save;
+// MoE architectures and windows shorter than the context refused by name.
+static void test_qwen3_and_refusals(void) {
+    tr_model_config c, c2;
+    tr_err err = {0};
+    // Defaults: 32 kv heads, head_dim 128 whatever hidden / heads is, 32768 positions, eps
+    // 1e-6, no biases, untied, no bos/eos.
+    parse_ok("{\"model_type\":\"qwen3\"," BASE "\"num_attention_heads\":64}", &c);
+    CHECK(c.arch == TR_ARCH_QWEN3 && c.qk_norm && c.n_kv_heads == 32 && c.head_dim == 128 &&
+          c.max_position_embeddings == 32768 && c.rms_norm_eps == 1e-6f && !c.attention_bias &&
+          !c.o_proj_bias && !c.tie_word_embeddings && c.bos_token_id == -1 && c.n_eos == 0 &&
+          c.rope_theta == 10000.0 && strcmp(c.architecture, "Qwen3ForCausalLM") == 0);
+    // An explicit null means as many kv heads as query heads (the classes' post-init).
+    parse_ok("{\"model_type\":\"qwen3\"," BASE "\"num_attention_heads\":4,"
+             "\"num_key_value_heads\":null}", &c);
+    CHECK(c.n_kv_heads == 4);
+    parse_ok("{\"model_type\":\"qwen2\"," BASE "\"num_attention_heads\":4,"
+             "\"num_key_value_heads\":null}", &c);
+    CHECK(c.n_kv_heads == 4 && c.head_dim == 8);
+    // attention_bias covers all four projections, as in Llama; save writes it back.
+    parse_ok("{\"model_type\":\"qwen3\",\"architectures\":[\"Qwen3ForTokenClassification\"],"
+             "\"num_labels\":1," BASE "\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+             "\"head_dim\":16,\"attention_bias\":true,\"use_sliding_window\":false,"
+             "\"sliding_window\":4096}", &c);
+    CHECK(c.head == TR_HEAD_VALUE && c.attention_bias && c.o_proj_bias && c.head_dim == 16);
+    char path[512];
+    snprintf(path, sizeof path, "%s/qwen3.json", tr_test_tmpdir());
+    CHECKF(tr_config_save(path, &c, &err) == 0, "%s", err.msg);
+    CHECK(tr_config_load(path, &c2, &err) == 0 && config_equal(&c, &c2) && c2.qk_norm);
+    c.o_proj_bias = false;
+    CHECK(tr_config_save(path, &c, &err) == -1 && strstr(err.msg, "o_proj"));
+    c.o_proj_bias = true;
+    c.qk_norm = false;
+    CHECK(tr_config_save(path, &c, &err) == -1 && strstr(err.msg, "QK-norm"));
+    // A window no shorter than the context changes nothing (tiny-mistral-rm: 4096 over 64).
+    parse_ok("{\"model_type\":\"mistral\"," BASE "\"num_attention_heads\":8,"
+             "\"sliding_window\":4096,\"max_position_embeddings\":4096}", &c);
+    parse_ok("{\"model_type\":\"mistral\"," BASE "\"num_attention_heads\":8,"
+             "\"sliding_window\":null}", &c);
+    CHECK(c.max_position_embeddings == 131072);
+
+    // Mistral-7B-v0.1: a 4096-token window over a 32768-token context.
+    bad("{\"model_type\":\"mistral\",\"architectures\":[\"MistralForCausalLM\"]," BASE
+        "\"num_attention_heads\":8,\"num_key_value_heads\":8,\"max_position_embeddings\":32768,"
+        "\"sliding_window\":4096}", "sliding_window", "32768");
+    // Absent, MistralConfig's window is 4096 against 131072 positions.
+    bad("{\"model_type\":\"mistral\"," BASE "\"num_attention_heads\":8}", "sliding_window",
+        "default");
+    bad("{\"model_type\":\"qwen3\"," BASE "\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+        "\"use_sliding_window\":true,\"sliding_window\":4096}", "use_sliding_window", "qwen3");
+    bad("{\"model_type\":\"qwen3\"," BASE "\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+        "\"layer_types\":[\"full_attention\",\"sliding_attention\"]}", "layer_types", NULL);
+    bad("{\"model_type\":\"qwen3\"," BASE "\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+        "\"architectures\":[\"Qwen2ForCausalLM\"]}", "Qwen2ForCausalLM", "model_type 'qwen3'");
+    bad("{\"model_type\":\"qwen3\"," BASE "\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+        "\"head_dim\":6,\"attention_bias\":\"no\"}", "attention_bias", NULL);
+    // Mixture-of-experts models, by the class their config names (or their model_type's).
+    static const char *const moe[][2] = {
+        {"qwen3_moe", "Qwen3MoeForCausalLM"}, {"mixtral", "MixtralForCausalLM"},
+        {"qwen2_moe", "Qwen2MoeForCausalLM"}, {"deepseek_v2", "DeepseekV2ForCausalLM"},
+        {"deepseek_v3", "DeepseekV3ForCausalLM"}};
+    char json[512];
+    for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) {
+        snprintf(json, sizeof json, "{\"model_type\":\"%s\",\"architectures\":[\"%s\"]," BASE
+                 "\"num_attention_heads\":4}", moe[i][0], moe[i][1]);
+        bad(json, moe[i][1], "mixture-of-experts");
+        snprintf(json, sizeof json, "{\"model_type\":\"%s\"," BASE "\"num_attention_heads\":4}",
+                 moe[i][0]);
+        bad(json, moe[i][1], "not supported");
+    }
+}
+
 int main(void) {
     test_against_transformers();
     test_heads();
@@ -365,5 +456,6 @@ int main(void) {
     test_layout_biases();
     test_bias_save();
     test_bad_configs();
+    test_qwen3_and_refusals();
     return tr_test_summary("test_config");
 }

@@ -361,6 +361,10 @@ int main(void) {
     // Llama with attention_bias: the o_proj bias reaches generation through the shared trunk.
     test_greedy_hf("llama_bias", &be);
     test_logprobs("llama_bias", &be);
+    // Qwen3: the per-head q/k norm runs before RoPE, so the cache holds normed keys.
+    test_greedy_hf("qwen3", &be);
+    test_logprobs("qwen3", &be);
+    test_batch_independence("qwen3", &be);
     tr_backend_free(&be);
     return tr_test_summary("test_generate");
 }

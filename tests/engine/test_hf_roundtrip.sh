@@ -2,7 +2,8 @@
 # Checkpoints written by troupe load in transformers and compute exactly what the originals
 # compute: each fixture checkpoint is loaded and saved by troupe (F32 single file, BF16
 # shards, and a value head on the Llama trunk), then tools/check_hf_checkpoint.py compares
-# them in transformers; the Llama fixture with attention_bias adds the o_proj bias. Skipped
+# them in transformers; the Llama fixture with attention_bias adds the o_proj bias, the Qwen3
+# fixture the per-head q/k norms. Skipped
 # (77) where Python has no torch/transformers.
 set -u
 resave="$1"
@@ -32,5 +33,15 @@ bias="$src/tests/fixtures/models/llama_bias"
 check "$out/llama_bias-f32" "$bias"
 "$resave" "$bias" "$out/llama_bias-value" f32 0 value || fail=1
 check "$out/llama_bias-value" "$bias"
+# Qwen3: q_norm/k_norm written under their HF names, no biases, head_dim 16 (not hidden /
+# heads) written back; F32, BF16 shards and a value head (Qwen3ForTokenClassification).
+q3="$src/tests/fixtures/models/qwen3"
+"$resave" "$q3" "$out/qwen3-f32" f32 0 || fail=1
+check "$out/qwen3-f32" "$q3"
+"$resave" "$q3" "$out/qwen3-bf16" bf16 20000 || fail=1
+ls "$out/qwen3-bf16"/model-00002-of-* >/dev/null 2>&1 || { echo "FAIL: qwen3 bf16 not sharded"; fail=1; }
+check "$out/qwen3-bf16" "$q3" --bf16
+"$resave" "$q3" "$out/qwen3-value" f32 0 value || fail=1
+check "$out/qwen3-value" "$q3"
 [ $fail = 0 ] && rm -rf "$out"
 exit $fail

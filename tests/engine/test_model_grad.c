@@ -1,6 +1,7 @@
 // The model's backward against central finite differences of its own forward, on tiny
 // random models: per parameter tensor (attention_bias's q/k/v and o_proj biases included),
-// grad . d must match the directional derivative along a random d. Also what the HF fixtures
+// grad . d must match the directional derivative along a random d (Qwen3's per-head q/k
+// norm weights included). Also what the HF fixtures
 // do not cover: the entropy gradient, a chunked LM head, a 3-label score head, packed
 // documents equal to separate forwards, and bad token ids as clean errors.
 #include <stdio.h>
@@ -13,17 +14,20 @@
 #include "tests/backend_test.h"
 #include "tests/test.h"
 
+// head_dim 4 while hidden / heads is 3: q and k are wider than the hidden state. A Qwen3
+// class name makes it a qwen3 model (per-head q/k norm before RoPE).
 static const char *tiny_config(const char *arch, int tied, int bias) {
     static char buf[1024];
     int value = strstr(arch, "TokenClassification") != NULL;
+    const char *type = strncmp(arch, "Qwen3", 5) == 0 ? "qwen3" : "llama";
     snprintf(buf, sizeof buf,
-             "{\"architectures\": [\"%s\"], \"model_type\": \"llama\", \"vocab_size\": 23,"
+             "{\"architectures\": [\"%s\"], \"model_type\": \"%s\", \"vocab_size\": 23,"
              " \"hidden_size\": 12, \"intermediate_size\": 20, \"num_hidden_layers\": 2,"
              " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 4,"
              " \"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-5, \"rope_theta\": 100.0,"
              " \"attention_bias\": %s, \"tie_word_embeddings\": %s, %s,"
              " \"pad_token_id\": 0, \"torch_dtype\": \"float32\"}",
-             arch, bias ? "true" : "false", tied ? "true" : "false",
+             arch, type, bias ? "true" : "false", tied ? "true" : "false",
              value ? "\"num_labels\": 1, \"id2label\": {\"0\": \"v\"}"
                    : "\"num_labels\": 3, \"id2label\": {\"0\": \"a\", \"1\": \"b\", \"2\": \"c\"}");
     return buf;
@@ -90,7 +94,7 @@ static void head_grad(tr_model *m, const packed_batch *b, const float *c1, const
 
 // Per tensor: (L(p + h d) - L(p - h d)) / 2h against grad . d for a random direction d.
 static void check_fd(const char *what, const char *arch, int tied, int bias, int32_t logit_rows,
-                     tr_backend *be) {
+                     float h, tr_backend *be) {
     tr_err err = {0};
     tr_model_config cfg;
     const char *json = tiny_config(arch, tied, bias);
@@ -112,7 +116,13 @@ static void check_fd(const char *what, const char *arch, int tied, int bias, int
         c1[i] = tr_rng_normal(&rng);
         c2[i] = 0.5f * tr_rng_normal(&rng);
     }
-    // Llama's attention_bias biases all four projections; each is one more tensor below.
+    // Qwen3's q/k norms are two more tensors per layer below.
+    for (int32_t l = 0; l < cfg.n_layers; l++)
+        CHECKF((m.w.layers[l].q_norm != NULL) == cfg.qk_norm &&
+                   (m.w.layers[l].k_norm != NULL) == cfg.qk_norm,
+               "%s: layer %d q/k norm views", what, l);
+    // Llama's (and Qwen3's) attention_bias biases all four projections; each is one more
+    // tensor below.
     if (bias)
         for (int32_t l = 0; l < cfg.n_layers; l++) {
             char name[TR_NAME_MAX];
@@ -136,7 +146,6 @@ static void check_fd(const char *what, const char *arch, int tied, int bias, int
         }
         // Fourth-order central stencil: truncation O(h^4) allows an h large enough that the
         // fp32 rounding of L (about 1e-6 here, divided by h) stays small.
-        const float h = 5e-3f;
         float *save = malloc(d->numel * sizeof(float));
         memcpy(save, p, d->numel * sizeof(float));
         double l[4];
@@ -153,7 +162,7 @@ static void check_fd(const char *what, const char *arch, int tied, int bias, int
         double lp = l[2];
         // Allowed: 5e-3 relative, plus the stencil's response to fp32 rounding of L (about
         // 1e-6, as the comment above says; an h scan puts it at 5e-7..8e-7): (8+8+1+1)/12 *
-        // 1e-6 / h = 3e-4. That absolute part matters only for near-zero derivatives such as
+        // 1e-6 / h = 3e-4 at h = 5e-3. That absolute part matters only for near-zero derivatives such as
         // a k_proj bias's (softmax ignores a score shift shared by all keys; only RoPE's
         // position dependence leaves a gradient). A wrong or missing term is an O(1) error.
         const double noise = 18.0 / 12.0 * 1e-6 / h;
@@ -303,10 +312,19 @@ static void check_errors(tr_backend *be) {
 int main(void) {
     tr_backend be;
     et_backend(&be, 2);
-    check_fd("llama untied, bias", "LlamaForCausalLM", 0, 1, 0, &be);
-    check_fd("llama tied, chunked logits", "LlamaForCausalLM", 1, 0, 5, &be);
-    check_fd("value head", "LlamaForTokenClassification", 0, 0, 0, &be);
-    check_fd("score head, 3 labels", "LlamaForSequenceClassification", 0, 1, 0, &be);
+    check_fd("llama untied, bias", "LlamaForCausalLM", 0, 1, 0, 5e-3f, &be);
+    check_fd("llama tied, chunked logits", "LlamaForCausalLM", 1, 0, 5, 5e-3f, &be);
+    check_fd("value head", "LlamaForTokenClassification", 0, 0, 0, 5e-3f, &be);
+    check_fd("score head, 3 labels", "LlamaForSequenceClassification", 0, 1, 0, 5e-3f, &be);
+    // Qwen3's per-head norm over 4 values bends L sharply along the embedding direction: at
+    // h = 5e-3 the stencil's truncation is what differs (qwen3 untied: -0.1642 against the
+    // backward's -0.1792); at 2e-3 it agrees to 3e-4, within the fp32 noise allowed at that
+    // step, and smaller steps only trade truncation for noise.
+    check_fd("qwen3 untied", "Qwen3ForCausalLM", 0, 0, 0, 2e-3f, &be);
+    check_fd("qwen3 tied, bias, chunked logits", "Qwen3ForCausalLM", 1, 1, 5, 2e-3f, &be);
+    check_fd("qwen3 value head", "Qwen3ForTokenClassification", 0, 0, 0, 2e-3f, &be);
+    check_fd("qwen3 score head, 3 labels", "Qwen3ForSequenceClassification", 0, 0, 0, 2e-3f,
+             &be);
     check_packing(&be);
     check_chunking(&be);
     check_errors(&be);
