@@ -1,8 +1,9 @@
 // config.json parsing against what transformers resolves from the same files (defaults per
 // model type, heads, biases, token ids, RoPE parameters and inv_freq, recorded by
 // tools/make_io_fixtures.py), the parameter layout against HF tensor lists (every bias set),
-// bad configs (each must name the file and key), save -> parse round trips, Qwen3's defaults
-// and the architectures and attention windows refused by name.
+// bad configs (each must name the file and key), save -> parse round trips, Qwen3's defaults,
+// the architectures and attention windows refused by name, and the released configurations
+// (Qwen3, Qwen2.5, Llama 3.x, Mistral) resolved as transformers resolves them.
 #include "engine/config.h"
 #include "engine/file.h"
 #include "engine/json.h"
@@ -371,6 +372,51 @@ static void test_bad_configs(void) {
     CHECK(err.code == TR_EIO && strstr(err.msg, "/nonexistent/config.json"));
 }
 
+// The released configurations (tests/fixtures/configs) against what transformers built from
+// them (expected.json, tools/make_config_fixtures.py): every resolved field and the
+// parameter count of the layout.
+static void test_released(void) {
+    tr_json_doc exp = load_json("tests/fixtures/configs/expected.json");
+    int n = 0;
+    for (const tr_json *e = exp.root->child; e; e = e->next, n++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "tests/fixtures/configs/%s/config.json", e->key);
+        tr_model_config c;
+        tr_param_layout L;
+        tr_err err = {0};
+        CHECKF(tr_config_load(tr_test_src(rel), &c, &err) == 0, "%s: %s", e->key, err.msg);
+        if (err.msg[0]) continue;
+        CHECKF(strcmp(c.architecture, tr_json_get(e, "architecture")->str) == 0, "%s: %s",
+               e->key, c.architecture);
+        expect_int(e, "n_layers", c.n_layers);
+        expect_int(e, "n_heads", c.n_heads);
+        expect_int(e, "n_kv_heads", c.n_kv_heads);
+        expect_int(e, "head_dim", c.head_dim);
+        expect_int(e, "max_position_embeddings", c.max_position_embeddings);
+        expect_int(e, "bos_token_id", c.bos_token_id);
+        CHECKF(c.attention_bias == tr_json_get(e, "attention_bias")->boolean &&
+                   c.o_proj_bias == tr_json_get(e, "o_proj_bias")->boolean &&
+                   c.qk_norm == tr_json_get(e, "qk_norm")->boolean &&
+                   c.tie_word_embeddings == tr_json_get(e, "tie_word_embeddings")->boolean,
+               "%s: biases, QK-norm or tying", e->key);
+        CHECKF(c.rms_norm_eps == (float)tr_json_get(e, "rms_norm_eps")->num &&
+                   c.rope_theta == tr_json_get(e, "rope_theta")->num &&
+                   strcmp(rope_name(c.rope_type), tr_json_get(e, "rope_type")->str) == 0 &&
+                   c.rope_factor == tr_json_get(e, "rope_factor")->num,
+               "%s: eps or RoPE", e->key);
+        const tr_json *eos = tr_json_get(e, "eos_token_ids");
+        CHECKF(c.n_eos == eos->count && (c.n_eos == 0 || c.eos_token_ids[0] == eos->child->inum),
+               "%s: eos", e->key);
+        CHECKF(tr_param_layout_init(&L, &c, &err) == 0, "%s: %s", e->key, err.msg);
+        size_t sum = 0;
+        for (int32_t i = 0; i < L.n_tensors; i++) sum += L.tensors[i].numel;
+        expect_int(e, "n_params", (int64_t)sum);
+        tr_param_layout_free(&L);
+    }
+    CHECK(n == 11);
+    tr_json_free(&exp);
+}
+
 static void parse_ok(const char *json, tr_model_config *c) {
     tr_err err = {0};
     CHECKF(tr_config_parse(json, strlen(json), "ok/config.json", c, &err) == 0, "%s: %s", json,
@@ -457,5 +503,6 @@ int main(void) {
     test_bias_save();
     test_bad_configs();
     test_qwen3_and_refusals();
+    test_released();
     return tr_test_summary("test_config");
 }

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # `troupe info` on the fixture checkpoints: the parameter count it prints must equal the sum
 # of the tensor sizes that torch read from the same files (n_params in *.expected.json, made
-# by tools/make_io_fixtures.py); bad directories fail with exit 1 naming the file, and a
-# missing --model is a usage error (exit 2).
+# by tools/make_io_fixtures.py), and on the released configurations of tests/fixtures/configs
+# the count transformers gives; unsupported architectures and attention windows are refused
+# by name; bad directories fail with exit 1 naming the file, and a missing --model is a usage
+# error (exit 2).
 set -u
 troupe="$1"
 fix="$2"
@@ -20,6 +22,46 @@ for m in tiny-llama tiny-qwen2-sharded tiny-mistral-rm; do
     arch=$(tr -d ' \n' <"$fix/$m/config.json" | grep -o '"architectures":\["[A-Za-z0-9]*"' | grep -o '"[A-Za-z0-9]*"$' | tr -d '"')
     grep -q "^architecture  $arch " "$out/$m.txt" || { echo "FAIL: $m: architecture $arch not shown"; fail=1; }
 done
+# Released configurations (config.json only): the count equals what transformers builds from
+# the same file (tests/fixtures/configs/expected.json, tools/make_config_fixtures.py). The
+# plan gets a budget no model here exceeds, so only the count and shape are under test.
+configs="$fix/../configs"
+n_released=0
+for d in "$configs"/*/; do
+    m=$(basename "$d")
+    want=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]]["n_params"])' \
+        "$configs/expected.json" "$m" 2>/dev/null)
+    if ! "$troupe" info --model "$d" --backend cpu --memory-gb 4096 --tokens 512 >"$out/$m.txt" 2>&1; then
+        echo "FAIL: $m: exit $?"; cat "$out/$m.txt"; fail=1; continue
+    fi
+    got=$(awk '/^parameters / {print $2}' "$out/$m.txt")
+    if [ -z "$want" ] || [ "$got" != "$want" ]; then
+        echo "FAIL: $m: parameters '$got', transformers counted '$want'"; fail=1
+    else
+        printf '%-16s %14s parameters, as transformers\n' "$m" "$got"
+    fi
+    n_released=$((n_released + 1))
+done
+[ "$n_released" = 11 ] || { echo "FAIL: $n_released released configs, want 11"; fail=1; }
+grep -q "^qk norm       yes" "$out/Qwen3-0.6B.txt" || { echo "FAIL: Qwen3 qk norm not shown"; fail=1; }
+grep -q "head_dim 128" "$out/Qwen3-0.6B.txt" || { echo "FAIL: Qwen3-0.6B head_dim"; fail=1; }
+
+# Refused by name: a mixture-of-experts class, and Mistral-7B-v0.1's 4096-token window over
+# a 32768-token context.
+mkdir -p "$out/moe" "$out/window"
+sed -e 's/"Qwen3ForCausalLM"/"Qwen3MoeForCausalLM"/' -e 's/"qwen3"/"qwen3_moe"/' \
+    "$configs/Qwen3-0.6B/config.json" >"$out/moe/config.json"
+"$troupe" info --model "$out/moe" >"$out/moe.txt" 2>&1
+rc=$?
+[ $rc = 1 ] && grep -q "Qwen3MoeForCausalLM.*mixture-of-experts" "$out/moe.txt" ||
+    { echo "FAIL: MoE config: exit $rc"; cat "$out/moe.txt"; fail=1; }
+sed -e 's/"sliding_window": null/"sliding_window": 4096/' \
+    "$configs/Mistral-7B-v0.3/config.json" >"$out/window/config.json"
+"$troupe" info --model "$out/window" >"$out/window.txt" 2>&1
+rc=$?
+[ $rc = 1 ] && grep -q "sliding_window 4096 is shorter than the context" "$out/window.txt" ||
+    { echo "FAIL: sliding window: exit $rc"; cat "$out/window.txt"; fail=1; }
+
 grep -q "^weights       sharded safetensors with index, checked" "$out/tiny-qwen2-sharded.txt" || { echo "FAIL: shards"; fail=1; }
 grep -q "^tied embed    yes" "$out/tiny-qwen2-sharded.txt" || { echo "FAIL: tied"; fail=1; }
 
