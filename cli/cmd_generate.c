@@ -310,7 +310,7 @@ int tr_cmd_generate(int argc, char **argv) {
          false},
         {"seed", TR_ARG_INT, &seed, "S", "sampling seed (default 0)", false, false},
         {"chat-format", TR_ARG_STR, &chat_name, "NAME",
-         "format of \"messages\" lines: chatml or llama3 (default chatml)", false, false},
+         "format of \"messages\" lines: chatml, llama3 or qwen3 (default chatml)", false, false},
         {"threads", TR_ARG_INT, &threads, "N", "CPU threads (default: all cores)", false, false},
         {"backend", TR_ARG_STR, &backend, "NAME", "cpu or cuda (default: $TROUPE_BACKEND, else cpu)", false, false},
         {"device", TR_ARG_INT, &device, "N", "CUDA device index (default 0)", false, false},
@@ -363,7 +363,7 @@ int tr_cmd_generate(int argc, char **argv) {
     else if (max_seqs < 0 || max_seqs > 65536) bad = "--max-seqs must be in 0..65536";
     else if (batch_tokens < 1 || batch_tokens > (1 << 24))
         bad = "--batch-tokens must be in 1..16777216";
-    else if (tr_chat_kind_parse(chat_name) == 0) bad = "--chat-format must be chatml or llama3";
+    else if (tr_chat_kind_parse(chat_name) == 0) bad = "--chat-format must be chatml, llama3 or qwen3";
     if (bad) {
         fprintf(stderr, "troupe %s: %s\n", CMD, bad);
         return 2;

@@ -1,6 +1,6 @@
-// Chat templates for chatml and llama3, written out by hand after the published Jinja
-// templates (Qwen2.5 and Llama-3 tokenizer_config.json), with the loss mask decided per
-// text piece instead of recovered from offsets afterwards.
+// Chat templates for chatml, llama3 and qwen3, written out by hand after the published Jinja
+// templates (Qwen2.5, Llama-3 and Qwen3 tokenizer_config.json, without tools), with the loss
+// mask decided per text piece instead of recovered from offsets afterwards.
 #include "data/chat.h"
 
 #include <stdio.h>
@@ -11,11 +11,15 @@ int tr_chat_kind_parse(const char *name) {
     if (!name) return 0;
     if (strcmp(name, "chatml") == 0) return TR_CHAT_CHATML;
     if (strcmp(name, "llama3") == 0) return TR_CHAT_LLAMA3;
+    if (strcmp(name, "qwen3") == 0) return TR_CHAT_QWEN3;
     return 0;
 }
 
 const char *tr_chat_kind_name(int kind) {
-    return kind == TR_CHAT_CHATML ? "chatml" : kind == TR_CHAT_LLAMA3 ? "llama3" : "unknown";
+    return kind == TR_CHAT_CHATML   ? "chatml"
+           : kind == TR_CHAT_LLAMA3 ? "llama3"
+           : kind == TR_CHAT_QWEN3  ? "qwen3"
+                                    : "unknown";
 }
 
 int tr_chat_tokens_push(tr_chat_tokens *t, int32_t id, uint8_t mask, tr_err *err) {
@@ -52,10 +56,17 @@ int tr_chat_format_init(tr_chat_format *f, const char *name, const tr_tokenizer 
     f->kind = tr_chat_kind_parse(name);
     f->tok = tok;
     f->bos = f->header_end = -1;
-    if (f->kind == TR_CHAT_CHATML) {
+    f->enable_thinking = true;
+    if (f->kind == TR_CHAT_CHATML || f->kind == TR_CHAT_QWEN3) {
+        int32_t think;
         if (lookup(tok, "<|im_start|>", &f->turn_start, err) ||
             lookup(tok, "<|im_end|>", &f->turn_end, err) || lookup(tok, "<|endoftext|>", &f->eos, err))
-            return tr_err_wrap(err, "chat format chatml");
+            return tr_err_wrap(err, "chat format %s", tr_chat_kind_name(f->kind));
+        // Think blocks are text that the tokenizer turns into its <think> / </think> tokens; a
+        // tokenizer without them (Qwen2.5's) would spell them out instead.
+        if (f->kind == TR_CHAT_QWEN3 &&
+            (lookup(tok, "<think>", &think, err) || lookup(tok, "</think>", &think, err)))
+            return tr_err_wrap(err, "chat format qwen3");
     } else if (f->kind == TR_CHAT_LLAMA3) {
         if (lookup(tok, "<|begin_of_text|>", &f->bos, err) ||
             lookup(tok, "<|start_header_id|>", &f->turn_start, err) ||
@@ -63,7 +74,7 @@ int tr_chat_format_init(tr_chat_format *f, const char *name, const tr_tokenizer 
             lookup(tok, "<|eot_id|>", &f->turn_end, err) || lookup(tok, "<|end_of_text|>", &f->eos, err))
             return tr_err_wrap(err, "chat format llama3");
     } else {
-        return tr_errf(err, TR_EINVAL, "unknown chat format '%s' (chatml or llama3)",
+        return tr_errf(err, TR_EINVAL, "unknown chat format '%s' (chatml, llama3 or qwen3)",
                        name ? name : "(none)");
     }
     f->stop[0] = f->turn_end;
@@ -208,6 +219,7 @@ typedef struct emitter {
     tr_chat_tokens *out;
     char *buf;
     size_t len, cap;
+    bool thinking;   // qwen3's enable_thinking
 } emitter;
 
 static int emit_text(emitter *e, const char *s, size_t n, tr_err *err) {
@@ -236,6 +248,95 @@ static int emit_piece(emitter *e, const char *head, size_t hn, const char *body,
     return append_piece(e->f->tok, head, hn, body, bn, mask, e->out, err);
 }
 
+// ---- qwen3: think blocks ----
+
+typedef struct span {
+    const char *p;
+    size_t n;
+} span;
+
+// Python's str.find (last == false) or str.rfind of sub in s; NULL when absent.
+static const char *find_sub(span s, const char *sub, bool last) {
+    size_t m = strlen(sub);
+    const char *hit = NULL;
+    for (size_t i = 0; m <= s.n && i <= s.n - m; i++)
+        if (memcmp(s.p + i, sub, m) == 0) {
+            hit = s.p + i;
+            if (!last) break;
+        }
+    return hit;
+}
+
+// str.lstrip('\n') / rstrip('\n'): only newlines, as the template strips.
+static span strip_nl(span s, bool left, bool right) {
+    while (left && s.n && s.p[0] == '\n') s.p++, s.n--;
+    while (right && s.n && s.p[s.n - 1] == '\n') s.n--;
+    return s;
+}
+
+// An assistant message as Qwen3's template splits it when its content holds "</think>":
+// reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n'),
+// answer = content.split('</think>')[-1].lstrip('\n'); otherwise no reasoning and the
+// content untouched.
+static void split_think(span c, span *reasoning, span *answer) {
+    const char *first = find_sub(c, "</think>", false);
+    *reasoning = (span){c.p, 0};
+    *answer = c;
+    if (!first) return;
+    const char *after = find_sub(c, "</think>", true) + 8;
+    span r = strip_nl((span){c.p, (size_t)(first - c.p)}, false, true);
+    const char *open = find_sub(r, "<think>", true);
+    if (open) r = (span){open + 7, r.n - (size_t)(open + 7 - r.p)};
+    *reasoning = strip_nl(r, true, false);
+    *answer = strip_nl((span){after, (size_t)(c.p + c.n - after)}, true, false);
+}
+
+// The user message the template calls the last query: the last one that is not a tool
+// response wrapped in <tool_response> tags; with none, the last message.
+static size_t qwen3_last_query(const tr_chat_msg *msgs, const tr_chat_msg *sys, size_t total) {
+    for (size_t k = total; k-- > 0;) {
+        const tr_chat_msg *m = sys ? (k == 0 ? sys : &msgs[k - 1]) : &msgs[k];
+        if (!m->role || strcmp(m->role, "user") != 0 || !m->content) continue;
+        span c = {m->content, m->content_len};
+        static const char open[] = "<tool_response>", close[] = "</tool_response>";
+        bool wrapped = c.n >= sizeof open - 1 && memcmp(c.p, open, sizeof open - 1) == 0 &&
+                       c.n >= sizeof close - 1 &&
+                       memcmp(c.p + c.n - (sizeof close - 1), close, sizeof close - 1) == 0;
+        if (!wrapped) return k;
+    }
+    return total - 1;
+}
+
+// One assistant turn of Qwen3's template: after the last query, the last message and any
+// message with reasoning keep a think block (an empty one when there is no reasoning);
+// earlier turns keep only their answer. Everything after "assistant\n" is trained.
+static int emit_qwen3_assistant(emitter *e, const tr_chat_msg *m, bool after_query,
+                                bool is_last, tr_err *err) {
+    const tr_chat_format *f = e->f;
+    span c = {m->content ? m->content : "", m->content ? m->content_len : 0}, r, a;
+    split_think(c, &r, &a);
+    bool keep_think = after_query && (is_last || r.n > 0);
+    char *body = NULL;
+    size_t bn = a.n;
+    if (keep_think) {
+        r = strip_nl(r, true, true);
+        a = strip_nl(a, true, false);
+        bn = 8 + r.n + 11 + a.n;
+        body = malloc(bn);
+        if (!body) return tr_errf(err, TR_ENOMEM, "out of memory for a %zu-byte message", bn);
+        memcpy(body, "<think>\n", 8);
+        memcpy(body + 8, r.p, r.n);
+        memcpy(body + 8 + r.n, "\n</think>\n\n", 11);
+        memcpy(body + 19 + r.n, a.p, a.n);
+    }
+    int rc = emit_special(e, "<|im_start|>", f ? f->turn_start : 0, 0, err) ||
+             emit_piece(e, "assistant\n", 10, body ? body : a.p, bn, 1, err) ||
+             emit_special(e, "<|im_end|>", f ? f->turn_end : 0, 1, err) ||
+             emit_piece(e, "\n", 1, "", 0, 0, err);
+    free(body);
+    return rc ? -1 : 0;
+}
+
 static int render(emitter *e, int kind, const char *default_system, const tr_chat_msg *msgs,
                   size_t n, bool gen, tr_err *err) {
     const tr_chat_format *f = e->f;
@@ -243,6 +344,8 @@ static int render(emitter *e, int kind, const char *default_system, const tr_cha
     tr_chat_msg sys = {"system", default_system, default_system ? strlen(default_system) : 0};
     bool add_sys = default_system && (n == 0 || !msgs[0].role || strcmp(msgs[0].role, "system") != 0);
     size_t total = n + (add_sys ? 1 : 0);
+    size_t last_query = 0;
+    if (kind == TR_CHAT_QWEN3 && total) last_query = qwen3_last_query(msgs, add_sys ? &sys : NULL, total);
     for (size_t k = 0; k < total; k++) {
         const tr_chat_msg *m = add_sys ? (k == 0 ? &sys : &msgs[k - 1]) : &msgs[k];
         if (!known_role(m->role))
@@ -252,7 +355,9 @@ static int render(emitter *e, int kind, const char *default_system, const tr_cha
         size_t cn = m->content ? m->content_len : 0;
         uint8_t train = strcmp(m->role, "assistant") == 0;
         char head[64];
-        if (kind == TR_CHAT_CHATML) {
+        if (kind == TR_CHAT_QWEN3 && train) {
+            if (emit_qwen3_assistant(e, m, k > last_query, k + 1 == total, err)) return -1;
+        } else if (kind == TR_CHAT_CHATML || kind == TR_CHAT_QWEN3) {
             int hn = snprintf(head, sizeof head, "%s\n", m->role);
             if (emit_special(e, "<|im_start|>", ts, 0, err) ||
                 emit_piece(e, head, (size_t)hn, c, cn, train, err) ||
@@ -270,9 +375,12 @@ static int render(emitter *e, int kind, const char *default_system, const tr_cha
         }
     }
     if (gen) {
-        if (kind == TR_CHAT_CHATML) {
+        if (kind == TR_CHAT_CHATML || kind == TR_CHAT_QWEN3) {
+            // enable_thinking=False: the prompt closes an empty think block itself.
+            bool no_think = kind == TR_CHAT_QWEN3 && !e->thinking;
+            const char *head = no_think ? "assistant\n<think>\n\n</think>\n\n" : "assistant\n";
             if (emit_special(e, "<|im_start|>", ts, 0, err) ||
-                emit_piece(e, "assistant\n", 10, "", 0, 0, err))
+                emit_piece(e, head, strlen(head), "", 0, 0, err))
                 return -1;
         } else {
             if (emit_special(e, "<|start_header_id|>", ts, 0, err) ||
@@ -286,17 +394,18 @@ static int render(emitter *e, int kind, const char *default_system, const tr_cha
 
 int tr_chat_render(const tr_chat_format *f, const tr_chat_msg *msgs, size_t n,
                    bool add_generation_prompt, tr_chat_tokens *out, tr_err *err) {
-    emitter e = {f, out, NULL, 0, 0};
+    emitter e = {f, out, NULL, 0, 0, f->enable_thinking};
     return render(&e, f->kind, f->default_system, msgs, n, add_generation_prompt, err);
 }
 
 int tr_chat_render_text(int kind, const char *default_system, const tr_chat_msg *msgs, size_t n,
-                        bool add_generation_prompt, char **text, size_t *len, tr_err *err) {
+                        bool add_generation_prompt, bool enable_thinking, char **text,
+                        size_t *len, tr_err *err) {
     *text = NULL;
     *len = 0;
-    if (kind != TR_CHAT_CHATML && kind != TR_CHAT_LLAMA3)
+    if (kind != TR_CHAT_CHATML && kind != TR_CHAT_LLAMA3 && kind != TR_CHAT_QWEN3)
         return tr_errf(err, TR_EINVAL, "unknown chat format %d", kind);
-    emitter e = {NULL, NULL, NULL, 0, 0};
+    emitter e = {NULL, NULL, NULL, 0, 0, enable_thinking};
     if (render(&e, kind, default_system, msgs, n, add_generation_prompt, err) ||
         emit_text(&e, "", 0, err)) {
         free(e.buf);

@@ -7,10 +7,18 @@
 //                        {content, whitespace-trimmed}<|eot_id|> ... ; prompt
 //                        "<|start_header_id|>assistant<|end_header_id|>\n\n"; stops <|eot_id|>,
 //                        <|end_of_text|>
+//   qwen3 (Qwen3):       chatml turns, but an assistant message is split at "</think>" into
+//                        reasoning and answer. Assistant turns after the last user query keep
+//                        "<think>\n{reasoning}\n</think>\n\n{answer}" when they are the last
+//                        message or have reasoning (an empty block for a last message without
+//                        any); earlier turns keep only the answer. Prompt "<|im_start|>assistant\n",
+//                        plus "<think>\n\n</think>\n\n" when enable_thinking is false; stops as
+//                        chatml. <think> and </think> are the tokenizer's own (added) tokens.
 //
-// Trained tokens (mask 1): exactly the tokens of every assistant message's content and the
-// end-of-turn token that closes it (<|im_end|> / <|eot_id|>). Role headers, system and user
-// turns, the "\n" after <|im_end|>, <|begin_of_text|> and the generation prompt are 0.
+// Trained tokens (mask 1): exactly the tokens of every assistant turn's text as the template
+// emits it (qwen3: its think block too) and the end-of-turn token that closes it (<|im_end|> /
+// <|eot_id|>). Role headers, system and user turns, the "\n" after <|im_end|>,
+// <|begin_of_text|> and the generation prompt are 0.
 // No system prompt is added unless the format is given one (Qwen2.5's own template adds
 // "You are Qwen, created by Alibaba Cloud. You are a helpful assistant." when none is given).
 //
@@ -24,7 +32,7 @@
 #include "data/tokenizer.h"
 #include "engine/err.h"
 
-enum tr_chat_kind { TR_CHAT_CHATML = 1, TR_CHAT_LLAMA3 = 2 };
+enum tr_chat_kind { TR_CHAT_CHATML = 1, TR_CHAT_LLAMA3 = 2, TR_CHAT_QWEN3 = 3 };
 
 typedef struct tr_chat_msg {
     const char *role;        // "system", "user" or "assistant"
@@ -43,6 +51,8 @@ typedef struct tr_chat_format {
     int32_t stop[2];              // stop tokens for generation
     int32_t n_stop;
     int32_t eos;                  // the tokenizer's end of text (<|endoftext|> / <|end_of_text|>)
+    bool enable_thinking;         // qwen3: true (init's value) lets the model open its own think
+                                  // block; false closes an empty one in the generation prompt
 } tr_chat_format;
 
 // Ids plus a loss mask of the same length (malloc'd, grown as needed).
@@ -52,7 +62,7 @@ typedef struct tr_chat_tokens {
     size_t n, cap;
 } tr_chat_tokens;
 
-// "chatml" or "llama3" -> TR_CHAT_*, 0 for an unknown name.
+// "chatml", "llama3" or "qwen3" -> TR_CHAT_*, 0 for an unknown name.
 int tr_chat_kind_parse(const char *name);
 const char *tr_chat_kind_name(int kind);
 
@@ -62,9 +72,11 @@ int tr_chat_format_init(tr_chat_format *f, const char *name, const tr_tokenizer 
 // Appends the rendering of msgs (plus the generation prompt when asked) to out.
 int tr_chat_render(const tr_chat_format *f, const tr_chat_msg *msgs, size_t n,
                    bool add_generation_prompt, tr_chat_tokens *out, tr_err *err);
-// The same rendering as text (what the published Jinja templates produce), malloc'd.
+// The same rendering as text (what the published Jinja templates produce), malloc'd;
+// enable_thinking matters to qwen3 only.
 int tr_chat_render_text(int kind, const char *default_system, const tr_chat_msg *msgs, size_t n,
-                        bool add_generation_prompt, char **text, size_t *len, tr_err *err);
+                        bool add_generation_prompt, bool enable_thinking, char **text,
+                        size_t *len, tr_err *err);
 
 // Encodes text without matching special tokens (HF's split_special_tokens=True): text that
 // spells a special token is cut where GPT-style pre-tokenizer regexes split it anyway (before

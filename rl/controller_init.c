@@ -14,7 +14,10 @@ static const char *schedule_name(enum tr_recipe_schedule s) {
 }
 
 static const char *chat_name(enum tr_recipe_chat_format f) {
-    return f == TR_RECIPE_CHAT_CHATML ? "chatml" : f == TR_RECIPE_CHAT_LLAMA3 ? "llama3" : NULL;
+    return f == TR_RECIPE_CHAT_CHATML   ? "chatml"
+           : f == TR_RECIPE_CHAT_LLAMA3 ? "llama3"
+           : f == TR_RECIPE_CHAT_QWEN3  ? "qwen3"
+                                        : NULL;
 }
 
 static const char *reward_fn_name(enum tr_recipe_reward_fn f) {

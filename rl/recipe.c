@@ -523,7 +523,7 @@ static int validate(tr_recipe *r, const tr_ynode *root, tr_err *err) {
         if (!r->data.train[0]) return fail_path(root, "data.train", err, "workflow sft needs conversations (JSONL)");
         if (r->data.chat_format == TR_RECIPE_CHAT_NONE)
             return fail_path(root, "data.chat_format", err, "workflow sft renders conversations through a chat "
-                             "format (chatml or llama3), not none");
+                             "format (chatml, llama3 or qwen3), not none");
     } else {
         if (r->data.n_prefixes == 0)
             return fail_path(root, "data.prefixes", err, "workflow pretrain needs indexed datasets: [{path: PREFIX, weight: 1.0}]");

@@ -41,7 +41,12 @@ enum tr_recipe_role {
 enum tr_recipe_reward_kind { TR_RECIPE_REWARD_RULE, TR_RECIPE_REWARD_MODEL, TR_RECIPE_REWARD_SERVICE };
 enum tr_recipe_reward_fn { TR_RECIPE_FN_EXACT_MATCH, TR_RECIPE_FN_NUMERIC_MATCH, TR_RECIPE_FN_REGEX };
 enum tr_recipe_on_failure { TR_RECIPE_ON_FAILURE_FAIL, TR_RECIPE_ON_FAILURE_ZERO };
-enum tr_recipe_chat_format { TR_RECIPE_CHAT_CHATML, TR_RECIPE_CHAT_LLAMA3, TR_RECIPE_CHAT_NONE };
+enum tr_recipe_chat_format {
+    TR_RECIPE_CHAT_CHATML,
+    TR_RECIPE_CHAT_LLAMA3,
+    TR_RECIPE_CHAT_QWEN3,
+    TR_RECIPE_CHAT_NONE
+};
 enum tr_recipe_from { TR_RECIPE_FROM_NONE, TR_RECIPE_FROM_POLICY };
 
 typedef struct tr_recipe_optim {
@@ -221,5 +226,7 @@ int tr_recipe_diff(const tr_recipe *a, const tr_recipe *b, char *key, size_t cap
 int tr_recipe_doc_table(char **md, size_t *len, tr_err *err);
 
 extern const char *const tr_recipe_workflow_names[];
+// data.chat_format values by enum tr_recipe_chat_format (the names data/chat.h knows, and none).
+extern const char *const tr_recipe_chat_names[];
 extern const char *const tr_recipe_role_names[];
 const char *tr_recipe_role_name(enum tr_recipe_role role);

@@ -13,7 +13,7 @@ static const char *const schedule_names[] = {"constant", "linear", "cosine", NUL
 static const char *const reward_kind_names[] = {"rule", "model", "service", NULL};
 static const char *const reward_fn_names[] = {"exact_match", "numeric_match", "regex", NULL};
 static const char *const on_failure_names[] = {"fail", "zero", NULL};
-static const char *const chat_names[] = {"chatml", "llama3", "none", NULL};
+const char *const tr_recipe_chat_names[] = {"chatml", "llama3", "qwen3", "none", NULL};
 static const char *const from_names[] = {"none", "policy", NULL};
 
 const char *tr_recipe_role_name(enum tr_recipe_role role) {
@@ -169,7 +169,7 @@ static const tr_rkey data_keys[] = {
     {.name = "eval", .type = TR_RK_STR, .off = offsetof(tr_recipe_data, eval),
      .size = TR_RECIPE_PATH_MAX, .def = "\"\"", .doc = "JSONL evaluation set; empty: none"},
     {.name = "chat_format", .type = TR_RK_ENUM, .off = offsetof(tr_recipe_data, chat_format),
-     .names = chat_names, .def = "chatml", .doc = "chat template applied to prompts and conversations"},
+     .names = tr_recipe_chat_names, .def = "chatml", .doc = "chat template applied to prompts and conversations"},
     {.name = "prompt_key", .type = TR_RK_STR, .off = offsetof(tr_recipe_data, prompt_key),
      .size = TR_RECIPE_NAME_MAX, .def = "prompt", .doc = "JSONL field holding the prompt"},
     {.name = "max_prompt_len", .type = TR_RK_INT, .off = offsetof(tr_recipe_data, max_prompt_len),

@@ -136,9 +136,8 @@ int tr_workflow_run(const tr_recipe *r, const tr_workflow_opts *o, tr_err *err) 
                        "encode prompts and conversations)", path);
     }
     if (run.tok && r->data.chat_format != TR_RECIPE_CHAT_NONE) {
-        if (tr_chat_format_init(&run.chat, r->data.chat_format == TR_RECIPE_CHAT_CHATML ? "chatml"
-                                                                                        : "llama3",
-                                run.tok, err))
+        if (tr_chat_format_init(&run.chat, tr_recipe_chat_names[r->data.chat_format], run.tok,
+                                err))
             goto done;
         run.chatp = &run.chat;
     }

@@ -184,6 +184,8 @@ expect_error 2 'required' --model "$fx"
 expect_error 2 '\-\-n must' --model "$fx" --prompts "$tmp/ids.jsonl" --n 0
 expect_error 2 'top-p' --model "$fx" --prompts "$tmp/ids.jsonl" --top-p 1.5
 expect_error 2 'chat-format' --model "$fx" --prompts "$tmp/ids.jsonl" --chat-format vicuna
+# qwen3 is a known format, but this Qwen2-style tokenizer has no think tokens for it.
+expect_error 1 "no '<think>' token" --model "$fx" --prompts "$fx/prompts.jsonl" --chat-format qwen3
 expect_error 2 'temperature' --model "$fx" --prompts "$tmp/ids.jsonl" --temperature -1
 # A failed run leaves no output file behind.
 "$troupe" generate --model "$fx" --prompts "$tmp/range.jsonl" --out "$tmp/partial.jsonl" \

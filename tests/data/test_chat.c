@@ -1,7 +1,9 @@
 // Chat formats against the published templates: tests/fixtures/chat/cases.jsonl holds, per
 // conversation, the text Qwen2.5's / Llama-3's Jinja template renders, the ids HF tokenizers
 // gives for it on the fixture tokenizers, and the loss mask from HF's offsets (assistant
-// content + end-of-turn). tools/chat_fixtures.py made them.
+// content + end-of-turn); qwen3_cases.jsonl the same for Qwen3's template as transformers'
+// apply_chat_template renders it (think blocks, enable_thinking). tools/chat_fixtures.py
+// made them.
 #include <jansson.h>
 
 #include "data/chat.h"
@@ -9,10 +11,12 @@
 #include "data/tokenizer.h"
 #include "tests/test.h"
 
-static void run_case(json_t *c, const tr_tokenizer *qwen, const tr_tokenizer *llama, int64_t line) {
+// toks: the fixture tokenizer of each format, indexed by TR_CHAT_* kind.
+static void run_case(json_t *c, const tr_tokenizer *const *toks, int64_t line) {
     const char *fmt = json_string_value(json_object_get(c, "format"));
     json_t *ds = json_object_get(c, "default_system");
     bool gen = json_is_true(json_object_get(c, "add_generation_prompt"));
+    bool thinking = !json_is_false(json_object_get(c, "enable_thinking"));
     json_t *msgs = json_object_get(c, "messages");
     size_t n = json_array_size(msgs);
     tr_chat_msg m[8];
@@ -27,7 +31,8 @@ static void run_case(json_t *c, const tr_tokenizer *qwen, const tr_tokenizer *ll
     size_t len = 0;
     const char *sys = json_is_string(ds) ? json_string_value(ds) : NULL;
     int kind = tr_chat_kind_parse(fmt);
-    CHECKF(tr_chat_render_text(kind, sys, m, n, gen, &text, &len, &err) == 0, "%s", err.msg);
+    CHECKF(tr_chat_render_text(kind, sys, m, n, gen, thinking, &text, &len, &err) == 0, "%s",
+           err.msg);
     json_t *want_text = json_object_get(c, "text");
     CHECKF(text && len == json_string_length(want_text) &&
                memcmp(text, json_string_value(want_text), len) == 0,
@@ -36,8 +41,9 @@ static void run_case(json_t *c, const tr_tokenizer *qwen, const tr_tokenizer *ll
     free(text);
 
     tr_chat_format f;
-    CHECKF(tr_chat_format_init(&f, fmt, kind == TR_CHAT_CHATML ? qwen : llama, &err) == 0, "%s", err.msg);
+    CHECKF(kind > 0 && tr_chat_format_init(&f, fmt, toks[kind], &err) == 0, "%s", err.msg);
     f.default_system = sys;
+    f.enable_thinking = thinking;
     tr_chat_tokens t = {0};
     CHECKF(tr_chat_render(&f, m, n, gen, &t, &err) == 0, "%s", err.msg);
     json_t *ids = json_object_get(c, "ids"), *mask = json_object_get(c, "mask");
@@ -54,27 +60,74 @@ static void run_case(json_t *c, const tr_tokenizer *qwen, const tr_tokenizer *ll
     tr_chat_tokens_free(&t);
 }
 
-int main(void) {
+// Runs every case of a fixture file; returns how many there were.
+static int run_cases(const char *rel, const tr_tokenizer *const *toks) {
     tr_err err = {0};
-    tr_tokenizer *qwen = NULL, *llama = NULL;
-    char qp[4096], lp[4096];
-    snprintf(qp, sizeof qp, "%s", tr_test_src("tests/fixtures/chat/qwen2_tokenizer.json"));
-    snprintf(lp, sizeof lp, "%s", tr_test_src("tests/fixtures/chat/llama3_tokenizer.json"));
-    CHECKF(tr_tokenizer_load(&qwen, qp, &err) == 0, "%s", err.msg);
-    CHECKF(tr_tokenizer_load(&llama, lp, &err) == 0, "%s", err.msg);
-    if (!qwen || !llama) return tr_test_summary("test_chat");
-
     tr_jsonl r;
-    CHECK(tr_jsonl_open(&r, tr_test_src("tests/fixtures/chat/cases.jsonl"), &err) == 0);
+    CHECKF(tr_jsonl_open(&r, tr_test_src(rel), &err) == 0, "%s", err.msg);
     json_t *c;
     int cases = 0;
     while (tr_jsonl_next(&r, &c, &err) == 1) {
-        run_case(c, qwen, llama, r.line);
+        run_case(c, toks, r.line);
         json_decref(c);
         cases++;
     }
     tr_jsonl_close(&r);
-    CHECK(cases == 10);
+    return cases;
+}
+
+static tr_tokenizer *load_tok(const char *rel) {
+    char path[4096];
+    tr_err err = {0};
+    tr_tokenizer *t = NULL;
+    snprintf(path, sizeof path, "%s", tr_test_src(rel));
+    CHECKF(tr_tokenizer_load(&t, path, &err) == 0, "%s", err.msg);
+    return t;
+}
+
+// qwen3 beyond the fixtures: its stops, the tokens it requires, and think-tag spellings
+// in user content that stay text.
+static void test_qwen3(const tr_tokenizer *qwen3, const tr_tokenizer *qwen2) {
+    tr_chat_format f;
+    tr_err err = {0};
+    CHECK(tr_chat_format_init(&f, "qwen3", qwen3, &err) == 0 && f.kind == TR_CHAT_QWEN3);
+    CHECK(f.enable_thinking && f.n_stop == 2 &&
+          f.stop[0] == tr_tokenizer_token_id(qwen3, "<|im_end|>") &&
+          f.stop[1] == tr_tokenizer_token_id(qwen3, "<|endoftext|>"));
+    CHECK(strcmp(tr_chat_kind_name(tr_chat_kind_parse("qwen3")), "qwen3") == 0);
+    // A tokenizer without <think> (Qwen2.5's) would spell the tags out: refused by name.
+    CHECK(tr_chat_format_init(&f, "qwen3", qwen2, &err) == -1 && strstr(err.msg, "<think>"));
+    // The generation prompt is never trained, with or without its closed think block.
+    CHECK(tr_chat_format_init(&f, "qwen3", qwen3, &err) == 0);
+    tr_chat_msg m[1] = {{"user", "hi", 2}};
+    for (int think = 0; think < 2; think++) {
+        tr_chat_tokens t = {0};
+        f.enable_thinking = think;
+        CHECK(tr_chat_render(&f, m, 1, true, &t, &err) == 0);
+        int32_t open = tr_tokenizer_token_id(qwen3, "<think>");
+        int n_open = 0, trained = 0;
+        for (size_t i = 0; i < t.n; i++) {
+            n_open += t.ids[i] == open;
+            trained += t.mask[i];
+        }
+        CHECK(n_open == !think && trained == 0);
+        tr_chat_tokens_free(&t);
+    }
+}
+
+int main(void) {
+    tr_err err = {0};
+    tr_tokenizer *qwen = load_tok("tests/fixtures/chat/qwen2_tokenizer.json");
+    tr_tokenizer *llama = load_tok("tests/fixtures/chat/llama3_tokenizer.json");
+    tr_tokenizer *qwen3 = load_tok("tests/fixtures/chat/qwen3_tokenizer.json");
+    if (!qwen || !llama || !qwen3) return tr_test_summary("test_chat");
+    const tr_tokenizer *toks[4] = {NULL};
+    toks[TR_CHAT_CHATML] = qwen;
+    toks[TR_CHAT_LLAMA3] = llama;
+    toks[TR_CHAT_QWEN3] = qwen3;
+    CHECK(run_cases("tests/fixtures/chat/cases.jsonl", toks) == 10);
+    CHECK(run_cases("tests/fixtures/chat/qwen3_cases.jsonl", toks) == 13);
+    test_qwen3(qwen3, qwen);
 
     // Stop tokens and the generation prompt by id.
     tr_chat_format f;
@@ -104,5 +157,6 @@ int main(void) {
     tr_chat_tokens_free(&t);
     tr_tokenizer_free(qwen);
     tr_tokenizer_free(llama);
+    tr_tokenizer_free(qwen3);
     return tr_test_summary("test_chat");
 }

@@ -134,6 +134,10 @@ static void test_errors(void) {
     tr_err err = {0};
     const char *ok = L1 L2 L3 L4 L5 L6 L7 L8 L9;
     CHECKF(tr_recipe_parse(ok, strlen(ok), "ok.yaml", NULL, 0, &r, &err) == 0, "%s", err.msg);
+    const char *qwen3[] = {"data.chat_format=qwen3"};
+    CHECKF(tr_recipe_parse(ok, strlen(ok), "ok.yaml", qwen3, 1, &r, &err) == 0, "%s", err.msg);
+    CHECK(r.data.chat_format == TR_RECIPE_CHAT_QWEN3 &&
+          !strcmp(tr_recipe_chat_names[r.data.chat_format], "qwen3"));
 
     // Unknown keys: the key's own position, the allowed keys and the nearest one.
     expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "  stepz: 3\n",
@@ -217,7 +221,7 @@ static void test_errors(void) {
                  "bad.yaml:9:26: algorithm.clip.dual: 0.5: the dual clip must be 0 (off) or > 1");
     expect_error("workflow: sft\n" L2 L3 L4 L5 "data: {train: t.jsonl, chat_format: none}\n" L8 L9, NULL, 0,
                  "bad.yaml:6:37: data.chat_format: workflow sft renders conversations through a chat format "
-                 "(chatml or llama3), not none");
+                 "(chatml, llama3 or qwen3), not none");
     expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "placement: {attach: true}\n", NULL, 0,
                  "bad.yaml:10:21: placement.attach: needs placement.endpoint: the address workers started "
                  "elsewhere connect to");
