@@ -178,3 +178,11 @@ extern "C" int tr_backend_cuda_status(tr_backend *be, char *msg, size_t cap) {
     if (cap) snprintf(msg, cap, "%s", ctx->msg);
     return -1;
 }
+
+extern "C" void *tr_backend_cuda_stream(tr_backend *be) {
+    return be && be->ctx ? (void *)tr_cuda_stream(be) : NULL;
+}
+
+extern "C" int tr_backend_cuda_device(tr_backend *be) {
+    return be && be->ctx ? tr_cuda_ctx_of(be)->device : -1;
+}

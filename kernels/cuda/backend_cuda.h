@@ -23,6 +23,11 @@ void tr_backend_cuda_free(tr_backend *be);
 // -1 with the first failure's text (call site and CUDA message) copied into msg.
 int tr_backend_cuda_status(tr_backend *be, char *msg, size_t cap);
 
+// The backend's stream (a cudaStream_t) and device, for work queued in its order from outside
+// the op table: NCCL collectives (engine/comm_nccl.c).
+void *tr_backend_cuda_stream(tr_backend *be);
+int tr_backend_cuda_device(tr_backend *be);
+
 #ifdef __cplusplus
 }
 #endif
