@@ -44,6 +44,7 @@ typedef struct gen_input {
     size_t n, cap;
     tr_chat_format chat;
     bool chat_ready;
+    bool no_thinking;   // --no-thinking: qwen3's enable_thinking=False
 } gen_input;
 
 static void gen_input_free(gen_input *in) {
@@ -131,6 +132,7 @@ static int parse_line(const char *path, int64_t line, const json_t *obj, int32_t
     if (!in->chat_ready) {
         if (tr_chat_format_init(&in->chat, chat_name, tok, err) != 0)
             return tr_err_wrap(err, "%s:%lld", path, (long long)line);
+        in->chat.enable_thinking = !in->no_thinking;
         in->chat_ready = true;
     }
     tr_chat_msg *m;
@@ -291,7 +293,7 @@ int tr_cmd_generate(int argc, char **argv) {
     long block_size = 16, max_seqs = 0, batch_tokens = 2048;
     const char *backend = getenv("TROUPE_BACKEND") ? getenv("TROUPE_BACKEND") : "cpu";
     double temperature = 1.0, top_p = 1.0;
-    bool progress = false, quiet = false;
+    bool progress = false, quiet = false, no_thinking = false;
     tr_arg table[] = {
         {"model", TR_ARG_STR, &model_dir, "DIR", "Hugging Face model directory (a causal LM)",
          true, false},
@@ -311,6 +313,8 @@ int tr_cmd_generate(int argc, char **argv) {
         {"seed", TR_ARG_INT, &seed, "S", "sampling seed (default 0)", false, false},
         {"chat-format", TR_ARG_STR, &chat_name, "NAME",
          "format of \"messages\" lines: chatml, llama3 or qwen3 (default chatml)", false, false},
+        {"no-thinking", TR_ARG_FLAG, &no_thinking, NULL,
+         "qwen3: close an empty think block in the prompt (enable_thinking=False)", false, false},
         {"threads", TR_ARG_INT, &threads, "N", "CPU threads (default: all cores)", false, false},
         {"backend", TR_ARG_STR, &backend, "NAME", "cpu or cuda (default: $TROUPE_BACKEND, else cpu)", false, false},
         {"device", TR_ARG_INT, &device, "N", "CUDA device index (default 0)", false, false},
@@ -335,8 +339,9 @@ int tr_cmd_generate(int argc, char **argv) {
     if (help) {
         tr_args_usage(CMD, "--model DIR --prompts FILE.jsonl [--out FILE] [--n N] "
                       "[--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] "
-                      "[--seed S] [--chat-format NAME] [--threads N] [--backend cpu|cuda] "
-                      "[--device N] [--kv-tokens N] [--max-seqs N] [--progress | --quiet]",
+                      "[--seed S] [--chat-format NAME [--no-thinking]] [--threads N] "
+                      "[--backend cpu|cuda] [--device N] [--kv-tokens N] [--max-seqs N] "
+                      "[--progress | --quiet]",
                       "Writes one line per sample, prompt by prompt in input order:\n"
                       "{\"index\": i, \"sample\": j, \"output_ids\": [...], \"logprobs\": [...],\n"
                       " \"finish_reason\": \"stop\"|\"length\", \"text\": ...}\n"
@@ -364,6 +369,8 @@ int tr_cmd_generate(int argc, char **argv) {
     else if (batch_tokens < 1 || batch_tokens > (1 << 24))
         bad = "--batch-tokens must be in 1..16777216";
     else if (tr_chat_kind_parse(chat_name) == 0) bad = "--chat-format must be chatml, llama3 or qwen3";
+    else if (no_thinking && tr_chat_kind_parse(chat_name) != TR_CHAT_QWEN3)
+        bad = "--no-thinking applies to --chat-format qwen3 only";
     if (bad) {
         fprintf(stderr, "troupe %s: %s\n", CMD, bad);
         return 2;
@@ -385,7 +392,7 @@ int tr_cmd_generate(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/tokenizer.json", model_dir);
     if (tr_file_exists(path) && tr_tokenizer_load(&tok, path, &err) != 0)
         return tr_cli_fail(CMD, &err);
-    gen_input in = {0};
+    gen_input in = {.no_thinking = no_thinking};
     tr_gen_request *reqs = NULL;
     tr_gen_output *outs = NULL;
     int64_t n_out = 0;

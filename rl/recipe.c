@@ -462,6 +462,10 @@ static int validate(tr_recipe *r, const tr_ynode *root, tr_err *err) {
         if (check_model_source(m, tr_recipe_role_names[role], root, err)) return -1;
         if (check_devices(&m->devices, &m->parallel, tr_recipe_role_names[role], root, err)) return -1;
     }
+    // Only Qwen3's template has think blocks: elsewhere the switch would be silently ignored.
+    if (!r->data.enable_thinking && r->data.chat_format != TR_RECIPE_CHAT_QWEN3)
+        return fail_path(root, "data.enable_thinking", err, "false applies to chat_format qwen3 only "
+                         "(%s has no think blocks)", tr_recipe_chat_names[r->data.chat_format]);
 
     const tr_recipe_reward *rw = &r->reward;
     if (rw->present) {

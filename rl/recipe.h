@@ -118,6 +118,7 @@ typedef struct tr_recipe_data {
     char train[TR_RECIPE_PATH_MAX];
     char eval[TR_RECIPE_PATH_MAX];
     enum tr_recipe_chat_format chat_format;
+    bool enable_thinking;  // qwen3: false closes an empty think block in generation prompts
     char prompt_key[TR_RECIPE_NAME_MAX];
     int64_t max_prompt_len;
     int64_t max_len;   // sft: conversations are truncated to this many tokens

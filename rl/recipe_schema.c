@@ -170,6 +170,8 @@ static const tr_rkey data_keys[] = {
      .size = TR_RECIPE_PATH_MAX, .def = "\"\"", .doc = "JSONL evaluation set; empty: none"},
     {.name = "chat_format", .type = TR_RK_ENUM, .off = offsetof(tr_recipe_data, chat_format),
      .names = tr_recipe_chat_names, .def = "chatml", .doc = "chat template applied to prompts and conversations"},
+    {.name = "enable_thinking", .type = TR_RK_BOOL, .off = offsetof(tr_recipe_data, enable_thinking),
+     .def = "true", .doc = "qwen3: false closes an empty think block in every generation prompt"},
     {.name = "prompt_key", .type = TR_RK_STR, .off = offsetof(tr_recipe_data, prompt_key),
      .size = TR_RECIPE_NAME_MAX, .def = "prompt", .doc = "JSONL field holding the prompt"},
     {.name = "max_prompt_len", .type = TR_RK_INT, .off = offsetof(tr_recipe_data, max_prompt_len),

@@ -139,6 +139,7 @@ int tr_workflow_run(const tr_recipe *r, const tr_workflow_opts *o, tr_err *err) 
         if (tr_chat_format_init(&run.chat, tr_recipe_chat_names[r->data.chat_format], run.tok,
                                 err))
             goto done;
+        run.chat.enable_thinking = r->data.enable_thinking;
         run.chatp = &run.chat;
     }
 

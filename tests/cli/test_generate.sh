@@ -186,6 +186,8 @@ expect_error 2 'top-p' --model "$fx" --prompts "$tmp/ids.jsonl" --top-p 1.5
 expect_error 2 'chat-format' --model "$fx" --prompts "$tmp/ids.jsonl" --chat-format vicuna
 # qwen3 is a known format, but this Qwen2-style tokenizer has no think tokens for it.
 expect_error 1 "no '<think>' token" --model "$fx" --prompts "$fx/prompts.jsonl" --chat-format qwen3
+expect_error 2 'no-thinking applies to --chat-format qwen3' --model "$fx" --prompts "$tmp/ids.jsonl" \
+    --no-thinking
 expect_error 2 'temperature' --model "$fx" --prompts "$tmp/ids.jsonl" --temperature -1
 # A failed run leaves no output file behind.
 "$troupe" generate --model "$fx" --prompts "$tmp/range.jsonl" --out "$tmp/partial.jsonl" \

@@ -134,10 +134,14 @@ static void test_errors(void) {
     tr_err err = {0};
     const char *ok = L1 L2 L3 L4 L5 L6 L7 L8 L9;
     CHECKF(tr_recipe_parse(ok, strlen(ok), "ok.yaml", NULL, 0, &r, &err) == 0, "%s", err.msg);
-    const char *qwen3[] = {"data.chat_format=qwen3"};
+    const char *qwen3[] = {"data.chat_format=qwen3", "data.enable_thinking=false"};
     CHECKF(tr_recipe_parse(ok, strlen(ok), "ok.yaml", qwen3, 1, &r, &err) == 0, "%s", err.msg);
-    CHECK(r.data.chat_format == TR_RECIPE_CHAT_QWEN3 &&
+    CHECK(r.data.chat_format == TR_RECIPE_CHAT_QWEN3 && r.data.enable_thinking &&
           !strcmp(tr_recipe_chat_names[r.data.chat_format], "qwen3"));
+    CHECKF(tr_recipe_parse(ok, strlen(ok), "ok.yaml", qwen3, 2, &r, &err) == 0, "%s", err.msg);
+    CHECK(r.data.chat_format == TR_RECIPE_CHAT_QWEN3 && !r.data.enable_thinking);
+    expect_error(ok, qwen3 + 1, 1, "--set data.enable_thinking=false: data.enable_thinking: false "
+                 "applies to chat_format qwen3 only (chatml has no think blocks)");
 
     // Unknown keys: the key's own position, the allowed keys and the nearest one.
     expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "  stepz: 3\n",
