@@ -2,6 +2,7 @@
 // started by the controller (fork/exec with --parent-pid) or by hand / srun / a container
 // (attaching to the controller's endpoint). Owns what is per process: signal handlers,
 // PR_SET_PDEATHSIG, and stderr log lines prefixed with role/rank.
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,6 +107,12 @@ int tr_cmd_worker(int argc, char **argv) {
         }
     } else {
         sigaction(SIGINT, &sa, NULL);
+    }
+    // NCCL's NVLink multicast (NVLS) needs fabric and driver support that many machines lack,
+    // and where it fails a communicator hangs instead of reporting: off for every worker.
+    if (setenv("NCCL_NVLS_ENABLE", "0", 1) != 0) {
+        fprintf(stderr, "troupe %s: cannot set NCCL_NVLS_ENABLE: %s\n", CMD, strerror(errno));
+        return 1;
     }
     o.endpoint = endpoint;
     o.rank = (int32_t)rank;

@@ -384,6 +384,18 @@ static int wait_hellos(tr_controller *c, tr_err *err) {
     return rc;
 }
 
+// The data-parallel communicator of every group whose ranks train together, all formed at
+// once (roles/client.h).
+static int form_comms(tr_controller *c, tr_err *err) {
+    tr_group *gs[TR_RECIPE_N_ROLES];
+    int n = 0;
+    for (int role = 0; role < TR_RECIPE_N_ROLES; role++) {
+        tr_group *g = &c->groups[role];
+        if (c->has_group[role] && g->train && g->world / g->tp > 1) gs[n++] = g;
+    }
+    return tr_groups_comm_init(gs, n, c->o.start_timeout_ms, err);
+}
+
 static void install_signals(tr_controller *c) {
     if (c->o.keep_signals) return;
     struct sigaction sa;
@@ -467,6 +479,7 @@ int tr_controller_start_opts(tr_controller **out, const tr_recipe *r, const tr_c
         tr_role_info info;
         rc = tr_role_init(&c->groups[role], &s.a, &info, err);
     }
+    if (!rc) rc = form_comms(c, err);
     if (rc) {
         tr_err keep = *err;
         tr_controller_stop(c, NULL);

@@ -6,6 +6,7 @@
 #include <libgen.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/file.h"
 
@@ -77,6 +78,14 @@ void tr_controller_role_setup(const tr_recipe *r, enum tr_recipe_role role, tr_r
     tr_init_args *a = &s->a;
     a->backend = r->backend == TR_RECIPE_CUDA ? "cuda" : "cpu";
     a->threads = (int32_t)r->threads;
+    const tr_recipe_parallel *par = role == TR_RECIPE_REWARD ? &r->reward.parallel : &r->models[role].parallel;
+    a->tp = (int32_t)par->tp;
+    // The ranks of a group run at the same time on one machine's cores: "all cores" is
+    // shared among them rather than taken by each.
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int64_t ranks = par->tp * par->dp;
+    if (a->threads == 0 && r->backend == TR_RECIPE_CPU && ranks > 1 && cores > 0)
+        a->threads = (int32_t)(cores / ranks > 0 ? cores / ranks : 1);
     a->memory_bytes = (int64_t)(r->memory_gb * (double)(1 << 30));
     const tr_recipe_devices *dev = role == TR_RECIPE_REWARD ? &r->reward.devices : &r->models[role].devices;
     a->devices = dev->ids;

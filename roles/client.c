@@ -1,7 +1,9 @@
 // The SPMD call underneath every typed call of client.h: one request per rank (same id),
 // replies collected per rank while heartbeats and the owner's check hook watch for dead
 // workers, an error reply turned into an error naming role/rank/op, and the ok replies
-// handed over in rank order. Replies to earlier calls that gave up are dropped by id.
+// handed over in rank order. Several groups' calls can be in flight together (they share the
+// router; replies are told apart by peer and id). Replies to earlier calls that gave up are
+// dropped by id.
 #include "roles/client.h"
 
 #include <stdio.h>
@@ -18,6 +20,8 @@ int tr_group_init(tr_group *g, tr_router *router, const char *role, int32_t worl
     g->router = router;
     snprintf(g->role, sizeof g->role, "%s", role);
     g->world = world;
+    g->tp = 1;
+    g->mini_batches = 1;
     g->timeout_ms = -1;
     return 0;
 }
@@ -42,32 +46,41 @@ static int run_check(tr_group *g, tr_err *err) {
     return g->hooks.check ? g->hooks.check(g->hooks.ctx, err) : 0;
 }
 
-static void free_replies(tr_wire_msg *rep, bool *got, int32_t n) {
-    for (int32_t r = 0; r < n; r++)
-        if (got[r]) tr_wire_msg_free(&rep[r]);
+// One group's side of a call in flight: its request id and the replies so far.
+typedef struct pending {
+    tr_group *g;
+    const tr_call *c;
+    int32_t ranks;
+    uint64_t id;
+    tr_wire_msg *rep;
+    bool *got;
+    int32_t n_got;
+} pending;
+
+static void pending_free(pending *p) {
+    for (int32_t r = 0; p->got && r < p->ranks; r++)
+        if (p->got[r]) tr_wire_msg_free(&p->rep[r]);
+    free(p->rep);
+    free(p->got);
 }
 
-int tr_group_call(tr_group *g, const tr_call *c, tr_err *err) {
-    int32_t ranks = c->ranks > 0 ? c->ranks : g->world;
-    uint64_t id = ++g->next_id;
-    tr_wire_msg *rep = calloc((size_t)ranks, sizeof *rep);
-    bool *got = calloc((size_t)ranks, sizeof *got);
-    if (!rep || !got) {
-        free(rep);
-        free(got);
-        return tr_errf(err, TR_ENOMEM, "%s.%s: out of memory", g->role, c->op);
-    }
-    int rc = run_check(g, err);
+// Sends the call's request to every rank; unreachable ranks of a best-effort call count as
+// answered.
+static int send_all(pending *p, tr_err *err) {
+    tr_group *g = p->g;
+    const tr_call *c = p->c;
     tr_msg_writer w;
     tr_msg_writer_init(&w);
-    for (int32_t r = 0; r < ranks && !rc; r++) {
+    int rc = 0;
+    for (int32_t r = 0; r < p->ranks && !rc; r++) {
         char peer[TR_PEER_ID_MAX];
         snprintf(peer, sizeof peer, "%s/%d", g->role, r);
         tr_msg_writer_reset(&w);
-        c->build(c->ctx, r, ranks, &w, c->op, id);
+        c->build(c->ctx, r, p->ranks, &w, c->op, p->id);
         if (tr_router_send_writer(g->router, peer, &w, err)) {
             if (c->best_effort) {
-                got[r] = true;  // nothing to wait for from this rank
+                p->got[r] = true;  // nothing to wait for from this rank
+                p->n_got++;
                 continue;
             }
             if (run_check(g, err) == 0) tr_err_wrap(err, "%s: %s", peer, c->op);
@@ -75,46 +88,75 @@ int tr_group_call(tr_group *g, const tr_call *c, tr_err *err) {
         }
     }
     tr_msg_writer_free(&w);
-    int32_t n_got = 0;
-    for (int32_t r = 0; r < ranks; r++) n_got += got[r];
-    int64_t deadline = g->timeout_ms >= 0 ? tr_now_ms() + g->timeout_ms : c->best_effort ? tr_now_ms() + 10000 : -1;
-    while (!rc && n_got < ranks) {
+    return rc;
+}
+
+static int timeout_error(const pending *ps, int n, tr_err *err) {
+    char missing[256] = "";
+    size_t len = 0;
+    const pending *first = NULL;
+    for (int i = 0; i < n; i++)
+        for (int32_t r = 0; r < ps[i].ranks && len + 32 < sizeof missing; r++)
+            if (!ps[i].got[r]) {
+                if (!first) first = &ps[i];
+                len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%s/%d", len ? ", " : "",
+                                        ps[i].g->role, r);
+            }
+    return tr_errf(err, TR_ETIMEOUT, "%s.%s: no reply from %s within %d ms", first->g->role, first->c->op, missing,
+                   first->g->timeout_ms);
+}
+
+// The pending call a reply belongs to (by the peer's role and rank, and the id), or NULL.
+static pending *match(pending *ps, int n, const tr_wire_msg *m, int32_t *rank) {
+    for (int i = 0; i < n; i++) {
+        int32_t r = peer_rank(ps[i].g, m->peer);
+        if (r < 0) continue;
+        if (m->msg.kind != TR_MSG_REPLY || m->msg.id != ps[i].id || r >= ps[i].ranks || ps[i].got[r]) return NULL;
+        *rank = r;
+        return &ps[i];
+    }
+    return NULL;
+}
+
+// A receive error: the hook's description of a dead worker (exit status, log) beats the
+// transport's; harmless conditions (a timeout of the poll, a dropped malformed message) are
+// not errors.
+static int recv_error(pending *ps, const tr_err *e, bool best_effort, tr_err *err) {
+    if (best_effort) return 0;
+    if (run_check(ps[0].g, err)) return -1;
+    if (e->code == TR_EPEER ||
+        (e->code != TR_ETIMEOUT && e->code != TR_ECANCELED && e->code != TR_EFORMAT && e->code != TR_ERANGE &&
+         e->code != TR_EUNSUPPORTED)) {
+        *err = *e;
+        return tr_err_wrap(err, "%s.%s", ps[0].g->role, ps[0].c->op);
+    }
+    return 0;
+}
+
+static int collect(pending *ps, int n, tr_err *err) {
+    bool best_effort = ps[0].c->best_effort;
+    int32_t left = 0;
+    for (int i = 0; i < n; i++) left += ps[i].ranks - ps[i].n_got;
+    tr_group *g = ps[0].g;
+    int64_t deadline = g->timeout_ms >= 0 ? tr_now_ms() + g->timeout_ms : best_effort ? tr_now_ms() + 10000 : -1;
+    while (left > 0) {
         int wait = POLL_MS;
         if (deadline >= 0) {
-            int64_t left = deadline - tr_now_ms();
-            if (left <= 0 && c->best_effort) break;
-            if (left <= 0) {
-                char missing[256] = "";
-                size_t len = 0;
-                for (int32_t r = 0; r < ranks && len + 32 < sizeof missing; r++)
-                    if (!got[r]) len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%s/%d",
-                                                         len ? ", " : "", g->role, r);
-                rc = tr_errf(err, TR_ETIMEOUT, "%s.%s: no reply from %s within %d ms", g->role, c->op, missing,
-                             g->timeout_ms);
-                break;
-            }
-            if (left < wait) wait = (int)left;
+            int64_t ms = deadline - tr_now_ms();
+            if (ms <= 0 && best_effort) return 0;
+            if (ms <= 0) return timeout_error(ps, n, err);
+            if (ms < wait) wait = (int)ms;
         }
         tr_wire_msg m;
         tr_err e;
         tr_err_clear(&e);
         if (tr_router_recv(g->router, &m, wait, &e)) {
-            if (c->best_effort) continue;
-            // The hook's description of a dead worker (exit status, log) beats the transport's.
-            if (run_check(g, err)) {
-                rc = -1;
-            } else if (e.code == TR_EPEER) {
-                *err = e;
-                rc = tr_err_wrap(err, "%s.%s", g->role, c->op);
-            } else if (e.code != TR_ETIMEOUT && e.code != TR_ECANCELED && e.code != TR_EFORMAT &&
-                       e.code != TR_ERANGE && e.code != TR_EUNSUPPORTED) {
-                *err = e;
-                rc = tr_err_wrap(err, "%s.%s", g->role, c->op);
-            }
+            if (recv_error(ps, &e, best_effort, err)) return -1;
             continue;
         }
-        int32_t r = peer_rank(g, m.peer);
-        if (m.msg.kind != TR_MSG_REPLY || m.msg.id != id || r < 0 || r >= ranks || got[r]) {
+        int32_t r;
+        pending *p = match(ps, n, &m, &r);
+        if (!p) {
             g->stale_replies++;
             tr_wire_msg_free(&m);
             continue;
@@ -122,24 +164,56 @@ int tr_group_call(tr_group *g, const tr_call *c, tr_err *err) {
         if (!m.msg.ok) {
             // A worker names the op it ran; the wrap adds it only for replies that do not.
             tr_errf(err, m.msg.remote.code ? m.msg.remote.code : TR_EPEER, "%s", m.msg.remote.msg);
-            tr_err_wrap(err, "%s", c->op);
-            rc = tr_err_wrap(err, "%s", m.peer);
+            tr_err_wrap(err, "%s", p->c->op);
+            tr_err_wrap(err, "%s", m.peer);
             tr_wire_msg_free(&m);
-            break;
+            return -1;
         }
-        rep[r] = m;
-        got[r] = true;
-        n_got++;
+        p->rep[r] = m;
+        p->got[r] = true;
+        p->n_got++;
+        left--;
     }
-    for (int32_t r = 0; r < ranks && !rc; r++) {
-        if (!rep[r].frame_) continue;  // best effort: no reply from this rank
-        if (c->reply && c->reply(c->ctx, r, &rep[r].msg.args, err)) {
-            tr_err_wrap(err, "%s/%d: %s: reply", g->role, r, c->op);
-            rc = -1;
+    return 0;
+}
+
+int tr_group_call_many(tr_group *const *gs, const tr_call *calls, int n, tr_err *err) {
+    if (n < 1) return 0;
+    pending *ps = calloc((size_t)n, sizeof *ps);
+    if (!ps) return tr_errf(err, TR_ENOMEM, "%s.%s: out of memory", gs[0]->role, calls[0].op);
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        pending *p = &ps[i];
+        p->g = gs[i];
+        p->c = &calls[i];
+        p->ranks = calls[i].ranks > 0 ? calls[i].ranks : gs[i]->world;
+        p->id = ++gs[i]->next_id;
+        p->rep = calloc((size_t)p->ranks, sizeof *p->rep);
+        p->got = calloc((size_t)p->ranks, sizeof *p->got);
+        if (!p->rep || !p->got) rc = tr_errf(err, TR_ENOMEM, "%s.%s: out of memory", p->g->role, p->c->op);
+        else if (gs[i]->router != gs[0]->router || calls[i].best_effort != calls[0].best_effort)
+            rc = tr_errf(err, TR_EINVAL, "%s.%s: calls made together share one router and one policy",
+                         p->g->role, p->c->op);
+    }
+    if (!rc) rc = run_check(gs[0], err);
+    for (int i = 0; i < n && !rc; i++) rc = send_all(&ps[i], err);
+    if (!rc) rc = collect(ps, n, err);
+    // Replies in rank order, group by group, once every rank of every group has answered.
+    for (int i = 0; i < n && !rc; i++) {
+        pending *p = &ps[i];
+        for (int32_t r = 0; r < p->ranks && !rc; r++) {
+            if (!p->rep[r].frame_) continue;  // best effort: no reply from this rank
+            if (p->c->reply && p->c->reply(p->c->ctx, r, &p->rep[r].msg.args, err)) {
+                tr_err_wrap(err, "%s/%d: %s: reply", p->g->role, r, p->c->op);
+                rc = -1;
+            }
         }
     }
-    free_replies(rep, got, ranks);
-    free(rep);
-    free(got);
+    for (int i = 0; i < n; i++) pending_free(&ps[i]);
+    free(ps);
     return rc;
+}
+
+int tr_group_call(tr_group *g, const tr_call *c, tr_err *err) {
+    return tr_group_call_many(&g, c, 1, err);
 }

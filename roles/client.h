@@ -24,6 +24,10 @@ typedef struct tr_group {
     tr_router *router;            // not owned
     char role[TR_ROLE_NAME_MAX];  // "policy", "reference", "critic", "reward"
     int32_t world;                // ranks: peers "<role>/0" .. "<role>/<world-1>"
+    int32_t tp;                   // tensor-parallel ranks (rank = dp_rank * tp + tp_rank); set
+                                  // by tr_role_init, 1 before; world / tp is the dp size
+    bool train;                   // initialized with train (its ranks step together)
+    int32_t mini_batches;         // train: optimizer steps per epoch of an RL train call
     int timeout_ms;               // per call; -1 = wait forever (heartbeats still detect death)
     uint64_t next_id;
     tr_group_hooks hooks;
@@ -125,6 +129,7 @@ typedef struct tr_init_args {
                                // a value head drawn from init_seed (a critic from the policy)
     const char *backend;       // "cpu" or "cuda"
     int32_t threads;           // 0 = all cores; colocated roles share the first init's pool
+    int32_t tp;                // tensor-parallel ranks of the group (0: 1); dp = world / tp
     const int32_t *devices;    // rank r runs on devices[r] (r < n_devices), else on r
     int32_t n_devices;
     int64_t memory_bytes;      // the memory plan's budget per rank; 0 = the device's free memory
@@ -184,3 +189,9 @@ int tr_policy_sync_weights(tr_group *g, bool *synced, tr_err *err);
 // the group's timeout (10 s when it has none); ranks already dead or silent are skipped, so
 // this only fails when the request cannot be built.
 int tr_group_shutdown(tr_group *g, tr_err *err);
+
+// Forms the data-parallel communicator of every group in gs (each with dp > 1): comm_id to
+// each group's rank 0, then comm_join to every rank of every group, then comm_ready, each
+// step sent to all the groups at once, so no worker waits for a peer that is busy with
+// another group's step. timeout_ms bounds the wait for the last rank to join.
+int tr_groups_comm_init(tr_group *const *gs, int n, int timeout_ms, tr_err *err);

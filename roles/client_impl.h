@@ -20,6 +20,11 @@ typedef struct tr_call {
 } tr_call;
 
 int tr_group_call(tr_group *g, const tr_call *c, tr_err *err);
+// calls[i] on gs[i] for every i at once: every request is sent before any reply is awaited,
+// so ops that complete only when several groups have them (communicators spanning groups)
+// cannot deadlock. The groups share one router and the calls one best_effort; the first
+// error ends the whole call.
+int tr_group_call_many(tr_group *const *gs, const tr_call *calls, int n, tr_err *err);
 
 // Rank r's contiguous share [first, first + count) of n items split over world ranks.
 void tr_share(int64_t n, int32_t world, int32_t rank, int64_t *first, int64_t *count);

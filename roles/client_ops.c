@@ -19,13 +19,12 @@ static uint32_t n_str(const char *s) {
 }
 
 static void build_init(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, const char *op, uint64_t id) {
-    (void)ranks;
     const tr_init_args *a = ctx;
     bool has_reward = a->reward.kind && a->reward.kind[0];
     bool has_gen = a->kv_tokens > 0 || a->kv_want > 0 || a->max_seqs > 0;
     uint32_t n = 7 + n_str(a->model) + n_str(a->init_config) + n_str(a->head) + n_str(a->tokenizer) +
                  n_str(a->chat_format) + (a->init_config && a->init_config[0] ? 1 : 0) + (a->train ? 2 : 0) +
-                 (has_gen ? 3 : 0) + (has_reward ? 1 : 0);
+                 (has_gen ? 3 : 0) + (has_reward ? 1 : 0) + 1;
     tr_msg_begin_request(w, op, id, n);
     put_str_opt(w, "model", a->model);
     put_str_opt(w, "init_config", a->init_config);
@@ -40,6 +39,10 @@ static void build_init(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w,
     put_str_opt(w, "tokenizer", a->tokenizer);
     put_str_opt(w, "chat_format", a->chat_format);
     tr_msg_put_bool(w, "train", a->train);
+    int32_t tp = a->tp > 0 ? a->tp : 1;
+    tr_msg_put_map(w, "parallel", 2);
+    tr_msg_put_int(w, "tp", tp);
+    tr_msg_put_int(w, "dp", ranks / tp);
     if (a->train) {
         const tr_role_optim *o = &a->optim;
         tr_msg_put_map(w, "optim", 10);
@@ -114,6 +117,12 @@ static int reply_init(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *er
 }
 
 int tr_role_init(tr_group *g, const tr_init_args *a, tr_role_info *info, tr_err *err) {
+    int32_t tp = a->tp > 0 ? a->tp : 1;
+    if (g->world % tp != 0)
+        return tr_errf(err, TR_EINVAL, "%s.init: %d ranks do not split into tp %d groups", g->role, g->world, tp);
+    g->tp = tp;
+    g->train = a->train;
+    g->mini_batches = a->loss.mini_batches > 0 ? a->loss.mini_batches : 1;
     init_ctx c = {a, info};
     tr_call call = {.op = "init", .ranks = 0, .build = build_init_ctx, .reply = reply_init, .ctx = &c};
     return tr_group_call(g, &call, err);

@@ -1,4 +1,4 @@
-// Wire messages of the roles protocol (docs/protocol.md, v1): msgpack maps for requests
+// Wire messages of the roles protocol (docs/protocol.md, v2): msgpack maps for requests
 // {v, op, id, args}, replies {v, id, ok, result | error} and tensors {dtype, shape, data}.
 // Decoding is strict and zero-copy: strings and tensor data are views into the received
 // buffer, which must outlive the decoded tr_msg.
@@ -14,7 +14,7 @@
 #error "the roles protocol sends tensors as raw little-endian bytes; big-endian hosts are not supported"
 #endif
 
-#define TR_PROTOCOL_VERSION 1
+#define TR_PROTOCOL_VERSION 2
 #define TR_MSG_MAX_BYTES_DEFAULT ((uint64_t)1 << 30)
 // A message may hold at most this many msgpack objects (bulk data travels as tensors), so a
 // lying header cannot make the decoder allocate more than ~24 bytes per object.

@@ -66,6 +66,8 @@ static int connect_role(tr_role_ctx *rc, const tr_worker_opts *o, tr_err *err) {
 }
 
 static bool op_allowed(enum tr_role_kind k, const char *op) {
+    // Every role can form a communicator; only the training roles use one today.
+    if (strcmp(op, "comm_id") == 0 || strcmp(op, "comm_join") == 0 || strcmp(op, "comm_ready") == 0) return true;
     static const char *const policy[] = {"generate", "logprobs", "train", "train_sft", "save", "load",
                                          "sync_weights", NULL};
     static const char *const reference[] = {"logprobs", NULL};
@@ -102,6 +104,9 @@ static int run_op(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err
     if (strcmp(op, "load") == 0) return tr_worker_op_load(rc, req, rep, err);
     if (strcmp(op, "sync_weights") == 0) return op_sync_weights(rc, req, rep, err);
     if (strcmp(op, "score") == 0) return tr_worker_op_score(rc, req, rep, err);
+    if (strcmp(op, "comm_id") == 0) return tr_worker_op_comm_id(rc, req, rep, err);
+    if (strcmp(op, "comm_join") == 0) return tr_worker_op_comm_join(rc, req, rep, err);
+    if (strcmp(op, "comm_ready") == 0) return tr_worker_op_comm_ready(rc, req, rep, err);
     return tr_errf(err, TR_EUNSUPPORTED, "unknown op '%s'", op);
 }
 
@@ -204,6 +209,7 @@ int tr_worker_run(const tr_worker_opts *o, tr_err *err) {
     if (!w) return tr_errf(err, TR_ENOMEM, "worker: out of memory");
     w->rank = o->rank;
     w->world = o->world;
+    w->stop = o->stop;
     w->log = o->log;
     w->log_ctx = o->log_ctx;
     int rc = 0;

@@ -8,6 +8,7 @@
 #include "data/chat.h"
 #include "data/tokenizer.h"
 #include "engine/arena.h"
+#include "engine/comm.h"
 #include "engine/pack.h"
 #include "engine/plan.h"
 #include "engine/generate.h"
@@ -39,6 +40,10 @@ typedef struct tr_role_ctx {
     char id[TR_PEER_ID_MAX];          // "<role>/<rank>"
     tr_dealer *dealer;
     bool ready;                       // init succeeded
+    // The group's parallel layout from init: rank = dp_rank * tp + tp_rank.
+    int32_t tp, dp, dp_rank;
+    tr_comm *comm;                    // the data-parallel communicator (comm_* ops), or NULL
+    char comm_id[TR_COMM_ID_MAX];     // dp rank 0: the id comm_id made
 
     bool has_model;
     tr_model model;
@@ -71,6 +76,7 @@ typedef struct tr_role_ctx {
 
 struct tr_worker {
     int32_t rank, world;
+    const volatile sig_atomic_t *stop;  // the process's stop request: ends blocked collectives
     bool has_backend;
     tr_backend be;
     int32_t threads, device;
@@ -108,6 +114,11 @@ int tr_worker_op_load(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
 // worker_train.c: policy train (RL), train_sft, critic train.
 int tr_worker_op_train(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
 int tr_worker_op_train_sft(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+
+// worker_comm.c: the data-parallel communicator's bootstrap.
+int tr_worker_op_comm_id(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+int tr_worker_op_comm_join(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+int tr_worker_op_comm_ready(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
 
 // worker_reward.c
 int tr_worker_reward_init(tr_role_ctx *rc, const tr_msg_map *reward, tr_err *err);

@@ -116,6 +116,8 @@ static void mb_free(tr_mb_buf *b) {
 }
 
 void tr_role_ctx_free(tr_role_ctx *rc) {
+    tr_comm_free(rc->comm);
+    rc->comm = NULL;
     if (rc->has_gen) tr_generator_free(&rc->gen);
     if (rc->has_trainer) tr_trainer_free(&rc->trainer);
     if (rc->has_model) tr_model_free(&rc->model);
@@ -246,12 +248,33 @@ static int load_tokenizer(tr_role_ctx *rc, const tr_msg_map *a, tr_err *err) {
     return 0;
 }
 
+// The group's layout: tp x dp = world, this rank's place in it (rank = dp_rank * tp + tp_rank).
+static int parse_parallel(tr_role_ctx *rc, const tr_msg_map *a, tr_err *err) {
+    static const char *const keys[] = {"tp", "dp", NULL};
+    int64_t tp = 1, dp = rc->w->world;
+    if (tr_msg_has(a, "parallel")) {
+        tr_msg_map p;
+        if (tr_msg_get_map(a, "parallel", &p, err) || tr_msg_check_keys(&p, keys, err) ||
+            tr_msg_get_int(&p, "tp", &tp, err) || tr_msg_get_int(&p, "dp", &dp, err))
+            return -1;
+    }
+    if (tp < 1 || dp < 1 || tp * dp != rc->w->world)
+        return tr_errf(err, TR_EINVAL, "init: parallel tp %lld x dp %lld does not make the group's %d ranks",
+                       (long long)tp, (long long)dp, rc->w->world);
+    if (tp != 1)
+        return tr_errf(err, TR_EUNSUPPORTED, "init: tensor parallelism (tp %lld) is not built yet", (long long)tp);
+    rc->tp = (int32_t)tp;
+    rc->dp = (int32_t)dp;
+    rc->dp_rank = rc->w->rank / rc->tp;
+    return 0;
+}
+
 int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
     const tr_msg_map *a = &req->args;
     static const char *const keys[] = {"model", "init_config", "init_seed", "head", "backend", "threads",
                                        "device", "memory_bytes", "max_tokens", "seed", "tokenizer",
                                        "chat_format", "train", "optim", "loss", "kv_tokens", "kv_want",
-                                       "max_seqs", "reward", NULL};
+                                       "max_seqs", "reward", "parallel", NULL};
     char backend[16];
     int64_t threads, device = 0, memory = 0, max_tokens, kv_tokens = 0, kv_want = 0, max_seqs = 0;
     uint64_t seed;
@@ -265,6 +288,7 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
         return -1;
     if (!tr_backend_built(backend))
         return tr_errf(err, TR_EUNSUPPORTED, "init: backend '%s' is not in this build of troupe", backend);
+    if (parse_parallel(rc, a, err)) return -1;
     if (device < 0 || device > 1024) return tr_errf(err, TR_EINVAL, "init: device %lld out of range", (long long)device);
     if (threads < 0 || threads > 4096 || max_tokens < 1 || max_tokens > (1 << 24) || kv_tokens < 0 ||
         kv_want < 0 || memory < 0 || max_seqs < 0 || max_seqs > (1 << 20))

@@ -7,7 +7,9 @@
 //   - attach mode: workers started by hand before the controller join it;
 //   - a worker whose controller is SIGKILLed exits by itself (heartbeat timeout), and workers
 //     the controller forked die with it (PR_SET_PDEATHSIG);
-//   - SIGINT to the controller: the run stops and no worker process is left.
+//   - SIGINT to the controller: the run stops and no worker process is left;
+//   - data-parallel communicators formed through the controller: two groups at once in the
+//     same worker processes (policy and critic colocated, dp 2), and with attached workers.
 // usage: test_controller TROUPE
 #include <math.h>
 #include <poll.h>
@@ -211,6 +213,93 @@ static void test_attach(void) {
     free(r);
 }
 
+// A PPO recipe whose policy and critic (dp 2) share their worker processes.
+static int load_ppo_dp(tr_recipe *r, const char *run, const char *extra) {
+    char text[4096];
+    snprintf(text, sizeof text,
+             "workflow: ppo\n"
+             "run_dir: %s/%s\n"
+             "threads: 1\n"
+             "models:\n"
+             "  policy: {path: %s, parallel: {dp: 2}}\n"
+             "  critic: {from: policy, parallel: {dp: 2}}\n"
+             "  reward: {kind: rule, function: regex, pattern: \"[aeiou]\"}\n"
+             "data: {train: %s/train.jsonl, chat_format: none, max_prompt_len: 16}\n"
+             "algorithm: {kl: {coef: 0.0}}\n"
+             "rollout: {n: 1, max_new_tokens: 8}\n"
+             "train: {steps: 1, prompts_per_step: 2, micro_batch_tokens: 256}\n"
+             "%s",
+             tmp, run, model, tmp, extra);
+    tr_err err = {0};
+    int rc = tr_recipe_parse(text, strlen(text), run, NULL, 0, r, &err);
+    if (rc) fprintf(stderr, "recipe: %s\n", err.msg);
+    return rc;
+}
+
+static void test_comm_colocated(void) {
+    tr_recipe *r = malloc(sizeof *r);
+    CHECK(r && load_ppo_dp(r, "run-comm", "placement: {colocate: [[policy, critic]]}\n") == 0);
+    tr_controller *c = NULL;
+    tr_err err = {0};
+    tr_controller_opts o = opts();
+    long long t0 = tp_now_ms();
+    int rc = tr_controller_start_opts(&c, r, &o, &err);
+    CHECKF(rc == 0, "%s", err.msg);
+    if (rc) {
+        free(r);
+        return;
+    }
+    printf("two dp groups in two shared processes started in %lld ms\n", tp_now_ms() - t0);
+    CHECK(tr_controller_workers(c, NULL, NULL, 0) == 3);
+    for (int rank = 0; rank < 2; rank++) {
+        char log[2048], want[64];
+        snprintf(log, sizeof log, "%s/run-comm/logs/policy+critic-%d.log", tmp, rank);
+        for (int k = 0; k < 2; k++) {
+            snprintf(want, sizeof want, "[%s/%d] comm_ready: dp rank %d of 2 (shm)", k ? "critic" : "policy", rank, rank);
+            CHECKF(tp_file_has(log, want), "%s: no '%s'", log, want);
+        }
+    }
+    CHECK(tr_controller_stop(c, &err) == 0);
+    free(r);
+}
+
+static void test_comm_attach(void) {
+    char ep[600], extra[800];
+    snprintf(ep, sizeof ep, "ipc://%s/attach-dp.ipc", tmp);
+    snprintf(extra, sizeof extra, "placement: {attach: true, endpoint: \"%s\"}\n", ep);
+    tr_recipe *r = malloc(sizeof *r);
+    CHECK(r && load_recipe(r, "run-attach-dp", "", extra) == 0);
+    if (!r) return;
+    r->models[TR_RECIPE_POLICY].parallel.dp = 2;
+    char *p0[] = {(char *)troupe, "worker", "--role", "policy", "--connect", ep, "--rank", "0", "--world", "2", NULL};
+    char *p1[] = {(char *)troupe, "worker", "--role", "policy", "--connect", ep, "--rank", "1", "--world", "2", NULL};
+    char *ra[] = {(char *)troupe, "worker", "--role", "reward", "--connect", ep, NULL};
+    char l0[700], l1[700], lr[700];
+    snprintf(l0, sizeof l0, "%s/attach-dp-0.log", tmp);
+    snprintf(l1, sizeof l1, "%s/attach-dp-1.log", tmp);
+    snprintf(lr, sizeof lr, "%s/attach-dp-reward.log", tmp);
+    pid_t w0 = tp_spawn(p0, l0), w1 = tp_spawn(p1, l1), w2 = tp_spawn(ra, lr);
+    tr_controller *c = NULL;
+    tr_err err = {0};
+    tr_controller_opts o = opts();
+    o.start_timeout_ms = 30000;
+    int rc = tr_controller_start_opts(&c, r, &o, &err);
+    CHECKF(rc == 0, "%s", err.msg);
+    if (!rc) {
+        CHECK(tp_file_has(l1, "[policy/1] comm_ready: dp rank 1 of 2 (shm)"));
+        CHECKF(round_trip(c, false, &err) == 0, "%s", err.msg);
+        CHECK(tr_controller_stop(c, &err) == 0);
+    }
+    int st;
+    CHECK(tp_wait(w0, 10000, &st) && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    CHECK(tp_wait(w1, 10000, &st) && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    CHECK(tp_wait(w2, 10000, &st) && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    tp_reap(w0);
+    tp_reap(w1);
+    tp_reap(w2);
+    free(r);
+}
+
 // Runs a controller in a child process; the child writes its workers' pids (0-terminated)
 // to fd, then waits: for SIGINT when `interruptible` (and exits 0 after a clean stop), else
 // forever. Returns the child's pid.
@@ -334,6 +423,8 @@ int main(int argc, char **argv) {
     test_sigkill();
     test_sigstop();
     test_attach();
+    test_comm_colocated();
+    test_comm_attach();
     if (tr_test_failures == 0) tp_rmtree(tmp);
     return tr_test_summary("test_controller");
 }

@@ -25,7 +25,7 @@ static uint8_t *finish_copy(tr_msg_writer *w, size_t *len) {
 static void test_spec_bytes(void) {
     // {"v": 1, "op": "ping", "id": 7, "args": {"k": -1}} following the msgpack spec:
     // fixmap(4)=0x84, fixstr(n)=0xa0|n, positive fixint, negative fixint 0xff = -1.
-    static const uint8_t want[] = {0x84, 0xa1, 'v', 0x01, 0xa2, 'o', 'p', 0xa4, 'p', 'i', 'n', 'g',
+    static const uint8_t want[] = {0x84, 0xa1, 'v', 0x02, 0xa2, 'o', 'p', 0xa4, 'p', 'i', 'n', 'g',
                                    0xa2, 'i', 'd', 0x07, 0xa4, 'a', 'r', 'g', 's', 0x81, 0xa1, 'k', 0xff};
     tr_msg_writer w;
     tr_msg_writer_init(&w);
@@ -38,7 +38,7 @@ static void test_spec_bytes(void) {
     tr_msg_writer_free(&w);
 
     // A tensor {dtype: "i32", shape: [2], data: bin8(8 bytes)} as the spec lays it out.
-    static const uint8_t tensor[] = {0x84, 0xa1, 'v', 0x01, 0xa2, 'o', 'p', 0xa1, 'x', 0xa2, 'i', 'd', 0x02,
+    static const uint8_t tensor[] = {0x84, 0xa1, 'v', 0x02, 0xa2, 'o', 'p', 0xa1, 'x', 0xa2, 'i', 'd', 0x02,
                                      0xa4, 'a', 'r', 'g', 's', 0x81, 0xa1, 't', 0x83,
                                      0xa5, 'd', 't', 'y', 'p', 'e', 0xa3, 'i', '3', '2',
                                      0xa5, 's', 'h', 'a', 'p', 'e', 0x91, 0x02,
@@ -187,7 +187,7 @@ static void test_replies(void) {
     free(buf);
 
     // Unknown error code names map to TR_EPEER rather than failing the decode.
-    static const uint8_t odd[] = {0x84, 0xa1, 'v', 0x01, 0xa2, 'i', 'd', 0x03, 0xa2, 'o', 'k', 0xc2,
+    static const uint8_t odd[] = {0x84, 0xa1, 'v', 0x02, 0xa2, 'i', 'd', 0x03, 0xa2, 'o', 'k', 0xc2,
                                   0xa5, 'e', 'r', 'r', 'o', 'r', 0x82, 0xa4, 'c', 'o', 'd', 'e', 0xa3, 'z', 'z', 'z',
                                   0xa7, 'm', 'e', 's', 's', 'a', 'g', 'e', 0xa2, 'h', 'i'};
     CHECK(tr_msg_decode(&m, odd, sizeof odd, 1 << 20, &e) == 0 && m.remote.code == TR_EPEER && strcmp(m.remote.msg, "hi") == 0);
@@ -248,7 +248,7 @@ static void expect_fail(const uint8_t *b, size_t n, uint64_t max, int code, cons
 
 static void test_decode_errors(void) {
     // A valid request to cut and bend: {"v":1,"op":"ping","id":7,"args":{"k":-1}}.
-    static const uint8_t ok[] = {0x84, 0xa1, 'v', 0x01, 0xa2, 'o', 'p', 0xa4, 'p', 'i', 'n', 'g',
+    static const uint8_t ok[] = {0x84, 0xa1, 'v', 0x02, 0xa2, 'o', 'p', 0xa4, 'p', 'i', 'n', 'g',
                                  0xa2, 'i', 'd', 0x07, 0xa4, 'a', 'r', 'g', 's', 0x81, 0xa1, 'k', 0xff};
     tr_msg m;
     tr_err e;
@@ -267,10 +267,10 @@ static void test_decode_errors(void) {
           strcmp(m.op, "ping") == 0);
     tr_msg_free(&m);
 
-    static const uint8_t v2[] = {0x84, 0xa1, 'v', 0x02, 0xa2, 'o', 'p', 0xa4, 'p', 'i', 'n', 'g',
+    static const uint8_t v1[] = {0x84, 0xa1, 'v', 0x01, 0xa2, 'o', 'p', 0xa4, 'p', 'i', 'n', 'g',
                                  0xa2, 'i', 'd', 0x07, 0xa4, 'a', 'r', 'g', 's', 0x80};
-    FAIL(v2, TR_EUNSUPPORTED, "protocol version 2");
-    CHECK(tr_msg_decode(&m, v2, sizeof v2, 1 << 20, &e) == -1 && m.has_id && m.id == 7);
+    FAIL(v1, TR_EUNSUPPORTED, "protocol version 1");
+    CHECK(tr_msg_decode(&m, v1, sizeof v1, 1 << 20, &e) == -1 && m.has_id && m.id == 7);
     tr_msg_free(&m);
     static const uint8_t no_v[] = {0x83, 0xa2, 'o', 'p', 0xa4, 'p', 'i', 'n', 'g', 0xa2, 'i', 'd', 0x07,
                                    0xa4, 'a', 'r', 'g', 's', 0x80};
@@ -278,43 +278,43 @@ static void test_decode_errors(void) {
     static const uint8_t v_str[] = {0x84, 0xa1, 'v', 0xa1, '1', 0xa2, 'o', 'p', 0xa4, 'p', 'i', 'n', 'g',
                                     0xa2, 'i', 'd', 0x07, 0xa4, 'a', 'r', 'g', 's', 0x80};
     FAIL(v_str, TR_EFORMAT, "'v' is a str");
-    static const uint8_t id_neg[] = {0x84, 0xa1, 'v', 0x01, 0xa2, 'o', 'p', 0xa4, 'p', 'i', 'n', 'g',
+    static const uint8_t id_neg[] = {0x84, 0xa1, 'v', 0x02, 0xa2, 'o', 'p', 0xa4, 'p', 'i', 'n', 'g',
                                      0xa2, 'i', 'd', 0xff, 0xa4, 'a', 'r', 'g', 's', 0x80};
     FAIL(id_neg, TR_EFORMAT, "'id' is a int");
-    static const uint8_t op_int[] = {0x84, 0xa1, 'v', 0x01, 0xa2, 'o', 'p', 0x05,
+    static const uint8_t op_int[] = {0x84, 0xa1, 'v', 0x02, 0xa2, 'o', 'p', 0x05,
                                      0xa2, 'i', 'd', 0x07, 0xa4, 'a', 'r', 'g', 's', 0x80};
     FAIL(op_int, TR_EFORMAT, "'op' is a int");
-    static const uint8_t op_bad[] = {0x84, 0xa1, 'v', 0x01, 0xa2, 'o', 'p', 0xa2, 'P', '!',
+    static const uint8_t op_bad[] = {0x84, 0xa1, 'v', 0x02, 0xa2, 'o', 'p', 0xa2, 'P', '!',
                                      0xa2, 'i', 'd', 0x07, 0xa4, 'a', 'r', 'g', 's', 0x80};
     FAIL(op_bad, TR_EFORMAT, "not a valid op name");
-    static const uint8_t args_arr[] = {0x84, 0xa1, 'v', 0x01, 0xa2, 'o', 'p', 0xa1, 'x',
+    static const uint8_t args_arr[] = {0x84, 0xa1, 'v', 0x02, 0xa2, 'o', 'p', 0xa1, 'x',
                                        0xa2, 'i', 'd', 0x07, 0xa4, 'a', 'r', 'g', 's', 0x90};
     FAIL(args_arr, TR_EFORMAT, "args: expected map, got array");
-    static const uint8_t no_args[] = {0x83, 0xa1, 'v', 0x01, 0xa2, 'o', 'p', 0xa1, 'x', 0xa2, 'i', 'd', 0x07};
+    static const uint8_t no_args[] = {0x83, 0xa1, 'v', 0x02, 0xa2, 'o', 'p', 0xa1, 'x', 0xa2, 'i', 'd', 0x07};
     FAIL(no_args, TR_EFORMAT, "no 'args'");
-    static const uint8_t extra[] = {0x85, 0xa1, 'v', 0x01, 0xa2, 'o', 'p', 0xa1, 'x', 0xa2, 'i', 'd', 0x07,
+    static const uint8_t extra[] = {0x85, 0xa1, 'v', 0x02, 0xa2, 'o', 'p', 0xa1, 'x', 0xa2, 'i', 'd', 0x07,
                                     0xa4, 'a', 'r', 'g', 's', 0x80, 0xa1, 'z', 0xc0};
     FAIL(extra, TR_EINVAL, "unknown key 'z'");
-    static const uint8_t dup[] = {0x85, 0xa1, 'v', 0x01, 0xa2, 'o', 'p', 0xa1, 'x', 0xa2, 'i', 'd', 0x07,
-                                  0xa4, 'a', 'r', 'g', 's', 0x80, 0xa1, 'v', 0x01};
+    static const uint8_t dup[] = {0x85, 0xa1, 'v', 0x02, 0xa2, 'o', 'p', 0xa1, 'x', 0xa2, 'i', 'd', 0x07,
+                                  0xa4, 'a', 'r', 'g', 's', 0x80, 0xa1, 'v', 0x02};
     FAIL(dup, TR_EFORMAT, "duplicate key 'v'");
-    static const uint8_t id0[] = {0x84, 0xa1, 'v', 0x01, 0xa2, 'o', 'p', 0xa1, 'x',
+    static const uint8_t id0[] = {0x84, 0xa1, 'v', 0x02, 0xa2, 'o', 'p', 0xa1, 'x',
                                   0xa2, 'i', 'd', 0x00, 0xa4, 'a', 'r', 'g', 's', 0x80};
     FAIL(id0, TR_EFORMAT, "reserved for heartbeats");
-    static const uint8_t both[] = {0x85, 0xa1, 'v', 0x01, 0xa2, 'o', 'p', 0xa1, 'x', 0xa2, 'i', 'd', 0x07,
+    static const uint8_t both[] = {0x85, 0xa1, 'v', 0x02, 0xa2, 'o', 'p', 0xa1, 'x', 0xa2, 'i', 'd', 0x07,
                                    0xa4, 'a', 'r', 'g', 's', 0x80, 0xa2, 'o', 'k', 0xc3};
     FAIL(both, TR_EFORMAT, "both 'op'");
-    static const uint8_t neither[] = {0x82, 0xa1, 'v', 0x01, 0xa2, 'i', 'd', 0x07};
+    static const uint8_t neither[] = {0x82, 0xa1, 'v', 0x02, 0xa2, 'i', 'd', 0x07};
     FAIL(neither, TR_EFORMAT, "neither");
-    static const uint8_t ok_str[] = {0x84, 0xa1, 'v', 0x01, 0xa2, 'i', 'd', 0x07, 0xa2, 'o', 'k', 0xa1, 'y',
+    static const uint8_t ok_str[] = {0x84, 0xa1, 'v', 0x02, 0xa2, 'i', 'd', 0x07, 0xa2, 'o', 'k', 0xa1, 'y',
                                      0xa6, 'r', 'e', 's', 'u', 'l', 't', 0x80};
     FAIL(ok_str, TR_EFORMAT, "'ok' is a str");
-    static const uint8_t ok_no_result[] = {0x83, 0xa1, 'v', 0x01, 0xa2, 'i', 'd', 0x07, 0xa2, 'o', 'k', 0xc3};
+    static const uint8_t ok_no_result[] = {0x83, 0xa1, 'v', 0x02, 0xa2, 'i', 'd', 0x07, 0xa2, 'o', 'k', 0xc3};
     FAIL(ok_no_result, TR_EFORMAT, "no 'result'");
-    static const uint8_t err_no_error[] = {0x84, 0xa1, 'v', 0x01, 0xa2, 'i', 'd', 0x07, 0xa2, 'o', 'k', 0xc2,
+    static const uint8_t err_no_error[] = {0x84, 0xa1, 'v', 0x02, 0xa2, 'i', 'd', 0x07, 0xa2, 'o', 'k', 0xc2,
                                            0xa6, 'r', 'e', 's', 'u', 'l', 't', 0x80};
     FAIL(err_no_error, TR_EFORMAT, "carries a 'result'");
-    static const uint8_t err_code_int[] = {0x84, 0xa1, 'v', 0x01, 0xa2, 'i', 'd', 0x03, 0xa2, 'o', 'k', 0xc2,
+    static const uint8_t err_code_int[] = {0x84, 0xa1, 'v', 0x02, 0xa2, 'i', 'd', 0x03, 0xa2, 'o', 'k', 0xc2,
                                            0xa5, 'e', 'r', 'r', 'o', 'r', 0x82, 0xa4, 'c', 'o', 'd', 'e', 0x01,
                                            0xa7, 'm', 'e', 's', 's', 'a', 'g', 'e', 0xa0};
     FAIL(err_code_int, TR_EINVAL, "error.code: expected str");
@@ -350,7 +350,7 @@ static void test_decode_errors(void) {
 static void tensor_case(const uint8_t *t, size_t tn, const char *needle, int line) {
     // Wraps the tensor bytes as args.t of a request and reads it back.
     uint8_t buf[256];
-    static const uint8_t head[] = {0x84, 0xa1, 'v', 0x01, 0xa2, 'o', 'p', 0xa1, 'x', 0xa2, 'i', 'd', 0x02,
+    static const uint8_t head[] = {0x84, 0xa1, 'v', 0x02, 0xa2, 'o', 'p', 0xa1, 'x', 0xa2, 'i', 'd', 0x02,
                                    0xa4, 'a', 'r', 'g', 's', 0x81, 0xa1, 't'};
     memcpy(buf, head, sizeof head);
     memcpy(buf + sizeof head, t, tn);

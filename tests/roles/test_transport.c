@@ -316,14 +316,14 @@ static void test_bad_peers(void) {
 
     // Hello with another protocol version, and with an identity that is not role/rank.
     void *v2 = raw_socket(ctx, "policy/0", ep);
-    put_hello(&w, "policy", 0, 2);
+    put_hello(&w, "policy", 0, 1);
     raw_send_writer(v2, &w);
     CHECK(raw_recv_reply(v2, &m, buf, sizeof buf, 3000) == 0 && !m.ok && m.remote.code == TR_EUNSUPPORTED &&
-          strstr(m.remote.msg, "protocol 2"));
+          strstr(m.remote.msg, "protocol 1"));
     tr_msg_free(&m);
     zmq_close(v2);
     void *liar = raw_socket(ctx, "policy/1", ep);
-    put_hello(&w, "critic", 1, 1);
+    put_hello(&w, "critic", 1, TR_PROTOCOL_VERSION);
     raw_send_writer(liar, &w);
     CHECK(raw_recv_reply(liar, &m, buf, sizeof buf, 3000) == 0 && !m.ok && strstr(m.remote.msg, "is not 'critic/1'"));
     tr_msg_free(&m);
@@ -338,7 +338,7 @@ static void test_bad_peers(void) {
 
     // A registered peer sending garbage, a future version, and an oversize request.
     void *s = raw_socket(ctx, "policy/2", ep);
-    put_hello(&w, "policy", 2, 1);
+    put_hello(&w, "policy", 2, TR_PROTOCOL_VERSION);
     raw_send_writer(s, &w);
     CHECK(raw_recv_reply(s, &m, buf, sizeof buf, 3000) == 0 && m.ok);
     uint64_t maxb = 0;

@@ -1,0 +1,86 @@
+// Forming the data-parallel communicators of role groups from the controller: the id comes
+// from each group's rank 0 (comm_id), goes to every rank (comm_join, which returns without
+// waiting) and only then is every rank asked to wait for the others (comm_ready). Each step
+// is one call to all the groups at once, so a worker hosting ranks of several groups never
+// blocks in one group's step while a peer waits for it in another's.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/comm.h"
+#include "roles/client.h"
+#include "roles/client_impl.h"
+
+typedef struct comm_ctx {
+    char id[TR_COMM_ID_MAX];
+    int timeout_ms;
+    int32_t dp;
+} comm_ctx;
+
+static void build_id(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, const char *op, uint64_t id) {
+    (void)ctx;
+    (void)rank;
+    (void)ranks;
+    tr_msg_begin_request(w, op, id, 1);
+    tr_msg_put_str(w, "name", "dp");
+}
+
+static int reply_id(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *err) {
+    (void)rank;
+    comm_ctx *c = ctx;
+    return tr_msg_get_str_buf(res, "id", c->id, sizeof c->id, err);
+}
+
+static void build_join(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, const char *op, uint64_t id) {
+    (void)rank;
+    (void)ranks;
+    comm_ctx *c = ctx;
+    tr_msg_begin_request(w, op, id, 2);
+    tr_msg_put_str(w, "name", "dp");
+    tr_msg_put_str(w, "id", c->id);
+}
+
+static void build_ready(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, const char *op, uint64_t id) {
+    (void)rank;
+    (void)ranks;
+    comm_ctx *c = ctx;
+    tr_msg_begin_request(w, op, id, 2);
+    tr_msg_put_str(w, "name", "dp");
+    tr_msg_put_int(w, "timeout_ms", c->timeout_ms);
+}
+
+// Each rank reports its place: dp rank = rank / tp, in a communicator of dp ranks.
+static int reply_ready(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *err) {
+    comm_ctx *c = ctx;
+    int64_t r, world;
+    if (tr_msg_get_int(res, "rank", &r, err) || tr_msg_get_int(res, "world", &world, err)) return -1;
+    if (world != c->dp || r < 0 || r >= world)
+        return tr_errf(err, TR_EPEER, "comm_ready: rank %lld of %lld in a %d-rank communicator (rank %d)", (long long)r,
+                       (long long)world, c->dp, rank);
+    return 0;
+}
+
+int tr_groups_comm_init(tr_group *const *gs, int n, int timeout_ms, tr_err *err) {
+    if (n < 1) return 0;
+    comm_ctx *cs = calloc((size_t)n, sizeof *cs);
+    tr_call *calls = calloc((size_t)n, sizeof *calls);
+    int rc = !cs || !calls ? tr_errf(err, TR_ENOMEM, "communicators: out of memory") : 0;
+    for (int i = 0; i < n && !rc; i++) {
+        cs[i].timeout_ms = timeout_ms > 0 ? timeout_ms : 60000;
+        cs[i].dp = gs[i]->world / (gs[i]->tp > 0 ? gs[i]->tp : 1);
+        if (cs[i].dp < 2)
+            rc = tr_errf(err, TR_EINVAL, "%s: a data-parallel communicator needs dp >= 2 (got %d)", gs[i]->role,
+                         cs[i].dp);
+        calls[i] = (tr_call){.op = "comm_id", .ranks = 1, .build = build_id, .reply = reply_id, .ctx = &cs[i]};
+    }
+    if (!rc) rc = tr_group_call_many(gs, calls, n, err);
+    for (int i = 0; i < n && !rc; i++)
+        calls[i] = (tr_call){.op = "comm_join", .build = build_join, .ctx = &cs[i]};
+    if (!rc) rc = tr_group_call_many(gs, calls, n, err);
+    for (int i = 0; i < n && !rc; i++)
+        calls[i] = (tr_call){.op = "comm_ready", .build = build_ready, .reply = reply_ready, .ctx = &cs[i]};
+    if (!rc) rc = tr_group_call_many(gs, calls, n, err);
+    free(cs);
+    free(calls);
+    return rc ? tr_err_wrap(err, "forming the data-parallel communicators") : 0;
+}
