@@ -185,11 +185,71 @@ static int micro_step(tr_trainer *tr, const tr_micro_batch *mb, int32_t index,
     return 0;
 }
 
+static int train_step(tr_trainer *tr, const tr_micro_batch *mbs, int32_t n, const tr_step_args *args,
+                      tr_step_result *res, tr_err *err);
+
+int tr_trainer_set_comm(tr_trainer *tr, tr_comm *comm, tr_err *err) {
+    if (tr->comm) return tr_errf(err, TR_EINVAL, "trainer: already has a data-parallel communicator");
+    if (tr->step != 0)
+        return tr_errf(err, TR_EINVAL, "trainer: joining data-parallel ranks after %lld steps", (long long)tr->step);
+    tr->comm = comm;
+    return 0;
+}
+
+// x[0..n) of host doubles through backend memory and one collective.
+static int host_collective(tr_trainer *tr, const double *x, int32_t n, double *out, bool gather, tr_err *err) {
+    tr_backend *be = tr->model->be;
+    int32_t world = tr_comm_world(tr->comm), rank = tr_comm_rank(tr->comm);
+    size_t total = (size_t)n * (gather ? (size_t)world : 1);
+    double *d = tr_dev_alloc(be, (total ? total : 1) * sizeof(double), "data-parallel reduction", err);
+    if (!d) {
+        tr_comm_abort(tr->comm, err->msg);
+        return -1;
+    }
+    size_t *counts = gather ? malloc((size_t)world * sizeof *counts) : NULL;
+    int rc = gather && !counts ? tr_errf(err, TR_ENOMEM, "trainer: out of memory") : 0;
+    for (int32_t r = 0; counts && r < world; r++) counts[r] = (size_t)n;
+    if (!rc) rc = tr_dev_upload_sync(be, d + (gather ? (size_t)rank * (size_t)n : 0), x, (size_t)n * sizeof(double),
+                                     "data-parallel reduction", err);
+    if (!rc) rc = gather ? tr_comm_all_gather(tr->comm, d, counts, TR_COMM_F64, err)
+                         : tr_comm_all_reduce(tr->comm, d, (size_t)n, TR_COMM_F64, err);
+    if (!rc) rc = tr_dev_download_sync(be, out, d, total * sizeof(double), "data-parallel reduction", err);
+    if (rc) tr_comm_abort(tr->comm, err->msg);
+    free(counts);
+    tr_dev_free(be, d);
+    return rc;
+}
+
+int tr_trainer_all_sum(tr_trainer *tr, double *x, int32_t n, tr_err *err) {
+    if (!tr->comm || n < 1) return 0;
+    return host_collective(tr, x, n, x, false, err);
+}
+
+int tr_trainer_all_gather(tr_trainer *tr, const double *x, int32_t n, double *all, tr_err *err) {
+    if (!tr->comm) {
+        memcpy(all, x, (size_t)n * sizeof(double));
+        return 0;
+    }
+    return host_collective(tr, x, n, all, true, err);
+}
+
+// A step that fails on one rank must not leave the others waiting in a collective for it.
+static int step_failed(tr_trainer *tr, tr_err *err) {
+    if (tr->comm) tr_comm_abort(tr->comm, err->msg);
+    return -1;
+}
+
 int tr_train_step(tr_trainer *tr, const tr_micro_batch *mbs, int32_t n, const tr_step_args *args,
                   tr_step_result *res, tr_err *err) {
+    int rc = train_step(tr, mbs, n, args, res, err);
+    return rc ? step_failed(tr, err) : 0;
+}
+
+static int train_step(tr_trainer *tr, const tr_micro_batch *mbs, int32_t n, const tr_step_args *args,
+                      tr_step_result *res, tr_err *err) {
     tr_model *m = tr->model;
     memset(res, 0, sizeof *res);
-    if (n < 1) return tr_errf(err, TR_EINVAL, "train step: no micro-batches");
+    if (n < 1 && !tr->comm) return tr_errf(err, TR_EINVAL, "train step: no micro-batches");
     if (!m->acts_training)
         return tr_errf(err, TR_EINVAL, "train step: the model's activations are laid out for "
                        "inference (a train phase of its arena lays them out for backward)");
@@ -203,6 +263,7 @@ int tr_train_step(tr_trainer *tr, const tr_micro_batch *mbs, int32_t n, const tr
     double W = 1.0;
     if (args->norm == TR_NORM_TOKEN_MEAN) {
         W = args->weight_total > 0 ? args->weight_total : w_total;
+        if (!(args->weight_total > 0) && tr_trainer_all_sum(tr, &W, 1, err)) return -1;
         if (!(W > 0))
             return tr_errf(err, TR_EINVAL, "train step: no output carries loss weight (%d "
                            "micro-batches)", n);
@@ -214,6 +275,10 @@ int tr_train_step(tr_trainer *tr, const tr_micro_batch *mbs, int32_t n, const tr
 
     const tr_ops *op = m->be->ops;
     const size_t total = m->layout.total;
+    // Every rank's gradient holds its own micro-batches; their sum is the step's gradient.
+    if (tr->comm && (tr_comm_all_reduce(tr->comm, m->grads, total, TR_COMM_F32, err) ||
+                     tr_trainer_all_sum(tr, &loss_sum, 1, err)))
+        return tr_err_wrap(err, "train step %lld", (long long)tr->step + 1);
     // The sum of squares stays in backend memory until this one read, the step's only wait.
     double zero = 0.0, sumsq = 0.0;
     op->upload(m->be, tr->dev_sumsq, &zero, sizeof zero);

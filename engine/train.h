@@ -1,11 +1,14 @@
 // One optimizer step over micro-batches: zero gradients, forward/backward each micro-batch
 // (gradient accumulation), clip by global norm, AdamW with a learning-rate schedule. The
 // loss is normalized over the whole step, so splitting a batch differently changes nothing
-// but rounding. The Adam moments live in two buffers with the parameters' layout.
+// but rounding. The Adam moments live in two buffers with the parameters' layout. With a
+// data-parallel communicator every rank steps on its own micro-batches and the gradients are
+// summed over the ranks before the norm, so all ranks take the same update.
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine/comm.h"
 #include "engine/err.h"
 #include "engine/model.h"
 #include "engine/rng.h"
@@ -75,14 +78,27 @@ typedef struct tr_trainer {
     int32_t max_out;          // per-micro-batch head outputs the scratch below holds
     float *out, *entropy, *loss, *dout, *dentropy, *weights;  // [max_out] scratch
     double *dev_sumsq;        // one double of backend memory: the gradient's sum of squares
+    tr_comm *comm;            // data-parallel ranks (not owned), or NULL
 } tr_trainer;
 
 int tr_trainer_init(tr_trainer *tr, tr_model *m, const tr_optim_cfg *opt, uint64_t seed,
                     tr_err *err);
 void tr_trainer_free(tr_trainer *tr);
 
+// Makes the trainer one of comm's data-parallel ranks (before its first step). Every rank
+// then calls tr_train_step once per update, each with its own micro-batches (possibly none).
+int tr_trainer_set_comm(tr_trainer *tr, tr_comm *comm, tr_err *err);
+// Sums x[0..n) over the data-parallel ranks in place (rank order, so every rank gets the same
+// bits); nothing to do without a communicator. For counts and metrics.
+int tr_trainer_all_sum(tr_trainer *tr, double *x, int32_t n, tr_err *err);
+// all[r * n + i] = rank r's x[i] for every rank r (all = x without a communicator).
+int tr_trainer_all_gather(tr_trainer *tr, const double *x, int32_t n, double *all, tr_err *err);
+
 // One update from n micro-batches. On error (bad input, a callback error, a non-finite
-// gradient norm) parameters, moments and step are left as they were.
+// gradient norm) parameters, moments and step are left as they were. With a communicator the
+// weights W of token-mean are summed over the ranks (unless weight_total gives W), as are the
+// gradients and the loss; an error on one rank aborts the communicator, so no rank waits for
+// it, and every rank fails.
 int tr_train_step(tr_trainer *tr, const tr_micro_batch *mbs, int32_t n, const tr_step_args *args,
                   tr_step_result *res, tr_err *err);
 

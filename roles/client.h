@@ -1,6 +1,7 @@
 // The controller's view of the role workers: typed calls for every op of docs/protocol.md,
-// each sent SPMD to all ranks of a role group (data split across DP ranks by sequences,
-// results gathered in rank order, so in the caller's order). The worker side
+// each sent SPMD to all ranks of a role group (data split across DP ranks: contiguous shares
+// of sequences for the forward ops, token-balanced shares of every mini-batch or of the rows
+// for training; results gathered in rank order, so in the caller's order). The worker side
 // (roles/worker*.c) serves exactly these ops. Errors name the role, rank and op
 // ("policy/1: generate: ..."); a dead peer is reported with its id.
 #pragma once
@@ -78,9 +79,9 @@ typedef struct tr_sft_batch {
     const int32_t *n_docs;     // [n_rows]
 } tr_sft_batch;
 
-// Training metrics of one train call, as computed by rank 0 (DP > 1 training is refused
-// until the workers share a gradient all-reduce). Losses are means over the optimizer
-// steps of the call; fractions are over trained tokens.
+// Training metrics of one train call over the whole batch (every data-parallel rank reports
+// the same; rank 0's are read). Losses are means over the optimizer steps of the call;
+// fractions are over trained tokens.
 typedef struct tr_train_metrics {
     double loss, pg_loss, clip_frac, clip_frac_low, clip_frac_high, dual_clip_frac, approx_kl;
     double kl, entropy, ratio_mean, grad_norm, lr;
@@ -167,7 +168,8 @@ int tr_policy_generate(tr_group *g, const tr_prompt_batch *prompts, const tr_sam
 // entropy (may be NULL) is that distribution's entropy, 0 on prompt tokens.
 int tr_model_logprobs(tr_group *g, const tr_rollouts *r, float *logprobs, float *entropy,
                       tr_err *err);
-// policy.train: one RL update (ppo_epochs x mini-batches as configured at init).
+// policy.train: one RL update (ppo_epochs x mini-batches as configured at init); with
+// data-parallel ranks every rank takes those steps on its share of each mini-batch.
 int tr_policy_train(tr_group *g, const tr_train_batch *b, tr_train_metrics *out, tr_err *err);
 // policy.train_sft: one optimizer step of token-mean cross entropy over the rows.
 int tr_policy_train_sft(tr_group *g, const tr_sft_batch *b, tr_train_metrics *out, tr_err *err);

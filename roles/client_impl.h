@@ -29,5 +29,9 @@ int tr_group_call_many(tr_group *const *gs, const tr_call *calls, int n, tr_err 
 // Rank r's contiguous share [first, first + count) of n items split over world ranks.
 void tr_share(int64_t n, int32_t world, int32_t rank, int64_t *first, int64_t *count);
 
+// Cuts n items whose token counts add up as cum[0..n] (cum[0] = 0) into `parts` contiguous
+// ranges of near-equal tokens: part k holds items [bounds[k], bounds[k+1]); some may be empty.
+void tr_split_tokens(const int64_t *cum, int64_t n, int32_t parts, int64_t *bounds);
+
 // Reads a train reply's metrics map (absent keys stay 0).
 int tr_train_metrics_get(const tr_msg_map *res, tr_train_metrics *m, tr_err *err);

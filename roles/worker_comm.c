@@ -1,6 +1,7 @@
 // The communicator ops of a role (docs/protocol.md, "Communicators"): comm_id makes the
 // data-parallel communicator on the group's rank 0 and returns its id, comm_join opens that
-// id and starts joining without waiting, comm_ready waits until every rank has joined. The controller sends comm_ready only once every
+// id and starts joining without waiting, comm_ready waits until every rank has joined and
+// hands the communicator to the trainer. The controller sends comm_ready only once every
 // rank of every group it is forming has answered comm_join, so no rank waits inside an op
 // for a peer that is still busy with another group's.
 #include <stdio.h>
@@ -72,6 +73,7 @@ int tr_worker_op_comm_ready(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *r
     if (timeout < 1 || timeout > 3600000)
         return tr_errf(err, TR_EINVAL, "comm_ready: timeout_ms %lld (1..3600000)", (long long)timeout);
     if (tr_comm_wait(rc->comm, (int)timeout, err)) return -1;
+    if (rc->has_trainer && tr_trainer_set_comm(&rc->trainer, rc->comm, err)) return -1;
     tr_worker_logf(rc, "comm_ready: dp rank %d of %d (%s)", rc->dp_rank, rc->dp, tr_comm_kind(rc->comm));
     tr_msg_begin_reply(rep, req->id, 3);
     tr_msg_put_int(rep, "rank", rc->dp_rank);

@@ -3,6 +3,8 @@
 // (separate documents), and for each micro-batch the engine's loss (engine/loss.h) turns the
 // head outputs into dL/dlogprob or dL/dvalue, normalized over the whole mini-batch so the
 // micro-batches add up to the mini-batch loss. SFT: one step of token-mean cross entropy.
+// With data-parallel ranks each rank trains on its share of every mini-batch (or of the
+// rows), with the denominators, the optimizer steps and the metrics of the whole batch.
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,8 +48,8 @@ static void plan_free(plan *p) {
 // Packs sequences [s0, s1) into micro-batches of at most max_tokens, in order.
 static int plan_build(tr_role_ctx *rc, const tr_rollouts *r, int32_t s0, int32_t s1, plan *p, tr_err *err) {
     int32_t ns = s1 - s0, T = rc->model.max_tokens;
-    p->mbs = calloc((size_t)ns, sizeof *p->mbs);
-    p->packs = calloc((size_t)ns, sizeof *p->packs);
+    p->mbs = calloc((size_t)ns + 1, sizeof *p->mbs);
+    p->packs = calloc((size_t)ns + 1, sizeof *p->packs);
     p->seq0 = malloc((size_t)(ns + 1) * sizeof *p->seq0);
     if (!p->mbs || !p->packs || !p->seq0) return tr_errf(err, TR_ENOMEM, "train: out of memory");
     for (int32_t s = s0; s < s1;) {
@@ -176,8 +178,9 @@ static int rl_loss(void *user, int32_t index, const tr_micro_batch *mb, int32_t 
     return 0;
 }
 
-// The mini-batch's aggregation denominators, from its scored response tokens.
-static void mini_norm(const tr_rollouts *r, int32_t s0, int32_t s1, int32_t max_len, tr_loss_norm *norm) {
+// The aggregation denominators of this rank's share of a mini-batch: scored response
+// tokens, sequences with one, and the longest response.
+static void mini_counts(const tr_rollouts *r, int32_t s0, int32_t s1, double out[3]) {
     double toks = 0, seqs = 0, longest = 0;
     for (int32_t i = s0; i < s1; i++) {
         int32_t t0, len;
@@ -187,9 +190,34 @@ static void mini_norm(const tr_rollouts *r, int32_t s0, int32_t s1, int32_t max_
         if (n > 0) seqs++;
         if (r->response_len[i] > longest) longest = r->response_len[i];
     }
-    norm->n_tokens = toks;
-    norm->n_seqs = seqs;
-    norm->max_len = max_len > 0 ? max_len : longest;
+    out[0] = toks;
+    out[1] = seqs;
+    out[2] = longest;
+}
+
+// Each mini-batch's denominators over every data-parallel rank's share of it, so that the
+// ranks' losses add up to the mini-batch's and every rank normalizes alike.
+static int mini_norms(tr_role_ctx *rc, const tr_rollouts *r, const plan *plans, int32_t M, tr_loss_norm *norms,
+                      tr_err *err) {
+    int32_t world = rc->trainer.comm ? tr_comm_world(rc->trainer.comm) : 1;
+    double *mine = malloc((size_t)M * 3 * sizeof(double)), *all = malloc((size_t)M * 3 * (size_t)world * sizeof(double));
+    int rc2 = !mine || !all ? tr_errf(err, TR_ENOMEM, "train: out of memory") : 0;
+    for (int32_t m = 0; m < M && !rc2; m++) mini_counts(r, plans[m].seq0[0], plans[m].seq0[plans[m].n], mine + 3 * m);
+    if (!rc2) rc2 = tr_trainer_all_gather(&rc->trainer, mine, M * 3, all, err);
+    for (int32_t m = 0; m < M && !rc2; m++) {
+        tr_loss_norm *nm = &norms[m];
+        memset(nm, 0, sizeof *nm);
+        for (int32_t k = 0; k < world; k++) {
+            const double *x = all + (size_t)k * (size_t)M * 3 + 3 * (size_t)m;
+            nm->n_tokens += x[0];
+            nm->n_seqs += x[1];
+            if (x[2] > nm->max_len) nm->max_len = x[2];
+        }
+        if (rc->max_len > 0) nm->max_len = rc->max_len;
+    }
+    free(mine);
+    free(all);
+    return rc2;
 }
 
 static int scratch_alloc(rl_ctx *c, int64_t cap, tr_err *err) {
@@ -242,7 +270,8 @@ static void put_metrics(tr_msg_writer *w, const tr_train_metrics *m, bool critic
 typedef struct rl_in {
     tr_rollouts r;
     float *x, *y, *z;     // policy: advantages, old_logprobs, ref_logprobs; critic: returns, old_values
-    int32_t *pos, *targets;
+    int32_t *mb_seqs;     // [M] this rank's sequences in each mini-batch, in order
+    int32_t M;            // mini-batches (optimizer steps per epoch), the same on every rank
 } rl_in;
 
 static void rl_in_free(rl_in *in) {
@@ -250,20 +279,57 @@ static void rl_in_free(rl_in *in) {
     free(in->x);
     free(in->y);
     free(in->z);
+    free(in->mb_seqs);
+}
+
+// The mini-batch split: as the controller gives it (each data-parallel rank's share of every
+// mini-batch), or min(mini_batches, n) near-equal contiguous parts of this call's sequences.
+static int get_split(tr_role_ctx *rc, const tr_msg_map *a, rl_in *in, tr_err *err) {
+    const tr_rollouts *r = &in->r;
+    if (!tr_msg_has(a, "mini_batch_seqs")) {
+        if (rc->dp > 1)
+            return tr_errf(err, TR_EINVAL, "train: %d data-parallel ranks need mini_batch_seqs", rc->dp);
+        if (r->n < 1) return tr_errf(err, TR_EINVAL, "train: no sequences");
+        in->M = rc->mini_batches < r->n ? rc->mini_batches : r->n;
+        if (!(in->mb_seqs = malloc((size_t)in->M * sizeof *in->mb_seqs)))
+            return tr_errf(err, TR_ENOMEM, "train: out of memory");
+        for (int32_t m = 0; m < in->M; m++)
+            in->mb_seqs[m] = (int32_t)((int64_t)r->n * (m + 1) / in->M - (int64_t)r->n * m / in->M);
+        return 0;
+    }
+    tr_tensor_view t;
+    if (tr_msg_get_tensor(a, "mini_batch_seqs", &t, err)) return -1;
+    if (t.ndim != 1 || t.numel < 1 || t.numel > rc->mini_batches)
+        return tr_errf(err, TR_EINVAL, "train: args.mini_batch_seqs: %lld mini-batches (1..%d)", (long long)t.numel,
+                       rc->mini_batches);
+    in->M = (int32_t)t.numel;
+    if (!(in->mb_seqs = malloc((size_t)in->M * sizeof *in->mb_seqs)))
+        return tr_errf(err, TR_ENOMEM, "train: out of memory");
+    if (tr_tensor_view_copy(&t, TR_DTYPE_I32, in->mb_seqs, (size_t)in->M * sizeof(int32_t), "mini_batch_seqs", err))
+        return -1;
+    int64_t sum = 0;
+    for (int32_t m = 0; m < in->M; m++) {
+        if (in->mb_seqs[m] < 0) return tr_errf(err, TR_EINVAL, "train: args.mini_batch_seqs[%d] is negative", m);
+        sum += in->mb_seqs[m];
+    }
+    if (sum != r->n)
+        return tr_errf(err, TR_EINVAL, "train: args.mini_batch_seqs adds up to %lld, %d sequences were sent",
+                       (long long)sum, r->n);
+    if (r->n < 1 && rc->dp < 2) return tr_errf(err, TR_EINVAL, "train: no sequences");
+    return 0;
 }
 
 static int rl_in_get(tr_role_ctx *rc, const tr_msg_map *a, rl_in *in, tr_err *err) {
     bool critic = rc->kind == TR_ROLE_CRITIC;
-    static const char *const pkeys[] = {"rollouts", "advantages", "old_logprobs", "ref_logprobs", NULL};
-    static const char *const ckeys[] = {"rollouts", "returns", "old_values", NULL};
+    static const char *const pkeys[] = {"rollouts", "advantages", "old_logprobs", "ref_logprobs", "mini_batch_seqs", NULL};
+    static const char *const ckeys[] = {"rollouts", "returns", "old_values", "mini_batch_seqs", NULL};
     if (tr_msg_check_keys(a, critic ? ckeys : pkeys, err) || tr_worker_get_rollouts(rc, a, &in->r, err)) return -1;
     const tr_rollouts *r = &in->r;
-    if (r->n < 1) return tr_errf(err, TR_EINVAL, "train: no sequences");
     size_t n = (size_t)r->n_tokens;
     bool has_ref = !critic && tr_msg_has(a, "ref_logprobs");
-    in->x = malloc(n * sizeof(float));
-    in->y = malloc(n * sizeof(float));
-    in->z = has_ref ? malloc(n * sizeof(float)) : NULL;
+    in->x = malloc((n ? n : 1) * sizeof(float));
+    in->y = malloc((n ? n : 1) * sizeof(float));
+    in->z = has_ref ? malloc((n ? n : 1) * sizeof(float)) : NULL;
     if (!in->x || !in->y || (has_ref && !in->z))
         return tr_errf(err, TR_ENOMEM, "train: out of memory for %zu tokens", n);
     if (tr_token_floats_get(a, critic ? "returns" : "advantages", r->n_tokens, in->x, err) ||
@@ -272,14 +338,76 @@ static int rl_in_get(tr_role_ctx *rc, const tr_msg_map *a, rl_in *in, tr_err *er
         return -1;
     if (!critic && rc->loss.kl_coef != 0 && !has_ref)
         return tr_errf(err, TR_EINVAL, "train: the KL loss (kl_coef %g) needs ref_logprobs", rc->loss.kl_coef);
+    return get_split(rc, a, in, err);
+}
+
+// Micro-batch plans of every mini-batch and the largest padded loss layout among them.
+static int build_plans(tr_role_ctx *rc, const rl_in *in, plan *plans, int64_t *cap, tr_err *err) {
+    int32_t s0 = 0;
+    *cap = 0;
+    for (int32_t m = 0; m < in->M; m++) {
+        if (plan_build(rc, &in->r, s0, s0 + in->mb_seqs[m], &plans[m], err)) return -1;
+        s0 += in->mb_seqs[m];
+        for (int32_t i = 0; i < plans[m].n; i++) {
+            int32_t B, T;
+            mb_shape(&in->r, plans[m].seq0[i], plans[m].seq0[i + 1], &B, &T);
+            if ((int64_t)B * T > *cap) *cap = (int64_t)B * T;
+        }
+    }
+    return 0;
+}
+
+// ppo_epochs passes, one optimizer step per mini-batch (on every rank, with or without data).
+static int run_epochs(tr_role_ctx *rc, const rl_in *in, const plan *plans, const tr_loss_norm *norms, rl_ctx *c,
+                      tr_train_metrics *mt, double *gn, tr_err *err) {
+    for (int32_t e = 0; e < rc->ppo_epochs; e++)
+        for (int32_t m = 0; m < in->M; m++) {
+            c->norm = &norms[m];
+            c->p = &plans[m];
+            tr_step_args sa = {.loss = TR_LOSS_CALLBACK, .norm = TR_NORM_SUM, .loss_fn = rl_loss, .user = c};
+            tr_step_result res;
+            if (tr_train_step(&rc->trainer, plans[m].mbs, plans[m].n, &sa, &res, err))
+                return tr_err_wrap(err, "train: epoch %d mini-batch %d", e, m);
+            mt->steps++;
+            *gn += res.grad_norm;
+            mt->lr = res.lr;
+            mt->step = res.step;
+        }
+    return 0;
+}
+
+// The call's metrics over every data-parallel rank: sums of the per-rank parts, then means.
+static int finish_metrics(tr_role_ctx *rc, const rl_ctx *c, double gn, tr_train_metrics *mt, tr_err *err) {
+    double v[] = {c->loss, c->pg_loss, c->kl, c->entropy, c->tok_clip, c->tok_clip_lo, c->tok_clip_hi, c->tok_dual,
+                  c->tok_akl, c->tok_ratio, c->v_clip, c->v_mean, (double)c->tokens};
+    if (tr_trainer_all_sum(&rc->trainer, v, (int32_t)(sizeof v / sizeof v[0]), err)) return -1;
+    double steps = mt->steps > 0 ? (double)mt->steps : 1, tok = v[12] > 0 ? v[12] : 1;
+    mt->loss = v[0] / steps;
+    mt->grad_norm = gn / steps;
+    mt->tokens = (int64_t)v[12];
+    if (rc->kind == TR_ROLE_CRITIC) {
+        mt->value_loss = v[0] / steps;
+        mt->value_clip_frac = v[10] / tok;
+        mt->value_mean = v[11] / tok;
+        return 0;
+    }
+    mt->pg_loss = v[1] / steps;
+    mt->kl = v[2] / steps;
+    mt->entropy = v[3] / steps;
+    mt->clip_frac = v[4] / tok;
+    mt->clip_frac_low = v[5] / tok;
+    mt->clip_frac_high = v[6] / tok;
+    mt->dual_clip_frac = v[7] / tok;
+    mt->approx_kl = v[8] / tok;
+    mt->ratio_mean = v[9] / tok;
     return 0;
 }
 
 int tr_worker_op_train(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
     if (!rc->has_trainer) return tr_errf(err, TR_EINVAL, "train: %s was initialized without train", rc->id);
-    if (rc->w->world > 1)
-        return tr_errf(err, TR_EUNSUPPORTED, "train: %d data-parallel ranks need the gradient all-reduce, which is "
-                       "not built yet", rc->w->world);
+    if (rc->dp > 1 && !rc->trainer.comm)
+        return tr_errf(err, TR_EINVAL, "train: %s is one of %d data-parallel ranks but has no communicator (comm_ready)",
+                       rc->id, rc->dp);
     bool critic = rc->kind == TR_ROLE_CRITIC;
     rl_in in;
     memset(&in, 0, sizeof in);
@@ -287,24 +415,15 @@ int tr_worker_op_train(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, t
     rl_ctx c;
     memset(&c, 0, sizeof c);
     int rc2 = rl_in_get(rc, &req->args, &in, err);
-    const tr_rollouts *r = &in.r;
-    int32_t M = rc->mini_batches < r->n ? rc->mini_batches : r->n;
-    if (M < 1) M = 1;
+    plan *plans = rc2 ? NULL : calloc((size_t)(uint32_t)in.M, sizeof *plans);
+    tr_loss_norm *norms = rc2 ? NULL : calloc((size_t)(uint32_t)in.M, sizeof *norms);
+    if (!rc2 && (!plans || !norms)) rc2 = tr_errf(err, TR_ENOMEM, "train: out of memory");
     int64_t cap = 0;
-    plan *plans = rc2 ? NULL : calloc((size_t)(uint32_t)M, sizeof *plans);
-    if (!rc2 && !plans) rc2 = tr_errf(err, TR_ENOMEM, "train: out of memory");
-    for (int32_t m = 0; m < M && !rc2; m++) {
-        int32_t s0 = (int32_t)((int64_t)r->n * m / M), s1 = (int32_t)((int64_t)r->n * (m + 1) / M);
-        rc2 = plan_build(rc, r, s0, s1, &plans[m], err);
-        for (int32_t i = 0; i < plans[m].n && !rc2; i++) {
-            int32_t B, T;
-            mb_shape(r, plans[m].seq0[i], plans[m].seq0[i + 1], &B, &T);
-            if ((int64_t)B * T > cap) cap = (int64_t)B * T;
-        }
-    }
+    if (!rc2) rc2 = build_plans(rc, &in, plans, &cap, err);
     if (!rc2) rc2 = scratch_alloc(&c, cap, err);
+    if (!rc2) rc2 = mini_norms(rc, &in.r, plans, in.M, norms, err);
     c.rc = rc;
-    c.r = r;
+    c.r = &in.r;
     c.adv = critic ? NULL : in.x;
     c.old = critic ? NULL : in.y;
     c.ref = critic ? NULL : in.z;
@@ -313,51 +432,20 @@ int tr_worker_op_train(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, t
     tr_train_metrics mt;
     memset(&mt, 0, sizeof mt);
     double gn = 0;
-    for (int32_t e = 0; e < rc->ppo_epochs && !rc2; e++)
-        for (int32_t m = 0; m < M && !rc2; m++) {
-            int32_t s0 = plans[m].seq0[0], s1 = plans[m].seq0[plans[m].n];
-            tr_loss_norm norm;
-            mini_norm(r, s0, s1, rc->max_len, &norm);
-            c.norm = &norm;
-            c.p = &plans[m];
-            tr_step_args sa = {.loss = TR_LOSS_CALLBACK, .norm = TR_NORM_SUM, .loss_fn = rl_loss, .user = &c};
-            tr_step_result res;
-            if (tr_train_step(&rc->trainer, plans[m].mbs, plans[m].n, &sa, &res, err)) {
-                rc2 = tr_err_wrap(err, "train: epoch %d mini-batch %d", e, m);
-                break;
-            }
-            mt.steps++;
-            gn += res.grad_norm;
-            mt.lr = res.lr;
-            mt.step = res.step;
-        }
+    if (!rc2) rc2 = run_epochs(rc, &in, plans, norms, &c, &mt, &gn, err);
+    if (!rc2) rc2 = finish_metrics(rc, &c, gn, &mt, err);
     if (!rc2) {
-        double steps = mt.steps > 0 ? (double)mt.steps : 1, tok = c.tokens > 0 ? (double)c.tokens : 1;
-        mt.loss = c.loss / steps;
-        mt.grad_norm = gn / steps;
-        mt.tokens = c.tokens;
-        if (critic) {
-            mt.value_loss = c.loss / steps;
-            mt.value_clip_frac = c.v_clip / tok;
-            mt.value_mean = c.v_mean / tok;
-        } else {
-            mt.pg_loss = c.pg_loss / steps;
-            mt.kl = c.kl / steps;
-            mt.entropy = c.entropy / steps;
-            mt.clip_frac = c.tok_clip / tok;
-            mt.clip_frac_low = c.tok_clip_lo / tok;
-            mt.clip_frac_high = c.tok_clip_hi / tok;
-            mt.dual_clip_frac = c.tok_dual / tok;
-            mt.approx_kl = c.tok_akl / tok;
-            mt.ratio_mean = c.tok_ratio / tok;
-        }
         tr_msg_begin_reply(rep, req->id, 1);
         put_metrics(rep, &mt, critic);
-        tr_worker_logf(rc, "train: %d sequences, %lld steps, loss %.6g, grad norm %.4g, lr %.3g", r->n,
+        tr_worker_logf(rc, "train: %d sequences here, %lld steps, loss %.6g, grad norm %.4g, lr %.3g", in.r.n,
                        (long long)mt.steps, mt.loss, mt.grad_norm, mt.lr);
+    } else if (rc->trainer.comm) {
+        // The other ranks may be waiting in a collective this rank will never reach.
+        tr_comm_abort(rc->trainer.comm, err->msg);
     }
-    for (int32_t m = 0; plans && m < M; m++) plan_free(&plans[m]);
+    for (int32_t m = 0; plans && m < in.M; m++) plan_free(&plans[m]);
     free(plans);
+    free(norms);
     scratch_free(&c);
     rl_in_free(&in);
     return rc2;
@@ -378,22 +466,23 @@ int tr_worker_op_train_sft(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *re
     static const char *const keys[] = {"n_rows", "row_len", "ids", "targets", "doc_start", "n_docs", NULL};
     const tr_msg_map *a = &req->args;
     if (!rc->has_trainer) return tr_errf(err, TR_EINVAL, "train_sft: %s was initialized without train", rc->id);
-    if (rc->w->world > 1)
-        return tr_errf(err, TR_EUNSUPPORTED, "train_sft: %d data-parallel ranks need the gradient all-reduce, which "
-                       "is not built yet", rc->w->world);
+    if (rc->dp > 1 && !rc->trainer.comm)
+        return tr_errf(err, TR_EINVAL, "train_sft: %s is one of %d data-parallel ranks but has no communicator "
+                       "(comm_ready)", rc->id, rc->dp);
     int64_t nr, rl;
     if (tr_msg_check_keys(a, keys, err) || tr_msg_get_int(a, "n_rows", &nr, err) ||
         tr_msg_get_int(a, "row_len", &rl, err))
         return -1;
     int32_t T = rc->model.max_tokens, V = rc->model.cfg.vocab_size;
-    if (nr < 1 || rl < 1 || rl > T || nr > (1 << 24))
+    // A data-parallel rank may get no rows; it still takes part in the step.
+    if (nr < (rc->dp > 1 ? 0 : 1) || rl < 1 || rl > T || nr > (1 << 24))
         return tr_errf(err, TR_EINVAL, "train_sft: %lld rows of %lld tokens (a row must fit the %d-token forward)",
                        (long long)nr, (long long)rl, T);
     size_t n = (size_t)(nr * rl);
-    int32_t *ids = malloc(n * sizeof *ids), *tg = malloc(n * sizeof *tg);
-    int32_t *nd = malloc((size_t)nr * sizeof *nd), *ds = NULL;
-    tr_micro_batch *mbs = calloc((size_t)nr, sizeof *mbs);
-    tr_pack *packs = calloc((size_t)nr, sizeof *packs);
+    int32_t *ids = malloc((n + 1) * sizeof *ids), *tg = malloc((n + 1) * sizeof *tg);
+    int32_t *nd = malloc((size_t)(nr + 1) * sizeof *nd), *ds = NULL;
+    tr_micro_batch *mbs = calloc((size_t)nr + 1, sizeof *mbs);
+    tr_pack *packs = calloc((size_t)nr + 1, sizeof *packs);
     tr_tensor_view dv;
     int rc2 = 0;
     if (!ids || !tg || !nd || !mbs || !packs) rc2 = tr_errf(err, TR_ENOMEM, "train_sft: out of memory");
@@ -408,7 +497,7 @@ int tr_worker_op_train_sft(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *re
     if (!rc2 && dv.numel != total_docs)
         rc2 = tr_errf(err, TR_EINVAL, "train_sft: doc_start has %lld entries, n_docs needs %lld", (long long)dv.numel,
                       (long long)total_docs);
-    if (!rc2 && !(ds = malloc((size_t)total_docs * sizeof *ds)))
+    if (!rc2 && !(ds = malloc((size_t)(total_docs + 1) * sizeof *ds)))
         rc2 = tr_errf(err, TR_ENOMEM, "train_sft: out of memory");
     if (!rc2) rc2 = tr_tensor_view_copy(&dv, TR_DTYPE_I32, ds, (size_t)total_docs * sizeof *ds, "doc_start", err);
     int64_t trained = 0;
@@ -450,9 +539,12 @@ int tr_worker_op_train_sft(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *re
     tr_step_result res;
     tr_step_args sa = {.loss = TR_LOSS_CROSS_ENTROPY, .norm = TR_NORM_TOKEN_MEAN};
     if (!rc2 && tr_train_step(&rc->trainer, mbs, n_mb, &sa, &res, err)) rc2 = tr_err_wrap(err, "train_sft");
+    double all_trained = (double)trained;
+    if (!rc2) rc2 = tr_trainer_all_sum(&rc->trainer, &all_trained, 1, err);
+    if (rc2 && rc->trainer.comm) tr_comm_abort(rc->trainer.comm, err->msg);
     if (!rc2) {
-        tr_train_metrics m = {.loss = res.loss, .grad_norm = res.grad_norm, .lr = res.lr, .tokens = trained,
-                              .steps = 1, .step = res.step};
+        tr_train_metrics m = {.loss = res.loss, .grad_norm = res.grad_norm, .lr = res.lr,
+                              .tokens = (int64_t)all_trained, .steps = 1, .step = res.step};
         tr_msg_begin_reply(rep, req->id, 1);
         tr_msg_put_map(rep, "metrics", 6);
         tr_msg_put_float(rep, "loss", m.loss);
@@ -461,8 +553,8 @@ int tr_worker_op_train_sft(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *re
         tr_msg_put_int(rep, "tokens", m.tokens);
         tr_msg_put_int(rep, "steps", m.steps);
         tr_msg_put_int(rep, "step", m.step);
-        tr_worker_logf(rc, "train_sft: %lld rows, %lld trained tokens, loss %.6g", (long long)nr, (long long)trained,
-                       m.loss);
+        tr_worker_logf(rc, "train_sft: %lld rows here, %lld trained tokens in all, loss %.6g", (long long)nr,
+                       (long long)m.tokens, m.loss);
     }
     for (int64_t i = 0; packs && i < nr; i++) tr_pack_free(&packs[i]);
     free(packs);
