@@ -448,58 +448,53 @@ static void reduce_part(shm_comm *s, enum tr_comm_dtype t, size_t len) {
     }
 }
 
-// The segment [*b, *e) of rank r under counts.
-static void segment(const size_t *counts, int32_t r, size_t *b, size_t *e) {
-    size_t off = 0;
-    for (int32_t i = 0; i < r; i++) off += counts[i];
-    *b = off;
-    *e = off + counts[r];
+// Rank r's segment under counts, clipped to the chunk [off, off + len).
+static void chunk_segment(const size_t *counts, int32_t r, size_t off, size_t len, size_t *b, size_t *e) {
+    size_t sb = 0;
+    for (int32_t i = 0; i < r; i++) sb += counts[i];
+    size_t se = sb + counts[r];
+    *b = sb < off ? off : sb > off + len ? off + len : sb;
+    *e = se < *b ? *b : se > off + len ? off + len : se;
 }
 
-// One chunk [off, off + len) of a collective; es = element size, first = chunk 0.
+// One chunk [off, off + len) of a collective; es = element size, first = chunk 0. Each rank
+// writes only its own slot before the first barrier and reads the others' between the two;
+// the result area is written only between them (reductions) and read after the second, so
+// no rank can overwrite what a slower one has still to read, in this collective or the next.
 static int run_chunk(shm_comm *s, const tr_comm_call *call, size_t off, size_t len, bool first, tr_err *err) {
-    const size_t es = tr_comm_dtype_size(call->dtype);
-    const int32_t rank = s->base.rank;
+    const size_t es = tr_comm_dtype_size(call->dtype), sb_bytes = s->h->slot_bytes;
+    const int32_t rank = s->base.rank, world = s->base.world;
     uint8_t *buf = call->buf;
-    uint8_t *mine = s->slots + (size_t)rank * s->h->slot_bytes;
+    uint8_t *mine = s->slots + (size_t)rank * sb_bytes;
     size_t sb = 0, se = 0;   // this rank's segment (scatter, gather), clipped to the chunk
-    if (call->counts) {
-        segment(call->counts, rank, &sb, &se);
-        sb = sb < off ? off : sb > off + len ? off + len : sb;
-        se = se < sb ? sb : se > off + len ? off + len : se;
-    }
+    if (call->counts) chunk_segment(call->counts, rank, off, len, &sb, &se);
+    int rc = 0;
     switch (call->op) {
     case TR_COMM_OP_ALL_REDUCE:
-    case TR_COMM_OP_REDUCE_SCATTER:
-        if (to_host(s, mine, buf + off * es, len * es, err)) return -1;
-        break;
-    case TR_COMM_OP_ALL_GATHER:
-        if (to_host(s, s->result + (sb - off) * es, buf + sb * es, (se - sb) * es, err)) return -1;
-        break;
+    case TR_COMM_OP_REDUCE_SCATTER: rc = to_host(s, mine, buf + off * es, len * es, err); break;
+    case TR_COMM_OP_ALL_GATHER: rc = to_host(s, mine + (sb - off) * es, buf + sb * es, (se - sb) * es, err); break;
     case TR_COMM_OP_BROADCAST:
-        if (rank == call->root && to_host(s, s->result, buf + off * es, len * es, err)) return -1;
+        if (rank == call->root) rc = to_host(s, mine, buf + off * es, len * es, err);
         break;
     case TR_COMM_OP_BARRIER: break;
     }
-    if (barrier(s, err) || (first && check_calls(s, err))) return -1;
-    // Between the two barriers every rank reads what the others wrote before the first; the
-    // areas are written again only after the second.
-    int rc = 0;
+    if (rc || barrier(s, err) || (first && check_calls(s, err))) return -1;
     switch (call->op) {
     case TR_COMM_OP_ALL_REDUCE:
     case TR_COMM_OP_REDUCE_SCATTER: reduce_part(s, call->dtype, len); break;
     case TR_COMM_OP_ALL_GATHER:
-        rc = to_dev(s, buf + off * es, s->result, (sb - off) * es, err) ||
-             to_dev(s, buf + se * es, s->result + (se - off) * es, (off + len - se) * es, err);
+        for (int32_t q = 0; q < world && !rc; q++) {
+            size_t qb, qe;
+            chunk_segment(call->counts, q, off, len, &qb, &qe);
+            if (q != rank) rc = to_dev(s, buf + qb * es, s->slots + (size_t)q * sb_bytes + (qb - off) * es, (qe - qb) * es, err);
+        }
         break;
     case TR_COMM_OP_BROADCAST:
-        if (rank != call->root) rc = to_dev(s, buf + off * es, s->result, len * es, err);
+        if (rank != call->root) rc = to_dev(s, buf + off * es, s->slots + (size_t)call->root * sb_bytes, len * es, err);
         break;
     case TR_COMM_OP_BARRIER: break;
     }
     if (rc || barrier(s, err)) return -1;
-    // The reduced chunk is rewritten only after every rank passed the next chunk's first
-    // barrier, which each reaches after its copy below has completed.
     if (call->op == TR_COMM_OP_ALL_REDUCE) return to_dev(s, buf + off * es, s->result, len * es, err);
     if (call->op == TR_COMM_OP_REDUCE_SCATTER)
         return to_dev(s, buf + sb * es, s->result + (sb - off) * es, (se - sb) * es, err);

@@ -1,6 +1,7 @@
 // The communicator with 2 and 3 forked processes: every collective on odd sizes spanning
 // several staging chunks, against sums the test adds up itself in rank order, with bitwise
-// equal results on every rank and across two runs; a mismatched collective, a rank killed
+// equal results on every rank and across two runs; hundreds of small collectives of mixed
+// kinds back to back; a mismatched collective, a rank killed
 // while the others wait in a collective (they fail within 10 s), an explicit abort, a rank
 // that never joins, and no shared-memory segment left behind.
 #include <dirent.h>
@@ -269,6 +270,64 @@ static void test_every_collective(results *res) {
     }
 }
 
+// Many small collectives of every kind back to back, each rank checking every result: a
+// rank that runs ahead into the next collective must never overwrite what a slower one has
+// still to read.
+static void back_to_back(int rank, int world, tr_backend *be, tr_comm *c, results *res) {
+    enum { N = 37, ITERS = 400 };
+    tr_err e = {0};
+    float h[N], got[N];
+    float *d = et_dev(be, NULL, N * sizeof(float));
+    size_t counts[MAXW] = {0};
+    for (int r = 0; r < world; r++) counts[r] = (size_t)(N / world + (r == 0 ? N % world : 0));
+    long bad = 0;
+    int rc = 0;
+    for (int it = 0; it < ITERS && !rc; it++) {
+        int kind = it % 4;
+        for (int i = 0; i < N; i++) h[i] = in_f32(rank + world * it, (size_t)i);
+        et_put(be, d, h, sizeof h);
+        if (kind == 0) rc = tr_comm_all_reduce(c, d, N, TR_COMM_F32, &e);
+        else if (kind == 1) rc = tr_comm_all_gather(c, d, counts, TR_COMM_F32, &e);
+        else if (kind == 2) rc = tr_comm_broadcast(c, d, N, TR_COMM_F32, it % world, &e);
+        else rc = tr_comm_reduce_scatter(c, d, counts, TR_COMM_F32, &e);
+        if (rc) break;
+        et_get(be, got, d, sizeof got);
+        size_t b = 0;
+        for (int r = 0; r < rank; r++) b += counts[r];
+        for (int i = 0; i < N; i++) {
+            float want = in_f32(0 + world * it, (size_t)i);
+            for (int k = 1; k < world; k++) want = want + in_f32(k + world * it, (size_t)i);
+            if (kind == 1) {
+                int owner = 0;
+                for (size_t acc = counts[0]; (size_t)i >= acc; acc += counts[++owner]) {
+                }
+                want = in_f32(owner + world * it, (size_t)i);
+            } else if (kind == 2) {
+                want = in_f32(it % world + world * it, (size_t)i);
+            } else if (kind == 3 && ((size_t)i < b || (size_t)i >= b + counts[rank])) {
+                continue;
+            }
+            bad += memcmp(&got[i], &want, 4) != 0;
+        }
+    }
+    if (rc) fail_child(res, rank, "back to back", &e);
+    res->fail_ms[rank] = bad;
+    res->status[rank] = rc ? -1 : 1;
+}
+
+static void test_back_to_back(results *res) {
+    for (int world = 2; world <= 3; world++) {
+        spec sp = {.world = world, .fn = back_to_back, .no_join_rank = -1, .join_timeout_ms = 30000};
+        pid_t pids[MAXW];
+        memset(res, 0, sizeof *res);
+        run(&sp, res, pids);
+        CHECKF(reap(&sp, pids, -1) == 0, "back to back, world %d: a rank failed", world);
+        for (int r = 0; r < world; r++)
+            CHECKF(res->status[r] == 1 && res->fail_ms[r] == 0, "back to back, world %d: rank %d: %lld wrong elements "
+                   "%s", world, r, res->fail_ms[r], res->msg[r]);
+    }
+}
+
 // ---- failures ----
 
 static void mismatch(int rank, int world, tr_backend *be, tr_comm *c, results *res) {
@@ -400,6 +459,7 @@ int main(void) {
     if (res == MAP_FAILED) return 1;
     test_shards();
     test_every_collective(res);
+    test_back_to_back(res);
     test_failures(res);
     printf("%d checks, %d failures\n", tr_test_checks, tr_test_failures);
     return tr_test_failures || !tr_test_checks;
