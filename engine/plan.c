@@ -24,7 +24,8 @@ int tr_plan_make(tr_backend *be, const tr_plan_req *r, tr_plan *p, tr_err *err) 
     tr_param_layout_free(&lay);
     p->weights = pbytes;
     p->grads = r->training ? pbytes : 0;
-    p->optim = r->training ? 2 * pbytes : 0;
+    size_t shards = r->optim_shards > 1 ? (size_t)r->optim_shards : 1;
+    p->optim = r->training ? 2 * ((pbytes + shards - 1) / shards) : 0;
     tr_model_opts mo = {.max_tokens = r->max_tokens, .training = false};
     p->arena_forward = tr_model_arena_floats(cfg, &mo) * sizeof(float);
     mo.training = true;

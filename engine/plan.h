@@ -15,6 +15,7 @@ typedef struct tr_plan_req {
     const tr_model_config *cfg;
     int32_t max_tokens;        // rows per forward (a micro-batch or a generation pass)
     bool training;             // gradients and Adam moments beside the weights
+    int32_t optim_shards;      // ZeRO-1: the moments of 1/optim_shards of the weights (0: 1)
     bool generate;             // a KV cache
     int32_t block_size;        // KV block size (0: 16)
     int64_t kv_tokens;         // > 0: exactly this KV capacity; 0: what fits, up to kv_want

@@ -14,9 +14,20 @@ static int32_t outputs_per_token(const tr_model_config *cfg) {
     return cfg->head == TR_HEAD_SCORE && cfg->num_labels > 1 ? cfg->num_labels : 1;
 }
 
+size_t tr_trainer_shard_begin(size_t total, int32_t shards, int32_t shard) {
+    return tr_comm_shard_begin(total, shards, shard, 16);
+}
+
 int tr_trainer_init(tr_trainer *tr, tr_model *m, const tr_optim_cfg *opt, uint64_t seed,
                     tr_err *err) {
+    return tr_trainer_init_sharded(tr, m, opt, seed, 1, 0, err);
+}
+
+int tr_trainer_init_sharded(tr_trainer *tr, tr_model *m, const tr_optim_cfg *opt, uint64_t seed,
+                            int32_t shards, int32_t shard, tr_err *err) {
     memset(tr, 0, sizeof *tr);
+    if (shards < 1 || shard < 0 || shard >= shards)
+        return tr_errf(err, TR_EINVAL, "trainer: shard %d of %d", shard, shards);
     if (!m->training || !m->grads)
         return tr_errf(err, TR_EINVAL, "trainer: the model was not set up for training");
     if (!(opt->lr >= 0) || !(opt->beta1 >= 0 && opt->beta1 < 1) ||
@@ -35,7 +46,16 @@ int tr_trainer_init(tr_trainer *tr, tr_model *m, const tr_optim_cfg *opt, uint64
     tr->model = m;
     tr->opt = *opt;
     tr_rng_init(&tr->rng, seed);
-    size_t n = m->layout.total;
+    tr->shards = shards;
+    tr->shard = shard;
+    tr->shard_counts = malloc((size_t)shards * sizeof *tr->shard_counts);
+    if (!tr->shard_counts) return tr_errf(err, TR_ENOMEM, "trainer: out of memory");
+    for (int32_t r = 0; r < shards; r++)
+        tr->shard_counts[r] = tr_trainer_shard_begin(m->layout.total, shards, r + 1) -
+                              tr_trainer_shard_begin(m->layout.total, shards, r);
+    tr->shard_begin = tr_trainer_shard_begin(m->layout.total, shards, shard);
+    tr->shard_end = tr->shard_begin + tr->shard_counts[shard];
+    size_t n = tr->shard_end - tr->shard_begin;
     tr->adam_m = tr_dev_zalloc(m->be, (n ? n : 1) * sizeof(float), "Adam first moments", err);
     tr->adam_v = tr->adam_m ? tr_dev_zalloc(m->be, (n ? n : 1) * sizeof(float),
                                             "Adam second moments", err) : NULL;
@@ -76,6 +96,7 @@ void tr_trainer_free(tr_trainer *tr) {
     free(tr->dout);
     free(tr->dentropy);
     free(tr->weights);
+    free(tr->shard_counts);
     memset(tr, 0, sizeof *tr);
 }
 
@@ -192,6 +213,9 @@ int tr_trainer_set_comm(tr_trainer *tr, tr_comm *comm, tr_err *err) {
     if (tr->comm) return tr_errf(err, TR_EINVAL, "trainer: already has a data-parallel communicator");
     if (tr->step != 0)
         return tr_errf(err, TR_EINVAL, "trainer: joining data-parallel ranks after %lld steps", (long long)tr->step);
+    if (tr_comm_world(comm) != tr->shards || tr_comm_rank(comm) != tr->shard)
+        return tr_errf(err, TR_EINVAL, "trainer: its optimizer is shard %d of %d, the communicator's rank is %d of %d",
+                       tr->shard, tr->shards, tr_comm_rank(comm), tr_comm_world(comm));
     tr->comm = comm;
     return 0;
 }
@@ -250,6 +274,9 @@ static int train_step(tr_trainer *tr, const tr_micro_batch *mbs, int32_t n, cons
     tr_model *m = tr->model;
     memset(res, 0, sizeof *res);
     if (n < 1 && !tr->comm) return tr_errf(err, TR_EINVAL, "train step: no micro-batches");
+    if (tr->shards > 1 && !tr->comm)
+        return tr_errf(err, TR_EINVAL, "train step: the optimizer is shard %d of %d but has no communicator",
+                       tr->shard, tr->shards);
     if (!m->acts_training)
         return tr_errf(err, TR_EINVAL, "train step: the model's activations are laid out for "
                        "inference (a train phase of its arena lays them out for backward)");
@@ -274,17 +301,19 @@ static int train_step(tr_trainer *tr, const tr_micro_batch *mbs, int32_t n, cons
         if (micro_step(tr, &mbs[i], i, args, 1.0 / W, &loss_sum, err) != 0) return -1;
 
     const tr_ops *op = m->be->ops;
-    const size_t total = m->layout.total;
-    // Every rank's gradient holds its own micro-batches; their sum is the step's gradient.
-    if (tr->comm && (tr_comm_all_reduce(tr->comm, m->grads, total, TR_COMM_F32, err) ||
+    // Every rank's gradient holds its own micro-batches; their sum is the step's gradient,
+    // of which each rank needs only its shard (ZeRO-1).
+    const size_t b = tr->shard_begin, e = tr->shard_end;
+    if (tr->comm && (tr_comm_reduce_scatter(tr->comm, m->grads, tr->shard_counts, TR_COMM_F32, err) ||
                      tr_trainer_all_sum(tr, &loss_sum, 1, err)))
         return tr_err_wrap(err, "train step %lld", (long long)tr->step + 1);
-    // The sum of squares stays in backend memory until this one read, the step's only wait.
+    // The sum of squares stays in backend memory until this one read, the step's only wait;
+    // the shards' sums add up to the global one.
     double zero = 0.0, sumsq = 0.0;
     op->upload(m->be, tr->dev_sumsq, &zero, sizeof zero);
-    op->sumsq(m->be, tr->dev_sumsq, m->grads, total);
+    op->sumsq(m->be, tr->dev_sumsq, m->grads + b, e - b);
     op->download(m->be, &sumsq, tr->dev_sumsq, sizeof sumsq);
-    if (tr_dev_sync(m->be, "gradient norm", err) != 0)
+    if (tr_dev_sync(m->be, "gradient norm", err) != 0 || tr_trainer_all_sum(tr, &sumsq, 1, err))
         return tr_err_wrap(err, "train step %lld", (long long)tr->step + 1);
     double norm = sqrt(sumsq);
     if (!isfinite(norm))
@@ -292,17 +321,22 @@ static int train_step(tr_trainer *tr, const tr_micro_batch *mbs, int32_t n, cons
                        (long long)tr->step + 1, norm);
     if (tr->opt.max_grad_norm > 0) {
         double coef = tr->opt.max_grad_norm / (norm + 1e-6);
-        if (coef < 1.0) op->scale(m->be, m->grads, (float)coef, total);
+        if (coef < 1.0) op->scale(m->be, m->grads + b, (float)coef, e - b);
     }
     double lr = tr_lr_at(&tr->opt.schedule, tr->opt.lr, tr->step);
     int32_t t = (int32_t)(tr->step + 1);
+    // AdamW per tensor, over the part of each tensor in this rank's shard.
     for (int32_t i = 0; i < m->layout.n_tensors; i++) {
         const tr_tensor_desc *d = &m->layout.tensors[i];
+        size_t lo = d->offset > b ? d->offset : b, hi = d->offset + d->numel < e ? d->offset + d->numel : e;
+        if (lo >= hi) continue;
         float wd = (d->ndim == 1 && !tr->opt.decay_all) ? 0.0f : tr->opt.weight_decay;
-        op->adamw(m->be, m->params + d->offset, m->grads + d->offset, tr->adam_m + d->offset,
-                  tr->adam_v + d->offset, d->numel, (float)lr, tr->opt.beta1, tr->opt.beta2,
-                  tr->opt.eps, wd, t);
+        op->adamw(m->be, m->params + lo, m->grads + lo, tr->adam_m + (lo - b), tr->adam_v + (lo - b), hi - lo,
+                  (float)lr, tr->opt.beta1, tr->opt.beta2, tr->opt.eps, wd, t);
     }
+    // Every rank's shard of the updated parameters, to every rank.
+    if (tr->comm && tr_comm_all_gather(tr->comm, m->params, tr->shard_counts, TR_COMM_F32, err))
+        return tr_err_wrap(err, "train step %lld: gathering the updated parameters", (long long)tr->step + 1);
     tr->step++;
     res->loss = loss_sum / W;
     res->grad_norm = norm;

@@ -3,7 +3,8 @@
 // loss is normalized over the whole step, so splitting a batch differently changes nothing
 // but rounding. The Adam moments live in two buffers with the parameters' layout. With a
 // data-parallel communicator every rank steps on its own micro-batches and the gradients are
-// summed over the ranks before the norm, so all ranks take the same update.
+// summed over the ranks before the norm, so all ranks take the same update; each rank keeps
+// the moments of one shard of the parameters (ZeRO-1).
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -79,14 +80,30 @@ typedef struct tr_trainer {
     float *out, *entropy, *loss, *dout, *dentropy, *weights;  // [max_out] scratch
     double *dev_sumsq;        // one double of backend memory: the gradient's sum of squares
     tr_comm *comm;            // data-parallel ranks (not owned), or NULL
+    // ZeRO-1: this rank updates parameters [shard_begin, shard_end) of the flat layout and
+    // keeps Adam moments for those only (adam_m[i] belongs to parameter shard_begin + i).
+    int32_t shards, shard;    // ranks the optimizer is split over, and this one
+    size_t shard_begin, shard_end;
+    size_t *shard_counts;     // [shards] parameters per shard
 } tr_trainer;
+
+// The parameters of shard `shard` of `shards` for a model of `total` floats: contiguous,
+// multiples of 16 floats (64 bytes) apart but for the last.
+size_t tr_trainer_shard_begin(size_t total, int32_t shards, int32_t shard);
 
 int tr_trainer_init(tr_trainer *tr, tr_model *m, const tr_optim_cfg *opt, uint64_t seed,
                     tr_err *err);
+// The same for rank `shard` of `shards` data-parallel ranks: the Adam moments of its shard only
+// (ZeRO-1). tr_trainer_set_comm must then give it a communicator of that many ranks.
+int tr_trainer_init_sharded(tr_trainer *tr, tr_model *m, const tr_optim_cfg *opt, uint64_t seed,
+                            int32_t shards, int32_t shard, tr_err *err);
 void tr_trainer_free(tr_trainer *tr);
 
-// Makes the trainer one of comm's data-parallel ranks (before its first step). Every rank
-// then calls tr_train_step once per update, each with its own micro-batches (possibly none).
+// Makes the trainer one of comm's data-parallel ranks (before its first step; comm's world
+// and rank are the trainer's shards and shard). Every rank then calls tr_train_step once per
+// update, each with its own micro-batches (possibly none): the gradients are reduce-scattered
+// over the ranks, each rank clips (by the global norm, from every shard's sum of squares) and
+// updates its shard of the parameters, and the shards are all-gathered.
 int tr_trainer_set_comm(tr_trainer *tr, tr_comm *comm, tr_err *err);
 // Sums x[0..n) over the data-parallel ranks in place (rank order, so every rank gets the same
 // bits); nothing to do without a communicator. For counts and metrics.

@@ -12,6 +12,7 @@
 #include "engine/file.h"
 #include "engine/json.h"
 #include "engine/safetensors.h"
+#include "engine/train_shards.h"
 
 #define STATE_FORMAT "troupe.trainer_state"
 #define STATE_VERSION 1
@@ -57,9 +58,14 @@ static int save_moment(const tr_trainer *tr, const char *dir, const char *name,
 
 int tr_train_state_save(const tr_trainer *tr, const char *dir, tr_err *err) {
     char path[4096];
-    if (save_moment(tr, dir, TR_TRAIN_STATE_EXP_AVG, tr->adam_m, err) != 0 ||
-        save_moment(tr, dir, TR_TRAIN_STATE_EXP_AVG_SQ, tr->adam_v, err) != 0)
+    if (tr->shards > 1) {
+        // ZeRO-1: one file per rank's shard and a manifest; rank 0 writes the state itself.
+        if (tr_train_shards_save(tr, dir, err)) return tr_err_wrap(err, "saving training state");
+        if (tr->shard != 0) return 0;
+    } else if (save_moment(tr, dir, TR_TRAIN_STATE_EXP_AVG, tr->adam_m, err) != 0 ||
+               save_moment(tr, dir, TR_TRAIN_STATE_EXP_AVG_SQ, tr->adam_v, err) != 0) {
         return tr_err_wrap(err, "saving training state");
+    }
 
     const tr_optim_cfg *o = &tr->opt;
     char seed[32];
@@ -183,6 +189,8 @@ done:
     return rc;
 }
 
+// The moments of the trainer's shard from a file of whole tensors (out is indexed from
+// shard_begin), whatever shard of whatever number of ranks it is.
 static int load_moments(const tr_trainer *tr, const char *path, int64_t step, float *out,
                         tr_err *err) {
     const tr_param_layout *lay = &tr->model->layout;
@@ -216,7 +224,22 @@ static int load_moments(const tr_trainer *tr, const char *path, int64_t step, fl
                     "model's has %zu", path, d->name, t->numel, t->ndim, d->numel);
             goto done;
         }
-        if (tr_st_read_f32(&f, t, out + d->offset, err) != 0) goto done;
+        size_t lo = d->offset > tr->shard_begin ? d->offset : tr->shard_begin;
+        size_t hi = d->offset + d->numel < tr->shard_end ? d->offset + d->numel : tr->shard_end;
+        if (lo >= hi) continue;
+        if (lo == d->offset && hi == d->offset + d->numel) {
+            if (tr_st_read_f32(&f, t, out + (d->offset - tr->shard_begin), err) != 0) goto done;
+            continue;
+        }
+        float *tmp = malloc(d->numel * sizeof(float));
+        if (!tmp) {
+            tr_errf(err, TR_ENOMEM, "%s: out of memory for '%s'", path, d->name);
+            goto done;
+        }
+        int r = tr_st_read_f32(&f, t, tmp, err);
+        if (!r) memcpy(out + (lo - tr->shard_begin), tmp + (lo - d->offset), (hi - lo) * sizeof(float));
+        free(tmp);
+        if (r) goto done;
     }
     rc = 0;
 done:
@@ -231,7 +254,7 @@ int tr_train_state_load(tr_trainer *tr, const char *dir, tr_err *err) {
     join(path, sizeof path, dir, TR_TRAIN_STATE_JSON);
     if (parse_state(path, &step, &rng, err) != 0) return tr_err_wrap(err, "loading training state");
     tr_backend *be = tr->model->be;
-    size_t bytes = tr->model->layout.total * sizeof(float);
+    size_t bytes = (tr->shard_end - tr->shard_begin) * sizeof(float);
     float *m = tr_dev_alloc_host(be, bytes ? bytes : 4, "training state staging", err);
     float *v = m ? tr_dev_alloc_host(be, bytes ? bytes : 4, "training state staging", err) : NULL;
     char path_v[4096];
@@ -243,8 +266,13 @@ int tr_train_state_load(tr_trainer *tr, const char *dir, tr_err *err) {
         memset(m, 0, bytes);
         memset(v, 0, bytes);
     }
-    if (!rc) rc = load_moments(tr, path, step, m, err);
-    if (!rc) rc = load_moments(tr, path_v, step, v, err);
+    // A checkpoint of several shards (any number) has a manifest, one of whole tensors has not.
+    char manifest[4096];
+    join(manifest, sizeof manifest, dir, TR_TRAIN_STATE_SHARDS);
+    bool sharded = tr_file_exists(manifest);
+    if (!rc && sharded) rc = tr_train_shards_load(tr, dir, step, m, v, err);
+    if (!rc && !sharded) rc = load_moments(tr, path, step, m, err);
+    if (!rc && !sharded) rc = load_moments(tr, path_v, step, v, err);
     if (!rc) {
         be->ops->upload(be, tr->adam_m, m, bytes);
         be->ops->upload(be, tr->adam_v, v, bytes);

@@ -85,12 +85,21 @@ static int check_resume_recipe(const tr_recipe *r, tr_err *err) {
     old->train.eval_every = r->train.eval_every;
     old->train.save_every = r->train.save_every;
     old->log = r->log;
+    // Checkpoints hold whole weights and a manifest of optimizer shards, so a run resumes on
+    // another number of data-parallel ranks (and other devices).
+    for (int role = 0; role < TR_RECIPE_REWARD; role++) {
+        old->models[role].parallel.dp = r->models[role].parallel.dp;
+        old->models[role].devices = r->models[role].devices;
+    }
+    old->reward.parallel.dp = r->reward.parallel.dp;
+    old->reward.devices = r->reward.devices;
     char key[256];
     int d = tr_recipe_diff(old, r, key, sizeof key);
     free(old);
     if (d)
         return tr_errf(err, TR_EINVAL, "--resume: %s differs from the run's %s (only train.steps, "
-                       "train.eval_every, train.save_every and log.* may change on resume)", key, path);
+                       "train.eval_every, train.save_every, log.*, and the parallel.dp and devices of "
+                       "models may change on resume)", key, path);
     return 0;
 }
 

@@ -181,7 +181,8 @@ int tr_critic_train(tr_group *g, const tr_train_batch *b, tr_train_metrics *out,
 // *failures (may be NULL) counts items a failing service scored 0 under on_failure: zero.
 int tr_reward_score(tr_group *g, const tr_rollouts *r, float *scores, int64_t *failures,
                     tr_err *err);
-// save/load an HF directory (+ training state) under dir (rank 0 writes); sync_weights
+// save/load an HF directory (+ training state) under dir (every rank takes part: rank 0
+// writes the weights, each data-parallel rank its shard of the optimizer); sync_weights
 // pushes the policy's weights to where generation runs: a no-op today, because the
 // generator always runs on the trainer's own weights (*synced false).
 int tr_role_save(tr_group *g, const char *dir, tr_err *err);

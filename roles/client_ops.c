@@ -279,8 +279,8 @@ static void build_dir(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, 
 }
 
 int tr_role_save(tr_group *g, const char *dir, tr_err *err) {
-    // Data-parallel replicas hold the same weights: rank 0 writes.
-    tr_call call = {.op = "save", .ranks = 1, .build = build_dir, .reply = NULL, .ctx = (void *)dir};
+    // Every rank takes part: rank 0 writes the weights, each rank its optimizer shard.
+    tr_call call = {.op = "save", .ranks = 0, .build = build_dir, .reply = NULL, .ctx = (void *)dir};
     return tr_group_call(g, &call, err);
 }
 

@@ -154,7 +154,7 @@ static const char *head_name(enum tr_head h) {
 // KV cache and the samples decoding together, from what the device (or the budget) holds.
 static int make_plan(tr_role_ctx *rc, const tr_model_config *cfg, int32_t max_tokens, bool train, tr_err *err) {
     bool gen = rc->kind == TR_ROLE_POLICY;
-    tr_plan_req pr = {.cfg = cfg, .max_tokens = max_tokens, .training = train, .generate = gen,
+    tr_plan_req pr = {.cfg = cfg, .max_tokens = max_tokens, .training = train, .optim_shards = rc->dp, .generate = gen,
                       .kv_tokens = rc->kv_tokens, .kv_want = rc->kv_want > 0 ? rc->kv_want : 16384,
                       .max_seqs = rc->max_seqs, .max_seqs_want = rc->max_seqs,
                       .budget = (size_t)rc->memory_bytes};
@@ -344,7 +344,8 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
         if (tr_msg_get_map(a, "optim", &om, err) || parse_optim(&om, &opt, err) ||
             tr_msg_get_map(a, "loss", &lm, err) || parse_loss(rc, &lm, err))
             return -1;
-        if (tr_trainer_init(&rc->trainer, &rc->model, &opt, seed, err)) return -1;
+        // ZeRO-1: each data-parallel rank keeps the Adam moments of its shard only.
+        if (tr_trainer_init_sharded(&rc->trainer, &rc->model, &opt, seed, rc->dp, rc->dp_rank, err)) return -1;
         rc->has_trainer = true;
     }
     int64_t n_params = rc->has_model ? (int64_t)tr_model_n_params(&rc->model) : 0;

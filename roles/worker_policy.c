@@ -1,6 +1,7 @@
 // The policy's own ops: generate (continuous batching over the trainer's weights, so the
-// generator never needs a weight copy; its KV blocks share the arena with training), and save/load of Hugging Face checkpoints with the
-// training state beside them (policy and critic).
+// generator never needs a weight copy; its KV blocks share the arena with training), and
+// save/load of Hugging Face checkpoints with the training state beside them (policy and
+// critic; with data-parallel ranks every rank saves its optimizer shard).
 #include <stdlib.h>
 #include <string.h>
 
@@ -189,10 +190,18 @@ int tr_worker_op_save(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
     char dir[1024];
     if (tr_msg_check_keys(&req->args, keys, err) || tr_msg_get_str_buf(&req->args, "dir", dir, sizeof dir, err))
         return -1;
+    // The weights are the same on every data-parallel rank: rank 0 writes them (making dir),
+    // then every rank its shard of the optimizer state.
+    tr_comm *comm = rc->has_trainer ? rc->trainer.comm : NULL;
+    if (rc->dp > 1 && rc->has_trainer && !comm)
+        return tr_errf(err, TR_EINVAL, "save: %s is one of %d data-parallel ranks but has no communicator", rc->id,
+                       rc->dp);
     tr_ckpt_save_opts so = {.dtype = TR_ST_F32, .tokenizer_dir = rc->tokenizer_dir[0] ? rc->tokenizer_dir : NULL};
-    if (tr_model_save(&rc->model, dir, &so, err))
-        return tr_err_wrap(err, "save %s", dir);
-    if (rc->has_trainer && tr_train_state_save(&rc->trainer, dir, err)) return tr_err_wrap(err, "save %s", dir);
+    int rc2 = rc->dp_rank == 0 ? tr_model_save(&rc->model, dir, &so, err) : 0;
+    if (rc2 && comm) tr_comm_abort(comm, err->msg);
+    if (!rc2 && comm) rc2 = tr_comm_barrier(comm, err);
+    if (!rc2 && rc->has_trainer) rc2 = tr_train_state_save(&rc->trainer, dir, err);
+    if (rc2) return tr_err_wrap(err, "save %s", dir);
     tr_worker_logf(rc, "saved %s", dir);
     tr_msg_begin_reply(rep, req->id, 2);
     tr_msg_put_str(rep, "dir", dir);
