@@ -402,6 +402,12 @@ static int check_model_source(const tr_recipe_model *m, const char *role, const 
 
 static int check_devices(const tr_recipe_devices *d, const tr_recipe_parallel *p, const char *role,
                          const tr_ynode *root, tr_err *err) {
+    if (p->tp != 1) {
+        char tp[64];
+        snprintf(tp, sizeof tp, "models.%s.parallel.tp", role);
+        return fail_path(root, tp, err, "%lld: tensor parallelism is not built yet, so tp must be 1 (parallel.dp "
+                         "spreads a model's ranks over devices)", (long long)p->tp);
+    }
     int64_t ranks;
     bool overflow = __builtin_mul_overflow(p->tp, p->dp, &ranks);
     if (d->n == 0 || (!overflow && d->n == ranks)) return 0;
@@ -477,7 +483,8 @@ static int validate(tr_recipe *r, const tr_ynode *root, tr_err *err) {
             return fail_path(root, "models.reward.endpoint", err, "kind service needs an endpoint (tcp://HOST:PORT or ipc://PATH)");
         if (rw->endpoint[0] && !valid_endpoint(rw->endpoint))
             return fail_path(root, "models.reward.endpoint", err, "'%s' is not a ZeroMQ endpoint (tcp://, ipc://, inproc://)", rw->endpoint);
-        if (rw->kind == TR_RECIPE_REWARD_MODEL && check_devices(&rw->devices, &rw->parallel, "reward", root, err))
+        if ((rw->kind == TR_RECIPE_REWARD_MODEL || rw->parallel.tp != 1) &&
+            check_devices(&rw->devices, &rw->parallel, "reward", root, err))
             return -1;
         if (rw->kind == TR_RECIPE_REWARD_RULE && rw->function == TR_RECIPE_FN_REGEX && check_pattern(rw, root, err))
             return -1;

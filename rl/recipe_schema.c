@@ -36,9 +36,9 @@ _Static_assert(sizeof(enum tr_loss_agg) == sizeof(int), "enum size");
 
 static const tr_rkey parallel_keys[] = {
     {.name = "tp", .type = TR_RK_INT, .off = offsetof(tr_recipe_parallel, tp), .flags = MIN, .min = 1,
-     .def = "1", .doc = "tensor-parallel ranks (Megatron column/row splits)"},
+     .def = "1", .doc = "tensor-parallel ranks (Megatron column/row splits); only 1 until tensor parallelism is built"},
     {.name = "dp", .type = TR_RK_INT, .off = offsetof(tr_recipe_parallel, dp), .flags = MIN, .min = 1,
-     .def = "1", .doc = "data-parallel ranks (ZeRO-1 optimizer sharding)"},
+     .def = "1", .doc = "data-parallel ranks: token-balanced shares of each batch, ZeRO-1 optimizer shards"},
     {0},
 };
 

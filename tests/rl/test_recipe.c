@@ -18,8 +18,8 @@ static const char *full =
     "models:\n"                                               // 6
     "  policy:\n"                                             // 7
     "    path: ckpt/policy\n"                                 // 8
-    "    parallel: {tp: 2, dp: 2}\n"                          // 9
-    "    devices: [0, 1, 2, 3]\n"                             // 10
+    "    parallel: {tp: 1, dp: 2}\n"                          // 9
+    "    devices: [1, 3]\n"                                   // 10
     "    optim: {lr: 2.5e-6, weight_decay: 0.05, betas: [0.9, 0.95], eps: 1.0e-7,\n"
     "            grad_clip: 0.5, schedule: cosine, warmup_steps: 12, min_lr_ratio: 0.1}\n"
     "  reference: {from: policy, parallel: {dp: 2}}\n"        // 13
@@ -71,7 +71,7 @@ static void test_full(void) {
     CHECK(r.backend == TR_RECIPE_CUDA && r.threads == 3);
     const tr_recipe_model *p = &r.models[TR_RECIPE_POLICY];
     CHECK(p->present && !strcmp(p->path, "ckpt/policy") && !p->has_init && p->from == TR_RECIPE_FROM_NONE);
-    CHECK(p->parallel.tp == 2 && p->parallel.dp == 2 && p->devices.n == 4 && p->devices.ids[3] == 3);
+    CHECK(p->parallel.tp == 1 && p->parallel.dp == 2 && p->devices.n == 2 && p->devices.ids[1] == 3);
     CHECK(p->optim.lr == 2.5e-6 && p->optim.weight_decay == 0.05 && p->optim.betas[0] == 0.9 &&
           p->optim.betas[1] == 0.95 && p->optim.eps == 1.0e-7 && p->optim.grad_clip == 0.5);
     CHECK(p->optim.schedule == TR_RECIPE_SCHED_COSINE && p->optim.warmup_steps == 12 &&
@@ -209,6 +209,9 @@ static void test_errors(void) {
                  "bad.yaml:5:5: models.policy: give only one of path, init");
     expect_error(L1 L2 L3 L4 L5 "    devices: [0, 1]\n" L6 L7 L8 L9, NULL, 0,
                  "bad.yaml:6:14: models.policy.devices: 2 devices for tp 1 x dp 1 = 1 ranks");
+    expect_error(L1 L2 L3 L4 L5 "    parallel: {tp: 2, dp: 2}\n" L6 L7 L8 L9, NULL, 0,
+                 "bad.yaml:6:20: models.policy.parallel.tp: 2: tensor parallelism is not built yet, so tp must be 1 "
+                 "(parallel.dp spreads a model's ranks over devices)");
     expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "placement: {colocate: [[policy, critic]]}\n", NULL, 0,
                  "bad.yaml:10:23: placement.colocate: role critic is not defined under models");
     expect_error(L1 L2 L3 L4 L5 "  reward: {kind: service, endpoint: localhost:5555}\n" L7 L8 L9, NULL, 0,
