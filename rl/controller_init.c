@@ -124,6 +124,8 @@ void tr_controller_role_setup(const tr_recipe *r, enum tr_recipe_role role, tr_r
         if (seqs > a->max_tokens) seqs = a->max_tokens;
         a->max_seqs = (int32_t)seqs;
         a->kv_tokens = r->rollout.kv_tokens;
-        a->kv_want = seqs * r->train.max_len;
+        // Each sequence fills whole KV blocks (16 tokens), and its first decode step may copy
+        // the prompt's partly filled last block: a block more than its length, rounded up.
+        a->kv_want = seqs * ((r->train.max_len + 15) / 16 * 16 + 16);
     }
 }
