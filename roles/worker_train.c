@@ -462,6 +462,31 @@ static int get_i32(const tr_msg_map *a, const char *key, int64_t n, int32_t *out
     return tr_tensor_view_copy(&t, TR_DTYPE_I32, out, (size_t)n * sizeof(int32_t), key, err);
 }
 
+// Every row's documents cover it in order and every id and target is in the vocabulary;
+// *trained counts the targets (the tokens that carry loss).
+static int check_rows(int64_t nr, int32_t rl, int32_t V, const int32_t *ids, const int32_t *tg, const int32_t *nd,
+                      const int32_t *ds, int64_t *trained, tr_err *err) {
+    const int32_t *d = ds;
+    for (int64_t i = 0; i < nr; i++) {
+        if (d[0] != 0 || d[nd[i]] != rl)
+            return tr_errf(err, TR_EINVAL, "train_sft: row %lld: documents must cover 0..%d", (long long)i, rl);
+        for (int32_t k = 0; k < nd[i]; k++) {
+            if (d[k + 1] <= d[k])
+                return tr_errf(err, TR_EINVAL, "train_sft: row %lld: document %d is empty or out of order", (long long)i,
+                               k);
+            for (int32_t t = d[k]; t < d[k + 1]; t++) {
+                size_t j = (size_t)(i * rl + t);
+                if (ids[j] < 0 || ids[j] >= V || tg[j] < -1 || tg[j] >= V)
+                    return tr_errf(err, TR_ERANGE, "train_sft: row %lld token %d: id %d or target %d outside the "
+                                   "vocabulary [0, %d)", (long long)i, t, ids[j], tg[j], V);
+                if (tg[j] >= 0) (*trained)++;
+            }
+        }
+        d += nd[i] + 1;
+    }
+    return 0;
+}
+
 int tr_worker_op_train_sft(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
     static const char *const keys[] = {"n_rows", "row_len", "ids", "targets", "doc_start", "n_docs", NULL};
     const tr_msg_map *a = &req->args;
@@ -473,7 +498,7 @@ int tr_worker_op_train_sft(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *re
     if (tr_msg_check_keys(a, keys, err) || tr_msg_get_int(a, "n_rows", &nr, err) ||
         tr_msg_get_int(a, "row_len", &rl, err))
         return -1;
-    int32_t T = rc->model.max_tokens, V = rc->model.cfg.vocab_size;
+    int32_t T = rc->model.max_tokens;
     // A data-parallel rank may get no rows; it still takes part in the step.
     if (nr < (rc->dp > 1 ? 0 : 1) || rl < 1 || rl > T || nr > (1 << 24))
         return tr_errf(err, TR_EINVAL, "train_sft: %lld rows of %lld tokens (a row must fit the %d-token forward)",
@@ -501,23 +526,8 @@ int tr_worker_op_train_sft(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *re
         rc2 = tr_errf(err, TR_ENOMEM, "train_sft: out of memory");
     if (!rc2) rc2 = tr_tensor_view_copy(&dv, TR_DTYPE_I32, ds, (size_t)total_docs * sizeof *ds, "doc_start", err);
     int64_t trained = 0;
-    const int32_t *d = ds;
-    for (int64_t i = 0; i < nr && !rc2; i++) {
-        if (d[0] != 0 || d[nd[i]] != rl)
-            rc2 = tr_errf(err, TR_EINVAL, "train_sft: row %lld: documents must cover 0..%lld", (long long)i, (long long)rl);
-        for (int32_t k = 0; k < nd[i] && !rc2; k++) {
-            if (d[k + 1] <= d[k])
-                rc2 = tr_errf(err, TR_EINVAL, "train_sft: row %lld: document %d is empty or out of order", (long long)i, k);
-            for (int32_t t = d[k]; t < d[k + 1] && !rc2; t++) {
-                size_t j = (size_t)(i * rl + t);
-                if (ids[j] < 0 || ids[j] >= V || tg[j] < -1 || tg[j] >= V)
-                    rc2 = tr_errf(err, TR_ERANGE, "train_sft: row %lld token %d: id %d or target %d outside the "
-                                  "vocabulary [0, %d)", (long long)i, t, ids[j], tg[j], V);
-                if (tg[j] >= 0) trained++;
-            }
-        }
-        d += nd[i] + 1;
-    }
+    if (!rc2) rc2 = check_rows(nr, (int32_t)rl, rc->model.cfg.vocab_size, ids, tg, nd, ds, &trained, err);
+    const int32_t *d;
     // Whole rows per micro-batch, as many as fit the forward, their documents (each with the
     // targets the data gave: the loss mask) packed end to end.
     int32_t per = T / (int32_t)rl, n_mb = 0;
