@@ -13,6 +13,9 @@
 //     separate processes through generate, logprobs, a PPO step with KL and generate again,
 //     and the worker's arena is the documented max(train, forward + kv) formula, smaller
 //     than separate buffers;
+//   - two data-parallel policy ranks: train refused until their communicator is formed, formed
+//     once (a second time is an error), then a train call whose 5 sequences are split 3 + 2
+//     by tokens across the ranks and whose metrics count all of them on both;
 //   - a worker exits on SIGTERM, on shutdown, and by itself when the controller goes silent;
 //   - a reward service that hangs, crashes or answers garbage: on_failure fail -> an error,
 //     zero -> zero scores counted as failures (with the misbehaving fake service).
@@ -644,6 +647,48 @@ static void test_hf_reference(void) {
 }
 
 // SIGTERM ends a worker cleanly; a silent controller ends it with an error.
+static void test_data_parallel(void) {
+    tr_router *router = start_router();
+    if (!router) return;
+    tr_err err = {0};
+    proc w0 = spawn_worker("policy", tr_router_endpoint(router), 0, 2);
+    proc w1 = spawn_worker("policy", tr_router_endpoint(router), 1, 2);
+    tr_group g;
+    group(&g, router, "policy", 2);
+    CHECK(tr_router_wait_peers(router, "policy", 2, 30000, &err) == 0);
+    tr_init_args a = model_args(true);
+    tr_role_info info;
+    CHECKF(tr_role_init(&g, &a, &info, &err) == 0, "%s", err.msg);
+    // Five sequences, the first three short: 3 + 2 balances the tokens best.
+    tr_rollouts r;
+    tr_rollouts_init(&r);
+    int32_t toks[40];
+    for (int i = 0; i < 40; i++) toks[i] = 5 + (i * 7) % 200;
+    const int32_t plen[5] = {2, 2, 3, 4, 4}, rlen[5] = {2, 3, 2, 7, 6};
+    for (int i = 0, o = 0; i < 5; o += plen[i] + rlen[i], i++)
+        tr_rollouts_append(&r, i, 0, toks + o, plen[i], toks + o + plen[i], NULL, rlen[i], TR_FINISH_STOP, NULL, NULL,
+                           NULL, &err);
+    float adv[40], old[40];
+    for (int i = 0; i < 40; i++) {
+        adv[i] = i % 3 == 0 ? 1.0f : -0.5f;
+        old[i] = -3.0f;
+    }
+    tr_train_batch b = {.r = &r, .advantages = adv, .old_logprobs = old};
+    tr_train_metrics m;
+    CHECK(tr_policy_train(&g, &b, &m, &err) == -1 && strstr(err.msg, "has no communicator"));
+    tr_group *gs[] = {&g};
+    CHECKF(tr_groups_comm_init(gs, 1, 30000, &err) == 0, "%s", err.msg);
+    CHECK(tr_groups_comm_init(gs, 1, 30000, &err) == -1 && strstr(err.msg, "already has its dp communicator"));
+    CHECKF(tr_policy_train(&g, &b, &m, &err) == 0, "%s", err.msg);
+    CHECK(m.steps == 1 && m.tokens == 20);
+    CHECK(tp_file_has(w0.log, "[policy/0] train: 3 sequences here, 1 steps"));
+    CHECK(tp_file_has(w1.log, "[policy/1] train: 2 sequences here, 1 steps"));
+    tr_group_shutdown(&g, &err);
+    CHECK(finished(&w0, 10000, 0) && finished(&w1, 10000, 0));
+    tr_rollouts_free(&r);
+    tr_router_free(router);
+}
+
 static void test_exits(void) {
     tr_router *router = start_router();
     if (!router) return;
@@ -790,6 +835,7 @@ int main(int argc, char **argv) {
     test_round_trip();
     test_hf_reference();
     test_colocated();
+    test_data_parallel();
     test_exits();
     test_cli();
     if (fake_service) test_reward_service();
