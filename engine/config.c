@@ -386,7 +386,7 @@ static int parse_sizes(const ctx *c, const arch_info *ai, tr_model_config *cfg) 
 // sliding_window key is ignored otherwise) or per layer in layer_types; every layer attending
 // to the whole context is all troupe runs.
 static int check_full_attention(const ctx *c, const char *model_type) {
-    bool flag;
+    bool flag = false;   // get_bool sets it on success
     if (get_bool(c, c->root, "use_sliding_window", false, &flag)) return -1;
     if (flag)
         return fail_v(c, get(c->root, "use_sliding_window"),
@@ -419,7 +419,7 @@ static int check_mistral_window(const ctx *c, const tr_model_config *cfg) {
 
 // Which projections carry biases, QK-norm, and the attention pattern, per architecture.
 static int parse_attention(const ctx *c, const arch_info *ai, tr_model_config *cfg) {
-    bool flag;
+    bool flag = false;   // get_bool sets it on success
     switch (ai->arch) {
     case TR_ARCH_LLAMA:
         if (get_bool(c, c->root, "attention_bias", false, &cfg->attention_bias)) return -1;
