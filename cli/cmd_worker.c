@@ -39,10 +39,10 @@ static void log_line(void *ctx, const char *line) {
 // Splits "policy,reference" into o->roles (pointing into buf).
 static int split_roles(char *buf, tr_worker_opts *o) {
     o->n_roles = 0;
-    static const char *const known[] = {"policy", "reference", "critic", "reward"};
+    static const char *const known[] = {"policy", "reference", "critic", "reward", "generator"};
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         bool ok = false;
-        for (int i = 0; i < 4; i++) ok = ok || strcmp(t, known[i]) == 0;
+        for (int i = 0; i < 5; i++) ok = ok || strcmp(t, known[i]) == 0;
         for (int i = 0; i < o->n_roles; i++) ok = ok && strcmp(t, o->roles[i]) != 0;
         if (!ok || o->n_roles == TR_WORKER_MAX_ROLES) return -1;
         o->roles[o->n_roles++] = t;
@@ -55,7 +55,8 @@ int tr_cmd_worker(int argc, char **argv) {
     long rank = 0, world = 1, parent = 0, connect_timeout = 60000;
     tr_arg table[] = {
         {"role", TR_ARG_STR, &roles, "ROLE[,ROLE...]",
-         "policy, reference, critic or reward; several (comma-separated) share one process", true, false},
+         "policy, reference, critic, reward or generator; several (comma-separated) share one process", true,
+         false},
         {"connect", TR_ARG_STR, &endpoint, "ENDPOINT", "the controller's ZeroMQ endpoint", true, false},
         {"rank", TR_ARG_INT, &rank, "R", "this process's rank in its role groups (default 0)", false, false},
         {"world", TR_ARG_INT, &world, "W", "ranks in each role group (default 1)", false, false},
@@ -89,7 +90,7 @@ int tr_cmd_worker(int argc, char **argv) {
     snprintf(role_buf, sizeof role_buf, "%s", roles);
     if (strlen(roles) >= sizeof role_buf || split_roles(role_buf, &o)) {
         fprintf(stderr, "troupe %s: --role takes 1 to %d different comma-separated roles among policy, reference, "
-                "critic, reward (got '%s')\n", CMD, TR_WORKER_MAX_ROLES, roles);
+                "critic, reward, generator (got '%s')\n", CMD, TR_WORKER_MAX_ROLES, roles);
         return 2;
     }
     struct sigaction sa;

@@ -22,7 +22,7 @@ static const tr_command commands[] = {
     {"preprocess", "tokenize JSONL into a Megatron indexed dataset (.bin/.idx)", tr_cmd_preprocess},
     {"run", "run a recipe: GRPO, PPO, SFT or pretraining with its role workers", tr_cmd_run},
     {"tokenize", "JSONL text to token ids and back with a Hugging Face tokenizer.json", tr_cmd_tokenize},
-    {"worker", "host role workers (policy, reference, critic, reward) for a controller", tr_cmd_worker},
+    {"worker", "host role workers (policy, reference, critic, reward, generator) for a controller", tr_cmd_worker},
     {NULL, NULL, NULL},
 };
 

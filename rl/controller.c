@@ -44,6 +44,7 @@ struct tr_controller {
     char key_paths[4][TR_RECIPE_PATH_MAX + 64];   // generated keys: what the curve opts point at
     bool has_group[TR_RECIPE_N_ROLES];
     tr_group groups[TR_RECIPE_N_ROLES];
+    tr_inflight_set inflight;     // calls the workflow left in flight, shared by every group
     worker_proc procs[MAX_PROCS];
     int n_procs;
     bool failed;
@@ -385,7 +386,7 @@ static int wait_hellos(tr_controller *c, tr_err *err) {
 }
 
 // The data-parallel communicator of every group whose ranks train together, all formed at
-// once (roles/client.h).
+// once, then the weight-sync one from the policy to the generator (roles/client.h).
 static int form_comms(tr_controller *c, tr_err *err) {
     tr_group *gs[TR_RECIPE_N_ROLES];
     int n = 0;
@@ -393,7 +394,10 @@ static int form_comms(tr_controller *c, tr_err *err) {
         tr_group *g = &c->groups[role];
         if (c->has_group[role] && g->train && g->world / g->tp > 1) gs[n++] = g;
     }
-    return tr_groups_comm_init(gs, n, c->o.start_timeout_ms, err);
+    if (tr_groups_comm_init(gs, n, c->o.start_timeout_ms, err)) return -1;
+    if (!c->has_group[TR_RECIPE_GENERATOR]) return 0;
+    return tr_groups_sync_comm_init(&c->groups[TR_RECIPE_POLICY], &c->groups[TR_RECIPE_GENERATOR],
+                                    c->o.start_timeout_ms, err);
 }
 
 static void install_signals(tr_controller *c) {
@@ -447,6 +451,14 @@ int tr_controller_start_opts(tr_controller **out, const tr_recipe *r, const tr_c
     }
     if (r->reward.present)
         world[TR_RECIPE_REWARD] = r->reward.kind == TR_RECIPE_REWARD_MODEL ? (int32_t)r->reward.parallel.dp : 1;
+    if (r->generator.present) {
+        if (r->generator.parallel.tp != 1) {
+            free(c);
+            return tr_errf(err, TR_EUNSUPPORTED, "models.generator.parallel.tp %lld: tensor-parallel workers are not "
+                           "built yet (tp: 1)", (long long)r->generator.parallel.tp);
+        }
+        world[TR_RECIPE_GENERATOR] = (int32_t)r->generator.parallel.dp;
+    }
     char logs[TR_RECIPE_PATH_MAX + 16], endpoint[TR_RECIPE_NAME_MAX + 64];
     snprintf(logs, sizeof logs, "%s/logs", c->run_dir);
     tr_curve_opts rcurve = {0};
@@ -465,6 +477,7 @@ int tr_controller_start_opts(tr_controller **out, const tr_recipe *r, const tr_c
         tr_group_init(&c->groups[role], c->router, tr_recipe_role_names[role], world[role]);
         c->groups[role].timeout_ms = c->o.call_timeout_ms > 0 ? c->o.call_timeout_ms : -1;
         c->groups[role].hooks = (tr_group_hooks){check_hook, c};
+        c->groups[role].inflight = &c->inflight;
         c->has_group[role] = true;
     }
     install_signals(c);

@@ -42,7 +42,7 @@ int tr_controller_start_opts(tr_controller **out, const tr_recipe *r, const tr_c
 
 // The group of a role, NULL when the recipe has none.
 tr_group *tr_controller_group(tr_controller *c, enum tr_recipe_role role);
-// The same by name ("policy", "reference", "critic", "reward").
+// The same by name ("policy", "reference", "critic", "reward", "generator").
 tr_group *tr_controller_group_named(tr_controller *c, const char *role);
 
 // Fails (and keeps failing) once a worker exited, was killed, or went silent past the

@@ -1,6 +1,7 @@
 // Recipe -> init args of each role: model source (own path or init config, or the policy's
-// for `from: policy`, a critic turning the policy's LM into a value model), optimizer and
-// schedule length, the algorithm's loss settings, generation sizes and reward settings.
+// for `from: policy` and for the generator, a critic turning the policy's LM into a value
+// model), optimizer and schedule length, the algorithm's loss settings, generation sizes and
+// reward settings.
 #include "rl/controller_init.h"
 
 #include <libgen.h>
@@ -35,7 +36,8 @@ static void policy_tokenizer(const tr_recipe *r, char *out, size_t cap) {
 }
 
 static void model_source(const tr_recipe *r, enum tr_recipe_role role, tr_role_setup *s) {
-    const tr_recipe_model *m = &r->models[role];
+    // The generator is the policy's shape; its weights come from the policy's syncs.
+    const tr_recipe_model *m = &r->models[role == TR_RECIPE_GENERATOR ? TR_RECIPE_POLICY : role];
     const tr_recipe_model *src = m->from == TR_RECIPE_FROM_POLICY ? &r->models[TR_RECIPE_POLICY] : m;
     if (src->has_init) {
         snprintf(s->init_config, sizeof s->init_config, "%s", src->init_config);
@@ -78,7 +80,9 @@ void tr_controller_role_setup(const tr_recipe *r, enum tr_recipe_role role, tr_r
     tr_init_args *a = &s->a;
     a->backend = r->backend == TR_RECIPE_CUDA ? "cuda" : "cpu";
     a->threads = (int32_t)r->threads;
-    const tr_recipe_parallel *par = role == TR_RECIPE_REWARD ? &r->reward.parallel : &r->models[role].parallel;
+    const tr_recipe_parallel *par = role == TR_RECIPE_REWARD      ? &r->reward.parallel
+                                    : role == TR_RECIPE_GENERATOR ? &r->generator.parallel
+                                                                  : &r->models[role].parallel;
     a->tp = (int32_t)par->tp;
     // The ranks of a group run at the same time on one machine's cores: "all cores" is
     // shared among them rather than taken by each.
@@ -87,7 +91,9 @@ void tr_controller_role_setup(const tr_recipe *r, enum tr_recipe_role role, tr_r
     if (a->threads == 0 && r->backend == TR_RECIPE_CPU && ranks > 1 && cores > 0)
         a->threads = (int32_t)(cores / ranks > 0 ? cores / ranks : 1);
     a->memory_bytes = (int64_t)(r->memory_gb * (double)(1 << 30));
-    const tr_recipe_devices *dev = role == TR_RECIPE_REWARD ? &r->reward.devices : &r->models[role].devices;
+    const tr_recipe_devices *dev = role == TR_RECIPE_REWARD      ? &r->reward.devices
+                                   : role == TR_RECIPE_GENERATOR ? &r->generator.devices
+                                                                 : &r->models[role].devices;
     a->devices = dev->ids;
     a->n_devices = dev->n;
     a->max_tokens = (int32_t)r->train.micro_batch_tokens;
@@ -110,14 +116,18 @@ void tr_controller_role_setup(const tr_recipe *r, enum tr_recipe_role role, tr_r
     }
     model_source(r, role, s);
     if (role == TR_RECIPE_REFERENCE) return;
-    a->train = true;
-    optim(r, &r->models[role].optim, &a->optim);
-    loss(r, &a->loss);
-    if (role == TR_RECIPE_POLICY) {
-        a->chat_format = chat_name(r->data.chat_format);
+    if (role != TR_RECIPE_GENERATOR) {
+        a->train = true;
+        optim(r, &r->models[role].optim, &a->optim);
+        loss(r, &a->loss);
+    }
+    // With a generator group the policy only trains: no KV cache is planned for it.
+    if (role == TR_RECIPE_POLICY) a->no_generate = r->generator.present;
+    if (role == TR_RECIPE_POLICY || role == TR_RECIPE_GENERATOR) a->chat_format = chat_name(r->data.chat_format);
+    if ((role == TR_RECIPE_POLICY && !a->no_generate) || role == TR_RECIPE_GENERATOR) {
         // Decode together every sample of a step's share, with KV room for each to reach
         // the longest row, as far as the worker's memory plan allows (recipe keys override).
-        int64_t dp = r->models[role].parallel.dp > 0 ? r->models[role].parallel.dp : 1;
+        int64_t dp = par->dp > 0 ? par->dp : 1;
         int64_t seqs = r->rollout.max_seqs > 0 ? r->rollout.max_seqs
                                                : (r->train.prompts_per_step * r->rollout.n + dp - 1) / dp;
         if (seqs < 1) seqs = 1;

@@ -436,11 +436,44 @@ static bool valid_split(const char *s) {
 }
 
 static bool role_present(const tr_recipe *r, int role) {
-    return role == TR_RECIPE_REWARD ? r->reward.present : r->models[role].present;
+    return role == TR_RECIPE_REWARD      ? r->reward.present
+           : role == TR_RECIPE_GENERATOR ? r->generator.present
+                                         : r->models[role].present;
 }
 
 static int64_t role_dp(const tr_recipe *r, int role) {
-    return role == TR_RECIPE_REWARD ? r->reward.parallel.dp : r->models[role].parallel.dp;
+    return role == TR_RECIPE_REWARD      ? r->reward.parallel.dp
+           : role == TR_RECIPE_GENERATOR ? r->generator.parallel.dp
+                                         : r->models[role].parallel.dp;
+}
+
+// models.generator: replicas is parallel.dp by another name; one layout, one backend with the
+// policy (the weight sync's communicator spans both), and a batch sampled a step ahead cannot
+// grow within its step as dynamic sampling needs.
+static int check_generator(tr_recipe *r, const tr_ynode *root, bool rl, tr_err *err) {
+    tr_recipe_generator *g = &r->generator;
+    if (!g->present) return 0;
+    if (!rl)
+        return fail_path(root, "models.generator", err, "workflow %s does not generate (grpo and ppo do)",
+                         tr_recipe_workflow_names[r->workflow]);
+    if (g->replicas > 0) {
+        if (tr_ynode_path(root, "models.generator.parallel.dp") && g->parallel.dp != g->replicas)
+            return fail_path(root, "models.generator.replicas", err, "%lld, but parallel.dp says %lld: give one of them",
+                             (long long)g->replicas, (long long)g->parallel.dp);
+        g->parallel.dp = g->replicas;
+    }
+    g->replicas = g->parallel.dp;
+    if (check_devices(&g->devices, &g->parallel, "generator", root, err)) return -1;
+    if (g->backend != TR_RECIPE_GEN_BACKEND_RUN &&
+        (g->backend == TR_RECIPE_GEN_BACKEND_CUDA) != (r->backend == TR_RECIPE_CUDA))
+        return fail_path(root, "models.generator.backend", err, "%s, but the policy runs on %s: the weight sync's "
+                         "communicator spans both, so they share one backend (run: the recipe's)",
+                         g->backend == TR_RECIPE_GEN_BACKEND_CUDA ? "cuda" : "cpu",
+                         r->backend == TR_RECIPE_CUDA ? "cuda" : "cpu");
+    if (g->one_step_off && r->rollout.dynamic_sampling)
+        return fail_path(root, "models.generator.one_step_off", err, "cannot go with rollout.dynamic_sampling: a "
+                         "batch sampled a step ahead cannot draw more prompts within its step");
+    return 0;
 }
 
 // The reward worker compiles the pattern at init; compiling it here too reports a bad
@@ -473,6 +506,7 @@ static int validate(tr_recipe *r, const tr_ynode *root, tr_err *err) {
         return fail_path(root, "data.enable_thinking", err, "false applies to chat_format qwen3 only "
                          "(%s has no think blocks)", tr_recipe_chat_names[r->data.chat_format]);
 
+    if (check_generator(r, root, rl, err)) return -1;
     const tr_recipe_reward *rw = &r->reward;
     if (rw->present) {
         if (rw->kind == TR_RECIPE_REWARD_RULE && rw->function == TR_RECIPE_FN_REGEX && !rw->pattern[0])
@@ -571,6 +605,9 @@ static int validate(tr_recipe *r, const tr_ynode *root, tr_err *err) {
             if (role == TR_RECIPE_REWARD && r->reward.kind != TR_RECIPE_REWARD_MODEL)
                 return fail_path(root, gpath, err, "a %s reward has no worker to colocate",
                                  r->reward.kind == TR_RECIPE_REWARD_RULE ? "rule" : "service");
+            if (role == TR_RECIPE_GENERATOR)
+                return fail_path(root, gpath, err, "the generator runs in processes of its own (to generate in "
+                                 "the policy's process, leave models.generator out)");
             if (seen[role]) return fail_path(root, gpath, err, "role %s appears in more than one place", name);
             seen[role] = true;
             // One process per rank holds the whole group, so every role has that many ranks.

@@ -35,6 +35,7 @@ enum tr_recipe_role {
     TR_RECIPE_REFERENCE,
     TR_RECIPE_CRITIC,
     TR_RECIPE_REWARD,
+    TR_RECIPE_GENERATOR,
     TR_RECIPE_N_ROLES,
 };
 
@@ -109,6 +110,22 @@ typedef struct tr_recipe_reward {
     tr_recipe_curve curve;
 } tr_recipe_reward;
 
+enum tr_recipe_gen_backend { TR_RECIPE_GEN_BACKEND_RUN, TR_RECIPE_GEN_BACKEND_CPU, TR_RECIPE_GEN_BACKEND_CUDA };
+
+// generator: a generation-only engine on devices of its own (weights and a KV cache, no
+// gradients or optimizer), fed by the policy's weights after every optimizer step. Absent: the
+// policy generates on its own weights (colocated, no copy).
+typedef struct tr_recipe_generator {
+    bool present;
+    tr_recipe_parallel parallel;       // dp: the replicas, each sampling a share of the prompts
+    int64_t replicas;                  // another name for parallel.dp (0: parallel.dp's)
+    tr_recipe_devices devices;
+    enum tr_recipe_gen_backend backend;  // run: the recipe's backend (it must be)
+    bool one_step_off;                 // sample step k+1 while the policy trains step k
+    int64_t sync_bucket_mb;            // weights per broadcast of a sync (MiB)
+    bool verify_sync;                  // compare weight checksums after every sync
+} tr_recipe_generator;
+
 typedef struct tr_recipe_prefix {
     char path[TR_RECIPE_PATH_MAX];  // Megatron indexed dataset prefix (PATH.bin, PATH.idx)
     double weight;
@@ -156,6 +173,7 @@ typedef struct tr_recipe_algorithm {
     enum tr_kl_est kl_estimator;
     enum tr_kl_placement kl_placement;
     double entropy_coef;
+    double tis_cap;          // truncated importance weight cap on off-policy rollouts
     double value_clip;       // 0 = no value clipping
     enum tr_loss_agg loss_agg;
     int64_t ppo_epochs;
@@ -195,6 +213,7 @@ typedef struct tr_recipe {
     double memory_gb; // memory each worker may plan with; 0 = the device's free memory
     tr_recipe_model models[TR_RECIPE_REWARD];  // policy, reference, critic
     tr_recipe_reward reward;
+    tr_recipe_generator generator;
     tr_recipe_data data;
     tr_recipe_rollout rollout;
     tr_recipe_algorithm algorithm;

@@ -7,7 +7,8 @@
 #include "rl/recipe_schema.h"
 
 const char *const tr_recipe_workflow_names[] = {"grpo", "ppo", "sft", "pretrain", NULL};
-const char *const tr_recipe_role_names[] = {"policy", "reference", "critic", "reward", NULL};
+const char *const tr_recipe_role_names[] = {"policy", "reference", "critic", "reward", "generator", NULL};
+static const char *const gen_backend_names[] = {"run", "cpu", "cuda", NULL};
 static const char *const backend_names[] = {"cpu", "cuda", NULL};
 static const char *const schedule_names[] = {"constant", "linear", "cosine", NULL};
 static const char *const reward_kind_names[] = {"rule", "model", "service", NULL};
@@ -138,6 +139,38 @@ static const tr_rkey reward_keys[] = {
     {0},
 };
 
+static const tr_rkey generator_parallel_keys[] = {
+    {.name = "tp", .type = TR_RK_INT, .off = offsetof(tr_recipe_parallel, tp), .flags = MIN, .min = 1,
+     .def = "1", .doc = "tensor-parallel ranks of each replica; only 1 until tensor parallelism is built"},
+    {.name = "dp", .type = TR_RK_INT, .off = offsetof(tr_recipe_parallel, dp), .flags = MIN, .min = 1,
+     .def = "1", .doc = "replicas, each sampling a contiguous share of the prompts"},
+    {0},
+};
+
+static const tr_rkey generator_keys[] = {
+    {.name = "parallel", .type = TR_RK_MAP, .off = offsetof(tr_recipe_generator, parallel),
+     .sub = generator_parallel_keys, .doc = "parallel layout"},
+    {.name = "replicas", .type = TR_RK_INT, .off = offsetof(tr_recipe_generator, replicas), .flags = UNIT,
+     .min = 0, .max = 4096, .def = "0", .doc = "generation replicas (another name for parallel.dp); 0 = parallel.dp"},
+    {.name = "devices", .type = TR_RK_DEVICES, .off = offsetof(tr_recipe_generator, devices),
+     .flags = MIN, .min = 0, .def = "[]", .doc = "GPU ids, one per replica; empty: assigned in order"},
+    {.name = "backend", .type = TR_RK_ENUM, .off = offsetof(tr_recipe_generator, backend),
+     .names = gen_backend_names, .def = "run",
+     .doc = "run = the recipe's backend; the policy's and the generator's must be one (one communicator spans both)"},
+    {.name = "one_step_off", .type = TR_RK_BOOL, .off = offsetof(tr_recipe_generator, one_step_off),
+     .def = "false",
+     .doc = "sample step k+1 with the previous weights while the policy trains step k (staleness 1, "
+            "truncated importance weights, algorithm.tis_cap)"},
+    {.name = "sync_bucket_mb", .type = TR_RK_INT, .off = offsetof(tr_recipe_generator, sync_bucket_mb),
+     .flags = UNIT, .min = 1, .max = 1 << 20, .def = "256",
+     .doc = "weights per broadcast of the weight sync after every optimizer step (MiB)"},
+    {.name = "verify_sync", .type = TR_RK_BOOL, .off = offsetof(tr_recipe_generator, verify_sync),
+     .def = "false",
+     .doc = "after every sync compare checksums of the policy's and every generator rank's weights "
+            "(reads them all back: for tests and debugging)"},
+    {0},
+};
+
 static const tr_rkey models_keys[] = {
     {.name = "policy", .type = TR_RK_MAP, .off = offsetof(tr_recipe, models[TR_RECIPE_POLICY]),
      .flags = TR_RK_PRESENCE | TR_RK_REQUIRED, .aux_off = offsetof(tr_recipe_model, present),
@@ -151,6 +184,10 @@ static const tr_rkey models_keys[] = {
     {.name = "reward", .type = TR_RK_MAP, .off = offsetof(tr_recipe, reward), .flags = TR_RK_PRESENCE,
      .aux_off = offsetof(tr_recipe_reward, present), .sub = reward_keys,
      .doc = "reward (grpo, ppo)"},
+    {.name = "generator", .type = TR_RK_MAP, .off = offsetof(tr_recipe, generator), .flags = TR_RK_PRESENCE,
+     .aux_off = offsetof(tr_recipe_generator, present), .sub = generator_keys,
+     .doc = "generation on processes (and devices) of its own, fed by the policy's weights after every "
+            "optimizer step (grpo, ppo); absent: the policy generates on its own weights"},
     {0},
 };
 
@@ -267,6 +304,10 @@ static const tr_rkey algorithm_keys[] = {
     {.name = "kl", .type = TR_RK_MAP, .off = 0, .sub = kl_keys, .doc = "KL to the reference"},
     {.name = "entropy_coef", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_algorithm, entropy_coef),
      .flags = MIN, .min = 0, .def = "0.0", .doc = "entropy bonus weight"},
+    {.name = "tis_cap", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_algorithm, tis_cap),
+     .flags = MIN, .min = 1, .def = "2.0",
+     .doc = "off-policy rollouts (models.generator.one_step_off): each token's advantage is weighted by "
+            "min(p_old / p_behaviour, tis_cap), the truncated importance weight against the sampling logprobs"},
     {.name = "value_clip", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_algorithm, value_clip),
      .flags = MIN, .min = 0, .def = "0.5", .doc = "PPO2 value clip range; 0 = off"},
     {.name = "loss_agg", .type = TR_RK_ENUM, .off = offsetof(tr_recipe_algorithm, loss_agg),

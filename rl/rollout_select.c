@@ -8,12 +8,15 @@ int tr_rollouts_copy_seq(tr_rollouts *dst, const tr_rollouts *src, int32_t i, in
     if (i < 0 || i >= src->n) return tr_errf(err, TR_ERANGE, "rollouts: sequence %d of %d", i, src->n);
     int64_t o = src->offset[i];
     int32_t pl = src->prompt_len[i];
-    return tr_rollouts_append(dst, group, src->sample[i], src->tokens + o, pl, src->tokens + o + pl,
-                              src->gen_logprobs + o + pl, src->response_len[i],
-                              (enum tr_finish)src->finish[i],
-                              src->prompt_text ? src->prompt_text[i] : NULL,
-                              src->response_text ? src->response_text[i] : NULL,
-                              src->meta ? src->meta[i] : NULL, err);
+    if (tr_rollouts_append(dst, group, src->sample[i], src->tokens + o, pl, src->tokens + o + pl,
+                           src->gen_logprobs + o + pl, src->response_len[i],
+                           (enum tr_finish)src->finish[i],
+                           src->prompt_text ? src->prompt_text[i] : NULL,
+                           src->response_text ? src->response_text[i] : NULL,
+                           src->meta ? src->meta[i] : NULL, err))
+        return -1;
+    dst->version[dst->n - 1] = src->version[i];
+    return 0;
 }
 
 int tr_rollouts_take_groups(tr_rollouts *dst, int32_t *n_groups, int32_t max_groups,

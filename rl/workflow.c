@@ -93,13 +93,18 @@ static int check_resume_recipe(const tr_recipe *r, tr_err *err) {
     }
     old->reward.parallel.dp = r->reward.parallel.dp;
     old->reward.devices = r->reward.devices;
+    // Where generation runs does not change what is sampled; the pipeline does.
+    old->generator.parallel.dp = r->generator.parallel.dp;
+    old->generator.replicas = r->generator.replicas;
+    old->generator.devices = r->generator.devices;
+    old->generator.verify_sync = r->generator.verify_sync;
     char key[256];
     int d = tr_recipe_diff(old, r, key, sizeof key);
     free(old);
     if (d)
         return tr_errf(err, TR_EINVAL, "--resume: %s differs from the run's %s (only train.steps, "
-                       "train.eval_every, train.save_every, log.*, and the parallel.dp and devices of "
-                       "models may change on resume)", key, path);
+                       "train.eval_every, train.save_every, log.*, the parallel.dp and devices of "
+                       "models and the generator's replicas and verify_sync may change on resume)", key, path);
     return 0;
 }
 
@@ -174,6 +179,8 @@ int tr_workflow_run(const tr_recipe *r, const tr_workflow_opts *o, tr_err *err) 
     run.reference = tr_controller_group(run.ctl, TR_RECIPE_REFERENCE);
     run.critic = tr_controller_group(run.ctl, TR_RECIPE_CRITIC);
     run.reward = tr_controller_group(run.ctl, TR_RECIPE_REWARD);
+    run.generator = tr_controller_group(run.ctl, TR_RECIPE_GENERATOR);
+    run.sampler = run.generator ? run.generator : run.policy;
     if (run.resumed) {
         char ck[4096], dir[4200];
         if (tr_run_ckpt_path(run_dir, run.step, ck, sizeof ck, err)) goto done;

@@ -31,6 +31,8 @@ typedef struct tr_run {
     const tr_recipe *rc;
     struct tr_controller *ctl;
     tr_group *policy, *reference, *critic, *reward;   // NULL when the recipe has no such role
+    tr_group *generator;           // models.generator: generation on processes of its own
+    tr_group *sampler;             // where generation runs: the generator, else the policy
     tr_tokenizer *tok;
     tr_chat_format chat;
     const tr_chat_format *chatp;   // &chat, or NULL for chat_format: none

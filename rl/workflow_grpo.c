@@ -1,8 +1,9 @@
 // GRPO (and the other critic-free estimators: RLOO, REINFORCE++): per step, prompts ->
-// policy.generate (n per prompt) -> reward.score -> dynamic sampling's refill ->
+// generate (n per prompt, on the policy or the generator; with one_step_off the next step's
+// batch starts sampling here) -> reward.score -> dynamic sampling's refill ->
 // reference.logprobs (KL) -> policy.logprobs (the behaviour logprobs, also measuring the
-// rollout/training mismatch) -> group advantages -> policy.train -> weight sync; then eval,
-// log and checkpoint as scheduled.
+// rollout/training mismatch) -> group advantages (truncated importance weights when the batch
+// is off-policy) -> policy.train -> weight sync; then eval, log and checkpoint as scheduled.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,29 +55,27 @@ int tr_workflow_grpo(tr_run *run, tr_err *err) {
                                            false, 0, err)))
         goto done;
 
+    // The generator starts from the policy's weights (a resumed run's, once loaded).
+    if (tr_rl_sync(run, &s, false, err)) goto done;
     if (!run->resumed && has_eval) {  // step 0: the starting policy's accuracy
         tr_metrics_begin(&run->m, 0);
         if (tr_rl_eval(run, &eval, err) || tr_metrics_commit(&run->m, err)) goto done;
     }
 
     for (int64_t step = run->step + 1; step <= rc->train.steps; step++) {
-        double t_step = tr_metrics_now(), t_gen = 0, t_reward = 0, t0;
+        double t_step = tr_metrics_now(), t_reward = 0, t0;
         tr_metrics_begin(&run->m, step);
         tr_rl_step_reset(&s);
         if (tr_rl_step_reserve_batch(&s, P * (int32_t)rc->rollout.n, err)) goto done;
 
-        // Prompts -> policy.generate -> reward.score; dynamic sampling keeps only groups whose
+        // Prompts -> generate -> reward.score; dynamic sampling keeps only groups whose
         // rewards differ and draws more prompts until the batch is full or max_resample
         // extra rounds are spent.
         int32_t round = 0;
         do {
-            if (tr_prompt_loader_draw(&train, run->data_cursor, P, &s.draw, err)) goto done;
-            run->data_cursor += P;
-            tr_rollouts_clear(&s.gen);
-            t0 = tr_metrics_now();
-            tr_sampling smp = tr_rl_sampling(rc, step, round);
-            if (tr_policy_generate(run->policy, &s.draw.batch, &smp, &s.gen, err)) goto done;
-            t_gen += tr_metrics_now() - t0;
+            if (tr_rl_generate(run, &s, &train, step, round, err) ||
+                (round == 0 && tr_rl_sample_ahead(run, &s, &train, step, err)))
+                goto done;
             t0 = tr_metrics_now();
             if (tr_rl_step_reserve_gen(&s, s.gen.n, err) ||
                 tr_rl_score(run, &s.gen, s.gen_score, s.gen_reward, &s, err))
@@ -95,7 +94,7 @@ int tr_workflow_grpo(tr_run *run, tr_err *err) {
                 goto done;
             round++;
         } while (dynamic && s.n_groups < P && round <= rc->rollout.max_resample);
-        if (tr_metrics_set(&run->m, "time/generate", t_gen, err) ||
+        if (tr_metrics_set(&run->m, "time/generate", s.t_gen, err) ||
             tr_metrics_set(&run->m, "time/reward", t_reward, err) ||
             tr_rl_log_rollouts(run, &s, err) ||
             (dynamic && (tr_metrics_set(&run->m, "dynamic/groups", s.n_groups, err) ||
@@ -117,24 +116,22 @@ int tr_workflow_grpo(tr_run *run, tr_err *err) {
             double t_old = tr_metrics_now() - t0;
 
             double kl_reward;
-            if (advantages(run, &s, &kl_reward, err)) goto done;
+            if (advantages(run, &s, &kl_reward, err) || tr_rl_off_policy(run, &s, err)) goto done;
 
-            // policy.train: ppo_epochs x mini_batches optimizer steps on the batch.
+            // policy.train: ppo_epochs x mini_batches optimizer steps on the batch, which the
+            // trainer refuses unless its weights are the ones the pipeline implies.
             tr_train_batch tb = {&s.batch, s.adv, s.old_lp,
                                  kl && rc->algorithm.kl_placement == TR_KL_IN_LOSS ? s.ref_lp : NULL,
-                                 NULL, NULL};
+                                 NULL, NULL, s.lag};
             tr_train_metrics tm;
             t0 = tr_metrics_now();
             if (tr_policy_train(run->policy, &tb, &tm, err)) goto done;
             double t_train = tr_metrics_now() - t0 + t_old;
-            t0 = tr_metrics_now();
-            bool synced;
-            if (tr_policy_sync_weights(run->policy, &synced, err)) goto done;
-            double t_sync = tr_metrics_now() - t0;
+            if (tr_rl_sync(run, &s, true, err)) goto done;
 
             if (tr_rl_log_train(run, &s, &tm, kl, kl_reward, err) ||
+                tr_rl_log_staleness(run, &s, tm.step, tm.steps, err) ||
                 tr_metrics_set(&run->m, "time/train", t_train, err) ||
-                tr_metrics_set(&run->m, "time/sync", t_sync, err) ||
                 tr_rl_log_samples(run, step, &s, err))
                 goto done;
         }

@@ -1,4 +1,4 @@
-// PPO with a critic: per step, prompts -> policy.generate -> reward.score ->
+// PPO with a critic: per step, prompts -> generate (policy or generator) -> reward.score ->
 // reference.logprobs (KL, in the loss or as a per-token reward penalty) -> policy.logprobs
 // (behaviour logprobs) -> critic.values -> GAE advantages and returns -> policy.train ->
 // critic.train -> weight sync; then eval, log and checkpoint as scheduled.
@@ -52,6 +52,8 @@ int tr_workflow_ppo(tr_run *run, tr_err *err) {
                                            false, 0, err)))
         goto done;
 
+    // The generator starts from the policy's weights (a resumed run's, once loaded).
+    if (tr_rl_sync(run, &s, false, err)) goto done;
     if (!run->resumed && has_eval) {
         tr_metrics_begin(&run->m, 0);
         if (tr_rl_eval(run, &eval, err) || tr_metrics_commit(&run->m, err)) goto done;
@@ -63,14 +65,11 @@ int tr_workflow_ppo(tr_run *run, tr_err *err) {
         tr_rl_step_reset(&s);
         if (tr_rl_step_reserve_batch(&s, P * (int32_t)rc->rollout.n, err)) goto done;
 
-        // prompts -> policy.generate
-        if (tr_prompt_loader_draw(&train, run->data_cursor, P, &s.draw, err)) goto done;
-        run->data_cursor += P;
-        tr_rollouts_clear(&s.gen);
-        t0 = tr_metrics_now();
-        tr_sampling smp = tr_rl_sampling(rc, step, 0);
-        if (tr_policy_generate(run->policy, &s.draw.batch, &smp, &s.gen, err)) goto done;
-        double t_gen = tr_metrics_now() - t0;
+        // prompts -> generate (the policy or the generator; with one_step_off the next step's
+        // batch starts sampling now)
+        if (tr_rl_generate(run, &s, &train, step, 0, err) || tr_rl_sample_ahead(run, &s, &train, step, err))
+            goto done;
+        double t_gen = s.t_gen;
 
         // reward.score
         t0 = tr_metrics_now();
@@ -100,13 +99,13 @@ int tr_workflow_ppo(tr_run *run, tr_err *err) {
         if (tr_critic_values(run->critic, &s.batch, s.values, err)) goto done;
         double t_critic = tr_metrics_now() - t0;
         double kl_reward;
-        if (advantages(run, &s, &kl_reward, err)) goto done;
+        if (advantages(run, &s, &kl_reward, err) || tr_rl_off_policy(run, &s, err)) goto done;
 
         // policy.train, then critic.train towards the returns (values at rollout as the
         // clip centre).
         tr_train_batch tb = {&s.batch, s.adv, s.old_lp,
                              kl && rc->algorithm.kl_placement == TR_KL_IN_LOSS ? s.ref_lp : NULL,
-                             s.returns, s.values};
+                             s.returns, s.values, s.lag};
         tr_train_metrics tm, cm;
         t0 = tr_metrics_now();
         if (tr_policy_train(run->policy, &tb, &tm, err)) goto done;
@@ -114,12 +113,10 @@ int tr_workflow_ppo(tr_run *run, tr_err *err) {
         t0 = tr_metrics_now();
         if (tr_critic_train(run->critic, &tb, &cm, err)) goto done;
         t_critic += tr_metrics_now() - t0;
-        t0 = tr_metrics_now();
-        bool synced;
-        if (tr_policy_sync_weights(run->policy, &synced, err)) goto done;
-        double t_sync = tr_metrics_now() - t0;
+        if (tr_rl_sync(run, &s, true, err)) goto done;
 
         if (tr_rl_log_rollouts(run, &s, err) || tr_rl_log_train(run, &s, &tm, kl, kl_reward, err) ||
+            tr_rl_log_staleness(run, &s, tm.step, tm.steps, err) ||
             tr_metrics_set(&run->m, "critic/value_loss", cm.value_loss, err) ||
             tr_metrics_set(&run->m, "critic/clip_frac", cm.value_clip_frac, err) ||
             tr_metrics_set(&run->m, "critic/grad_norm", cm.grad_norm, err) ||
@@ -129,7 +126,6 @@ int tr_workflow_ppo(tr_run *run, tr_err *err) {
             (kl && tr_metrics_set(&run->m, "time/reference", t_ref, err)) ||
             tr_metrics_set(&run->m, "time/critic", t_critic, err) ||
             tr_metrics_set(&run->m, "time/train", t_train, err) ||
-            tr_metrics_set(&run->m, "time/sync", t_sync, err) ||
             tr_rl_log_samples(run, step, &s, err))
             goto done;
         if (tr_run_eval_due(step, rc->train.steps, rc->train.eval_every) && has_eval &&

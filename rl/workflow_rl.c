@@ -15,9 +15,14 @@ void tr_rl_step_init(tr_rl_step *s) {
     memset(s, 0, sizeof *s);
     tr_rollouts_init(&s->gen);
     tr_rollouts_init(&s->batch);
+    tr_rollouts_init(&s->ahead_gen);
 }
 
 void tr_rl_step_free(tr_rl_step *s) {
+    // A round still in flight is forgotten: its replies are dropped when they come.
+    tr_generate_abandon(s->ahead);
+    tr_prompt_draw_free(&s->ahead_draw);
+    tr_rollouts_free(&s->ahead_gen);
     tr_prompt_draw_free(&s->draw);
     tr_rollouts_free(&s->gen);
     tr_rollouts_free(&s->batch);
@@ -47,6 +52,9 @@ void tr_rl_step_reset(tr_rl_step *s) {
     s->n_groups = 0;
     s->n_generated = s->gen_tokens = s->n_truncated = 0;
     s->reward_sum = s->reward_sq = s->score_sum = 0;
+    s->lag = 0;
+    s->version = -1;
+    s->t_gen = 0;
 }
 
 static int grow_f(float **p, size_t n) {
@@ -247,7 +255,7 @@ int tr_rl_eval(tr_run *run, tr_prompt_loader *eval, tr_err *err) {
         int32_t cnt = (int32_t)(eval->n - k < chunk ? eval->n - k : chunk);
         tr_rollouts_clear(&r);
         if ((rc = tr_prompt_loader_draw(eval, k, cnt, &d, err))) break;
-        if ((rc = tr_policy_generate(run->policy, &d.batch, &smp, &r, err))) break;
+        if ((rc = tr_policy_generate(run->sampler, &d.batch, &smp, &r, err))) break;
         if (grow_f(&score, (size_t)r.n) || grow_f(&reward, (size_t)r.n)) {
             rc = tr_errf(err, TR_ENOMEM, "eval: out of memory");
             break;

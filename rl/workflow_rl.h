@@ -1,7 +1,8 @@
-// What the RL workflows (GRPO, PPO) share: the step's buffers, rewards (the reward role's
-// scores through the recipe's curve, plus the overlong penalty), the padded [B, T] response
-// layout of rl/advantage.h and engine/loss.h, the per-step rollout metrics, and evaluation
-// with greedy decoding on the held-out prompts.
+// What the RL workflows (GRPO, PPO) share: the step's buffers, where rollouts come from (the
+// policy, or the generator group fed by a weight sync, optionally one step ahead), rewards
+// (the reward role's scores through the recipe's curve, plus the overlong penalty), the padded
+// [B, T] response layout of rl/advantage.h and engine/loss.h, the per-step rollout metrics,
+// and evaluation with greedy decoding on the held-out prompts.
 #pragma once
 #include <stdint.h>
 
@@ -30,6 +31,18 @@ typedef struct tr_rl_step {
     // Generation statistics of the step (every round).
     int64_t n_generated, gen_tokens, n_truncated;
     double reward_sum, reward_sq, score_sum;
+    // Where the batch came from (rl/workflow_gen.c): lag 0 when sampled with the policy's
+    // current weights, 1 when sampled a step ahead with the weights before its last update;
+    // version is the policy step those weights are from.
+    int32_t lag;
+    int64_t version;
+    double t_gen;                   // seconds this step waited for generation
+    // The next step's first round, sampled ahead on the generator (one_step_off).
+    tr_generate_call *ahead;        // in flight
+    int64_t ahead_step;             // the step it is for; 0: none
+    bool ahead_ready;               // finished: its rollouts are in ahead_gen
+    tr_prompt_draw ahead_draw;
+    tr_rollouts ahead_gen;
 } tr_rl_step;
 
 void tr_rl_step_init(tr_rl_step *s);
@@ -45,6 +58,28 @@ int tr_rl_step_layout(tr_rl_step *s, tr_err *err);
 
 // The sampling settings of the recipe for a training round (seed from step and round).
 tr_sampling tr_rl_sampling(const tr_recipe *r, int64_t step, int32_t round);
+
+// Round `round` of step: P prompts drawn at run->data_cursor (which advances) sampled into
+// s->gen by run->sampler, or, for round 0 of a step sampled ahead, the rollouts that were;
+// sets s->lag and s->version and adds the wait to s->t_gen.
+int tr_rl_generate(tr_run *run, tr_rl_step *s, tr_prompt_loader *train, int64_t step, int32_t round,
+                   tr_err *err);
+// one_step_off: starts step + 1's first round on the generator (the prompts after this
+// step's) and returns; tr_rl_sync collects it. Nothing to do after the last step or without
+// the pipeline.
+int tr_rl_sample_ahead(tr_run *run, tr_rl_step *s, tr_prompt_loader *train, int64_t step, tr_err *err);
+// After the policy's optimizer steps: waits for a round sampled ahead (the generator takes one
+// op at a time), then sends the weights to the generator and logs time/sync and sync/*
+// (seconds, gb_per_s, bytes) when log is set; a policy that generates itself has nothing to
+// send. Also the run's first sync (log false), before step 0's eval.
+int tr_rl_sync(tr_run *run, tr_rl_step *s, bool log, tr_err *err);
+// The batch's advantages once they are computed: with one_step_off weighted by the
+// truncated importance weights against the sampling logprobs (rl/off_policy.h), tis/* logged.
+int tr_rl_off_policy(tr_run *run, tr_rl_step *s, tr_err *err);
+// With a generator: off_policy/staleness (s->lag, in steps) and off_policy/version_lag (in
+// optimizer steps, from the weights that sampled the batch to those its update started from);
+// tm_step is the policy's optimizer step after the update, steps the updates it took.
+int tr_rl_log_staleness(tr_run *run, const tr_rl_step *s, int64_t tm_step, int64_t steps, tr_err *err);
 
 // The reward of one response: a rule's score through the curve (1 -> correct; 0 -> missing
 // when text holds nothing the rule could read as an answer, else wrong), a model's or

@@ -2,7 +2,9 @@
 // replies collected per rank while heartbeats and the owner's check hook watch for dead
 // workers, an error reply turned into an error naming role/rank/op, and the ok replies
 // handed over in rank order. Several groups' calls can be in flight together (they share the
-// router; replies are told apart by peer and id). Replies to earlier calls that gave up are
+// router; replies are told apart by peer and id), within one call or as calls left in flight
+// (tr_group_call_start): a reply to one of those that arrives while another call collects is
+// kept for it in the groups' in-flight set. Replies to earlier calls that gave up are
 // dropped by id.
 #include "roles/client.h"
 
@@ -46,7 +48,8 @@ static int run_check(tr_group *g, tr_err *err) {
     return g->hooks.check ? g->hooks.check(g->hooks.ctx, err) : 0;
 }
 
-// One group's side of a call in flight: its request id and the replies so far.
+// One group's side of a call in flight: its request id and the replies so far (error
+// replies included: one kept for a call left in flight is reported when that call finishes).
 typedef struct pending {
     tr_group *g;
     const tr_call *c;
@@ -107,15 +110,54 @@ static int timeout_error(const pending *ps, int n, tr_err *err) {
 }
 
 // The pending call a reply belongs to (by the peer's role and rank, and the id), or NULL.
+// One group may appear several times (calls to different ranks of it, or two ops at once).
 static pending *match(pending *ps, int n, const tr_wire_msg *m, int32_t *rank) {
+    if (m->msg.kind != TR_MSG_REPLY) return NULL;
     for (int i = 0; i < n; i++) {
         int32_t r = peer_rank(ps[i].g, m->peer);
-        if (r < 0) continue;
-        if (m->msg.kind != TR_MSG_REPLY || m->msg.id != ps[i].id || r >= ps[i].ranks || ps[i].got[r]) return NULL;
+        if (r < 0 || m->msg.id != ps[i].id || r >= ps[i].ranks || ps[i].got[r]) continue;
         *rank = r;
         return &ps[i];
     }
     return NULL;
+}
+
+// A call started by tr_group_call_start: its own copies of the calls, its groups' pending
+// state, and its place in the in-flight set.
+struct tr_inflight {
+    tr_call *calls;
+    pending *ps;
+    int n;
+    tr_inflight_set *set;          // NULL: not registered (a blocking call)
+    tr_inflight *next;
+};
+
+// Keeps m for the in-flight call it answers; false when none does (a stale reply).
+static bool park(tr_inflight_set *set, tr_wire_msg *m) {
+    for (tr_inflight *f = set ? set->head : NULL; f; f = f->next) {
+        int32_t r;
+        pending *p = match(f->ps, f->n, m, &r);
+        if (!p) continue;
+        p->rep[r] = *m;
+        p->got[r] = true;
+        p->n_got++;
+        return true;
+    }
+    return false;
+}
+
+// An error reply kept for this call while another collected: the first one, as collect()
+// would have reported it on arrival.
+static int kept_error(pending *ps, int n, tr_err *err) {
+    for (int i = 0; i < n; i++)
+        for (int32_t r = 0; r < ps[i].ranks; r++) {
+            const tr_wire_msg *m = &ps[i].rep[r];
+            if (!ps[i].got[r] || !m->frame_ || m->msg.ok) continue;
+            tr_errf(err, m->msg.remote.code ? m->msg.remote.code : TR_EPEER, "%s", m->msg.remote.msg);
+            tr_err_wrap(err, "%s", ps[i].c->op);
+            return tr_err_wrap(err, "%s", m->peer);
+        }
+    return 0;
 }
 
 // A receive error: the hook's description of a dead worker (exit status, log) beats the
@@ -157,8 +199,10 @@ static int collect(pending *ps, int n, tr_err *err) {
         int32_t r;
         pending *p = match(ps, n, &m, &r);
         if (!p) {
-            g->stale_replies++;
-            tr_wire_msg_free(&m);
+            if (!park(g->inflight, &m)) {
+                g->stale_replies++;
+                tr_wire_msg_free(&m);
+            }
             continue;
         }
         if (!m.msg.ok) {
@@ -177,28 +221,74 @@ static int collect(pending *ps, int n, tr_err *err) {
     return 0;
 }
 
-int tr_group_call_many(tr_group *const *gs, const tr_call *calls, int n, tr_err *err) {
-    if (n < 1) return 0;
-    pending *ps = calloc((size_t)n, sizeof *ps);
-    if (!ps) return tr_errf(err, TR_ENOMEM, "%s.%s: out of memory", gs[0]->role, calls[0].op);
+static void inflight_free(tr_inflight *f) {
+    if (!f) return;
+    if (f->set)
+        for (tr_inflight **q = &f->set->head; *q; q = &(*q)->next)
+            if (*q == f) {
+                *q = f->next;
+                break;
+            }
+    for (int i = 0; f->ps && i < f->n; i++) pending_free(&f->ps[i]);
+    free(f->ps);
+    free(f->calls);
+    free(f);
+}
+
+// Sets up and sends the calls; registered in gs[0]'s in-flight set when `keep`.
+static int start(tr_group *const *gs, const tr_call *calls, int n, bool keep, tr_inflight **out, tr_err *err) {
+    *out = NULL;
+    tr_inflight *f = calloc(1, sizeof *f);
+    if (f) {
+        f->n = n;
+        f->ps = calloc((size_t)n, sizeof *f->ps);
+        f->calls = malloc((size_t)n * sizeof *f->calls);
+    }
+    if (!f || !f->ps || !f->calls) {
+        inflight_free(f);
+        return tr_errf(err, TR_ENOMEM, "%s.%s: out of memory", gs[0]->role, calls[0].op);
+    }
+    memcpy(f->calls, calls, (size_t)n * sizeof *calls);
     int rc = 0;
     for (int i = 0; i < n && !rc; i++) {
-        pending *p = &ps[i];
+        pending *p = &f->ps[i];
         p->g = gs[i];
-        p->c = &calls[i];
+        p->c = &f->calls[i];
         p->ranks = calls[i].ranks > 0 ? calls[i].ranks : gs[i]->world;
         p->id = ++gs[i]->next_id;
         p->rep = calloc((size_t)p->ranks, sizeof *p->rep);
         p->got = calloc((size_t)p->ranks, sizeof *p->got);
         if (!p->rep || !p->got) rc = tr_errf(err, TR_ENOMEM, "%s.%s: out of memory", p->g->role, p->c->op);
-        else if (gs[i]->router != gs[0]->router || calls[i].best_effort != calls[0].best_effort)
-            rc = tr_errf(err, TR_EINVAL, "%s.%s: calls made together share one router and one policy",
+        else if (gs[i]->router != gs[0]->router || calls[i].best_effort != calls[0].best_effort ||
+                 gs[i]->inflight != gs[0]->inflight)
+            rc = tr_errf(err, TR_EINVAL, "%s.%s: calls made together share one router, in-flight set and policy",
                          p->g->role, p->c->op);
     }
+    if (!rc && keep && !gs[0]->inflight)
+        rc = tr_errf(err, TR_EINVAL, "%s.%s: a call left in flight needs the groups' in-flight set", gs[0]->role,
+                     calls[0].op);
     if (!rc) rc = run_check(gs[0], err);
-    for (int i = 0; i < n && !rc; i++) rc = send_all(&ps[i], err);
+    // Registered before anything is sent, so no reply can arrive unclaimed.
+    if (!rc && keep) {
+        f->set = gs[0]->inflight;
+        f->next = f->set->head;
+        f->set->head = f;
+    }
+    for (int i = 0; i < n && !rc; i++) rc = send_all(&f->ps[i], err);
+    if (rc) {
+        inflight_free(f);
+        return -1;
+    }
+    *out = f;
+    return 0;
+}
+
+// Waits for the rest of the replies, then hands them over in rank order, group by group.
+static int finish(tr_inflight *f, tr_err *err) {
+    pending *ps = f->ps;
+    int n = f->n;
+    int rc = kept_error(ps, n, err);
     if (!rc) rc = collect(ps, n, err);
-    // Replies in rank order, group by group, once every rank of every group has answered.
     for (int i = 0; i < n && !rc; i++) {
         pending *p = &ps[i];
         for (int32_t r = 0; r < p->ranks && !rc; r++) {
@@ -209,9 +299,29 @@ int tr_group_call_many(tr_group *const *gs, const tr_call *calls, int n, tr_err 
             }
         }
     }
-    for (int i = 0; i < n; i++) pending_free(&ps[i]);
-    free(ps);
+    inflight_free(f);
     return rc;
+}
+
+int tr_group_call_many(tr_group *const *gs, const tr_call *calls, int n, tr_err *err) {
+    if (n < 1) return 0;
+    tr_inflight *f;
+    if (start(gs, calls, n, false, &f, err)) return -1;
+    return finish(f, err);
+}
+
+int tr_group_call_start(tr_group *const *gs, const tr_call *calls, int n, tr_inflight **out, tr_err *err) {
+    *out = NULL;
+    if (n < 1) return tr_errf(err, TR_EINVAL, "a call left in flight needs at least one group");
+    return start(gs, calls, n, true, out, err);
+}
+
+int tr_group_call_finish(tr_inflight *f, tr_err *err) {
+    return finish(f, err);
+}
+
+void tr_group_call_abandon(tr_inflight *f) {
+    inflight_free(f);
 }
 
 int tr_group_call(tr_group *g, const tr_call *c, tr_err *err) {

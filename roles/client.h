@@ -21,9 +21,18 @@ typedef struct tr_group_hooks {
     void *ctx;
 } tr_group_hooks;
 
+// Calls left in flight (started, not finished) on groups that share one router: a reply to
+// one of them that arrives while another call collects is kept for it here. The groups'
+// owner (the controller) holds one and points every group at it; groups without one cannot
+// leave calls in flight.
+typedef struct tr_inflight tr_inflight;
+typedef struct tr_inflight_set {
+    tr_inflight *head;
+} tr_inflight_set;
+
 typedef struct tr_group {
     tr_router *router;            // not owned
-    char role[TR_ROLE_NAME_MAX];  // "policy", "reference", "critic", "reward"
+    char role[TR_ROLE_NAME_MAX];  // "policy", "reference", "critic", "reward", "generator"
     int32_t world;                // ranks: peers "<role>/0" .. "<role>/<world-1>"
     int32_t tp;                   // tensor-parallel ranks (rank = dp_rank * tp + tp_rank); set
                                   // by tr_role_init, 1 before; world / tp is the dp size
@@ -32,6 +41,7 @@ typedef struct tr_group {
     int timeout_ms;               // per call; -1 = wait forever (heartbeats still detect death)
     uint64_t next_id;
     tr_group_hooks hooks;
+    tr_inflight_set *inflight;    // not owned; NULL: no call may be left in flight
     uint64_t stale_replies;       // replies to earlier (failed or timed-out) calls, dropped
 } tr_group;
 
@@ -67,6 +77,10 @@ typedef struct tr_train_batch {
     const float *ref_logprobs; // [n_tokens] or NULL when KL is off
     const float *returns;      // [n_tokens] critic.train targets
     const float *old_values;   // [n_tokens] critic.train: values at rollout (the clip centre)
+    // policy.train: the rollouts' weight versions (r->version) must be the trainer's current
+    // weights (0) or those before its previous train call (1: the one-step-off pipeline); the
+    // trainer refuses any other. -1: not checked.
+    int32_t weight_lag;
 } tr_train_batch;
 
 // Supervised rows for policy.train_sft (SFT, pretraining), as data/sft.h fills them: each row
@@ -141,9 +155,11 @@ typedef struct tr_init_args {
     bool train;                // policy, critic: gradients and AdamW state
     tr_role_optim optim;
     tr_role_loss loss;
-    int64_t kv_tokens;         // policy: KV cache tokens exactly (0: from the memory plan)
-    int64_t kv_want;           // policy: KV tokens that hold every sample of a step at once
-    int32_t max_seqs;          // policy: samples decoded together (0: kv_want's samples)
+    int64_t kv_tokens;         // policy, generator: KV cache tokens exactly (0: the memory plan's)
+    int64_t kv_want;           // policy, generator: KV tokens that hold every sample of a step
+    int32_t max_seqs;          // policy, generator: samples decoded together (0: kv_want's)
+    bool no_generate;          // policy: a generator group samples for it (init's generate:
+                               // false), so it plans no KV cache
     tr_role_reward reward;     // reward role
 } tr_init_args;
 
@@ -159,10 +175,20 @@ int tr_group_init(tr_group *g, tr_router *router, const char *role, int32_t worl
 
 // init: sends the same args to every rank (the worker learns its rank from its hello).
 int tr_role_init(tr_group *g, const tr_init_args *a, tr_role_info *info, tr_err *err);
-// policy.generate: rollouts for every prompt x sampling.n, ordered by (prompt, sample),
-// appended to out. Response texts come back when the policy has a tokenizer.
+// policy.generate or generator.generate: rollouts for every prompt x sampling.n, ordered by
+// (prompt, sample), appended to out, each stamped with the version of the weights that
+// sampled it. Response texts come back when the role has a tokenizer.
 int tr_policy_generate(tr_group *g, const tr_prompt_batch *prompts, const tr_sampling *s,
                        tr_rollouts *out, tr_err *err);
+// The same left in flight: tr_generate_start sends the requests and returns (prompts and s
+// are not needed afterwards); tr_generate_finish waits and appends the rollouts to out, which
+// must live until then; tr_generate_abandon forgets the call (its replies are dropped). Other
+// calls may run in between (the group needs an in-flight set).
+typedef struct tr_generate_call tr_generate_call;
+int tr_generate_start(tr_group *g, const tr_prompt_batch *prompts, const tr_sampling *s,
+                      tr_rollouts *out, tr_generate_call **call, tr_err *err);
+int tr_generate_finish(tr_generate_call *call, tr_err *err);
+void tr_generate_abandon(tr_generate_call *call);
 // policy.logprobs / reference.logprobs: training-path logprob of every token ([n_tokens]):
 // logprobs[t] = ln p(tokens[t] | tokens[..t]) on response tokens, 0 on prompt tokens.
 // entropy (may be NULL) is that distribution's entropy, 0 on prompt tokens.
@@ -182,12 +208,28 @@ int tr_critic_train(tr_group *g, const tr_train_batch *b, tr_train_metrics *out,
 int tr_reward_score(tr_group *g, const tr_rollouts *r, float *scores, int64_t *failures,
                     tr_err *err);
 // save/load an HF directory (+ training state) under dir (every rank takes part: rank 0
-// writes the weights, each data-parallel rank its shard of the optimizer); sync_weights
-// pushes the policy's weights to where generation runs: a no-op today, because the
-// generator always runs on the trainer's own weights (*synced false).
+// writes the weights, each data-parallel rank its shard of the optimizer); sync_weights on a
+// policy that generates on its own weights (no generator group) has nothing to move
+// (*synced false).
 int tr_role_save(tr_group *g, const char *dir, tr_err *err);
 int tr_role_load(tr_group *g, const char *dir, tr_err *err);
 int tr_policy_sync_weights(tr_group *g, bool *synced, tr_err *err);
+
+// What one weight sync from the policy to the generator moved.
+typedef struct tr_sync_stats {
+    int64_t version;           // the policy's optimizer step the weights are from
+    int64_t bytes;             // bytes each generator rank received
+    int32_t buckets;           // broadcasts they took
+    double seconds;            // the broadcast on the policy's side
+    bool verified;             // checksums taken and equal on the policy and every generator rank
+    uint64_t checksum;
+} tr_sync_stats;
+// sync_weights on the policy's rank 0 and every generator rank at once, over the sync
+// communicator (tr_groups_sync_comm_init): the policy broadcasts its weights in buckets of at
+// most bucket_bytes (0: the worker's default). Fails when a generator rank reports another
+// version than the policy sent, or, with verify, another checksum of its weights.
+int tr_weights_sync(tr_group *policy, tr_group *generator, int64_t bucket_bytes, bool verify,
+                    tr_sync_stats *out, tr_err *err);
 // Asks every rank to exit and waits for the acknowledgements (not for the processes) up to
 // the group's timeout (10 s when it has none); ranks already dead or silent are skipped, so
 // this only fails when the request cannot be built.
@@ -198,3 +240,6 @@ int tr_group_shutdown(tr_group *g, tr_err *err);
 // step sent to all the groups at once, so no worker waits for a peer that is busy with
 // another group's step. timeout_ms bounds the wait for the last rank to join.
 int tr_groups_comm_init(tr_group *const *gs, int n, int timeout_ms, tr_err *err);
+// Forms the weight-sync communicator: the policy's rank 0 as its rank 0 (comm_id), then it
+// and every generator rank r as rank 1 + r (comm_join, both groups at once), then comm_ready.
+int tr_groups_sync_comm_init(tr_group *policy, tr_group *generator, int timeout_ms, tr_err *err);

@@ -1,5 +1,6 @@
-// Forming the data-parallel communicators of role groups from the controller: the id comes
-// from each group's rank 0 (comm_id), goes to every rank (comm_join, which returns without
+// Forming communicators from the controller: the data-parallel one of each role group, and
+// the weight-sync one spanning the policy's rank 0 and the generator's ranks. The id comes from
+// the communicator's rank 0 (comm_id), goes to every rank (comm_join, which returns without
 // waiting) and only then is every rank asked to wait for the others (comm_ready). Each step
 // is one call to all the groups at once, so a worker hosting ranks of several groups never
 // blocks in one group's step while a peer waits for it in another's.
@@ -15,6 +16,9 @@ typedef struct comm_ctx {
     char id[TR_COMM_ID_MAX];
     int timeout_ms;
     int32_t dp;
+    // The sync communicator: its world, and the sync rank of the group's rank 0 (each rank r
+    // of the group is first + r).
+    int32_t sync_world, sync_first;
 } comm_ctx;
 
 static void build_id(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, const char *op, uint64_t id) {
@@ -83,4 +87,69 @@ int tr_groups_comm_init(tr_group *const *gs, int n, int timeout_ms, tr_err *err)
     free(cs);
     free(calls);
     return rc ? tr_err_wrap(err, "forming the data-parallel communicators") : 0;
+}
+
+// ---- the weight-sync communicator ----
+
+static void build_sync_id(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, const char *op, uint64_t id) {
+    (void)rank;
+    (void)ranks;
+    const comm_ctx *c = ctx;
+    tr_msg_begin_request(w, op, id, 2);
+    tr_msg_put_str(w, "name", "sync");
+    tr_msg_put_int(w, "world", c->sync_world);
+}
+
+static void build_sync_join(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, const char *op, uint64_t id) {
+    (void)ranks;
+    const comm_ctx *c = ctx;
+    tr_msg_begin_request(w, op, id, 4);
+    tr_msg_put_str(w, "name", "sync");
+    tr_msg_put_str(w, "id", c->id);
+    tr_msg_put_int(w, "rank", c->sync_first + rank);
+    tr_msg_put_int(w, "world", c->sync_world);
+}
+
+static void build_sync_ready(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, const char *op, uint64_t id) {
+    (void)rank;
+    (void)ranks;
+    const comm_ctx *c = ctx;
+    tr_msg_begin_request(w, op, id, 2);
+    tr_msg_put_str(w, "name", "sync");
+    tr_msg_put_int(w, "timeout_ms", c->timeout_ms);
+}
+
+static int reply_sync_ready(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *err) {
+    const comm_ctx *c = ctx;
+    int64_t r, world;
+    if (tr_msg_get_int(res, "rank", &r, err) || tr_msg_get_int(res, "world", &world, err)) return -1;
+    if (world != c->sync_world || r != c->sync_first + rank)
+        return tr_errf(err, TR_EPEER, "comm_ready: sync rank %lld of %lld, expected %d of %d", (long long)r,
+                       (long long)world, c->sync_first + rank, c->sync_world);
+    return 0;
+}
+
+int tr_groups_sync_comm_init(tr_group *policy, tr_group *generator, int timeout_ms, tr_err *err) {
+    int32_t world = 1 + generator->world;
+    comm_ctx cs[2];
+    memset(cs, 0, sizeof cs);
+    for (int i = 0; i < 2; i++) {
+        cs[i].timeout_ms = timeout_ms > 0 ? timeout_ms : 60000;
+        cs[i].sync_world = world;
+        cs[i].sync_first = i == 0 ? 0 : 1;
+    }
+    tr_group *gs[2] = {policy, generator};
+    tr_call calls[2] = {{.op = "comm_id", .ranks = 1, .build = build_sync_id, .reply = reply_id, .ctx = &cs[0]}};
+    int rc = tr_group_call(policy, &calls[0], err);
+    if (!rc) memcpy(cs[1].id, cs[0].id, sizeof cs[1].id);
+    for (int i = 0; i < 2 && !rc; i++)
+        calls[i] = (tr_call){.op = "comm_join", .ranks = i == 0 ? 1 : 0, .build = build_sync_join, .ctx = &cs[i]};
+    if (!rc) rc = tr_group_call_many(gs, calls, 2, err);
+    for (int i = 0; i < 2 && !rc; i++)
+        calls[i] = (tr_call){.op = "comm_ready", .ranks = i == 0 ? 1 : 0, .build = build_sync_ready,
+                             .reply = reply_sync_ready, .ctx = &cs[i]};
+    if (!rc) rc = tr_group_call_many(gs, calls, 2, err);
+    return rc ? tr_err_wrap(err, "forming the weight-sync communicator of %s/0 and %d %s ranks", policy->role,
+                            generator->world, generator->role)
+              : 0;
 }

@@ -25,6 +25,12 @@ int tr_group_call(tr_group *g, const tr_call *c, tr_err *err);
 // cannot deadlock. The groups share one router and the calls one best_effort; the first
 // error ends the whole call.
 int tr_group_call_many(tr_group *const *gs, const tr_call *calls, int n, tr_err *err);
+// The same left in flight: start sends every request (the calls are copied; their ctx must
+// live until finish) and registers the call in the groups' in-flight set; finish waits for
+// the replies and runs the reply hooks; abandon forgets the call. Either ends it.
+int tr_group_call_start(tr_group *const *gs, const tr_call *calls, int n, tr_inflight **out, tr_err *err);
+int tr_group_call_finish(tr_inflight *f, tr_err *err);
+void tr_group_call_abandon(tr_inflight *f);
 
 // Rank r's contiguous share [first, first + count) of n items split over world ranks.
 void tr_share(int64_t n, int32_t world, int32_t rank, int64_t *first, int64_t *count);

@@ -24,7 +24,7 @@ static void build_init(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w,
     bool has_gen = a->kv_tokens > 0 || a->kv_want > 0 || a->max_seqs > 0;
     uint32_t n = 7 + n_str(a->model) + n_str(a->init_config) + n_str(a->head) + n_str(a->tokenizer) +
                  n_str(a->chat_format) + (a->init_config && a->init_config[0] ? 1 : 0) + (a->train ? 2 : 0) +
-                 (has_gen ? 3 : 0) + (has_reward ? 1 : 0) + 1;
+                 (has_gen ? 3 : 0) + (has_reward ? 1 : 0) + 1 + (a->no_generate ? 1 : 0);
     tr_msg_begin_request(w, op, id, n);
     put_str_opt(w, "model", a->model);
     put_str_opt(w, "init_config", a->init_config);
@@ -39,6 +39,7 @@ static void build_init(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w,
     put_str_opt(w, "tokenizer", a->tokenizer);
     put_str_opt(w, "chat_format", a->chat_format);
     tr_msg_put_bool(w, "train", a->train);
+    if (a->no_generate) tr_msg_put_bool(w, "generate", false);
     int32_t tp = a->tp > 0 ? a->tp : 1;
     tr_msg_put_map(w, "parallel", 2);
     tr_msg_put_int(w, "tp", tp);
@@ -130,10 +131,13 @@ int tr_role_init(tr_group *g, const tr_init_args *a, tr_role_info *info, tr_err 
 
 // ---- generate ----
 
+// A generate call's state: the prompts are read while the requests are built (all of them
+// before the call returns or is left in flight), the counts again when the replies come.
 typedef struct gen_ctx {
-    const tr_prompt_batch *p;
-    const tr_sampling *s;
-    int32_t *plen, *group;   // [n]
+    const tr_prompt_batch *p;   // only while the requests are built
+    int32_t n_prompts;
+    tr_sampling s;
+    int32_t *plen, *group;      // [n]
     tr_rollouts *out;
     int32_t world;
 } gen_ctx;
@@ -160,7 +164,7 @@ static void build_generate(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer
         tr_msg_put_array(w, "meta", (uint32_t)count);
         for (int64_t i = first; i < first + count; i++) tr_msg_put_str(w, NULL, p->meta[i] ? p->meta[i] : "{}");
     }
-    const tr_sampling *s = c->s;
+    const tr_sampling *s = &c->s;
     int64_t ns = s->n_stop;
     tr_msg_put_map(w, "sampling", 7);
     tr_msg_put_int(w, "n", s->n);
@@ -175,36 +179,85 @@ static void build_generate(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer
 static int reply_generate(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *err) {
     gen_ctx *c = ctx;
     int64_t first, count;
-    tr_share(c->p->n, c->world, rank, &first, &count);
+    tr_share(c->n_prompts, c->world, rank, &first, &count);
     int32_t before = c->out->n;
     if (tr_rollouts_get(res, "rollouts", 0, c->out, err)) return -1;
-    if ((int64_t)(c->out->n - before) != count * c->s->n)
+    if ((int64_t)(c->out->n - before) != count * c->s.n)
         return tr_errf(err, TR_EFORMAT, "%d rollouts for %lld prompts x %d samples", c->out->n - before,
-                       (long long)count, c->s->n);
+                       (long long)count, c->s.n);
+    return 0;
+}
+
+static void gen_ctx_free(gen_ctx *c) {
+    free(c->plen);
+    free(c->group);
+}
+
+static int gen_ctx_init(gen_ctx *c, tr_group *g, const tr_prompt_batch *prompts, const tr_sampling *s,
+                        tr_rollouts *out, tr_err *err) {
+    memset(c, 0, sizeof *c);
+    if (prompts->n < 0 || s->n < 1 || s->n_stop < 0 || s->n_stop > 8)
+        return tr_errf(err, TR_EINVAL, "%s.generate: %d prompts x %d samples, %d stop ids", g->role, prompts->n,
+                       s->n, s->n_stop);
+    size_t n = prompts->n ? (size_t)prompts->n : 1;
+    *c = (gen_ctx){prompts, prompts->n, *s, malloc(n * sizeof(int32_t)), malloc(n * sizeof(int32_t)), out, g->world};
+    if (!c->plen || !c->group) {
+        gen_ctx_free(c);
+        return tr_errf(err, TR_ENOMEM, "%s.generate: out of memory", g->role);
+    }
+    for (int32_t i = 0; i < prompts->n; i++) {
+        c->plen[i] = (int32_t)(prompts->offset[i + 1] - prompts->offset[i]);
+        c->group[i] = prompts->group ? prompts->group[i] : i;
+    }
     return 0;
 }
 
 int tr_policy_generate(tr_group *g, const tr_prompt_batch *prompts, const tr_sampling *s,
                        tr_rollouts *out, tr_err *err) {
-    if (prompts->n < 0 || s->n < 1 || s->n_stop < 0 || s->n_stop > 8)
-        return tr_errf(err, TR_EINVAL, "%s.generate: %d prompts x %d samples, %d stop ids", g->role, prompts->n,
-                       s->n, s->n_stop);
-    size_t n = prompts->n ? (size_t)prompts->n : 1;
-    gen_ctx c = {prompts, s, malloc(n * sizeof(int32_t)), malloc(n * sizeof(int32_t)), out, g->world};
-    if (!c.plen || !c.group) {
-        free(c.plen);
-        free(c.group);
-        return tr_errf(err, TR_ENOMEM, "%s.generate: out of memory", g->role);
-    }
-    for (int32_t i = 0; i < prompts->n; i++) {
-        c.plen[i] = (int32_t)(prompts->offset[i + 1] - prompts->offset[i]);
-        c.group[i] = prompts->group ? prompts->group[i] : i;
-    }
+    gen_ctx c;
+    if (gen_ctx_init(&c, g, prompts, s, out, err)) return -1;
     tr_call call = {.op = "generate", .ranks = 0, .build = build_generate, .reply = reply_generate, .ctx = &c};
     int rc = tr_group_call(g, &call, err);
-    free(c.plen);
-    free(c.group);
+    gen_ctx_free(&c);
     return rc;
+}
+
+struct tr_generate_call {
+    gen_ctx c;
+    tr_inflight *f;
+};
+
+int tr_generate_start(tr_group *g, const tr_prompt_batch *prompts, const tr_sampling *s,
+                      tr_rollouts *out, tr_generate_call **call, tr_err *err) {
+    *call = NULL;
+    tr_generate_call *gc = calloc(1, sizeof *gc);
+    if (!gc) return tr_errf(err, TR_ENOMEM, "%s.generate: out of memory", g->role);
+    if (gen_ctx_init(&gc->c, g, prompts, s, out, err)) {
+        free(gc);
+        return -1;
+    }
+    tr_call c = {.op = "generate", .ranks = 0, .build = build_generate, .reply = reply_generate, .ctx = &gc->c};
+    if (tr_group_call_start(&g, &c, 1, &gc->f, err)) {
+        tr_generate_abandon(gc);
+        return -1;
+    }
+    gc->c.p = NULL;  // every request is built and sent
+    *call = gc;
+    return 0;
+}
+
+int tr_generate_finish(tr_generate_call *call, tr_err *err) {
+    int rc = tr_group_call_finish(call->f, err);
+    call->f = NULL;
+    tr_generate_abandon(call);
+    return rc;
+}
+
+void tr_generate_abandon(tr_generate_call *call) {
+    if (!call) return;
+    tr_group_call_abandon(call->f);
+    gen_ctx_free(&call->c);
+    free(call);
 }
 
 // ---- per-sequence ops: logprobs, values, score ----
@@ -306,6 +359,72 @@ static int reply_sync(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *er
 int tr_policy_sync_weights(tr_group *g, bool *synced, tr_err *err) {
     tr_call call = {.op = "sync_weights", .ranks = 0, .build = build_empty, .reply = reply_sync, .ctx = synced};
     return tr_group_call(g, &call, err);
+}
+
+typedef struct sync_ctx {
+    int64_t bucket_bytes;
+    bool verify;
+    int32_t world;             // of the sync communicator: the policy's rank 0 and the generator's
+    tr_sync_stats *st;
+} sync_ctx;
+
+static void build_sync(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, const char *op, uint64_t id) {
+    (void)rank;
+    (void)ranks;
+    const sync_ctx *c = ctx;
+    tr_msg_begin_request(w, op, id, 2);
+    tr_msg_put_int(w, "bucket_bytes", c->bucket_bytes);
+    tr_msg_put_bool(w, "verify", c->verify);
+}
+
+static int sync_result(const sync_ctx *c, const tr_msg_map *res, int64_t *version, uint64_t *sum, tr_err *err) {
+    bool synced = false;
+    if (tr_msg_get_bool(res, "synced", &synced, err) || tr_msg_get_int(res, "version", version, err)) return -1;
+    if (!synced) return tr_errf(err, TR_EPEER, "sync_weights: the weights were not sent (no sync communicator)");
+    return c->verify ? tr_msg_get_uint(res, "checksum", sum, err) : 0;
+}
+
+// The policy's reply comes first (its group is the first of the call).
+static int reply_sync_policy(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *err) {
+    (void)rank;
+    sync_ctx *c = ctx;
+    tr_sync_stats *st = c->st;
+    int64_t bytes, buckets;
+    if (sync_result(c, res, &st->version, &st->checksum, err) || tr_msg_get_int(res, "bytes", &bytes, err) ||
+        tr_msg_get_int(res, "buckets", &buckets, err) || tr_msg_get_float(res, "seconds", &st->seconds, err))
+        return -1;
+    st->bytes = bytes;
+    st->buckets = (int32_t)buckets;
+    return 0;
+}
+
+static int reply_sync_generator(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *err) {
+    (void)rank;
+    sync_ctx *c = ctx;
+    int64_t version;
+    uint64_t sum = 0;
+    if (sync_result(c, res, &version, &sum, err)) return -1;
+    if (version != c->st->version)
+        return tr_errf(err, TR_EPEER, "sync_weights: received the weights of step %lld, the policy sent step %lld",
+                       (long long)version, (long long)c->st->version);
+    if (c->verify && sum != c->st->checksum)
+        return tr_errf(err, TR_EPEER, "sync_weights: its weights' checksum %016llx differs from the policy's %016llx",
+                       (unsigned long long)sum, (unsigned long long)c->st->checksum);
+    return 0;
+}
+
+int tr_weights_sync(tr_group *policy, tr_group *generator, int64_t bucket_bytes, bool verify,
+                    tr_sync_stats *out, tr_err *err) {
+    memset(out, 0, sizeof *out);
+    sync_ctx c = {.bucket_bytes = bucket_bytes, .verify = verify, .world = 1 + generator->world, .st = out};
+    tr_group *gs[2] = {policy, generator};
+    tr_call calls[2] = {
+        {.op = "sync_weights", .ranks = 1, .build = build_sync, .reply = reply_sync_policy, .ctx = &c},
+        {.op = "sync_weights", .ranks = 0, .build = build_sync, .reply = reply_sync_generator, .ctx = &c},
+    };
+    if (tr_group_call_many(gs, calls, 2, err)) return -1;
+    out->verified = verify;
+    return 0;
 }
 
 int tr_group_shutdown(tr_group *g, tr_err *err) {

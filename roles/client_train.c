@@ -51,6 +51,7 @@ static int take_seq(train_ctx *c, int32_t d, const tr_rollouts *r, int32_t i, co
     if (tr_rollouts_append(s, r->group[i], r->sample[i], r->tokens + o, r->prompt_len[i], r->tokens + o + r->prompt_len[i],
                            NULL, r->response_len[i], (enum tr_finish)r->finish[i], NULL, NULL, NULL, err))
         return -1;
+    s->version[s->n - 1] = r->version[i];
     for (int k = 0; k < 3; k++)
         if (src[k]) memcpy(c->tok[3 * d + k] + *filled, src[k] + o, (size_t)len * sizeof(float));
     *filled += len;
@@ -136,8 +137,10 @@ static void build_train(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w
     const tr_rollouts *r = &c->sub[d];
     float *const *t = c->tok + 3 * d;
     int64_t M = c->M;
-    tr_msg_begin_request(w, op, id, t[2] ? 5 : 4);
-    tr_rollouts_put(w, "rollouts", r, 0, r->n, 0);
+    bool lag = !c->critic && c->b->weight_lag >= 0;
+    tr_msg_begin_request(w, op, id, (t[2] ? 5 : 4) + (lag ? 1 : 0));
+    tr_rollouts_put(w, "rollouts", r, 0, r->n, lag ? TR_RO_VERSION : 0);
+    if (lag) tr_msg_put_int(w, "weight_lag", c->b->weight_lag);
     tr_token_floats_put(w, c->critic ? "returns" : "advantages", r, 0, r->n, t[0]);
     tr_token_floats_put(w, c->critic ? "old_values" : "old_logprobs", r, 0, r->n, t[1]);
     if (t[2]) tr_token_floats_put(w, "ref_logprobs", r, 0, r->n, t[2]);

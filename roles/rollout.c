@@ -30,6 +30,7 @@ void tr_rollouts_free(tr_rollouts *r) {
     free(r->prompt_text);
     free(r->response_text);
     free(r->meta);
+    free(r->version);
     memset(r, 0, sizeof *r);
 }
 
@@ -60,7 +61,8 @@ static int reserve_seqs(tr_rollouts *r, int32_t need, tr_err *err) {
         grow((void **)&r->response_len, sizeof(int32_t), c) || grow((void **)&r->finish, 1, c) ||
         grow((void **)&r->offset, sizeof(int64_t), c + 1) ||
         grow((void **)&r->prompt_text, sizeof(char *), c) ||
-        grow((void **)&r->response_text, sizeof(char *), c) || grow((void **)&r->meta, sizeof(char *), c))
+        grow((void **)&r->response_text, sizeof(char *), c) || grow((void **)&r->meta, sizeof(char *), c) ||
+        grow((void **)&r->version, sizeof(int64_t), c))
         return tr_errf(err, TR_ENOMEM, "rollouts: out of memory for %lld sequences", (long long)cap);
     if (r->cap_seqs == 0) r->offset[0] = 0;
     r->cap_seqs = (int32_t)cap;
@@ -121,6 +123,7 @@ int tr_rollouts_append(tr_rollouts *r, int32_t group, int32_t sample, const int3
     r->prompt_text[i] = pt;
     r->response_text[i] = rt;
     r->meta[i] = mt;
+    r->version[i] = -1;
     r->n_tokens = o + len;
     r->offset[i + 1] = r->n_tokens;
     r->n++;

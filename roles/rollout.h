@@ -25,12 +25,15 @@ typedef struct tr_rollouts {
     char **prompt_text;      // [n] optional (NULL entries allowed): for rewards and logs
     char **response_text;    // [n] optional
     char **meta;             // [n] JSON object text handed to the reward ("{}" when none)
+    int64_t *version;        // [n] weight version that sampled it (the policy's optimizer step
+                             // whose weights generated it); -1 unknown
 } tr_rollouts;
 
 void tr_rollouts_init(tr_rollouts *r);
 void tr_rollouts_free(tr_rollouts *r);
 void tr_rollouts_clear(tr_rollouts *r);
-// Appends one sequence (copies every buffer; texts may be NULL; gen_lp may be NULL -> 0).
+// Appends one sequence (copies every buffer; texts may be NULL; gen_lp may be NULL -> 0);
+// its version is -1 (unknown) until the caller sets r->version[r->n - 1].
 int tr_rollouts_append(tr_rollouts *r, int32_t group, int32_t sample, const int32_t *prompt,
                        int32_t prompt_len, const int32_t *response, const float *gen_lp,
                        int32_t response_len, enum tr_finish finish, const char *prompt_text,

@@ -26,7 +26,7 @@ static void put_texts(tr_msg_writer *w, const char *key, char *const *t, int32_t
 void tr_rollouts_put(tr_msg_writer *w, const char *key, const tr_rollouts *r, int32_t first,
                      int32_t count, unsigned parts) {
     uint32_t n_keys = 4 + ((parts & TR_RO_IDS) ? 3 : 0) + ((parts & TR_RO_LOGPROBS) ? 1 : 0) +
-                      ((parts & TR_RO_TEXT) ? 3 : 0);
+                      ((parts & TR_RO_TEXT) ? 3 : 0) + ((parts & TR_RO_VERSION) ? 1 : 0);
     int64_t t0 = count ? r->offset[first] : 0, t1 = count ? r->offset[first + count] : 0;
     int64_t nt = t1 - t0, ns = count;
     tr_msg_put_map(w, key, n_keys);
@@ -46,6 +46,8 @@ void tr_rollouts_put(tr_msg_writer *w, const char *key, const tr_rollouts *r, in
         put_texts(w, "response_text", r->response_text, first, count, true);
         put_texts(w, "meta", r->meta, first, count, false);
     }
+    if (parts & TR_RO_VERSION)
+        tr_msg_put_tensor(w, "version", TR_DTYPE_I64, 1, &ns, count ? r->version + first : NULL);
 }
 
 void tr_token_floats_put(tr_msg_writer *w, const char *key, const tr_rollouts *r, int32_t first,
@@ -96,16 +98,17 @@ int tr_rollouts_get(const tr_msg_map *m, const char *key, int64_t max_seq_len, t
     if (n < 0 || n > INT32_MAX - 1 - (int64_t)out->n)
         return tr_errf(err, TR_ERANGE, "%s: %s.n: %lld sequences is out of range", rm.op, rm.path, (long long)n);
     static const char *const keys[] = {"n", "prompt_len", "response_len", "tokens", "group", "sample", "finish",
-                                       "gen_logprobs", "prompt_text", "response_text", "meta", NULL};
+                                       "gen_logprobs", "prompt_text", "response_text", "meta", "version", NULL};
     if (tr_msg_check_keys(&rm, keys, err)) return -1;
     size_t ns = (size_t)n ? (size_t)n : 1;
     int32_t *plen = malloc(ns * sizeof *plen), *rlen = malloc(ns * sizeof *rlen);
     int32_t *group = calloc(ns, sizeof *group), *sample = calloc(ns, sizeof *sample);
     uint8_t *finish = calloc(ns, 1);
+    int64_t *version = malloc(ns * sizeof *version);
     int32_t *tokens = NULL;
     float *lp = NULL;
     int rc = -1;
-    if (!plen || !rlen || !group || !sample || !finish) {
+    if (!plen || !rlen || !group || !sample || !finish || !version) {
         tr_errf(err, TR_ENOMEM, "out of memory for %lld rollouts", (long long)n);
         goto done;
     }
@@ -135,6 +138,8 @@ int tr_rollouts_get(const tr_msg_map *m, const char *key, int64_t max_seq_len, t
                     get_vec(&rm, "sample", TR_DTYPE_I32, n, sample, err) ||
                     get_vec(&rm, "finish", TR_DTYPE_U8, n, finish, err)))
         goto done;
+    for (int64_t i = 0; i < n; i++) version[i] = -1;
+    if (tr_msg_has(&rm, "version") && get_vec(&rm, "version", TR_DTYPE_I64, n, version, err)) goto done;
     bool has_lp = tr_msg_has(&rm, "gen_logprobs");
     if (has_lp && get_vec(&rm, "gen_logprobs", TR_DTYPE_F32, total, lp, err)) goto done;
     bool has_text = tr_msg_has(&rm, "prompt_text") || tr_msg_has(&rm, "response_text") || tr_msg_has(&rm, "meta");
@@ -145,6 +150,11 @@ int tr_rollouts_get(const tr_msg_map *m, const char *key, int64_t max_seq_len, t
         goto done;
     int64_t o = 0;
     for (int64_t i = 0; i < n; i++) {
+        if (version[i] < -1) {
+            tr_errf(err, TR_EINVAL, "%s: %s.version[%lld]: %lld is not a weight version (-1: unknown)", rm.op,
+                    rm.path, (long long)i, (long long)version[i]);
+            goto done;
+        }
         if (finish[i] > TR_FINISH_LENGTH) {
             tr_errf(err, TR_EINVAL, "%s: %s.finish[%lld]: %u is not a finish reason", rm.op, rm.path,
                     (long long)i, finish[i]);
@@ -162,6 +172,7 @@ int tr_rollouts_get(const tr_msg_map *m, const char *key, int64_t max_seq_len, t
         free(r);
         free(me);
         if (trc) goto done;
+        out->version[out->n - 1] = version[i];
         o += (int64_t)plen[i] + rlen[i];
     }
     rc = 0;
@@ -171,6 +182,7 @@ done:
     free(group);
     free(sample);
     free(finish);
+    free(version);
     free(tokens);
     free(lp);
     return rc;

@@ -1,6 +1,6 @@
 // Rollout batches on the wire (docs/protocol.md, "Rollouts"): a msgpack map of tensors
 // {n, prompt_len, response_len, tokens, [group, sample, finish], [gen_logprobs],
-// [prompt_text, response_text, meta]}, and per-token float arrays aligned with its tokens.
+// [prompt_text, response_text, meta], [version]}, and per-token float arrays aligned with its tokens.
 // A range of sequences can be sent, so the controller hands each DP rank its share.
 #pragma once
 #include <stdint.h>
@@ -14,7 +14,8 @@ enum {
     TR_RO_IDS = 1,       // group, sample, finish
     TR_RO_LOGPROBS = 2,  // gen_logprobs
     TR_RO_TEXT = 4,      // prompt_text, response_text (str or nil), meta (str)
-    TR_RO_ALL = 7,
+    TR_RO_VERSION = 8,   // version: the weight version each sequence was sampled with
+    TR_RO_ALL = 15,
 };
 
 // Puts sequences [first, first + count) of r as a map under key.
@@ -22,7 +23,7 @@ void tr_rollouts_put(tr_msg_writer *w, const char *key, const tr_rollouts *r, in
                      int32_t count, unsigned parts);
 // Appends the sequences of the map under key to out. Lengths are checked against each other
 // and against max_seq_len (> 0: a longer sequence is an error naming it); absent parts leave
-// their fields at 0 / NULL ("{}" for meta).
+// their fields at 0 / NULL ("{}" for meta, -1 for version).
 int tr_rollouts_get(const tr_msg_map *m, const char *key, int64_t max_seq_len, tr_rollouts *out,
                     tr_err *err);
 

@@ -30,8 +30,8 @@ void tr_worker_logf(tr_role_ctx *rc, const char *fmt, ...) {
 }
 
 static int role_kind(const char *name, enum tr_role_kind *k) {
-    static const char *const names[] = {"policy", "reference", "critic", "reward"};
-    for (int i = 0; i < 4; i++)
+    static const char *const names[] = {"policy", "reference", "critic", "reward", "generator"};
+    for (int i = 0; i < 5; i++)
         if (strcmp(name, names[i]) == 0) {
             *k = (enum tr_role_kind)i;
             return 0;
@@ -66,31 +66,20 @@ static int connect_role(tr_role_ctx *rc, const tr_worker_opts *o, tr_err *err) {
 }
 
 static bool op_allowed(enum tr_role_kind k, const char *op) {
-    // Every role can form a communicator; only the training roles use one today.
+    // Every role can form a communicator; the training roles, and the policy and generator
+    // for the weight sync, use one today.
     if (strcmp(op, "comm_id") == 0 || strcmp(op, "comm_join") == 0 || strcmp(op, "comm_ready") == 0) return true;
     static const char *const policy[] = {"generate", "logprobs", "train", "train_sft", "save", "load",
                                          "sync_weights", NULL};
     static const char *const reference[] = {"logprobs", NULL};
     static const char *const critic[] = {"values", "train", "save", "load", NULL};
     static const char *const reward[] = {"score", NULL};
+    static const char *const generator[] = {"generate", "sync_weights", NULL};
     const char *const *ops = k == TR_ROLE_POLICY ? policy : k == TR_ROLE_REFERENCE ? reference
-                           : k == TR_ROLE_CRITIC ? critic : reward;
+                           : k == TR_ROLE_CRITIC ? critic : k == TR_ROLE_GENERATOR ? generator : reward;
     for (int i = 0; ops[i]; i++)
         if (strcmp(ops[i], op) == 0) return true;
     return false;
-}
-
-// sync_weights: the generator runs on the trainer's own parameter buffer (colocated in one
-// process), so there is nothing to copy; a separate generation engine would receive the
-// weights here.
-static int op_sync_weights(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
-    (void)rc;
-    static const char *const keys[] = {NULL};
-    if (tr_msg_check_keys(&req->args, keys, err)) return -1;
-    tr_msg_begin_reply(rep, req->id, 2);
-    tr_msg_put_bool(rep, "synced", false);
-    tr_msg_put_str(rep, "reason", "generation runs on the trainer's weights");
-    return 0;
 }
 
 static int run_op(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
@@ -102,7 +91,7 @@ static int run_op(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err
     if (strcmp(op, "train_sft") == 0) return tr_worker_op_train_sft(rc, req, rep, err);
     if (strcmp(op, "save") == 0) return tr_worker_op_save(rc, req, rep, err);
     if (strcmp(op, "load") == 0) return tr_worker_op_load(rc, req, rep, err);
-    if (strcmp(op, "sync_weights") == 0) return op_sync_weights(rc, req, rep, err);
+    if (strcmp(op, "sync_weights") == 0) return tr_worker_op_sync_weights(rc, req, rep, err);
     if (strcmp(op, "score") == 0) return tr_worker_op_score(rc, req, rep, err);
     if (strcmp(op, "comm_id") == 0) return tr_worker_op_comm_id(rc, req, rep, err);
     if (strcmp(op, "comm_join") == 0) return tr_worker_op_comm_join(rc, req, rep, err);
@@ -217,7 +206,8 @@ int tr_worker_run(const tr_worker_opts *o, tr_err *err) {
         tr_role_ctx *r = &w->roles[i];
         r->w = w;
         if (role_kind(o->roles[i], &r->kind)) {
-            rc = tr_errf(err, TR_EINVAL, "worker: unknown role '%s' (policy, reference, critic, reward)", o->roles[i]);
+            rc = tr_errf(err, TR_EINVAL, "worker: unknown role '%s' (policy, reference, critic, reward, generator)",
+                         o->roles[i]);
             break;
         }
         for (int j = 0; j < i; j++)

@@ -1,7 +1,7 @@
-// A worker process's body: hosts one role (policy, reference, critic, reward) or several
-// colocated roles sharing one backend, thread pool and activation arena (engine/arena.h),
-// connects one DEALER per hosted role to the controller and serves the ops of
-// docs/protocol.md until told to stop.
+// A worker process's body: hosts one role (policy, reference, critic, reward, generator) or
+// several colocated roles sharing one backend, thread pool and activation arena
+// (engine/arena.h), connects one DEALER per hosted role to the controller and serves the ops
+// of docs/protocol.md until told to stop.
 #pragma once
 #include <signal.h>
 #include <stdint.h>
@@ -12,7 +12,7 @@
 #define TR_WORKER_MAX_ROLES 4
 
 typedef struct tr_worker_opts {
-    const char *roles[TR_WORKER_MAX_ROLES];  // "policy", "reference", "critic", "reward"
+    const char *roles[TR_WORKER_MAX_ROLES];  // "policy", "reference", "critic", "reward", "generator"
     int n_roles;
     const char *endpoint;              // the controller's ROUTER
     int32_t rank, world;               // this rank of every hosted role's group

@@ -1,64 +1,106 @@
-// The communicator ops of a role (docs/protocol.md, "Communicators"): comm_id makes the
-// data-parallel communicator on the group's rank 0 and returns its id, comm_join opens that
-// id and starts joining without waiting, comm_ready waits until every rank has joined and
-// hands the communicator to the trainer. The controller sends comm_ready only once every
-// rank of every group it is forming has answered comm_join, so no rank waits inside an op
-// for a peer that is still busy with another group's.
+// The communicator ops of a role (docs/protocol.md, "Communicators"): comm_id makes a
+// communicator on its rank 0 and returns its id, comm_join opens that id and starts joining
+// without waiting, comm_ready waits until every rank has joined and hands the communicator to
+// its user. Two exist: "dp", a group's data-parallel ranks (the trainer's gradient reductions),
+// and "sync", the policy's dp rank 0 with every generator rank (sync_weights). The controller
+// sends comm_ready only once every rank of every group it is forming has answered comm_join,
+// so no rank waits inside an op for a peer that is still busy with another group's.
 #include <stdio.h>
 #include <string.h>
 
 #include "roles/worker_impl.h"
 
-static int check_name(tr_role_ctx *rc, const tr_msg_map *a, const char *op, tr_err *err) {
+// One communicator of a role as the ops see it: where it lives and this rank's place in it.
+typedef struct comm_slot {
+    const char *name;
+    tr_comm **comm;
+    char *id;                 // [TR_COMM_ID_MAX]: on rank 0, the id comm_id made
+    int32_t rank, world;
+} comm_slot;
+
+// dp: the layout from init. sync: rank and world come with the op (the controller places the
+// policy first and the generator's ranks after it), except where comm_id implies rank 0.
+static int get_slot(tr_role_ctx *rc, const tr_msg_map *a, const char *op, comm_slot *s, tr_err *err) {
     char name[16];
     if (tr_msg_get_str_buf(a, "name", name, sizeof name, err)) return -1;
-    if (strcmp(name, "dp") != 0)
-        return tr_errf(err, TR_EINVAL, "%s: communicator '%s': only 'dp' (data parallel) exists", op, name);
-    if (rc->dp < 2)
-        return tr_errf(err, TR_EINVAL, "%s: %s has dp %d: a data-parallel communicator needs 2 or more ranks", op,
-                       rc->id, rc->dp);
     if (!rc->w->has_backend)
         return tr_errf(err, TR_EINVAL, "%s: %s hosts no model, so it has no backend to communicate over", op, rc->id);
+    if (strcmp(name, "dp") == 0) {
+        if (tr_msg_has(a, "rank") || tr_msg_has(a, "world"))
+            return tr_errf(err, TR_EINVAL, "%s: the dp communicator takes its rank and world from init's parallel "
+                           "layout, not from the op", op);
+        if (rc->dp < 2)
+            return tr_errf(err, TR_EINVAL, "%s: %s has dp %d: a data-parallel communicator needs 2 or more ranks", op,
+                           rc->id, rc->dp);
+        *s = (comm_slot){"dp", &rc->comm, rc->comm_id, rc->dp_rank, rc->dp};
+        return 0;
+    }
+    if (strcmp(name, "sync") != 0)
+        return tr_errf(err, TR_EINVAL, "%s: communicator '%s': only 'dp' (data parallel) and 'sync' (weight sync) "
+                       "exist", op, name);
+    if (rc->kind != TR_ROLE_POLICY && rc->kind != TR_ROLE_GENERATOR)
+        return tr_errf(err, TR_EINVAL, "%s: the %s role takes no part in the weight sync", op, rc->name);
+    int64_t rank = 0, world = 0;
+    bool ready = strcmp(op, "comm_ready") == 0, id = strcmp(op, "comm_id") == 0;
+    if (!ready && (tr_msg_get_int(a, "world", &world, err) || (!id && tr_msg_get_int(a, "rank", &rank, err))))
+        return -1;
+    if (ready) {
+        if (!rc->sync_comm) return tr_errf(err, TR_EINVAL, "comm_ready: %s has not joined a sync communicator", rc->id);
+        rank = tr_comm_rank(rc->sync_comm);
+        world = tr_comm_world(rc->sync_comm);
+    }
+    if (world < 2 || world > TR_COMM_MAX_RANKS || rank < 0 || rank >= world)
+        return tr_errf(err, TR_EINVAL, "%s: sync rank %lld of %lld (2..%d ranks)", op, (long long)rank,
+                       (long long)world, TR_COMM_MAX_RANKS);
+    // The sender is the policy's dp rank 0, always sync rank 0; every other sync rank receives.
+    bool sender = rc->kind == TR_ROLE_POLICY;
+    if (sender && (rank != 0 || rc->dp_rank != 0))
+        return tr_errf(err, TR_EINVAL, "%s: %s cannot be sync rank %lld: the policy's dp rank 0 sends as rank 0", op,
+                       rc->id, (long long)rank);
+    if (!sender && rank == 0)
+        return tr_errf(err, TR_EINVAL, "%s: %s cannot be sync rank 0 (the policy's)", op, rc->id);
+    *s = (comm_slot){"sync", &rc->sync_comm, rc->sync_comm_id, (int32_t)rank, (int32_t)world};
     return 0;
 }
 
-static tr_comm_opts comm_opts(tr_role_ctx *rc, char *name, size_t cap) {
-    snprintf(name, cap, "%s dp", rc->name);
-    return (tr_comm_opts){.be = &rc->w->be, .rank = rc->dp_rank, .world = rc->dp, .name = name,
-                          .stop = rc->w->stop};
+static tr_comm_opts comm_opts(tr_role_ctx *rc, const comm_slot *s, char *name, size_t cap) {
+    snprintf(name, cap, "%s %s", rc->name, s->name);
+    return (tr_comm_opts){.be = &rc->w->be, .rank = s->rank, .world = s->world, .name = name, .stop = rc->w->stop};
 }
 
 int tr_worker_op_comm_id(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
-    static const char *const keys[] = {"name", NULL};
-    if (tr_msg_check_keys(&req->args, keys, err) || check_name(rc, &req->args, "comm_id", err)) return -1;
-    if (rc->comm) return tr_errf(err, TR_EINVAL, "comm_id: %s already has its dp communicator", rc->id);
-    if (rc->dp_rank != 0)
-        return tr_errf(err, TR_EINVAL, "comm_id: %s is dp rank %d; rank 0 makes the id", rc->id, rc->dp_rank);
+    static const char *const keys[] = {"name", "world", NULL};
+    comm_slot s;
+    if (tr_msg_check_keys(&req->args, keys, err) || get_slot(rc, &req->args, "comm_id", &s, err)) return -1;
+    if (*s.comm) return tr_errf(err, TR_EINVAL, "comm_id: %s already has its %s communicator", rc->id, s.name);
+    if (s.rank != 0)
+        return tr_errf(err, TR_EINVAL, "comm_id: %s is %s rank %d; rank 0 makes the id", rc->id, s.name, s.rank);
     char name[64];
-    tr_comm_opts o = comm_opts(rc, name, sizeof name);
-    if (tr_comm_create(&rc->comm, &o, rc->comm_id, sizeof rc->comm_id, err)) return -1;
-    tr_worker_logf(rc, "comm_id: %s communicator %s for %d ranks", tr_comm_kind(rc->comm), rc->comm_id, rc->dp);
+    tr_comm_opts o = comm_opts(rc, &s, name, sizeof name);
+    if (tr_comm_create(s.comm, &o, s.id, TR_COMM_ID_MAX, err)) return -1;
+    tr_worker_logf(rc, "comm_id: %s communicator %s for %d ranks", tr_comm_kind(*s.comm), s.id, s.world);
     tr_msg_begin_reply(rep, req->id, 1);
-    tr_msg_put_str(rep, "id", rc->comm_id);
+    tr_msg_put_str(rep, "id", s.id);
     return 0;
 }
 
 int tr_worker_op_comm_join(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
-    static const char *const keys[] = {"name", "id", NULL};
+    static const char *const keys[] = {"name", "id", "rank", "world", NULL};
     char id[TR_COMM_ID_MAX];
-    if (tr_msg_check_keys(&req->args, keys, err) || check_name(rc, &req->args, "comm_join", err) ||
+    comm_slot s;
+    if (tr_msg_check_keys(&req->args, keys, err) || get_slot(rc, &req->args, "comm_join", &s, err) ||
         tr_msg_get_str_buf(&req->args, "id", id, sizeof id, err))
         return -1;
-    if (rc->dp_rank == 0) {
-        if (!rc->comm || strcmp(id, rc->comm_id) != 0)
-            return tr_errf(err, TR_EINVAL, "comm_join: %s (dp rank 0) did not make the id %.60s", rc->id, id);
+    if (s.rank == 0) {
+        if (!*s.comm || strcmp(id, s.id) != 0)
+            return tr_errf(err, TR_EINVAL, "comm_join: %s (%s rank 0) did not make the id %.60s", rc->id, s.name, id);
     } else {
-        if (rc->comm) return tr_errf(err, TR_EINVAL, "comm_join: %s already has its dp communicator", rc->id);
+        if (*s.comm) return tr_errf(err, TR_EINVAL, "comm_join: %s already has its %s communicator", rc->id, s.name);
         char name[64];
-        tr_comm_opts o = comm_opts(rc, name, sizeof name);
-        if (tr_comm_open(&rc->comm, &o, id, err)) return -1;
+        tr_comm_opts o = comm_opts(rc, &s, name, sizeof name);
+        if (tr_comm_open(s.comm, &o, id, err)) return -1;
     }
-    if (tr_comm_join(rc->comm, err)) return -1;
+    if (tr_comm_join(*s.comm, err)) return -1;
     tr_msg_begin_reply(rep, req->id, 0);
     return 0;
 }
@@ -66,18 +108,19 @@ int tr_worker_op_comm_join(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *re
 int tr_worker_op_comm_ready(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
     static const char *const keys[] = {"name", "timeout_ms", NULL};
     int64_t timeout = 60000;
-    if (tr_msg_check_keys(&req->args, keys, err) || check_name(rc, &req->args, "comm_ready", err) ||
+    comm_slot s;
+    if (tr_msg_check_keys(&req->args, keys, err) || get_slot(rc, &req->args, "comm_ready", &s, err) ||
         tr_msg_get_int_opt(&req->args, "timeout_ms", &timeout, err))
         return -1;
-    if (!rc->comm) return tr_errf(err, TR_EINVAL, "comm_ready: %s has not joined a dp communicator", rc->id);
+    if (!*s.comm) return tr_errf(err, TR_EINVAL, "comm_ready: %s has not joined a %s communicator", rc->id, s.name);
     if (timeout < 1 || timeout > 3600000)
         return tr_errf(err, TR_EINVAL, "comm_ready: timeout_ms %lld (1..3600000)", (long long)timeout);
-    if (tr_comm_wait(rc->comm, (int)timeout, err)) return -1;
-    if (rc->has_trainer && tr_trainer_set_comm(&rc->trainer, rc->comm, err)) return -1;
-    tr_worker_logf(rc, "comm_ready: dp rank %d of %d (%s)", rc->dp_rank, rc->dp, tr_comm_kind(rc->comm));
+    if (tr_comm_wait(*s.comm, (int)timeout, err)) return -1;
+    if (s.comm == &rc->comm && rc->has_trainer && tr_trainer_set_comm(&rc->trainer, rc->comm, err)) return -1;
+    tr_worker_logf(rc, "comm_ready: %s rank %d of %d (%s)", s.name, s.rank, s.world, tr_comm_kind(*s.comm));
     tr_msg_begin_reply(rep, req->id, 3);
-    tr_msg_put_int(rep, "rank", rc->dp_rank);
-    tr_msg_put_int(rep, "world", rc->dp);
-    tr_msg_put_str(rep, "kind", tr_comm_kind(rc->comm));
+    tr_msg_put_int(rep, "rank", s.rank);
+    tr_msg_put_int(rep, "world", s.world);
+    tr_msg_put_str(rep, "kind", tr_comm_kind(*s.comm));
     return 0;
 }

@@ -1,5 +1,6 @@
 // Internal to the worker: the state of one hosted role and the op handlers that
-// worker.c dispatches to (worker_model.c, worker_policy.c, worker_train.c, worker_reward.c).
+// worker.c dispatches to (worker_model.c, worker_policy.c, worker_train.c, worker_reward.c,
+// worker_comm.c, worker_sync.c).
 // Every handler reads the request args and writes a complete ok reply, or fails with err.
 #pragma once
 #include <stdbool.h>
@@ -21,7 +22,7 @@
 #include "roles/rollout.h"
 #include "roles/transport.h"
 
-enum tr_role_kind { TR_ROLE_POLICY, TR_ROLE_REFERENCE, TR_ROLE_CRITIC, TR_ROLE_REWARD };
+enum tr_role_kind { TR_ROLE_POLICY, TR_ROLE_REFERENCE, TR_ROLE_CRITIC, TR_ROLE_REWARD, TR_ROLE_GENERATOR };
 enum tr_reward_kind { TR_REWARD_KIND_RULE, TR_REWARD_KIND_SERVICE, TR_REWARD_KIND_MODEL };
 
 typedef struct tr_worker tr_worker;
@@ -44,6 +45,15 @@ typedef struct tr_role_ctx {
     int32_t tp, dp, dp_rank;
     tr_comm *comm;                    // the data-parallel communicator (comm_* ops), or NULL
     char comm_id[TR_COMM_ID_MAX];     // dp rank 0: the id comm_id made
+    // The weight-sync communicator (name "sync"): the policy's dp rank 0 as its rank 0, the
+    // generator's ranks after it; NULL where the recipe has no generator.
+    tr_comm *sync_comm;
+    char sync_comm_id[TR_COMM_ID_MAX];
+    // The weight version: the policy optimizer step whose weights generation runs on. The
+    // generator's comes with each sync (-1 before the first); the policy's is its trainer's.
+    int64_t weight_version;
+    int64_t prev_train_step;          // policy: the trainer's step before its last train op
+                                      // (-1: none since init or load)
 
     bool has_model;
     tr_model model;
@@ -51,7 +61,9 @@ typedef struct tr_role_ctx {
     bool has_trainer;
     tr_trainer trainer;
     bool has_gen;
-    tr_generator gen;                 // the policy's, made at init with its KV pool in the arena
+    tr_generator gen;                 // the policy's or generator's, made at init with its KV pool
+                                      // in the arena (not for a policy whose init says generate:
+                                      // false: a generator group samples for it)
     int64_t kv_tokens, kv_want;       // init's KV request (exact, or wanted: the plan decides)
     int32_t max_seqs;
     int64_t memory_bytes;             // the plan's budget (0: the device's free memory)
@@ -119,6 +131,11 @@ int tr_worker_op_train_sft(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *re
 int tr_worker_op_comm_id(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
 int tr_worker_op_comm_join(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
 int tr_worker_op_comm_ready(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+
+// worker_sync.c: sync_weights, the policy sending its weights to the generator's ranks.
+int tr_worker_op_sync_weights(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+// The version generate stamps on its rollouts.
+int64_t tr_worker_weight_version(const tr_role_ctx *rc);
 
 // worker_reward.c
 int tr_worker_reward_init(tr_role_ctx *rc, const tr_msg_map *reward, tr_err *err);

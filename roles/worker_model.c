@@ -1,7 +1,7 @@
 // The worker's model side: the init op (backend, model from a checkpoint or a config on the
-// worker arena, the policy's generator, trainer, tokenizer, chat stops), packing rollout
-// sequences into micro-batches as separate documents, and the forward-only ops logprobs
-// (policy, reference) and values (critic).
+// worker arena, the policy's or generator role's generation engine, trainer, tokenizer, chat
+// stops), packing rollout sequences into micro-batches as separate documents, and the
+// forward-only ops logprobs (policy, reference) and values (critic).
 #include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +12,7 @@
 #include "kernels/backend.h"
 #include "roles/worker_impl.h"
 
-static const char *const role_names[] = {"policy", "reference", "critic", "reward"};
+static const char *const role_names[] = {"policy", "reference", "critic", "reward", "generator"};
 
 // ---- init ----
 
@@ -118,6 +118,8 @@ static void mb_free(tr_mb_buf *b) {
 void tr_role_ctx_free(tr_role_ctx *rc) {
     tr_comm_free(rc->comm);
     rc->comm = NULL;
+    tr_comm_free(rc->sync_comm);
+    rc->sync_comm = NULL;
     if (rc->has_gen) tr_generator_free(&rc->gen);
     if (rc->has_trainer) tr_trainer_free(&rc->trainer);
     if (rc->has_model) tr_model_free(&rc->model);
@@ -142,6 +144,7 @@ static void to_value_head(tr_model_config *cfg) {
 }
 
 static enum tr_head role_head(enum tr_role_kind k) {
+    // The generator samples from a causal LM, as the policy does.
     return k == TR_ROLE_CRITIC ? TR_HEAD_VALUE : k == TR_ROLE_REWARD ? TR_HEAD_SCORE : TR_HEAD_LM;
 }
 
@@ -150,10 +153,11 @@ static const char *head_name(enum tr_head h) {
                                                               : "score (sequence classification) model";
 }
 
-// The role's memory plan: weights, gradients and optimizer, the arena, and for the policy the
-// KV cache and the samples decoding together, from what the device (or the budget) holds.
-static int make_plan(tr_role_ctx *rc, const tr_model_config *cfg, int32_t max_tokens, bool train, tr_err *err) {
-    bool gen = rc->kind == TR_ROLE_POLICY;
+// The role's memory plan: weights, gradients and optimizer, the arena, and for a role that
+// generates the KV cache and the samples decoding together, from what the device (or the
+// budget) holds.
+static int make_plan(tr_role_ctx *rc, const tr_model_config *cfg, int32_t max_tokens, bool train, bool gen,
+                     tr_err *err) {
     tr_plan_req pr = {.cfg = cfg, .max_tokens = max_tokens, .training = train, .optim_shards = rc->dp, .generate = gen,
                       .kv_tokens = rc->kv_tokens, .kv_want = rc->kv_want > 0 ? rc->kv_want : 16384,
                       .max_seqs = rc->max_seqs, .max_seqs_want = rc->max_seqs,
@@ -170,7 +174,10 @@ static tr_gen_opts gen_opts(const tr_role_ctx *rc) {
     return (tr_gen_opts){.kv_tokens = rc->plan.kv_tokens, .max_seqs = rc->plan.max_seqs};
 }
 
-static int load_model(tr_role_ctx *rc, const tr_msg_map *a, int32_t max_tokens, bool train, tr_err *err) {
+// A generator holds weights only for generation: no gradients, no optimizer, and its weights
+// come from the policy's first sync_weights, so none are read or drawn here.
+static int load_model(tr_role_ctx *rc, const tr_msg_map *a, int32_t max_tokens, bool train, bool gen,
+                      tr_err *err) {
     char model[1024] = "", init_cfg[1024] = "", head[16] = "";
     int64_t init_seed = 0;
     if (tr_msg_has(a, "model") && tr_msg_get_str_buf(a, "model", model, sizeof model, err)) return -1;
@@ -192,20 +199,20 @@ static int load_model(tr_role_ctx *rc, const tr_msg_map *a, int32_t max_tokens, 
                        head_name(cfg.head), cfg.architecture, rc->name, head_name(want));
     if (want == TR_HEAD_SCORE && cfg.num_labels != 1)
         return tr_errf(err, TR_EINVAL, "init: %s has %d labels; a reward model has 1", model, cfg.num_labels);
-    // The model's activations (and the policy's KV pool) come from the worker's one arena,
+    // The model's activations (and a generating role's KV pool) come from the worker's one arena,
     // grown here to this role's need if it is the largest so far.
     tr_worker *w = rc->w;
-    if (make_plan(rc, &cfg, max_tokens, train, err)) return -1;
+    if (make_plan(rc, &cfg, max_tokens, train, gen, err)) return -1;
     tr_model_opts mo = {.max_tokens = max_tokens, .training = train};
     tr_gen_opts go = gen_opts(rc);
-    tr_arena_need_init(&rc->need, &cfg, &mo, rc->kind == TR_ROLE_POLICY ? &go : NULL);
+    tr_arena_need_init(&rc->need, &cfg, &mo, gen ? &go : NULL);
     if (tr_arena_reserve(&w->arena, tr_arena_need_floats(&rc->need), err)) return -1;
     mo.acts = w->arena.base;
     mo.acts_floats = w->arena.floats;
     if (tr_model_init(&rc->model, &cfg, &w->be, &mo, err)) return -1;
     rc->has_model = true;
     tr_arena_adopt(&w->arena, &rc->model);
-    if (rc->kind == TR_ROLE_POLICY) {
+    if (gen) {
         size_t off = tr_arena_kv_offset(&rc->model);
         go.kv_buf = w->arena.base + off;
         go.kv_buf_floats = w->arena.floats - off;
@@ -213,7 +220,9 @@ static int load_model(tr_role_ctx *rc, const tr_msg_map *a, int32_t max_tokens, 
         rc->has_gen = true;
     }
     int rc2 = 0;
-    if (!model[0]) {
+    if (rc->kind == TR_ROLE_GENERATOR) {
+        // Zero until the policy's first sync_weights; generate is refused before it.
+    } else if (!model[0]) {
         rc2 = tr_model_init_weights(&rc->model, (uint64_t)init_seed, 0.02f, err);
     } else if (convert) {
         // The value head is new: drawn as transformers' init would, the body from the checkpoint.
@@ -274,12 +283,13 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
     static const char *const keys[] = {"model", "init_config", "init_seed", "head", "backend", "threads",
                                        "device", "memory_bytes", "max_tokens", "seed", "tokenizer",
                                        "chat_format", "train", "optim", "loss", "kv_tokens", "kv_want",
-                                       "max_seqs", "reward", "parallel", NULL};
+                                       "max_seqs", "reward", "parallel", "generate", NULL};
     char backend[16];
     int64_t threads, device = 0, memory = 0, max_tokens, kv_tokens = 0, kv_want = 0, max_seqs = 0;
     uint64_t seed;
-    bool train;
-    if (tr_msg_check_keys(a, keys, err) || tr_msg_get_str_buf(a, "backend", backend, sizeof backend, err) ||
+    bool train, generate = true;
+    if (tr_msg_check_keys(a, keys, err) || tr_msg_get_bool_opt(a, "generate", &generate, err) ||
+        tr_msg_get_str_buf(a, "backend", backend, sizeof backend, err) ||
         tr_msg_get_int(a, "threads", &threads, err) || tr_msg_get_int(a, "max_tokens", &max_tokens, err) ||
         tr_msg_get_uint(a, "seed", &seed, err) || tr_msg_get_bool(a, "train", &train, err) ||
         tr_msg_get_int_opt(a, "kv_tokens", &kv_tokens, err) || tr_msg_get_int_opt(a, "max_seqs", &max_seqs, err) ||
@@ -297,6 +307,9 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
                        (long long)max_seqs);
     if (train && rc->kind != TR_ROLE_POLICY && rc->kind != TR_ROLE_CRITIC)
         return tr_errf(err, TR_EINVAL, "init: the %s role does not train", rc->name);
+    if (tr_msg_has(a, "generate") && rc->kind != TR_ROLE_POLICY)
+        return tr_errf(err, TR_EINVAL, "init: generate is a policy setting (the %s role %s)", rc->name,
+                       rc->kind == TR_ROLE_GENERATOR ? "always generates" : "never does");
     bool has_reward = tr_msg_has(a, "reward");
     if (has_reward != (rc->kind == TR_ROLE_REWARD))
         return tr_errf(err, TR_EINVAL, "init: %s", has_reward ? "reward settings are for the reward role"
@@ -330,9 +343,12 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
     rc->kv_want = kv_want;
     rc->max_seqs = (int32_t)max_seqs;
     rc->memory_bytes = memory;
+    rc->weight_version = -1;
+    rc->prev_train_step = -1;
+    bool gen = (rc->kind == TR_ROLE_POLICY && generate) || rc->kind == TR_ROLE_GENERATOR;
     bool model_reward = rc->kind == TR_ROLE_REWARD && rc->reward_kind == TR_REWARD_KIND_MODEL;
     if (rc->kind != TR_ROLE_REWARD || model_reward) {
-        if (load_model(rc, a, (int32_t)max_tokens, train, err)) return -1;
+        if (load_model(rc, a, (int32_t)max_tokens, train, gen, err)) return -1;
     } else if (tr_msg_has(a, "model") || tr_msg_has(a, "init_config")) {
         return tr_errf(err, TR_EINVAL, "init: a %s reward takes no model", rc->reward_kind == TR_REWARD_KIND_RULE
                                                                              ? "rule" : "service");

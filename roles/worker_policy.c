@@ -1,7 +1,8 @@
-// The policy's own ops: generate (continuous batching over the trainer's weights, so the
-// generator never needs a weight copy; its KV blocks share the arena with training), and
-// save/load of Hugging Face checkpoints with the training state beside them (policy and
-// critic; with data-parallel ranks every rank saves its optimizer shard).
+// The policy's own ops: generate (continuous batching over the trainer's weights, so a
+// colocated policy never needs a weight copy; its KV blocks share the arena with training; the
+// generator role serves the same op on the weights the policy synced to it), and save/load of
+// Hugging Face checkpoints with the training state beside them (policy and critic; with
+// data-parallel ranks every rank saves its optimizer shard).
 #include <stdlib.h>
 #include <string.h>
 
@@ -132,6 +133,12 @@ static int response_text(tr_role_ctx *rc, const tr_gen_output *o, char **text, t
 }
 
 int tr_worker_op_generate(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
+    if (!rc->has_gen)
+        return tr_errf(err, TR_EINVAL, "generate: %s was initialized with generate: false (a generator samples for "
+                       "it)", rc->id);
+    int64_t version = tr_worker_weight_version(rc);
+    if (rc->kind == TR_ROLE_GENERATOR && version < 0)
+        return tr_errf(err, TR_EINVAL, "generate: %s has no weights yet: the policy's sync_weights sends them", rc->id);
     gen_args g;
     memset(&g, 0, sizeof g);
     if (parse_generate(rc, &req->args, &g, err)) {
@@ -165,6 +172,7 @@ int tr_worker_op_generate(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep
             rc2 = tr_rollouts_append(&r, g.group[i], o->sample, g.ids + g.off[i], g.plen[i], o->tokens, o->logprobs,
                                      o->n_tokens, o->finish == TR_GEN_LENGTH ? TR_FINISH_LENGTH : TR_FINISH_STOP,
                                      pt, rt, mt, err);
+        if (!rc2) r.version[r.n - 1] = version;
         new_tokens += o->n_tokens;
         free(pt);
         free(mt);
@@ -173,7 +181,8 @@ int tr_worker_op_generate(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep
     if (!rc2) {
         tr_msg_begin_reply(rep, req->id, 1);
         tr_rollouts_put(rep, "rollouts", &r, 0, r.n, TR_RO_ALL);
-        tr_worker_logf(rc, "generate: %d prompts x %d samples, %lld new tokens", g.k, g.n, (long long)new_tokens);
+        tr_worker_logf(rc, "generate: %d prompts x %d samples, %lld new tokens, weights of step %lld", g.k, g.n,
+                       (long long)new_tokens, (long long)version);
     }
     if (have_outs) tr_gen_outputs_free(outs, n_out);
     free(outs);
@@ -223,6 +232,7 @@ int tr_worker_op_load(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
         return tr_errf(err, TR_EINVAL, "load: %s (%s) is not the shape of the running %s model", dir,
                        cfg.architecture, c->architecture);
     if (tr_model_load_weights(&rc->model, dir, false, err)) return -1;
+    rc->prev_train_step = -1;  // the weights before the loaded ones are not known
     bool state = false;
     snprintf(path, sizeof path, "%s/%s", dir, TR_TRAIN_STATE_JSON);
     if (rc->has_trainer && tr_file_exists(path)) {

@@ -319,9 +319,34 @@ static int get_split(tr_role_ctx *rc, const tr_msg_map *a, rl_in *in, tr_err *er
     return 0;
 }
 
+// The weights that sampled the rollouts must be the ones the controller says: the trainer's
+// current weights (weight_lag 0), or those it had before its previous train call (1, the
+// one-step-off pipeline). A sequence of unknown version (-1) is not checked.
+static int check_versions(tr_role_ctx *rc, const tr_msg_map *a, const tr_rollouts *r, tr_err *err) {
+    if (!tr_msg_has(a, "weight_lag")) return 0;
+    int64_t lag;
+    if (tr_msg_get_int(a, "weight_lag", &lag, err)) return -1;
+    if (lag < 0 || lag > 1)
+        return tr_errf(err, TR_EINVAL, "train: weight_lag %lld (0: the current weights, 1: the previous ones)",
+                       (long long)lag);
+    int64_t want = lag == 0 ? rc->trainer.step : rc->prev_train_step;
+    for (int32_t i = 0; i < r->n; i++) {
+        if (r->version[i] < 0 || r->version[i] == want) continue;
+        if (want < 0)
+            return tr_errf(err, TR_EINVAL, "train: sequence %d was sampled with the weights of step %lld, but %s has "
+                           "taken no train step since it started or loaded, so it has no previous weights "
+                           "(weight_lag 1)", i, (long long)r->version[i], rc->id);
+        return tr_errf(err, TR_EINVAL, "train: sequence %d was sampled with the weights of step %lld; with weight_lag "
+                       "%lld %s expects step %lld (stale or mixed-up rollouts)", i, (long long)r->version[i],
+                       (long long)lag, rc->id, (long long)want);
+    }
+    return 0;
+}
+
 static int rl_in_get(tr_role_ctx *rc, const tr_msg_map *a, rl_in *in, tr_err *err) {
     bool critic = rc->kind == TR_ROLE_CRITIC;
-    static const char *const pkeys[] = {"rollouts", "advantages", "old_logprobs", "ref_logprobs", "mini_batch_seqs", NULL};
+    static const char *const pkeys[] = {"rollouts", "advantages", "old_logprobs", "ref_logprobs", "mini_batch_seqs",
+                                        "weight_lag", NULL};
     static const char *const ckeys[] = {"rollouts", "returns", "old_values", "mini_batch_seqs", NULL};
     if (tr_msg_check_keys(a, critic ? ckeys : pkeys, err) || tr_worker_get_rollouts(rc, a, &in->r, err)) return -1;
     const tr_rollouts *r = &in->r;
@@ -338,6 +363,7 @@ static int rl_in_get(tr_role_ctx *rc, const tr_msg_map *a, rl_in *in, tr_err *er
         return -1;
     if (!critic && rc->loss.kl_coef != 0 && !has_ref)
         return tr_errf(err, TR_EINVAL, "train: the KL loss (kl_coef %g) needs ref_logprobs", rc->loss.kl_coef);
+    if (!critic && check_versions(rc, a, r, err)) return -1;
     return get_split(rc, a, in, err);
 }
 
@@ -432,7 +458,9 @@ int tr_worker_op_train(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, t
     tr_train_metrics mt;
     memset(&mt, 0, sizeof mt);
     double gn = 0;
+    int64_t step_before = rc->trainer.step;
     if (!rc2) rc2 = run_epochs(rc, &in, plans, norms, &c, &mt, &gn, err);
+    if (!rc2) rc->prev_train_step = step_before;
     if (!rc2) rc2 = finish_metrics(rc, &c, gn, &mt, err);
     if (!rc2) {
         tr_msg_begin_reply(rep, req->id, 1);

@@ -367,6 +367,59 @@ static void test_round_trip(void) {
     CHECK(tr_recipe_load("/nonexistent/recipe.yaml", NULL, 0, &b, &err) == -1 && err.code == TR_EIO);
 }
 
+// models.generator: replicas and parallel.dp are one number, the layout and backend are
+// checked at load, the pipeline refuses dynamic sampling, and the section round-trips.
+static void test_generator(void) {
+    tr_recipe r, b;
+    tr_err err = {0};
+    const char *base = L1 L2 L3 L4 L5 L6 L7 L8 L9;
+    const char *two[] = {"models.generator={replicas: 2, one_step_off: true, sync_bucket_mb: 8}",
+                         "algorithm.tis_cap=3"};
+    int rc = tr_recipe_parse(base, strlen(base), "gen.yaml", two, 2, &r, &err);
+    CHECKF(rc == 0, "%s", err.msg);
+    const tr_recipe_generator *g = &r.generator;
+    CHECK(g->present && g->parallel.dp == 2 && g->replicas == 2 && g->parallel.tp == 1 && g->one_step_off);
+    CHECK(g->sync_bucket_mb == 8 && !g->verify_sync && g->backend == TR_RECIPE_GEN_BACKEND_RUN);
+    CHECK(r.algorithm.tis_cap == 3.0);
+    char *y;
+    size_t n;
+    char key[256];
+    CHECK(tr_recipe_emit(&r, &y, &n, &err) == 0);
+    rc = tr_recipe_parse(y, n, "resolved.yaml", NULL, 0, &b, &err);
+    CHECKF(rc == 0, "%s", err.msg);
+    CHECKF(tr_recipe_diff(&r, &b, key, sizeof key) == 0, "differs at %s", key);
+    free(y);
+    const char *dp[] = {"models.generator={parallel: {dp: 3}}"};
+    rc = tr_recipe_parse(base, strlen(base), "gen.yaml", dp, 1, &r, &err);
+    CHECKF(rc == 0 && r.generator.replicas == 3 && r.generator.parallel.dp == 3, "%s", err.msg);
+    rc = tr_recipe_parse(base, strlen(base), "gen.yaml", NULL, 0, &r, &err);
+    CHECK(rc == 0 && !r.generator.present && r.algorithm.tis_cap == 2.0);
+
+    const char *gen = L1 L2 L3 L4 L5 L6;
+    expect_error(L1 L2 L3 L4 L5 "  generator: {parallel: {tp: 2}}\n" L6 L7 L8 L9, NULL, 0,
+                 "bad.yaml:6:30: models.generator.parallel.tp: 2: tensor parallelism is not built yet, so tp must be "
+                 "1 (parallel.dp spreads a model's ranks over devices)");
+    char text[512];
+    snprintf(text, sizeof text, "%s  generator: {replicas: 2, parallel: {dp: 3}}\n" L7 L8 L9, gen);
+    expect_error(text, NULL, 0, "bad.yaml:7:25: models.generator.replicas: 2, but parallel.dp says 3: give one of them");
+    snprintf(text, sizeof text, "%s  generator: {replicas: 2, devices: [0]}\n" L7 L8 L9, gen);
+    expect_error(text, NULL, 0, "bad.yaml:7:37: models.generator.devices: 1 devices for tp 1 x dp 2 = 2 ranks");
+    snprintf(text, sizeof text, "%s  generator: {backend: cuda}\n" L7 L8 L9, gen);
+    expect_error(text, NULL, 0, "bad.yaml:7:24: models.generator.backend: cuda, but the policy runs on cpu: the weight "
+                 "sync's communicator spans both, so they share one backend (run: the recipe's)");
+    snprintf(text, sizeof text, "%s  generator: {one_step_off: true}\n" L7 L8 L9 "rollout: {dynamic_sampling: true}\n",
+             gen);
+    expect_error(text, NULL, 0, "bad.yaml:7:29: models.generator.one_step_off: cannot go with rollout.dynamic_sampling: "
+                 "a batch sampled a step ahead cannot draw more prompts within its step");
+    snprintf(text, sizeof text, "%s  generator: {}\n" L7 L8 L9 "placement: {colocate: [[policy, generator]]}\n", gen);
+    expect_error(text, NULL, 0, "bad.yaml:11:23: placement.colocate: the generator runs in processes of its own (to "
+                 "generate in the policy's process, leave models.generator out)");
+    expect_error("workflow: sft\n" L2 L3 L4 L5 "  generator: {}\n" "data: {train: t.jsonl}\n" L8 L9, NULL, 0,
+                 "bad.yaml:6:14: models.generator: workflow sft does not generate (grpo and ppo do)");
+    expect_error(base, (const char *const[]){"algorithm.tis_cap=0.5"}, 1,
+                 "--set algorithm.tis_cap=0.5: algorithm.tis_cap: 0.5 is out of range: must be >= 1");
+}
+
 static void test_defaults(void) {
     tr_recipe r;
     tr_err err = {0};
@@ -384,6 +437,7 @@ int main(void) {
     test_errors();
     test_overrides();
     test_round_trip();
+    test_generator();
     test_defaults();
     return tr_test_summary("test_recipe");
 }
