@@ -32,7 +32,7 @@ int tr_backend_init(tr_backend *be, const tr_backend_opts *opts, char *msg, size
         return -1;
     }
     if (strcmp(kind, "cpu") == 0) {
-        tr_dtype p = prec && strcmp(prec, "bf16") == 0 ? TR_BF16 : TR_F32;
+        tr_dt p = prec && strcmp(prec, "bf16") == 0 ? TR_BF16 : TR_F32;
         if (opts->threads < 0 || tr_backend_cpu_init(be, opts->threads, p) != 0) {
             snprintf(msg, cap, "cpu backend: cannot start %d threads", opts->threads);
             return -1;
@@ -49,7 +49,7 @@ int tr_backend_init(tr_backend *be, const tr_backend_opts *opts, char *msg, size
         snprintf(msg, cap, "cuda backend: device %d does not exist (%d visible)", opts->device, n);
         return -1;
     }
-    tr_dtype p = prec && strcmp(prec, "fp32") == 0 ? TR_F32 : TR_BF16;
+    tr_dt p = prec && strcmp(prec, "fp32") == 0 ? TR_F32 : TR_BF16;
     if (tr_backend_cuda_init(be, opts->device, p) != 0) {
         char why[512];
         tr_backend_cuda_status(be, why, sizeof why);

@@ -33,10 +33,10 @@
 
 // Element types of backend buffers. F16 appears only as the source of convert (checkpoint
 // files); the model never computes in it.
-typedef enum tr_dtype { TR_F32 = 0, TR_BF16 = 1, TR_F16 = 2 } tr_dtype;
+typedef enum tr_dt { TR_F32 = 0, TR_BF16 = 1, TR_F16 = 2 } tr_dt;
 
-static inline size_t tr_dtype_size(tr_dtype t) { return t == TR_F32 ? 4 : 2; }
-static inline const char *tr_dtype_name(tr_dtype t) {
+static inline size_t tr_dt_size(tr_dt t) { return t == TR_F32 ? 4 : 2; }
+static inline const char *tr_dt_name(tr_dt t) {
     return t == TR_F32 ? "fp32" : t == TR_BF16 ? "bf16" : "fp16";
 }
 
@@ -118,7 +118,7 @@ typedef struct tr_adamw_args {
     float max_norm;
     float lr, b1, b2, eps;
     int32_t t;
-    tr_dtype wt;
+    tr_dt wt;
 } tr_adamw_args;
 
 typedef struct tr_ops {
@@ -264,7 +264,7 @@ typedef struct tr_ops {
     // kept; a NaN stays a NaN of the same sign with its top payload bits (plus the quiet bit
     // only when all the kept ones are zero), so every bf16 survives bf16 -> fp32 -> bf16.
     // bf16 -> fp32 and fp16 -> fp32 are exact; fp16 -> bf16 goes through fp32.
-    void (*convert)(tr_backend *be, void *out, tr_dtype out_t, const void *in, tr_dtype in_t,
+    void (*convert)(tr_backend *be, void *out, tr_dt out_t, const void *in, tr_dt in_t,
                     size_t n);
 
     // ---- sampling ----
@@ -290,13 +290,13 @@ struct tr_backend {
     const tr_ops *ops;
     void *ctx;
     int32_t n_threads;
-    tr_dtype act;   // A: activations, activation gradients, KV cache
-    tr_dtype wt;    // W: weights as forward and backward read them
+    tr_dt act;   // A: activations, activation gradients, KV cache
+    tr_dt wt;    // W: weights as forward and backward read them
 };
 
 // CPU backend with n_threads worker threads (0 = number of cores), fp32 (bf16: the emulated
 // mixed-precision mode, act = wt = bf16). Results are bitwise the same for every thread
 // count. Returns 0, or -1 if threads or memory could not be had.
 // Code above kernels/ starts backends through kernels/backend.h instead.
-int tr_backend_cpu_init(tr_backend *be, int32_t n_threads, tr_dtype precision);
+int tr_backend_cpu_init(tr_backend *be, int32_t n_threads, tr_dt precision);
 void tr_backend_cpu_free(tr_backend *be);

@@ -26,6 +26,7 @@ enum tr_recipe_workflow {
 };
 
 enum tr_recipe_backend { TR_RECIPE_CPU, TR_RECIPE_CUDA };
+enum tr_recipe_precision { TR_RECIPE_PREC_AUTO, TR_RECIPE_FP32, TR_RECIPE_BF16 };
 
 enum tr_recipe_schedule { TR_RECIPE_SCHED_CONSTANT, TR_RECIPE_SCHED_LINEAR, TR_RECIPE_SCHED_COSINE };
 
@@ -191,6 +192,7 @@ typedef struct tr_recipe {
     int64_t seed;
     char run_dir[TR_RECIPE_PATH_MAX];
     enum tr_recipe_backend backend;
+    enum tr_recipe_precision precision;
     int64_t threads;  // CPU worker threads; 0 = all cores
     double memory_gb; // memory each worker may plan with; 0 = the device's free memory
     tr_recipe_model models[TR_RECIPE_REWARD];  // policy, reference, critic

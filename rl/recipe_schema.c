@@ -9,6 +9,7 @@
 const char *const tr_recipe_workflow_names[] = {"grpo", "ppo", "sft", "pretrain", NULL};
 const char *const tr_recipe_role_names[] = {"policy", "reference", "critic", "reward", NULL};
 static const char *const backend_names[] = {"cpu", "cuda", NULL};
+static const char *const precision_names[] = {"auto", "fp32", "bf16", NULL};
 static const char *const schedule_names[] = {"constant", "linear", "cosine", NULL};
 static const char *const reward_kind_names[] = {"rule", "model", "service", NULL};
 static const char *const reward_fn_names[] = {"exact_match", "numeric_match", "regex", NULL};
@@ -330,6 +331,10 @@ const tr_rkey tr_recipe_schema[] = {
      .doc = "checkpoints, logs and resolved.yaml go here"},
     {.name = "backend", .type = TR_RK_ENUM, .off = offsetof(tr_recipe, backend), .names = backend_names,
      .def = "cpu", .doc = "compute backend"},
+    {.name = "precision", .type = TR_RK_ENUM, .off = offsetof(tr_recipe, precision),
+     .names = precision_names, .def = "auto",
+     .doc = "weights and activations as the passes read them (fp32 masters and optimizer either "
+            "way); auto: the backend's, cpu fp32 and cuda bf16"},
     {.name = "threads", .type = TR_RK_INT, .off = offsetof(tr_recipe, threads), .flags = UNIT, .min = 0,
      .max = 4096, .def = "0", .doc = "CPU threads per worker; 0 = all cores"},
     {.name = "memory_gb", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe, memory_gb), .flags = UNIT,

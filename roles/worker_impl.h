@@ -83,7 +83,7 @@ struct tr_worker {
     // Activations and KV cache of every hosted role: one region, grown while roles are
     // initialised and lent to one op at a time (engine/arena.h).
     tr_arena arena;
-    size_t separate_floats;           // what the hosted roles' own buffers would have taken
+    size_t separate_bytes;            // what the hosted roles' own buffers would have taken
     tr_role_ctx roles[4];
     int n_roles;
     void (*log)(void *ctx, const char *line);
