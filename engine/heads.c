@@ -34,6 +34,20 @@ static void head_grad_backward(tr_model *m, int32_t N) {
                         m->w.score_w, T, C, N);
 }
 
+// n rows of LM logits (fp32, into out) from rows x of lnf: the GEMM's output in the
+// activation dtype, as transformers' bf16 autocast rounds it, then widened for the fp32
+// log-softmax and the sampler (in fp32 the GEMM writes out directly).
+static void lm_logits(tr_model *m, float *out, const void *x, int32_t n) {
+    const tr_ops *op = m->be->ops;
+    const int32_t C = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    if (m->act == TR_F32) {
+        op->matmul_forward(m->be, out, x, m->w.lm_head, NULL, n, C, V, TR_MM_OUT_F32);
+        return;
+    }
+    op->matmul_forward(m->be, m->acts.logits_a, x, m->w.lm_head, NULL, n, C, V, 0);
+    op->convert(m->be, out, TR_F32, m->acts.logits_a, m->act, (size_t)n * V);
+}
+
 int tr_lm_head_forward(tr_model *m, const int32_t *targets, float *logprob, float *entropy,
                        tr_err *err) {
     if (need_head(m, TR_HEAD_LM, "lm head", err) != 0) return -1;
@@ -48,8 +62,7 @@ int tr_lm_head_forward(tr_model *m, const int32_t *targets, float *logprob, floa
     op->upload(m->be, m->d_targets, targets, (size_t)T * sizeof(int32_t));
     for (int32_t r0 = 0; r0 < T; r0 += R) {
         int32_t n = T - r0 < R ? T - r0 : R;
-        op->matmul_forward(m->be, a->logits, act_row(m, a->lnf, r0, C), m->w.lm_head, NULL, n, C,
-                           V, TR_MM_OUT_F32);
+        lm_logits(m, a->logits, act_row(m, a->lnf, r0, C), n);
         op->logsoftmax_forward(m->be, logprob ? m->d_out + r0 : NULL,
                                entropy ? m->d_entropy + r0 : NULL, a->lse + r0, a->logits,
                                m->d_targets + r0, n, V);
@@ -73,8 +86,7 @@ void tr_lm_head_backward(tr_model *m, const int32_t *targets, const float *dlogp
     for (int32_t r0 = 0; r0 < T; r0 += R) {
         int32_t n = T - r0 < R ? T - r0 : R;
         const void *x = act_row(m, a->lnf, r0, C);
-        if (!m->logits_cached)
-            op->matmul_forward(m->be, a->logits, x, m->w.lm_head, NULL, n, C, V, TR_MM_OUT_F32);
+        if (!m->logits_cached) lm_logits(m, a->logits, x, n);
         op->logsoftmax_backward(m->be, a->d_logits, dlogprob ? m->d_dout + r0 : NULL,
                                 dentropy ? m->d_dentropy + r0 : NULL, a->logits, a->lse + r0,
                                 m->d_targets + r0, n, V);
@@ -89,8 +101,7 @@ int tr_lm_head_logits(tr_model *m, int32_t row0, int32_t n, float *out, tr_err *
         return tr_errf(err, TR_ERANGE, "lm head logits: rows %d..%d of a %d-token batch", row0,
                        row0 + n, m->docs.n_tokens);
     const int32_t C = m->cfg.hidden_size;
-    m->be->ops->matmul_forward(m->be, out, act_row(m, m->acts.lnf, row0, C), m->w.lm_head, NULL,
-                               n, C, m->cfg.vocab_size, TR_MM_OUT_F32);
+    lm_logits(m, out, act_row(m, m->acts.lnf, row0, C), n);
     return 0;
 }
 

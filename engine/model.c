@@ -22,7 +22,8 @@
 //              + A T*QKV, F T*(H + G) with QK-norm (Qwen3): q and k after the per-head norm
 //              next to the projection's raw rows, and each head's rstd
 //   lnf A T*C, lnf_rstd F T
-//   LM head:   logits F R*V, lse F T;   value/score head: head_out F T*N
+//   LM head:   logits F R*V, logits_a A R*V (none when A is fp32), lse F T;
+//              value/score head: head_out F T*N
 //   training:  d_res F T*C, d_res_a A T*C (none when A is fp32: d_res serves), d_ln A T*C,
 //              d_qkv A T*QKV, d_att A T*Q, d_gu A T*2I, d_act A T*I, d_logits A R*V (LM) or
 //              d_head_out F T*N + A T*N; with QK-norm d_qkv_n A T*QKV
@@ -117,6 +118,7 @@ static size_t layout_arena(const tr_model_config *cfg, int32_t T, int32_t R, boo
     }
     if (base) {
         a->logits = a->lse = a->head_out = a->d_res = a->d_head_out = NULL;
+        a->logits_a = NULL;
         a->d_res_a = a->d_lnf = a->d_ln = a->d_qkv = a->d_qkv_n = a->d_att = NULL;
         a->d_gu = a->d_act = a->d_logits = a->d_head_out_a = NULL;
     }
@@ -124,6 +126,8 @@ static size_t layout_arena(const tr_model_config *cfg, int32_t T, int32_t R, boo
     TAKE(a->lnf_rstd, t, F);
     if (cfg->head == TR_HEAD_LM) {
         TAKE(a->logits, (size_t)R * V, F);
+        if (act != TR_F32) TAKE(a->logits_a, (size_t)R * V, A);
+        else if (base) a->logits_a = NULL;
         TAKE(a->lse, t, F);
     } else {
         TAKE(a->head_out, t * N, F);

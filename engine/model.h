@@ -42,6 +42,8 @@ typedef struct tr_acts {
     void *lnf;             // A [T, C] final norm output: the input of every head
     float *lnf_rstd;       // F [T]
     float *logits;         // F [logit_rows, V] one chunk of LM-head logits (LM head only)
+    void *logits_a;        // A [logit_rows, V] the LM head's output as its GEMM rounds it
+                           // (as transformers' autocast does), before logits; NULL in fp32
     float *lse;            // F [T] log-sum-exp of each token's logits (LM head only)
     float *head_out;       // F [T, num_labels] value/score projection of every token
     // Backward scratch (training layout only), reused by every layer. Activation gradients

@@ -31,6 +31,7 @@ grpo_recipe() {  # grpo_recipe RUN_DIR STEPS [SAVE_EVERY]
     cat <<EOF
 workflow: grpo
 backend: ${TROUPE_BACKEND:-cpu}
+precision: ${TROUPE_PRECISION:-auto}
 seed: 3
 run_dir: $1
 threads: 1
@@ -117,6 +118,7 @@ check "killed-and-resumed run has every step once and complete checkpoints" $?
 cat > "$tmp/sft.yaml" <<EOF
 workflow: sft
 backend: ${TROUPE_BACKEND:-cpu}
+precision: ${TROUPE_PRECISION:-auto}
 seed: 2
 run_dir: $tmp/sft
 threads: 1
@@ -140,6 +142,7 @@ check "sft resumed after 2 steps equals the uninterrupted run (row cursor, optim
 cat > "$tmp/ppo.yaml" <<EOF
 workflow: ppo
 backend: ${TROUPE_BACKEND:-cpu}
+precision: ${TROUPE_PRECISION:-auto}
 seed: 4
 run_dir: $tmp/ppo
 threads: 1
@@ -179,6 +182,7 @@ check "preprocess for the pretraining run" $?
 cat > "$tmp/pretrain.yaml" <<EOF
 workflow: pretrain
 backend: ${TROUPE_BACKEND:-cpu}
+precision: ${TROUPE_PRECISION:-auto}
 seed: 5
 run_dir: $tmp/pre
 threads: 1
