@@ -375,7 +375,41 @@ int tr_model_refresh_work(tr_model *m, tr_err *err) {
     return tr_dev_sync(m->be, "working weights", err);
 }
 
+// A model without masters (bf16, never trains) loads each tensor's file bytes raw into a
+// device scratch and converts them on the device into the working copy: no fp32 copy of the
+// weights on the host, and the file's bf16 arrives as it is. Chunks bound the scratch.
+#define RAW_CHUNK_BYTES ((size_t)64 << 20)
+typedef struct raw_load {
+    tr_model *m;
+    void *tmp;
+} raw_load;
+
+static int raw_tensor(void *ctx, const tr_tensor_desc *d, const void *data, enum tr_st_dtype st,
+                      tr_err *err) {
+    (void)err;
+    raw_load *r = ctx;
+    tr_model *m = r->m;
+    tr_dt dt = st == TR_ST_BF16 ? TR_BF16 : st == TR_ST_F16 ? TR_F16 : TR_F32;
+    size_t es = tr_dt_size(dt), ws = tr_dt_size(m->wt), per = RAW_CHUNK_BYTES / es;
+    for (size_t off = 0; off < d->numel; off += per) {
+        size_t n = d->numel - off < per ? d->numel - off : per;
+        m->be->ops->upload(m->be, r->tmp, (const char *)data + off * es, n * es);
+        m->be->ops->convert(m->be, (char *)m->work + (d->offset + off) * ws, m->wt, r->tmp, dt, n);
+    }
+    // The upload reads the mapped file until the next sync, and the loader unmaps it after.
+    return tr_dev_sync(m->be, "loading weights", err);
+}
+
+static int load_raw(tr_model *m, const char *dir, bool backbone, tr_err *err) {
+    raw_load r = {.m = m, .tmp = tr_dev_alloc(m->be, RAW_CHUNK_BYTES, "checkpoint scratch", err)};
+    if (!r.tmp) return -1;
+    int rc = tr_checkpoint_load_to(dir, &m->cfg, &m->layout, backbone, raw_tensor, &r, err);
+    tr_dev_free(m->be, r.tmp);
+    return rc;
+}
+
 int tr_model_load_weights(tr_model *m, const char *dir, bool backbone, tr_err *err) {
+    if (!m->params) return load_raw(m, dir, backbone, err);
     float *buf = param_staging(m, "checkpoint staging", err);
     if (!buf) return -1;
     int rc = 0;
