@@ -41,7 +41,21 @@ from transformers import (LlamaConfig, LlamaForCausalLM, LlamaForTokenClassifica
 VOCAB = 300
 SEQ_LENS = [7, 12, 5]
 PAD_ID = 0
-ADAMW = dict(lr=2e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+# The AdamW steps are compared at 1e-5 abs, and eps decides whether that comparison means
+# anything. AdamW's first update of an element is lr * g / (|g| + eps) (m and v hold only g),
+# whose slope in g is lr * eps / (|g| + eps)^2, at most lr / eps where g = 0. fp32 leaves an
+# absolute error in every gradient element (up to 1e-7 here after clipping, against float64),
+# elements whose exact gradient is near zero included. With eps 1e-8 the slope there is
+# 2e5, so that error can move such a parameter by anything up to 2 lr (a flipped sign):
+# qwen3's lm_head.weight has an element whose gradient is 7.7e-9 before clipping and 9.1e-9
+# in fp32, and transformers' own fp32 steps were 3.3e-5 from float64's (which elements land
+# there is chance, not a property of a family). With eps 1e-3, a fifth of a typical element
+# of the clipped gradient (global norm 1 over 3e4..4.4e4 parameters, rms 5e-3), the slope is
+# at most 2: fp32 noise moves a parameter by at most 2e-7 a step, and transformers' fp32
+# steps are within 3e-7 of float64's for every family (fp32's resolution of O(1) weights).
+# eps and the gradient's size then reach the result too; with eps far below every |g| it
+# depends only on the gradient's signs and its ratios between steps.
+ADAMW = dict(lr=2e-3, betas=(0.9, 0.95), eps=1e-3, weight_decay=0.1)
 MAX_GRAD_NORM = 1.0
 PROMPTS = [[5, 17, 42], [100, 3, 250, 77, 9], [299]]
 
