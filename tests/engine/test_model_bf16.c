@@ -1,11 +1,17 @@
 // The model in mixed precision (bf16 weights and activations over fp32 masters; the CPU
 // backend's emulated mode, or CUDA with TROUPE_BACKEND=cuda):
-//  - token logprobs against transformers under bf16 autocast (tools/make_bf16_fixtures.py)
-//    on the LM fixtures: within 0.05 at most and 5e-3 on average. The fp32 engine is farther
-//    from those than that (bf16 rounding moves transformers' own logprobs by up to ~0.06), so
-//    passing means the rounding points match, not merely that both are close to fp32;
+//  - token logprobs of the LM fixtures against an independent torch implementation of the
+//    same rounding points (tools/make_bf16_fixtures.py: fp32 arithmetic from bf16 inputs, one
+//    rounding per activation output): within 0.01 at most and 1e-3 on average (on the CPU
+//    the two agree to fp32 rounding of the log-softmax; a GPU's other summation order may
+//    flip a rare bf16 rounding), where the fp32 engine is 0.01-0.02 away on average, so the
+//    bound sees whether bf16 rounds where it should. The distance to transformers' own bf16 autocast is measured and printed: autocast
+//    rounds elsewhere (fp32 embedding and norm weights, bf16 RoPE and SwiGLU steps, o_proj and
+//    down_proj outputs), and on these random-weight models one rounding point alone moves its
+//    logprobs by ~0.01 on average, so that distance is of the size of bf16 itself;
 //  - the layout of a bf16 model: fp32 masters and a working copy for a model that trains, the
-//    working copy alone for one that does not, and masters read back exactly;
+//    working copy alone for one that does not (loaded raw: the masters rounded), a bf16
+//    checkpoint that reloads to the same copy;
 //  - 200 steps of SFT on a small model in bf16 end within 2% of the same run's loss in fp32,
 //    on data with a known entropy floor (a random first-order Markov chain), so the loss is
 //    far from 0 and 2% is a real bound.
@@ -23,9 +29,9 @@
 #include "tests/engine/model_util.h"
 #include "tests/test.h"
 
-// Token logprobs of the fixture batch on backend be, against the fixture tensor `key` of
-// file (expected.safetensors or bf16_autocast.safetensors). Returns the max abs error.
-static double fixture_logprobs(tr_backend *be, const char *name, const char *file, double *mean) {
+// Token logprobs of the fixture batch on backend be against tensor `key` of the fixture's
+// bf16_autocast.safetensors. Returns the max abs error; *mean gets the mean.
+static double fixture_logprobs(tr_backend *be, const char *name, const char *key, double *mean) {
     char path[512];
     snprintf(path, sizeof path, "tests/fixtures/models/%s", name);
     tr_err err = {0};
@@ -38,7 +44,7 @@ static double fixture_logprobs(tr_backend *be, const char *name, const char *fil
     tr_st_file ex, want_f;
     snprintf(path, sizeof path, "tests/fixtures/models/%s/expected.safetensors", name);
     int rc = tr_st_open(&ex, tr_test_src(path), &err);
-    snprintf(path, sizeof path, "tests/fixtures/models/%s/%s", name, file);
+    snprintf(path, sizeof path, "tests/fixtures/models/%s/bf16_autocast.safetensors", name);
     if (!rc) rc = tr_st_open(&want_f, tr_test_src(path), &err);
     CHECKF(rc == 0, "%s: %s", name, err.msg);
     double worst = INFINITY;
@@ -46,13 +52,13 @@ static double fixture_logprobs(tr_backend *be, const char *name, const char *fil
         size_t n_ids = 0, n_seq = 0, n_want = 0;
         int32_t *ids = st_ints(&ex, "input_ids", &n_ids);
         int32_t *lens = st_ints(&ex, "seq_lens", &n_seq);
-        float *want = st_floats(&want_f, "logprobs", &n_want);
+        float *want = st_floats(&want_f, key, &n_want);
         static packed_batch b;
         pack_batch(&b, ids, lens, (int32_t)n_seq);
         float got[512];
         rc = tr_model_forward(&m, b.ids, &b.docs, &err);
         if (!rc) rc = tr_lm_head_forward(&m, b.targets, got, NULL, &err);
-        CHECKF(rc == 0 && want && n_want == (size_t)b.n_tokens, "%s: %s", name, err.msg);
+        CHECKF(rc == 0 && want && n_want == (size_t)b.n_tokens, "%s %s: %s", name, key, err.msg);
         if (rc == 0 && want) {
             worst = 0;
             double sum = 0;
@@ -73,17 +79,23 @@ static double fixture_logprobs(tr_backend *be, const char *name, const char *fil
     return worst;
 }
 
-static void test_autocast(tr_backend *bf, tr_backend *fp) {
+static void test_rounding_points(tr_backend *bf, tr_backend *fp) {
     const char *names[] = {"llama3", "qwen2", "llama_bias", "qwen3"};
-    printf("logprobs against transformers' bf16 autocast (max <= 0.05, mean <= 5e-3):\n");
+    printf("logprobs against troupe's rounding points in torch (max <= 0.01, mean <= 1e-3), and\n"
+           "against transformers' bf16 autocast (measured):\n");
     for (int i = 0; i < 4; i++) {
-        double mean = 0, mean32 = 0;
-        double worst = fixture_logprobs(bf, names[i], "bf16_autocast.safetensors", &mean);
-        double worst32 = fixture_logprobs(fp, names[i], "bf16_autocast.safetensors", &mean32);
-        printf("  %-10s bf16 engine: max %.3g mean %.3g   (fp32 engine: max %.3g mean %.3g)\n",
-               names[i], worst, mean, worst32, mean32);
-        CHECKF(worst <= 0.05 && mean <= 5e-3, "%s: bf16 logprobs max %.3g mean %.3g", names[i],
+        double mean = 0, mean32 = 0, mean_ac = 0;
+        double worst = fixture_logprobs(bf, names[i], "troupe_bf16", &mean);
+        double worst32 = fixture_logprobs(fp, names[i], "troupe_bf16", &mean32);
+        double worst_ac = fixture_logprobs(bf, names[i], "logprobs", &mean_ac);
+        printf("  %-10s bf16: max %.3g mean %.3g (fp32 engine: max %.3g mean %.3g); "
+               "autocast: max %.3g mean %.3g\n", names[i], worst, mean, worst32, mean32,
+               worst_ac, mean_ac);
+        CHECKF(worst <= 0.01 && mean <= 1e-3, "%s: bf16 logprobs max %.3g mean %.3g", names[i],
                worst, mean);
+        // The bound discriminates: fp32 arithmetic throughout is well outside it.
+        CHECKF(mean32 > 4e-3, "%s: the fp32 engine is within %.3g of the bf16 reference",
+               names[i], mean32);
     }
 }
 
@@ -212,8 +224,9 @@ static void test_sft(tr_backend *bf, tr_backend *fp) {
         for (int j = 0; j < 4; j++) c.next[t][j] = (int32_t)(tr_rng_uniform(&r) * V);
     double l32 = sft_run(fp, &c), l16 = sft_run(bf, &c);
     double rel = fabs(l16 - l32) / l32;
-    printf("SFT %d steps: loss fp32 %.4f, bf16 %.4f (%.2f%% apart; the chain's entropy %.4f)\n",
+    printf("SFT %d steps: loss fp32 %.6f, bf16 %.6f (%.3f%% apart; the chain's entropy %.4f)\n",
            STEPS, l32, l16, 100 * rel, 1.2799);
+    CHECKF(l16 != l32, "bf16 and fp32 runs gave the same loss %.9g: bf16 did not run", l16);
     CHECKF(rel <= 0.02, "bf16 SFT loss %.4f is %.2f%% from fp32's %.4f", l16, 100 * rel, l32);
     // Both learned the chain: well under the uniform loss ln 48 = 3.87.
     CHECKF(l32 < 2.0 && l16 < 2.0, "losses %.4f %.4f: nothing learned", l32, l16);
@@ -225,7 +238,7 @@ int main(void) {
     et_backend_in(&fp, 1, "fp32");
     CHECK(bf.act == TR_BF16 && bf.wt == TR_BF16 && fp.act == TR_F32);
     test_layout(&bf);
-    test_autocast(&bf, &fp);
+    test_rounding_points(&bf, &fp);
     test_sft(&bf, &fp);
     tr_backend_free(&bf);
     tr_backend_free(&fp);
