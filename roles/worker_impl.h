@@ -64,6 +64,7 @@ typedef struct tr_role_ctx {
     int32_t stop_ids[TR_MAX_EOS + 2];
     int32_t n_stop;
     char tokenizer_dir[1024];         // copied beside saved checkpoints
+    bool save_bf16;                   // checkpoints hold bf16 weights (init's save_dtype)
 
     tr_policy_loss_cfg loss;
     float value_clip;

@@ -274,8 +274,8 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
     static const char *const keys[] = {"model", "init_config", "init_seed", "head", "backend", "threads",
                                        "device", "memory_bytes", "max_tokens", "seed", "tokenizer",
                                        "chat_format", "train", "optim", "loss", "kv_tokens", "kv_want",
-                                       "max_seqs", "reward", "parallel", "precision", NULL};
-    char backend[16], precision[8] = "";
+                                       "max_seqs", "reward", "parallel", "precision", "save_dtype", NULL};
+    char backend[16], precision[8] = "", save_dtype[8] = "fp32";
     int64_t threads, device = 0, memory = 0, max_tokens, kv_tokens = 0, kv_want = 0, max_seqs = 0;
     uint64_t seed;
     bool train;
@@ -285,8 +285,12 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
         tr_msg_get_int_opt(a, "kv_tokens", &kv_tokens, err) || tr_msg_get_int_opt(a, "max_seqs", &max_seqs, err) ||
         tr_msg_get_int_opt(a, "device", &device, err) || tr_msg_get_int_opt(a, "memory_bytes", &memory, err) ||
         tr_msg_get_int_opt(a, "kv_want", &kv_want, err) ||
-        (tr_msg_has(a, "precision") && tr_msg_get_str_buf(a, "precision", precision, sizeof precision, err)))
+        (tr_msg_has(a, "precision") && tr_msg_get_str_buf(a, "precision", precision, sizeof precision, err)) ||
+        (tr_msg_has(a, "save_dtype") && tr_msg_get_str_buf(a, "save_dtype", save_dtype, sizeof save_dtype, err)))
         return -1;
+    if (strcmp(save_dtype, "fp32") != 0 && strcmp(save_dtype, "bf16") != 0)
+        return tr_errf(err, TR_EINVAL, "init: save_dtype must be fp32 or bf16, got '%s'", save_dtype);
+    rc->save_bf16 = strcmp(save_dtype, "bf16") == 0;
     if (!tr_backend_built(backend))
         return tr_errf(err, TR_EUNSUPPORTED, "init: backend '%s' is not in this build of troupe", backend);
     if (parse_parallel(rc, a, err)) return -1;
