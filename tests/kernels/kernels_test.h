@@ -67,6 +67,16 @@ static inline void kt_backend(tr_backend *be, int32_t n_threads, tr_dtype precis
     }
 }
 
+// The CPU backend as the environment sets it up (TROUPE_CPU_GUARD=1: guarded memory), for
+// tests whose buffers are all backend memory.
+static inline void kt_backend_dev(tr_backend *be, int32_t n_threads, tr_dtype precision) {
+    if (tr_backend_cpu_init(be, n_threads, precision) != 0) {
+        fprintf(stderr, "tr_backend_cpu_init(%d, %s) failed\n", n_threads,
+                tr_dtype_name(precision));
+        exit(1);
+    }
+}
+
 // ---- bf16: the bf16 mode's results are checked against the fp32 op run on the same
 // (bf16-valued) inputs, each output rounded once with this reference ----
 
