@@ -61,21 +61,49 @@ static inline void tr_st(void *p, size_t i, float x, tr_dtype t) {
     else ((float *)p)[i] = x;
 }
 
+typedef uint32_t tr_u32x4 __attribute__((vector_size(16)));
+typedef uint16_t tr_u16x4 __attribute__((vector_size(8)));
+
+// tr_bf16_f32 of four values at once.
+static inline void tr_bf16_f32x4(float *d, const uint16_t *s) {
+    tr_u16x4 h;
+    memcpy(&h, s, sizeof h);
+    tr_u32x4 u = __builtin_convertvector(h, tr_u32x4) << 16;
+    memcpy(d, &u, sizeof u);
+}
+
 // n elements from p (element offset off) into fp32 dst.
 static inline void tr_ld_row(float *dst, const void *p, size_t off, int32_t n, tr_dtype t) {
     if (t == TR_BF16) {
         const uint16_t *s = (const uint16_t *)p + off;
-        for (int32_t i = 0; i < n; i++) dst[i] = tr_bf16_f32(s[i]);
+        int32_t i = 0;
+        for (; i + 4 <= n; i += 4) tr_bf16_f32x4(dst + i, s + i);
+        for (; i < n; i++) dst[i] = tr_bf16_f32(s[i]);
     } else {
         memcpy(dst, (const float *)p + off, (size_t)n * sizeof(float));
     }
+}
+
+// tr_f32_bf16 of four values at once, NaNs included (the same bits): rounding the result of
+// every output row this way keeps a bf16 store from costing more than the fp32 one.
+static inline void tr_f32_bf16x4(uint16_t *d, const float *s) {
+    tr_u32x4 u;
+    memcpy(&u, s, sizeof u);
+    tr_u32x4 h = u >> 16;
+    tr_u32x4 rounded = (u + 0x7fffu + (h & 1u)) >> 16;
+    tr_u32x4 nan = h | ((tr_u32x4)((h & 0x7fu) == 0) & 0x40u);
+    tr_u32x4 is_nan = (tr_u32x4)((u & 0x7fffffffu) > 0x7f800000u);
+    tr_u16x4 r = __builtin_convertvector((is_nan & nan) | (~is_nan & rounded), tr_u16x4);
+    memcpy(d, &r, sizeof r);
 }
 
 // n fp32 values into p at element offset off, each rounded once.
 static inline void tr_st_row(void *p, size_t off, const float *src, int32_t n, tr_dtype t) {
     if (t == TR_BF16) {
         uint16_t *d = (uint16_t *)p + off;
-        for (int32_t i = 0; i < n; i++) d[i] = tr_f32_bf16(src[i]);
+        int32_t i = 0;
+        for (; i + 4 <= n; i += 4) tr_f32_bf16x4(d + i, src + i);
+        for (; i < n; i++) d[i] = tr_f32_bf16(src[i]);
     } else {
         memcpy((float *)p + off, src, (size_t)n * sizeof(float));
     }

@@ -276,7 +276,7 @@ static void gemm_pack_b(float *bp, const tr_gemm *g, int32_t k0, int32_t kn, int
 // the last panel's missing rows repeating its last real row. Used when A's steps along k are
 // not contiguous (A^T, the weight gradient): there the rows a micro-kernel reads sit a whole
 // row of the source apart per step, and such strides (often a multiple of 4 KiB) would fall
-// into one L1 set and evict each other. And used for every bf16 A, converted here.
+// into one L1 set and evict each other. A bf16 A is widened here.
 static void gemm_pack_a(float *ap, const tr_gemm *g, int32_t i0, int32_t i1, int32_t k0,
                         int32_t kn, int32_t MR) {
     for (int32_t p0 = i0; p0 < i1; p0 += MR, ap += (size_t)kn * MR) {
@@ -300,22 +300,32 @@ static void gemm_pack_a(float *ap, const tr_gemm *g, int32_t i0, int32_t i1, int
     }
 }
 
+// Widens a bf16 A with contiguous steps (rows i0 .. i1-1, k0 .. k0+kn-1) into fp32 rows of kn
+// values, which the micro-kernels then read in place as they read an fp32 A.
+static void gemm_widen_a(float *ap, const tr_gemm *g, int32_t i0, int32_t i1, int32_t k0,
+                         int32_t kn) {
+    for (int32_t i = i0; i < i1; i++)
+        tr_ld_row(ap + (size_t)(i - i0) * kn, g->a, (size_t)((ptrdiff_t)i * g->a_rs + k0), kn,
+                  g->a_t);
+}
+
 // C rows [i0, i1) x columns [j0, j1): the whole chain over K, block by block, into the fp32
 // tile c (row stride ldc, c[0] being C(i0, j0)); load_c0: the chain starts from c's values.
 static void gemm_block_f32(const gemm_kernel *kr, const tr_gemm *g, int32_t i0, int32_t i1,
                            int32_t j0, int32_t j1, float *cb, ptrdiff_t ldc, bool load_c0) {
     const int32_t MR = kr->mr, NR = kr->nr;
     float bp[GEMM_KC_MAX * GEMM_NR_MAX] __attribute__((aligned(64)));
-    // Packed A for strided or bf16 rows: at most GEMM_MC rows of one K block (192 KiB of
-    // stack, only touched when used).
+    // Packed A for strided rows, or widened bf16 rows: at most GEMM_MC rows of one K block
+    // (192 KiB of stack, only touched when used).
     float ap[GEMM_MC * GEMM_KC_MAX] __attribute__((aligned(64)));
-    const bool pack_a = g->a_ks != 1 || g->a_t != TR_F32;
+    const bool pack_a = g->a_ks != 1, widen_a = !pack_a && g->a_t != TR_F32;
     float tile[GEMM_MR_MAX * GEMM_NR_MAX], bias_pad[GEMM_NR_MAX];
     const float *ar[GEMM_MR_MAX];
     for (int32_t k0 = 0; k0 < g->K; k0 += kr->kc) {
         int32_t kn = g->K - k0 < kr->kc ? g->K - k0 : kr->kc;
         bool load_c = k0 > 0 || load_c0, last = k0 + kn == g->K;
         if (pack_a) gemm_pack_a(ap, g, i0, i1, k0, kn, MR);
+        if (widen_a) gemm_widen_a(ap, g, i0, i1, k0, kn);
         for (int32_t j = j0; j < j1; j += NR) {
             int32_t nr = j1 - j < NR ? j1 - j : NR;
             gemm_pack_b(bp, g, k0, kn, j, nr, NR, kr->isa);
@@ -337,6 +347,9 @@ static void gemm_block_f32(const gemm_kernel *kr, const tr_gemm *g, int32_t i0, 
                     const float *panel = ap + (size_t)(i - i0) * kn;
                     for (int32_t r = 0; r < MR; r++) ar[r] = panel + r;
                     aks = MR;
+                } else if (widen_a) {
+                    for (int32_t r = 0; r < MR; r++)
+                        ar[r] = ap + (size_t)(i - i0 + (r < mr ? r : mr - 1)) * kn;
                 } else {
                     for (int32_t r = 0; r < MR; r++)
                         ar[r] = a + (i + (r < mr ? r : mr - 1)) * g->a_rs + k0 * g->a_ks;
@@ -382,9 +395,16 @@ static void gemm_block(const gemm_kernel *kr, const tr_gemm *g, int32_t i0, int3
     for (int32_t jc = j0; jc < j1; jc += GEMM_NC_OUT) {
         int32_t jn = j1 - jc < GEMM_NC_OUT ? j1 - jc : GEMM_NC_OUT;
         gemm_block_f32(kr, g, i0, i1, jc, jc + jn, cs, GEMM_NC_OUT, false);
-        for (int32_t i = i0; i < i1; i++)
-            for (int32_t x = 0; x < jn; x++)
-                gemm_store(g, i, jc + x, cs[(size_t)(i - i0) * GEMM_NC_OUT + x]);
+        for (int32_t i = i0; i < i1; i++) {
+            const float *r = cs + (size_t)(i - i0) * GEMM_NC_OUT;
+            size_t at = (size_t)((ptrdiff_t)i * g->ldc + jc);
+            if (g->add) {
+                float *c = (float *)g->c + at;
+                for (int32_t x = 0; x < jn; x++) c[x] += r[x];
+            } else {
+                tr_st_row(g->c, at, r, jn, g->c_t);
+            }
+        }
     }
 }
 

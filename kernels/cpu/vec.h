@@ -7,6 +7,9 @@
 #pragma once
 #include <stdint.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 typedef float tr_v4 __attribute__((vector_size(16)));
 
@@ -18,15 +21,31 @@ static inline tr_v4 tr_v4_load(const float *p) {
 
 static inline void tr_v4_store(float *p, tr_v4 v) { memcpy(p, &v, sizeof v); }
 
-typedef uint32_t tr_u4 __attribute__((vector_size(16)));
-
 // Four bf16 values as fp32: each is the top half of its fp32.
 static inline tr_v4 tr_v4_load_bf16(const uint16_t *p) {
-    tr_u4 u = {p[0], p[1], p[2], p[3]};
-    u <<= 16;
     tr_v4 v;
-    memcpy(&v, &u, sizeof v);
+#if defined(__SSE2__)
+    __m128i w = _mm_unpacklo_epi16(_mm_setzero_si128(), _mm_loadl_epi64((const __m128i *)p));
+    memcpy(&v, &w, sizeof v);
+#else
+    uint32_t u[4] = {(uint32_t)p[0] << 16, (uint32_t)p[1] << 16, (uint32_t)p[2] << 16,
+                     (uint32_t)p[3] << 16};
+    memcpy(&v, u, sizeof v);
+#endif
     return v;
+}
+
+// Eight bf16 values as two fp32 vectors (elements 0-3 and 4-7).
+static inline void tr_v4_load_bf16x8(const uint16_t *p, tr_v4 *lo, tr_v4 *hi) {
+#if defined(__SSE2__)
+    __m128i h = _mm_loadu_si128((const __m128i *)p), z = _mm_setzero_si128();
+    __m128i l = _mm_unpacklo_epi16(z, h), u = _mm_unpackhi_epi16(z, h);
+    memcpy(lo, &l, sizeof *lo);
+    memcpy(hi, &u, sizeof *hi);
+#else
+    *lo = tr_v4_load_bf16(p);
+    *hi = tr_v4_load_bf16(p + 4);
+#endif
 }
 
 static inline float tr_bf16_val(uint16_t h) {
@@ -157,8 +176,11 @@ static inline float tr_vec_dot_bf16(const uint16_t *a, const uint16_t *b, int32_
     tr_v4 lo = {0}, hi = {0};
     int32_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        lo += tr_v4_load_bf16(a + i) * tr_v4_load_bf16(b + i);
-        hi += tr_v4_load_bf16(a + i + 4) * tr_v4_load_bf16(b + i + 4);
+        tr_v4 al, ah, bl, bh;
+        tr_v4_load_bf16x8(a + i, &al, &ah);
+        tr_v4_load_bf16x8(b + i, &bl, &bh);
+        lo += al * bl;
+        hi += ah * bh;
     }
     tr_vec_dot_tail_bf16(&lo, &hi, a, b, i, n);
     return tr_v4_sum2(lo, hi);
@@ -173,15 +195,20 @@ static inline void tr_vec_dots_bf16(float *out, const uint16_t *const *rows, int
         tr_v4 l0 = {0}, h0 = {0}, l1 = {0}, h1 = {0}, l2 = {0}, h2 = {0}, l3 = {0}, h3 = {0};
         int32_t i = 0;
         for (; i + 8 <= n; i += 8) {
-            tr_v4 bl = tr_v4_load_bf16(b + i), bh = tr_v4_load_bf16(b + i + 4);
-            l0 += tr_v4_load_bf16(a0 + i) * bl;
-            h0 += tr_v4_load_bf16(a0 + i + 4) * bh;
-            l1 += tr_v4_load_bf16(a1 + i) * bl;
-            h1 += tr_v4_load_bf16(a1 + i + 4) * bh;
-            l2 += tr_v4_load_bf16(a2 + i) * bl;
-            h2 += tr_v4_load_bf16(a2 + i + 4) * bh;
-            l3 += tr_v4_load_bf16(a3 + i) * bl;
-            h3 += tr_v4_load_bf16(a3 + i + 4) * bh;
+            tr_v4 bl, bh, xl, xh;
+            tr_v4_load_bf16x8(b + i, &bl, &bh);
+            tr_v4_load_bf16x8(a0 + i, &xl, &xh);
+            l0 += xl * bl;
+            h0 += xh * bh;
+            tr_v4_load_bf16x8(a1 + i, &xl, &xh);
+            l1 += xl * bl;
+            h1 += xh * bh;
+            tr_v4_load_bf16x8(a2 + i, &xl, &xh);
+            l2 += xl * bl;
+            h2 += xh * bh;
+            tr_v4_load_bf16x8(a3 + i, &xl, &xh);
+            l3 += xl * bl;
+            h3 += xh * bh;
         }
         tr_vec_dot_tail_bf16(&l0, &h0, a0, b, i, n);
         tr_vec_dot_tail_bf16(&l1, &h1, a1, b, i, n);
@@ -205,10 +232,13 @@ static inline void tr_vec_axpy_rows_bf16(float *y, const float *w,
         for (int32_t j = 0; j < nr; j++) {
             const uint16_t *r = rows[j] + i;
             float wj = w[j];
-            a0 += wj * tr_v4_load_bf16(r);
-            a1 += wj * tr_v4_load_bf16(r + 4);
-            a2 += wj * tr_v4_load_bf16(r + 8);
-            a3 += wj * tr_v4_load_bf16(r + 12);
+            tr_v4 x0, x1, x2, x3;
+            tr_v4_load_bf16x8(r, &x0, &x1);
+            tr_v4_load_bf16x8(r + 8, &x2, &x3);
+            a0 += wj * x0;
+            a1 += wj * x1;
+            a2 += wj * x2;
+            a3 += wj * x3;
         }
         tr_v4_store(y + i, a0);
         tr_v4_store(y + i + 4, a1);

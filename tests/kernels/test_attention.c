@@ -147,7 +147,8 @@ static void check_decode(const att_case *c, const att_batch *b, tr_dtype t, cons
         used += nb;
     }
     int32_t n_blocks = used + 3;   // spare blocks that stay NaN
-    size_t slot_bytes = (size_t)KVH * D * es, pool_bytes = (size_t)n_blocks * block_size * slot_bytes;
+    size_t slot_bytes = (size_t)KVH * D * es;
+    size_t pool_bytes = (size_t)n_blocks * block_size * slot_bytes;
     size_t pool_elems = pool_bytes / es;
     char *kp = kt_poison(pool_elems, t), *vp = kt_poison(pool_elems, t);
     char *kw = kt_poison(pool_elems, t), *vw = kt_poison(pool_elems, t);
@@ -270,7 +271,7 @@ static void check_case(const att_case *c) {
     float *rows = kt_floats(n);
     for (int32_t t = 0; t < T; t++)
         for (int32_t i = 0; i < b.ld; i++)
-            rows[(size_t)t * b.ld + i] = (float)((size_t)i < b.v_at ? 2.0 : 1.0) * (float)kt_uniform();
+            rows[(size_t)t * b.ld + i] = (float)(((size_t)i < b.v_at ? 2.0 : 1.0) * kt_uniform());
     float *dout = kt_rand(nq, 1.0);
     float *q = part(&b, rows, 0, H * D), *k = part(&b, rows, b.k_at, KVH * D);
     float *v = part(&b, rows, b.v_at, KVH * D);

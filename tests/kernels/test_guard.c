@@ -38,7 +38,8 @@ static buf *mk(const void *init, size_t bytes) {
     b->h = kt_malloc(bytes);
     if (init) memcpy(b->h, init, bytes);
     else
-        for (size_t i = 0; i < bytes; i++) ((uint8_t *)b->h)[i] = (uint8_t)(kt_uniform() * 127.0 + 128);
+        for (size_t i = 0; i < bytes; i++)
+            ((uint8_t *)b->h)[i] = (uint8_t)(kt_uniform() * 127.0 + 128);
     b->base = gb.ops->alloc(&gb, bytes ? bytes : 1);
     if (!b->base) exit(1);
     b->d = end_of_region(b->base, bytes);
@@ -74,8 +75,15 @@ static void done(const char *op) {
     n_bufs = 0;
 }
 
-// h or d pointer of a buffer, by which backend runs the call.
-#define P(b) (be == &hb ? (b)->h : (b)->d)
+// Each op runs on hb (host arrays), then on gb (the guarded copies).
+static tr_backend *next_be(tr_backend *be) { return be == &hb ? &gb : NULL; }
+
+// The copies of the op's buffers, in the order they were made, that be works on.
+static void **ptrs(const tr_backend *be) {
+    static void *p[MAX_BUFS];
+    for (int i = 0; i < n_bufs; i++) p[i] = be == &hb ? bufs[i].h : bufs[i].d;
+    return p;
+}
 
 static void each_op(void) {
     tr_dtype A = gb.act;
@@ -91,50 +99,65 @@ static void each_op(void) {
         x[2] = mk_vals((size_t)OC * IC, A, 0.5);
         x[3] = mk_vals(OC, A, 1.0);
         int32_t fl = flags == 0 ? 0 : flags == 1 ? TR_MM_OUT_F32 : TR_MM_OUT_F32 | TR_MM_ACCUMULATE;
-        for (tr_backend *be = &hb; be; be = be == &hb ? &gb : NULL)
-            be->ops->matmul_forward(be, P(x[0]), P(x[1]), P(x[2]), P(x[3]), T, IC, OC, fl);
+        for (tr_backend *be = &hb; be; be = next_be(be)) {
+            void **p = ptrs(be);
+            be->ops->matmul_forward(be, p[0], p[1], p[2], p[3], T, IC, OC, fl);
+        }
         done("matmul_forward");
     }
     x[0] = mk_vals((size_t)T * IC, A, 1.0), x[1] = mk_f((size_t)OC * IC, 1.0);
     x[2] = mk_f(OC, 1.0), x[3] = mk_vals((size_t)T * OC, A, 1.0);
     x[4] = mk_vals((size_t)T * IC, A, 1.0), x[5] = mk_vals((size_t)OC * IC, A, 0.5);
-    for (tr_backend *be = &hb; be; be = be == &hb ? &gb : NULL)
-        be->ops->matmul_backward(be, P(x[0]), P(x[1]), P(x[2]), P(x[3]), P(x[4]), P(x[5]), T,
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        be->ops->matmul_backward(be, p[0], p[1], p[2], p[3], p[4], p[5], T,
                                  IC, OC);
+    }
     done("matmul_backward");
 
     // embedding
     int32_t ids[9] = {3, 1, 4, 1, 5, 9, 2, 6, 5};
-    x[0] = mk_f((size_t)T * C, 1.0), x[1] = mk(ids, sizeof ids), x[2] = mk_vals((size_t)10 * C, A, 1.0);
-    for (tr_backend *be = &hb; be; be = be == &hb ? &gb : NULL)
-        be->ops->embedding_forward(be, P(x[0]), P(x[1]), P(x[2]), T, C);
+    x[0] = mk_f((size_t)T * C, 1.0), x[1] = mk(ids, sizeof ids);
+    x[2] = mk_vals((size_t)10 * C, A, 1.0);
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        be->ops->embedding_forward(be, p[0], p[1], p[2], T, C);
+    }
     done("embedding_forward");
 
     // rmsnorm and head_rmsnorm (rows of stride ld)
     x[0] = mk_vals((size_t)T * C, A, 1.0), x[1] = mk_f(T, 1.0), x[2] = mk_f((size_t)T * C, 2.0);
     x[3] = mk_vals(C, A, 1.0);
-    for (tr_backend *be = &hb; be; be = be == &hb ? &gb : NULL)
-        be->ops->rmsnorm_forward(be, P(x[0]), P(x[1]), P(x[2]), P(x[3]), 1e-6f, T, C);
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        be->ops->rmsnorm_forward(be, p[0], p[1], p[2], p[3], 1e-6f, T, C);
+    }
     done("rmsnorm_forward");
     float rstd[64];
     for (int i = 0; i < 64; i++) rstd[i] = 0.5f + 0.01f * (float)i;
     x[0] = mk_f((size_t)T * C, 1.0), x[1] = mk_f(C, 1.0), x[2] = mk_vals((size_t)T * C, A, 1.0);
     x[3] = mk_f((size_t)T * C, 1.0), x[4] = mk_vals(C, A, 1.0), x[5] = mk(rstd, T * 4);
-    for (tr_backend *be = &hb; be; be = be == &hb ? &gb : NULL)
-        be->ops->rmsnorm_backward(be, P(x[0]), P(x[1]), P(x[2]), P(x[3]), P(x[4]), P(x[5]), T, C);
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        be->ops->rmsnorm_backward(be, p[0], p[1], p[2], p[3], p[4], p[5], T, C);
+    }
     done("rmsnorm_backward");
     int32_t ld = H * D + 5;
     size_t rows = (size_t)(T - 1) * ld + (size_t)H * D;   // the last row ends the view
     x[0] = mk_vals(rows, A, 1.0), x[1] = mk_f((size_t)T * H, 1.0), x[2] = mk_vals(rows, A, 2.0);
     x[3] = mk_vals(D, A, 1.0);
-    for (tr_backend *be = &hb; be; be = be == &hb ? &gb : NULL)
-        be->ops->head_rmsnorm_forward(be, P(x[0]), P(x[1]), P(x[2]), P(x[3]), 1e-6f, T, H, D, ld);
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        be->ops->head_rmsnorm_forward(be, p[0], p[1], p[2], p[3], 1e-6f, T, H, D, ld);
+    }
     done("head_rmsnorm_forward");
     x[0] = mk_vals(rows, A, 1.0), x[1] = mk_f(D, 1.0), x[2] = mk_vals(rows, A, 1.0);
     x[3] = mk_vals(rows, A, 1.0), x[4] = mk_vals(D, A, 1.0), x[5] = mk(rstd, (size_t)T * H * 4);
-    for (tr_backend *be = &hb; be; be = be == &hb ? &gb : NULL)
-        be->ops->head_rmsnorm_backward(be, P(x[0]), P(x[1]), P(x[2]), P(x[3]), P(x[4]), P(x[5]),
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        be->ops->head_rmsnorm_backward(be, p[0], p[1], p[2], p[3], p[4], p[5],
                                        T, H, D, ld);
+    }
     done("head_rmsnorm_backward");
 
     // rope on strided rows
@@ -142,9 +165,10 @@ static void each_op(void) {
     float inv[4] = {1.0f, 0.1f, 0.01f, 0.001f};
     for (int back = 0; back < 2; back++) {
         x[0] = mk_vals(rows, A, 1.0), x[1] = mk(pos, sizeof pos), x[2] = mk(inv, sizeof inv);
-        for (tr_backend *be = &hb; be; be = be == &hb ? &gb : NULL) {
-            if (back) be->ops->rope_backward(be, P(x[0]), ld, P(x[1]), P(x[2]), T, H, D);
-            else be->ops->rope_forward(be, P(x[0]), ld, P(x[1]), P(x[2]), T, H, D);
+        for (tr_backend *be = &hb; be; be = next_be(be)) {
+            void **p = ptrs(be);
+            if (back) be->ops->rope_backward(be, p[0], ld, p[1], p[2], T, H, D);
+            else be->ops->rope_forward(be, p[0], ld, p[1], p[2], T, H, D);
         }
         done(back ? "rope_backward" : "rope_forward");
     }
@@ -154,10 +178,11 @@ static void each_op(void) {
     size_t nf = (size_t)T * qkv_ld, kat = (size_t)H * D * as, vat = (size_t)(H + KVH) * D * as;
     x[0] = mk_vals((size_t)T * H * D, A, 1.0), x[1] = mk_f((size_t)T * H, 1.0);
     x[2] = mk_vals(nf, A, 2.0), x[3] = mk(ds, sizeof ds), x[4] = mk(pos, sizeof pos);
-    for (tr_backend *be = &hb; be; be = be == &hb ? &gb : NULL) {
-        tr_doc_layout docs = {.n_tokens = T, .n_docs = 2, .doc_start = P(x[3]), .pos = P(x[4])};
-        char *r = P(x[2]);
-        be->ops->attention_forward(be, P(x[0]), P(x[1]), r, r + kat, r + vat, qkv_ld, &docs, H,
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        tr_doc_layout docs = {.n_tokens = T, .n_docs = 2, .doc_start = p[3], .pos = p[4]};
+        char *r = p[2];
+        be->ops->attention_forward(be, p[0], p[1], r, r + kat, r + vat, qkv_ld, &docs, H,
                                    KVH, D);
     }
     buf *att_out = x[0], *att_lse = x[1], *att_rows = x[2];
@@ -168,10 +193,11 @@ static void each_op(void) {
     x[0] = mk_vals(nf, A, 1.0), x[1] = mk_vals((size_t)T * H * D, A, 1.0);
     x[2] = mk(out_h, (size_t)T * H * D * as), x[3] = mk(lse_h, (size_t)T * H * 4);
     x[4] = mk(rows_h, nf * as), x[5] = mk(ds, sizeof ds), x[6] = mk(pos, sizeof pos);
-    for (tr_backend *be = &hb; be; be = be == &hb ? &gb : NULL) {
-        tr_doc_layout docs = {.n_tokens = T, .n_docs = 2, .doc_start = P(x[5]), .pos = P(x[6])};
-        char *g = P(x[0]), *r = P(x[4]);
-        be->ops->attention_backward(be, g, g + kat, g + vat, P(x[1]), P(x[2]), P(x[3]), r,
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        tr_doc_layout docs = {.n_tokens = T, .n_docs = 2, .doc_start = p[5], .pos = p[6]};
+        char *g = p[0], *r = p[4];
+        be->ops->attention_backward(be, g, g + kat, g + vat, p[1], p[2], p[3], r,
                                     r + kat, r + vat, qkv_ld, &docs, H, KVH, D);
     }
     done("attention_backward");
@@ -184,33 +210,39 @@ static void each_op(void) {
     int32_t seq_len[2] = {7, 5};
     x[0] = mk_vals(pool, A, 1.0), x[1] = mk_vals(pool, A, 1.0), x[2] = mk(slots, sizeof slots);
     x[3] = mk_vals(nf, A, 1.0);
-    for (tr_backend *be = &hb; be; be = be == &hb ? &gb : NULL) {
-        tr_kv_pages kv = {.k_pool = P(x[0]), .v_pool = P(x[1]), .block_size = bs,
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        tr_kv_pages kv = {.k_pool = p[0], .v_pool = p[1], .block_size = bs,
                           .n_blocks = nb, .n_kv_heads = KVH, .head_dim = D};
-        char *r = P(x[3]);
-        be->ops->kv_write(be, &kv, P(x[2]), r + kat, r + vat, qkv_ld, T);
+        char *r = p[3];
+        be->ops->kv_write(be, &kv, p[2], r + kat, r + vat, qkv_ld, T);
     }
     done("kv_write");
     int32_t qld = H * D + 3;
     x[0] = mk_vals(pool, A, 1.0), x[1] = mk_vals(pool, A, 1.0), x[2] = mk(table, sizeof table);
     x[3] = mk(seq_len, sizeof seq_len), x[4] = mk_vals((size_t)qld + (size_t)H * D, A, 1.0);
     x[5] = mk_vals((size_t)2 * H * D, A, 1.0);
-    for (tr_backend *be = &hb; be; be = be == &hb ? &gb : NULL) {
-        tr_kv_pages kv = {.k_pool = P(x[0]), .v_pool = P(x[1]), .block_size = bs,
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        tr_kv_pages kv = {.k_pool = p[0], .v_pool = p[1], .block_size = bs,
                           .n_blocks = nb, .n_kv_heads = KVH, .head_dim = D};
-        be->ops->attention_decode(be, P(x[5]), P(x[4]), qld, &kv, P(x[2]), 3, P(x[3]), 2, H);
+        be->ops->attention_decode(be, p[5], p[4], qld, &kv, p[2], 3, p[3], 2, H);
     }
     done("attention_decode");
 
     // swiglu
     x[0] = mk_vals((size_t)T * I, A, 1.0), x[1] = mk_vals((size_t)T * 2 * I, A, 3.0);
-    for (tr_backend *be = &hb; be; be = be == &hb ? &gb : NULL)
-        be->ops->swiglu_forward(be, P(x[0]), P(x[1]), T, I);
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        be->ops->swiglu_forward(be, p[0], p[1], T, I);
+    }
     done("swiglu_forward");
     x[0] = mk_vals((size_t)T * 2 * I, A, 1.0), x[1] = mk_vals((size_t)T * I, A, 1.0);
     x[2] = mk_vals((size_t)T * 2 * I, A, 3.0);
-    for (tr_backend *be = &hb; be; be = be == &hb ? &gb : NULL)
-        be->ops->swiglu_backward(be, P(x[0]), P(x[1]), P(x[2]), T, I);
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        be->ops->swiglu_backward(be, p[0], p[1], p[2], T, I);
+    }
     done("swiglu_backward");
 
     // logsoftmax
@@ -218,16 +250,21 @@ static void each_op(void) {
     float lse_v[9];
     x[0] = mk_f(T, 1.0), x[1] = mk_f(T, 1.0), x[2] = mk_f(T, 1.0), x[3] = mk_f((size_t)T * V, 3.0);
     x[4] = mk(target, sizeof target);
-    for (tr_backend *be = &hb; be; be = be == &hb ? &gb : NULL)
-        be->ops->logsoftmax_forward(be, P(x[0]), P(x[1]), P(x[2]), P(x[3]), P(x[4]), T, V);
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        be->ops->logsoftmax_forward(be, p[0], p[1], p[2], p[3], p[4], T, V);
+    }
     memcpy(lse_v, x[2]->h, sizeof lse_v);
     float *logits = kt_copy(x[3]->h, (size_t)T * V);
     done("logsoftmax_forward");
     x[0] = mk_vals((size_t)T * V, A, 1.0), x[1] = mk_f(T, 1.0), x[2] = mk_f(T, 1.0);
-    x[3] = mk(logits, (size_t)T * V * 4), x[4] = mk(lse_v, sizeof lse_v), x[5] = mk(target, sizeof target);
-    for (tr_backend *be = &hb; be; be = be == &hb ? &gb : NULL)
-        be->ops->logsoftmax_backward(be, P(x[0]), P(x[1]), P(x[2]), P(x[3]), P(x[4]), P(x[5]),
+    x[3] = mk(logits, (size_t)T * V * 4), x[4] = mk(lse_v, sizeof lse_v);
+    x[5] = mk(target, sizeof target);
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        be->ops->logsoftmax_backward(be, p[0], p[1], p[2], p[3], p[4], p[5],
                                      T, V);
+    }
     done("logsoftmax_backward");
     free(logits);
 
@@ -236,17 +273,20 @@ static void each_op(void) {
     double zero = 0.0;
     tr_adamw_seg segs[2] = {{0, 300, 0.1f, 0}, {300, n, 0.0f, 0}};
     x[0] = mk(&zero, sizeof zero), x[1] = mk_f(n, 1.0);
-    for (tr_backend *be = &hb; be; be = be == &hb ? &gb : NULL)
-        be->ops->sumsq(be, P(x[0]), P(x[1]), n);
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        be->ops->sumsq(be, p[0], p[1], n);
+    }
     double ss;
     memcpy(&ss, x[0]->h, sizeof ss);
     done("sumsq");
     x[0] = mk_f(n, 1.0), x[1] = mk_vals(n, gb.wt, 1.0), x[2] = mk_f(n, 1.0);
     x[3] = mk_f(n, 0.1), x[4] = mk_vals(n, TR_F32, 0.0), x[5] = mk(segs, sizeof segs);
     x[6] = mk(&ss, sizeof ss);
-    for (tr_backend *be = &hb; be; be = be == &hb ? &gb : NULL) {
-        tr_adamw_args a = {.p = P(x[0]), .work = P(x[1]), .g = P(x[2]), .m = P(x[3]),
-                           .v = P(x[4]), .n = n, .segs = P(x[5]), .n_segs = 2, .sumsq = P(x[6]),
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        tr_adamw_args a = {.p = p[0], .work = p[1], .g = p[2], .m = p[3],
+                           .v = p[4], .n = n, .segs = p[5], .n_segs = 2, .sumsq = p[6],
                            .max_norm = 1.0f, .lr = 1e-3f, .b1 = 0.9f, .b2 = 0.99f,
                            .eps = 1e-8f, .t = 2, .wt = gb.wt};
         be->ops->adamw(be, &a);
@@ -255,14 +295,20 @@ static void each_op(void) {
 
     // fill and convert (every pair of dtypes it takes)
     x[0] = mk_f(77, 1.0);
-    for (tr_backend *be = &hb; be; be = be == &hb ? &gb : NULL) be->ops->fill(be, P(x[0]), 0.5f, 77);
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        be->ops->fill(be, p[0], 0.5f, 77);
+    }
     done("fill");
     static const tr_dtype outs[] = {TR_F32, TR_BF16}, ins[] = {TR_F32, TR_BF16, TR_F16};
     for (int o = 0; o < 2; o++)
         for (int i = 0; i < 3; i++) {
-            x[0] = mk(NULL, 77 * tr_dtype_size(outs[o])), x[1] = mk(NULL, 77 * tr_dtype_size(ins[i]));
-            for (tr_backend *be = &hb; be; be = be == &hb ? &gb : NULL)
-                be->ops->convert(be, P(x[0]), outs[o], P(x[1]), ins[i], 77);
+            x[0] = mk(NULL, 77 * tr_dtype_size(outs[o]));
+            x[1] = mk(NULL, 77 * tr_dtype_size(ins[i]));
+            for (tr_backend *be = &hb; be; be = next_be(be)) {
+                void **p = ptrs(be);
+                be->ops->convert(be, p[0], outs[o], p[1], ins[i], 77);
+            }
             done("convert");
         }
 }

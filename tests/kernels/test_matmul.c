@@ -164,7 +164,8 @@ static void check_threads(int32_t T, int32_t IC, int32_t OC, tr_dtype t) {
 static void check_bf16(int32_t T, int32_t IC, int32_t OC, int use_bias) {
     size_t nin = (size_t)T * IC, nw = (size_t)OC * IC, nout = (size_t)T * OC;
     float *in = kt_round_all(kt_rand(nin, 1.0), nin), *w = kt_round_all(kt_rand(nw, 0.5), nw);
-    float *bias = kt_round_all(kt_rand(OC, 1.0), OC), *dout = kt_round_all(kt_rand(nout, 1.0), nout);
+    float *bias = kt_round_all(kt_rand(OC, 1.0), OC);
+    float *dout = kt_round_all(kt_rand(nout, 1.0), nout);
     const float *b = use_bias ? bias : NULL;
     float *out0 = kt_rand(nout, 1.0), *dw0 = kt_rand(nw, 1.0), *db0 = kt_rand(OC, 1.0);
 
