@@ -1,7 +1,8 @@
 // The CPU matrix product (gemm.h): tiles of C are tasks, each walks K in blocks, packs a
 // panel of B per block and runs a register micro-kernel over the rows, reading an fp32 A in
-// place (strided and bf16 A are packed). bf16 inputs become fp32 in the packs, and a bf16 C
-// is rounded from an fp32 tile at the end, so the micro-kernels only ever see fp32.
+// place (a strided A is packed, a bf16 A widened into fp32 rows). bf16 inputs become fp32 as
+// they are packed, and a bf16 C is rounded from an fp32 tile at the end, so the micro-kernels
+// only ever see fp32.
 // Micro-kernels exist for AVX-512, AVX2+FMA and plain C (fmaf); each keeps one accumulator
 // lane per element of C and adds the products in k order with a fused multiply-add, so all
 // three give the same bits and a K-block boundary only stores and reloads the running sum.
@@ -310,7 +311,7 @@ static void gemm_widen_a(float *ap, const tr_gemm *g, int32_t i0, int32_t i1, in
 }
 
 // C rows [i0, i1) x columns [j0, j1): the whole chain over K, block by block, into the fp32
-// tile c (row stride ldc, c[0] being C(i0, j0)); load_c0: the chain starts from c's values.
+// tile cb (row stride ldc, cb[0] being C(i0, j0)); load_c0: the chain starts from cb's values.
 static void gemm_block_f32(const gemm_kernel *kr, const tr_gemm *g, int32_t i0, int32_t i1,
                            int32_t j0, int32_t j1, float *cb, ptrdiff_t ldc, bool load_c0) {
     const int32_t MR = kr->mr, NR = kr->nr;
@@ -374,7 +375,8 @@ static void gemm_block_f32(const gemm_kernel *kr, const tr_gemm *g, int32_t i0, 
 // Columns of C per pass when the chain runs into a scratch tile: a multiple of every NR.
 #define GEMM_NC_OUT 128
 
-// The chain's result r (fp32) into C(i, j) as the product's mode asks: r, round(r), C + r.
+// The chain's result r (fp32) into C(i, j) as the product's mode asks: r, round(r), C + r
+// (one element; gemm_block stores whole rows the same way).
 static inline void gemm_store(const tr_gemm *g, int32_t i, int32_t j, float r) {
     size_t at = (size_t)((ptrdiff_t)i * g->ldc + j);
     if (g->add) ((float *)g->c)[at] += r;
