@@ -33,8 +33,8 @@ static void *alloc_or_die(size_t bytes) {
 
 // n values in [-scale/2, scale/2) as dtype t (bf16: the top half of the fp32, truncated; the
 // values only need to be ordinary numbers).
-static void *rand_buf(size_t n, float scale, tr_dtype t) {
-    void *p = alloc_or_die(n * tr_dtype_size(t));
+static void *rand_buf(size_t n, float scale, tr_dt t) {
+    void *p = alloc_or_die(n * tr_dt_size(t));
     uint32_t s = 12345u + (uint32_t)n;
     for (size_t i = 0; i < n; i++) {
         s = s * 1664525u + 1013904223u;
@@ -58,7 +58,7 @@ typedef struct mm_shape {
 } mm_shape;
 
 static void bench_matmul(tr_backend *be, const mm_shape *s, int32_t T) {
-    tr_dtype A = be->act, W = be->wt;
+    tr_dt A = be->act, W = be->wt;
     void *in = rand_buf((size_t)T * s->IC, 1, A), *w = rand_buf((size_t)s->OC * s->IC, 0.1f, W);
     void *out = rand_buf((size_t)T * s->OC, 1, A), *din = rand_buf((size_t)T * s->IC, 0, A);
     float *dw = rand_buf((size_t)s->OC * s->IC, 0, TR_F32);
@@ -93,8 +93,8 @@ static void bench_matmul(tr_backend *be, const mm_shape *s, int32_t T) {
 
 static void bench_attention(tr_backend *be, int32_t T, int32_t n_docs, int32_t H, int32_t KVH,
                             int32_t D) {
-    tr_dtype A = be->act;
-    size_t es = tr_dtype_size(A);
+    tr_dt A = be->act;
+    size_t es = tr_dt_size(A);
     int32_t *doc_start = alloc_or_die((size_t)(n_docs + 1) * sizeof(int32_t));
     int32_t *pos = alloc_or_die((size_t)T * sizeof(int32_t));
     for (int32_t d = 0; d <= n_docs; d++) doc_start[d] = (int32_t)((int64_t)T * d / n_docs);
@@ -127,7 +127,7 @@ static void bench_attention(tr_backend *be, int32_t T, int32_t n_docs, int32_t H
 // B sequences of ctx tokens each in a paged cache of 16-token blocks, one query per sequence.
 static void bench_decode(tr_backend *be, int32_t B, int32_t ctx, int32_t H, int32_t KVH,
                          int32_t D) {
-    tr_dtype A = be->act;
+    tr_dt A = be->act;
     int32_t bs = 16, max_blocks = (ctx + bs - 1) / bs, n_blocks = B * max_blocks;
     void *kp = rand_buf((size_t)n_blocks * bs * KVH * D, 2, A);
     void *vp = rand_buf((size_t)n_blocks * bs * KVH * D, 1, A);
@@ -167,16 +167,16 @@ int main(int argc, char **argv) {
         {"qkv", 256, 512}, {"o", 256, 256}, {"gate/up", 256, 1024},
         {"down", 1024, 256}, {"lm_head", 256, 8192},
     };
-    static const tr_dtype precisions[] = {TR_F32, TR_BF16};
+    static const tr_dt precisions[] = {TR_F32, TR_BF16};
     for (int p = 0; p < 2; p++) {
-        if (only && strcmp(only, tr_dtype_name(precisions[p])) != 0) continue;
+        if (only && strcmp(only, tr_dt_name(precisions[p])) != 0) continue;
         for (int32_t n = 1; n <= max_threads; n++) {
             tr_backend be;
             if (tr_backend_cpu_init(&be, n, precisions[p]) != 0) {
                 fprintf(stderr, "bench_kernels: cannot start the CPU backend\n");
                 return 1;
             }
-            printf("cpu backend, %s, %d thread%s\n", tr_dtype_name(precisions[p]), n,
+            printf("cpu backend, %s, %d thread%s\n", tr_dt_name(precisions[p]), n,
                    n > 1 ? "s" : "");
             for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
                 bench_matmul(&be, &shapes[i], T);

@@ -20,7 +20,7 @@
 // The keys and values one query row may read, for one kv head: key j sits at k + slot(j).
 typedef struct kv_rows {
     const void *k, *v;
-    tr_dtype t;
+    tr_dt t;
     size_t stride;              // elements between consecutive slots
     const int32_t *blocks;      // NULL: slot j is row j; else paged through this block list
     int32_t block_size;
@@ -104,7 +104,7 @@ static void attn_row_out(void *out, size_t out_off, float *lse, const void *q,
 
 // sum_d dout[d] * out[d]: the softmax backward's row term, in double.
 static inline float attn_row_delta(const void *dout, const void *out, size_t off, int32_t D,
-                                   tr_dtype t) {
+                                   tr_dt t) {
     double acc = 0.0;
     for (int32_t d = 0; d < D; d++)
         acc += (double)tr_ld(dout, off + d, t) * tr_ld(out, off + d, t);
@@ -127,7 +127,7 @@ typedef struct attn_job {
     float *lse;
     const void *q, *k, *v, *dout, *out_in;
     const float *lse_in;
-    tr_dtype t;   // the activation dtype of every q/k/v/out buffer
+    tr_dt t;   // the activation dtype of every q/k/v/out buffer
     size_t ld;    // row stride of q, k, v (and dq, dk, dv)
     const tr_doc_layout *docs;
     int32_t T, H, KVH, D;
@@ -223,7 +223,7 @@ static void attn_tile_delta(const attn_job *j, int32_t h, int32_t i0, int32_t i1
 // n rows of dn fp32 channels (tile rows ATT_D_CHUNK apart) into rows of stride ld of the
 // gradient dst from element off: the tile's one rounding.
 static void attn_store_tile(void *dst, size_t off, size_t ld, const float *tile, int32_t n,
-                            int32_t dn, tr_dtype t) {
+                            int32_t dn, tr_dt t) {
     for (int32_t r = 0; r < n; r++)
         tr_st_row(dst, off + (size_t)r * ld, tile + (size_t)r * ATT_D_CHUNK, dn, t);
 }

@@ -57,7 +57,7 @@ static const tr_ops cpu_ops = {
 // and fp32 gradient tiles of 64 rows x 256 channels (128 KiB): about 0.5 MiB, well inside a
 // thread's default stack (8 MiB). So nothing needs sizing before a step.
 // One thread at a time may call the ops of one backend.
-int tr_backend_cpu_init(tr_backend *be, int32_t n_threads, tr_dtype precision) {
+int tr_backend_cpu_init(tr_backend *be, int32_t n_threads, tr_dt precision) {
     be->ops = NULL;
     be->ctx = NULL;
     be->n_threads = 0;

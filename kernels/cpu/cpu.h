@@ -127,7 +127,7 @@ void tr_cpu_scatter_rows(tr_backend *be, void *dst, const void *rows, const int3
                          int32_t n, size_t row_bytes);
 void tr_cpu_kv_copy_blocks(tr_backend *be, const tr_kv_pool *pool, const int32_t *src,
                            const int32_t *dst, const int32_t *n_slots, int32_t n);
-void tr_cpu_convert(tr_backend *be, void *out, tr_dtype out_t, const void *in, tr_dtype in_t,
+void tr_cpu_convert(tr_backend *be, void *out, tr_dt out_t, const void *in, tr_dt in_t,
                     size_t n);
 
 // Sampling (sample.c; the per-row arithmetic is kernels/cpu/sample.h's).

@@ -51,12 +51,12 @@ static inline float tr_f16_f32(uint16_t h) {
 }
 
 // Element i of an fp32 or bf16 buffer, as fp32.
-static inline float tr_ld(const void *p, size_t i, tr_dtype t) {
+static inline float tr_ld(const void *p, size_t i, tr_dt t) {
     return t == TR_BF16 ? tr_bf16_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
 // Stores x as element i of an fp32 or bf16 buffer.
-static inline void tr_st(void *p, size_t i, float x, tr_dtype t) {
+static inline void tr_st(void *p, size_t i, float x, tr_dt t) {
     if (t == TR_BF16) ((uint16_t *)p)[i] = tr_f32_bf16(x);
     else ((float *)p)[i] = x;
 }
@@ -73,7 +73,7 @@ static inline void tr_bf16_f32x4(float *d, const uint16_t *s) {
 }
 
 // n elements from p (element offset off) into fp32 dst.
-static inline void tr_ld_row(float *dst, const void *p, size_t off, int32_t n, tr_dtype t) {
+static inline void tr_ld_row(float *dst, const void *p, size_t off, int32_t n, tr_dt t) {
     if (t == TR_BF16) {
         const uint16_t *s = (const uint16_t *)p + off;
         int32_t i = 0;
@@ -98,7 +98,7 @@ static inline void tr_f32_bf16x4(uint16_t *d, const float *s) {
 }
 
 // n fp32 values into p at element offset off, each rounded once.
-static inline void tr_st_row(void *p, size_t off, const float *src, int32_t n, tr_dtype t) {
+static inline void tr_st_row(void *p, size_t off, const float *src, int32_t n, tr_dt t) {
     if (t == TR_BF16) {
         uint16_t *d = (uint16_t *)p + off;
         int32_t i = 0;
@@ -110,10 +110,10 @@ static inline void tr_st_row(void *p, size_t off, const float *src, int32_t n, t
 }
 
 // The address of element i of a buffer of dtype t.
-static inline const void *tr_at(const void *p, size_t i, tr_dtype t) {
-    return (const char *)p + i * tr_dtype_size(t);
+static inline const void *tr_at(const void *p, size_t i, tr_dt t) {
+    return (const char *)p + i * tr_dt_size(t);
 }
 
-static inline void *tr_at_mut(void *p, size_t i, tr_dtype t) {
-    return (char *)p + i * tr_dtype_size(t);
+static inline void *tr_at_mut(void *p, size_t i, tr_dt t) {
+    return (char *)p + i * tr_dt_size(t);
 }

@@ -15,7 +15,7 @@ typedef struct emb_job {
     float *out;
     float *dtable;
     const void *table;
-    tr_dtype table_t;
+    tr_dt table_t;
     const float *dout;
     const int32_t *ids;
     int32_t T, C;

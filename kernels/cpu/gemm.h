@@ -28,15 +28,15 @@ typedef struct tr_gemm {
     int32_t M, N, K;
     const void *a;
     ptrdiff_t a_rs, a_ks;
-    tr_dtype a_t;
+    tr_dt a_t;
     const void *b;
     ptrdiff_t b_ks, b_cs;
-    tr_dtype b_t;
+    tr_dt b_t;
     void *c;
     ptrdiff_t ldc;
-    tr_dtype c_t;
+    tr_dt c_t;
     const void *bias;      // [N], added once after the chain; NULL: none
-    tr_dtype bias_t;
+    tr_dt bias_t;
     bool accumulate;       // the chain starts from C's value (else from +0); C fp32 only
     bool add;              // C = C + (chain from +0, + bias); C fp32 only
 } tr_gemm;

@@ -68,8 +68,8 @@ static void host(tr_backend *be, const void *p, const char *op, const char *arg)
 #define I sizeof(int32_t)
 
 // Bytes of an activation (A) or working-weight (W) buffer of n elements.
-static size_t A_(tr_backend *be, size_t n) { return n * tr_dtype_size(be->act); }
-static size_t W_(tr_backend *be, size_t n) { return n * tr_dtype_size(be->wt); }
+static size_t A_(tr_backend *be, size_t n) { return n * tr_dt_size(be->act); }
+static size_t W_(tr_backend *be, size_t n) { return n * tr_dt_size(be->wt); }
 
 // Elements spanned by n rows of `width` elements, ld apart: the last row ends the view.
 static size_t strided(int64_t n, int64_t ld, int64_t width) {
@@ -429,7 +429,7 @@ static void g_adamw(tr_backend *be, const tr_adamw_args *a) {
     dev(be, a->g, n * F, 0, op, "g");
     dev(be, a->m, n * F, 0, op, "m");
     dev(be, a->v, n * F, 0, op, "v");
-    dev(be, a->work, n * tr_dtype_size(a->wt), 1, op, "work");
+    dev(be, a->work, n * tr_dt_size(a->wt), 1, op, "work");
     dev(be, a->segs, n_segs * sizeof(tr_adamw_seg), n == 0, op, "segs");
     dev(be, a->sumsq, sizeof(double), 0, op, "sumsq");
     open_mem(be);
@@ -561,15 +561,15 @@ static void g_kv_copy_blocks(tr_backend *be, const tr_kv_pool *pool, const int32
     close_mem(be);
 }
 
-static void g_convert(tr_backend *be, void *out, tr_dtype out_t, const void *in,
-                      tr_dtype in_t, size_t n) {
+static void g_convert(tr_backend *be, void *out, tr_dt out_t, const void *in,
+                      tr_dt in_t, size_t n) {
     const char *op = "convert";
     if (out_t != TR_F32 && out_t != TR_BF16)
         tr_cpu_guard_fail(op, "out_t is not fp32 or bf16", out);
     if (in_t != TR_F32 && in_t != TR_BF16 && in_t != TR_F16)
         tr_cpu_guard_fail(op, "in_t is not a dtype", in);
-    dev(be, out, n * tr_dtype_size(out_t), 0, op, "out");
-    dev(be, in, n * tr_dtype_size(in_t), 0, op, "in");
+    dev(be, out, n * tr_dt_size(out_t), 0, op, "out");
+    dev(be, in, n * tr_dt_size(in_t), 0, op, "in");
     open_mem(be);
     tr_cpu_convert(be, out, out_t, in, in_t, n);
     close_mem(be);

@@ -12,7 +12,7 @@
 typedef struct lsm_job {
     float *logprob, *entropy, *lse;
     void *dlogits;
-    tr_dtype dlogits_t;
+    tr_dt dlogits_t;
     const float *logits, *dlogprob, *dentropy, *lse_in;
     const int32_t *target;
     int32_t T, V, rows_per_task;

@@ -24,7 +24,7 @@ void tr_cpu_matmul_forward(tr_backend *be, void *out, const void *in, const void
 typedef struct dbias_job {
     float *dbias;
     const void *dout;
-    tr_dtype dout_t;
+    tr_dt dout_t;
     int32_t T, OC;
 } dbias_job;
 

@@ -16,7 +16,7 @@ typedef struct move_job {
     size_t n;
     char *dst;
     const char *src, *src2;
-    tr_dtype out_t, in_t;
+    tr_dt out_t, in_t;
     size_t elem, ld;
     const tr_kv_pages *kv;
     const int32_t *idx;
@@ -115,7 +115,7 @@ void tr_cpu_kv_write(tr_backend *be, const tr_kv_pages *kv, const int32_t *slot,
                      const void *v, int32_t ld, int32_t T) {
     if (T <= 0) return;
     move_job j = {.kv = kv, .idx = slot, .src = k, .src2 = v, .ld = (size_t)ld,
-                  .elem = tr_dtype_size(be->act)};
+                  .elem = tr_dt_size(be->act)};
     double bytes = 2.0 * kv->n_kv_heads * kv->head_dim * (double)j.elem;
     tr_cpu_run(be, T, kv_write_task, &j, 0.05 * T * bytes);
 }
@@ -149,10 +149,10 @@ static void copy_task(void *arg, int32_t task) {
     memcpy(j->dst + i * j->elem, j->src + i * j->elem, (e - i) * j->elem);
 }
 
-void tr_cpu_convert(tr_backend *be, void *out, tr_dtype out_t, const void *in, tr_dtype in_t,
+void tr_cpu_convert(tr_backend *be, void *out, tr_dt out_t, const void *in, tr_dt in_t,
                     size_t n) {
     move_job j = {.dst = out, .src = in, .n = n, .out_t = out_t, .in_t = in_t,
-                  .elem = tr_dtype_size(in_t)};
+                  .elem = tr_dt_size(in_t)};
     tr_cpu_run(be, elem_tasks(n), out_t == in_t ? copy_task : convert_task, &j,
                0.3 * (double)n);
 }

@@ -17,7 +17,7 @@ typedef struct rms_job {
     float *rstd, *dw;
     const void *in, *w, *dout;
     const float *rstd_in;
-    tr_dtype in_t, out_t, w_t, dout_t;
+    tr_dt in_t, out_t, w_t, dout_t;
     bool din_add;   // din += (the fp32 residual gradient) instead of din = (A)
     float eps;
     int32_t T, H, D, ld;

@@ -13,7 +13,7 @@
 
 typedef struct rope_job {
     void *x;
-    tr_dtype x_t;
+    tr_dt x_t;
     const int32_t *pos;
     const float *inv_freq;
     int32_t T, H, D, ld;

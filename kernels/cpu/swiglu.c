@@ -13,7 +13,7 @@
 typedef struct swiglu_job {
     void *out, *dgu;
     const void *gu, *dout;
-    tr_dtype t;
+    tr_dt t;
     int32_t T, I, rows_per_task;
 } swiglu_job;
 

@@ -58,21 +58,21 @@ static inline double *kt_to_double(const float *x, size_t n) {
 
 // The op tests hand ops host arrays on purpose (they test arithmetic, not where memory
 // lives), so guarded mode, which is for the code above kernels/, is turned off for them.
-static inline void kt_backend(tr_backend *be, int32_t n_threads, tr_dtype precision) {
+static inline void kt_backend(tr_backend *be, int32_t n_threads, tr_dt precision) {
     unsetenv("TROUPE_CPU_GUARD");
     if (tr_backend_cpu_init(be, n_threads, precision) != 0) {
         fprintf(stderr, "tr_backend_cpu_init(%d, %s) failed\n", n_threads,
-                tr_dtype_name(precision));
+                tr_dt_name(precision));
         exit(1);
     }
 }
 
 // The CPU backend as the environment sets it up (TROUPE_CPU_GUARD=1: guarded memory), for
 // tests whose buffers are all backend memory.
-static inline void kt_backend_dev(tr_backend *be, int32_t n_threads, tr_dtype precision) {
+static inline void kt_backend_dev(tr_backend *be, int32_t n_threads, tr_dt precision) {
     if (tr_backend_cpu_init(be, n_threads, precision) != 0) {
         fprintf(stderr, "tr_backend_cpu_init(%d, %s) failed\n", n_threads,
-                tr_dtype_name(precision));
+                tr_dt_name(precision));
         exit(1);
     }
 }
@@ -120,7 +120,7 @@ static inline float *kt_round_all(float *x, size_t n) {
 }
 
 // A buffer of dtype t (fp32 or bf16) holding x, rounded when bf16.
-static inline void *kt_to(const float *x, size_t n, tr_dtype t) {
+static inline void *kt_to(const float *x, size_t n, tr_dt t) {
     if (t == TR_F32) return kt_copy(x, n);
     uint16_t *h = kt_malloc(n * sizeof(uint16_t));
     for (size_t i = 0; i < n; i++) h[i] = kt_bf16(x[i]);
@@ -128,7 +128,7 @@ static inline void *kt_to(const float *x, size_t n, tr_dtype t) {
 }
 
 // The fp32 values of a buffer of dtype t.
-static inline float *kt_from(const void *x, size_t n, tr_dtype t) {
+static inline float *kt_from(const void *x, size_t n, tr_dt t) {
     if (t == TR_F32) return kt_copy(x, n);
     float *f = kt_floats(n);
     for (size_t i = 0; i < n; i++) f[i] = kt_bf16_f32(((const uint16_t *)x)[i]);
@@ -136,7 +136,7 @@ static inline float *kt_from(const void *x, size_t n, tr_dtype t) {
 }
 
 // n elements of dtype t, each a NaN: what a written output must not keep or read.
-static inline void *kt_poison(size_t n, tr_dtype t) {
+static inline void *kt_poison(size_t n, tr_dt t) {
     if (t == TR_F32) return kt_fill(n, NAN);
     uint16_t *h = kt_malloc(n * sizeof(uint16_t));
     for (size_t i = 0; i < n; i++) h[i] = 0x7fc1;

@@ -115,9 +115,9 @@ static int gaps_kept(const att_batch *b, const void *x, const void *ref, size_t 
 // Forward (when out_in is NULL) and backward on the fused buffers of dtype t: out [T,H*D],
 // lse, and dq/dk/dv written into drows (when not NULL). The backward reads out_in when given
 // (the forward's output as the bf16 mode stored it) instead of the forward's out.
-static void run(const att_batch *b, tr_dtype t, int32_t threads, const void *rows, void *out,
+static void run(const att_batch *b, tr_dt t, int32_t threads, const void *rows, void *out,
                 float *lse, const void *out_in, const void *dout, void *drows) {
-    size_t es = tr_dtype_size(t);
+    size_t es = tr_dt_size(t);
     tr_backend be;
     kt_backend(&be, threads, t);
     const char *r = rows;
@@ -136,9 +136,9 @@ static void run(const att_batch *b, tr_dtype t, int32_t threads, const void *row
 // a plain copy of the layout, unused slots staying NaN), then every position of every
 // document decoded from it, q rows at a stride of their own, and compared with the
 // forward's output rows bit for bit.
-static void check_decode(const att_case *c, const att_batch *b, tr_dtype t, const void *rows,
+static void check_decode(const att_case *c, const att_batch *b, tr_dt t, const void *rows,
                          const void *out, int32_t block_size, int32_t n_threads) {
-    size_t es = tr_dtype_size(t);
+    size_t es = tr_dt_size(t);
     int32_t KVH = c->KVH, D = c->D, H = c->H, B = c->n_docs;
     int32_t max_blocks = 0, used = 0;
     for (int32_t d = 0; d < B; d++) {
@@ -186,7 +186,7 @@ static void check_decode(const att_case *c, const att_batch *b, tr_dtype t, cons
                      (const char *)rows + b->v_at * es, b->ld, b->T);
     CHECKF(memcmp(kw, kp, pool_bytes) == 0 && memcmp(vw, vp, pool_bytes) == 0,
            "%s %s: kv_write (block_size %d) did not fill the slots as the layout says", c->name,
-           tr_dtype_name(t), block_size);
+           tr_dt_name(t), block_size);
     size_t row = (size_t)H * D;
     int32_t ldq = H * D + 5;
     char *qb = kt_poison((size_t)B * ldq, t), *ob = kt_malloc((size_t)B * row * es);
@@ -214,7 +214,7 @@ static void check_decode(const att_case *c, const att_batch *b, tr_dtype t, cons
                 mismatches++;
     }
     CHECKF(mismatches == 0, "%s %s: decode (block_size %d, %d threads) differs from forward "
-           "in %d rows", c->name, tr_dtype_name(t), block_size, n_threads, mismatches);
+           "in %d rows", c->name, tr_dt_name(t), block_size, n_threads, mismatches);
     tr_backend_cpu_free(&be);
     free(kp); free(vp); free(kw); free(vw); free(perm); free(table); free(slot); free(qb);
     free(ob); free(bt); free(seq_len);

@@ -19,7 +19,7 @@ typedef struct shape {
 enum { OUT_F32, OUT_ACC, OUT_ADD, OUT_BF16, N_OUT };
 static const char *out_name[] = {"f32", "acc", "add", "bf16"};
 
-static tr_gemm make(const shape *s, const void *a, tr_dtype at, const void *b, tr_dtype bt,
+static tr_gemm make(const shape *s, const void *a, tr_dt at, const void *b, tr_dt bt,
                     void *c, const void *bias, int out) {
     tr_gemm g = {.M = s->M, .N = s->N, .K = s->K, .a = a, .a_t = at, .b = b, .b_t = bt, .c = c,
                  .ldc = s->N, .c_t = out == OUT_BF16 ? TR_BF16 : TR_F32, .bias = bias,
@@ -31,7 +31,7 @@ static tr_gemm make(const shape *s, const void *a, tr_dtype at, const void *b, t
     return g;
 }
 
-static float elem(const void *p, ptrdiff_t i, tr_dtype t) {
+static float elem(const void *p, ptrdiff_t i, tr_dt t) {
     return t == TR_BF16 ? kt_bf16_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
@@ -68,7 +68,7 @@ static void check_shape(const shape *s, tr_gemm_isa best) {
     float *a = kt_rand(na, 1.0), *b = kt_rand(nb, 1.0), *bias = kt_rand(s->N, 1.0);
     float *c0 = kt_rand(nc, 1.0);
     for (int dt = 0; dt < 4; dt++) {
-        tr_dtype at = dt & 1 ? TR_BF16 : TR_F32, bt = dt & 2 ? TR_BF16 : TR_F32;
+        tr_dt at = dt & 1 ? TR_BF16 : TR_F32, bt = dt & 2 ? TR_BF16 : TR_F32;
         void *a_t = kt_to(a, na, at), *b_t = kt_to(b, nb, bt), *bias_t = kt_to(bias, s->N, bt);
         for (int use_bias = 0; use_bias < 2; use_bias++)
             for (int out = 0; out < N_OUT; out++) {
@@ -84,7 +84,7 @@ static void check_shape(const shape *s, tr_gemm_isa best) {
                     CHECKF(memcmp(got, want, c_bytes(out, nc)) == 0,
                            "%s M=%d N=%d K=%d mode=%d A %s B %s bias=%d out=%s: not the fmaf "
                            "chain", tr_gemm_isa_name((tr_gemm_isa)isa), s->M, s->N, s->K,
-                           s->mode, tr_dtype_name(at), tr_dtype_name(bt), use_bias,
+                           s->mode, tr_dt_name(at), tr_dt_name(bt), use_bias,
                            out_name[out]);
                     free(got);
                 }
@@ -99,9 +99,9 @@ static void check_shape(const shape *s, tr_gemm_isa best) {
 // One row alone, or any slice of rows, gives the bits that row has in a bigger call; the
 // threaded product equals the serial one for 1, 2 and 3 threads; K split over accumulating
 // calls equals one call. In fp32 and with bf16 inputs and output.
-static void check_invariance(tr_gemm_isa best, tr_dtype t) {
+static void check_invariance(tr_gemm_isa best, tr_dt t) {
     shape s = {.M = 77, .N = 300, .K = 333, .mode = 0};
-    size_t nc = (size_t)s.M * s.N, es = tr_dtype_size(t), na = (size_t)s.M * s.K;
+    size_t nc = (size_t)s.M * s.N, es = tr_dt_size(t), na = (size_t)s.M * s.K;
     float *af = kt_rand(na, 1.0), *bf = kt_rand((size_t)s.K * s.N, 1.0);
     float *biasf = kt_rand(s.N, 1.0);
     void *a = kt_to(af, na, t), *b = kt_to(bf, (size_t)s.K * s.N, t), *bias = kt_to(biasf, s.N, t);
@@ -122,7 +122,7 @@ static void check_invariance(tr_gemm_isa best, tr_dtype t) {
         free(part);
     }
     CHECKF(rows_ok, "%s: rows computed in smaller calls differ from the full call",
-           tr_dtype_name(t));
+           tr_dt_name(t));
     for (int32_t threads = 1; threads <= 3; threads++) {
         tr_backend be;
         kt_backend(&be, threads, t);
@@ -131,7 +131,7 @@ static void check_invariance(tr_gemm_isa best, tr_dtype t) {
         r.c = c;
         tr_gemm_run(&be, &r);
         CHECKF(memcmp(c, full, nc * es) == 0, "%s: %d threads differ from the serial product",
-               tr_dtype_name(t), threads);
+               tr_dt_name(t), threads);
         free(c);
         tr_backend_cpu_free(&be);
     }
@@ -153,7 +153,7 @@ static void check_invariance(tr_gemm_isa best, tr_dtype t) {
         tr_gemm_serial(best, &q);
     }
     CHECKF(kt_same_bits(one, split, (size_t)w.M * w.N), "%s: a sum over tokens split into "
-           "calls differs from one call", tr_dtype_name(t));
+           "calls differs from one call", tr_dt_name(t));
     free(af), free(bf), free(biasf), free(a), free(b), free(bias), free(full), free(doutf);
     free(inf), free(dout), free(in), free(dw0), free(one), free(split);
 }

@@ -48,10 +48,10 @@ static buf *mk(const void *init, size_t bytes) {
 }
 
 // n values of dtype t: random fp32 of the given scale, rounded when t is bf16.
-static buf *mk_vals(size_t n, tr_dtype t, double scale) {
+static buf *mk_vals(size_t n, tr_dt t, double scale) {
     float *x = kt_rand(n, scale);
     void *v = kt_to(x, n, t);
-    buf *b = mk(v, n * tr_dtype_size(t));
+    buf *b = mk(v, n * tr_dt_size(t));
     free(x), free(v);
     return b;
 }
@@ -67,7 +67,7 @@ static void done(const char *op) {
         void *got = kt_malloc(bufs[i].bytes);
         gb.ops->download(&gb, got, bufs[i].d, bufs[i].bytes);
         CHECKF(memcmp(got, bufs[i].h, bufs[i].bytes) == 0, "%s (%s): guarded buffer %d differs",
-               op, tr_dtype_name(gb.act), i);
+               op, tr_dt_name(gb.act), i);
         free(got);
         gb.ops->free(&gb, bufs[i].base);
         free(bufs[i].h);
@@ -86,8 +86,8 @@ static void **ptrs(const tr_backend *be) {
 }
 
 static void each_op(void) {
-    tr_dtype A = gb.act;
-    size_t as = tr_dtype_size(A);
+    tr_dt A = gb.act;
+    size_t as = tr_dt_size(A);
     const int32_t T = 9, IC = 40, OC = 33, C = 24, H = 4, KVH = 2, D = 8, V = 50, I = 20;
     buf *x[MAX_BUFS];
 
@@ -300,11 +300,11 @@ static void each_op(void) {
         be->ops->fill(be, p[0], 0.5f, 77);
     }
     done("fill");
-    static const tr_dtype outs[] = {TR_F32, TR_BF16}, ins[] = {TR_F32, TR_BF16, TR_F16};
+    static const tr_dt outs[] = {TR_F32, TR_BF16}, ins[] = {TR_F32, TR_BF16, TR_F16};
     for (int o = 0; o < 2; o++)
         for (int i = 0; i < 3; i++) {
-            x[0] = mk(NULL, 77 * tr_dtype_size(outs[o]));
-            x[1] = mk(NULL, 77 * tr_dtype_size(ins[i]));
+            x[0] = mk(NULL, 77 * tr_dt_size(outs[o]));
+            x[1] = mk(NULL, 77 * tr_dt_size(ins[i]));
             for (tr_backend *be = &hb; be; be = next_be(be)) {
                 void **p = ptrs(be);
                 be->ops->convert(be, p[0], outs[o], p[1], ins[i], 77);
@@ -335,7 +335,7 @@ static void rmsnorm_out_bytes(size_t bytes) {
     gb.ops->rmsnorm_forward(&gb, end_of_region(out, bytes), rstd, in, w, 1e-6f, 8, 16);
 }
 
-static void bad_out_short(void) { rmsnorm_out_bytes((8 * 16 - 1) * tr_dtype_size(gb.act)); }
+static void bad_out_short(void) { rmsnorm_out_bytes((8 * 16 - 1) * tr_dt_size(gb.act)); }
 static void bad_out_bf16(void) { rmsnorm_out_bytes(8 * 16 * 2); }   // fp32 mode: too small
 
 static void bad_f32_out(void) {   // TR_MM_OUT_F32 into a buffer sized for bf16
@@ -392,7 +392,7 @@ static void bad_ld(void) {   // rows of 2 heads of 8 at a stride of 12
     gb.ops->head_rmsnorm_forward(&gb, x, r, x, w, 1e-6f, 4, 2, 8, 12);
 }
 
-static void init_pair(tr_dtype p) {
+static void init_pair(tr_dt p) {
     unsetenv("TROUPE_CPU_GUARD");
     kt_backend(&hb, 2, p);
     setenv("TROUPE_CPU_GUARD", "1", 1);
@@ -405,11 +405,11 @@ static void init_pair(tr_dtype p) {
 
 int main(void) {
     kt_seed(31);
-    static const tr_dtype precisions[] = {TR_F32, TR_BF16};
+    static const tr_dt precisions[] = {TR_F32, TR_BF16};
     for (int i = 0; i < 2; i++) {
         init_pair(precisions[i]);
         each_op();
-        const char *p = tr_dtype_name(precisions[i]);
+        const char *p = tr_dt_name(precisions[i]);
         CHECKF(aborts(bad_out_short), "%s: an A output one element short passed", p);
         if (precisions[i] == TR_F32)
             CHECKF(aborts(bad_out_bf16), "fp32: an A output of bf16 size passed");

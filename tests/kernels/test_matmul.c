@@ -125,8 +125,8 @@ static void check_shape(int32_t T, int32_t IC, int32_t OC, int use_bias, int fd)
     free(din2); free(dw2); free(db2); free(dw3); free(out_f); free(out0); free(out_acc);
 }
 
-static void check_threads(int32_t T, int32_t IC, int32_t OC, tr_dtype t) {
-    size_t nin = (size_t)T * IC, nw = (size_t)OC * IC, nout = (size_t)T * OC, es = tr_dtype_size(t);
+static void check_threads(int32_t T, int32_t IC, int32_t OC, tr_dt t) {
+    size_t nin = (size_t)T * IC, nw = (size_t)OC * IC, nout = (size_t)T * OC, es = tr_dt_size(t);
     float *inf = kt_rand(nin, 1.0), *wf = kt_rand(nw, 0.5), *biasf = kt_rand(OC, 1.0);
     float *doutf = kt_rand(nout, 1.0);
     void *in = kt_to(inf, nin, t), *w = kt_to(wf, nw, t), *bias = kt_to(biasf, OC, t);
@@ -146,9 +146,9 @@ static void check_threads(int32_t T, int32_t IC, int32_t OC, tr_dtype t) {
     }
     for (int32_t k = 1; k < 3; k++) {
         CHECKF(memcmp(out[k], out[0], nout * es) == 0, "%s: forward bits differ at %d threads",
-               tr_dtype_name(t), k + 1);
+               tr_dt_name(t), k + 1);
         CHECKF(memcmp(din[k], din[0], nin * es) == 0, "%s: din bits differ at %d threads",
-               tr_dtype_name(t), k + 1);
+               tr_dt_name(t), k + 1);
         CHECKF(kt_same_bits(dw[k], dw[0], nw), "dw bits differ at %d threads", k + 1);
         CHECKF(kt_same_bits(db[k], db[0], OC), "dbias bits differ at %d threads", k + 1);
     }

@@ -53,7 +53,7 @@ static void state_free(opt_state *s) {
 
 // One fused step on s with the given segments, clip and working copy.
 static void step(tr_backend *be, opt_state *s, const float *g, const tr_adamw_seg *segs,
-                 int32_t n_segs, double sumsq, float max_norm, void *work, tr_dtype wt,
+                 int32_t n_segs, double sumsq, float max_norm, void *work, tr_dt wt,
                  int32_t t) {
     tr_adamw_args a = {.p = s->p, .work = work, .g = g, .m = s->m, .v = s->v, .n = s->n,
                        .segs = segs, .n_segs = n_segs, .sumsq = &sumsq, .max_norm = max_norm,
@@ -151,7 +151,7 @@ static void check_fused(size_t n, int32_t threads) {
                       1e-8f, segs[k].wd, 5);
         }
         for (int w = 0; w < 2; w++) {
-            tr_dtype wt = w ? TR_BF16 : TR_F32;
+            tr_dt wt = w ? TR_BF16 : TR_F32;
             opt_state got = state_copy(&s0);
             void *work = kt_poison(n, wt);
             step(&be, &got, g, segs, 4, 9.0, 0.0f, work, wt, 5);
@@ -159,7 +159,7 @@ static void check_fused(size_t n, int32_t threads) {
                    "segment, n=%zu", n);
             CHECKF(wt == TR_F32 ? kt_same_bits(work, want.p, n)
                                 : kt_is_rounded(work, want.p, n, "work"),
-                   "%s working copy is not p, n=%zu", tr_dtype_name(wt), n);
+                   "%s working copy is not p, n=%zu", tr_dt_name(wt), n);
             state_free(&got);
             free(work);
         }
