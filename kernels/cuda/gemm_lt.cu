@@ -96,7 +96,7 @@ static int plan_choose(tr_backend *be, tr_lt_plan *p) {
             tr_cuda_record(ctx, __FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic", why);
         }
     }
-    cublasLtMatmulPreferenceDestroy(pref);
+    if (LT_CHECK(be, cublasLtMatmulPreferenceDestroy(pref))) rc = -1;
     return rc;
 }
 

@@ -96,7 +96,8 @@ void tr_cuda_matmul_backward(tr_backend *be, void *din, float *dw, float *dbias,
     size_t esize = bf16 ? sizeof(tr_bf16) : sizeof(float);
     if (din && IC > 0 && OC == 0) {   // written: an empty sum is zero
         if (TR_CUDA_CHECK(be, cudaMemsetAsync(din, 0, (size_t)T * IC * esize,
-                                              tr_cuda_stream(be))))
+                                              tr_cuda_stream(be))) ||
+            TR_CUDA_LAUNCHED(be, "matmul_backward din zero"))
             return;
     } else if (din && IC > 0) {
         // din^T[IC,T] = w^T[IC,OC] @ dout^T[OC,T]

@@ -178,8 +178,10 @@ void tr_cuda_convert(tr_backend *be, void *out, tr_dtype out_t, const void *in, 
     }
     cudaStream_t st = tr_cuda_stream(be);
     if (out_t == in_t) {
-        TR_CUDA_CHECK(be, cudaMemcpyAsync(out, in, n * tr_dtype_size(in_t),
-                                          cudaMemcpyDeviceToDevice, st));
+        if (TR_CUDA_CHECK(be, cudaMemcpyAsync(out, in, n * tr_dtype_size(in_t),
+                                              cudaMemcpyDeviceToDevice, st)))
+            return;
+        TR_CUDA_LAUNCHED(be, "convert (copy)");
         return;
     }
     unsigned grid = tr_cuda_grid(n, MOVE_THREADS);
