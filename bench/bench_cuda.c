@@ -58,7 +58,7 @@ static void *dev_put(const void *host, size_t bytes) {
 static float *dev_rand(size_t n) { return dev_put(NULL, n * sizeof(float)); }
 
 // n random values of dtype t (bf16: the fp32 values rounded to nearest even).
-static void *dev_rand_t(size_t n, tr_dtype t, float scale) {
+static void *dev_rand_t(size_t n, tr_dt t, float scale) {
     float *h = host_rand(n, scale);
     void *d;
     if (t == TR_F32) {
@@ -165,7 +165,7 @@ static void time_attention_cpu(tr_backend *cpu, const tr_doc_layout *host_docs, 
 static void time_attention(tr_backend *be, const tr_doc_layout *docs, int32_t H, int32_t KVH,
                            int32_t D, double *fwd, double *bwd) {
     int32_t T = docs->n_tokens, ld = (H + 2 * KVH) * D;
-    size_t nq = (size_t)T * H * D, nqkv = (size_t)T * ld, es = tr_dtype_size(be->act);
+    size_t nq = (size_t)T * H * D, nqkv = (size_t)T * ld, es = tr_dt_size(be->act);
     char *qkv = dev_rand_t(nqkv, be->act, 2), *dqkv = dev_rand_t(nqkv, be->act, 0);
     void *out = dev_rand_t(nq, be->act, 1);
     float *lse = dev_rand((size_t)T * H);

@@ -132,7 +132,7 @@ int tr_cuda_record(tr_cuda_ctx *ctx, const char *file, int line, const char *wha
 }
 
 // The context is kept even when init fails, so that status can tell why.
-extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dtype precision) {
+extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision) {
     be->ops = NULL;
     be->ctx = NULL;
     be->n_threads = 1;

@@ -179,7 +179,7 @@ void tr_cuda_scatter_rows(tr_backend *be, void *dst, const void *rows, const int
                           int32_t n, size_t row_bytes);
 void tr_cuda_kv_copy_blocks(tr_backend *be, const tr_kv_pool *pool, const int32_t *src,
                             const int32_t *dst, const int32_t *n_slots, int32_t n);
-void tr_cuda_convert(tr_backend *be, void *out, tr_dtype out_t, const void *in, tr_dtype in_t,
+void tr_cuda_convert(tr_backend *be, void *out, tr_dt out_t, const void *in, tr_dt in_t,
                      size_t n);
 void tr_cuda_sample(tr_backend *be, int32_t *ids, float *logprob, const float *logits,
                     const tr_sample_row *rows, int32_t B, int32_t V, void *scratch,

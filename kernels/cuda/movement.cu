@@ -129,7 +129,7 @@ void tr_cuda_kv_write(tr_backend *be, const tr_kv_pages *kv, const int32_t *slot
     if (T <= 0 || width <= 0) return;
     unsigned grid = tr_cuda_grid((size_t)T, 1);
     cudaStream_t st = tr_cuda_stream(be);
-    if (tr_dtype_size(be->act) == 2)
+    if (tr_dt_size(be->act) == 2)
         kv_write_kernel<uint16_t><<<grid, MOVE_THREADS, 0, st>>>(
             (uint16_t *)kv->k_pool, (uint16_t *)kv->v_pool, slot, (const uint16_t *)k,
             (const uint16_t *)v, ld, width, T);
@@ -153,7 +153,7 @@ __device__ inline float f32_of_f16(uint16_t h) {
     return __uint_as_float(sign | ((uint32_t)(113 - shift) << 23) | mant);
 }
 
-// in_t: 0 fp32, 1 bf16, 2 fp16 (tr_dtype); out: fp32, or bf16 bits by convert's rule.
+// in_t: 0 fp32, 1 bf16, 2 fp16 (tr_dt); out: fp32, or bf16 bits by convert's rule.
 template <typename O>
 __global__ void convert_kernel(O *out, const void *in, int32_t in_t, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
@@ -167,7 +167,7 @@ __global__ void convert_kernel(O *out, const void *in, int32_t in_t, size_t n) {
     }
 }
 
-void tr_cuda_convert(tr_backend *be, void *out, tr_dtype out_t, const void *in, tr_dtype in_t,
+void tr_cuda_convert(tr_backend *be, void *out, tr_dt out_t, const void *in, tr_dt in_t,
                      size_t n) {
     if (n == 0) return;
     if ((out_t != TR_F32 && out_t != TR_BF16) ||
@@ -178,7 +178,7 @@ void tr_cuda_convert(tr_backend *be, void *out, tr_dtype out_t, const void *in, 
     }
     cudaStream_t st = tr_cuda_stream(be);
     if (out_t == in_t) {
-        if (TR_CUDA_CHECK(be, cudaMemcpyAsync(out, in, n * tr_dtype_size(in_t),
+        if (TR_CUDA_CHECK(be, cudaMemcpyAsync(out, in, n * tr_dt_size(in_t),
                                               cudaMemcpyDeviceToDevice, st)))
             return;
         TR_CUDA_LAUNCHED(be, "convert (copy)");

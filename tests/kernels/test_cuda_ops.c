@@ -34,7 +34,7 @@
 #define MAX_BUFS 64
 
 static tr_backend cpu_be, gpu_be;
-static tr_dtype prec;   // this pass: both backends' act and wt
+static tr_dt prec;   // this pass: both backends' act and wt
 
 // ---- bf16 on the host (convert's rule: round to nearest even, NaN payload kept) ----
 
@@ -120,7 +120,7 @@ static int32_t *puti(int gpu, const int32_t *host, size_t n) {
 
 // n values of dtype t from host floats (rounded to bf16 for TR_BF16); NULL host: NaNs, the
 // poison of written outputs.
-static void *putt(int gpu, const float *host, size_t n, tr_dtype t) {
+static void *putt(int gpu, const float *host, size_t n, tr_dt t) {
     if (t == TR_F32) {
         if (host) return putf(gpu, host, n);
         float *x = kt_fill(n, nan_f());
@@ -142,7 +142,7 @@ static void *put_wt(int gpu, const float *host, size_t n) {
 }
 
 // The element i of a buffer of dtype t.
-static void *elem(void *p, size_t i, tr_dtype t) { return (char *)p + i * tr_dtype_size(t); }
+static void *elem(void *p, size_t i, tr_dt t) { return (char *)p + i * tr_dt_size(t); }
 
 static void get(int gpu, void *host, const void *p, size_t bytes) {
     char msg[256];
@@ -157,7 +157,7 @@ static void getf(int gpu, float *host, const float *p, size_t n) {
     get(gpu, host, p, n * sizeof(float));
 }
 // n values of dtype t as floats (exact)
-static void gett(int gpu, float *host, const void *p, size_t n, tr_dtype t) {
+static void gett(int gpu, float *host, const void *p, size_t n, tr_dt t) {
     if (t == TR_F32) {
         getf(gpu, host, p, n);
         return;
@@ -255,7 +255,7 @@ static void compare(const char *name, op_fn op, void *arg, const char *kinds,
         double e = tr_test_rel_err(a[i], ref[i], len[i]);
         char k = kinds[i];
         CHECKF(kt_same_bits(a[i], b[i], len[i]), "%s output %d: two cuda runs differ", name, i);
-        printf("  %-5s %-26s out %d (%c): max err / scale %.2e", tr_dtype_name(prec), name, i,
+        printf("  %-5s %-26s out %d (%c): max err / scale %.2e", tr_dt_name(prec), name, i,
                k, e);
         if (k == 'X') {
             int same = kt_same_bits(a[i], ref[i], len[i]);
@@ -286,7 +286,7 @@ typedef struct mm_arg {
     float *in, *w, *bias, *dout, *out0, *dw0, *db0;   // out0: what ACCUMULATE adds into
 } mm_arg;
 
-static tr_dtype mm_out_type(const tr_backend *be, int32_t flags) {
+static tr_dt mm_out_type(const tr_backend *be, int32_t flags) {
     return (flags & TR_MM_OUT_F32) ? TR_F32 : be->act;
 }
 
@@ -294,7 +294,7 @@ static void mm_forward(int gpu, float **out, void *arg) {
     mm_arg *m = arg;
     tr_backend *be = be_of(gpu);
     size_t no = (size_t)m->T * m->OC;
-    tr_dtype ot = mm_out_type(be, m->flags);
+    tr_dt ot = mm_out_type(be, m->flags);
     void *o = putt(gpu, (m->flags & TR_MM_ACCUMULATE) ? m->out0 : NULL, no, ot);
     void *in = put_act(gpu, m->in, (size_t)m->T * m->IC);
     void *w = put_wt(gpu, m->w, (size_t)m->OC * m->IC);
@@ -373,7 +373,7 @@ static void test_matmul_batch_invariance(int32_t IC, int32_t OC) {
         int32_t n = sizes[i], r0 = starts[i] + n <= T ? starts[i] : T - n;
         mm_rows_gpu(part, in + (size_t)r0 * IC, w, bias, n, IC, OC);
         int s = kt_same_bits(part, full + (size_t)r0 * OC, (size_t)n * OC);
-        printf("  %-5s matmul %dx%d rows %d..%d alone vs in 300: %s\n", tr_dtype_name(prec), IC,
+        printf("  %-5s matmul %dx%d rows %d..%d alone vs in 300: %s\n", tr_dt_name(prec), IC,
                OC, r0, r0 + n - 1, s ? "bitwise" : "DIFFER");
         same &= s;
     }
@@ -899,7 +899,7 @@ typedef struct adam_arg {
 
 static tr_adamw_args adam_args(const adam_arg *a, float *p, void *work, const float *g,
                                float *m, float *v, const tr_adamw_seg *segs,
-                               const double *sumsq, tr_dtype wt) {
+                               const double *sumsq, tr_dt wt) {
     tr_adamw_args r = {.p = p, .work = work, .g = g, .m = m, .v = v, .n = a->n, .segs = segs,
                        .n_segs = a->n_segs, .sumsq = sumsq, .max_norm = a->max_norm,
                        .lr = 1e-2f, .b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f, .t = 1, .wt = wt};
@@ -989,7 +989,7 @@ static void test_adamw(size_t n) {
     int same = 1;
     for (int i = 0; i < 4; i++) same &= kt_same_bits(o1[i], o2[i], n);
     CHECKF(same, "adamw: one launch over the segments differs from a call per segment");
-    printf("  %-5s adamw one launch vs per segment: %s\n", tr_dtype_name(prec),
+    printf("  %-5s adamw one launch vs per segment: %s\n", tr_dt_name(prec),
            same ? "bitwise" : "DIFFER");
 
     a.max_norm = 10.0f;   // sqrt(5) + 1e-6 < 10: c = 1
@@ -1020,7 +1020,7 @@ static void test_adamw(size_t n) {
         }
     }
     printf("  %-5s adamw skips a non-finite step on both backends: checked\n",
-           tr_dtype_name(prec));
+           tr_dt_name(prec));
     for (int i = 0; i < 4; i++) {
         free(o1[i]);
         free(o2[i]);
@@ -1209,25 +1209,25 @@ static void test_kv_copy(size_t slot) {
 }
 
 // convert of n values from in_t to out_t on one backend; out: the result's bytes
-static void convert_run(int gpu, void *out, tr_dtype out_t, const void *in, tr_dtype in_t,
+static void convert_run(int gpu, void *out, tr_dt out_t, const void *in, tr_dt in_t,
                         size_t n) {
-    void *din = put(gpu, in, n * tr_dtype_size(in_t));
-    void *dout = put(gpu, NULL, n * tr_dtype_size(out_t));
+    void *din = put(gpu, in, n * tr_dt_size(in_t));
+    void *dout = put(gpu, NULL, n * tr_dt_size(out_t));
     be_of(gpu)->ops->convert(be_of(gpu), dout, out_t, din, in_t, n);
-    get(gpu, out, dout, n * tr_dtype_size(out_t));
+    get(gpu, out, dout, n * tr_dt_size(out_t));
     bufs_free(gpu);
 }
 
 // One conversion on both backends against the host's reference bytes `want`. fp16 NaNs are
 // the one case two exact conversions may disagree on (whether a signalling NaN is made
 // quiet), so where nan16 is given, those elements need only be NaNs of the same sign.
-static void convert_case(const char *name, tr_dtype out_t, const void *in, tr_dtype in_t,
+static void convert_case(const char *name, tr_dt out_t, const void *in, tr_dt in_t,
                          size_t n, const void *want, const uint8_t *nan16) {
-    size_t bytes = n * tr_dtype_size(out_t);
+    size_t bytes = n * tr_dt_size(out_t);
     uint8_t *c = kt_malloc(bytes), *g = kt_malloc(bytes);
     convert_run(0, c, out_t, in, in_t, n);
     convert_run(1, g, out_t, in, in_t, n);
-    size_t bad_g = 0, bad_c = 0, es = tr_dtype_size(out_t);
+    size_t bad_g = 0, bad_c = 0, es = tr_dt_size(out_t);
     for (size_t i = 0; i < n; i++) {
         const uint8_t *w = (const uint8_t *)want + i * es;
         if (nan16 && nan16[i]) {
@@ -1475,7 +1475,7 @@ static void test_determinism(void) {
                     kt_same_bits(o[2], ref[2], nw);
     }
     CHECKF(same, "matmul %dx%dx%d: runs differ", T, IC, OC);
-    printf("  %-5s matmul %dx%dx%d fwd+bwd, 3 runs: %s\n", tr_dtype_name(prec), T, IC, OC,
+    printf("  %-5s matmul %dx%dx%d fwd+bwd, 3 runs: %s\n", tr_dt_name(prec), T, IC, OC,
            same ? "bitwise identical" : "DIFFER");
     for (int i = 0; i < 3; i++) {
         free(ref[i]);
@@ -1508,7 +1508,7 @@ static void test_determinism(void) {
                 kt_same_bits(b1[2], b0[2], nk);
     }
     CHECKF(same, "attention T=%d: runs differ", a.T);
-    printf("  %-5s attention T=%d H=%d/%d D=%d fwd+bwd, 3 runs: %s\n", tr_dtype_name(prec), a.T,
+    printf("  %-5s attention T=%d H=%d/%d D=%d fwd+bwd, 3 runs: %s\n", tr_dt_name(prec), a.T,
            a.H, a.KVH, a.D, same ? "bitwise identical" : "DIFFER");
     for (int i = 0; i < 3; i++) {
         free(b0[i]);
@@ -1591,11 +1591,11 @@ int main(int argc, char **argv) {
     // The op tests hand the CPU backend host arrays on purpose: guarded mode (for the code
     // above kernels/) is off for them.
     unsetenv("TROUPE_CPU_GUARD");
-    static const tr_dtype passes[2] = {TR_F32, TR_BF16};
+    static const tr_dt passes[2] = {TR_F32, TR_BF16};
     for (int p = 0; p < 2; p++) {
         prec = passes[p];
-        if (which && strcmp(which, tr_dtype_name(prec)) != 0) continue;
-        printf("%s pass:\n", tr_dtype_name(prec));
+        if (which && strcmp(which, tr_dt_name(prec)) != 0) continue;
+        printf("%s pass:\n", tr_dt_name(prec));
         if (tr_backend_cpu_init(&cpu_be, 2, prec) != 0) die("tr_backend_cpu_init", "failed");
         if (tr_backend_cuda_init(&gpu_be, 0, prec) != 0) {
             tr_backend_cuda_status(&gpu_be, msg, sizeof msg);
@@ -1603,9 +1603,9 @@ int main(int argc, char **argv) {
         }
         CHECKF(gpu_be.act == prec && gpu_be.wt == prec && cpu_be.act == prec &&
                    cpu_be.wt == prec,
-               "backends report act %s/%s, wt %s/%s for the %s pass", tr_dtype_name(gpu_be.act),
-               tr_dtype_name(cpu_be.act), tr_dtype_name(gpu_be.wt), tr_dtype_name(cpu_be.wt),
-               tr_dtype_name(prec));
+               "backends report act %s/%s, wt %s/%s for the %s pass", tr_dt_name(gpu_be.act),
+               tr_dt_name(cpu_be.act), tr_dt_name(gpu_be.wt), tr_dt_name(cpu_be.wt),
+               tr_dt_name(prec));
         kt_seed(14);
         run_pass(only);
         CHECKF(tr_backend_cuda_status(&gpu_be, msg, sizeof msg) == 0, "cuda backend: %s", msg);
