@@ -1,7 +1,8 @@
-// CUDA backend speed: GFLOP/s of the linear layers at the sizes of a ~10M-parameter model
-// (with the CPU backend's ratio beside them) and of one 7B Llama layer (T = 4096), and
-// milliseconds of attention forward/backward and decode, the embedding backward, the
-// gradient's sum of squares and token sampling. Run by hand or by tools/gpu_suite.sh:
+// CUDA backend speed in both precisions: GFLOP/s of the linear layers at the sizes of a
+// ~10M-parameter model (with the fp32 CPU backend's ratio beside them) and of one 7B Llama
+// layer (T = 4096), and milliseconds of attention forward/backward and decode over a fused
+// [q;k;v] buffer, fp32 next to bf16; then the embedding backward, the gradient's sum of
+// squares and token sampling. Run by hand or by tools/gpu_suite.sh:
 // build-*/bench/bench_cuda [cpu_threads]. Best of a few repetitions after one warm-up.
 #include <stdint.h>
 #include <stdio.h>
@@ -15,7 +16,7 @@
 
 #define REPS 3
 
-static tr_backend gpu;
+static tr_backend gpu, gpu32;   // bf16 (the default) and fp32
 
 static double now_s(void) {
     struct timespec ts;
@@ -39,7 +40,7 @@ static float *host_rand(size_t n, float scale) {
     return x;
 }
 
-// Device copy of host data (or of random data when host is NULL).
+// Device copy of host data (or of random fp32 data when host is NULL).
 static void *dev_put(const void *host, size_t bytes) {
     char msg[256];
     void *d;
@@ -56,9 +57,30 @@ static void *dev_put(const void *host, size_t bytes) {
 
 static float *dev_rand(size_t n) { return dev_put(NULL, n * sizeof(float)); }
 
-static void gpu_sync(void) {
+// n random values of dtype t (bf16: the fp32 values rounded to nearest even).
+static void *dev_rand_t(size_t n, tr_dt t, float scale) {
+    float *h = host_rand(n, scale);
+    void *d;
+    if (t == TR_F32) {
+        d = dev_put(h, n * sizeof(float));
+    } else {
+        uint16_t *b = malloc((n ? n : 1) * sizeof(uint16_t));
+        if (!b) fail("malloc", "out of memory");
+        for (size_t i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, &h[i], 4);
+            b[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);   // finite values only
+        }
+        d = dev_put(b, n * sizeof(uint16_t));
+        free(b);
+    }
+    free(h);
+    return d;
+}
+
+static void gpu_sync(tr_backend *be) {
     char msg[512];
-    if (tr_backend_cuda_status(&gpu, msg, sizeof msg) != 0) fail("cuda backend", msg);
+    if (tr_backend_cuda_status(be, msg, sizeof msg) != 0) fail("cuda backend", msg);
 }
 
 typedef struct mm_shape {
@@ -66,27 +88,29 @@ typedef struct mm_shape {
     int32_t T, IC, OC;
 } mm_shape;
 
-// Best forward and backward (din + dw) seconds of one shape on a backend; be is the GPU one
-// when on_gpu, and buffers are device memory there.
+// Best forward and backward (din + dw) seconds of one shape on a backend, in its precision;
+// buffers are device memory when on_gpu.
 static void time_matmul(tr_backend *be, int on_gpu, const mm_shape *s, double *fwd,
                         double *bwd) {
     size_t nin = (size_t)s->T * s->IC, nw = (size_t)s->OC * s->IC, nout = (size_t)s->T * s->OC;
-    float *in, *w, *out, *din, *dw;
+    void *in, *w, *out, *din;
+    float *dw;
     if (on_gpu) {
-        in = dev_rand(nin); w = dev_rand(nw); out = dev_rand(nout);
-        din = dev_rand(nin); dw = dev_rand(nw);
+        in = dev_rand_t(nin, be->act, 1); w = dev_rand_t(nw, be->wt, 0.1f);
+        out = dev_rand_t(nout, be->act, 1); din = dev_rand_t(nin, be->act, 1);
+        dw = dev_rand(nw);
     } else {
         in = host_rand(nin, 1); w = host_rand(nw, 0.1f); out = host_rand(nout, 1);
         din = host_rand(nin, 0); dw = host_rand(nw, 0);
     }
     *fwd = *bwd = 1e30;
-    for (int r = 0; r <= REPS; r++) {   // r = 0 warms up (cuBLAS heuristics, clocks)
+    for (int r = 0; r <= REPS; r++) {   // r = 0 warms up (cuBLAS plans, clocks)
         double t0 = now_s();
-        be->ops->matmul_forward(be, out, in, w, NULL, s->T, s->IC, s->OC);
-        if (on_gpu) gpu_sync();
+        be->ops->matmul_forward(be, out, in, w, NULL, s->T, s->IC, s->OC, 0);
+        if (on_gpu) gpu_sync(be);
         double t1 = now_s();
         be->ops->matmul_backward(be, din, dw, NULL, out, in, w, s->T, s->IC, s->OC);
-        if (on_gpu) gpu_sync();
+        if (on_gpu) gpu_sync(be);
         double t2 = now_s();
         if (r > 0 && t1 - t0 < *fwd) *fwd = t1 - t0;
         if (r > 0 && t2 - t1 < *bwd) *bwd = t2 - t1;
@@ -99,14 +123,16 @@ static void time_matmul(tr_backend *be, int on_gpu, const mm_shape *s, double *f
 }
 
 static void bench_matmul(const mm_shape *s, tr_backend *cpu) {
-    double gf, gb, cf = 0, cb = 0;
-    time_matmul(&gpu, 1, s, &gf, &gb);
+    double ff, fb, bf, bb, cf = 0, cb = 0;
+    time_matmul(&gpu32, 1, s, &ff, &fb);
+    time_matmul(&gpu, 1, s, &bf, &bb);
     double flops = 2.0 * s->T * s->IC * s->OC;
-    printf("  matmul %-8s T=%-5d IC=%-5d OC=%-5d  fwd %8.1f GFLOP/s  bwd %8.1f GFLOP/s", s->name,
-           s->T, s->IC, s->OC, flops / gf * 1e-9, 2 * flops / gb * 1e-9);
+    printf("  matmul %-8s T=%-5d IC=%-5d OC=%-5d  fp32 fwd %7.0f bwd %7.0f  bf16 fwd %7.0f bwd "
+           "%7.0f GFLOP/s", s->name, s->T, s->IC, s->OC, flops / ff * 1e-9, 2 * flops / fb * 1e-9,
+           flops / bf * 1e-9, 2 * flops / bb * 1e-9);
     if (cpu) {
         time_matmul(cpu, 0, s, &cf, &cb);
-        printf("  (x%.0f / x%.0f cpu)", cf / gf, cb / gb);
+        printf("  (fp32 x%.0f / x%.0f cpu)", cf / ff, cb / fb);
     }
     printf("\n");
 }
@@ -114,23 +140,52 @@ static void bench_matmul(const mm_shape *s, tr_backend *cpu) {
 // Best forward and backward seconds of the CPU backend on host copies of random data.
 static void time_attention_cpu(tr_backend *cpu, const tr_doc_layout *host_docs, int32_t H,
                                int32_t KVH, int32_t D, double *fwd, double *bwd) {
-    int32_t T = host_docs->n_tokens;
-    size_t nq = (size_t)T * H * D, nk = (size_t)T * KVH * D;
-    float *q = host_rand(nq, 2), *k = host_rand(nk, 2), *v = host_rand(nk, 1);
+    int32_t T = host_docs->n_tokens, ld = (H + 2 * KVH) * D;
+    size_t nq = (size_t)T * H * D, nqkv = (size_t)T * ld;
+    float *qkv = host_rand(nqkv, 2), *dqkv = host_rand(nqkv, 0);
     float *out = host_rand(nq, 0), *lse = host_rand((size_t)T * H, 0);
-    float *dq = host_rand(nq, 0), *dk = host_rand(nk, 0), *dv = host_rand(nk, 0);
+    float *k = qkv + (size_t)H * D, *v = k + (size_t)KVH * D;
     *fwd = *bwd = 1e30;
     for (int r = 0; r < REPS; r++) {
         double t0 = now_s();
-        cpu->ops->attention_forward(cpu, out, lse, q, k, v, host_docs, H, KVH, D);
+        cpu->ops->attention_forward(cpu, out, lse, qkv, k, v, ld, host_docs, H, KVH, D);
         double t1 = now_s();
-        cpu->ops->attention_backward(cpu, dq, dk, dv, out, out, lse, q, k, v, host_docs, H, KVH,
-                                     D);
+        cpu->ops->attention_backward(cpu, dqkv, dqkv + (size_t)H * D,
+                                     dqkv + (size_t)(H + KVH) * D, out, out, lse, qkv, k, v, ld,
+                                     host_docs, H, KVH, D);
         double t2 = now_s();
         if (t1 - t0 < *fwd) *fwd = t1 - t0;
         if (t2 - t1 < *bwd) *bwd = t2 - t1;
     }
-    free(q); free(k); free(v); free(out); free(lse); free(dq); free(dk); free(dv);
+    free(qkv); free(dqkv); free(out); free(lse);
+}
+
+// Forward and backward over one fused [q;k;v] buffer (rows of stride (H + 2 KVH) D), the
+// gradients into another, on one GPU backend.
+static void time_attention(tr_backend *be, const tr_doc_layout *docs, int32_t H, int32_t KVH,
+                           int32_t D, double *fwd, double *bwd) {
+    int32_t T = docs->n_tokens, ld = (H + 2 * KVH) * D;
+    size_t nq = (size_t)T * H * D, nqkv = (size_t)T * ld, es = tr_dt_size(be->act);
+    char *qkv = dev_rand_t(nqkv, be->act, 2), *dqkv = dev_rand_t(nqkv, be->act, 0);
+    void *out = dev_rand_t(nq, be->act, 1);
+    float *lse = dev_rand((size_t)T * H);
+    char *k = qkv + (size_t)H * D * es, *v = qkv + (size_t)(H + KVH) * D * es;
+    *fwd = *bwd = 1e30;
+    for (int r = 0; r <= REPS; r++) {
+        double t0 = now_s();
+        be->ops->attention_forward(be, out, lse, qkv, k, v, ld, docs, H, KVH, D);
+        gpu_sync(be);
+        double t1 = now_s();
+        be->ops->attention_backward(be, dqkv, dqkv + (size_t)H * D * es,
+                                    dqkv + (size_t)(H + KVH) * D * es, out, out, lse, qkv, k, v,
+                                    ld, docs, H, KVH, D);
+        gpu_sync(be);
+        double t2 = now_s();
+        if (r > 0 && t1 - t0 < *fwd) *fwd = t1 - t0;
+        if (r > 0 && t2 - t1 < *bwd) *bwd = t2 - t1;
+    }
+    void *bufs[4] = {qkv, dqkv, out, lse};
+    for (int i = 0; i < 4; i++) tr_cuda_free(bufs[i]);
 }
 
 static void bench_attention(int32_t T, int32_t n_docs, int32_t H, int32_t KVH, int32_t D,
@@ -144,66 +199,63 @@ static void bench_attention(int32_t T, int32_t n_docs, int32_t H, int32_t KVH, i
     tr_doc_layout docs = {.n_tokens = T, .n_docs = n_docs,
                           .doc_start = dev_put(doc_start, (size_t)(n_docs + 1) * sizeof(int32_t)),
                           .pos = dev_put(pos, (size_t)T * sizeof(int32_t))};
-    size_t nq = (size_t)T * H * D, nk = (size_t)T * KVH * D;
-    float *q = dev_rand(nq), *k = dev_rand(nk), *v = dev_rand(nk), *out = dev_rand(nq);
-    float *lse = dev_rand((size_t)T * H), *dq = dev_rand(nq), *dk = dev_rand(nk);
-    float *dv = dev_rand(nk);
-    double best_f = 1e30, best_b = 1e30;
-    for (int r = 0; r <= REPS; r++) {
-        double t0 = now_s();
-        gpu.ops->attention_forward(&gpu, out, lse, q, k, v, &docs, H, KVH, D);
-        gpu_sync();
-        double t1 = now_s();
-        gpu.ops->attention_backward(&gpu, dq, dk, dv, out, out, lse, q, k, v, &docs, H, KVH, D);
-        gpu_sync();
-        double t2 = now_s();
-        if (r > 0 && t1 - t0 < best_f) best_f = t1 - t0;
-        if (r > 0 && t2 - t1 < best_b) best_b = t2 - t1;
-    }
-    printf("  attention T=%d docs=%d H=%d KVH=%d D=%-3d        fwd %8.2f ms       bwd %8.2f ms",
-           T, n_docs, H, KVH, D, best_f * 1e3, best_b * 1e3);
+    double ff, fb, bf, bb;
+    time_attention(&gpu32, &docs, H, KVH, D, &ff, &fb);
+    time_attention(&gpu, &docs, H, KVH, D, &bf, &bb);
+    printf("  attention T=%d docs=%d H=%d KVH=%d D=%-3d  fp32 fwd %8.2f bwd %8.2f  bf16 fwd %8.2f "
+           "bwd %8.2f ms", T, n_docs, H, KVH, D, ff * 1e3, fb * 1e3, bf * 1e3, bb * 1e3);
     if (cpu) {
         tr_doc_layout host_docs = {.n_tokens = T, .n_docs = n_docs, .doc_start = doc_start,
                                    .pos = pos};
         double cf, cb;
         time_attention_cpu(cpu, &host_docs, H, KVH, D, &cf, &cb);
-        printf("  (x%.1f / x%.1f cpu)", cf / best_f, cb / best_b);
+        printf("  (fp32 x%.1f / x%.1f cpu)", cf / ff, cb / fb);
     }
     printf("\n");
-    void *bufs[10] = {(void *)docs.doc_start, (void *)docs.pos, q, k, v, out, lse, dq, dk, dv};
-    for (int i = 0; i < 10; i++) tr_cuda_free(bufs[i]);
+    tr_cuda_free((void *)docs.doc_start);
+    tr_cuda_free((void *)docs.pos);
     free(doc_start);
     free(pos);
 }
 
-// B sequences of ctx tokens each in a paged cache of 16-token blocks, one query per sequence.
-static void bench_decode(int32_t B, int32_t ctx, int32_t H, int32_t KVH, int32_t D) {
+// B sequences of ctx tokens each in a paged cache of 16-token blocks, one query per sequence
+// (rows of a fused [q;k;v] width).
+static double time_decode(tr_backend *be, int32_t B, int32_t ctx, int32_t H, int32_t KVH,
+                          int32_t D) {
     int32_t bs = 16, max_blocks = (ctx + bs - 1) / bs, n_blocks = B * max_blocks;
+    int32_t ld = (H + 2 * KVH) * D;
     int32_t *table = malloc((size_t)n_blocks * sizeof(int32_t));
     int32_t *seq_len = malloc((size_t)B * sizeof(int32_t));
     if (!table || !seq_len) fail("malloc", "out of memory");
     for (int32_t i = 0; i < n_blocks; i++) table[i] = (int32_t)(((int64_t)i * 7919) % n_blocks);
     for (int32_t b = 0; b < B; b++) seq_len[b] = ctx;
     size_t pool = (size_t)n_blocks * bs * KVH * D;
-    tr_kv_pages kv = {.k_pool = dev_rand(pool), .v_pool = dev_rand(pool), .block_size = bs,
+    tr_kv_pages kv = {.k_pool = dev_rand_t(pool, be->act, 1),
+                      .v_pool = dev_rand_t(pool, be->act, 1), .block_size = bs,
                       .n_blocks = n_blocks, .n_kv_heads = KVH, .head_dim = D};
     int32_t *dtable = dev_put(table, (size_t)n_blocks * sizeof(int32_t));
     int32_t *dlen = dev_put(seq_len, (size_t)B * sizeof(int32_t));
-    float *q = dev_rand((size_t)B * H * D), *out = dev_rand((size_t)B * H * D);
+    void *q = dev_rand_t((size_t)B * ld, be->act, 1);
+    void *out = dev_rand_t((size_t)B * H * D, be->act, 1);
     double best = 1e30;
     for (int r = 0; r <= REPS; r++) {
         double t0 = now_s();
-        gpu.ops->attention_decode(&gpu, out, q, &kv, dtable, max_blocks, dlen, B, H);
-        gpu_sync();
+        be->ops->attention_decode(be, out, q, ld, &kv, dtable, max_blocks, dlen, B, H);
+        gpu_sync(be);
         double t1 = now_s();
         if (r > 0 && t1 - t0 < best) best = t1 - t0;
     }
-    printf("  attention_decode B=%d ctx=%d H=%d KVH=%d D=%-3d      %8.3f ms\n", B, ctx, H, KVH,
-           D, best * 1e3);
     void *bufs[6] = {kv.k_pool, kv.v_pool, dtable, dlen, q, out};
     for (int i = 0; i < 6; i++) tr_cuda_free(bufs[i]);
     free(table);
     free(seq_len);
+    return best;
+}
+
+static void bench_decode(int32_t B, int32_t ctx, int32_t H, int32_t KVH, int32_t D) {
+    double f = time_decode(&gpu32, B, ctx, H, KVH, D), b = time_decode(&gpu, B, ctx, H, KVH, D);
+    printf("  attention_decode B=%d ctx=%d H=%d KVH=%d D=%-3d  fp32 %8.3f  bf16 %8.3f ms\n", B,
+           ctx, H, KVH, D, f * 1e3, b * 1e3);
 }
 
 // Embedding backward of T tokens over a vocabulary of V (ids sorted on the device each call).
@@ -218,7 +270,7 @@ static void bench_embedding(int32_t T, int32_t C, int32_t V) {
     for (int r = 0; r <= REPS; r++) {
         double t0 = now_s();
         gpu.ops->embedding_backward(&gpu, dtable, dout, dids, T, C, scratch);
-        gpu_sync();
+        gpu_sync(&gpu);
         double t1 = now_s();
         if (r > 0 && t1 - t0 < best) best = t1 - t0;
     }
@@ -236,7 +288,7 @@ static void bench_sumsq(size_t n) {
     for (int r = 0; r <= REPS; r++) {
         double t0 = now_s();
         gpu.ops->sumsq(&gpu, acc, x, n);
-        gpu_sync();
+        gpu_sync(&gpu);
         double t1 = now_s();
         if (r > 0 && t1 - t0 < best) best = t1 - t0;
     }
@@ -261,7 +313,7 @@ static void bench_sample(int32_t B, int32_t V, float temperature, int32_t top_k,
     for (int r = 0; r <= REPS; r++) {
         double t0 = now_s();
         gpu.ops->sample(&gpu, ids, lp, logits, drows, B, V, scratch, n_near);
-        gpu_sync();
+        gpu_sync(&gpu);
         double t1 = now_s();
         if (r > 0 && t1 - t0 < best) best = t1 - t0;
     }
@@ -281,24 +333,31 @@ int main(int argc, char **argv) {
     char msg[512];
     tr_cuda_device_info info;
     if (tr_cuda_device_query(0, &info, msg, sizeof msg) != 0) fail("device", msg);
-    if (tr_backend_cuda_init(&gpu, 0) != 0) {
+    if (tr_backend_cuda_init(&gpu, 0, TR_BF16) != 0) {
         tr_backend_cuda_status(&gpu, msg, sizeof msg);
-        fail("tr_backend_cuda_init", msg);
+        fail("tr_backend_cuda_init bf16", msg);
+    }
+    if (tr_backend_cuda_init(&gpu32, 0, TR_F32) != 0) {
+        tr_backend_cuda_status(&gpu32, msg, sizeof msg);
+        fail("tr_backend_cuda_init fp32", msg);
     }
     tr_backend cpu;
-    if (tr_backend_cpu_init(&cpu, cpu_threads < 0 ? 0 : cpu_threads) != 0)
+    if (tr_backend_cpu_init(&cpu, cpu_threads < 0 ? 0 : cpu_threads, TR_F32) != 0)
         fail("tr_backend_cpu_init", "cannot start threads");
-    printf("cuda backend (fp32, no TF32) on %s, sm_%d%d, %d SMs; cpu ratios with %d threads\n",
+    printf("cuda backend on %s, sm_%d%d, %d SMs: fp32 (sgemm, no TF32) and bf16 (cuBLASLt, fp32 "
+           "accumulation); cpu fp32 ratios with %d threads\n",
            info.name, info.major, info.minor, info.n_sms, cpu.n_threads);
 
     // hidden 256, 4 heads of 64 with 2 kv heads, SwiGLU 1024, vocabulary 8192: 8 layers ~ 10M
     static const mm_shape small[] = {
-        {"qkv", 1024, 256, 512}, {"o", 1024, 256, 256}, {"gate/up", 1024, 256, 1024},
+        {"qkv", 1024, 256, 512}, {"o", 1024, 256, 256}, {"gate/up", 1024, 256, 2048},
         {"down", 1024, 1024, 256}, {"lm_head", 1024, 256, 8192},
     };
-    // one layer of a 7B-class model (Mistral 7B / Llama 3 8B widths) at T = 4096
+    // one layer of a 7B-class model (Mistral 7B / Llama 3 8B widths) at T = 4096, fused
+    // projections as the engine runs them; and one decode step of 64 sequences
     static const mm_shape big[] = {
-        {"qkvo", 4096, 4096, 4096}, {"gate/up", 4096, 4096, 14336}, {"down", 4096, 14336, 4096},
+        {"qkv", 4096, 4096, 6144}, {"o", 4096, 4096, 4096}, {"gate/up", 4096, 4096, 28672},
+        {"down", 4096, 14336, 4096}, {"decode", 64, 4096, 6144},
     };
     printf("10M model:\n");
     for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) bench_matmul(&small[i], &cpu);
@@ -318,6 +377,7 @@ int main(int argc, char **argv) {
     bench_sample(64, 152064, 0.7f, 50, 1.0f);
     bench_sample(64, 152064, 1.0f, 0, 0.9f);
     tr_backend_cpu_free(&cpu);
+    tr_backend_cuda_free(&gpu32);
     tr_backend_cuda_free(&gpu);
     return 0;
 }

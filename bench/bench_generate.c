@@ -94,7 +94,7 @@ int main(int argc, char **argv) {
     double decode_tps[2][3], prefill_tps[2][3], step_ms[2][3], cpu_per_tok[2][3];
     for (int32_t k = 0; k < 2; k++) {
         tr_backend be;
-        if (tr_backend_cpu_init(&be, thread_counts[k]) != 0) return 1;
+        if (tr_backend_cpu_init(&be, thread_counts[k], TR_F32) != 0) return 1;
         tr_model m;
         tr_model_opts mo = {.max_tokens = MAX_B * prompt_len, .training = false};
         if (tr_model_init(&m, &cfg, &be, &mo, &err) != 0) {

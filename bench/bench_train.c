@@ -89,7 +89,7 @@ int main(int argc, char **argv) {
     float loss[2];
     for (int32_t k = 0; k < 2; k++) {
         tr_backend be;
-        if (tr_backend_cpu_init(&be, thread_counts[k]) != 0) return 1;
+        if (tr_backend_cpu_init(&be, thread_counts[k], TR_F32) != 0) return 1;
         tr_model m;
         tr_trainer tr;
         tr_model_opts mo = {.max_tokens = tokens, .training = true};

@@ -292,6 +292,7 @@ int tr_cmd_generate(int argc, char **argv) {
     long n = 1, max_new = 64, top_k = 0, seed = 0, threads = 0, kv_tokens = 0, device = 0;
     long block_size = 16, max_seqs = 0, batch_tokens = 2048;
     const char *backend = getenv("TROUPE_BACKEND") ? getenv("TROUPE_BACKEND") : "cpu";
+    const char *precision = getenv("TROUPE_PRECISION");
     double temperature = 1.0, top_p = 1.0;
     bool progress = false, quiet = false, no_thinking = false;
     tr_arg table[] = {
@@ -318,6 +319,7 @@ int tr_cmd_generate(int argc, char **argv) {
         {"threads", TR_ARG_INT, &threads, "N", "CPU threads (default: all cores)", false, false},
         {"backend", TR_ARG_STR, &backend, "NAME", "cpu or cuda (default: $TROUPE_BACKEND, else cpu)", false, false},
         {"device", TR_ARG_INT, &device, "N", "CUDA device index (default 0)", false, false},
+        {"precision", TR_ARG_STR, &precision, "P", TR_CLI_PRECISION_HELP, false, false},
         {"kv-tokens", TR_ARG_INT, &kv_tokens, "N",
          "KV cache size in tokens (default: what every request at once needs, as far as the "
          "device's free memory allows)", false, false},
@@ -340,7 +342,7 @@ int tr_cmd_generate(int argc, char **argv) {
         tr_args_usage(CMD, "--model DIR --prompts FILE.jsonl [--out FILE] [--n N] "
                       "[--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] "
                       "[--seed S] [--chat-format NAME [--no-thinking]] [--threads N] "
-                      "[--backend cpu|cuda] [--device N] [--kv-tokens N] [--max-seqs N] "
+                      "[--backend cpu|cuda] [--device N] [--precision fp32|bf16] [--kv-tokens N] [--max-seqs N] "
                       "[--progress | --quiet]",
                       "Writes one line per sample, prompt by prompt in input order:\n"
                       "{\"index\": i, \"sample\": j, \"output_ids\": [...], \"logprobs\": [...],\n"
@@ -375,7 +377,7 @@ int tr_cmd_generate(int argc, char **argv) {
         fprintf(stderr, "troupe %s: %s\n", CMD, bad);
         return 2;
     }
-    if ((rc = tr_cli_backend_check(CMD, backend, device)) != 0) return rc;
+    if ((rc = tr_cli_backend_check(CMD, backend, device, precision)) != 0) return rc;
     if (out_path && strcmp(out_path, "-") == 0) out_path = NULL;
 
     tr_err err = {0};
@@ -458,7 +460,7 @@ int tr_cmd_generate(int argc, char **argv) {
         tr_errf(&err, TR_ENOMEM, "out of memory for %" PRId64 " samples", n_out);
         goto done;
     }
-    if (tr_cli_backend_start(&be, backend, device, threads, &err) != 0) goto done;
+    if (tr_cli_backend_start(&be, backend, device, threads, precision, &err) != 0) goto done;
     be_ok = true;
     // A pass holds at most every prompt (prefill) or every sample (decode); beyond that the
     // activation arena would only cost memory.

@@ -1,7 +1,7 @@
-// `troupe info --model DIR [--tokens N] [--backend B --device N]`: what a Hugging Face
-// checkpoint directory holds (architecture, head, sizes, RoPE, token ids), its parameter
-// count, a check of its weight files without reading the data, and the memory plan of
-// training and generating with it on the chosen backend (fp32).
+// `troupe info --model DIR [--tokens N] [--backend B --device N --precision P]`: what a
+// Hugging Face checkpoint directory holds (architecture, head, sizes, RoPE, token ids), its
+// parameter count, a check of its weight files without reading the data, and the memory plan
+// of training and generating with it on the chosen backend and precision.
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -44,6 +44,7 @@ static void print_token(const char *name, int32_t id) {
 int tr_cmd_info(int argc, char **argv) {
     const char *model = NULL;
     const char *backend = getenv("TROUPE_BACKEND") ? getenv("TROUPE_BACKEND") : "cpu";
+    const char *precision = getenv("TROUPE_PRECISION");
     long tokens = 4096, device = 0, kv_tokens = 0;
     double memory_gb = 0;
     bool help = false;
@@ -56,6 +57,7 @@ int tr_cmd_info(int argc, char **argv) {
          false},
         {"device", TR_ARG_INT, &device, "N", "CUDA device whose free memory bounds the plan "
                                              "(default 0)", false, false},
+        {"precision", TR_ARG_STR, &precision, "P", TR_CLI_PRECISION_HELP, false, false},
         {"kv-tokens", TR_ARG_INT, &kv_tokens, "N", "KV cache tokens to plan for (default: "
                                                    "what the memory left holds)", false, false},
         {"memory-gb", TR_ARG_FLOAT, &memory_gb, "G", "plan with this budget instead of the "
@@ -65,10 +67,10 @@ int tr_cmd_info(int argc, char **argv) {
     int rc = tr_args_parse(CMD, argc, argv, args, NULL, 0, NULL, &help);
     if (rc) return rc;
     if (help) {
-        tr_args_usage(CMD, "--model DIR [--tokens N] [--backend cpu|cuda] [--device N] "
+        tr_args_usage(CMD, "--model DIR [--tokens N] [--backend cpu|cuda] [--device N] [--precision fp32|bf16] "
                       "[--kv-tokens N] [--memory-gb G]",
                       "Prints a checkpoint's configuration, parameter count and the memory plan "
-                      "of training it (fp32 weights, gradients, Adam moments, activations) and "
+                      "of training it (weights, gradients, Adam moments, activations) and "
                       "generating with it (the KV cache the memory left holds).", args);
         return 0;
     }
@@ -80,7 +82,7 @@ int tr_cmd_info(int argc, char **argv) {
         fprintf(stderr, "troupe %s: --kv-tokens and --memory-gb must be >= 0\n", CMD);
         return 2;
     }
-    if ((rc = tr_cli_backend_check(CMD, backend, device)) != 0) return rc;
+    if ((rc = tr_cli_backend_check(CMD, backend, device, precision)) != 0) return rc;
 
     tr_err err = {0};
     tr_model_config c;
@@ -131,13 +133,13 @@ int tr_cmd_info(int argc, char **argv) {
                                              : "none (config only)");
     printf("parameters    %" PRIu64 " (%d tensors)\n", n_params, layout.n_tensors);
 
-    // The plan of a policy that trains and generates on one device: weights, gradients and
-    // Adam's two moments (4 x 4 bytes per parameter, alignment padding included), the
-    // activation arena of one micro-batch of N tokens (what tr_model_arena_floats gives: per
+    // The plan of a policy that trains and generates on one device: fp32 masters, the working
+    // copy when it is bf16, gradients and Adam's two moments (alignment padding included), the
+    // activation arena of one micro-batch of N tokens (what tr_model_arena_bytes gives: per
     // layer and token the saved inputs of backward, the final norm, a chunk of LM logits and
     // backward's scratch), shared with the generation's KV cache, which gets what is left.
     tr_backend be;
-    if (tr_cli_backend_start(&be, backend, device, 1, &err) != 0) {
+    if (tr_cli_backend_start(&be, backend, device, 1, precision, &err) != 0) {
         tr_param_layout_free(&layout);
         return tr_cli_fail(CMD, &err);
     }
@@ -147,6 +149,7 @@ int tr_cmd_info(int argc, char **argv) {
                       .kv_want = (int64_t)1 << 30, .max_seqs_want = (int32_t)tokens,
                       .budget = (size_t)(memory_gb * (double)(1 << 30))};
     int prc = tr_plan_make(&be, &pr, &plan, &err);
+    tr_dt act = be.act, wt = be.wt;
     tr_backend_free(&be);
     if (prc != 0) {
         tr_param_layout_free(&layout);
@@ -154,9 +157,16 @@ int tr_cmd_info(int argc, char **argv) {
     }
     char text[1024];
     tr_plan_format(&plan, text, sizeof text);
-    printf("memory plan to train and generate in fp32 on %s%s, %ld tokens per micro-batch:\n%s",
-           backend, strcmp(backend, "cuda") == 0 ? " (this device's free memory)" : "", tokens,
-           text);
+    // Bytes per parameter by role: a trained role keeps fp32 masters, the working copy (when
+    // narrower), fp32 gradients and two fp32 Adam moments; a role that never trains (reference,
+    // reward model) keeps the working copy alone.
+    size_t w = tr_dt_size(wt), trained = 4 + (wt == TR_F32 ? 0 : w) + 4 + 8;
+    printf("precision     %s weights, %s activations and KV cache, fp32 masters and optimizer\n",
+           tr_dt_name(wt), tr_dt_name(act));
+    printf("bytes/param   %zu trained (policy, critic), %zu frozen (reference, reward)\n", trained, w);
+    printf("memory plan to train and generate in %s on %s%s, %ld tokens per micro-batch:\n%s",
+           tr_dt_name(act), backend, strcmp(backend, "cuda") == 0 ? " (this device's free memory)" : "",
+           tokens, text);
     tr_param_layout_free(&layout);
     return 0;
 }

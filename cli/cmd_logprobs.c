@@ -232,6 +232,7 @@ int tr_cmd_logprobs(int argc, char **argv) {
     const char *model_dir = NULL, *data = NULL, *out_path = NULL;
     long threads = 0, batch_tokens = 4096, device = 0;
     const char *backend = getenv("TROUPE_BACKEND") ? getenv("TROUPE_BACKEND") : "cpu";
+    const char *precision = getenv("TROUPE_PRECISION");
     bool progress = false, quiet = false;
     tr_arg table[] = {
         {"model", TR_ARG_STR, &model_dir, "DIR", "Hugging Face model directory (a causal LM)",
@@ -244,6 +245,7 @@ int tr_cmd_logprobs(int argc, char **argv) {
         {"threads", TR_ARG_INT, &threads, "N", "CPU threads (default: all cores)", false, false},
         {"backend", TR_ARG_STR, &backend, "NAME", "cpu or cuda (default: $TROUPE_BACKEND, else cpu)", false, false},
         {"device", TR_ARG_INT, &device, "N", "CUDA device index (default 0)", false, false},
+        {"precision", TR_ARG_STR, &precision, "P", TR_CLI_PRECISION_HELP, false, false},
         {"batch-tokens", TR_ARG_INT, &batch_tokens, "N",
          "tokens per forward pass; longer sequences get a pass of their own (default 4096)",
          false, false},
@@ -258,7 +260,7 @@ int tr_cmd_logprobs(int argc, char **argv) {
     if (rc) return rc;
     if (help) {
         tr_args_usage(CMD, "--model DIR --data FILE.jsonl [--out FILE] [--threads N] "
-                      "[--backend cpu|cuda] [--device N] "
+                      "[--backend cpu|cuda] [--device N] [--precision fp32|bf16] "
                       "[--batch-tokens N] [--progress | --quiet]",
                       "Writes one line {\"logprobs\": [...]} per input line, in input order:\n"
                       "logprobs[i] = ln p(input_ids[i+1] | input_ids[0..i]), len - 1 values.\n"
@@ -272,7 +274,7 @@ int tr_cmd_logprobs(int argc, char **argv) {
                 "1..16777216\n", CMD);
         return 2;
     }
-    if ((rc = tr_cli_backend_check(CMD, backend, device)) != 0) return rc;
+    if ((rc = tr_cli_backend_check(CMD, backend, device, precision)) != 0) return rc;
     if (out_path && strcmp(out_path, "-") == 0) out_path = NULL;
 
     tr_err err = {0};
@@ -302,7 +304,7 @@ int tr_cmd_logprobs(int argc, char **argv) {
     if (total < max_tokens) max_tokens = total > longest ? (int32_t)total : longest;
 
     tr_backend be;
-    if (tr_cli_backend_start(&be, backend, device, threads, &err) != 0) {
+    if (tr_cli_backend_start(&be, backend, device, threads, precision, &err) != 0) {
         seq_list_free(&seqs);
         return tr_cli_fail(CMD, &err);
     }

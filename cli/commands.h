@@ -12,9 +12,13 @@ typedef struct tr_command {
 struct tr_err;
 int tr_cli_fail(const char *cmd, const struct tr_err *err);
 
-// --backend NAME --device N: usage errors print a message and return 2 (0 when fine).
-int tr_cli_backend_check(const char *cmd, const char *kind, long device);
+// --backend NAME --device N --precision P (NULL: the backend's default): usage errors print a
+// message and return 2 (0 when fine).
+int tr_cli_backend_check(const char *cmd, const char *kind, long device, const char *precision);
 // Starts that backend (threads: cpu's pool), or fills err.
 struct tr_backend;
 int tr_cli_backend_start(struct tr_backend *be, const char *kind, long device, long threads,
-                         struct tr_err *err);
+                         const char *precision, struct tr_err *err);
+// The --precision option's default: $TROUPE_PRECISION, else NULL (the backend's own).
+#define TR_CLI_PRECISION_HELP "fp32 or bf16 weights and activations (default: $TROUPE_PRECISION, " \
+                              "else the backend's: cpu fp32, cuda bf16)"

@@ -36,6 +36,8 @@ typedef struct loader {
     const tr_model_config *cfg;
     const tr_param_layout *layout;
     float *buf;
+    tr_ckpt_sink sink;           // instead of buf: each tensor's data as the file holds it
+    void *sink_ctx;
     bool backbone_only;
     char index_path[4096];
     tr_json_doc index;
@@ -169,10 +171,29 @@ static int load_tensor(loader *L, const tr_tensor_desc *d, size_t next_offset) {
         t->dtype != TR_ST_F64)
         return tr_errf(L->err, TR_EUNSUPPORTED, "%s: tensor '%s' has dtype %s (F32, BF16, F16 or "
                        "F64 expected)", s->st.path, d->name, tr_st_dtype_name(t->dtype));
+    if (L->sink) {
+        if (t->dtype != TR_ST_F64) return L->sink(L->sink_ctx, d, t->data, t->dtype, L->err);
+        // No backend converts from F64: the host narrows it first.
+        float *tmp = malloc((d->numel ? d->numel : 1) * sizeof *tmp);
+        if (!tmp) return tr_errf(L->err, TR_ENOMEM, "%s: out of memory for '%s'", s->st.path, d->name);
+        int rc = tr_st_read_f32(&s->st, t, tmp, L->err);
+        if (!rc) rc = L->sink(L->sink_ctx, d, tmp, TR_ST_F32, L->err);
+        free(tmp);
+        return rc;
+    }
     if (!L->buf) return 0;
     if (tr_st_read_f32(&s->st, t, L->buf + d->offset, L->err)) return -1;
     for (size_t i = d->offset + d->numel; i < next_offset; i++) L->buf[i] = 0.0f;
     return 0;
+}
+
+// Reads tensor d (present and checked by load_tensor) as fp32 into out.
+static int read_tensor(loader *L, const tr_tensor_desc *d, float *out) {
+    shard *s;
+    if (shard_for(L, d->name, &s)) return -1;
+    const tr_st_tensor *t = tr_st_find(&s->st, d->name);
+    if (!t) return tr_errf(L->err, TR_EFORMAT, "%s: tensor '%s' is missing", s->st.path, d->name);
+    return tr_st_read_f32(&s->st, t, out, L->err);
 }
 
 // A tied model's file may still carry lm_head.weight; accept it only when it is the embedding.
@@ -183,11 +204,14 @@ static int check_tied_lm_head(loader *L, const shard *s, const tr_st_tensor *t) 
     if (t->ndim != 2 || t->shape[0] != e->shape[0] || t->shape[1] != e->shape[1])
         return tr_errf(L->err, TR_EFORMAT, "%s: present in a model with tie_word_embeddings, but "
                        "its shape differs from the embedding", where);
-    if (!L->buf) return 0;
-    float *tmp = malloc(e->numel * sizeof *tmp);
+    if (!L->buf && !L->sink) return 0;
+    float *tmp = malloc(2 * e->numel * sizeof *tmp);
     if (!tmp) return tr_errf(L->err, TR_ENOMEM, "%s: out of memory", where);
+    // The embedding as loaded: in buf, or read again when the tensors went to a sink.
+    const float *embed = L->buf ? L->buf + e->offset : tmp + e->numel;
     int rc = tr_st_read_f32(&s->st, t, tmp, L->err);
-    if (!rc && memcmp(tmp, L->buf + e->offset, e->numel * sizeof *tmp) != 0)
+    if (!rc && !L->buf) rc = read_tensor(L, e, tmp + e->numel);
+    if (!rc && memcmp(tmp, embed, e->numel * sizeof *tmp) != 0)
         rc = tr_errf(L->err, TR_EFORMAT, "%s: present in a model with tie_word_embeddings but "
                      "differs from model.embed_tokens.weight", where);
     free(tmp);
@@ -231,9 +255,10 @@ static int check_extra(loader *L) {
 }
 
 static int load_impl(const char *dir, const tr_model_config *cfg, const tr_param_layout *layout,
-                     float *buf, bool backbone_only, tr_err *err) {
-    loader L = {.dir = dir, .cfg = cfg, .layout = layout, .buf = buf,
-                .backbone_only = backbone_only, .err = err};
+                     float *buf, tr_ckpt_sink sink, void *sink_ctx, bool backbone_only,
+                     tr_err *err) {
+    loader L = {.dir = dir, .cfg = cfg, .layout = layout, .buf = buf, .sink = sink,
+                .sink_ctx = sink_ctx, .backbone_only = backbone_only, .err = err};
     int rc = open_files(&L);
     for (int32_t i = 0; i < layout->n_tensors && !rc; i++) {
         const tr_tensor_desc *d = &layout->tensors[i];
@@ -251,12 +276,18 @@ static int load_impl(const char *dir, const tr_model_config *cfg, const tr_param
 
 int tr_checkpoint_load(const char *dir, const tr_model_config *cfg,
                        const tr_param_layout *layout, float *buf, tr_err *err) {
-    return load_impl(dir, cfg, layout, buf, false, err);
+    return load_impl(dir, cfg, layout, buf, NULL, NULL, false, err);
 }
 
 int tr_checkpoint_load_backbone(const char *dir, const tr_model_config *cfg,
                                 const tr_param_layout *layout, float *buf, tr_err *err) {
-    return load_impl(dir, cfg, layout, buf, true, err);
+    return load_impl(dir, cfg, layout, buf, NULL, NULL, true, err);
+}
+
+int tr_checkpoint_load_to(const char *dir, const tr_model_config *cfg,
+                          const tr_param_layout *layout, bool backbone_only, tr_ckpt_sink sink,
+                          void *ctx, tr_err *err) {
+    return load_impl(dir, cfg, layout, NULL, sink, ctx, backbone_only, err);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -41,6 +41,16 @@ int tr_checkpoint_load(const char *dir, const tr_model_config *cfg,
 int tr_checkpoint_load_backbone(const char *dir, const tr_model_config *cfg,
                                 const tr_param_layout *layout, float *buf, tr_err *err);
 
+// Receives one tensor of a checkpoint being loaded: d->numel values of dtype dt (F32, BF16 or
+// F16; an F64 file arrives narrowed to F32) at data, unaligned, valid until it returns.
+typedef int (*tr_ckpt_sink)(void *ctx, const tr_tensor_desc *d, const void *data,
+                            enum tr_st_dtype dt, tr_err *err);
+// Loads like tr_checkpoint_load (or _backbone), with the same checks, handing each tensor to
+// sink as the file holds it, so the caller can move raw bytes to a device and convert there.
+int tr_checkpoint_load_to(const char *dir, const tr_model_config *cfg,
+                          const tr_param_layout *layout, bool backbone_only, tr_ckpt_sink sink,
+                          void *ctx, tr_err *err);
+
 // Writes cfg, the weights and (optionally) tokenizer files as an HF directory DIR. Everything
 // is written to DIR.tmp.<pid> first and renamed into place; an existing DIR (which must hold
 // a config.json, or be empty) is replaced as a whole only after the new one is complete.

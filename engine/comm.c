@@ -22,11 +22,18 @@ void tr_comm_base_init(tr_comm *c, const tr_comm_vt *vt, const tr_comm_opts *o) 
 }
 
 size_t tr_comm_dtype_size(enum tr_comm_dtype t) {
-    return t == TR_COMM_F32 ? 4 : 8;
+    return t == TR_COMM_F32 ? 4 : t == TR_COMM_BF16 ? 2 : 8;
 }
 
 const char *tr_comm_dtype_name(enum tr_comm_dtype t) {
-    return t == TR_COMM_F32 ? "f32" : t == TR_COMM_F64 ? "f64" : "i64";
+    return t == TR_COMM_F32 ? "f32" : t == TR_COMM_F64 ? "f64" : t == TR_COMM_BF16 ? "bf16" : "i64";
+}
+
+// Sums of bf16 would round at every rank: the weights' working copy only moves.
+static int summable(tr_comm *c, enum tr_comm_op op, enum tr_comm_dtype t, tr_err *err) {
+    if (t != TR_COMM_BF16) return 0;
+    return tr_errf(err, TR_EINVAL, "communicator %s rank %d: %s of bf16 (only broadcast and "
+                   "all-gather move bf16)", c->name, c->rank, tr_comm_op_name(op));
 }
 
 const char *tr_comm_op_name(enum tr_comm_op op) {
@@ -139,6 +146,7 @@ static int run(tr_comm *c, const tr_comm_call *call, tr_err *err) {
 
 int tr_comm_all_reduce(tr_comm *c, void *buf, size_t n, enum tr_comm_dtype t, tr_err *err) {
     tr_comm_call call = {.op = TR_COMM_OP_ALL_REDUCE, .buf = buf, .n = n, .dtype = t};
+    if (summable(c, call.op, t, err)) return -1;
     return run(c, &call, err);
 }
 
@@ -154,7 +162,7 @@ static int sum_counts(tr_comm *c, const size_t *counts, enum tr_comm_op op, size
 int tr_comm_reduce_scatter(tr_comm *c, void *buf, const size_t *counts, enum tr_comm_dtype t,
                            tr_err *err) {
     tr_comm_call call = {.op = TR_COMM_OP_REDUCE_SCATTER, .buf = buf, .counts = counts, .dtype = t};
-    if (sum_counts(c, counts, call.op, &call.n, err)) return -1;
+    if (summable(c, call.op, t, err) || sum_counts(c, counts, call.op, &call.n, err)) return -1;
     return run(c, &call, err);
 }
 

@@ -15,8 +15,11 @@
 #include "engine/err.h"
 #include "kernels/ops.h"
 
-// Element types; sums are taken in the type's own precision.
-enum tr_comm_dtype { TR_COMM_F32, TR_COMM_F64, TR_COMM_I64 };
+// Element types; sums are taken in the type's own precision. BF16 only moves (broadcast,
+// all-gather: a bf16 working copy of the weights); its sums are refused.
+enum tr_comm_dtype { TR_COMM_F32, TR_COMM_F64, TR_COMM_I64, TR_COMM_BF16 };
+size_t tr_comm_dtype_size(enum tr_comm_dtype t);
+const char *tr_comm_dtype_name(enum tr_comm_dtype t);
 
 // An id as text ("shm:/troupe-..." or "nccl:<hex>"), what travels from rank 0 to the others.
 #define TR_COMM_ID_MAX 320

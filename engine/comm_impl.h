@@ -40,8 +40,6 @@ struct tr_comm {
 
 // Fills the common part from o (checked by the caller).
 void tr_comm_base_init(tr_comm *c, const tr_comm_vt *vt, const tr_comm_opts *o);
-size_t tr_comm_dtype_size(enum tr_comm_dtype t);
-const char *tr_comm_dtype_name(enum tr_comm_dtype t);
 const char *tr_comm_op_name(enum tr_comm_op op);
 
 int tr_comm_shm_create(tr_comm **out, const tr_comm_opts *o, char *id, size_t cap, tr_err *err);

@@ -147,7 +147,8 @@ static int nccl_wait(tr_comm *c, int timeout_ms, tr_err *err) {
 }
 
 static ncclDataType_t nccl_type(enum tr_comm_dtype t) {
-    return t == TR_COMM_F32 ? ncclFloat32 : t == TR_COMM_F64 ? ncclFloat64 : ncclInt64;
+    return t == TR_COMM_F32 ? ncclFloat32 : t == TR_COMM_F64 ? ncclFloat64
+         : t == TR_COMM_BF16 ? ncclBfloat16 : ncclInt64;
 }
 
 static bool equal_counts(const size_t *counts, int32_t world) {

@@ -1,6 +1,7 @@
 // Engine-side helpers over the backend's memory half (device.h).
 #include "engine/device.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 
 static int no_memory(tr_backend *be, size_t bytes, const char *what, const char *kind,
@@ -54,4 +55,42 @@ int tr_dev_download_sync(tr_backend *be, void *dst, const void *src, size_t byte
                          const char *where, tr_err *err) {
     be->ops->download(be, dst, src, bytes);
     return tr_dev_sync(be, where, err);
+}
+
+// Conversions go through a device scratch of this many values at a time, so a load never
+// needs a second full-size copy of the weights on the device.
+#define TR_CONVERT_CHUNK ((size_t)1 << 22)
+
+static int convert_chunks(tr_backend *be, void *dev, tr_dt t, float *host, size_t n, bool up,
+                          const char *where, tr_err *err) {
+    size_t chunk = n < TR_CONVERT_CHUNK ? n : TR_CONVERT_CHUNK;
+    float *tmp = tr_dev_alloc(be, (chunk ? chunk : 1) * sizeof(float), where, err);
+    if (!tmp) return -1;
+    size_t es = tr_dt_size(t);
+    for (size_t off = 0; off < n; off += chunk) {
+        size_t len = n - off < chunk ? n - off : chunk;
+        char *d = (char *)dev + off * es;
+        if (up) {
+            be->ops->upload(be, tmp, host + off, len * sizeof(float));
+            be->ops->convert(be, d, t, tmp, TR_F32, len);
+        } else {
+            be->ops->convert(be, tmp, TR_F32, d, t, len);
+            be->ops->download(be, host + off, tmp, len * sizeof(float));
+        }
+    }
+    int rc = tr_dev_sync(be, where, err);
+    tr_dev_free(be, tmp);
+    return rc;
+}
+
+int tr_dev_upload_as(tr_backend *be, void *dst, tr_dt t, const float *src, size_t n,
+                     const char *where, tr_err *err) {
+    if (t == TR_F32) return tr_dev_upload_sync(be, dst, src, n * sizeof(float), where, err);
+    return convert_chunks(be, dst, t, (float *)src, n, true, where, err);
+}
+
+int tr_dev_download_as_f32(tr_backend *be, float *dst, const void *src, tr_dt t, size_t n,
+                           const char *where, tr_err *err) {
+    if (t == TR_F32) return tr_dev_download_sync(be, dst, src, n * sizeof(float), where, err);
+    return convert_chunks(be, (void *)src, t, dst, n, false, where, err);
 }

@@ -24,3 +24,10 @@ int tr_dev_upload_sync(tr_backend *be, void *dst, const void *src, size_t bytes,
                        const char *where, tr_err *err);
 int tr_dev_download_sync(tr_backend *be, void *dst, const void *src, size_t bytes,
                          const char *where, tr_err *err);
+// n fp32 values of host memory into dst, of dtype t in backend memory, converted on the device
+// (through a bounded device scratch when t is not fp32); waits.
+int tr_dev_upload_as(tr_backend *be, void *dst, tr_dt t, const float *src, size_t n,
+                     const char *where, tr_err *err);
+// n values of dtype t in backend memory into host fp32 (exact), waiting.
+int tr_dev_download_as_f32(tr_backend *be, float *dst, const void *src, tr_dt t, size_t n,
+                           const char *where, tr_err *err);

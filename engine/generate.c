@@ -70,8 +70,8 @@ static int64_t opts_kv_tokens(const tr_gen_opts *opts) {
     return opts->kv_tokens > 0 ? opts->kv_tokens : 16384;
 }
 
-size_t tr_generator_kv_floats(const tr_model_config *cfg, const tr_gen_opts *opts) {
-    return tr_kvcache_floats(cfg, opts_block_size(opts), opts_kv_tokens(opts));
+size_t tr_generator_kv_bytes(const tr_model_config *cfg, const tr_gen_opts *opts, tr_dt act) {
+    return tr_kvcache_pool_bytes(cfg, opts_block_size(opts), opts_kv_tokens(opts), act);
 }
 
 int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_err *err) {
@@ -86,7 +86,7 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
     g->max_seqs = opts->max_seqs > 0 ? opts->max_seqs : 64;
     if (g->max_seqs > g->max_rows) g->max_seqs = g->max_rows;
     int rc = opts->kv_buf ? tr_kvcache_init_in(&g->cache, m->be, &m->cfg, bs, kv_tokens,
-                                               opts->kv_buf, opts->kv_buf_floats, err)
+                                               opts->kv_buf, opts->kv_buf_bytes, err)
                           : tr_kvcache_init(&g->cache, m->be, &m->cfg, bs, kv_tokens, err);
     if (rc != 0) {
         tr_generator_free(g);
@@ -197,13 +197,14 @@ static int check_request(const tr_generator *g, const tr_gen_request *r, int32_t
 static void gen_attend(void *ctx, tr_model *m, int32_t layer, tr_layer_acts *la, int32_t T) {
     tr_generator *g = ctx;
     const tr_model_config *c = &m->cfg;
-    const size_t Q = (size_t)c->n_heads * c->head_dim;
-    tr_kvcache_write(&g->cache, layer, la->k, la->v, g->d_slot, T);
+    const size_t es = tr_dt_size(m->act), Q = (size_t)c->n_heads * c->head_dim;
+    tr_kvcache_write(&g->cache, layer, la->k, la->v, m->qkv_ld, g->d_slot, T);
     tr_kv_pages pages = tr_kvcache_layer(&g->cache, layer);
     for (int32_t s = 0; s < g->n_segs; s++) {
         const tr_gen_segment *sg = &g->segs[s];
-        m->be->ops->attention_decode(m->be, la->att + (size_t)sg->r0 * Q,
-                                     la->q + (size_t)sg->r0 * Q, &pages, sg->table, sg->stride,
+        m->be->ops->attention_decode(m->be, (char *)la->att + (size_t)sg->r0 * Q * es,
+                                     (const char *)la->q + (size_t)sg->r0 * m->qkv_ld * es,
+                                     m->qkv_ld, &pages, sg->table, sg->stride,
                                      g->d_len + sg->r0, sg->n, c->n_heads);
     }
 }

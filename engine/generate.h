@@ -48,10 +48,10 @@ typedef struct tr_gen_opts {
     int32_t block_size;    // tokens per KV block (0: 16)
     int32_t max_seqs;      // samples decoded together (0: 64); at most the model's max_tokens
     int32_t max_seq_len;   // longest prompt + max_new_tokens - 1 accepted (0: the pool size)
-    // The KV block pool's floats in the caller's memory (64-byte aligned, kv_buf_floats >=
-    // tr_generator_kv_floats), never freed by the generator; NULL: it allocates its own.
-    float *kv_buf;
-    size_t kv_buf_floats;
+    // The KV block pool in the caller's memory (64-byte aligned, kv_buf_bytes >=
+    // tr_generator_kv_bytes), never freed by the generator; NULL: it allocates its own.
+    void *kv_buf;
+    size_t kv_buf_bytes;
 } tr_gen_opts;
 
 typedef struct tr_gen_stats {
@@ -122,8 +122,9 @@ typedef struct tr_generator {
     uint64_t shared_epoch;
 } tr_generator;
 
-// Floats of the KV pool opts describe for cfg (defaults applied), as tr_kvcache_floats.
-size_t tr_generator_kv_floats(const tr_model_config *cfg, const tr_gen_opts *opts);
+// Bytes of the KV pool opts describe for cfg (defaults applied) in activation dtype act, as
+// tr_kvcache_pool_bytes.
+size_t tr_generator_kv_bytes(const tr_model_config *cfg, const tr_gen_opts *opts, tr_dt act);
 
 // Sizes the KV pool and every per-pass buffer for model m (which must have an LM head). All
 // the generator's memory is taken here; tr_generate allocates only per-call bookkeeping sized

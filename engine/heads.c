@@ -18,6 +18,36 @@ static int need_head(const tr_model *m, enum tr_head head, const char *what, tr_
     return 0;
 }
 
+// Row r of an activation-dtype [T, C] buffer.
+static void *act_row(const tr_model *m, void *p, int32_t r, int32_t C) {
+    return (char *)p + (size_t)r * C * tr_dt_size(m->act);
+}
+
+// The value/score projection's backward from d_head_out (fp32, [T, N]): the gradient in
+// the activation dtype, then one GEMM writing d_lnf.
+static void head_grad_backward(tr_model *m, int32_t N) {
+    const int32_t T = m->docs.n_tokens, C = m->cfg.hidden_size;
+    tr_acts *a = &m->acts;
+    const tr_ops *op = m->be->ops;
+    op->convert(m->be, a->d_head_out_a, m->act, a->d_head_out, TR_F32, (size_t)T * N);
+    op->matmul_backward(m->be, a->d_lnf, m->g.score_w, m->g.score_b, a->d_head_out_a, a->lnf,
+                        m->w.score_w, T, C, N);
+}
+
+// n rows of LM logits (fp32, into out) from rows x of lnf: the GEMM's output in the
+// activation dtype, as transformers' bf16 autocast rounds it, then widened for the fp32
+// log-softmax and the sampler (in fp32 the GEMM writes out directly).
+static void lm_logits(tr_model *m, float *out, const void *x, int32_t n) {
+    const tr_ops *op = m->be->ops;
+    const int32_t C = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    if (m->act == TR_F32) {
+        op->matmul_forward(m->be, out, x, m->w.lm_head, NULL, n, C, V, TR_MM_OUT_F32);
+        return;
+    }
+    op->matmul_forward(m->be, m->acts.logits_a, x, m->w.lm_head, NULL, n, C, V, 0);
+    op->convert(m->be, out, TR_F32, m->acts.logits_a, m->act, (size_t)n * V);
+}
+
 int tr_lm_head_forward(tr_model *m, const int32_t *targets, float *logprob, float *entropy,
                        tr_err *err) {
     if (need_head(m, TR_HEAD_LM, "lm head", err) != 0) return -1;
@@ -32,8 +62,7 @@ int tr_lm_head_forward(tr_model *m, const int32_t *targets, float *logprob, floa
     op->upload(m->be, m->d_targets, targets, (size_t)T * sizeof(int32_t));
     for (int32_t r0 = 0; r0 < T; r0 += R) {
         int32_t n = T - r0 < R ? T - r0 : R;
-        op->matmul_forward(m->be, a->logits, a->lnf + (size_t)r0 * C, m->w.lm_head, NULL, n, C,
-                           V);
+        lm_logits(m, a->logits, act_row(m, a->lnf, r0, C), n);
         op->logsoftmax_forward(m->be, logprob ? m->d_out + r0 : NULL,
                                entropy ? m->d_entropy + r0 : NULL, a->lse + r0, a->logits,
                                m->d_targets + r0, n, V);
@@ -53,15 +82,15 @@ void tr_lm_head_backward(tr_model *m, const int32_t *targets, const float *dlogp
     op->upload(m->be, m->d_targets, targets, (size_t)T * sizeof(int32_t));
     if (dlogprob) op->upload(m->be, m->d_dout, dlogprob, (size_t)T * sizeof(float));
     if (dentropy) op->upload(m->be, m->d_dentropy, dentropy, (size_t)T * sizeof(float));
-    op->fill(m->be, a->d_lnf, 0.0f, (size_t)T * C);
+    // Each chunk writes its own rows of d_lnf.
     for (int32_t r0 = 0; r0 < T; r0 += R) {
         int32_t n = T - r0 < R ? T - r0 : R;
-        const float *x = a->lnf + (size_t)r0 * C;
-        if (!m->logits_cached) op->matmul_forward(m->be, a->logits, x, m->w.lm_head, NULL, n, C, V);
+        const void *x = act_row(m, a->lnf, r0, C);
+        if (!m->logits_cached) lm_logits(m, a->logits, x, n);
         op->logsoftmax_backward(m->be, a->d_logits, dlogprob ? m->d_dout + r0 : NULL,
                                 dentropy ? m->d_dentropy + r0 : NULL, a->logits, a->lse + r0,
                                 m->d_targets + r0, n, V);
-        op->matmul_backward(m->be, a->d_lnf + (size_t)r0 * C, m->g.lm_head, NULL, a->d_logits,
+        op->matmul_backward(m->be, act_row(m, a->d_lnf, r0, C), m->g.lm_head, NULL, a->d_logits,
                             x, m->w.lm_head, n, C, V);
     }
 }
@@ -72,8 +101,7 @@ int tr_lm_head_logits(tr_model *m, int32_t row0, int32_t n, float *out, tr_err *
         return tr_errf(err, TR_ERANGE, "lm head logits: rows %d..%d of a %d-token batch", row0,
                        row0 + n, m->docs.n_tokens);
     const int32_t C = m->cfg.hidden_size;
-    m->be->ops->matmul_forward(m->be, out, m->acts.lnf + (size_t)row0 * C, m->w.lm_head, NULL,
-                               n, C, m->cfg.vocab_size);
+    lm_logits(m, out, act_row(m, m->acts.lnf, row0, C), n);
     return 0;
 }
 
@@ -81,18 +109,15 @@ int tr_value_head_forward(tr_model *m, float *values, tr_err *err) {
     if (need_head(m, TR_HEAD_VALUE, "value head", err) != 0) return -1;
     const int32_t T = m->docs.n_tokens, C = m->cfg.hidden_size;
     m->be->ops->matmul_forward(m->be, m->acts.head_out, m->acts.lnf, m->w.score_w, m->w.score_b,
-                               T, C, 1);
+                               T, C, 1, TR_MM_OUT_F32);
     return tr_dev_download_sync(m->be, values, m->acts.head_out, (size_t)T * sizeof(float),
                                 "value head", err);
 }
 
 void tr_value_head_backward(tr_model *m, const float *dvalues) {
-    const int32_t T = m->docs.n_tokens, C = m->cfg.hidden_size;
-    tr_acts *a = &m->acts;
-    m->be->ops->upload(m->be, a->d_head_out, dvalues, (size_t)T * sizeof(float));
-    m->be->ops->fill(m->be, a->d_lnf, 0.0f, (size_t)T * C);
-    m->be->ops->matmul_backward(m->be, a->d_lnf, m->g.score_w, m->g.score_b, a->d_head_out,
-                                a->lnf, m->w.score_w, T, C, 1);
+    const int32_t T = m->docs.n_tokens;
+    m->be->ops->upload(m->be, m->acts.d_head_out, dvalues, (size_t)T * sizeof(float));
+    head_grad_backward(m, 1);
 }
 
 int32_t tr_score_head_token(const tr_model *m, int32_t d) {
@@ -115,7 +140,8 @@ int tr_score_head_forward(tr_model *m, float *scores, tr_err *err) {
     if (need_head(m, TR_HEAD_SCORE, "score head", err) != 0) return -1;
     const int32_t T = m->docs.n_tokens, C = m->cfg.hidden_size, N = m->cfg.num_labels;
     const tr_ops *op = m->be->ops;
-    op->matmul_forward(m->be, m->acts.head_out, m->acts.lnf, m->w.score_w, m->w.score_b, T, C, N);
+    op->matmul_forward(m->be, m->acts.head_out, m->acts.lnf, m->w.score_w, m->w.score_b, T, C, N,
+                       TR_MM_OUT_F32);
     // The token rows go to d_targets (free until an LM head would need it).
     score_rows(m, m->host_rows);
     op->upload(m->be, m->d_targets, m->host_rows, (size_t)m->docs.n_docs * sizeof(int32_t));
@@ -126,7 +152,7 @@ int tr_score_head_forward(tr_model *m, float *scores, tr_err *err) {
 }
 
 void tr_score_head_backward(tr_model *m, const float *dscores) {
-    const int32_t T = m->docs.n_tokens, C = m->cfg.hidden_size, N = m->cfg.num_labels;
+    const int32_t T = m->docs.n_tokens, N = m->cfg.num_labels;
     const tr_ops *op = m->be->ops;
     tr_acts *a = &m->acts;
     score_rows(m, m->host_rows);
@@ -135,7 +161,5 @@ void tr_score_head_backward(tr_model *m, const float *dscores) {
     op->fill(m->be, a->d_head_out, 0.0f, (size_t)T * N);
     op->scatter_rows(m->be, a->d_head_out, m->d_dout, m->d_targets, m->docs.n_docs,
                      (size_t)N * sizeof(float));
-    op->fill(m->be, a->d_lnf, 0.0f, (size_t)T * C);
-    m->be->ops->matmul_backward(m->be, a->d_lnf, m->g.score_w, m->g.score_b, a->d_head_out,
-                                a->lnf, m->w.score_w, T, C, N);
+    head_grad_backward(m, N);
 }

@@ -9,27 +9,28 @@
 
 #include "engine/device.h"
 
-static size_t block_floats(const tr_model_config *cfg, int32_t block_size) {
-    return (size_t)block_size * (size_t)cfg->n_kv_heads * (size_t)cfg->head_dim;
+static size_t block_bytes(const tr_model_config *cfg, int32_t block_size, tr_dt dt) {
+    return (size_t)block_size * (size_t)cfg->n_kv_heads * (size_t)cfg->head_dim * tr_dt_size(dt);
 }
 
-size_t tr_kvcache_bytes(const tr_model_config *cfg, int32_t block_size, int32_t n_blocks) {
-    return 2 * (size_t)cfg->n_layers * (size_t)n_blocks * block_floats(cfg, block_size) *
-           sizeof(float);
+size_t tr_kvcache_bytes(const tr_model_config *cfg, int32_t block_size, int32_t n_blocks,
+                        tr_dt dt) {
+    return 2 * (size_t)cfg->n_layers * (size_t)n_blocks * block_bytes(cfg, block_size, dt);
 }
 
-static size_t round16(size_t n) { return (n + 15) / 16 * 16; }
+static size_t round64(size_t n) { return (n + 63) / 64 * 64; }
 
-size_t tr_kvcache_floats(const tr_model_config *cfg, int32_t block_size, int64_t max_tokens) {
+size_t tr_kvcache_pool_bytes(const tr_model_config *cfg, int32_t block_size, int64_t max_tokens,
+                             tr_dt dt) {
     if (block_size < 1 || max_tokens < 1) return 0;
     size_t n_blocks = (size_t)((max_tokens + block_size - 1) / block_size);
     size_t layers = (size_t)(cfg->n_layers > 0 ? cfg->n_layers : 1);
-    return 2 * round16(layers * n_blocks * block_floats(cfg, block_size));
+    return 2 * round64(layers * n_blocks * block_bytes(cfg, block_size, dt));
 }
 
-// The checks and bookkeeping shared by both inits; the pool floats are the caller's.
+// The checks and bookkeeping shared by both inits; the pool memory is the caller's.
 static int init_meta(tr_kvcache *c, const tr_model_config *cfg, int32_t block_size,
-                     int64_t max_tokens, tr_err *err) {
+                     int64_t max_tokens, tr_dt dt, tr_err *err) {
     memset(c, 0, sizeof *c);
     if (block_size < 1 || block_size > 4096)
         return tr_errf(err, TR_EINVAL, "kv cache: block size must be in 1..4096, got %d",
@@ -45,7 +46,8 @@ static int init_meta(tr_kvcache *c, const tr_model_config *cfg, int32_t block_si
     c->head_dim = cfg->head_dim;
     c->block_size = block_size;
     c->n_blocks = (int32_t)n_blocks;
-    c->layer_floats = (size_t)n_blocks * block_floats(cfg, block_size);
+    c->dt = dt;
+    c->layer_bytes = (size_t)n_blocks * block_bytes(cfg, block_size, dt);
     c->refs = calloc((size_t)n_blocks, sizeof(int32_t));
     c->free_ids = malloc((size_t)n_blocks * sizeof(int32_t));
     c->cow_src = malloc((size_t)n_blocks * 3 * sizeof(int32_t));
@@ -60,7 +62,7 @@ static int init_meta(tr_kvcache *c, const tr_model_config *cfg, int32_t block_si
     return 0;
 }
 
-// The backend side of the copy-on-write queue (the pool's floats are the caller's).
+// The backend side of the copy-on-write queue (the pool memory is the caller's).
 static int init_cow(tr_kvcache *c, tr_backend *be, tr_err *err) {
     c->be = be;
     c->d_cow = tr_dev_alloc(be, (size_t)c->n_blocks * 3 * sizeof(int32_t), "kv cache tables",
@@ -70,19 +72,19 @@ static int init_cow(tr_kvcache *c, tr_backend *be, tr_err *err) {
     return -1;
 }
 
-// K at buf, V from the next 16-float boundary (what tr_kvcache_floats counts).
-static void place_pool(tr_kvcache *c, float *buf) {
+// K at buf, V from the next 64-byte boundary (what tr_kvcache_pool_bytes counts).
+static void place_pool(tr_kvcache *c, void *buf) {
     size_t layers = (size_t)(c->n_layers > 0 ? c->n_layers : 1);
     c->k = buf;
-    c->v = buf + round16(layers * c->layer_floats);
+    c->v = (char *)buf + round64(layers * c->layer_bytes);
 }
 
 int tr_kvcache_init(tr_kvcache *c, tr_backend *be, const tr_model_config *cfg,
                     int32_t block_size, int64_t max_tokens, tr_err *err) {
-    if (init_meta(c, cfg, block_size, max_tokens, err) != 0 || init_cow(c, be, err) != 0)
+    if (init_meta(c, cfg, block_size, max_tokens, be->act, err) != 0 || init_cow(c, be, err) != 0)
         return -1;
-    size_t floats = tr_kvcache_floats(cfg, block_size, max_tokens);
-    float *buf = tr_dev_alloc(be, floats * sizeof(float), "kv cache", err);
+    size_t bytes = tr_kvcache_pool_bytes(cfg, block_size, max_tokens, be->act);
+    void *buf = tr_dev_alloc(be, bytes, "kv cache", err);
     if (!buf) {
         tr_kvcache_free(c);
         return -1;
@@ -93,17 +95,17 @@ int tr_kvcache_init(tr_kvcache *c, tr_backend *be, const tr_model_config *cfg,
 }
 
 int tr_kvcache_init_in(tr_kvcache *c, tr_backend *be, const tr_model_config *cfg,
-                       int32_t block_size, int64_t max_tokens, float *buf, size_t buf_floats,
+                       int32_t block_size, int64_t max_tokens, void *buf, size_t buf_bytes,
                        tr_err *err) {
-    if (init_meta(c, cfg, block_size, max_tokens, err) != 0 || init_cow(c, be, err) != 0)
+    if (init_meta(c, cfg, block_size, max_tokens, be->act, err) != 0 || init_cow(c, be, err) != 0)
         return -1;
-    size_t need = tr_kvcache_floats(cfg, block_size, max_tokens);
-    if (!buf || buf_floats < need || ((uintptr_t)buf % 64) != 0) {
+    size_t need = tr_kvcache_pool_bytes(cfg, block_size, max_tokens, be->act);
+    if (!buf || buf_bytes < need || ((uintptr_t)buf % 64) != 0) {
         int32_t n_blocks = c->n_blocks;
         tr_kvcache_free(c);
-        return tr_errf(err, TR_EINVAL, "kv cache: %d blocks of %d tokens need %zu floats at a "
+        return tr_errf(err, TR_EINVAL, "kv cache: %d blocks of %d tokens need %zu bytes at a "
                        "64-byte boundary; the buffer given has %zu%s", n_blocks, block_size, need,
-                       buf_floats, buf && ((uintptr_t)buf % 64) != 0 ? " (misaligned)" : "");
+                       buf_bytes, buf && ((uintptr_t)buf % 64) != 0 ? " (misaligned)" : "");
     }
     place_pool(c, buf);
     return 0;
@@ -130,14 +132,14 @@ void tr_kvcache_reset(tr_kvcache *c) {
     c->n_cow = 0;
 }
 
-void tr_kvcache_rebind(tr_kvcache *c, float *buf) {
+void tr_kvcache_rebind(tr_kvcache *c, void *buf) {
     if (!c->owns_pool) place_pool(c, buf);
     tr_kvcache_reset(c);
 }
 
 tr_kv_pages tr_kvcache_layer(const tr_kvcache *c, int32_t layer) {
-    tr_kv_pages p = {.k_pool = c->k + (size_t)layer * c->layer_floats,
-                     .v_pool = c->v + (size_t)layer * c->layer_floats,
+    tr_kv_pages p = {.k_pool = (char *)c->k + (size_t)layer * c->layer_bytes,
+                     .v_pool = (char *)c->v + (size_t)layer * c->layer_bytes,
                      .block_size = c->block_size, .n_blocks = c->n_blocks,
                      .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim};
     return p;
@@ -205,9 +207,9 @@ void tr_kvcache_flush(tr_kvcache *c) {
     op->upload(c->be, d, c->cow_src, n);
     op->upload(c->be, d + c->n_blocks, c->cow_dst, n);
     op->upload(c->be, d + 2 * (size_t)c->n_blocks, c->cow_slots, n);
-    tr_kv_pool pool = {.k = c->k, .v = c->v, .layer_bytes = c->layer_floats * sizeof(float),
+    tr_kv_pool pool = {.k = c->k, .v = c->v, .layer_bytes = c->layer_bytes,
                        .n_layers = c->n_layers, .block_size = c->block_size,
-                       .slot_bytes = slot * sizeof(float)};
+                       .slot_bytes = slot * tr_dt_size(c->dt)};
     op->kv_copy_blocks(c->be, &pool, d, d + c->n_blocks, d + 2 * (size_t)c->n_blocks, c->n_cow);
     c->n_cow = 0;
 }
@@ -231,10 +233,8 @@ void tr_kv_seq_release(tr_kvcache *c, tr_kv_seq *s) {
     s->len = 0;
 }
 
-void tr_kvcache_write(tr_kvcache *c, int32_t layer, const float *k, const float *v,
+void tr_kvcache_write(tr_kvcache *c, int32_t layer, const void *k, const void *v, int32_t ld,
                       const int32_t *slots, int32_t n) {
-    size_t row = (size_t)c->n_kv_heads * c->head_dim * sizeof(float);
-    const tr_ops *op = c->be->ops;
-    op->scatter_rows(c->be, c->k + (size_t)layer * c->layer_floats, k, slots, n, row);
-    op->scatter_rows(c->be, c->v + (size_t)layer * c->layer_floats, v, slots, n, row);
+    tr_kv_pages p = tr_kvcache_layer(c, layer);
+    c->be->ops->kv_write(c->be, &p, slots, k, v, ld, n);
 }

@@ -2,7 +2,8 @@
 // by all layers (block b is the same token slots in every layer's K and V pool), a free list,
 // reference counts so sequences can share blocks, and per-sequence block tables. Nothing here
 // allocates after tr_kvcache_init; sequences only take blocks from and return them to the pool.
-// The pool's floats may live in a caller's buffer (a worker arena, engine/arena.h).
+// Keys and values are in the backend's activation dtype; the pool may live in a caller's
+// buffer (a worker arena, engine/arena.h).
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -17,8 +18,9 @@ typedef struct tr_kvcache {
     int32_t n_layers, n_kv_heads, head_dim;
     int32_t block_size;     // token slots per block
     int32_t n_blocks;
-    size_t layer_floats;    // floats of one layer's K (or V) pool: n_blocks*block_size*KVH*D
-    float *k, *v;           // [n_layers][n_blocks][block_size][n_kv_heads][head_dim], backend
+    tr_dt dt;            // the backend's activation dtype
+    size_t layer_bytes;     // bytes of one layer's K (or V) pool: n_blocks*block_size*KVH*D values
+    void *k, *v;            // [n_layers][n_blocks][block_size][n_kv_heads][head_dim], backend
                             // memory; the tables below are the host's bookkeeping
     bool owns_pool;         // k and v were allocated here (false: the caller's buffer)
     int32_t *refs;          // [n_blocks] holders of each block; 0 = on the free list
@@ -45,21 +47,23 @@ static inline int32_t tr_kv_blocks_for(int64_t n_tokens, int32_t block_size) {
     return (int32_t)((n_tokens + block_size - 1) / block_size);
 }
 
-// Bytes of the keys and values of n_blocks blocks of block_size tokens (without the padding
-// tr_kvcache_floats adds between K and V).
-size_t tr_kvcache_bytes(const tr_model_config *cfg, int32_t block_size, int32_t n_blocks);
+// Bytes of the keys and values of n_blocks blocks of block_size tokens in dtype dt (without
+// the padding tr_kvcache_pool_bytes adds between K and V).
+size_t tr_kvcache_bytes(const tr_model_config *cfg, int32_t block_size, int32_t n_blocks,
+                        tr_dt dt);
 
-// Floats of the K and V pools of ceil(max_tokens / block_size) blocks as one buffer holds
+// Bytes of the K and V pools of ceil(max_tokens / block_size) blocks as one buffer holds
 // them: K first, V from the next 64-byte boundary. 0 when the arguments are out of range.
-size_t tr_kvcache_floats(const tr_model_config *cfg, int32_t block_size, int64_t max_tokens);
+size_t tr_kvcache_pool_bytes(const tr_model_config *cfg, int32_t block_size, int64_t max_tokens,
+                             tr_dt dt);
 
 // Pool of ceil(max_tokens / block_size) blocks for cfg's layers and kv heads, in be's memory.
 int tr_kvcache_init(tr_kvcache *c, tr_backend *be, const tr_model_config *cfg,
                     int32_t block_size, int64_t max_tokens, tr_err *err);
-// The same pool with its K and V floats in buf (be's memory, 64-byte aligned, buf_floats >=
-// tr_kvcache_floats), which the cache never frees; only the bookkeeping is allocated.
+// The same pool with its K and V in buf (be's memory, 64-byte aligned, buf_bytes >=
+// tr_kvcache_pool_bytes), which the cache never frees; only the bookkeeping is allocated.
 int tr_kvcache_init_in(tr_kvcache *c, tr_backend *be, const tr_model_config *cfg,
-                       int32_t block_size, int64_t max_tokens, float *buf, size_t buf_floats,
+                       int32_t block_size, int64_t max_tokens, void *buf, size_t buf_bytes,
                        tr_err *err);
 void tr_kvcache_free(tr_kvcache *c);
 // Every block back on the free list, handed out in order again as by a fresh pool. Keys and
@@ -67,7 +71,7 @@ void tr_kvcache_free(tr_kvcache *c);
 void tr_kvcache_reset(tr_kvcache *c);
 // Moves a caller-buffer pool to buf (same size) and resets it; what the old buffer held is
 // not carried over. For a region that other phases overwrite between generations.
-void tr_kvcache_rebind(tr_kvcache *c, float *buf);
+void tr_kvcache_rebind(tr_kvcache *c, void *buf);
 
 // The pages of one layer as attention_decode reads them.
 tr_kv_pages tr_kvcache_layer(const tr_kvcache *c, int32_t layer);
@@ -98,7 +102,8 @@ static inline int32_t tr_kv_seq_slot(const tr_kv_seq *s, int32_t pos, int32_t bl
     return s->blocks[pos / block_size] * block_size + pos % block_size;
 }
 
-// Copies n rows of keys and values ([n, KVH*D] each, backend memory) of layer into the
-// given slots (backend memory: the generator uploads a pass's slots once for all layers).
-void tr_kvcache_write(tr_kvcache *c, int32_t layer, const float *k, const float *v,
+// Copies n rows of keys and values (KVH*D values each, rows of stride ld, backend memory) of
+// layer into the given slots (backend memory: the generator uploads a pass's slots once for
+// all layers).
+void tr_kvcache_write(tr_kvcache *c, int32_t layer, const void *k, const void *v, int32_t ld,
                       const int32_t *slots, int32_t n);

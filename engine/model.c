@@ -13,30 +13,31 @@
 #include "engine/device.h"
 #include "engine/rng.h"
 
-// Arena layout (floats; T = max_tokens, C = hidden, Q = n_heads*head_dim,
-// K = n_kv_heads*head_dim, H = n_heads, G = n_kv_heads, I = intermediate, L = n_layers,
-// V = vocab, R = logit_rows, N = head outputs per token (num_labels; 1 for the value head)),
-// every region rounded up to 16 floats (64 bytes):
-//   residual   (L+1) x T*C         training; inference keeps only 2 and alternates
-//   per layer  T*(3C + 2Q + 2K + H + 2 + 3I)   training: L sets; inference: one shared set
-//              + T*(Q + K + H + G) with QK-norm (Qwen3): q and k before the per-head norm
-//              and each head's rstd, which that norm's backward reads
-//   lnf T*C, lnf_rstd T, scratch T*C
-//   LM head:   logits R*V, lse T;   value/score head: head_out T*N
-//   training:  d_res T*C, d_ln T*C, d_q, d_att T*Q, d_k, d_v T*K, d_gate, d_up, d_act T*I,
-//              d_logits R*V (LM) or d_head_out T*N; with QK-norm d_k_raw T*K (the gradient
-//              of q before its norm reuses d_att, dead once attention's backward has run)
-// Per token that is about (L+1)C + L(3C + 2Q + 2K + H + 3I) floats when training, QK-norm
-// adding L(Q + K + H + G): for a Qwen2-0.5B shape (C 896, Q 896, K 128, H 14, I 4864, L 24)
-// 0.49 M floats = 2 MB a token, 8 GB for a 4096-token micro-batch; the 3I term (SwiGLU)
-// dominates (Qwen3-0.6B, Q 2048 and I 3072 over 28 layers, is 0.63 M floats a token).
-// Inference keeps one layer set, so its arena does not grow with L. Callers size
-// micro-batches with tr_model_arena_floats. A model on a worker arena has both layouts over
-// the same memory, laid out by tr_model_bind_acts when a phase begins (engine/arena.h).
+// Arena layout (T = max_tokens, C = hidden, Q = n_heads*head_dim, K = n_kv_heads*head_dim,
+// QKV = Q + 2K, H = n_heads, G = n_kv_heads, I = intermediate, L = n_layers, V = vocab,
+// R = logit_rows, N = head outputs per token (num_labels; 1 for the value head)), in
+// elements of A (the activation dtype) or F (fp32), every region rounded up to 64 bytes:
+//   residual   F (L+1) x T*C        training; inference keeps only 2 and alternates
+//   per layer  A T*(2C + QKV + Q + 3I)  F T*(C + H + 2)   training: L sets; inference: one
+//              + A T*QKV, F T*(H + G) with QK-norm (Qwen3): q and k after the per-head norm
+//              next to the projection's raw rows, and each head's rstd
+//   lnf A T*C, lnf_rstd F T
+//   LM head:   logits F R*V, logits_a A R*V (none when A is fp32), lse F T;
+//              value/score head: head_out F T*N
+//   training:  d_res F T*C, d_res_a A T*C (none when A is fp32: d_res serves), d_ln A T*C,
+//              d_qkv A T*QKV, d_att A T*Q, d_gu A T*2I, d_act A T*I, d_logits A R*V (LM) or
+//              d_head_out F T*N + A T*N; with QK-norm d_qkv_n A T*QKV
+// Per token that is about L(2C + QKV + Q + 3I) elements of A and (L+1)C + L(C + H) of F
+// when training: for a Qwen2-0.5B shape (C 896, Q 896, K 128, H 14, I 4864, L 24) 0.44 M
+// values of A and 0.04 M of F, 1.0 MB a token in bf16 (1.9 MB in fp32), 4.3 GB for a
+// 4096-token micro-batch; the 3I term (SwiGLU) dominates. Inference keeps one layer set, so
+// its arena does not grow with L. Callers size micro-batches with tr_model_arena_bytes. A
+// model on a worker arena has both layouts over the same memory, laid out by
+// tr_model_bind_acts when a phase begins (engine/arena.h).
 
-#define TR_ALIGN_FLOATS 16
+#define TR_ALIGN_BYTES 64
 
-static size_t round_up(size_t n) { return (n + TR_ALIGN_FLOATS - 1) / TR_ALIGN_FLOATS * TR_ALIGN_FLOATS; }
+static size_t round_up(size_t n) { return (n + TR_ALIGN_BYTES - 1) / TR_ALIGN_BYTES * TR_ALIGN_BYTES; }
 
 static int32_t head_width(const tr_model_config *cfg) {
     if (cfg->head == TR_HEAD_SCORE) return cfg->num_labels;
@@ -51,27 +52,35 @@ static int32_t default_logit_rows(const tr_model_config *cfg, int32_t max_tokens
     return (int32_t)rows;
 }
 
+static void *offset_bytes(void *p, size_t bytes) { return (char *)p + bytes; }
+
+// Bytes of n values in the model's activation dtype.
+static size_t act_bytes(const tr_model *m, size_t n) { return n * tr_dt_size(m->act); }
+
 // Walks the arena layout once; with base == NULL it only counts, so the size formula and
-// the views can never disagree.
+// the views can never disagree. Returns bytes.
 static size_t layout_arena(const tr_model_config *cfg, int32_t T, int32_t R, bool training,
-                           float *base, tr_acts *a) {
+                           tr_dt act, void *base_, tr_acts *a) {
+    char *base = base_;
     size_t off = 0;
     const size_t C = (size_t)cfg->hidden_size, Q = (size_t)cfg->n_heads * cfg->head_dim;
     const size_t K = (size_t)cfg->n_kv_heads * cfg->head_dim, I = (size_t)cfg->intermediate_size;
+    const size_t QKV = Q + 2 * K;
     const size_t H = (size_t)cfg->n_heads, G = (size_t)cfg->n_kv_heads;
     const size_t V = (size_t)cfg->vocab_size;
     const size_t N = (size_t)head_width(cfg), t = (size_t)T;
+    const size_t A = tr_dt_size(act), F = sizeof(float);
     const int32_t L = cfg->n_layers;
-#define TAKE(ptr, n)                                   \
-    do {                                               \
-        if (base) (ptr) = base + off;                  \
-        off += round_up(n);                            \
+#define TAKE(ptr, n, es)                                   \
+    do {                                                   \
+        if (base) (ptr) = (void *)(base + off);            \
+        off += round_up((n) * (es));                       \
     } while (0)
     int32_t n_res = training ? L + 1 : 2;
     float *res_bufs[2] = {NULL, NULL};
     for (int32_t l = 0; l < n_res; l++) {
         float *p = NULL;
-        TAKE(p, t * C);
+        TAKE(p, t * C, F);
         if (base) {
             if (training) a->residual[l] = p;
             else res_bufs[l] = p;
@@ -82,99 +91,104 @@ static size_t layout_arena(const tr_model_config *cfg, int32_t T, int32_t R, boo
     int32_t n_sets = training ? L : 1;
     for (int32_t l = 0; l < n_sets; l++) {
         tr_layer_acts la = {0};
-        TAKE(la.ln1, t * C);
-        TAKE(la.ln1_rstd, t);
-        TAKE(la.q, t * Q);
-        TAKE(la.k, t * K);
-        TAKE(la.v, t * K);
-        TAKE(la.att, t * Q);
-        TAKE(la.att_lse, t * H);
-        TAKE(la.res_mid, t * C);
-        TAKE(la.ln2, t * C);
-        TAKE(la.ln2_rstd, t);
-        TAKE(la.gate, t * I);
-        TAKE(la.up, t * I);
-        TAKE(la.act, t * I);
+        TAKE(la.ln1, t * C, A);
+        TAKE(la.ln1_rstd, t, F);
+        TAKE(la.qkv, t * QKV, A);
+        TAKE(la.att, t * Q, A);
+        TAKE(la.att_lse, t * H, F);
+        TAKE(la.res_mid, t * C, F);
+        TAKE(la.ln2, t * C, A);
+        TAKE(la.ln2_rstd, t, F);
+        TAKE(la.gu, t * 2 * I, A);
+        TAKE(la.act, t * I, A);
         if (cfg->qk_norm) {
-            TAKE(la.q_raw, t * Q);
-            TAKE(la.k_raw, t * K);
-            TAKE(la.q_rstd, t * H);
-            TAKE(la.k_rstd, t * G);
+            TAKE(la.qkv_n, t * QKV, A);
+            TAKE(la.q_rstd, t * H, F);
+            TAKE(la.k_rstd, t * G, F);
         }
         if (base) {
+            void *qk = cfg->qk_norm ? la.qkv_n : la.qkv;
+            la.q = qk;
+            la.k = offset_bytes(qk, Q * A);
+            la.v = offset_bytes(la.qkv, (Q + K) * A);
             if (training) a->layers[l] = la;
             else
                 for (int32_t j = 0; j < L; j++) a->layers[j] = la;
         }
     }
     if (base) {
-        a->logits = a->lse = a->head_out = NULL;
-        a->d_res = a->d_lnf = a->d_ln = NULL;
-        a->d_q = a->d_k = a->d_v = a->d_att = a->d_k_raw = NULL;
-        a->d_gate = a->d_up = a->d_act = a->d_logits = a->d_head_out = NULL;
+        a->logits = a->lse = a->head_out = a->d_res = a->d_head_out = NULL;
+        a->logits_a = NULL;
+        a->d_res_a = a->d_lnf = a->d_ln = a->d_qkv = a->d_qkv_n = a->d_att = NULL;
+        a->d_gu = a->d_act = a->d_logits = a->d_head_out_a = NULL;
     }
-    TAKE(a->lnf, t * C);
-    TAKE(a->lnf_rstd, t);
-    TAKE(a->scratch, t * C);
+    TAKE(a->lnf, t * C, A);
+    TAKE(a->lnf_rstd, t, F);
     if (cfg->head == TR_HEAD_LM) {
-        TAKE(a->logits, (size_t)R * V);
-        TAKE(a->lse, t);
+        TAKE(a->logits, (size_t)R * V, F);
+        if (act != TR_F32) TAKE(a->logits_a, (size_t)R * V, A);
+        else if (base) a->logits_a = NULL;
+        TAKE(a->lse, t, F);
     } else {
-        TAKE(a->head_out, t * N);
+        TAKE(a->head_out, t * N, F);
     }
     if (training) {
-        TAKE(a->d_res, t * C);
-        TAKE(a->d_ln, t * C);
-        TAKE(a->d_q, t * Q);
-        TAKE(a->d_att, t * Q);
-        TAKE(a->d_k, t * K);
-        TAKE(a->d_v, t * K);
-        TAKE(a->d_gate, t * I);
-        TAKE(a->d_up, t * I);
-        TAKE(a->d_act, t * I);
-        if (cfg->qk_norm) TAKE(a->d_k_raw, t * K);
-        if (cfg->head == TR_HEAD_LM) TAKE(a->d_logits, (size_t)R * V);
-        else TAKE(a->d_head_out, t * N);
+        TAKE(a->d_res, t * C, F);
+        if (act != TR_F32) TAKE(a->d_res_a, t * C, A);
+        else if (base) a->d_res_a = a->d_res;
+        TAKE(a->d_ln, t * C, A);
+        TAKE(a->d_qkv, t * QKV, A);
+        TAKE(a->d_att, t * Q, A);
+        TAKE(a->d_gu, t * 2 * I, A);
+        TAKE(a->d_act, t * I, A);
+        if (cfg->qk_norm) TAKE(a->d_qkv_n, t * QKV, A);
+        if (cfg->head == TR_HEAD_LM) {
+            TAKE(a->d_logits, (size_t)R * V, A);
+        } else {
+            TAKE(a->d_head_out, t * N, F);
+            TAKE(a->d_head_out_a, t * N, A);
+        }
         if (base) a->d_lnf = a->d_ln;
     }
 #undef TAKE
     return off;
 }
 
-size_t tr_model_arena_floats(const tr_model_config *cfg, const tr_model_opts *opts) {
+size_t tr_model_arena_bytes(const tr_model_config *cfg, const tr_model_opts *opts, tr_dt act) {
     int32_t R = opts->logit_rows > 0 ? opts->logit_rows
                                      : default_logit_rows(cfg, opts->max_tokens);
+    if (R > opts->max_tokens) R = opts->max_tokens;
     tr_acts a;
-    return layout_arena(cfg, opts->max_tokens, R, opts->training, NULL, &a);
+    return layout_arena(cfg, opts->max_tokens, R, opts->training, act, NULL, &a);
 }
 
-size_t tr_model_acts_floats(const tr_model *m, bool training) {
+size_t tr_model_acts_bytes(const tr_model *m, bool training) {
     tr_acts a;
-    return layout_arena(&m->cfg, m->max_tokens, m->logit_rows, training, NULL, &a);
+    return layout_arena(&m->cfg, m->max_tokens, m->logit_rows, training, m->act, NULL, &a);
 }
 
-int tr_model_bind_acts(tr_model *m, float *base, size_t floats, bool training, tr_err *err) {
+int tr_model_bind_acts(tr_model *m, void *base, size_t bytes, bool training, tr_err *err) {
     if (m->owns_arena)
         return tr_errf(err, TR_EINVAL, "model: its activation arena is its own; only a model "
                        "set up on the caller's memory (opts.acts) is laid out again");
     if (training && !m->training)
         return tr_errf(err, TR_EINVAL, "model: the training layout needs a model set up for "
                        "training");
-    size_t need = tr_model_acts_floats(m, training);
-    if (!base || floats < need || ((uintptr_t)base % 64) != 0)
-        return tr_errf(err, TR_EINVAL, "model: %s activations of %d tokens need %zu floats at a "
+    size_t need = tr_model_acts_bytes(m, training);
+    if (!base || bytes < need || ((uintptr_t)base % 64) != 0)
+        return tr_errf(err, TR_EINVAL, "model: %s activations of %d tokens need %zu bytes at a "
                        "64-byte boundary; the memory given has %zu%s",
-                       training ? "training" : "inference", m->max_tokens, need, floats,
+                       training ? "training" : "inference", m->max_tokens, need, bytes,
                        base && ((uintptr_t)base % 64) != 0 ? " (misaligned)" : "");
     m->arena = base;
-    m->arena_floats = floats;
+    m->arena_bytes = bytes;
     m->acts_training = training;
     m->logits_cached = false;
-    layout_arena(&m->cfg, m->max_tokens, m->logit_rows, training, base, &m->acts);
+    layout_arena(&m->cfg, m->max_tokens, m->logit_rows, training, m->act, base, &m->acts);
     return 0;
 }
 
-static size_t float_bytes(size_t n) { return round_up(n ? n : 1) * sizeof(float); }
+static size_t float_bytes(size_t n) { return round_up((n ? n : 1) * sizeof(float)); }
 
 // Outputs per token of the head: num_labels for a score head (a score per document, at most
 // one document per token), else 1 (a logprob or a value).
@@ -226,15 +240,18 @@ int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
     if (tr_param_layout_init(&m->layout, cfg, err) != 0) return tr_err_wrap(err, "model");
 
     const int32_t L = cfg->n_layers;
-    m->arena_floats = layout_arena(cfg, m->max_tokens, m->logit_rows, m->training, NULL,
-                                   &m->acts);
-    if (opts->acts && (opts->acts_floats < m->arena_floats || ((uintptr_t)opts->acts % 64) != 0)) {
-        size_t need = m->arena_floats;
+    m->act = be->act;
+    m->wt = be->wt;
+    m->qkv_ld = (cfg->n_heads + 2 * cfg->n_kv_heads) * cfg->head_dim;
+    m->arena_bytes = layout_arena(cfg, m->max_tokens, m->logit_rows, m->training, m->act, NULL,
+                                  &m->acts);
+    if (opts->acts && (opts->acts_bytes < m->arena_bytes || ((uintptr_t)opts->acts % 64) != 0)) {
+        size_t need = m->arena_bytes;
         tr_param_layout_free(&m->layout);
-        return tr_errf(err, TR_EINVAL, "model: %s activations of %d tokens need %zu floats at a "
+        return tr_errf(err, TR_EINVAL, "model: %s activations of %d tokens need %zu bytes at a "
                        "64-byte boundary; the memory given has %zu%s",
                        opts->training ? "training" : "inference", opts->max_tokens, need,
-                       opts->acts_floats,
+                       opts->acts_bytes,
                        ((uintptr_t)opts->acts % 64) != 0 ? " (misaligned)" : "");
     }
     // Host bookkeeping first, then backend memory: the failure message names the buffer.
@@ -259,7 +276,15 @@ int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
     free(inv);
     size_t pbytes = float_bytes(m->layout.total);
     int rc = 0;
-    if (!(m->params = tr_dev_zalloc(be, pbytes, "model parameters", err))) rc = -1;
+    // fp32 masters for a model that trains, or when they are the working weights; a bf16
+    // working copy beside them (or alone, for a model that never trains).
+    if ((m->training || m->wt == TR_F32) &&
+        !(m->params = tr_dev_zalloc(be, pbytes, "model parameters (fp32 masters)", err)))
+        rc = -1;
+    if (!rc && m->wt == TR_F32) m->work = m->params;
+    else if (!rc && !(m->work = tr_dev_zalloc(be, round_up(m->layout.total * tr_dt_size(m->wt)),
+                                              "model working weights", err)))
+        rc = -1;
     if (!rc && m->training && !(m->grads = tr_dev_zalloc(be, pbytes, "model gradients", err)))
         rc = -1;
     if (!rc && !(m->inv_freq = tr_dev_alloc(be, float_bytes((size_t)cfg->head_dim / 2),
@@ -272,9 +297,9 @@ int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
         rc = -1;
     if (!rc && opts->acts) {
         m->arena = opts->acts;
-        m->arena_floats = opts->acts_floats;
+        m->arena_bytes = opts->acts_bytes;
     } else if (!rc) {
-        m->arena = tr_dev_alloc(be, float_bytes(m->arena_floats), "activation arena", err);
+        m->arena = tr_dev_alloc(be, m->arena_bytes ? m->arena_bytes : 64, "activation arena", err);
         m->owns_arena = m->arena != NULL;
         if (!m->arena) rc = -1;
     }
@@ -289,9 +314,10 @@ int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
         return tr_err_wrap(err, "model");
     }
     m->acts_training = m->training;
-    layout_arena(cfg, m->max_tokens, m->logit_rows, m->training, m->arena, &m->acts);
-    if (tr_params_views(&m->w, &m->layout, cfg, m->params, err) != 0 ||
-        (m->grads && tr_params_views(&m->g, &m->layout, cfg, m->grads, err) != 0)) {
+    layout_arena(cfg, m->max_tokens, m->logit_rows, m->training, m->act, m->arena, &m->acts);
+    if (tr_params_views(&m->w, &m->layout, cfg, m->work, tr_dt_size(m->wt), err) != 0 ||
+        (m->grads &&
+         tr_params_views(&m->g, &m->layout, cfg, m->grads, sizeof(float), err) != 0)) {
         tr_model_free(m);
         return tr_err_wrap(err, "model");
     }
@@ -307,6 +333,7 @@ void tr_model_free(tr_model *m) {
     tr_params_free_views(&m->g);
     tr_param_layout_free(&m->layout);
     if (m->be) {
+        if (m->work != m->params) tr_dev_free(m->be, m->work);
         tr_dev_free(m->be, m->params);
         tr_dev_free(m->be, m->grads);
         tr_dev_free(m->be, m->inv_freq);
@@ -336,21 +363,61 @@ int tr_model_load(tr_model *m, const char *dir, tr_backend *be, const tr_model_o
     return 0;
 }
 
-// Pinned host memory of the parameter buffer's size, for checkpoint I/O.
+// Pinned host memory of the parameter buffer's size (fp32), for checkpoint I/O.
 static float *param_staging(tr_model *m, const char *what, tr_err *err) {
     return tr_dev_alloc_host(m->be, m->layout.total * sizeof(float), what, err);
 }
 
+int tr_model_refresh_work(tr_model *m, tr_err *err) {
+    if (m->work == m->params) return 0;
+    if (!m->params) return tr_errf(err, TR_EINVAL, "model: no fp32 masters to refresh from");
+    m->be->ops->convert(m->be, m->work, m->wt, m->params, TR_F32, m->layout.total);
+    return tr_dev_sync(m->be, "working weights", err);
+}
+
+// A model without masters (bf16, never trains) loads each tensor's file bytes raw into a
+// device scratch and converts them on the device into the working copy: no fp32 copy of the
+// weights on the host, and the file's bf16 arrives as it is. Chunks bound the scratch.
+#define RAW_CHUNK_BYTES ((size_t)64 << 20)
+typedef struct raw_load {
+    tr_model *m;
+    void *tmp;
+} raw_load;
+
+static int raw_tensor(void *ctx, const tr_tensor_desc *d, const void *data, enum tr_st_dtype st,
+                      tr_err *err) {
+    (void)err;
+    raw_load *r = ctx;
+    tr_model *m = r->m;
+    tr_dt dt = st == TR_ST_BF16 ? TR_BF16 : st == TR_ST_F16 ? TR_F16 : TR_F32;
+    size_t es = tr_dt_size(dt), ws = tr_dt_size(m->wt), per = RAW_CHUNK_BYTES / es;
+    for (size_t off = 0; off < d->numel; off += per) {
+        size_t n = d->numel - off < per ? d->numel - off : per;
+        m->be->ops->upload(m->be, r->tmp, (const char *)data + off * es, n * es);
+        m->be->ops->convert(m->be, (char *)m->work + (d->offset + off) * ws, m->wt, r->tmp, dt, n);
+    }
+    // The upload reads the mapped file until the next sync, and the loader unmaps it after.
+    return tr_dev_sync(m->be, "loading weights", err);
+}
+
+static int load_raw(tr_model *m, const char *dir, bool backbone, tr_err *err) {
+    raw_load r = {.m = m, .tmp = tr_dev_alloc(m->be, RAW_CHUNK_BYTES, "checkpoint scratch", err)};
+    if (!r.tmp) return -1;
+    int rc = tr_checkpoint_load_to(dir, &m->cfg, &m->layout, backbone, raw_tensor, &r, err);
+    tr_dev_free(m->be, r.tmp);
+    return rc;
+}
+
 int tr_model_load_weights(tr_model *m, const char *dir, bool backbone, tr_err *err) {
+    if (!m->params) return load_raw(m, dir, backbone, err);
     float *buf = param_staging(m, "checkpoint staging", err);
     if (!buf) return -1;
-    size_t bytes = m->layout.total * sizeof(float);
     int rc = 0;
     // A backbone load leaves the heads as they are, so the staging starts from the model.
-    if (backbone) rc = tr_dev_download_sync(m->be, buf, m->params, bytes, "reading weights", err);
+    if (backbone) rc = tr_model_read_params(m, buf, err);
     if (!rc) rc = backbone ? tr_checkpoint_load_backbone(dir, &m->cfg, &m->layout, buf, err)
                            : tr_checkpoint_load(dir, &m->cfg, &m->layout, buf, err);
-    if (!rc) rc = tr_dev_upload_sync(m->be, m->params, buf, bytes, "loading weights", err);
+    if (!rc) rc = tr_model_write_params(m, buf, err);
     tr_dev_free_host(m->be, buf);
     return rc;
 }
@@ -358,21 +425,28 @@ int tr_model_load_weights(tr_model *m, const char *dir, bool backbone, tr_err *e
 int tr_model_save(tr_model *m, const char *dir, const tr_ckpt_save_opts *opts, tr_err *err) {
     float *buf = param_staging(m, "checkpoint staging", err);
     if (!buf) return -1;
-    int rc = tr_dev_download_sync(m->be, buf, m->params, m->layout.total * sizeof(float),
-                                  "saving weights", err);
+    int rc = tr_model_read_params(m, buf, err);
     if (!rc) rc = tr_checkpoint_save(dir, &m->cfg, &m->layout, buf, opts, err);
     tr_dev_free_host(m->be, buf);
     return rc;
 }
 
 int tr_model_read_params(tr_model *m, float *host, tr_err *err) {
-    return tr_dev_download_sync(m->be, host, m->params, m->layout.total * sizeof(float),
-                                "reading parameters", err);
+    if (m->params)
+        return tr_dev_download_sync(m->be, host, m->params, m->layout.total * sizeof(float),
+                                    "reading parameters", err);
+    return tr_dev_download_as_f32(m->be, host, m->work, m->wt, m->layout.total,
+                                  "reading parameters", err);
 }
 
 int tr_model_write_params(tr_model *m, const float *host, tr_err *err) {
-    return tr_dev_upload_sync(m->be, m->params, host, m->layout.total * sizeof(float),
-                              "writing parameters", err);
+    if (!m->params)
+        return tr_dev_upload_as(m->be, m->work, m->wt, host, m->layout.total,
+                                "writing parameters", err);
+    if (tr_dev_upload_sync(m->be, m->params, host, m->layout.total * sizeof(float),
+                           "writing parameters", err) != 0)
+        return -1;
+    return tr_model_refresh_work(m, err);
 }
 
 int tr_model_read_grads(tr_model *m, float *host, tr_err *err) {
@@ -413,8 +487,6 @@ void tr_model_zero_grad(tr_model *m) {
     if (m->grads) m->be->ops->fill(m->be, m->grads, 0.0f, m->layout.total);
 }
 
-// Backward ops accumulate, so scratch gradients start from zero.
-static void zero(tr_model *m, float *p, size_t n) { m->be->ops->fill(m->be, p, 0.0f, n); }
 
 static int check_batch(const tr_model *m, const int32_t *ids, const tr_doc_layout *docs,
                        tr_err *err) {
@@ -454,7 +526,8 @@ static void trunk_forward(tr_model *m, int32_t T, tr_attend_fn attend, void *ctx
     const tr_model_config *c = &m->cfg;
     const int32_t C = c->hidden_size, I = c->intermediate_size;
     const int32_t H = c->n_heads, KVH = c->n_kv_heads, D = c->head_dim;
-    const int32_t Q = H * D, K = KVH * D;
+    const int32_t Q = H * D, QKV = m->qkv_ld;
+    const size_t res_bytes = (size_t)T * C * sizeof(float);
     tr_acts *a = &m->acts;
     op->embedding_forward(be, a->residual[0], m->d_ids, m->w.embed, T, C);
     for (int32_t l = 0; l < c->n_layers; l++) {
@@ -462,29 +535,28 @@ static void trunk_forward(tr_model *m, int32_t T, tr_attend_fn attend, void *ctx
         tr_layer_acts *la = &a->layers[l];
         const float *x = a->residual[l];
         op->rmsnorm_forward(be, la->ln1, la->ln1_rstd, x, w->attn_norm, c->rms_norm_eps, T, C);
-        // With QK-norm the projections land in q_raw/k_raw, and each head's D values are
-        // one row of the norm: [T*H, D] and [T*KVH, D] views of the same buffers.
-        op->matmul_forward(be, c->qk_norm ? la->q_raw : la->q, la->ln1, w->wq, w->bq, T, C, Q);
-        op->matmul_forward(be, c->qk_norm ? la->k_raw : la->k, la->ln1, w->wk, w->bk, T, C, K);
-        op->matmul_forward(be, la->v, la->ln1, w->wv, w->bv, T, C, K);
+        op->matmul_forward(be, la->qkv, la->ln1, w->wqkv, w->bqkv, T, C, QKV, 0);
+        // With QK-norm each head's D values of q and k are normed into qkv_n; v stays put.
         if (c->qk_norm) {
-            op->rmsnorm_forward(be, la->q, la->q_rstd, la->q_raw, w->q_norm, c->rms_norm_eps,
-                                T * H, D);
-            op->rmsnorm_forward(be, la->k, la->k_rstd, la->k_raw, w->k_norm, c->rms_norm_eps,
-                                T * KVH, D);
+            op->head_rmsnorm_forward(be, la->q, la->q_rstd, la->qkv, w->q_norm, c->rms_norm_eps,
+                                     T, H, D, QKV);
+            op->head_rmsnorm_forward(be, la->k, la->k_rstd, offset_bytes(la->qkv, act_bytes(m, Q)),
+                                     w->k_norm, c->rms_norm_eps, T, KVH, D, QKV);
         }
-        op->rope_forward(be, la->q, m->d_pos, m->inv_freq, T, H, D);
-        op->rope_forward(be, la->k, m->d_pos, m->inv_freq, T, KVH, D);
+        op->rope_forward(be, la->q, QKV, m->d_pos, m->inv_freq, T, H, D);
+        op->rope_forward(be, la->k, QKV, m->d_pos, m->inv_freq, T, KVH, D);
         attend(ctx, m, l, la, T);
-        op->matmul_forward(be, a->scratch, la->att, w->wo, w->bo, T, Q, C);
-        op->add(be, la->res_mid, x, a->scratch, (size_t)T * C);
+        // The projections back into the residual stream add into it in fp32.
+        op->copy(be, la->res_mid, x, res_bytes);
+        op->matmul_forward(be, la->res_mid, la->att, w->wo, w->bo, T, Q, C,
+                           TR_MM_OUT_F32 | TR_MM_ACCUMULATE);
         op->rmsnorm_forward(be, la->ln2, la->ln2_rstd, la->res_mid, w->mlp_norm,
                             c->rms_norm_eps, T, C);
-        op->matmul_forward(be, la->gate, la->ln2, w->w_gate, NULL, T, C, I);
-        op->matmul_forward(be, la->up, la->ln2, w->w_up, NULL, T, C, I);
-        op->swiglu_forward(be, la->act, la->gate, la->up, (size_t)T * I);
-        op->matmul_forward(be, a->scratch, la->act, w->w_down, NULL, T, I, C);
-        op->add(be, a->residual[l + 1], la->res_mid, a->scratch, (size_t)T * C);
+        op->matmul_forward(be, la->gu, la->ln2, w->w_gu, NULL, T, C, 2 * I, 0);
+        op->swiglu_forward(be, la->act, la->gu, T, I);
+        op->copy(be, a->residual[l + 1], la->res_mid, res_bytes);
+        op->matmul_forward(be, a->residual[l + 1], la->act, w->w_down, NULL, T, I, C,
+                           TR_MM_OUT_F32 | TR_MM_ACCUMULATE);
     }
     op->rmsnorm_forward(be, a->lnf, a->lnf_rstd, a->residual[c->n_layers], m->w.final_norm,
                         c->rms_norm_eps, T, C);
@@ -495,8 +567,8 @@ static void attend_docs(void *ctx, tr_model *m, int32_t layer, tr_layer_acts *la
     (void)layer;
     (void)T;
     const tr_model_config *c = &m->cfg;
-    m->be->ops->attention_forward(m->be, la->att, la->att_lse, la->q, la->k, la->v, &m->docs,
-                                  c->n_heads, c->n_kv_heads, c->head_dim);
+    m->be->ops->attention_forward(m->be, la->att, la->att_lse, la->q, la->k, la->v, m->qkv_ld,
+                                  &m->docs, c->n_heads, c->n_kv_heads, c->head_dim);
 }
 
 // The batch the host arrays hold becomes the current one: sizes, and the copies the ops read.
@@ -553,19 +625,28 @@ int tr_model_forward_rows(tr_model *m, const int32_t *ids, const int32_t *pos, i
     return 0;
 }
 
+// d_res (fp32) as the activation-dtype input of a GEMM backward; with fp32 activations
+// d_res_a is d_res itself.
+static void res_grad_to_act(tr_model *m, size_t n) {
+    tr_acts *a = &m->acts;
+    if (a->d_res_a != (void *)a->d_res)
+        m->be->ops->convert(m->be, a->d_res_a, m->act, a->d_res, TR_F32, n);
+}
+
 void tr_model_backward(tr_model *m) {
     const tr_ops *op = m->be->ops;
     tr_backend *be = m->be;
     const tr_model_config *c = &m->cfg;
     const int32_t T = m->docs.n_tokens, C = c->hidden_size, I = c->intermediate_size;
     const int32_t H = c->n_heads, KVH = c->n_kv_heads, D = c->head_dim;
-    const int32_t Q = H * D, K = KVH * D;
+    const int32_t Q = H * D, K = KVH * D, QKV = m->qkv_ld;
     tr_acts *a = &m->acts;
     const size_t TC = (size_t)T * C;
     // With the inference layout every layer's saved activations alias one set.
     assert(m->acts_training && m->grads);
 
-    zero(m, a->d_res, TC);
+    // The residual gradient is the one that accumulates (every norm's backward adds into it).
+    op->fill(be, a->d_res, 0.0f, TC);
     op->rmsnorm_backward(be, a->d_res, m->g.final_norm, a->d_lnf, a->residual[c->n_layers],
                          m->w.final_norm, a->lnf_rstd, T, C);
     for (int32_t l = c->n_layers - 1; l >= 0; l--) {
@@ -573,43 +654,33 @@ void tr_model_backward(tr_model *m) {
         const tr_layer_params *g = &m->g.layers[l];
         const tr_layer_acts *la = &a->layers[l];
         // MLP block: d_res is the gradient of residual[l + 1] and also flows straight on.
-        zero(m, a->d_act, (size_t)T * I);
-        op->matmul_backward(be, a->d_act, g->w_down, NULL, a->d_res, la->act, w->w_down, T, I,
+        res_grad_to_act(m, TC);
+        op->matmul_backward(be, a->d_act, g->w_down, NULL, a->d_res_a, la->act, w->w_down, T, I,
                             C);
-        zero(m, a->d_gate, (size_t)T * I);
-        zero(m, a->d_up, (size_t)T * I);
-        op->swiglu_backward(be, a->d_gate, a->d_up, a->d_act, la->gate, la->up, (size_t)T * I);
-        zero(m, a->d_ln, TC);
-        op->matmul_backward(be, a->d_ln, g->w_gate, NULL, a->d_gate, la->ln2, w->w_gate, T, C,
-                            I);
-        op->matmul_backward(be, a->d_ln, g->w_up, NULL, a->d_up, la->ln2, w->w_up, T, C, I);
+        op->swiglu_backward(be, a->d_gu, a->d_act, la->gu, T, I);
+        op->matmul_backward(be, a->d_ln, g->w_gu, NULL, a->d_gu, la->ln2, w->w_gu, T, C, 2 * I);
         op->rmsnorm_backward(be, a->d_res, g->mlp_norm, a->d_ln, la->res_mid, w->mlp_norm,
                              la->ln2_rstd, T, C);
         // Attention block: d_res is now the gradient of res_mid.
-        zero(m, a->d_att, (size_t)T * Q);
-        op->matmul_backward(be, a->d_att, g->wo, g->bo, a->d_res, la->att, w->wo, T, Q, C);
-        zero(m, a->d_q, (size_t)T * Q);
-        zero(m, a->d_k, (size_t)T * K);
-        zero(m, a->d_v, (size_t)T * K);
-        op->attention_backward(be, a->d_q, a->d_k, a->d_v, a->d_att, la->att, la->att_lse,
-                               la->q, la->k, la->v, &m->docs, H, KVH, D);
-        op->rope_backward(be, a->d_q, m->d_pos, m->inv_freq, T, H, D);
-        op->rope_backward(be, a->d_k, m->d_pos, m->inv_freq, T, KVH, D);
-        const float *d_qp = a->d_q, *d_kp = a->d_k;  // gradients of the projections' outputs
+        res_grad_to_act(m, TC);
+        op->matmul_backward(be, a->d_att, g->wo, g->bo, a->d_res_a, la->att, w->wo, T, Q, C);
+        // Gradients of what attention read: q and k (after RoPE, and after the QK-norm when
+        // there is one, so in d_qkv_n then) and v, whose gradient is already the projection's.
+        void *dq = c->qk_norm ? a->d_qkv_n : a->d_qkv;
+        void *dk = offset_bytes(dq, act_bytes(m, Q));
+        void *dv = offset_bytes(a->d_qkv, act_bytes(m, Q + K));
+        op->attention_backward(be, dq, dk, dv, a->d_att, la->att, la->att_lse, la->q, la->k, la->v,
+                               QKV, &m->docs, H, KVH, D);
+        op->rope_backward(be, dq, QKV, m->d_pos, m->inv_freq, T, H, D);
+        op->rope_backward(be, dk, QKV, m->d_pos, m->inv_freq, T, KVH, D);
         if (c->qk_norm) {
-            zero(m, a->d_att, (size_t)T * Q);
-            zero(m, a->d_k_raw, (size_t)T * K);
-            op->rmsnorm_backward(be, a->d_att, g->q_norm, a->d_q, la->q_raw, w->q_norm,
-                                 la->q_rstd, T * H, D);
-            op->rmsnorm_backward(be, a->d_k_raw, g->k_norm, a->d_k, la->k_raw, w->k_norm,
-                                 la->k_rstd, T * KVH, D);
-            d_qp = a->d_att;
-            d_kp = a->d_k_raw;
+            op->head_rmsnorm_backward(be, a->d_qkv, g->q_norm, dq, la->qkv, w->q_norm, la->q_rstd,
+                                      T, H, D, QKV);
+            op->head_rmsnorm_backward(be, offset_bytes(a->d_qkv, act_bytes(m, Q)), g->k_norm, dk,
+                                      offset_bytes(la->qkv, act_bytes(m, Q)), w->k_norm,
+                                      la->k_rstd, T, KVH, D, QKV);
         }
-        zero(m, a->d_ln, TC);
-        op->matmul_backward(be, a->d_ln, g->wq, g->bq, d_qp, la->ln1, w->wq, T, C, Q);
-        op->matmul_backward(be, a->d_ln, g->wk, g->bk, d_kp, la->ln1, w->wk, T, C, K);
-        op->matmul_backward(be, a->d_ln, g->wv, g->bv, a->d_v, la->ln1, w->wv, T, C, K);
+        op->matmul_backward(be, a->d_ln, g->wqkv, g->bqkv, a->d_qkv, la->ln1, w->wqkv, T, C, QKV);
         op->rmsnorm_backward(be, a->d_res, g->attn_norm, a->d_ln, a->residual[l], w->attn_norm,
                              la->ln1_rstd, T, C);
     }

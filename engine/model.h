@@ -15,62 +15,74 @@
 #include "engine/params.h"
 #include "kernels/ops.h"
 
-// Saved activations of one decoder layer; rows are tokens, views into the arena.
+// Saved activations of one decoder layer; rows are tokens, views into the arena. A: the
+// backend's activation dtype (void *), F: fp32 (ops.h).
 typedef struct tr_layer_acts {
-    float *ln1;        // [T, C] input_layernorm output
-    float *ln1_rstd;   // [T]
-    float *q;          // [T, H*D] after RoPE (what attention saw)
-    float *k;          // [T, KVH*D] after RoPE
-    float *q_raw;      // [T, H*D] q_proj output before the per-head norm (qk_norm only)
-    float *k_raw;      // [T, KVH*D] k_proj output before the per-head norm (qk_norm only)
-    float *q_rstd;     // [T, H] per-head norm statistics (qk_norm only)
-    float *k_rstd;     // [T, KVH]
-    float *v;          // [T, KVH*D]
-    float *att;        // [T, H*D] attention output, before o_proj
-    float *att_lse;    // [T, H]
-    float *res_mid;    // [T, C] residual stream after the attention block
-    float *ln2;        // [T, C] post_attention_layernorm output
-    float *ln2_rstd;   // [T]
-    float *gate, *up;  // [T, I]
-    float *act;        // [T, I] silu(gate) * up
+    void *ln1;         // A [T, C] input_layernorm output
+    float *ln1_rstd;   // F [T]
+    void *qkv;         // A [T, QKV] the fused projection's output (QKV = Q + 2K); q and k
+                       // get RoPE in place (without QK-norm: what attention saw)
+    void *qkv_n;       // A [T, QKV] QK-norm only: q and k after the per-head norm and RoPE
+                       // (v columns unused), the projection's raw rows staying in qkv
+    float *q_rstd;     // F [T, H] per-head norm statistics (QK-norm only)
+    float *k_rstd;     // F [T, KVH]
+    void *q, *k, *v;   // what attention reads: rows of stride QKV inside qkv / qkv_n
+    void *att;         // A [T, Q] attention output, before o_proj
+    float *att_lse;    // F [T, H]
+    float *res_mid;    // F [T, C] residual stream after the attention block
+    void *ln2;         // A [T, C] post_attention_layernorm output
+    float *ln2_rstd;   // F [T]
+    void *gu;          // A [T, 2I] the fused [gate; up] projection's output
+    void *act;         // A [T, I] silu(gate) * up
 } tr_layer_acts;
 
 typedef struct tr_acts {
-    float **residual;      // n_layers + 1 pointers: [l] is layer l's input, [L] the last output
+    float **residual;      // F, n_layers + 1 pointers: [l] is layer l's input, [L] the last output
     tr_layer_acts *layers; // n_layers entries (all alias one set in the inference layout)
-    float *lnf;            // [T, C] final norm output: the input of every head
-    float *lnf_rstd;       // [T]
-    float *scratch;        // [T, C] o_proj / down_proj output before the residual add
-    float *logits;         // [logit_rows, V] one chunk of LM-head logits (LM head only)
-    float *lse;            // [T] log-sum-exp of each token's logits (LM head only)
-    float *head_out;       // [T, num_labels] value/score projection of every token
-    // Backward scratch (training layout only), reused by every layer.
-    float *d_res;          // [T, C] gradient of the residual stream
-    float *d_lnf;          // [T, C] gradient of lnf, written by the head backward functions
-    float *d_ln;           // [T, C] gradient of a norm output (aliases d_lnf: never both live)
-    float *d_q, *d_k, *d_v, *d_att;
-    float *d_k_raw;        // [T, KVH*D] gradient of k_raw (qk_norm only; q_raw's reuses d_att)
-    float *d_gate, *d_up, *d_act;
-    float *d_logits;       // [logit_rows, V]
-    float *d_head_out;     // [T, num_labels]
+    void *lnf;             // A [T, C] final norm output: the input of every head
+    float *lnf_rstd;       // F [T]
+    float *logits;         // F [logit_rows, V] one chunk of LM-head logits (LM head only)
+    void *logits_a;        // A [logit_rows, V] the LM head's output as its GEMM rounds it
+                           // (as transformers' autocast does), before logits; NULL in fp32
+    float *lse;            // F [T] log-sum-exp of each token's logits (LM head only)
+    float *head_out;       // F [T, num_labels] value/score projection of every token
+    // Backward scratch (training layout only), reused by every layer. Activation gradients
+    // are written by their one producer; only the residual stream's gradient accumulates.
+    float *d_res;          // F [T, C] gradient of the residual stream
+    void *d_res_a;         // A [T, C] d_res in the activation dtype, the o_proj/down_proj
+                           // GEMMs' input (d_res itself when A is fp32)
+    void *d_lnf;           // A [T, C] gradient of lnf, written by the head backward functions
+    void *d_ln;            // A [T, C] gradient of a norm output (aliases d_lnf: never both live)
+    void *d_qkv;           // A [T, QKV] gradient of the fused projection's output
+    void *d_qkv_n;         // A [T, QKV] QK-norm only: gradient of q and k after the norm
+    void *d_att;           // A [T, Q]
+    void *d_gu, *d_act;    // A [T, 2I], [T, I]
+    void *d_logits;        // A [logit_rows, V]
+    float *d_head_out;     // F [T, num_labels] the heads' output gradient as uploaded
+    void *d_head_out_a;    // A [T, num_labels] the same in the activation dtype
 } tr_acts;
 
 typedef struct tr_model {
     tr_model_config cfg;
     tr_param_layout layout;
     tr_backend *be;             // not owned
+    tr_dt act, wt;           // the backend's activation and working-weight dtypes
     // Backend memory (device memory on a GPU): host code never reads or writes these but
     // through the backend (ops, upload/download), which guarded CPU mode enforces.
-    float *params;              // layout.total floats
+    float *params;              // fp32 masters, layout.total; NULL for a model that never
+                                // trains when its working weights are not fp32
+    void *work;                 // working weights (dtype wt) the passes read; == params
+                                // when wt is fp32
     float *grads;               // layout.total floats, NULL unless training
-    tr_params w;                // views into params
-    tr_params g;                // views into grads (all NULL unless training)
+    tr_params w;                // views into work
+    tr_params g;                // views into grads (all NULL unless training; fp32)
     float *inv_freq;            // [head_dim / 2] RoPE inverse frequencies, computed once
     bool training;              // gradients allocated: the training layout is possible
     int32_t max_tokens;         // tokens per forward (one micro-batch), fixed at init
     int32_t logit_rows;         // LM-head logits are computed this many rows at a time
-    float *arena;               // activations, arena_floats floats
-    size_t arena_floats;
+    int32_t qkv_ld;             // QKV = (n_heads + 2 n_kv_heads) * head_dim: row stride of qkv
+    void *arena;                // activations, arena_bytes bytes
+    size_t arena_bytes;
     bool owns_arena;            // false: the caller's buffer (opts.acts), never freed here
     bool acts_training;         // acts is the training layout (every layer kept for backward)
     tr_acts acts;
@@ -103,30 +115,32 @@ typedef struct tr_model_opts {
     int32_t max_tokens;   // tokens per micro-batch (packed documents included)
     bool training;        // allocate gradients and backward scratch
     int32_t logit_rows;   // rows of LM logits held at once; 0 = as many as fit in 32 MiB
-    // Activation memory of the caller's (64-byte aligned, acts_floats >= what
-    // tr_model_arena_floats gives for these options), never freed by the model; NULL: the
+    // Activation memory of the caller's (64-byte aligned, acts_bytes >= what
+    // tr_model_arena_bytes gives for these options), never freed by the model; NULL: the
     // model allocates its own.
-    float *acts;
-    size_t acts_floats;
+    void *acts;
+    size_t acts_bytes;
 } tr_model_opts;
 
-// Allocates parameters (zeroed), gradients when training, and the activation arena for
-// cfg's model (or lays the views over opts->acts). Weights are then loaded (tr_model_load)
-// or drawn (tr_model_init_weights).
+// Allocates parameters (zeroed: fp32 masters when training or when the backend's working
+// weights are fp32, and the working copy), gradients when training, and the activation arena
+// for cfg's model (or lays the views over opts->acts). Weights are then loaded
+// (tr_model_load) or drawn (tr_model_init_weights).
 int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
                   const tr_model_opts *opts, tr_err *err);
 void tr_model_free(tr_model *m);
-// Floats of activation arena tr_model_init allocates for these options (see model.c).
-size_t tr_model_arena_floats(const tr_model_config *cfg, const tr_model_opts *opts);
-// Floats of m's activations in the training layout (every layer's activations and the
+// Bytes of activation arena tr_model_init allocates for these options on a backend whose
+// activation dtype is act (see model.c).
+size_t tr_model_arena_bytes(const tr_model_config *cfg, const tr_model_opts *opts, tr_dt act);
+// Bytes of m's activations in the training layout (every layer's activations and the
 // backward scratch) or the inference layout (one layer set, no backward), for its max_tokens
 // and logit_rows.
-size_t tr_model_acts_floats(const tr_model *m, bool training);
-// Lays the activation views out over base (floats floats, 64-byte aligned) in the training
+size_t tr_model_acts_bytes(const tr_model *m, bool training);
+// Lays the activation views out over base (bytes bytes, 64-byte aligned) in the training
 // or inference layout, for a model whose activations are the caller's (opts.acts). Nothing
 // is allocated or copied: what base held is overwritten by the next forward. The training
 // layout needs a model set up for training.
-int tr_model_bind_acts(tr_model *m, float *base, size_t floats, bool training, tr_err *err);
+int tr_model_bind_acts(tr_model *m, void *base, size_t bytes, bool training, tr_err *err);
 
 // Reads the Hugging Face checkpoint DIR (config.json and weights) into a new model.
 int tr_model_load(tr_model *m, const char *dir, tr_backend *be, const tr_model_opts *opts,
@@ -137,11 +151,15 @@ int tr_model_load_weights(tr_model *m, const char *dir, bool backbone, tr_err *e
 // Saves the weights as an HF checkpoint directory (tr_checkpoint_save), through staging.
 int tr_model_save(tr_model *m, const char *dir, const struct tr_ckpt_save_opts *opts,
                   tr_err *err);
-// The parameter or gradient buffer to or from host memory (layout.total floats), waiting
-// for the copy; for tests, checkpoints and tools, never a step's hot path.
+// The parameters (fp32 masters; a model without masters converts its working weights) or
+// the gradients to or from host memory (layout.total floats), waiting for the copy; writing
+// refreshes the working weights. For tests, checkpoints and tools, never a step's hot path.
 int tr_model_read_params(tr_model *m, float *host, tr_err *err);
 int tr_model_write_params(tr_model *m, const float *host, tr_err *err);
 int tr_model_read_grads(tr_model *m, float *host, tr_err *err);
+// Rounds the fp32 masters into the working weights (nothing when they are the same buffer),
+// after anything but AdamW (which writes both) changed the masters.
+int tr_model_refresh_work(tr_model *m, tr_err *err);
 
 // transformers' default init: normal(0, std) for embeddings and linear weights, ones for
 // norms, zero biases; deterministic in seed (Philox). Drawn on the host, then uploaded.
@@ -152,14 +170,14 @@ int tr_model_init_weights(tr_model *m, uint64_t seed, float std, tr_err *err);
 int tr_model_forward(tr_model *m, const int32_t *ids, const tr_doc_layout *docs, tr_err *err);
 // Generation's entry into the same trunk: T rows, row t being token ids[t] at RoPE position
 // pos[t], with attention left to attend(), which runs once per layer after la->q, la->k (RoPE
-// applied) and la->v hold the layer's rows and must fill la->att. tr_model_forward is this
+// applied) and la->v hold the layer's rows (stride m->qkv_ld) and must fill la->att. tr_model_forward is this
 // with causal attention over packed documents, so both paths share every other step. The
 // heads then read rows [0, T); there is no backward for such a pass.
 typedef void (*tr_attend_fn)(void *ctx, tr_model *m, int32_t layer, tr_layer_acts *la,
                              int32_t T);
 int tr_model_forward_rows(tr_model *m, const int32_t *ids, const int32_t *pos, int32_t T,
                           tr_attend_fn attend, void *ctx, tr_err *err);
-// Back-propagates acts.d_lnf (filled by a head's backward) through the trunk of the last
+// Back-propagates acts.d_lnf (written by a head's backward) through the trunk of the last
 // forward, accumulating into the gradient buffer. Only for models set up with training whose
 // views are in the training layout (acts_training).
 void tr_model_backward(tr_model *m);

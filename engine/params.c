@@ -1,13 +1,16 @@
-// The flat parameter layout: HF tensor names and shapes for the Llama family in a fixed
-// order, each tensor starting on a 16-float (64-byte) boundary so SIMD and GPU loads of any
-// tensor stay aligned, and the struct of views into one buffer.
+// The flat parameter layout: HF tensor names and shapes for the Llama family in compute
+// order, each tensor or fused group ([q;k;v] weights, their biases, [gate;up]) starting on a
+// 16-element boundary so SIMD and GPU loads stay aligned, and the struct of views into one
+// buffer. Inside a group the HF tensors follow each other with no gap: the group is one
+// matrix to a GEMM.
 #include "engine/params.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define TR_PARAM_ALIGN 16  // floats
+#define TR_PARAM_ALIGN 16  // elements
 
 typedef struct builder {
     tr_param_layout *layout;
@@ -16,7 +19,9 @@ typedef struct builder {
     tr_err *err;
 } builder;
 
-static int add(builder *b, int32_t ndim, int64_t d0, int64_t d1, const char *fmt, int32_t layer) {
+// Appends a tensor; with `packed` the next one starts right after it (a fused group's member).
+static int add_to(builder *b, bool packed, int32_t ndim, int64_t d0, int64_t d1, const char *fmt,
+                  int32_t layer) {
     tr_param_layout *l = b->layout;
     if (l->n_tensors == b->cap)
         return tr_errf(b->err, TR_ERANGE, "parameter layout: more tensors than planned");
@@ -28,12 +33,18 @@ static int add(builder *b, int32_t ndim, int64_t d0, int64_t d1, const char *fmt
     t->shape[1] = ndim == 2 ? d1 : 0;
     t->numel = (size_t)d0 * (size_t)(ndim == 2 ? d1 : 1);
     t->offset = b->offset;
-    size_t padded = (t->numel + TR_PARAM_ALIGN - 1) / TR_PARAM_ALIGN * TR_PARAM_ALIGN;
+    size_t padded = packed ? t->numel
+                           : (b->offset + t->numel + TR_PARAM_ALIGN - 1) / TR_PARAM_ALIGN * TR_PARAM_ALIGN -
+                                 b->offset;
     if (b->offset > SIZE_MAX / 8 - padded)
         return tr_errf(b->err, TR_ERANGE, "parameter layout: model too large");
     b->offset += padded;
     l->n_tensors++;
     return 0;
+}
+
+static int add(builder *b, int32_t ndim, int64_t d0, int64_t d1, const char *fmt, int32_t layer) {
+    return add_to(b, false, ndim, d0, d1, fmt, layer);
 }
 
 int tr_param_layout_init(tr_param_layout *layout, const tr_model_config *cfg, tr_err *err) {
@@ -58,18 +69,20 @@ int tr_param_layout_init(tr_param_layout *layout, const tr_model_config *cfg, tr
     int rc = add(&b, 2, cfg->vocab_size, h, "model.embed_tokens.weight", 0);
     for (int32_t i = 0; i < cfg->n_layers && !rc; i++) {
         rc = add(&b, 1, h, 0, "model.layers.%d.input_layernorm.weight", i);
-        if (!rc) rc = add(&b, 2, q, h, "model.layers.%d.self_attn.q_proj.weight", i);
-        if (!rc && cfg->attention_bias) rc = add(&b, 1, q, 0, "model.layers.%d.self_attn.q_proj.bias", i);
-        if (!rc) rc = add(&b, 2, kv, h, "model.layers.%d.self_attn.k_proj.weight", i);
-        if (!rc && cfg->attention_bias) rc = add(&b, 1, kv, 0, "model.layers.%d.self_attn.k_proj.bias", i);
+        if (!rc) rc = add_to(&b, true, 2, q, h, "model.layers.%d.self_attn.q_proj.weight", i);
+        if (!rc) rc = add_to(&b, true, 2, kv, h, "model.layers.%d.self_attn.k_proj.weight", i);
         if (!rc) rc = add(&b, 2, kv, h, "model.layers.%d.self_attn.v_proj.weight", i);
-        if (!rc && cfg->attention_bias) rc = add(&b, 1, kv, 0, "model.layers.%d.self_attn.v_proj.bias", i);
+        if (!rc && cfg->attention_bias) {
+            rc = add_to(&b, true, 1, q, 0, "model.layers.%d.self_attn.q_proj.bias", i);
+            if (!rc) rc = add_to(&b, true, 1, kv, 0, "model.layers.%d.self_attn.k_proj.bias", i);
+            if (!rc) rc = add(&b, 1, kv, 0, "model.layers.%d.self_attn.v_proj.bias", i);
+        }
         if (!rc) rc = add(&b, 2, h, q, "model.layers.%d.self_attn.o_proj.weight", i);
         if (!rc && cfg->o_proj_bias) rc = add(&b, 1, h, 0, "model.layers.%d.self_attn.o_proj.bias", i);
         if (!rc && cfg->qk_norm) rc = add(&b, 1, hd, 0, "model.layers.%d.self_attn.q_norm.weight", i);
         if (!rc && cfg->qk_norm) rc = add(&b, 1, hd, 0, "model.layers.%d.self_attn.k_norm.weight", i);
         if (!rc) rc = add(&b, 1, h, 0, "model.layers.%d.post_attention_layernorm.weight", i);
-        if (!rc) rc = add(&b, 2, inter, h, "model.layers.%d.mlp.gate_proj.weight", i);
+        if (!rc) rc = add_to(&b, true, 2, inter, h, "model.layers.%d.mlp.gate_proj.weight", i);
         if (!rc) rc = add(&b, 2, inter, h, "model.layers.%d.mlp.up_proj.weight", i);
         if (!rc) rc = add(&b, 2, h, inter, "model.layers.%d.mlp.down_proj.weight", i);
     }
@@ -108,65 +121,67 @@ const tr_tensor_desc *tr_param_layout_find(const tr_param_layout *layout, const 
     return NULL;
 }
 
-static float *view(const tr_param_layout *layout, float *buf, const char *fmt, int32_t layer) {
+static char *view(const tr_param_layout *layout, char *buf, size_t es, const char *fmt,
+                  int32_t layer) {
     char name[TR_NAME_MAX];
     snprintf(name, sizeof name, fmt, layer);
     const tr_tensor_desc *t = tr_param_layout_find(layout, name);
-    return t ? buf + t->offset : NULL;
+    return t ? buf + t->offset * es : NULL;
 }
 
-static float *next_view(const tr_tensor_desc **t, const tr_tensor_desc *end, float *buf) {
-    if (*t >= end) return NULL;
-    return buf + (*t)++->offset;
+// The next tensor's view; a fused group's first member stands for the group, and the views
+// skip its other members.
+static void *next_view(const tr_tensor_desc **t, const tr_tensor_desc *end, char *buf, size_t es,
+                       int32_t members) {
+    if (*t + members > end) return NULL;
+    void *p = buf + (*t)->offset * es;
+    *t += members;
+    return p;
 }
 
 int tr_params_views(tr_params *p, const tr_param_layout *layout, const tr_model_config *cfg,
-                    float *buf, tr_err *err) {
+                    void *buf_, size_t es, tr_err *err) {
     memset(p, 0, sizeof *p);
+    char *buf = buf_;
     p->layers = calloc((size_t)cfg->n_layers, sizeof *p->layers);
     if (!p->layers) return tr_errf(err, TR_ENOMEM, "parameter views: out of memory");
     // Walk the layout in order rather than searching by name for every view.
     const tr_tensor_desc *t = layout->tensors;
     const tr_tensor_desc *end = t + layout->n_tensors;
-    p->embed = next_view(&t, end, buf);
+    p->embed = next_view(&t, end, buf, es, 1);
     for (int32_t i = 0; i < cfg->n_layers; i++) {
         tr_layer_params *L = &p->layers[i];
-        L->attn_norm = next_view(&t, end, buf);
-        L->wq = next_view(&t, end, buf);
-        if (cfg->attention_bias) L->bq = next_view(&t, end, buf);
-        L->wk = next_view(&t, end, buf);
-        if (cfg->attention_bias) L->bk = next_view(&t, end, buf);
-        L->wv = next_view(&t, end, buf);
-        if (cfg->attention_bias) L->bv = next_view(&t, end, buf);
-        L->wo = next_view(&t, end, buf);
-        if (cfg->o_proj_bias) L->bo = next_view(&t, end, buf);
+        L->attn_norm = next_view(&t, end, buf, es, 1);
+        L->wqkv = next_view(&t, end, buf, es, 3);
+        if (cfg->attention_bias) L->bqkv = next_view(&t, end, buf, es, 3);
+        L->wo = next_view(&t, end, buf, es, 1);
+        if (cfg->o_proj_bias) L->bo = next_view(&t, end, buf, es, 1);
         if (cfg->qk_norm) {
-            L->q_norm = next_view(&t, end, buf);
-            L->k_norm = next_view(&t, end, buf);
+            L->q_norm = next_view(&t, end, buf, es, 1);
+            L->k_norm = next_view(&t, end, buf, es, 1);
         }
-        L->mlp_norm = next_view(&t, end, buf);
-        L->w_gate = next_view(&t, end, buf);
-        L->w_up = next_view(&t, end, buf);
-        L->w_down = next_view(&t, end, buf);
+        L->mlp_norm = next_view(&t, end, buf, es, 1);
+        L->w_gu = next_view(&t, end, buf, es, 2);
+        L->w_down = next_view(&t, end, buf, es, 1);
     }
-    p->final_norm = next_view(&t, end, buf);
+    p->final_norm = next_view(&t, end, buf, es, 1);
     if (cfg->head == TR_HEAD_LM) {
-        p->lm_head = cfg->tie_word_embeddings ? p->embed : next_view(&t, end, buf);
+        p->lm_head = cfg->tie_word_embeddings ? p->embed : next_view(&t, end, buf, es, 1);
     } else {
-        p->score_w = next_view(&t, end, buf);
-        if (cfg->head == TR_HEAD_VALUE) p->score_b = next_view(&t, end, buf);
+        p->score_w = next_view(&t, end, buf, es, 1);
+        if (cfg->head == TR_HEAD_VALUE) p->score_b = next_view(&t, end, buf, es, 1);
     }
     // The layout must have been built for this config: same count, names where we look.
     int32_t used = (int32_t)(t - layout->tensors);
+    int32_t last = cfg->n_layers - 1;
     if (used != layout->n_tensors || !p->final_norm ||
-        p->layers[cfg->n_layers - 1].w_down != view(layout, buf, "model.layers.%d.mlp.down_proj.weight",
-                                                     cfg->n_layers - 1)) {
+        p->layers[last].w_down != view(layout, buf, es, "model.layers.%d.mlp.down_proj.weight", last) ||
+        p->layers[last].w_gu != view(layout, buf, es, "model.layers.%d.mlp.gate_proj.weight", last)) {
         tr_params_free_views(p);
         return tr_errf(err, TR_EINVAL, "parameter views: layout does not match the config");
     }
     return 0;
 }
-
 void tr_params_free_views(tr_params *p) {
     if (!p) return;
     free(p->layers);

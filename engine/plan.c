@@ -11,8 +11,8 @@
 static double mib(size_t b) { return (double)b / (1 << 20); }
 
 // Bytes of a KV cache of `tokens` tokens (whole blocks, K and V, every layer).
-static size_t kv_bytes(const tr_model_config *cfg, int32_t bs, int64_t tokens) {
-    return tokens > 0 ? tr_kvcache_floats(cfg, bs, tokens) * sizeof(float) : 0;
+static size_t kv_bytes(const tr_model_config *cfg, int32_t bs, int64_t tokens, tr_dt act) {
+    return tokens > 0 ? tr_kvcache_pool_bytes(cfg, bs, tokens, act) : 0;
 }
 
 int tr_plan_make(tr_backend *be, const tr_plan_req *r, tr_plan *p, tr_err *err) {
@@ -21,15 +21,20 @@ int tr_plan_make(tr_backend *be, const tr_plan_req *r, tr_plan *p, tr_err *err) 
     tr_param_layout lay;
     if (tr_param_layout_init(&lay, cfg, err) != 0) return tr_err_wrap(err, "memory plan");
     size_t pbytes = lay.total * sizeof(float);
+    size_t wbytes = lay.total * tr_dt_size(be->wt);
     tr_param_layout_free(&lay);
-    p->weights = pbytes;
+    // fp32 masters where the model trains (or they are the working weights), plus the
+    // working copy when it is narrower (tr_model_init).
+    p->masters = r->training || be->wt == TR_F32 ? pbytes : 0;
+    p->work = be->wt == TR_F32 ? 0 : wbytes;
+    p->weights = p->masters + p->work;
     p->grads = r->training ? pbytes : 0;
     size_t shards = r->optim_shards > 1 ? (size_t)r->optim_shards : 1;
     p->optim = r->training ? 2 * ((pbytes + shards - 1) / shards) : 0;
     tr_model_opts mo = {.max_tokens = r->max_tokens, .training = false};
-    p->arena_forward = tr_model_arena_floats(cfg, &mo) * sizeof(float);
+    p->arena_forward = tr_model_arena_bytes(cfg, &mo, be->act);
     mo.training = true;
-    p->arena_train = r->training ? tr_model_arena_floats(cfg, &mo) * sizeof(float) : 0;
+    p->arena_train = r->training ? tr_model_arena_bytes(cfg, &mo, be->act) : 0;
     size_t free_b = 0, total_b = 0;
     be->ops->mem_info(be, &free_b, &total_b);
     p->budget = r->budget > 0 ? r->budget : free_b;
@@ -58,7 +63,7 @@ int tr_plan_make(tr_backend *be, const tr_plan_req *r, tr_plan *p, tr_err *err) 
             int64_t lo = 0, hi = want;
             while (lo < hi) {
                 int64_t mid = lo + (hi - lo + 1) / 2;
-                size_t fwd_kv = p->arena_forward + kv_bytes(cfg, bs, mid);
+                size_t fwd_kv = p->arena_forward + kv_bytes(cfg, bs, mid, be->act);
                 size_t arena = fwd_kv > p->arena_train ? fwd_kv : p->arena_train;
                 if (fixed + arena <= usable) lo = mid;
                 else hi = mid - 1;
@@ -69,7 +74,7 @@ int tr_plan_make(tr_backend *be, const tr_plan_req *r, tr_plan *p, tr_err *err) 
                                "block after weights, gradients, optimizer and activations "
                                "(%.1f of %.1f MiB)", bs, mib(fixed + arena_min), mib(usable));
         }
-        p->kv = kv_bytes(cfg, bs, p->kv_tokens);
+        p->kv = kv_bytes(cfg, bs, p->kv_tokens, be->act);
         int32_t seqs = r->max_seqs > 0 ? r->max_seqs : r->max_seqs_want > 0 ? r->max_seqs_want : 1;
         if (seqs > r->max_tokens) seqs = r->max_tokens;
         p->max_seqs = seqs;
@@ -88,13 +93,14 @@ int tr_plan_make(tr_backend *be, const tr_plan_req *r, tr_plan *p, tr_err *err) 
 
 void tr_plan_format(const tr_plan *p, char *buf, size_t cap) {
     snprintf(buf, cap,
-             "  weights        %10.1f MiB\n"
+             "  weights        %10.1f MiB  (fp32 masters %.1f, working copy %.1f)\n"
              "  gradients      %10.1f MiB\n"
              "  optimizer      %10.1f MiB  (Adam moments)\n"
              "  arena          %10.1f MiB  = max(train %.1f, forward %.1f + KV %.1f)\n"
              "  KV cache       %10lld tokens, %d sequences decoding together\n"
              "  total          %10.1f MiB of %.1f MiB (%.1f kept back for the backend)\n",
-             mib(p->weights), mib(p->grads), mib(p->optim), mib(p->arena), mib(p->arena_train),
+             mib(p->weights), mib(p->masters), mib(p->work), mib(p->grads), mib(p->optim),
+             mib(p->arena), mib(p->arena_train),
              mib(p->arena_forward), mib(p->kv), (long long)p->kv_tokens, p->max_seqs,
              mib(p->total), mib(p->budget), mib(p->reserve));
 }

@@ -27,6 +27,7 @@ typedef struct tr_plan_req {
 
 typedef struct tr_plan {
     size_t weights, grads, optim;   // bytes (optim: both Adam moments)
+    size_t masters, work;           // weights = fp32 masters + the narrower working copy
     size_t arena_train, arena_forward, kv;
     size_t arena;                   // max(train, forward + kv): what the arena holds
     size_t total, budget, reserve;  // total = weights + grads + optim + arena

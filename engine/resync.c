@@ -15,18 +15,16 @@
 #define HDR_N 5
 #define CHECKSUM_CHUNK ((size_t)4 << 20)
 
-// The one place that says what generation reads: today the fp32 parameter buffer itself.
+// The one place that says what generation reads: the working weights (the fp32 masters
+// themselves when the working dtype is fp32, else the bf16 copy AdamW writes).
 tr_resync_view tr_resync_weights(tr_model *m) {
-    return (tr_resync_view){.buf = m->params, .n = m->layout.total, .dtype = TR_COMM_F32};
+    return (tr_resync_view){.buf = m->work, .n = m->layout.total,
+                            .dtype = m->wt == TR_BF16 ? TR_COMM_BF16 : TR_COMM_F32};
 }
 
-static size_t dtype_size(enum tr_comm_dtype t) {
-    return t == TR_COMM_F32 ? 4 : 8;
-}
+static size_t dtype_size(enum tr_comm_dtype t) { return tr_comm_dtype_size(t); }
 
-static const char *dtype_name(enum tr_comm_dtype t) {
-    return t == TR_COMM_F32 ? "f32" : t == TR_COMM_F64 ? "f64" : "i64";
-}
+static const char *dtype_name(enum tr_comm_dtype t) { return tr_comm_dtype_name(t); }
 
 static double now_s(void) {
     struct timespec ts;

@@ -1,6 +1,7 @@
 // The training step: gradient accumulation over micro-batches with one normalization for the
-// whole step, global-norm clipping as torch.nn.utils.clip_grad_norm_ does it, and AdamW per
-// tensor (so 1-D tensors can skip weight decay).
+// whole step, global-norm clipping as torch.nn.utils.clip_grad_norm_ does it, and one fused
+// AdamW pass over the parameters (per-tensor spans, so 1-D tensors can skip weight decay)
+// that also writes the working copy.
 #include "engine/train.h"
 
 #include <math.h>
@@ -16,6 +17,37 @@ static int32_t outputs_per_token(const tr_model_config *cfg) {
 
 size_t tr_trainer_shard_begin(size_t total, int32_t shards, int32_t shard) {
     return tr_comm_shard_begin(total, shards, shard, 16);
+}
+
+// The weight-decay spans of this rank's shard for the one AdamW call: a span per tensor part
+// in the shard, stretched over the alignment gap after it (zeros, which AdamW keeps at zero),
+// so that the spans tile the shard. 1-D tensors (norms, biases) skip decay unless decay_all.
+static int make_segments(tr_trainer *tr, tr_err *err) {
+    const tr_model *m = tr->model;
+    const size_t b = tr->shard_begin, e = tr->shard_end;
+    tr_adamw_seg *segs = calloc((size_t)m->layout.n_tensors + 1, sizeof *segs);
+    if (!segs) return tr_errf(err, TR_ENOMEM, "trainer: out of memory");
+    int32_t n = 0;
+    for (int32_t i = 0; i < m->layout.n_tensors; i++) {
+        const tr_tensor_desc *d = &m->layout.tensors[i];
+        size_t lo = d->offset > b ? d->offset : b;
+        size_t hi = d->offset + d->numel < e ? d->offset + d->numel : e;
+        if (lo >= hi) continue;
+        float wd = (d->ndim == 1 && !tr->opt.decay_all) ? 0.0f : (float)tr->opt.weight_decay;
+        if (n > 0) segs[n - 1].end = lo - b;
+        segs[n] = (tr_adamw_seg){.begin = lo - b, .end = hi - b, .wd = wd};
+        n++;
+    }
+    if (n == 0) segs[n++] = (tr_adamw_seg){.begin = 0, .end = e - b, .wd = 0.0f};  // empty shard
+    segs[0].begin = 0;
+    segs[n - 1].end = e - b;
+    tr->n_segs = n;
+    tr->dev_segs = tr_dev_alloc(m->be, (size_t)n * sizeof *segs, "optimizer spans", err);
+    int rc = tr->dev_segs ? tr_dev_upload_sync(m->be, tr->dev_segs, segs, (size_t)n * sizeof *segs,
+                                               "optimizer spans", err)
+                          : -1;
+    free(segs);
+    return rc;
 }
 
 int tr_trainer_init(tr_trainer *tr, tr_model *m, const tr_optim_cfg *opt, uint64_t seed,
@@ -72,7 +104,7 @@ int tr_trainer_init_sharded(tr_trainer *tr, tr_model *m, const tr_optim_cfg *opt
     tr->dentropy = malloc(k * sizeof(float));
     tr->weights = malloc(k * sizeof(float));
     tr->dev_sumsq = tr_dev_alloc(m->be, sizeof(double), "gradient norm", err);
-    if (!tr->dev_sumsq) {
+    if (!tr->dev_sumsq || make_segments(tr, err) != 0) {
         tr_trainer_free(tr);
         return -1;
     }
@@ -89,6 +121,7 @@ void tr_trainer_free(tr_trainer *tr) {
         tr_dev_free(tr->model->be, tr->adam_m);
         tr_dev_free(tr->model->be, tr->adam_v);
         tr_dev_free(tr->model->be, tr->dev_sumsq);
+        tr_dev_free(tr->model->be, tr->dev_segs);
     }
     free(tr->out);
     free(tr->entropy);
@@ -307,35 +340,42 @@ static int train_step(tr_trainer *tr, const tr_micro_batch *mbs, int32_t n, cons
     if (tr->comm && (tr_comm_reduce_scatter(tr->comm, m->grads, tr->shard_counts, TR_COMM_F32, err) ||
                      tr_trainer_all_sum(tr, &loss_sum, 1, err)))
         return tr_err_wrap(err, "train step %lld", (long long)tr->step + 1);
-    // The sum of squares stays in backend memory until this one read, the step's only wait;
-    // the shards' sums add up to the global one.
+    // The sum of squares stays in backend memory; AdamW reads it there (clip coefficient and
+    // the skip of a non-finite step are decided on the device), so the step's one wait comes
+    // after the update. Data-parallel ranks add their shards' sums on the host first.
     double zero = 0.0, sumsq = 0.0;
     op->upload(m->be, tr->dev_sumsq, &zero, sizeof zero);
     op->sumsq(m->be, tr->dev_sumsq, m->grads + b, e - b);
+    if (tr->comm) {
+        op->download(m->be, &sumsq, tr->dev_sumsq, sizeof sumsq);
+        if (tr_dev_sync(m->be, "gradient norm", err) != 0 || tr_trainer_all_sum(tr, &sumsq, 1, err))
+            return tr_err_wrap(err, "train step %lld", (long long)tr->step + 1);
+        op->upload(m->be, tr->dev_sumsq, &sumsq, sizeof sumsq);
+    }
+    double lr = tr_lr_at(&tr->opt.schedule, tr->opt.lr, tr->step);
+    size_t wsz = tr_dt_size(m->wt);
+    tr_adamw_args aw = {
+        .p = m->params + b,
+        .work = m->work != (void *)m->params && !tr->comm ? (char *)m->work + b * wsz : NULL,
+        .g = m->grads + b, .m = tr->adam_m, .v = tr->adam_v, .n = e - b,
+        .segs = tr->dev_segs, .n_segs = tr->n_segs, .sumsq = tr->dev_sumsq,
+        .max_norm = tr->opt.max_grad_norm > 0 ? (float)tr->opt.max_grad_norm : 0.0f,
+        .lr = (float)lr, .b1 = tr->opt.beta1, .b2 = tr->opt.beta2, .eps = tr->opt.eps,
+        .t = (int32_t)(tr->step + 1), .wt = m->wt,
+    };
+    op->adamw(m->be, &aw);
     op->download(m->be, &sumsq, tr->dev_sumsq, sizeof sumsq);
-    if (tr_dev_sync(m->be, "gradient norm", err) != 0 || tr_trainer_all_sum(tr, &sumsq, 1, err))
+    if (tr_dev_sync(m->be, "optimizer step", err) != 0)
         return tr_err_wrap(err, "train step %lld", (long long)tr->step + 1);
     double norm = sqrt(sumsq);
     if (!isfinite(norm))
         return tr_errf(err, TR_EINVAL, "train step %lld: gradient norm is %g; update skipped",
                        (long long)tr->step + 1, norm);
-    if (tr->opt.max_grad_norm > 0) {
-        double coef = tr->opt.max_grad_norm / (norm + 1e-6);
-        if (coef < 1.0) op->scale(m->be, m->grads + b, (float)coef, e - b);
-    }
-    double lr = tr_lr_at(&tr->opt.schedule, tr->opt.lr, tr->step);
-    int32_t t = (int32_t)(tr->step + 1);
-    // AdamW per tensor, over the part of each tensor in this rank's shard.
-    for (int32_t i = 0; i < m->layout.n_tensors; i++) {
-        const tr_tensor_desc *d = &m->layout.tensors[i];
-        size_t lo = d->offset > b ? d->offset : b, hi = d->offset + d->numel < e ? d->offset + d->numel : e;
-        if (lo >= hi) continue;
-        float wd = (d->ndim == 1 && !tr->opt.decay_all) ? 0.0f : tr->opt.weight_decay;
-        op->adamw(m->be, m->params + lo, m->grads + lo, tr->adam_m + (lo - b), tr->adam_v + (lo - b), hi - lo,
-                  (float)lr, tr->opt.beta1, tr->opt.beta2, tr->opt.eps, wd, t);
-    }
-    // Every rank's shard of the updated parameters, to every rank.
-    if (tr->comm && tr_comm_all_gather(tr->comm, m->params, tr->shard_counts, TR_COMM_F32, err))
+    // Every rank's shard of the updated masters, to every rank, and the working copy from
+    // them (gathering the narrower copy alone would leave the other shards' masters stale,
+    // and checkpoints save the masters).
+    if (tr->comm && (tr_comm_all_gather(tr->comm, m->params, tr->shard_counts, TR_COMM_F32, err) ||
+                     tr_model_refresh_work(m, err)))
         return tr_err_wrap(err, "train step %lld: gathering the updated parameters", (long long)tr->step + 1);
     tr->step++;
     res->loss = loss_sum / W;

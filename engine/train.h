@@ -79,6 +79,8 @@ typedef struct tr_trainer {
     int32_t max_out;          // per-micro-batch head outputs the scratch below holds
     float *out, *entropy, *loss, *dout, *dentropy, *weights;  // [max_out] scratch
     double *dev_sumsq;        // one double of backend memory: the gradient's sum of squares
+    tr_adamw_seg *dev_segs;   // backend memory: the weight-decay spans of this rank's shard
+    int32_t n_segs;
     tr_comm *comm;            // data-parallel ranks (not owned), or NULL
     // ZeRO-1: this rank updates parameters [shard_begin, shard_end) of the flat layout and
     // keeps Adam moments for those only (adam_m[i] belongs to parameter shard_begin + i).

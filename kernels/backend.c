@@ -26,8 +26,14 @@ int32_t tr_backend_cuda_devices(void) {
 int tr_backend_init(tr_backend *be, const tr_backend_opts *opts, char *msg, size_t cap) {
     memset(be, 0, sizeof *be);
     const char *kind = opts->kind ? opts->kind : "cpu";
+    const char *prec = opts->precision;
+    if (prec && strcmp(prec, "fp32") != 0 && strcmp(prec, "bf16") != 0) {
+        snprintf(msg, cap, "unknown precision '%s' (fp32 or bf16)", prec);
+        return -1;
+    }
     if (strcmp(kind, "cpu") == 0) {
-        if (opts->threads < 0 || tr_backend_cpu_init(be, opts->threads) != 0) {
+        tr_dt p = prec && strcmp(prec, "bf16") == 0 ? TR_BF16 : TR_F32;
+        if (opts->threads < 0 || tr_backend_cpu_init(be, opts->threads, p) != 0) {
             snprintf(msg, cap, "cpu backend: cannot start %d threads", opts->threads);
             return -1;
         }
@@ -43,7 +49,8 @@ int tr_backend_init(tr_backend *be, const tr_backend_opts *opts, char *msg, size
         snprintf(msg, cap, "cuda backend: device %d does not exist (%d visible)", opts->device, n);
         return -1;
     }
-    if (tr_backend_cuda_init(be, opts->device) != 0) {
+    tr_dt p = prec && strcmp(prec, "fp32") == 0 ? TR_F32 : TR_BF16;
+    if (tr_backend_cuda_init(be, opts->device, p) != 0) {
         char why[512];
         tr_backend_cuda_status(be, why, sizeof why);
         snprintf(msg, cap, "cuda backend on device %d: %s", opts->device, why);

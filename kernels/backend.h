@@ -12,10 +12,14 @@ typedef struct tr_backend_opts {
     const char *kind;    // "cpu" (also when NULL) or "cuda"
     int32_t threads;     // cpu: worker threads, 0 = one per core
     int32_t device;      // cuda: device index
+    // "fp32", "bf16", or NULL for the backend's default (cpu: fp32; cuda: bf16). It sets the
+    // backend's activation and working-weight dtypes (ops.h); bf16 on the CPU emulates CUDA's
+    // rounding points.
+    const char *precision;
 } tr_backend_opts;
 
-// Returns 0, or -1 with msg saying why (unknown kind, a build without CUDA, no such device,
-// no memory for the thread pool); nothing is left to free then.
+// Returns 0, or -1 with msg saying why (unknown kind or precision, a build without CUDA, no
+// such device, no memory for the thread pool); nothing is left to free then.
 int tr_backend_init(tr_backend *be, const tr_backend_opts *opts, char *msg, size_t cap);
 void tr_backend_free(tr_backend *be);
 // Whether this build contains the backend (a CUDA build may still find no device).

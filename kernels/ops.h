@@ -1,11 +1,28 @@
 // The backend op table: every numeric op the engine needs, as forward/backward pairs over
-// flat row-major buffers. kernels/cpu implements it in fp32 (deterministic for any thread
-// count: fixed work split, no racy reductions); kernels/cuda implements the same table.
-// Model code (engine/) is written once against this table.
+// flat row-major buffers. kernels/cpu and kernels/cuda implement the same table; model code
+// (engine/) is written once against it. CPU results are deterministic for any thread count
+// (fixed work split, no racy reductions); CUDA results do not depend on timing.
 //
-// Conventions: T = tokens (rows), C = channels. Backward functions ACCUMULATE (+=) into
-// parameter gradients (dw, db) and into input gradients (din), as llm.c does, so the caller
-// zeroes gradient buffers once per step and residual branches need no extra adds.
+// Precision is decided by the role a buffer plays, not by a dtype on each view. A backend
+// declares two dtypes at init (tr_backend.act and .wt):
+//   A  activation dtype: inputs of GEMMs and attention (norm outputs, q/k/v, attention
+//      output, SwiGLU in/out), activation gradients and the KV cache. `void *` below.
+//   W  working-weight dtype: weights as forward and backward read them. `const void *`.
+//   F  fp32 always: the residual stream and its gradient, master weights, parameter
+//      gradients, Adam moments, norm statistics (rstd), lse, logits, logprobs, entropy and
+//      losses. `float *`.
+// fp32/fp32 on the CPU backend by default, bf16/bf16 on CUDA; either backend runs either
+// (the CPU's bf16 mode emulates CUDA's rounding points so that CI runs the mixed path).
+// Every op converts its A/W inputs to fp32 exactly, computes in fp32, and rounds each output
+// once to its buffer's dtype (round to nearest even); GEMMs multiply A by W and accumulate in
+// fp32. So two backends in the same precision differ only by summation order.
+//
+// Conventions: T = tokens (rows), C = channels. Parameter gradients (dw, db, dtable: F) are
+// ACCUMULATED (+=), as in llm.c, so the caller zeroes them once per step and a tied weight
+// collects both uses. Activation gradients (A) have a single producer and are WRITTEN; the
+// residual stream's gradient (F) is the one accumulated activation gradient: rmsnorm_backward
+// adds into it. Strided views (ld = elements between the starts of consecutive token rows)
+// let fused [q;k;v] and [gate;up] GEMM outputs be read in place.
 // Pointers are device pointers of the backend, from its alloc (host memory for cpu), and so
 // are the arrays inside tr_doc_layout, tr_kv_pages and every index array an op reads; the
 // structs themselves and scalar arguments are host values. Ops run in call order on the
@@ -13,6 +30,15 @@
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
+
+// Element types of backend buffers. F16 appears only as the source of convert (checkpoint
+// files); the model never computes in it.
+typedef enum tr_dt { TR_F32 = 0, TR_BF16 = 1, TR_F16 = 2 } tr_dt;
+
+static inline size_t tr_dt_size(tr_dt t) { return t == TR_F32 ? 4 : 2; }
+static inline const char *tr_dt_name(tr_dt t) {
+    return t == TR_F32 ? "fp32" : t == TR_BF16 ? "bf16" : "fp16";
+}
 
 typedef struct tr_backend tr_backend;
 
@@ -27,10 +53,10 @@ typedef struct tr_doc_layout {
 } tr_doc_layout;
 
 // Paged KV cache for generation: a pool of blocks of block_size tokens; each sequence lists
-// its blocks. k and v pools are [n_blocks][block_size][n_kv_heads][head_dim].
+// its blocks. k and v pools are [n_blocks][block_size][n_kv_heads][head_dim] in dtype A.
 typedef struct tr_kv_pages {
-    float *k_pool;
-    float *v_pool;
+    void *k_pool;
+    void *v_pool;
     int32_t block_size;
     int32_t n_blocks;
     int32_t n_kv_heads;
@@ -61,6 +87,40 @@ typedef struct tr_sample_row {   // one row of logits' draw
 // limit: only there can another summation order pick a neighbouring id.
 #define TR_SAMPLE_NEAR 1e-12
 
+// matmul_forward flags.
+enum { TR_MM_OUT_F32 = 1, TR_MM_ACCUMULATE = 2 };
+
+// A span of the flat range an AdamW call updates, with its weight decay (0 for norms and
+// biases): segments tile [0, n) in order. Backend memory.
+typedef struct tr_adamw_seg {
+    uint64_t begin, end;
+    float wd;
+    int32_t pad_;
+} tr_adamw_seg;
+
+// AdamW with decoupled weight decay and bias correction at step t (1-based), over n
+// elements (host struct; every pointer is backend memory). With the gradient clipped by
+// c = min(1, max_norm / (sqrt(*sumsq) + 1e-6)) (c = 1 when max_norm <= 0):
+//   g' = c g; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2; mh = m/(1-b1^t); vh = v/(1-b2^t);
+//   p -= lr * (mh / (sqrt(vh) + eps) + wd * p)
+// then work (dtype wt, NULL when the masters are the working weights) = p rounded. When
+// *sumsq is not finite nothing is written, so a bad step is skipped without the host waiting
+// first. All of one tensor-wide formula in one pass (one launch on CUDA).
+typedef struct tr_adamw_args {
+    float *p;                   // fp32 masters
+    void *work;                 // working copy, dtype wt; NULL: none
+    const float *g;
+    float *m, *v;
+    size_t n;
+    const tr_adamw_seg *segs;   // n_segs spans tiling [0, n)
+    int32_t n_segs;
+    const double *sumsq;        // the global sum of squared gradients (one double)
+    float max_norm;
+    float lr, b1, b2, eps;
+    int32_t t;
+    tr_dt wt;
+} tr_adamw_args;
+
 typedef struct tr_ops {
     const char *name;
 
@@ -84,93 +144,108 @@ typedef struct tr_ops {
     // Free and total device memory in bytes (cpu: the host's available and total memory).
     void (*mem_info)(tr_backend *be, size_t *free_bytes, size_t *total_bytes);
 
-    // out[T,OC] = in[T,IC] @ w[OC,IC]^T (+ bias[OC] if not NULL)
-    void (*matmul_forward)(tr_backend *be, float *out, const float *in, const float *w,
-                           const float *bias, int32_t T, int32_t IC, int32_t OC);
-    // din += dout @ w; dw += dout^T @ in; dbias += sum_t dout. Any of din/dw/dbias may be NULL.
-    void (*matmul_backward)(tr_backend *be, float *din, float *dw, float *dbias,
-                            const float *dout, const float *in, const float *w,
+    // out[T,OC] = in[T,IC] @ w[OC,IC]^T (+ bias[OC] if not NULL). in: A; w, bias: W.
+    // out is A, or F with TR_MM_OUT_F32; TR_MM_ACCUMULATE (with OUT_F32) adds into out,
+    // which is how o_proj and down_proj add into the residual stream. The reduction over IC
+    // of each output element runs in an order that depends on neither T nor the row.
+    void (*matmul_forward)(tr_backend *be, void *out, const void *in, const void *w,
+                           const void *bias, int32_t T, int32_t IC, int32_t OC, int32_t flags);
+    // din = dout @ w (A, written); dw += dout^T @ in; dbias += sum_t dout (F). dout, in: A;
+    // w: W. Any of din/dw/dbias may be NULL.
+    void (*matmul_backward)(tr_backend *be, void *din, float *dw, float *dbias,
+                            const void *dout, const void *in, const void *w,
                             int32_t T, int32_t IC, int32_t OC);
 
-    // out[T,C] = table[ids[t], :]; ids are checked by the caller.
+    // out[T,C] (F: the residual stream) = table[ids[t], :] (W); ids are checked by the caller.
     void (*embedding_forward)(tr_backend *be, float *out, const int32_t *ids,
-                              const float *table, int32_t T, int32_t C);
-    // dtable[ids[t], :] += dout[t, :], each row adding its tokens' rows in token order (the
-    // same bits on every backend). scratch: embedding_scratch_bytes(T) bytes of backend
-    // memory, NULL when that is 0; scratch sized for T serves any smaller T.
+                              const void *table, int32_t T, int32_t C);
+    // dtable[ids[t], :] += dout[t, :] (both F), each row adding its tokens' rows in token
+    // order (the same bits on every backend). scratch: embedding_scratch_bytes(T) bytes of
+    // backend memory, NULL when that is 0; scratch sized for T serves any smaller T.
     void (*embedding_backward)(tr_backend *be, float *dtable, const float *dout,
                                const int32_t *ids, int32_t T, int32_t C, void *scratch);
     size_t (*embedding_scratch_bytes)(tr_backend *be, int32_t T);
 
-    // out = in * rstd * w with rstd[t] = 1/sqrt(mean(in[t]^2) + eps), saved for backward.
-    void (*rmsnorm_forward)(tr_backend *be, float *out, float *rstd, const float *in,
-                            const float *w, float eps, int32_t T, int32_t C);
-    void (*rmsnorm_backward)(tr_backend *be, float *din, float *dw, const float *dout,
-                             const float *in, const float *w, const float *rstd,
+    // Norm of the residual stream: out (A) = in (F) * rstd * w (W) with
+    // rstd[t] = 1/sqrt(mean(in[t]^2) + eps) (F), saved for backward.
+    void (*rmsnorm_forward)(tr_backend *be, void *out, float *rstd, const float *in,
+                            const void *w, float eps, int32_t T, int32_t C);
+    // din += (F: the residual gradient flows past the norm); dw += (F); dout: A.
+    void (*rmsnorm_backward)(tr_backend *be, float *din, float *dw, const void *dout,
+                             const float *in, const void *w, const float *rstd,
                              int32_t T, int32_t C);
+    // Per-head norm (Qwen3's q_norm/k_norm) over H heads of D values in each of T rows of
+    // stride ld (A in and out, same ld): head h of row t is at t*ld + h*D. rstd[t*H + h] (F).
+    void (*head_rmsnorm_forward)(tr_backend *be, void *out, float *rstd, const void *in,
+                                 const void *w, float eps, int32_t T, int32_t H, int32_t D,
+                                 int32_t ld);
+    // din written (A, stride ld), dw += (F).
+    void (*head_rmsnorm_backward)(tr_backend *be, void *din, float *dw, const void *dout,
+                                  const void *in, const void *w, const float *rstd, int32_t T,
+                                  int32_t H, int32_t D, int32_t ld);
 
-    // In place on x[T, H, D]: HF rotate_half RoPE at position pos[t]:
-    // x1 = x[..., :D/2], x2 = x[..., D/2:]; out = [x1*cos - x2*sin, x2*cos + x1*sin],
-    // angle = pos * inv_freq[i] (inv_freq has D/2 entries, from tr_config_rope_inv_freq).
-    void (*rope_forward)(tr_backend *be, float *x, const int32_t *pos, const float *inv_freq,
-                         int32_t T, int32_t H, int32_t D);
+    // In place on x (A): H heads of D values per row, rows of stride ld; HF rotate_half RoPE
+    // at position pos[t]: x1 = x[..., :D/2], x2 = x[..., D/2:];
+    // out = [x1*cos - x2*sin, x2*cos + x1*sin], angle = pos * inv_freq[i] (inv_freq: D/2
+    // entries of F, from tr_config_rope_inv_freq), computed in fp32 and rounded once.
+    void (*rope_forward)(tr_backend *be, void *x, int32_t ld, const int32_t *pos,
+                         const float *inv_freq, int32_t T, int32_t H, int32_t D);
     // In place on dx: the transpose rotation (angle -> -angle).
-    void (*rope_backward)(tr_backend *be, float *dx, const int32_t *pos, const float *inv_freq,
-                          int32_t T, int32_t H, int32_t D);
+    void (*rope_backward)(tr_backend *be, void *dx, int32_t ld, const int32_t *pos,
+                          const float *inv_freq, int32_t T, int32_t H, int32_t D);
 
-    // Causal grouped-query attention within documents. q[T,H,D], k,v[T,KVH,D], out[T,H,D];
-    // query head h reads kv head h / (H/KVH); scale = 1/sqrt(D). lse[T,H] saves the softmax
-    // log-sum-exp for the backward pass (which recomputes probabilities from it).
-    void (*attention_forward)(tr_backend *be, float *out, float *lse, const float *q,
-                              const float *k, const float *v, const tr_doc_layout *docs,
-                              int32_t H, int32_t KVH, int32_t D);
-    // dq, dk, dv += gradients (dk/dv are [T,KVH,D]: the heads of a group sum into them).
-    void (*attention_backward)(tr_backend *be, float *dq, float *dk, float *dv,
-                               const float *dout, const float *out, const float *lse,
-                               const float *q, const float *k, const float *v,
+    // Causal grouped-query attention within documents. q (H heads), k, v (KVH heads) are rows
+    // of stride ld (A): head h of token t at t*ld + h*D, so one fused [q;k;v] projection is
+    // read in place. out [T,H*D] (A, contiguous); query head h reads kv head h / (H/KVH);
+    // scale = 1/sqrt(D); scores, softmax and the weighted sum are fp32. lse[T,H] (F) saves
+    // the softmax log-sum-exp for the backward pass (which recomputes probabilities from it).
+    void (*attention_forward)(tr_backend *be, void *out, float *lse, const void *q,
+                              const void *k, const void *v, int32_t ld,
+                              const tr_doc_layout *docs, int32_t H, int32_t KVH, int32_t D);
+    // dq, dk, dv written (A, rows of stride ld; dk/dv sum the heads of a group); dout, out
+    // contiguous [T,H*D].
+    void (*attention_backward)(tr_backend *be, void *dq, void *dk, void *dv,
+                               const void *dout, const void *out, const float *lse,
+                               const void *q, const void *k, const void *v, int32_t ld,
                                const tr_doc_layout *docs, int32_t H, int32_t KVH, int32_t D);
-    // Generation: B query tokens, token b belongs to sequence b whose keys/values (including
-    // this token's, already written) are the first seq_len[b] slots of its blocks
-    // block_table[b * max_blocks + j]. Same arithmetic order as attention_forward, so decode
-    // reproduces the training path's numbers. q[B,H,D], out[B,H,D].
-    void (*attention_decode)(tr_backend *be, float *out, const float *q, const tr_kv_pages *kv,
-                             const int32_t *block_table, int32_t max_blocks,
-                             const int32_t *seq_len, int32_t B, int32_t H);
+    // Generation: B query tokens (q rows of stride ld, A), token b belongs to sequence b whose
+    // keys/values (including this token's, already written) are the first seq_len[b] slots
+    // of its blocks block_table[b * max_blocks + j]. Same arithmetic order as
+    // attention_forward, so decode reproduces the training path's numbers. out [B,H*D] (A).
+    void (*attention_decode)(tr_backend *be, void *out, const void *q, int32_t ld,
+                             const tr_kv_pages *kv, const int32_t *block_table,
+                             int32_t max_blocks, const int32_t *seq_len, int32_t B, int32_t H);
+    // Row t of k and of v (n_kv_heads*head_dim values, rows of stride ld, A) into slot slot[t]
+    // (block * block_size + offset) of kv's pools, t < T; slots distinct.
+    void (*kv_write)(tr_backend *be, const tr_kv_pages *kv, const int32_t *slot, const void *k,
+                     const void *v, int32_t ld, int32_t T);
 
-    // out[n] = silu(gate[n]) * up[n]
-    void (*swiglu_forward)(tr_backend *be, float *out, const float *gate, const float *up,
-                           size_t n);
-    // dgate += dout * d silu(gate) * up; dup += dout * silu(gate)
-    void (*swiglu_backward)(tr_backend *be, float *dgate, float *dup, const float *dout,
-                            const float *gate, const float *up, size_t n);
+    // SwiGLU over the fused [gate; up] projection: gu[T, 2I] (A) holds gate in columns
+    // [0, I) and up in [I, 2I); out[T, I] (A) = silu(gate) * up.
+    void (*swiglu_forward)(tr_backend *be, void *out, const void *gu, int32_t T, int32_t I);
+    // dgu[T, 2I] written (A): d gate = dout * d silu(gate) * up, d up = dout * silu(gate).
+    void (*swiglu_backward)(tr_backend *be, void *dgu, const void *dout, const void *gu,
+                            int32_t T, int32_t I);
 
-    // out[n] = a[n] + b[n] (out may alias a)
-    void (*add)(tr_backend *be, float *out, const float *a, const float *b, size_t n);
-
-    // Fused log-softmax over logits[T,V]: logprob[t] = log p(target[t]) (0 where target < 0),
-    // entropy[t] = -sum p log p, lse[t] saved. Any of logprob/entropy may be NULL.
+    // Fused log-softmax over logits[T,V] (F): logprob[t] = log p(target[t]) (0 where target
+    // < 0), entropy[t] = -sum p log p, lse[t] saved. Any of logprob/entropy may be NULL.
     void (*logsoftmax_forward)(tr_backend *be, float *logprob, float *entropy, float *lse,
                                const float *logits, const int32_t *target, int32_t T,
                                int32_t V);
-    // dlogits = dlogprob[t] * (onehot(target) - p) + dentropy[t] * dH/dlogits, written
-    // (not accumulated: logits are not reused). dlogprob or dentropy may be NULL (zero).
-    void (*logsoftmax_backward)(tr_backend *be, float *dlogits, const float *dlogprob,
+    // dlogits (A, written) = dlogprob[t] * (onehot(target) - p) + dentropy[t] * dH/dlogits.
+    // dlogprob or dentropy may be NULL (zero).
+    void (*logsoftmax_backward)(tr_backend *be, void *dlogits, const float *dlogprob,
                                 const float *dentropy, const float *logits, const float *lse,
                                 const int32_t *target, int32_t T, int32_t V);
 
     // *acc += sum of x[i]^2, in double over a fixed blocking (deterministic). acc is one double
     // of backend memory, so nothing waits: the caller downloads it when it needs the value.
     void (*sumsq)(tr_backend *be, double *acc, const float *x, size_t n);
-    // x *= s
-    void (*scale)(tr_backend *be, float *x, float s, size_t n);
-    // AdamW with decoupled weight decay, bias correction at step t (1-based):
-    // m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; mh = m/(1-b1^t); vh = v/(1-b2^t);
-    // p -= lr * (mh / (sqrt(vh) + eps) + wd * p)
-    void (*adamw)(tr_backend *be, float *p, const float *g, float *m, float *v, size_t n,
-                  float lr, float b1, float b2, float eps, float wd, int32_t t);
+    // One AdamW step over a flat range of parameters (a.n elements; see tr_adamw_args).
+    void (*adamw)(tr_backend *be, const tr_adamw_args *a);
 
     // ---- buffers: filling, moving and converting backend memory in place of host loops ----
-    // x[i] = value for i < n.
+    // x[i] = value for i < n (F).
     void (*fill)(tr_backend *be, float *x, float value, size_t n);
     // Rows of row_bytes bytes of any dtype, r < n: gather sets out row r = src row idx[r];
     // scatter sets dst row idx[r] = rows row r, idx distinct. idx is backend memory; the rows
@@ -184,12 +259,13 @@ typedef struct tr_ops {
     // n_slots are backend memory; no dst[i] is another pair's src or dst.
     void (*kv_copy_blocks)(tr_backend *be, const tr_kv_pool *pool, const int32_t *src,
                            const int32_t *dst, const int32_t *n_slots, int32_t n);
-    // fp32 -> bf16 rounds to nearest, ties to even (overflowing to inf); inf and -0 are kept; a
-    // NaN stays a NaN of the same sign with its top payload bits (plus the quiet bit only when
-    // all the kept ones are zero), so every bf16 survives bf16 -> fp32 -> bf16. bf16 -> fp32
-    // is exact.
-    void (*cast_f32_bf16)(tr_backend *be, uint16_t *out, const float *in, size_t n);
-    void (*cast_bf16_f32)(tr_backend *be, float *out, const uint16_t *in, size_t n);
+    // out[i] (out_t) = in[i] (in_t), i < n; out_t is F32 or BF16, in_t any; the same dtype is a
+    // copy. fp32 -> bf16 rounds to nearest, ties to even (overflowing to inf); inf and -0 are
+    // kept; a NaN stays a NaN of the same sign with its top payload bits (plus the quiet bit
+    // only when all the kept ones are zero), so every bf16 survives bf16 -> fp32 -> bf16.
+    // bf16 -> fp32 and fp16 -> fp32 are exact; fp16 -> bf16 goes through fp32.
+    void (*convert)(tr_backend *be, void *out, tr_dt out_t, const void *in, tr_dt in_t,
+                    size_t n);
 
     // ---- sampling ----
     // Draws ids[b] from logits[b, V] as engine/sample.h's host sampler does with rows[b]'s
@@ -214,10 +290,13 @@ struct tr_backend {
     const tr_ops *ops;
     void *ctx;
     int32_t n_threads;
+    tr_dt act;   // A: activations, activation gradients, KV cache
+    tr_dt wt;    // W: weights as forward and backward read them
 };
 
-// CPU backend with n_threads worker threads (0 = number of cores). Results are bitwise the
-// same for every thread count. Returns 0, or -1 if threads or memory could not be had.
+// CPU backend with n_threads worker threads (0 = number of cores), fp32 (bf16: the emulated
+// mixed-precision mode, act = wt = bf16). Results are bitwise the same for every thread
+// count. Returns 0, or -1 if threads or memory could not be had.
 // Code above kernels/ starts backends through kernels/backend.h instead.
-int tr_backend_cpu_init(tr_backend *be, int32_t n_threads);
+int tr_backend_cpu_init(tr_backend *be, int32_t n_threads, tr_dt precision);
 void tr_backend_cpu_free(tr_backend *be);

@@ -26,6 +26,8 @@ enum tr_recipe_workflow {
 };
 
 enum tr_recipe_backend { TR_RECIPE_CPU, TR_RECIPE_CUDA };
+enum tr_recipe_precision { TR_RECIPE_PREC_AUTO, TR_RECIPE_FP32, TR_RECIPE_BF16 };
+enum tr_recipe_save_dtype { TR_RECIPE_SAVE_FP32, TR_RECIPE_SAVE_BF16 };
 
 enum tr_recipe_schedule { TR_RECIPE_SCHED_CONSTANT, TR_RECIPE_SCHED_LINEAR, TR_RECIPE_SCHED_COSINE };
 
@@ -187,6 +189,7 @@ typedef struct tr_recipe_train {
     int64_t micro_batch_tokens;
     int64_t eval_every;          // 0 = no periodic eval
     int64_t save_every;          // 0 = only the final checkpoint
+    enum tr_recipe_save_dtype save_dtype;  // weights in saved checkpoints
     int64_t max_len;             // longest row trained on; resolved from data/rollout when 0
 } tr_recipe_train;
 
@@ -209,6 +212,7 @@ typedef struct tr_recipe {
     int64_t seed;
     char run_dir[TR_RECIPE_PATH_MAX];
     enum tr_recipe_backend backend;
+    enum tr_recipe_precision precision;
     int64_t threads;  // CPU worker threads; 0 = all cores
     double memory_gb; // memory each worker may plan with; 0 = the device's free memory
     tr_recipe_model models[TR_RECIPE_REWARD];  // policy, reference, critic

@@ -10,6 +10,8 @@ const char *const tr_recipe_workflow_names[] = {"grpo", "ppo", "sft", "pretrain"
 const char *const tr_recipe_role_names[] = {"policy", "reference", "critic", "reward", "generator", NULL};
 static const char *const gen_backend_names[] = {"run", "cpu", "cuda", NULL};
 static const char *const backend_names[] = {"cpu", "cuda", NULL};
+static const char *const precision_names[] = {"auto", "fp32", "bf16", NULL};
+static const char *const save_dtype_names[] = {"fp32", "bf16", NULL};
 static const char *const schedule_names[] = {"constant", "linear", "cosine", NULL};
 static const char *const reward_kind_names[] = {"rule", "model", "service", NULL};
 static const char *const reward_fn_names[] = {"exact_match", "numeric_match", "regex", NULL};
@@ -334,6 +336,10 @@ static const tr_rkey train_keys[] = {
      .flags = MIN, .min = 0, .def = "0", .doc = "evaluate every N steps; 0 = off"},
     {.name = "save_every", .type = TR_RK_INT, .off = offsetof(tr_recipe_train, save_every),
      .flags = MIN, .min = 0, .def = "0", .doc = "checkpoint every N steps; 0 = only at the end"},
+    {.name = "save_dtype", .type = TR_RK_ENUM, .off = offsetof(tr_recipe_train, save_dtype),
+     .names = save_dtype_names, .def = "fp32",
+     .doc = "weights of saved checkpoints: fp32 (the masters) or bf16 (half the size); the "
+            "optimizer state stays fp32"},
     {.name = "max_len", .type = TR_RK_INT, .off = offsetof(tr_recipe_train, max_len), .flags = MIN,
      .min = 0, .def_doc = "0: resolved",
      .doc = "longest row; 0 = max_prompt_len + max_new_tokens (sft: data.max_len, pretrain: data.seq_len)"},
@@ -371,6 +377,10 @@ const tr_rkey tr_recipe_schema[] = {
      .doc = "checkpoints, logs and resolved.yaml go here"},
     {.name = "backend", .type = TR_RK_ENUM, .off = offsetof(tr_recipe, backend), .names = backend_names,
      .def = "cpu", .doc = "compute backend"},
+    {.name = "precision", .type = TR_RK_ENUM, .off = offsetof(tr_recipe, precision),
+     .names = precision_names, .def = "auto",
+     .doc = "weights and activations as the passes read them (fp32 masters and optimizer either "
+            "way); auto: the backend's, cpu fp32 and cuda bf16"},
     {.name = "threads", .type = TR_RK_INT, .off = offsetof(tr_recipe, threads), .flags = UNIT, .min = 0,
      .max = 4096, .def = "0", .doc = "CPU threads per worker; 0 = all cores"},
     {.name = "memory_gb", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe, memory_gb), .flags = UNIT,

@@ -143,6 +143,8 @@ typedef struct tr_init_args {
     const char *head;          // NULL: the checkpoint's; "value": an LM checkpoint's body with
                                // a value head drawn from init_seed (a critic from the policy)
     const char *backend;       // "cpu" or "cuda"
+    const char *precision;     // "fp32" or "bf16"; NULL or "": the backend's default
+    const char *save_dtype;    // "bf16": checkpoints hold bf16 weights; NULL or "": fp32
     int32_t threads;           // 0 = all cores; colocated roles share the first init's pool
     int32_t tp;                // tensor-parallel ranks of the group (0: 1); dp = world / tp
     const int32_t *devices;    // rank r runs on devices[r] (r < n_devices), else on r

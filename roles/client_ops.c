@@ -23,6 +23,7 @@ static void build_init(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w,
     bool has_reward = a->reward.kind && a->reward.kind[0];
     bool has_gen = a->kv_tokens > 0 || a->kv_want > 0 || a->max_seqs > 0;
     uint32_t n = 7 + n_str(a->model) + n_str(a->init_config) + n_str(a->head) + n_str(a->tokenizer) +
+                 n_str(a->precision) + n_str(a->save_dtype) +
                  n_str(a->chat_format) + (a->init_config && a->init_config[0] ? 1 : 0) + (a->train ? 2 : 0) +
                  (has_gen ? 3 : 0) + (has_reward ? 1 : 0) + 1 + (a->no_generate ? 1 : 0);
     tr_msg_begin_request(w, op, id, n);
@@ -31,6 +32,8 @@ static void build_init(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w,
     if (a->init_config && a->init_config[0]) tr_msg_put_uint(w, "init_seed", a->init_seed);
     put_str_opt(w, "head", a->head);
     tr_msg_put_str(w, "backend", a->backend && a->backend[0] ? a->backend : "cpu");
+    put_str_opt(w, "precision", a->precision);
+    put_str_opt(w, "save_dtype", a->save_dtype);
     tr_msg_put_int(w, "threads", a->threads);
     tr_msg_put_int(w, "device", rank < a->n_devices ? a->devices[rank] : rank);
     tr_msg_put_int(w, "memory_bytes", a->memory_bytes);

@@ -76,6 +76,7 @@ typedef struct tr_role_ctx {
     int32_t stop_ids[TR_MAX_EOS + 2];
     int32_t n_stop;
     char tokenizer_dir[1024];         // copied beside saved checkpoints
+    bool save_bf16;                   // checkpoints hold bf16 weights (init's save_dtype)
 
     tr_policy_loss_cfg loss;
     float value_clip;
@@ -95,7 +96,7 @@ struct tr_worker {
     // Activations and KV cache of every hosted role: one region, grown while roles are
     // initialised and lent to one op at a time (engine/arena.h).
     tr_arena arena;
-    size_t separate_floats;           // what the hosted roles' own buffers would have taken
+    size_t separate_bytes;            // what the hosted roles' own buffers would have taken
     tr_role_ctx roles[4];
     int n_roles;
     void (*log)(void *ctx, const char *line);

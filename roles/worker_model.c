@@ -205,17 +205,17 @@ static int load_model(tr_role_ctx *rc, const tr_msg_map *a, int32_t max_tokens, 
     if (make_plan(rc, &cfg, max_tokens, train, gen, err)) return -1;
     tr_model_opts mo = {.max_tokens = max_tokens, .training = train};
     tr_gen_opts go = gen_opts(rc);
-    tr_arena_need_init(&rc->need, &cfg, &mo, gen ? &go : NULL);
-    if (tr_arena_reserve(&w->arena, tr_arena_need_floats(&rc->need), err)) return -1;
+    tr_arena_need_init(&rc->need, &cfg, &mo, gen ? &go : NULL, w->be.act);
+    if (tr_arena_reserve(&w->arena, tr_arena_need_bytes(&rc->need), err)) return -1;
     mo.acts = w->arena.base;
-    mo.acts_floats = w->arena.floats;
+    mo.acts_bytes = w->arena.bytes;
     if (tr_model_init(&rc->model, &cfg, &w->be, &mo, err)) return -1;
     rc->has_model = true;
     tr_arena_adopt(&w->arena, &rc->model);
     if (gen) {
         size_t off = tr_arena_kv_offset(&rc->model);
-        go.kv_buf = w->arena.base + off;
-        go.kv_buf_floats = w->arena.floats - off;
+        go.kv_buf = (char *)w->arena.base + off;
+        go.kv_buf_bytes = w->arena.bytes - off;
         if (tr_generator_init(&rc->gen, &rc->model, &go, err)) return -1;
         rc->has_gen = true;
     }
@@ -283,8 +283,9 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
     static const char *const keys[] = {"model", "init_config", "init_seed", "head", "backend", "threads",
                                        "device", "memory_bytes", "max_tokens", "seed", "tokenizer",
                                        "chat_format", "train", "optim", "loss", "kv_tokens", "kv_want",
-                                       "max_seqs", "reward", "parallel", "generate", NULL};
-    char backend[16];
+                                       "max_seqs", "reward", "parallel", "generate", "precision",
+                                       "save_dtype", NULL};
+    char backend[16], precision[8] = "", save_dtype[8] = "fp32";
     int64_t threads, device = 0, memory = 0, max_tokens, kv_tokens = 0, kv_want = 0, max_seqs = 0;
     uint64_t seed;
     bool train, generate = true;
@@ -294,8 +295,13 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
         tr_msg_get_uint(a, "seed", &seed, err) || tr_msg_get_bool(a, "train", &train, err) ||
         tr_msg_get_int_opt(a, "kv_tokens", &kv_tokens, err) || tr_msg_get_int_opt(a, "max_seqs", &max_seqs, err) ||
         tr_msg_get_int_opt(a, "device", &device, err) || tr_msg_get_int_opt(a, "memory_bytes", &memory, err) ||
-        tr_msg_get_int_opt(a, "kv_want", &kv_want, err))
+        tr_msg_get_int_opt(a, "kv_want", &kv_want, err) ||
+        (tr_msg_has(a, "precision") && tr_msg_get_str_buf(a, "precision", precision, sizeof precision, err)) ||
+        (tr_msg_has(a, "save_dtype") && tr_msg_get_str_buf(a, "save_dtype", save_dtype, sizeof save_dtype, err)))
         return -1;
+    if (strcmp(save_dtype, "fp32") != 0 && strcmp(save_dtype, "bf16") != 0)
+        return tr_errf(err, TR_EINVAL, "init: save_dtype must be fp32 or bf16, got '%s'", save_dtype);
+    rc->save_bf16 = strcmp(save_dtype, "bf16") == 0;
     if (!tr_backend_built(backend))
         return tr_errf(err, TR_EUNSUPPORTED, "init: backend '%s' is not in this build of troupe", backend);
     if (parse_parallel(rc, a, err)) return -1;
@@ -320,7 +326,8 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
     bool needs_model = rc->kind != TR_ROLE_REWARD || tr_msg_has(a, "model") || tr_msg_has(a, "init_config");
     if (needs_model && !w->has_backend) {
         char why[512];
-        tr_backend_opts bo = {.kind = backend, .threads = (int32_t)threads, .device = (int32_t)device};
+        tr_backend_opts bo = {.kind = backend, .threads = (int32_t)threads, .device = (int32_t)device,
+                              .precision = precision[0] ? precision : NULL};
         if (tr_backend_init(&w->be, &bo, why, sizeof why))
             return tr_errf(err, TR_EDEVICE, "init: %s", why);
         w->has_backend = true;
@@ -331,6 +338,9 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
                                (strcmp(backend, "cuda") == 0 && device != w->device))) {
         return tr_errf(err, TR_EINVAL, "init: colocated roles share one backend: %s device %d, not %s device %lld",
                        w->be.ops->name, w->device, backend, (long long)device);
+    } else if (needs_model && precision[0] && strcmp(precision, tr_dt_name(w->be.act)) != 0) {
+        return tr_errf(err, TR_EINVAL, "init: colocated roles share one backend in %s, not %s",
+                       tr_dt_name(w->be.act), precision);
     } else if (needs_model && threads != w->threads) {
         tr_worker_logf(rc, "init: sharing the colocated roles' %d-thread pool (asked for %lld)", w->threads,
                        (long long)threads);
@@ -368,13 +378,13 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
     tr_worker_logf(rc, "init: %s%s%s, %lld parameters, %lld tokens per forward%s", role_names[rc->kind],
                    rc->has_model ? " " : "", rc->has_model ? rc->model.cfg.architecture : "", (long long)n_params,
                    (long long)max_tokens, train ? ", training" : "");
-    if (rc->has_model) w->separate_floats += tr_arena_separate_floats(&rc->need);
-    int64_t arena_bytes = (int64_t)(w->arena.floats * sizeof(float));
-    int64_t separate_bytes = (int64_t)(w->separate_floats * sizeof(float));
+    if (rc->has_model) w->separate_bytes += tr_arena_separate_bytes(&rc->need);
+    int64_t arena_bytes = (int64_t)w->arena.bytes;
+    int64_t separate_bytes = (int64_t)w->separate_bytes;
     if (rc->has_model)
         tr_worker_logf(rc, "arena: %lld bytes for the hosted roles, separate buffers would take %lld; this role "
-                       "needs %zu floats = max(train %zu, forward %zu + kv %zu)", (long long)arena_bytes,
-                       (long long)separate_bytes, tr_arena_need_floats(&rc->need), rc->need.train,
+                       "needs %zu bytes = max(train %zu, forward %zu + kv %zu)", (long long)arena_bytes,
+                       (long long)separate_bytes, tr_arena_need_bytes(&rc->need), rc->need.train,
                        rc->need.forward, rc->need.kv);
     tr_msg_begin_reply(rep, req->id, 6);
     tr_msg_put_int(rep, "n_params", n_params);

@@ -205,7 +205,8 @@ int tr_worker_op_save(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
     if (rc->dp > 1 && rc->has_trainer && !comm)
         return tr_errf(err, TR_EINVAL, "save: %s is one of %d data-parallel ranks but has no communicator", rc->id,
                        rc->dp);
-    tr_ckpt_save_opts so = {.dtype = TR_ST_F32, .tokenizer_dir = rc->tokenizer_dir[0] ? rc->tokenizer_dir : NULL};
+    tr_ckpt_save_opts so = {.dtype = rc->save_bf16 ? TR_ST_BF16 : TR_ST_F32,
+                            .tokenizer_dir = rc->tokenizer_dir[0] ? rc->tokenizer_dir : NULL};
     int rc2 = rc->dp_rank == 0 ? tr_model_save(&rc->model, dir, &so, err) : 0;
     if (rc2 && comm) tr_comm_abort(comm, err->msg);
     if (!rc2 && comm) rc2 = tr_comm_barrier(comm, err);

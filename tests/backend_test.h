@@ -10,9 +10,11 @@
 
 #include "kernels/backend.h"
 
-static inline void et_backend(tr_backend *be, int32_t threads) {
+// The backend $TROUPE_BACKEND names (cpu when unset) on $TROUPE_DEVICE, in `precision`.
+static inline void et_backend_in(tr_backend *be, int32_t threads, const char *precision) {
     const char *kind = getenv("TROUPE_BACKEND"), *dev = getenv("TROUPE_DEVICE");
-    tr_backend_opts o = {.kind = kind, .threads = threads, .device = dev ? atoi(dev) : 0};
+    tr_backend_opts o = {.kind = kind, .threads = threads, .device = dev ? atoi(dev) : 0,
+                         .precision = precision};
     char msg[512];
     if (kind && strcmp(kind, "cuda") == 0 && tr_backend_cuda_devices() < 1) {
         printf("no CUDA device: skipped\n");
@@ -23,6 +25,10 @@ static inline void et_backend(tr_backend *be, int32_t threads) {
         exit(1);
     }
 }
+
+// In fp32 on either backend: the tests against fp32 references (transformers fixtures,
+// finite differences) hold every backend to the same limits.
+static inline void et_backend(tr_backend *be, int32_t threads) { et_backend_in(be, threads, "fp32"); }
 
 static inline void et_sync(tr_backend *be, const char *where) {
     char msg[512];

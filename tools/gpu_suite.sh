@@ -74,19 +74,25 @@ full_part() {   # every layer and the troupe binary, with the libraries from .de
         test_model_hf test_model_grad test_generate test_train
 }
 
-# The engine on the GPU: the same tests and commands as on the CPU, on device 0.
+# The engine on the GPU: the same tests and commands as on the CPU, on device 0, in fp32
+# (their references are fp32), then the bf16 tests.
 cuda_part() {
     local t="$build_all/cli/troupe" fx=tests/fixtures
-    run cuda_engine env TROUPE_BACKEND=cuda meson test -C "$build_all" --print-errorlogs \
+    run cuda_engine env TROUPE_BACKEND=cuda TROUPE_PRECISION=fp32 meson test -C "$build_all" --print-errorlogs \
         test_model_hf test_model_grad test_generate test_train test_arena test_kvcache \
         test_cuda_fault
     cp "$build_all/meson-logs/testlog.txt" "$logs/testlog_cuda_engine.txt" 2>/dev/null
-    run cuda_cli env TROUPE_BACKEND=cuda meson test -C "$build_all" --print-errorlogs \
+    # Mixed precision on the GPU: bf16 against transformers' autocast, frozen/trained layouts,
+    # 200 SFT steps against fp32.
+    run cuda_bf16 env TROUPE_BACKEND=cuda meson test -C "$build_all" --print-errorlogs \
+        test_model_bf16
+    cp "$build_all/meson-logs/testlog.txt" "$logs/testlog_cuda_bf16.txt" 2>/dev/null
+    run cuda_cli env TROUPE_BACKEND=cuda TROUPE_PRECISION=fp32 meson test -C "$build_all" --print-errorlogs \
         logprobs generate troupe_info
     cp "$build_all/meson-logs/testlog.txt" "$logs/testlog_cuda_cli.txt" 2>/dev/null
     # The workflows' end-to-end tests (GRPO, SFT, PPO and pretraining runs, resumed runs equal
     # to uninterrupted ones) and every CPU recipe, with their workers on the GPU.
-    run cuda_runs env TROUPE_BACKEND=cuda meson test -C "$build_all" --print-errorlogs \
+    run cuda_runs env TROUPE_BACKEND=cuda TROUPE_PRECISION=fp32 meson test -C "$build_all" --print-errorlogs \
         run cpu_recipes
     cp "$build_all/meson-logs/testlog.txt" "$logs/testlog_cuda_runs.txt" 2>/dev/null
     # Two runs of the same command give the same bytes (every kernel is deterministic), and
@@ -115,8 +121,8 @@ cuda_part() {
     run bench_cuda "$build_all/bench/bench_cuda"
 }
 
-# The quickstart (GRPO, 800 steps) on the GPU and on the CPU at once; their final greedy eval
-# accuracies must be within 3 points.
+# The quickstart (GRPO, 800 steps) on the GPU (bf16, the CUDA default) and on the CPU (fp32)
+# at once; their final greedy eval accuracies must be within 3 points.
 quickstart_part() {
     local t="$build_all/cli/troupe" q="$PWD/qs-runs"
     rm -rf "$q" && mkdir -p "$q"

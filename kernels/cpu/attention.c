@@ -2,19 +2,26 @@
 // documents and the decode step over the paged KV cache. Forward and decode compute a query
 // row with the same function (attn_row), keys in the same order and chunks, so a decoded
 // token's output is bitwise the training forward's row. The backward works on gemm tiles.
+// q, k, v are rows of stride ld (a fused [q;k;v] read in place) in the activation dtype;
+// scores, softmax and sums are fp32, and every output is rounded once at its end.
 #include <math.h>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/dtype.h"
 #include "kernels/cpu/vec.h"
 
 #define ATT_Q_ROWS 16     // query rows per forward task
 #define ATT_CHUNK 64      // keys per online-softmax chunk (scores live on the stack)
 #define ATT_TILE 64       // query and key rows per backward tile (two 16 KiB stack tiles)
+// Channels of a bf16 output row (forward) or of an fp32 gradient tile (backward) held on the
+// stack at once; a larger head dimension is done in passes that recompute the scores.
+#define ATT_D_CHUNK 256
 
 // The keys and values one query row may read, for one kv head: key j sits at k + slot(j).
 typedef struct kv_rows {
-    const float *k, *v;
-    size_t stride;              // floats between consecutive slots
+    const void *k, *v;
+    tr_dt t;
+    size_t stride;              // elements between consecutive slots
     const int32_t *blocks;      // NULL: slot j is row j; else paged through this block list
     int32_t block_size;
 } kv_rows;
@@ -30,22 +37,31 @@ static inline float attn_scale(int32_t D) { return (float)(1.0 / sqrt((double)D)
 
 // One query row over keys 0..n-1, online softmax in chunks of ATT_CHUNK keys: scores of a
 // chunk, then a rescale of the running output if the maximum grew, then p-weighted values.
-// The running output lives in out itself, so no scratch is needed for any D.
-static void attn_row(float *out, float *lse, const float *q, const kv_rows *s, int32_t n,
-                     int32_t D, float scale) {
-    const float *kr[ATT_CHUNK], *vr[ATT_CHUNK];
+// The running output is channels [d0, d0 + dn) of the row, in acc; every channel is its own
+// chain, so a row done in several passes of channels has the bits of one pass.
+static void attn_row(float *acc, int32_t d0, int32_t dn, float *lse, const void *q,
+                     const kv_rows *s, int32_t n, int32_t D, float scale) {
+    const float *kf[ATT_CHUNK], *vf[ATT_CHUNK];
+    const uint16_t *kh[ATT_CHUNK], *vh[ATT_CHUNK];
+    const bool bf = s->t == TR_BF16;
     float sc[ATT_CHUNK];
     float m = -INFINITY;
     double l = 0.0;
-    for (int32_t d = 0; d < D; d++) out[d] = 0.0f;
+    for (int32_t d = 0; d < dn; d++) acc[d] = 0.0f;
     for (int32_t c0 = 0; c0 < n; c0 += ATT_CHUNK) {
         int32_t cn = n - c0 < ATT_CHUNK ? n - c0 : ATT_CHUNK;
         for (int32_t j = 0; j < cn; j++) {
             size_t o = kv_slot(s, c0 + j);
-            kr[j] = s->k + o;
-            vr[j] = s->v + o;
+            if (bf) {
+                kh[j] = (const uint16_t *)s->k + o;
+                vh[j] = (const uint16_t *)s->v + o + d0;
+            } else {
+                kf[j] = (const float *)s->k + o;
+                vf[j] = (const float *)s->v + o + d0;
+            }
         }
-        tr_vec_dots(sc, kr, cn, q, D);
+        if (bf) tr_vec_dots_bf16(sc, kh, cn, q, D);
+        else tr_vec_dots(sc, kf, cn, q, D);
         float cm = -INFINITY;
         for (int32_t j = 0; j < cn; j++) {
             sc[j] *= scale;
@@ -54,7 +70,7 @@ static void attn_row(float *out, float *lse, const float *q, const kv_rows *s, i
         if (cm > m) {
             if (l > 0.0) {
                 float r = expf(m - cm);
-                tr_vec_scale(out, r, D);
+                tr_vec_scale(acc, r, dn);
                 l *= r;
             }
             m = cm;
@@ -63,16 +79,35 @@ static void attn_row(float *out, float *lse, const float *q, const kv_rows *s, i
             sc[j] = expf(sc[j] - m);
             l += sc[j];
         }
-        tr_vec_axpy_rows(out, sc, vr, cn, D);
+        if (bf) tr_vec_axpy_rows_bf16(acc, sc, vh, cn, dn);
+        else tr_vec_axpy_rows(acc, sc, vf, cn, dn);
     }
-    tr_vec_scale(out, (float)(1.0 / l), D);
+    tr_vec_scale(acc, (float)(1.0 / l), dn);
     if (lse) *lse = (float)((double)m + log(l));
 }
 
+// A query row's output (D values at element out_off of out, dtype s->t): an fp32 row is its
+// own accumulator; a bf16 row is accumulated on the stack and rounded once.
+static void attn_row_out(void *out, size_t out_off, float *lse, const void *q,
+                         const kv_rows *s, int32_t n, int32_t D, float scale) {
+    if (s->t == TR_F32) {
+        attn_row((float *)out + out_off, 0, D, lse, q, s, n, D, scale);
+        return;
+    }
+    float acc[ATT_D_CHUNK];
+    for (int32_t d0 = 0; d0 < D; d0 += ATT_D_CHUNK) {
+        int32_t dn = D - d0 < ATT_D_CHUNK ? D - d0 : ATT_D_CHUNK;
+        attn_row(acc, d0, dn, d0 == 0 ? lse : NULL, q, s, n, D, scale);
+        tr_st_row(out, out_off + (size_t)d0, acc, dn, s->t);
+    }
+}
+
 // sum_d dout[d] * out[d]: the softmax backward's row term, in double.
-static inline float attn_row_delta(const float *dout, const float *out, int32_t D) {
+static inline float attn_row_delta(const void *dout, const void *out, size_t off, int32_t D,
+                                   tr_dt t) {
     double acc = 0.0;
-    for (int32_t d = 0; d < D; d++) acc += (double)dout[d] * out[d];
+    for (int32_t d = 0; d < D; d++)
+        acc += (double)tr_ld(dout, off + d, t) * tr_ld(out, off + d, t);
     return (float)acc;
 }
 
@@ -88,8 +123,12 @@ static int32_t attn_doc_of(const tr_doc_layout *docs, int32_t t) {
 }
 
 typedef struct attn_job {
-    float *out, *lse, *dq, *dk, *dv;
-    const float *q, *k, *v, *dout, *out_in, *lse_in;
+    void *out, *dq, *dk, *dv;
+    float *lse;
+    const void *q, *k, *v, *dout, *out_in;
+    const float *lse_in;
+    tr_dt t;   // the activation dtype of every q/k/v/out buffer
+    size_t ld;    // row stride of q, k, v (and dq, dk, dv)
     const tr_doc_layout *docs;
     int32_t T, H, KVH, D;
     float scale;
@@ -110,15 +149,6 @@ static double attn_work_ns(const tr_doc_layout *docs, int32_t H, int32_t D) {
     return 0.5 * pairs * H * D;
 }
 
-static kv_rows attn_doc_rows(const attn_job *j, const float *k, const float *v, int32_t start,
-                             int32_t kvh) {
-    size_t stride = (size_t)j->KVH * j->D;
-    kv_rows s = {.k = k + (size_t)start * stride + (size_t)kvh * j->D,
-                 .v = v + (size_t)start * stride + (size_t)kvh * j->D,
-                 .stride = stride, .blocks = NULL, .block_size = 0};
-    return s;
-}
-
 static void attn_forward_task(void *arg, int32_t task) {
     const attn_job *j = arg;
     int32_t h = task % j->H, t0 = (task / j->H) * ATT_Q_ROWS;
@@ -128,20 +158,23 @@ static void attn_forward_task(void *arg, int32_t task) {
     for (int32_t t = t0; t < t1; t++) {
         while (j->docs->doc_start[d + 1] <= t) d++;
         int32_t start = j->docs->doc_start[d];
-        kv_rows s = attn_doc_rows(j, j->k, j->v, start, kvh);
+        size_t first = (size_t)start * j->ld + (size_t)kvh * j->D;
+        kv_rows s = {.k = tr_at(j->k, first, j->t), .v = tr_at(j->v, first, j->t), .t = j->t,
+                     .stride = j->ld};
         size_t row = (size_t)t * j->H + h;
-        attn_row(j->out + row * j->D, j->lse + row, j->q + row * j->D, &s, t - start + 1, j->D,
-                 j->scale);
+        const void *q = tr_at(j->q, (size_t)t * j->ld + (size_t)h * j->D, j->t);
+        attn_row_out(j->out, row * j->D, j->lse + row, q, &s, t - start + 1, j->D, j->scale);
     }
 }
 
-void tr_cpu_attention_forward(tr_backend *be, float *out, float *lse, const float *q,
-                              const float *k, const float *v, const tr_doc_layout *docs,
-                              int32_t H, int32_t KVH, int32_t D) {
+void tr_cpu_attention_forward(tr_backend *be, void *out, float *lse, const void *q,
+                              const void *k, const void *v, int32_t ld,
+                              const tr_doc_layout *docs, int32_t H, int32_t KVH, int32_t D) {
     int32_t T = docs->n_tokens;
     if (T <= 0) return;
-    attn_job j = {.out = out, .lse = lse, .q = q, .k = k, .v = v, .docs = docs, .T = T, .H = H,
-                  .KVH = KVH, .D = D, .scale = attn_scale(D)};
+    attn_job j = {.out = out, .lse = lse, .q = q, .k = k, .v = v, .t = be->act,
+                  .ld = (size_t)ld, .docs = docs, .T = T, .H = H, .KVH = KVH, .D = D,
+                  .scale = attn_scale(D)};
     tr_cpu_run(be, tr_cpu_ceil_div(T, ATT_Q_ROWS) * H, attn_forward_task, &j,
                attn_work_ns(docs, H, D));
 }
@@ -149,23 +182,23 @@ void tr_cpu_attention_forward(tr_backend *be, float *out, float *lse, const floa
 // The backward recomputes probabilities tile by tile from the saved lse, FlashAttention-2
 // style, with gemm products on ATT_TILE x ATT_TILE tiles (it need not match the forward's
 // bits, only its own across thread counts). Two passes avoid racing writes: dq by query
-// tiles, then dk and dv by key tiles, each recomputing S = Q K^T and dP = dO V^T.
+// tiles, then dk and dv by key tiles, each recomputing S = Q K^T and dP = dO V^T. Each pass
+// sums a gradient tile in fp32 on the stack and stores it once.
 // With a query tile [i0, i1) and a key tile [k0, k1) of one document, it fills
 // p = softmax probabilities (0 above the diagonal) and ds = dS = p (dP - delta) * scale.
 static void attn_tile_grads(const attn_job *j, int32_t h, int32_t i0, int32_t i1, int32_t k0,
                             int32_t k1, const float *delta, float *p, float *ds) {
     int32_t D = j->D, g = h / (j->H / j->KVH), qn = i1 - i0, kn = k1 - k0;
-    int32_t ldq = j->H * D, ldk = j->KVH * D;
-    const float *q = j->q + ((size_t)i0 * j->H + h) * D;
-    const float *go = j->dout + ((size_t)i0 * j->H + h) * D;
-    const float *k = j->k + ((size_t)k0 * j->KVH + g) * D;
-    const float *v = j->v + ((size_t)k0 * j->KVH + g) * D;
+    size_t q_off = (size_t)i0 * j->ld + (size_t)h * D, kv_off = (size_t)k0 * j->ld + (size_t)g * D;
     // p = Q K^T, ds = dO V^T: B(d, b) = K[b, d]
-    tr_gemm s = {.M = qn, .N = kn, .K = D, .a = q, .a_rs = ldq, .a_ks = 1, .b = k, .b_ks = 1,
-                 .b_cs = ldk, .c = p, .ldc = kn};
+    tr_gemm s = {.M = qn, .N = kn, .K = D, .a = tr_at(j->q, q_off, j->t),
+                 .a_rs = (ptrdiff_t)j->ld, .a_ks = 1, .a_t = j->t,
+                 .b = tr_at(j->k, kv_off, j->t), .b_ks = 1, .b_cs = (ptrdiff_t)j->ld,
+                 .b_t = j->t, .c = p, .ldc = kn, .c_t = TR_F32};
     tr_gemm_serial(j->isa, &s);
-    s.a = go;
-    s.b = v;
+    s.a = tr_at(j->dout, ((size_t)i0 * j->H + h) * D, j->t);
+    s.a_rs = (ptrdiff_t)j->H * D;
+    s.b = tr_at(j->v, kv_off, j->t);
     s.c = ds;
     tr_gemm_serial(j->isa, &s);
     for (int32_t a = 0; a < qn; a++) {
@@ -182,10 +215,17 @@ static void attn_tile_grads(const attn_job *j, int32_t h, int32_t i0, int32_t i1
 }
 
 static void attn_tile_delta(const attn_job *j, int32_t h, int32_t i0, int32_t i1, float *delta) {
-    for (int32_t i = i0; i < i1; i++) {
-        size_t row = ((size_t)i * j->H + h) * j->D;
-        delta[i - i0] = attn_row_delta(j->dout + row, j->out_in + row, j->D);
-    }
+    for (int32_t i = i0; i < i1; i++)
+        delta[i - i0] = attn_row_delta(j->dout, j->out_in, ((size_t)i * j->H + h) * j->D, j->D,
+                                       j->t);
+}
+
+// n rows of dn fp32 channels (tile rows ATT_D_CHUNK apart) into rows of stride ld of the
+// gradient dst from element off: the tile's one rounding.
+static void attn_store_tile(void *dst, size_t off, size_t ld, const float *tile, int32_t n,
+                            int32_t dn, tr_dt t) {
+    for (int32_t r = 0; r < n; r++)
+        tr_st_row(dst, off + (size_t)r * ld, tile + (size_t)r * ATT_D_CHUNK, dn, t);
 }
 
 // dq for one query tile of one head, split at document edges; key tiles in order.
@@ -195,22 +235,28 @@ static void attn_backward_dq_task(void *arg, int32_t task) {
     int32_t t1 = t0 + ATT_TILE < j->T ? t0 + ATT_TILE : j->T;
     int32_t D = j->D, g = h / (j->H / j->KVH);
     float p[ATT_TILE * ATT_TILE], ds[ATT_TILE * ATT_TILE], delta[ATT_TILE];
+    float dq[ATT_TILE * ATT_D_CHUNK];
     int32_t d = attn_doc_of(j->docs, t0);
     for (int32_t i0 = t0; i0 < t1;) {
         while (j->docs->doc_start[d + 1] <= i0) d++;
         int32_t start = j->docs->doc_start[d], end = j->docs->doc_start[d + 1];
         int32_t i1 = end < t1 ? end : t1;
         attn_tile_delta(j, h, i0, i1, delta);
-        for (int32_t k0 = start; k0 < i1; k0 += ATT_TILE) {
-            int32_t k1 = k0 + ATT_TILE < i1 ? k0 + ATT_TILE : i1;
-            attn_tile_grads(j, h, i0, i1, k0, k1, delta, p, ds);
-            // dq[i0:i1] += dS @ K[k0:k1]
-            tr_gemm dq = {.M = i1 - i0, .N = D, .K = k1 - k0, .a = ds, .a_rs = k1 - k0,
-                          .a_ks = 1, .b = j->k + ((size_t)k0 * j->KVH + g) * D,
-                          .b_ks = j->KVH * D, .b_cs = 1,
-                          .c = j->dq + ((size_t)i0 * j->H + h) * D, .ldc = j->H * D,
-                          .accumulate = true};
-            tr_gemm_serial(j->isa, &dq);
+        for (int32_t c0 = 0; c0 < D; c0 += ATT_D_CHUNK) {
+            int32_t cn = D - c0 < ATT_D_CHUNK ? D - c0 : ATT_D_CHUNK;
+            for (int32_t k0 = start; k0 < i1; k0 += ATT_TILE) {
+                int32_t k1 = k0 + ATT_TILE < i1 ? k0 + ATT_TILE : i1;
+                attn_tile_grads(j, h, i0, i1, k0, k1, delta, p, ds);
+                // dq[i0:i1] (+)= dS @ K[k0:k1], the chain starting at the first key tile
+                size_t k_off = (size_t)k0 * j->ld + (size_t)g * D + (size_t)c0;
+                tr_gemm t = {.M = i1 - i0, .N = cn, .K = k1 - k0, .a = ds, .a_rs = k1 - k0,
+                             .a_ks = 1, .a_t = TR_F32, .b = tr_at(j->k, k_off, j->t),
+                             .b_ks = (ptrdiff_t)j->ld, .b_cs = 1, .b_t = j->t, .c = dq,
+                             .ldc = ATT_D_CHUNK, .c_t = TR_F32, .accumulate = k0 > start};
+                tr_gemm_serial(j->isa, &t);
+            }
+            attn_store_tile(j->dq, (size_t)i0 * j->ld + (size_t)h * D + (size_t)c0, j->ld, dq,
+                            i1 - i0, cn, j->t);
         }
         i0 = i1;
     }
@@ -224,42 +270,55 @@ static void attn_backward_dkv_task(void *arg, int32_t task) {
     int32_t t1 = t0 + ATT_TILE < j->T ? t0 + ATT_TILE : j->T;
     int32_t D = j->D, group = j->H / j->KVH;
     float p[ATT_TILE * ATT_TILE], ds[ATT_TILE * ATT_TILE], delta[ATT_TILE];
+    float dk[ATT_TILE * ATT_D_CHUNK], dv[ATT_TILE * ATT_D_CHUNK];
     int32_t d = attn_doc_of(j->docs, t0);
     for (int32_t k0 = t0; k0 < t1;) {
         while (j->docs->doc_start[d + 1] <= k0) d++;
         int32_t end = j->docs->doc_start[d + 1];
         int32_t k1 = end < t1 ? end : t1, kn = k1 - k0;
-        size_t kv_off = ((size_t)k0 * j->KVH + g) * D;
-        for (int32_t h = g * group; h < (g + 1) * group; h++) {
-            for (int32_t i0 = k0; i0 < end; i0 += ATT_TILE) {
-                int32_t i1 = i0 + ATT_TILE < end ? i0 + ATT_TILE : end, qn = i1 - i0;
-                size_t q_off = ((size_t)i0 * j->H + h) * D;
-                attn_tile_delta(j, h, i0, i1, delta);
-                attn_tile_grads(j, h, i0, i1, k0, k1, delta, p, ds);
-                // dv[k0:k1] += P^T @ dO[i0:i1]; dk[k0:k1] += dS^T @ Q[i0:i1]: A(b, a) = p[a, b]
-                tr_gemm t = {.M = kn, .N = D, .K = qn, .a = p, .a_rs = 1, .a_ks = kn,
-                             .b = j->dout + q_off, .b_ks = j->H * D, .b_cs = 1,
-                             .c = j->dv + kv_off, .ldc = j->KVH * D, .accumulate = true};
-                if (j->dv) tr_gemm_serial(j->isa, &t);
-                t.a = ds;
-                t.b = j->q + q_off;
-                t.c = j->dk + kv_off;
-                if (j->dk) tr_gemm_serial(j->isa, &t);
+        for (int32_t c0 = 0; c0 < D; c0 += ATT_D_CHUNK) {
+            int32_t cn = D - c0 < ATT_D_CHUNK ? D - c0 : ATT_D_CHUNK;
+            bool first = true;
+            for (int32_t h = g * group; h < (g + 1) * group; h++) {
+                for (int32_t i0 = k0; i0 < end; i0 += ATT_TILE) {
+                    int32_t i1 = i0 + ATT_TILE < end ? i0 + ATT_TILE : end, qn = i1 - i0;
+                    attn_tile_delta(j, h, i0, i1, delta);
+                    attn_tile_grads(j, h, i0, i1, k0, k1, delta, p, ds);
+                    // dv[k0:k1] (+)= P^T @ dO[i0:i1]; dk[k0:k1] (+)= dS^T @ Q[i0:i1]:
+                    // A(b, a) = p[a, b]
+                    size_t o_off = ((size_t)i0 * j->H + h) * D + (size_t)c0;
+                    size_t q_off = (size_t)i0 * j->ld + (size_t)h * D + (size_t)c0;
+                    tr_gemm t = {.M = kn, .N = cn, .K = qn, .a = p, .a_rs = 1, .a_ks = kn,
+                                 .a_t = TR_F32, .b = tr_at(j->dout, o_off, j->t),
+                                 .b_ks = (ptrdiff_t)j->H * D, .b_cs = 1, .b_t = j->t,
+                                 .c = dv, .ldc = ATT_D_CHUNK, .c_t = TR_F32,
+                                 .accumulate = !first};
+                    if (j->dv) tr_gemm_serial(j->isa, &t);
+                    t.a = ds;
+                    t.b = tr_at(j->q, q_off, j->t);
+                    t.b_ks = (ptrdiff_t)j->ld;
+                    t.c = dk;
+                    if (j->dk) tr_gemm_serial(j->isa, &t);
+                    first = false;
+                }
             }
+            size_t kv_off = (size_t)k0 * j->ld + (size_t)g * D + (size_t)c0;
+            if (j->dv) attn_store_tile(j->dv, kv_off, j->ld, dv, kn, cn, j->t);
+            if (j->dk) attn_store_tile(j->dk, kv_off, j->ld, dk, kn, cn, j->t);
         }
         k0 = k1;
     }
 }
 
-void tr_cpu_attention_backward(tr_backend *be, float *dq, float *dk, float *dv,
-                               const float *dout, const float *out, const float *lse,
-                               const float *q, const float *k, const float *v,
-                               const tr_doc_layout *docs, int32_t H, int32_t KVH, int32_t D) {
+void tr_cpu_attention_backward(tr_backend *be, void *dq, void *dk, void *dv, const void *dout,
+                               const void *out, const float *lse, const void *q, const void *k,
+                               const void *v, int32_t ld, const tr_doc_layout *docs, int32_t H,
+                               int32_t KVH, int32_t D) {
     int32_t T = docs->n_tokens;
     if (T <= 0) return;
     attn_job j = {.dq = dq, .dk = dk, .dv = dv, .dout = dout, .out_in = out, .lse_in = lse,
-                  .q = q, .k = k, .v = v, .docs = docs, .T = T, .H = H, .KVH = KVH, .D = D,
-                  .scale = attn_scale(D), .isa = tr_cpu_isa(be)};
+                  .q = q, .k = k, .v = v, .t = be->act, .ld = (size_t)ld, .docs = docs, .T = T,
+                  .H = H, .KVH = KVH, .D = D, .scale = attn_scale(D), .isa = tr_cpu_isa(be)};
     // gemm tiles run ~4x faster than the forward's row loops
     double work = 0.4 * attn_work_ns(docs, H, D);
     if (dq) tr_cpu_run(be, tr_cpu_ceil_div(T, ATT_TILE) * H, attn_backward_dq_task, &j, work);
@@ -272,21 +331,22 @@ static void attn_decode_task(void *arg, int32_t task) {
     const tr_kv_pages *kv = j->kv;
     int32_t b = task / j->H, h = task % j->H;
     int32_t D = kv->head_dim, kvh = h / (j->H / kv->n_kv_heads);
-    size_t stride = (size_t)kv->n_kv_heads * D;
-    kv_rows s = {.k = kv->k_pool + (size_t)kvh * D, .v = kv->v_pool + (size_t)kvh * D,
-                 .stride = stride, .blocks = j->block_table + (size_t)b * j->max_blocks,
+    size_t head = (size_t)kvh * D;
+    kv_rows s = {.k = tr_at(kv->k_pool, head, j->t), .v = tr_at(kv->v_pool, head, j->t),
+                 .t = j->t, .stride = (size_t)kv->n_kv_heads * D,
+                 .blocks = j->block_table + (size_t)b * j->max_blocks,
                  .block_size = kv->block_size};
-    size_t row = (size_t)b * j->H + h;
-    attn_row(j->out + row * D, NULL, j->q + row * D, &s, j->seq_len[b], D, j->scale);
+    const void *q = tr_at(j->q, (size_t)b * j->ld + (size_t)h * D, j->t);
+    attn_row_out(j->out, ((size_t)b * j->H + h) * D, NULL, q, &s, j->seq_len[b], D, j->scale);
 }
 
-void tr_cpu_attention_decode(tr_backend *be, float *out, const float *q, const tr_kv_pages *kv,
-                             const int32_t *block_table, int32_t max_blocks,
-                             const int32_t *seq_len, int32_t B, int32_t H) {
+void tr_cpu_attention_decode(tr_backend *be, void *out, const void *q, int32_t ld,
+                             const tr_kv_pages *kv, const int32_t *block_table,
+                             int32_t max_blocks, const int32_t *seq_len, int32_t B, int32_t H) {
     if (B <= 0) return;
-    attn_job j = {.out = out, .q = q, .kv = kv, .block_table = block_table,
-                  .max_blocks = max_blocks, .seq_len = seq_len, .H = H,
-                  .scale = attn_scale(kv->head_dim)};
+    attn_job j = {.out = out, .q = q, .t = be->act, .ld = (size_t)ld, .kv = kv,
+                  .block_table = block_table, .max_blocks = max_blocks, .seq_len = seq_len,
+                  .H = H, .scale = attn_scale(kv->head_dim)};
     double work = 0;   // ~4 flops per key and channel at ~8 flops/ns
     for (int32_t b = 0; b < B; b++) work += 0.5 * seq_len[b] * H * kv->head_dim;
     tr_cpu_run(be, B * H, attn_decode_task, &j, work);

@@ -1,6 +1,8 @@
 // The CPU backend: its tr_ops table and the context behind it (a thread pool and the matrix
 // product's micro-kernel, chosen once from what the processor has). TROUPE_CPU_GUARD=1 in
 // the environment selects guarded memory (guard.c) for every CPU backend of the process.
+// Precision bf16 stores activations and working weights as bf16 and computes in fp32, the
+// rounding points of the CUDA backend's mixed precision, so CI can run that path on a CPU.
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -25,40 +27,42 @@ static const tr_ops cpu_ops = {
     .embedding_scratch_bytes = tr_cpu_embedding_scratch_bytes,
     .rmsnorm_forward = tr_cpu_rmsnorm_forward,
     .rmsnorm_backward = tr_cpu_rmsnorm_backward,
+    .head_rmsnorm_forward = tr_cpu_head_rmsnorm_forward,
+    .head_rmsnorm_backward = tr_cpu_head_rmsnorm_backward,
     .rope_forward = tr_cpu_rope_forward,
     .rope_backward = tr_cpu_rope_backward,
     .attention_forward = tr_cpu_attention_forward,
     .attention_backward = tr_cpu_attention_backward,
     .attention_decode = tr_cpu_attention_decode,
+    .kv_write = tr_cpu_kv_write,
     .swiglu_forward = tr_cpu_swiglu_forward,
     .swiglu_backward = tr_cpu_swiglu_backward,
-    .add = tr_cpu_add,
     .logsoftmax_forward = tr_cpu_logsoftmax_forward,
     .logsoftmax_backward = tr_cpu_logsoftmax_backward,
     .sumsq = tr_cpu_sumsq,
-    .scale = tr_cpu_scale,
     .adamw = tr_cpu_adamw,
     .fill = tr_cpu_fill,
     .gather_rows = tr_cpu_gather_rows,
     .scatter_rows = tr_cpu_scatter_rows,
     .kv_copy_blocks = tr_cpu_kv_copy_blocks,
-    .cast_f32_bf16 = tr_cpu_cast_f32_bf16,
-    .cast_bf16_f32 = tr_cpu_cast_bf16_f32,
+    .convert = tr_cpu_convert,
     .sample = tr_cpu_sample,
     .sample_scratch_bytes = tr_cpu_sample_scratch_bytes,
 };
 
 // Memory: no op allocates and the context holds no scratch. Kernels work in their outputs
-// (attention keeps its running output row in out) or in fixed-size stack buffers whose size
-// does not grow with the arguments: at most a gemm block's packed panels of B (32 KiB) and A
-// (192 KiB) inside an attention backward task with its two 64 x 64 float tiles (32 KiB),
-// well inside a thread's default stack (8 MiB). So nothing needs sizing before a step.
+// or in fixed-size stack buffers whose size does not grow with the arguments: at most a gemm
+// block's packed panels of B (32 KiB) and A (192 KiB) and its fp32 tile for a bf16 or added
+// result (96 KiB), inside an attention backward task with its 64 x 64 float tiles (32 KiB)
+// and fp32 gradient tiles of 64 rows x 256 channels (128 KiB): about 0.5 MiB, well inside a
+// thread's default stack (8 MiB). So nothing needs sizing before a step.
 // One thread at a time may call the ops of one backend.
-int tr_backend_cpu_init(tr_backend *be, int32_t n_threads) {
+int tr_backend_cpu_init(tr_backend *be, int32_t n_threads, tr_dt precision) {
     be->ops = NULL;
     be->ctx = NULL;
     be->n_threads = 0;
-    if (n_threads < 0) return -1;
+    be->act = be->wt = TR_F32;
+    if (n_threads < 0 || (precision != TR_F32 && precision != TR_BF16)) return -1;
     if (n_threads == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = n > 0 ? (int32_t)n : 1;
@@ -75,6 +79,7 @@ int tr_backend_cpu_init(tr_backend *be, int32_t n_threads) {
     be->ops = ctx->guard ? &tr_cpu_guarded_ops : &cpu_ops;
     be->ctx = ctx;
     be->n_threads = n_threads;
+    be->act = be->wt = precision;
     return 0;
 }
 

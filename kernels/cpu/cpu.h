@@ -1,5 +1,6 @@
-// Internal to the CPU backend: its context (the thread pool) and the fp32 op functions that
-// backend_cpu.c puts in the tr_ops table. Signatures mirror kernels/ops.h one for one.
+// Internal to the CPU backend: its context (the thread pool) and the op functions that
+// backend_cpu.c puts in the tr_ops table. Signatures mirror kernels/ops.h one for one; A and
+// W buffers are in be->act and be->wt (kernels/cpu/dtype.h reads and writes them).
 // Every op splits its work into tasks of a FIXED size that depends only on the op's
 // arguments, never on the thread count, and reduces in a fixed order: bitwise reproducible.
 #pragma once
@@ -60,44 +61,51 @@ void tr_cpu_memory_free(tr_cpu_ctx *ctx);
 extern const tr_ops tr_cpu_guarded_ops;
 void tr_cpu_guard_fail(const char *op, const char *what, const void *p);
 
-void tr_cpu_matmul_forward(tr_backend *be, float *out, const float *in, const float *w,
-                           const float *bias, int32_t T, int32_t IC, int32_t OC);
-void tr_cpu_matmul_backward(tr_backend *be, float *din, float *dw, float *dbias,
-                            const float *dout, const float *in, const float *w, int32_t T,
+void tr_cpu_matmul_forward(tr_backend *be, void *out, const void *in, const void *w,
+                           const void *bias, int32_t T, int32_t IC, int32_t OC, int32_t flags);
+void tr_cpu_matmul_backward(tr_backend *be, void *din, float *dw, float *dbias,
+                            const void *dout, const void *in, const void *w, int32_t T,
                             int32_t IC, int32_t OC);
 
 void tr_cpu_embedding_forward(tr_backend *be, float *out, const int32_t *ids,
-                              const float *table, int32_t T, int32_t C);
+                              const void *table, int32_t T, int32_t C);
 void tr_cpu_embedding_backward(tr_backend *be, float *dtable, const float *dout,
                                const int32_t *ids, int32_t T, int32_t C, void *scratch);
 size_t tr_cpu_embedding_scratch_bytes(tr_backend *be, int32_t T);
 
-void tr_cpu_rmsnorm_forward(tr_backend *be, float *out, float *rstd, const float *in,
-                            const float *w, float eps, int32_t T, int32_t C);
-void tr_cpu_rmsnorm_backward(tr_backend *be, float *din, float *dw, const float *dout,
-                             const float *in, const float *w, const float *rstd, int32_t T,
+void tr_cpu_rmsnorm_forward(tr_backend *be, void *out, float *rstd, const float *in,
+                            const void *w, float eps, int32_t T, int32_t C);
+void tr_cpu_rmsnorm_backward(tr_backend *be, float *din, float *dw, const void *dout,
+                             const float *in, const void *w, const float *rstd, int32_t T,
                              int32_t C);
+void tr_cpu_head_rmsnorm_forward(tr_backend *be, void *out, float *rstd, const void *in,
+                                 const void *w, float eps, int32_t T, int32_t H, int32_t D,
+                                 int32_t ld);
+void tr_cpu_head_rmsnorm_backward(tr_backend *be, void *din, float *dw, const void *dout,
+                                  const void *in, const void *w, const float *rstd, int32_t T,
+                                  int32_t H, int32_t D, int32_t ld);
 
-void tr_cpu_rope_forward(tr_backend *be, float *x, const int32_t *pos, const float *inv_freq,
-                         int32_t T, int32_t H, int32_t D);
-void tr_cpu_rope_backward(tr_backend *be, float *dx, const int32_t *pos, const float *inv_freq,
-                          int32_t T, int32_t H, int32_t D);
+void tr_cpu_rope_forward(tr_backend *be, void *x, int32_t ld, const int32_t *pos,
+                         const float *inv_freq, int32_t T, int32_t H, int32_t D);
+void tr_cpu_rope_backward(tr_backend *be, void *dx, int32_t ld, const int32_t *pos,
+                          const float *inv_freq, int32_t T, int32_t H, int32_t D);
 
-void tr_cpu_attention_forward(tr_backend *be, float *out, float *lse, const float *q,
-                              const float *k, const float *v, const tr_doc_layout *docs,
-                              int32_t H, int32_t KVH, int32_t D);
-void tr_cpu_attention_backward(tr_backend *be, float *dq, float *dk, float *dv,
-                               const float *dout, const float *out, const float *lse,
-                               const float *q, const float *k, const float *v,
-                               const tr_doc_layout *docs, int32_t H, int32_t KVH, int32_t D);
-void tr_cpu_attention_decode(tr_backend *be, float *out, const float *q, const tr_kv_pages *kv,
-                             const int32_t *block_table, int32_t max_blocks,
-                             const int32_t *seq_len, int32_t B, int32_t H);
+void tr_cpu_attention_forward(tr_backend *be, void *out, float *lse, const void *q,
+                              const void *k, const void *v, int32_t ld,
+                              const tr_doc_layout *docs, int32_t H, int32_t KVH, int32_t D);
+void tr_cpu_attention_backward(tr_backend *be, void *dq, void *dk, void *dv, const void *dout,
+                               const void *out, const float *lse, const void *q, const void *k,
+                               const void *v, int32_t ld, const tr_doc_layout *docs, int32_t H,
+                               int32_t KVH, int32_t D);
+void tr_cpu_attention_decode(tr_backend *be, void *out, const void *q, int32_t ld,
+                             const tr_kv_pages *kv, const int32_t *block_table,
+                             int32_t max_blocks, const int32_t *seq_len, int32_t B, int32_t H);
+void tr_cpu_kv_write(tr_backend *be, const tr_kv_pages *kv, const int32_t *slot, const void *k,
+                     const void *v, int32_t ld, int32_t T);
 
-void tr_cpu_swiglu_forward(tr_backend *be, float *out, const float *gate, const float *up,
-                           size_t n);
-void tr_cpu_swiglu_backward(tr_backend *be, float *dgate, float *dup, const float *dout,
-                            const float *gate, const float *up, size_t n);
+void tr_cpu_swiglu_forward(tr_backend *be, void *out, const void *gu, int32_t T, int32_t I);
+void tr_cpu_swiglu_backward(tr_backend *be, void *dgu, const void *dout, const void *gu,
+                            int32_t T, int32_t I);
 
 void tr_cpu_logsoftmax_forward(tr_backend *be, float *logprob, float *entropy, float *lse,
                                const float *logits, const int32_t *target, int32_t T,
@@ -105,15 +113,12 @@ void tr_cpu_logsoftmax_forward(tr_backend *be, float *logprob, float *entropy, f
 // One row of the forward: lse = max + log sum exp(x - max), entropy (when not NULL) in
 // double; the sample op calls it too, so its logprobs are the forward's bits.
 void tr_cpu_logsoftmax_row(const float *x, int32_t V, double *lse, double *entropy);
-void tr_cpu_logsoftmax_backward(tr_backend *be, float *dlogits, const float *dlogprob,
+void tr_cpu_logsoftmax_backward(tr_backend *be, void *dlogits, const float *dlogprob,
                                 const float *dentropy, const float *logits, const float *lse,
                                 const int32_t *target, int32_t T, int32_t V);
 
-void tr_cpu_add(tr_backend *be, float *out, const float *a, const float *b, size_t n);
 void tr_cpu_sumsq(tr_backend *be, double *acc, const float *x, size_t n);
-void tr_cpu_scale(tr_backend *be, float *x, float s, size_t n);
-void tr_cpu_adamw(tr_backend *be, float *p, const float *g, float *m, float *v, size_t n,
-                  float lr, float b1, float b2, float eps, float wd, int32_t t);
+void tr_cpu_adamw(tr_backend *be, const tr_adamw_args *a);
 
 void tr_cpu_fill(tr_backend *be, float *x, float value, size_t n);
 void tr_cpu_gather_rows(tr_backend *be, void *out, const void *src, const int32_t *idx,
@@ -122,8 +127,8 @@ void tr_cpu_scatter_rows(tr_backend *be, void *dst, const void *rows, const int3
                          int32_t n, size_t row_bytes);
 void tr_cpu_kv_copy_blocks(tr_backend *be, const tr_kv_pool *pool, const int32_t *src,
                            const int32_t *dst, const int32_t *n_slots, int32_t n);
-void tr_cpu_cast_f32_bf16(tr_backend *be, uint16_t *out, const float *in, size_t n);
-void tr_cpu_cast_bf16_f32(tr_backend *be, float *out, const uint16_t *in, size_t n);
+void tr_cpu_convert(tr_backend *be, void *out, tr_dt out_t, const void *in, tr_dt in_t,
+                    size_t n);
 
 // Sampling (sample.c; the per-row arithmetic is kernels/cpu/sample.h's).
 void tr_cpu_sample(tr_backend *be, int32_t *ids, float *logprob, const float *logits,

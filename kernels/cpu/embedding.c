@@ -1,10 +1,12 @@
 // Token embedding lookup and its backward on the CPU. The backward scatters rows into the
 // table; repeated ids would race if split by tokens, so it is split by blocks of channels and
 // every block walks the tokens in order: deterministic, no atomics, no scratch. Each table
-// row thus adds its tokens in token order, the order kernels/cuda reproduces.
+// row thus adds its tokens in token order, the order kernels/cuda reproduces. The table is a
+// working weight (W): the forward widens bf16 rows exactly into the fp32 residual stream.
 #include <string.h>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/dtype.h"
 
 #define EMB_ROWS_PER_TASK 64
 #define EMB_COLS_PER_TASK 64
@@ -12,7 +14,8 @@
 typedef struct emb_job {
     float *out;
     float *dtable;
-    const float *table;
+    const void *table;
+    tr_dt table_t;
     const float *dout;
     const int32_t *ids;
     int32_t T, C;
@@ -23,13 +26,13 @@ static void emb_forward_task(void *arg, int32_t task) {
     int32_t t0 = task * EMB_ROWS_PER_TASK;
     int32_t t1 = t0 + EMB_ROWS_PER_TASK < j->T ? t0 + EMB_ROWS_PER_TASK : j->T;
     for (int32_t t = t0; t < t1; t++)
-        memcpy(j->out + (size_t)t * j->C, j->table + (size_t)j->ids[t] * j->C,
-               (size_t)j->C * sizeof(float));
+        tr_ld_row(j->out + (size_t)t * j->C, j->table, (size_t)j->ids[t] * j->C, j->C,
+                  j->table_t);
 }
 
 void tr_cpu_embedding_forward(tr_backend *be, float *out, const int32_t *ids,
-                              const float *table, int32_t T, int32_t C) {
-    emb_job j = {.out = out, .table = table, .ids = ids, .T = T, .C = C};
+                              const void *table, int32_t T, int32_t C) {
+    emb_job j = {.out = out, .table = table, .table_t = be->wt, .ids = ids, .T = T, .C = C};
     tr_cpu_run(be, tr_cpu_ceil_div(T, EMB_ROWS_PER_TASK), emb_forward_task, &j,
                0.25 * T * C);
 }

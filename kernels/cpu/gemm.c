@@ -1,5 +1,8 @@
 // The CPU matrix product (gemm.h): tiles of C are tasks, each walks K in blocks, packs a
-// panel of B per block and runs a register micro-kernel over the rows, reading A in place.
+// panel of B per block and runs a register micro-kernel over the rows, reading an fp32 A in
+// place (a strided A is packed, a bf16 A widened into fp32 rows). bf16 inputs become fp32 as
+// they are packed, and a bf16 C is rounded from an fp32 tile at the end, so the micro-kernels
+// only ever see fp32.
 // Micro-kernels exist for AVX-512, AVX2+FMA and plain C (fmaf); each keeps one accumulator
 // lane per element of C and adds the products in k order with a fused multiply-add, so all
 // three give the same bits and a K-block boundary only stores and reloads the running sum.
@@ -10,6 +13,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/dtype.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define GEMM_X86 1
@@ -182,6 +186,14 @@ const char *tr_gemm_isa_name(tr_gemm_isa isa) {
 }
 
 #if GEMM_X86
+// Eight consecutive elements of an fp32 or bf16 array from element i, as fp32.
+__attribute__((target("avx2"))) static inline __m256 load8_avx2(const void *p, ptrdiff_t i,
+                                                               bool bf16) {
+    if (!bf16) return _mm256_loadu_ps((const float *)p + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
 // The transposing pack of B = W^T (columns contiguous along k) in 8 x 8 blocks: eight rows of
 // W (eight columns of B), eight steps of k each, transposed in registers. Returns the k steps
 // done (a multiple of 8); the caller packs the rest. Moving values only: any order is exact.
@@ -189,14 +201,18 @@ __attribute__((target("avx2"))) static int32_t pack_bt_avx2(float *bp, const tr_
                                                            int32_t k0, int32_t kn, int32_t j0,
                                                            int32_t nr, int32_t NR) {
     if (nr % 8 != 0) return 0;
+    const bool bf = g->b_t == TR_BF16;
+    const ptrdiff_t cs = g->b_cs;
     int32_t k8 = kn / 8 * 8;
     for (int32_t jb = 0; jb < nr; jb += 8) {
-        const float *src = g->b + (j0 + jb) * g->b_cs + k0;
+        ptrdiff_t src = (ptrdiff_t)(j0 + jb) * cs + k0;
         for (int32_t k = 0; k < k8; k += 8) {
-            __m256 r0 = _mm256_loadu_ps(src + 0 * g->b_cs + k), r1 = _mm256_loadu_ps(src + 1 * g->b_cs + k);
-            __m256 r2 = _mm256_loadu_ps(src + 2 * g->b_cs + k), r3 = _mm256_loadu_ps(src + 3 * g->b_cs + k);
-            __m256 r4 = _mm256_loadu_ps(src + 4 * g->b_cs + k), r5 = _mm256_loadu_ps(src + 5 * g->b_cs + k);
-            __m256 r6 = _mm256_loadu_ps(src + 6 * g->b_cs + k), r7 = _mm256_loadu_ps(src + 7 * g->b_cs + k);
+            const void *B = g->b;
+            ptrdiff_t o = src + k;
+            __m256 r0 = load8_avx2(B, o, bf), r1 = load8_avx2(B, o + cs, bf);
+            __m256 r2 = load8_avx2(B, o + 2 * cs, bf), r3 = load8_avx2(B, o + 3 * cs, bf);
+            __m256 r4 = load8_avx2(B, o + 4 * cs, bf), r5 = load8_avx2(B, o + 5 * cs, bf);
+            __m256 r6 = load8_avx2(B, o + 6 * cs, bf), r7 = load8_avx2(B, o + 7 * cs, bf);
             __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
             __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
             __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
@@ -225,9 +241,9 @@ static void gemm_pack_b(float *bp, const tr_gemm *g, int32_t k0, int32_t kn, int
                         int32_t nr, int32_t NR, tr_gemm_isa isa) {
     if (g->b_cs == 1) {
         for (int32_t k = 0; k < kn; k++) {
-            const float *src = g->b + (k0 + k) * g->b_ks + j0;
+            ptrdiff_t src = (ptrdiff_t)(k0 + k) * g->b_ks + j0;
             float *dst = bp + (size_t)k * NR;
-            memcpy(dst, src, (size_t)nr * sizeof(float));
+            tr_ld_row(dst, g->b, (size_t)src, nr, g->b_t);
             for (int32_t j = nr; j < NR; j++) dst[j] = 0.0f;
         }
         return;
@@ -244,12 +260,16 @@ static void gemm_pack_b(float *bp, const tr_gemm *g, int32_t k0, int32_t kn, int
     (void)isa;
 #endif
     for (int32_t j = 0; j < nr; j++) {
-        const float *src = g->b + (j0 + j) * g->b_cs + k0 * g->b_ks;
+        ptrdiff_t src = (ptrdiff_t)(j0 + j) * g->b_cs + (ptrdiff_t)k0 * g->b_ks;
         float *dst = bp + j;
-        if (g->b_ks == 1)
-            for (int32_t k = kd; k < kn; k++) dst[(size_t)k * NR] = src[k];
-        else
-            for (int32_t k = kd; k < kn; k++) dst[(size_t)k * NR] = src[k * g->b_ks];
+        if (g->b_t == TR_BF16) {
+            const uint16_t *b = g->b;
+            for (int32_t k = kd; k < kn; k++)
+                dst[(size_t)k * NR] = tr_bf16_f32(b[src + k * g->b_ks]);
+        } else {
+            const float *b = g->b;
+            for (int32_t k = kd; k < kn; k++) dst[(size_t)k * NR] = b[src + k * g->b_ks];
+        }
     }
 }
 
@@ -257,45 +277,69 @@ static void gemm_pack_b(float *bp, const tr_gemm *g, int32_t k0, int32_t kn, int
 // the last panel's missing rows repeating its last real row. Used when A's steps along k are
 // not contiguous (A^T, the weight gradient): there the rows a micro-kernel reads sit a whole
 // row of the source apart per step, and such strides (often a multiple of 4 KiB) would fall
-// into one L1 set and evict each other.
+// into one L1 set and evict each other. A bf16 A is widened here.
 static void gemm_pack_a(float *ap, const tr_gemm *g, int32_t i0, int32_t i1, int32_t k0,
                         int32_t kn, int32_t MR) {
     for (int32_t p0 = i0; p0 < i1; p0 += MR, ap += (size_t)kn * MR) {
         int32_t mr = i1 - p0 < MR ? i1 - p0 : MR;
-        for (int32_t k = 0; k < kn; k++) {
-            const float *src = g->a + p0 * g->a_rs + (k0 + k) * g->a_ks;
-            float *dst = ap + (size_t)k * MR;
-            for (int32_t r = 0; r < MR; r++) dst[r] = src[(r < mr ? r : mr - 1) * g->a_rs];
+        ptrdiff_t row[GEMM_MR_MAX];
+        for (int32_t r = 0; r < MR; r++)
+            row[r] = (ptrdiff_t)(p0 + (r < mr ? r : mr - 1)) * g->a_rs + (ptrdiff_t)k0 * g->a_ks;
+        if (g->a_t == TR_BF16) {
+            const uint16_t *a = g->a;
+            for (int32_t k = 0; k < kn; k++) {
+                float *dst = ap + (size_t)k * MR;
+                for (int32_t r = 0; r < MR; r++) dst[r] = tr_bf16_f32(a[row[r] + k * g->a_ks]);
+            }
+        } else {
+            const float *a = g->a;
+            for (int32_t k = 0; k < kn; k++) {
+                float *dst = ap + (size_t)k * MR;
+                for (int32_t r = 0; r < MR; r++) dst[r] = a[row[r] + k * g->a_ks];
+            }
         }
     }
 }
 
-// C rows [i0, i1) x columns [j0, j1): the whole chain over K, block by block.
-static void gemm_block(const gemm_kernel *kr, const tr_gemm *g, int32_t i0, int32_t i1,
-                       int32_t j0, int32_t j1) {
+// Widens a bf16 A with contiguous steps (rows i0 .. i1-1, k0 .. k0+kn-1) into fp32 rows of kn
+// values, which the micro-kernels then read in place as they read an fp32 A.
+static void gemm_widen_a(float *ap, const tr_gemm *g, int32_t i0, int32_t i1, int32_t k0,
+                         int32_t kn) {
+    for (int32_t i = i0; i < i1; i++)
+        tr_ld_row(ap + (size_t)(i - i0) * kn, g->a, (size_t)((ptrdiff_t)i * g->a_rs + k0), kn,
+                  g->a_t);
+}
+
+// C rows [i0, i1) x columns [j0, j1): the whole chain over K, block by block, into the fp32
+// tile cb (row stride ldc, cb[0] being C(i0, j0)); load_c0: the chain starts from cb's values.
+static void gemm_block_f32(const gemm_kernel *kr, const tr_gemm *g, int32_t i0, int32_t i1,
+                           int32_t j0, int32_t j1, float *cb, ptrdiff_t ldc, bool load_c0) {
     const int32_t MR = kr->mr, NR = kr->nr;
     float bp[GEMM_KC_MAX * GEMM_NR_MAX] __attribute__((aligned(64)));
-    // Packed A for strided rows: at most GEMM_MC rows of one K block (192 KiB of stack, only
-    // touched when used).
+    // Packed A for strided rows, or widened bf16 rows: at most GEMM_MC rows of one K block
+    // (192 KiB of stack, only touched when used).
     float ap[GEMM_MC * GEMM_KC_MAX] __attribute__((aligned(64)));
-    const bool pack_a = g->a_ks != 1;
+    const bool pack_a = g->a_ks != 1, widen_a = !pack_a && g->a_t != TR_F32;
     float tile[GEMM_MR_MAX * GEMM_NR_MAX], bias_pad[GEMM_NR_MAX];
     const float *ar[GEMM_MR_MAX];
     for (int32_t k0 = 0; k0 < g->K; k0 += kr->kc) {
         int32_t kn = g->K - k0 < kr->kc ? g->K - k0 : kr->kc;
-        bool load_c = k0 > 0 || g->accumulate, last = k0 + kn == g->K;
+        bool load_c = k0 > 0 || load_c0, last = k0 + kn == g->K;
         if (pack_a) gemm_pack_a(ap, g, i0, i1, k0, kn, MR);
+        if (widen_a) gemm_widen_a(ap, g, i0, i1, k0, kn);
         for (int32_t j = j0; j < j1; j += NR) {
             int32_t nr = j1 - j < NR ? j1 - j : NR;
             gemm_pack_b(bp, g, k0, kn, j, nr, NR, kr->isa);
             const float *bias = NULL;
             if (last && g->bias) {
-                if (nr == NR) bias = g->bias + j;
+                if (nr == NR && g->bias_t == TR_F32) bias = (const float *)g->bias + j;
                 else {
-                    for (int32_t x = 0; x < NR; x++) bias_pad[x] = x < nr ? g->bias[j + x] : 0.0f;
+                    for (int32_t x = 0; x < NR; x++)
+                        bias_pad[x] = x < nr ? tr_ld(g->bias, (size_t)(j + x), g->bias_t) : 0.0f;
                     bias = bias_pad;
                 }
             }
+            const float *a = g->a;
             for (int32_t i = i0; i < i1; i += MR) {
                 int32_t mr = i1 - i < MR ? i1 - i : MR;
                 // Rows past the end read the last real row; their results are dropped.
@@ -304,22 +348,63 @@ static void gemm_block(const gemm_kernel *kr, const tr_gemm *g, int32_t i0, int3
                     const float *panel = ap + (size_t)(i - i0) * kn;
                     for (int32_t r = 0; r < MR; r++) ar[r] = panel + r;
                     aks = MR;
+                } else if (widen_a) {
+                    for (int32_t r = 0; r < MR; r++)
+                        ar[r] = ap + (size_t)(i - i0 + (r < mr ? r : mr - 1)) * kn;
                 } else {
                     for (int32_t r = 0; r < MR; r++)
-                        ar[r] = g->a + (i + (r < mr ? r : mr - 1)) * g->a_rs + k0 * g->a_ks;
+                        ar[r] = a + (i + (r < mr ? r : mr - 1)) * g->a_rs + k0 * g->a_ks;
                 }
-                float *c = g->c + (ptrdiff_t)i * g->ldc + j;
+                float *c = cb + (ptrdiff_t)(i - i0) * ldc + (j - j0);
                 if (mr == MR && nr == NR) {
-                    kr->ukr(kn, ar, aks, bp, c, g->ldc, load_c, bias);
+                    kr->ukr(kn, ar, aks, bp, c, ldc, load_c, bias);
                     continue;
                 }
                 memset(tile, 0, sizeof tile);
                 if (load_c)
                     for (int32_t r = 0; r < mr; r++)
-                        for (int32_t x = 0; x < nr; x++) tile[r * NR + x] = c[r * g->ldc + x];
+                        for (int32_t x = 0; x < nr; x++) tile[r * NR + x] = c[r * ldc + x];
                 kr->ukr(kn, ar, aks, bp, tile, NR, load_c, bias);
                 for (int32_t r = 0; r < mr; r++)
-                    for (int32_t x = 0; x < nr; x++) c[r * g->ldc + x] = tile[r * NR + x];
+                    for (int32_t x = 0; x < nr; x++) c[r * ldc + x] = tile[r * NR + x];
+            }
+        }
+    }
+}
+
+// Columns of C per pass when the chain runs into a scratch tile: a multiple of every NR.
+#define GEMM_NC_OUT 128
+
+// The chain's result r (fp32) into C(i, j) as the product's mode asks: r, round(r), C + r
+// (one element; gemm_block stores whole rows the same way).
+static inline void gemm_store(const tr_gemm *g, int32_t i, int32_t j, float r) {
+    size_t at = (size_t)((ptrdiff_t)i * g->ldc + j);
+    if (g->add) ((float *)g->c)[at] += r;
+    else tr_st(g->c, at, r, g->c_t);
+}
+
+// C rows [i0, i1) x columns [j0, j1). An fp32 C holds the chain between K blocks itself; a
+// bf16 C or an adding product runs the chain in a stack tile of GEMM_MC x GEMM_NC_OUT fp32
+// values and stores each result once at the end.
+static void gemm_block(const gemm_kernel *kr, const tr_gemm *g, int32_t i0, int32_t i1,
+                       int32_t j0, int32_t j1) {
+    if (g->c_t == TR_F32 && !g->add) {
+        float *c = (float *)g->c + (ptrdiff_t)i0 * g->ldc + j0;
+        gemm_block_f32(kr, g, i0, i1, j0, j1, c, g->ldc, g->accumulate);
+        return;
+    }
+    float cs[GEMM_MC * GEMM_NC_OUT] __attribute__((aligned(64)));
+    for (int32_t jc = j0; jc < j1; jc += GEMM_NC_OUT) {
+        int32_t jn = j1 - jc < GEMM_NC_OUT ? j1 - jc : GEMM_NC_OUT;
+        gemm_block_f32(kr, g, i0, i1, jc, jc + jn, cs, GEMM_NC_OUT, false);
+        for (int32_t i = i0; i < i1; i++) {
+            const float *r = cs + (size_t)(i - i0) * GEMM_NC_OUT;
+            size_t at = (size_t)((ptrdiff_t)i * g->ldc + jc);
+            if (g->add) {
+                float *c = (float *)g->c + at;
+                for (int32_t x = 0; x < jn; x++) c[x] += r[x];
+            } else {
+                tr_st_row(g->c, at, r, jn, g->c_t);
             }
         }
     }
@@ -329,9 +414,10 @@ static void gemm_block(const gemm_kernel *kr, const tr_gemm *g, int32_t i0, int3
 static void gemm_empty(const tr_gemm *g) {
     for (int32_t i = 0; i < g->M; i++)
         for (int32_t j = 0; j < g->N; j++) {
-            float *c = g->c + (ptrdiff_t)i * g->ldc + j;
-            float v = g->accumulate ? *c : 0.0f;
-            *c = g->bias ? v + g->bias[j] : v;
+            float v = 0.0f;
+            if (g->accumulate) v = ((const float *)g->c)[(ptrdiff_t)i * g->ldc + j];
+            if (g->bias) v = v + tr_ld(g->bias, (size_t)j, g->bias_t);
+            gemm_store(g, i, j, v);
         }
 }
 

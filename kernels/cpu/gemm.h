@@ -1,8 +1,9 @@
 // The CPU backend's one matrix product. Every element of C is a single chain of fused
 // multiply-adds over k = 0, 1, ..., K-1 in order, starting from +0 (or from C itself when
-// accumulating), then plus bias. Vector lanes only ever hold different elements of C, so the
-// bits of an element depend on its own row of A and column of B alone: not on M, on tiling,
-// on threads, or on the instruction set (AVX-512, AVX2+FMA and the scalar fmaf path agree).
+// accumulating), then plus bias (and, when adding, that result plus C). Vector lanes only
+// ever hold different elements of C, so the bits of an element depend on its own row of A
+// and column of B alone: not on M, on tiling, on threads, on the dtypes of the buffers, or
+// on the instruction set (AVX-512, AVX2+FMA and the scalar fmaf path agree).
 // A chain that continues from C also makes a sum over tokens independent of how the tokens
 // were split into calls (micro-batches), as long as their order is the same.
 #pragma once
@@ -21,16 +22,23 @@ typedef enum tr_gemm_isa {
 
 // C[i,j] (+)= sum_k A[i,k] B[k,j] (+ bias[j]), with any strides:
 // A(i,k) = a[i*a_rs + k*a_ks], B(k,j) = b[k*b_ks + j*b_cs], C(i,j) = c[i*ldc + j].
+// A, B and bias are fp32 or bf16 (converted exactly while packing, so the chain is the
+// same); C is fp32, or bf16 rounded once after the chain and the bias.
 typedef struct tr_gemm {
     int32_t M, N, K;
-    const float *a;
+    const void *a;
     ptrdiff_t a_rs, a_ks;
-    const float *b;
+    tr_dt a_t;
+    const void *b;
     ptrdiff_t b_ks, b_cs;
-    float *c;
+    tr_dt b_t;
+    void *c;
     ptrdiff_t ldc;
-    const float *bias;     // [N], added once after the chain; NULL: none
-    bool accumulate;       // the chain starts from C's value (else from +0)
+    tr_dt c_t;
+    const void *bias;      // [N], added once after the chain; NULL: none
+    tr_dt bias_t;
+    bool accumulate;       // the chain starts from C's value (else from +0); C fp32 only
+    bool add;              // C = C + (chain from +0, + bias); C fp32 only
 } tr_gemm;
 
 // The widest kernel this CPU runs. TROUPE_CPU_ISA=generic|avx2|avx512 may narrow the choice

@@ -2,7 +2,8 @@
 // memory: backend allocations are PROT_NONE mappings (memory.c) that only an op opens, so a
 // host read or write of engine memory outside a backend call faults, and every pointer an op
 // is handed must lie in a backend allocation, as device pointers must on a GPU. Each entry
-// below checks its pointers, opens the memory, runs the real op and closes it again.
+// below checks its pointers (the bytes each buffer spans, from the backend's activation and
+// weight dtypes and the row strides), opens the memory, runs the real op and closes it again.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,7 +67,27 @@ static void host(tr_backend *be, const void *p, const char *op, const char *arg)
 #define F sizeof(float)
 #define I sizeof(int32_t)
 
+// Bytes of an activation (A) or working-weight (W) buffer of n elements.
+static size_t A_(tr_backend *be, size_t n) { return n * tr_dt_size(be->act); }
+static size_t W_(tr_backend *be, size_t n) { return n * tr_dt_size(be->wt); }
+
+// Elements spanned by n rows of `width` elements, ld apart: the last row ends the view.
+static size_t strided(int64_t n, int64_t ld, int64_t width) {
+    return n > 0 && width > 0 ? (size_t)((n - 1) * ld + width) : 0;
+}
+
+// A row stride below the row's width would make rows overlap.
+static void ld_ok(int64_t ld, int64_t width, const char *op) {
+    if (ld < width) {
+        char what[160];
+        snprintf(what, sizeof what, "row stride ld = %lld is below the row width %lld",
+                 (long long)ld, (long long)width);
+        tr_cpu_guard_fail(op, what, NULL);
+    }
+}
+
 static void docs_dev(tr_backend *be, const tr_doc_layout *d, const char *op) {
+    host(be, d, op, "docs");
     dev(be, d->doc_start, (size_t)(d->n_docs + 1) * I, 0, op, "docs.doc_start");
     dev(be, d->pos, (size_t)d->n_tokens * I, 0, op, "docs.pos");
 }
@@ -95,39 +116,42 @@ static void g_copy(tr_backend *be, void *dst, const void *src, size_t bytes) {
     close_mem(be);
 }
 
-static void g_matmul_forward(tr_backend *be, float *out, const float *in, const float *w,
-                             const float *bias, int32_t T, int32_t IC, int32_t OC) {
+static void g_matmul_forward(tr_backend *be, void *out, const void *in, const void *w,
+                             const void *bias, int32_t T, int32_t IC, int32_t OC, int32_t flags) {
     const char *op = "matmul_forward";
-    dev(be, out, (size_t)T * OC * F, 0, op, "out");
-    dev(be, in, (size_t)T * IC * F, 0, op, "in");
-    dev(be, w, (size_t)OC * IC * F, 0, op, "w");
-    dev(be, bias, (size_t)OC * F, 1, op, "bias");
+    if ((flags & TR_MM_ACCUMULATE) && !(flags & TR_MM_OUT_F32))
+        tr_cpu_guard_fail(op, "TR_MM_ACCUMULATE without TR_MM_OUT_F32", out);
+    size_t nout = (size_t)T * OC;
+    dev(be, out, flags & TR_MM_OUT_F32 ? nout * F : A_(be, nout), 0, op, "out");
+    dev(be, in, A_(be, (size_t)T * IC), 0, op, "in");
+    dev(be, w, W_(be, (size_t)OC * IC), 0, op, "w");
+    dev(be, bias, W_(be, (size_t)OC), 1, op, "bias");
     open_mem(be);
-    tr_cpu_matmul_forward(be, out, in, w, bias, T, IC, OC);
+    tr_cpu_matmul_forward(be, out, in, w, bias, T, IC, OC, flags);
     close_mem(be);
 }
 
-static void g_matmul_backward(tr_backend *be, float *din, float *dw, float *dbias,
-                              const float *dout, const float *in, const float *w, int32_t T,
+static void g_matmul_backward(tr_backend *be, void *din, float *dw, float *dbias,
+                              const void *dout, const void *in, const void *w, int32_t T,
                               int32_t IC, int32_t OC) {
     const char *op = "matmul_backward";
-    dev(be, din, (size_t)T * IC * F, 1, op, "din");
+    dev(be, din, A_(be, (size_t)T * IC), 1, op, "din");
     dev(be, dw, (size_t)OC * IC * F, 1, op, "dw");
     dev(be, dbias, (size_t)OC * F, 1, op, "dbias");
-    dev(be, dout, (size_t)T * OC * F, 0, op, "dout");
-    dev(be, in, (size_t)T * IC * F, 0, op, "in");
-    dev(be, w, (size_t)OC * IC * F, 0, op, "w");
+    dev(be, dout, A_(be, (size_t)T * OC), 0, op, "dout");
+    dev(be, in, A_(be, (size_t)T * IC), !dw, op, "in");   // read only for dw
+    dev(be, w, W_(be, (size_t)OC * IC), !din, op, "w");   // read only for din
     open_mem(be);
     tr_cpu_matmul_backward(be, din, dw, dbias, dout, in, w, T, IC, OC);
     close_mem(be);
 }
 
 static void g_embedding_forward(tr_backend *be, float *out, const int32_t *ids,
-                                const float *table, int32_t T, int32_t C) {
+                                const void *table, int32_t T, int32_t C) {
     const char *op = "embedding_forward";
     dev(be, out, (size_t)T * C * F, 0, op, "out");
     dev(be, ids, (size_t)T * I, 0, op, "ids");
-    dev(be, table, F, 0, op, "table");
+    dev(be, table, W_(be, 1), 0, op, "table");
     open_mem(be);
     tr_cpu_embedding_forward(be, out, ids, table, T, C);
     close_mem(be);
@@ -145,139 +169,216 @@ static void g_embedding_backward(tr_backend *be, float *dtable, const float *dou
     close_mem(be);
 }
 
-static void g_rmsnorm_forward(tr_backend *be, float *out, float *rstd, const float *in,
-                              const float *w, float eps, int32_t T, int32_t C) {
+static void g_rmsnorm_forward(tr_backend *be, void *out, float *rstd, const float *in,
+                              const void *w, float eps, int32_t T, int32_t C) {
     const char *op = "rmsnorm_forward";
-    dev(be, out, (size_t)T * C * F, 0, op, "out");
+    dev(be, out, A_(be, (size_t)T * C), 0, op, "out");
     dev(be, rstd, (size_t)T * F, 0, op, "rstd");
     dev(be, in, (size_t)T * C * F, 0, op, "in");
-    dev(be, w, (size_t)C * F, 0, op, "w");
+    dev(be, w, W_(be, (size_t)C), 0, op, "w");
     open_mem(be);
     tr_cpu_rmsnorm_forward(be, out, rstd, in, w, eps, T, C);
     close_mem(be);
 }
 
-static void g_rmsnorm_backward(tr_backend *be, float *din, float *dw, const float *dout,
-                               const float *in, const float *w, const float *rstd, int32_t T,
+static void g_rmsnorm_backward(tr_backend *be, float *din, float *dw, const void *dout,
+                               const float *in, const void *w, const float *rstd, int32_t T,
                                int32_t C) {
     const char *op = "rmsnorm_backward";
     dev(be, din, (size_t)T * C * F, 0, op, "din");
     dev(be, dw, (size_t)C * F, 1, op, "dw");
-    dev(be, dout, (size_t)T * C * F, 0, op, "dout");
+    dev(be, dout, A_(be, (size_t)T * C), 0, op, "dout");
     dev(be, in, (size_t)T * C * F, 0, op, "in");
-    dev(be, w, (size_t)C * F, 0, op, "w");
+    dev(be, w, W_(be, (size_t)C), 0, op, "w");
     dev(be, rstd, (size_t)T * F, 0, op, "rstd");
     open_mem(be);
     tr_cpu_rmsnorm_backward(be, din, dw, dout, in, w, rstd, T, C);
     close_mem(be);
 }
 
-static void g_rope(tr_backend *be, float *x, const int32_t *pos, const float *inv_freq,
-                   int32_t T, int32_t H, int32_t D, int backward) {
+static void g_head_rmsnorm_forward(tr_backend *be, void *out, float *rstd, const void *in,
+                                   const void *w, float eps, int32_t T, int32_t H, int32_t D,
+                                   int32_t ld) {
+    const char *op = "head_rmsnorm_forward";
+    size_t rows = A_(be, strided(T, ld, (int64_t)H * D));
+    ld_ok(ld, (int64_t)H * D, op);
+    dev(be, out, rows, 0, op, "out");
+    dev(be, rstd, (size_t)T * H * F, 0, op, "rstd");
+    dev(be, in, rows, 0, op, "in");
+    dev(be, w, W_(be, (size_t)D), 0, op, "w");
+    open_mem(be);
+    tr_cpu_head_rmsnorm_forward(be, out, rstd, in, w, eps, T, H, D, ld);
+    close_mem(be);
+}
+
+static void g_head_rmsnorm_backward(tr_backend *be, void *din, float *dw, const void *dout,
+                                    const void *in, const void *w, const float *rstd,
+                                    int32_t T, int32_t H, int32_t D, int32_t ld) {
+    const char *op = "head_rmsnorm_backward";
+    size_t rows = A_(be, strided(T, ld, (int64_t)H * D));
+    ld_ok(ld, (int64_t)H * D, op);
+    dev(be, din, rows, 1, op, "din");
+    dev(be, dw, (size_t)D * F, 1, op, "dw");
+    dev(be, dout, rows, 0, op, "dout");
+    dev(be, in, rows, 0, op, "in");
+    dev(be, w, W_(be, (size_t)D), 0, op, "w");
+    dev(be, rstd, (size_t)T * H * F, 0, op, "rstd");
+    open_mem(be);
+    tr_cpu_head_rmsnorm_backward(be, din, dw, dout, in, w, rstd, T, H, D, ld);
+    close_mem(be);
+}
+
+static void g_rope(tr_backend *be, void *x, int32_t ld, const int32_t *pos,
+                   const float *inv_freq, int32_t T, int32_t H, int32_t D, int backward) {
     const char *op = backward ? "rope_backward" : "rope_forward";
-    dev(be, x, (size_t)T * H * D * F, 0, op, "x");
+    ld_ok(ld, (int64_t)H * D, op);
+    dev(be, x, A_(be, strided(T, ld, (int64_t)H * D)), 0, op, "x");
     dev(be, pos, (size_t)T * I, 0, op, "pos");
     dev(be, inv_freq, (size_t)(D / 2) * F, 0, op, "inv_freq");
     open_mem(be);
-    if (backward) tr_cpu_rope_backward(be, x, pos, inv_freq, T, H, D);
-    else tr_cpu_rope_forward(be, x, pos, inv_freq, T, H, D);
+    if (backward) tr_cpu_rope_backward(be, x, ld, pos, inv_freq, T, H, D);
+    else tr_cpu_rope_forward(be, x, ld, pos, inv_freq, T, H, D);
     close_mem(be);
 }
 
-static void g_rope_forward(tr_backend *be, float *x, const int32_t *pos, const float *inv_freq,
-                           int32_t T, int32_t H, int32_t D) {
-    g_rope(be, x, pos, inv_freq, T, H, D, 0);
+static void g_rope_forward(tr_backend *be, void *x, int32_t ld, const int32_t *pos,
+                           const float *inv_freq, int32_t T, int32_t H, int32_t D) {
+    g_rope(be, x, ld, pos, inv_freq, T, H, D, 0);
 }
 
-static void g_rope_backward(tr_backend *be, float *dx, const int32_t *pos,
+static void g_rope_backward(tr_backend *be, void *dx, int32_t ld, const int32_t *pos,
                             const float *inv_freq, int32_t T, int32_t H, int32_t D) {
-    g_rope(be, dx, pos, inv_freq, T, H, D, 1);
+    g_rope(be, dx, ld, pos, inv_freq, T, H, D, 1);
 }
 
-static void g_attention_forward(tr_backend *be, float *out, float *lse, const float *q,
-                                const float *k, const float *v, const tr_doc_layout *docs,
-                                int32_t H, int32_t KVH, int32_t D) {
+static void g_attention_forward(tr_backend *be, void *out, float *lse, const void *q,
+                                const void *k, const void *v, int32_t ld,
+                                const tr_doc_layout *docs, int32_t H, int32_t KVH, int32_t D) {
     const char *op = "attention_forward";
-    size_t T = (size_t)docs->n_tokens;
-    dev(be, out, T * H * D * F, 0, op, "out");
-    dev(be, lse, T * H * F, 0, op, "lse");
-    dev(be, q, T * H * D * F, 0, op, "q");
-    dev(be, k, T * KVH * D * F, 0, op, "k");
-    dev(be, v, T * KVH * D * F, 0, op, "v");
     docs_dev(be, docs, op);
+    int64_t T = docs->n_tokens;
+    ld_ok(ld, (int64_t)H * D, op);
+    dev(be, out, A_(be, (size_t)T * H * D), 0, op, "out");
+    dev(be, lse, (size_t)T * H * F, 0, op, "lse");
+    dev(be, q, A_(be, strided(T, ld, (int64_t)H * D)), 0, op, "q");
+    dev(be, k, A_(be, strided(T, ld, (int64_t)KVH * D)), 0, op, "k");
+    dev(be, v, A_(be, strided(T, ld, (int64_t)KVH * D)), 0, op, "v");
     open_mem(be);
-    tr_cpu_attention_forward(be, out, lse, q, k, v, docs, H, KVH, D);
+    tr_cpu_attention_forward(be, out, lse, q, k, v, ld, docs, H, KVH, D);
     close_mem(be);
 }
 
-static void g_attention_backward(tr_backend *be, float *dq, float *dk, float *dv,
-                                 const float *dout, const float *out, const float *lse,
-                                 const float *q, const float *k, const float *v,
+static void g_attention_backward(tr_backend *be, void *dq, void *dk, void *dv,
+                                 const void *dout, const void *out, const float *lse,
+                                 const void *q, const void *k, const void *v, int32_t ld,
                                  const tr_doc_layout *docs, int32_t H, int32_t KVH, int32_t D) {
     const char *op = "attention_backward";
-    size_t T = (size_t)docs->n_tokens;
-    dev(be, dq, T * H * D * F, 1, op, "dq");
-    dev(be, dk, T * KVH * D * F, 1, op, "dk");
-    dev(be, dv, T * KVH * D * F, 1, op, "dv");
-    dev(be, dout, T * H * D * F, 0, op, "dout");
-    dev(be, out, T * H * D * F, 0, op, "out");
-    dev(be, lse, T * H * F, 0, op, "lse");
-    dev(be, q, T * H * D * F, 0, op, "q");
-    dev(be, k, T * KVH * D * F, 0, op, "k");
-    dev(be, v, T * KVH * D * F, 0, op, "v");
     docs_dev(be, docs, op);
+    int64_t T = docs->n_tokens;
+    size_t qrows = A_(be, strided(T, ld, (int64_t)H * D));
+    size_t kvrows = A_(be, strided(T, ld, (int64_t)KVH * D));
+    ld_ok(ld, (int64_t)H * D, op);
+    dev(be, dq, qrows, 1, op, "dq");
+    dev(be, dk, kvrows, 1, op, "dk");
+    dev(be, dv, kvrows, 1, op, "dv");
+    dev(be, dout, A_(be, (size_t)T * H * D), 0, op, "dout");
+    dev(be, out, A_(be, (size_t)T * H * D), 0, op, "out");
+    dev(be, lse, (size_t)T * H * F, 0, op, "lse");
+    dev(be, q, qrows, 0, op, "q");
+    dev(be, k, kvrows, 0, op, "k");
+    dev(be, v, kvrows, 0, op, "v");
     open_mem(be);
-    tr_cpu_attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, docs, H, KVH, D);
+    tr_cpu_attention_backward(be, dq, dk, dv, dout, out, lse, q, k, v, ld, docs, H, KVH, D);
     close_mem(be);
 }
 
-static void g_attention_decode(tr_backend *be, float *out, const float *q,
+static void kv_pages_dev(tr_backend *be, const tr_kv_pages *kv, const char *op) {
+    host(be, kv, op, "kv");
+    size_t pool = A_(be, (size_t)kv->n_blocks * kv->block_size * kv->n_kv_heads * kv->head_dim);
+    dev(be, kv->k_pool, pool, 0, op, "kv.k_pool");
+    dev(be, kv->v_pool, pool, 0, op, "kv.v_pool");
+}
+
+static void g_attention_decode(tr_backend *be, void *out, const void *q, int32_t ld,
                                const tr_kv_pages *kv, const int32_t *block_table,
                                int32_t max_blocks, const int32_t *seq_len, int32_t B,
                                int32_t H) {
     const char *op = "attention_decode";
-    size_t D = (size_t)kv->head_dim;
-    dev(be, out, (size_t)B * H * D * F, 0, op, "out");
-    dev(be, q, (size_t)B * H * D * F, 0, op, "q");
-    dev(be, kv->k_pool, F, 0, op, "kv.k_pool");
-    dev(be, kv->v_pool, F, 0, op, "kv.v_pool");
-    dev(be, block_table, (size_t)B * max_blocks * I, 0, op, "block_table");
-    dev(be, seq_len, (size_t)B * I, 0, op, "seq_len");
+    kv_pages_dev(be, kv, op);
+    int64_t HD = (int64_t)H * kv->head_dim;
+    size_t nb = (size_t)(B > 0 ? B : 0);
+    ld_ok(ld, HD, op);
+    dev(be, out, A_(be, nb * (size_t)HD), 0, op, "out");
+    dev(be, q, A_(be, strided(B, ld, HD)), 0, op, "q");
+    dev(be, block_table, nb * (size_t)max_blocks * I, 0, op, "block_table");
+    dev(be, seq_len, nb * I, 0, op, "seq_len");
     open_mem(be);
-    tr_cpu_attention_decode(be, out, q, kv, block_table, max_blocks, seq_len, B, H);
+    // On a GPU a block id outside the pool reads another allocation or faults.
+    for (int32_t b = 0; b < B; b++) {
+        int32_t n = seq_len[b], used = (n + kv->block_size - 1) / kv->block_size;
+        if (n < 0 || used > max_blocks) {
+            char what[160];
+            snprintf(what, sizeof what, "sequence %d has %d tokens, more than %d blocks hold",
+                     b, n, max_blocks);
+            tr_cpu_guard_fail(op, what, seq_len);
+        }
+        for (int32_t i = 0; i < used; i++) {
+            int32_t blk = block_table[(size_t)b * max_blocks + i];
+            if (blk < 0 || blk >= kv->n_blocks) {
+                char what[160];
+                snprintf(what, sizeof what, "sequence %d's block %d is %d, outside a pool of "
+                         "%d blocks", b, i, blk, kv->n_blocks);
+                tr_cpu_guard_fail(op, what, block_table);
+            }
+        }
+    }
+    tr_cpu_attention_decode(be, out, q, ld, kv, block_table, max_blocks, seq_len, B, H);
     close_mem(be);
 }
 
-static void g_swiglu_forward(tr_backend *be, float *out, const float *gate, const float *up,
-                             size_t n) {
+static void distinct(const int32_t *idx, int32_t n, const char *op);
+
+static void g_kv_write(tr_backend *be, const tr_kv_pages *kv, const int32_t *slot,
+                       const void *k, const void *v, int32_t ld, int32_t T) {
+    const char *op = "kv_write";
+    kv_pages_dev(be, kv, op);
+    int64_t width = (int64_t)kv->n_kv_heads * kv->head_dim;
+    ld_ok(ld, width, op);
+    size_t nt = (size_t)(T > 0 ? T : 0);
+    dev(be, slot, nt * I, T <= 0, op, "slot");
+    dev(be, k, A_(be, strided(T, ld, width)), T <= 0, op, "k");
+    dev(be, v, A_(be, strided(T, ld, width)), T <= 0, op, "v");
+    open_mem(be);
+    int64_t n_slots = (int64_t)kv->n_blocks * kv->block_size;
+    for (int32_t t = 0; t < T; t++)
+        if (slot[t] < 0 || slot[t] >= n_slots) {
+            char what[160];
+            snprintf(what, sizeof what, "slot[%d] = %d is outside a pool of %lld slots", t,
+                     slot[t], (long long)n_slots);
+            tr_cpu_guard_fail(op, what, slot);
+        }
+    if (T > 1) distinct(slot, T, op);
+    tr_cpu_kv_write(be, kv, slot, k, v, ld, T);
+    close_mem(be);
+}
+
+static void g_swiglu_forward(tr_backend *be, void *out, const void *gu, int32_t T, int32_t n) {
     const char *op = "swiglu_forward";
-    dev(be, out, n * F, 0, op, "out");
-    dev(be, gate, n * F, 0, op, "gate");
-    dev(be, up, n * F, 0, op, "up");
+    dev(be, out, A_(be, (size_t)T * n), 0, op, "out");
+    dev(be, gu, A_(be, (size_t)T * 2 * n), 0, op, "gu");
     open_mem(be);
-    tr_cpu_swiglu_forward(be, out, gate, up, n);
+    tr_cpu_swiglu_forward(be, out, gu, T, n);
     close_mem(be);
 }
 
-static void g_swiglu_backward(tr_backend *be, float *dgate, float *dup, const float *dout,
-                              const float *gate, const float *up, size_t n) {
+static void g_swiglu_backward(tr_backend *be, void *dgu, const void *dout, const void *gu,
+                              int32_t T, int32_t n) {
     const char *op = "swiglu_backward";
-    dev(be, dgate, n * F, 0, op, "dgate");
-    dev(be, dup, n * F, 0, op, "dup");
-    dev(be, dout, n * F, 0, op, "dout");
-    dev(be, gate, n * F, 0, op, "gate");
-    dev(be, up, n * F, 0, op, "up");
+    dev(be, dgu, A_(be, (size_t)T * 2 * n), 0, op, "dgu");
+    dev(be, dout, A_(be, (size_t)T * n), 0, op, "dout");
+    dev(be, gu, A_(be, (size_t)T * 2 * n), 0, op, "gu");
     open_mem(be);
-    tr_cpu_swiglu_backward(be, dgate, dup, dout, gate, up, n);
-    close_mem(be);
-}
-
-static void g_add(tr_backend *be, float *out, const float *a, const float *b, size_t n) {
-    dev(be, out, n * F, 0, "add", "out");
-    dev(be, a, n * F, 0, "add", "a");
-    dev(be, b, n * F, 0, "add", "b");
-    open_mem(be);
-    tr_cpu_add(be, out, a, b, n);
+    tr_cpu_swiglu_backward(be, dgu, dout, gu, T, n);
     close_mem(be);
 }
 
@@ -295,11 +396,11 @@ static void g_logsoftmax_forward(tr_backend *be, float *logprob, float *entropy,
     close_mem(be);
 }
 
-static void g_logsoftmax_backward(tr_backend *be, float *dlogits, const float *dlogprob,
+static void g_logsoftmax_backward(tr_backend *be, void *dlogits, const float *dlogprob,
                                   const float *dentropy, const float *logits, const float *lse,
                                   const int32_t *target, int32_t T, int32_t V) {
     const char *op = "logsoftmax_backward";
-    dev(be, dlogits, (size_t)T * V * F, 0, op, "dlogits");
+    dev(be, dlogits, A_(be, (size_t)T * V), 0, op, "dlogits");
     dev(be, dlogprob, (size_t)T * F, 1, op, "dlogprob");
     dev(be, dentropy, (size_t)T * F, 1, op, "dentropy");
     dev(be, logits, (size_t)T * V * F, 0, op, "logits");
@@ -318,22 +419,39 @@ static void g_sumsq(tr_backend *be, double *acc, const float *x, size_t n) {
     close_mem(be);
 }
 
-static void g_scale(tr_backend *be, float *x, float s, size_t n) {
-    dev(be, x, n * F, 0, "scale", "x");
-    open_mem(be);
-    tr_cpu_scale(be, x, s, n);
-    close_mem(be);
-}
-
-static void g_adamw(tr_backend *be, float *p, const float *g, float *m, float *v, size_t n,
-                    float lr, float b1, float b2, float eps, float wd, int32_t t) {
+static void g_adamw(tr_backend *be, const tr_adamw_args *a) {
     const char *op = "adamw";
-    dev(be, p, n * F, 0, op, "p");
-    dev(be, g, n * F, 0, op, "g");
-    dev(be, m, n * F, 0, op, "m");
-    dev(be, v, n * F, 0, op, "v");
+    host(be, a, op, "args");
+    if (a->wt != TR_F32 && a->wt != TR_BF16) tr_cpu_guard_fail(op, "wt is not fp32 or bf16", a);
+    size_t n = a->n, n_segs = (size_t)(a->n_segs > 0 ? a->n_segs : 0);
+    if (n > 0 && n_segs == 0) tr_cpu_guard_fail(op, "no segments for a non-empty range", a);
+    dev(be, a->p, n * F, 0, op, "p");
+    dev(be, a->g, n * F, 0, op, "g");
+    dev(be, a->m, n * F, 0, op, "m");
+    dev(be, a->v, n * F, 0, op, "v");
+    dev(be, a->work, n * tr_dt_size(a->wt), 1, op, "work");
+    dev(be, a->segs, n_segs * sizeof(tr_adamw_seg), n == 0, op, "segs");
+    dev(be, a->sumsq, sizeof(double), 0, op, "sumsq");
     open_mem(be);
-    tr_cpu_adamw(be, p, g, m, v, n, lr, b1, b2, eps, wd, t);
+    // The segments tile [0, n) in order: each starts where the last ended.
+    uint64_t at = 0;
+    for (size_t s = 0; s < n_segs; s++) {
+        if (a->segs[s].begin != at || a->segs[s].end < a->segs[s].begin) {
+            char what[160];
+            snprintf(what, sizeof what, "segment %zu [%llu, %llu) does not start at %llu", s,
+                     (unsigned long long)a->segs[s].begin, (unsigned long long)a->segs[s].end,
+                     (unsigned long long)at);
+            tr_cpu_guard_fail(op, what, a->segs);
+        }
+        at = a->segs[s].end;
+    }
+    if (n > 0 && at != n) {
+        char what[160];
+        snprintf(what, sizeof what, "segments end at %llu, not at n = %zu",
+                 (unsigned long long)at, n);
+        tr_cpu_guard_fail(op, what, a->segs);
+    }
+    tr_cpu_adamw(be, a);
     close_mem(be);
 }
 
@@ -443,19 +561,17 @@ static void g_kv_copy_blocks(tr_backend *be, const tr_kv_pool *pool, const int32
     close_mem(be);
 }
 
-static void g_cast_f32_bf16(tr_backend *be, uint16_t *out, const float *in, size_t n) {
-    dev(be, out, n * sizeof(uint16_t), 0, "cast_f32_bf16", "out");
-    dev(be, in, n * F, 0, "cast_f32_bf16", "in");
+static void g_convert(tr_backend *be, void *out, tr_dt out_t, const void *in,
+                      tr_dt in_t, size_t n) {
+    const char *op = "convert";
+    if (out_t != TR_F32 && out_t != TR_BF16)
+        tr_cpu_guard_fail(op, "out_t is not fp32 or bf16", out);
+    if (in_t != TR_F32 && in_t != TR_BF16 && in_t != TR_F16)
+        tr_cpu_guard_fail(op, "in_t is not a dtype", in);
+    dev(be, out, n * tr_dt_size(out_t), 0, op, "out");
+    dev(be, in, n * tr_dt_size(in_t), 0, op, "in");
     open_mem(be);
-    tr_cpu_cast_f32_bf16(be, out, in, n);
-    close_mem(be);
-}
-
-static void g_cast_bf16_f32(tr_backend *be, float *out, const uint16_t *in, size_t n) {
-    dev(be, out, n * F, 0, "cast_bf16_f32", "out");
-    dev(be, in, n * sizeof(uint16_t), 0, "cast_bf16_f32", "in");
-    open_mem(be);
-    tr_cpu_cast_bf16_f32(be, out, in, n);
+    tr_cpu_convert(be, out, out_t, in, in_t, n);
     close_mem(be);
 }
 
@@ -493,25 +609,25 @@ const tr_ops tr_cpu_guarded_ops = {
     .embedding_scratch_bytes = tr_cpu_embedding_scratch_bytes,
     .rmsnorm_forward = g_rmsnorm_forward,
     .rmsnorm_backward = g_rmsnorm_backward,
+    .head_rmsnorm_forward = g_head_rmsnorm_forward,
+    .head_rmsnorm_backward = g_head_rmsnorm_backward,
     .rope_forward = g_rope_forward,
     .rope_backward = g_rope_backward,
     .attention_forward = g_attention_forward,
     .attention_backward = g_attention_backward,
     .attention_decode = g_attention_decode,
+    .kv_write = g_kv_write,
     .swiglu_forward = g_swiglu_forward,
     .swiglu_backward = g_swiglu_backward,
-    .add = g_add,
     .logsoftmax_forward = g_logsoftmax_forward,
     .logsoftmax_backward = g_logsoftmax_backward,
     .sumsq = g_sumsq,
-    .scale = g_scale,
     .adamw = g_adamw,
     .fill = g_fill,
     .gather_rows = g_gather_rows,
     .scatter_rows = g_scatter_rows,
     .kv_copy_blocks = g_kv_copy_blocks,
-    .cast_f32_bf16 = g_cast_f32_bf16,
-    .cast_bf16_f32 = g_cast_bf16_f32,
+    .convert = g_convert,
     .sample = g_sample,
     .sample_scratch_bytes = tr_cpu_sample_scratch_bytes,
 };

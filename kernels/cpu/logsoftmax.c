@@ -1,15 +1,18 @@
 // Fused log-softmax over vocabulary rows on the CPU: the target's log-probability, the
 // entropy and the log-sum-exp in one pass pair, sums in double; and the backward that writes
-// dlogits from dlogprob and dentropy. Rows with target < 0 (padding, prompt) give logprob 0
-// and take no gradient through it.
+// dlogits (in the activation dtype, each element rounded once) from dlogprob and dentropy.
+// Rows with target < 0 (padding, prompt) give logprob 0 and take no gradient through it.
 #include <math.h>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/dtype.h"
 
 #define LSM_ELEMS_PER_TASK 32768   // rows per task = max(1, this / V)
 
 typedef struct lsm_job {
-    float *logprob, *entropy, *lse, *dlogits;
+    float *logprob, *entropy, *lse;
+    void *dlogits;
+    tr_dt dlogits_t;
     const float *logits, *dlogprob, *dentropy, *lse_in;
     const int32_t *target;
     int32_t T, V, rows_per_task;
@@ -67,7 +70,7 @@ static void lsm_backward_task(void *arg, int32_t task) {
     int32_t t1 = t0 + j->rows_per_task < j->T ? t0 + j->rows_per_task : j->T;
     for (int32_t t = t0; t < t1; t++) {
         const float *x = j->logits + (size_t)t * j->V;
-        float *dx = j->dlogits + (size_t)t * j->V;
+        size_t o = (size_t)t * j->V;
         float lse = j->lse_in[t];
         int32_t tg = j->target[t];
         float glp = (j->dlogprob && tg >= 0) ? j->dlogprob[t] : 0.0f;
@@ -84,18 +87,21 @@ static void lsm_backward_task(void *arg, int32_t task) {
             }
             mean = spx / sp;
         }
+        // The target's glp is added to its fp32 value before the one rounding.
         for (int32_t i = 0; i < j->V; i++) {
             float p = expf(x[i] - lse);
-            dx[i] = -glp * p - gent * p * (float)((double)x[i] - mean);
+            float d = -glp * p - gent * p * (float)((double)x[i] - mean);
+            if (i == tg && glp != 0.0f) d += glp;
+            tr_st(j->dlogits, o + i, d, j->dlogits_t);
         }
-        if (glp != 0.0f) dx[tg] += glp;
     }
 }
 
-void tr_cpu_logsoftmax_backward(tr_backend *be, float *dlogits, const float *dlogprob,
+void tr_cpu_logsoftmax_backward(tr_backend *be, void *dlogits, const float *dlogprob,
                                 const float *dentropy, const float *logits, const float *lse,
                                 const int32_t *target, int32_t T, int32_t V) {
-    lsm_job j = {.dlogits = dlogits, .dlogprob = dlogprob, .dentropy = dentropy,
+    lsm_job j = {.dlogits = dlogits, .dlogits_t = be->act,
+                 .dlogprob = dlogprob, .dentropy = dentropy,
                  .logits = logits, .lse_in = lse, .target = target, .T = T, .V = V,
                  .rows_per_task = lsm_rows_per_task(V)};
     tr_cpu_run(be, tr_cpu_ceil_div(T, j.rows_per_task), lsm_backward_task, &j, 4.0 * T * V);

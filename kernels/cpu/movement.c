@@ -1,22 +1,24 @@
 // Buffer ops on the CPU: fill, row gather and scatter by bytes, the all-layer KV block copy
-// of copy-on-write, and the fp32 <-> bf16 casts. No arithmetic beyond the casts' rounding, so
-// every result is exact; work is split into fixed chunks of elements or rows.
+// of copy-on-write, the KV cache write of new tokens, and dtype conversion. No arithmetic
+// beyond conversion's rounding (kernels/cpu/dtype.h), so every result is exact; work is split
+// into fixed chunks of elements or rows.
 #include <string.h>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/dtype.h"
 
 #define MOVE_ELEMS_PER_TASK 65536
 #define MOVE_BYTES_PER_TASK (256 * 1024)
 
 typedef struct move_job {
     float *f32;
-    const float *f32_in;
-    uint16_t *bf16;
-    const uint16_t *bf16_in;
     float value;
     size_t n;
     char *dst;
-    const char *src;
+    const char *src, *src2;
+    tr_dt out_t, in_t;
+    size_t elem, ld;
+    const tr_kv_pages *kv;
     const int32_t *idx;
     size_t row_bytes;
     int32_t rows_per_task, n_rows;
@@ -99,40 +101,58 @@ void tr_cpu_kv_copy_blocks(tr_backend *be, const tr_kv_pool *pool, const int32_t
     tr_cpu_run(be, n, kv_copy_task, &j, 0.05 * n * bytes);
 }
 
-// Round to nearest even by adding 0x7fff plus the lowest kept bit: a carry out of the low
-// half rounds up exactly when the dropped half exceeds the tie, or equals it with an odd kept
-// bit; a carry into the exponent is the correct next binade (or inf). NaNs are truncated
-// instead, since the addition could carry them into another NaN or to inf.
-static inline uint16_t bf16_of(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-        uint16_t h = (uint16_t)(u >> 16);
-        return (h & 0x7f) ? h : (uint16_t)(h | 0x40);
-    }
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-static void to_bf16_task(void *arg, int32_t task) {
+// Row t of k and v into slot slot[t] of the pools: a row's values are contiguous in both.
+static void kv_write_task(void *arg, int32_t task) {
     const move_job *j = arg;
-    for (size_t i = elem_begin(task), e = elem_end(j, task); i < e; i++)
-        j->bf16[i] = bf16_of(j->f32_in[i]);
+    const tr_kv_pages *kv = j->kv;
+    size_t row = (size_t)kv->n_kv_heads * kv->head_dim * j->elem;
+    size_t src = (size_t)task * j->ld * j->elem, dst = (size_t)j->idx[task] * row;
+    memcpy((char *)kv->k_pool + dst, j->src + src, row);
+    memcpy((char *)kv->v_pool + dst, j->src2 + src, row);
 }
 
-static void to_f32_task(void *arg, int32_t task) {
+void tr_cpu_kv_write(tr_backend *be, const tr_kv_pages *kv, const int32_t *slot, const void *k,
+                     const void *v, int32_t ld, int32_t T) {
+    if (T <= 0) return;
+    move_job j = {.kv = kv, .idx = slot, .src = k, .src2 = v, .ld = (size_t)ld,
+                  .elem = tr_dt_size(be->act)};
+    double bytes = 2.0 * kv->n_kv_heads * kv->head_dim * (double)j.elem;
+    tr_cpu_run(be, T, kv_write_task, &j, 0.05 * T * bytes);
+}
+
+// fp32 <-> bf16 go through the row routines the kernels store and load with, so that the
+// conversion tests cover their vector paths too.
+static void convert_task(void *arg, int32_t task) {
     const move_job *j = arg;
-    for (size_t i = elem_begin(task), e = elem_end(j, task); i < e; i++) {
-        uint32_t u = (uint32_t)j->bf16_in[i] << 16;
-        memcpy(&j->f32[i], &u, sizeof u);
+    size_t i = elem_begin(task), e = elem_end(j, task);
+    int32_t n = (int32_t)(e - i);
+    if (j->out_t == TR_F32) {
+        float *out = (float *)j->dst + i;
+        const uint16_t *in = (const uint16_t *)j->src + i;
+        if (j->in_t == TR_BF16) tr_ld_row(out, in, 0, n, TR_BF16);
+        else
+            for (int32_t k = 0; k < n; k++) out[k] = tr_f16_f32(in[k]);
+    } else {
+        uint16_t *out = (uint16_t *)j->dst + i;
+        if (j->in_t == TR_F32) {
+            tr_st_row(out, 0, (const float *)j->src + i, n, TR_BF16);
+        } else {
+            const uint16_t *in = (const uint16_t *)j->src + i;
+            for (int32_t k = 0; k < n; k++) out[k] = tr_f32_bf16(tr_f16_f32(in[k]));
+        }
     }
 }
 
-void tr_cpu_cast_f32_bf16(tr_backend *be, uint16_t *out, const float *in, size_t n) {
-    move_job j = {.bf16 = out, .f32_in = in, .n = n};
-    tr_cpu_run(be, elem_tasks(n), to_bf16_task, &j, 0.3 * (double)n);
+static void copy_task(void *arg, int32_t task) {
+    const move_job *j = arg;
+    size_t i = elem_begin(task), e = elem_end(j, task);
+    memcpy(j->dst + i * j->elem, j->src + i * j->elem, (e - i) * j->elem);
 }
 
-void tr_cpu_cast_bf16_f32(tr_backend *be, float *out, const uint16_t *in, size_t n) {
-    move_job j = {.f32 = out, .bf16_in = in, .n = n};
-    tr_cpu_run(be, elem_tasks(n), to_f32_task, &j, 0.2 * (double)n);
+void tr_cpu_convert(tr_backend *be, void *out, tr_dt out_t, const void *in, tr_dt in_t,
+                    size_t n) {
+    move_job j = {.dst = out, .src = in, .n = n, .out_t = out_t, .in_t = in_t,
+                  .elem = tr_dt_size(in_t)};
+    tr_cpu_run(be, elem_tasks(n), out_t == in_t ? copy_task : convert_task, &j,
+               0.3 * (double)n);
 }

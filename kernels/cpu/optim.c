@@ -1,19 +1,20 @@
-// Whole-buffer ops for the optimizer step on the CPU: AdamW, the sum of squares behind
-// gradient-norm clipping, scale and add. Elementwise work is split into fixed chunks; the sum
-// of squares adds fixed blocks in double and then the block sums in order.
+// Whole-buffer ops for the optimizer step on the CPU: the sum of squares behind gradient-norm
+// clipping and the fused AdamW step that applies the clip itself, reading the sum of squares
+// from backend memory, so the host never waits between the two. Elementwise work is split
+// into fixed chunks; the sum of squares adds fixed blocks in double and then the block sums
+// in order.
 #include <math.h>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/dtype.h"
 
 #define OPT_ELEMS_PER_TASK 16384
 #define SUMSQ_MAX_BLOCKS 1024      // block partials live on the stack: no scratch
 
 typedef struct opt_job {
-    float *out, *p, *m, *v;
-    const float *a, *b, *g;
+    const float *a;
     double *partial;
     size_t n, block;
-    float s, lr, b1, b2, eps, wd, bc1, bc2;
 } opt_job;
 
 static size_t opt_begin(const opt_job *j, int32_t task) { return (size_t)task * j->block; }
@@ -25,27 +26,6 @@ static size_t opt_end(const opt_job *j, int32_t task) {
 static int32_t opt_tasks(opt_job *j, size_t block) {
     j->block = block;
     return (int32_t)((j->n + block - 1) / block);
-}
-
-static void add_task(void *arg, int32_t task) {
-    const opt_job *j = arg;
-    for (size_t i = opt_begin(j, task), e = opt_end(j, task); i < e; i++)
-        j->out[i] = j->a[i] + j->b[i];
-}
-
-void tr_cpu_add(tr_backend *be, float *out, const float *a, const float *b, size_t n) {
-    opt_job j = {.out = out, .a = a, .b = b, .n = n};
-    tr_cpu_run(be, opt_tasks(&j, OPT_ELEMS_PER_TASK), add_task, &j, 0.5 * (double)n);
-}
-
-static void scale_task(void *arg, int32_t task) {
-    const opt_job *j = arg;
-    for (size_t i = opt_begin(j, task), e = opt_end(j, task); i < e; i++) j->p[i] *= j->s;
-}
-
-void tr_cpu_scale(tr_backend *be, float *x, float s, size_t n) {
-    opt_job j = {.p = x, .s = s, .n = n};
-    tr_cpu_run(be, opt_tasks(&j, OPT_ELEMS_PER_TASK), scale_task, &j, 0.3 * (double)n);
 }
 
 static void sumsq_task(void *arg, int32_t task) {
@@ -72,25 +52,54 @@ void tr_cpu_sumsq(tr_backend *be, double *acc, const float *x, size_t n) {
     *acc += total;
 }
 
+typedef struct adamw_job {
+    const tr_adamw_args *a;
+    float clip, bc1, bc2;
+} adamw_job;
+
+// The segment holding element i (segments tile [0, n) in order).
+static int32_t adamw_seg_of(const tr_adamw_args *a, size_t i) {
+    int32_t lo = 0, hi = a->n_segs - 1;
+    while (lo < hi) {
+        int32_t mid = (lo + hi + 1) / 2;
+        if (a->segs[mid].begin <= i) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+// The formula of the old per-tensor kernel, with g' = clip * g (rounded to fp32) in place
+// of g: with clip 1 the product is g itself, so an unclipped step has its bits.
 static void adamw_task(void *arg, int32_t task) {
-    const opt_job *j = arg;
-    float c1 = 1.0f - j->b1, c2 = 1.0f - j->b2;
-    for (size_t i = opt_begin(j, task), e = opt_end(j, task); i < e; i++) {
-        float g = j->g[i];
-        float m = j->b1 * j->m[i] + c1 * g;
-        float v = j->b2 * j->v[i] + c2 * (g * g);
-        j->m[i] = m;
-        j->v[i] = v;
-        float mh = m / j->bc1, vh = v / j->bc2;
-        j->p[i] -= j->lr * (mh / (sqrtf(vh) + j->eps) + j->wd * j->p[i]);
+    const adamw_job *j = arg;
+    const tr_adamw_args *a = j->a;
+    float c1 = 1.0f - a->b1, c2 = 1.0f - a->b2;
+    size_t i = (size_t)task * OPT_ELEMS_PER_TASK;
+    size_t e = i + OPT_ELEMS_PER_TASK < a->n ? i + OPT_ELEMS_PER_TASK : a->n;
+    for (int32_t s = adamw_seg_of(a, i); i < e && s < a->n_segs; s++) {
+        size_t se = a->segs[s].end < e ? (size_t)a->segs[s].end : e;
+        float wd = a->segs[s].wd;
+        for (; i < se; i++) {
+            float g = a->g[i] * j->clip;
+            float m = a->b1 * a->m[i] + c1 * g;
+            float v = a->b2 * a->v[i] + c2 * (g * g);
+            a->m[i] = m;
+            a->v[i] = v;
+            float mh = m / j->bc1, vh = v / j->bc2;
+            a->p[i] -= a->lr * (mh / (sqrtf(vh) + a->eps) + wd * a->p[i]);
+            if (a->work) tr_st(a->work, i, a->p[i], a->wt);
+        }
     }
 }
 
-void tr_cpu_adamw(tr_backend *be, float *p, const float *g, float *m, float *v, size_t n,
-                  float lr, float b1, float b2, float eps, float wd, int32_t t) {
-    opt_job j = {.p = p, .g = g, .m = m, .v = v, .n = n, .lr = lr, .b1 = b1, .b2 = b2,
-                 .eps = eps, .wd = wd,
-                 .bc1 = (float)(1.0 - pow((double)b1, (double)t)),
-                 .bc2 = (float)(1.0 - pow((double)b2, (double)t))};
-    tr_cpu_run(be, opt_tasks(&j, OPT_ELEMS_PER_TASK), adamw_task, &j, 2.0 * (double)n);
+void tr_cpu_adamw(tr_backend *be, const tr_adamw_args *a) {
+    double ss = *a->sumsq;
+    if (!isfinite(ss) || a->n == 0 || a->n_segs <= 0) return;   // a skipped step writes nothing
+    // c = min(1, max_norm / (norm + 1e-6)) in double, used as the fp32 factor it rounds to
+    double c = a->max_norm > 0 ? (double)a->max_norm / (sqrt(ss) + 1e-6) : 1.0;
+    adamw_job j = {.a = a, .clip = c < 1.0 ? (float)c : 1.0f,
+                   .bc1 = (float)(1.0 - pow((double)a->b1, (double)a->t)),
+                   .bc2 = (float)(1.0 - pow((double)a->b2, (double)a->t))};
+    tr_cpu_run(be, tr_cpu_ceil_div((int64_t)a->n, OPT_ELEMS_PER_TASK), adamw_task, &j,
+               2.0 * (double)a->n);
 }

@@ -1,18 +1,22 @@
-// Rotary position embedding (HF rotate_half layout) on the CPU, in place on [T, H, D].
+// Rotary position embedding (HF rotate_half layout) on the CPU, in place on H heads of D
+// values per token row, rows ld elements apart (so q and k are rotated inside a fused qkv).
 // The angle is the fp32 product pos * inv_freq[i], as transformers computes it; cos and sin
 // are evaluated in double and rounded, once per token and frequency, shared by all heads.
+// Each rotated value is computed in fp32 and stored once in the activation dtype.
 #include <math.h>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/dtype.h"
 
 #define ROPE_ROWS_PER_TASK 16
 #define ROPE_FREQ_CHUNK 64   // frequencies per stack buffer of cos/sin: no limit on D
 
 typedef struct rope_job {
-    float *x;
+    void *x;
+    tr_dt x_t;
     const int32_t *pos;
     const float *inv_freq;
-    int32_t T, H, D;
+    int32_t T, H, D, ld;
     float sign;   // +1 forward, -1 backward (the transpose rotation)
 } rope_job;
 
@@ -32,30 +36,30 @@ static void rope_task(void *arg, int32_t task) {
                 sn[i] = j->sign * (float)sin((double)angle);
             }
             for (int32_t h = 0; h < j->H; h++) {
-                float *x1 = j->x + ((size_t)t * j->H + h) * j->D + i0;
-                float *x2 = x1 + half;
+                size_t o1 = (size_t)t * j->ld + (size_t)h * j->D + i0, o2 = o1 + half;
                 for (int32_t i = 0; i < n; i++) {
-                    float a = x1[i], b = x2[i];
-                    x1[i] = a * cs[i] - b * sn[i];
-                    x2[i] = b * cs[i] + a * sn[i];
+                    float a = tr_ld(j->x, o1 + i, j->x_t), b = tr_ld(j->x, o2 + i, j->x_t);
+                    tr_st(j->x, o1 + i, a * cs[i] - b * sn[i], j->x_t);
+                    tr_st(j->x, o2 + i, b * cs[i] + a * sn[i], j->x_t);
                 }
             }
         }
     }
 }
 
-static void rope_run(tr_backend *be, float *x, const int32_t *pos, const float *inv_freq,
-                     int32_t T, int32_t H, int32_t D, float sign) {
-    rope_job j = {.x = x, .pos = pos, .inv_freq = inv_freq, .T = T, .H = H, .D = D, .sign = sign};
+static void rope_run(tr_backend *be, void *x, int32_t ld, const int32_t *pos,
+                     const float *inv_freq, int32_t T, int32_t H, int32_t D, float sign) {
+    rope_job j = {.x = x, .x_t = be->act, .pos = pos, .inv_freq = inv_freq, .T = T, .H = H,
+                  .D = D, .ld = ld, .sign = sign};
     tr_cpu_run(be, tr_cpu_ceil_div(T, ROPE_ROWS_PER_TASK), rope_task, &j, 1.0 * T * H * D);
 }
 
-void tr_cpu_rope_forward(tr_backend *be, float *x, const int32_t *pos, const float *inv_freq,
-                         int32_t T, int32_t H, int32_t D) {
-    rope_run(be, x, pos, inv_freq, T, H, D, 1.0f);
+void tr_cpu_rope_forward(tr_backend *be, void *x, int32_t ld, const int32_t *pos,
+                         const float *inv_freq, int32_t T, int32_t H, int32_t D) {
+    rope_run(be, x, ld, pos, inv_freq, T, H, D, 1.0f);
 }
 
-void tr_cpu_rope_backward(tr_backend *be, float *dx, const int32_t *pos, const float *inv_freq,
-                          int32_t T, int32_t H, int32_t D) {
-    rope_run(be, dx, pos, inv_freq, T, H, D, -1.0f);
+void tr_cpu_rope_backward(tr_backend *be, void *dx, int32_t ld, const int32_t *pos,
+                          const float *inv_freq, int32_t T, int32_t H, int32_t D) {
+    rope_run(be, dx, ld, pos, inv_freq, T, H, D, -1.0f);
 }

@@ -3,18 +3,24 @@
 // output is bitwise the training forward's row. Keys are taken in chunks of ATT_THREADS (one
 // thread per key scores it), with an online softmax across chunks; lse is saved. The
 // backward recomputes probabilities from lse and needs no atomics and no scratch: dq by
-// query rows, then dk and dv by key rows (each summing its group's heads in order).
-// Explicit fmaf/__fmul_rn keep the arithmetic the same whatever the compiler contracts.
+// query rows, then dk and dv by key rows (each summing its group's heads in order), all
+// three written. q, k, v and their gradients are rows of stride ld (a fused [q;k;v] row read
+// in place); out and dout are contiguous. Kernels are templated on the A dtype: values are
+// read as fp32, every score, probability and sum is fp32 (lse and the row term in double as
+// noted), and each output is rounded once. Explicit fmaf/__fmul_rn keep the arithmetic the
+// same whatever the compiler contracts.
 #include <math.h>
 
 #include "kernels/cuda/cuda_ctx.cuh"
+#include "kernels/cuda/dtype.cuh"
 
 #define ATT_THREADS 128
 
 // The keys and values one query row may read, for one kv head: key j sits at k + slot(j).
+template <typename A>
 struct kv_rows {
-    const float *k, *v;
-    size_t stride;              // floats between consecutive slots
+    const A *k, *v;
+    size_t stride;              // elements between consecutive slots
     const int32_t *blocks;      // NULL: slot j is row j; else paged through this block list
     int32_t block_size;
     __device__ size_t slot(int32_t j) const {
@@ -24,9 +30,10 @@ struct kv_rows {
     }
 };
 
-__device__ inline float attn_dot(const float *a, const float *b, int32_t D) {
+template <typename X, typename Y>
+__device__ inline float attn_dot(const X *a, const Y *b, int32_t D) {
     float acc = 0.0f;
-    for (int32_t d = 0; d < D; d++) acc = fmaf(a[d], b[d], acc);
+    for (int32_t d = 0; d < D; d++) acc = fmaf(tr_f32(a[d]), tr_f32(b[d]), acc);
     return acc;
 }
 
@@ -43,12 +50,13 @@ __device__ inline int32_t attn_doc_of(const int32_t *doc_start, int32_t n_docs, 
 
 // One query row over keys 0..n-1. Shared memory: qs[D], acc[D], p[ATT_THREADS] floats and
 // slot[ATT_THREADS]. Thread d-ownership of acc (d = tid mod blockDim) needs no sync.
-__device__ void attn_row(float *out, float *lse, const float *q, const kv_rows &s, int32_t n,
+template <typename A>
+__device__ void attn_row(A *out, float *lse, const A *q, const kv_rows<A> &s, int32_t n,
                          int32_t D, float scale, float *sh, size_t *slot) {
     float *qs = sh, *acc = sh + D, *p = sh + 2 * D;
     int32_t tid = threadIdx.x;
     for (int32_t d = tid; d < D; d += blockDim.x) {
-        qs[d] = q[d];
+        qs[d] = tr_f32(q[d]);
         acc[d] = 0.0f;
     }
     __syncthreads();
@@ -71,13 +79,13 @@ __device__ void attn_row(float *out, float *lse, const float *q, const kv_rows &
         m = mnew;
         for (int32_t d = tid; d < D; d += blockDim.x) {
             float a = __fmul_rn(acc[d], r);
-            for (int32_t j = 0; j < cn; j++) a = fmaf(p[j], s.v[slot[j] + d], a);
+            for (int32_t j = 0; j < cn; j++) a = fmaf(p[j], tr_f32(s.v[slot[j] + d]), a);
             acc[d] = a;
         }
         __syncthreads();   // p and slot are rewritten by the next chunk
     }
     float inv = n > 0 ? (float)(1.0 / l) : 0.0f;
-    for (int32_t d = tid; d < D; d += blockDim.x) out[d] = __fmul_rn(acc[d], inv);
+    for (int32_t d = tid; d < D; d += blockDim.x) tr_store(out + d, __fmul_rn(acc[d], inv));
     if (lse && tid == 0) *lse = n > 0 ? (float)((double)m + log(l)) : -INFINITY;
 }
 
@@ -90,33 +98,35 @@ __device__ inline size_t *attn_slots(float *sh, int32_t floats) {
     return (size_t *)(sh + ((floats + 1) & ~1));
 }
 
-__global__ void attention_forward_kernel(float *out, float *lse, const float *q, const float *k,
-                                         const float *v, const int32_t *doc_start,
+
+template <typename A>
+__global__ void attention_forward_kernel(A *out, float *lse, const A *q, const A *k,
+                                         const A *v, int32_t ld, const int32_t *doc_start,
                                          int32_t n_docs, int32_t H, int32_t KVH, int32_t D,
                                          float scale) {
     extern __shared__ float sh[];
     int32_t t = blockIdx.x, h = blockIdx.y, kvh = h / (H / KVH);
     int32_t start = doc_start[attn_doc_of(doc_start, n_docs, t)];
-    size_t stride = (size_t)KVH * D;
-    kv_rows s = {k + (size_t)start * stride + (size_t)kvh * D,
-                 v + (size_t)start * stride + (size_t)kvh * D, stride, NULL, 0};
+    size_t base = (size_t)start * ld + (size_t)kvh * D;
+    kv_rows<A> s = {k + base, v + base, (size_t)ld, NULL, 0};
     size_t row = (size_t)t * H + h;
-    attn_row(out + row * D, lse + row, q + row * D, s, t - start + 1, D, scale, sh,
-             attn_slots(sh, 2 * D + ATT_THREADS));
+    attn_row(out + row * D, lse + row, q + (size_t)t * ld + (size_t)h * D, s, t - start + 1, D,
+             scale, sh, attn_slots(sh, 2 * D + ATT_THREADS));
 }
 
-__global__ void attention_decode_kernel(float *out, const float *q, const float *k_pool,
-                                        const float *v_pool, int32_t block_size, int32_t KVH,
+template <typename A>
+__global__ void attention_decode_kernel(A *out, const A *q, int32_t ld, const A *k_pool,
+                                        const A *v_pool, int32_t block_size, int32_t KVH,
                                         int32_t D, const int32_t *block_table,
                                         int32_t max_blocks, const int32_t *seq_len, int32_t H,
                                         float scale) {
     extern __shared__ float sh[];
     int32_t b = blockIdx.x, h = blockIdx.y, kvh = h / (H / KVH);
-    kv_rows s = {k_pool + (size_t)kvh * D, v_pool + (size_t)kvh * D, (size_t)KVH * D,
-                 block_table + (size_t)b * max_blocks, block_size};
+    kv_rows<A> s = {k_pool + (size_t)kvh * D, v_pool + (size_t)kvh * D, (size_t)KVH * D,
+                    block_table + (size_t)b * max_blocks, block_size};
     size_t row = (size_t)b * H + h;
-    attn_row(out + row * D, NULL, q + row * D, s, seq_len[b], D, scale, sh,
-             attn_slots(sh, 2 * D + ATT_THREADS));
+    attn_row(out + row * D, (float *)NULL, q + (size_t)b * ld + (size_t)h * D, s, seq_len[b],
+             D, scale, sh, attn_slots(sh, 2 * D + ATT_THREADS));
 }
 
 static float attn_scale(int32_t D) { return (float)(1.0 / sqrt((double)D)); }
@@ -129,47 +139,67 @@ static int attn_shared_ok(tr_backend *be, const void *kernel, size_t bytes) {
                                                   (int)bytes));
 }
 
-void tr_cuda_attention_forward(tr_backend *be, float *out, float *lse, const float *q,
-                               const float *k, const float *v, const tr_doc_layout *docs,
-                               int32_t H, int32_t KVH, int32_t D) {
-    int32_t T = docs->n_tokens;
-    if (T <= 0 || H <= 0) return;
+template <typename A>
+static void forward_run(tr_backend *be, void *out, float *lse, const void *q, const void *k,
+                        const void *v, int32_t ld, const tr_doc_layout *docs, int32_t H,
+                        int32_t KVH, int32_t D) {
     size_t shm = attn_row_shared(D) + 2 * sizeof(float);
-    if (attn_shared_ok(be, (const void *)attention_forward_kernel, shm)) return;
-    dim3 grid((unsigned)T, (unsigned)H);
-    attention_forward_kernel<<<grid, ATT_THREADS, shm, tr_cuda_stream(be)>>>(
-        out, lse, q, k, v, docs->doc_start, docs->n_docs, H, KVH, D, attn_scale(D));
+    if (attn_shared_ok(be, (const void *)attention_forward_kernel<A>, shm)) return;
+    dim3 grid((unsigned)docs->n_tokens, (unsigned)H);
+    attention_forward_kernel<A><<<grid, ATT_THREADS, shm, tr_cuda_stream(be)>>>(
+        (A *)out, lse, (const A *)q, (const A *)k, (const A *)v, ld, docs->doc_start,
+        docs->n_docs, H, KVH, D, attn_scale(D));
     TR_CUDA_LAUNCHED(be, "attention_forward");
 }
 
-void tr_cuda_attention_decode(tr_backend *be, float *out, const float *q,
+void tr_cuda_attention_forward(tr_backend *be, void *out, float *lse, const void *q,
+                               const void *k, const void *v, int32_t ld,
+                               const tr_doc_layout *docs, int32_t H, int32_t KVH, int32_t D) {
+    if (docs->n_tokens <= 0 || H <= 0) return;
+    if (tr_cuda_bf16(be)) forward_run<tr_bf16>(be, out, lse, q, k, v, ld, docs, H, KVH, D);
+    else forward_run<float>(be, out, lse, q, k, v, ld, docs, H, KVH, D);
+}
+
+template <typename A>
+static void decode_run(tr_backend *be, void *out, const void *q, int32_t ld,
+                       const tr_kv_pages *kv, const int32_t *block_table, int32_t max_blocks,
+                       const int32_t *seq_len, int32_t B, int32_t H) {
+    int32_t D = kv->head_dim;
+    size_t shm = attn_row_shared(D) + 2 * sizeof(float);
+    if (attn_shared_ok(be, (const void *)attention_decode_kernel<A>, shm)) return;
+    dim3 grid((unsigned)B, (unsigned)H);
+    attention_decode_kernel<A><<<grid, ATT_THREADS, shm, tr_cuda_stream(be)>>>(
+        (A *)out, (const A *)q, ld, (const A *)kv->k_pool, (const A *)kv->v_pool,
+        kv->block_size, kv->n_kv_heads, D, block_table, max_blocks, seq_len, H, attn_scale(D));
+    TR_CUDA_LAUNCHED(be, "attention_decode");
+}
+
+void tr_cuda_attention_decode(tr_backend *be, void *out, const void *q, int32_t ld,
                               const tr_kv_pages *kv, const int32_t *block_table,
                               int32_t max_blocks, const int32_t *seq_len, int32_t B,
                               int32_t H) {
     if (B <= 0 || H <= 0) return;
-    int32_t D = kv->head_dim;
-    size_t shm = attn_row_shared(D) + 2 * sizeof(float);
-    if (attn_shared_ok(be, (const void *)attention_decode_kernel, shm)) return;
-    dim3 grid((unsigned)B, (unsigned)H);
-    attention_decode_kernel<<<grid, ATT_THREADS, shm, tr_cuda_stream(be)>>>(
-        out, q, kv->k_pool, kv->v_pool, kv->block_size, kv->n_kv_heads, D, block_table,
-        max_blocks, seq_len, H, attn_scale(D));
-    TR_CUDA_LAUNCHED(be, "attention_decode");
+    if (tr_cuda_bf16(be))
+        decode_run<tr_bf16>(be, out, q, ld, kv, block_table, max_blocks, seq_len, B, H);
+    else
+        decode_run<float>(be, out, q, ld, kv, block_table, max_blocks, seq_len, B, H);
 }
 
 // sum_d dout[d] * out[d] in double, sequentially: the softmax backward's row term. The dq and
 // the dk/dv kernels both call it, so they agree on it bit for bit.
-__device__ inline float attn_row_delta(const float *dout, const float *out, int32_t D) {
+template <typename A>
+__device__ inline float attn_row_delta(const A *dout, const A *out, int32_t D) {
     double acc = 0.0;
-    for (int32_t d = 0; d < D; d++) acc += (double)dout[d] * out[d];
+    for (int32_t d = 0; d < D; d++) acc += (double)tr_f32(dout[d]) * tr_f32(out[d]);
     return (float)acc;
 }
 
 // dq for one (query row, head): keys of the row's document up to the row, in chunks; per key
-// p = exp(s - lse), dS = p (dP - delta) * scale, dq += dS k. Shared: qs, gos, acc [D], ds.
-__global__ void attention_backward_dq_kernel(float *dq, const float *dout, const float *out,
-                                             const float *lse, const float *q, const float *k,
-                                             const float *v, const int32_t *doc_start,
+// p = exp(s - lse), dS = p (dP - delta) * scale, dq = sum dS k. Shared: qs, gos, acc [D], ds.
+template <typename A>
+__global__ void attention_backward_dq_kernel(A *dq, const A *dout, const A *out,
+                                             const float *lse, const A *q, const A *k,
+                                             const A *v, int32_t ld, const int32_t *doc_start,
                                              int32_t n_docs, int32_t H, int32_t KVH, int32_t D,
                                              float scale) {
     extern __shared__ float sh[];
@@ -177,20 +207,20 @@ __global__ void attention_backward_dq_kernel(float *dq, const float *dout, const
     __shared__ float delta_sh;
     int32_t i = blockIdx.x, h = blockIdx.y, g = h / (H / KVH), tid = threadIdx.x;
     int32_t start = doc_start[attn_doc_of(doc_start, n_docs, i)];
-    size_t row = (size_t)i * H + h, kstride = (size_t)KVH * D;
+    size_t row = (size_t)i * H + h, qat = (size_t)i * ld + (size_t)h * D;
     for (int32_t d = tid; d < D; d += blockDim.x) {
-        qs[d] = q[row * D + d];
-        gos[d] = dout[row * D + d];
+        qs[d] = tr_f32(q[qat + d]);
+        gos[d] = tr_f32(dout[row * D + d]);
         acc[d] = 0.0f;
     }
     if (tid == 0) delta_sh = attn_row_delta(dout + row * D, out + row * D, D);
     __syncthreads();
     float delta = delta_sh, l = lse[row];
-    const float *kb = k + (size_t)g * D, *vb = v + (size_t)g * D;
+    const A *kb = k + (size_t)g * D, *vb = v + (size_t)g * D;
     for (int32_t c0 = start; c0 <= i; c0 += blockDim.x) {
         int32_t cn = i + 1 - c0 < (int32_t)blockDim.x ? i + 1 - c0 : (int32_t)blockDim.x;
         if (tid < cn) {
-            size_t o = (size_t)(c0 + tid) * kstride;
+            size_t o = (size_t)(c0 + tid) * ld;
             float p = expf(__fmul_rn(attn_dot(qs, kb + o, D), scale) - l);
             float dp = attn_dot(gos, vb + o, D);
             ds[tid] = __fmul_rn(__fmul_rn(p, dp - delta), scale);
@@ -198,31 +228,33 @@ __global__ void attention_backward_dq_kernel(float *dq, const float *dout, const
         __syncthreads();
         for (int32_t d = tid; d < D; d += blockDim.x) {
             float a = acc[d];
-            for (int32_t j = 0; j < cn; j++) a = fmaf(ds[j], kb[(size_t)(c0 + j) * kstride + d], a);
+            for (int32_t j = 0; j < cn; j++)
+                a = fmaf(ds[j], tr_f32(kb[(size_t)(c0 + j) * ld + d]), a);
             acc[d] = a;
         }
         __syncthreads();
     }
-    for (int32_t d = tid; d < D; d += blockDim.x) dq[row * D + d] += acc[d];
+    for (int32_t d = tid; d < D; d += blockDim.x) tr_store(dq + qat + d, acc[d]);
 }
 
 // dk, dv for one (key row j, kv head g): the group's heads in order, then the query rows of
-// the document from j on, in chunks; dv += p dO, dk += dS q. Shared: ks, vs, acck, accv [D],
-// p, ds [ATT_THREADS].
-__global__ void attention_backward_dkv_kernel(float *dk, float *dv, const float *dout,
-                                              const float *out, const float *lse,
-                                              const float *q, const float *k, const float *v,
-                                              const int32_t *doc_start, int32_t n_docs,
-                                              int32_t H, int32_t KVH, int32_t D, float scale) {
+// the document from j on, in chunks; dv = sum p dO, dk = sum dS q. Shared: ks, vs, acck,
+// accv [D], p, ds [ATT_THREADS].
+template <typename A>
+__global__ void attention_backward_dkv_kernel(A *dk, A *dv, const A *dout, const A *out,
+                                              const float *lse, const A *q, const A *k,
+                                              const A *v, int32_t ld, const int32_t *doc_start,
+                                              int32_t n_docs, int32_t H, int32_t KVH, int32_t D,
+                                              float scale) {
     extern __shared__ float sh[];
     float *ks = sh, *vs = sh + D, *acck = sh + 2 * D, *accv = sh + 3 * D;
     float *ps = sh + 4 * D, *ds = ps + blockDim.x;
     int32_t j = blockIdx.x, g = blockIdx.y, group = H / KVH, tid = threadIdx.x;
     int32_t end = doc_start[attn_doc_of(doc_start, n_docs, j) + 1];
-    size_t krow = ((size_t)j * KVH + g) * D, qstride = (size_t)H * D;
+    size_t kat = (size_t)j * ld + (size_t)g * D, ostride = (size_t)H * D;
     for (int32_t d = tid; d < D; d += blockDim.x) {
-        ks[d] = k[krow + d];
-        vs[d] = v[krow + d];
+        ks[d] = tr_f32(k[kat + d]);
+        vs[d] = tr_f32(v[kat + d]);
         acck[d] = 0.0f;
         accv[d] = 0.0f;
     }
@@ -232,7 +264,8 @@ __global__ void attention_backward_dkv_kernel(float *dk, float *dv, const float 
             int32_t cn = end - c0 < (int32_t)blockDim.x ? end - c0 : (int32_t)blockDim.x;
             if (tid < cn) {
                 size_t row = (size_t)(c0 + tid) * H + h;
-                const float *qi = q + row * D, *goi = dout + row * D;
+                const A *qi = q + (size_t)(c0 + tid) * ld + (size_t)h * D;
+                const A *goi = dout + row * D;
                 float delta = attn_row_delta(goi, out + row * D, D);
                 float p = expf(__fmul_rn(attn_dot(qi, ks, D), scale) - lse[row]);
                 float dp = attn_dot(goi, vs, D);
@@ -243,9 +276,9 @@ __global__ void attention_backward_dkv_kernel(float *dk, float *dv, const float 
             for (int32_t d = tid; d < D; d += blockDim.x) {
                 float ak = acck[d], av = accv[d];
                 for (int32_t x = 0; x < cn; x++) {
-                    size_t o = (size_t)(c0 + x) * qstride + (size_t)h * D + d;
-                    av = fmaf(ps[x], dout[o], av);
-                    ak = fmaf(ds[x], q[o], ak);
+                    size_t r = (size_t)(c0 + x);
+                    av = fmaf(ps[x], tr_f32(dout[r * ostride + (size_t)h * D + d]), av);
+                    ak = fmaf(ds[x], tr_f32(q[r * ld + (size_t)h * D + d]), ak);
                 }
                 acck[d] = ak;
                 accv[d] = av;
@@ -254,32 +287,44 @@ __global__ void attention_backward_dkv_kernel(float *dk, float *dv, const float 
         }
     }
     for (int32_t d = tid; d < D; d += blockDim.x) {
-        if (dk) dk[krow + d] += acck[d];
-        if (dv) dv[krow + d] += accv[d];
+        if (dk) tr_store(dk + kat + d, acck[d]);
+        if (dv) tr_store(dv + kat + d, accv[d]);
     }
 }
 
-void tr_cuda_attention_backward(tr_backend *be, float *dq, float *dk, float *dv,
-                                const float *dout, const float *out, const float *lse,
-                                const float *q, const float *k, const float *v,
-                                const tr_doc_layout *docs, int32_t H, int32_t KVH, int32_t D) {
-    int32_t T = docs->n_tokens;
-    if (T <= 0 || H <= 0) return;
+template <typename A>
+static void backward_run(tr_backend *be, void *dq, void *dk, void *dv, const void *dout,
+                         const void *out, const float *lse, const void *q, const void *k,
+                         const void *v, int32_t ld, const tr_doc_layout *docs, int32_t H,
+                         int32_t KVH, int32_t D) {
     cudaStream_t st = tr_cuda_stream(be);
     float scale = attn_scale(D);
+    unsigned T = (unsigned)docs->n_tokens;
     if (dq) {
         size_t shm = (size_t)(3 * D + ATT_THREADS) * sizeof(float);
-        if (attn_shared_ok(be, (const void *)attention_backward_dq_kernel, shm)) return;
-        attention_backward_dq_kernel<<<dim3((unsigned)T, (unsigned)H), ATT_THREADS, shm, st>>>(
-            dq, dout, out, lse, q, k, v, docs->doc_start, docs->n_docs, H, KVH, D, scale);
+        if (attn_shared_ok(be, (const void *)attention_backward_dq_kernel<A>, shm)) return;
+        attention_backward_dq_kernel<A><<<dim3(T, (unsigned)H), ATT_THREADS, shm, st>>>(
+            (A *)dq, (const A *)dout, (const A *)out, lse, (const A *)q, (const A *)k,
+            (const A *)v, ld, docs->doc_start, docs->n_docs, H, KVH, D, scale);
         if (TR_CUDA_LAUNCHED(be, "attention_backward dq")) return;
     }
     if (dk || dv) {
         size_t shm = (size_t)(4 * D + 2 * ATT_THREADS) * sizeof(float);
-        if (attn_shared_ok(be, (const void *)attention_backward_dkv_kernel, shm)) return;
-        attention_backward_dkv_kernel<<<dim3((unsigned)T, (unsigned)KVH), ATT_THREADS, shm,
-                                        st>>>(dk, dv, dout, out, lse, q, k, v, docs->doc_start,
-                                              docs->n_docs, H, KVH, D, scale);
+        if (attn_shared_ok(be, (const void *)attention_backward_dkv_kernel<A>, shm)) return;
+        attention_backward_dkv_kernel<A><<<dim3(T, (unsigned)KVH), ATT_THREADS, shm, st>>>(
+            (A *)dk, (A *)dv, (const A *)dout, (const A *)out, lse, (const A *)q, (const A *)k,
+            (const A *)v, ld, docs->doc_start, docs->n_docs, H, KVH, D, scale);
         TR_CUDA_LAUNCHED(be, "attention_backward dkv");
     }
+}
+
+void tr_cuda_attention_backward(tr_backend *be, void *dq, void *dk, void *dv,
+                                const void *dout, const void *out, const float *lse,
+                                const void *q, const void *k, const void *v, int32_t ld,
+                                const tr_doc_layout *docs, int32_t H, int32_t KVH, int32_t D) {
+    if (docs->n_tokens <= 0 || H <= 0) return;
+    if (tr_cuda_bf16(be))
+        backward_run<tr_bf16>(be, dq, dk, dv, dout, out, lse, q, k, v, ld, docs, H, KVH, D);
+    else
+        backward_run<float>(be, dq, dk, dv, dout, out, lse, q, k, v, ld, docs, H, KVH, D);
 }

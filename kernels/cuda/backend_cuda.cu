@@ -1,6 +1,7 @@
 // The CUDA backend: its tr_ops table with the memory half (cudaMalloc, pinned staging, copies
-// on the backend's stream), the context behind it (stream, cuBLAS handle, sumsq scratch) and
-// the first-error record that stands in for return codes, since ops return void.
+// on the backend's stream), the context behind it (stream, cuBLAS and cuBLASLt handles, the
+// Lt workspace and plans, reduction scratch) and the first-error record that stands in for
+// return codes, since ops return void.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,25 +98,25 @@ static const tr_ops cuda_ops = {
     .embedding_scratch_bytes = tr_cuda_embedding_scratch_bytes,
     .rmsnorm_forward = tr_cuda_rmsnorm_forward,
     .rmsnorm_backward = tr_cuda_rmsnorm_backward,
+    .head_rmsnorm_forward = tr_cuda_head_rmsnorm_forward,
+    .head_rmsnorm_backward = tr_cuda_head_rmsnorm_backward,
     .rope_forward = tr_cuda_rope_forward,
     .rope_backward = tr_cuda_rope_backward,
     .attention_forward = tr_cuda_attention_forward,
     .attention_backward = tr_cuda_attention_backward,
     .attention_decode = tr_cuda_attention_decode,
+    .kv_write = tr_cuda_kv_write,
     .swiglu_forward = tr_cuda_swiglu_forward,
     .swiglu_backward = tr_cuda_swiglu_backward,
-    .add = tr_cuda_add,
     .logsoftmax_forward = tr_cuda_logsoftmax_forward,
     .logsoftmax_backward = tr_cuda_logsoftmax_backward,
     .sumsq = tr_cuda_sumsq,
-    .scale = tr_cuda_scale,
     .adamw = tr_cuda_adamw,
     .fill = tr_cuda_fill,
     .gather_rows = tr_cuda_gather_rows,
     .scatter_rows = tr_cuda_scatter_rows,
     .kv_copy_blocks = tr_cuda_kv_copy_blocks,
-    .cast_f32_bf16 = tr_cuda_cast_f32_bf16,
-    .cast_bf16_f32 = tr_cuda_cast_bf16_f32,
+    .convert = tr_cuda_convert,
     .sample = tr_cuda_sample,
     .sample_scratch_bytes = tr_cuda_sample_scratch_bytes,
 };
@@ -131,24 +132,37 @@ int tr_cuda_record(tr_cuda_ctx *ctx, const char *file, int line, const char *wha
 }
 
 // The context is kept even when init fails, so that status can tell why.
-extern "C" int tr_backend_cuda_init(tr_backend *be, int device) {
+extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision) {
     be->ops = NULL;
     be->ctx = NULL;
     be->n_threads = 1;
+    be->act = be->wt = precision;
     tr_cuda_ctx *ctx = (tr_cuda_ctx *)calloc(1, sizeof *ctx);
     if (!ctx) return -1;
+    be->ctx = ctx;
+    if (precision != TR_F32 && precision != TR_BF16) {
+        tr_cuda_record(ctx, __FILE__, __LINE__, "tr_backend_cuda_init",
+                       "precision must be fp32 or bf16");
+        return -1;
+    }
     ctx->device = device;
     const char *each = getenv("TROUPE_SYNC_EACH_OP");
     ctx->sync_each_op = each && strcmp(each, "1") == 0;
-    be->ctx = ctx;
     if (TR_CUDA_CHECK(be, cudaSetDevice(device))) return -1;
     if (TR_CUDA_CHECK(be, cudaStreamCreate(&ctx->stream))) return -1;
     if (TR_CUBLAS_CHECK(be, cublasCreate(&ctx->blas))) return -1;
     if (TR_CUBLAS_CHECK(be, cublasSetStream(ctx->blas, ctx->stream))) return -1;
     // Pedantic math: true fp32 products, never TF32, even under NVIDIA_TF32_OVERRIDE.
     if (TR_CUBLAS_CHECK(be, cublasSetMathMode(ctx->blas, CUBLAS_PEDANTIC_MATH))) return -1;
+    if (precision == TR_BF16) {   // only bf16 products go through cuBLASLt
+        if (TR_CUBLAS_CHECK(be, cublasLtCreate(&ctx->lt))) return -1;
+        if (TR_CUDA_CHECK(be, cudaMalloc(&ctx->lt_ws, TR_CUDA_LT_WORKSPACE))) return -1;
+    }
     if (TR_CUDA_CHECK(be, cudaMalloc((void **)&ctx->partial,
                                      TR_CUDA_SUMSQ_BLOCKS * sizeof(double))))
+        return -1;
+    if (TR_CUDA_CHECK(be, cudaMalloc((void **)&ctx->norm_partial,
+                                     TR_CUDA_NORM_PARTIALS * sizeof(double))))
         return -1;
     be->ops = &cuda_ops;
     return 0;
@@ -160,6 +174,10 @@ extern "C" void tr_backend_cuda_free(tr_backend *be) {
     // Teardown errors have nobody left to report to; each release is still attempted.
     if (ctx->stream) cudaStreamSynchronize(ctx->stream);
     if (ctx->partial) cudaFree(ctx->partial);
+    if (ctx->norm_partial) cudaFree(ctx->norm_partial);
+    tr_cuda_lt_plans_free(ctx);
+    if (ctx->lt_ws) cudaFree(ctx->lt_ws);
+    if (ctx->lt) cublasLtDestroy(ctx->lt);
     if (ctx->blas) cublasDestroy(ctx->blas);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
     free(ctx);

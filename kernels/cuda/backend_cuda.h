@@ -1,5 +1,5 @@
-// The CUDA backend (NVIDIA Hopper, sm_90, fp32): the tr_ops table of kernels/ops.h on one GPU,
-// behind a C API so host code stays C11. Every pointer handed to an op is device memory,
+// The CUDA backend (NVIDIA Hopper, sm_90, bf16 or fp32): the tr_ops table of kernels/ops.h on
+// one GPU, behind a C API so host code stays C11. Every pointer handed to an op is device memory,
 // including the arrays inside tr_doc_layout (doc_start, pos), tr_kv_pages (pools) and the
 // decode block_table / seq_len; the two structs themselves are host memory.
 #pragma once
@@ -12,10 +12,12 @@ extern "C" {
 #endif
 
 // Makes `device` current for the calling thread and creates the backend's stream and cuBLAS
-// handle (fp32 math, no TF32). Ops run asynchronously on that stream, in call order; the
-// calling thread must keep `device` current. Returns 0, or -1 with be->ops NULL: then
+// handle. precision sets be->act = be->wt: TR_BF16 (bf16 activations and working weights,
+// cuBLASLt products with fp32 accumulation) or TR_F32 (fp32 everywhere, sgemm with pedantic
+// math, never TF32). Ops run asynchronously on that stream, in call order; the calling
+// thread must keep `device` current. Returns 0, or -1 with be->ops NULL: then
 // tr_backend_cuda_status says why, and tr_backend_cuda_free releases what was made.
-int tr_backend_cuda_init(tr_backend *be, int device);
+int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision);
 void tr_backend_cuda_free(tr_backend *be);
 
 // Ops return void, so the backend records the first CUDA or cuBLAS failure (launch or

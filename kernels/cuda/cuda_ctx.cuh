@@ -1,7 +1,9 @@
-// Internal to the CUDA backend (.cu files only): the backend context (stream, cuBLAS handle,
-// sumsq scratch, first recorded error), the checks that record failures, deterministic block
-// reductions, and the op functions each .cu file adds to the table in backend_cuda.cu.
+// Internal to the CUDA backend (.cu files only): the backend context (stream, cuBLAS and
+// cuBLASLt handles, the Lt workspace and plan cache, reduction scratch, first recorded error),
+// the checks that record failures, deterministic block reductions, and the op functions each
+// .cu file adds to the table in backend_cuda.cu.
 #pragma once
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -10,12 +12,41 @@
 
 // sumsq adds at most this many fixed blocks; their partial sums live in the context.
 #define TR_CUDA_SUMSQ_BLOCKS 1024
+// Per-chunk partial sums of the norms' weight gradients (rmsnorm.cu), in the context.
+#define TR_CUDA_NORM_PARTIALS ((size_t)1 << 19)
+// cuBLASLt plans kept (one per GEMM shape); past this the oldest is replaced.
+#define TR_CUDA_LT_PLANS 128
+// cuBLASLt workspace, allocated once at init (the size NVIDIA advises for Hopper).
+#define TR_CUDA_LT_WORKSPACE ((size_t)32 << 20)
+
+// What fixes a cuBLASLt product's algorithm: every field the heuristic sees. Compared with
+// memcmp, so it is zeroed before it is filled (no stray padding bytes).
+typedef struct tr_lt_key {
+    int32_t ta, tb;                // cublasOperation_t of A and B
+    int64_t m, n, k, lda, ldb, ldd;
+    int32_t a_type, b_type, d_type;   // cudaDataType_t; C has D's type and layout
+    int32_t bias;                  // 1: bias epilogue (bias of D's type)
+    int32_t align_a, align_b, align_d, align_bias;   // bytes, powers of two up to 256
+} tr_lt_key;
+
+// A shape's descriptors and the one algorithm chosen for it, kept for the backend's life.
+typedef struct tr_lt_plan {
+    tr_lt_key key;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulAlgo_t algo;
+} tr_lt_plan;
 
 typedef struct tr_cuda_ctx {
     int device;
     cudaStream_t stream;
-    cublasHandle_t blas;
+    cublasHandle_t blas;    // fp32 products (pedantic sgemm)
+    cublasLtHandle_t lt;    // bf16 products
+    void *lt_ws;            // device, TR_CUDA_LT_WORKSPACE bytes
+    tr_lt_plan plans[TR_CUDA_LT_PLANS];
+    int32_t n_plans, next_plan;   // next_plan: the slot replaced when all are taken
     double *partial;        // device, TR_CUDA_SUMSQ_BLOCKS doubles
+    double *norm_partial;   // device, TR_CUDA_NORM_PARTIALS doubles
     int sync_each_op;       // TROUPE_SYNC_EACH_OP=1: every op waits and names itself on failure
     int failed;
     char msg[512];
@@ -92,50 +123,55 @@ __device__ inline float tr_block_max(float v) {
 }
 
 // Op functions, signatures as in kernels/ops.h.
-void tr_cuda_matmul_forward(tr_backend *be, float *out, const float *in, const float *w,
-                            const float *bias, int32_t T, int32_t IC, int32_t OC);
-void tr_cuda_matmul_backward(tr_backend *be, float *din, float *dw, float *dbias,
-                             const float *dout, const float *in, const float *w, int32_t T,
+void tr_cuda_matmul_forward(tr_backend *be, void *out, const void *in, const void *w,
+                            const void *bias, int32_t T, int32_t IC, int32_t OC, int32_t flags);
+void tr_cuda_matmul_backward(tr_backend *be, void *din, float *dw, float *dbias,
+                             const void *dout, const void *in, const void *w, int32_t T,
                              int32_t IC, int32_t OC);
+void tr_cuda_lt_plans_free(tr_cuda_ctx *ctx);
 void tr_cuda_embedding_forward(tr_backend *be, float *out, const int32_t *ids,
-                               const float *table, int32_t T, int32_t C);
+                               const void *table, int32_t T, int32_t C);
 void tr_cuda_embedding_backward(tr_backend *be, float *dtable, const float *dout,
                                 const int32_t *ids, int32_t T, int32_t C, void *scratch);
 size_t tr_cuda_embedding_scratch_bytes(tr_backend *be, int32_t T);
-void tr_cuda_rmsnorm_forward(tr_backend *be, float *out, float *rstd, const float *in,
-                             const float *w, float eps, int32_t T, int32_t C);
-void tr_cuda_rmsnorm_backward(tr_backend *be, float *din, float *dw, const float *dout,
-                              const float *in, const float *w, const float *rstd, int32_t T,
+void tr_cuda_rmsnorm_forward(tr_backend *be, void *out, float *rstd, const float *in,
+                             const void *w, float eps, int32_t T, int32_t C);
+void tr_cuda_rmsnorm_backward(tr_backend *be, float *din, float *dw, const void *dout,
+                              const float *in, const void *w, const float *rstd, int32_t T,
                               int32_t C);
-void tr_cuda_rope_forward(tr_backend *be, float *x, const int32_t *pos, const float *inv_freq,
-                          int32_t T, int32_t H, int32_t D);
-void tr_cuda_rope_backward(tr_backend *be, float *dx, const int32_t *pos,
+void tr_cuda_head_rmsnorm_forward(tr_backend *be, void *out, float *rstd, const void *in,
+                                  const void *w, float eps, int32_t T, int32_t H, int32_t D,
+                                  int32_t ld);
+void tr_cuda_head_rmsnorm_backward(tr_backend *be, void *din, float *dw, const void *dout,
+                                   const void *in, const void *w, const float *rstd, int32_t T,
+                                   int32_t H, int32_t D, int32_t ld);
+void tr_cuda_rope_forward(tr_backend *be, void *x, int32_t ld, const int32_t *pos,
+                          const float *inv_freq, int32_t T, int32_t H, int32_t D);
+void tr_cuda_rope_backward(tr_backend *be, void *dx, int32_t ld, const int32_t *pos,
                            const float *inv_freq, int32_t T, int32_t H, int32_t D);
-void tr_cuda_attention_forward(tr_backend *be, float *out, float *lse, const float *q,
-                               const float *k, const float *v, const tr_doc_layout *docs,
-                               int32_t H, int32_t KVH, int32_t D);
-void tr_cuda_attention_backward(tr_backend *be, float *dq, float *dk, float *dv,
-                                const float *dout, const float *out, const float *lse,
-                                const float *q, const float *k, const float *v,
+void tr_cuda_attention_forward(tr_backend *be, void *out, float *lse, const void *q,
+                               const void *k, const void *v, int32_t ld,
+                               const tr_doc_layout *docs, int32_t H, int32_t KVH, int32_t D);
+void tr_cuda_attention_backward(tr_backend *be, void *dq, void *dk, void *dv,
+                                const void *dout, const void *out, const float *lse,
+                                const void *q, const void *k, const void *v, int32_t ld,
                                 const tr_doc_layout *docs, int32_t H, int32_t KVH, int32_t D);
-void tr_cuda_attention_decode(tr_backend *be, float *out, const float *q,
+void tr_cuda_attention_decode(tr_backend *be, void *out, const void *q, int32_t ld,
                               const tr_kv_pages *kv, const int32_t *block_table,
                               int32_t max_blocks, const int32_t *seq_len, int32_t B, int32_t H);
-void tr_cuda_swiglu_forward(tr_backend *be, float *out, const float *gate, const float *up,
-                            size_t n);
-void tr_cuda_swiglu_backward(tr_backend *be, float *dgate, float *dup, const float *dout,
-                             const float *gate, const float *up, size_t n);
+void tr_cuda_kv_write(tr_backend *be, const tr_kv_pages *kv, const int32_t *slot,
+                      const void *k, const void *v, int32_t ld, int32_t T);
+void tr_cuda_swiglu_forward(tr_backend *be, void *out, const void *gu, int32_t T, int32_t I);
+void tr_cuda_swiglu_backward(tr_backend *be, void *dgu, const void *dout, const void *gu,
+                             int32_t T, int32_t I);
 void tr_cuda_logsoftmax_forward(tr_backend *be, float *logprob, float *entropy, float *lse,
                                 const float *logits, const int32_t *target, int32_t T,
                                 int32_t V);
-void tr_cuda_logsoftmax_backward(tr_backend *be, float *dlogits, const float *dlogprob,
+void tr_cuda_logsoftmax_backward(tr_backend *be, void *dlogits, const float *dlogprob,
                                  const float *dentropy, const float *logits, const float *lse,
                                  const int32_t *target, int32_t T, int32_t V);
-void tr_cuda_add(tr_backend *be, float *out, const float *a, const float *b, size_t n);
 void tr_cuda_sumsq(tr_backend *be, double *acc, const float *x, size_t n);
-void tr_cuda_scale(tr_backend *be, float *x, float s, size_t n);
-void tr_cuda_adamw(tr_backend *be, float *p, const float *g, float *m, float *v, size_t n,
-                   float lr, float b1, float b2, float eps, float wd, int32_t t);
+void tr_cuda_adamw(tr_backend *be, const tr_adamw_args *a);
 void tr_cuda_fill(tr_backend *be, float *x, float value, size_t n);
 void tr_cuda_gather_rows(tr_backend *be, void *out, const void *src, const int32_t *idx,
                          int32_t n, size_t row_bytes);
@@ -143,8 +179,8 @@ void tr_cuda_scatter_rows(tr_backend *be, void *dst, const void *rows, const int
                           int32_t n, size_t row_bytes);
 void tr_cuda_kv_copy_blocks(tr_backend *be, const tr_kv_pool *pool, const int32_t *src,
                             const int32_t *dst, const int32_t *n_slots, int32_t n);
-void tr_cuda_cast_f32_bf16(tr_backend *be, uint16_t *out, const float *in, size_t n);
-void tr_cuda_cast_bf16_f32(tr_backend *be, float *out, const uint16_t *in, size_t n);
+void tr_cuda_convert(tr_backend *be, void *out, tr_dt out_t, const void *in, tr_dt in_t,
+                     size_t n);
 void tr_cuda_sample(tr_backend *be, int32_t *ids, float *logprob, const float *logits,
                     const tr_sample_row *rows, int32_t B, int32_t V, void *scratch,
                     int32_t *n_near);

@@ -7,15 +7,18 @@
 #include "kernels/cuda/cub_sort.cuh"
 
 #include "kernels/cuda/cuda_ctx.cuh"
+#include "kernels/cuda/dtype.cuh"
 
 #define EMB_THREADS 256
 
-__global__ void embedding_forward_kernel(float *out, const int32_t *ids, const float *table,
+// The table is W (bf16 or fp32), the rows fp32: the widening is exact.
+template <typename W>
+__global__ void embedding_forward_kernel(float *out, const int32_t *ids, const W *table,
                                          int32_t C) {
     int32_t t = blockIdx.x;
-    const float *src = table + (size_t)ids[t] * C;
+    const W *src = table + (size_t)ids[t] * C;
     float *dst = out + (size_t)t * C;
-    for (int32_t c = threadIdx.x; c < C; c += blockDim.x) dst[c] = src[c];
+    for (int32_t c = threadIdx.x; c < C; c += blockDim.x) dst[c] = tr_f32(src[c]);
 }
 
 // Scratch: sorted ids, token indices before and after the sort, then CUB's temporary storage.
@@ -77,9 +80,15 @@ __global__ void embedding_backward_kernel(float *dtable, const float *dout, cons
 }
 
 void tr_cuda_embedding_forward(tr_backend *be, float *out, const int32_t *ids,
-                               const float *table, int32_t T, int32_t C) {
+                               const void *table, int32_t T, int32_t C) {
     if (T <= 0 || C <= 0) return;
-    embedding_forward_kernel<<<T, EMB_THREADS, 0, tr_cuda_stream(be)>>>(out, ids, table, C);
+    cudaStream_t st = tr_cuda_stream(be);
+    if (tr_cuda_bf16(be))
+        embedding_forward_kernel<tr_bf16><<<T, EMB_THREADS, 0, st>>>(out, ids,
+                                                                     (const tr_bf16 *)table, C);
+    else
+        embedding_forward_kernel<float><<<T, EMB_THREADS, 0, st>>>(out, ids,
+                                                                   (const float *)table, C);
     TR_CUDA_LAUNCHED(be, "embedding_forward");
 }
 

@@ -1,7 +1,9 @@
 // Fused log-softmax over vocabulary rows on the GPU, one block per row: the maximum, then
 // sum e and sum e*(x - m) in double (fixed-order block reductions) give lse, entropy and the
-// target's log-probability. The backward writes dlogits from dlogprob and dentropy.
+// target's log-probability. The backward writes dlogits (A: rounded once) from dlogprob and
+// dentropy.
 #include "kernels/cuda/cuda_ctx.cuh"
+#include "kernels/cuda/dtype.cuh"
 #include "kernels/cuda/logsoftmax_row.cuh"
 
 #define LSM_THREADS TR_LSM_THREADS
@@ -25,12 +27,13 @@ __global__ void logsoftmax_forward_kernel(float *logprob, float *entropy, float 
 
 // With p = exp(x - lse): d logprob/dx = onehot - p; dH/dx_i = -p_i (x_i - sum_k p_k x_k),
 // where E_p[x] is normalized by sum p so the rounding of the saved lse cancels.
-__global__ void logsoftmax_backward_kernel(float *dlogits, const float *dlogprob,
+template <typename A>
+__global__ void logsoftmax_backward_kernel(A *dlogits, const float *dlogprob,
                                            const float *dentropy, const float *logits,
                                            const float *lse, const int32_t *target, int32_t V) {
     int32_t t = blockIdx.x;
     const float *x = logits + (size_t)t * V;
-    float *dx = dlogits + (size_t)t * V;
+    A *dx = dlogits + (size_t)t * V;
     float l = lse[t];
     int32_t tg = target[t];
     float glp = (dlogprob && tg >= 0) ? dlogprob[t] : 0.0f;
@@ -51,7 +54,7 @@ __global__ void logsoftmax_backward_kernel(float *dlogits, const float *dlogprob
         float p = expf(x[i] - l);
         float d = -glp * p - gent * p * (float)((double)x[i] - mean);
         if (i == tg) d += glp;
-        dx[i] = d;
+        tr_store(dx + i, d);
     }
 }
 
@@ -64,11 +67,16 @@ void tr_cuda_logsoftmax_forward(tr_backend *be, float *logprob, float *entropy, 
     TR_CUDA_LAUNCHED(be, "logsoftmax_forward");
 }
 
-void tr_cuda_logsoftmax_backward(tr_backend *be, float *dlogits, const float *dlogprob,
+void tr_cuda_logsoftmax_backward(tr_backend *be, void *dlogits, const float *dlogprob,
                                  const float *dentropy, const float *logits, const float *lse,
                                  const int32_t *target, int32_t T, int32_t V) {
     if (T <= 0 || V <= 0) return;
-    logsoftmax_backward_kernel<<<T, LSM_THREADS, 0, tr_cuda_stream(be)>>>(
-        dlogits, dlogprob, dentropy, logits, lse, target, V);
+    cudaStream_t st = tr_cuda_stream(be);
+    if (tr_cuda_bf16(be))
+        logsoftmax_backward_kernel<tr_bf16><<<T, LSM_THREADS, 0, st>>>(
+            (tr_bf16 *)dlogits, dlogprob, dentropy, logits, lse, target, V);
+    else
+        logsoftmax_backward_kernel<float><<<T, LSM_THREADS, 0, st>>>(
+            (float *)dlogits, dlogprob, dentropy, logits, lse, target, V);
     TR_CUDA_LAUNCHED(be, "logsoftmax_backward");
 }

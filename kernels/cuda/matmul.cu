@@ -1,75 +1,147 @@
-// Linear layers on the GPU through cuBLAS sgemm (pedantic fp32 math, set at init). Row-major
-// X[R,C] is column-major X^T, so each row-major product is issued as its transpose. The bias
-// is added after the product, and its gradient sums columns over rows in order, in double.
-#include "kernels/cuda/cuda_ctx.cuh"
+// Linear layers on the GPU. Row-major X[R,C] is column-major X^T, so each row-major product
+// is issued as its transpose. fp32 backends run cuBLAS sgemm with pedantic math (true fp32
+// products, never TF32); bf16 backends run cuBLASLt (gemm_lt.cu) on bf16 inputs with fp32
+// accumulation, rounding a bf16 output once, after the bias. Bias additions into fp32
+// outputs and the bias gradient are kernels here, each element summed in a fixed order.
+#include "kernels/cuda/dtype.cuh"
+#include "kernels/cuda/gemm_lt.cuh"
 
 #define MM_THREADS 256
 
-__global__ void bias_add_kernel(float *out, const float *bias, int32_t T, int32_t OC) {
+// out[t, o] = bias[o] (0 without one) when fill, else out[t, o] += bias[o]; the sum in fp32
+// and rounded once to out's type.
+template <typename O, typename B>
+__global__ void bias_kernel(O *out, const B *bias, int32_t T, int32_t OC, int fill) {
     size_t n = (size_t)T * OC;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        out[i] += bias[i % (size_t)OC];
+         i += (size_t)gridDim.x * blockDim.x) {
+        float b = bias ? tr_f32(bias[i % (size_t)OC]) : 0.0f;
+        if (fill) tr_store(out + i, b);
+        else tr_store(out + i, tr_f32(out[i]) + b);
+    }
 }
 
-__global__ void bias_fill_kernel(float *out, const float *bias, int32_t T, int32_t OC) {
+template <typename O, typename B>
+static void bias_run(tr_backend *be, void *out, const void *bias, int32_t T, int32_t OC,
+                     int fill) {
     size_t n = (size_t)T * OC;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        out[i] = bias ? bias[i % (size_t)OC] : 0.0f;
+    bias_kernel<O, B><<<tr_cuda_grid(n, MM_THREADS), MM_THREADS, 0, tr_cuda_stream(be)>>>(
+        (O *)out, (const B *)bias, T, OC, fill);
+    TR_CUDA_LAUNCHED(be, "matmul bias");
 }
 
-// One thread per column: consecutive threads read consecutive floats of a row.
-__global__ void dbias_kernel(float *dbias, const float *dout, int32_t T, int32_t OC) {
+// dbias[o] += dout[t, o] for t in order, one fp32 addition at a time from dbias's value, as
+// kernels/cpu does: the chain continues across calls, so the sum does not depend on how the
+// tokens were split into micro-batches. One thread per column reads coalesced rows.
+template <typename A>
+__global__ void dbias_kernel(float *dbias, const A *dout, int32_t T, int32_t OC) {
     int32_t o = blockIdx.x * blockDim.x + threadIdx.x;
     if (o >= OC) return;
-    double acc = 0.0;
-    for (int32_t t = 0; t < T; t++) acc += dout[(size_t)t * OC + o];
-    dbias[o] += (float)acc;
+    float acc = dbias[o];
+    for (int32_t t = 0; t < T; t++) acc = __fadd_rn(acc, tr_f32(dout[(size_t)t * OC + o]));
+    dbias[o] = acc;
 }
 
-void tr_cuda_matmul_forward(tr_backend *be, float *out, const float *in, const float *w,
-                            const float *bias, int32_t T, int32_t IC, int32_t OC) {
-    if (T <= 0 || OC <= 0) return;
-    cudaStream_t st = tr_cuda_stream(be);
-    size_t n = (size_t)T * OC;
+static void forward_f32(tr_backend *be, float *out, const float *in, const float *w,
+                        const float *bias, int32_t T, int32_t IC, int32_t OC, int acc) {
     if (IC == 0) {   // the product of empty rows is zero; do not rely on sgemm with k = 0
-        bias_fill_kernel<<<tr_cuda_grid(n, MM_THREADS), MM_THREADS, 0, st>>>(out, bias, T, OC);
-        TR_CUDA_LAUNCHED(be, "matmul bias_fill");
+        if (bias || !acc) bias_run<float, float>(be, out, bias, T, OC, !acc);
         return;
     }
     const float one = 1.0f, zero = 0.0f;
-    // out^T[OC,T] = w[OC,IC] @ in^T[IC,T]; w is stored as w^T[IC,OC] column-major.
+    // out^T[OC,T] (+)= w[OC,IC] @ in^T[IC,T]; w is stored as w^T[IC,OC] column-major.
     if (TR_CUBLAS_CHECK(be, cublasSgemm(tr_cuda_ctx_of(be)->blas, CUBLAS_OP_T, CUBLAS_OP_N, OC,
-                                        T, IC, &one, w, IC, in, IC, &zero, out, OC)))
+                                        T, IC, &one, w, IC, in, IC, acc ? &one : &zero, out,
+                                        OC)))
         return;
-    if (bias) {
-        bias_add_kernel<<<tr_cuda_grid(n, MM_THREADS), MM_THREADS, 0, st>>>(out, bias, T, OC);
-        TR_CUDA_LAUNCHED(be, "matmul bias_add");
-    }
+    if (bias) bias_run<float, float>(be, out, bias, T, OC, 0);
 }
 
-void tr_cuda_matmul_backward(tr_backend *be, float *din, float *dw, float *dbias,
-                             const float *dout, const float *in, const float *w, int32_t T,
-                             int32_t IC, int32_t OC) {
+// bf16 in and w; out bf16, or fp32 with TR_MM_OUT_F32. A bf16 output takes its bias in the
+// GEMM's epilogue (fp32 sum, one rounding); an fp32 output adds it afterwards, the same fp32
+// sum. cuBLASLt's bias vector has the output's type, which an fp32 output's bf16 bias lacks.
+static void forward_bf16(tr_backend *be, void *out, const void *in, const void *w,
+                         const void *bias, int32_t T, int32_t IC, int32_t OC, int32_t flags) {
+    int out_f32 = (flags & TR_MM_OUT_F32) != 0, acc = (flags & TR_MM_ACCUMULATE) != 0;
+    if (IC == 0) {
+        if (!bias && acc) return;
+        if (out_f32) bias_run<float, tr_bf16>(be, out, bias, T, OC, !acc);
+        else bias_run<tr_bf16, tr_bf16>(be, out, bias, T, OC, !acc);
+        return;
+    }
+    tr_lt_gemm g = {.ta = CUBLAS_OP_T, .tb = CUBLAS_OP_N, .m = OC, .n = T, .k = IC,
+                    .a = w, .lda = IC, .a_type = CUDA_R_16BF,
+                    .b = in, .ldb = IC, .b_type = CUDA_R_16BF,
+                    .d = out, .ldd = OC, .d_type = out_f32 ? CUDA_R_32F : CUDA_R_16BF,
+                    .accumulate = acc != 0, .bias = out_f32 ? NULL : bias};
+    if (tr_lt_matmul(be, &g)) return;
+    if (out_f32 && bias) bias_run<float, tr_bf16>(be, out, bias, T, OC, 0);
+}
+
+void tr_cuda_matmul_forward(tr_backend *be, void *out, const void *in, const void *w,
+                            const void *bias, int32_t T, int32_t IC, int32_t OC, int32_t flags) {
     if (T <= 0 || OC <= 0) return;
-    cublasHandle_t h = tr_cuda_ctx_of(be)->blas;
-    const float one = 1.0f;
-    if (din && IC > 0) {
-        // din^T[IC,T] += w^T[IC,OC] @ dout^T[OC,T]
-        if (TR_CUBLAS_CHECK(be, cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, IC, T, OC, &one, w, IC,
-                                            dout, OC, &one, din, IC)))
+    if (tr_cuda_bf16(be))
+        forward_bf16(be, out, in, w, bias, T, IC, OC, flags);
+    else
+        forward_f32(be, (float *)out, (const float *)in, (const float *)w, (const float *)bias,
+                    T, IC, OC, (flags & TR_MM_ACCUMULATE) != 0);
+}
+
+void tr_cuda_matmul_backward(tr_backend *be, void *din, float *dw, float *dbias,
+                             const void *dout, const void *in, const void *w, int32_t T,
+                             int32_t IC, int32_t OC) {
+    if (T <= 0 || IC < 0 || OC < 0) return;
+    int bf16 = tr_cuda_bf16(be);
+    size_t esize = bf16 ? sizeof(tr_bf16) : sizeof(float);
+    if (din && IC > 0 && OC == 0) {   // written: an empty sum is zero
+        if (TR_CUDA_CHECK(be, cudaMemsetAsync(din, 0, (size_t)T * IC * esize,
+                                              tr_cuda_stream(be))) ||
+            TR_CUDA_LAUNCHED(be, "matmul_backward din zero"))
             return;
+    } else if (din && IC > 0) {
+        // din^T[IC,T] = w^T[IC,OC] @ dout^T[OC,T]
+        if (bf16) {
+            tr_lt_gemm g = {.ta = CUBLAS_OP_N, .tb = CUBLAS_OP_N, .m = IC, .n = T, .k = OC,
+                            .a = w, .lda = IC, .a_type = CUDA_R_16BF,
+                            .b = dout, .ldb = OC, .b_type = CUDA_R_16BF,
+                            .d = din, .ldd = IC, .d_type = CUDA_R_16BF,
+                            .accumulate = false, .bias = NULL};
+            if (tr_lt_matmul(be, &g)) return;
+        } else {
+            const float one = 1.0f, zero = 0.0f;
+            if (TR_CUBLAS_CHECK(be, cublasSgemm(tr_cuda_ctx_of(be)->blas, CUBLAS_OP_N,
+                                                CUBLAS_OP_N, IC, T, OC, &one, (const float *)w,
+                                                IC, (const float *)dout, OC, &zero,
+                                                (float *)din, IC)))
+                return;
+        }
     }
-    if (dw && IC > 0) {
-        // dw^T[IC,OC] += in^T[IC,T] @ dout[T,OC]
-        if (TR_CUBLAS_CHECK(be, cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, T, &one, in, IC,
-                                            dout, OC, &one, dw, IC)))
-            return;
+    if (dw && IC > 0 && OC > 0) {
+        // dw^T[IC,OC] += in^T[IC,T] @ dout[T,OC]: bf16 inputs into the fp32 gradient
+        if (bf16) {
+            tr_lt_gemm g = {.ta = CUBLAS_OP_N, .tb = CUBLAS_OP_T, .m = IC, .n = OC, .k = T,
+                            .a = in, .lda = IC, .a_type = CUDA_R_16BF,
+                            .b = dout, .ldb = OC, .b_type = CUDA_R_16BF,
+                            .d = dw, .ldd = IC, .d_type = CUDA_R_32F,
+                            .accumulate = true, .bias = NULL};
+            if (tr_lt_matmul(be, &g)) return;
+        } else {
+            const float one = 1.0f;
+            if (TR_CUBLAS_CHECK(be, cublasSgemm(tr_cuda_ctx_of(be)->blas, CUBLAS_OP_N,
+                                                CUBLAS_OP_T, IC, OC, T, &one, (const float *)in,
+                                                IC, (const float *)dout, OC, &one, dw, IC)))
+                return;
+        }
     }
-    if (dbias) {
-        dbias_kernel<<<(OC + MM_THREADS - 1) / MM_THREADS, MM_THREADS, 0, tr_cuda_stream(be)>>>(
-            dbias, dout, T, OC);
+    if (dbias && OC > 0) {
+        unsigned grid = (unsigned)((OC + MM_THREADS - 1) / MM_THREADS);
+        if (bf16)
+            dbias_kernel<tr_bf16><<<grid, MM_THREADS, 0, tr_cuda_stream(be)>>>(
+                dbias, (const tr_bf16 *)dout, T, OC);
+        else
+            dbias_kernel<float><<<grid, MM_THREADS, 0, tr_cuda_stream(be)>>>(
+                dbias, (const float *)dout, T, OC);
         TR_CUDA_LAUNCHED(be, "matmul dbias");
     }
 }

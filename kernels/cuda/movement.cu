@@ -1,8 +1,9 @@
-// Buffer ops on the GPU: fill, row gather and scatter by bytes, the all-layer KV block copy
-// of copy-on-write, and the fp32 <-> bf16 casts. Copies move 16-, 4- or 1-byte words, the
-// widest that the pointers and sizes are aligned to; the casts use the same bit arithmetic
-// as kernels/cpu, so every result is the CPU's, bit for bit.
+// Buffer ops on the GPU: fill, row gather and scatter by bytes, the KV cache's slot writes
+// and all-layer block copy of copy-on-write, and dtype conversion. Copies move 16-, 4- or
+// 1-byte words, the widest that the pointers and sizes are aligned to; conversions use the
+// same bit arithmetic as kernels/cpu, so every result is the CPU's, bit for bit.
 #include "kernels/cuda/cuda_ctx.cuh"
+#include "kernels/cuda/dtype.cuh"
 
 #define MOVE_THREADS 256
 
@@ -107,39 +108,86 @@ void tr_cuda_kv_copy_blocks(tr_backend *be, const tr_kv_pool *pool, const int32_
     TR_CUDA_LAUNCHED(be, "kv_copy_blocks");
 }
 
-// Round to nearest even by adding 0x7fff plus the lowest kept bit; NaNs are truncated (and
-// made quiet only when no payload bit is left), as kernels/cpu/movement.c does.
-__device__ inline uint16_t bf16_of(float f) {
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-        uint16_t h = (uint16_t)(u >> 16);
-        return (h & 0x7f) ? h : (uint16_t)(h | 0x40);
+// One block per token (grid-stride): row t of k and of v, rows of stride ld elements, into
+// slot slot[t] of the pools, whose slots are `width` elements apart. Elements are moved as
+// bits (E is a same-size integer type): the KV cache holds the A dtype unchanged.
+template <typename E>
+__global__ void kv_write_kernel(E *k_pool, E *v_pool, const int32_t *slot, const E *k,
+                                const E *v, int32_t ld, int32_t width, int32_t T) {
+    for (int32_t t = blockIdx.x; t < T; t += gridDim.x) {
+        size_t to = (size_t)slot[t] * (size_t)width, from = (size_t)t * (size_t)ld;
+        for (int32_t i = threadIdx.x; i < width; i += blockDim.x) {
+            k_pool[to + i] = k[from + i];
+            v_pool[to + i] = v[from + i];
+        }
     }
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-__global__ void to_bf16_kernel(uint16_t *out, const float *in, size_t n) {
+void tr_cuda_kv_write(tr_backend *be, const tr_kv_pages *kv, const int32_t *slot,
+                      const void *k, const void *v, int32_t ld, int32_t T) {
+    int32_t width = kv->n_kv_heads * kv->head_dim;
+    if (T <= 0 || width <= 0) return;
+    unsigned grid = tr_cuda_grid((size_t)T, 1);
+    cudaStream_t st = tr_cuda_stream(be);
+    if (tr_dt_size(be->act) == 2)
+        kv_write_kernel<uint16_t><<<grid, MOVE_THREADS, 0, st>>>(
+            (uint16_t *)kv->k_pool, (uint16_t *)kv->v_pool, slot, (const uint16_t *)k,
+            (const uint16_t *)v, ld, width, T);
+    else
+        kv_write_kernel<uint32_t><<<grid, MOVE_THREADS, 0, st>>>(
+            (uint32_t *)kv->k_pool, (uint32_t *)kv->v_pool, slot, (const uint32_t *)k,
+            (const uint32_t *)v, ld, width, T);
+    TR_CUDA_LAUNCHED(be, "kv_write");
+}
+
+// fp16 bits to fp32, exactly: subnormals normalized, inf kept, a NaN's payload shifted into
+// the top of fp32's (so its quiet bit stays the quiet bit).
+__device__ inline float f32_of_f16(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1fu) return __uint_as_float(sign | 0x7f800000u | (m << 13));
+    if (e != 0) return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+    if (m == 0) return __uint_as_float(sign);
+    // subnormal: m * 2^-24, normalized so that the leading bit becomes the implicit one
+    int32_t shift = __clz((int)m) - 21;   // leading zeros within the 10-bit field, plus one
+    uint32_t mant = ((m << shift) & 0x3ffu) << 13;
+    return __uint_as_float(sign | ((uint32_t)(113 - shift) << 23) | mant);
+}
+
+// in_t: 0 fp32, 1 bf16, 2 fp16 (tr_dt); out: fp32, or bf16 bits by convert's rule.
+template <typename O>
+__global__ void convert_kernel(O *out, const void *in, int32_t in_t, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        out[i] = bf16_of(in[i]);
+         i += (size_t)gridDim.x * blockDim.x) {
+        float f;
+        if (in_t == TR_F32) f = ((const float *)in)[i];
+        else if (in_t == TR_BF16) f = __uint_as_float((uint32_t)((const uint16_t *)in)[i] << 16);
+        else f = f32_of_f16(((const uint16_t *)in)[i]);
+        if constexpr (sizeof(O) == 4) out[i] = f;
+        else out[i] = tr_bf16_bits(f);
+    }
 }
 
-__global__ void to_f32_kernel(float *out, const uint16_t *in, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        out[i] = __uint_as_float((uint32_t)in[i] << 16);
-}
-
-void tr_cuda_cast_f32_bf16(tr_backend *be, uint16_t *out, const float *in, size_t n) {
+void tr_cuda_convert(tr_backend *be, void *out, tr_dt out_t, const void *in, tr_dt in_t,
+                     size_t n) {
     if (n == 0) return;
-    to_bf16_kernel<<<tr_cuda_grid(n, MOVE_THREADS), MOVE_THREADS, 0, tr_cuda_stream(be)>>>(
-        out, in, n);
-    TR_CUDA_LAUNCHED(be, "cast_f32_bf16");
-}
-
-void tr_cuda_cast_bf16_f32(tr_backend *be, float *out, const uint16_t *in, size_t n) {
-    if (n == 0) return;
-    to_f32_kernel<<<tr_cuda_grid(n, MOVE_THREADS), MOVE_THREADS, 0, tr_cuda_stream(be)>>>(
-        out, in, n);
-    TR_CUDA_LAUNCHED(be, "cast_bf16_f32");
+    if ((out_t != TR_F32 && out_t != TR_BF16) ||
+        (in_t != TR_F32 && in_t != TR_BF16 && in_t != TR_F16)) {
+        tr_cuda_record(tr_cuda_ctx_of(be), __FILE__, __LINE__, "convert",
+                       "out_t must be fp32 or bf16 and in_t fp32, bf16 or fp16");
+        return;
+    }
+    cudaStream_t st = tr_cuda_stream(be);
+    if (out_t == in_t) {
+        if (TR_CUDA_CHECK(be, cudaMemcpyAsync(out, in, n * tr_dt_size(in_t),
+                                              cudaMemcpyDeviceToDevice, st)))
+            return;
+        TR_CUDA_LAUNCHED(be, "convert (copy)");
+        return;
+    }
+    unsigned grid = tr_cuda_grid(n, MOVE_THREADS);
+    if (out_t == TR_F32)
+        convert_kernel<float><<<grid, MOVE_THREADS, 0, st>>>((float *)out, in, in_t, n);
+    else
+        convert_kernel<uint16_t><<<grid, MOVE_THREADS, 0, st>>>((uint16_t *)out, in, in_t, n);
+    TR_CUDA_LAUNCHED(be, "convert");
 }

@@ -1,36 +1,87 @@
-// Optimizer-step ops on the GPU: AdamW, and the sum of squares behind gradient-norm clipping.
-// sumsq is deterministic: fixed-size blocks (the size depends on n only) summed in double in
-// a fixed tree order, then one thread adds the block partials in order into the caller's
-// device double, so the host waits for nothing.
+// Optimizer-step ops on the GPU: AdamW over a whole flat range in one launch (per-segment
+// weight decay, gradient clipping by a coefficient computed on the device, the bf16 working
+// copy written alongside), and the sum of squares behind the clipping. sumsq is
+// deterministic: fixed-size blocks (the size depends on n only) summed in double in a fixed
+// tree order, then one thread adds the block partials in order into the caller's device
+// double; the AdamW launch reads that double itself, so the host waits for nothing.
 #include <math.h>
 
 #include "kernels/cuda/cuda_ctx.cuh"
+#include "kernels/cuda/dtype.cuh"
 
 #define OPT_THREADS 256
 #define SUMSQ_MIN_BLOCK 16384
 
-__global__ void adamw_kernel(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                             float b1, float b2, float eps, float wd, float bc1, float bc2) {
+// The clip coefficient from the device's sum of squares, in double: min(1, max_norm /
+// (sqrt(sumsq) + 1e-6)), 1 when max_norm <= 0 (or no sum is given). Returns false when the
+// sum is not finite: the step is skipped.
+__device__ inline bool adamw_clip(const double *sumsq, float max_norm, double *c) {
+    *c = 1.0;
+    if (!sumsq) return true;
+    double s = *sumsq;
+    if (!isfinite(s)) return false;
+    if (max_norm > 0.0f) {
+        double q = (double)max_norm / (sqrt(s) + 1e-6);
+        if (q < 1.0) *c = q;
+    }
+    return true;
+}
+
+// The segment holding element i: the last one that begins at or before it.
+__device__ inline int32_t adamw_seg_of(const tr_adamw_seg *segs, int32_t n_segs, uint64_t i) {
+    int32_t lo = 0, hi = n_segs - 1;
+    while (lo < hi) {
+        int32_t mid = (lo + hi + 1) / 2;
+        if (segs[mid].begin <= i) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+// Block b updates [b * chunk, (b + 1) * chunk): each thread's elements rise, so it finds its
+// segment once and then steps forward past segment ends. The update is the per-tensor
+// kernel's expressions unchanged (so its fp32 bits when c = 1, where g' = g exactly).
+__global__ void adamw_kernel(float *p, void *work, int32_t work_bf16, const float *g, float *m,
+                             float *v, size_t n, const tr_adamw_seg *segs, int32_t n_segs,
+                             const double *sumsq, float max_norm, float lr, float b1, float b2,
+                             float eps, float bc1, float bc2, size_t chunk) {
+    double c;
+    if (!adamw_clip(sumsq, max_norm, &c)) return;
     float c1 = 1.0f - b1, c2 = 1.0f - b2;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float gi = g[i];
+    size_t i0 = (size_t)blockIdx.x * chunk + threadIdx.x;
+    size_t i1 = (size_t)blockIdx.x * chunk + chunk < n ? (size_t)blockIdx.x * chunk + chunk : n;
+    if (i0 >= i1) return;
+    int32_t s = adamw_seg_of(segs, n_segs, i0);
+    for (size_t i = i0; i < i1; i += blockDim.x) {
+        while (s + 1 < n_segs && i >= segs[s].end) s++;
+        float wd = segs[s].wd;
+        float gi = (float)(c * (double)g[i]);
         float mi = b1 * m[i] + c1 * gi;
         float vi = b2 * v[i] + c2 * (gi * gi);
         m[i] = mi;
         v[i] = vi;
         float mh = mi / bc1, vh = vi / bc2;
         p[i] -= lr * (mh / (sqrtf(vh) + eps) + wd * p[i]);
+        if (!work) continue;
+        if (work_bf16) ((uint16_t *)work)[i] = tr_bf16_bits(p[i]);
+        else ((float *)work)[i] = p[i];
     }
 }
 
-void tr_cuda_adamw(tr_backend *be, float *p, const float *g, float *m, float *v, size_t n,
-                   float lr, float b1, float b2, float eps, float wd, int32_t t) {
-    if (n == 0) return;
-    float bc1 = (float)(1.0 - pow((double)b1, (double)t));
-    float bc2 = (float)(1.0 - pow((double)b2, (double)t));
-    adamw_kernel<<<tr_cuda_grid(n, OPT_THREADS), OPT_THREADS, 0, tr_cuda_stream(be)>>>(
-        p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2);
+void tr_cuda_adamw(tr_backend *be, const tr_adamw_args *a) {
+    if (a->n == 0) return;
+    if (a->n_segs <= 0 || (a->work && a->wt != TR_F32 && a->wt != TR_BF16)) {
+        tr_cuda_record(tr_cuda_ctx_of(be), __FILE__, __LINE__, "adamw",
+                       "needs segments, and a working copy of fp32 or bf16");
+        return;
+    }
+    float bc1 = (float)(1.0 - pow((double)a->b1, (double)a->t));
+    float bc2 = (float)(1.0 - pow((double)a->b2, (double)a->t));
+    unsigned grid = tr_cuda_grid(a->n, OPT_THREADS);
+    size_t chunk = (a->n + grid - 1) / grid;
+    adamw_kernel<<<grid, OPT_THREADS, 0, tr_cuda_stream(be)>>>(
+        a->p, a->work, a->wt == TR_BF16, a->g, a->m, a->v, a->n, a->segs, a->n_segs, a->sumsq,
+        a->max_norm, a->lr, a->b1, a->b2, a->eps, bc1, bc2, chunk);
     TR_CUDA_LAUNCHED(be, "adamw");
 }
 

@@ -1,44 +1,55 @@
-// Rotary position embedding (HF rotate_half layout) on the GPU, in place on [T, H, D]: one
-// thread per (token, head, frequency) pair. The angle is the fp32 product pos * inv_freq as
-// transformers computes it; cos and sin are taken in double and rounded, as kernels/cpu does.
+// Rotary position embedding (HF rotate_half layout) on the GPU, in place on H heads of D
+// values in rows of stride ld (a fused [q;k;v] row is rotated where it lies): one thread per
+// (token, head, frequency) pair. The angle is the fp32 product pos * inv_freq as
+// transformers computes it; cos and sin are taken in double and rounded, as kernels/cpu does,
+// and the rotation is fp32 with explicit roundings (no fused multiply-add), rounded once to
+// x's type.
 #include "kernels/cuda/cuda_ctx.cuh"
+#include "kernels/cuda/dtype.cuh"
 
 #define ROPE_THREADS 256
 
-__global__ void rope_kernel(float *x, const int32_t *pos, const float *inv_freq, int32_t T,
-                            int32_t H, int32_t D, float sign) {
+template <typename A>
+__global__ void rope_kernel(A *x, int32_t ld, const int32_t *pos, const float *inv_freq,
+                            int32_t T, int32_t H, int32_t D, float sign) {
     int32_t half = D / 2;
     size_t n = (size_t)T * H * half;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         int32_t f = (int32_t)(i % half);
         size_t row = i / half;   // t * H + h
-        int32_t t = (int32_t)(row / H);
+        int32_t t = (int32_t)(row / H), h = (int32_t)(row % H);
         float angle = __fmul_rn((float)pos[t], inv_freq[f]);
         float cs = (float)cos((double)angle), sn = sign * (float)sin((double)angle);
-        float *x1 = x + row * D + f, *x2 = x1 + half;
-        float a = *x1, b = *x2;
-        *x1 = a * cs - b * sn;
-        *x2 = b * cs + a * sn;
+        A *x1 = x + (size_t)t * ld + (size_t)h * D + f, *x2 = x1 + half;
+        float a = tr_f32(*x1), b = tr_f32(*x2);
+        tr_store(x1, __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn)));
+        tr_store(x2, __fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn)));
     }
 }
 
-static void rope_run(tr_backend *be, float *x, const int32_t *pos, const float *inv_freq,
-                     int32_t T, int32_t H, int32_t D, float sign) {
+static void rope_run(tr_backend *be, void *x, int32_t ld, const int32_t *pos,
+                     const float *inv_freq, int32_t T, int32_t H, int32_t D, float sign) {
     size_t n = (size_t)T * H * (D / 2);
     if (T <= 0 || n == 0) return;
-    rope_kernel<<<tr_cuda_grid(n, ROPE_THREADS), ROPE_THREADS, 0, tr_cuda_stream(be)>>>(
-        x, pos, inv_freq, T, H, D, sign);
+    unsigned grid = tr_cuda_grid(n, ROPE_THREADS);
+    cudaStream_t st = tr_cuda_stream(be);
+    if (tr_cuda_bf16(be))
+        rope_kernel<tr_bf16><<<grid, ROPE_THREADS, 0, st>>>((tr_bf16 *)x, ld, pos, inv_freq, T,
+                                                            H, D, sign);
+    else
+        rope_kernel<float><<<grid, ROPE_THREADS, 0, st>>>((float *)x, ld, pos, inv_freq, T, H, D,
+                                                          sign);
     TR_CUDA_LAUNCHED(be, "rope");
 }
 
-void tr_cuda_rope_forward(tr_backend *be, float *x, const int32_t *pos, const float *inv_freq,
-                          int32_t T, int32_t H, int32_t D) {
-    rope_run(be, x, pos, inv_freq, T, H, D, 1.0f);
+void tr_cuda_rope_forward(tr_backend *be, void *x, int32_t ld, const int32_t *pos,
+                          const float *inv_freq, int32_t T, int32_t H, int32_t D) {
+    rope_run(be, x, ld, pos, inv_freq, T, H, D, 1.0f);
 }
 
 // The transpose rotation (angle -> -angle).
-void tr_cuda_rope_backward(tr_backend *be, float *dx, const int32_t *pos,
+void tr_cuda_rope_backward(tr_backend *be, void *dx, int32_t ld, const int32_t *pos,
                            const float *inv_freq, int32_t T, int32_t H, int32_t D) {
-    rope_run(be, dx, pos, inv_freq, T, H, D, -1.0f);
+    rope_run(be, dx, ld, pos, inv_freq, T, H, D, -1.0f);
 }

@@ -114,6 +114,37 @@ same = all(max([abs(a - b) for a, b in zip(g[-len(w):], w)] + [0]) <= tol for g,
 sys.exit(0 if len(got) == len(want) > 0 and same else 1)
 EOF
 check "generation logprobs equal troupe logprobs on prompt + output, bit for bit" $?
+# The same in bf16 (the CPU's emulated mixed precision rounds as CUDA does, with the CPU's
+# batch-invariant product): sampled logprobs are what `troupe logprobs` gives, bit for bit.
+if [ "${TROUPE_BACKEND:-cpu}" = cpu ]; then
+    "$troupe" generate "${opts[@]}" --precision bf16 >"$tmp/b1.jsonl" 2>"$tmp/err"
+    st=$?; check "bf16 sampling: exit status ($(cat "$tmp/err"))" $st
+    python3 - "$tmp/b1.jsonl" "$fx/prompts.jsonl" "$tmp/lpb_in.jsonl" "$tmp/lpb_want.jsonl" <<'EOF'
+import json, sys
+got = [json.loads(l) for l in open(sys.argv[1])]
+prompts = [json.loads(l) for l in open(sys.argv[2])]
+with open(sys.argv[3], "w") as fi, open(sys.argv[4], "w") as fo:
+    for g in got:
+        p = prompts[g["index"]]
+        if "input_ids" in p:
+            fi.write(json.dumps({"input_ids": p["input_ids"] + g["output_ids"]}) + "\n")
+            fo.write(json.dumps(g["logprobs"]) + "\n")
+EOF
+    "$troupe" logprobs --precision bf16 --model "$fx" --data "$tmp/lpb_in.jsonl" \
+        >"$tmp/lpb_got.jsonl" 2>"$tmp/err"
+    st=$?; check "bf16 logprobs of the samples: exit status ($(cat "$tmp/err"))" $st
+    python3 - "$tmp/lpb_got.jsonl" "$tmp/lpb_want.jsonl" "$tmp/s1.jsonl" "$tmp/b1.jsonl" <<'EOF'
+import json, sys
+got = [json.loads(l)["logprobs"] for l in open(sys.argv[1])]
+want = [json.loads(l) for l in open(sys.argv[2])]
+same = all(g[-len(w):] == w for g, w in zip(got, want))
+# And bf16 really ran: its logprobs are not fp32's.
+f32 = [json.loads(l)["logprobs"] for l in open(sys.argv[3])]
+b16 = [json.loads(l)["logprobs"] for l in open(sys.argv[4])]
+sys.exit(0 if len(got) == len(want) > 0 and same and f32 != b16 else 1)
+EOF
+    check "bf16 generation logprobs equal bf16 troupe logprobs, bit for bit" $?
+fi
 
 # Greedy on the model fixtures of every family against transformers' generate (the prompts
 # and outputs of expected.safetensors; the header is read by hand, the data is I32).

@@ -7,7 +7,8 @@
 
 #include "engine/config.h"
 
-static inline size_t af_r16(size_t n) { return (n + 15) / 16 * 16; }
+// Bytes rounded up to 64.
+static inline size_t af_r64(size_t n) { return (n + 63) / 64 * 64; }
 
 // Rows of LM logits held at once by default: as many as fit in 32 MiB, 1..T.
 static inline size_t af_logit_rows(const tr_model_config *c, size_t T) {
@@ -16,36 +17,43 @@ static inline size_t af_logit_rows(const tr_model_config *c, size_t T) {
     return r > T ? T : r;
 }
 
-// Activation floats for T tokens, every region rounded up to 16 floats:
-//   residual (L+1 or 2) x TC; per layer set (L or 1): ln1 TC, rstd T, q TQ, k, v TK, att TQ,
-//   lse TH, res_mid TC, ln2 TC, rstd T, gate, up, act TI, and with QK-norm q_raw TQ, k_raw TK,
-//   q_rstd TH, k_rstd TG; lnf TC, rstd T, scratch TC; LM logits RV + lse T (else head_out
-//   TN); training: d_res, d_ln TC, d_q, d_att TQ, d_k, d_v TK, d_gate, d_up, d_act TI,
-//   d_k_raw TK with QK-norm, d_logits RV (else d_head_out TN).
-static inline size_t af_acts_floats(const tr_model_config *c, size_t T, bool training) {
+// Activation bytes for T tokens with a-byte activations (fp32 regions f = 4 bytes a value),
+// every region rounded up to 64 bytes (QKV = Q + 2K):
+//   residual f (L+1 or 2) x TC; per layer set (L or 1): ln1 a TC, rstd f T, qkv a T*QKV,
+//   att a TQ, lse f TH, res_mid f TC, ln2 a TC, rstd f T, gu a 2TI, act a TI, and with QK-norm
+//   qkv_n a T*QKV, q_rstd f TH, k_rstd f TG; lnf a TC, rstd f T; LM logits f RV, a RV unless
+//   a = f, lse f T (else head_out f TN); training: d_res f TC, d_res_a a TC unless a = f, d_ln a TC, d_qkv a
+//   T*QKV, d_att a TQ, d_gu a 2TI, d_act a TI, d_qkv_n a T*QKV with QK-norm, d_logits a RV
+//   (else d_head_out f TN + a TN).
+static inline size_t af_acts_bytes(const tr_model_config *c, size_t T, bool training, size_t a) {
+    const size_t f = 4;
     size_t C = (size_t)c->hidden_size, Q = (size_t)c->n_heads * c->head_dim;
     size_t K = (size_t)c->n_kv_heads * c->head_dim, I = (size_t)c->intermediate_size;
+    size_t QKV = Q + 2 * K;
     size_t H = (size_t)c->n_heads, V = (size_t)c->vocab_size, L = (size_t)c->n_layers;
     size_t G = (size_t)c->n_kv_heads;
     size_t N = c->head == TR_HEAD_SCORE ? (size_t)c->num_labels : 1;
     size_t R = af_logit_rows(c, T);
     bool lm = c->head == TR_HEAD_LM;
-    size_t layer = 3 * af_r16(T * C) + 2 * af_r16(T) + 2 * af_r16(T * Q) + 2 * af_r16(T * K) +
-                   af_r16(T * H) + 3 * af_r16(T * I);
-    if (c->qk_norm) layer += af_r16(T * Q) + af_r16(T * K) + af_r16(T * H) + af_r16(T * G);
-    size_t n = (training ? L + 1 : 2) * af_r16(T * C) + (training ? L : 1) * layer;
-    n += 2 * af_r16(T * C) + af_r16(T);
-    n += lm ? af_r16(R * V) + af_r16(T) : af_r16(T * N);
+    size_t layer = 2 * af_r64(a * T * C) + 2 * af_r64(f * T) + af_r64(a * T * QKV) +
+                   af_r64(a * T * Q) + af_r64(f * T * H) + af_r64(f * T * C) +
+                   af_r64(a * 2 * T * I) + af_r64(a * T * I);
+    if (c->qk_norm) layer += af_r64(a * T * QKV) + af_r64(f * T * H) + af_r64(f * T * G);
+    size_t n = (training ? L + 1 : 2) * af_r64(f * T * C) + (training ? L : 1) * layer;
+    n += af_r64(a * T * C) + af_r64(f * T);
+    n += lm ? af_r64(f * R * V) + (a != f ? af_r64(a * R * V) : 0) + af_r64(f * T) : af_r64(f * T * N);
     if (training)
-        n += 2 * af_r16(T * C) + 2 * af_r16(T * Q) + 2 * af_r16(T * K) + 3 * af_r16(T * I) +
-             (c->qk_norm ? af_r16(T * K) : 0) + (lm ? af_r16(R * V) : af_r16(T * N));
+        n += af_r64(f * T * C) + (a != f ? af_r64(a * T * C) : 0) + af_r64(a * T * C) +
+             af_r64(a * T * QKV) + af_r64(a * T * Q) + af_r64(a * 2 * T * I) + af_r64(a * T * I) +
+             (c->qk_norm ? af_r64(a * T * QKV) : 0) +
+             (lm ? af_r64(a * R * V) : af_r64(f * T * N) + af_r64(a * T * N));
     return n;
 }
 
-// K and V pools of ceil(kv_tokens / bs) blocks, each rounded up to 16 floats.
-static inline size_t af_kv_floats(const tr_model_config *c, size_t kv_tokens, size_t bs) {
+// K and V pools of ceil(kv_tokens / bs) blocks of a-byte values, each rounded up to 64 bytes.
+static inline size_t af_kv_bytes(const tr_model_config *c, size_t kv_tokens, size_t bs, size_t a) {
     size_t blocks = (kv_tokens + bs - 1) / bs;
-    return 2 * af_r16((size_t)c->n_layers * blocks * bs * (size_t)c->n_kv_heads * c->head_dim);
+    return 2 * af_r64(a * (size_t)c->n_layers * blocks * bs * (size_t)c->n_kv_heads * c->head_dim);
 }
 
 // One role: max(train, forward + kv); train 0 when it does not train, kv 0 without generation.

@@ -33,30 +33,39 @@ static const char QS_CONFIG[] =
     " \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0, \"tie_word_embeddings\": true,"
     " \"eos_token_id\": [2, 0], \"pad_token_id\": 0, \"torch_dtype\": \"float32\"}";
 
-static double mib(size_t floats) { return (double)floats * sizeof(float) / (1 << 20); }
+static double mib(size_t bytes) { return (double)bytes / (1 << 20); }
 
+// Both activation dtypes: fp32, and bf16 with its fp32 regions (residual stream, statistics,
+// logits) where the layout keeps them.
 static void check_sizes(const char *name, const tr_model_config *cfg, int32_t T,
                         int64_t kv_tokens, int32_t bs) {
-    tr_model_opts mo = {.max_tokens = T, .training = true};
-    tr_gen_opts go = {.kv_tokens = kv_tokens, .block_size = bs};
-    size_t train = af_acts_floats(cfg, (size_t)T, true), fwd = af_acts_floats(cfg, (size_t)T, false);
-    size_t kv = af_kv_floats(cfg, (size_t)kv_tokens, (size_t)bs);
-    CHECKF(tr_model_arena_floats(cfg, &mo) == train, "%s T=%d: training activations %zu, "
-           "formula %zu", name, T, tr_model_arena_floats(cfg, &mo), train);
-    mo.training = false;
-    CHECKF(tr_model_arena_floats(cfg, &mo) == fwd, "%s T=%d: inference activations %zu, "
-           "formula %zu", name, T, tr_model_arena_floats(cfg, &mo), fwd);
-    CHECK(tr_kvcache_floats(cfg, bs, kv_tokens) == kv);
-    CHECK(tr_generator_kv_floats(cfg, &go) == kv);
-    mo.training = true;
-    tr_arena_need n;
-    tr_arena_need_init(&n, cfg, &mo, &go);
-    CHECK(n.train == train && n.forward == fwd && n.kv == kv);
-    CHECK(tr_arena_need_floats(&n) == af_need(train, fwd, kv));
-    CHECK(tr_arena_separate_floats(&n) == train + kv);
-    mo.training = false;
-    tr_arena_need_init(&n, cfg, &mo, NULL);
-    CHECK(n.train == 0 && n.kv == 0 && tr_arena_need_floats(&n) == fwd);
+    for (int d = 0; d < 2; d++) {
+        tr_dt act = d ? TR_BF16 : TR_F32;
+        size_t A = tr_dt_size(act);
+        tr_model_opts mo = {.max_tokens = T, .training = true};
+        tr_gen_opts go = {.kv_tokens = kv_tokens, .block_size = bs};
+        size_t train = af_acts_bytes(cfg, (size_t)T, true, A);
+        size_t fwd = af_acts_bytes(cfg, (size_t)T, false, A);
+        size_t kv = af_kv_bytes(cfg, (size_t)kv_tokens, (size_t)bs, A);
+        CHECKF(tr_model_arena_bytes(cfg, &mo, act) == train, "%s T=%d %s: training activations "
+               "%zu, formula %zu", name, T, tr_dt_name(act), tr_model_arena_bytes(cfg, &mo, act),
+               train);
+        mo.training = false;
+        CHECKF(tr_model_arena_bytes(cfg, &mo, act) == fwd, "%s T=%d %s: inference activations "
+               "%zu, formula %zu", name, T, tr_dt_name(act), tr_model_arena_bytes(cfg, &mo, act),
+               fwd);
+        CHECK(tr_kvcache_pool_bytes(cfg, bs, kv_tokens, act) == kv);
+        CHECK(tr_generator_kv_bytes(cfg, &go, act) == kv);
+        mo.training = true;
+        tr_arena_need n;
+        tr_arena_need_init(&n, cfg, &mo, &go, act);
+        CHECK(n.train == train && n.forward == fwd && n.kv == kv);
+        CHECK(tr_arena_need_bytes(&n) == af_need(train, fwd, kv));
+        CHECK(tr_arena_separate_bytes(&n) == train + kv);
+        mo.training = false;
+        tr_arena_need_init(&n, cfg, &mo, NULL, act);
+        CHECK(n.train == 0 && n.kv == 0 && tr_arena_need_bytes(&n) == fwd);
+    }
 }
 
 static void test_sizing(void) {
@@ -82,15 +91,15 @@ static void test_sizing(void) {
     tr_model_opts mo = {.max_tokens = 2048, .training = true}, ro = {.max_tokens = 2048};
     tr_gen_opts go = {.kv_tokens = 16384, .block_size = 16, .max_seqs = 64};
     tr_arena_need pol, ref;
-    tr_arena_need_init(&pol, &qs, &mo, &go);
-    tr_arena_need_init(&ref, &qs, &ro, NULL);
-    size_t region = tr_arena_need_floats(&pol);
-    if (tr_arena_need_floats(&ref) > region) region = tr_arena_need_floats(&ref);
-    size_t sep1 = tr_arena_separate_floats(&pol), sep2 = sep1 + tr_arena_separate_floats(&ref);
+    tr_arena_need_init(&pol, &qs, &mo, &go, TR_F32);
+    tr_arena_need_init(&ref, &qs, &ro, NULL, TR_F32);
+    size_t region = tr_arena_need_bytes(&pol);
+    if (tr_arena_need_bytes(&ref) > region) region = tr_arena_need_bytes(&ref);
+    size_t sep1 = tr_arena_separate_bytes(&pol), sep2 = sep1 + tr_arena_separate_bytes(&ref);
     printf("  quickstart (2048 tokens, 16384 KV tokens): train %.2f MiB, forward %.2f MiB, "
            "KV %.2f MiB\n", mib(pol.train), mib(pol.forward), mib(pol.kv));
     printf("  region %.2f MiB (%zu bytes); separate: policy %.2f MiB, policy + reference "
-           "%.2f MiB\n", mib(region), region * sizeof(float), mib(sep1), mib(sep2));
+           "%.2f MiB\n", mib(region), region, mib(sep1), mib(sep2));
     CHECK(region == af_need(pol.train, pol.forward, pol.kv) && region < sep1 && sep1 < sep2);
 }
 
@@ -164,8 +173,9 @@ static int ref_logprobs(tr_model *m, const batches *b, float *lp, tr_err *err) {
     return 0;
 }
 
-// What another phase leaves behind: every float of the region NaN.
-static void poison(tr_arena *a) { a->be->ops->fill(a->be, a->base, NAN, a->floats); }
+// What another phase leaves behind: every float of the region NaN (NaN in bf16 too: the
+// pattern 0x7fc0 repeats in both halves of each fp32 NaN's bits).
+static void poison(tr_arena *a) { a->be->ops->fill(a->be, a->base, NAN, a->bytes / sizeof(float)); }
 
 typedef struct roles {
     tr_model pol, ref;
@@ -207,24 +217,24 @@ static void test_phases(const char *name, int64_t kv_tokens, tr_backend *be) {
     // grows it: the reference is set up first, then the region is replaced by one that fits
     // the policy (the reference's views are laid out again when its phases begin).
     tr_arena_need np, nr;
-    tr_arena_need_init(&np, &cfg, &po, &go);
-    tr_arena_need_init(&nr, &cfg, &ro, NULL);
+    tr_arena_need_init(&np, &cfg, &po, &go, be->act);
+    tr_arena_need_init(&nr, &cfg, &ro, NULL, be->act);
     tr_arena a;
-    CHECKF(tr_arena_init(&a, be, tr_arena_need_floats(&nr), &err) == 0, "%s", err.msg);
+    CHECKF(tr_arena_init(&a, be, tr_arena_need_bytes(&nr), &err) == 0, "%s", err.msg);
     ro.acts = a.base;
-    ro.acts_floats = a.floats;
+    ro.acts_bytes = a.bytes;
     if (!rc) rc = tr_model_load(&w.ref, path, be, &ro, &err);
     if (!rc) tr_arena_adopt(&a, &w.ref);
-    CHECKF(tr_arena_reserve(&a, tr_arena_need_floats(&np), &err) == 0, "%s", err.msg);
-    CHECK(a.floats == tr_arena_need_floats(&np) && a.floats > tr_arena_need_floats(&nr));
+    CHECKF(tr_arena_reserve(&a, tr_arena_need_bytes(&np), &err) == 0, "%s", err.msg);
+    CHECK(a.bytes == tr_arena_need_bytes(&np) && a.bytes > tr_arena_need_bytes(&nr));
     po.acts = a.base;
-    po.acts_floats = a.floats;
+    po.acts_bytes = a.bytes;
     if (!rc) rc = tr_model_load(&w.pol, path, be, &po, &err);
     if (!rc) {
         tr_arena_adopt(&a, &w.pol);
         size_t off = tr_arena_kv_offset(&w.pol);
-        go.kv_buf = a.base + off;
-        go.kv_buf_floats = a.floats - off;
+        go.kv_buf = (char *)a.base + off;
+        go.kv_buf_bytes = a.bytes - off;
         rc = tr_generator_init(&w.gen, &w.pol, &go, &err);
     }
     if (!rc) rc = tr_trainer_init(&w.tr, &w.pol, &OPT, 9, &err);
@@ -232,11 +242,11 @@ static void test_phases(const char *name, int64_t kv_tokens, tr_backend *be) {
     if (rc) goto out;
     // The KV blocks sit inside what training uses: the memory really is shared.
     size_t off = tr_arena_kv_offset(&w.pol);
-    CHECK(w.gen.cache.k == a.base + off && off < np.train && off + np.kv <= a.floats);
-    CHECK(a.floats < tr_arena_separate_floats(&np) + tr_arena_separate_floats(&nr));
-    printf("  region %zu floats = max(train %zu, forward %zu + kv %zu); separate %zu\n",
-           a.floats, np.train, np.forward, np.kv,
-           tr_arena_separate_floats(&np) + tr_arena_separate_floats(&nr));
+    CHECK(w.gen.cache.k == (char *)a.base + off && off < np.train && off + np.kv <= a.bytes);
+    CHECK(a.bytes < tr_arena_separate_bytes(&np) + tr_arena_separate_bytes(&nr));
+    printf("  region %zu bytes = max(train %zu, forward %zu + kv %zu); separate %zu\n",
+           a.bytes, np.train, np.forward, np.kv,
+           tr_arena_separate_bytes(&np) + tr_arena_separate_bytes(&nr));
 
     prompts p;
     make_requests(&p, &s.pol, 100);
@@ -310,7 +320,7 @@ static void test_phases(const char *name, int64_t kv_tokens, tr_backend *be) {
           strstr(err.msg, "lent to another holder"));
     CHECK(tr_arena_begin_forward(&a, &w.ref, &err) != 0 &&
           strstr(err.msg, "while a train phase holds"));
-    CHECK(tr_arena_reserve(&a, a.floats + 1, &err) != 0 && strstr(err.msg, "train phase"));
+    CHECK(tr_arena_reserve(&a, a.bytes + 1, &err) != 0 && strstr(err.msg, "train phase"));
     tr_arena_end(&a);
     CHECK(tr_model_forward(&w.pol, b.mbs[0].ids, &b.mbs[0].docs, &err) != 0 &&
           strstr(err.msg, "idle"));
@@ -330,12 +340,12 @@ static void test_phases(const char *name, int64_t kv_tokens, tr_backend *be) {
     // Undersized or misaligned caller buffers; a model owning its arena is not re-laid.
     tr_model m2;
     tr_model_opts bad = {.max_tokens = T_MAX, .training = true, .acts = a.base,
-                         .acts_floats = np.train - 16};
+                         .acts_bytes = np.train - 64};
     CHECK(tr_model_init(&m2, &cfg, be, &bad, &err) != 0 && strstr(err.msg, "need"));
-    bad.acts = a.base + 1;
-    bad.acts_floats = a.floats - 1;
+    bad.acts = (char *)a.base + 4;
+    bad.acts_bytes = a.bytes - 4;
     CHECK(tr_model_init(&m2, &cfg, be, &bad, &err) != 0 && strstr(err.msg, "misaligned"));
-    CHECK(tr_model_bind_acts(&s.pol, a.base, a.floats, true, &err) != 0 &&
+    CHECK(tr_model_bind_acts(&s.pol, a.base, a.bytes, true, &err) != 0 &&
           strstr(err.msg, "its own"));
     tr_kvcache c;
     CHECK(tr_kvcache_init_in(&c, be, &cfg, 4, kv_tokens, a.base, np.kv - 1, &err) != 0 &&

@@ -165,7 +165,12 @@ static void test_layout(void) {
             const tr_json *shape = tr_json_get(t, "shape");
             CHECK(shape->count == d->ndim);
             for (int32_t k = 0; k < d->ndim; k++) CHECK(tr_json_at(shape, k)->inum == d->shape[k]);
-            CHECK(d->offset % 16 == 0);
+            // A tensor starts 16-element aligned, or right after its fused group's previous
+            // member (k and v after q, up after gate).
+            bool member = strstr(d->name, "k_proj") || strstr(d->name, "v_proj") ||
+                          strstr(d->name, "up_proj");
+            CHECK(member ? d->offset == L.tensors[i - 1].offset + L.tensors[i - 1].numel
+                         : d->offset % 16 == 0);
             CHECK(i == 0 || d->offset >= L.tensors[i - 1].offset + L.tensors[i - 1].numel);
             CHECK(tr_param_layout_find(&L, d->name) == d);
             sum += d->numel;
@@ -176,14 +181,14 @@ static void test_layout(void) {
         // Views point where the layout says.
         float *buf = calloc(L.total, sizeof *buf);
         tr_params p;
-        CHECK(tr_params_views(&p, &L, &c, buf, &err) == 0);
+        CHECK(tr_params_views(&p, &L, &c, buf, sizeof *buf, &err) == 0);
         CHECK(p.embed == buf + tr_param_layout_find(&L, "model.embed_tokens.weight")->offset);
         CHECK(p.layers[c.n_layers - 1].w_down ==
               buf + L.tensors[L.n_tensors - (c.head == TR_HEAD_LM && c.tie_word_embeddings ? 2 :
                                                c.head == TR_HEAD_VALUE ? 4 : 3)].offset);
-        CHECK((p.layers[0].bq != NULL) == c.attention_bias);
+        CHECK((p.layers[0].bqkv != NULL) == c.attention_bias);
         if (c.attention_bias)
-            CHECK(p.layers[0].bk == buf + tr_param_layout_find(&L, "model.layers.0.self_attn.k_proj.bias")->offset);
+            CHECK(p.layers[0].bqkv == buf + tr_param_layout_find(&L, "model.layers.0.self_attn.q_proj.bias")->offset);
         if (c.head == TR_HEAD_LM)
             CHECK(c.tie_word_embeddings ? p.lm_head == p.embed : p.lm_head != p.embed);
         else
@@ -227,7 +232,7 @@ static void test_layout_biases(void) {
         CHECK(c.attention_bias == (llama_bias || c.arch == TR_ARCH_QWEN2));
         float *buf = calloc(L.total, sizeof *buf);
         tr_params p;
-        CHECK(buf && tr_params_views(&p, &L, &c, buf, &err) == 0);
+        CHECK(buf && tr_params_views(&p, &L, &c, buf, sizeof *buf, &err) == 0);
         for (int32_t l = 0; l < c.n_layers; l++) {
             snprintf(rel, sizeof rel, "model.layers.%d.self_attn.o_proj.bias", l);
             const tr_tensor_desc *d = tr_param_layout_find(&L, rel);
@@ -245,6 +250,29 @@ static void test_layout_biases(void) {
             CHECKF(d ? p.layers[l].k_norm == buf + d->offset && d->numel == (size_t)c.head_dim
                      : p.layers[l].k_norm == NULL && !c.qk_norm, "%s: layer %d k_norm", models[m], l);
             CHECK(c.qk_norm == (c.arch == TR_ARCH_QWEN3));
+            // The fused groups: q, k, v rows (and biases) and gate, up rows follow each other
+            // with no gap, so each group is one matrix; its view is its first member.
+            const char *groups[][3] = {{"self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                        "self_attn.v_proj.weight"},
+                                       {"self_attn.q_proj.bias", "self_attn.k_proj.bias",
+                                        "self_attn.v_proj.bias"},
+                                       {"mlp.gate_proj.weight", "mlp.up_proj.weight", NULL}};
+            void *views[] = {p.layers[l].wqkv, p.layers[l].bqkv, p.layers[l].w_gu};
+            for (int gi = 0; gi < 3; gi++) {
+                const tr_tensor_desc *prev = NULL;
+                for (int j = 0; j < 3 && groups[gi][j]; j++) {
+                    snprintf(rel, sizeof rel, "model.layers.%d.%s", l, groups[gi][j]);
+                    d = tr_param_layout_find(&L, rel);
+                    if (!d) {
+                        CHECKF(gi == 1 && !c.attention_bias, "%s: %s missing", models[m], rel);
+                        break;
+                    }
+                    if (!prev) CHECKF(views[gi] == buf + d->offset, "%s: %s view", models[m], rel);
+                    else CHECKF(d->offset == prev->offset + prev->numel, "%s: %s not right after "
+                                "%s", models[m], rel, prev->name);
+                    prev = d;
+                }
+            }
             snprintf(rel, sizeof rel, "model.layers.%d.post_attention_layernorm.weight", l);
             CHECK(p.layers[l].mlp_norm == buf + tr_param_layout_find(&L, rel)->offset);
         }

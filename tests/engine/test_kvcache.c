@@ -39,7 +39,7 @@ static void write_pos(tr_kvcache *c, const tr_kv_seq *s, int32_t tag, int32_t po
         et_put(&be, dev_k, k, sizeof k);
         et_put(&be, dev_v, v, sizeof v);
         et_put(&be, dev_slot, &slot, sizeof slot);
-        tr_kvcache_write(c, l, dev_k, dev_v, dev_slot, 1);
+        tr_kvcache_write(c, l, dev_k, dev_v, 8, dev_slot, 1);
     }
 }
 
@@ -49,8 +49,8 @@ static bool reads_back(const tr_kvcache *c, const tr_kv_seq *s, int32_t tag, int
     bool ok = true;
     for (int32_t l = 0; l < c->n_layers; l++) {
         tr_kv_pages p = tr_kvcache_layer(c, l);
-        float *k = et_floats(&be, p.k_pool, c->layer_floats);
-        float *v = et_floats(&be, p.v_pool, c->layer_floats);
+        float *k = et_floats(&be, p.k_pool, c->layer_bytes / sizeof(float));
+        float *v = et_floats(&be, p.v_pool, c->layer_bytes / sizeof(float));
         for (int32_t pos = from; pos < n; pos++) {
             size_t off = (size_t)tr_kv_seq_slot(s, pos, p.block_size) * p.n_kv_heads * p.head_dim;
             for (int32_t ch = 0; ch < 8; ch++)
@@ -74,7 +74,8 @@ int main(void) {
     // 10 tokens in blocks of 4: 3 blocks; 2 layers x (K, V) x 3 x 4 x 2 x 4 floats.
     CHECK(tr_kvcache_init(&c, &be, &cfg, 4, 10, &err) == 0);
     CHECK(c.n_blocks == 3 && c.n_free == 3);
-    CHECK(tr_kvcache_bytes(&cfg, 4, 3) == 2u * 2 * 3 * 4 * 2 * 4 * sizeof(float));
+    CHECK(tr_kvcache_bytes(&cfg, 4, 3, TR_F32) == 2u * 2 * 3 * 4 * 2 * 4 * sizeof(float));
+    CHECK(tr_kvcache_bytes(&cfg, 4, 3, TR_BF16) == 2u * 2 * 3 * 4 * 2 * 4 * 2);
     tr_kvcache bad;
     CHECK(tr_kvcache_init(&bad, &be, &cfg, 0, 10, &err) != 0 && strstr(err.msg, "block size"));
 
@@ -145,27 +146,31 @@ int main(void) {
 
     // Layer pages: layer 1's pool starts one layer's floats after layer 0's.
     tr_kv_pages p0 = tr_kvcache_layer(&c, 0), p1 = tr_kvcache_layer(&c, 1);
-    CHECK(p1.k_pool - p0.k_pool == 3 * 4 * 2 * 4 && p0.n_blocks == 3 && p0.block_size == 4);
+    CHECK((char *)p1.k_pool - (char *)p0.k_pool == 3 * 4 * 2 * 4 * sizeof(float) &&
+          p0.n_blocks == 3 && p0.block_size == 4);
     CHECK(p0.n_kv_heads == 2 && p0.head_dim == 4);
     tr_kvcache_free(&c);
 
     // The pool in a caller's buffer: 2 layers x 3 blocks x 4 x 8 = 192 floats of K, V from
-    // the next 16-float boundary (192 already is one); the cache never frees the buffer.
-    CHECK(tr_kvcache_floats(&cfg, 4, 10) == 2 * 192);
-    CHECK(tr_kvcache_floats(&cfg, 4, 9) == 2 * 192);
+    // the next 64-byte boundary (192 floats already is one); the cache never frees the buffer.
+    CHECK(tr_kvcache_pool_bytes(&cfg, 4, 10, TR_F32) == 2 * 192 * sizeof(float));
+    CHECK(tr_kvcache_pool_bytes(&cfg, 4, 9, TR_F32) == 2 * 192 * sizeof(float));
+    CHECK(tr_kvcache_pool_bytes(&cfg, 4, 10, TR_BF16) == 2 * 192 * 2);
     // One layer, one kv head of 2: 2 blocks of 3 tokens are 12 floats of K, V at 16.
     tr_model_config tiny = cfg;
     tiny.n_layers = 1;
     tiny.n_kv_heads = 1;
     tiny.head_dim = 2;
-    CHECK(tr_kvcache_floats(&tiny, 3, 5) == 2 * 16 && tr_kvcache_floats(&tiny, 3, 0) == 0);
+    CHECK(tr_kvcache_pool_bytes(&tiny, 3, 5, TR_F32) == 2 * 16 * sizeof(float) &&
+          tr_kvcache_pool_bytes(&tiny, 3, 0, TR_F32) == 0);
     float *buf[2] = {et_dev(&be, NULL, (2 * 192 + 16) * sizeof(float)),
                      et_dev(&be, NULL, (2 * 192 + 16) * sizeof(float))};
-    CHECK(tr_kvcache_init_in(&c, &be, &cfg, 4, 10, buf[0], 2 * 192, &err) == 0);
-    CHECK(c.k == buf[0] && c.v == buf[0] + 192 && c.n_blocks == 3 && !c.owns_pool);
-    CHECK(tr_kvcache_init_in(&bad, &be, &cfg, 4, 10, buf[0], 2 * 192 - 1, &err) != 0 &&
-          strstr(err.msg, "384"));
-    CHECK(tr_kvcache_init_in(&bad, &be, &cfg, 4, 10, buf[0] + 1, 2 * 192, &err) != 0 &&
+    const size_t pool = 2 * 192 * sizeof(float);
+    CHECK(tr_kvcache_init_in(&c, &be, &cfg, 4, 10, buf[0], pool, &err) == 0);
+    CHECK(c.k == buf[0] && c.v == (void *)(buf[0] + 192) && c.n_blocks == 3 && !c.owns_pool);
+    CHECK(tr_kvcache_init_in(&bad, &be, &cfg, 4, 10, buf[0], pool - 1, &err) != 0 &&
+          strstr(err.msg, "1536"));
+    CHECK(tr_kvcache_init_in(&bad, &be, &cfg, 4, 10, buf[0] + 1, pool, &err) != 0 &&
           strstr(err.msg, "misaligned"));
     // Used out of order, then reset: every block free and handed out 0, 1, 2 again.
     tr_kv_seq_init(&a, ta, 3);
@@ -181,9 +186,9 @@ int main(void) {
     CHECK(tr_kvcache_alloc(&c) == 0 && tr_kvcache_alloc(&c) == 1 && tr_kvcache_alloc(&c) == 2);
     // Rebinding moves the pool (nothing carried over) and empties it.
     tr_kvcache_rebind(&c, buf[1]);
-    CHECK(c.k == buf[1] && c.v == buf[1] + 192 && c.n_free == 3);
+    CHECK(c.k == buf[1] && c.v == (void *)(buf[1] + 192) && c.n_free == 3);
     tr_kv_pages pb = tr_kvcache_layer(&c, 1);
-    CHECK(pb.k_pool == buf[1] + 96 && pb.v_pool == buf[1] + 192 + 96);
+    CHECK(pb.k_pool == (void *)(buf[1] + 96) && pb.v_pool == (void *)(buf[1] + 192 + 96));
     tr_kvcache_free(&c);
     be.ops->free(&be, buf[0]);
     be.ops->free(&be, buf[1]);

@@ -344,7 +344,7 @@ static void check_errors(tr_backend *be) {
     // Inference keeps one layer set: the arena must be smaller than the training one.
     tr_model_opts train = opts;
     train.training = true;
-    CHECK(tr_model_arena_floats(&cfg, &opts) < tr_model_arena_floats(&cfg, &train));
+    CHECK(tr_model_arena_bytes(&cfg, &opts, TR_F32) < tr_model_arena_bytes(&cfg, &train, TR_F32));
     CHECK(m.grads == NULL);
     tr_model_free(&m);
 }

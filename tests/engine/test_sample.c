@@ -225,7 +225,7 @@ static void test_backend_op(void) {
     static const float temps[] = {0.0f, 0.6f, 1.0f, 2.5f}, top_ps[] = {1.0f, 0.9f, 0.3f, 0.02f};
     static const int32_t top_ks[] = {0, 1, 20, 300, 700, 900};
     tr_backend be;
-    CHECK(tr_backend_cpu_init(&be, 2) == 0);
+    CHECK(tr_backend_cpu_init(&be, 2, TR_F32) == 0);
     tr_token_sampler s;
     tr_err err = {0};
     CHECK(tr_token_sampler_init(&s, V, &err) == 0);

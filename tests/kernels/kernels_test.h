@@ -1,6 +1,7 @@
 // Helpers shared by the kernel tests: seeded random inputs, float64 copies of float buffers,
-// CPU backends with a chosen thread count, and central finite differences of a float64
-// reference loss, the external reference every backward is checked against.
+// CPU backends with a chosen thread count and precision, bf16 buffers and a bf16 rounding
+// reference, and central finite differences of a float64 reference loss, the external
+// reference every backward is checked against.
 #pragma once
 #include <stdint.h>
 
@@ -57,12 +58,101 @@ static inline double *kt_to_double(const float *x, size_t n) {
 
 // The op tests hand ops host arrays on purpose (they test arithmetic, not where memory
 // lives), so guarded mode, which is for the code above kernels/, is turned off for them.
-static inline void kt_backend(tr_backend *be, int32_t n_threads) {
+static inline void kt_backend(tr_backend *be, int32_t n_threads, tr_dt precision) {
     unsetenv("TROUPE_CPU_GUARD");
-    if (tr_backend_cpu_init(be, n_threads) != 0) {
-        fprintf(stderr, "tr_backend_cpu_init(%d) failed\n", n_threads);
+    if (tr_backend_cpu_init(be, n_threads, precision) != 0) {
+        fprintf(stderr, "tr_backend_cpu_init(%d, %s) failed\n", n_threads,
+                tr_dt_name(precision));
         exit(1);
     }
+}
+
+// The CPU backend as the environment sets it up (TROUPE_CPU_GUARD=1: guarded memory), for
+// tests whose buffers are all backend memory.
+static inline void kt_backend_dev(tr_backend *be, int32_t n_threads, tr_dt precision) {
+    if (tr_backend_cpu_init(be, n_threads, precision) != 0) {
+        fprintf(stderr, "tr_backend_cpu_init(%d, %s) failed\n", n_threads,
+                tr_dt_name(precision));
+        exit(1);
+    }
+}
+
+// ---- bf16: the bf16 mode's results are checked against the fp32 op run on the same
+// (bf16-valued) inputs, each output rounded once with this reference ----
+
+static inline float kt_f32_of_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint32_t kt_bits_of_f32(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static inline float kt_bf16_f32(uint16_t h) { return kt_f32_of_bits((uint32_t)h << 16); }
+
+// The bf16 nearest to x, ties to the even pattern, found by comparing x's distance to the two
+// bf16 neighbours in double (exact: both differences fit in 53 bits). The neighbour above the
+// largest finite bf16 is taken at 2^128, where IEEE rounding overflows to inf. A NaN keeps
+// its sign and top payload bits, plus the quiet bit when those are all zero.
+static inline uint16_t kt_bf16(float x) {
+    uint32_t u = kt_bits_of_f32(x);
+    uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1);
+    if (x != x) return (lo & 0x7fu) ? lo : (uint16_t)(lo | 0x40u);
+    if ((u & 0xffffu) == 0) return lo;
+    double ax = fabs((double)x), vlo = fabs((double)kt_bf16_f32(lo));
+    double vhi = (hi & 0x7fffu) == 0x7f80u ? ldexp(1.0, 128) : fabs((double)kt_bf16_f32(hi));
+    double dlo = ax - vlo, dhi = vhi - ax;
+    if (dlo < dhi) return lo;
+    if (dhi < dlo) return hi;
+    return (lo & 1u) ? hi : lo;
+}
+
+static inline float kt_round_bf16(float x) { return kt_bf16_f32(kt_bf16(x)); }
+
+// x rounded to bf16 values in place: inputs that both precisions hold exactly.
+static inline float *kt_round_all(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = kt_round_bf16(x[i]);
+    return x;
+}
+
+// A buffer of dtype t (fp32 or bf16) holding x, rounded when bf16.
+static inline void *kt_to(const float *x, size_t n, tr_dt t) {
+    if (t == TR_F32) return kt_copy(x, n);
+    uint16_t *h = kt_malloc(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) h[i] = kt_bf16(x[i]);
+    return h;
+}
+
+// The fp32 values of a buffer of dtype t.
+static inline float *kt_from(const void *x, size_t n, tr_dt t) {
+    if (t == TR_F32) return kt_copy(x, n);
+    float *f = kt_floats(n);
+    for (size_t i = 0; i < n; i++) f[i] = kt_bf16_f32(((const uint16_t *)x)[i]);
+    return f;
+}
+
+// n elements of dtype t, each a NaN: what a written output must not keep or read.
+static inline void *kt_poison(size_t n, tr_dt t) {
+    if (t == TR_F32) return kt_fill(n, NAN);
+    uint16_t *h = kt_malloc(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) h[i] = 0x7fc1;
+    return h;
+}
+
+// Whether got (bf16) holds want (fp32) rounded once, element by element; the first few
+// mismatches are printed under `what`.
+static inline int kt_is_rounded(const uint16_t *got, const float *want, size_t n,
+                                const char *what) {
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != kt_bf16(want[i]) && bad++ < 3)
+            fprintf(stderr, "%s[%zu]: bf16 0x%04x, want 0x%04x (fp32 %.9g)\n", what, i, got[i],
+                    kt_bf16(want[i]), (double)want[i]);
+    return bad == 0;
 }
 
 // Max relative error of float results against a float64 reference: max|a-b| / max|b|.

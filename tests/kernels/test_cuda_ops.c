@@ -1,24 +1,89 @@
 // The CUDA backend against the CPU backend (itself checked against float64 references and
-// finite differences by the other kernel tests): every op on the same random inputs, outputs
-// within 1e-4 of the output's scale, and the exact ones (embedding, fill, row gathers and
-// scatters, KV block copies, bf16 casts) bit for bit; every CUDA op run twice gives the same
-// bits; the paged decode step reproduces the CUDA training forward's rows bit for bit; the
-// sampler draws the CPU's ids except in draws it counts as near. Exits 77 (skip) without a
-// CUDA device. `test_cuda_ops SECTION` runs one section (as named in main), e.g. under
-// compute-sanitizer, whose slowdown the whole test would not fit.
+// finite differences by the other kernel tests), in two passes: fp32 (both backends fp32)
+// and bf16 (CUDA's default against the CPU's emulated mode, which rounds at the same
+// points). Every op runs on the same inputs on both; outputs agree within the tolerances
+// below (each derived from the arithmetic where it is stated), exact ops (embedding,
+// kv_write, fill, row moves, KV block copies, convert) bit for bit; every CUDA op run twice
+// gives the same bits; written outputs start as NaN, so an op that adds into one fails, and
+// the gaps of strided rows must still be NaN after it; the paged decode step reproduces the
+// CUDA training forward's rows bit for bit; the sampler draws the CPU's ids except in draws
+// it counts as near. Measured errors are printed. Exits 77 (skip) without a CUDA device.
+// `test_cuda_ops [SECTION [fp32|bf16]]` runs one section (as named in run_pass) in one or
+// both passes, e.g. under compute-sanitizer, whose slowdown the whole test would not fit.
 #include <stdint.h>
 
 #include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/device.h"
 #include "tests/kernels/kernels_test.h"
 
+// fp32 outputs, both passes: max |cuda - cpu| / max |cpu| of an output array. Both backends
+// compute in fp32 from the same (exactly representable) inputs and differ only in summation
+// order: a k-term sum differs by about sqrt(k) 2^-24 of the summands' scale, at most k 2^-24,
+// and tensor-core accumulation (bf16 GEMMs) adds one rounding per 16-product group, so for
+// the k <= 1024 sums here the errors stay near 1e-6 with a worst case under 1e-4.
 #define TOL 1e-4
+// bf16 (A dtype) outputs in the bf16 pass: each backend rounds its fp32 result once, to
+// nearest even. Two fp32 results within TOL * scale of each other can round to neighbouring
+// bf16 values, one ulp apart; a bf16 ulp is at most 2^-7 of the value (8 significant bits),
+// and the rounding moves each result at most half an ulp. So elementwise
+//   |cuda - cpu| <= BF16_REL * max(|cuda|, |cpu|) + TOL * scale,
+// BF16_REL = 2^-7 (1 + 2^-7) (the max of the rounded values can be half an ulp below the
+// unrounded one's). Elements near zero relative to the array's scale fall under the second
+// term: their fp32 values may differ by a larger part of themselves (cancellation).
+#define BF16_REL (0x1p-7 * (1.0 + 0x1p-7))
 #define MAX_BUFS 64
 
 static tr_backend cpu_be, gpu_be;
+static tr_dt prec;   // this pass: both backends' act and wt
 
-// Buffers of one op run: device memory for the GPU backend, host copies for the CPU one (so
-// the CPU op never writes into the caller's inputs either). Freed together by bufs_free.
+// ---- bf16 on the host (convert's rule: round to nearest even, NaN payload kept) ----
+
+static uint16_t h_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        uint16_t h = (uint16_t)(u >> 16);
+        return (h & 0x7f) ? h : (uint16_t)(h | 0x40);
+    }
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static float h_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+// fp16 bits to fp32, exactly (the reference for convert from fp16).
+static float h_f16(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
+    if (e == 0x1fu) u = sign | 0x7f800000u | (m << 13);
+    else if (e) u = sign | ((e + 112u) << 23) | (m << 13);
+    else if (!m) u = sign;
+    else {
+        float f = (float)m * 0x1p-24f;   // exact: m < 2^10
+        return (h & 0x8000u) ? -f : f;
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+// Random values exactly representable in this pass's A/W dtype, so host copies equal what
+// the devices hold and both backends read identical inputs.
+static float *rand_act(size_t n, double scale) {
+    float *x = kt_rand(n, scale);
+    if (prec == TR_BF16)
+        for (size_t i = 0; i < n; i++) x[i] = h_f32(h_bf16(x[i]));
+    return x;
+}
+
+static float nan_f(void) { return NAN; }
+
+// ---- buffers of one op run ----
+// Device memory for the GPU backend, host copies for the CPU one (so the CPU op never writes
+// into the caller's inputs either). Freed together by bufs_free.
 static void *bufs[MAX_BUFS];
 static int n_bufs;
 
@@ -26,6 +91,8 @@ static void die(const char *what, const char *msg) {
     fprintf(stderr, "test_cuda_ops: %s: %s\n", what, msg);
     exit(1);
 }
+
+static tr_backend *be_of(int gpu) { return gpu ? &gpu_be : &cpu_be; }
 
 static void *put(int gpu, const void *host, size_t bytes) {
     char msg[256];
@@ -51,6 +118,32 @@ static int32_t *puti(int gpu, const int32_t *host, size_t n) {
     return put(gpu, host, n * sizeof(int32_t));
 }
 
+// n values of dtype t from host floats (rounded to bf16 for TR_BF16); NULL host: NaNs, the
+// poison of written outputs.
+static void *putt(int gpu, const float *host, size_t n, tr_dt t) {
+    if (t == TR_F32) {
+        if (host) return putf(gpu, host, n);
+        float *x = kt_fill(n, nan_f());
+        void *p = putf(gpu, x, n);
+        free(x);
+        return p;
+    }
+    uint16_t *h = kt_malloc(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) h[i] = h_bf16(host ? host[i] : nan_f());
+    void *p = put(gpu, h, n * sizeof(uint16_t));
+    free(h);
+    return p;
+}
+static void *put_act(int gpu, const float *host, size_t n) {
+    return putt(gpu, host, n, be_of(gpu)->act);
+}
+static void *put_wt(int gpu, const float *host, size_t n) {
+    return putt(gpu, host, n, be_of(gpu)->wt);
+}
+
+// The element i of a buffer of dtype t.
+static void *elem(void *p, size_t i, tr_dt t) { return (char *)p + i * tr_dt_size(t); }
+
 static void get(int gpu, void *host, const void *p, size_t bytes) {
     char msg[256];
     if (!gpu) {
@@ -63,6 +156,20 @@ static void get(int gpu, void *host, const void *p, size_t bytes) {
 static void getf(int gpu, float *host, const float *p, size_t n) {
     get(gpu, host, p, n * sizeof(float));
 }
+// n values of dtype t as floats (exact)
+static void gett(int gpu, float *host, const void *p, size_t n, tr_dt t) {
+    if (t == TR_F32) {
+        getf(gpu, host, p, n);
+        return;
+    }
+    uint16_t *h = kt_malloc(n * sizeof(uint16_t));
+    get(gpu, h, p, n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) host[i] = h_f32(h[i]);
+    free(h);
+}
+static void get_act(int gpu, float *host, const void *p, size_t n) {
+    gett(gpu, host, p, n, be_of(gpu)->act);
+}
 
 static void bufs_free(int gpu) {
     for (int i = 0; i < n_bufs; i++) {
@@ -72,16 +179,69 @@ static void bufs_free(int gpu) {
     n_bufs = 0;
 }
 
-static tr_backend *be_of(int gpu) { return gpu ? &gpu_be : &cpu_be; }
+// ---- strided rows ----
 
-// Runs op(gpu, outputs) on the CPU and twice on the GPU; compares each of the n_out output
-// arrays (lengths len[i]) CPU vs GPU within TOL of the CPU output's scale, and GPU vs GPU
-// bitwise. Outputs are written by op into out[i] (host arrays of len[i] floats).
+// Columns [off, off + width) of T rows of stride ld, packed into dst. With `poisoned`, the
+// other columns must still be NaN (an op must not write outside its view), and the view
+// must hold no NaN (it wrote every element).
+static void unpack_rows(const char *name, float *dst, const float *full, int32_t T, int32_t ld,
+                        int32_t off, int32_t width, int poisoned) {
+    size_t outside = 0, holes = 0;
+    for (int32_t t = 0; t < T; t++)
+        for (int32_t c = 0; c < ld; c++) {
+            float x = full[(size_t)t * ld + c];
+            if (c >= off && c < off + width) {
+                dst[(size_t)t * width + c - off] = x;
+                holes += isnan(x) != 0;
+            } else {
+                outside += poisoned && !isnan(x);
+            }
+        }
+    if (poisoned) {
+        CHECKF(outside == 0, "%s: %zu elements written outside the strided view", name, outside);
+        CHECKF(holes == 0, "%s: %zu elements of the view not written", name, holes);
+    }
+}
+
+// ---- comparing backends ----
+
+// Elementwise check of bf16 outputs (see BF16_REL). Returns the violations; reports the
+// share of elements that differ at all and the largest difference in bf16 ulps.
+static size_t bf16_check(const float *g, const float *c, size_t n, double scale,
+                         double *differ, int32_t *max_ulp) {
+    size_t bad = 0, nd = 0;
+    *max_ulp = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)g[i] - (double)c[i]);
+        double m = fabs(g[i]) > fabs(c[i]) ? fabs(g[i]) : fabs(c[i]);
+        if (!(d <= BF16_REL * m + TOL * scale)) bad++;
+        if (g[i] == c[i]) continue;
+        nd++;
+        int32_t a = h_bf16(g[i]), b = h_bf16(c[i]);
+        a = a & 0x8000 ? -(a & 0x7fff) : a;
+        b = b & 0x8000 ? -(b & 0x7fff) : b;
+        if (abs(a - b) > *max_ulp) *max_ulp = abs(a - b);
+    }
+    *differ = n ? (double)nd / (double)n : 0.0;
+    return bad;
+}
+
+static double max_abs(const float *x, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (fabs(x[i]) > m) m = fabs(x[i]);
+    return m;
+}
+
+// Runs op(gpu, outputs) on the CPU and twice on the GPU; the n_out = strlen(kinds) outputs
+// (host floats, len[i] each) are compared by kind: 'A' an A-dtype output (BF16_REL rule in
+// the bf16 pass, TOL in the fp32 one), 'F' an fp32 output (TOL), 'X' an exact op's output
+// (bitwise equal to the CPU's). GPU against GPU: bitwise, always.
 typedef void (*op_fn)(int gpu, float **out, void *arg);
 
-// exact: the op's contract fixes its arithmetic, so CUDA must also equal the CPU bitwise.
-static void compare_ex(const char *name, op_fn op, void *arg, int n_out, const size_t *len,
-                       int exact) {
+static void compare(const char *name, op_fn op, void *arg, const char *kinds,
+                    const size_t *len) {
+    int n_out = (int)strlen(kinds);
     float *ref[8], *a[8], *b[8];
     for (int i = 0; i < n_out; i++) {
         ref[i] = kt_floats(len[i]);
@@ -93,48 +253,67 @@ static void compare_ex(const char *name, op_fn op, void *arg, int n_out, const s
     op(1, b, arg);
     for (int i = 0; i < n_out; i++) {
         double e = tr_test_rel_err(a[i], ref[i], len[i]);
-        CHECKF(e <= TOL, "%s output %d: cuda vs cpu rel err %.3g", name, i, e);
+        char k = kinds[i];
         CHECKF(kt_same_bits(a[i], b[i], len[i]), "%s output %d: two cuda runs differ", name, i);
-        if (exact)
-            CHECKF(kt_same_bits(a[i], ref[i], len[i]), "%s output %d: cuda differs from cpu",
-                   name, i);
-        printf("  %-22s out %d: max err / scale %.2e%s\n", name, i, e,
-               exact ? (kt_same_bits(a[i], ref[i], len[i]) ? ", bitwise" : ", NOT bitwise") : "");
+        printf("  %-5s %-26s out %d (%c): max err / scale %.2e", tr_dt_name(prec), name, i,
+               k, e);
+        if (k == 'X') {
+            int same = kt_same_bits(a[i], ref[i], len[i]);
+            CHECKF(same, "%s output %d: cuda differs from cpu (exact op)", name, i);
+            printf(same ? ", bitwise\n" : ", NOT bitwise\n");
+        } else if (k == 'A' && prec == TR_BF16) {
+            double differ;
+            int32_t ulps;
+            size_t bad = bf16_check(a[i], ref[i], len[i], max_abs(ref[i], len[i]), &differ, &ulps);
+            CHECKF(bad == 0, "%s output %d: %zu of %zu elements past 1 bf16 ulp + %.0e of scale",
+                   name, i, bad, len[i], TOL);
+            printf(", %.2f%% differ, max %d ulp%s\n", 100.0 * differ, ulps,
+                   bad ? " (PAST TOLERANCE)" : "");
+        } else {
+            CHECKF(e <= TOL, "%s output %d: cuda vs cpu rel err %.3g", name, i, e);
+            printf("%s\n", kt_same_bits(a[i], ref[i], len[i]) ? ", bitwise" : "");
+        }
         free(ref[i]);
         free(a[i]);
         free(b[i]);
     }
 }
 
-static void compare(const char *name, op_fn op, void *arg, int n_out, const size_t *len) {
-    compare_ex(name, op, arg, n_out, len, 0);
-}
-
 // --- matmul ---------------------------------------------------------------------------------
 
 typedef struct mm_arg {
-    int32_t T, IC, OC;
-    float *in, *w, *bias, *dout, *din0, *dw0, *db0;
+    int32_t T, IC, OC, flags;
+    float *in, *w, *bias, *dout, *out0, *dw0, *db0;   // out0: what ACCUMULATE adds into
 } mm_arg;
+
+static tr_dt mm_out_type(const tr_backend *be, int32_t flags) {
+    return (flags & TR_MM_OUT_F32) ? TR_F32 : be->act;
+}
 
 static void mm_forward(int gpu, float **out, void *arg) {
     mm_arg *m = arg;
-    float *o = putf(gpu, NULL, (size_t)m->T * m->OC), *in = putf(gpu, m->in, (size_t)m->T * m->IC);
-    float *w = putf(gpu, m->w, (size_t)m->OC * m->IC), *bias = putf(gpu, m->bias, m->OC);
-    be_of(gpu)->ops->matmul_forward(be_of(gpu), o, in, w, bias, m->T, m->IC, m->OC);
-    getf(gpu, out[0], o, (size_t)m->T * m->OC);
+    tr_backend *be = be_of(gpu);
+    size_t no = (size_t)m->T * m->OC;
+    tr_dt ot = mm_out_type(be, m->flags);
+    void *o = putt(gpu, (m->flags & TR_MM_ACCUMULATE) ? m->out0 : NULL, no, ot);
+    void *in = put_act(gpu, m->in, (size_t)m->T * m->IC);
+    void *w = put_wt(gpu, m->w, (size_t)m->OC * m->IC);
+    void *bias = m->bias ? put_wt(gpu, m->bias, m->OC) : NULL;
+    be->ops->matmul_forward(be, o, in, w, bias, m->T, m->IC, m->OC, m->flags);
+    gett(gpu, out[0], o, no, ot);
     bufs_free(gpu);
 }
 
 static void mm_backward(int gpu, float **out, void *arg) {
     mm_arg *m = arg;
+    tr_backend *be = be_of(gpu);
     size_t nin = (size_t)m->T * m->IC, nw = (size_t)m->OC * m->IC;
-    float *in = putf(gpu, m->in, nin), *w = putf(gpu, m->w, nw);
-    float *dout = putf(gpu, m->dout, (size_t)m->T * m->OC);
-    float *din = putf(gpu, m->din0, nin), *dw = putf(gpu, m->dw0, nw);
-    float *db = putf(gpu, m->db0, m->OC);
-    be_of(gpu)->ops->matmul_backward(be_of(gpu), din, dw, db, dout, in, w, m->T, m->IC, m->OC);
-    getf(gpu, out[0], din, nin);
+    void *in = put_act(gpu, m->in, nin), *w = put_wt(gpu, m->w, nw);
+    void *dout = put_act(gpu, m->dout, (size_t)m->T * m->OC);
+    void *din = put_act(gpu, NULL, nin);   // written: starts as NaN
+    float *dw = putf(gpu, m->dw0, nw), *db = putf(gpu, m->db0, m->OC);
+    be->ops->matmul_backward(be, din, dw, db, dout, in, w, m->T, m->IC, m->OC);
+    get_act(gpu, out[0], din, nin);
     getf(gpu, out[1], dw, nw);
     getf(gpu, out[2], db, m->OC);
     bufs_free(gpu);
@@ -142,17 +321,65 @@ static void mm_backward(int gpu, float **out, void *arg) {
 
 static void test_matmul(int32_t T, int32_t IC, int32_t OC) {
     mm_arg m = {.T = T, .IC = IC, .OC = OC};
-    m.in = kt_rand((size_t)T * IC, 1.0);
-    m.w = kt_rand((size_t)OC * IC, 0.1);
-    m.bias = kt_rand(OC, 1.0);
-    m.dout = kt_rand((size_t)T * OC, 1.0);
-    m.din0 = kt_rand((size_t)T * IC, 1.0);
+    m.in = rand_act((size_t)T * IC, 1.0);
+    m.w = rand_act((size_t)OC * IC, 0.1);
+    m.bias = rand_act(OC, 1.0);
+    m.dout = rand_act((size_t)T * OC, 1.0);
+    m.out0 = kt_rand((size_t)T * OC, 1.0);
     m.dw0 = kt_rand((size_t)OC * IC, 1.0);
     m.db0 = kt_rand(OC, 1.0);
     size_t lf[1] = {(size_t)T * OC}, lb[3] = {(size_t)T * IC, (size_t)OC * IC, (size_t)OC};
-    compare("matmul_forward", mm_forward, &m, 1, lf);
-    compare("matmul_backward", mm_backward, &m, 3, lb);
-    free(m.in); free(m.w); free(m.bias); free(m.dout); free(m.din0); free(m.dw0); free(m.db0);
+    char name[64];
+    snprintf(name, sizeof name, "matmul_fwd %dx%dx%d", T, IC, OC);
+    compare(name, mm_forward, &m, "A", lf);   // A out with bias: the epilogue's one rounding
+    float *bias = m.bias;
+    m.bias = NULL;
+    m.flags = TR_MM_OUT_F32;
+    snprintf(name, sizeof name, "matmul_fwd %dx%dx%d F", T, IC, OC);
+    compare(name, mm_forward, &m, "F", lf);
+    m.flags = TR_MM_OUT_F32 | TR_MM_ACCUMULATE;
+    snprintf(name, sizeof name, "matmul_fwd %dx%dx%d F+=", T, IC, OC);
+    compare(name, mm_forward, &m, "F", lf);
+    m.bias = bias;
+    snprintf(name, sizeof name, "matmul_fwd %dx%dx%d F+=,b", T, IC, OC);
+    compare(name, mm_forward, &m, "F", lf);
+    snprintf(name, sizeof name, "matmul_bwd %dx%dx%d", T, IC, OC);
+    compare(name, mm_backward, &m, "AFF", lb);
+    free(m.in); free(m.w); free(m.bias); free(m.dout); free(m.out0); free(m.dw0); free(m.db0);
+}
+
+// ops.h: "The reduction over IC of each output element runs in an order that depends on
+// neither T nor the row". Rows computed in calls of 1, 2, 17 and 64 tokens (fresh buffers, so
+// alignments match) must equal the same rows of one 300-token call bit for bit. bf16 runs
+// cuBLASLt with split-K excluded, so this is checked; fp32 runs cuBLAS sgemm, whose kernel
+// choice the backend does not control, so it is only reported.
+static void mm_rows_gpu(float *out, const float *in, const float *w, const float *bias,
+                        int32_t T, int32_t IC, int32_t OC) {
+    void *din = put_act(1, in, (size_t)T * IC), *dw = put_wt(1, w, (size_t)OC * IC);
+    void *db = put_wt(1, bias, OC), *o = put_act(1, NULL, (size_t)T * OC);
+    gpu_be.ops->matmul_forward(&gpu_be, o, din, dw, db, T, IC, OC, 0);
+    get_act(1, out, o, (size_t)T * OC);
+    bufs_free(1);
+}
+
+static void test_matmul_batch_invariance(int32_t IC, int32_t OC) {
+    const int32_t T = 300, sizes[] = {1, 2, 17, 64}, starts[] = {0, 299, 150, 200};
+    float *in = rand_act((size_t)T * IC, 1.0), *w = rand_act((size_t)OC * IC, 0.1);
+    float *bias = rand_act(OC, 1.0);
+    float *full = kt_floats((size_t)T * OC), *part = kt_floats((size_t)64 * OC);
+    mm_rows_gpu(full, in, w, bias, T, IC, OC);
+    int same = 1;
+    for (int i = 0; i < 4; i++) {
+        int32_t n = sizes[i], r0 = starts[i] + n <= T ? starts[i] : T - n;
+        mm_rows_gpu(part, in + (size_t)r0 * IC, w, bias, n, IC, OC);
+        int s = kt_same_bits(part, full + (size_t)r0 * OC, (size_t)n * OC);
+        printf("  %-5s matmul %dx%d rows %d..%d alone vs in 300: %s\n", tr_dt_name(prec), IC,
+               OC, r0, r0 + n - 1, s ? "bitwise" : "DIFFER");
+        same &= s;
+    }
+    if (prec == TR_BF16)
+        CHECKF(same, "matmul %dx%d: a row's bits depend on the batch around it", IC, OC);
+    free(in); free(w); free(bias); free(full); free(part);
 }
 
 // --- embedding ------------------------------------------------------------------------------
@@ -166,7 +393,7 @@ typedef struct emb_arg {
 static void emb_forward(int gpu, float **out, void *arg) {
     emb_arg *e = arg;
     float *o = putf(gpu, NULL, (size_t)e->T * e->C);
-    float *table = putf(gpu, e->table, (size_t)e->V * e->C);
+    void *table = put_wt(gpu, e->table, (size_t)e->V * e->C);
     int32_t *ids = puti(gpu, e->ids, e->T);
     be_of(gpu)->ops->embedding_forward(be_of(gpu), o, ids, table, e->T, e->C);
     getf(gpu, out[0], o, (size_t)e->T * e->C);
@@ -185,19 +412,20 @@ static void emb_backward(int gpu, float **out, void *arg) {
 }
 
 // ids: V ids drawn at random, then every `hot`-th token set to id 0 (a long run of one id);
-// both backends must give the same bits (rows add their tokens in token order).
+// both backends must give the same bits (rows add their tokens in token order). The forward
+// widens W rows to fp32, exactly, in both passes; the backward is fp32 only (fp32 pass).
 static void test_embedding(int32_t T, int32_t C, int32_t V, int32_t hot) {
     emb_arg e = {.T = T, .C = C, .V = V};
     e.ids = kt_malloc((size_t)e.T * sizeof(int32_t));
     for (int32_t t = 0; t < e.T; t++) e.ids[t] = (int32_t)((kt_uniform() + 1.0) * 0.5 * e.V) % e.V;
     for (int32_t t = 0; hot > 0 && t < e.T; t += hot) e.ids[t] = 0;
     e.ids[e.T - 1] = e.ids[0];   // the same id at the first and the last token
-    e.table = kt_rand((size_t)e.V * e.C, 1.0);
+    e.table = rand_act((size_t)e.V * e.C, 1.0);
     e.dout = kt_rand((size_t)e.T * e.C, 1.0);
     e.dtable0 = kt_rand((size_t)e.V * e.C, 1.0);
     size_t lf[1] = {(size_t)e.T * e.C}, lb[1] = {(size_t)e.V * e.C};
-    compare_ex("embedding_forward", emb_forward, &e, 1, lf, 1);
-    compare_ex("embedding_backward", emb_backward, &e, 1, lb, 1);
+    compare("embedding_forward", emb_forward, &e, "X", lf);
+    if (prec == TR_F32) compare("embedding_backward", emb_backward, &e, "X", lb);
     free(e.ids); free(e.table); free(e.dout); free(e.dtable0);
 }
 
@@ -223,10 +451,12 @@ typedef struct rms_arg {
 static void rms_forward(int gpu, float **out, void *arg) {
     rms_arg *r = arg;
     size_t n = (size_t)r->T * r->C;
-    float *o = putf(gpu, NULL, n), *rstd = putf(gpu, NULL, r->T);
-    float *in = putf(gpu, r->in, n), *w = putf(gpu, r->w, r->C);
+    void *o = put_act(gpu, NULL, n);
+    float *rstd = putt(gpu, NULL, r->T, TR_F32);
+    float *in = putf(gpu, r->in, n);
+    void *w = put_wt(gpu, r->w, r->C);
     be_of(gpu)->ops->rmsnorm_forward(be_of(gpu), o, rstd, in, w, 1e-5f, r->T, r->C);
-    getf(gpu, out[0], o, n);
+    get_act(gpu, out[0], o, n);
     getf(gpu, out[1], rstd, r->T);
     bufs_free(gpu);
 }
@@ -236,73 +466,161 @@ static void rms_backward(int gpu, float **out, void *arg) {
     rms_arg *r = arg;
     size_t n = (size_t)r->T * r->C;
     float *rstd = putf(gpu, r->rstd, r->T);
-    float *in = putf(gpu, r->in, n), *w = putf(gpu, r->w, r->C);
-    float *dout = putf(gpu, r->dout, n), *din = putf(gpu, r->din0, n);
-    float *dw = putf(gpu, r->dw0, r->C);
+    float *in = putf(gpu, r->in, n);
+    void *w = put_wt(gpu, r->w, r->C), *dout = put_act(gpu, r->dout, n);
+    float *din = putf(gpu, r->din0, n), *dw = putf(gpu, r->dw0, r->C);
     be_of(gpu)->ops->rmsnorm_backward(be_of(gpu), din, dw, dout, in, w, rstd, r->T, r->C);
     getf(gpu, out[0], din, n);
     getf(gpu, out[1], dw, r->C);
     bufs_free(gpu);
 }
 
-static void test_rmsnorm(void) {
-    rms_arg r = {.T = 70, .C = 300};
+static void test_rmsnorm(int32_t T, int32_t C) {
+    rms_arg r = {.T = T, .C = C};
     size_t n = (size_t)r.T * r.C;
     r.in = kt_rand(n, 2.0);
-    r.w = kt_rand(r.C, 1.0);
-    r.dout = kt_rand(n, 1.0);
+    r.w = rand_act(r.C, 1.0);
+    r.dout = rand_act(n, 1.0);
     r.din0 = kt_rand(n, 1.0);
     r.dw0 = kt_rand(r.C, 1.0);
     r.rstd = kt_floats(r.T);
-    float *tmp = kt_floats(n);
-    cpu_be.ops->rmsnorm_forward(&cpu_be, tmp, r.rstd, r.in, r.w, 1e-5f, r.T, r.C);
+    float *tmp[2] = {kt_floats(n), r.rstd};
+    rms_forward(0, tmp, &r);
+    free(tmp[0]);
     size_t lf[2] = {n, (size_t)r.T}, lb[2] = {n, (size_t)r.C};
-    compare("rmsnorm_forward", rms_forward, &r, 2, lf);
-    compare("rmsnorm_backward", rms_backward, &r, 2, lb);
-    free(tmp); free(r.in); free(r.w); free(r.dout); free(r.din0); free(r.dw0); free(r.rstd);
+    compare("rmsnorm_forward", rms_forward, &r, "AF", lf);
+    compare("rmsnorm_backward", rms_backward, &r, "FF", lb);
+    free(r.in); free(r.w); free(r.dout); free(r.din0); free(r.dw0); free(r.rstd);
 }
 
-// --- rope -----------------------------------------------------------------------------------
+// --- head_rmsnorm: heads [off, off + H*D) of rows of stride ld --------------------------------
+
+typedef struct hrms_arg {
+    int32_t T, H, D, ld, off;
+    float *x, *w, *dout, *dw0, *rstd;   // x, dout: [T, ld]; rstd: the CPU forward's
+} hrms_arg;
+
+static void hrms_forward(int gpu, float **out, void *arg) {
+    hrms_arg *r = arg;
+    tr_backend *be = be_of(gpu);
+    size_t n = (size_t)r->T * r->ld;
+    void *x = put_act(gpu, r->x, n), *o = put_act(gpu, NULL, n), *w = put_wt(gpu, r->w, r->D);
+    float *rstd = putt(gpu, NULL, (size_t)r->T * r->H, TR_F32);
+    be->ops->head_rmsnorm_forward(be, elem(o, r->off, be->act), rstd, elem(x, r->off, be->act),
+                                  w, 1e-6f, r->T, r->H, r->D, r->ld);
+    float *full = kt_floats(n);
+    get_act(gpu, full, o, n);
+    unpack_rows("head_rmsnorm_forward", out[0], full, r->T, r->ld, r->off, r->H * r->D, 1);
+    getf(gpu, out[1], rstd, (size_t)r->T * r->H);
+    free(full);
+    bufs_free(gpu);
+}
+
+static void hrms_backward(int gpu, float **out, void *arg) {
+    hrms_arg *r = arg;
+    tr_backend *be = be_of(gpu);
+    size_t n = (size_t)r->T * r->ld;
+    void *x = put_act(gpu, r->x, n), *dout = put_act(gpu, r->dout, n), *din = put_act(gpu, NULL, n);
+    void *w = put_wt(gpu, r->w, r->D);
+    float *rstd = putf(gpu, r->rstd, (size_t)r->T * r->H), *dw = putf(gpu, r->dw0, r->D);
+    be->ops->head_rmsnorm_backward(be, elem(din, r->off, be->act), dw,
+                                   elem(dout, r->off, be->act), elem(x, r->off, be->act), w,
+                                   rstd, r->T, r->H, r->D, r->ld);
+    float *full = kt_floats(n);
+    get_act(gpu, full, din, n);
+    unpack_rows("head_rmsnorm_backward", out[0], full, r->T, r->ld, r->off, r->H * r->D, 1);
+    getf(gpu, out[1], dw, r->D);
+    free(full);
+    bufs_free(gpu);
+}
+
+// Qwen3-style q and k norms read in place from a fused [q;k;v] row: q (H heads at column 0)
+// and k (KVH heads after q), rows of stride (H + 2 KVH) D.
+static void test_head_rmsnorm(int32_t T, int32_t H, int32_t KVH, int32_t D) {
+    hrms_arg r = {.T = T, .D = D, .ld = (H + 2 * KVH) * D};
+    size_t n = (size_t)T * r.ld;
+    r.x = rand_act(n, 2.0);
+    r.dout = rand_act(n, 1.0);
+    r.w = rand_act(D, 1.0);
+    r.dw0 = kt_rand(D, 1.0);
+    for (int pass = 0; pass < 2; pass++) {
+        r.H = pass == 0 ? H : KVH;
+        r.off = pass == 0 ? 0 : H * D;
+        size_t nv = (size_t)T * r.H * D, nr = (size_t)T * r.H;
+        r.rstd = kt_floats(nr);
+        float *tmp[2] = {kt_floats(nv), r.rstd};
+        hrms_forward(0, tmp, &r);
+        free(tmp[0]);
+        size_t lf[2] = {nv, nr}, lb[2] = {nv, (size_t)D};
+        compare(pass == 0 ? "head_rmsnorm_fwd q" : "head_rmsnorm_fwd k", hrms_forward, &r, "AF",
+                lf);
+        compare(pass == 0 ? "head_rmsnorm_bwd q" : "head_rmsnorm_bwd k", hrms_backward, &r, "AF",
+                lb);
+        free(r.rstd);
+    }
+    free(r.x); free(r.dout); free(r.w); free(r.dw0);
+}
+
+// --- rope: in place on heads [off, off + nh*D) of rows of stride ld ---------------------------
 
 typedef struct rope_arg {
-    int32_t T, H, D;
+    int32_t T, H, D, ld, off;
     float *x, *inv_freq;
     int32_t *pos;
 } rope_arg;
 
 static void rope_op(int gpu, float **out, void *arg, int backward) {
     rope_arg *r = arg;
-    size_t n = (size_t)r->T * r->H * r->D;
-    float *x = putf(gpu, r->x, n), *f = putf(gpu, r->inv_freq, r->D / 2);
+    tr_backend *be = be_of(gpu);
+    size_t n = (size_t)r->T * r->ld;
+    void *x = put_act(gpu, r->x, n);
+    float *f = putf(gpu, r->inv_freq, r->D / 2);
     int32_t *pos = puti(gpu, r->pos, r->T);
-    if (backward) be_of(gpu)->ops->rope_backward(be_of(gpu), x, pos, f, r->T, r->H, r->D);
-    else be_of(gpu)->ops->rope_forward(be_of(gpu), x, pos, f, r->T, r->H, r->D);
-    getf(gpu, out[0], x, n);
+    void *v = elem(x, r->off, be->act);
+    if (backward) be->ops->rope_backward(be, v, r->ld, pos, f, r->T, r->H, r->D);
+    else be->ops->rope_forward(be, v, r->ld, pos, f, r->T, r->H, r->D);
+    float *full = kt_floats(n);
+    get_act(gpu, full, x, n);
+    unpack_rows("rope", out[0], full, r->T, r->ld, r->off, r->H * r->D, 0);
+    size_t changed = 0;   // in place: the rest of each row is left as it was
+    for (int32_t t = 0; t < r->T; t++)
+        for (int32_t c = 0; c < r->ld; c++) {
+            size_t i = (size_t)t * r->ld + c;
+            if (c < r->off || c >= r->off + r->H * r->D)
+                changed += memcmp(&full[i], &r->x[i], sizeof(float)) != 0;
+        }
+    CHECKF(changed == 0, "rope: %zu elements outside the strided view changed", changed);
+    free(full);
     bufs_free(gpu);
 }
 static void rope_fwd(int gpu, float **out, void *arg) { rope_op(gpu, out, arg, 0); }
 static void rope_bwd(int gpu, float **out, void *arg) { rope_op(gpu, out, arg, 1); }
 
-static void test_rope(void) {
-    rope_arg r = {.T = 90, .H = 3, .D = 64};
-    size_t n = (size_t)r.T * r.H * r.D;
-    r.x = kt_rand(n, 1.0);
-    r.inv_freq = kt_floats(r.D / 2);
-    for (int32_t i = 0; i < r.D / 2; i++) r.inv_freq[i] = (float)pow(10000.0, -2.0 * i / r.D);
-    r.pos = kt_malloc((size_t)r.T * sizeof(int32_t));
-    for (int32_t t = 0; t < r.T; t++) r.pos[t] = t < 40 ? t : 1000 + 37 * t;   // large angles too
-    size_t l[1] = {n};
-    compare("rope_forward", rope_fwd, &r, 1, l);
-    compare("rope_backward", rope_bwd, &r, 1, l);
+// q and k of a fused [q;k;v] row, positions past 1000 included (large angles).
+static void test_rope(int32_t T, int32_t H, int32_t KVH, int32_t D) {
+    rope_arg r = {.T = T, .D = D, .ld = (H + 2 * KVH) * D};
+    r.x = rand_act((size_t)T * r.ld, 1.0);
+    r.inv_freq = kt_floats(D / 2);
+    for (int32_t i = 0; i < D / 2; i++) r.inv_freq[i] = (float)pow(10000.0, -2.0 * i / D);
+    r.pos = kt_malloc((size_t)T * sizeof(int32_t));
+    for (int32_t t = 0; t < T; t++) r.pos[t] = t < 40 ? t : 1000 + 37 * t;
+    for (int pass = 0; pass < 2; pass++) {
+        r.H = pass == 0 ? H : KVH;
+        r.off = pass == 0 ? 0 : H * D;
+        size_t l[1] = {(size_t)T * r.H * D};
+        compare(pass == 0 ? "rope_forward q" : "rope_forward k", rope_fwd, &r, "A", l);
+        compare(pass == 0 ? "rope_backward q" : "rope_backward k", rope_bwd, &r, "A", l);
+    }
     free(r.x); free(r.inv_freq); free(r.pos);
 }
 
-// --- attention ------------------------------------------------------------------------------
+// --- attention over a fused [q;k;v] buffer ---------------------------------------------------
 
 typedef struct att_arg {
-    int32_t T, H, KVH, D, n_docs;
+    int32_t T, H, KVH, D, ld, n_docs;
     int32_t *doc_start, *pos;
-    float *q, *k, *v, *dout, *dq0, *dk0, *dv0;
+    float *qkv;    // [T, ld]: q at column 0, k at H*D, v at (H+KVH)*D, then padding
+    float *dout;   // [T, H*D]
     float *out, *lse;   // the CPU forward's, input to the backward on both backends
 } att_arg;
 
@@ -315,35 +633,49 @@ static tr_doc_layout att_docs(int gpu, const att_arg *a) {
 
 static void att_forward(int gpu, float **out, void *arg) {
     att_arg *a = arg;
-    size_t nq = (size_t)a->T * a->H * a->D, nk = (size_t)a->T * a->KVH * a->D;
+    tr_backend *be = be_of(gpu);
+    size_t nq = (size_t)a->T * a->H * a->D;
     tr_doc_layout docs = att_docs(gpu, a);
-    float *q = putf(gpu, a->q, nq), *k = putf(gpu, a->k, nk), *v = putf(gpu, a->v, nk);
-    float *o = putf(gpu, NULL, nq), *lse = putf(gpu, NULL, (size_t)a->T * a->H);
-    be_of(gpu)->ops->attention_forward(be_of(gpu), o, lse, q, k, v, &docs, a->H, a->KVH, a->D);
-    getf(gpu, out[0], o, nq);
+    void *qkv = put_act(gpu, a->qkv, (size_t)a->T * a->ld);
+    void *o = put_act(gpu, NULL, nq);
+    float *lse = putt(gpu, NULL, (size_t)a->T * a->H, TR_F32);
+    be->ops->attention_forward(be, o, lse, qkv, elem(qkv, (size_t)a->H * a->D, be->act),
+                               elem(qkv, (size_t)(a->H + a->KVH) * a->D, be->act), a->ld, &docs,
+                               a->H, a->KVH, a->D);
+    get_act(gpu, out[0], o, nq);
     getf(gpu, out[1], lse, (size_t)a->T * a->H);
     bufs_free(gpu);
 }
 
+// dq, dk, dv written into one NaN-filled [T, ld] buffer at q's, k's and v's columns: every
+// element of the three views written, the padding left alone.
 static void att_backward(int gpu, float **out, void *arg) {
     att_arg *a = arg;
-    size_t nq = (size_t)a->T * a->H * a->D, nk = (size_t)a->T * a->KVH * a->D;
+    tr_backend *be = be_of(gpu);
+    size_t nq = (size_t)a->T * a->H * a->D, n = (size_t)a->T * a->ld;
+    int32_t kc = a->H * a->D, vc = (a->H + a->KVH) * a->D, w = a->KVH * a->D;
     tr_doc_layout docs = att_docs(gpu, a);
-    float *q = putf(gpu, a->q, nq), *k = putf(gpu, a->k, nk), *v = putf(gpu, a->v, nk);
-    float *o = putf(gpu, a->out, nq), *lse = putf(gpu, a->lse, (size_t)a->T * a->H);
-    float *dout = putf(gpu, a->dout, nq), *dq = putf(gpu, a->dq0, nq);
-    float *dk = putf(gpu, a->dk0, nk), *dv = putf(gpu, a->dv0, nk);
-    be_of(gpu)->ops->attention_backward(be_of(gpu), dq, dk, dv, dout, o, lse, q, k, v, &docs,
-                                        a->H, a->KVH, a->D);
-    getf(gpu, out[0], dq, nq);
-    getf(gpu, out[1], dk, nk);
-    getf(gpu, out[2], dv, nk);
+    void *qkv = put_act(gpu, a->qkv, n), *d = put_act(gpu, NULL, n);
+    void *o = put_act(gpu, a->out, nq), *dout = put_act(gpu, a->dout, nq);
+    float *lse = putf(gpu, a->lse, (size_t)a->T * a->H);
+    be->ops->attention_backward(be, d, elem(d, kc, be->act), elem(d, vc, be->act), dout, o, lse,
+                                qkv, elem(qkv, kc, be->act), elem(qkv, vc, be->act), a->ld,
+                                &docs, a->H, a->KVH, a->D);
+    float *full = kt_floats(n), *tmp = kt_floats((size_t)a->T * (vc + w));
+    get_act(gpu, full, d, n);
+    unpack_rows("attention_backward", tmp, full, a->T, a->ld, 0, vc + w, 1);
+    // tmp: [T, (H + 2 KVH) D] packed; split into dq, dk, dv
+    unpack_rows("dq", out[0], tmp, a->T, vc + w, 0, kc, 0);
+    unpack_rows("dk", out[1], tmp, a->T, vc + w, kc, w, 0);
+    unpack_rows("dv", out[2], tmp, a->T, vc + w, vc, w, 0);
+    free(tmp);
+    free(full);
     bufs_free(gpu);
 }
 
 // Decode of chosen tokens over a paged cache built from the same k, v: each sequence holds
-// its document's keys up to the token, in 16-slot blocks placed in a scattered order.
-// Returns in out[0] the decode rows on backend `gpu`.
+// its document's keys up to the token, in 16-slot blocks placed in a scattered order; the
+// queries are the tokens' fused rows (stride ld). Returns in out[0] the decode rows.
 typedef struct dec_arg {
     const att_arg *a;
     int32_t B, max_blocks, n_blocks, block_size;
@@ -368,8 +700,8 @@ static void dec_build(dec_arg *d, const att_arg *a, const int32_t *tok, int32_t 
     }
     d->n_blocks = B * d->max_blocks;
     size_t slot_f = (size_t)a->KVH * a->D, pool = (size_t)d->n_blocks * d->block_size * slot_f;
-    d->kp = kt_rand(pool, 1.0);   // unused slots hold noise that must never be read
-    d->vp = kt_rand(pool, 1.0);
+    d->kp = rand_act(pool, 1.0);   // unused slots hold noise that must never be read
+    d->vp = rand_act(pool, 1.0);
     d->table = kt_malloc((size_t)d->n_blocks * sizeof(int32_t));
     for (int32_t i = 0; i < d->n_blocks; i++) d->table[i] = i;
     for (int32_t i = d->n_blocks - 1; i > 0; i--) {   // Fisher-Yates: a scattered permutation
@@ -378,18 +710,18 @@ static void dec_build(dec_arg *d, const att_arg *a, const int32_t *tok, int32_t 
         d->table[i] = d->table[r];
         d->table[r] = tmp;
     }
-    d->qd = kt_floats((size_t)B * a->H * a->D);
+    d->qd = kt_floats((size_t)B * a->ld);
     for (int32_t b = 0; b < B; b++) {
         int32_t start = d->tok[b] - d->seq_len[b] + 1;
         for (int32_t j = 0; j < d->seq_len[b]; j++) {
             int32_t blk = d->table[b * d->max_blocks + j / d->block_size];
             size_t dst = ((size_t)blk * d->block_size + j % d->block_size) * slot_f;
-            size_t src = (size_t)(start + j) * slot_f;
-            memcpy(d->kp + dst, a->k + src, slot_f * sizeof(float));
-            memcpy(d->vp + dst, a->v + src, slot_f * sizeof(float));
+            const float *row = a->qkv + (size_t)(start + j) * a->ld;
+            memcpy(d->kp + dst, row + (size_t)a->H * a->D, slot_f * sizeof(float));
+            memcpy(d->vp + dst, row + (size_t)(a->H + a->KVH) * a->D, slot_f * sizeof(float));
         }
-        memcpy(d->qd + (size_t)b * a->H * a->D, a->q + (size_t)d->tok[b] * a->H * a->D,
-               (size_t)a->H * a->D * sizeof(float));
+        memcpy(d->qd + (size_t)b * a->ld, a->qkv + (size_t)d->tok[b] * a->ld,
+               (size_t)a->ld * sizeof(float));
     }
 }
 
@@ -400,43 +732,42 @@ static void dec_free(dec_arg *d) {
 static void dec_run(int gpu, float **out, void *arg) {
     dec_arg *d = arg;
     const att_arg *a = d->a;
+    tr_backend *be = be_of(gpu);
     size_t pool = (size_t)d->n_blocks * d->block_size * a->KVH * a->D;
-    size_t nq = (size_t)d->B * a->H * a->D;
-    tr_kv_pages kv = {.k_pool = putf(gpu, d->kp, pool), .v_pool = putf(gpu, d->vp, pool),
+    size_t no = (size_t)d->B * a->H * a->D;
+    tr_kv_pages kv = {.k_pool = put_act(gpu, d->kp, pool), .v_pool = put_act(gpu, d->vp, pool),
                       .block_size = d->block_size, .n_blocks = d->n_blocks,
                       .n_kv_heads = a->KVH, .head_dim = a->D};
     int32_t *table = puti(gpu, d->table, d->n_blocks), *seq_len = puti(gpu, d->seq_len, d->B);
-    float *q = putf(gpu, d->qd, nq), *o = putf(gpu, NULL, nq);
-    be_of(gpu)->ops->attention_decode(be_of(gpu), o, q, &kv, table, d->max_blocks, seq_len,
-                                      d->B, a->H);
-    getf(gpu, out[0], o, nq);
+    void *q = put_act(gpu, d->qd, (size_t)d->B * a->ld), *o = put_act(gpu, NULL, no);
+    be->ops->attention_decode(be, o, q, a->ld, &kv, table, d->max_blocks, seq_len, d->B, a->H);
+    get_act(gpu, out[0], o, no);
     bufs_free(gpu);
 }
 
+// pad: extra columns after v in each row (strides that no fused width explains).
 static void test_attention(int32_t T, int32_t n_docs, const int32_t *doc_start, int32_t H,
-                           int32_t KVH, int32_t D) {
-    att_arg a = {.T = T, .H = H, .KVH = KVH, .D = D, .n_docs = n_docs};
+                           int32_t KVH, int32_t D, int32_t pad) {
+    att_arg a = {.T = T, .H = H, .KVH = KVH, .D = D, .n_docs = n_docs,
+                 .ld = (H + 2 * KVH) * D + pad};
     size_t nq = (size_t)T * H * D, nk = (size_t)T * KVH * D;
     a.doc_start = kt_malloc((size_t)(n_docs + 1) * sizeof(int32_t));
     memcpy(a.doc_start, doc_start, (size_t)(n_docs + 1) * sizeof(int32_t));
     a.pos = kt_malloc((size_t)T * sizeof(int32_t));
     for (int32_t d = 0; d < n_docs; d++)
         for (int32_t t = doc_start[d]; t < doc_start[d + 1]; t++) a.pos[t] = t - doc_start[d];
-    a.q = kt_rand(nq, 2.0);
-    a.k = kt_rand(nk, 2.0);
-    a.v = kt_rand(nk, 1.0);
-    a.dout = kt_rand(nq, 1.0);
-    a.dq0 = kt_rand(nq, 1.0);
-    a.dk0 = kt_rand(nk, 1.0);
-    a.dv0 = kt_rand(nk, 1.0);
+    a.qkv = rand_act((size_t)T * a.ld, 2.0);   // v's scale 2 too: the outputs stay near 1
+    a.dout = rand_act(nq, 1.0);
     a.out = kt_floats(nq);
     a.lse = kt_floats((size_t)T * H);
-    tr_doc_layout docs = {.n_tokens = T, .n_docs = n_docs, .doc_start = a.doc_start,
-                          .pos = a.pos};
-    cpu_be.ops->attention_forward(&cpu_be, a.out, a.lse, a.q, a.k, a.v, &docs, H, KVH, D);
+    float *fo[2] = {a.out, a.lse};
+    att_forward(0, fo, &a);
+    char name[64];
+    snprintf(name, sizeof name, "attention_fwd T%d H%d/%d D%d", T, H, KVH, D);
     size_t lf[2] = {nq, (size_t)T * H}, lb[3] = {nq, nk, nk};
-    compare("attention_forward", att_forward, &a, 2, lf);
-    compare("attention_backward", att_backward, &a, 3, lb);
+    compare(name, att_forward, &a, "AF", lf);
+    snprintf(name, sizeof name, "attention_bwd T%d H%d/%d D%d", T, H, KVH, D);
+    compare(name, att_backward, &a, "AAA", lb);
 
     // decode: the last token, a token past the first 128-key chunk, a document's first token
     int32_t tok[3] = {T - 1, doc_start[n_docs - 1] + (T - doc_start[n_docs - 1]) / 2,
@@ -444,7 +775,7 @@ static void test_attention(int32_t T, int32_t n_docs, const int32_t *doc_start, 
     dec_arg d;
     dec_build(&d, &a, tok, 3);
     size_t ld[1] = {(size_t)3 * H * D};
-    compare("attention_decode", dec_run, &d, 1, ld);
+    compare("attention_decode", dec_run, &d, "A", ld);
     float *fwd[2] = {kt_floats(nq), kt_floats((size_t)T * H)}, *dec[1] = {kt_floats(ld[0])};
     att_forward(1, fwd, &a);
     dec_run(1, dec, &d);
@@ -454,72 +785,247 @@ static void test_attention(int32_t T, int32_t n_docs, const int32_t *doc_start, 
                "attention_decode row of token %d differs from the cuda forward's", tok[b]);
     free(fwd[0]); free(fwd[1]); free(dec[0]);
     dec_free(&d);
-    free(a.doc_start); free(a.pos); free(a.q); free(a.k); free(a.v); free(a.dout);
-    free(a.dq0); free(a.dk0); free(a.dv0); free(a.out); free(a.lse);
+    free(a.doc_start); free(a.pos); free(a.qkv); free(a.dout); free(a.out); free(a.lse);
 }
 
-// --- elementwise and optimizer ----------------------------------------------------------------
+// --- kv_write -------------------------------------------------------------------------------
 
-typedef struct ew_arg {
-    size_t n;
-    float *a, *b, *c, *d0, *e0;
-} ew_arg;
+typedef struct kvw_arg {
+    int32_t T, H, KVH, D, ld, n_blocks, block_size;
+    int32_t *slot;
+    float *rows, *k0, *v0;   // rows: [T, ld] fused; k0, v0: the pools before
+} kvw_arg;
+
+static void kvw_run(int gpu, float **out, void *arg) {
+    kvw_arg *w = arg;
+    tr_backend *be = be_of(gpu);
+    size_t pool = (size_t)w->n_blocks * w->block_size * w->KVH * w->D;
+    tr_kv_pages kv = {.k_pool = put_act(gpu, w->k0, pool), .v_pool = put_act(gpu, w->v0, pool),
+                      .block_size = w->block_size, .n_blocks = w->n_blocks,
+                      .n_kv_heads = w->KVH, .head_dim = w->D};
+    void *rows = put_act(gpu, w->rows, (size_t)w->T * w->ld);
+    int32_t *slot = puti(gpu, w->slot, w->T);
+    be->ops->kv_write(be, &kv, slot, elem(rows, (size_t)w->H * w->D, be->act),
+                      elem(rows, (size_t)(w->H + w->KVH) * w->D, be->act), w->ld, w->T);
+    get_act(gpu, out[0], kv.k_pool, pool);
+    get_act(gpu, out[1], kv.v_pool, pool);
+    bufs_free(gpu);
+}
+
+// T tokens' k and v from fused rows into distinct scattered slots of a noisy pool: equal to
+// the CPU's pools and to the host's own placement, bit for bit.
+static void test_kv_write(int32_t T, int32_t H, int32_t KVH, int32_t D) {
+    kvw_arg w = {.T = T, .H = H, .KVH = KVH, .D = D, .ld = (H + 2 * KVH) * D + 3,
+                 .n_blocks = 12, .block_size = 16};
+    int32_t n_slots = w.n_blocks * w.block_size, width = KVH * D;
+    size_t pool = (size_t)n_slots * width;
+    int32_t *perm = kt_malloc((size_t)n_slots * sizeof(int32_t));
+    for (int32_t i = 0; i < n_slots; i++) perm[i] = i;
+    for (int32_t i = n_slots - 1; i > 0; i--) {
+        int32_t r = (int32_t)((kt_uniform() + 1.0) * 0.5 * (i + 1)), tmp = perm[i];
+        if (r > i) r = i;
+        perm[i] = perm[r];
+        perm[r] = tmp;
+    }
+    w.slot = perm;   // the first T of a permutation: distinct
+    w.rows = rand_act((size_t)T * w.ld, 1.0);
+    w.k0 = rand_act(pool, 1.0);
+    w.v0 = rand_act(pool, 1.0);
+    size_t l[2] = {pool, pool};
+    compare("kv_write", kvw_run, &w, "XX", l);
+    float *o[2] = {kt_floats(pool), kt_floats(pool)};
+    kvw_run(1, o, &w);
+    float *ek = kt_copy(w.k0, pool), *ev = kt_copy(w.v0, pool);
+    for (int32_t t = 0; t < T; t++) {
+        memcpy(ek + (size_t)w.slot[t] * width, w.rows + (size_t)t * w.ld + (size_t)H * D,
+               (size_t)width * sizeof(float));
+        memcpy(ev + (size_t)w.slot[t] * width, w.rows + (size_t)t * w.ld + (size_t)(H + KVH) * D,
+               (size_t)width * sizeof(float));
+    }
+    CHECKF(kt_same_bits(o[0], ek, pool) && kt_same_bits(o[1], ev, pool),
+           "kv_write: the pools are not the rows placed in their slots");
+    free(o[0]); free(o[1]); free(ek); free(ev);
+    free(perm); free(w.rows); free(w.k0); free(w.v0);
+}
+
+// --- swiglu ---------------------------------------------------------------------------------
+
+typedef struct sw_arg {
+    int32_t T, I;
+    float *gu, *dout;
+} sw_arg;
 
 static void swiglu_fwd(int gpu, float **out, void *arg) {
-    ew_arg *e = arg;
-    float *o = putf(gpu, NULL, e->n), *g = putf(gpu, e->a, e->n), *u = putf(gpu, e->b, e->n);
-    be_of(gpu)->ops->swiglu_forward(be_of(gpu), o, g, u, e->n);
-    getf(gpu, out[0], o, e->n);
+    sw_arg *s = arg;
+    size_t n = (size_t)s->T * s->I;
+    void *gu = put_act(gpu, s->gu, 2 * n), *o = put_act(gpu, NULL, n);
+    be_of(gpu)->ops->swiglu_forward(be_of(gpu), o, gu, s->T, s->I);
+    get_act(gpu, out[0], o, n);
     bufs_free(gpu);
 }
 
 static void swiglu_bwd(int gpu, float **out, void *arg) {
-    ew_arg *e = arg;
-    float *g = putf(gpu, e->a, e->n), *u = putf(gpu, e->b, e->n), *go = putf(gpu, e->c, e->n);
-    float *dg = putf(gpu, e->d0, e->n), *du = putf(gpu, e->e0, e->n);
-    be_of(gpu)->ops->swiglu_backward(be_of(gpu), dg, du, go, g, u, e->n);
-    getf(gpu, out[0], dg, e->n);
-    getf(gpu, out[1], du, e->n);
+    sw_arg *s = arg;
+    size_t n = (size_t)s->T * s->I;
+    void *gu = put_act(gpu, s->gu, 2 * n), *go = put_act(gpu, s->dout, n);
+    void *dgu = put_act(gpu, NULL, 2 * n);
+    be_of(gpu)->ops->swiglu_backward(be_of(gpu), dgu, go, gu, s->T, s->I);
+    get_act(gpu, out[0], dgu, 2 * n);
     bufs_free(gpu);
 }
 
-// add (out aliasing a, as the residual stream uses it) then scale
-static void add_scale(int gpu, float **out, void *arg) {
-    ew_arg *e = arg;
-    float *a = putf(gpu, e->a, e->n), *b = putf(gpu, e->b, e->n);
-    be_of(gpu)->ops->add(be_of(gpu), a, a, b, e->n);
-    getf(gpu, out[0], a, e->n);
-    be_of(gpu)->ops->scale(be_of(gpu), a, -0.37f, e->n);
-    getf(gpu, out[1], a, e->n);
+static void test_swiglu(int32_t T, int32_t I) {
+    sw_arg s = {.T = T, .I = I};
+    size_t n = (size_t)T * I;
+    s.gu = rand_act(2 * n, 6.0);
+    s.dout = rand_act(n, 1.0);
+    size_t l1[1] = {n}, l2[1] = {2 * n};
+    compare("swiglu_forward", swiglu_fwd, &s, "A", l1);
+    compare("swiglu_backward", swiglu_bwd, &s, "A", l2);
+    free(s.gu); free(s.dout);
+}
+
+// --- adamw ----------------------------------------------------------------------------------
+
+typedef struct adam_arg {
+    size_t n;
+    int32_t n_segs, steps;
+    const tr_adamw_seg *segs;
+    float *p, *g, *m0, *v0;
+    double sumsq;
+    float max_norm;
+    int with_work;
+} adam_arg;
+
+static tr_adamw_args adam_args(const adam_arg *a, float *p, void *work, const float *g,
+                               float *m, float *v, const tr_adamw_seg *segs,
+                               const double *sumsq, tr_dt wt) {
+    tr_adamw_args r = {.p = p, .work = work, .g = g, .m = m, .v = v, .n = a->n, .segs = segs,
+                       .n_segs = a->n_segs, .sumsq = sumsq, .max_norm = a->max_norm,
+                       .lr = 1e-2f, .b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f, .t = 1, .wt = wt};
+    return r;
+}
+
+// `steps` AdamW steps; out: p, m, v, and the working copy (poisoned before: written).
+static void adamw_run(int gpu, float **out, void *arg) {
+    adam_arg *a = arg;
+    tr_backend *be = be_of(gpu);
+    float *p = putf(gpu, a->p, a->n), *g = putf(gpu, a->g, a->n);
+    float *m = putf(gpu, a->m0, a->n), *v = putf(gpu, a->v0, a->n);
+    void *work = a->with_work ? putt(gpu, NULL, a->n, be->wt) : NULL;
+    tr_adamw_seg *segs = put(gpu, a->segs, (size_t)a->n_segs * sizeof(tr_adamw_seg));
+    double *sumsq = put(gpu, &a->sumsq, sizeof(double));
+    for (int32_t t = 1; t <= a->steps; t++) {
+        tr_adamw_args x = adam_args(a, p, work, g, m, v, segs, sumsq, be->wt);
+        x.t = t;
+        be->ops->adamw(be, &x);
+    }
+    getf(gpu, out[0], p, a->n);
+    getf(gpu, out[1], m, a->n);
+    getf(gpu, out[2], v, a->n);
+    if (a->with_work) gett(gpu, out[3], work, a->n, be->wt);
     bufs_free(gpu);
 }
 
-// three AdamW steps with weight decay
-static void adamw_steps(int gpu, float **out, void *arg) {
-    ew_arg *e = arg;
-    float *p = putf(gpu, e->a, e->n), *g = putf(gpu, e->b, e->n);
-    float *m = putf(gpu, NULL, e->n), *v = putf(gpu, NULL, e->n);
-    for (int32_t t = 1; t <= 3; t++)
-        be_of(gpu)->ops->adamw(be_of(gpu), p, g, m, v, e->n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
-    getf(gpu, out[0], p, e->n);
-    getf(gpu, out[1], m, e->n);
-    getf(gpu, out[2], v, e->n);
-    bufs_free(gpu);
+// The same steps on the GPU, one call per segment (a one-segment range each): the per-tensor
+// way, which the one-launch range must reproduce bit for bit.
+static void adamw_per_segment(float **out, const adam_arg *a) {
+    tr_backend *be = &gpu_be;
+    float *p = putf(1, a->p, a->n), *g = putf(1, a->g, a->n);
+    float *m = putf(1, a->m0, a->n), *v = putf(1, a->v0, a->n);
+    void *work = putt(1, NULL, a->n, be->wt);
+    double *sumsq = put(1, &a->sumsq, sizeof(double));
+    tr_adamw_seg *one = put(1, NULL, (size_t)a->n_segs * sizeof(tr_adamw_seg));
+    for (int32_t s = 0; s < a->n_segs; s++) {
+        tr_adamw_seg seg = {.begin = 0, .end = a->segs[s].end - a->segs[s].begin,
+                            .wd = a->segs[s].wd};
+        char msg[256];
+        if (tr_cuda_copy_h2d(one + s, &seg, sizeof seg, msg, sizeof msg) != 0) die("h2d", msg);
+    }
+    for (int32_t t = 1; t <= a->steps; t++)
+        for (int32_t s = 0; s < a->n_segs; s++) {
+            size_t b = a->segs[s].begin;
+            adam_arg part = *a;
+            part.n = a->segs[s].end - b;
+            part.n_segs = 1;
+            tr_adamw_args x = adam_args(&part, p + b, elem(work, b, be->wt), g + b, m + b, v + b,
+                                        one + s, sumsq, be->wt);
+            x.t = t;
+            be->ops->adamw(be, &x);
+        }
+    getf(1, out[0], p, a->n);
+    getf(1, out[1], m, a->n);
+    getf(1, out[2], v, a->n);
+    gett(1, out[3], work, a->n, be->wt);
+    bufs_free(1);
 }
 
-static void test_elementwise(size_t n) {
-    ew_arg e = {.n = n};
-    e.a = kt_rand(n, 6.0);
-    e.b = kt_rand(n, 1.0);
-    e.c = kt_rand(n, 1.0);
-    e.d0 = kt_rand(n, 1.0);
-    e.e0 = kt_rand(n, 1.0);
-    size_t l1[1] = {n}, l2[2] = {n, n}, l3[3] = {n, n, n};
-    compare("swiglu_forward", swiglu_fwd, &e, 1, l1);
-    compare("swiglu_backward", swiglu_bwd, &e, 2, l2);
-    compare("add, scale", add_scale, &e, 2, l2);
-    compare("adamw", adamw_steps, &e, 3, l3);
-    free(e.a); free(e.b); free(e.c); free(e.d0); free(e.e0);
+// Segments with their own weight decay (one of a single element, one without decay); three
+// steps without clipping, with clipping (c ~ 0.1), with a max_norm that does not bind (c = 1:
+// the unclipped bits), and with a non-finite sum of squares (nothing written at all). The
+// working copy must be the masters rounded by convert's rule, bit for bit.
+static void test_adamw(size_t n) {
+    tr_adamw_seg segs[5] = {{0, 1000, 0.1f, 0}, {1000, 1001, 0.0f, 0}, {1001, 50000, 0.05f, 0},
+                            {50000, n - 3, 0.0f, 0}, {n - 3, n, 0.2f, 0}};
+    adam_arg a = {.n = n, .n_segs = 5, .steps = 3, .segs = segs, .sumsq = 5.0, .max_norm = 0.0f,
+                  .with_work = 1};
+    a.p = kt_rand(n, 6.0);
+    a.g = kt_rand(n, 1.0);
+    a.m0 = kt_rand(n, 0.1);
+    a.v0 = kt_fill(n, 0.01f);
+    size_t l4[4] = {n, n, n, n};
+    float *o1[4], *o2[4];
+    for (int i = 0; i < 4; i++) {
+        o1[i] = kt_floats(n);
+        o2[i] = kt_floats(n);
+    }
+    compare("adamw", adamw_run, &a, "FFFA", l4);
+    adamw_run(1, o1, &a);
+    float *rounded = kt_floats(n);
+    for (size_t i = 0; i < n; i++)
+        rounded[i] = prec == TR_BF16 ? h_f32(h_bf16(o1[0][i])) : o1[0][i];
+    CHECKF(kt_same_bits(o1[3], rounded, n), "adamw: the working copy is not the rounded masters");
+    adamw_per_segment(o2, &a);
+    int same = 1;
+    for (int i = 0; i < 4; i++) same &= kt_same_bits(o1[i], o2[i], n);
+    CHECKF(same, "adamw: one launch over the segments differs from a call per segment");
+    printf("  %-5s adamw one launch vs per segment: %s\n", tr_dt_name(prec),
+           same ? "bitwise" : "DIFFER");
+
+    a.max_norm = 10.0f;   // sqrt(5) + 1e-6 < 10: c = 1
+    adamw_run(1, o2, &a);
+    same = 1;
+    for (int i = 0; i < 4; i++) same &= kt_same_bits(o1[i], o2[i], n);
+    CHECKF(same, "adamw: a max_norm that does not bind changes the update");
+
+    a.max_norm = 1.0f;
+    a.sumsq = 100.0;   // c = 1 / (10 + 1e-6)
+    compare("adamw clipped", adamw_run, &a, "FFFA", l4);
+    adamw_run(1, o2, &a);
+    same = 1;
+    for (int i = 0; i < 3; i++) same &= !kt_same_bits(o1[i], o2[i], n);
+    CHECKF(same, "adamw: clipping changed nothing");
+
+    static const double bad[2] = {NAN, INFINITY};
+    for (int k = 0; k < 2; k++) {
+        a.sumsq = bad[k];
+        for (int gpu = 0; gpu < 2; gpu++) {
+            adamw_run(gpu, o2, &a);
+            int kept = kt_same_bits(o2[0], a.p, n) && kt_same_bits(o2[1], a.m0, n) &&
+                       kt_same_bits(o2[2], a.v0, n);
+            size_t work_written = 0;
+            for (size_t i = 0; i < n; i++) work_written += !isnan(o2[3][i]);
+            CHECKF(kept && work_written == 0, "adamw on %s with sumsq %g wrote (work: %zu)",
+                   gpu ? "cuda" : "cpu", bad[k], work_written);
+        }
+    }
+    printf("  %-5s adamw skips a non-finite step on both backends: checked\n",
+           tr_dt_name(prec));
+    for (int i = 0; i < 4; i++) {
+        free(o1[i]);
+        free(o2[i]);
+    }
+    free(rounded); free(a.p); free(a.g); free(a.m0); free(a.v0);
 }
 
 // sumsq over sizes below one block, across several, and past the block-count cap: into a
@@ -566,7 +1072,8 @@ static void lsm_fwd(int gpu, float **out, void *arg) {
     lsm_arg *l = arg;
     float *x = putf(gpu, l->logits, (size_t)l->T * l->V);
     int32_t *tg = puti(gpu, l->target, l->T);
-    float *lp = putf(gpu, NULL, l->T), *ent = putf(gpu, NULL, l->T), *lse = putf(gpu, NULL, l->T);
+    float *lp = putt(gpu, NULL, l->T, TR_F32), *ent = putt(gpu, NULL, l->T, TR_F32);
+    float *lse = putt(gpu, NULL, l->T, TR_F32);
     be_of(gpu)->ops->logsoftmax_forward(be_of(gpu), lp, ent, lse, x, tg, l->T, l->V);
     getf(gpu, out[0], lp, l->T);
     getf(gpu, out[1], ent, l->T);
@@ -580,14 +1087,15 @@ static void lsm_bwd(int gpu, float **out, void *arg) {
     float *x = putf(gpu, l->logits, n), *lse = putf(gpu, l->lse, l->T);
     int32_t *tg = puti(gpu, l->target, l->T);
     float *glp = putf(gpu, l->dlogprob, l->T), *gent = putf(gpu, l->dentropy, l->T);
-    float *dx = putf(gpu, NULL, n);
+    void *dx = put_act(gpu, NULL, n), *dx2 = put_act(gpu, NULL, n);
     be_of(gpu)->ops->logsoftmax_backward(be_of(gpu), dx, glp, gent, x, lse, tg, l->T, l->V);
-    getf(gpu, out[0], dx, n);
-    be_of(gpu)->ops->logsoftmax_backward(be_of(gpu), dx, glp, NULL, x, lse, tg, l->T, l->V);
-    getf(gpu, out[1], dx, n);
+    be_of(gpu)->ops->logsoftmax_backward(be_of(gpu), dx2, glp, NULL, x, lse, tg, l->T, l->V);
+    get_act(gpu, out[0], dx, n);
+    get_act(gpu, out[1], dx2, n);
     bufs_free(gpu);
 }
 
+// The forward is fp32 in and out: the fp32 pass only.
 static void test_logsoftmax(int32_t T, int32_t V) {
     lsm_arg l = {.T = T, .V = V};
     size_t n = (size_t)T * V;
@@ -599,16 +1107,16 @@ static void test_logsoftmax(int32_t T, int32_t V) {
     l.lse = kt_floats(T);
     cpu_be.ops->logsoftmax_forward(&cpu_be, NULL, NULL, l.lse, l.logits, l.target, T, V);
     size_t lf[3] = {(size_t)T, (size_t)T, (size_t)T}, lb[2] = {n, n};
-    compare("logsoftmax_forward", lsm_fwd, &l, 3, lf);
-    compare("logsoftmax_backward", lsm_bwd, &l, 2, lb);
+    if (prec == TR_F32) compare("logsoftmax_forward", lsm_fwd, &l, "FFF", lf);
+    compare("logsoftmax_backward", lsm_bwd, &l, "AA", lb);
     free(l.logits); free(l.target); free(l.dlogprob); free(l.dentropy); free(l.lse);
 }
 
-// --- buffers: fill, rows, KV block copies, casts (exact ops: CUDA equals CPU bitwise) -------
+// --- buffers: fill, rows, KV block copies, convert (exact ops: CUDA equals CPU bitwise) -------
 
 static void same_bytes(const char *name, const void *cpu, const void *gpu, size_t bytes) {
     CHECKF(memcmp(cpu, gpu, bytes) == 0, "%s: cuda differs from cpu", name);
-    printf("  %-22s %zu bytes, bitwise equal: %s\n", name, bytes,
+    printf("  %-28s %zu bytes, bitwise equal: %s\n", name, bytes,
            memcmp(cpu, gpu, bytes) == 0 ? "yes" : "NO");
 }
 
@@ -700,16 +1208,83 @@ static void test_kv_copy(size_t slot) {
     free(k); free(v); free(a); free(b);
 }
 
-// every bf16 pattern to fp32; fp32 ties, their neighbours and random patterns to bf16
-static void casts_run(int gpu, uint8_t *out, const uint16_t *h, size_t nh, const float *f,
-                      size_t nf) {
-    uint16_t *dh = put(gpu, h, nh * 2), *df_out = put(gpu, NULL, nf * 2);
-    float *dh_out = putf(gpu, NULL, nh), *df = putf(gpu, f, nf);
-    be_of(gpu)->ops->cast_bf16_f32(be_of(gpu), dh_out, dh, nh);
-    be_of(gpu)->ops->cast_f32_bf16(be_of(gpu), df_out, df, nf);
-    get(gpu, out, dh_out, nh * sizeof(float));
-    get(gpu, out + nh * sizeof(float), df_out, nf * 2);
+// convert of n values from in_t to out_t on one backend; out: the result's bytes
+static void convert_run(int gpu, void *out, tr_dt out_t, const void *in, tr_dt in_t,
+                        size_t n) {
+    void *din = put(gpu, in, n * tr_dt_size(in_t));
+    void *dout = put(gpu, NULL, n * tr_dt_size(out_t));
+    be_of(gpu)->ops->convert(be_of(gpu), dout, out_t, din, in_t, n);
+    get(gpu, out, dout, n * tr_dt_size(out_t));
     bufs_free(gpu);
+}
+
+// One conversion on both backends against the host's reference bytes `want`. fp16 NaNs are
+// the one case two exact conversions may disagree on (whether a signalling NaN is made
+// quiet), so where nan16 is given, those elements need only be NaNs of the same sign.
+static void convert_case(const char *name, tr_dt out_t, const void *in, tr_dt in_t,
+                         size_t n, const void *want, const uint8_t *nan16) {
+    size_t bytes = n * tr_dt_size(out_t);
+    uint8_t *c = kt_malloc(bytes), *g = kt_malloc(bytes);
+    convert_run(0, c, out_t, in, in_t, n);
+    convert_run(1, g, out_t, in, in_t, n);
+    size_t bad_g = 0, bad_c = 0, es = tr_dt_size(out_t);
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *w = (const uint8_t *)want + i * es;
+        if (nan16 && nan16[i]) {
+            float fg = out_t == TR_F32 ? ((float *)g)[i] : h_f32(((uint16_t *)g)[i]);
+            float fc = out_t == TR_F32 ? ((float *)c)[i] : h_f32(((uint16_t *)c)[i]);
+            float fw = out_t == TR_F32 ? ((const float *)want)[i]
+                                       : h_f32(((const uint16_t *)want)[i]);
+            bad_g += !isnan(fg) || signbit(fg) != signbit(fw);
+            bad_c += !isnan(fc) || signbit(fc) != signbit(fw);
+            continue;
+        }
+        bad_g += memcmp(g + i * es, w, es) != 0;
+        bad_c += memcmp(c + i * es, w, es) != 0;
+    }
+    CHECKF(bad_g == 0, "convert %s: %zu of %zu cuda values wrong", name, bad_g, n);
+    CHECKF(bad_c == 0, "convert %s: %zu of %zu cpu values wrong", name, bad_c, n);
+    printf("  convert %-20s %8zu values: cuda %s, cpu %s\n", name, n,
+           bad_g ? "WRONG" : "exact", bad_c ? "WRONG" : "exact");
+    free(c);
+    free(g);
+}
+
+// Every bf16 and every fp16 pattern to fp32 (and fp16 on to bf16); fp32 ties, their
+// neighbours, NaN and inf patterns and random patterns to bf16; same-dtype copies.
+static void test_convert(void) {
+    const size_t nh = 65536, nr = (size_t)1 << 20, nf = 3 * nh + nr;
+    uint16_t *h = kt_malloc(nh * sizeof(uint16_t));
+    uint32_t *f = kt_malloc(nf * sizeof(uint32_t));
+    for (size_t i = 0; i < nh; i++) h[i] = (uint16_t)i;
+    for (size_t i = 0; i < nh; i++) {   // NaN patterns included: the payload rule too
+        f[3 * i] = (uint32_t)i << 16 | 0x8000u;
+        f[3 * i + 1] = (uint32_t)i << 16 | 0x7fffu;
+        f[3 * i + 2] = (uint32_t)i << 16 | 0x0001u;
+    }
+    for (size_t i = 0; i < nr; i++) {
+        uint32_t hi = (uint32_t)((kt_uniform() + 1.0) * 32768.0) & 0xffffu;
+        uint32_t lo = (uint32_t)((kt_uniform() + 1.0) * 32768.0) & 0xffffu;
+        f[3 * nh + i] = hi << 16 | lo;
+    }
+    float *wf = kt_floats(nf > nh ? nf : nh);
+    uint16_t *wh = kt_malloc(nf * sizeof(uint16_t));
+    uint8_t *nan16 = kt_malloc(nh);
+
+    for (size_t i = 0; i < nh; i++) wf[i] = h_f32(h[i]);
+    convert_case("bf16 -> fp32", TR_F32, h, TR_BF16, nh, wf, NULL);
+    for (size_t i = 0; i < nf; i++) wh[i] = h_bf16(((const float *)f)[i]);
+    convert_case("fp32 -> bf16", TR_BF16, f, TR_F32, nf, wh, NULL);
+    for (size_t i = 0; i < nh; i++) {
+        wf[i] = h_f16(h[i]);
+        nan16[i] = (h[i] & 0x7c00u) == 0x7c00u && (h[i] & 0x3ffu) != 0;
+    }
+    convert_case("fp16 -> fp32", TR_F32, h, TR_F16, nh, wf, nan16);
+    for (size_t i = 0; i < nh; i++) wh[i] = h_bf16(wf[i]);
+    convert_case("fp16 -> bf16", TR_BF16, h, TR_F16, nh, wh, nan16);
+    convert_case("fp32 -> fp32 (copy)", TR_F32, f, TR_F32, nf, f, NULL);
+    convert_case("bf16 -> bf16 (copy)", TR_BF16, h, TR_BF16, nh, h, NULL);
+    free(h); free(f); free(wf); free(wh); free(nan16);
 }
 
 static void test_buffers(void) {
@@ -729,28 +1304,6 @@ static void test_buffers(void) {
     test_kv_copy(2 * 64 * sizeof(float));
     test_kv_copy(12);
     test_kv_copy(6);
-
-    const size_t nh = 65536, nr = (size_t)1 << 20, nf = 3 * nh + nr;
-    uint16_t *h = kt_malloc(nh * sizeof(uint16_t));
-    uint32_t *f = kt_malloc(nf * sizeof(uint32_t));
-    for (size_t i = 0; i < nh; i++) h[i] = (uint16_t)i;
-    for (size_t i = 0; i < nh; i++) {   // NaN patterns included: the payload rule too
-        f[3 * i] = (uint32_t)i << 16 | 0x8000u;
-        f[3 * i + 1] = (uint32_t)i << 16 | 0x7fffu;
-        f[3 * i + 2] = (uint32_t)i << 16 | 0x0001u;
-    }
-    for (size_t i = 0; i < nr; i++) {
-        uint32_t hi = (uint32_t)((kt_uniform() + 1.0) * 32768.0) & 0xffffu;
-        uint32_t lo = (uint32_t)((kt_uniform() + 1.0) * 32768.0) & 0xffffu;
-        f[3 * nh + i] = hi << 16 | lo;
-    }
-    size_t bytes = nh * sizeof(float) + nf * 2;
-    a = kt_malloc(bytes);
-    b = kt_malloc(bytes);
-    casts_run(0, a, h, nh, (const float *)f, nf);
-    casts_run(1, b, h, nh, (const float *)f, nf);
-    same_bytes("cast bf16<->f32", a, b, bytes);
-    free(h); free(f); free(a); free(b);
 }
 
 // --- sampling ---------------------------------------------------------------------------------
@@ -893,12 +1446,139 @@ static void test_sample_scratch(void) {
     CHECKF(mono, "sample_scratch_bytes is not monotone in B");
 }
 
+// --- run-to-run determinism at model sizes (GPU only) ------------------------------------------
+
+// Three runs of a 7B-layer-sized GEMM (forward, and backward into fresh gradients) and of a
+// two-document attention forward and backward must give the same bits every time: fixed
+// algorithms without split-K, fixed reduction orders, no atomics.
+static void test_determinism(void) {
+    const int32_t T = 2048, IC = 4096, OC = 4096;
+    float *in = rand_act((size_t)T * IC, 1.0), *w = rand_act((size_t)OC * IC, 0.02);
+    float *dout = rand_act((size_t)T * OC, 1.0);
+    size_t no = (size_t)T * OC, nw = (size_t)OC * IC, nin = (size_t)T * IC;
+    float *ref[3] = {kt_floats(no), kt_floats(nin), kt_floats(nw)};
+    float *cur[3] = {kt_floats(no), kt_floats(nin), kt_floats(nw)};
+    int same = 1;
+    for (int r = 0; r < 3; r++) {
+        float **o = r == 0 ? ref : cur;
+        void *din = put_act(1, in, nin), *dw8 = put_wt(1, w, nw), *ddo = put_act(1, dout, no);
+        void *out = put_act(1, NULL, no), *gin = put_act(1, NULL, nin);
+        float *gw = putf(1, NULL, nw);
+        gpu_be.ops->matmul_forward(&gpu_be, out, din, dw8, NULL, T, IC, OC, 0);
+        gpu_be.ops->matmul_backward(&gpu_be, gin, gw, NULL, ddo, din, dw8, T, IC, OC);
+        get_act(1, o[0], out, no);
+        get_act(1, o[1], gin, nin);
+        getf(1, o[2], gw, nw);
+        bufs_free(1);
+        if (r > 0)
+            same &= kt_same_bits(o[0], ref[0], no) && kt_same_bits(o[1], ref[1], nin) &&
+                    kt_same_bits(o[2], ref[2], nw);
+    }
+    CHECKF(same, "matmul %dx%dx%d: runs differ", T, IC, OC);
+    printf("  %-5s matmul %dx%dx%d fwd+bwd, 3 runs: %s\n", tr_dt_name(prec), T, IC, OC,
+           same ? "bitwise identical" : "DIFFER");
+    for (int i = 0; i < 3; i++) {
+        free(ref[i]);
+        free(cur[i]);
+    }
+    free(in); free(w); free(dout);
+
+    int32_t docs[] = {0, 700, 2048};
+    att_arg a = {.T = 2048, .H = 8, .KVH = 2, .D = 128, .n_docs = 2};
+    a.ld = (a.H + 2 * a.KVH) * a.D;
+    size_t nq = (size_t)a.T * a.H * a.D, nk = (size_t)a.T * a.KVH * a.D;
+    a.doc_start = docs;
+    a.pos = kt_malloc((size_t)a.T * sizeof(int32_t));
+    for (int32_t t = 0; t < a.T; t++) a.pos[t] = t < 700 ? t : t - 700;
+    a.qkv = rand_act((size_t)a.T * a.ld, 2.0);
+    a.dout = rand_act(nq, 1.0);
+    a.out = kt_floats(nq);
+    a.lse = kt_floats((size_t)a.T * a.H);
+    float *f0[2] = {a.out, a.lse}, *f1[2] = {kt_floats(nq), kt_floats((size_t)a.T * a.H)};
+    float *b0[3] = {kt_floats(nq), kt_floats(nk), kt_floats(nk)};
+    float *b1[3] = {kt_floats(nq), kt_floats(nk), kt_floats(nk)};
+    att_forward(1, f0, &a);   // the first run's out and lse feed every backward
+    att_backward(1, b0, &a);
+    same = 1;
+    for (int r = 1; r < 3; r++) {
+        att_forward(1, f1, &a);
+        att_backward(1, b1, &a);
+        same &= kt_same_bits(f1[0], f0[0], nq) && kt_same_bits(f1[1], f0[1], (size_t)a.T * a.H) &&
+                kt_same_bits(b1[0], b0[0], nq) && kt_same_bits(b1[1], b0[1], nk) &&
+                kt_same_bits(b1[2], b0[2], nk);
+    }
+    CHECKF(same, "attention T=%d: runs differ", a.T);
+    printf("  %-5s attention T=%d H=%d/%d D=%d fwd+bwd, 3 runs: %s\n", tr_dt_name(prec), a.T,
+           a.H, a.KVH, a.D, same ? "bitwise identical" : "DIFFER");
+    for (int i = 0; i < 3; i++) {
+        free(b0[i]);
+        free(b1[i]);
+    }
+    free(f1[0]); free(f1[1]);
+    free(a.pos); free(a.qkv); free(a.dout); free(a.out); free(a.lse);
+}
+
 static int section(const char *only, const char *name) {
     return !only || strcmp(only, name) == 0;
 }
 
+// The ops of one precision pass; sections whose ops are fp32 only run in the fp32 pass.
+static void run_pass(const char *only) {
+    int f32 = prec == TR_F32;
+    if (section(only, "matmul")) {
+        test_matmul(70, 96, 130);      // odd sizes: no tile divides them
+        test_matmul(256, 512, 256);
+        test_matmul(1, 33, 8);
+        test_matmul(33, 1024, 96);     // a long reduction
+        test_matmul_batch_invariance(512, 384);
+        test_matmul_batch_invariance(96, 130);
+    }
+    if (section(only, "embedding")) {
+        test_embedding(300, 96, 50, 0);
+        test_embedding(1, 33, 5, 0);
+        test_embedding(5000, 600, 7, 0);        // long runs; three column blocks
+        test_embedding(4096, 64, 100000, 3);    // mostly distinct ids, one on every third token
+        if (f32) test_embedding_scratch();
+    }
+    if (section(only, "rmsnorm")) {
+        test_rmsnorm(70, 300);
+        test_rmsnorm(700, 96);                  // several chunks in the weight gradient
+        test_head_rmsnorm(90, 4, 2, 64);
+        test_head_rmsnorm(33, 3, 1, 128);
+    }
+    if (section(only, "rope")) test_rope(90, 3, 1, 64);
+    if (section(only, "attention")) {
+        test_attention(300, 3, (const int32_t[]){0, 37, 38, 300}, 4, 2, 64, 0);
+        test_attention(160, 1, (const int32_t[]){0, 160}, 8, 2, 128, 5);
+        test_attention(50, 2, (const int32_t[]){0, 20, 50}, 3, 3, 24, 1);   // MHA, D below a warp
+    }
+    if (section(only, "kv_write")) test_kv_write(40, 4, 2, 64);
+    if (section(only, "swiglu")) test_swiglu(37, 1001);
+    if (section(only, "adamw")) test_adamw(100003);
+    if (section(only, "sumsq") && f32) test_sumsq();
+    if (section(only, "logsoftmax")) {
+        test_logsoftmax(40, 3001);
+        test_logsoftmax(3, 100);
+    }
+    if (section(only, "buffers") && f32) test_buffers();
+    if (section(only, "convert") && f32) test_convert();
+    if (section(only, "sample") && f32) {
+        test_sample(96, 1000, SMP_RANDOM, 0, 0.0f, 0);
+        test_sample(96, 1000, SMP_TIED, 1, 0.0f, 0);
+        test_sample(96, 257, SMP_ZEROS, 2, 0.0f, 0);
+        test_sample(96, 5, SMP_TIED, 3, 0.0f, 0);
+        test_sample(96, 3000, SMP_RANDOM, 4, 0.0f, 0);
+        test_sample(4, 1000, SMP_EQUAL, 6, 0.5f, 4);       // the cut meets top_p's limit exactly
+        test_sample_scratch();
+    }
+    if (section(only, "sample_vocab") && f32)   // apart: slow under compute-sanitizer
+        test_sample(24, 152064, SMP_RANDOM, 5, 0.0f, 0);   // a real vocabulary
+    if (section(only, "determinism")) test_determinism();
+}
+
 int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : NULL;
+    const char *which = argc > 2 ? argv[2] : NULL;
     int n_dev = tr_cuda_device_count();
     if (n_dev == 0) {
         printf("test_cuda_ops: no CUDA device, skipped\n");
@@ -908,51 +1588,29 @@ int main(int argc, char **argv) {
     tr_cuda_device_info info;
     if (tr_cuda_device_query(0, &info, msg, sizeof msg) != 0) die("device", msg);
     printf("device 0: %s, sm_%d%d, %d SMs\n", info.name, info.major, info.minor, info.n_sms);
-    kt_backend(&cpu_be, 2);
-    if (tr_backend_cuda_init(&gpu_be, 0) != 0) {
-        tr_backend_cuda_status(&gpu_be, msg, sizeof msg);
-        die("tr_backend_cuda_init", msg);
+    // The op tests hand the CPU backend host arrays on purpose: guarded mode (for the code
+    // above kernels/) is off for them.
+    unsetenv("TROUPE_CPU_GUARD");
+    static const tr_dt passes[2] = {TR_F32, TR_BF16};
+    for (int p = 0; p < 2; p++) {
+        prec = passes[p];
+        if (which && strcmp(which, tr_dt_name(prec)) != 0) continue;
+        printf("%s pass:\n", tr_dt_name(prec));
+        if (tr_backend_cpu_init(&cpu_be, 2, prec) != 0) die("tr_backend_cpu_init", "failed");
+        if (tr_backend_cuda_init(&gpu_be, 0, prec) != 0) {
+            tr_backend_cuda_status(&gpu_be, msg, sizeof msg);
+            die("tr_backend_cuda_init", msg);
+        }
+        CHECKF(gpu_be.act == prec && gpu_be.wt == prec && cpu_be.act == prec &&
+                   cpu_be.wt == prec,
+               "backends report act %s/%s, wt %s/%s for the %s pass", tr_dt_name(gpu_be.act),
+               tr_dt_name(cpu_be.act), tr_dt_name(gpu_be.wt), tr_dt_name(cpu_be.wt),
+               tr_dt_name(prec));
+        kt_seed(14);
+        run_pass(only);
+        CHECKF(tr_backend_cuda_status(&gpu_be, msg, sizeof msg) == 0, "cuda backend: %s", msg);
+        tr_backend_cuda_free(&gpu_be);
+        tr_backend_cpu_free(&cpu_be);
     }
-    kt_seed(14);
-    if (section(only, "matmul")) {
-        test_matmul(70, 96, 130);      // odd sizes: no tile divides them
-        test_matmul(256, 512, 256);
-        test_matmul(1, 33, 8);
-    }
-    if (section(only, "embedding")) {
-        test_embedding(300, 96, 50, 0);
-        test_embedding(1, 33, 5, 0);
-        test_embedding(5000, 600, 7, 0);        // long runs; three column blocks
-        test_embedding(4096, 64, 100000, 3);    // mostly distinct ids, one on every third token
-        test_embedding_scratch();
-    }
-    if (section(only, "rmsnorm")) test_rmsnorm();
-    if (section(only, "rope")) test_rope();
-    if (section(only, "attention")) {
-        test_attention(300, 3, (const int32_t[]){0, 37, 38, 300}, 4, 2, 64);
-        test_attention(160, 1, (const int32_t[]){0, 160}, 8, 2, 128);
-        test_attention(50, 2, (const int32_t[]){0, 20, 50}, 3, 3, 24);   // MHA, D below a warp
-    }
-    if (section(only, "elementwise")) test_elementwise(100003);
-    if (section(only, "sumsq")) test_sumsq();
-    if (section(only, "logsoftmax")) {
-        test_logsoftmax(40, 3001);
-        test_logsoftmax(3, 100);
-    }
-    if (section(only, "buffers")) test_buffers();
-    if (section(only, "sample")) {
-        test_sample(96, 1000, SMP_RANDOM, 0, 0.0f, 0);
-        test_sample(96, 1000, SMP_TIED, 1, 0.0f, 0);
-        test_sample(96, 257, SMP_ZEROS, 2, 0.0f, 0);
-        test_sample(96, 5, SMP_TIED, 3, 0.0f, 0);
-        test_sample(96, 3000, SMP_RANDOM, 4, 0.0f, 0);
-        test_sample(4, 1000, SMP_EQUAL, 6, 0.5f, 4);       // the cut meets top_p's limit exactly
-        test_sample_scratch();
-    }
-    if (section(only, "sample_vocab"))   // apart: slow under compute-sanitizer
-        test_sample(24, 152064, SMP_RANDOM, 5, 0.0f, 0);   // a real vocabulary
-    CHECKF(tr_backend_cuda_status(&gpu_be, msg, sizeof msg) == 0, "cuda backend: %s", msg);
-    tr_backend_cuda_free(&gpu_be);
-    tr_backend_cpu_free(&cpu_be);
     return tr_test_summary("test_cuda_ops");
 }

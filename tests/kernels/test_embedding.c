@@ -1,7 +1,8 @@
 // embedding_forward/backward: the forward is an exact row copy; the backward (with repeated
 // ids) against central differences of the float64 forward, accumulation, bitwise equal
 // results for 1, 2 and 3 threads, and bitwise the float sums of each row's tokens in token
-// order, the order the contract fixes for every backend.
+// order, the order the contract fixes for every backend. In bf16 mode the table is bf16 and
+// the forward's fp32 rows are its values exactly.
 #include "tests/kernels/kernels_test.h"
 
 typedef struct emb_ref {
@@ -27,12 +28,25 @@ static void check_case(int32_t T, int32_t C, int32_t V, size_t fd_checks) {
     float *table = kt_rand((size_t)V * C, 1.0), *dout = kt_rand((size_t)T * C, 1.0);
     float *out = kt_fill((size_t)T * C, NAN);
     tr_backend be;
-    kt_backend(&be, 2);
+    kt_backend(&be, 2, TR_F32);
     be.ops->embedding_forward(&be, out, ids, table, T, C);
     int ok = 1;
     for (int32_t t = 0; t < T; t++)
         ok &= memcmp(out + (size_t)t * C, table + (size_t)ids[t] * C, C * sizeof(float)) == 0;
     CHECKF(ok, "forward rows are not the table rows (T=%d C=%d)", T, C);
+    {
+        tr_backend b16;
+        kt_backend(&b16, 2, TR_BF16);
+        uint16_t *t16 = kt_to(table, (size_t)V * C, TR_BF16);
+        float *o16 = kt_fill((size_t)T * C, NAN), *tr = kt_from(t16, (size_t)V * C, TR_BF16);
+        b16.ops->embedding_forward(&b16, o16, ids, t16, T, C);
+        int ok16 = 1;
+        for (int32_t t = 0; t < T; t++)
+            ok16 &= kt_same_bits(o16 + (size_t)t * C, tr + (size_t)ids[t] * C, C);
+        CHECKF(ok16, "bf16 forward rows are not the bf16 table rows widened (T=%d C=%d)", T, C);
+        tr_backend_cpu_free(&b16);
+        free(t16); free(o16); free(tr);
+    }
 
     size_t nt = (size_t)V * C;
     float *dtable = kt_fill(nt, 0);
@@ -58,7 +72,7 @@ static void check_case(int32_t T, int32_t C, int32_t V, size_t fd_checks) {
 
     float *res[3];
     for (int32_t k = 0; k < 3; k++) {
-        kt_backend(&be, k + 1);
+        kt_backend(&be, k + 1, TR_F32);
         res[k] = kt_copy(pre, nt);
         void *s = kt_malloc(be.ops->embedding_scratch_bytes(&be, T));
         be.ops->embedding_backward(&be, res[k], dout, ids, T, C, s);

@@ -1,7 +1,8 @@
 // logsoftmax_forward/backward against float64: logprob of the target, entropy and lse on
 // random logits (large ones too), dlogits from dlogprob and from dentropy against central
 // differences of the float64 forward, target < 0 giving logprob 0 and no gradient, and
-// bitwise equal results for 1, 2 and 3 threads.
+// bitwise equal results for 1, 2 and 3 threads. In bf16 mode the forward (all fp32) has the
+// fp32 bits and dlogits is the fp32 dlogits rounded once, target element included.
 #include "tests/kernels/kernels_test.h"
 
 typedef struct lsm_ref {
@@ -51,7 +52,7 @@ static void check_case(int32_t T, int32_t V, double scale) {
     lsm_forward_ref(rl, re, rs, xd, target, T, V);
 
     tr_backend be;
-    kt_backend(&be, 2);
+    kt_backend(&be, 2, TR_F32);
     float *lp = kt_fill(T, NAN), *ent = kt_fill(T, NAN), *lse = kt_fill(T, NAN);
     be.ops->logsoftmax_forward(&be, lp, ent, lse, x, target, T, V);
     double lp_err = 0, ent_err = 0, else_err = 0;
@@ -95,7 +96,7 @@ static void check_case(int32_t T, int32_t V, double scale) {
     float *res[3];
     for (int32_t k = 0; k < 3; k++) {
         res[k] = kt_floats(n + 3 * (size_t)T);
-        kt_backend(&be, k + 1);
+        kt_backend(&be, k + 1, TR_F32);
         be.ops->logsoftmax_forward(&be, res[k] + n, res[k] + n + T, res[k] + n + 2 * T, x,
                                    target, T, V);
         be.ops->logsoftmax_backward(&be, res[k], glp, gent, x, lse, target, T, V);
@@ -104,6 +105,18 @@ static void check_case(int32_t T, int32_t V, double scale) {
     CHECKF(kt_same_bits(res[1], res[0], n + 3 * (size_t)T) &&
                kt_same_bits(res[2], res[0], n + 3 * (size_t)T),
            "bits differ across thread counts T=%d V=%d", T, V);
+    // bf16: the same forward; dlogits (both terms) rounded once
+    float *lp16 = kt_floats(T), *ent16 = kt_floats(T), *lse16 = kt_floats(T);
+    uint16_t *dx16 = kt_poison(n, TR_BF16);
+    kt_backend(&be, 2, TR_BF16);
+    be.ops->logsoftmax_forward(&be, lp16, ent16, lse16, x, target, T, V);
+    be.ops->logsoftmax_backward(&be, dx16, glp, gent, x, lse, target, T, V);
+    tr_backend_cpu_free(&be);
+    CHECKF(kt_same_bits(lp16, res[0] + n, T) && kt_same_bits(ent16, res[0] + n + T, T) &&
+               kt_same_bits(lse16, res[0] + n + 2 * T, T),
+           "bf16 forward differs from fp32 T=%d V=%d", T, V);
+    CHECKF(kt_is_rounded(dx16, res[0], n, "dlogits"), "bf16 dlogits T=%d V=%d", T, V);
+    free(lp16); free(ent16); free(lse16); free(dx16);
     for (int32_t k = 0; k < 3; k++) free(res[k]);
     free(x); free(glp); free(gent); free(target); free(xd); free(glpd); free(gentd); free(rl);
     free(lp); free(ent); free(lse); free(lp_only); free(lse2); free(dx);

@@ -1,9 +1,9 @@
 // Buffer ops of the CPU backend against host loops written here: fill, gather_rows and
 // scatter_rows for row sizes of every alignment (bytes around each written range untouched),
-// kv_copy_blocks against a copy of the layout's arithmetic, and the bf16 casts: every bf16
-// pattern through fp32 and back, ties to even, and random fp32 patterns against a rounding
-// reference that measures distances in double. All buffers are backend memory, so the test
-// also runs under TROUPE_CPU_GUARD=1.
+// kv_copy_blocks against a copy of the layout's arithmetic, and convert: every bf16 pattern
+// through fp32 and back, ties to even, random fp32 patterns against a rounding reference that
+// measures distances in double, every fp16 pattern to fp32 and bf16, and same-dtype copies.
+// All buffers are backend memory, so the test also runs under TROUPE_CPU_GUARD=1.
 #include "tests/backend_test.h"
 #include "tests/kernels/kernels_test.h"
 
@@ -131,34 +131,6 @@ static void check_kv_copy(int32_t L, int32_t NB, int32_t BS, size_t slot, int32_
     free(k); free(v); free(wk); free(wv); free(gk); free(gv);
 }
 
-static float f32_of_bits(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static uint32_t bits_of_f32(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-// The bf16 nearest to x, ties to the even pattern, found by comparing x's distance to the two
-// bf16 neighbours in double (exact: both differences fit in 53 bits). The neighbour above the
-// largest finite bf16 is taken at 2^128, where IEEE rounding overflows to inf.
-static uint16_t ref_bf16(float x) {
-    uint32_t u = bits_of_f32(x);
-    uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1);
-    if ((u & 0xffffu) == 0) return lo;
-    double ax = fabs((double)x), vlo = fabs((double)f32_of_bits((uint32_t)lo << 16));
-    double vhi = (hi & 0x7fffu) == 0x7f80u ? ldexp(1.0, 128)
-                                            : fabs((double)f32_of_bits((uint32_t)hi << 16));
-    double dlo = ax - vlo, dhi = vhi - ax;
-    if (dlo < dhi) return lo;
-    if (dhi < dlo) return hi;
-    return (lo & 1u) ? hi : lo;
-}
-
 static void check_casts(void) {
     // every bf16 pattern: to fp32 is the pattern shifted up; back to bf16 is the pattern
     const size_t NB = 65536;
@@ -167,13 +139,13 @@ static void check_casts(void) {
     for (size_t i = 0; i < NB; i++) all[i] = (uint16_t)i;
     uint16_t *d_all = et_dev(&be, all, NB * sizeof(uint16_t)), *d_back = et_dev(&be, NULL, NB * sizeof(uint16_t));
     float *d_wide = et_dev(&be, NULL, NB * sizeof(float));
-    be.ops->cast_bf16_f32(&be, d_wide, d_all, NB);
-    be.ops->cast_f32_bf16(&be, d_back, d_wide, NB);
+    be.ops->convert(&be, d_wide, TR_F32, d_all, TR_BF16, NB);
+    be.ops->convert(&be, d_back, TR_BF16, d_wide, TR_F32, NB);
     et_get(&be, wide, d_wide, NB * sizeof(float));
     et_get(&be, back, d_back, NB * sizeof(uint16_t));
     int ok_wide = 1, ok_back = 1;
     for (size_t i = 0; i < NB; i++) {
-        ok_wide &= bits_of_f32(wide[i]) == (uint32_t)i << 16;
+        ok_wide &= kt_bits_of_f32(wide[i]) == (uint32_t)i << 16;
         ok_back &= back[i] == all[i];
     }
     CHECKF(ok_wide, "bf16 -> fp32 is not the pattern shifted up for every bf16");
@@ -208,23 +180,23 @@ static void check_casts(void) {
     uint16_t *out = kt_malloc(m * sizeof(uint16_t));
     float *d_in = et_dev(&be, in, m * sizeof(float));
     uint16_t *d_out = et_dev(&be, NULL, m * sizeof(uint16_t));
-    be.ops->cast_f32_bf16(&be, d_out, d_in, m);
+    be.ops->convert(&be, d_out, TR_BF16, d_in, TR_F32, m);
     et_get(&be, out, d_out, m * sizeof(uint16_t));
     size_t bad = 0;
     for (size_t i = 0; i < m; i++) {
-        float x = f32_of_bits(in[i]);
+        float x = kt_f32_of_bits(in[i]);
         int ok;
         if (x != x) {   // NaN in, NaN of the same sign out
             uint16_t h = out[i];
             ok = (h & 0x7f80u) == 0x7f80u && (h & 0x7fu) != 0 && (h >> 15) == (in[i] >> 31);
         } else {
-            ok = out[i] == ref_bf16(x);
+            ok = out[i] == kt_bf16(x);
         }
         if (!ok && bad++ < 5)
-            fprintf(stderr, "cast_f32_bf16(0x%08x) = 0x%04x, want 0x%04x\n", in[i], out[i],
-                    ref_bf16(x));
+            fprintf(stderr, "convert fp32 0x%08x to bf16 = 0x%04x, want 0x%04x\n", in[i], out[i],
+                    kt_bf16(x));
     }
-    CHECKF(bad == 0, "cast_f32_bf16: %zu of %zu wrong", bad, m);
+    CHECKF(bad == 0, "convert fp32 to bf16: %zu of %zu wrong", bad, m);
     // named cases: ties go to the even pattern, overflow past the last tie goes to inf
     CHECK(out[0] == 0x0000 && out[1] == 0x0000 && out[2] == 0x0001);   // 0 + tie, below, above
     size_t s0 = m - NR - 16;
@@ -236,9 +208,75 @@ static void check_casts(void) {
     free(all); free(back); free(wide); free(in); free(out);
 }
 
+// The value of an IEEE half, from its fields: exact in double, so in fp32 too.
+static float f16_ref(uint16_t h) {
+    int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    double mag;
+    if (e == 0x1f) {
+        if (m == 0) mag = INFINITY;
+        else return kt_f32_of_bits((uint32_t)(h & 0x8000) << 16 | 0x7f800000u | (uint32_t)m << 13);
+    } else {
+        mag = e == 0 ? ldexp((double)m, -24) : ldexp(1024.0 + m, e - 25);
+    }
+    return (float)((h & 0x8000) ? -mag : mag);
+}
+
+// Every fp16 pattern to fp32 (exact: subnormals, infinities, signed zeros, NaN payloads) and
+// to bf16 (through fp32, rounded once); and the same dtype on both sides copies bytes as they
+// are, NaN payloads included.
+static void check_convert_f16(void) {
+    const size_t NB = 65536;
+    uint16_t *all = kt_malloc(NB * sizeof(uint16_t)), *b16 = kt_malloc(NB * sizeof(uint16_t));
+    float *f32 = kt_floats(NB);
+    for (size_t i = 0; i < NB; i++) all[i] = (uint16_t)i;
+    uint16_t *d_all = et_dev(&be, all, NB * 2), *d_b16 = et_dev(&be, NULL, NB * 2);
+    float *d_f32 = et_dev(&be, NULL, NB * 4);
+    be.ops->convert(&be, d_f32, TR_F32, d_all, TR_F16, NB);
+    be.ops->convert(&be, d_b16, TR_BF16, d_all, TR_F16, NB);
+    et_get(&be, f32, d_f32, NB * 4);
+    et_get(&be, b16, d_b16, NB * 2);
+    size_t bad32 = 0, bad16 = 0;
+    for (size_t i = 0; i < NB; i++) {
+        float want = f16_ref((uint16_t)i);
+        if (kt_bits_of_f32(f32[i]) != kt_bits_of_f32(want) && bad32++ < 3)
+            fprintf(stderr, "fp16 0x%04zx to fp32: 0x%08x, want 0x%08x\n", i,
+                    kt_bits_of_f32(f32[i]), kt_bits_of_f32(want));
+        if (b16[i] != kt_bf16(want) && bad16++ < 3)
+            fprintf(stderr, "fp16 0x%04zx to bf16: 0x%04x, want 0x%04x\n", i, b16[i],
+                    kt_bf16(want));
+    }
+    CHECKF(bad32 == 0, "convert fp16 to fp32: %zu of %zu wrong", bad32, NB);
+    CHECKF(bad16 == 0, "convert fp16 to bf16: %zu of %zu wrong", bad16, NB);
+    // named cases: the smallest subnormal, the largest normal, -0, inf, a NaN's payload
+    CHECK(f32[0x0001] == ldexpf(1.0f, -24) && f32[0x7bff] == 65504.0f);
+    CHECK(kt_bits_of_f32(f32[0x8000]) == 0x80000000u && f32[0x7c00] == INFINITY);
+    CHECK(kt_bits_of_f32(f32[0x7e01]) == 0x7fc02000u);
+
+    // copies: odd sizes of random bytes (NaN patterns among them)
+    size_t n = 200003;
+    uint8_t *bytes = rand_bytes(4 * n), *got = kt_malloc(4 * n);
+    uint8_t *d_src = et_dev(&be, bytes, 4 * n), *d_dst = et_dev(&be, NULL, 4 * n);
+    be.ops->convert(&be, d_dst, TR_F32, d_src, TR_F32, n);
+    et_get(&be, got, d_dst, 4 * n);
+    CHECKF(memcmp(got, bytes, 4 * n) == 0, "convert fp32 to fp32 is not a copy");
+    memset(got, 0, 4 * n);
+    et_put(&be, d_dst, got, 4 * n);
+    be.ops->convert(&be, d_dst, TR_BF16, d_src, TR_BF16, n);
+    et_get(&be, got, d_dst, 4 * n);
+    int copied = memcmp(got, bytes, 2 * n) == 0;
+    for (size_t i = 2 * n; i < 4 * n; i++) copied &= got[i] == 0;   // nothing past 2n bytes
+    CHECKF(copied, "convert bf16 to bf16 is not a copy of n elements");
+    be.ops->free(&be, d_all);
+    be.ops->free(&be, d_b16);
+    be.ops->free(&be, d_f32);
+    be.ops->free(&be, d_src);
+    be.ops->free(&be, d_dst);
+    free(all); free(b16); free(f32); free(bytes); free(got);
+}
+
 int main(void) {
     kt_seed(21);
-    kt_backend(&be, 2);
+    kt_backend_dev(&be, 2, TR_F32);
     check_fill(1000, 0, 1000, 1.5f);
     check_fill(300000, 17, 200001, -0.0f);   // several tasks, both ends inside the buffer
     check_fill(64, 3, 0, 7.0f);
@@ -259,6 +297,7 @@ int main(void) {
                   (const int32_t[]){0}, (const int32_t[]){9});
     check_kv_copy(2, 3, 4, 32, 0, NULL, NULL, NULL);
     check_casts();
+    check_convert_f16();
     tr_backend_cpu_free(&be);
     return tr_test_summary("test_movement");
 }

@@ -259,7 +259,7 @@ static void check_near_cut(void) {
 
 int main(void) {
     kt_seed(33);
-    kt_backend(&be, 2);
+    kt_backend_dev(&be, 2, TR_F32);
     check_batch(96, 1, LOGITS_RANDOM, 0);
     check_batch(96, 7, LOGITS_TIED, 1);
     check_batch(96, 300, LOGITS_RANDOM, 2);

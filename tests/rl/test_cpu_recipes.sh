@@ -20,7 +20,7 @@ for spec in quickstart:grpo quickstart-ppo:ppo quickstart-sft:sft quickstart-pre
     t0=$(date +%s.%N)
     # TROUPE_BACKEND=cuda runs the same recipes on a GPU (tools/gpu_suite.sh does).
     "$troupe" run "configs/$name.yaml" --set train.steps=3 --set run_dir="$tmp/$name" \
-        --set backend="${TROUPE_BACKEND:-cpu}" 2> "$tmp/$name.err"
+        --set backend="${TROUPE_BACKEND:-cpu}" --set precision="${TROUPE_PRECISION:-auto}" 2> "$tmp/$name.err"
     st=$?
     t1=$(date +%s.%N)
     check "configs/$name.yaml, 3 steps, exits 0 ($(python3 -c "print('%.1f' % ($t1 - $t0))") s)" $st

@@ -31,6 +31,7 @@ grpo_recipe() {  # grpo_recipe RUN_DIR STEPS [SAVE_EVERY]
     cat <<EOF
 workflow: grpo
 backend: ${TROUPE_BACKEND:-cpu}
+precision: ${TROUPE_PRECISION:-auto}
 seed: 3
 run_dir: $1
 threads: 1
@@ -117,6 +118,7 @@ check "killed-and-resumed run has every step once and complete checkpoints" $?
 cat > "$tmp/sft.yaml" <<EOF
 workflow: sft
 backend: ${TROUPE_BACKEND:-cpu}
+precision: ${TROUPE_PRECISION:-auto}
 seed: 2
 run_dir: $tmp/sft
 threads: 1
@@ -136,10 +138,24 @@ check "sft metrics (loss falls), eval at 0/2/4, final checkpoint" $?
     "$troupe" run "$tmp/sft.yaml" --set run_dir="$tmp/sft_r" --resume 2> "$tmp/sft_r.err" &&
     python3 "$check_py" same "$tmp/sft" "$tmp/sft_r"
 check "sft resumed after 2 steps equals the uninterrupted run (row cursor, optimizer state)" $?
+# A checkpoint saved in bf16 (train.save_dtype) holds bf16 weights and still resumes the run.
+"$troupe" run "$tmp/sft.yaml" --set run_dir="$tmp/sft_b" --set train.steps=2 \
+    --set train.save_dtype=bf16 2> "$tmp/sft_b.err" &&
+    python3 - "$tmp/sft_b/checkpoints" <<'EOF'
+import glob, json, struct, sys
+files = glob.glob(sys.argv[1] + "/*/policy/model*.safetensors")
+def dtypes(f):
+    raw = open(f, "rb").read(1 << 20)
+    n = struct.unpack("<Q", raw[:8])[0]
+    return {v["dtype"] for k, v in json.loads(raw[8:8 + n]).items() if k != "__metadata__"}
+sys.exit(0 if files and all(dtypes(f) == {"BF16"} for f in files) else 1)
+EOF
+check "train.save_dtype=bf16: checkpoints hold bf16 weights ($(tail -1 "$tmp/sft_b.err"))" $?
 
 cat > "$tmp/ppo.yaml" <<EOF
 workflow: ppo
 backend: ${TROUPE_BACKEND:-cpu}
+precision: ${TROUPE_PRECISION:-auto}
 seed: 4
 run_dir: $tmp/ppo
 threads: 1
@@ -179,6 +195,7 @@ check "preprocess for the pretraining run" $?
 cat > "$tmp/pretrain.yaml" <<EOF
 workflow: pretrain
 backend: ${TROUPE_BACKEND:-cpu}
+precision: ${TROUPE_PRECISION:-auto}
 seed: 5
 run_dir: $tmp/pre
 threads: 1

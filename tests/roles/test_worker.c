@@ -418,16 +418,15 @@ static void test_colocated(void) {
     long long bytes = 0, separate = 0;
     CHECKF(tr_checkpoint_load_config(model_dir, &cfg, &err) == 0, "%s", err.msg);
     CHECKF(arena_line(p.log, &bytes, &separate), "no arena line in %s", p.log);
-    size_t train = af_acts_floats(&cfg, 256, true), fwd = af_acts_floats(&cfg, 256, false);
-    size_t kv = af_kv_floats(&cfg, 16384, 16);
+    size_t train = af_acts_bytes(&cfg, 256, true, 4), fwd = af_acts_bytes(&cfg, 256, false, 4);
+    size_t kv = af_kv_bytes(&cfg, 16384, 16, 4);
     size_t want = af_need(train, fwd, kv) > fwd ? af_need(train, fwd, kv) : fwd;
     size_t want_sep = train + kv + fwd;
-    CHECKF(bytes == (long long)(want * sizeof(float)) && separate == (long long)(want_sep * sizeof(float)),
-           "arena %lld bytes (formula %zu), separate %lld (formula %zu)", bytes, want * sizeof(float), separate,
-           want_sep * sizeof(float));
+    CHECKF(bytes == (long long)want && separate == (long long)want_sep,
+           "arena %lld bytes (formula %zu), separate %lld (formula %zu)", bytes, want, separate, want_sep);
     CHECK(bytes < separate);
-    printf("colocated policy + reference arena: %lld bytes = max(train %zu, forward %zu + kv %zu, forward %zu) "
-           "floats; separate buffers %lld bytes\n", bytes, train, fwd, kv, fwd, separate);
+    printf("colocated policy + reference arena: %lld bytes = max(train %zu, forward %zu + kv %zu, forward %zu); "
+           "separate buffers %lld bytes\n", bytes, train, fwd, kv, fwd, separate);
 
     // Shutting one role down keeps the process for the other.
     CHECK(tr_group_shutdown(&gp, &err) == 0);

@@ -1,0 +1,183 @@
+// cuBLASLt products of the bf16 path. Each shape's algorithm is the heuristic's first choice
+// among those that reduce every dot product in one sequence (reduction scheme NONE: no
+// split-K, nothing summed in a second pass or by atomics), asked once and kept with the
+// shape's descriptors in the backend context. So one shape always runs one kernel: the same
+// bits on every run, and no timing-driven choice. Pointer alignments are part of the shape
+// because the heuristic's choice depends on them.
+#include <stdio.h>
+#include <string.h>
+
+#include "kernels/cuda/gemm_lt.cuh"
+
+// Largest power of two up to 256 that divides the address.
+static int32_t align_of(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    int32_t al = 256;
+    while (al > 1 && a % (uintptr_t)al != 0) al >>= 1;
+    return al;
+}
+
+// Teardown: failures here have nobody to report to.
+static void plan_release(tr_lt_plan *p) {
+    if (p->op) cublasLtMatmulDescDestroy(p->op);
+    if (p->a) cublasLtMatrixLayoutDestroy(p->a);
+    if (p->b) cublasLtMatrixLayoutDestroy(p->b);
+    if (p->d) cublasLtMatrixLayoutDestroy(p->d);
+    memset(p, 0, sizeof *p);
+}
+
+void tr_cuda_lt_plans_free(tr_cuda_ctx *ctx) {
+    for (int32_t i = 0; i < ctx->n_plans; i++) plan_release(&ctx->plans[i]);
+    ctx->n_plans = ctx->next_plan = 0;
+}
+
+static int lt_check(tr_backend *be, cublasStatus_t s, int line, const char *what) {
+    return tr_cuda_check_blas(be, s, __FILE__, line, what);
+}
+#define LT_CHECK(be, call) lt_check((be), (call), __LINE__, #call)
+
+static int set_desc(tr_backend *be, cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t attr,
+                    const void *value, size_t bytes) {
+    return LT_CHECK(be, cublasLtMatmulDescSetAttribute(op, attr, value, bytes));
+}
+
+static int set_pref(tr_backend *be, cublasLtMatmulPreference_t pref,
+                    cublasLtMatmulPreferenceAttributes_t attr, const void *value, size_t bytes) {
+    return LT_CHECK(be, cublasLtMatmulPreferenceSetAttribute(pref, attr, value, bytes));
+}
+
+// The first algorithm the heuristic ranks for this shape that works without split-K.
+// Returns 0, or -1 with the failure recorded.
+static int plan_choose(tr_backend *be, tr_lt_plan *p) {
+    tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
+    const tr_lt_key *key = &p->key;
+    cublasLtMatmulPreference_t pref = NULL;
+    if (LT_CHECK(be, cublasLtMatmulPreferenceCreate(&pref))) return -1;
+    uint64_t ws = TR_CUDA_LT_WORKSPACE;
+    uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+    uint32_t aa = (uint32_t)key->align_a, ab = (uint32_t)key->align_b;
+    uint32_t ad = (uint32_t)key->align_d;
+    cublasLtMatmulHeuristicResult_t res[8];
+    int found = 0, rc = -1;
+    if (!set_pref(be, pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) &&
+        !set_pref(be, pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &scheme, sizeof scheme) &&
+        !set_pref(be, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa) &&
+        !set_pref(be, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab) &&
+        !set_pref(be, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof ad) &&
+        !set_pref(be, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof ad)) {
+        // NOT_SUPPORTED is how the heuristic says it found nothing: reported below, by shape.
+        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(ctx->lt, p->op, p->a, p->b, p->d, p->d,
+                                                          pref, 8, res, &found);
+        if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED)
+            tr_cuda_check_blas(be, s, __FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic");
+        else if (s != CUBLAS_STATUS_SUCCESS)
+            found = 0;
+        for (int i = 0; !ctx->failed && i < found && rc != 0; i++) {
+            int32_t splits = 1;
+            size_t got = 0;
+            if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+            if (LT_CHECK(be, cublasLtMatmulAlgoConfigGetAttribute(
+                                 &res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                 sizeof splits, &got)))
+                break;
+            if (splits > 1) continue;   // the mask should have excluded it; never rely on it
+            p->algo = res[i].algo;
+            rc = 0;
+        }
+        if (rc != 0 && !ctx->failed) {
+            char why[256];
+            snprintf(why, sizeof why,
+                     "no algorithm without split-K for m=%lld n=%lld k=%lld op(A)=%c op(B)=%c "
+                     "types %d,%d->%d, alignments %d/%d/%d (%d results)",
+                     (long long)key->m, (long long)key->n, (long long)key->k,
+                     key->ta == CUBLAS_OP_N ? 'N' : 'T', key->tb == CUBLAS_OP_N ? 'N' : 'T',
+                     key->a_type, key->b_type, key->d_type, key->align_a, key->align_b,
+                     key->align_d, found);
+            tr_cuda_record(ctx, __FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic", why);
+        }
+    }
+    if (LT_CHECK(be, cublasLtMatmulPreferenceDestroy(pref))) rc = -1;
+    return rc;
+}
+
+// Descriptors for the shape in key (bias: the pointer the heuristic sees for its alignment)
+// and its algorithm. Returns 0, or -1 with the failure recorded and p released.
+static int plan_make(tr_backend *be, const tr_lt_key *key, const void *bias, tr_lt_plan *p) {
+    memset(p, 0, sizeof *p);
+    p->key = *key;
+    cublasOperation_t ta = (cublasOperation_t)key->ta, tb = (cublasOperation_t)key->tb;
+    // stored (not transposed) shapes: op(A) is m x k, op(B) is k x n
+    uint64_t a_rows = (uint64_t)(ta == CUBLAS_OP_N ? key->m : key->k);
+    uint64_t a_cols = (uint64_t)(ta == CUBLAS_OP_N ? key->k : key->m);
+    uint64_t b_rows = (uint64_t)(tb == CUBLAS_OP_N ? key->k : key->n);
+    uint64_t b_cols = (uint64_t)(tb == CUBLAS_OP_N ? key->n : key->k);
+    int ok = !LT_CHECK(be, cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F)) &&
+             !set_desc(be, p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) &&
+             !set_desc(be, p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) &&
+             !LT_CHECK(be, cublasLtMatrixLayoutCreate(&p->a, (cudaDataType_t)key->a_type, a_rows,
+                                                      a_cols, key->lda)) &&
+             !LT_CHECK(be, cublasLtMatrixLayoutCreate(&p->b, (cudaDataType_t)key->b_type, b_rows,
+                                                      b_cols, key->ldb)) &&
+             !LT_CHECK(be, cublasLtMatrixLayoutCreate(&p->d, (cudaDataType_t)key->d_type,
+                                                      (uint64_t)key->m, (uint64_t)key->n,
+                                                      key->ldd));
+    if (ok && key->bias) {
+        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        ok = !set_desc(be, p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) &&
+             !set_desc(be, p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+    }
+    if (ok && plan_choose(be, p) == 0) return 0;
+    plan_release(p);
+    return -1;
+}
+
+// The context's plan for key, made on first use; the oldest plan gives way when all slots
+// are taken (a remade plan chooses the same algorithm: the heuristic is a pure function).
+static tr_lt_plan *plan_get(tr_backend *be, const tr_lt_key *key, const void *bias) {
+    tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
+    for (int32_t i = 0; i < ctx->n_plans; i++)
+        if (memcmp(&ctx->plans[i].key, key, sizeof *key) == 0) return &ctx->plans[i];
+    tr_lt_plan *p;
+    if (ctx->n_plans < TR_CUDA_LT_PLANS) {
+        p = &ctx->plans[ctx->n_plans];
+        if (plan_make(be, key, bias, p) != 0) return NULL;
+        ctx->n_plans++;
+        return p;
+    }
+    p = &ctx->plans[ctx->next_plan];
+    ctx->next_plan = (ctx->next_plan + 1) % TR_CUDA_LT_PLANS;
+    plan_release(p);   // a released slot's zero key matches no product (m, n, k > 0)
+    return plan_make(be, key, bias, p) == 0 ? p : NULL;
+}
+
+int tr_lt_matmul(tr_backend *be, const tr_lt_gemm *g) {
+    tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
+    tr_lt_key key;
+    memset(&key, 0, sizeof key);
+    key.ta = (int32_t)g->ta;
+    key.tb = (int32_t)g->tb;
+    key.m = g->m;
+    key.n = g->n;
+    key.k = g->k;
+    key.lda = g->lda;
+    key.ldb = g->ldb;
+    key.ldd = g->ldd;
+    key.a_type = (int32_t)g->a_type;
+    key.b_type = (int32_t)g->b_type;
+    key.d_type = (int32_t)g->d_type;
+    key.bias = g->bias != NULL;
+    key.align_a = align_of(g->a);
+    key.align_b = align_of(g->b);
+    key.align_d = align_of(g->d);
+    key.align_bias = g->bias ? align_of(g->bias) : 0;
+    tr_lt_plan *p = plan_get(be, &key, g->bias);
+    if (!p) return -1;
+    if (g->bias && set_desc(be, p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
+                            sizeof g->bias))
+        return -1;
+    const float one = 1.0f, zero = 0.0f;
+    return LT_CHECK(be, cublasLtMatmul(ctx->lt, p->op, &one, g->a, p->a, g->b, p->b,
+                                       g->accumulate ? &one : &zero, g->d, p->d, g->d, p->d,
+                                       &p->algo, ctx->lt_ws, TR_CUDA_LT_WORKSPACE,
+                                       ctx->stream));
+}

@@ -1,0 +1,28 @@
+// cuBLASLt products for the bf16 path (.cu files only): column-major D = A·B (+ D) (+ bias),
+// fp32 accumulation, with one algorithm per shape chosen once and kept in the backend
+// context (gemm_lt.cu says how).
+#pragma once
+#include "kernels/cuda/cuda_ctx.cuh"
+
+// D[m,n] = op(A)[m,k] · op(B)[k,n] (+ D when accumulate) (+ bias[m] broadcast over columns),
+// column-major with leading dimensions lda, ldb, ldd. The products and sums are fp32; D is
+// rounded once to d_type. bias has D's type.
+typedef struct tr_lt_gemm {
+    cublasOperation_t ta, tb;
+    int64_t m, n, k;
+    const void *a;
+    int64_t lda;
+    cudaDataType_t a_type;
+    const void *b;
+    int64_t ldb;
+    cudaDataType_t b_type;
+    void *d;
+    int64_t ldd;
+    cudaDataType_t d_type;
+    bool accumulate;
+    const void *bias;
+} tr_lt_gemm;
+
+// Queues the product on the backend's stream. Returns 0, or -1 with the failure recorded
+// (no algorithm for the shape included).
+int tr_lt_matmul(tr_backend *be, const tr_lt_gemm *g);
