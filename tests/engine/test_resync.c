@@ -39,11 +39,12 @@ typedef struct shared {
 typedef struct job {
     size_t bucket_bytes;     // the sender's (0: the default)
     int odd_rank;            // this receiver has another shape (-1: none)
+    const char *precision;   // the ranks' backends ("bf16": the working copy travels in bf16)
 } job;
 
 static int rank_main(const job *jb, int rank, int fds[2], shared *sh) {
     tr_backend be;
-    et_backend(&be, 1);
+    et_backend_in(&be, 1, jb->precision ? jb->precision : "fp32");
     tr_err err = {0};
     char text[sizeof CONFIG + 16];
     int n = snprintf(text, sizeof text, CONFIG, rank == jb->odd_rank ? 32 : 24);
@@ -102,11 +103,11 @@ static void run(const job *jb, shared *sh) {
     for (int r = 0; r < WORLD; r++) waitpid(pids[r], NULL, 0);
 }
 
-static void check_copied(const shared *sh, size_t bucket_bytes) {
+static void check_copied(const shared *sh, size_t bucket_bytes, size_t es) {
     for (int r = 0; r < WORLD; r++) CHECKF(sh->ok[r], "rank %d: %s", r, sh->msg[r]);
     if (!sh->ok[0] || !sh->ok[1] || !sh->ok[2]) return;
     size_t n = sh->n_params[0];
-    size_t per = bucket_bytes ? bucket_bytes / 4 : n;
+    size_t per = bucket_bytes ? bucket_bytes / es : n;
     for (int r = 1; r < WORLD; r++) {
         CHECK(sh->n_params[r] == n);
         CHECKF(memcmp(sh->params[r], sh->params[0], n * sizeof(float)) == 0, "rank %d's weights differ", r);
@@ -114,7 +115,7 @@ static void check_copied(const shared *sh, size_t bucket_bytes) {
     }
     for (int r = 0; r < WORLD; r++) {
         CHECK(sh->version[r] == 42);
-        CHECK(sh->bytes[r] == n * sizeof(float));
+        CHECK(sh->bytes[r] == n * es);
         CHECKF(sh->buckets[r] == (int32_t)((n + per - 1) / per), "rank %d: %d buckets for %zu floats of %zu", r,
                sh->buckets[r], n, per);
     }
@@ -128,12 +129,17 @@ int main(void) {
     // Many buckets of 1000 bytes (250 floats), then one default bucket.
     job small = {.bucket_bytes = 1000, .odd_rank = -1};
     run(&small, sh);
-    check_copied(sh, 1000);
+    check_copied(sh, 1000, 4);
     printf("%zu floats in %d buckets, checksum %016llx\n", sh->n_params[0], sh->buckets[0],
            (unsigned long long)sh->checksum[0]);
     job whole = {.bucket_bytes = 0, .odd_rank = -1};
     run(&whole, sh);
-    check_copied(sh, 0);
+    check_copied(sh, 0, 4);
+    // In bf16 the working copy is what generation reads, and what travels: half the bytes.
+    job bf16 = {.bucket_bytes = 1000, .odd_rank = -1, .precision = "bf16"};
+    run(&bf16, sh);
+    check_copied(sh, 1000, 2);
+    printf("bf16: %zu values in %d buckets of 1000 bytes\n", sh->n_params[0], sh->buckets[0]);
 
     // Rank 2 has a larger MLP: it refuses the header, and everyone fails naming it.
     job odd = {.bucket_bytes = 1000, .odd_rank = 2};
