@@ -44,6 +44,18 @@ for d in "$configs"/*/; do
 done
 [ "$n_released" = 11 ] || { echo "FAIL: $n_released released configs, want 11"; fail=1; }
 grep -q "^qk norm       yes" "$out/Qwen3-0.6B.txt" || { echo "FAIL: Qwen3 qk norm not shown"; fail=1; }
+# Bytes per parameter by precision: a trained role keeps fp32 masters, gradients and two Adam
+# moments (16 bytes) plus a bf16 working copy (2) in bf16; a frozen role keeps the working copy.
+grep -q "^bytes/param   16 trained (policy, critic), 4 frozen" "$out/Qwen3-0.6B.txt" ||
+    { echo "FAIL: fp32 bytes per parameter"; fail=1; }
+"$troupe" info --model "$configs/Qwen3-0.6B" --backend cpu --precision bf16 --memory-gb 4096 \
+    --tokens 512 >"$out/bf16.txt" 2>&1
+grep -q "^precision     bf16 weights, bf16 activations" "$out/bf16.txt" &&
+    grep -q "^bytes/param   18 trained (policy, critic), 2 frozen" "$out/bf16.txt" &&
+    grep -q "fp32 masters .*working copy" "$out/bf16.txt" ||
+    { echo "FAIL: bf16 memory plan"; cat "$out/bf16.txt"; fail=1; }
+"$troupe" info --model "$configs/Qwen3-0.6B" --precision fp16 >/dev/null 2>&1
+[ $? = 2 ] || { echo "FAIL: --precision fp16 accepted"; fail=1; }
 grep -q "head_dim 128" "$out/Qwen3-0.6B.txt" || { echo "FAIL: Qwen3-0.6B head_dim"; fail=1; }
 
 # Refused by name: a mixture-of-experts class, and Mistral-7B-v0.1's 4096-token window over
