@@ -5,7 +5,8 @@
 # unit and e2e suites, and runs the engine on the GPU: the model, training and generation
 # tests and the logprobs/generate commands with TROUPE_BACKEND=cuda, two CUDA runs compared
 # byte for byte, and the CPU quickstart's GRPO run on the GPU beside the same run on the CPU.
-# Usage: tools/gpu_suite.sh [PART...]   parts: engine full cuda quickstart (default: all)
+# Usage: tools/gpu_suite.sh [PART...]   parts: engine full cuda quickstart train_bench (default:
+# all but train_bench, which needs the peers' anchors carried in ./anchors)
 #
 # The full build needs the upper layers' libraries, which a bare GPU machine lacks: make .debs/
 # on a networked Debian 12 machine with tools/fetch_gpu_deps.sh and carry .debs along (it is
@@ -147,6 +148,17 @@ sys.exit(0 if abs(gpu - cpu) <= 0.03 else 1)
 EOF
 }
 
+# Training throughput at the Qwen2.5-0.5B and -1.5B shapes beside the PyTorch anchor (eager and
+# torch.compile), when the peers' scripts were carried along in ./anchors (they are not part of
+# this tree: copy ../shared/anchors into the carried folder).
+train_bench_part() {
+    if [ ! -f anchors/torch_anchor.py ]; then
+        echo "train_bench: no anchors/torch_anchor.py, skipped" | tee -a "$summary"
+        return 0
+    fi
+    run train_bench bench/run_gpu_train.sh "$build_all" anchors
+}
+
 parts="${*:-engine full cuda quickstart}"
 has() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
 run nvidia-smi nvidia-smi || true
@@ -157,7 +169,7 @@ if has engine; then
     cp "$build/meson-logs/testlog.txt" "$logs/testlog_engine.txt" 2>/dev/null
 fi
 if [ -d .debs/dev ]; then
-    if has full || has cuda || has quickstart; then
+    if has full || has cuda || has quickstart || has train_bench; then
         if has full; then full_part; else
             run deps tools/gpu_deps.sh && . .deps-root/env.sh &&
                 run setup_all configure "$build_all" -Dcuda=enabled -Dwerror=false &&
@@ -166,6 +178,7 @@ if [ -d .debs/dev ]; then
     fi
     if has cuda; then cuda_part; fi
     if has quickstart; then quickstart_part; fi
+    if has train_bench; then train_bench_part; fi
 else
     echo "no .debs/: the full binary is not built (make it with tools/fetch_gpu_deps.sh and carry it)" |
         tee -a "$summary"

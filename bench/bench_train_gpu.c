@@ -1,0 +1,135 @@
+// Training throughput on a GPU at the shapes the peers are measured on (Qwen2.5-0.5B, -1.5B):
+// tokens/s of a full step (forward, backward, clipping, AdamW), MFU by the peers' formula
+// ((6N + 6*L*S*d) FLOPs a token against 790 TFLOP/s, ../shared/anchors/torch_anchor.py) and
+// the peak device memory the run took. Random weights and tokens; micro-batches of `mb`
+// sequences of `seq` tokens packed as documents, as troupe trains them.
+// usage: bench_train_gpu SHAPE [MB [SEQ [STEPS]]]   SHAPE: qwen2.5-0.5b | qwen2.5-1.5b
+// (defaults: 8 x 2048 for 0.5b, 4 x 2048 for 1.5b, 5 timed steps after 2 warm-up steps)
+// The backend comes from $TROUPE_BACKEND (cuda) and the precision from $TROUPE_PRECISION
+// (default: the backend's, bf16 on CUDA). bench/run_gpu_train.sh runs it beside the peer.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/config.h"
+#include "engine/device.h"
+#include "engine/model.h"
+#include "engine/rng.h"
+#include "engine/train.h"
+#include "kernels/backend.h"
+
+typedef struct shape {
+    const char *name;
+    int hidden, inter, layers, heads, kv_heads, mb;
+} shape;
+
+static const shape SHAPES[] = {
+    {"qwen2.5-0.5b", 896, 4864, 24, 14, 2, 8},
+    {"qwen2.5-1.5b", 1536, 8960, 28, 12, 2, 4},
+};
+
+#define VOCAB 151936
+#define PEAK 790e12
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int fail(const char *what, const tr_err *err) {
+    fprintf(stderr, "bench_train_gpu: %s: %s\n", what, err->msg);
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    const shape *sh = NULL;
+    for (size_t i = 0; argc > 1 && i < sizeof SHAPES / sizeof SHAPES[0]; i++)
+        if (strcmp(argv[1], SHAPES[i].name) == 0) sh = &SHAPES[i];
+    int mb = sh && argc > 2 ? atoi(argv[2]) : sh ? sh->mb : 0;
+    int seq = argc > 3 ? atoi(argv[3]) : 2048, steps = argc > 4 ? atoi(argv[4]) : 5;
+    if (!sh || mb < 1 || seq < 2 || steps < 1) {
+        fprintf(stderr, "usage: bench_train_gpu qwen2.5-0.5b|qwen2.5-1.5b [MB [SEQ [STEPS]]]\n");
+        return 2;
+    }
+    char config[1024];
+    int n = snprintf(config, sizeof config,
+                     "{\"architectures\": [\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\","
+                     " \"vocab_size\": %d, \"hidden_size\": %d, \"intermediate_size\": %d,"
+                     " \"num_hidden_layers\": %d, \"num_attention_heads\": %d,"
+                     " \"num_key_value_heads\": %d, \"max_position_embeddings\": 32768,"
+                     " \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000.0,"
+                     " \"tie_word_embeddings\": true}",
+                     VOCAB, sh->hidden, sh->inter, sh->layers, sh->heads, sh->kv_heads);
+    tr_err err = {0};
+    tr_model_config cfg;
+    if (tr_config_parse(config, (size_t)n, sh->name, &cfg, &err) != 0) return fail("config", &err);
+    const char *kind = getenv("TROUPE_BACKEND");
+    tr_backend_opts bo = {.kind = kind ? kind : "cuda", .precision = getenv("TROUPE_PRECISION")};
+    tr_backend be;
+    char msg[512];
+    if (tr_backend_init(&be, &bo, msg, sizeof msg) != 0) {
+        fprintf(stderr, "bench_train_gpu: %s\n", msg);
+        return 1;
+    }
+    size_t free0 = 0, total = 0, free_min;
+    be.ops->mem_info(&be, &free0, &total);
+    free_min = free0;
+
+    // One micro-batch of mb documents of seq tokens: the step the peer takes on [mb, seq].
+    int32_t T = mb * seq;
+    int32_t *ids = malloc((size_t)T * sizeof *ids), *targets = malloc((size_t)T * sizeof *targets);
+    int32_t *pos = malloc((size_t)T * sizeof *pos), *starts = malloc(((size_t)mb + 1) * sizeof *starts);
+    if (!ids || !targets || !pos || !starts) return 1;
+    tr_rng rng;
+    tr_rng_init(&rng, 1);
+    for (int32_t t = 0; t < T; t++) {
+        ids[t] = (int32_t)(tr_rng_u32(&rng) % VOCAB);
+        pos[t] = t % seq;
+    }
+    for (int32_t t = 0; t < T; t++) targets[t] = pos[t] + 1 < seq ? ids[t + 1] : -1;
+    for (int32_t d = 0; d <= mb; d++) starts[d] = d * seq;
+    tr_micro_batch batch = {.ids = ids, .targets = targets,
+                            .docs = {.n_tokens = T, .n_docs = mb, .doc_start = starts, .pos = pos}};
+    tr_step_args args = {.loss = TR_LOSS_CROSS_ENTROPY};
+    tr_optim_cfg opt = {.lr = 1e-5, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                        .weight_decay = 0.01f, .max_grad_norm = 1.0f,
+                        .schedule = {.kind = TR_LR_CONSTANT}};
+    tr_model m;
+    tr_trainer tr;
+    tr_model_opts mo = {.max_tokens = T, .training = true};
+    if (tr_model_init(&m, &cfg, &be, &mo, &err) != 0) return fail("model", &err);
+    if (tr_model_init_weights(&m, 7, 0.02f, &err) != 0) return fail("weights", &err);
+    if (tr_trainer_init(&tr, &m, &opt, 1, &err) != 0) return fail("trainer", &err);
+    tr_step_result res = {0};
+    double t0 = 0;
+    for (int s = 0; s < steps + 2; s++) {
+        if (s == 2) t0 = now();
+        if (tr_train_step(&tr, &batch, 1, &args, &res, &err) != 0) return fail("step", &err);
+        size_t f = 0;
+        be.ops->mem_info(&be, &f, &total);
+        if (f < free_min) free_min = f;
+    }
+    double step_s = (now() - t0) / steps;   // tr_train_step waits for its norm: steps are whole
+    // Matmul parameters as the peer counts them (tied LM head counted once, as a matmul).
+    double d = cfg.hidden_size, L = cfg.n_layers, I = cfg.intermediate_size;
+    double hd = d / cfg.n_heads, kv = 2.0 * cfg.n_kv_heads * hd;
+    double N = L * (d * (d + kv) + d * d + 3 * d * I) + d * VOCAB;
+    double flops = 6 * N + 6 * L * seq * d;
+    double tps = T / step_s;
+    printf("%s: %s %s, micro-batch %d x %d, %.1fM matmul params\n", sh->name, be.ops->name,
+           tr_dt_name(be.act), mb, seq, N / 1e6);
+    printf("  step %.3f s, %.0f tokens/s, MFU %.1f%%, peak memory %.1f GiB, loss %.4f\n", step_s,
+           tps, 100 * tps * flops / PEAK, (double)(free0 - free_min) / (1 << 30), res.loss);
+    printf("troupe train shape=%s tok/s=%.0f mfu=%.4f peak_gib=%.2f\n", sh->name, tps,
+           tps * flops / PEAK, (double)(free0 - free_min) / (1 << 30));
+    tr_trainer_free(&tr);
+    tr_model_free(&m);
+    tr_backend_free(&be);
+    free(ids);
+    free(targets);
+    free(pos);
+    free(starts);
+    return 0;
+}

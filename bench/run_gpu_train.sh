@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Training throughput on the GPU beside the peer, in one invocation: bench_train_gpu (troupe,
+# bf16 over fp32 masters) and the PyTorch anchor (transformers Qwen2, SDPA, bf16 autocast over
+# fp32 masters, fused AdamW; eager and torch.compile) on the Qwen2.5-0.5B and -1.5B shapes, then
+# one table with tokens/s, MFU, peak memory and troupe's ratio to torch.compile.
+# usage: bench/run_gpu_train.sh BUILD_DIR ANCHOR_DIR [SHAPE...]
+#   ANCHOR_DIR holds torch_anchor.py (the peers' scripts; they are not part of this tree).
+set -u
+build=${1:?usage: run_gpu_train.sh BUILD_DIR ANCHOR_DIR [SHAPE...]}
+anchors=${2:?usage: run_gpu_train.sh BUILD_DIR ANCHOR_DIR [SHAPE...]}
+shift 2
+shapes=("$@")
+[ ${#shapes[@]} -gt 0 ] || shapes=(qwen2.5-0.5b qwen2.5-1.5b)
+out=$(mktemp -d /tmp/troupe-train-bench-XXXXXX)
+for s in "${shapes[@]}"; do
+    echo "== troupe $s"
+    TROUPE_BACKEND=cuda "$build/bench/bench_train_gpu" "$s" | tee -a "$out/troupe.txt"
+    echo "== torch $s"
+    python3 "$anchors/torch_anchor.py" train "$s" 2>"$out/torch_$s.err" | tee -a "$out/torch.jsonl"
+done
+python3 - "$out/troupe.txt" "$out/torch.jsonl" <<'PY'
+import json, sys
+troupe = {}
+for line in open(sys.argv[1]):
+    if line.startswith("troupe train "):
+        kv = dict(f.split("=", 1) for f in line.split()[2:])
+        troupe[kv["shape"]] = kv
+peer = {}
+for line in open(sys.argv[2]):
+    line = line.strip()
+    if line.startswith("{"):
+        r = json.loads(line)
+        peer[(r["shape"], r["compile"])] = r
+print("\n| shape | troupe tok/s (MFU, peak GiB) | torch eager | torch.compile | troupe / compile |")
+print("|---|---|---|---|---|")
+for s, t in troupe.items():
+    e, c = peer.get((s, False)), peer.get((s, True))
+    fmt = lambda r: f"{r['tokens_per_s']:,} ({100 * r['mfu']:.1f}%, {r['peak_mem_gib']})" if r else "n/a"
+    ratio = f"{float(t['tok/s']) / c['tokens_per_s']:.2f}x" if c else "n/a"
+    print(f"| {s} | {float(t['tok/s']):,.0f} ({100 * float(t['mfu']):.1f}%, {float(t['peak_gib']):.1f}) "
+          f"| {fmt(e)} | {fmt(c)} | {ratio} |")
+PY
