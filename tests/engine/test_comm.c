@@ -122,11 +122,17 @@ static int child(const spec *sp, int rank, int fds[2], results *res) {
 }
 
 // Runs sp's children to completion (they are killed after 60 s); returns 0 when all exited 0.
+// Every rank this test forked, for shm_left: other tests running at the same time make
+// communicators of their own, which must not count here.
+static pid_t forked[256];
+static int n_forked;
+
 static int run(const spec *sp, results *res, pid_t *pids) {
     int fds[2];
     if (pipe(fds)) return -1;
     for (int r = 0; r < sp->world; r++) {
         pids[r] = fork();
+        if (pids[r] > 0 && n_forked < (int)(sizeof forked / sizeof forked[0])) forked[n_forked++] = pids[r];
         if (pids[r] == 0) {
             close(fds[r == 0 ? 0 : 1]);
             _exit(child(sp, r, fds, res));
@@ -375,11 +381,16 @@ static void aborted(int rank, int world, tr_backend *be, tr_comm *c, results *re
     res->status[rank] = rc ? -1 : 1;
 }
 
+// Segments ("troupe-comm-<creator pid>-...") that ranks of this test created and left.
 static int shm_left(void) {
     int n = 0;
     DIR *d = opendir("/dev/shm");
     struct dirent *e;
-    while (d && (e = readdir(d))) n += strncmp(e->d_name, "troupe-comm-", 12) == 0;
+    while (d && (e = readdir(d))) {
+        int pid = 0;
+        if (sscanf(e->d_name, "troupe-comm-%d-", &pid) != 1) continue;
+        for (int i = 0; i < n_forked; i++) n += forked[i] == pid;
+    }
     if (d) closedir(d);
     return n;
 }
