@@ -16,7 +16,13 @@ void tr_arena_need_init(tr_arena_need *n, const tr_model_config *cfg, const tr_m
     n->forward = tr_model_arena_bytes(cfg, &o, act);
     o.training = true;
     n->train = mo->training ? tr_model_arena_bytes(cfg, &o, act) : 0;
-    n->kv = go ? tr_generator_kv_bytes(cfg, go, act) : 0;
+    // The KV cache holds this tensor-parallel rank's key/value heads.
+    tr_tp tp;
+    tr_err err;
+    tr_model_config local = *cfg;
+    if (mo->tp_size > 1 && tr_tp_init(&tp, cfg, mo->tp_size, mo->tp_rank, &err) == 0)
+        local = tr_tp_local_config(cfg, &tp);
+    n->kv = go ? tr_generator_kv_bytes(&local, go, act) : 0;
 }
 
 size_t tr_arena_need_bytes(const tr_arena_need *n) {
@@ -118,7 +124,7 @@ int tr_arena_begin_generate(tr_arena *a, tr_generator *g, tr_err *err) {
     const tr_kvcache *c = &g->cache;
     size_t off = tr_arena_kv_offset(m);
     size_t kv = c->owns_pool ? 0
-                : tr_kvcache_pool_bytes(&m->cfg, c->block_size, (int64_t)c->n_blocks * c->block_size,
+                : tr_kvcache_pool_bytes(&m->lcfg, c->block_size, (int64_t)c->n_blocks * c->block_size,
                                         c->dt);
     if (begin(a, m, TR_PHASE_GENERATE, off + kv, err) != 0) return -1;
     // The model's views end where the KV blocks start, so no pass can write into them.

@@ -159,11 +159,11 @@ static int load_tensor(loader *L, const tr_tensor_desc *d, size_t next_offset) {
         return tr_errf(L->err, TR_EFORMAT, "%s: tensor '%s' is missing%s", s->st.path, d->name,
                        L->weight_map ? " (the index maps it to this file)" : "");
     bool same = t->ndim == d->ndim;
-    for (int32_t k = 0; same && k < d->ndim; k++) same = t->shape[k] == d->shape[k];
+    for (int32_t k = 0; same && k < d->ndim; k++) same = t->shape[k] == d->full[k];
     if (!same) {
         char got[160], want[160];
         shape_text(t->ndim, t->shape, got, sizeof got);
-        shape_text(d->ndim, d->shape, want, sizeof want);
+        shape_text(d->ndim, d->full, want, sizeof want);
         return tr_errf(L->err, TR_EFORMAT, "%s: tensor '%s' has shape %s, config.json implies %s",
                        s->st.path, d->name, got, want);
     }
@@ -174,7 +174,7 @@ static int load_tensor(loader *L, const tr_tensor_desc *d, size_t next_offset) {
     if (L->sink) {
         if (t->dtype != TR_ST_F64) return L->sink(L->sink_ctx, d, t->data, t->dtype, L->err);
         // No backend converts from F64: the host narrows it first.
-        float *tmp = malloc((d->numel ? d->numel : 1) * sizeof *tmp);
+        float *tmp = malloc((d->full_numel ? d->full_numel : 1) * sizeof *tmp);
         if (!tmp) return tr_errf(L->err, TR_ENOMEM, "%s: out of memory for '%s'", s->st.path, d->name);
         int rc = tr_st_read_f32(&s->st, t, tmp, L->err);
         if (!rc) rc = L->sink(L->sink_ctx, d, tmp, TR_ST_F32, L->err);
@@ -182,9 +182,15 @@ static int load_tensor(loader *L, const tr_tensor_desc *d, size_t next_offset) {
         return rc;
     }
     if (!L->buf) return 0;
-    if (tr_st_read_f32(&s->st, t, L->buf + d->offset, L->err)) return -1;
     for (size_t i = d->offset + d->numel; i < next_offset; i++) L->buf[i] = 0.0f;
-    return 0;
+    if (d->split == TR_SPLIT_NONE) return tr_st_read_f32(&s->st, t, L->buf + d->offset, L->err);
+    // A tensor-parallel rank's slice: the whole tensor, then its part.
+    float *tmp = malloc(d->full_numel * sizeof *tmp);
+    if (!tmp) return tr_errf(L->err, TR_ENOMEM, "%s: out of memory for '%s'", s->st.path, d->name);
+    int rc = tr_st_read_f32(&s->st, t, tmp, L->err);
+    if (!rc) tr_tensor_slice(d, tmp, sizeof(float), L->buf + d->offset);
+    free(tmp);
+    return rc;
 }
 
 // Reads tensor d (present and checked by load_tensor) as fp32 into out.
@@ -201,17 +207,16 @@ static int check_tied_lm_head(loader *L, const shard *s, const tr_st_tensor *t) 
     const tr_tensor_desc *e = &L->layout->tensors[0];
     char where[4400];
     snprintf(where, sizeof where, "%s: tensor 'lm_head.weight'", s->st.path);
-    if (t->ndim != 2 || t->shape[0] != e->shape[0] || t->shape[1] != e->shape[1])
+    if (t->ndim != 2 || t->shape[0] != e->full[0] || t->shape[1] != e->full[1])
         return tr_errf(L->err, TR_EFORMAT, "%s: present in a model with tie_word_embeddings, but "
                        "its shape differs from the embedding", where);
     if (!L->buf && !L->sink) return 0;
-    float *tmp = malloc(2 * e->numel * sizeof *tmp);
+    float *tmp = malloc(2 * e->full_numel * sizeof *tmp);
     if (!tmp) return tr_errf(L->err, TR_ENOMEM, "%s: out of memory", where);
-    // The embedding as loaded: in buf, or read again when the tensors went to a sink.
-    const float *embed = L->buf ? L->buf + e->offset : tmp + e->numel;
+    // The whole embedding, read again (buf may hold only a tensor-parallel rank's rows).
     int rc = tr_st_read_f32(&s->st, t, tmp, L->err);
-    if (!rc && !L->buf) rc = read_tensor(L, e, tmp + e->numel);
-    if (!rc && memcmp(tmp, embed, e->numel * sizeof *tmp) != 0)
+    if (!rc) rc = read_tensor(L, e, tmp + e->full_numel);
+    if (!rc && memcmp(tmp, tmp + e->full_numel, e->full_numel * sizeof *tmp) != 0)
         rc = tr_errf(L->err, TR_EFORMAT, "%s: present in a model with tie_word_embeddings but "
                      "differs from model.embed_tokens.weight", where);
     free(tmp);
@@ -460,6 +465,9 @@ static int swap_into_place(const char *tmp, const char *dir, bool exists, tr_err
 int tr_checkpoint_save(const char *dir_in, const tr_model_config *cfg,
                        const tr_param_layout *layout, const float *buf,
                        const tr_ckpt_save_opts *opts, tr_err *err) {
+    if (layout->tp.size > 1)
+        return tr_errf(err, TR_EINVAL, "%s: a checkpoint is saved from the whole model's layout, "
+                       "not tensor-parallel rank %d's", dir_in, layout->tp.rank);
     if (opts->dtype != TR_ST_F32 && opts->dtype != TR_ST_BF16)
         return tr_errf(err, TR_EUNSUPPORTED, "%s: checkpoints are written in F32 or BF16, not %s",
                        dir_in, tr_st_dtype_name(opts->dtype));

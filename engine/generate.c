@@ -47,6 +47,8 @@ void tr_generator_free(tr_generator *g) {
     if (g->model) {
         tr_dev_free(g->model->be, g->dev);
         tr_dev_free(g->model->be, g->sample_scratch);
+        tr_dev_free(g->model->be, g->logits);
+        tr_dev_free(g->model->be, g->gather);
     }
     tr_kvcache_free(&g->cache);
     free(g->row_ids);
@@ -85,9 +87,9 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
     g->max_rows = m->max_tokens;
     g->max_seqs = opts->max_seqs > 0 ? opts->max_seqs : 64;
     if (g->max_seqs > g->max_rows) g->max_seqs = g->max_rows;
-    int rc = opts->kv_buf ? tr_kvcache_init_in(&g->cache, m->be, &m->cfg, bs, kv_tokens,
+    int rc = opts->kv_buf ? tr_kvcache_init_in(&g->cache, m->be, &m->lcfg, bs, kv_tokens,
                                                opts->kv_buf, opts->kv_buf_bytes, err)
-                          : tr_kvcache_init(&g->cache, m->be, &m->cfg, bs, kv_tokens, err);
+                          : tr_kvcache_init(&g->cache, m->be, &m->lcfg, bs, kv_tokens, err);
     if (rc != 0) {
         tr_generator_free(g);
         return tr_err_wrap(err, "generate");
@@ -128,7 +130,14 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
     g->dev = tr_dev_alloc(be, total * 4, "generation tables", err);
     g->sample_scratch = g->dev ? tr_dev_alloc(be, scratch ? scratch : 4, "sampling scratch", err)
                                : NULL;
-    if (!g->sample_scratch) {
+    // Tensor parallelism: the sampler draws from whole rows gathered from every rank's
+    // columns, so all ranks draw the same ids from the same streams.
+    size_t full = lrows * (size_t)m->cfg.vocab_size * sizeof(float);
+    if (g->sample_scratch && m->tp.size > 1) {
+        g->logits = tr_dev_alloc(be, full, "gathered logits", err);
+        g->gather = g->logits ? tr_dev_alloc(be, full, "logits gather scratch", err) : NULL;
+    }
+    if (!g->sample_scratch || (m->tp.size > 1 && !g->gather)) {
         tr_generator_free(g);
         return tr_err_wrap(err, "generate");
     }
@@ -196,7 +205,7 @@ static int check_request(const tr_generator *g, const tr_gen_request *r, int32_t
 // row reads its sequence's first row_len slots, its own included.
 static void gen_attend(void *ctx, tr_model *m, int32_t layer, tr_layer_acts *la, int32_t T) {
     tr_generator *g = ctx;
-    const tr_model_config *c = &m->cfg;
+    const tr_model_config *c = &m->lcfg;   // this tensor-parallel rank's heads
     const size_t es = tr_dt_size(m->act), Q = (size_t)c->n_heads * c->head_dim;
     tr_kvcache_write(&g->cache, layer, la->k, la->v, m->qkv_ld, g->d_slot, T);
     tr_kv_pages pages = tr_kvcache_layer(&g->cache, layer);
@@ -280,11 +289,15 @@ static int sample_rows(gen_run *run, const int32_t *outs, int32_t n, bool rows_s
     tr_generator *g = run->g;
     tr_model *m = g->model;
     tr_backend *be = m->be;
-    const int32_t V = m->cfg.vocab_size;
-    float *logits = m->acts.logits;
-    if (rows_same)
-        for (int32_t i = 1; i < n; i++)
-            be->ops->copy(be, logits + (size_t)i * V, logits, (size_t)V * sizeof(float));
+    const int32_t V = m->cfg.vocab_size, Vl = m->tp.vocab;
+    const bool tp = m->tp.size > 1;
+    float *logits = tp ? g->logits : m->acts.logits;
+    for (int32_t i = 1; rows_same && i < n; i++) {
+        be->ops->copy(be, logits + (size_t)i * V, logits, (size_t)V * sizeof(float));
+        if (tp)   // the local rows too, for the logprob below
+            be->ops->copy(be, m->acts.logits + (size_t)i * Vl, m->acts.logits,
+                          (size_t)Vl * sizeof(float));
+    }
     for (int32_t i = 0; i < n; i++) {
         const tr_gen_request *r = &run->reqs[run->outs[outs[i]].request];
         const tr_rng *rng = &run->rngs[outs[i]];
@@ -296,6 +309,8 @@ static int sample_rows(gen_run *run, const int32_t *outs, int32_t n, bool rows_s
     be->ops->upload(be, g->d_draw, g->row_draw, (size_t)n * sizeof(tr_sample_row));
     be->ops->sample(be, g->d_target, g->d_lp, logits, g->d_draw, n, V, g->sample_scratch,
                     g->d_near);
+    // The logprob by the training path's vocab-parallel log-softmax, its bits too.
+    if (tp && tr_lm_head_vp_logprob(m, g->d_target, n, g->d_lp, err) != 0) return -1;
     be->ops->download(be, g->row_target, g->d_target, (size_t)n * sizeof(int32_t));
     be->ops->download(be, g->row_lp, g->d_lp, (size_t)n * sizeof(float));
     if (tr_dev_sync(be, "generate: sampling", err) != 0) return -1;
@@ -310,6 +325,15 @@ static int sample_rows(gen_run *run, const int32_t *outs, int32_t n, bool rows_s
         finish_check(&run->reqs[o->request], o);
     }
     return 0;
+}
+
+// Logits of rows [r0, r0 + n) of the pass into acts.logits (this rank's columns), and the
+// whole rows into g->logits under tensor parallelism.
+static int pass_logits(tr_generator *g, int32_t r0, int32_t n, tr_err *err) {
+    tr_model *m = g->model;
+    if (tr_lm_head_logits(m, r0, n, m->acts.logits, err) != 0) return -1;
+    if (m->tp.size == 1) return 0;
+    return tr_lm_head_gather_logits(m, m->acts.logits, n, g->logits, g->gather, err);
 }
 
 // Samples the first token of each sample of a request from its prompt's last logits row
@@ -392,8 +416,7 @@ static int32_t prefill_round(gen_run *run, tr_err *err) {
             grp->done += sg->n;
             grp->kv.len = grp->done;
             if (grp->done < run->reqs[q].n_prompt) continue;
-            if (tr_lm_head_logits(m, sg->r0 + sg->n - 1, 1, m->acts.logits, err) != 0 ||
-                sample_first(run, q, err) != 0)
+            if (pass_logits(g, sg->r0 + sg->n - 1, 1, err) != 0 || sample_first(run, q, err) != 0)
                 return -1;
         }
         while (cur < first + k && run->groups[cur].done == run->reqs[cur].n_prompt) cur++;
@@ -436,8 +459,7 @@ static int decode_step(gen_run *run, tr_err *err) {
     for (int32_t r0 = 0; r0 < B; r0 += R) {
         int32_t n = B - r0 < R ? B - r0 : R;
         for (int32_t i = 0; i < n; i++) g->row_ids[i] = g->slots[r0 + i].out;
-        if (tr_lm_head_logits(m, r0, n, m->acts.logits, err) != 0 ||
-            sample_rows(run, g->row_ids, n, false, err) != 0)
+        if (pass_logits(g, r0, n, err) != 0 || sample_rows(run, g->row_ids, n, false, err) != 0)
             return -1;
     }
     // Retire finished samples; the last running one moves into the freed slot.

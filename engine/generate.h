@@ -108,6 +108,8 @@ typedef struct tr_generator {
     tr_sample_row *d_draw;      // [logit_rows]
     int32_t *d_near;            // near-boundary draws of the current call
     void *sample_scratch;       // the sample op's
+    float *logits, *gather;     // tensor parallelism: [logit_rows, vocab] whole rows and the
+                                // gather's scratch (NULL at size 1: acts.logits serves)
     tr_gen_slot *slots;         // [max_seqs]; slots [0, n_active) are decoding
     int32_t n_active;
     int32_t reserved;           // blocks promised to admitted samples, not yet taken
@@ -124,6 +126,7 @@ typedef struct tr_generator {
 
 // Bytes of the KV pool opts describe for cfg (defaults applied) in activation dtype act, as
 // tr_kvcache_pool_bytes.
+// cfg is the rank's under tensor parallelism (tr_tp_local_config: its key/value heads).
 size_t tr_generator_kv_bytes(const tr_model_config *cfg, const tr_gen_opts *opts, tr_dt act);
 
 // Sizes the KV pool and every per-pass buffer for model m (which must have an LM head). All

@@ -2,12 +2,16 @@
 // logits whole: it runs logit_rows rows at a time through matmul + fused log-softmax, and
 // its backward recomputes a chunk's logits rather than keeping them (unless all T fit).
 // Per-token inputs and outputs are host arrays; they cross to and from the model's backend
-// copies (d_targets, d_out, ...) here, with one wait per forward for the outputs.
+// copies (d_targets, d_out, ...) here, with one wait per forward for the outputs. Under
+// tensor parallelism the LM head is vocab-parallel: each rank's logits are its vocabulary
+// rows, and the log-softmax combines every rank's row statistics (a gather of 4 numbers per
+// row); value and score heads are whole on every rank.
 #include "engine/heads.h"
 
 #include <string.h>
 
 #include "engine/device.h"
+#include "engine/model_tp.h"
 
 static int need_head(const tr_model *m, enum tr_head head, const char *what, tr_err *err) {
     if (m->cfg.head != head)
@@ -39,13 +43,37 @@ static void head_grad_backward(tr_model *m, int32_t N) {
 // log-softmax and the sampler (in fp32 the GEMM writes out directly).
 static void lm_logits(tr_model *m, float *out, const void *x, int32_t n) {
     const tr_ops *op = m->be->ops;
-    const int32_t C = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    const int32_t C = m->cfg.hidden_size, V = m->tp.vocab;
     if (m->act == TR_F32) {
         op->matmul_forward(m->be, out, x, m->w.lm_head, NULL, n, C, V, TR_MM_OUT_F32);
         return;
     }
     op->matmul_forward(m->be, m->acts.logits_a, x, m->w.lm_head, NULL, n, C, V, 0);
     op->convert(m->be, out, TR_F32, m->acts.logits_a, m->act, (size_t)n * V);
+}
+
+// The vocab-parallel log-softmax of the n rows of local logits in acts.logits: this rank's
+// statistics at its place among the ranks', gathered, and combined alike on every rank.
+static int vp_logsoftmax(tr_model *m, float *logprob, float *entropy, float *lse, double *mean,
+                         const int32_t *targets, int32_t n, tr_err *err) {
+    const tr_ops *op = m->be->ops;
+    tr_acts *a = &m->acts;
+    size_t per = (size_t)n * 4;
+    op->logsoftmax_vp_stats(m->be, a->vp_stats + (size_t)m->tp.rank * per, a->logits, targets,
+                            m->tp.vocab0, n, m->tp.vocab);
+    if (tr_model_tp_gather_f64(m, a->vp_stats, per, err) != 0) return -1;
+    op->logsoftmax_vp_combine(m->be, logprob, entropy, lse, mean, a->vp_stats, targets,
+                              m->tp.size, n);
+    return 0;
+}
+
+int tr_lm_head_vp_logprob(tr_model *m, const int32_t *targets, int32_t n, float *logprob,
+                          tr_err *err) {
+    if (m->tp.size == 1 || n > m->logit_rows)
+        return tr_errf(err, TR_EINVAL, "lm head: a vocab-parallel logprob of %d rows (tp %d, "
+                       "%d logit rows)", n, m->tp.size, m->logit_rows);
+    // lse goes to rows of the model's own that no later step reads before a forward.
+    return vp_logsoftmax(m, logprob, NULL, m->acts.lse, NULL, targets, n, err);
 }
 
 int tr_lm_head_forward(tr_model *m, const int32_t *targets, float *logprob, float *entropy,
@@ -63,9 +91,13 @@ int tr_lm_head_forward(tr_model *m, const int32_t *targets, float *logprob, floa
     for (int32_t r0 = 0; r0 < T; r0 += R) {
         int32_t n = T - r0 < R ? T - r0 : R;
         lm_logits(m, a->logits, act_row(m, a->lnf, r0, C), n);
-        op->logsoftmax_forward(m->be, logprob ? m->d_out + r0 : NULL,
-                               entropy ? m->d_entropy + r0 : NULL, a->lse + r0, a->logits,
-                               m->d_targets + r0, n, V);
+        float *lp = logprob ? m->d_out + r0 : NULL, *ent = entropy ? m->d_entropy + r0 : NULL;
+        if (m->tp.size == 1) {
+            op->logsoftmax_forward(m->be, lp, ent, a->lse + r0, a->logits, m->d_targets + r0, n, V);
+        } else if (vp_logsoftmax(m, lp, ent, a->lse + r0, a->vp_mean ? a->vp_mean + r0 : NULL,
+                                 m->d_targets + r0, n, err) != 0) {
+            return tr_err_wrap(err, "lm head");
+        }
     }
     m->logits_cached = T <= R;
     if (logprob) op->download(m->be, logprob, m->d_out, (size_t)T * sizeof(float));
@@ -75,7 +107,7 @@ int tr_lm_head_forward(tr_model *m, const int32_t *targets, float *logprob, floa
 
 void tr_lm_head_backward(tr_model *m, const int32_t *targets, const float *dlogprob,
                          const float *dentropy) {
-    const int32_t T = m->docs.n_tokens, C = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    const int32_t T = m->docs.n_tokens, C = m->cfg.hidden_size, V = m->tp.vocab;
     const tr_ops *op = m->be->ops;
     tr_acts *a = &m->acts;
     const int32_t R = m->logit_rows;
@@ -87,12 +119,47 @@ void tr_lm_head_backward(tr_model *m, const int32_t *targets, const float *dlogp
         int32_t n = T - r0 < R ? T - r0 : R;
         const void *x = act_row(m, a->lnf, r0, C);
         if (!m->logits_cached) lm_logits(m, a->logits, x, n);
-        op->logsoftmax_backward(m->be, a->d_logits, dlogprob ? m->d_dout + r0 : NULL,
-                                dentropy ? m->d_dentropy + r0 : NULL, a->logits, a->lse + r0,
-                                m->d_targets + r0, n, V);
+        const float *glp = dlogprob ? m->d_dout + r0 : NULL;
+        const float *gent = dentropy ? m->d_dentropy + r0 : NULL;
+        if (m->tp.size == 1)
+            op->logsoftmax_backward(m->be, a->d_logits, glp, gent, a->logits, a->lse + r0,
+                                    m->d_targets + r0, n, V);
+        else   // this rank's columns; d_lnf gets its part, summed in tr_model_backward
+            op->logsoftmax_vp_backward(m->be, a->d_logits, glp, gent, a->logits, a->lse + r0,
+                                       a->vp_mean + r0, m->d_targets + r0, m->tp.vocab0, n, V);
         op->matmul_backward(m->be, act_row(m, a->d_lnf, r0, C), m->g.lm_head, NULL, a->d_logits,
                             x, m->w.lm_head, n, C, V);
     }
+}
+
+int tr_lm_head_gather_logits(tr_model *m, const float *local, int32_t n, float *out,
+                             float *scratch, tr_err *err) {
+    const int32_t R = m->tp.size, V = m->cfg.vocab_size;
+    if (R == 1) {
+        if (out != local) m->be->ops->copy(m->be, out, local, (size_t)n * V * sizeof(float));
+        return 0;
+    }
+    if (!m->tp_comm) return tr_errf(err, TR_EINVAL, "lm head: no tensor-parallel communicator");
+    size_t counts[TR_COMM_MAX_RANKS] = {0}, at = 0, mine = 0;
+    for (int32_t r = 0; r < R; r++) {
+        counts[r] = (size_t)n * (size_t)(tr_tp_vocab_begin(V, R, r + 1) - tr_tp_vocab_begin(V, R, r));
+        if (r == m->tp.rank) mine = at;
+        at += counts[r];
+    }
+    const tr_ops *op = m->be->ops;
+    op->copy(m->be, scratch + mine, local, counts[m->tp.rank] * sizeof(float));
+    if (tr_comm_all_gather(m->tp_comm, scratch, counts, TR_COMM_F32, err) != 0)
+        return tr_err_wrap(err, "lm head: gathering logits");
+    // Rank r's block is [n, its columns]: row i's columns go to their place in out's row i.
+    at = 0;
+    for (int32_t r = 0; r < R; r++) {
+        int32_t v0 = tr_tp_vocab_begin(V, R, r), vr = tr_tp_vocab_begin(V, R, r + 1) - v0;
+        for (int32_t i = 0; i < n; i++)
+            op->copy(m->be, out + (size_t)i * V + v0, scratch + at + (size_t)i * vr,
+                     (size_t)vr * sizeof(float));
+        at += counts[r];
+    }
+    return 0;
 }
 
 int tr_lm_head_logits(tr_model *m, int32_t row0, int32_t n, float *out, tr_err *err) {

@@ -18,8 +18,19 @@ int tr_lm_head_forward(tr_model *m, const int32_t *targets, float *logprob, floa
 // Recomputes a chunk's logits unless the forward held them all.
 void tr_lm_head_backward(tr_model *m, const int32_t *targets, const float *dlogprob,
                          const float *dentropy);
-// Logits of rows [row0, row0 + n) of the last forward into out[n, vocab] (for sampling).
+// Logits of rows [row0, row0 + n) of the last forward into out[n, vocab] (for sampling);
+// under tensor parallelism this rank's columns only, out[n, tp.vocab].
 int tr_lm_head_logits(tr_model *m, int32_t row0, int32_t n, float *out, tr_err *err);
+// Tensor parallelism: the whole rows from every rank's columns (local[n, tp.vocab], each
+// rank's) into out[n, vocab] on every rank, through scratch (n * vocab floats of backend
+// memory); collective. A copy at size 1.
+int tr_lm_head_gather_logits(tr_model *m, const float *local, int32_t n, float *out,
+                             float *scratch, tr_err *err);
+// Tensor parallelism: logprob[i] (backend memory) of targets[i] (backend memory) under the
+// n rows of local logits in acts.logits, by the vocab-parallel log-softmax the forward uses,
+// so a sampled token's logprob has the training path's bits; collective.
+int tr_lm_head_vp_logprob(tr_model *m, const int32_t *targets, int32_t n, float *logprob,
+                          tr_err *err);
 
 // Value head: values[t] = score.weight . lnf[t] + score.bias, for every token.
 int tr_value_head_forward(tr_model *m, float *values, tr_err *err);

@@ -1,6 +1,8 @@
 // The decoder trunk: buffer allocation, the activation arena, and the forward/backward
 // passes from token ids to the final RMSNorm and back. Every numeric step is an op of the
-// backend table; this file only decides shapes, order and where each tensor lives.
+// backend table; this file only decides shapes, order and where each tensor lives, and, under
+// tensor parallelism, where the all-reduces go (Megatron's places: after the vocab-parallel
+// embedding and each row-parallel projection forward, before each norm backward).
 #include "engine/model.h"
 
 #include <assert.h>
@@ -11,6 +13,7 @@
 #include "engine/arena.h"
 #include "engine/checkpoint.h"
 #include "engine/device.h"
+#include "engine/model_tp.h"
 #include "engine/rng.h"
 
 // Arena layout (T = max_tokens, C = hidden, Q = n_heads*head_dim, K = n_kv_heads*head_dim,
@@ -45,8 +48,8 @@ static int32_t head_width(const tr_model_config *cfg) {
     return 0;
 }
 
-static int32_t default_logit_rows(const tr_model_config *cfg, int32_t max_tokens) {
-    int64_t rows = (int64_t)(32u << 20) / 4 / cfg->vocab_size;
+static int32_t default_logit_rows(int32_t vocab, int32_t max_tokens) {
+    int64_t rows = (int64_t)(32u << 20) / 4 / vocab;
     if (rows < 1) rows = 1;
     if (rows > max_tokens) rows = max_tokens;
     return (int32_t)rows;
@@ -58,16 +61,17 @@ static void *offset_bytes(void *p, size_t bytes) { return (char *)p + bytes; }
 static size_t act_bytes(const tr_model *m, size_t n) { return n * tr_dt_size(m->act); }
 
 // Walks the arena layout once; with base == NULL it only counts, so the size formula and
-// the views can never disagree. Returns bytes.
-static size_t layout_arena(const tr_model_config *cfg, int32_t T, int32_t R, bool training,
-                           tr_dt act, void *base_, tr_acts *a) {
+// the views can never disagree. cfg is the rank's (tr_tp_local_config) and V its vocabulary
+// rows. Returns bytes.
+static size_t layout_arena(const tr_model_config *cfg, const tr_tp *tp, int32_t T, int32_t R,
+                           bool training, tr_dt act, void *base_, tr_acts *a) {
     char *base = base_;
     size_t off = 0;
     const size_t C = (size_t)cfg->hidden_size, Q = (size_t)cfg->n_heads * cfg->head_dim;
     const size_t K = (size_t)cfg->n_kv_heads * cfg->head_dim, I = (size_t)cfg->intermediate_size;
     const size_t QKV = Q + 2 * K;
     const size_t H = (size_t)cfg->n_heads, G = (size_t)cfg->n_kv_heads;
-    const size_t V = (size_t)cfg->vocab_size;
+    const size_t V = (size_t)tp->vocab;
     const size_t N = (size_t)head_width(cfg), t = (size_t)T;
     const size_t A = tr_dt_size(act), F = sizeof(float);
     const int32_t L = cfg->n_layers;
@@ -121,6 +125,8 @@ static size_t layout_arena(const tr_model_config *cfg, int32_t T, int32_t R, boo
         a->logits_a = NULL;
         a->d_res_a = a->d_lnf = a->d_ln = a->d_qkv = a->d_qkv_n = a->d_att = NULL;
         a->d_gu = a->d_act = a->d_logits = a->d_head_out_a = NULL;
+        a->vp_stats = a->vp_mean = NULL;
+        a->tp_red = NULL;
     }
     TAKE(a->lnf, t * C, A);
     TAKE(a->lnf_rstd, t, F);
@@ -150,21 +156,40 @@ static size_t layout_arena(const tr_model_config *cfg, int32_t T, int32_t R, boo
         }
         if (base) a->d_lnf = a->d_ln;
     }
+    if (tp->size > 1) {
+        if (cfg->head == TR_HEAD_LM) TAKE(a->vp_stats, (size_t)tp->size * R * 4, sizeof(double));
+        if (cfg->head == TR_HEAD_LM && training) TAKE(a->vp_mean, t, sizeof(double));
+        if (training && act != TR_F32) TAKE(a->tp_red, t * C, F);
+    }
 #undef TAKE
     return off;
 }
 
+// The rank's shape from the options (size 0: the whole model).
+static int opts_tp(const tr_model_config *cfg, const tr_model_opts *opts, tr_tp *tp, tr_err *err) {
+    int32_t size = opts->tp_size > 0 ? opts->tp_size : 1;
+    return tr_tp_init(tp, cfg, size, size > 1 ? opts->tp_rank : 0, err);
+}
+
+static int32_t opts_logit_rows(const tr_tp *tp, const tr_model_opts *opts) {
+    int32_t R = opts->logit_rows > 0 ? opts->logit_rows : default_logit_rows(tp->vocab, opts->max_tokens);
+    return R > opts->max_tokens ? opts->max_tokens : R;
+}
+
 size_t tr_model_arena_bytes(const tr_model_config *cfg, const tr_model_opts *opts, tr_dt act) {
-    int32_t R = opts->logit_rows > 0 ? opts->logit_rows
-                                     : default_logit_rows(cfg, opts->max_tokens);
-    if (R > opts->max_tokens) R = opts->max_tokens;
+    tr_tp tp;
+    tr_err err;
+    if (opts_tp(cfg, opts, &tp, &err) != 0) return 0;
+    tr_model_config lc = tr_tp_local_config(cfg, &tp);
     tr_acts a;
-    return layout_arena(cfg, opts->max_tokens, R, opts->training, act, NULL, &a);
+    return layout_arena(&lc, &tp, opts->max_tokens, opts_logit_rows(&tp, opts), opts->training,
+                        act, NULL, &a);
 }
 
 size_t tr_model_acts_bytes(const tr_model *m, bool training) {
     tr_acts a;
-    return layout_arena(&m->cfg, m->max_tokens, m->logit_rows, training, m->act, NULL, &a);
+    return layout_arena(&m->lcfg, &m->tp, m->max_tokens, m->logit_rows, training, m->act, NULL,
+                        &a);
 }
 
 int tr_model_bind_acts(tr_model *m, void *base, size_t bytes, bool training, tr_err *err) {
@@ -184,7 +209,8 @@ int tr_model_bind_acts(tr_model *m, void *base, size_t bytes, bool training, tr_
     m->arena_bytes = bytes;
     m->acts_training = training;
     m->logits_cached = false;
-    layout_arena(&m->cfg, m->max_tokens, m->logit_rows, training, m->act, base, &m->acts);
+    layout_arena(&m->lcfg, &m->tp, m->max_tokens, m->logit_rows, training, m->act, base,
+                 &m->acts);
     return 0;
 }
 
@@ -207,6 +233,7 @@ static size_t layout_io(tr_model *m, char *base) {
     IO_TAKE(m->d_ids, int32_t, T);
     IO_TAKE(m->d_pos, int32_t, T);
     IO_TAKE(m->d_doc_start, int32_t, T + 1);
+    IO_TAKE(m->d_emb_ids, int32_t, T);
     IO_TAKE(m->d_targets, int32_t, T);
     IO_TAKE(m->d_out, float, T * N);
     IO_TAKE(m->d_entropy, float, T);
@@ -230,21 +257,21 @@ int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
     if (cfg->head != TR_HEAD_LM && head_width(cfg) < 1)
         return tr_errf(err, TR_EINVAL, "model: num_labels must be >= 1, got %d",
                        cfg->num_labels);
+    if (opts_tp(cfg, opts, &m->tp, err) != 0) return tr_err_wrap(err, "model");
     m->cfg = *cfg;
+    m->lcfg = tr_tp_local_config(cfg, &m->tp);
     m->be = be;
     m->training = opts->training;
     m->max_tokens = opts->max_tokens;
-    m->logit_rows = opts->logit_rows > 0 ? opts->logit_rows
-                                         : default_logit_rows(cfg, opts->max_tokens);
-    if (m->logit_rows > m->max_tokens) m->logit_rows = m->max_tokens;
-    if (tr_param_layout_init(&m->layout, cfg, err) != 0) return tr_err_wrap(err, "model");
+    m->logit_rows = opts_logit_rows(&m->tp, opts);
+    if (tr_param_layout_init_tp(&m->layout, cfg, &m->tp, err) != 0) return tr_err_wrap(err, "model");
 
     const int32_t L = cfg->n_layers;
     m->act = be->act;
     m->wt = be->wt;
-    m->qkv_ld = (cfg->n_heads + 2 * cfg->n_kv_heads) * cfg->head_dim;
-    m->arena_bytes = layout_arena(cfg, m->max_tokens, m->logit_rows, m->training, m->act, NULL,
-                                  &m->acts);
+    m->qkv_ld = (m->lcfg.n_heads + 2 * m->lcfg.n_kv_heads) * cfg->head_dim;
+    m->arena_bytes = layout_arena(&m->lcfg, &m->tp, m->max_tokens, m->logit_rows, m->training,
+                                  m->act, NULL, &m->acts);
     if (opts->acts && (opts->acts_bytes < m->arena_bytes || ((uintptr_t)opts->acts % 64) != 0)) {
         size_t need = m->arena_bytes;
         tr_param_layout_free(&m->layout);
@@ -261,10 +288,11 @@ int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
     m->pos = malloc((size_t)m->max_tokens * sizeof(int32_t));
     m->doc_start = malloc(((size_t)m->max_tokens + 1) * sizeof(int32_t));
     m->host_rows = malloc((size_t)m->max_tokens * sizeof(int32_t));
+    m->emb_ids = malloc((size_t)m->max_tokens * sizeof(int32_t));
     double *inv = malloc((size_t)cfg->head_dim / 2 * sizeof(double));
     float *inv_f = malloc((size_t)cfg->head_dim / 2 * sizeof(float));
     if (!m->acts.residual || !m->acts.layers || !m->ids || !m->pos || !m->doc_start ||
-        !m->host_rows || !inv || !inv_f) {
+        !m->host_rows || !m->emb_ids || !inv || !inv_f) {
         free(inv);
         free(inv_f);
         tr_model_free(m);
@@ -295,6 +323,12 @@ int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
     if (!rc && emb_bytes > 0 &&
         !(m->emb_scratch = tr_dev_alloc(be, emb_bytes, "embedding backward scratch", err)))
         rc = -1;
+    for (int32_t i = 0; m->training && i < m->layout.n_tensors; i++)
+        m->grad_sum_n += (size_t)m->layout.tensors[i].grad_slots * m->layout.tensors[i].numel;
+    if (!rc && m->grad_sum_n > 0 &&
+        !(m->grad_sum = tr_dev_alloc(be, float_bytes(m->grad_sum_n), "tensor-parallel gradient "
+                                     "sums", err)))
+        rc = -1;
     if (!rc && opts->acts) {
         m->arena = opts->acts;
         m->arena_bytes = opts->acts_bytes;
@@ -314,7 +348,8 @@ int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
         return tr_err_wrap(err, "model");
     }
     m->acts_training = m->training;
-    layout_arena(cfg, m->max_tokens, m->logit_rows, m->training, m->act, m->arena, &m->acts);
+    layout_arena(&m->lcfg, &m->tp, m->max_tokens, m->logit_rows, m->training, m->act, m->arena,
+                 &m->acts);
     if (tr_params_views(&m->w, &m->layout, cfg, m->work, tr_dt_size(m->wt), err) != 0 ||
         (m->grads &&
          tr_params_views(&m->g, &m->layout, cfg, m->grads, sizeof(float), err) != 0)) {
@@ -339,6 +374,7 @@ void tr_model_free(tr_model *m) {
         tr_dev_free(m->be, m->inv_freq);
         tr_dev_free(m->be, m->io);
         tr_dev_free(m->be, m->emb_scratch);
+        tr_dev_free(m->be, m->grad_sum);
         if (m->owns_arena) tr_dev_free(m->be, m->arena);
     }
     free(m->acts.residual);
@@ -347,7 +383,19 @@ void tr_model_free(tr_model *m) {
     free(m->pos);
     free(m->doc_start);
     free(m->host_rows);
+    free(m->emb_ids);
     memset(m, 0, sizeof *m);
+}
+
+int tr_model_set_tp_comm(tr_model *m, tr_comm *comm, tr_err *err) {
+    if (m->tp.size < 2)
+        return tr_errf(err, TR_EINVAL, "model: set up without tensor parallelism (tp_size 1)");
+    if (tr_comm_world(comm) != m->tp.size || tr_comm_rank(comm) != m->tp.rank)
+        return tr_errf(err, TR_EINVAL, "model: tensor-parallel rank %d of %d, the communicator's "
+                       "rank is %d of %d", m->tp.rank, m->tp.size, tr_comm_rank(comm),
+                       tr_comm_world(comm));
+    m->tp_comm = comm;
+    return 0;
 }
 
 int tr_model_load(tr_model *m, const char *dir, tr_backend *be, const tr_model_opts *opts,
@@ -386,18 +434,26 @@ typedef struct raw_load {
 
 static int raw_tensor(void *ctx, const tr_tensor_desc *d, const void *data, enum tr_st_dtype st,
                       tr_err *err) {
-    (void)err;
     raw_load *r = ctx;
     tr_model *m = r->m;
     tr_dt dt = st == TR_ST_BF16 ? TR_BF16 : st == TR_ST_F16 ? TR_F16 : TR_F32;
     size_t es = tr_dt_size(dt), ws = tr_dt_size(m->wt), per = RAW_CHUNK_BYTES / es;
+    void *part = NULL;
+    if (d->split != TR_SPLIT_NONE) {   // a tensor-parallel rank's slice of the file's tensor
+        if (!(part = malloc(d->numel * es)))
+            return tr_errf(err, TR_ENOMEM, "loading '%s': out of memory", d->name);
+        tr_tensor_slice(d, data, es, part);
+        data = part;
+    }
     for (size_t off = 0; off < d->numel; off += per) {
         size_t n = d->numel - off < per ? d->numel - off : per;
         m->be->ops->upload(m->be, r->tmp, (const char *)data + off * es, n * es);
         m->be->ops->convert(m->be, (char *)m->work + (d->offset + off) * ws, m->wt, r->tmp, dt, n);
     }
     // The upload reads the mapped file until the next sync, and the loader unmaps it after.
-    return tr_dev_sync(m->be, "loading weights", err);
+    int rc = tr_dev_sync(m->be, "loading weights", err);
+    free(part);
+    return rc;
 }
 
 static int load_raw(tr_model *m, const char *dir, bool backbone, tr_err *err) {
@@ -423,6 +479,7 @@ int tr_model_load_weights(tr_model *m, const char *dir, bool backbone, tr_err *e
 }
 
 int tr_model_save(tr_model *m, const char *dir, const tr_ckpt_save_opts *opts, tr_err *err) {
+    if (m->tp.size > 1) return tr_model_save_gathered(m, dir, opts, err);
     float *buf = param_staging(m, "checkpoint staging", err);
     if (!buf) return -1;
     int rc = tr_model_read_params(m, buf, err);
@@ -456,9 +513,10 @@ int tr_model_read_grads(tr_model *m, float *host, tr_err *err) {
 }
 
 size_t tr_model_n_params(const tr_model *m) {
-    // layout.total includes the alignment padding between tensors; count real elements.
+    // layout.total includes the alignment padding between tensors; count real elements, of
+    // the whole tensors when this rank holds slices.
     size_t n = 0;
-    for (int32_t i = 0; i < m->layout.n_tensors; i++) n += m->layout.tensors[i].numel;
+    for (int32_t i = 0; i < m->layout.n_tensors; i++) n += m->layout.tensors[i].full_numel;
     return n;
 }
 
@@ -466,18 +524,30 @@ int tr_model_init_weights(tr_model *m, uint64_t seed, float std, tr_err *err) {
     float *buf = param_staging(m, "initial weights", err);
     if (!buf) return -1;
     memset(buf, 0, m->layout.total * sizeof(float));
+    // Whole tensors are drawn in order and a tensor-parallel rank keeps its slices, so every
+    // tensor-parallel size starts from the same weights.
+    size_t most = 0;
+    for (int32_t i = 0; i < m->layout.n_tensors; i++)
+        if (m->layout.tensors[i].full_numel > most) most = m->layout.tensors[i].full_numel;
+    float *whole = m->tp.size > 1 ? malloc(most * sizeof(float)) : NULL;
+    if (m->tp.size > 1 && !whole) {
+        tr_dev_free_host(m->be, buf);
+        return tr_errf(err, TR_ENOMEM, "initial weights: out of memory");
+    }
     tr_rng rng;
     tr_rng_init(&rng, seed);
     for (int32_t i = 0; i < m->layout.n_tensors; i++) {
         const tr_tensor_desc *t = &m->layout.tensors[i];
-        float *p = buf + t->offset;
-        size_t n = t->numel;
+        float *p = t->split != TR_SPLIT_NONE ? whole : buf + t->offset;
+        size_t n = t->full_numel;
         size_t len = strlen(t->name);
         bool is_norm = len >= 11 && strcmp(t->name + len - 11, "norm.weight") == 0;
         bool is_bias = len >= 5 && strcmp(t->name + len - 5, ".bias") == 0;
         for (size_t j = 0; j < n; j++)
             p[j] = is_norm ? 1.0f : is_bias ? 0.0f : std * tr_rng_normal(&rng);
+        if (t->split != TR_SPLIT_NONE) tr_tensor_slice(t, whole, sizeof(float), buf + t->offset);
     }
+    free(whole);
     int rc = tr_model_write_params(m, buf, err);
     tr_dev_free_host(m->be, buf);
     return rc;
@@ -517,19 +587,38 @@ static int check_batch(const tr_model *m, const int32_t *ids, const tr_doc_layou
     return 0;
 }
 
+// A row-parallel projection into the residual stream: out = x + in @ w^T + bias. Each rank
+// holds w's columns for its part of in; rank 0 starts from x and adds the bias (once), the
+// others from zero, and the all-reduce sums the parts (rank 0 first: every rank gets the
+// same bits). Without tensor parallelism it is one accumulating GEMM.
+static int row_parallel(tr_model *m, float *out, const float *x, const void *in, const void *w,
+                        const void *bias, int32_t T, int32_t IC, int32_t OC, tr_err *err) {
+    const tr_ops *op = m->be->ops;
+    if (m->tp.rank == 0) {
+        op->copy(m->be, out, x, (size_t)T * OC * sizeof(float));
+        op->matmul_forward(m->be, out, in, w, bias, T, IC, OC, TR_MM_OUT_F32 | TR_MM_ACCUMULATE);
+    } else {
+        op->matmul_forward(m->be, out, in, w, NULL, T, IC, OC, TR_MM_OUT_F32);
+    }
+    return tr_model_tp_sum(m, out, (size_t)T * OC, err);
+}
+
 // The layer stack over the T rows already copied into m->ids / m->pos. Attention is the only
 // step that differs between training (causal over packed documents) and generation (over the
-// paged KV cache), so it is the callback; everything else is this one code path.
-static void trunk_forward(tr_model *m, int32_t T, tr_attend_fn attend, void *ctx) {
+// paged KV cache), so it is the callback; everything else is this one code path. Shapes are
+// the rank's (lcfg): its heads and intermediate channels.
+static int trunk_forward(tr_model *m, int32_t T, tr_attend_fn attend, void *ctx, tr_err *err) {
     const tr_ops *op = m->be->ops;
     tr_backend *be = m->be;
-    const tr_model_config *c = &m->cfg;
+    const tr_model_config *c = &m->lcfg;
     const int32_t C = c->hidden_size, I = c->intermediate_size;
     const int32_t H = c->n_heads, KVH = c->n_kv_heads, D = c->head_dim;
     const int32_t Q = H * D, QKV = m->qkv_ld;
-    const size_t res_bytes = (size_t)T * C * sizeof(float);
     tr_acts *a = &m->acts;
-    op->embedding_forward(be, a->residual[0], m->d_ids, m->w.embed, T, C);
+    // The vocab-parallel embedding: each rank its rows (zeros for other ranks' ids), summed.
+    op->embedding_forward(be, a->residual[0], m->tp.size > 1 ? m->d_emb_ids : m->d_ids,
+                          m->w.embed, T, C);
+    if (tr_model_tp_sum(m, a->residual[0], (size_t)T * C, err) != 0) return -1;
     for (int32_t l = 0; l < c->n_layers; l++) {
         const tr_layer_params *w = &m->w.layers[l];
         tr_layer_acts *la = &a->layers[l];
@@ -547,26 +636,25 @@ static void trunk_forward(tr_model *m, int32_t T, tr_attend_fn attend, void *ctx
         op->rope_forward(be, la->k, QKV, m->d_pos, m->inv_freq, T, KVH, D);
         attend(ctx, m, l, la, T);
         // The projections back into the residual stream add into it in fp32.
-        op->copy(be, la->res_mid, x, res_bytes);
-        op->matmul_forward(be, la->res_mid, la->att, w->wo, w->bo, T, Q, C,
-                           TR_MM_OUT_F32 | TR_MM_ACCUMULATE);
+        if (row_parallel(m, la->res_mid, x, la->att, w->wo, w->bo, T, Q, C, err) != 0) return -1;
         op->rmsnorm_forward(be, la->ln2, la->ln2_rstd, la->res_mid, w->mlp_norm,
                             c->rms_norm_eps, T, C);
         op->matmul_forward(be, la->gu, la->ln2, w->w_gu, NULL, T, C, 2 * I, 0);
         op->swiglu_forward(be, la->act, la->gu, T, I);
-        op->copy(be, a->residual[l + 1], la->res_mid, res_bytes);
-        op->matmul_forward(be, a->residual[l + 1], la->act, w->w_down, NULL, T, I, C,
-                           TR_MM_OUT_F32 | TR_MM_ACCUMULATE);
+        if (row_parallel(m, a->residual[l + 1], la->res_mid, la->act, w->w_down, NULL, T, I, C,
+                         err) != 0)
+            return -1;
     }
     op->rmsnorm_forward(be, a->lnf, a->lnf_rstd, a->residual[c->n_layers], m->w.final_norm,
                         c->rms_norm_eps, T, C);
+    return 0;
 }
 
 static void attend_docs(void *ctx, tr_model *m, int32_t layer, tr_layer_acts *la, int32_t T) {
     (void)ctx;
     (void)layer;
     (void)T;
-    const tr_model_config *c = &m->cfg;
+    const tr_model_config *c = &m->lcfg;
     m->be->ops->attention_forward(m->be, la->att, la->att_lse, la->q, la->k, la->v, m->qkv_ld,
                                   &m->docs, c->n_heads, c->n_kv_heads, c->head_dim);
 }
@@ -575,6 +663,13 @@ static void attend_docs(void *ctx, tr_model *m, int32_t layer, tr_layer_acts *la
 static void set_batch(tr_model *m, int32_t T, int32_t n_docs) {
     const tr_ops *op = m->be->ops;
     op->upload(m->be, m->d_ids, m->ids, (size_t)T * sizeof(int32_t));
+    if (m->tp.size > 1) {   // the ids as rows of this rank's embedding
+        for (int32_t t = 0; t < T; t++) {
+            int32_t r = m->ids[t] - m->tp.vocab0;
+            m->emb_ids[t] = r >= 0 && r < m->tp.vocab ? r : -1;
+        }
+        op->upload(m->be, m->d_emb_ids, m->emb_ids, (size_t)T * sizeof(int32_t));
+    }
     op->upload(m->be, m->d_pos, m->pos, (size_t)T * sizeof(int32_t));
     op->upload(m->be, m->d_doc_start, m->doc_start, ((size_t)n_docs + 1) * sizeof(int32_t));
     m->docs.n_tokens = m->host_docs.n_tokens = T;
@@ -599,8 +694,7 @@ int tr_model_forward(tr_model *m, const int32_t *ids, const tr_doc_layout *docs,
     memcpy(m->pos, docs->pos, (size_t)T * sizeof(int32_t));
     memcpy(m->doc_start, docs->doc_start, ((size_t)docs->n_docs + 1) * sizeof(int32_t));
     set_batch(m, T, docs->n_docs);
-    trunk_forward(m, T, attend_docs, NULL);
-    return 0;
+    return trunk_forward(m, T, attend_docs, NULL, err);
 }
 
 int tr_model_forward_rows(tr_model *m, const int32_t *ids, const int32_t *pos, int32_t T,
@@ -621,8 +715,7 @@ int tr_model_forward_rows(tr_model *m, const int32_t *ids, const int32_t *pos, i
     // Every row is its own document to the heads (a score per row); backward has no meaning.
     for (int32_t t = 0; t <= T; t++) m->doc_start[t] = t;
     set_batch(m, T, T);
-    trunk_forward(m, T, attend, ctx);
-    return 0;
+    return trunk_forward(m, T, attend, ctx, err);
 }
 
 // d_res (fp32) as the activation-dtype input of a GEMM backward; with fp32 activations
@@ -633,18 +726,54 @@ static void res_grad_to_act(tr_model *m, size_t n) {
         m->be->ops->convert(m->be, a->d_res_a, m->act, a->d_res, TR_F32, n);
 }
 
-void tr_model_backward(tr_model *m) {
+// The backward of the attention block of layer l from d_res (the gradient of res_mid),
+// ending in the gradient of ln1 (d_ln, this rank's part before the all-reduce).
+static void attention_backward(tr_model *m, int32_t l) {
     const tr_ops *op = m->be->ops;
     tr_backend *be = m->be;
-    const tr_model_config *c = &m->cfg;
-    const int32_t T = m->docs.n_tokens, C = c->hidden_size, I = c->intermediate_size;
+    const tr_model_config *c = &m->lcfg;
+    const int32_t T = m->docs.n_tokens, C = c->hidden_size;
     const int32_t H = c->n_heads, KVH = c->n_kv_heads, D = c->head_dim;
     const int32_t Q = H * D, K = KVH * D, QKV = m->qkv_ld;
+    const tr_layer_params *w = &m->w.layers[l], *g = &m->g.layers[l];
+    const tr_layer_acts *la = &m->acts.layers[l];
+    tr_acts *a = &m->acts;
+    res_grad_to_act(m, (size_t)T * C);
+    // The row-parallel o_proj's bias is whole on every rank, so is its gradient.
+    op->matmul_backward(be, a->d_att, g->wo, g->bo, a->d_res_a, la->att, w->wo, T, Q, C);
+    // Gradients of what attention read: q and k (after RoPE, and after the QK-norm when
+    // there is one, so in d_qkv_n then) and v, whose gradient is already the projection's.
+    void *dq = c->qk_norm ? a->d_qkv_n : a->d_qkv;
+    void *dk = offset_bytes(dq, act_bytes(m, Q));
+    void *dv = offset_bytes(a->d_qkv, act_bytes(m, Q + K));
+    op->attention_backward(be, dq, dk, dv, a->d_att, la->att, la->att_lse, la->q, la->k, la->v,
+                           QKV, &m->docs, H, KVH, D);
+    op->rope_backward(be, dq, QKV, m->d_pos, m->inv_freq, T, H, D);
+    op->rope_backward(be, dk, QKV, m->d_pos, m->inv_freq, T, KVH, D);
+    if (c->qk_norm) {
+        op->head_rmsnorm_backward(be, a->d_qkv, g->q_norm, dq, la->qkv, w->q_norm, la->q_rstd,
+                                  T, H, D, QKV);
+        op->head_rmsnorm_backward(be, offset_bytes(a->d_qkv, act_bytes(m, Q)), g->k_norm, dk,
+                                  offset_bytes(la->qkv, act_bytes(m, Q)), w->k_norm,
+                                  la->k_rstd, T, KVH, D, QKV);
+    }
+    op->matmul_backward(be, a->d_ln, g->wqkv, g->bqkv, a->d_qkv, la->ln1, w->wqkv, T, C, QKV);
+}
+
+int tr_model_backward(tr_model *m, tr_err *err) {
+    const tr_ops *op = m->be->ops;
+    tr_backend *be = m->be;
+    const tr_model_config *c = &m->lcfg;
+    const int32_t T = m->docs.n_tokens, C = c->hidden_size, I = c->intermediate_size;
     tr_acts *a = &m->acts;
     const size_t TC = (size_t)T * C;
     // With the inference layout every layer's saved activations alias one set.
     assert(m->acts_training && m->grads);
 
+    // Under tensor parallelism every column-parallel input gradient (the vocab-parallel LM
+    // head's, [q;k;v]'s, [gate;up]'s) is this rank's part: it is summed over the group before
+    // the norm it flows into, so each norm's backward sees the whole gradient on every rank.
+    if (c->head == TR_HEAD_LM && tr_model_tp_sum_act(m, a->d_lnf, TC, err) != 0) return -1;
     // The residual gradient is the one that accumulates (every norm's backward adds into it).
     op->fill(be, a->d_res, 0.0f, TC);
     op->rmsnorm_backward(be, a->d_res, m->g.final_norm, a->d_lnf, a->residual[c->n_layers],
@@ -659,30 +788,16 @@ void tr_model_backward(tr_model *m) {
                             C);
         op->swiglu_backward(be, a->d_gu, a->d_act, la->gu, T, I);
         op->matmul_backward(be, a->d_ln, g->w_gu, NULL, a->d_gu, la->ln2, w->w_gu, T, C, 2 * I);
+        if (tr_model_tp_sum_act(m, a->d_ln, TC, err) != 0) return -1;
         op->rmsnorm_backward(be, a->d_res, g->mlp_norm, a->d_ln, la->res_mid, w->mlp_norm,
                              la->ln2_rstd, T, C);
         // Attention block: d_res is now the gradient of res_mid.
-        res_grad_to_act(m, TC);
-        op->matmul_backward(be, a->d_att, g->wo, g->bo, a->d_res_a, la->att, w->wo, T, Q, C);
-        // Gradients of what attention read: q and k (after RoPE, and after the QK-norm when
-        // there is one, so in d_qkv_n then) and v, whose gradient is already the projection's.
-        void *dq = c->qk_norm ? a->d_qkv_n : a->d_qkv;
-        void *dk = offset_bytes(dq, act_bytes(m, Q));
-        void *dv = offset_bytes(a->d_qkv, act_bytes(m, Q + K));
-        op->attention_backward(be, dq, dk, dv, a->d_att, la->att, la->att_lse, la->q, la->k, la->v,
-                               QKV, &m->docs, H, KVH, D);
-        op->rope_backward(be, dq, QKV, m->d_pos, m->inv_freq, T, H, D);
-        op->rope_backward(be, dk, QKV, m->d_pos, m->inv_freq, T, KVH, D);
-        if (c->qk_norm) {
-            op->head_rmsnorm_backward(be, a->d_qkv, g->q_norm, dq, la->qkv, w->q_norm, la->q_rstd,
-                                      T, H, D, QKV);
-            op->head_rmsnorm_backward(be, offset_bytes(a->d_qkv, act_bytes(m, Q)), g->k_norm, dk,
-                                      offset_bytes(la->qkv, act_bytes(m, Q)), w->k_norm,
-                                      la->k_rstd, T, KVH, D, QKV);
-        }
-        op->matmul_backward(be, a->d_ln, g->wqkv, g->bqkv, a->d_qkv, la->ln1, w->wqkv, T, C, QKV);
+        attention_backward(m, l);
+        if (tr_model_tp_sum_act(m, a->d_ln, TC, err) != 0) return -1;
         op->rmsnorm_backward(be, a->d_res, g->attn_norm, a->d_ln, a->residual[l], w->attn_norm,
                              la->ln1_rstd, T, C);
     }
-    op->embedding_backward(be, m->g.embed, a->d_res, m->d_ids, T, C, m->emb_scratch);
+    op->embedding_backward(be, m->g.embed, a->d_res, m->tp.size > 1 ? m->d_emb_ids : m->d_ids,
+                           T, C, m->emb_scratch);
+    return 0;
 }

@@ -4,15 +4,18 @@
 // backward allocate nothing. The activation buffer
 // may be the caller's (a worker arena, engine/arena.h), over which the views are laid out
 // again for each phase. The trunk ends at the final RMSNorm; heads.h turns its output into
-// logprobs, values or scores.
+// logprobs, values or scores. Under tensor parallelism (engine/tp.h) a model is one rank's
+// shard: its heads, channels and vocabulary rows, with the all-reduces Megatron places.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/comm.h"
 #include "engine/config.h"
 #include "engine/err.h"
 #include "engine/params.h"
+#include "engine/tp.h"
 #include "kernels/ops.h"
 
 // Saved activations of one decoder layer; rows are tokens, views into the arena. A: the
@@ -60,11 +63,20 @@ typedef struct tr_acts {
     void *d_logits;        // A [logit_rows, V]
     float *d_head_out;     // F [T, num_labels] the heads' output gradient as uploaded
     void *d_head_out_a;    // A [T, num_labels] the same in the activation dtype
+    // Tensor parallelism only (NULL otherwise):
+    double *vp_stats;      // [tp, logit_rows, 4] every rank's vocab-parallel log-softmax
+                           // statistics of one chunk, gathered (LM head)
+    double *vp_mean;       // [T] E_p[logits] of each row, for the backward (LM head, training)
+    float *tp_red;         // F [T, C] an activation gradient widened for its all-reduce
+                           // (training, A not fp32)
 } tr_acts;
 
 typedef struct tr_model {
     tr_model_config cfg;
-    tr_param_layout layout;
+    tr_tp tp;                   // this rank's tensor-parallel shape (size 1: the whole model)
+    tr_model_config lcfg;       // cfg with this rank's heads and intermediate size
+    tr_comm *tp_comm;           // the tensor-parallel group (not owned); NULL at size 1
+    tr_param_layout layout;     // this rank's tensors
     tr_backend *be;             // not owned
     tr_dt act, wt;           // the backend's activation and working-weight dtypes
     // Backend memory (device memory on a GPU): host code never reads or writes these but
@@ -96,9 +108,11 @@ typedef struct tr_model {
     int32_t *doc_start;         // [max_tokens + 1]
     tr_doc_layout host_docs;    // over the three host arrays; n_tokens 0 before forward
     int32_t *host_rows;         // [max_tokens] row indices on their way to the backend
+    int32_t *emb_ids;           // [max_tokens] ids as rows of this rank's embedding (-1: a
+                                // row of another tensor-parallel rank)
     // ... and their backend copies, which the ops read; docs points at them.
     void *io;                   // one allocation holding the d_* arrays
-    int32_t *d_ids, *d_pos, *d_doc_start;
+    int32_t *d_ids, *d_pos, *d_doc_start, *d_emb_ids;
     tr_doc_layout docs;
     // Head inputs and outputs in backend memory ([max_tokens * head outputs per token]):
     // targets, logprob/value/score, entropy, and the loss gradients w.r.t. them.
@@ -106,6 +120,8 @@ typedef struct tr_model {
     float *d_out, *d_entropy, *d_dout, *d_dentropy;
     bool logits_cached;         // acts.logits holds all T rows of the current forward
     void *emb_scratch;          // backend memory for embedding_backward (training; NULL if 0)
+    float *grad_sum;            // backend memory for tr_model_reduce_grads (grad_sum_n floats)
+    size_t grad_sum_n;
 } tr_model;
 
 struct tr_arena;
@@ -120,6 +136,10 @@ typedef struct tr_model_opts {
     // model allocates its own.
     void *acts;
     size_t acts_bytes;
+    // Tensor parallelism: this rank of tp_size (0 or 1: the whole model). The layout, the
+    // weights loaded and the activations are the rank's; tr_model_set_tp_comm gives it the
+    // group before the first forward.
+    int32_t tp_size, tp_rank;
 } tr_model_opts;
 
 // Allocates parameters (zeroed: fp32 masters when training or when the backend's working
@@ -129,6 +149,9 @@ typedef struct tr_model_opts {
 int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
                   const tr_model_opts *opts, tr_err *err);
 void tr_model_free(tr_model *m);
+// The tensor-parallel group of a model set up with tp_size > 1 (comm's world and rank are
+// the model's); every forward and backward runs collectives on it from then on.
+int tr_model_set_tp_comm(tr_model *m, tr_comm *comm, tr_err *err);
 // Bytes of activation arena tr_model_init allocates for these options on a backend whose
 // activation dtype is act (see model.c).
 size_t tr_model_arena_bytes(const tr_model_config *cfg, const tr_model_opts *opts, tr_dt act);
@@ -149,8 +172,15 @@ int tr_model_load(tr_model *m, const char *dir, tr_backend *be, const tr_model_o
 // as they are; see tr_checkpoint_load_backbone), through pinned host staging.
 int tr_model_load_weights(tr_model *m, const char *dir, bool backbone, tr_err *err);
 // Saves the weights as an HF checkpoint directory (tr_checkpoint_save), through staging.
+// Under tensor parallelism every rank of the group calls it: the shards are gathered into
+// plain HF tensors and rank 0 writes them.
 int tr_model_save(tr_model *m, const char *dir, const struct tr_ckpt_save_opts *opts,
                   tr_err *err);
+// The parameters (or gradients) of the whole model in the layout of tr_param_layout_init
+// (one rank's), gathered from every tensor-parallel rank: collective, full
+// (tr_param_layout_init's total floats) written on rank 0 and on every rank that passes one.
+// Without tensor parallelism this is tr_model_read_params / _grads.
+int tr_model_gather_full(tr_model *m, bool grads, float *full, tr_err *err);
 // The parameters (fp32 masters; a model without masters converts its working weights) or
 // the gradients to or from host memory (layout.total floats), waiting for the copy; writing
 // refreshes the working weights. For tests, checkpoints and tools, never a step's hot path.
@@ -179,9 +209,14 @@ int tr_model_forward_rows(tr_model *m, const int32_t *ids, const int32_t *pos, i
                           tr_attend_fn attend, void *ctx, tr_err *err);
 // Back-propagates acts.d_lnf (written by a head's backward) through the trunk of the last
 // forward, accumulating into the gradient buffer. Only for models set up with training whose
-// views are in the training layout (acts_training).
-void tr_model_backward(tr_model *m);
+// views are in the training layout (acts_training). Fails only on a tensor-parallel
+// collective.
+int tr_model_backward(tr_model *m, tr_err *err);
 void tr_model_zero_grad(tr_model *m);
+// Tensor parallelism: sums the gradients ranks share (replicated key/value heads, the QK-norm
+// weights; params.h's grad_slots) over the group, once after a step's last backward, so every
+// rank holds its tensors' whole gradient. Nothing to do at size 1.
+int tr_model_reduce_grads(tr_model *m, tr_err *err);
 
-// Number of parameters (tied embeddings counted once).
+// Number of parameters of the whole model (tied embeddings counted once).
 size_t tr_model_n_params(const tr_model *m);

@@ -2,7 +2,7 @@
 // order, each tensor or fused group ([q;k;v] weights, their biases, [gate;up]) starting on a
 // 16-element boundary so SIMD and GPU loads stay aligned, and the struct of views into one
 // buffer. Inside a group the HF tensors follow each other with no gap: the group is one
-// matrix to a GEMM.
+// matrix to a GEMM. A tensor-parallel rank's layout is the same walk over its own slices.
 #include "engine/params.h"
 
 #include <stdbool.h>
@@ -16,6 +16,7 @@ typedef struct builder {
     tr_param_layout *layout;
     int32_t cap;
     size_t offset;
+    bool first_rank;     // tensor-parallel rank 0: counts the tensors every rank holds
     tr_err *err;
 } builder;
 
@@ -32,6 +33,11 @@ static int add_to(builder *b, bool packed, int32_t ndim, int64_t d0, int64_t d1,
     t->shape[0] = d0;
     t->shape[1] = ndim == 2 ? d1 : 0;
     t->numel = (size_t)d0 * (size_t)(ndim == 2 ? d1 : 1);
+    t->full[0] = t->shape[0];
+    t->full[1] = t->shape[1];
+    t->full_numel = t->numel;
+    t->split = TR_SPLIT_NONE;
+    t->counted = b->first_rank;
     t->offset = b->offset;
     size_t padded = packed ? t->numel
                            : (b->offset + t->numel + TR_PARAM_ALIGN - 1) / TR_PARAM_ALIGN * TR_PARAM_ALIGN -
@@ -47,7 +53,86 @@ static int add(builder *b, int32_t ndim, int64_t d0, int64_t d1, const char *fmt
     return add_to(b, false, ndim, d0, d1, fmt, layer);
 }
 
+// The tensor just added is this rank's slice [begin, begin + its size) of dimension `dim`
+// (0: rows, 1: columns) of a tensor `full` long there; every rank's slice counts in the norm.
+static void shard(builder *b, int32_t dim, int64_t begin, int64_t full) {
+    tr_tensor_desc *t = &b->layout->tensors[b->layout->n_tensors - 1];
+    t->split = dim == 0 ? TR_SPLIT_ROWS : TR_SPLIT_COLS;
+    t->begin = begin;
+    t->full[dim] = full;
+    t->full_numel = (size_t)t->full[0] * (size_t)(t->ndim == 2 ? t->full[1] : 1);
+    t->counted = true;
+}
+
+// The tensor just added has its gradient summed over the ranks holding slot `slot` of
+// `slots`; `counted` says whether this rank's copy adds to the norm.
+static void grad_sum(builder *b, int32_t slots, int32_t slot, bool counted) {
+    tr_tensor_desc *t = &b->layout->tensors[b->layout->n_tensors - 1];
+    t->grad_slots = slots;
+    t->grad_slot = slot;
+    t->counted = counted;
+}
+
+// A key/value projection (weight or bias) of this rank: its heads' rows; with replicated
+// heads, the replicas sum their gradients and the first counts.
+static int add_kv(builder *b, bool packed, int32_t ndim, int64_t hidden, const char *fmt,
+                  int32_t layer, const tr_model_config *cfg, const tr_tp *tp) {
+    int64_t hd = cfg->head_dim, rows = (int64_t)tp->n_kv_heads * hd;
+    int rc = add_to(b, packed, ndim, rows, hidden, fmt, layer);
+    if (rc || tp->size == 1) return rc;
+    shard(b, 0, (int64_t)tp->kv_head0 * hd, (int64_t)cfg->n_kv_heads * hd);
+    if (tp->kv_replicas > 1)
+        grad_sum(b, cfg->n_kv_heads, tp->kv_head0, tp->rank % tp->kv_replicas == 0);
+    return 0;
+}
+
 int tr_param_layout_init(tr_param_layout *layout, const tr_model_config *cfg, tr_err *err) {
+    // The whole model: one rank, no divisibility to check.
+    tr_tp tp = {.size = 1, .n_heads = cfg->n_heads, .n_kv_heads = cfg->n_kv_heads,
+                .kv_replicas = 1, .inter = cfg->intermediate_size, .vocab = cfg->vocab_size};
+    return tr_param_layout_init_tp(layout, cfg, &tp, err);
+}
+
+// One decoder layer's tensors for rank tp.
+static int add_layer(builder *b, const tr_model_config *cfg, const tr_tp *tp, int32_t i) {
+    const bool par = tp->size > 1;
+    int64_t h = cfg->hidden_size, hd = cfg->head_dim;
+    int64_t q = (int64_t)tp->n_heads * hd, q0 = (int64_t)tp->rank * q;
+    int64_t q_full = (int64_t)cfg->n_heads * hd;
+    int64_t inter = tp->inter, i0 = (int64_t)tp->rank * inter;
+    int rc = add(b, 1, h, 0, "model.layers.%d.input_layernorm.weight", i);
+    if (!rc && !(rc = add_to(b, true, 2, q, h, "model.layers.%d.self_attn.q_proj.weight", i)) && par)
+        shard(b, 0, q0, q_full);
+    if (!rc) rc = add_kv(b, true, 2, h, "model.layers.%d.self_attn.k_proj.weight", i, cfg, tp);
+    if (!rc) rc = add_kv(b, false, 2, h, "model.layers.%d.self_attn.v_proj.weight", i, cfg, tp);
+    if (!rc && cfg->attention_bias) {
+        if (!(rc = add_to(b, true, 1, q, 0, "model.layers.%d.self_attn.q_proj.bias", i)) && par)
+            shard(b, 0, q0, q_full);
+        if (!rc) rc = add_kv(b, true, 1, 0, "model.layers.%d.self_attn.k_proj.bias", i, cfg, tp);
+        if (!rc) rc = add_kv(b, false, 1, 0, "model.layers.%d.self_attn.v_proj.bias", i, cfg, tp);
+    }
+    if (!rc && !(rc = add(b, 2, h, q, "model.layers.%d.self_attn.o_proj.weight", i)) && par)
+        shard(b, 1, q0, q_full);
+    // The row-parallel bias is whole on every rank; rank 0 adds it (model.c).
+    if (!rc && cfg->o_proj_bias) rc = add(b, 1, h, 0, "model.layers.%d.self_attn.o_proj.bias", i);
+    for (int k = 0; k < 2 && !rc && cfg->qk_norm; k++) {
+        rc = add(b, 1, hd, 0, k ? "model.layers.%d.self_attn.k_norm.weight"
+                                : "model.layers.%d.self_attn.q_norm.weight", i);
+        // Shared by every head, so each rank's gradient covers its heads only.
+        if (!rc && par) grad_sum(b, 1, 0, tp->rank == 0);
+    }
+    if (!rc) rc = add(b, 1, h, 0, "model.layers.%d.post_attention_layernorm.weight", i);
+    if (!rc && !(rc = add_to(b, true, 2, inter, h, "model.layers.%d.mlp.gate_proj.weight", i)) && par)
+        shard(b, 0, i0, cfg->intermediate_size);
+    if (!rc && !(rc = add(b, 2, inter, h, "model.layers.%d.mlp.up_proj.weight", i)) && par)
+        shard(b, 0, i0, cfg->intermediate_size);
+    if (!rc && !(rc = add(b, 2, h, inter, "model.layers.%d.mlp.down_proj.weight", i)) && par)
+        shard(b, 1, i0, cfg->intermediate_size);
+    return rc;
+}
+
+int tr_param_layout_init_tp(tr_param_layout *layout, const tr_model_config *cfg,
+                            const tr_tp *tp, tr_err *err) {
     memset(layout, 0, sizeof *layout);
     if (cfg->vocab_size <= 0 || cfg->hidden_size <= 0 || cfg->intermediate_size <= 0 ||
         cfg->n_layers <= 0 || cfg->n_heads <= 0 || cfg->n_kv_heads <= 0 || cfg->head_dim <= 0)
@@ -62,35 +147,20 @@ int tr_param_layout_init(tr_param_layout *layout, const tr_model_config *cfg, tr
     layout->tensors = calloc((size_t)cap, sizeof *layout->tensors);
     if (!layout->tensors)
         return tr_errf(err, TR_ENOMEM, "parameter layout: out of memory for %d tensors", cap);
-    builder b = {.layout = layout, .cap = cap, .err = err};
-    int64_t h = cfg->hidden_size, hd = cfg->head_dim;
-    int64_t q = (int64_t)cfg->n_heads * hd, kv = (int64_t)cfg->n_kv_heads * hd;
-    int64_t inter = cfg->intermediate_size;
-    int rc = add(&b, 2, cfg->vocab_size, h, "model.embed_tokens.weight", 0);
-    for (int32_t i = 0; i < cfg->n_layers && !rc; i++) {
-        rc = add(&b, 1, h, 0, "model.layers.%d.input_layernorm.weight", i);
-        if (!rc) rc = add_to(&b, true, 2, q, h, "model.layers.%d.self_attn.q_proj.weight", i);
-        if (!rc) rc = add_to(&b, true, 2, kv, h, "model.layers.%d.self_attn.k_proj.weight", i);
-        if (!rc) rc = add(&b, 2, kv, h, "model.layers.%d.self_attn.v_proj.weight", i);
-        if (!rc && cfg->attention_bias) {
-            rc = add_to(&b, true, 1, q, 0, "model.layers.%d.self_attn.q_proj.bias", i);
-            if (!rc) rc = add_to(&b, true, 1, kv, 0, "model.layers.%d.self_attn.k_proj.bias", i);
-            if (!rc) rc = add(&b, 1, kv, 0, "model.layers.%d.self_attn.v_proj.bias", i);
-        }
-        if (!rc) rc = add(&b, 2, h, q, "model.layers.%d.self_attn.o_proj.weight", i);
-        if (!rc && cfg->o_proj_bias) rc = add(&b, 1, h, 0, "model.layers.%d.self_attn.o_proj.bias", i);
-        if (!rc && cfg->qk_norm) rc = add(&b, 1, hd, 0, "model.layers.%d.self_attn.q_norm.weight", i);
-        if (!rc && cfg->qk_norm) rc = add(&b, 1, hd, 0, "model.layers.%d.self_attn.k_norm.weight", i);
-        if (!rc) rc = add(&b, 1, h, 0, "model.layers.%d.post_attention_layernorm.weight", i);
-        if (!rc) rc = add_to(&b, true, 2, inter, h, "model.layers.%d.mlp.gate_proj.weight", i);
-        if (!rc) rc = add(&b, 2, inter, h, "model.layers.%d.mlp.up_proj.weight", i);
-        if (!rc) rc = add(&b, 2, h, inter, "model.layers.%d.mlp.down_proj.weight", i);
-    }
+    layout->tp = *tp;
+    builder b = {.layout = layout, .cap = cap, .first_rank = tp->rank == 0, .err = err};
+    const bool par = tp->size > 1;
+    int64_t h = cfg->hidden_size;
+    int rc = add(&b, 2, tp->vocab, h, "model.embed_tokens.weight", 0);
+    if (!rc && par) shard(&b, 0, tp->vocab0, cfg->vocab_size);
+    for (int32_t i = 0; i < cfg->n_layers && !rc; i++) rc = add_layer(&b, cfg, tp, i);
     if (!rc) rc = add(&b, 1, h, 0, "model.norm.weight", 0);
     if (!rc) {
         switch (cfg->head) {
         case TR_HEAD_LM:
-            if (!cfg->tie_word_embeddings) rc = add(&b, 2, cfg->vocab_size, h, "lm_head.weight", 0);
+            if (!cfg->tie_word_embeddings &&
+                !(rc = add(&b, 2, tp->vocab, h, "lm_head.weight", 0)) && par)
+                shard(&b, 0, tp->vocab0, cfg->vocab_size);
             break;
         case TR_HEAD_SCORE: rc = add(&b, 2, cfg->num_labels, h, "score.weight", 0); break;
         case TR_HEAD_VALUE:
@@ -113,6 +183,37 @@ void tr_param_layout_free(tr_param_layout *layout) {
     layout->tensors = NULL;
     layout->n_tensors = 0;
     layout->total = 0;
+}
+
+// Rows of the part are runs of `run` elements `stride` apart in the whole tensor, from `start`.
+static void slice_geometry(const tr_tensor_desc *d, size_t *start, size_t *run, size_t *stride,
+                           size_t *rows) {
+    size_t cols = d->ndim == 2 ? (size_t)d->full[1] : 1;
+    if (d->split == TR_SPLIT_COLS) {
+        *start = (size_t)d->begin;
+        *run = (size_t)d->shape[1];
+        *stride = cols;
+        *rows = (size_t)d->shape[0];
+    } else {   // whole, or rows: one contiguous run
+        *start = d->split == TR_SPLIT_ROWS ? (size_t)d->begin * cols : 0;
+        *run = d->numel;
+        *stride = d->numel;
+        *rows = 1;
+    }
+}
+
+void tr_tensor_slice(const tr_tensor_desc *d, const void *full, size_t es, void *part) {
+    size_t start, run, stride, rows;
+    slice_geometry(d, &start, &run, &stride, &rows);
+    for (size_t r = 0; r < rows; r++)
+        memcpy((char *)part + r * run * es, (const char *)full + (start + r * stride) * es, run * es);
+}
+
+void tr_tensor_unslice(const tr_tensor_desc *d, const void *part, size_t es, void *full) {
+    size_t start, run, stride, rows;
+    slice_geometry(d, &start, &run, &stride, &rows);
+    for (size_t r = 0; r < rows; r++)
+        memcpy((char *)full + (start + r * stride) * es, (const char *)part + r * run * es, run * es);
 }
 
 const tr_tensor_desc *tr_param_layout_find(const tr_param_layout *layout, const char *name) {

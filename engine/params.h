@@ -6,21 +6,45 @@
 // [q; k; v] weight (and one bias), gate and up one [gate; up] weight, so each is one GEMM. HF
 // tensors are sub-ranges of those (rows stack, so each stays contiguous), which is all that
 // checkpoint I/O needs. Linear weights keep HF's [out_features, in_features] row-major layout.
+// Under tensor parallelism each rank has a layout of its own: every tensor keeps its HF name
+// and full shape and says which slice of it the rank holds (engine/tp.h decides the split).
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "engine/config.h"
 #include "engine/err.h"
+#include "engine/tp.h"
 
 #define TR_NAME_MAX 96
+
+// How a tensor is split over tensor-parallel ranks.
+enum tr_split {
+    TR_SPLIT_NONE,   // every rank holds all of it (norms, heads other than the LM head)
+    TR_SPLIT_ROWS,   // rows [begin, begin + shape[0]) of dim 0 (column-parallel outputs,
+                     // vocabulary rows, their biases)
+    TR_SPLIT_COLS,   // columns [begin, begin + shape[1]) of dim 1 (row-parallel inputs)
+};
 
 typedef struct tr_tensor_desc {
     char name[TR_NAME_MAX];   // HF name, e.g. "model.layers.3.self_attn.q_proj.weight"
     int32_t ndim;             // 1 or 2
-    int64_t shape[2];
+    int64_t shape[2];         // this rank's part
     size_t offset;            // in elements, from the start of the buffer
-    size_t numel;
+    size_t numel;             // of this rank's part
+    int64_t full[2];          // the HF tensor's shape (= shape without tensor parallelism)
+    size_t full_numel;
+    enum tr_split split;
+    int64_t begin;            // the first row or column held (0 when not split)
+    // Whether this rank's part adds to the global gradient norm: a tensor several ranks
+    // hold whole (TR_SPLIT_NONE, or a replicated key/value head) counts on one of them.
+    bool counted;
+    // Gradients summed over tensor-parallel ranks after backward: the ranks with the same
+    // slot of grad_slots add their gradients (a replicated key/value head's replicas, slot =
+    // the head; the per-head QK-norm weights, which every rank's heads use, one slot).
+    // grad_slots 0: the gradient is complete on each rank.
+    int32_t grad_slots, grad_slot;
 } tr_tensor_desc;
 
 // Views are untyped: the same struct points into the working weights (the backend's W dtype)
@@ -50,12 +74,21 @@ typedef struct tr_param_layout {
     tr_tensor_desc *tensors;           // in HF order; tied lm_head is not listed separately
     int32_t n_tensors;
     size_t total;                      // elements in the buffer
+    tr_tp tp;                          // the rank this layout is for (size 1: whole model)
 } tr_param_layout;
 
 // Lists the tensors of cfg's model (cfg->head picks the output head). Caller frees with
 // tr_param_layout_free.
 int tr_param_layout_init(tr_param_layout *layout, const tr_model_config *cfg, tr_err *err);
+// The layout of tensor-parallel rank tp->rank: each fused group holds the rank's rows of its
+// members ([q; k; v] of its heads, [gate; up] of its channels), still contiguous.
+int tr_param_layout_init_tp(tr_param_layout *layout, const tr_model_config *cfg,
+                            const tr_tp *tp, tr_err *err);
 void tr_param_layout_free(tr_param_layout *layout);
+// This rank's part of tensor d from the whole HF tensor `full` (row-major, elements of es
+// bytes) into part (d->numel elements), and back: part into its place in full.
+void tr_tensor_slice(const tr_tensor_desc *d, const void *full, size_t es, void *part);
+void tr_tensor_unslice(const tr_tensor_desc *d, const void *part, size_t es, void *full);
 // Finds a tensor by HF name; NULL if absent.
 const tr_tensor_desc *tr_param_layout_find(const tr_param_layout *layout, const char *name);
 // Points p's views into buf (layout->total elements of elem_size bytes). p->layers is

@@ -17,9 +17,14 @@ static size_t kv_bytes(const tr_model_config *cfg, int32_t bs, int64_t tokens, t
 
 int tr_plan_make(tr_backend *be, const tr_plan_req *r, tr_plan *p, tr_err *err) {
     *p = (tr_plan){0};
-    const tr_model_config *cfg = r->cfg;
+    tr_tp tp;
+    if (tr_tp_init(&tp, r->cfg, r->tp_size > 0 ? r->tp_size : 1, r->tp_size > 1 ? r->tp_rank : 0,
+                   err) != 0)
+        return tr_err_wrap(err, "memory plan");
+    // Per-layer shapes (the KV cache) are the rank's; the model's own config sizes the rest.
+    const tr_model_config local = tr_tp_local_config(r->cfg, &tp), *cfg = &local;
     tr_param_layout lay;
-    if (tr_param_layout_init(&lay, cfg, err) != 0) return tr_err_wrap(err, "memory plan");
+    if (tr_param_layout_init_tp(&lay, r->cfg, &tp, err) != 0) return tr_err_wrap(err, "memory plan");
     size_t pbytes = lay.total * sizeof(float);
     size_t wbytes = lay.total * tr_dt_size(be->wt);
     tr_param_layout_free(&lay);
@@ -31,10 +36,11 @@ int tr_plan_make(tr_backend *be, const tr_plan_req *r, tr_plan *p, tr_err *err) 
     p->grads = r->training ? pbytes : 0;
     size_t shards = r->optim_shards > 1 ? (size_t)r->optim_shards : 1;
     p->optim = r->training ? 2 * ((pbytes + shards - 1) / shards) : 0;
-    tr_model_opts mo = {.max_tokens = r->max_tokens, .training = false};
-    p->arena_forward = tr_model_arena_bytes(cfg, &mo, be->act);
+    tr_model_opts mo = {.max_tokens = r->max_tokens, .training = false, .tp_size = tp.size,
+                        .tp_rank = tp.rank};
+    p->arena_forward = tr_model_arena_bytes(r->cfg, &mo, be->act);
     mo.training = true;
-    p->arena_train = r->training ? tr_model_arena_bytes(cfg, &mo, be->act) : 0;
+    p->arena_train = r->training ? tr_model_arena_bytes(r->cfg, &mo, be->act) : 0;
     size_t free_b = 0, total_b = 0;
     be->ops->mem_info(be, &free_b, &total_b);
     p->budget = r->budget > 0 ? r->budget : free_b;

@@ -23,6 +23,7 @@ typedef struct tr_plan_req {
     int32_t max_seqs;          // > 0: exactly; 0: max_seqs_want, at most max_tokens rows
     int32_t max_seqs_want;
     size_t budget;             // bytes the role may take; 0: the backend's free memory
+    int32_t tp_size, tp_rank;  // tensor parallelism: the plan of this rank's shard (0: 1)
 } tr_plan_req;
 
 typedef struct tr_plan {

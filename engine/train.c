@@ -22,6 +22,35 @@ size_t tr_trainer_shard_begin(size_t total, int32_t shards, int32_t shard) {
 // The weight-decay spans of this rank's shard for the one AdamW call: a span per tensor part
 // in the shard, stretched over the alignment gap after it (zeros, which AdamW keeps at zero),
 // so that the spans tile the shard. 1-D tensors (norms, biases) skip decay unless decay_all.
+// The ranges of the flat gradient that add to the global norm on this rank: every tensor
+// it counts (params.h), with the alignment gaps between counted neighbours (zeros) taken
+// along, so a rank that counts everything has the one span [0, total).
+static int make_norm_spans(tr_trainer *tr, tr_err *err) {
+    const tr_param_layout *lay = &tr->model->layout;
+    tr->norm_spans = malloc(((size_t)lay->n_tensors + 1) * 2 * sizeof(size_t));
+    if (!tr->norm_spans) return tr_errf(err, TR_ENOMEM, "trainer: out of memory");
+    int32_t n = 0;
+    bool open = false;
+    for (int32_t i = 0; i < lay->n_tensors; i++) {
+        const tr_tensor_desc *d = &lay->tensors[i];
+        size_t end = i + 1 < lay->n_tensors ? lay->tensors[i + 1].offset : lay->total;
+        if (!d->counted) {
+            open = false;
+            continue;
+        }
+        if (open) {
+            tr->norm_spans[2 * n - 1] = end;
+        } else {
+            tr->norm_spans[2 * n] = i == 0 ? 0 : d->offset;
+            tr->norm_spans[2 * n + 1] = end;
+            n++;
+            open = true;
+        }
+    }
+    tr->n_norm_spans = n;
+    return 0;
+}
+
 static int make_segments(tr_trainer *tr, tr_err *err) {
     const tr_model *m = tr->model;
     const size_t b = tr->shard_begin, e = tr->shard_end;
@@ -104,7 +133,7 @@ int tr_trainer_init_sharded(tr_trainer *tr, tr_model *m, const tr_optim_cfg *opt
     tr->dentropy = malloc(k * sizeof(float));
     tr->weights = malloc(k * sizeof(float));
     tr->dev_sumsq = tr_dev_alloc(m->be, sizeof(double), "gradient norm", err);
-    if (!tr->dev_sumsq || make_segments(tr, err) != 0) {
+    if (!tr->dev_sumsq || make_segments(tr, err) != 0 || make_norm_spans(tr, err) != 0) {
         tr_trainer_free(tr);
         return -1;
     }
@@ -130,6 +159,7 @@ void tr_trainer_free(tr_trainer *tr) {
     free(tr->dentropy);
     free(tr->weights);
     free(tr->shard_counts);
+    free(tr->norm_spans);
     memset(tr, 0, sizeof *tr);
 }
 
@@ -235,7 +265,7 @@ static int micro_step(tr_trainer *tr, const tr_micro_batch *mb, int32_t index,
         if (use_dentropy) tr->dentropy[i] *= s;
     }
     head_backward(m, mb, tr->dout, use_dentropy ? tr->dentropy : NULL);
-    tr_model_backward(m);
+    if (tr_model_backward(m, err) != 0) return tr_err_wrap(err, "micro-batch %d", index);
     return 0;
 }
 
@@ -293,7 +323,31 @@ int tr_trainer_all_gather(tr_trainer *tr, const double *x, int32_t n, double *al
 // A step that fails on one rank must not leave the others waiting in a collective for it.
 static int step_failed(tr_trainer *tr, tr_err *err) {
     if (tr->comm) tr_comm_abort(tr->comm, err->msg);
+    if (tr->model->tp_comm) tr_comm_abort(tr->model->tp_comm, err->msg);
     return -1;
+}
+
+// The gradient's sum of squares in dev_sumsq: this rank's counted spans inside its shard,
+// summed over the data-parallel ranks and then the tensor-parallel group (every rank gets
+// the same bits). Without either it stays on the device, so the step's one wait comes after
+// the update.
+static int grad_sumsq(tr_trainer *tr, tr_err *err) {
+    tr_model *m = tr->model;
+    const tr_ops *op = m->be->ops;
+    double zero = 0.0, sumsq = 0.0;
+    op->upload(m->be, tr->dev_sumsq, &zero, sizeof zero);
+    for (int32_t i = 0; i < tr->n_norm_spans; i++) {
+        size_t lo = tr->norm_spans[2 * i] > tr->shard_begin ? tr->norm_spans[2 * i] : tr->shard_begin;
+        size_t hi = tr->norm_spans[2 * i + 1] < tr->shard_end ? tr->norm_spans[2 * i + 1] : tr->shard_end;
+        if (lo < hi) op->sumsq(m->be, tr->dev_sumsq, m->grads + lo, hi - lo);
+    }
+    if (!tr->comm && !m->tp_comm) return 0;
+    op->download(m->be, &sumsq, tr->dev_sumsq, sizeof sumsq);
+    if (tr_dev_sync(m->be, "gradient norm", err) != 0 || tr_trainer_all_sum(tr, &sumsq, 1, err))
+        return -1;
+    op->upload(m->be, tr->dev_sumsq, &sumsq, sizeof sumsq);
+    if (m->tp_comm) return tr_comm_all_reduce(m->tp_comm, tr->dev_sumsq, 1, TR_COMM_F64, err);
+    return 0;
 }
 
 int tr_train_step(tr_trainer *tr, const tr_micro_batch *mbs, int32_t n, const tr_step_args *args,
@@ -334,6 +388,9 @@ static int train_step(tr_trainer *tr, const tr_micro_batch *mbs, int32_t n, cons
         if (micro_step(tr, &mbs[i], i, args, 1.0 / W, &loss_sum, err) != 0) return -1;
 
     const tr_ops *op = m->be->ops;
+    // Tensor-parallel ranks sharing a tensor add their parts of its gradient first.
+    if (tr_model_reduce_grads(m, err) != 0)
+        return tr_err_wrap(err, "train step %lld", (long long)tr->step + 1);
     // Every rank's gradient holds its own micro-batches; their sum is the step's gradient,
     // of which each rank needs only its shard (ZeRO-1).
     const size_t b = tr->shard_begin, e = tr->shard_end;
@@ -341,17 +398,9 @@ static int train_step(tr_trainer *tr, const tr_micro_batch *mbs, int32_t n, cons
                      tr_trainer_all_sum(tr, &loss_sum, 1, err)))
         return tr_err_wrap(err, "train step %lld", (long long)tr->step + 1);
     // The sum of squares stays in backend memory; AdamW reads it there (clip coefficient and
-    // the skip of a non-finite step are decided on the device), so the step's one wait comes
-    // after the update. Data-parallel ranks add their shards' sums on the host first.
-    double zero = 0.0, sumsq = 0.0;
-    op->upload(m->be, tr->dev_sumsq, &zero, sizeof zero);
-    op->sumsq(m->be, tr->dev_sumsq, m->grads + b, e - b);
-    if (tr->comm) {
-        op->download(m->be, &sumsq, tr->dev_sumsq, sizeof sumsq);
-        if (tr_dev_sync(m->be, "gradient norm", err) != 0 || tr_trainer_all_sum(tr, &sumsq, 1, err))
-            return tr_err_wrap(err, "train step %lld", (long long)tr->step + 1);
-        op->upload(m->be, tr->dev_sumsq, &sumsq, sizeof sumsq);
-    }
+    // the skip of a non-finite step are decided on the device).
+    double sumsq = 0.0;
+    if (grad_sumsq(tr, err) != 0) return tr_err_wrap(err, "train step %lld", (long long)tr->step + 1);
     double lr = tr_lr_at(&tr->opt.schedule, tr->opt.lr, tr->step);
     size_t wsz = tr_dt_size(m->wt);
     tr_adamw_args aw = {

@@ -4,7 +4,9 @@
 // but rounding. The Adam moments live in two buffers with the parameters' layout. With a
 // data-parallel communicator every rank steps on its own micro-batches and the gradients are
 // summed over the ranks before the norm, so all ranks take the same update; each rank keeps
-// the moments of one shard of the parameters (ZeRO-1).
+// the moments of one shard of the parameters (ZeRO-1). A tensor-parallel model (engine/tp.h)
+// trains the same way: its ranks share every micro-batch, and the gradient norm adds each
+// rank's shards once.
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -87,6 +89,11 @@ typedef struct tr_trainer {
     int32_t shards, shard;    // ranks the optimizer is split over, and this one
     size_t shard_begin, shard_end;
     size_t *shard_counts;     // [shards] parameters per shard
+    // Ranges [norm_spans[2i], norm_spans[2i+1]) of the flat layout whose gradients add to the
+    // global norm on this rank: under tensor parallelism a tensor several ranks hold whole
+    // counts on one of them (params.h's `counted`).
+    size_t *norm_spans;
+    int32_t n_norm_spans;
 } tr_trainer;
 
 // The parameters of shard `shard` of `shards` for a model of `total` floats: contiguous,

@@ -21,8 +21,8 @@ static void join(char *out, size_t cap, const char *dir, const char *name) {
     snprintf(out, cap, "%s/%s", dir, name);
 }
 
-static int save_moments(const tr_trainer *tr, const char *path, const float *buf, tr_err *err) {
-    const tr_param_layout *lay = &tr->model->layout;
+static int save_moments(const tr_trainer *tr, const tr_param_layout *lay, const char *path,
+                        const float *buf, tr_err *err) {
     tr_st_entry *e = calloc((size_t)lay->n_tensors, sizeof *e);
     if (!e) return tr_errf(err, TR_ENOMEM, "%s: out of memory", path);
     for (int32_t i = 0; i < lay->n_tensors; i++) {
@@ -51,14 +51,58 @@ static int save_moment(const tr_trainer *tr, const char *dir, const char *name,
     char path[4096];
     join(path, sizeof path, dir, name);
     int rc = tr_dev_download_sync(be, buf, dev, bytes, "saving Adam moments", err);
-    if (!rc) rc = save_moments(tr, path, buf, err);
+    if (!rc) rc = save_moments(tr, &tr->model->layout, path, buf, err);
     tr_dev_free_host(be, buf);
+    return rc;
+}
+
+// A tensor-parallel trainer's moment as whole tensors: each data-parallel rank's shard is
+// gathered into the local layout (in the gradient buffer, free between steps), the first
+// data-parallel rank's tensor-parallel group gathers the slices into whole HF tensors, and
+// its first rank writes them, so the state resumes at any tensor-parallel size.
+static int save_moment_tp(const tr_trainer *tr, const char *dir, const char *name,
+                          const float *moment, const tr_param_layout *whole, float *full,
+                          tr_err *err) {
+    tr_model *m = tr->model;
+    m->be->ops->copy(m->be, m->grads + tr->shard_begin, moment,
+                     (tr->shard_end - tr->shard_begin) * sizeof(float));
+    if (tr->comm && tr_comm_all_gather(tr->comm, m->grads, tr->shard_counts, TR_COMM_F32, err))
+        return -1;
+    if (tr->shard != 0) return 0;
+    if (tr_model_gather_full(m, true, full, err)) return -1;
+    if (!full) return 0;
+    char path[4096];
+    join(path, sizeof path, dir, name);
+    return save_moments(tr, whole, path, full, err);
+}
+
+static int save_tp(const tr_trainer *tr, const char *dir, tr_err *err) {
+    tr_model *m = tr->model;
+    tr_param_layout whole;
+    if (tr_param_layout_init(&whole, &m->cfg, err)) return -1;
+    float *full = NULL;
+    int rc = 0;
+    if (tr->shard == 0 && m->tp.rank == 0 &&
+        !(full = tr_dev_alloc_host(m->be, whole.total * sizeof(float), "training state staging", err)))
+        rc = -1;
+    if (!rc) rc = save_moment_tp(tr, dir, TR_TRAIN_STATE_EXP_AVG, tr->adam_m, &whole, full, err);
+    if (!rc) rc = save_moment_tp(tr, dir, TR_TRAIN_STATE_EXP_AVG_SQ, tr->adam_v, &whole, full, err);
+    tr_model_zero_grad(m);
+    tr_dev_free_host(m->be, full);
+    tr_param_layout_free(&whole);
+    if (rc) {
+        if (tr->comm) tr_comm_abort(tr->comm, err->msg);
+        if (m->tp_comm) tr_comm_abort(m->tp_comm, err->msg);
+    }
     return rc;
 }
 
 int tr_train_state_save(const tr_trainer *tr, const char *dir, tr_err *err) {
     char path[4096];
-    if (tr->shards > 1) {
+    if (tr->model->tp.size > 1) {
+        if (save_tp(tr, dir, err)) return tr_err_wrap(err, "saving training state");
+        if (tr->shard != 0 || tr->model->tp.rank != 0) return 0;
+    } else if (tr->shards > 1) {
         // ZeRO-1: one file per rank's shard and a manifest; rank 0 writes the state itself.
         if (tr_train_shards_save(tr, dir, err)) return tr_err_wrap(err, "saving training state");
         if (tr->shard != 0) return 0;
@@ -217,27 +261,30 @@ static int load_moments(const tr_trainer *tr, const char *path, int64_t step, fl
             tr_errf(err, TR_EFORMAT, "%s: tensor '%s' is missing", path, d->name);
             goto done;
         }
-        bool same = t->ndim == d->ndim && t->shape[0] == d->shape[0] &&
-                    (d->ndim == 1 || t->shape[1] == d->shape[1]);
-        if (!same || t->numel != d->numel) {
+        bool same = t->ndim == d->ndim && t->shape[0] == d->full[0] &&
+                    (d->ndim == 1 || t->shape[1] == d->full[1]);
+        if (!same || t->numel != d->full_numel) {
             tr_errf(err, TR_EFORMAT, "%s: tensor '%s' has %" PRIu64 " values in %d dims, the "
-                    "model's has %zu", path, d->name, t->numel, t->ndim, d->numel);
+                    "model's has %zu", path, d->name, t->numel, t->ndim, d->full_numel);
             goto done;
         }
         size_t lo = d->offset > tr->shard_begin ? d->offset : tr->shard_begin;
         size_t hi = d->offset + d->numel < tr->shard_end ? d->offset + d->numel : tr->shard_end;
         if (lo >= hi) continue;
-        if (lo == d->offset && hi == d->offset + d->numel) {
+        if (lo == d->offset && hi == d->offset + d->numel && d->split == TR_SPLIT_NONE) {
             if (tr_st_read_f32(&f, t, out + (d->offset - tr->shard_begin), err) != 0) goto done;
             continue;
         }
-        float *tmp = malloc(d->numel * sizeof(float));
+        // Part of the tensor: a data-parallel shard's range of a tensor-parallel rank's slice.
+        float *tmp = malloc((d->full_numel + d->numel) * sizeof(float));
         if (!tmp) {
             tr_errf(err, TR_ENOMEM, "%s: out of memory for '%s'", path, d->name);
             goto done;
         }
+        float *part = tmp + d->full_numel;
         int r = tr_st_read_f32(&f, t, tmp, err);
-        if (!r) memcpy(out + (lo - tr->shard_begin), tmp + (lo - d->offset), (hi - lo) * sizeof(float));
+        if (!r) tr_tensor_slice(d, tmp, sizeof(float), part);
+        if (!r) memcpy(out + (lo - tr->shard_begin), part + (lo - d->offset), (hi - lo) * sizeof(float));
         free(tmp);
         if (r) goto done;
     }
@@ -270,6 +317,9 @@ int tr_train_state_load(tr_trainer *tr, const char *dir, tr_err *err) {
     char manifest[4096];
     join(manifest, sizeof manifest, dir, TR_TRAIN_STATE_SHARDS);
     bool sharded = tr_file_exists(manifest);
+    if (!rc && sharded && tr->model->tp.size > 1)
+        rc = tr_errf(err, TR_EUNSUPPORTED, "%s: Adam moments saved in data-parallel shards (a "
+                     "tp 1, dp > 1 run) load only at tp 1", manifest);
     if (!rc && sharded) rc = tr_train_shards_load(tr, dir, step, m, v, err);
     if (!rc && !sharded) rc = load_moments(tr, path, step, m, err);
     if (!rc && !sharded) rc = load_moments(tr, path_v, step, v, err);

@@ -16,7 +16,10 @@
 // goes last and the moment files carry its step, so a crash between files is detected on load.
 // A trainer sharded over data-parallel ranks (ZeRO-1) writes optim_shard_<r>.safetensors per
 // rank and the manifest optim_shards.json instead of the two moment files; every rank calls it
-// and rank 0 writes the manifest and trainer_state.json once every shard is written.
+// and rank 0 writes the manifest and trainer_state.json once every shard is written. A
+// tensor-parallel trainer (with or without data parallelism) writes the two files of whole
+// tensors, gathered from every rank (every rank calls it; the moments pass through the
+// model's gradient buffer, which is left zeroed).
 int tr_train_state_save(const tr_trainer *tr, const char *dir, tr_err *err);
 // Restores moments, step and RNG stream into tr (set up for the same model). Tensor names
 // and shapes must match the model's layout; errors name the file and tensor. On error tr is

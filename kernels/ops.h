@@ -157,10 +157,12 @@ typedef struct tr_ops {
                             int32_t T, int32_t IC, int32_t OC);
 
     // out[T,C] (F: the residual stream) = table[ids[t], :] (W); ids are checked by the caller.
+    // ids[t] < 0 gives a row of zeros: a token another tensor-parallel rank's rows hold.
     void (*embedding_forward)(tr_backend *be, float *out, const int32_t *ids,
                               const void *table, int32_t T, int32_t C);
     // dtable[ids[t], :] += dout[t, :] (both F), each row adding its tokens' rows in token
-    // order (the same bits on every backend). scratch: embedding_scratch_bytes(T) bytes of
+    // order (the same bits on every backend); tokens with ids[t] < 0 add nothing.
+    // scratch: embedding_scratch_bytes(T) bytes of
     // backend memory, NULL when that is 0; scratch sized for T serves any smaller T.
     void (*embedding_backward)(tr_backend *be, float *dtable, const float *dout,
                                const int32_t *ids, int32_t T, int32_t C, void *scratch);
@@ -237,6 +239,28 @@ typedef struct tr_ops {
     void (*logsoftmax_backward)(tr_backend *be, void *dlogits, const float *dlogprob,
                                 const float *dentropy, const float *logits, const float *lse,
                                 const int32_t *target, int32_t T, int32_t V);
+
+    // Vocab-parallel log-softmax: the vocabulary is split over tensor-parallel ranks, each
+    // holding columns [v0, v0 + V) of every row. Each rank reduces its columns to per-row
+    // statistics, the ranks' statistics are gathered, and every rank combines them into the
+    // row's results; with one rank the results are logsoftmax_forward's bits.
+    // stats[t*4 ..] (double) = m (the columns' max), s = sum e, sx = sum e (x - m) with
+    // e = exp(x - m) (as logsoftmax_forward sums them), and x[target[t] - v0] when
+    // v0 <= target[t] < v0 + V, else 0. target holds vocabulary ids.
+    void (*logsoftmax_vp_stats)(tr_backend *be, double *stats, const float *logits,
+                                const int32_t *target, int32_t v0, int32_t T, int32_t V);
+    // From the R ranks' statistics (stats[(r*T + t)*4 ..], rank order): lse[t] (F), the mean
+    // E_p[x] of the row (mean[t], double, for the backward), logprob[t] (0 where target < 0)
+    // and entropy[t]. Any of logprob/entropy/mean may be NULL.
+    void (*logsoftmax_vp_combine)(tr_backend *be, float *logprob, float *entropy, float *lse,
+                                  double *mean, const double *stats, const int32_t *target,
+                                  int32_t R, int32_t T);
+    // logsoftmax_backward over this rank's columns from the whole row's lse and mean:
+    // dlogits (A, written) = dlogprob (onehot(target - v0) - p) - dentropy p (x - mean).
+    void (*logsoftmax_vp_backward)(tr_backend *be, void *dlogits, const float *dlogprob,
+                                   const float *dentropy, const float *logits, const float *lse,
+                                   const double *mean, const int32_t *target, int32_t v0,
+                                   int32_t T, int32_t V);
 
     // *acc += sum of x[i]^2, in double over a fixed blocking (deterministic). acc is one double
     // of backend memory, so nothing waits: the caller downloads it when it needs the value.

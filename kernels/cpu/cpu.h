@@ -117,6 +117,16 @@ void tr_cpu_logsoftmax_backward(tr_backend *be, void *dlogits, const float *dlog
                                 const float *dentropy, const float *logits, const float *lse,
                                 const int32_t *target, int32_t T, int32_t V);
 
+void tr_cpu_logsoftmax_vp_stats(tr_backend *be, double *stats, const float *logits,
+                                const int32_t *target, int32_t v0, int32_t T, int32_t V);
+void tr_cpu_logsoftmax_vp_combine(tr_backend *be, float *logprob, float *entropy, float *lse,
+                                  double *mean, const double *stats, const int32_t *target,
+                                  int32_t R, int32_t T);
+void tr_cpu_logsoftmax_vp_backward(tr_backend *be, void *dlogits, const float *dlogprob,
+                                   const float *dentropy, const float *logits, const float *lse,
+                                   const double *mean, const int32_t *target, int32_t v0,
+                                   int32_t T, int32_t V);
+
 void tr_cpu_sumsq(tr_backend *be, double *acc, const float *x, size_t n);
 void tr_cpu_adamw(tr_backend *be, const tr_adamw_args *a);
 

@@ -411,6 +411,50 @@ static void g_logsoftmax_backward(tr_backend *be, void *dlogits, const float *dl
     close_mem(be);
 }
 
+static void g_logsoftmax_vp_stats(tr_backend *be, double *stats, const float *logits,
+                                  const int32_t *target, int32_t v0, int32_t T, int32_t V) {
+    const char *op = "logsoftmax_vp_stats";
+    dev(be, stats, (size_t)T * 4 * sizeof(double), 0, op, "stats");
+    dev(be, logits, (size_t)T * V * F, 0, op, "logits");
+    dev(be, target, (size_t)T * I, 0, op, "target");
+    open_mem(be);
+    tr_cpu_logsoftmax_vp_stats(be, stats, logits, target, v0, T, V);
+    close_mem(be);
+}
+
+static void g_logsoftmax_vp_combine(tr_backend *be, float *logprob, float *entropy, float *lse,
+                                    double *mean, const double *stats, const int32_t *target,
+                                    int32_t R, int32_t T) {
+    const char *op = "logsoftmax_vp_combine";
+    dev(be, logprob, (size_t)T * F, 1, op, "logprob");
+    dev(be, entropy, (size_t)T * F, 1, op, "entropy");
+    dev(be, lse, (size_t)T * F, 0, op, "lse");
+    dev(be, mean, (size_t)T * sizeof(double), 1, op, "mean");
+    dev(be, stats, (size_t)R * T * 4 * sizeof(double), 0, op, "stats");
+    dev(be, target, (size_t)T * I, 0, op, "target");
+    open_mem(be);
+    tr_cpu_logsoftmax_vp_combine(be, logprob, entropy, lse, mean, stats, target, R, T);
+    close_mem(be);
+}
+
+static void g_logsoftmax_vp_backward(tr_backend *be, void *dlogits, const float *dlogprob,
+                                     const float *dentropy, const float *logits,
+                                     const float *lse, const double *mean,
+                                     const int32_t *target, int32_t v0, int32_t T, int32_t V) {
+    const char *op = "logsoftmax_vp_backward";
+    dev(be, dlogits, A_(be, (size_t)T * V), 0, op, "dlogits");
+    dev(be, dlogprob, (size_t)T * F, 1, op, "dlogprob");
+    dev(be, dentropy, (size_t)T * F, 1, op, "dentropy");
+    dev(be, logits, (size_t)T * V * F, 0, op, "logits");
+    dev(be, lse, (size_t)T * F, 0, op, "lse");
+    dev(be, mean, (size_t)T * sizeof(double), !dentropy, op, "mean");
+    dev(be, target, (size_t)T * I, 0, op, "target");
+    open_mem(be);
+    tr_cpu_logsoftmax_vp_backward(be, dlogits, dlogprob, dentropy, logits, lse, mean, target,
+                                  v0, T, V);
+    close_mem(be);
+}
+
 static void g_sumsq(tr_backend *be, double *acc, const float *x, size_t n) {
     dev(be, acc, sizeof(double), 0, "sumsq", "acc");
     dev(be, x, n * F, 0, "sumsq", "x");
@@ -621,6 +665,9 @@ const tr_ops tr_cpu_guarded_ops = {
     .swiglu_backward = g_swiglu_backward,
     .logsoftmax_forward = g_logsoftmax_forward,
     .logsoftmax_backward = g_logsoftmax_backward,
+    .logsoftmax_vp_stats = g_logsoftmax_vp_stats,
+    .logsoftmax_vp_combine = g_logsoftmax_vp_combine,
+    .logsoftmax_vp_backward = g_logsoftmax_vp_backward,
     .sumsq = g_sumsq,
     .adamw = g_adamw,
     .fill = g_fill,

@@ -106,3 +106,132 @@ void tr_cpu_logsoftmax_backward(tr_backend *be, void *dlogits, const float *dlog
                  .rows_per_task = lsm_rows_per_task(V)};
     tr_cpu_run(be, tr_cpu_ceil_div(T, j.rows_per_task), lsm_backward_task, &j, 4.0 * T * V);
 }
+
+// ---- vocab-parallel: per-rank statistics, their combination, the backward ----
+
+typedef struct vp_job {
+    double *stats, *mean;
+    const double *stats_in;
+    float *logprob, *entropy, *lse;
+    void *dlogits;
+    tr_dt dlogits_t;
+    const float *logits, *dlogprob, *dentropy, *lse_in;
+    const double *mean_in;
+    const int32_t *target;
+    int32_t v0, R, T, V, rows_per_task;
+} vp_job;
+
+// The same max, sums and order as tr_cpu_logsoftmax_row, so one rank's statistics combine
+// into logsoftmax_forward's bits.
+static void vp_stats_task(void *arg, int32_t task) {
+    const vp_job *j = arg;
+    int32_t t0 = task * j->rows_per_task;
+    int32_t t1 = t0 + j->rows_per_task < j->T ? t0 + j->rows_per_task : j->T;
+    for (int32_t t = t0; t < t1; t++) {
+        const float *x = j->logits + (size_t)t * j->V;
+        float m = -INFINITY;
+        for (int32_t i = 0; i < j->V; i++) m = x[i] > m ? x[i] : m;
+        double s = 0.0, sx = 0.0;
+        for (int32_t i = 0; i < j->V; i++) {
+            float z = x[i] - m;
+            double e = expf(z);
+            s += e;
+            sx += e * z;
+        }
+        int32_t tg = j->target[t] - j->v0;
+        double *o = j->stats + (size_t)t * 4;
+        o[0] = m;
+        o[1] = s;
+        o[2] = sx;
+        o[3] = tg >= 0 && tg < j->V ? (double)x[tg] : 0.0;
+    }
+}
+
+void tr_cpu_logsoftmax_vp_stats(tr_backend *be, double *stats, const float *logits,
+                                const int32_t *target, int32_t v0, int32_t T, int32_t V) {
+    vp_job j = {.stats = stats, .logits = logits, .target = target, .v0 = v0, .T = T, .V = V,
+                .rows_per_task = lsm_rows_per_task(V)};
+    tr_cpu_run(be, tr_cpu_ceil_div(T, j.rows_per_task), vp_stats_task, &j, 3.0 * T * V);
+}
+
+typedef struct vp_result {
+    double lse, entropy, mean, logprob;
+} vp_result;
+
+static void vp_row(const double *stats, int32_t R, int32_t T, int32_t t, int32_t target,
+                   vp_result *out) {
+    double M = -INFINITY;
+    for (int32_t r = 0; r < R; r++) {
+        double m = stats[((size_t)r * T + t) * 4];
+        M = m > M ? m : M;
+    }
+    // Each rank's sums rescaled from its max to the row's: e^(x-M) = e^(x-m) e^(m-M) and
+    // (x - M) = (x - m) + (m - M).
+    double S = 0.0, SX = 0.0, xt = 0.0;
+    for (int32_t r = 0; r < R; r++) {
+        const double *st = stats + ((size_t)r * T + t) * 4;
+        double d = st[0] - M, k = exp(d);
+        S += st[1] * k;
+        SX += (st[2] + d * st[1]) * k;
+        xt += st[3];
+    }
+    double log_s = log(S);
+    out->lse = M + log_s;
+    out->entropy = log_s - SX / S;
+    out->mean = M + SX / S;
+    out->logprob = target < 0 ? 0.0 : xt - out->lse;
+}
+
+static void vp_combine_task(void *arg, int32_t task) {
+    const vp_job *j = arg;
+    int32_t t0 = task * 256, t1 = t0 + 256 < j->T ? t0 + 256 : j->T;
+    for (int32_t t = t0; t < t1; t++) {
+        vp_result r;
+        vp_row(j->stats_in, j->R, j->T, t, j->target[t], &r);
+        j->lse[t] = (float)r.lse;
+        if (j->entropy) j->entropy[t] = (float)r.entropy;
+        if (j->logprob) j->logprob[t] = (float)r.logprob;
+        if (j->mean) j->mean[t] = r.mean;
+    }
+}
+
+void tr_cpu_logsoftmax_vp_combine(tr_backend *be, float *logprob, float *entropy, float *lse,
+                                  double *mean, const double *stats, const int32_t *target,
+                                  int32_t R, int32_t T) {
+    vp_job j = {.logprob = logprob, .entropy = entropy, .lse = lse, .mean = mean,
+                .stats_in = stats, .target = target, .R = R, .T = T};
+    tr_cpu_run(be, tr_cpu_ceil_div(T, 256), vp_combine_task, &j, 8.0 * T * R);
+}
+
+static void vp_backward_task(void *arg, int32_t task) {
+    const vp_job *j = arg;
+    int32_t t0 = task * j->rows_per_task;
+    int32_t t1 = t0 + j->rows_per_task < j->T ? t0 + j->rows_per_task : j->T;
+    for (int32_t t = t0; t < t1; t++) {
+        const float *x = j->logits + (size_t)t * j->V;
+        size_t o = (size_t)t * j->V;
+        float lse = j->lse_in[t];
+        int32_t tg = j->target[t];
+        float glp = (j->dlogprob && tg >= 0) ? j->dlogprob[t] : 0.0f;
+        float gent = j->dentropy ? j->dentropy[t] : 0.0f;
+        double mean = gent != 0.0f ? j->mean_in[t] : 0.0;
+        int32_t local = tg - j->v0;
+        for (int32_t i = 0; i < j->V; i++) {
+            float p = expf(x[i] - lse);
+            float d = -glp * p - gent * p * (float)((double)x[i] - mean);
+            if (i == local && glp != 0.0f) d += glp;
+            tr_st(j->dlogits, o + i, d, j->dlogits_t);
+        }
+    }
+}
+
+void tr_cpu_logsoftmax_vp_backward(tr_backend *be, void *dlogits, const float *dlogprob,
+                                   const float *dentropy, const float *logits, const float *lse,
+                                   const double *mean, const int32_t *target, int32_t v0,
+                                   int32_t T, int32_t V) {
+    vp_job j = {.dlogits = dlogits, .dlogits_t = be->act, .dlogprob = dlogprob,
+                .dentropy = dentropy, .logits = logits, .lse_in = lse, .mean_in = mean,
+                .target = target, .v0 = v0, .T = T, .V = V,
+                .rows_per_task = lsm_rows_per_task(V)};
+    tr_cpu_run(be, tr_cpu_ceil_div(T, j.rows_per_task), vp_backward_task, &j, 3.0 * T * V);
+}

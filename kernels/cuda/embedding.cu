@@ -3,7 +3,8 @@
 // order), then the block of each id's first sorted position owns that table row and adds its
 // tokens' gradients into it in that order. Same float additions in the same order as
 // kernels/cpu, so the same bits; a radix sort plus O(T C) additions instead of a scan of all
-// earlier tokens per token.
+// earlier tokens per token. A negative id (signed keys sort it first) reads zeros and takes
+// no gradient.
 #include "kernels/cuda/cub_sort.cuh"
 
 #include "kernels/cuda/cuda_ctx.cuh"
@@ -15,9 +16,13 @@
 template <typename W>
 __global__ void embedding_forward_kernel(float *out, const int32_t *ids, const W *table,
                                          int32_t C) {
-    int32_t t = blockIdx.x;
-    const W *src = table + (size_t)ids[t] * C;
+    int32_t t = blockIdx.x, id = ids[t];
     float *dst = out + (size_t)t * C;
+    if (id < 0) {   // a row another tensor-parallel rank holds
+        for (int32_t c = threadIdx.x; c < C; c += blockDim.x) dst[c] = 0.0f;
+        return;
+    }
+    const W *src = table + (size_t)id * C;
     for (int32_t c = threadIdx.x; c < C; c += blockDim.x) dst[c] = tr_f32(src[c]);
 }
 
@@ -67,7 +72,8 @@ __global__ void embedding_backward_kernel(float *dtable, const float *dout, cons
                                           const int32_t *toks, int32_t T, int32_t C) {
     for (int32_t r = blockIdx.x; r < T; r += gridDim.x) {
         int32_t id = keys[r];
-        if (r > 0 && keys[r - 1] == id) continue;   // uniform over the block
+        // Negative ids (other tensor-parallel ranks' rows) take no gradient.
+        if (id < 0 || (r > 0 && keys[r - 1] == id)) continue;   // uniform over the block
         float *row = dtable + (size_t)id * C;
         for (int32_t c = blockIdx.y * blockDim.x + threadIdx.x; c < C;
              c += gridDim.y * blockDim.x) {

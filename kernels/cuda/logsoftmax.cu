@@ -80,3 +80,97 @@ void tr_cuda_logsoftmax_backward(tr_backend *be, void *dlogits, const float *dlo
             (float *)dlogits, dlogprob, dentropy, logits, lse, target, V);
     TR_CUDA_LAUNCHED(be, "logsoftmax_backward");
 }
+
+// ---- vocab-parallel: per-rank statistics, their combination, the backward ----
+
+// One block per row: the row routine of logsoftmax_forward over this rank's columns.
+__global__ void logsoftmax_vp_stats_kernel(double *stats, const float *logits,
+                                           const int32_t *target, int32_t v0, int32_t V) {
+    int32_t t = blockIdx.x;
+    const float *x = logits + (size_t)t * V;
+    tr_lsm_stats st = tr_lsm_row(x, V);
+    if (threadIdx.x != 0) return;
+    int32_t tg = target[t] - v0;
+    double *o = stats + (size_t)t * 4;
+    o[0] = st.m;
+    o[1] = st.s;
+    o[2] = st.sx;
+    o[3] = tg >= 0 && tg < V ? (double)x[tg] : 0.0;
+}
+
+// One thread per row; the ranks in order, as kernels/cpu combines them.
+__global__ void logsoftmax_vp_combine_kernel(float *logprob, float *entropy, float *lse,
+                                             double *mean, const double *stats,
+                                             const int32_t *target, int32_t R, int32_t T) {
+    int32_t t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    double M = -INFINITY;
+    for (int32_t r = 0; r < R; r++) M = fmax(M, stats[((size_t)r * T + t) * 4]);
+    double S = 0.0, SX = 0.0, xt = 0.0;
+    for (int32_t r = 0; r < R; r++) {
+        const double *st = stats + ((size_t)r * T + t) * 4;
+        double d = st[0] - M, k = exp(d);
+        S += st[1] * k;
+        SX += (st[2] + d * st[1]) * k;
+        xt += st[3];
+    }
+    double log_s = log(S), l = M + log_s;
+    lse[t] = (float)l;
+    if (entropy) entropy[t] = (float)(log_s - SX / S);
+    if (mean) mean[t] = M + SX / S;
+    if (logprob) logprob[t] = target[t] < 0 ? 0.0f : (float)(xt - l);
+}
+
+template <typename A>
+__global__ void logsoftmax_vp_backward_kernel(A *dlogits, const float *dlogprob,
+                                              const float *dentropy, const float *logits,
+                                              const float *lse, const double *mean_in,
+                                              const int32_t *target, int32_t v0, int32_t V) {
+    int32_t t = blockIdx.x;
+    const float *x = logits + (size_t)t * V;
+    A *dx = dlogits + (size_t)t * V;
+    float l = lse[t];
+    int32_t tg = target[t];
+    float glp = (dlogprob && tg >= 0) ? dlogprob[t] : 0.0f;
+    float gent = dentropy ? dentropy[t] : 0.0f;
+    double mean = gent != 0.0f ? mean_in[t] : 0.0;
+    int32_t local = tg - v0;
+    for (int32_t i = threadIdx.x; i < V; i += blockDim.x) {
+        float p = expf(x[i] - l);
+        float d = -glp * p - gent * p * (float)((double)x[i] - mean);
+        if (i == local) d += glp;
+        tr_store(dx + i, d);
+    }
+}
+
+void tr_cuda_logsoftmax_vp_stats(tr_backend *be, double *stats, const float *logits,
+                                 const int32_t *target, int32_t v0, int32_t T, int32_t V) {
+    if (T <= 0 || V <= 0) return;
+    logsoftmax_vp_stats_kernel<<<T, LSM_THREADS, 0, tr_cuda_stream(be)>>>(stats, logits, target,
+                                                                         v0, V);
+    TR_CUDA_LAUNCHED(be, "logsoftmax_vp_stats");
+}
+
+void tr_cuda_logsoftmax_vp_combine(tr_backend *be, float *logprob, float *entropy, float *lse,
+                                   double *mean, const double *stats, const int32_t *target,
+                                   int32_t R, int32_t T) {
+    if (T <= 0 || R <= 0) return;
+    logsoftmax_vp_combine_kernel<<<tr_cuda_grid((size_t)T, 128), 128, 0, tr_cuda_stream(be)>>>(
+        logprob, entropy, lse, mean, stats, target, R, T);
+    TR_CUDA_LAUNCHED(be, "logsoftmax_vp_combine");
+}
+
+void tr_cuda_logsoftmax_vp_backward(tr_backend *be, void *dlogits, const float *dlogprob,
+                                    const float *dentropy, const float *logits,
+                                    const float *lse, const double *mean,
+                                    const int32_t *target, int32_t v0, int32_t T, int32_t V) {
+    if (T <= 0 || V <= 0) return;
+    cudaStream_t st = tr_cuda_stream(be);
+    if (tr_cuda_bf16(be))
+        logsoftmax_vp_backward_kernel<tr_bf16><<<T, LSM_THREADS, 0, st>>>(
+            (tr_bf16 *)dlogits, dlogprob, dentropy, logits, lse, mean, target, v0, V);
+    else
+        logsoftmax_vp_backward_kernel<float><<<T, LSM_THREADS, 0, st>>>(
+            (float *)dlogits, dlogprob, dentropy, logits, lse, mean, target, v0, V);
+    TR_CUDA_LAUNCHED(be, "logsoftmax_vp_backward");
+}

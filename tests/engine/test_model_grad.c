@@ -89,7 +89,8 @@ static void head_grad(tr_model *m, const packed_batch *b, const float *c1, const
     if (m->cfg.head == TR_HEAD_LM) tr_lm_head_backward(m, b->targets, c1, c2);
     else if (m->cfg.head == TR_HEAD_VALUE) tr_value_head_backward(m, c1);
     else tr_score_head_backward(m, c1);
-    tr_model_backward(m);
+    tr_err err = {0};
+    CHECK(tr_model_backward(m, &err) == 0);
 }
 
 // Per tensor: the fourth-order central difference of L along a random direction d against

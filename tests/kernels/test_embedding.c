@@ -2,7 +2,8 @@
 // ids) against central differences of the float64 forward, accumulation, bitwise equal
 // results for 1, 2 and 3 threads, and bitwise the float sums of each row's tokens in token
 // order, the order the contract fixes for every backend. In bf16 mode the table is bf16 and
-// the forward's fp32 rows are its values exactly.
+// the forward's fp32 rows are its values exactly. Negative ids (rows another tensor-parallel
+// rank holds) read zeros and leave the table's gradient alone.
 #include "tests/kernels/kernels_test.h"
 
 typedef struct emb_ref {
@@ -85,8 +86,37 @@ static void check_case(int32_t T, int32_t C, int32_t V, size_t fd_checks) {
     free(pre); free(acc);
 }
 
+static void check_negative_ids(void) {
+    const int32_t T = 7, C = 70, V = 5;
+    int32_t ids[7] = {3, -1, 0, -1, 3, 4, -2};
+    float *table = kt_rand((size_t)V * C, 1.0), *dout = kt_rand((size_t)T * C, 1.0);
+    float *out = kt_fill((size_t)T * C, NAN), *dtable = kt_fill((size_t)V * C, 0.0f);
+    tr_backend be;
+    kt_backend(&be, 2, TR_F32);
+    be.ops->embedding_forward(&be, out, ids, table, T, C);
+    be.ops->embedding_backward(&be, dtable, dout, ids, T, C, NULL);
+    int bad = 0;
+    for (int32_t t = 0; t < T; t++)
+        for (int32_t c = 0; c < C; c++)
+            bad += out[(size_t)t * C + c] != (ids[t] < 0 ? 0.0f : table[(size_t)ids[t] * C + c]);
+    for (int32_t v = 0; v < V; v++)
+        for (int32_t c = 0; c < C; c++) {
+            float want = 0.0f;
+            for (int32_t t = 0; t < T; t++)
+                if (ids[t] == v) want += dout[(size_t)t * C + c];
+            bad += dtable[(size_t)v * C + c] != want;
+        }
+    CHECKF(bad == 0, "negative ids: %d values differ from zero rows and no gradient", bad);
+    tr_backend_cpu_free(&be);
+    free(table);
+    free(dout);
+    free(out);
+    free(dtable);
+}
+
 int main(void) {
     kt_seed(2);
+    check_negative_ids();
     check_case(1, 37, 5, 100000);
     check_case(9, 37, 4, 100000);     // more tokens than ids: repeats
     check_case(600, 200, 31, 300);   // several row tasks and column blocks, run in parallel

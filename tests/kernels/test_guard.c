@@ -266,6 +266,36 @@ static void each_op(void) {
                                      T, V);
     }
     done("logsoftmax_backward");
+    // Vocab-parallel: this rank's statistics (columns 20.. of a wider vocabulary), the
+    // combination of two ranks', and the backward over its columns.
+    double stats[2 * 9 * 4];
+    x[0] = mk(NULL, sizeof stats / 2), x[1] = mk(logits, (size_t)T * V * 4);
+    x[2] = mk(target, sizeof target);
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        be->ops->logsoftmax_vp_stats(be, p[0], p[1], p[2], 20, T, V);
+    }
+    memcpy(stats, x[0]->h, sizeof stats / 2);
+    memcpy(stats + 9 * 4, x[0]->h, sizeof stats / 2);
+    done("logsoftmax_vp_stats");
+    double mean_v[9];
+    x[0] = mk_f(T, 1.0), x[1] = mk_f(T, 1.0), x[2] = mk_f(T, 1.0), x[3] = mk(NULL, sizeof mean_v);
+    x[4] = mk(stats, sizeof stats), x[5] = mk(target, sizeof target);
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        be->ops->logsoftmax_vp_combine(be, p[0], p[1], p[2], p[3], p[4], p[5], 2, T);
+    }
+    memcpy(lse_v, x[2]->h, sizeof lse_v);
+    memcpy(mean_v, x[3]->h, sizeof mean_v);
+    done("logsoftmax_vp_combine");
+    x[0] = mk_vals((size_t)T * V, A, 1.0), x[1] = mk_f(T, 1.0), x[2] = mk_f(T, 1.0);
+    x[3] = mk(logits, (size_t)T * V * 4), x[4] = mk(lse_v, sizeof lse_v);
+    x[5] = mk(mean_v, sizeof mean_v), x[6] = mk(target, sizeof target);
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        be->ops->logsoftmax_vp_backward(be, p[0], p[1], p[2], p[3], p[4], p[5], p[6], 20, T, V);
+    }
+    done("logsoftmax_vp_backward");
     free(logits);
 
     // sumsq, then adamw reading it, with segments and a working copy of dtype W

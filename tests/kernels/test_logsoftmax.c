@@ -2,7 +2,10 @@
 // random logits (large ones too), dlogits from dlogprob and from dentropy against central
 // differences of the float64 forward, target < 0 giving logprob 0 and no gradient, and
 // bitwise equal results for 1, 2 and 3 threads. In bf16 mode the forward (all fp32) has the
-// fp32 bits and dlogits is the fp32 dlogits rounded once, target element included.
+// fp32 bits and dlogits is the fp32 dlogits rounded once, target element included. The
+// vocab-parallel ops: one rank's statistics combine into logsoftmax_forward's bits; the
+// columns split over 1..4 ranks combine to the float64 results and the ranks' backward
+// columns make logsoftmax_backward's dlogits.
 #include "tests/kernels/kernels_test.h"
 
 typedef struct lsm_ref {
@@ -122,8 +125,85 @@ static void check_case(int32_t T, int32_t V, double scale) {
     free(lp); free(ent); free(lse); free(lp_only); free(lse2); free(dx);
 }
 
+// Rows of V columns split over R ranks as tensor parallelism splits a vocabulary.
+static void check_vp(int32_t T, int32_t V, int32_t R, double scale) {
+    size_t n = (size_t)T * V;
+    float *x = kt_rand(n, scale), *glp = kt_rand(T, 1.0), *gent = kt_rand(T, 1.0);
+    int32_t *target = kt_malloc((size_t)T * sizeof(int32_t));
+    for (int32_t t = 0; t < T; t++) target[t] = (int32_t)((kt_uniform() + 1.0) * 0.5 * V) % V;
+    if (T > 1) target[1] = -1;
+    double *xd = kt_to_double(x, n);
+    double *rl = kt_malloc(T * sizeof(double) * 3), *re = rl + T, *rs = rl + 2 * T;
+    lsm_forward_ref(rl, re, rs, xd, target, T, V);
+    tr_backend be;
+    kt_backend(&be, 2, TR_F32);
+    // The single-rank results, for bits (R = 1) and the backward.
+    float *lp1 = kt_fill(T, NAN), *ent1 = kt_fill(T, NAN), *lse1 = kt_fill(T, NAN);
+    be.ops->logsoftmax_forward(&be, lp1, ent1, lse1, x, target, T, V);
+    float *dx1 = kt_fill(n, NAN);
+    be.ops->logsoftmax_backward(&be, dx1, glp, gent, x, lse1, target, T, V);
+    double *stats = kt_malloc((size_t)R * T * 4 * sizeof(double)), *mean = kt_malloc(T * sizeof(double));
+    float **part = kt_malloc((size_t)R * sizeof(float *));
+    for (int32_t r = 0; r < R; r++) {
+        int32_t v0 = (int32_t)((int64_t)V * r / R), vr = (int32_t)((int64_t)V * (r + 1) / R) - v0;
+        part[r] = kt_floats((size_t)T * vr);
+        for (int32_t t = 0; t < T; t++) memcpy(part[r] + (size_t)t * vr, x + (size_t)t * V + v0, vr * sizeof(float));
+        be.ops->logsoftmax_vp_stats(&be, stats + (size_t)r * T * 4, part[r], target, v0, T, vr);
+    }
+    float *lp = kt_fill(T, NAN), *ent = kt_fill(T, NAN), *lse = kt_fill(T, NAN);
+    be.ops->logsoftmax_vp_combine(&be, lp, ent, lse, mean, stats, target, R, T);
+    double e_lp = 0, e_ent = 0;
+    for (int32_t t = 0; t < T; t++) {
+        e_lp = fmax(e_lp, fabs(lp[t] - rl[t]));
+        e_ent = fmax(e_ent, fabs(ent[t] - re[t]));
+    }
+    CHECKF(e_lp <= 2e-6 * (1 + scale) && e_ent <= 2e-6 * (1 + scale), "vp T=%d V=%d R=%d: logprob %.3g, "
+           "entropy %.3g from float64", T, V, R, e_lp, e_ent);
+    if (R == 1)
+        CHECKF(memcmp(lp, lp1, T * sizeof(float)) == 0 && memcmp(ent, ent1, T * sizeof(float)) == 0 &&
+               memcmp(lse, lse1, T * sizeof(float)) == 0, "vp T=%d V=%d: one rank is not logsoftmax_forward's bits", T, V);
+    // Each rank's columns of dlogits from the whole row's lse and mean.
+    double e_dx = 0, big = 0;
+    for (int32_t r = 0; r < R; r++) {
+        int32_t v0 = (int32_t)((int64_t)V * r / R), vr = (int32_t)((int64_t)V * (r + 1) / R) - v0;
+        float *dx = kt_fill((size_t)T * vr, NAN);
+        be.ops->logsoftmax_vp_backward(&be, dx, glp, gent, part[r], lse, mean, target, v0, T, vr);
+        for (int32_t t = 0; t < T; t++)
+            for (int32_t i = 0; i < vr; i++) {
+                double want = dx1[(size_t)t * V + v0 + i];
+                e_dx = fmax(e_dx, fabs(dx[(size_t)t * vr + i] - want));
+                big = fmax(big, fabs(want));
+            }
+        free(dx);
+        free(part[r]);
+    }
+    CHECKF(e_dx <= 1e-5 * big + 1e-7, "vp T=%d V=%d R=%d: dlogits %.3g from logsoftmax_backward's", T, V, R, e_dx);
+    free(part);
+    free(stats);
+    free(mean);
+    free(x);
+    free(glp);
+    free(gent);
+    free(target);
+    free(xd);
+    free(rl);
+    free(lp1);
+    free(ent1);
+    free(lse1);
+    free(dx1);
+    free(lp);
+    free(ent);
+    free(lse);
+    tr_backend_cpu_free(&be);
+}
+
 int main(void) {
     kt_seed(7);
+    for (int32_t R = 1; R <= 4; R++) {
+        check_vp(6, 37, R, 3.0);
+        check_vp(4, 11, R, 40.0);
+        check_vp(3, 5000, R, 5.0);
+    }
     check_case(1, 37, 3.0);
     check_case(6, 37, 3.0);
     check_case(4, 11, 40.0);      // peaked rows: exp underflows for most entries
