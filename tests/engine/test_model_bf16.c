@@ -146,11 +146,11 @@ static void test_layout(tr_backend *bf) {
 
 // ---- 200 SFT steps, bf16 against fp32 ----
 
-enum { V = 48, SEQ = 64, BATCH = 8, STEPS = 200 };
+enum { V = 48, SEQ = 32, BATCH = 4, STEPS = 200 };
 
 static const char SMALL[] =
     "{\"architectures\": [\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\", \"vocab_size\": 48,"
-    " \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2,"
+    " \"hidden_size\": 32, \"intermediate_size\": 64, \"num_hidden_layers\": 2,"
     " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"max_position_embeddings\": 128,"
     " \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0, \"tie_word_embeddings\": true}";
 
