@@ -1,7 +1,8 @@
 // `troupe generate`: samples continuations of JSONL prompts with the engine's batched
 // generator. A line gives `input_ids`, `prompt` (text, encoded with the model's
 // tokenizer.json) or `messages` (rendered with --chat-format plus the generation prompt).
-// One output line per sample, prompt by prompt in input order, samples in order.
+// One output line per sample, prompt by prompt in input order, samples in order. With --tp N
+// the model is split over N local rank processes (cli/tp_ranks.h) that draw the same tokens.
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
@@ -10,11 +11,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/args.h"
 #include "cli/cleanup.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
+#include "cli/tp_ranks.h"
 #include "data/chat.h"
 #include "data/jsonl.h"
 #include "data/sft.h"
@@ -289,7 +292,7 @@ static void gen_on_pass(void *ctx, const tr_gen_stats *stats) {
 
 int tr_cmd_generate(int argc, char **argv) {
     const char *model_dir = NULL, *prompts = NULL, *out_path = NULL, *chat_name = "chatml";
-    long n = 1, max_new = 64, top_k = 0, seed = 0, threads = 0, kv_tokens = 0, device = 0;
+    long n = 1, max_new = 64, top_k = 0, seed = 0, threads = 0, kv_tokens = 0, device = 0, tp = 1;
     long block_size = 16, max_seqs = 0, batch_tokens = 2048;
     const char *backend = getenv("TROUPE_BACKEND") ? getenv("TROUPE_BACKEND") : "cpu";
     const char *precision = getenv("TROUPE_PRECISION");
@@ -318,7 +321,10 @@ int tr_cmd_generate(int argc, char **argv) {
          "qwen3: close an empty think block in the prompt (enable_thinking=False)", false, false},
         {"threads", TR_ARG_INT, &threads, "N", "CPU threads (default: all cores)", false, false},
         {"backend", TR_ARG_STR, &backend, "NAME", "cpu or cuda (default: $TROUPE_BACKEND, else cpu)", false, false},
-        {"device", TR_ARG_INT, &device, "N", "CUDA device index (default 0)", false, false},
+        {"device", TR_ARG_INT, &device, "N", "CUDA device index (default 0; tensor-parallel "
+         "rank r uses N + r)", false, false},
+        {"tp", TR_ARG_INT, &tp, "N", "tensor-parallel ranks: the model split over N local "
+         "processes, which draw the same tokens (default 1)", false, false},
         {"precision", TR_ARG_STR, &precision, "P", TR_CLI_PRECISION_HELP, false, false},
         {"kv-tokens", TR_ARG_INT, &kv_tokens, "N",
          "KV cache size in tokens (default: what every request at once needs, as far as the "
@@ -342,7 +348,7 @@ int tr_cmd_generate(int argc, char **argv) {
         tr_args_usage(CMD, "--model DIR --prompts FILE.jsonl [--out FILE] [--n N] "
                       "[--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] "
                       "[--seed S] [--chat-format NAME [--no-thinking]] [--threads N] "
-                      "[--backend cpu|cuda] [--device N] [--precision fp32|bf16] [--kv-tokens N] [--max-seqs N] "
+                      "[--backend cpu|cuda] [--device N] [--precision fp32|bf16] [--tp N] [--kv-tokens N] [--max-seqs N] "
                       "[--progress | --quiet]",
                       "Writes one line per sample, prompt by prompt in input order:\n"
                       "{\"index\": i, \"sample\": j, \"output_ids\": [...], \"logprobs\": [...],\n"
@@ -370,6 +376,7 @@ int tr_cmd_generate(int argc, char **argv) {
     else if (max_seqs < 0 || max_seqs > 65536) bad = "--max-seqs must be in 0..65536";
     else if (batch_tokens < 1 || batch_tokens > (1 << 24))
         bad = "--batch-tokens must be in 1..16777216";
+    else if (tp < 1 || tp > 64) bad = "--tp must be in 1..64";
     else if (tr_chat_kind_parse(chat_name) == 0) bad = "--chat-format must be chatml, llama3 or qwen3";
     else if (no_thinking && tr_chat_kind_parse(chat_name) != TR_CHAT_QWEN3)
         bad = "--no-thinking applies to --chat-format qwen3 only";
@@ -382,7 +389,10 @@ int tr_cmd_generate(int argc, char **argv) {
 
     tr_err err = {0};
     tr_model_config cfg;
-    if (tr_checkpoint_load_lm_config(model_dir, CMD, &cfg, &err) != 0) return tr_cli_fail(CMD, &err);
+    tr_tp tp_shape;
+    if (tr_checkpoint_load_lm_config(model_dir, CMD, &cfg, &err) != 0 ||
+        tr_tp_init(&tp_shape, &cfg, (int32_t)tp, 0, &err) != 0)
+        return tr_cli_fail(CMD, &err);
     int32_t stops[MAX_STOPS], n_stops = 0, chat_stops[MAX_STOPS], n_chat = 0;
     const int32_t V = cfg.vocab_size;
     for (int32_t i = 0; i < cfg.n_eos; i++) add_stop(stops, &n_stops, cfg.eos_token_ids[i], V);
@@ -405,6 +415,7 @@ int tr_cmd_generate(int argc, char **argv) {
     tr_file_writer w;
     tr_strbuf buf = {0};
     gen_watch watch = {0};
+    tr_tp_ranks ranks = {.size = 1};
     rc = 1;
     // The output is opened first, so a bad --out fails before the work rather than after it.
     if (out_path) {
@@ -460,8 +471,18 @@ int tr_cmd_generate(int argc, char **argv) {
         tr_errf(&err, TR_ENOMEM, "out of memory for %" PRId64 " samples", n_out);
         goto done;
     }
-    if (tr_cli_backend_start(&be, backend, device, threads, precision, &err) != 0) goto done;
+    // Every rank has the requests from here on; each starts its own backend.
+    if (tr_tp_ranks_fork(&ranks, (int32_t)tp, &err) != 0) goto done;
+    const bool writer = ranks.rank == 0;
+    if (!writer) writer_open = false;   // rank 0's file, never this rank's to touch
+    if (threads == 0 && tp > 1) {   // the cores shared among the ranks
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = cores / tp > 0 ? cores / tp : 1;
+    }
+    if (tr_cli_backend_start(&be, backend, device + ranks.rank, threads, precision, &err) != 0)
+        goto done;
     be_ok = true;
+    if (tr_tp_ranks_comm(&ranks, &be, &err) != 0) goto done;
     // A pass holds at most every prompt (prefill) or every sample (decode); beyond that the
     // activation arena would only cost memory.
     int64_t seqs = max_seqs > 0 && max_seqs < n_out ? max_seqs : n_out;
@@ -474,24 +495,32 @@ int tr_cmd_generate(int argc, char **argv) {
     tr_plan_req pr = {.cfg = &cfg, .max_tokens = (int32_t)rows, .generate = true,
                       .block_size = (int32_t)block_size, .kv_tokens = kv_tokens,
                       .kv_want = need_all * block_size, .max_seqs = (int32_t)seqs,
-                      .max_seqs_want = (int32_t)seqs};
+                      .max_seqs_want = (int32_t)seqs, .tp_size = (int32_t)tp,
+                      .tp_rank = ranks.rank};
     if (tr_plan_make(&be, &pr, &plan, &err) != 0) goto done;
+    // The ranks schedule alike only with the same pool: the smallest any rank has room for.
+    int64_t agree[2] = {plan.kv_tokens, plan.max_seqs};
+    if (tr_tp_ranks_min(&ranks, agree, 2, &err) != 0) goto done;
+    plan.kv_tokens = agree[0];
+    plan.max_seqs = (int32_t)agree[1];
     if (plan.kv_tokens < need_one * block_size) {
         tr_errf(&err, TR_ENOMEM, "the longest request needs %" PRId64 " tokens of KV cache, the "
                 "memory left after the weights holds %" PRId64, need_one * block_size,
                 plan.kv_tokens);
         goto done;
     }
-    tr_model_opts mo = {.max_tokens = (int32_t)rows, .training = false};
+    tr_model_opts mo = {.max_tokens = (int32_t)rows, .training = false, .tp_size = (int32_t)tp,
+                        .tp_rank = ranks.rank};
     if (tr_model_load(&m, model_dir, &be, &mo, &err) != 0) goto done;
     model_ok = true;
+    if (tp > 1 && tr_model_set_tp_comm(&m, ranks.comm, &err) != 0) goto done;
     tr_gen_opts go = {.kv_tokens = plan.kv_tokens, .block_size = (int32_t)block_size,
                       .max_seqs = plan.max_seqs, .max_seq_len = (int32_t)longest};
     if (tr_generator_init(&g, &m, &go, &err) != 0) goto done;
     gen_ok = true;
     watch.outs = outs;
     watch.n_out = n_out;
-    tr_progress_init(&watch.pg, CMD, "samples", progress, quiet);
+    tr_progress_init(&watch.pg, CMD, "samples", progress && writer, quiet || !writer);
     g.on_pass = gen_on_pass;
     g.on_pass_ctx = &watch;
     if (tr_generate(&g, reqs, (int32_t)in.n, outs, &err) != 0) {
@@ -501,7 +530,7 @@ int tr_cmd_generate(int argc, char **argv) {
     int64_t done_n, tokens;
     gen_tokens(&watch, &done_n, &tokens);
     tr_progress_show(&watch.pg, done_n, n_out, tokens, true);
-    for (int64_t i = 0; i < n_out; i++) {
+    for (int64_t i = 0; writer && i < n_out; i++) {
         if (format_line(&buf, outs[i].request, &outs[i], tok, &err) != 0) goto done;
         if (buf.len >= (1 << 20) || i + 1 == n_out) {
             if (writer_open) {
@@ -516,7 +545,7 @@ int tr_cmd_generate(int argc, char **argv) {
     if (writer_open) {
         writer_open = false;
         if (tr_file_writer_commit(&w, &err) != 0) goto done;
-    } else if (fflush(stdout) != 0) {
+    } else if (writer && fflush(stdout) != 0) {
         tr_errf(&err, TR_EIO, "writing standard output failed");
         goto done;
     }
@@ -524,8 +553,10 @@ int tr_cmd_generate(int argc, char **argv) {
 done:
     tr_progress_end(&watch.pg);
     if (writer_open) tr_file_writer_abort(&w);
-    if (out_path) tr_cleanup_remove(w.tmp);
+    if (out_path && ranks.rank == 0) tr_cleanup_remove(w.tmp);
     tr_strbuf_free(&buf);
+    // A failing rank aborts the group first, so no other waits in a collective for it.
+    if (rc && ranks.comm) tr_comm_abort(ranks.comm, err.msg);
     if (outs) tr_gen_outputs_free(outs, n_out);
     free(outs);
     free(reqs);
@@ -534,5 +565,6 @@ done:
     if (be_ok) tr_backend_free(&be);
     gen_input_free(&in);
     tr_tokenizer_free(tok);
+    rc = tr_tp_ranks_end(&ranks, CMD, rc, &err);
     return rc == 0 ? 0 : tr_cli_fail(CMD, &err);
 }

@@ -3,6 +3,7 @@
 // output line, in input order, is {"logprobs": [...]} with
 // logprobs[i] = ln p(input_ids[i+1] | input_ids[..i]).
 // Sequences are packed as separate documents into forwards of up to --batch-tokens tokens.
+// With --tp N the model is split over N local rank processes (cli/tp_ranks.h).
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
@@ -11,11 +12,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/args.h"
 #include "cli/cleanup.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
+#include "cli/tp_ranks.h"
 #include "data/tokenizer.h"
 #include "engine/checkpoint.h"
 #include "engine/err.h"
@@ -208,12 +211,14 @@ static int flush_output(output *o, tr_err *err) {
     return rc;
 }
 
-// Runs the sequences [first, last), packed into pk, as one forward and appends their lines.
+// Runs the sequences [first, last), packed into pk, as one forward and appends their lines
+// (o NULL: a tensor-parallel rank other than 0, which only computes).
 static int run_batch(tr_model *m, const char *path, const seq_list *seqs, size_t first,
                      size_t last, const tr_pack *pk, float *lp, output *o, tr_err *err) {
     if (tr_model_forward(m, pk->ids, &pk->docs, err) != 0 ||
         tr_lm_head_forward(m, pk->targets, lp, NULL, err) != 0)
         return -1;
+    if (!o) return 0;
     for (size_t i = first; i < last; i++) {
         int32_t off = pk->doc_start[i - first];
         // printf's "nan" is not JSON; a non-finite logprob means the model's numbers are.
@@ -230,7 +235,7 @@ static int run_batch(tr_model *m, const char *path, const seq_list *seqs, size_t
 
 int tr_cmd_logprobs(int argc, char **argv) {
     const char *model_dir = NULL, *data = NULL, *out_path = NULL;
-    long threads = 0, batch_tokens = 4096, device = 0;
+    long threads = 0, batch_tokens = 4096, device = 0, tp = 1;
     const char *backend = getenv("TROUPE_BACKEND") ? getenv("TROUPE_BACKEND") : "cpu";
     const char *precision = getenv("TROUPE_PRECISION");
     bool progress = false, quiet = false;
@@ -244,7 +249,10 @@ int tr_cmd_logprobs(int argc, char **argv) {
          false, false},
         {"threads", TR_ARG_INT, &threads, "N", "CPU threads (default: all cores)", false, false},
         {"backend", TR_ARG_STR, &backend, "NAME", "cpu or cuda (default: $TROUPE_BACKEND, else cpu)", false, false},
-        {"device", TR_ARG_INT, &device, "N", "CUDA device index (default 0)", false, false},
+        {"device", TR_ARG_INT, &device, "N", "CUDA device index (default 0; tensor-parallel "
+         "rank r uses N + r)", false, false},
+        {"tp", TR_ARG_INT, &tp, "N", "tensor-parallel ranks: the model split over N local "
+         "processes (default 1)", false, false},
         {"precision", TR_ARG_STR, &precision, "P", TR_CLI_PRECISION_HELP, false, false},
         {"batch-tokens", TR_ARG_INT, &batch_tokens, "N",
          "tokens per forward pass; longer sequences get a pass of their own (default 4096)",
@@ -260,7 +268,7 @@ int tr_cmd_logprobs(int argc, char **argv) {
     if (rc) return rc;
     if (help) {
         tr_args_usage(CMD, "--model DIR --data FILE.jsonl [--out FILE] [--threads N] "
-                      "[--backend cpu|cuda] [--device N] [--precision fp32|bf16] "
+                      "[--backend cpu|cuda] [--device N] [--precision fp32|bf16] [--tp N] "
                       "[--batch-tokens N] [--progress | --quiet]",
                       "Writes one line {\"logprobs\": [...]} per input line, in input order:\n"
                       "logprobs[i] = ln p(input_ids[i+1] | input_ids[0..i]), len - 1 values.\n"
@@ -269,9 +277,10 @@ int tr_cmd_logprobs(int argc, char **argv) {
                       table);
         return 0;
     }
-    if (threads < 0 || threads > 1024 || batch_tokens < 1 || batch_tokens > (1 << 24)) {
-        fprintf(stderr, "troupe %s: --threads must be in 0..1024 and --batch-tokens in "
-                "1..16777216\n", CMD);
+    if (threads < 0 || threads > 1024 || batch_tokens < 1 || batch_tokens > (1 << 24) ||
+        tp < 1 || tp > 64) {
+        fprintf(stderr, "troupe %s: --threads must be in 0..1024, --batch-tokens in "
+                "1..16777216 and --tp in 1..64\n", CMD);
         return 2;
     }
     if ((rc = tr_cli_backend_check(CMD, backend, device, precision)) != 0) return rc;
@@ -279,7 +288,10 @@ int tr_cmd_logprobs(int argc, char **argv) {
 
     tr_err err = {0};
     tr_model_config cfg;
-    if (tr_checkpoint_load_lm_config(model_dir, CMD, &cfg, &err) != 0) return tr_cli_fail(CMD, &err);
+    tr_tp tp_shape;
+    if (tr_checkpoint_load_lm_config(model_dir, CMD, &cfg, &err) != 0 ||
+        tr_tp_init(&tp_shape, &cfg, (int32_t)tp, 0, &err) != 0)
+        return tr_cli_fail(CMD, &err);
     tr_tokenizer *tok = NULL;
     char tok_path[4200];
     snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", model_dir);
@@ -303,13 +315,25 @@ int tr_cmd_logprobs(int argc, char **argv) {
     int32_t max_tokens = longest > batch_tokens ? longest : (int32_t)batch_tokens;
     if (total < max_tokens) max_tokens = total > longest ? (int32_t)total : longest;
 
-    tr_backend be;
-    if (tr_cli_backend_start(&be, backend, device, threads, precision, &err) != 0) {
+    // Every rank has the input from here on; each starts its own backend.
+    tr_tp_ranks ranks;
+    if (tr_tp_ranks_fork(&ranks, (int32_t)tp, &err) != 0) {
         seq_list_free(&seqs);
         return tr_cli_fail(CMD, &err);
     }
+    const bool writer = ranks.rank == 0;
+    if (threads == 0 && tp > 1) {   // the cores shared among the ranks
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = cores / tp > 0 ? cores / tp : 1;
+    }
+    tr_backend be;
+    if (tr_cli_backend_start(&be, backend, device + ranks.rank, threads, precision, &err) != 0) {
+        seq_list_free(&seqs);
+        return tr_tp_ranks_end(&ranks, CMD, 1, &err) ? tr_cli_fail(CMD, &err) : 0;
+    }
     tr_model m;
-    tr_model_opts opts = {.max_tokens = max_tokens, .training = false};
+    tr_model_opts opts = {.max_tokens = max_tokens, .training = false, .tp_size = (int32_t)tp,
+                          .tp_rank = ranks.rank};
     tr_pack pk = {0};
     float *lp = malloc((size_t)max_tokens * sizeof(float));
     output o = {0};
@@ -323,21 +347,27 @@ int tr_cmd_logprobs(int argc, char **argv) {
     if (tr_pack_init(&pk, max_tokens, &err) != 0) goto done;
     if (tr_model_load(&m, model_dir, &be, &opts, &err) != 0) goto done;
     model_ok = true;
-    if (out_path) {
+    if (tp > 1 && (tr_tp_ranks_comm(&ranks, &be, &err) != 0 ||
+                   tr_model_set_tp_comm(&m, ranks.comm, &err) != 0))
+        goto done;
+    if (!writer) {
+        // nothing to write
+    } else if (out_path) {
         if (tr_file_writer_open(&o.w, out_path, &err) != 0) goto done;
         writer_open = true;
         tr_cleanup_add(o.w.tmp);
     } else {
         o.stdout_f = stdout;
     }
-    tr_progress_init(&pg, CMD, "sequences", progress, quiet);
+    tr_progress_init(&pg, CMD, "sequences", progress && writer, quiet || !writer);
     size_t first = 0;
     int64_t tokens_done = 0;
     for (size_t i = 0; i <= seqs.n; i++) {
         // A sequence goes into the current pass if it fits; the pass runs when one does not.
         if (i < seqs.n && tr_pack_add(&pk, seqs.items[i].ids, NULL, seqs.items[i].n)) continue;
         if (i > first) {
-            if (run_batch(&m, data, &seqs, first, i, &pk, lp, &o, &err) != 0) goto done;
+            if (run_batch(&m, data, &seqs, first, i, &pk, lp, writer ? &o : NULL, &err) != 0)
+                goto done;
             tokens_done += pk.docs.n_tokens;
             tr_progress_show(&pg, (int64_t)i, (int64_t)seqs.n, tokens_done, false);
             first = i;
@@ -348,7 +378,7 @@ int tr_cmd_logprobs(int argc, char **argv) {
     if (writer_open) {
         writer_open = false;
         if (tr_file_writer_commit(&o.w, &err) != 0) goto done;
-    } else if (fflush(stdout) != 0) {
+    } else if (writer && fflush(stdout) != 0) {
         tr_errf(&err, TR_EIO, "writing standard output failed");
         goto done;
     }
@@ -357,12 +387,15 @@ int tr_cmd_logprobs(int argc, char **argv) {
 done:
     tr_progress_end(&pg);
     if (writer_open) tr_file_writer_abort(&o.w);
-    if (out_path) tr_cleanup_remove(o.w.tmp);
+    if (out_path && writer) tr_cleanup_remove(o.w.tmp);
     tr_strbuf_free(&o.buf);
+    // A failing rank aborts the group first, so no other waits in a collective for it.
+    if (rc && ranks.comm) tr_comm_abort(ranks.comm, err.msg);
     if (model_ok) tr_model_free(&m);
     tr_backend_free(&be);
     tr_pack_free(&pk);
     free(lp);
     seq_list_free(&seqs);
+    rc = tr_tp_ranks_end(&ranks, CMD, rc, &err);
     return rc == 0 ? 0 : tr_cli_fail(CMD, &err);
 }

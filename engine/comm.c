@@ -4,9 +4,11 @@
 #include "engine/comm.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/comm_impl.h"
+#include "engine/device.h"
 #include "tr_build_config.h"
 
 void tr_comm_base_init(tr_comm *c, const tr_comm_vt *vt, const tr_comm_opts *o) {
@@ -185,6 +187,27 @@ int tr_comm_broadcast(tr_comm *c, void *buf, size_t n, enum tr_comm_dtype t, int
 int tr_comm_barrier(tr_comm *c, tr_err *err) {
     tr_comm_call call = {.op = TR_COMM_OP_BARRIER, .dtype = TR_COMM_F32};
     return run(c, &call, err);
+}
+
+int tr_comm_min_i64(tr_comm *c, int64_t *v, int32_t n, tr_err *err) {
+    if (n < 1) return 0;
+    const int32_t R = c->world;
+    size_t counts[TR_COMM_MAX_RANKS] = {0}, all = (size_t)R * (size_t)n;
+    for (int32_t r = 0; r < R; r++) counts[r] = (size_t)n;
+    int64_t *dev = tr_dev_alloc(c->be, all * sizeof *dev, "agreeing over a communicator", err);
+    int64_t *host = dev ? malloc(all * sizeof *host) : NULL;
+    int rc = dev ? 0 : -1;
+    if (dev && !host) rc = tr_errf(err, TR_ENOMEM, "agreeing over a communicator: out of memory");
+    if (!rc) rc = tr_dev_upload_sync(c->be, dev + (size_t)c->rank * (size_t)n, v, (size_t)n * sizeof *v,
+                                     "agreeing over a communicator", err);
+    if (!rc) rc = tr_comm_all_gather(c, dev, counts, TR_COMM_I64, err);
+    if (!rc) rc = tr_dev_download_sync(c->be, host, dev, all * sizeof *host, "agreeing over a communicator", err);
+    for (int32_t r = 0; !rc && r < R; r++)
+        for (int32_t i = 0; i < n; i++)
+            if (host[(size_t)r * n + i] < v[i]) v[i] = host[(size_t)r * n + i];
+    tr_dev_free(c->be, dev);
+    free(host);
+    return rc;
 }
 
 size_t tr_comm_shard_begin(size_t n, int32_t world, int32_t rank, size_t align) {

@@ -72,6 +72,9 @@ int tr_comm_all_gather(tr_comm *c, void *buf, const size_t *counts, enum tr_comm
 int tr_comm_broadcast(tr_comm *c, void *buf, size_t n, enum tr_comm_dtype t, int32_t root,
                       tr_err *err);
 int tr_comm_barrier(tr_comm *c, tr_err *err);
+// v[0..n) (host values) becomes each value's minimum over the ranks, through backend memory:
+// sizes every rank must agree on, such as a KV cache planned from each device's room.
+int tr_comm_min_i64(tr_comm *c, int64_t *v, int32_t n, tr_err *err);
 
 // Marks the communicator dead for every rank; any thread may call it. Blocked and later
 // collectives on every rank fail with a message naming this rank and why.
