@@ -385,11 +385,18 @@ static int wait_hellos(tr_controller *c, tr_err *err) {
     return rc;
 }
 
-// The data-parallel communicator of every group whose ranks train together, all formed at
-// once, then the weight-sync one from the policy to the generator (roles/client.h).
+// The tensor-parallel communicators of every group split over ranks, then the data-parallel
+// ones of every group whose ranks train together, each kind formed for all groups at once,
+// then the weight-sync one from the policy to the generator (roles/client.h).
 static int form_comms(tr_controller *c, tr_err *err) {
     tr_group *gs[TR_RECIPE_N_ROLES];
     int n = 0;
+    for (int role = 0; role < TR_RECIPE_N_ROLES; role++) {
+        tr_group *g = &c->groups[role];
+        if (c->has_group[role] && g->tp > 1) gs[n++] = g;
+    }
+    if (tr_groups_tp_comm_init(gs, n, c->o.start_timeout_ms, err)) return -1;
+    n = 0;
     for (int role = 0; role < TR_RECIPE_N_ROLES; role++) {
         tr_group *g = &c->groups[role];
         if (c->has_group[role] && g->train && g->world / g->tp > 1) gs[n++] = g;
@@ -442,20 +449,16 @@ int tr_controller_start_opts(tr_controller **out, const tr_recipe *r, const tr_c
     for (int role = 0; role < TR_RECIPE_REWARD; role++) {
         const tr_recipe_model *m = &r->models[role];
         if (!m->present) continue;
-        if (m->parallel.tp != 1) {
-            free(c);
-            return tr_errf(err, TR_EUNSUPPORTED, "models.%s.parallel.tp %lld: tensor-parallel workers are not built "
-                           "yet (tp: 1)", tr_recipe_role_names[role], (long long)m->parallel.tp);
-        }
-        world[role] = (int32_t)m->parallel.dp;
+        world[role] = (int32_t)(m->parallel.tp * m->parallel.dp);
     }
     if (r->reward.present)
-        world[TR_RECIPE_REWARD] = r->reward.kind == TR_RECIPE_REWARD_MODEL ? (int32_t)r->reward.parallel.dp : 1;
+        world[TR_RECIPE_REWARD] = r->reward.kind == TR_RECIPE_REWARD_MODEL
+                                      ? (int32_t)(r->reward.parallel.tp * r->reward.parallel.dp) : 1;
     if (r->generator.present) {
-        if (r->generator.parallel.tp != 1) {
+        if (r->generator.parallel.tp != 1) {   // refused at recipe load; a recipe built in code too
             free(c);
-            return tr_errf(err, TR_EUNSUPPORTED, "models.generator.parallel.tp %lld: tensor-parallel workers are not "
-                           "built yet (tp: 1)", (long long)r->generator.parallel.tp);
+            return tr_errf(err, TR_EUNSUPPORTED, "models.generator.parallel.tp %lld: generator replicas hold "
+                           "the whole model (tp: 1)", (long long)r->generator.parallel.tp);
         }
         world[TR_RECIPE_GENERATOR] = (int32_t)r->generator.parallel.dp;
     }

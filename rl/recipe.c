@@ -402,12 +402,6 @@ static int check_model_source(const tr_recipe_model *m, const char *role, const 
 
 static int check_devices(const tr_recipe_devices *d, const tr_recipe_parallel *p, const char *role,
                          const tr_ynode *root, tr_err *err) {
-    if (p->tp != 1) {
-        char tp[64];
-        snprintf(tp, sizeof tp, "models.%s.parallel.tp", role);
-        return fail_path(root, tp, err, "%lld: tensor parallelism is not built yet, so tp must be 1 (parallel.dp "
-                         "spreads a model's ranks over devices)", (long long)p->tp);
-    }
     int64_t ranks;
     bool overflow = __builtin_mul_overflow(p->tp, p->dp, &ranks);
     if (d->n == 0 || (!overflow && d->n == ranks)) return 0;
@@ -447,6 +441,12 @@ static int64_t role_dp(const tr_recipe *r, int role) {
                                          : r->models[role].parallel.dp;
 }
 
+static int64_t role_tp(const tr_recipe *r, int role) {
+    return role == TR_RECIPE_REWARD      ? r->reward.parallel.tp
+           : role == TR_RECIPE_GENERATOR ? r->generator.parallel.tp
+                                         : r->models[role].parallel.tp;
+}
+
 // models.generator: replicas is parallel.dp by another name; one layout, one backend with the
 // policy (the weight sync's communicator spans both), and a batch sampled a step ahead cannot
 // grow within its step as dynamic sampling needs.
@@ -464,6 +464,17 @@ static int check_generator(tr_recipe *r, const tr_ynode *root, bool rl, tr_err *
     }
     g->replicas = g->parallel.dp;
     if (check_devices(&g->devices, &g->parallel, "generator", root, err)) return -1;
+    // The weight sync broadcasts one whole model from the policy's rank 0 to whole-model
+    // replicas; resharding between tensor-parallel layouts is not built.
+    if (g->parallel.tp != 1)
+        return fail_path(root, "models.generator.parallel.tp", err, "%lld: generator replicas hold the whole "
+                         "model (tp 1); tensor parallelism works where the policy generates itself (leave "
+                         "models.generator out)", (long long)g->parallel.tp);
+    if (r->models[TR_RECIPE_POLICY].parallel.tp != 1)
+        return fail_path(root, "models.policy.parallel.tp", err, "%lld with models.generator: the weight sync "
+                         "sends a whole model from the policy's rank 0, so a policy that syncs to a generator "
+                         "has tp 1 (or leave models.generator out)",
+                         (long long)r->models[TR_RECIPE_POLICY].parallel.tp);
     if (g->backend != TR_RECIPE_GEN_BACKEND_RUN &&
         (g->backend == TR_RECIPE_GEN_BACKEND_CUDA) != (r->backend == TR_RECIPE_CUDA))
         return fail_path(root, "models.generator.backend", err, "%s, but the policy runs on %s: the weight sync's "
@@ -616,6 +627,10 @@ static int validate(tr_recipe *r, const tr_ynode *root, tr_err *err) {
                 return fail_path(root, gpath, err, "%s has parallel.dp %lld and %s %lld; colocated roles need "
                                  "the same data-parallel size", tr_recipe_role_names[first],
                                  (long long)role_dp(r, first), name, (long long)role_dp(r, role));
+            if (role_tp(r, role) != role_tp(r, first))
+                return fail_path(root, gpath, err, "%s has parallel.tp %lld and %s %lld; colocated roles need "
+                                 "the same tensor-parallel size", tr_recipe_role_names[first],
+                                 (long long)role_tp(r, first), name, (long long)role_tp(r, role));
         }
     }
     return 0;

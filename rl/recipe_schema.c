@@ -39,7 +39,7 @@ _Static_assert(sizeof(enum tr_loss_agg) == sizeof(int), "enum size");
 
 static const tr_rkey parallel_keys[] = {
     {.name = "tp", .type = TR_RK_INT, .off = offsetof(tr_recipe_parallel, tp), .flags = MIN, .min = 1,
-     .def = "1", .doc = "tensor-parallel ranks (Megatron column/row splits); only 1 until tensor parallelism is built"},
+     .def = "1", .doc = "tensor-parallel ranks (Megatron column/row splits); must divide the query heads"},
     {.name = "dp", .type = TR_RK_INT, .off = offsetof(tr_recipe_parallel, dp), .flags = MIN, .min = 1,
      .def = "1", .doc = "data-parallel ranks: token-balanced shares of each batch, ZeRO-1 optimizer shards"},
     {0},
@@ -143,7 +143,7 @@ static const tr_rkey reward_keys[] = {
 
 static const tr_rkey generator_parallel_keys[] = {
     {.name = "tp", .type = TR_RK_INT, .off = offsetof(tr_recipe_parallel, tp), .flags = MIN, .min = 1,
-     .def = "1", .doc = "tensor-parallel ranks of each replica; only 1 until tensor parallelism is built"},
+     .def = "1", .doc = "tensor-parallel ranks of each replica; 1 (replicas hold the whole model)"},
     {.name = "dp", .type = TR_RK_INT, .off = offsetof(tr_recipe_parallel, dp), .flags = MIN, .min = 1,
      .def = "1", .doc = "replicas, each sampling a contiguous share of the prompts"},
     {0},

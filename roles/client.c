@@ -76,6 +76,7 @@ static int send_all(pending *p, tr_err *err) {
     tr_msg_writer_init(&w);
     int rc = 0;
     for (int32_t r = 0; r < p->ranks && !rc; r++) {
+        if (p->got[r]) continue;   // not called (tr_call.stride)
         char peer[TR_PEER_ID_MAX];
         snprintf(peer, sizeof peer, "%s/%d", g->role, r);
         tr_msg_writer_reset(&w);
@@ -259,6 +260,12 @@ static int start(tr_group *const *gs, const tr_call *calls, int n, bool keep, tr
         p->rep = calloc((size_t)p->ranks, sizeof *p->rep);
         p->got = calloc((size_t)p->ranks, sizeof *p->got);
         if (!p->rep || !p->got) rc = tr_errf(err, TR_ENOMEM, "%s.%s: out of memory", p->g->role, p->c->op);
+        // Ranks the call skips count as answered, with no reply to hand over.
+        for (int32_t r = 0; !rc && calls[i].stride > 1 && r < p->ranks; r++)
+            if (r % calls[i].stride != 0) {
+                p->got[r] = true;
+                p->n_got++;
+            }
         else if (gs[i]->router != gs[0]->router || calls[i].best_effort != calls[0].best_effort ||
                  gs[i]->inflight != gs[0]->inflight)
             rc = tr_errf(err, TR_EINVAL, "%s.%s: calls made together share one router, in-flight set and policy",

@@ -237,11 +237,15 @@ int tr_weights_sync(tr_group *policy, tr_group *generator, int64_t bucket_bytes,
 // this only fails when the request cannot be built.
 int tr_group_shutdown(tr_group *g, tr_err *err);
 
-// Forms the data-parallel communicator of every group in gs (each with dp > 1): comm_id to
-// each group's rank 0, then comm_join to every rank of every group, then comm_ready, each
-// step sent to all the groups at once, so no worker waits for a peer that is busy with
-// another group's step. timeout_ms bounds the wait for the last rank to join.
+// Forms the data-parallel communicators of every group in gs (each with dp > 1; one per
+// tensor-parallel rank k, over ranks d * tp + k): comm_id to each communicator's rank 0, then
+// comm_join to every rank of every group, then comm_ready, each step sent to all the groups
+// at once, so no worker waits for a peer that is busy with another group's step. timeout_ms
+// bounds the wait for the last rank to join.
 int tr_groups_comm_init(tr_group *const *gs, int n, int timeout_ms, tr_err *err);
+// The same for the tensor-parallel communicators of every group in gs (each with tp > 1; one
+// per data-parallel rank d, over ranks d * tp .. d * tp + tp - 1).
+int tr_groups_tp_comm_init(tr_group *const *gs, int n, int timeout_ms, tr_err *err);
 // Forms the weight-sync communicator: the policy's rank 0 as its rank 0 (comm_id), then it
 // and every generator rank r as rank 1 + r (comm_join, both groups at once), then comm_ready.
 int tr_groups_sync_comm_init(tr_group *policy, tr_group *generator, int timeout_ms, tr_err *err);

@@ -1,5 +1,6 @@
-// Forming communicators from the controller: the data-parallel one of each role group, and
-// the weight-sync one spanning the policy's rank 0 and the generator's ranks. The id comes from
+// Forming communicators from the controller: the tensor-parallel and data-parallel ones of
+// each role group, and the weight-sync one spanning the policy's rank 0 and the generator's
+// ranks. The id comes from
 // the communicator's rank 0 (comm_id), goes to every rank (comm_join, which returns without
 // waiting) and only then is every rank asked to wait for the others (comm_ready). Each step
 // is one call to all the groups at once, so a worker hosting ranks of several groups never
@@ -13,20 +14,37 @@
 #include "roles/client_impl.h"
 
 typedef struct comm_ctx {
-    char id[TR_COMM_ID_MAX];
+    char id[TR_COMM_ID_MAX];   // sync: the one communicator's id
     int timeout_ms;
-    int32_t dp;
+    // A group's communicators of one kind: "dp" (one per tensor-parallel rank k, over the
+    // ranks d * tp + k) or "tp" (one per data-parallel rank d, over d * tp .. d * tp + tp - 1),
+    // each of `world` ranks; ids[i] is communicator i's.
+    const char *name;
+    int32_t tp, world, n;
+    char (*ids)[TR_COMM_ID_MAX];
     // The sync communicator: its world, and the sync rank of the group's rank 0 (each rank r
     // of the group is first + r).
     int32_t sync_world, sync_first;
 } comm_ctx;
 
+static bool is_dp(const comm_ctx *c) { return strcmp(c->name, "dp") == 0; }
+
+// Which of the group's communicators rank r is in, and its rank there.
+static int32_t comm_index(const comm_ctx *c, int32_t r) { return is_dp(c) ? r % c->tp : r / c->tp; }
+static int32_t comm_rank(const comm_ctx *c, int32_t r) { return is_dp(c) ? r / c->tp : r % c->tp; }
+
 static void build_id(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, const char *op, uint64_t id) {
-    (void)ctx;
     (void)rank;
     (void)ranks;
+    const comm_ctx *c = ctx;
     tr_msg_begin_request(w, op, id, 1);
-    tr_msg_put_str(w, "name", "dp");
+    tr_msg_put_str(w, "name", c->name);
+}
+
+// Every communicator's rank 0 reports its id.
+static int reply_group_id(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *err) {
+    comm_ctx *c = ctx;
+    return tr_msg_get_str_buf(res, "id", c->ids[comm_index(c, rank)], TR_COMM_ID_MAX, err);
 }
 
 static int reply_id(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *err) {
@@ -36,46 +54,57 @@ static int reply_id(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *err)
 }
 
 static void build_join(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, const char *op, uint64_t id) {
-    (void)rank;
     (void)ranks;
-    comm_ctx *c = ctx;
+    const comm_ctx *c = ctx;
     tr_msg_begin_request(w, op, id, 2);
-    tr_msg_put_str(w, "name", "dp");
-    tr_msg_put_str(w, "id", c->id);
+    tr_msg_put_str(w, "name", c->name);
+    tr_msg_put_str(w, "id", c->ids[comm_index(c, rank)]);
 }
 
 static void build_ready(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, const char *op, uint64_t id) {
     (void)rank;
     (void)ranks;
-    comm_ctx *c = ctx;
+    const comm_ctx *c = ctx;
     tr_msg_begin_request(w, op, id, 2);
-    tr_msg_put_str(w, "name", "dp");
+    tr_msg_put_str(w, "name", c->name);
     tr_msg_put_int(w, "timeout_ms", c->timeout_ms);
 }
 
-// Each rank reports its place: dp rank = rank / tp, in a communicator of dp ranks.
+// Each rank reports its place: in a dp communicator dp_rank = rank / tp, in a tp one
+// tp_rank = rank % tp.
 static int reply_ready(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *err) {
-    comm_ctx *c = ctx;
+    const comm_ctx *c = ctx;
     int64_t r, world;
     if (tr_msg_get_int(res, "rank", &r, err) || tr_msg_get_int(res, "world", &world, err)) return -1;
-    if (world != c->dp || r < 0 || r >= world)
-        return tr_errf(err, TR_EPEER, "comm_ready: rank %lld of %lld in a %d-rank communicator (rank %d)", (long long)r,
-                       (long long)world, c->dp, rank);
+    if (world != c->world || r != comm_rank(c, rank))
+        return tr_errf(err, TR_EPEER, "comm_ready: %s rank %lld of %lld, expected %d of %d (rank %d)", c->name,
+                       (long long)r, (long long)world, comm_rank(c, rank), c->world, rank);
     return 0;
 }
 
-int tr_groups_comm_init(tr_group *const *gs, int n, int timeout_ms, tr_err *err) {
+// Every group's communicators of one kind at once: comm_id to each communicator's rank 0,
+// comm_join to every rank with its communicator's id, comm_ready.
+static int groups_comm_init(tr_group *const *gs, int n, const char *name, int timeout_ms, tr_err *err) {
     if (n < 1) return 0;
     comm_ctx *cs = calloc((size_t)n, sizeof *cs);
     tr_call *calls = calloc((size_t)n, sizeof *calls);
     int rc = !cs || !calls ? tr_errf(err, TR_ENOMEM, "communicators: out of memory") : 0;
+    bool dp = strcmp(name, "dp") == 0;
     for (int i = 0; i < n && !rc; i++) {
-        cs[i].timeout_ms = timeout_ms > 0 ? timeout_ms : 60000;
-        cs[i].dp = gs[i]->world / (gs[i]->tp > 0 ? gs[i]->tp : 1);
-        if (cs[i].dp < 2)
-            rc = tr_errf(err, TR_EINVAL, "%s: a data-parallel communicator needs dp >= 2 (got %d)", gs[i]->role,
-                         cs[i].dp);
-        calls[i] = (tr_call){.op = "comm_id", .ranks = 1, .build = build_id, .reply = reply_id, .ctx = &cs[i]};
+        comm_ctx *c = &cs[i];
+        c->name = name;
+        c->timeout_ms = timeout_ms > 0 ? timeout_ms : 60000;
+        c->tp = gs[i]->tp > 0 ? gs[i]->tp : 1;
+        c->world = dp ? gs[i]->world / c->tp : c->tp;
+        c->n = gs[i]->world / c->world;
+        if (c->world < 2)
+            rc = tr_errf(err, TR_EINVAL, "%s: a %s communicator needs 2 or more ranks (got %d)", gs[i]->role,
+                         dp ? "data-parallel" : "tensor-parallel", c->world);
+        else if (!(c->ids = calloc((size_t)c->n, sizeof *c->ids)))
+            rc = tr_errf(err, TR_ENOMEM, "communicators: out of memory");
+        // dp: ranks 0 .. tp-1 are the communicators' rank 0; tp: every tp-th rank.
+        calls[i] = (tr_call){.op = "comm_id", .ranks = dp ? c->tp : 0, .stride = dp ? 0 : c->tp,
+                             .build = build_id, .reply = reply_group_id, .ctx = c};
     }
     if (!rc) rc = tr_group_call_many(gs, calls, n, err);
     for (int i = 0; i < n && !rc; i++)
@@ -84,9 +113,18 @@ int tr_groups_comm_init(tr_group *const *gs, int n, int timeout_ms, tr_err *err)
     for (int i = 0; i < n && !rc; i++)
         calls[i] = (tr_call){.op = "comm_ready", .build = build_ready, .reply = reply_ready, .ctx = &cs[i]};
     if (!rc) rc = tr_group_call_many(gs, calls, n, err);
+    for (int i = 0; cs && i < n; i++) free(cs[i].ids);
     free(cs);
     free(calls);
-    return rc ? tr_err_wrap(err, "forming the data-parallel communicators") : 0;
+    return rc ? tr_err_wrap(err, "forming the %s communicators", dp ? "data-parallel" : "tensor-parallel") : 0;
+}
+
+int tr_groups_comm_init(tr_group *const *gs, int n, int timeout_ms, tr_err *err) {
+    return groups_comm_init(gs, n, "dp", timeout_ms, err);
+}
+
+int tr_groups_tp_comm_init(tr_group *const *gs, int n, int timeout_ms, tr_err *err) {
+    return groups_comm_init(gs, n, "tp", timeout_ms, err);
 }
 
 // ---- the weight-sync communicator ----

@@ -9,6 +9,8 @@
 typedef struct tr_call {
     const char *op;
     int32_t ranks;   // ranks to call, 0 .. ranks-1; 0 = the whole group
+    int32_t stride;  // of those, only the multiples of stride (0 or 1: every one), e.g. the
+                     // first rank of each tensor-parallel group
     // Writes rank r's complete request (tr_msg_begin_request(w, op, id, ...) and its args).
     void (*build)(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, const char *op, uint64_t id);
     // Reads rank r's ok result; called in rank order once every rank has answered. May be NULL.

@@ -142,14 +142,21 @@ typedef struct gen_ctx {
     tr_sampling s;
     int32_t *plen, *group;      // [n]
     tr_rollouts *out;
-    int32_t world;
+    int32_t world, tp;
 } gen_ctx;
 
+// The share of data-parallel rank rank / tp: every rank of a tensor-parallel group gets the
+// same (it computes the same results, which its first rank returns).
+static void dp_share(int64_t n, int32_t world, int32_t tp, int32_t rank, int64_t *first, int64_t *count) {
+    tr_share(n, world / tp, rank / tp, first, count);
+}
+
 static void build_generate(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, const char *op, uint64_t id) {
+    (void)ranks;
     gen_ctx *c = ctx;
     const tr_prompt_batch *p = c->p;
     int64_t first, count;
-    tr_share(p->n, ranks, rank, &first, &count);
+    dp_share(p->n, c->world, c->tp, rank, &first, &count);
     int64_t t0 = p->offset[first], nt = p->offset[first + count] - t0;
     tr_msg_begin_request(w, op, id, 4 + (p->text ? 1 : 0) + (p->meta ? 1 : 0) + 1);
     tr_msg_put_int(w, "index0", first);
@@ -181,8 +188,9 @@ static void build_generate(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer
 
 static int reply_generate(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *err) {
     gen_ctx *c = ctx;
+    if (rank % c->tp != 0) return 0;
     int64_t first, count;
-    tr_share(c->n_prompts, c->world, rank, &first, &count);
+    dp_share(c->n_prompts, c->world, c->tp, rank, &first, &count);
     int32_t before = c->out->n;
     if (tr_rollouts_get(res, "rollouts", 0, c->out, err)) return -1;
     if ((int64_t)(c->out->n - before) != count * c->s.n)
@@ -203,7 +211,8 @@ static int gen_ctx_init(gen_ctx *c, tr_group *g, const tr_prompt_batch *prompts,
         return tr_errf(err, TR_EINVAL, "%s.generate: %d prompts x %d samples, %d stop ids", g->role, prompts->n,
                        s->n, s->n_stop);
     size_t n = prompts->n ? (size_t)prompts->n : 1;
-    *c = (gen_ctx){prompts, prompts->n, *s, malloc(n * sizeof(int32_t)), malloc(n * sizeof(int32_t)), out, g->world};
+    *c = (gen_ctx){prompts, prompts->n, *s, malloc(n * sizeof(int32_t)), malloc(n * sizeof(int32_t)), out, g->world,
+                   g->tp > 0 ? g->tp : 1};
     if (!c->plen || !c->group) {
         gen_ctx_free(c);
         return tr_errf(err, TR_ENOMEM, "%s.generate: out of memory", g->role);
@@ -267,7 +276,7 @@ void tr_generate_abandon(tr_generate_call *call) {
 
 typedef struct seq_ctx {
     const tr_rollouts *r;
-    int32_t world;
+    int32_t world, tp;
     const char *key;      // result tensor aligned with tokens ("logprobs", "values")
     float *out;
     float *entropy;       // logprobs only, may be NULL
@@ -276,9 +285,10 @@ typedef struct seq_ctx {
 } seq_ctx;
 
 static void build_seq(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, const char *op, uint64_t id) {
+    (void)ranks;
     seq_ctx *c = ctx;
     int64_t first, count;
-    tr_share(c->r->n, ranks, rank, &first, &count);
+    dp_share(c->r->n, c->world, c->tp, rank, &first, &count);
     bool score = c->scores != NULL, lp = strcmp(op, "logprobs") == 0;
     tr_msg_begin_request(w, op, id, lp ? 2 : 1);
     tr_rollouts_put(w, "rollouts", c->r, (int32_t)first, (int32_t)count, score ? TR_RO_TEXT : 0);
@@ -287,8 +297,9 @@ static void build_seq(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, 
 
 static int reply_seq(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *err) {
     seq_ctx *c = ctx;
+    if (rank % c->tp != 0) return 0;
     int64_t first, count;
-    tr_share(c->r->n, c->world, rank, &first, &count);
+    dp_share(c->r->n, c->world, c->tp, rank, &first, &count);
     if (c->scores) {
         int64_t f = 0;
         if (tr_token_floats_get(res, "scores", count, c->scores + first, err) ||
@@ -305,20 +316,21 @@ static int reply_seq(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *err
 
 int tr_model_logprobs(tr_group *g, const tr_rollouts *r, float *logprobs, float *entropy,
                       tr_err *err) {
-    seq_ctx c = {.r = r, .world = g->world, .key = "logprobs", .out = logprobs, .entropy = entropy};
+    seq_ctx c = {.r = r, .world = g->world, .tp = g->tp > 0 ? g->tp : 1, .key = "logprobs", .out = logprobs,
+                 .entropy = entropy};
     tr_call call = {.op = "logprobs", .ranks = 0, .build = build_seq, .reply = reply_seq, .ctx = &c};
     return tr_group_call(g, &call, err);
 }
 
 int tr_critic_values(tr_group *g, const tr_rollouts *r, float *values, tr_err *err) {
-    seq_ctx c = {.r = r, .world = g->world, .key = "values", .out = values};
+    seq_ctx c = {.r = r, .world = g->world, .tp = g->tp > 0 ? g->tp : 1, .key = "values", .out = values};
     tr_call call = {.op = "values", .ranks = 0, .build = build_seq, .reply = reply_seq, .ctx = &c};
     return tr_group_call(g, &call, err);
 }
 
 int tr_reward_score(tr_group *g, const tr_rollouts *r, float *scores, int64_t *failures,
                     tr_err *err) {
-    seq_ctx c = {.r = r, .world = g->world, .scores = scores};
+    seq_ctx c = {.r = r, .world = g->world, .tp = g->tp > 0 ? g->tp : 1, .scores = scores};
     tr_call call = {.op = "score", .ranks = 0, .build = build_seq, .reply = reply_seq, .ctx = &c};
     int rc = tr_group_call(g, &call, err);
     if (!rc && failures) *failures = c.failures;
@@ -335,7 +347,8 @@ static void build_dir(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, 
 }
 
 int tr_role_save(tr_group *g, const char *dir, tr_err *err) {
-    // Every rank takes part: rank 0 writes the weights, each rank its optimizer shard.
+    // Every rank takes part: rank 0 writes the weights (gathered from its tensor-parallel
+    // group), each rank its optimizer shard.
     tr_call call = {.op = "save", .ranks = 0, .build = build_dir, .reply = NULL, .ctx = (void *)dir};
     return tr_group_call(g, &call, err);
 }

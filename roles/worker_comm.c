@@ -1,8 +1,9 @@
 // The communicator ops of a role (docs/protocol.md, "Communicators"): comm_id makes a
 // communicator on its rank 0 and returns its id, comm_join opens that id and starts joining
 // without waiting, comm_ready waits until every rank has joined and hands the communicator to
-// its user. Two exist: "dp", a group's data-parallel ranks (the trainer's gradient reductions),
-// and "sync", the policy's dp rank 0 with every generator rank (sync_weights). The controller
+// its user. Three exist: "tp", the ranks of one tensor-parallel group (the model's shards),
+// "dp", a group's data-parallel ranks of one tensor-parallel rank (the trainer's gradient
+// reductions), and "sync", the policy's dp rank 0 with every generator rank (sync_weights). The controller
 // sends comm_ready only once every rank of every group it is forming has answered comm_join,
 // so no rank waits inside an op for a peer that is still busy with another group's.
 #include <stdio.h>
@@ -35,9 +36,19 @@ static int get_slot(tr_role_ctx *rc, const tr_msg_map *a, const char *op, comm_s
         *s = (comm_slot){"dp", &rc->comm, rc->comm_id, rc->dp_rank, rc->dp};
         return 0;
     }
+    if (strcmp(name, "tp") == 0) {
+        if (tr_msg_has(a, "rank") || tr_msg_has(a, "world"))
+            return tr_errf(err, TR_EINVAL, "%s: the tp communicator takes its rank and world from init's parallel "
+                           "layout, not from the op", op);
+        if (rc->tp < 2 || !rc->has_model)
+            return tr_errf(err, TR_EINVAL, "%s: %s has tp %d%s: a tensor-parallel communicator needs a model split "
+                           "over 2 or more ranks", op, rc->id, rc->tp, rc->has_model ? "" : " and no model");
+        *s = (comm_slot){"tp", &rc->tp_comm, rc->tp_comm_id, rc->tp_rank, rc->tp};
+        return 0;
+    }
     if (strcmp(name, "sync") != 0)
-        return tr_errf(err, TR_EINVAL, "%s: communicator '%s': only 'dp' (data parallel) and 'sync' (weight sync) "
-                       "exist", op, name);
+        return tr_errf(err, TR_EINVAL, "%s: communicator '%s': only 'tp' (tensor parallel), 'dp' (data parallel) "
+                       "and 'sync' (weight sync) exist", op, name);
     if (rc->kind != TR_ROLE_POLICY && rc->kind != TR_ROLE_GENERATOR)
         return tr_errf(err, TR_EINVAL, "%s: the %s role takes no part in the weight sync", op, rc->name);
     int64_t rank = 0, world = 0;
@@ -117,6 +128,8 @@ int tr_worker_op_comm_ready(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *r
         return tr_errf(err, TR_EINVAL, "comm_ready: timeout_ms %lld (1..3600000)", (long long)timeout);
     if (tr_comm_wait(*s.comm, (int)timeout, err)) return -1;
     if (s.comm == &rc->comm && rc->has_trainer && tr_trainer_set_comm(&rc->trainer, rc->comm, err)) return -1;
+    if (s.comm == &rc->tp_comm && (tr_model_set_tp_comm(&rc->model, rc->tp_comm, err) || tr_worker_tp_agree(rc, err)))
+        return -1;
     tr_worker_logf(rc, "comm_ready: %s rank %d of %d (%s)", s.name, s.rank, s.world, tr_comm_kind(*s.comm));
     tr_msg_begin_reply(rep, req->id, 3);
     tr_msg_put_int(rep, "rank", s.rank);

@@ -42,9 +42,13 @@ typedef struct tr_role_ctx {
     tr_dealer *dealer;
     bool ready;                       // init succeeded
     // The group's parallel layout from init: rank = dp_rank * tp + tp_rank.
-    int32_t tp, dp, dp_rank;
+    int32_t tp, dp, dp_rank, tp_rank;
     tr_comm *comm;                    // the data-parallel communicator (comm_* ops), or NULL
     char comm_id[TR_COMM_ID_MAX];     // dp rank 0: the id comm_id made
+    // The tensor-parallel communicator (name "tp"): the ranks of this rank's model shard group,
+    // which compute alike on the same data; its rank 0 answers with the results.
+    tr_comm *tp_comm;
+    char tp_comm_id[TR_COMM_ID_MAX];
     // The weight-sync communicator (name "sync"): the policy's dp rank 0 as its rank 0, the
     // generator's ranks after it; NULL where the recipe has no generator.
     tr_comm *sync_comm;
@@ -128,7 +132,11 @@ int tr_worker_op_load(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
 int tr_worker_op_train(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
 int tr_worker_op_train_sft(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
 
-// worker_comm.c: the data-parallel communicator's bootstrap.
+// worker_model.c: the tensor-parallel group's agreement on the generator's KV pool and batch,
+// once its communicator is ready.
+int tr_worker_tp_agree(tr_role_ctx *rc, tr_err *err);
+
+// worker_comm.c: the communicators' bootstrap.
 int tr_worker_op_comm_id(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
 int tr_worker_op_comm_join(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
 int tr_worker_op_comm_ready(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);

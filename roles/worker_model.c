@@ -118,6 +118,8 @@ static void mb_free(tr_mb_buf *b) {
 void tr_role_ctx_free(tr_role_ctx *rc) {
     tr_comm_free(rc->comm);
     rc->comm = NULL;
+    tr_comm_free(rc->tp_comm);
+    rc->tp_comm = NULL;
     tr_comm_free(rc->sync_comm);
     rc->sync_comm = NULL;
     if (rc->has_gen) tr_generator_free(&rc->gen);
@@ -161,7 +163,7 @@ static int make_plan(tr_role_ctx *rc, const tr_model_config *cfg, int32_t max_to
     tr_plan_req pr = {.cfg = cfg, .max_tokens = max_tokens, .training = train, .optim_shards = rc->dp, .generate = gen,
                       .kv_tokens = rc->kv_tokens, .kv_want = rc->kv_want > 0 ? rc->kv_want : 16384,
                       .max_seqs = rc->max_seqs, .max_seqs_want = rc->max_seqs,
-                      .budget = (size_t)rc->memory_bytes};
+                      .budget = (size_t)rc->memory_bytes, .tp_size = rc->tp, .tp_rank = rc->tp_rank};
     if (tr_plan_make(&rc->w->be, &pr, &rc->plan, err)) return tr_err_wrap(err, "init");
     char text[1024];
     tr_plan_format(&rc->plan, text, sizeof text);
@@ -203,7 +205,7 @@ static int load_model(tr_role_ctx *rc, const tr_msg_map *a, int32_t max_tokens, 
     // grown here to this role's need if it is the largest so far.
     tr_worker *w = rc->w;
     if (make_plan(rc, &cfg, max_tokens, train, gen, err)) return -1;
-    tr_model_opts mo = {.max_tokens = max_tokens, .training = train};
+    tr_model_opts mo = {.max_tokens = max_tokens, .training = train, .tp_size = rc->tp, .tp_rank = rc->tp_rank};
     tr_gen_opts go = gen_opts(rc);
     tr_arena_need_init(&rc->need, &cfg, &mo, gen ? &go : NULL, w->be.act);
     if (tr_arena_reserve(&w->arena, tr_arena_need_bytes(&rc->need), err)) return -1;
@@ -233,6 +235,29 @@ static int load_model(tr_role_ctx *rc, const tr_msg_map *a, int32_t max_tokens, 
     }
     if (rc2) return -1;
     return mb_alloc(&rc->mb, max_tokens, err);
+}
+
+// The ranks of a tensor-parallel group schedule generation alike only with the same KV pool
+// and batch: each planned its own from its device's room, and all take the smallest. A
+// smaller pool fits where the larger was laid out, so the generator is made again in place.
+int tr_worker_tp_agree(tr_role_ctx *rc, tr_err *err) {
+    if (!rc->has_gen) return 0;
+    int64_t v[2] = {rc->plan.kv_tokens, rc->plan.max_seqs};
+    if (tr_comm_min_i64(rc->tp_comm, v, 2, err)) return -1;
+    if (v[0] == rc->plan.kv_tokens && v[1] == rc->plan.max_seqs) return 0;
+    tr_worker_logf(rc, "tensor parallel: KV cache %lld tokens and %lld sequences, the group's smallest (planned "
+                   "%lld and %d)", (long long)v[0], (long long)v[1], (long long)rc->plan.kv_tokens, rc->plan.max_seqs);
+    rc->plan.kv_tokens = v[0];
+    rc->plan.max_seqs = (int32_t)v[1];
+    tr_gen_opts go = gen_opts(rc);
+    size_t off = tr_arena_kv_offset(&rc->model);
+    go.kv_buf = (char *)rc->w->arena.base + off;
+    go.kv_buf_bytes = rc->w->arena.bytes - off;
+    tr_generator_free(&rc->gen);
+    rc->has_gen = false;
+    if (tr_generator_init(&rc->gen, &rc->model, &go, err)) return -1;
+    rc->has_gen = true;
+    return 0;
 }
 
 static int load_tokenizer(tr_role_ctx *rc, const tr_msg_map *a, tr_err *err) {
@@ -270,11 +295,10 @@ static int parse_parallel(tr_role_ctx *rc, const tr_msg_map *a, tr_err *err) {
     if (tp < 1 || dp < 1 || tp * dp != rc->w->world)
         return tr_errf(err, TR_EINVAL, "init: parallel tp %lld x dp %lld does not make the group's %d ranks",
                        (long long)tp, (long long)dp, rc->w->world);
-    if (tp != 1)
-        return tr_errf(err, TR_EUNSUPPORTED, "init: tensor parallelism (tp %lld) is not built yet", (long long)tp);
     rc->tp = (int32_t)tp;
     rc->dp = (int32_t)dp;
     rc->dp_rank = rc->w->rank / rc->tp;
+    rc->tp_rank = rc->w->rank % rc->tp;
     return 0;
 }
 
@@ -472,7 +496,9 @@ static int op_forward(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, bo
     if (!rc2 && (!(out = malloc(nt * sizeof(float))) || (want_ent && !(ent = malloc(nt * sizeof(float))))))
         rc2 = tr_errf(err, TR_ENOMEM, "out of memory for %lld tokens", (long long)r.n_tokens);
     if (!rc2) rc2 = forward_all(rc, &r, out, ent, err);
-    if (!rc2) {
+    if (!rc2 && rc->tp_rank != 0) {
+        tr_msg_begin_reply(rep, req->id, 0);   // its tensor-parallel group's rank 0 answers
+    } else if (!rc2) {
         int64_t n = r.n_tokens;
         tr_msg_begin_reply(rep, req->id, want_ent ? 2 : 1);
         tr_msg_put_tensor(rep, values ? "values" : "logprobs", TR_DTYPE_F32, 1, &n, out);

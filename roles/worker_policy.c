@@ -162,7 +162,8 @@ int tr_worker_op_generate(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep
         have_outs = rc2 == 0;
     }
     int64_t new_tokens = 0;
-    for (int64_t j = 0; j < n_out && !rc2; j++) {
+    // Every rank of a tensor-parallel group drew the same tokens; its rank 0 answers.
+    for (int64_t j = 0; j < n_out && !rc2 && rc->tp_rank == 0; j++) {
         const tr_gen_output *o = &outs[j];
         int32_t i = o->request;
         char *pt = NULL, *mt = NULL, *rt = NULL;
@@ -178,7 +179,9 @@ int tr_worker_op_generate(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep
         free(mt);
         free(rt);
     }
-    if (!rc2) {
+    if (!rc2 && rc->tp_rank != 0) {
+        tr_msg_begin_reply(rep, req->id, 0);
+    } else if (!rc2) {
         tr_msg_begin_reply(rep, req->id, 1);
         tr_rollouts_put(rep, "rollouts", &r, 0, r.n, TR_RO_ALL);
         tr_worker_logf(rc, "generate: %d prompts x %d samples, %lld new tokens, weights of step %lld", g.k, g.n,
@@ -199,8 +202,9 @@ int tr_worker_op_save(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
     char dir[1024];
     if (tr_msg_check_keys(&req->args, keys, err) || tr_msg_get_str_buf(&req->args, "dir", dir, sizeof dir, err))
         return -1;
-    // The weights are the same on every data-parallel rank: rank 0 writes them (making dir),
-    // then every rank its shard of the optimizer state.
+    // The weights are the same on every data-parallel rank: rank 0 writes them (making dir;
+    // the ranks of its tensor-parallel group gather their shards to it), then every rank its
+    // shard of the optimizer state (gathered into whole tensors under tensor parallelism).
     tr_comm *comm = rc->has_trainer ? rc->trainer.comm : NULL;
     if (rc->dp > 1 && rc->has_trainer && !comm)
         return tr_errf(err, TR_EINVAL, "save: %s is one of %d data-parallel ranks but has no communicator", rc->id,
@@ -208,6 +212,7 @@ int tr_worker_op_save(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
     tr_ckpt_save_opts so = {.dtype = rc->save_bf16 ? TR_ST_BF16 : TR_ST_F32,
                             .tokenizer_dir = rc->tokenizer_dir[0] ? rc->tokenizer_dir : NULL};
     int rc2 = rc->dp_rank == 0 ? tr_model_save(&rc->model, dir, &so, err) : 0;
+    if (rc2 && rc->tp_comm) tr_comm_abort(rc->tp_comm, err->msg);
     if (rc2 && comm) tr_comm_abort(comm, err->msg);
     if (!rc2 && comm) rc2 = tr_comm_barrier(comm, err);
     if (!rc2 && rc->has_trainer) rc2 = tr_train_state_save(&rc->trainer, dir, err);

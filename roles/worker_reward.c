@@ -135,7 +135,9 @@ int tr_worker_op_score(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, t
         case TR_REWARD_KIND_MODEL: rc2 = score_model(rc, &r, scores, err); break;
         }
     }
-    if (!rc2) {
+    if (!rc2 && rc->tp_rank != 0) {
+        tr_msg_begin_reply(rep, req->id, 0);   // its tensor-parallel group's rank 0 answers
+    } else if (!rc2) {
         int64_t n = r.n;
         tr_msg_begin_reply(rep, req->id, 2);
         tr_msg_put_tensor(rep, "scores", TR_DTYPE_F32, 1, &n, scores);

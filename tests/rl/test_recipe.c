@@ -209,9 +209,8 @@ static void test_errors(void) {
                  "bad.yaml:5:5: models.policy: give only one of path, init");
     expect_error(L1 L2 L3 L4 L5 "    devices: [0, 1]\n" L6 L7 L8 L9, NULL, 0,
                  "bad.yaml:6:14: models.policy.devices: 2 devices for tp 1 x dp 1 = 1 ranks");
-    expect_error(L1 L2 L3 L4 L5 "    parallel: {tp: 2, dp: 2}\n" L6 L7 L8 L9, NULL, 0,
-                 "bad.yaml:6:20: models.policy.parallel.tp: 2: tensor parallelism is not built yet, so tp must be 1 "
-                 "(parallel.dp spreads a model's ranks over devices)");
+    expect_error(L1 L2 L3 L4 L5 "    parallel: {tp: 2, dp: 2}\n    devices: [0, 1]\n" L6 L7 L8 L9, NULL, 0,
+                 "bad.yaml:7:14: models.policy.devices: 2 devices for tp 2 x dp 2 = 4 ranks");
     expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "placement: {colocate: [[policy, critic]]}\n", NULL, 0,
                  "bad.yaml:10:23: placement.colocate: role critic is not defined under models");
     expect_error(L1 L2 L3 L4 L5 "  reward: {kind: service, endpoint: localhost:5555}\n" L7 L8 L9, NULL, 0,
@@ -397,8 +396,8 @@ static void test_generator(void) {
 
     const char *gen = L1 L2 L3 L4 L5 L6;
     expect_error(L1 L2 L3 L4 L5 "  generator: {parallel: {tp: 2}}\n" L6 L7 L8 L9, NULL, 0,
-                 "bad.yaml:6:30: models.generator.parallel.tp: 2: tensor parallelism is not built yet, so tp must be "
-                 "1 (parallel.dp spreads a model's ranks over devices)");
+                 "bad.yaml:6:30: models.generator.parallel.tp: 2: generator replicas hold the whole model (tp 1); "
+                 "tensor parallelism works where the policy generates itself (leave models.generator out)");
     char text[512];
     snprintf(text, sizeof text, "%s  generator: {replicas: 2, parallel: {dp: 3}}\n" L7 L8 L9, gen);
     expect_error(text, NULL, 0, "bad.yaml:7:25: models.generator.replicas: 2, but parallel.dp says 3: give one of them");
