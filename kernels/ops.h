@@ -212,8 +212,9 @@ typedef struct tr_ops {
                                const tr_doc_layout *docs, int32_t H, int32_t KVH, int32_t D);
     // Generation: B query tokens (q rows of stride ld, A), token b belongs to sequence b whose
     // keys/values (including this token's, already written) are the first seq_len[b] slots
-    // of its blocks block_table[b * max_blocks + j]. Same arithmetic order as
-    // attention_forward, so decode reproduces the training path's numbers. out [B,H*D] (A).
+    // of its blocks block_table[b * max_blocks + j] (max_blocks 0: the rows share one table, a
+    // prefill chunk's tokens of one sequence). Same arithmetic order as attention_forward, so
+    // decode reproduces the training path's numbers. out [B,H*D] (A).
     void (*attention_decode)(tr_backend *be, void *out, const void *q, int32_t ld,
                              const tr_kv_pages *kv, const int32_t *block_table,
                              int32_t max_blocks, const int32_t *seq_len, int32_t B, int32_t H);

@@ -310,18 +310,27 @@ static void g_attention_decode(tr_backend *be, void *out, const void *q, int32_t
     ld_ok(ld, HD, op);
     dev(be, out, A_(be, nb * (size_t)HD), 0, op, "out");
     dev(be, q, A_(be, strided(B, ld, HD)), 0, op, "q");
-    dev(be, block_table, nb * (size_t)max_blocks * I, 0, op, "block_table");
     dev(be, seq_len, nb * I, 0, op, "seq_len");
     open_mem(be);
-    // On a GPU a block id outside the pool reads another allocation or faults.
+    // Row b reads entries b * max_blocks + j for the blocks its length covers: within its own
+    // row of the table, or, with max_blocks 0 (a prefill's rows sharing one sequence's table),
+    // within that one table. The table must hold the furthest entry any row reads.
+    size_t furthest = 0;
     for (int32_t b = 0; b < B; b++) {
         int32_t n = seq_len[b], used = (n + kv->block_size - 1) / kv->block_size;
-        if (n < 0 || used > max_blocks) {
+        if (n < 0 || (max_blocks > 0 && used > max_blocks)) {
             char what[160];
             snprintf(what, sizeof what, "sequence %d has %d tokens, more than %d blocks hold",
                      b, n, max_blocks);
             tr_cpu_guard_fail(op, what, seq_len);
         }
+        size_t end = (size_t)b * (size_t)max_blocks + (size_t)used;
+        if (end > furthest) furthest = end;
+    }
+    dev(be, block_table, furthest * I, 0, op, "block_table");
+    // On a GPU a block id outside the pool reads another allocation or faults.
+    for (int32_t b = 0; b < B; b++) {
+        int32_t n = seq_len[b], used = (n + kv->block_size - 1) / kv->block_size;
         for (int32_t i = 0; i < used; i++) {
             int32_t blk = block_table[(size_t)b * max_blocks + i];
             if (blk < 0 || blk >= kv->n_blocks) {
