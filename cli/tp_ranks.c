@@ -83,7 +83,10 @@ int tr_tp_ranks_end(tr_tp_ranks *t, const char *cmd, int rc, tr_err *err) {
         tr_comm_free(t->comm);
         _exit(rc ? 1 : 0);
     }
-    // Ranks still waiting for the id read the pipe's end and stop.
+    // Every rank lets go of the communicator at the same time (NCCL's teardown waits for the
+    // peers), then ranks still waiting for the id read the pipe's end and stop.
+    tr_comm_free(t->comm);
+    t->comm = NULL;
     if (t->fds[1] >= 0) close(t->fds[1]);
     t->fds[1] = -1;
     int32_t failed = -1;
@@ -92,8 +95,6 @@ int tr_tp_ranks_end(tr_tp_ranks *t, const char *cmd, int rc, tr_err *err) {
         while (waitpid(t->pids[r], &st, 0) < 0 && errno == EINTR) {}
         if ((!WIFEXITED(st) || WEXITSTATUS(st) != 0) && failed < 0) failed = r;
     }
-    tr_comm_free(t->comm);
-    t->comm = NULL;
     if (!rc && failed > 0) {
         tr_errf(err, TR_EPEER, "tensor-parallel rank %d failed (its error is above)", failed);
         return 1;
