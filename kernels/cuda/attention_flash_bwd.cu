@@ -1,7 +1,7 @@
 // Flash-attention backward on tensor cores, the bf16 path, deterministic without atomics: a
-// dK/dV pass (one block per 128-key tile and kv head, looping over the group's query heads and
-// then the query tiles that see the keys, in a fixed order, both sums in registers) and a
-// separate dQ pass (one block per 128-row query tile and head, looping over its documents' key
+// dK/dV pass (one block per 128-key tile of a document and kv head, looping over the group's
+// query heads and then the query tiles that see the keys, in a fixed order, both sums in
+// registers; tiles with the most queries start first) and a separate dQ pass (one block per 128-row query tile and head, looping over its documents' key
 // tiles). Both recompute S = Q K^T and dP = dO V^T and take P = exp(S scale - lse) from the
 // saved lse, so nothing T x T is ever stored. delta = rowsum(dO * O) comes from one function
 // both passes call, so they agree on it bit for bit. P and dS = P (dP - delta) scale are
@@ -30,6 +30,34 @@ __device__ __forceinline__ float fa_row_delta(const tr_bf16 *dout, const tr_bf16
 }
 
 #define FA_LOG2E 1.4426950408889634f
+
+// Tile y of the document-aligned tiles of BT tokens, in the order of the dK/dV pass: every
+// document's first tile (in document order), then every second tile, and so on, so that the
+// tiles seeing the most queries start first, whatever the layout (a plain order would start
+// the heavy first tiles of later documents last, with only a wave or two of blocks).
+// Sets document e and tile o within it; false past the last tile. Every warp computes it
+// alike, its lanes taking 32 documents at a time.
+__device__ __forceinline__ bool fa_tile_by_level(const int32_t *ds, int n_docs, int BT, int y,
+                                                 int &e, int &o) {
+    const int lane = threadIdx.x & 31;
+    for (o = 0;; o++) {
+        unsigned any = 0;
+        for (int d0 = 0; d0 < n_docs; d0 += 32) {
+            const int d = d0 + lane;
+            const int nt = d < n_docs ? (ds[d + 1] - ds[d] + BT - 1) / BT : 0;
+            unsigned m = __ballot_sync(0xffffffffu, nt > o);
+            any |= m;
+            const int c = __popc(m);
+            if (y < c) {
+                for (int i = 0; i < y; i++) m &= m - 1;   // drop the y lowest documents
+                e = d0 + __ffs(m) - 1;
+                return true;
+            }
+            y -= c;
+        }
+        if (!any) return false;
+    }
+}
 
 // dQ for 16 query rows per warp, FA_BWD_WARPS warps, one head.
 template <int D>
@@ -152,9 +180,9 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dq_kernel(const fa_bw
     }
 }
 
-// dK and dV for 16 keys per warp, FA_BWD_WARPS warps, one kv head: the group's heads in
-// order, and for each the query tiles from the key tile's first token to the end of its last
-// key's document, in order.
+// dK and dV for 16 keys per warp, FA_BWD_WARPS warps, one kv head: a tile of one document's
+// keys, the group's heads in order, and for each the query tiles from the tile's first key to
+// the document's end, in order.
 template <int D>
 __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_kernel(const fa_bwd_args a) {
     constexpr int BK = FA_BWD_WARPS * 16, BQ = FA_BWD_BN, LDS = D + FA_PAD;
@@ -165,8 +193,11 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_kernel(const fa_b
     tr_bf16 *stg = vs + BK * LDS;                                      // two stages
     float *lse_s = reinterpret_cast<float *>(stg + 2 * STAGE);         // [2][BQ], log2 units
     float *delta_s = lse_s + 2 * BQ;                                   // [2][BQ]
+    int doc, lvl;
+    if (!fa_tile_by_level(a.doc_start, a.n_docs, BK, (int)blockIdx.y, doc, lvl)) return;
     const int kvh = blockIdx.x, G = a.H / a.KVH;
-    const int k0 = (int)blockIdx.y * BK, k1 = min(k0 + BK, a.T);
+    const int q_end = a.doc_start[doc + 1];   // the document's end
+    const int k0 = a.doc_start[doc] + lvl * BK, k1 = min(k0 + BK, q_end);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const size_t ld = (size_t)a.ld, HD = (size_t)a.H * D;
     const bool vec = a.vec != 0;
@@ -183,8 +214,6 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_kernel(const fa_b
             return k0 + r < k1 ? a.v + (size_t)(k0 + r) * ld + (size_t)kvh * D : nullptr;
         },
         tid, NTH, vec, a.v);
-    // queries that see the tile: from k0 to the end of the last key's document
-    const int q_end = a.doc_start[fa_doc_of(a.doc_start, a.n_docs, k1 - 1) + 1];
     const int nq = (q_end - k0 + BQ - 1) / BQ, total = G * nq;
     auto load_q = [&](int item, int stage) {
         const int h = kvh * G + item / nq, i0 = k0 + (item % nq) * BQ;
@@ -214,15 +243,9 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_kernel(const fa_b
     if (total > 0) load_q(0, 0);
     fa_cp_commit();
 
-    // this thread's keys (rows g, g+8 of the warp's 16) and the end of each one's document
-    const int wk0 = k0 + warp * 16, wk_last = min(wk0 + 15, k1 - 1);
-    int key[2], kend[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        key[r] = wk0 + g + 8 * r;
-        kend[r] = key[r] < k1 ? a.doc_start[fa_doc_of(a.doc_start, a.n_docs, key[r]) + 1] : 0;
-    }
-    const int warp_end = wk0 < k1 ? a.doc_start[fa_doc_of(a.doc_start, a.n_docs, wk_last) + 1] : 0;
+    // this thread's keys: rows g, g+8 of the warp's 16 (rows past k1 are zeros, never stored)
+    const int wk0 = k0 + warp * 16;
+    const int key[2] = {wk0 + g, wk0 + g + 8};
     const bool want_k = a.dk != nullptr, want_v = a.dv != nullptr;
     float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
@@ -247,7 +270,7 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_kernel(const fa_b
         }
         __syncthreads();
         const int i0 = k0 + (item % nq) * BQ;
-        if (wk0 < k1 && i0 + BQ - 1 >= wk0 && i0 < warp_end) {
+        if (wk0 < k1 && i0 + BQ - 1 >= wk0) {
             float s[1][NT][4], dp[1][NT][4];   // S^T and dP^T: keys by queries
             fa_gemm_abt<D, 1, NT>(s, ks + warp * 16 * LDS, sq, LDS);
             fa_gemm_abt<D, 1, NT>(dp, vs + warp * 16 * LDS, sdo, LDS);
@@ -258,7 +281,7 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_kernel(const fa_b
 #pragma unroll
                     for (int c = 0; c < 2; c++) {
                         const int col = n * 8 + 2 * t + c, i = i0 + col, e = 2 * r + c;
-                        const float p = i >= key[r] && i < kend[r]
+                        const float p = i >= key[r] && i < q_end
                                             ? fa_ex2(__fsub_rn(__fmul_rn(s[0][n][e], a.sl2), lse2[col]))
                                             : 0.0f;
                         s[0][n][e] = p;
@@ -305,7 +328,8 @@ static void fa_backward_run(tr_backend *be, const fa_bwd_args &a) {
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    (int)shm)))
             return;
-        dim3 grid((unsigned)a.KVH, (unsigned)((a.T + B16 - 1) / B16));   // first keys (most work) first
+        // at most this many document tiles; blocks past the last one return at once
+        dim3 grid((unsigned)a.KVH, (unsigned)((a.T + B16 - 1) / B16 + a.n_docs));
         fa_dkv_kernel<D><<<grid, FA_BWD_WARPS * 32, shm, st>>>(a);
         if (TR_CUDA_LAUNCHED(be, "attention_backward dk/dv")) return;
     }

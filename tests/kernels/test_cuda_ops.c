@@ -883,6 +883,20 @@ static int32_t att_decode_tokens(const att_arg *a, int32_t *tok) {
     return n;
 }
 
+// Documents of 1..40 tokens over T tokens (more than a warp's 32 of them, many in one tile);
+// returns how many. ds has room for T + 1 entries.
+static int32_t att_short_docs(int32_t *ds, int32_t T) {
+    int32_t n = 0, t = 0;
+    uint32_t s = 5u;
+    ds[0] = 0;
+    while (t < T) {
+        s = s * 1664525u + 1013904223u;
+        t = t + 1 + (int32_t)((s >> 8) % 40u) < T ? t + 1 + (int32_t)((s >> 8) % 40u) : T;
+        ds[++n] = t;
+    }
+    return n;
+}
+
 // pad: extra columns after v in each row (strides that no fused width explains; a multiple of
 // 8 keeps rows 16-byte aligned, anything else takes the kernels' element loads).
 static void test_attention(int32_t T, int32_t n_docs, const int32_t *doc_start, int32_t H,
@@ -1729,6 +1743,9 @@ static void run_pass(const char *only) {
         // rows past one and two softmax chunks (the forward's fold, the decode's split)
         test_attention(1300, 2, (const int32_t[]){0, 100, 1300}, 2, 1, 64, 8, 16);
         test_attention(2400, 2, (const int32_t[]){0, 2300, 2400}, 2, 2, 128, 0, 64);
+        // many short documents: several per tile, more than 32 in the backward's tile order
+        int32_t short_docs[701];
+        test_attention(700, att_short_docs(short_docs, 700), short_docs, 2, 1, 64, 8, 16);
         // head dimensions without tensor-core kernels: the row kernels, forward and decode
         test_attention(50, 2, (const int32_t[]){0, 20, 50}, 3, 3, 24, 1, 16);   // D below a warp
         test_attention(90, 2, (const int32_t[]){0, 33, 90}, 4, 2, 96, 0, 16);
