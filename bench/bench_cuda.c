@@ -422,7 +422,8 @@ static void bench_attention_section(void) {
     bench_flash("qwen15b_packed", 16384, 0, 12, 2, 128);
     printf("decode attention, bf16 (K and V bytes read per second):\n");
     double bw = bench_copy_bandwidth();
-    for (int32_t ctx = 512; ctx <= 4096; ctx *= 2) bench_decode_bw("qwen05b", 64, ctx, 14, 2, 64, bw);
+    for (int32_t ctx = 512; ctx <= 4096; ctx *= 2)
+        bench_decode_bw("qwen05b", 64, ctx, 14, 2, 64, bw);
     bench_decode_bw("qwen05b", 256, 512, 14, 2, 64, bw);
     bench_decode_bw("qwen15b", 64, 512, 12, 2, 128, bw);
     bench_decode_bw("qwen15b", 64, 2048, 12, 2, 128, bw);

@@ -25,6 +25,8 @@ __global__ void __launch_bounds__(FA_DEC_MAX_WARPS * 32) fa_decode_kernel(const 
     tr_bf16 *qs = reinterpret_cast<tr_bf16 *>(fa_sm);
     tr_bf16 *wst = qs + (16 + warp * NST * 2 * BN) * LDS;   // this warp's stages: K then V
     float *slots = reinterpret_cast<float *>(qs + (16 + W * NST * 2 * BN) * LDS);
+    long long *offs = reinterpret_cast<long long *>(slots + W * fa_dec_slot_floats<D>()) +
+                      warp * BN;   // this warp's slot offsets of the tile being loaded
     const int b = blockIdx.y, kvh = blockIdx.x / a.n_hg, hg = blockIdx.x % a.n_hg;
     const int G = a.H / a.KVH, h0 = kvh * G + hg * 16, nrows = min(16, G - hg * 16);
     const tr_bf16 *qrow = a.q + (size_t)b * (size_t)a.ld;
@@ -66,22 +68,26 @@ __global__ void __launch_bounds__(FA_DEC_MAX_WARPS * 32) fa_decode_kernel(const 
             auto load = [&](int kt) {
                 tr_bf16 *ks = wst + (kt % NST) * 2 * BN * LDS;
                 const int p0 = pb + kt * BN;
-                auto slot = [&](int r) -> long long {   // element offset of position p0 + r
+                // element offsets of the tile's slots, one table lookup per row (-1: past n)
+                __syncwarp();   // the previous tile's copies have read offs
+                for (int r = lane; r < BN; r += 32) {
                     const int p = p0 + r;
-                    if (p >= n) return -1;
-                    return ((long long)tbl[p / bs] * bs + p % bs) * (long long)sstride;
-                };
+                    offs[r] = p < n ? ((long long)__ldg(tbl + p / bs) * bs + p % bs) *
+                                          (long long)sstride
+                                    : -1;
+                }
+                __syncwarp();
                 fa_load_rows<D>(
                     ks, BN,
                     [&](int r) -> const tr_bf16 * {
-                        const long long o = slot(r);
+                        const long long o = offs[r];
                         return o < 0 ? nullptr : kb + o;
                     },
                     lane, 32, veckv, a.kp);
                 fa_load_rows<D>(
                     ks + BN * LDS, BN,
                     [&](int r) -> const tr_bf16 * {
-                        const long long o = slot(r);
+                        const long long o = offs[r];
                         return o < 0 ? nullptr : vb + o;
                     },
                     lane, 32, veckv, a.vp);
@@ -130,9 +136,10 @@ __global__ void __launch_bounds__(FA_DEC_MAX_WARPS * 32) fa_decode_kernel(const 
 #pragma unroll
                         for (int i = 0; i < D / 8; i++)
 #pragma unroll
-                            for (int cc = 0; cc < 2; cc++)
-                                ao[i][2 * r + cc] = fa_fold(
-                                    f, ao[i][2 * r + cc], sl[32 + (g + 8 * r) * D + i * 8 + 2 * t + cc]);
+                            for (int cc = 0; cc < 2; cc++) {
+                                const float c = sl[32 + (g + 8 * r) * D + i * 8 + 2 * t + cc];
+                                ao[i][2 * r + cc] = fa_fold(f, ao[i][2 * r + cc], c);
+                            }
                     }
                 }
             }
@@ -168,7 +175,8 @@ template <int D, int NST>
 static size_t fa_dec_shared(int W) {
     constexpr int BN = fa_bn<D>(), LDS = D + FA_PAD;
     return (size_t)(16 + W * NST * 2 * BN) * LDS * sizeof(tr_bf16) +
-           (size_t)W * fa_dec_slot_floats<D>() * sizeof(float);
+           (size_t)W * fa_dec_slot_floats<D>() * sizeof(float) +
+           (size_t)W * BN * sizeof(long long);
 }
 
 template <int D, int NST>

@@ -1,12 +1,13 @@
 // Flash-attention backward on tensor cores, the bf16 path, deterministic without atomics: a
 // dK/dV pass (one block per 128-key tile of a document and kv head, looping over the group's
 // query heads and then the query tiles that see the keys, in a fixed order, both sums in
-// registers; tiles with the most queries start first) and a separate dQ pass (one block per 128-row query tile and head, looping over its documents' key
-// tiles). Both recompute S = Q K^T and dP = dO V^T and take P = exp(S scale - lse) from the
-// saved lse, so nothing T x T is ever stored. delta = rowsum(dO * O) comes from one function
-// both passes call, so they agree on it bit for bit. P and dS = P (dP - delta) scale are
-// rounded to bf16 for the P^T dO, dS^T Q and dS K products (the forward's one extra rounding,
-// once more); everything else is fp32. dq, dk, dv are written, dk and dv summing the group.
+// registers; tiles with the most queries start first) and a separate dQ pass (one block per
+// 128-row query tile and head, looping over its documents' key tiles). Both recompute
+// S = Q K^T and dP = dO V^T and take P = exp(S scale - lse) from the saved lse, so nothing
+// T x T is ever stored. delta = rowsum(dO * O) comes from one function both passes call, so
+// they agree on it bit for bit. P and dS = P (dP - delta) scale are rounded to bf16 for the
+// P^T dO, dS^T Q and dS K products (the forward's one extra rounding, once more); everything
+// else is fp32. dq, dk, dv are written, dk and dv summing the group.
 #include "kernels/cuda/attention_flash.cuh"
 #include "kernels/cuda/attention_tile.cuh"
 
@@ -30,6 +31,15 @@ __device__ __forceinline__ float fa_row_delta(const tr_bf16 *dout, const tr_bf16
 }
 
 #define FA_LOG2E 1.4426950408889634f
+
+// P of a score s against the row's lse (both passes): 2^(s scale log2(e) - lse log2(e)).
+__device__ __forceinline__ float fa_prob(float s, float sl2, float lse2) {
+    return fa_ex2(__fsub_rn(__fmul_rn(s, sl2), lse2));
+}
+// dS = P (dP - delta) scale.
+__device__ __forceinline__ float fa_dscore(float p, float dp, float delta, float scale) {
+    return __fmul_rn(__fmul_rn(p, __fsub_rn(dp, delta)), scale);
+}
 
 // Tile y of the document-aligned tiles of BT tokens, in the order of the dK/dV pass: every
 // document's first tile (in document order), then every second tile, and so on, so that the
@@ -122,7 +132,8 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dq_kernel(const fa_bw
     const int w0 = t0 + warp * 16;
     float delta[2], lse2[2];
     for (int r = 0; r < 16; r++) {
-        const float d = fa_row_delta<D>(dos + (warp * 16 + r) * LDS, os + (warp * 16 + r) * LDS, lane);
+        const int row = warp * 16 + r;
+        const float d = fa_row_delta<D>(dos + row * LDS, os + row * LDS, lane);
         if (r == g) delta[0] = d;
         if (r == g + 8) delta[1] = d;
     }
@@ -146,19 +157,20 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dq_kernel(const fa_bw
             float s[1][NT][4], dp[1][NT][4];
             fa_gemm_abt<D, 1, NT>(s, qs + warp * 16 * LDS, kt, LDS);
             fa_gemm_abt<D, 1, NT>(dp, dos + warp * 16 * LDS, vt, LDS);
+            // tiles every row of the warp sees whole need no mask
+            const bool whole = lo == w0 && hi == w0 + 15 && it.p0 + BN - 1 <= w0 - it.s;
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const int i = w0 + g + 8 * r;
-                const int lim = (i >= it.s && i < it.lim ? i - it.s : -1) - it.p0;
+                const int lim = whole ? BN : (i >= it.s && i < it.lim ? i - it.s : -1) - it.p0;
 #pragma unroll
                 for (int n = 0; n < NT; n++)
 #pragma unroll
                     for (int c = 0; c < 2; c++) {
                         const int e = 2 * r + c;
-                        const float p = n * 8 + 2 * t + c <= lim
-                                            ? fa_ex2(__fsub_rn(__fmul_rn(s[0][n][e], a.sl2), lse2[r]))
-                                            : 0.0f;
-                        dp[0][n][e] = __fmul_rn(__fmul_rn(p, __fsub_rn(dp[0][n][e], delta[r])), a.scale);
+                        const float p =
+                            n * 8 + 2 * t + c <= lim ? fa_prob(s[0][n][e], a.sl2, lse2[r]) : 0.0f;
+                        dp[0][n][e] = fa_dscore(p, dp[0][n][e], delta[r], a.scale);
                     }
             }
             uint32_t da[1][BN / 16][4];
@@ -176,7 +188,8 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dq_kernel(const fa_bw
         if (i >= t1) continue;
         tr_bf16 *o = a.dq + (size_t)i * ld + (size_t)h * D + 2 * t;
 #pragma unroll
-        for (int n = 0; n < D / 8; n++) fa_store2(o + n * 8, dq[n][2 * r], dq[n][2 * r + 1], a.st4 != 0);
+        for (int n = 0; n < D / 8; n++)
+            fa_store2(o + n * 8, dq[n][2 * r], dq[n][2 * r + 1], a.st4 != 0);
     }
 }
 
@@ -274,6 +287,8 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_kernel(const fa_b
             float s[1][NT][4], dp[1][NT][4];   // S^T and dP^T: keys by queries
             fa_gemm_abt<D, 1, NT>(s, ks + warp * 16 * LDS, sq, LDS);
             fa_gemm_abt<D, 1, NT>(dp, vs + warp * 16 * LDS, sdo, LDS);
+            // query tiles every key of the warp sees whole need no mask
+            const bool whole = i0 >= wk0 + 15 && i0 + BQ <= q_end;
 #pragma unroll
             for (int r = 0; r < 2; r++)
 #pragma unroll
@@ -281,17 +296,18 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_kernel(const fa_b
 #pragma unroll
                     for (int c = 0; c < 2; c++) {
                         const int col = n * 8 + 2 * t + c, i = i0 + col, e = 2 * r + c;
-                        const float p = i >= key[r] && i < q_end
-                                            ? fa_ex2(__fsub_rn(__fmul_rn(s[0][n][e], a.sl2), lse2[col]))
+                        const float p = whole || (i >= key[r] && i < q_end)
+                                            ? fa_prob(s[0][n][e], a.sl2, lse2[col])
                                             : 0.0f;
                         s[0][n][e] = p;
-                        dp[0][n][e] = __fmul_rn(__fmul_rn(p, __fsub_rn(dp[0][n][e], dl[col])), a.scale);
+                        dp[0][n][e] = fa_dscore(p, dp[0][n][e], dl[col], a.scale);
                     }
             uint32_t fr[1][BQ / 16][4];
             if (want_v) {
 #pragma unroll
                 for (int kk = 0; kk < BQ / 16; kk++) fa_acc_to_a(fr[0][kk], s[0], kk);
-                fa_gemm_pv<D, 1, BQ / 16>(reinterpret_cast<float(&)[1][D / 8][4]>(dv), fr, sdo, LDS);
+                fa_gemm_pv<D, 1, BQ / 16>(reinterpret_cast<float(&)[1][D / 8][4]>(dv), fr, sdo,
+                                          LDS);
             }
             if (want_k) {
 #pragma unroll
@@ -340,7 +356,8 @@ static void fa_backward_run(tr_backend *be, const fa_bwd_args &a) {
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    (int)shm)))
             return;
-        dim3 grid((unsigned)a.H, (unsigned)((a.T + B16 - 1) / B16));   // last rows (most work) first
+        // tiles in reverse: the last rows (most keys) first
+        dim3 grid((unsigned)a.H, (unsigned)((a.T + B16 - 1) / B16));
         fa_dq_kernel<D><<<grid, FA_BWD_WARPS * 32, shm, st>>>(a);
         TR_CUDA_LAUNCHED(be, "attention_backward dq");
     }

@@ -64,7 +64,9 @@ __device__ __forceinline__ void fa_gemm_abt(float (&s)[MT][NT][4], const tr_bf16
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int n = 0; n < NT; n++) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[mt][n][e] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < K / 16; kk++) {
         uint32_t af[MT][4];
@@ -123,7 +125,8 @@ __device__ __forceinline__ void fa_load_rows(tr_bf16 *sm, int rows, const Src &s
             if (p) {
                 const uint16_t *s = reinterpret_cast<const uint16_t *>(p + c);
 #pragma unroll
-                for (int j = 0; j < 4; j++) w[j] = (uint32_t)s[2 * j] | ((uint32_t)s[2 * j + 1] << 16);
+                for (int j = 0; j < 4; j++)
+                    w[j] = (uint32_t)s[2 * j] | ((uint32_t)s[2 * j + 1] << 16);
             }
             *reinterpret_cast<uint4 *>(d) = make_uint4(w[0], w[1], w[2], w[3]);
         }

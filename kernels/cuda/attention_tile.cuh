@@ -36,7 +36,9 @@ __device__ __forceinline__ void fa_reset(fa_state<D, MT> &st) {
             st.l[mt][hi] = 0.0f;
         }
 #pragma unroll
-        for (int n = 0; n < D / 8; n++) st.o[mt][n][0] = st.o[mt][n][1] = st.o[mt][n][2] = st.o[mt][n][3] = 0.0f;
+        for (int n = 0; n < D / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) st.o[mt][n][e] = 0.0f;
     }
 }
 
@@ -55,6 +57,14 @@ __device__ __forceinline__ void fa_tile(fa_state<D, MT> &st, const tr_bf16 *qs,
     float s[MT][NT][4];
     fa_gemm_abt<D, MT, NT>(s, qs, ks, LDS);
     uint32_t p[MT][BN / 16][4];
+    // Most tiles are seen whole by every row of the warp: no mask to apply there.
+    int seen = p0 + BN - 1;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int hi = 0; hi < 2; hi++)
+            if (hi == 0 || hi_rows) seen = min(seen, last[mt][hi]);
+    const bool whole = __all_sync(0xffffffffu, seen >= p0 + BN - 1);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
@@ -66,15 +76,27 @@ __device__ __forceinline__ void fa_tile(fa_state<D, MT> &st, const tr_bf16 *qs,
             }
             const int lim = last[mt][hi] - p0;   // columns <= lim are visible
             float mx = -INFINITY;
+            if (whole) {
 #pragma unroll
-            for (int n = 0; n < NT; n++)
+                for (int n = 0; n < NT; n++)
 #pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    float x = n * 8 + 2 * t + c <= lim ? __fmul_rn(s[mt][n][2 * hi + c], sl2)
-                                                       : -INFINITY;
-                    s[mt][n][2 * hi + c] = x;
-                    mx = fmaxf(mx, x);
-                }
+                    for (int c = 0; c < 2; c++) {
+                        const float x = __fmul_rn(s[mt][n][2 * hi + c], sl2);
+                        s[mt][n][2 * hi + c] = x;
+                        mx = fmaxf(mx, x);
+                    }
+            } else {
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const float x = n * 8 + 2 * t + c <= lim
+                                            ? __fmul_rn(s[mt][n][2 * hi + c], sl2)
+                                            : -INFINITY;
+                        s[mt][n][2 * hi + c] = x;
+                        mx = fmaxf(mx, x);
+                    }
+            }
             mx = fa_quad_max(mx);
             const float mnew = fmaxf(st.m[mt][hi], mx);
             const float mu = mnew == -INFINITY ? 0.0f : mnew;

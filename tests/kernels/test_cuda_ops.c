@@ -659,7 +659,8 @@ static void att_mag(const att_arg *a, double *mo, double *mq, double *mk, double
         for (int32_t i = 0; i < T; i++) {
             int32_t g = h / G, s = a->doc_start[att_doc_of(a, i)];
             const float *q = a->qkv + (size_t)i * a->ld + (size_t)h * D;
-            const float *go = a->dout + ((size_t)i * H + h) * D, *o = a->out + ((size_t)i * H + h) * D;
+            const float *go = a->dout + ((size_t)i * H + h) * D;
+            const float *o = a->out + ((size_t)i * H + h) * D;
             double mx = -INFINITY, l = 0.0;
             for (int32_t j = s; j <= i; j++) {
                 const float *k = a->qkv + (size_t)j * a->ld + (size_t)(H + g) * D;
