@@ -6,7 +6,9 @@
 // its own cp.async stages, and warp 0 folds the finished chunks in position order, exactly as
 // the forward folds a long row's chunks. So out row b is bitwise attention_forward's row of
 // the same token (attention_tile.cuh says why). Positions at and past seq_len[b] are zeros in
-// shared memory, whatever the cache holds there.
+// shared memory, whatever the cache holds there. A block holds all of its chunks because the
+// op has no scratch memory for partial results between blocks; so one long sequence alone
+// runs on only KVH blocks, well under the memory bandwidth (batches of 64 and more fill it).
 #include "kernels/cuda/attention_flash.cuh"
 #include "kernels/cuda/attention_tile.cuh"
 
@@ -49,7 +51,9 @@ __global__ void __launch_bounds__(FA_DEC_MAX_WARPS * 32) fa_decode_kernel(const 
     const tr_bf16 *kb = a.kp + (size_t)kvh * D, *vb = a.vp + (size_t)kvh * D;
     const int bs = a.block_size;
     const bool veckv = a.veckv != 0;
-    const int last[1][2] = {{g < nrows ? n - 1 : -1, g + 8 < nrows ? n - 1 : -1}};
+    // every row sees the whole context: padding rows (heads past nrows, zeros) too, which
+    // costs nothing, keeps their state finite, and lets fa_tile skip the mask on full tiles
+    const int last[1][2] = {{n - 1, n - 1}};
     const bool hi_rows = nrows > 8;
 
     fa_state<D, 1> st;
