@@ -65,6 +65,8 @@ __device__ __forceinline__ void fa_tile(fa_state<D, MT> &st, const tr_bf16 *qs,
         for (int hi = 0; hi < 2; hi++)
             if (hi == 0 || hi_rows) seen = min(seen, last[mt][hi]);
     const bool whole = __all_sync(0xffffffffu, seen >= p0 + BN - 1);
+    float alphas[MT][2] = {};
+    bool rescale = false;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
@@ -112,16 +114,28 @@ __device__ __forceinline__ void fa_tile(fa_state<D, MT> &st, const tr_bf16 *qs,
                     rs = __fadd_rn(rs, e);
                 }
             st.l[mt][hi] = __fmaf_rn(st.l[mt][hi], alpha, rs);
-#pragma unroll
-            for (int n = 0; n < D / 8; n++) {
-                st.o[mt][n][2 * hi] = __fmul_rn(st.o[mt][n][2 * hi], alpha);
-                st.o[mt][n][2 * hi + 1] = __fmul_rn(st.o[mt][n][2 * hi + 1], alpha);
-            }
+            alphas[mt][hi] = alpha;
+            rescale |= alpha != 1.0f;
         }
         // P rounds to bf16 here, for the tensor cores, as flash attention does; the row sum
         // above used the fp32 values. This is the one rounding the CPU does not make.
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) fa_acc_to_a(p[mt][kk], s[mt], kk);
+    }
+    // o *= alpha, skipped when no row of the warp raised its maximum (alpha exactly 1, and
+    // x * 1 is x: the same bits), which after the first tiles is most of them
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int hi = 0; hi < 2; hi++) {
+                if (hi == 1 && !hi_rows) continue;
+#pragma unroll
+                for (int n = 0; n < D / 8; n++) {
+                    st.o[mt][n][2 * hi] = __fmul_rn(st.o[mt][n][2 * hi], alphas[mt][hi]);
+                    st.o[mt][n][2 * hi + 1] = __fmul_rn(st.o[mt][n][2 * hi + 1], alphas[mt][hi]);
+                }
+            }
     }
     fa_gemm_pv<D, MT, BN / 16>(st.o, p, vs, LDS);
 }
