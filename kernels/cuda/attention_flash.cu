@@ -1,8 +1,8 @@
 // Flash-attention forward on tensor cores, the bf16 path: one block of four warps per (tile of
 // 16 MT rows per warp, head), K and V tiles double-buffered through cp.async, each warp's rows
 // advanced by fa_tile (attention_tile.cuh) over the keys of their documents. Never holds more
-// than one tile of scores. Tiles are aligned to document starts, so a row's bits do
-// not depend on where its document sits in the batch, and a query tile that straddles
+// than one tile of scores. Key tiles start at each document's first token, so a row's bits
+// do not depend on where its document sits in the batch, and a query tile that straddles
 // documents walks each document's keys in turn (rows of the others see nothing there, which
 // leaves them unchanged). Where a row's context passes a multiple of FA_CHUNK, the finished
 // chunk is folded into an accumulator kept in local memory (touched once per chunk), as the
