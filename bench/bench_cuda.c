@@ -2,8 +2,12 @@
 // ~10M-parameter model (with the fp32 CPU backend's ratio beside them) and of one 7B Llama
 // layer (T = 4096), and milliseconds of attention forward/backward and decode over a fused
 // [q;k;v] buffer, fp32 next to bf16; then the embedding backward, the gradient's sum of
-// squares and token sampling. Run by hand or by tools/gpu_suite.sh:
-// build-*/bench/bench_cuda [cpu_threads]. Best of a few repetitions after one warm-up.
+// squares and token sampling. The attention section times the bf16 tensor-core kernels at
+// model shapes, dense and packed into documents (TFLOP/s counted per document, causal), and
+// decode's HBM bandwidth; bench/attention_peer.py runs torch on the same shapes beside it.
+// Run by hand or by tools/gpu_suite.sh: build-*/bench/bench_cuda [cpu_threads], or
+// build-*/bench/bench_cuda attention for that section alone. Best of a few repetitions after
+// one warm-up.
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -258,6 +262,176 @@ static void bench_decode(int32_t B, int32_t ctx, int32_t H, int32_t KVH, int32_t
            ctx, H, KVH, D, f * 1e3, b * 1e3);
 }
 
+// Packed rows for the attention section, the same in bench/attention_peer.py: documents of
+// 256..2048 tokens drawn by this LCG (the last one cut to fit), or dense rows of `dense`
+// tokens. Returns the number of documents; doc_start has room for T / 256 + 2 entries.
+static int32_t attn_layout(int32_t *doc_start, int32_t T, int32_t dense) {
+    int32_t n = 0, t = 0;
+    uint32_t s = 20240607u;
+    doc_start[0] = 0;
+    while (t < T) {
+        int32_t len = dense;
+        if (!dense) {
+            s = s * 1664525u + 1013904223u;
+            len = 256 + (int32_t)((s >> 8) % 1793u);
+        }
+        t = t + len < T ? t + len : T;
+        doc_start[++n] = t;
+    }
+    return n;
+}
+
+// Causal attention FLOPs of a layout, per document: 4 H D per (query, visible key) pair
+// forward (Q K^T and P V), 2.5 times that backward (the usual five products' count).
+static double attn_flops(const int32_t *doc_start, int32_t n_docs, int32_t H, int32_t D) {
+    double pairs = 0;
+    for (int32_t d = 0; d < n_docs; d++) {
+        double len = doc_start[d + 1] - doc_start[d];
+        pairs += 0.5 * len * (len + 1);
+    }
+    return 4.0 * H * D * pairs;
+}
+
+// The bf16 kernels on one shape: best of REPS, each REPS_IN calls between syncs (so the host's
+// sync does not count). One line for people and bench/attention_peer.py ("attn" key=value).
+#define REPS_IN 5
+static void bench_flash(const char *shape, int32_t T, int32_t dense, int32_t H, int32_t KVH,
+                        int32_t D) {
+    int32_t *doc_start = malloc((size_t)(T / 256 + 2) * sizeof(int32_t));
+    int32_t *pos = malloc((size_t)T * sizeof(int32_t));
+    if (!doc_start || !pos) fail("malloc", "out of memory");
+    int32_t n_docs = attn_layout(doc_start, T, dense);
+    for (int32_t d = 0; d < n_docs; d++)
+        for (int32_t t = doc_start[d]; t < doc_start[d + 1]; t++) pos[t] = t - doc_start[d];
+    tr_doc_layout docs = {.n_tokens = T, .n_docs = n_docs,
+                          .doc_start = dev_put(doc_start, (size_t)(n_docs + 1) * sizeof(int32_t)),
+                          .pos = dev_put(pos, (size_t)T * sizeof(int32_t))};
+    int32_t ld = (H + 2 * KVH) * D;
+    size_t nq = (size_t)T * H * D, nqkv = (size_t)T * ld, es = 2;
+    char *qkv = dev_rand_t(nqkv, TR_BF16, 2), *dqkv = dev_rand_t(nqkv, TR_BF16, 0);
+    void *out = dev_rand_t(nq, TR_BF16, 1), *dout = dev_rand_t(nq, TR_BF16, 1);
+    float *lse = dev_rand((size_t)T * H);
+    char *k = qkv + (size_t)H * D * es, *v = qkv + (size_t)(H + KVH) * D * es;
+    gpu.ops->attention_forward(&gpu, out, lse, qkv, k, v, ld, &docs, H, KVH, D);   // real lse
+    gpu_sync(&gpu);
+    double fwd = 1e30, bwd = 1e30;
+    for (int r = 0; r <= REPS; r++) {
+        double t0 = now_s();
+        for (int i = 0; i < REPS_IN; i++)
+            gpu.ops->attention_forward(&gpu, out, lse, qkv, k, v, ld, &docs, H, KVH, D);
+        gpu_sync(&gpu);
+        double t1 = now_s();
+        for (int i = 0; i < REPS_IN; i++)
+            gpu.ops->attention_backward(&gpu, dqkv, dqkv + (size_t)H * D * es,
+                                        dqkv + (size_t)(H + KVH) * D * es, dout, out, lse, qkv,
+                                        k, v, ld, &docs, H, KVH, D);
+        gpu_sync(&gpu);
+        double t2 = now_s();
+        if (r > 0 && (t1 - t0) / REPS_IN < fwd) fwd = (t1 - t0) / REPS_IN;
+        if (r > 0 && (t2 - t1) / REPS_IN < bwd) bwd = (t2 - t1) / REPS_IN;
+    }
+    double f = attn_flops(doc_start, n_docs, H, D);
+    printf("attn shape=%s T=%d docs=%d H=%d KVH=%d D=%d fwd_ms=%.3f bwd_ms=%.3f "
+           "fwd_tflops=%.1f bwd_tflops=%.1f\n", shape, T, n_docs, H, KVH, D, fwd * 1e3,
+           bwd * 1e3, f / fwd * 1e-12, 2.5 * f / bwd * 1e-12);
+    void *bufs[7] = {qkv, dqkv, out, dout, lse, (void *)docs.doc_start, (void *)docs.pos};
+    for (int i = 0; i < 7; i++) tr_cuda_free(bufs[i]);
+    free(doc_start);
+    free(pos);
+}
+
+// Device-to-device copy bandwidth (bytes read + written per second) over 1 GiB: the ceiling
+// decode's bandwidth is measured against.
+static double bench_copy_bandwidth(void) {
+    size_t n = (size_t)1 << 30;
+    void *a = dev_put(NULL, n), *b = dev_put(NULL, n);
+    double best = 1e30;
+    for (int r = 0; r <= REPS; r++) {
+        double t0 = now_s();
+        gpu.ops->copy(&gpu, b, a, n);
+        gpu_sync(&gpu);
+        double t1 = now_s();
+        if (r > 0 && t1 - t0 < best) best = t1 - t0;
+    }
+    tr_cuda_free(a);
+    tr_cuda_free(b);
+    double bw = 2.0 * (double)n / best;
+    printf("attn_copy GBps=%.0f (device-to-device, 1 GiB read + written)\n", bw * 1e-9);
+    return bw;
+}
+
+// bf16 decode of B sequences of ctx tokens (16-token blocks, scattered): microseconds per
+// call and the bandwidth of the K and V bytes read. Consecutive calls use different copies of
+// the cache, 256 MiB or more in all, so that L2 (50 MiB) holds none of what a call reads.
+static void bench_decode_bw(const char *shape, int32_t B, int32_t ctx, int32_t H, int32_t KVH,
+                            int32_t D, double copy_bw) {
+    int32_t bs = 16, max_blocks = (ctx + bs - 1) / bs, n_blocks = B * max_blocks;
+    int32_t ld = (H + 2 * KVH) * D;
+    int32_t *table = malloc((size_t)n_blocks * sizeof(int32_t));
+    int32_t *seq_len = malloc((size_t)B * sizeof(int32_t));
+    if (!table || !seq_len) fail("malloc", "out of memory");
+    for (int32_t i = 0; i < n_blocks; i++) table[i] = (int32_t)(((int64_t)i * 7919) % n_blocks);
+    for (int32_t b = 0; b < B; b++) seq_len[b] = ctx;
+    size_t pool = (size_t)n_blocks * bs * KVH * D, pool_bytes = 2 * pool * 2;
+    int n_copies = (int)(((size_t)256 << 20) / pool_bytes) + 1;
+    if (n_copies > 64) n_copies = 64;
+    tr_kv_pages kv[64];
+    for (int c = 0; c < n_copies; c++)
+        kv[c] = (tr_kv_pages){.k_pool = dev_rand_t(pool, TR_BF16, 1),
+                              .v_pool = dev_rand_t(pool, TR_BF16, 1), .block_size = bs,
+                              .n_blocks = n_blocks, .n_kv_heads = KVH, .head_dim = D};
+    int32_t *dtable = dev_put(table, (size_t)n_blocks * sizeof(int32_t));
+    int32_t *dlen = dev_put(seq_len, (size_t)B * sizeof(int32_t));
+    void *q = dev_rand_t((size_t)B * ld, TR_BF16, 1);
+    void *out = dev_rand_t((size_t)B * H * D, TR_BF16, 1);
+    int calls = n_copies < 20 ? 40 : 2 * n_copies;
+    double best = 1e30;
+    for (int r = 0; r <= REPS; r++) {
+        double t0 = now_s();
+        for (int i = 0; i < calls; i++)
+            gpu.ops->attention_decode(&gpu, out, q, ld, &kv[i % n_copies], dtable, max_blocks,
+                                      dlen, B, H);
+        gpu_sync(&gpu);
+        double t1 = now_s();
+        if (r > 0 && (t1 - t0) / calls < best) best = (t1 - t0) / calls;
+    }
+    double bytes = 2.0 * B * (double)ctx * KVH * D * 2;
+    printf("attn_decode shape=%s B=%d ctx=%d H=%d KVH=%d D=%d us=%.2f GBps=%.0f "
+           "of_copy=%.0f%% of_4.3TBps=%.0f%%\n", shape, B, ctx, H, KVH, D, best * 1e6,
+           bytes / best * 1e-9, 100.0 * bytes / best / copy_bw, 100.0 * bytes / best / 4.3e12);
+    for (int c = 0; c < n_copies; c++) {
+        tr_cuda_free(kv[c].k_pool);
+        tr_cuda_free(kv[c].v_pool);
+    }
+    void *bufs[4] = {dtable, dlen, q, out};
+    for (int i = 0; i < 4; i++) tr_cuda_free(bufs[i]);
+    free(table);
+    free(seq_len);
+}
+
+// The shapes of issue 13 (7B layer at T = 4096; Qwen2.5-0.5B and -1.5B at sequence 2048 x
+// micro-batch, dense and packed into RL documents of 256..2048 tokens in 16K rows) and the
+// decode shapes of issue 14.
+static void bench_attention_section(void) {
+    printf("attention, bf16 tensor-core kernels (ms per call; TFLOP/s per document, causal):\n");
+    bench_flash("7b_dense", 4096, 4096, 32, 8, 128);
+    bench_flash("7b_packed", 16384, 0, 32, 8, 128);
+    bench_flash("qwen05b_dense", 16384, 2048, 14, 2, 64);
+    bench_flash("qwen05b_packed", 16384, 0, 14, 2, 64);
+    bench_flash("qwen15b_dense", 8192, 2048, 12, 2, 128);
+    bench_flash("qwen15b_packed", 16384, 0, 12, 2, 128);
+    printf("decode attention, bf16 (K and V bytes read per second):\n");
+    double bw = bench_copy_bandwidth();
+    for (int32_t ctx = 512; ctx <= 4096; ctx *= 2)
+        bench_decode_bw("qwen05b", 64, ctx, 14, 2, 64, bw);
+    bench_decode_bw("qwen05b", 256, 512, 14, 2, 64, bw);
+    bench_decode_bw("qwen15b", 64, 512, 12, 2, 128, bw);
+    bench_decode_bw("qwen15b", 64, 2048, 12, 2, 128, bw);
+    bench_decode_bw("7b", 16, 4096, 32, 8, 128, bw);
+    bench_decode_bw("7b", 64, 1024, 32, 8, 128, bw);
+    bench_decode_bw("7b", 1, 32768, 32, 8, 128, bw);
+}
+
 // Embedding backward of T tokens over a vocabulary of V (ids sorted on the device each call).
 static void bench_embedding(int32_t T, int32_t C, int32_t V) {
     int32_t *ids = malloc((size_t)T * sizeof(int32_t));
@@ -325,7 +499,8 @@ static void bench_sample(int32_t B, int32_t V, float temperature, int32_t top_k,
 }
 
 int main(int argc, char **argv) {
-    int32_t cpu_threads = argc > 1 ? atoi(argv[1]) : 0;
+    int attention_only = argc > 1 && strcmp(argv[1], "attention") == 0;
+    int32_t cpu_threads = argc > 1 && !attention_only ? atoi(argv[1]) : 0;
     if (tr_cuda_device_count() == 0) {
         printf("bench_cuda: no CUDA device\n");
         return 1;
@@ -340,6 +515,14 @@ int main(int argc, char **argv) {
     if (tr_backend_cuda_init(&gpu32, 0, TR_F32) != 0) {
         tr_backend_cuda_status(&gpu32, msg, sizeof msg);
         fail("tr_backend_cuda_init fp32", msg);
+    }
+    if (attention_only) {
+        printf("cuda backend on %s, sm_%d%d, %d SMs\n", info.name, info.major, info.minor,
+               info.n_sms);
+        bench_attention_section();
+        tr_backend_cuda_free(&gpu32);
+        tr_backend_cuda_free(&gpu);
+        return 0;
     }
     tr_backend cpu;
     if (tr_backend_cpu_init(&cpu, cpu_threads < 0 ? 0 : cpu_threads, TR_F32) != 0)
@@ -368,6 +551,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) bench_matmul(&big[i], NULL);
     bench_attention(4096, 1, 32, 8, 128, NULL);
     bench_decode(16, 4096, 32, 8, 128);
+    bench_attention_section();
     bench_embedding(4096, 4096, 32000);
     bench_embedding(32768, 4096, 128256);
     bench_sumsq((size_t)1 << 28);   // the gradients of 268M parameters (1 GiB)

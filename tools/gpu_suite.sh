@@ -58,6 +58,12 @@ engine_part() {   # kernels + engine only: needs nothing beyond CUDA and OpenBLA
     run test_cuda_ops env OPENBLAS_NUM_THREADS=1 "$build/tests/kernels/test_cuda_ops"
     run unit_kernels meson test -C "$build" --suite unit --print-errorlogs
     run bench_cuda "$build/bench/bench_cuda"
+    # The tensor-core attention kernels (opt-in until checked here): the op test and the
+    # attention benchmark with them, torch's attention on the same shapes beside it.
+    run test_cuda_ops_flash env TROUPE_CUDA_FLASH_ATTENTION=1 OPENBLAS_NUM_THREADS=1 \
+        "$build/tests/kernels/test_cuda_ops"
+    run attention_peer env TROUPE_CUDA_FLASH_ATTENTION=1 timeout 300 \
+        python3 bench/attention_peer.py --troupe "$build/bench/bench_cuda"
 }
 
 full_part() {   # every layer and the troupe binary, with the libraries from .debs/

@@ -1,16 +1,21 @@
-// Causal grouped-query attention on the GPU, correctness first: one block per (query row,
-// head) for the forward and the decode step, both through attn_row, so a decoded token's
-// output is bitwise the training forward's row. Keys are taken in chunks of ATT_THREADS (one
-// thread per key scores it), with an online softmax across chunks; lse is saved. The
-// backward recomputes probabilities from lse and needs no atomics and no scratch: dq by
-// query rows, then dk and dv by key rows (each summing its group's heads in order), all
-// three written. q, k, v and their gradients are rows of stride ld (a fused [q;k;v] row read
-// in place); out and dout are contiguous. Kernels are templated on the A dtype: values are
-// read as fp32, every score, probability and sum is fp32 (lse and the row term in double as
-// noted), and each output is rounded once. Explicit fmaf/__fmul_rn keep the arithmetic the
-// same whatever the compiler contracts.
+// Causal grouped-query attention on the GPU: the entry points of the op table. The bf16 path
+// at head dimensions 64 and 128 runs the tensor-core kernels (attention_flash.cu forward,
+// attention_flash_bwd.cu backward, attention_decode.cu decode, which reproduces the forward's
+// rows bit for bit). Every other case (fp32, other head dimensions) runs the row kernels
+// below, correct but slow: one block per (query row, head) for the forward and the decode
+// step, both through attn_row, so a decoded token's output is again bitwise the training
+// forward's row. Keys are taken in chunks of ATT_THREADS (one thread per key scores it), with
+// an online softmax across chunks; lse is saved. The row backward recomputes probabilities
+// from lse and needs no atomics and no scratch: dq by query rows, then dk and dv by key rows
+// (each summing its group's heads in order), all three written. q, k, v and their gradients
+// are rows of stride ld (a fused [q;k;v] row read in place); out and dout are contiguous.
+// Row kernels are templated on the A dtype: values are read as fp32, every score,
+// probability and sum is fp32 (lse and the row term in double as noted), and each output is
+// rounded once. Explicit fmaf/__fmul_rn keep the arithmetic the same whatever the compiler
+// contracts.
 #include <math.h>
 
+#include "kernels/cuda/attention_flash.cuh"
 #include "kernels/cuda/cuda_ctx.cuh"
 #include "kernels/cuda/dtype.cuh"
 
@@ -152,10 +157,28 @@ static void forward_run(tr_backend *be, void *out, float *lse, const void *q, co
     TR_CUDA_LAUNCHED(be, "attention_forward");
 }
 
+static bool attn_aligned(const void *p, size_t bytes) { return (uintptr_t)p % bytes == 0; }
+
+// The tensor-core kernels serve bf16 at their head dimensions when TROUPE_CUDA_FLASH_ATTENTION=1
+// (opt-in: they have not yet run on a GPU); the test is the same for the forward and the decode
+// step, so the two always run the same arithmetic.
+static bool attn_flash(const tr_backend *be, int32_t D) {
+    return ((const tr_cuda_ctx *)be->ctx)->flash_attention && tr_cuda_bf16(be) && tr_fa_supported(D);
+}
+
 void tr_cuda_attention_forward(tr_backend *be, void *out, float *lse, const void *q,
                                const void *k, const void *v, int32_t ld,
                                const tr_doc_layout *docs, int32_t H, int32_t KVH, int32_t D) {
     if (docs->n_tokens <= 0 || H <= 0) return;
+    if (attn_flash(be, D)) {
+        fa_fwd_args a = {(tr_bf16 *)out, lse, (const tr_bf16 *)q, (const tr_bf16 *)k,
+                         (const tr_bf16 *)v, docs->doc_start, docs->n_docs, docs->n_tokens, H,
+                         KVH, ld, tr_fa_scale_log2(D), 0, 0};
+        a.vec = ld % 8 == 0 && attn_aligned(q, 16) && attn_aligned(k, 16) && attn_aligned(v, 16);
+        a.out4 = attn_aligned(out, 4);
+        tr_fa_forward(be, a, D);
+        return;
+    }
     if (tr_cuda_bf16(be)) forward_run<tr_bf16>(be, out, lse, q, k, v, ld, docs, H, KVH, D);
     else forward_run<float>(be, out, lse, q, k, v, ld, docs, H, KVH, D);
 }
@@ -179,6 +202,18 @@ void tr_cuda_attention_decode(tr_backend *be, void *out, const void *q, int32_t 
                               int32_t max_blocks, const int32_t *seq_len, int32_t B,
                               int32_t H) {
     if (B <= 0 || H <= 0) return;
+    if (attn_flash(be, kv->head_dim)) {
+        int32_t D = kv->head_dim, G = H / kv->n_kv_heads;
+        fa_dec_args a = {(tr_bf16 *)out, (const tr_bf16 *)q, (const tr_bf16 *)kv->k_pool,
+                         (const tr_bf16 *)kv->v_pool, block_table, seq_len, ld,
+                         kv->block_size, kv->n_kv_heads, H, D, max_blocks, (G + 15) / 16,
+                         tr_fa_scale_log2(D), 0, 0, 0};
+        a.vecq = ld % 8 == 0 && attn_aligned(q, 16);
+        a.veckv = attn_aligned(kv->k_pool, 16) && attn_aligned(kv->v_pool, 16);
+        a.out4 = attn_aligned(out, 4);
+        tr_fa_decode(be, a, B, max_blocks * kv->block_size);
+        return;
+    }
     if (tr_cuda_bf16(be))
         decode_run<tr_bf16>(be, out, q, ld, kv, block_table, max_blocks, seq_len, B, H);
     else
@@ -323,6 +358,18 @@ void tr_cuda_attention_backward(tr_backend *be, void *dq, void *dk, void *dv,
                                 const void *q, const void *k, const void *v, int32_t ld,
                                 const tr_doc_layout *docs, int32_t H, int32_t KVH, int32_t D) {
     if (docs->n_tokens <= 0 || H <= 0) return;
+    if (attn_flash(be, D)) {
+        fa_bwd_args a = {(tr_bf16 *)dq, (tr_bf16 *)dk, (tr_bf16 *)dv, (const tr_bf16 *)dout,
+                         (const tr_bf16 *)out, (const tr_bf16 *)q, (const tr_bf16 *)k,
+                         (const tr_bf16 *)v, lse, docs->doc_start, docs->n_docs,
+                         docs->n_tokens, H, KVH, ld, (float)(1.0 / sqrt((double)D)),
+                         tr_fa_scale_log2(D), 0, 0};
+        a.vec = ld % 8 == 0 && attn_aligned(q, 16) && attn_aligned(k, 16) &&
+                attn_aligned(v, 16) && attn_aligned(dout, 16) && attn_aligned(out, 16);
+        a.st4 = ld % 2 == 0 && attn_aligned(dq, 4) && attn_aligned(dk, 4) && attn_aligned(dv, 4);
+        tr_fa_backward(be, a, D);
+        return;
+    }
     if (tr_cuda_bf16(be))
         backward_run<tr_bf16>(be, dq, dk, dv, dout, out, lse, q, k, v, ld, docs, H, KVH, D);
     else

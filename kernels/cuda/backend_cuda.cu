@@ -151,6 +151,8 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision)
     ctx->device = device;
     const char *each = getenv("TROUPE_SYNC_EACH_OP");
     ctx->sync_each_op = each && strcmp(each, "1") == 0;
+    const char *flash = getenv("TROUPE_CUDA_FLASH_ATTENTION");
+    ctx->flash_attention = flash && strcmp(flash, "1") == 0;
     if (TR_CUDA_CHECK(be, cudaSetDevice(device))) return -1;
     if (TR_CUDA_CHECK(be, cudaStreamCreate(&ctx->stream))) return -1;
     if (TR_CUBLAS_CHECK(be, cublasCreate(&ctx->blas))) return -1;

@@ -48,6 +48,8 @@ typedef struct tr_cuda_ctx {
     double *partial;        // device, TR_CUDA_SUMSQ_BLOCKS doubles
     double *norm_partial;   // device, TR_CUDA_NORM_PARTIALS doubles
     int sync_each_op;       // TROUPE_SYNC_EACH_OP=1: every op waits and names itself on failure
+    int flash_attention;    // TROUPE_CUDA_FLASH_ATTENTION=1: the tensor-core attention kernels
+                            // (opt-in until they have been checked on a GPU)
     int failed;
     char msg[512];
 } tr_cuda_ctx;

@@ -616,6 +616,22 @@ static void test_rope(int32_t T, int32_t H, int32_t KVH, int32_t D) {
 
 // --- attention over a fused [q;k;v] buffer ---------------------------------------------------
 
+// In the bf16 pass the tensor-core kernels (head dimensions 64 and 128) round P, and in the
+// backward dS = P (dP - delta) scale, to bf16 before the products P V, P^T dO, dS^T Q and
+// dS K, as flash attention does; the CPU keeps them fp32 and rounds only each output. bf16
+// keeps 8 significant bits, so such a rounding moves a factor by at most 2^-8 of itself, and
+// an output element sum_j x_j y_j whose x_j are rounded moves by at most 2^-8 M with
+// M = sum_j |x_j| |y_j|, computed on the host in double from the same inputs (att_mag):
+//   out[i,h,d] = sum_j P_ij |v_jd|;  dv[j,g,d] = sum over the group's h and i of P_ij |dO_id|;
+//   dq[i,h,d] = scale sum_j P_ij (|dP_ij| + |delta_i|) |k_jd|; dk likewise over h and i, |q_id|
+// (|dS| <= P (|dP| + |delta|) scale also bounds what fp32 cancellation in dP - delta loses).
+// With the output's own rounding (BF16_REL, as for every A output) and fp32 reordering
+// relative to the largest such magnitude sum, elementwise
+//   |cuda - cpu| <= BF16_REL max(|cuda|, |cpu|) + 2^-8 M + TOL max M.
+// The bound holds for the row kernels too (they round only the output), so the bf16 pass
+// applies it to every head dimension. The fp32 pass runs the row kernels: TOL as elsewhere.
+#define ATT_P_REL 0x1p-8
+
 typedef struct att_arg {
     int32_t T, H, KVH, D, ld, n_docs;
     int32_t *doc_start, *pos;
@@ -623,6 +639,111 @@ typedef struct att_arg {
     float *dout;   // [T, H*D]
     float *out, *lse;   // the CPU forward's, input to the backward on both backends
 } att_arg;
+
+static int32_t att_doc_of(const att_arg *a, int32_t t) {
+    int32_t d = 0;
+    while (a->doc_start[d + 1] <= t) d++;
+    return d;
+}
+
+// The magnitude sums M above (any of the outputs may be NULL: not computed), each zeroed here.
+static void att_mag(const att_arg *a, double *mo, double *mq, double *mk, double *mv) {
+    int32_t T = a->T, H = a->H, KVH = a->KVH, D = a->D, G = H / KVH;
+    size_t nq = (size_t)T * H * D, nk = (size_t)T * KVH * D;
+    double scale = 1.0 / sqrt((double)D), *p = kt_malloc((size_t)T * sizeof(double));
+    if (mo) memset(mo, 0, nq * sizeof(double));
+    if (mq) memset(mq, 0, nq * sizeof(double));
+    if (mk) memset(mk, 0, nk * sizeof(double));
+    if (mv) memset(mv, 0, nk * sizeof(double));
+    for (int32_t h = 0; h < H; h++)
+        for (int32_t i = 0; i < T; i++) {
+            int32_t g = h / G, s = a->doc_start[att_doc_of(a, i)];
+            const float *q = a->qkv + (size_t)i * a->ld + (size_t)h * D;
+            const float *go = a->dout + ((size_t)i * H + h) * D;
+            const float *o = a->out + ((size_t)i * H + h) * D;
+            double mx = -INFINITY, l = 0.0;
+            for (int32_t j = s; j <= i; j++) {
+                const float *k = a->qkv + (size_t)j * a->ld + (size_t)(H + g) * D;
+                double acc = 0.0;
+                for (int32_t d = 0; d < D; d++) acc += (double)q[d] * k[d];
+                p[j] = acc * scale;
+                if (p[j] > mx) mx = p[j];
+            }
+            for (int32_t j = s; j <= i; j++) l += (p[j] = exp(p[j] - mx));
+            double delta = 0.0;
+            for (int32_t d = 0; d < D; d++) delta += (double)go[d] * o[d];
+            size_t qi = ((size_t)i * H + h) * D;
+            for (int32_t j = s; j <= i; j++) {
+                const float *k = a->qkv + (size_t)j * a->ld + (size_t)(H + g) * D;
+                const float *v = k + (size_t)KVH * D;
+                double pj = p[j] / l, dp = 0.0;
+                size_t kj = ((size_t)j * KVH + g) * D;
+                for (int32_t d = 0; d < D; d++) dp += (double)go[d] * v[d];
+                double w = pj * (fabs(dp) + fabs(delta)) * scale;
+                for (int32_t d = 0; d < D; d++) {
+                    if (mo) mo[qi + d] += pj * fabs(v[d]);
+                    if (mq) mq[qi + d] += w * fabs(k[d]);
+                    if (mk) mk[kj + d] += w * fabs(q[d]);
+                    if (mv) mv[kj + d] += pj * fabs(go[d]);
+                }
+            }
+        }
+    free(p);
+}
+
+// The ATT_P_REL rule over n elements: returns the violations (NaNs among them), and the
+// largest |cuda - cpu| as a fraction of its allowance.
+static size_t att_check(const float *g, const float *c, const double *m, size_t n,
+                        double *worst) {
+    double mmax = 0.0;
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        if (m[i] > mmax) mmax = m[i];
+    *worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)g[i] - (double)c[i]);
+        double big = fabs(g[i]) > fabs(c[i]) ? fabs(g[i]) : fabs(c[i]);
+        double tol = BF16_REL * big + ATT_P_REL * m[i] + TOL * mmax;
+        if (!(d <= tol)) bad++;
+        if (d / tol > *worst) *worst = d / tol;
+    }
+    return bad;
+}
+
+// compare() for attention: the CPU once, the GPU twice (bitwise equal); output i is 'A' (an
+// A-dtype output: the ATT_P_REL rule against mag[i] in the bf16 pass) or 'F' (TOL).
+static void att_compare(const char *name, op_fn op, void *arg, const char *kinds,
+                        const size_t *len, double *const *mag) {
+    int n_out = (int)strlen(kinds);
+    float *ref[4], *a[4], *b[4];
+    for (int i = 0; i < n_out; i++) {
+        ref[i] = kt_floats(len[i]);
+        a[i] = kt_floats(len[i]);
+        b[i] = kt_floats(len[i]);
+    }
+    op(0, ref, arg);
+    op(1, a, arg);
+    op(1, b, arg);
+    for (int i = 0; i < n_out; i++) {
+        double e = tr_test_rel_err(a[i], ref[i], len[i]);
+        CHECKF(kt_same_bits(a[i], b[i], len[i]), "%s output %d: two cuda runs differ", name, i);
+        printf("  %-5s %-34s out %d (%c): max err / scale %.2e", tr_dt_name(prec), name, i,
+               kinds[i], e);
+        if (kinds[i] == 'A' && prec == TR_BF16) {
+            double worst;
+            size_t bad = att_check(a[i], ref[i], mag[i], len[i], &worst);
+            CHECKF(bad == 0, "%s output %d: %zu of %zu elements past the bf16 P/dS allowance",
+                   name, i, bad, len[i]);
+            printf(", worst %.2f of allowance%s\n", worst, bad ? " (PAST TOLERANCE)" : "");
+        } else {
+            CHECKF(e <= TOL, "%s output %d: cuda vs cpu rel err %.3g", name, i, e);
+            printf("%s\n", kt_same_bits(a[i], ref[i], len[i]) ? ", bitwise" : "");
+        }
+        free(ref[i]);
+        free(a[i]);
+        free(b[i]);
+    }
+}
 
 static tr_doc_layout att_docs(int gpu, const att_arg *a) {
     tr_doc_layout d = {.n_tokens = a->T, .n_docs = a->n_docs,
@@ -674,8 +795,8 @@ static void att_backward(int gpu, float **out, void *arg) {
 }
 
 // Decode of chosen tokens over a paged cache built from the same k, v: each sequence holds
-// its document's keys up to the token, in 16-slot blocks placed in a scattered order; the
-// queries are the tokens' fused rows (stride ld). Returns in out[0] the decode rows.
+// its document's keys up to the token, in blocks of block_size slots placed in a scattered
+// order; the queries are the tokens' fused rows (stride ld). Returns in out[0] the decode rows.
 typedef struct dec_arg {
     const att_arg *a;
     int32_t B, max_blocks, n_blocks, block_size;
@@ -683,25 +804,25 @@ typedef struct dec_arg {
     float *kp, *vp, *qd;
 } dec_arg;
 
-static void dec_build(dec_arg *d, const att_arg *a, const int32_t *tok, int32_t B) {
+static void dec_build(dec_arg *d, const att_arg *a, const int32_t *tok, int32_t B,
+                      int32_t block_size) {
     d->a = a;
     d->B = B;
-    d->block_size = 16;
+    d->block_size = block_size;
     d->tok = kt_malloc((size_t)B * sizeof(int32_t));
     d->seq_len = kt_malloc((size_t)B * sizeof(int32_t));
     d->max_blocks = 0;
     for (int32_t b = 0; b < B; b++) {
-        int32_t t = tok[b], doc = 0;
-        while (a->doc_start[doc + 1] <= t) doc++;
+        int32_t t = tok[b];
         d->tok[b] = t;
-        d->seq_len[b] = t - a->doc_start[doc] + 1;
+        d->seq_len[b] = t - a->doc_start[att_doc_of(a, t)] + 1;
         int32_t nb = (d->seq_len[b] + d->block_size - 1) / d->block_size;
         if (nb > d->max_blocks) d->max_blocks = nb;
     }
     d->n_blocks = B * d->max_blocks;
     size_t slot_f = (size_t)a->KVH * a->D, pool = (size_t)d->n_blocks * d->block_size * slot_f;
-    d->kp = rand_act(pool, 1.0);   // unused slots hold noise that must never be read
-    d->vp = rand_act(pool, 1.0);
+    d->kp = kt_fill(pool, nan_f());   // slots past a sequence's end must never be read
+    d->vp = kt_fill(pool, nan_f());
     d->table = kt_malloc((size_t)d->n_blocks * sizeof(int32_t));
     for (int32_t i = 0; i < d->n_blocks; i++) d->table[i] = i;
     for (int32_t i = d->n_blocks - 1; i > 0; i--) {   // Fisher-Yates: a scattered permutation
@@ -745,9 +866,42 @@ static void dec_run(int gpu, float **out, void *arg) {
     bufs_free(gpu);
 }
 
-// pad: extra columns after v in each row (strides that no fused width explains).
+// Decoded tokens: every document's last token, the middle of the last document, and in the
+// first document longer than a softmax chunk (1024 positions) the tokens on either side of
+// each chunk edge, so the decode's split and fold are exercised; at most 16.
+static int32_t att_decode_tokens(const att_arg *a, int32_t *tok) {
+    int32_t n = 0, last = a->doc_start[a->n_docs - 1];
+    for (int32_t d = 0; d < a->n_docs && n < 8; d++)
+        if (a->doc_start[d + 1] > a->doc_start[d]) tok[n++] = a->doc_start[d + 1] - 1;
+    tok[n++] = last + (a->T - last) / 2;
+    for (int32_t d = 0; d < a->n_docs; d++) {
+        int32_t s = a->doc_start[d], e = a->doc_start[d + 1];
+        if (e - s <= 1024) continue;
+        for (int32_t p = 1023; p < e - s && n < 16; p += p % 1024 == 1023 ? 1 : 1023)
+            tok[n++] = s + p;
+        break;
+    }
+    return n;
+}
+
+// Documents of 1..40 tokens over T tokens (more than a warp's 32 of them, many in one tile);
+// returns how many. ds has room for T + 1 entries.
+static int32_t att_short_docs(int32_t *ds, int32_t T) {
+    int32_t n = 0, t = 0;
+    uint32_t s = 5u;
+    ds[0] = 0;
+    while (t < T) {
+        s = s * 1664525u + 1013904223u;
+        t = t + 1 + (int32_t)((s >> 8) % 40u) < T ? t + 1 + (int32_t)((s >> 8) % 40u) : T;
+        ds[++n] = t;
+    }
+    return n;
+}
+
+// pad: extra columns after v in each row (strides that no fused width explains; a multiple of
+// 8 keeps rows 16-byte aligned, anything else takes the kernels' element loads).
 static void test_attention(int32_t T, int32_t n_docs, const int32_t *doc_start, int32_t H,
-                           int32_t KVH, int32_t D, int32_t pad) {
+                           int32_t KVH, int32_t D, int32_t pad, int32_t block_size) {
     att_arg a = {.T = T, .H = H, .KVH = KVH, .D = D, .n_docs = n_docs,
                  .ld = (H + 2 * KVH) * D + pad};
     size_t nq = (size_t)T * H * D, nk = (size_t)T * KVH * D;
@@ -762,29 +916,51 @@ static void test_attention(int32_t T, int32_t n_docs, const int32_t *doc_start, 
     a.lse = kt_floats((size_t)T * H);
     float *fo[2] = {a.out, a.lse};
     att_forward(0, fo, &a);
-    char name[64];
-    snprintf(name, sizeof name, "attention_fwd T%d H%d/%d D%d", T, H, KVH, D);
+    double *mo = kt_malloc(nq * sizeof(double)), *mq = kt_malloc(nq * sizeof(double));
+    double *mk = kt_malloc(nk * sizeof(double)), *mv = kt_malloc(nk * sizeof(double));
+    if (prec == TR_BF16) {
+        att_mag(&a, mo, mq, mk, mv);
+    } else {   // unused by the fp32 rule
+        memset(mo, 0, nq * sizeof(double));
+        memset(mq, 0, nq * sizeof(double));
+        memset(mk, 0, nk * sizeof(double));
+        memset(mv, 0, nk * sizeof(double));
+    }
+    char name[96];
+    snprintf(name, sizeof name, "attention_fwd T%d H%d/%d D%d ld%d", T, H, KVH, D, a.ld);
     size_t lf[2] = {nq, (size_t)T * H}, lb[3] = {nq, nk, nk};
-    compare(name, att_forward, &a, "AF", lf);
-    snprintf(name, sizeof name, "attention_bwd T%d H%d/%d D%d", T, H, KVH, D);
-    compare(name, att_backward, &a, "AAA", lb);
+    double *mf[2] = {mo, NULL}, *mb[3] = {mq, mk, mv};
+    att_compare(name, att_forward, &a, "AF", lf, mf);
+    snprintf(name, sizeof name, "attention_bwd T%d H%d/%d D%d ld%d", T, H, KVH, D, a.ld);
+    att_compare(name, att_backward, &a, "AAA", lb, mb);
 
-    // decode: the last token, a token past the first 128-key chunk, a document's first token
-    int32_t tok[3] = {T - 1, doc_start[n_docs - 1] + (T - doc_start[n_docs - 1]) / 2,
-                      doc_start[n_docs - 1]};
+    int32_t tok[16];
+    int32_t B = att_decode_tokens(&a, tok);
     dec_arg d;
-    dec_build(&d, &a, tok, 3);
-    size_t ld[1] = {(size_t)3 * H * D};
-    compare("attention_decode", dec_run, &d, "A", ld);
+    dec_build(&d, &a, tok, B, block_size);
+    size_t ld[1] = {(size_t)B * H * D};
+    double *md = kt_malloc(ld[0] * sizeof(double)), *mdp[1] = {md};
+    for (int32_t b = 0; b < B; b++)
+        memcpy(md + (size_t)b * H * D, mo + (size_t)tok[b] * H * D, (size_t)H * D * sizeof(double));
+    snprintf(name, sizeof name, "attention_decode B%d ctx<=%d bs%d", B,
+             d.max_blocks * block_size, block_size);
+    att_compare(name, dec_run, &d, "A", ld, mdp);
     float *fwd[2] = {kt_floats(nq), kt_floats((size_t)T * H)}, *dec[1] = {kt_floats(ld[0])};
     att_forward(1, fwd, &a);
     dec_run(1, dec, &d);
-    for (int32_t b = 0; b < 3; b++)
-        CHECKF(kt_same_bits(dec[0] + (size_t)b * H * D, fwd[0] + (size_t)tok[b] * H * D,
-                            (size_t)H * D),
-               "attention_decode row of token %d differs from the cuda forward's", tok[b]);
-    free(fwd[0]); free(fwd[1]); free(dec[0]);
+    int same = 1;
+    for (int32_t b = 0; b < B; b++) {
+        int s = kt_same_bits(dec[0] + (size_t)b * H * D, fwd[0] + (size_t)tok[b] * H * D,
+                             (size_t)H * D);
+        CHECKF(s, "attention_decode row of token %d (position %d) differs from the cuda forward's",
+               tok[b], d.seq_len[b] - 1);
+        same &= s;
+    }
+    printf("  %-5s attention_decode %d tokens (positions up to %d) vs cuda forward: %s\n",
+           tr_dt_name(prec), B, d.max_blocks * block_size - 1, same ? "bitwise" : "DIFFER");
+    free(fwd[0]); free(fwd[1]); free(dec[0]); free(md);
     dec_free(&d);
+    free(mo); free(mq); free(mk); free(mv);
     free(a.doc_start); free(a.pos); free(a.qkv); free(a.dout); free(a.out); free(a.lse);
 }
 
@@ -1448,9 +1624,48 @@ static void test_sample_scratch(void) {
 
 // --- run-to-run determinism at model sizes (GPU only) ------------------------------------------
 
-// Three runs of a 7B-layer-sized GEMM (forward, and backward into fresh gradients) and of a
-// two-document attention forward and backward must give the same bits every time: fixed
-// algorithms without split-K, fixed reduction orders, no atomics.
+// Attention forward and backward three times over one packed row: the same bits every time
+// (fixed tiles, fixed reduction orders, no atomics).
+static void att_determinism(int32_t T, int32_t n_docs, int32_t *doc_start, int32_t H,
+                            int32_t KVH, int32_t D) {
+    att_arg a = {.T = T, .H = H, .KVH = KVH, .D = D, .n_docs = n_docs};
+    a.ld = (a.H + 2 * a.KVH) * a.D;
+    size_t nq = (size_t)a.T * a.H * a.D, nk = (size_t)a.T * a.KVH * a.D;
+    a.doc_start = doc_start;
+    a.pos = kt_malloc((size_t)a.T * sizeof(int32_t));
+    for (int32_t d = 0; d < n_docs; d++)
+        for (int32_t t = doc_start[d]; t < doc_start[d + 1]; t++) a.pos[t] = t - doc_start[d];
+    a.qkv = rand_act((size_t)a.T * a.ld, 2.0);
+    a.dout = rand_act(nq, 1.0);
+    a.out = kt_floats(nq);
+    a.lse = kt_floats((size_t)a.T * a.H);
+    float *f0[2] = {a.out, a.lse}, *f1[2] = {kt_floats(nq), kt_floats((size_t)a.T * a.H)};
+    float *b0[3] = {kt_floats(nq), kt_floats(nk), kt_floats(nk)};
+    float *b1[3] = {kt_floats(nq), kt_floats(nk), kt_floats(nk)};
+    att_forward(1, f0, &a);   // the first run's out and lse feed every backward
+    att_backward(1, b0, &a);
+    int same = 1;
+    for (int r = 1; r < 3; r++) {
+        att_forward(1, f1, &a);
+        att_backward(1, b1, &a);
+        same &= kt_same_bits(f1[0], f0[0], nq) && kt_same_bits(f1[1], f0[1], (size_t)a.T * a.H) &&
+                kt_same_bits(b1[0], b0[0], nq) && kt_same_bits(b1[1], b0[1], nk) &&
+                kt_same_bits(b1[2], b0[2], nk);
+    }
+    CHECKF(same, "attention T=%d H=%d/%d D=%d: runs differ", a.T, a.H, a.KVH, a.D);
+    printf("  %-5s attention T=%d docs=%d H=%d/%d D=%d fwd+bwd, 3 runs: %s\n", tr_dt_name(prec),
+           a.T, n_docs, a.H, a.KVH, a.D, same ? "bitwise identical" : "DIFFER");
+    for (int i = 0; i < 3; i++) {
+        free(b0[i]);
+        free(b1[i]);
+    }
+    free(f1[0]); free(f1[1]);
+    free(a.pos); free(a.qkv); free(a.dout); free(a.out); free(a.lse);
+}
+
+// Three runs of a 7B-layer-sized GEMM (forward, and backward into fresh gradients) and of
+// attention forward and backward over packed documents at two model shapes must give the
+// same bits every time: fixed algorithms without split-K, fixed reduction orders, no atomics.
 static void test_determinism(void) {
     const int32_t T = 2048, IC = 4096, OC = 4096;
     float *in = rand_act((size_t)T * IC, 1.0), *w = rand_act((size_t)OC * IC, 0.02);
@@ -1483,39 +1698,10 @@ static void test_determinism(void) {
     }
     free(in); free(w); free(dout);
 
-    int32_t docs[] = {0, 700, 2048};
-    att_arg a = {.T = 2048, .H = 8, .KVH = 2, .D = 128, .n_docs = 2};
-    a.ld = (a.H + 2 * a.KVH) * a.D;
-    size_t nq = (size_t)a.T * a.H * a.D, nk = (size_t)a.T * a.KVH * a.D;
-    a.doc_start = docs;
-    a.pos = kt_malloc((size_t)a.T * sizeof(int32_t));
-    for (int32_t t = 0; t < a.T; t++) a.pos[t] = t < 700 ? t : t - 700;
-    a.qkv = rand_act((size_t)a.T * a.ld, 2.0);
-    a.dout = rand_act(nq, 1.0);
-    a.out = kt_floats(nq);
-    a.lse = kt_floats((size_t)a.T * a.H);
-    float *f0[2] = {a.out, a.lse}, *f1[2] = {kt_floats(nq), kt_floats((size_t)a.T * a.H)};
-    float *b0[3] = {kt_floats(nq), kt_floats(nk), kt_floats(nk)};
-    float *b1[3] = {kt_floats(nq), kt_floats(nk), kt_floats(nk)};
-    att_forward(1, f0, &a);   // the first run's out and lse feed every backward
-    att_backward(1, b0, &a);
-    same = 1;
-    for (int r = 1; r < 3; r++) {
-        att_forward(1, f1, &a);
-        att_backward(1, b1, &a);
-        same &= kt_same_bits(f1[0], f0[0], nq) && kt_same_bits(f1[1], f0[1], (size_t)a.T * a.H) &&
-                kt_same_bits(b1[0], b0[0], nq) && kt_same_bits(b1[1], b0[1], nk) &&
-                kt_same_bits(b1[2], b0[2], nk);
-    }
-    CHECKF(same, "attention T=%d: runs differ", a.T);
-    printf("  %-5s attention T=%d H=%d/%d D=%d fwd+bwd, 3 runs: %s\n", tr_dt_name(prec), a.T,
-           a.H, a.KVH, a.D, same ? "bitwise identical" : "DIFFER");
-    for (int i = 0; i < 3; i++) {
-        free(b0[i]);
-        free(b1[i]);
-    }
-    free(f1[0]); free(f1[1]);
-    free(a.pos); free(a.qkv); free(a.dout); free(a.out); free(a.lse);
+    int32_t docs7b[] = {0, 700, 2048};
+    att_determinism(2048, 2, docs7b, 8, 2, 128);
+    int32_t docs05b[] = {0, 300, 1800, 3000, 4096};   // Qwen2.5-0.5B heads, packed documents
+    att_determinism(4096, 4, docs05b, 14, 2, 64);
 }
 
 static int section(const char *only, const char *name) {
@@ -1548,9 +1734,22 @@ static void run_pass(const char *only) {
     }
     if (section(only, "rope")) test_rope(90, 3, 1, 64);
     if (section(only, "attention")) {
-        test_attention(300, 3, (const int32_t[]){0, 37, 38, 300}, 4, 2, 64, 0);
-        test_attention(160, 1, (const int32_t[]){0, 160}, 8, 2, 128, 5);
-        test_attention(50, 2, (const int32_t[]){0, 20, 50}, 3, 3, 24, 1);   // MHA, D below a warp
+        // documents straddling tiles, one of a single token; an odd stride (element loads)
+        test_attention(300, 3, (const int32_t[]){0, 37, 38, 300}, 4, 2, 64, 0, 16);
+        test_attention(160, 1, (const int32_t[]){0, 160}, 8, 2, 128, 5, 16);
+        // Qwen2.5-0.5B's group of 7 (decode rows 8..15 are padding), a padded aligned stride
+        test_attention(200, 4, (const int32_t[]){0, 5, 6, 130, 200}, 14, 2, 64, 8, 16);
+        // one kv head for 4, edges on and just past a tile edge, T no multiple of a tile
+        test_attention(260, 4, (const int32_t[]){0, 64, 65, 200, 260}, 4, 1, 128, 8, 32);
+        // rows past one and two softmax chunks (the forward's fold, the decode's split)
+        test_attention(1300, 2, (const int32_t[]){0, 100, 1300}, 2, 1, 64, 8, 16);
+        test_attention(2400, 2, (const int32_t[]){0, 2300, 2400}, 2, 2, 128, 0, 64);
+        // many short documents: several per tile, more than 32 in the backward's tile order
+        int32_t short_docs[701];
+        test_attention(700, att_short_docs(short_docs, 700), short_docs, 2, 1, 64, 8, 16);
+        // head dimensions without tensor-core kernels: the row kernels, forward and decode
+        test_attention(50, 2, (const int32_t[]){0, 20, 50}, 3, 3, 24, 1, 16);   // D below a warp
+        test_attention(90, 2, (const int32_t[]){0, 33, 90}, 4, 2, 96, 0, 16);
     }
     if (section(only, "kv_write")) test_kv_write(40, 4, 2, 64);
     if (section(only, "swiglu")) test_swiglu(37, 1001);

@@ -1,0 +1,54 @@
+// The tensor-core attention kernels of the bf16 path (attention_flash.cu forward,
+// attention_flash_bwd.cu backward, attention_decode.cu decode), as attention.cu dispatches
+// them: argument blocks and launchers. Other head dimensions and the fp32 path keep
+// attention.cu's row kernels, for the forward and decode alike, so the two always agree.
+#pragma once
+#include <math.h>
+#include <stdint.h>
+
+#include "kernels/cuda/cuda_ctx.cuh"
+#include "kernels/cuda/dtype.cuh"
+
+// Head dimensions with tensor-core kernels (forward, backward and decode).
+static inline bool tr_fa_supported(int32_t D) { return D == 64 || D == 128; }
+
+// log2(e) / sqrt(D): scores times this are the exponents of exp2 (double, then one rounding).
+static inline float tr_fa_scale_log2(int32_t D) {
+    return (float)(1.4426950408889634 / sqrt((double)D));
+}
+
+struct fa_fwd_args {
+    tr_bf16 *out;
+    float *lse;
+    const tr_bf16 *q, *k, *v;
+    const int32_t *doc_start;
+    int32_t n_docs, T, H, KVH, ld;
+    float sl2;
+    int32_t vec;    // q, k, v rows 16-byte aligned (ld a multiple of 8, aligned bases)
+    int32_t out4;   // out 4-byte aligned
+};
+
+struct fa_bwd_args {
+    tr_bf16 *dq, *dk, *dv;
+    const tr_bf16 *dout, *out, *q, *k, *v;
+    const float *lse;
+    const int32_t *doc_start;
+    int32_t n_docs, T, H, KVH, ld;
+    float scale, sl2;
+    int32_t vec;      // every row read is 16-byte aligned
+    int32_t st4;      // dq, dk, dv rows 4-byte aligned (even ld)
+};
+
+struct fa_dec_args {
+    tr_bf16 *out;
+    const tr_bf16 *q, *kp, *vp;
+    const int32_t *table, *seq_len;
+    int32_t ld, block_size, KVH, H, D, max_blocks, n_hg;
+    float sl2;
+    int32_t vecq, veckv;   // q rows, K/V pool slots 16-byte aligned
+    int32_t out4;          // out 4-byte aligned
+};
+
+void tr_fa_forward(tr_backend *be, const fa_fwd_args &a, int32_t D);
+void tr_fa_backward(tr_backend *be, const fa_bwd_args &a, int32_t D);
+void tr_fa_decode(tr_backend *be, const fa_dec_args &a, int32_t B, int32_t max_ctx);

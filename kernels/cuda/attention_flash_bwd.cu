@@ -1,0 +1,369 @@
+// Flash-attention backward on tensor cores, the bf16 path, deterministic without atomics: a
+// dK/dV pass (one block per 128-key tile of a document and kv head, looping over the group's
+// query heads and then the query tiles that see the keys, in a fixed order, both sums in
+// registers; tiles with the most queries start first) and a separate dQ pass (one block per
+// 128-row query tile and head, looping over its documents' key tiles). Both recompute
+// S = Q K^T and dP = dO V^T and take P = exp(S scale - lse) from the saved lse, so nothing
+// T x T is ever stored. delta = rowsum(dO * O) comes from one function both passes call, so
+// they agree on it bit for bit. P and dS = P (dP - delta) scale are rounded to bf16 for the
+// P^T dO, dS^T Q and dS K products (the forward's one extra rounding, once more); everything
+// else is fp32. dq, dk, dv are written, dk and dv summing the group.
+#include "kernels/cuda/attention_flash.cuh"
+#include "kernels/cuda/attention_tile.cuh"
+
+#define FA_BWD_WARPS 8   // 16 rows (dq) or keys (dk/dv) per warp
+#define FA_BWD_BN 64     // keys per dq step, queries per dk/dv step
+
+// sum_d dO[d] O[d] of one row, by the 32 lanes of a warp: lane l takes D/32 consecutive
+// channels in order, then a butterfly over the lanes (every lane gets the same bits).
+template <int D>
+__device__ __forceinline__ float fa_row_delta(const tr_bf16 *dout, const tr_bf16 *out,
+                                              int lane) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < D / 32; j++) {
+        const int d = lane * (D / 32) + j;
+        acc = __fmaf_rn(__bfloat162float(dout[d]), __bfloat162float(out[d]), acc);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, o));
+    return acc;
+}
+
+#define FA_LOG2E 1.4426950408889634f
+
+// P of a score s against the row's lse (both passes): 2^(s scale log2(e) - lse log2(e)).
+__device__ __forceinline__ float fa_prob(float s, float sl2, float lse2) {
+    return fa_ex2(__fsub_rn(__fmul_rn(s, sl2), lse2));
+}
+// dS = P (dP - delta) scale.
+__device__ __forceinline__ float fa_dscore(float p, float dp, float delta, float scale) {
+    return __fmul_rn(__fmul_rn(p, __fsub_rn(dp, delta)), scale);
+}
+
+// Tile y of the document-aligned tiles of BT tokens, in the order of the dK/dV pass: every
+// document's first tile (in document order), then every second tile, and so on, so that the
+// tiles seeing the most queries start first, whatever the layout (a plain order would start
+// the heavy first tiles of later documents last, with only a wave or two of blocks).
+// Sets document e and tile o within it; false past the last tile. Every warp computes it
+// alike, its lanes taking 32 documents at a time.
+__device__ __forceinline__ bool fa_tile_by_level(const int32_t *ds, int n_docs, int BT, int y,
+                                                 int &e, int &o) {
+    const int lane = threadIdx.x & 31;
+    for (o = 0;; o++) {
+        unsigned any = 0;
+        for (int d0 = 0; d0 < n_docs; d0 += 32) {
+            const int d = d0 + lane;
+            const int nt = d < n_docs ? (ds[d + 1] - ds[d] + BT - 1) / BT : 0;
+            unsigned m = __ballot_sync(0xffffffffu, nt > o);
+            any |= m;
+            const int c = __popc(m);
+            if (y < c) {
+                for (int i = 0; i < y; i++) m &= m - 1;   // drop the y lowest documents
+                e = d0 + __ffs(m) - 1;
+                return true;
+            }
+            y -= c;
+        }
+        if (!any) return false;
+    }
+}
+
+// dQ for 16 query rows per warp, FA_BWD_WARPS warps, one head.
+template <int D>
+__global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dq_kernel(const fa_bwd_args a) {
+    constexpr int BQ = FA_BWD_WARPS * 16, BN = FA_BWD_BN, LDS = D + FA_PAD;
+    constexpr int NTH = FA_BWD_WARPS * 32, NT = BN / 8;
+    extern __shared__ __align__(16) unsigned char fa_sm[];
+    tr_bf16 *qs = reinterpret_cast<tr_bf16 *>(fa_sm), *dos = qs + BQ * LDS, *os = dos + BQ * LDS;
+    tr_bf16 *ks = os + BQ * LDS, *vs = ks + 2 * BN * LDS;   // two stages each
+    float *lse_s = reinterpret_cast<float *>(vs + 2 * BN * LDS);
+    const int h = blockIdx.x, kvh = h / (a.H / a.KVH);
+    const int t0 = (int)(gridDim.y - 1 - blockIdx.y) * BQ, t1 = min(t0 + BQ, a.T);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const size_t ld = (size_t)a.ld, HD = (size_t)a.H * D;
+    const bool vec = a.vec != 0;
+    const tr_bf16 *kb = a.k + (size_t)kvh * D, *vb = a.v + (size_t)kvh * D;
+
+    fa_load_rows<D>(
+        qs, BQ,
+        [&](int r) -> const tr_bf16 * {
+            return t0 + r < t1 ? a.q + (size_t)(t0 + r) * ld + (size_t)h * D : nullptr;
+        },
+        tid, NTH, vec, a.q);
+    fa_load_rows<D>(
+        dos, BQ,
+        [&](int r) -> const tr_bf16 * {
+            return t0 + r < t1 ? a.dout + (size_t)(t0 + r) * HD + (size_t)h * D : nullptr;
+        },
+        tid, NTH, vec, a.dout);
+    fa_load_rows<D>(
+        os, BQ,
+        [&](int r) -> const tr_bf16 * {
+            return t0 + r < t1 ? a.out + (size_t)(t0 + r) * HD + (size_t)h * D : nullptr;
+        },
+        tid, NTH, vec, a.out);
+    for (int r = tid; r < BQ; r += NTH)
+        fa_cp4(lse_s + r, t0 + r < t1 ? a.lse + (size_t)(t0 + r) * a.H + h : a.lse, t0 + r < t1);
+    auto load_kv = [&](const fa_kv_iter &x, int stage) {
+        fa_load_rows<D>(
+            ks + stage * BN * LDS, BN,
+            [&](int r) -> const tr_bf16 * {
+                const int key = x.s + x.p0 + r;
+                return key < x.lim ? kb + (size_t)key * ld : nullptr;
+            },
+            tid, NTH, vec, a.k);
+        fa_load_rows<D>(
+            vs + stage * BN * LDS, BN,
+            [&](int r) -> const tr_bf16 * {
+                const int key = x.s + x.p0 + r;
+                return key < x.lim ? vb + (size_t)key * ld : nullptr;
+            },
+            tid, NTH, vec, a.v);
+    };
+    fa_kv_iter it;
+    fa_iter_first(it, a.doc_start, a.n_docs, t0, t1);
+    if (it.e >= 0) load_kv(it, 0);
+    fa_cp_commit();
+    fa_cp_wait<0>();
+    __syncthreads();
+
+    // the warp's rows: delta and lse in log2 units, two rows per thread
+    const int w0 = t0 + warp * 16;
+    float delta[2], lse2[2];
+    for (int r = 0; r < 16; r++) {
+        const int row = warp * 16 + r;
+        const float d = fa_row_delta<D>(dos + row * LDS, os + row * LDS, lane);
+        if (r == g) delta[0] = d;
+        if (r == g + 8) delta[1] = d;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) lse2[r] = __fmul_rn(lse_s[warp * 16 + g + 8 * r], FA_LOG2E);
+
+    float dq[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+    int stage = 0;
+    while (it.e >= 0) {
+        fa_kv_iter nx = it;
+        fa_iter_next<BN>(nx, a.doc_start, a.n_docs, t1);
+        if (nx.e >= 0) load_kv(nx, stage ^ 1);
+        fa_cp_commit();
+        fa_cp_wait<1>();
+        __syncthreads();
+        const int lo = max(w0, it.s), hi = min(w0 + 16, it.lim) - 1;
+        if (lo <= hi && it.p0 <= hi - it.s) {
+            const tr_bf16 *kt = ks + stage * BN * LDS, *vt = vs + stage * BN * LDS;
+            float s[1][NT][4], dp[1][NT][4];
+            fa_gemm_abt<D, 1, NT>(s, qs + warp * 16 * LDS, kt, LDS);
+            fa_gemm_abt<D, 1, NT>(dp, dos + warp * 16 * LDS, vt, LDS);
+            // tiles every row of the warp sees whole need no mask
+            const bool whole = lo == w0 && hi == w0 + 15 && it.p0 + BN - 1 <= w0 - it.s;
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int i = w0 + g + 8 * r;
+                const int lim = whole ? BN : (i >= it.s && i < it.lim ? i - it.s : -1) - it.p0;
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const int e = 2 * r + c;
+                        const float p =
+                            n * 8 + 2 * t + c <= lim ? fa_prob(s[0][n][e], a.sl2, lse2[r]) : 0.0f;
+                        dp[0][n][e] = fa_dscore(p, dp[0][n][e], delta[r], a.scale);
+                    }
+            }
+            uint32_t da[1][BN / 16][4];
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) fa_acc_to_a(da[0][kk], dp[0], kk);
+            fa_gemm_pv<D, 1, BN / 16>(reinterpret_cast<float(&)[1][D / 8][4]>(dq), da, kt, LDS);
+        }
+        __syncthreads();
+        it = nx;
+        stage ^= 1;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int i = w0 + g + 8 * r;
+        if (i >= t1) continue;
+        tr_bf16 *o = a.dq + (size_t)i * ld + (size_t)h * D + 2 * t;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++)
+            fa_store2(o + n * 8, dq[n][2 * r], dq[n][2 * r + 1], a.st4 != 0);
+    }
+}
+
+// dK and dV for 16 keys per warp, FA_BWD_WARPS warps, one kv head: a tile of one document's
+// keys, the group's heads in order, and for each the query tiles from the tile's first key to
+// the document's end, in order.
+template <int D>
+__global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_kernel(const fa_bwd_args a) {
+    constexpr int BK = FA_BWD_WARPS * 16, BQ = FA_BWD_BN, LDS = D + FA_PAD;
+    constexpr int NTH = FA_BWD_WARPS * 32, NT = BQ / 8;
+    constexpr int STAGE = 3 * BQ * LDS;   // Q, dO, O rows of one query tile
+    extern __shared__ __align__(16) unsigned char fa_sm[];
+    tr_bf16 *ks = reinterpret_cast<tr_bf16 *>(fa_sm), *vs = ks + BK * LDS;
+    tr_bf16 *stg = vs + BK * LDS;                                      // two stages
+    float *lse_s = reinterpret_cast<float *>(stg + 2 * STAGE);         // [2][BQ], log2 units
+    float *delta_s = lse_s + 2 * BQ;                                   // [2][BQ]
+    int doc, lvl;
+    if (!fa_tile_by_level(a.doc_start, a.n_docs, BK, (int)blockIdx.y, doc, lvl)) return;
+    const int kvh = blockIdx.x, G = a.H / a.KVH;
+    const int q_end = a.doc_start[doc + 1];   // the document's end
+    const int k0 = a.doc_start[doc] + lvl * BK, k1 = min(k0 + BK, q_end);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const size_t ld = (size_t)a.ld, HD = (size_t)a.H * D;
+    const bool vec = a.vec != 0;
+
+    fa_load_rows<D>(
+        ks, BK,
+        [&](int r) -> const tr_bf16 * {
+            return k0 + r < k1 ? a.k + (size_t)(k0 + r) * ld + (size_t)kvh * D : nullptr;
+        },
+        tid, NTH, vec, a.k);
+    fa_load_rows<D>(
+        vs, BK,
+        [&](int r) -> const tr_bf16 * {
+            return k0 + r < k1 ? a.v + (size_t)(k0 + r) * ld + (size_t)kvh * D : nullptr;
+        },
+        tid, NTH, vec, a.v);
+    const int nq = (q_end - k0 + BQ - 1) / BQ, total = G * nq;
+    auto load_q = [&](int item, int stage) {
+        const int h = kvh * G + item / nq, i0 = k0 + (item % nq) * BQ;
+        tr_bf16 *sq = stg + stage * STAGE;
+        fa_load_rows<D>(
+            sq, BQ,
+            [&](int r) -> const tr_bf16 * {
+                return i0 + r < q_end ? a.q + (size_t)(i0 + r) * ld + (size_t)h * D : nullptr;
+            },
+            tid, NTH, vec, a.q);
+        fa_load_rows<D>(
+            sq + BQ * LDS, BQ,
+            [&](int r) -> const tr_bf16 * {
+                return i0 + r < q_end ? a.dout + (size_t)(i0 + r) * HD + (size_t)h * D : nullptr;
+            },
+            tid, NTH, vec, a.dout);
+        fa_load_rows<D>(
+            sq + 2 * BQ * LDS, BQ,
+            [&](int r) -> const tr_bf16 * {
+                return i0 + r < q_end ? a.out + (size_t)(i0 + r) * HD + (size_t)h * D : nullptr;
+            },
+            tid, NTH, vec, a.out);
+        for (int r = tid; r < BQ; r += NTH)
+            fa_cp4(lse_s + stage * BQ + r,
+                   i0 + r < q_end ? a.lse + (size_t)(i0 + r) * a.H + h : a.lse, i0 + r < q_end);
+    };
+    if (total > 0) load_q(0, 0);
+    fa_cp_commit();
+
+    // this thread's keys: rows g, g+8 of the warp's 16 (rows past k1 are zeros, never stored)
+    const int wk0 = k0 + warp * 16;
+    const int key[2] = {wk0 + g, wk0 + g + 8};
+    const bool want_k = a.dk != nullptr, want_v = a.dv != nullptr;
+    float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) {
+        dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.0f;
+        dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
+    }
+    int stage = 0;
+    for (int item = 0; item < total; item++) {
+        if (item + 1 < total) load_q(item + 1, stage ^ 1);
+        fa_cp_commit();
+        fa_cp_wait<1>();
+        __syncthreads();
+        const tr_bf16 *sq = stg + stage * STAGE, *sdo = sq + BQ * LDS, *so = sq + 2 * BQ * LDS;
+        float *lse2 = lse_s + stage * BQ, *dl = delta_s + stage * BQ;
+        for (int r = warp; r < BQ; r += FA_BWD_WARPS) {   // the tile's rows, 8 per warp
+            const float d = fa_row_delta<D>(sdo + r * LDS, so + r * LDS, lane);
+            if (lane == 0) {
+                dl[r] = d;
+                lse2[r] = __fmul_rn(lse2[r], FA_LOG2E);
+            }
+        }
+        __syncthreads();
+        const int i0 = k0 + (item % nq) * BQ;
+        if (wk0 < k1 && i0 + BQ - 1 >= wk0) {
+            float s[1][NT][4], dp[1][NT][4];   // S^T and dP^T: keys by queries
+            fa_gemm_abt<D, 1, NT>(s, ks + warp * 16 * LDS, sq, LDS);
+            fa_gemm_abt<D, 1, NT>(dp, vs + warp * 16 * LDS, sdo, LDS);
+            // query tiles every key of the warp sees whole need no mask
+            const bool whole = i0 >= wk0 + 15 && i0 + BQ <= q_end;
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const int col = n * 8 + 2 * t + c, i = i0 + col, e = 2 * r + c;
+                        const float p = whole || (i >= key[r] && i < q_end)
+                                            ? fa_prob(s[0][n][e], a.sl2, lse2[col])
+                                            : 0.0f;
+                        s[0][n][e] = p;
+                        dp[0][n][e] = fa_dscore(p, dp[0][n][e], dl[col], a.scale);
+                    }
+            uint32_t fr[1][BQ / 16][4];
+            if (want_v) {
+#pragma unroll
+                for (int kk = 0; kk < BQ / 16; kk++) fa_acc_to_a(fr[0][kk], s[0], kk);
+                fa_gemm_pv<D, 1, BQ / 16>(reinterpret_cast<float(&)[1][D / 8][4]>(dv), fr, sdo,
+                                          LDS);
+            }
+            if (want_k) {
+#pragma unroll
+                for (int kk = 0; kk < BQ / 16; kk++) fa_acc_to_a(fr[0][kk], dp[0], kk);
+                fa_gemm_pv<D, 1, BQ / 16>(reinterpret_cast<float(&)[1][D / 8][4]>(dk), fr, sq, LDS);
+            }
+        }
+        __syncthreads();   // the stage is refilled next
+        stage ^= 1;
+    }
+    fa_cp_wait<0>();
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (key[r] >= k1) continue;
+        const size_t at = (size_t)key[r] * ld + (size_t)kvh * D + 2 * t;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            if (want_k) fa_store2(a.dk + at + n * 8, dk[n][2 * r], dk[n][2 * r + 1], a.st4 != 0);
+            if (want_v) fa_store2(a.dv + at + n * 8, dv[n][2 * r], dv[n][2 * r + 1], a.st4 != 0);
+        }
+    }
+}
+
+// ---- launch (host) ----
+
+template <int D>
+static void fa_backward_run(tr_backend *be, const fa_bwd_args &a) {
+    constexpr int LDS = D + FA_PAD, B16 = FA_BWD_WARPS * 16;
+    cudaStream_t st = tr_cuda_stream(be);
+    if (a.dk || a.dv) {
+        const size_t shm = (size_t)(2 * B16 + 2 * 3 * FA_BWD_BN) * LDS * sizeof(tr_bf16) +
+                           (size_t)4 * FA_BWD_BN * sizeof(float);
+        if (TR_CUDA_CHECK(be, cudaFuncSetAttribute(fa_dkv_kernel<D>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   (int)shm)))
+            return;
+        // at most this many document tiles; blocks past the last one return at once
+        dim3 grid((unsigned)a.KVH, (unsigned)((a.T + B16 - 1) / B16 + a.n_docs));
+        fa_dkv_kernel<D><<<grid, FA_BWD_WARPS * 32, shm, st>>>(a);
+        if (TR_CUDA_LAUNCHED(be, "attention_backward dk/dv")) return;
+    }
+    if (a.dq) {
+        const size_t shm = (size_t)(3 * B16 + 4 * FA_BWD_BN) * LDS * sizeof(tr_bf16) +
+                           (size_t)B16 * sizeof(float);
+        if (TR_CUDA_CHECK(be, cudaFuncSetAttribute(fa_dq_kernel<D>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   (int)shm)))
+            return;
+        // tiles in reverse: the last rows (most keys) first
+        dim3 grid((unsigned)a.H, (unsigned)((a.T + B16 - 1) / B16));
+        fa_dq_kernel<D><<<grid, FA_BWD_WARPS * 32, shm, st>>>(a);
+        TR_CUDA_LAUNCHED(be, "attention_backward dq");
+    }
+}
+
+void tr_fa_backward(tr_backend *be, const fa_bwd_args &a, int32_t D) {
+    if (D == 64) fa_backward_run<64>(be, a);
+    else fa_backward_run<128>(be, a);
+}

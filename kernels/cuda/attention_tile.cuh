@@ -1,0 +1,205 @@
+// The per-row arithmetic that the flash forward and the decode step share, so that a decoded
+// token's output is bitwise the training forward's row: one warp's online-softmax step over a
+// tile of FA_BN keys (scores by MMA, fp32 max and sums, P rounded to bf16 for the P V MMA),
+// the fold of softmax chunks, and the final normalisation. A row's keys are its document's,
+// tiled from the document's first token (position 0), never from where the document sits in
+// a packed batch, and the softmax restarts every FA_CHUNK positions, chunks then being folded
+// in position order: decode splits a long context at the same positions and folds the same way.
+#pragma once
+#include <math.h>
+
+#include "kernels/cuda/attention_mma.cuh"
+
+// Keys per online-softmax step (one tile): 64, or 32 at D = 128, where a warp's 32 rows of
+// fp32 output take 128 registers and 64 scores more would not fit beside them.
+template <int D>
+constexpr int fa_bn() { return D > 64 ? 32 : 64; }
+#define FA_CHUNK 1024   // positions per softmax chunk (a multiple of every fa_bn)
+
+// The running softmax of MT m16 tiles of rows. Thread (g, t) holds rows g ([mt][0]) and g+8
+// ([mt][1]) of each m-tile, and channels 8n + 2t, 8n + 2t + 1 of each in o[mt][n][2 hi + c].
+// m: the running maximum of x = score * scale * log2(e) (-inf: no key seen yet); l: this
+// thread's share of the row sum of 2^(x - m) (its own columns; fa_quad_sum makes the row's).
+template <int D, int MT>
+struct fa_state {
+    float m[MT][2], l[MT][2];
+    float o[MT][D / 8][4];
+};
+
+template <int D, int MT>
+__device__ __forceinline__ void fa_reset(fa_state<D, MT> &st) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int hi = 0; hi < 2; hi++) {
+            st.m[mt][hi] = -INFINITY;
+            st.l[mt][hi] = 0.0f;
+        }
+#pragma unroll
+        for (int n = 0; n < D / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) st.o[mt][n][e] = 0.0f;
+    }
+}
+
+// One tile: keys at positions p0 .. p0 + fa_bn<D>() - 1 (ks, vs: their K and V rows in shared
+// memory, rows of D + FA_PAD; rows past the sequence are zeros) against the warp's query rows
+// (qs: 16 MT rows). Row (mt, hi) sees the positions <= last[mt][hi] (-1: none). hi_rows false
+// leaves rows 8..15 of every m-tile out of the softmax (padding rows, whose results nobody
+// reads). A row that sees no key of the tile keeps its state bit for bit: its scale factor is
+// exactly 1 (or 0 on an empty state), its probabilities +0, and the MMA adds only zeros.
+template <int D, int MT>
+__device__ __forceinline__ void fa_tile(fa_state<D, MT> &st, const tr_bf16 *qs,
+                                        const tr_bf16 *ks, const tr_bf16 *vs, int p0,
+                                        const int (&last)[MT][2], float sl2, bool hi_rows) {
+    constexpr int BN = fa_bn<D>(), LDS = D + FA_PAD, NT = BN / 8;
+    const int t = threadIdx.x & 3;
+    float s[MT][NT][4];
+    fa_gemm_abt<D, MT, NT>(s, qs, ks, LDS);
+    uint32_t p[MT][BN / 16][4];
+    // Most tiles are seen whole by every row of the warp: no mask to apply there.
+    int seen = p0 + BN - 1;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int hi = 0; hi < 2; hi++)
+            if (hi == 0 || hi_rows) seen = min(seen, last[mt][hi]);
+    const bool whole = __all_sync(0xffffffffu, seen >= p0 + BN - 1);
+    float alphas[MT][2] = {};
+    bool rescale = false;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int hi = 0; hi < 2; hi++) {
+            if (hi == 1 && !hi_rows) {
+#pragma unroll
+                for (int n = 0; n < NT; n++) s[mt][n][2] = s[mt][n][3] = 0.0f;
+                continue;
+            }
+            const int lim = last[mt][hi] - p0;   // columns <= lim are visible
+            float mx = -INFINITY;
+            if (whole) {
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const float x = __fmul_rn(s[mt][n][2 * hi + c], sl2);
+                        s[mt][n][2 * hi + c] = x;
+                        mx = fmaxf(mx, x);
+                    }
+            } else {
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const float x = n * 8 + 2 * t + c <= lim
+                                            ? __fmul_rn(s[mt][n][2 * hi + c], sl2)
+                                            : -INFINITY;
+                        s[mt][n][2 * hi + c] = x;
+                        mx = fmaxf(mx, x);
+                    }
+            }
+            mx = fa_quad_max(mx);
+            const float mnew = fmaxf(st.m[mt][hi], mx);
+            const float mu = mnew == -INFINITY ? 0.0f : mnew;
+            const float alpha = fa_ex2(__fsub_rn(st.m[mt][hi], mu));
+            st.m[mt][hi] = mnew;
+            float rs = 0.0f;
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    float e = fa_ex2(__fsub_rn(s[mt][n][2 * hi + c], mu));
+                    s[mt][n][2 * hi + c] = e;
+                    rs = __fadd_rn(rs, e);
+                }
+            st.l[mt][hi] = __fmaf_rn(st.l[mt][hi], alpha, rs);
+            alphas[mt][hi] = alpha;
+            rescale |= alpha != 1.0f;
+        }
+        // P rounds to bf16 here, for the tensor cores, as flash attention does; the row sum
+        // above used the fp32 values. This is the one rounding the CPU does not make.
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) fa_acc_to_a(p[mt][kk], s[mt], kk);
+    }
+    // o *= alpha, skipped when no row of the warp raised its maximum (alpha exactly 1, and
+    // x * 1 is x: the same bits), which after the first tiles is most of them
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int hi = 0; hi < 2; hi++) {
+                if (hi == 1 && !hi_rows) continue;
+#pragma unroll
+                for (int n = 0; n < D / 8; n++) {
+                    st.o[mt][n][2 * hi] = __fmul_rn(st.o[mt][n][2 * hi], alphas[mt][hi]);
+                    st.o[mt][n][2 * hi + 1] = __fmul_rn(st.o[mt][n][2 * hi + 1], alphas[mt][hi]);
+                }
+            }
+    }
+    fa_gemm_pv<D, MT, BN / 16>(st.o, p, vs, LDS);
+}
+
+// Folding softmax chunk C into the accumulated chunks A of one row (both with full row sums):
+// with m = max(mA, mC), A = A 2^(mA - m) + C 2^(mC - m). An empty side (m = -inf) is no
+// rescaling but a plain copy, so folds with empty chunks change no bit.
+struct fa_fold_t {
+    int mode;   // 0: keep A (C empty), 1: take C (A empty), 2: blend
+    float a, c;
+};
+
+__device__ __forceinline__ fa_fold_t fa_fold_coef(float ma, float mc) {
+    if (mc == -INFINITY) return {0, 0.0f, 0.0f};
+    if (ma == -INFINITY) return {1, 0.0f, 0.0f};
+    const float m = fmaxf(ma, mc);
+    return {2, fa_ex2(__fsub_rn(ma, m)), fa_ex2(__fsub_rn(mc, m))};
+}
+__device__ __forceinline__ float fa_fold(const fa_fold_t &f, float a, float c) {
+    return f.mode == 0 ? a : f.mode == 1 ? c : __fmaf_rn(a, f.a, __fmul_rn(c, f.c));
+}
+__device__ __forceinline__ float fa_fold_max(const fa_fold_t &f, float ma, float mc) {
+    return f.mode == 0 ? ma : f.mode == 1 ? mc : fmaxf(ma, mc);
+}
+
+// Output value of a finished row: o / l as o * (1/l), each rounded to nearest.
+__device__ __forceinline__ float fa_inv(float l) { return __frcp_rn(l); }
+__device__ __forceinline__ float fa_out(float o, float inv) { return __fmul_rn(o, inv); }
+// Natural log-sum-exp of a finished row from m (log2 units) and l.
+__device__ __forceinline__ float fa_lse(float m, float l) {
+    return __fmul_rn(__fadd_rn(m, log2f(l)), 0.69314718055994531f);
+}
+
+// The KV tiles a tile of query rows [t0, t1) walks: for each document overlapping the rows,
+// in order, its keys from its first token to min(its end, t1), BN at a time.
+struct fa_kv_iter {
+    int e;     // document (-1: done)
+    int s;     // its first token
+    int lim;   // its keys are tokens s .. lim - 1
+    int p0;    // the tile's first position in the document
+};
+
+// From document it.e on: the first non-empty one that starts before t1, at its first tile.
+__device__ __forceinline__ void fa_iter_doc(fa_kv_iter &it, const int32_t *ds, int n_docs,
+                                            int t1) {
+    while (it.e < n_docs && ds[it.e + 1] <= ds[it.e]) it.e++;
+    if (it.e >= n_docs || ds[it.e] >= t1) {
+        it.e = -1;
+        return;
+    }
+    it.s = ds[it.e];
+    it.lim = min(ds[it.e + 1], t1);
+    it.p0 = 0;
+}
+__device__ __forceinline__ void fa_iter_first(fa_kv_iter &it, const int32_t *ds, int n_docs,
+                                              int t0, int t1) {
+    it.e = fa_doc_of(ds, n_docs, t0);
+    fa_iter_doc(it, ds, n_docs, t1);
+}
+template <int BN>
+__device__ __forceinline__ void fa_iter_next(fa_kv_iter &it, const int32_t *ds, int n_docs,
+                                             int t1) {
+    it.p0 += BN;
+    if (it.s + it.p0 < it.lim) return;
+    it.e++;
+    fa_iter_doc(it, ds, n_docs, t1);
+}
