@@ -1,7 +1,8 @@
-// `troupe info --model DIR [--tokens N] [--backend B --device N --precision P]`: what a
-// Hugging Face checkpoint directory holds (architecture, head, sizes, RoPE, token ids), its
-// parameter count, a check of its weight files without reading the data, and the memory plan
-// of training and generating with it on the chosen backend and precision.
+// `troupe info --model DIR [--tokens N] [--backend B --device N --precision P] [--tp N]`:
+// what a Hugging Face checkpoint directory holds (architecture, head, sizes, RoPE, token ids),
+// its parameter count, a check of its weight files without reading the data, and the memory
+// plan of training and generating with it on the chosen backend and precision (of the largest
+// tensor-parallel rank's shard with --tp).
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -45,7 +46,7 @@ int tr_cmd_info(int argc, char **argv) {
     const char *model = NULL;
     const char *backend = getenv("TROUPE_BACKEND") ? getenv("TROUPE_BACKEND") : "cpu";
     const char *precision = getenv("TROUPE_PRECISION");
-    long tokens = 4096, device = 0, kv_tokens = 0;
+    long tokens = 4096, device = 0, kv_tokens = 0, tp = 1;
     double memory_gb = 0;
     bool help = false;
     tr_arg args[] = {
@@ -62,13 +63,15 @@ int tr_cmd_info(int argc, char **argv) {
                                                    "what the memory left holds)", false, false},
         {"memory-gb", TR_ARG_FLOAT, &memory_gb, "G", "plan with this budget instead of the "
                                                      "device's free memory", false, false},
+        {"tp", TR_ARG_INT, &tp, "N", "plan one rank of a model split over N tensor-parallel "
+                                     "ranks (default 1)", false, false},
         {NULL, 0, NULL, NULL, NULL, false, false},
     };
     int rc = tr_args_parse(CMD, argc, argv, args, NULL, 0, NULL, &help);
     if (rc) return rc;
     if (help) {
         tr_args_usage(CMD, "--model DIR [--tokens N] [--backend cpu|cuda] [--device N] [--precision fp32|bf16] "
-                      "[--kv-tokens N] [--memory-gb G]",
+                      "[--kv-tokens N] [--memory-gb G] [--tp N]",
                       "Prints a checkpoint's configuration, parameter count and the memory plan "
                       "of training it (weights, gradients, Adam moments, activations) and "
                       "generating with it (the KV cache the memory left holds).", args);
@@ -78,8 +81,8 @@ int tr_cmd_info(int argc, char **argv) {
         fprintf(stderr, "troupe %s: --tokens must be between 1 and %d\n", CMD, INT32_MAX);
         return 2;
     }
-    if (kv_tokens < 0 || !(memory_gb >= 0)) {
-        fprintf(stderr, "troupe %s: --kv-tokens and --memory-gb must be >= 0\n", CMD);
+    if (kv_tokens < 0 || !(memory_gb >= 0) || tp < 1 || tp > 1024) {
+        fprintf(stderr, "troupe %s: --kv-tokens and --memory-gb must be >= 0, --tp in 1..1024\n", CMD);
         return 2;
     }
     if ((rc = tr_cli_backend_check(CMD, backend, device, precision)) != 0) return rc;
@@ -143,12 +146,20 @@ int tr_cmd_info(int argc, char **argv) {
         tr_param_layout_free(&layout);
         return tr_cli_fail(CMD, &err);
     }
+    // With --tp, the ranks' shards differ by a vocabulary row at most: the largest plan.
     tr_plan plan;
-    tr_plan_req pr = {.cfg = &c, .max_tokens = (int32_t)tokens, .training = true,
-                      .generate = c.head == TR_HEAD_LM, .kv_tokens = kv_tokens,
-                      .kv_want = (int64_t)1 << 30, .max_seqs_want = (int32_t)tokens,
-                      .budget = (size_t)(memory_gb * (double)(1 << 30))};
-    int prc = tr_plan_make(&be, &pr, &plan, &err);
+    tr_tp shape;
+    int prc = tr_tp_init(&shape, &c, (int32_t)tp, 0, &err);
+    for (int32_t r = 0; prc == 0 && r < (int32_t)tp; r++) {
+        tr_plan p;
+        tr_plan_req pr = {.cfg = &c, .max_tokens = (int32_t)tokens, .training = true,
+                          .generate = c.head == TR_HEAD_LM, .kv_tokens = kv_tokens,
+                          .kv_want = (int64_t)1 << 30, .max_seqs_want = (int32_t)tokens,
+                          .budget = (size_t)(memory_gb * (double)(1 << 30)),
+                          .tp_size = (int32_t)tp, .tp_rank = r};
+        prc = tr_plan_make(&be, &pr, &p, &err);
+        if (prc == 0 && (r == 0 || p.total > plan.total)) plan = p;
+    }
     tr_dt act = be.act, wt = be.wt;
     tr_backend_free(&be);
     if (prc != 0) {
@@ -164,9 +175,13 @@ int tr_cmd_info(int argc, char **argv) {
     printf("precision     %s weights, %s activations and KV cache, fp32 masters and optimizer\n",
            tr_dt_name(wt), tr_dt_name(act));
     printf("bytes/param   %zu trained (policy, critic), %zu frozen (reference, reward)\n", trained, w);
-    printf("memory plan to train and generate in %s on %s%s, %ld tokens per micro-batch:\n%s",
+    if (tp > 1)
+        printf("tensor par.   tp %ld: %d query and %d key/value heads%s, %d intermediate channels "
+               "and about %d vocabulary rows per rank\n", tp, shape.n_heads, shape.n_kv_heads,
+               shape.kv_replicas > 1 ? " (replicated)" : "", shape.inter, shape.vocab);
+    printf("memory plan to train and generate in %s on %s%s, %ld tokens per micro-batch%s:\n%s",
            tr_dt_name(act), backend, strcmp(backend, "cuda") == 0 ? " (this device's free memory)" : "",
-           tokens, text);
+           tokens, tp > 1 ? ", per tensor-parallel rank" : "", text);
     tr_param_layout_free(&layout);
     return 0;
 }

@@ -57,6 +57,21 @@ grep -q "^precision     bf16 weights, bf16 activations" "$out/bf16.txt" &&
 "$troupe" info --model "$configs/Qwen3-0.6B" --precision fp16 >/dev/null 2>&1
 [ $? = 2 ] || { echo "FAIL: --precision fp16 accepted"; fail=1; }
 grep -q "head_dim 128" "$out/Qwen3-0.6B.txt" || { echo "FAIL: Qwen3-0.6B head_dim"; fail=1; }
+# --tp: one rank's shard (Qwen2.5-7B at tp 4: 7 query heads and its key/value head each; the
+# weights a quarter of tp 1's and more than a fifth), and a tp that splits 28 heads unevenly.
+for tp in 1 4; do
+    "$troupe" info --model "$configs/Qwen2.5-7B" --backend cpu --memory-gb 4096 --tokens 512 --tp $tp \
+        >"$out/q7b.$tp.txt" 2>&1 || { echo "FAIL: --tp $tp"; cat "$out/q7b.$tp.txt"; fail=1; }
+done
+grep -q "^tensor par.   tp 4: 7 query and 1 key/value heads, 4736 intermediate" "$out/q7b.4.txt" ||
+    { echo "FAIL: --tp 4 shape"; cat "$out/q7b.4.txt"; fail=1; }
+w1=$(awk '/^  weights/ {print $2}' "$out/q7b.1.txt")
+w4=$(awk '/^  weights/ {print $2}' "$out/q7b.4.txt")
+awk -v a="$w1" -v b="$w4" 'BEGIN {exit !(b < a / 3.9 && b > a / 5)}' ||
+    { echo "FAIL: --tp 4 weights $w4 MiB against $w1"; fail=1; }
+"$troupe" info --model "$configs/Qwen2.5-7B" --tp 3 >"$out/tp3.txt" 2>&1
+[ $? = 1 ] && grep -q "tp 3 does not divide the 28 query heads" "$out/tp3.txt" ||
+    { echo "FAIL: --tp 3"; cat "$out/tp3.txt"; fail=1; }
 
 # Refused by name: a mixture-of-experts class, and Mistral-7B-v0.1's 4096-token window over
 # a 32768-token context.
