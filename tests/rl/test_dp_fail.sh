@@ -62,10 +62,16 @@ done
 [ $left = 0 ]
 check "no worker process outlives the run" $?
 # The survivors were waiting for rank 1 inside a collective (or met its absence in the next
-# one) and failed on their own, within 10 s of the kill, before being stopped.
+# one): either they failed on their own once its heartbeat stopped (5 s), or the controller,
+# which saw its worker die, stopped the run first. A run that lasted past the heartbeat timeout
+# must show the survivors' own failure (test_comm checks that timeout itself).
 for r in 0 2; do
     log="$tmp/run/logs/policy-$r.log"
     line=$(grep -m1 -E "stopped responding|aborted by rank" "$log")
+    if [ $dt -lt 5000 ] && [ -z "$line" ]; then
+        echo "ok: policy/$r was stopped by the controller ($dt ms) before its peer timeout"
+        continue
+    fi
     [ -n "$line" ]
     check "policy/$r failed its collective once rank 1 was gone" $?
     echo "  $line" | cut -c1-200
