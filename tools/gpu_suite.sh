@@ -51,12 +51,21 @@ configure() {   # configure DIR OPTION...: configure, or reconfigure a build fol
     fi
 }
 
-engine_part() {   # kernels + engine only: needs nothing beyond CUDA and OpenBLAS
-    run setup configure "$build" -Dcuda=enabled -Dlayers=engine || return 1
-    run build ninja -C "$build" || return 1
+engine_part() {   # the kernels' tests: needs nothing beyond CUDA and OpenBLAS
+    # With the libraries from .debs/ the full build serves; otherwise kernels + engine only.
+    if [ "$build" = "$build_all" ]; then
+        deps_and_build_all || return 1
+    else
+        run setup configure "$build" -Dcuda=enabled -Dlayers=engine || return 1
+        run build ninja -C "$build" || return 1
+    fi
     # The op test reports each op's error next to the CPU backend; 77 would mean no device seen.
     run test_cuda_ops env OPENBLAS_NUM_THREADS=1 "$build/tests/kernels/test_cuda_ops"
-    run unit_kernels meson test -C "$build" --suite unit --print-errorlogs
+    # The CPU unit tests of the kernels and engine (the full part runs every layer's).
+    if [ "$build" != "$build_all" ]; then
+        run unit_kernels meson test -C "$build" --suite unit --print-errorlogs
+        cp "$build/meson-logs/testlog.txt" "$logs/testlog_engine.txt" 2>/dev/null
+    fi
     run bench_cuda "$build/bench/bench_cuda"
     # The tensor-core attention kernels (opt-in until checked here): the op test and the
     # attention benchmark with them, torch's attention on the same shapes beside it.
@@ -66,13 +75,20 @@ engine_part() {   # kernels + engine only: needs nothing beyond CUDA and OpenBLA
         python3 bench/attention_peer.py --troupe "$build/bench/bench_cuda"
 }
 
-full_part() {   # every layer and the troupe binary, with the libraries from .debs/
+deps_and_build_all() {   # once per run: unpack .debs/ and build every layer with CUDA
+    if [ -n "${built_all:-}" ]; then return "$built_all"; fi
+    built_all=1
     run deps tools/gpu_deps.sh || return 1
     # shellcheck source=/dev/null
     . .deps-root/env.sh
     # werror=false: gcc 13 there may warn where Debian's gcc 12, which CI builds with, does not.
     run setup_all configure "$build_all" -Dcuda=enabled -Dwerror=false || return 1
     run build_all ninja -C "$build_all" || return 1
+    built_all=0
+}
+
+full_part() {   # every layer and the troupe binary, with the libraries from .debs/
+    deps_and_build_all || return 1
     run test_all meson test -C "$build_all" --suite unit --suite e2e --print-errorlogs
     cp "$build_all/meson-logs/testlog.txt" "$logs/testlog_all.txt" 2>/dev/null
     # The model tests again by name, in a log of their own: forward against transformers,
@@ -162,7 +178,10 @@ train_bench_part() {
         echo "train_bench: no anchors/torch_anchor.py, skipped" | tee -a "$summary"
         return 0
     fi
-    run train_bench bench/run_gpu_train.sh "$build_all" anchors
+    # TRAIN_SHAPES narrows the shapes (default: both); the flash kernels while they are opt-in.
+    # shellcheck disable=SC2086  # a list of shape names
+    run train_bench env TROUPE_CUDA_FLASH_ATTENTION=1 \
+        bench/run_gpu_train.sh "$build_all" anchors ${TRAIN_SHAPES:-}
 }
 
 parts="${*:-engine full cuda quickstart}"
@@ -170,18 +189,11 @@ has() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
 run nvidia-smi nvidia-smi || true
 commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 echo "commit: $commit" | tee -a "$summary"
-if has engine; then
-    engine_part
-    cp "$build/meson-logs/testlog.txt" "$logs/testlog_engine.txt" 2>/dev/null
-fi
+if [ -d .debs/dev ]; then build=$build_all; fi
+if has engine; then engine_part; fi
 if [ -d .debs/dev ]; then
-    if has full || has cuda || has quickstart || has train_bench; then
-        if has full; then full_part; else
-            run deps tools/gpu_deps.sh && . .deps-root/env.sh &&
-                run setup_all configure "$build_all" -Dcuda=enabled -Dwerror=false &&
-                run build_all ninja -C "$build_all"
-        fi
-    fi
+    if has full; then full_part; fi
+    if has cuda || has quickstart || has train_bench; then deps_and_build_all; fi
     if has cuda; then cuda_part; fi
     if has quickstart; then quickstart_part; fi
     if has train_bench; then train_bench_part; fi
