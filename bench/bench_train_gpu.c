@@ -3,8 +3,9 @@
 // ((6N + 6*L*S*d) FLOPs a token against 790 TFLOP/s, ../shared/anchors/torch_anchor.py) and
 // the peak device memory the run took. Random weights and tokens; micro-batches of `mb`
 // sequences of `seq` tokens packed as documents, as troupe trains them.
-// usage: bench_train_gpu SHAPE [MB [SEQ [STEPS]]]   SHAPE: qwen2.5-0.5b | qwen2.5-1.5b
-// (defaults: 8 x 2048 for 0.5b, 4 x 2048 for 1.5b, 5 timed steps after 2 warm-up steps)
+// usage: bench_train_gpu SHAPE [MB [SEQ [STEPS [LOGIT_ROWS]]]]   SHAPE: qwen2.5-0.5b | qwen2.5-1.5b
+// (defaults: 8 x 2048 for 0.5b, 4 x 2048 for 1.5b, 5 timed steps after 2 warm-up steps, the
+// LM head's rows per chunk from the model's default)
 // The backend comes from $TROUPE_BACKEND (cuda) and the precision from $TROUPE_PRECISION
 // (default: the backend's, bf16 on CUDA). bench/run_gpu_train.sh runs it beside the peer.
 #include <stdio.h>
@@ -49,8 +50,10 @@ int main(int argc, char **argv) {
         if (strcmp(argv[1], SHAPES[i].name) == 0) sh = &SHAPES[i];
     int mb = sh && argc > 2 ? atoi(argv[2]) : sh ? sh->mb : 0;
     int seq = argc > 3 ? atoi(argv[3]) : 2048, steps = argc > 4 ? atoi(argv[4]) : 5;
-    if (!sh || mb < 1 || seq < 2 || steps < 1) {
-        fprintf(stderr, "usage: bench_train_gpu qwen2.5-0.5b|qwen2.5-1.5b [MB [SEQ [STEPS]]]\n");
+    int logit_rows = argc > 5 ? atoi(argv[5]) : 0;
+    if (!sh || mb < 1 || seq < 2 || steps < 1 || logit_rows < 0) {
+        fprintf(stderr, "usage: bench_train_gpu qwen2.5-0.5b|qwen2.5-1.5b [MB [SEQ [STEPS "
+                "[LOGIT_ROWS]]]]\n");
         return 2;
     }
     char config[1024];
@@ -98,7 +101,7 @@ int main(int argc, char **argv) {
                         .schedule = {.kind = TR_LR_CONSTANT}};
     tr_model m;
     tr_trainer tr;
-    tr_model_opts mo = {.max_tokens = T, .training = true};
+    tr_model_opts mo = {.max_tokens = T, .training = true, .logit_rows = logit_rows};
     if (tr_model_init(&m, &cfg, &be, &mo, &err) != 0) return fail("model", &err);
     if (tr_model_init_weights(&m, 7, 0.02f, &err) != 0) return fail("weights", &err);
     if (tr_trainer_init(&tr, &m, &opt, 1, &err) != 0) return fail("trainer", &err);
@@ -118,8 +121,8 @@ int main(int argc, char **argv) {
     double N = L * (d * (d + kv) + d * d + 3 * d * I) + d * VOCAB;
     double flops = 6 * N + 6 * L * seq * d;
     double tps = T / step_s;
-    printf("%s: %s %s, micro-batch %d x %d, %.1fM matmul params\n", sh->name, be.ops->name,
-           tr_dt_name(be.act), mb, seq, N / 1e6);
+    printf("%s: %s %s, micro-batch %d x %d, %.1fM matmul params, LM head %d rows a chunk\n",
+           sh->name, be.ops->name, tr_dt_name(be.act), mb, seq, N / 1e6, m.logit_rows);
     printf("  step %.3f s, %.0f tokens/s, MFU %.1f%%, peak memory %.1f GiB, loss %.4f\n", step_s,
            tps, 100 * tps * flops / PEAK, (double)(free0 - free_min) / (1 << 30), res.loss);
     printf("troupe train shape=%s tok/s=%.0f mfu=%.4f peak_gib=%.2f\n", sh->name, tps,

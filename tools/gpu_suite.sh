@@ -5,8 +5,9 @@
 # unit and e2e suites, and runs the engine on the GPU: the model, training and generation
 # tests and the logprobs/generate commands with TROUPE_BACKEND=cuda, two CUDA runs compared
 # byte for byte, and the CPU quickstart's GRPO run on the GPU beside the same run on the CPU.
-# Usage: tools/gpu_suite.sh [PART...]   parts: engine full cuda quickstart train_bench (default:
-# all but train_bench, which needs the peers' anchors carried in ./anchors)
+# Usage: tools/gpu_suite.sh [PART...]   parts: engine full cuda quickstart train_bench profile
+# (default: all but train_bench, which needs the peers' anchors carried in ./anchors, and
+# profile)
 #
 # The full build needs the upper layers' libraries, which a bare GPU machine lacks: make .debs/
 # on a networked Debian 12 machine with tools/fetch_gpu_deps.sh and carry .debs along (it is
@@ -184,6 +185,15 @@ train_bench_part() {
         bench/run_gpu_train.sh "$build_all" anchors ${TRAIN_SHAPES:-}
 }
 
+# Where a training step's device time goes (TROUPE_CUDA_PROFILE's table), at the 0.5B shape
+# with the LM head's default chunk and with PROFILE_LOGIT_ROWS rows a chunk.
+profile_part() {
+    local b="$build_all/bench/bench_train_gpu"
+    run profile env TROUPE_CUDA_FLASH_ATTENTION=1 TROUPE_CUDA_PROFILE=1 "$b" qwen2.5-0.5b 8 2048 3
+    run profile_rows env TROUPE_CUDA_FLASH_ATTENTION=1 TROUPE_CUDA_PROFILE=1 \
+        "$b" qwen2.5-0.5b 8 2048 3 "${PROFILE_LOGIT_ROWS:-2048}"
+}
+
 parts="${*:-engine full cuda quickstart}"
 has() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
 run nvidia-smi nvidia-smi || true
@@ -193,10 +203,11 @@ if [ -d .debs/dev ]; then build=$build_all; fi
 if has engine; then engine_part; fi
 if [ -d .debs/dev ]; then
     if has full; then full_part; fi
-    if has cuda || has quickstart || has train_bench; then deps_and_build_all; fi
+    if has cuda || has quickstart || has train_bench || has profile; then deps_and_build_all; fi
     if has cuda; then cuda_part; fi
     if has quickstart; then quickstart_part; fi
     if has train_bench; then train_bench_part; fi
+    if has profile; then profile_part; fi
 else
     echo "no .debs/: the full binary is not built (make it with tools/fetch_gpu_deps.sh and carry it)" |
         tee -a "$summary"

@@ -41,22 +41,24 @@ static void cuda_free_host(tr_backend *be, void *p) {
     if (p) TR_CUDA_CHECK(be, cudaFreeHost(p));
 }
 
+static void copy_async(tr_backend *be, void *dst, const void *src, size_t bytes,
+                       cudaMemcpyKind kind, const char *name) {
+    if (!bytes) return;
+    tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
+    if (TR_CUDA_CHECK(be, cudaMemcpyAsync(dst, src, bytes, kind, ctx->stream))) return;
+    if (ctx->prof) tr_cuda_prof_mark(ctx, name, 0, 0, 0);
+}
+
 static void cuda_upload(tr_backend *be, void *dst, const void *src, size_t bytes) {
-    if (bytes)
-        TR_CUDA_CHECK(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
-                                          tr_cuda_stream(be)));
+    copy_async(be, dst, src, bytes, cudaMemcpyHostToDevice, "upload");
 }
 
 static void cuda_download(tr_backend *be, void *dst, const void *src, size_t bytes) {
-    if (bytes)
-        TR_CUDA_CHECK(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost,
-                                          tr_cuda_stream(be)));
+    copy_async(be, dst, src, bytes, cudaMemcpyDeviceToHost, "download");
 }
 
 static void cuda_copy(tr_backend *be, void *dst, const void *src, size_t bytes) {
-    if (bytes)
-        TR_CUDA_CHECK(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
-                                          tr_cuda_stream(be)));
+    copy_async(be, dst, src, bytes, cudaMemcpyDeviceToDevice, "copy");
 }
 
 static int cuda_sync(tr_backend *be, const char *where, char *msg, size_t cap) {
@@ -155,6 +157,11 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision)
     ctx->flash_attention = flash && strcmp(flash, "1") == 0;
     if (TR_CUDA_CHECK(be, cudaSetDevice(device))) return -1;
     if (TR_CUDA_CHECK(be, cudaStreamCreate(&ctx->stream))) return -1;
+    const char *prof = getenv("TROUPE_CUDA_PROFILE");
+    if (prof && strcmp(prof, "1") == 0 && tr_cuda_prof_init(ctx)) {
+        tr_cuda_record(ctx, __FILE__, __LINE__, "TROUPE_CUDA_PROFILE", "no memory for events");
+        return -1;
+    }
     if (TR_CUBLAS_CHECK(be, cublasCreate(&ctx->blas))) return -1;
     if (TR_CUBLAS_CHECK(be, cublasSetStream(ctx->blas, ctx->stream))) return -1;
     // Pedantic math: true fp32 products, never TF32, even under NVIDIA_TF32_OVERRIDE.
@@ -178,6 +185,7 @@ extern "C" void tr_backend_cuda_free(tr_backend *be) {
     tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
     // Teardown errors have nobody left to report to; each release is still attempted.
     if (ctx->stream) cudaStreamSynchronize(ctx->stream);
+    tr_cuda_prof_free(ctx);
     if (ctx->partial) cudaFree(ctx->partial);
     if (ctx->norm_partial) cudaFree(ctx->norm_partial);
     tr_cuda_lt_plans_free(ctx);

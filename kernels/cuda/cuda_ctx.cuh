@@ -37,6 +37,29 @@ typedef struct tr_lt_plan {
     cublasLtMatmulAlgo_t algo;
 } tr_lt_plan;
 
+// TROUPE_CUDA_PROFILE=1 (profile.cu): events queued after each launch, summed per op name
+// (and GEMM shape) into at most TR_CUDA_PROF_ROWS rows.
+#define TR_CUDA_PROF_EVENTS 4096
+#define TR_CUDA_PROF_ROWS 256
+typedef struct tr_cuda_prof_tag {
+    const char *name;   // a string literal: rows are matched by pointer
+    int64_t m, n, k;    // a GEMM's shape, else 0
+} tr_cuda_prof_tag;
+typedef struct tr_cuda_prof_row {
+    const char *name;
+    int64_t m, n, k;
+    double ms;
+    long count;
+} tr_cuda_prof_row;
+typedef struct tr_cuda_prof {
+    cudaEvent_t ev[TR_CUDA_PROF_EVENTS];
+    tr_cuda_prof_tag marks[TR_CUDA_PROF_EVENTS];   // marks[i]: the launch ev[i] follows
+    int n;
+    tr_cuda_prof_row rows[TR_CUDA_PROF_ROWS];
+    int n_rows;
+    double total_ms, t0, t1;   // t0, t1: host clock at the first and the last mark
+} tr_cuda_prof;
+
 typedef struct tr_cuda_ctx {
     int device;
     cudaStream_t stream;
@@ -50,6 +73,7 @@ typedef struct tr_cuda_ctx {
     int sync_each_op;       // TROUPE_SYNC_EACH_OP=1: every op waits and names itself on failure
     int flash_attention;    // TROUPE_CUDA_FLASH_ATTENTION=1: the tensor-core attention kernels
                             // (opt-in until they have been checked on a GPU)
+    tr_cuda_prof *prof;     // TROUPE_CUDA_PROFILE=1, else NULL
     int failed;
     char msg[512];
 } tr_cuda_ctx;
@@ -76,10 +100,15 @@ static inline int tr_cuda_check_blas(tr_backend *be, cublasStatus_t s, const cha
 }
 #define TR_CUDA_CHECK(be, call) tr_cuda_check_rt((be), (call), __FILE__, __LINE__, #call)
 #define TR_CUBLAS_CHECK(be, call) tr_cuda_check_blas((be), (call), __FILE__, __LINE__, #call)
+int tr_cuda_prof_init(tr_cuda_ctx *ctx);
+void tr_cuda_prof_mark(tr_cuda_ctx *ctx, const char *name, int64_t m, int64_t n, int64_t k);
+void tr_cuda_prof_free(tr_cuda_ctx *ctx);   // prints the table
+
 // After a kernel launch: bad configurations are reported here, faults at the next sync (or
 // right here, naming the kernel, when every op syncs).
 static inline int tr_cuda_launched(tr_backend *be, const char *file, int line, const char *name) {
     if (tr_cuda_check_rt(be, cudaGetLastError(), file, line, name)) return -1;
+    if (tr_cuda_ctx_of(be)->prof) tr_cuda_prof_mark(tr_cuda_ctx_of(be), name, 0, 0, 0);
     if (!tr_cuda_ctx_of(be)->sync_each_op) return 0;
     return tr_cuda_check_rt(be, cudaStreamSynchronize(tr_cuda_stream(be)), file, line, name);
 }

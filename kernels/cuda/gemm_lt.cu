@@ -176,8 +176,10 @@ int tr_lt_matmul(tr_backend *be, const tr_lt_gemm *g) {
                             sizeof g->bias))
         return -1;
     const float one = 1.0f, zero = 0.0f;
-    return LT_CHECK(be, cublasLtMatmul(ctx->lt, p->op, &one, g->a, p->a, g->b, p->b,
-                                       g->accumulate ? &one : &zero, g->d, p->d, g->d, p->d,
-                                       &p->algo, ctx->lt_ws, TR_CUDA_LT_WORKSPACE,
-                                       ctx->stream));
+    if (LT_CHECK(be, cublasLtMatmul(ctx->lt, p->op, &one, g->a, p->a, g->b, p->b,
+                                    g->accumulate ? &one : &zero, g->d, p->d, g->d, p->d,
+                                    &p->algo, ctx->lt_ws, TR_CUDA_LT_WORKSPACE, ctx->stream)))
+        return -1;
+    if (ctx->prof) tr_cuda_prof_mark(ctx, g->name ? g->name : "gemm", g->m, g->n, g->k);
+    return 0;
 }

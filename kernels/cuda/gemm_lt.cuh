@@ -21,6 +21,7 @@ typedef struct tr_lt_gemm {
     cudaDataType_t d_type;
     bool accumulate;
     const void *bias;
+    const char *name;   // a string literal naming the product in TROUPE_CUDA_PROFILE's table
 } tr_lt_gemm;
 
 // Queues the product on the backend's stream. Returns 0, or -1 with the failure recorded

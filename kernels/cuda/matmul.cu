@@ -73,7 +73,8 @@ static void forward_bf16(tr_backend *be, void *out, const void *in, const void *
                     .a = w, .lda = IC, .a_type = CUDA_R_16BF,
                     .b = in, .ldb = IC, .b_type = CUDA_R_16BF,
                     .d = out, .ldd = OC, .d_type = out_f32 ? CUDA_R_32F : CUDA_R_16BF,
-                    .accumulate = acc != 0, .bias = out_f32 ? NULL : bias};
+                    .accumulate = acc != 0, .bias = out_f32 ? NULL : bias,
+                    .name = "gemm fwd"};
     if (tr_lt_matmul(be, &g)) return;
     if (out_f32 && bias) bias_run<float, tr_bf16>(be, out, bias, T, OC, 0);
 }
@@ -106,7 +107,7 @@ void tr_cuda_matmul_backward(tr_backend *be, void *din, float *dw, float *dbias,
                             .a = w, .lda = IC, .a_type = CUDA_R_16BF,
                             .b = dout, .ldb = OC, .b_type = CUDA_R_16BF,
                             .d = din, .ldd = IC, .d_type = CUDA_R_16BF,
-                            .accumulate = false, .bias = NULL};
+                            .accumulate = false, .bias = NULL, .name = "gemm dgrad"};
             if (tr_lt_matmul(be, &g)) return;
         } else {
             const float one = 1.0f, zero = 0.0f;
@@ -124,7 +125,7 @@ void tr_cuda_matmul_backward(tr_backend *be, void *din, float *dw, float *dbias,
                             .a = in, .lda = IC, .a_type = CUDA_R_16BF,
                             .b = dout, .ldb = OC, .b_type = CUDA_R_16BF,
                             .d = dw, .ldd = IC, .d_type = CUDA_R_32F,
-                            .accumulate = true, .bias = NULL};
+                            .accumulate = true, .bias = NULL, .name = "gemm wgrad"};
             if (tr_lt_matmul(be, &g)) return;
         } else {
             const float one = 1.0f;
