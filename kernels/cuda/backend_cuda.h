@@ -30,6 +30,10 @@ int tr_backend_cuda_status(tr_backend *be, char *msg, size_t cap);
 void *tr_backend_cuda_stream(tr_backend *be);
 int tr_backend_cuda_device(tr_backend *be);
 
+// With TROUPE_CUDA_PROFILE=1: forgets what the profile has summed so far (a benchmark calls it
+// after its warm-up, so the table shows the steady state). Without it: nothing.
+void tr_backend_cuda_profile_reset(tr_backend *be);
+
 #ifdef __cplusplus
 }
 #endif

@@ -14,8 +14,11 @@
 #define TR_CUDA_SUMSQ_BLOCKS 1024
 // Per-chunk partial sums of the norms' weight gradients (rmsnorm.cu), in the context.
 #define TR_CUDA_NORM_PARTIALS ((size_t)1 << 19)
-// cuBLASLt plans kept (one per GEMM shape); past this the oldest is replaced.
-#define TR_CUDA_LT_PLANS 128
+// cuBLASLt plans kept (one per GEMM shape); past this the oldest is replaced. A replaced plan
+// is remade by the heuristic on its next use, which costs host time, so this is well above
+// the shapes a model's step uses (about 12 a layer kind, the LM head's chunks, the decode
+// batch sizes).
+#define TR_CUDA_LT_PLANS 512
 // cuBLASLt workspace, allocated once at init (the size NVIDIA advises for Hopper).
 #define TR_CUDA_LT_WORKSPACE ((size_t)32 << 20)
 
@@ -26,7 +29,7 @@ typedef struct tr_lt_key {
     int64_t m, n, k, lda, ldb, ldd;
     int32_t a_type, b_type, d_type;   // cudaDataType_t; C has D's type and layout
     int32_t bias;                  // 1: bias epilogue (bias of D's type)
-    int32_t align_a, align_b, align_d, align_bias;   // bytes, powers of two up to 256
+    int32_t align_a, align_b, align_d, align_bias;   // bytes, powers of two up to 16
 } tr_lt_key;
 
 // A shape's descriptors and the one algorithm chosen for it, kept for the backend's life.
@@ -44,12 +47,13 @@ typedef struct tr_lt_plan {
 typedef struct tr_cuda_prof_tag {
     const char *name;   // a string literal: rows are matched by pointer
     int64_t m, n, k;    // a GEMM's shape, else 0
+    int idle;           // the device had finished all earlier work when this was queued
 } tr_cuda_prof_tag;
 typedef struct tr_cuda_prof_row {
     const char *name;
     int64_t m, n, k;
     double ms;
-    long count;
+    long count, idle;
 } tr_cuda_prof_row;
 typedef struct tr_cuda_prof {
     cudaEvent_t ev[TR_CUDA_PROF_EVENTS];
@@ -58,6 +62,8 @@ typedef struct tr_cuda_prof {
     tr_cuda_prof_row rows[TR_CUDA_PROF_ROWS];
     int n_rows;
     double total_ms, t0, t1;   // t0, t1: host clock at the first and the last mark
+    long plans_made;           // cuBLASLt plans made (the heuristic asked) and their host time
+    double plan_ms;
 } tr_cuda_prof;
 
 typedef struct tr_cuda_ctx {

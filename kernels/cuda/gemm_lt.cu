@@ -3,16 +3,19 @@
 // split-K, nothing summed in a second pass or by atomics), asked once and kept with the
 // shape's descriptors in the backend context. So one shape always runs one kernel: the same
 // bits on every run, and no timing-driven choice. Pointer alignments are part of the shape
-// because the heuristic's choice depends on them.
+// because the heuristic's choice depends on them; they are counted up to 16 bytes (what the
+// tensor-core kernels' vector loads need), so that the same product on buffers at different
+// offsets, as every layer's are, is one plan and not one for each power of two.
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels/cuda/gemm_lt.cuh"
 
-// Largest power of two up to 256 that divides the address.
+// Largest power of two up to 16 that divides the address.
 static int32_t align_of(const void *p) {
     uintptr_t a = (uintptr_t)p;
-    int32_t al = 256;
+    int32_t al = 16;
     while (al > 1 && a % (uintptr_t)al != 0) al >>= 1;
     return al;
 }
@@ -138,16 +141,25 @@ static tr_lt_plan *plan_get(tr_backend *be, const tr_lt_key *key, const void *bi
     for (int32_t i = 0; i < ctx->n_plans; i++)
         if (memcmp(&ctx->plans[i].key, key, sizeof *key) == 0) return &ctx->plans[i];
     tr_lt_plan *p;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     if (ctx->n_plans < TR_CUDA_LT_PLANS) {
         p = &ctx->plans[ctx->n_plans];
         if (plan_make(be, key, bias, p) != 0) return NULL;
         ctx->n_plans++;
-        return p;
+    } else {
+        p = &ctx->plans[ctx->next_plan];
+        ctx->next_plan = (ctx->next_plan + 1) % TR_CUDA_LT_PLANS;
+        plan_release(p);   // a released slot's zero key matches no product (m, n, k > 0)
+        if (plan_make(be, key, bias, p) != 0) return NULL;
     }
-    p = &ctx->plans[ctx->next_plan];
-    ctx->next_plan = (ctx->next_plan + 1) % TR_CUDA_LT_PLANS;
-    plan_release(p);   // a released slot's zero key matches no product (m, n, k > 0)
-    return plan_make(be, key, bias, p) == 0 ? p : NULL;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (ctx->prof) {
+        ctx->prof->plans_made++;
+        ctx->prof->plan_ms += 1e3 * (double)(t1.tv_sec - t0.tv_sec) +
+                              1e-6 * (double)(t1.tv_nsec - t0.tv_nsec);
+    }
+    return p;
 }
 
 int tr_lt_matmul(tr_backend *be, const tr_lt_gemm *g) {

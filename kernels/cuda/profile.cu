@@ -1,14 +1,15 @@
 // TROUPE_CUDA_PROFILE=1: where a step's device time goes, without a system profiler. Every
 // launch the backend queues is followed by an event; the time between consecutive events is
-// the launch's (GPU idle time while the host was late is charged to the launch that waited,
-// so a host-bound stretch shows as many short ops with a large total). GEMMs are keyed by
-// their shape. The table goes to stderr when the backend is freed, slowest first, with the
+// the launch's, which includes any time the device sat idle waiting for the host to queue it:
+// the `idle` column counts the launches that found the device with nothing left to do, and
+// where it is high the host, not the op, set the pace. GEMMs are keyed by their shape. The table goes to stderr when the backend is freed, slowest first, with the
 // host's wall time over the same span beside the device's sum.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/cuda_ctx.cuh"
 
 static double wall_s(void) {
@@ -53,6 +54,7 @@ static void flush(tr_cuda_prof *p) {
         tr_cuda_prof_row *r = row_of(p, &p->marks[i]);
         r->ms += ms;
         r->count++;
+        r->idle += p->marks[i].idle;
         p->total_ms += ms;
     }
     cudaEvent_t last = p->ev[p->n - 1];
@@ -65,10 +67,24 @@ void tr_cuda_prof_mark(tr_cuda_ctx *ctx, const char *name, int64_t m, int64_t n,
     tr_cuda_prof *p = ctx->prof;
     if (p->n == TR_CUDA_PROF_EVENTS) flush(p);
     if (p->n == 0) p->t0 = wall_s();
+    // Queried after the launch: a completed earlier event means the device had drained the
+    // queue before this launch reached it (or very nearly so).
+    int idle = p->n > 0 && cudaEventQuery(p->ev[p->n - 1]) == cudaSuccess;
     if (cudaEventRecord(p->ev[p->n], ctx->stream) != cudaSuccess) return;
-    p->marks[p->n] = (tr_cuda_prof_tag){name, m, n, k};
+    p->marks[p->n] = (tr_cuda_prof_tag){name, m, n, k, idle};
     p->n++;
     p->t1 = wall_s();
+}
+
+extern "C" void tr_backend_cuda_profile_reset(tr_backend *be) {
+    tr_cuda_prof *p = be && be->ctx ? tr_cuda_ctx_of(be)->prof : NULL;
+    if (!p) return;
+    flush(p);
+    p->n_rows = 0;
+    p->total_ms = 0.0;
+    p->plans_made = 0;
+    p->plan_ms = 0.0;
+    p->t0 = wall_s();
 }
 
 static int by_time(const void *a, const void *b) {
@@ -84,16 +100,18 @@ void tr_cuda_prof_free(tr_cuda_ctx *ctx) {
     long launches = 0;
     for (int i = 0; i < p->n_rows; i++) launches += p->rows[i].count;
     fprintf(stderr, "cuda profile, device %d: %.1f ms of device time over %.1f ms of host time, "
-            "%ld launches\n", ctx->device, p->total_ms, 1e3 * (p->t1 - p->t0), launches);
-    fprintf(stderr, "%10s %6s %9s %8s  %s\n", "ms", "%", "count", "us/call", "op");
+            "%ld launches; %ld cuBLASLt plans made in %.1f ms of host time\n", ctx->device,
+            p->total_ms, 1e3 * (p->t1 - p->t0), launches, p->plans_made, p->plan_ms);
+    fprintf(stderr, "%10s %6s %9s %8s %5s  %s\n", "ms", "%", "count", "us/call", "idle", "op");
     for (int i = 0; i < p->n_rows; i++) {
         const tr_cuda_prof_row *r = &p->rows[i];
         char shape[64] = "";
         if (r->m) snprintf(shape, sizeof shape, " m=%lld n=%lld k=%lld", (long long)r->m,
                            (long long)r->n, (long long)r->k);
-        fprintf(stderr, "%10.2f %6.2f %9ld %8.1f  %s%s\n", r->ms,
+        fprintf(stderr, "%10.2f %6.2f %9ld %8.1f %4.0f%%  %s%s\n", r->ms,
                 p->total_ms > 0 ? 100.0 * r->ms / p->total_ms : 0.0, r->count,
-                r->count ? 1e3 * r->ms / (double)r->count : 0.0, r->name, shape);
+                r->count ? 1e3 * r->ms / (double)r->count : 0.0,
+                r->count ? 100.0 * (double)r->idle / (double)r->count : 0.0, r->name, shape);
     }
     for (int i = 0; i < TR_CUDA_PROF_EVENTS; i++) cudaEventDestroy(p->ev[i]);
     free(p);
