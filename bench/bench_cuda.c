@@ -7,7 +7,8 @@
 // decode's HBM bandwidth; bench/attention_peer.py runs torch on the same shapes beside it.
 // Run by hand or by tools/gpu_suite.sh: build-*/bench/bench_cuda [cpu_threads], or
 // build-*/bench/bench_cuda attention for that section alone. Best of a few repetitions after
-// one warm-up.
+// one warm-up. `bench_cuda gemm` times every cuBLASLt candidate (no split-K) of the products
+// of a Qwen2.5-0.5B/1.5B training step at 16K tokens, the backend's choice marked.
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -498,9 +499,37 @@ static void bench_sample(int32_t B, int32_t V, float temperature, int32_t top_k,
     free(rows);
 }
 
+// The products of a training step of a model of hidden C, [q;k;v] width QKV, SwiGLU I and
+// vocabulary V over T tokens, each as matmul.cu issues it (column-major, transposed): the
+// forward (bf16 out, with the bias for [q;k;v]; fp32 added into the residual for o and down),
+// the input gradient (bf16) and the weight gradient (fp32, added into). The LM head's over
+// R rows a chunk.
+static void bench_gemm_model(const char *name, int64_t C, int64_t QKV, int64_t I, int64_t V,
+                             int64_t T, int64_t R) {
+    printf("%s, %lld tokens (LM head %lld rows a chunk):\n", name, (long long)T, (long long)R);
+    const struct { const char *n; int64_t ic, oc; int bias, res; } L[] = {
+        {"qkv", C, QKV, 1, 0}, {"o", C, C, 0, 1}, {"gate/up", C, 2 * I, 0, 0}, {"down", I, C, 0, 1},
+    };
+    const int N = 0, Tr = 1;
+    for (size_t i = 0; i < sizeof L / sizeof L[0]; i++) {
+        char f[32], d[32], w[32];
+        snprintf(f, sizeof f, "%s fwd", L[i].n);
+        snprintf(d, sizeof d, "%s dgrad", L[i].n);
+        snprintf(w, sizeof w, "%s wgrad", L[i].n);
+        tr_backend_cuda_gemm_probe(&gpu, Tr, N, L[i].oc, T, L[i].ic, L[i].res, L[i].res,
+                                   L[i].bias, f);
+        tr_backend_cuda_gemm_probe(&gpu, N, N, L[i].ic, T, L[i].oc, 0, 0, 0, d);
+        tr_backend_cuda_gemm_probe(&gpu, N, Tr, L[i].ic, L[i].oc, T, 1, 1, 0, w);
+    }
+    tr_backend_cuda_gemm_probe(&gpu, Tr, N, V, R, C, 0, 0, 0, "lm_head fwd");
+    tr_backend_cuda_gemm_probe(&gpu, N, N, C, R, V, 0, 0, 0, "lm_head dgrad");
+    tr_backend_cuda_gemm_probe(&gpu, N, Tr, C, V, R, 1, 1, 0, "lm_head wgrad");
+}
+
 int main(int argc, char **argv) {
     int attention_only = argc > 1 && strcmp(argv[1], "attention") == 0;
-    int32_t cpu_threads = argc > 1 && !attention_only ? atoi(argv[1]) : 0;
+    int gemm_only = argc > 1 && strcmp(argv[1], "gemm") == 0;
+    int32_t cpu_threads = argc > 1 && !attention_only && !gemm_only ? atoi(argv[1]) : 0;
     if (tr_cuda_device_count() == 0) {
         printf("bench_cuda: no CUDA device\n");
         return 1;
@@ -515,6 +544,16 @@ int main(int argc, char **argv) {
     if (tr_backend_cuda_init(&gpu32, 0, TR_F32) != 0) {
         tr_backend_cuda_status(&gpu32, msg, sizeof msg);
         fail("tr_backend_cuda_init fp32", msg);
+    }
+    if (gemm_only) {
+        char msg2[512];
+        bench_gemm_model("qwen2.5-0.5b", 896, 1152, 4864, 151936, 16384, 16384);
+        bench_gemm_model("qwen2.5-1.5b", 1536, 2048, 8960, 151936, 8192, 8192);
+        int rc = tr_backend_cuda_status(&gpu, msg2, sizeof msg2);
+        if (rc) fprintf(stderr, "bench_cuda gemm: %s\n", msg2);
+        tr_backend_cuda_free(&gpu32);
+        tr_backend_cuda_free(&gpu);
+        return rc ? 1 : 0;
     }
     if (attention_only) {
         printf("cuda backend on %s, sm_%d%d, %d SMs\n", info.name, info.major, info.minor,

@@ -5,7 +5,7 @@
 // sequences of `seq` tokens packed as documents, as troupe trains them.
 // usage: bench_train_gpu SHAPE [MB [SEQ [STEPS [LOGIT_ROWS]]]]   SHAPE: qwen2.5-0.5b | qwen2.5-1.5b
 // (defaults: 8 x 2048 for 0.5b, 4 x 2048 for 1.5b, 5 timed steps after 2 warm-up steps, the
-// LM head's rows per chunk from the model's default)
+// LM head's rows per chunk from the memory plan, as a worker's)
 // The backend comes from $TROUPE_BACKEND (cuda) and the precision from $TROUPE_PRECISION
 // (default: the backend's, bf16 on CUDA). bench/run_gpu_train.sh runs it beside the peer.
 #include <stdio.h>
@@ -16,6 +16,7 @@
 #include "engine/config.h"
 #include "engine/device.h"
 #include "engine/model.h"
+#include "engine/plan.h"
 #include "engine/rng.h"
 #include "engine/train.h"
 #include "kernels/backend.h"
@@ -105,7 +106,11 @@ int main(int argc, char **argv) {
                         .schedule = {.kind = TR_LR_CONSTANT}};
     tr_model m;
     tr_trainer tr;
-    tr_model_opts mo = {.max_tokens = T, .training = true, .logit_rows = logit_rows};
+    // The LM head's chunk as a worker's memory plan sizes it, unless given.
+    tr_plan_req pr = {.cfg = &cfg, .max_tokens = T, .training = true, .logit_rows = logit_rows};
+    tr_plan plan;
+    if (tr_plan_make(&be, &pr, &plan, &err) != 0) return fail("memory plan", &err);
+    tr_model_opts mo = {.max_tokens = T, .training = true, .logit_rows = plan.logit_rows};
     if (tr_model_init(&m, &cfg, &be, &mo, &err) != 0) return fail("model", &err);
     if (tr_model_init_weights(&m, 7, 0.02f, &err) != 0) return fail("weights", &err);
     if (tr_trainer_init(&tr, &m, &opt, 1, &err) != 0) return fail("trainer", &err);

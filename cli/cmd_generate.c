@@ -510,7 +510,7 @@ int tr_cmd_generate(int argc, char **argv) {
         goto done;
     }
     tr_model_opts mo = {.max_tokens = (int32_t)rows, .training = false, .tp_size = (int32_t)tp,
-                        .tp_rank = ranks.rank};
+                        .tp_rank = ranks.rank, .logit_rows = plan.logit_rows};
     if (tr_model_load(&m, model_dir, &be, &mo, &err) != 0) goto done;
     model_ok = true;
     if (tp > 1 && tr_model_set_tp_comm(&m, ranks.comm, &err) != 0) goto done;

@@ -176,6 +176,12 @@ static int32_t opts_logit_rows(const tr_tp *tp, const tr_model_opts *opts) {
     return R > opts->max_tokens ? opts->max_tokens : R;
 }
 
+int32_t tr_model_logit_rows(const tr_model_config *cfg, const tr_model_opts *opts) {
+    tr_tp tp;
+    tr_err err;
+    return opts_tp(cfg, opts, &tp, &err) != 0 ? 0 : opts_logit_rows(&tp, opts);
+}
+
 size_t tr_model_arena_bytes(const tr_model_config *cfg, const tr_model_opts *opts, tr_dt act) {
     tr_tp tp;
     tr_err err;

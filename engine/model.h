@@ -155,6 +155,9 @@ int tr_model_set_tp_comm(tr_model *m, tr_comm *comm, tr_err *err);
 // Bytes of activation arena tr_model_init allocates for these options on a backend whose
 // activation dtype is act (see model.c).
 size_t tr_model_arena_bytes(const tr_model_config *cfg, const tr_model_opts *opts, tr_dt act);
+// The LM head's rows a chunk for these options: opts->logit_rows, or the default (as many as
+// fit in 32 MiB of fp32 logits), at most max_tokens.
+int32_t tr_model_logit_rows(const tr_model_config *cfg, const tr_model_opts *opts);
 // Bytes of m's activations in the training layout (every layer's activations and the
 // backward scratch) or the inference layout (one layer set, no backward), for its max_tokens
 // and logit_rows.

@@ -15,6 +15,37 @@ static size_t kv_bytes(const tr_model_config *cfg, int32_t bs, int64_t tokens, t
     return tokens > 0 ? tr_kvcache_pool_bytes(cfg, bs, tokens, act) : 0;
 }
 
+// The arena's training and forward sizes for mo's logit rows (0: the model's default).
+static void arena_sizes(tr_backend *be, const tr_plan_req *r, tr_model_opts *mo, tr_plan *p) {
+    mo->training = false;
+    p->arena_forward = tr_model_arena_bytes(r->cfg, mo, be->act);
+    mo->training = true;
+    p->arena_train = r->training ? tr_model_arena_bytes(r->cfg, mo, be->act) : 0;
+    mo->training = false;
+    p->logit_rows = tr_model_logit_rows(r->cfg, mo);
+}
+
+// Widens the LM head's chunk (tr_plan.logit_rows says why) within `spare` bytes. A row costs
+// the same in every layout, so its price is the difference of two arena sizes.
+static void widen_logit_rows(tr_backend *be, const tr_plan_req *r, tr_model_opts *mo,
+                             size_t spare, tr_plan *p) {
+    if (r->logit_rows > 0 || r->cfg->head != TR_HEAD_LM || p->logit_rows >= r->max_tokens) return;
+    // Vocab-parallel ranks must chunk alike, and each plans from its own device's room: they
+    // keep the default, which depends on the model alone.
+    if (r->tp_size > 1) return;
+    tr_model_opts one = *mo;
+    one.training = r->training;   // the larger layout: a trained head keeps d_logits too
+    one.logit_rows = 1;
+    size_t base = tr_model_arena_bytes(r->cfg, &one, be->act);
+    one.logit_rows = 2;
+    size_t row = tr_model_arena_bytes(r->cfg, &one, be->act) - base;
+    if (row == 0) return;
+    size_t fit = (spare / 8) / row;
+    if (fit <= (size_t)p->logit_rows) return;
+    mo->logit_rows = fit < (size_t)r->max_tokens ? (int32_t)fit : r->max_tokens;
+    arena_sizes(be, r, mo, p);
+}
+
 int tr_plan_make(tr_backend *be, const tr_plan_req *r, tr_plan *p, tr_err *err) {
     *p = (tr_plan){0};
     tr_tp tp;
@@ -37,10 +68,8 @@ int tr_plan_make(tr_backend *be, const tr_plan_req *r, tr_plan *p, tr_err *err) 
     size_t shards = r->optim_shards > 1 ? (size_t)r->optim_shards : 1;
     p->optim = r->training ? 2 * ((pbytes + shards - 1) / shards) : 0;
     tr_model_opts mo = {.max_tokens = r->max_tokens, .training = false, .tp_size = tp.size,
-                        .tp_rank = tp.rank};
-    p->arena_forward = tr_model_arena_bytes(r->cfg, &mo, be->act);
-    mo.training = true;
-    p->arena_train = r->training ? tr_model_arena_bytes(r->cfg, &mo, be->act) : 0;
+                        .tp_rank = tp.rank, .logit_rows = r->logit_rows};
+    arena_sizes(be, r, &mo, p);
     size_t free_b = 0, total_b = 0;
     be->ops->mem_info(be, &free_b, &total_b);
     p->budget = r->budget > 0 ? r->budget : free_b;
@@ -58,6 +87,8 @@ int tr_plan_make(tr_backend *be, const tr_plan_req *r, tr_plan *p, tr_err *err) 
                        mib(p->weights), mib(p->grads), mib(p->optim), mib(arena_min),
                        r->max_tokens, mib(fixed + arena_min), mib(p->budget),
                        r->budget > 0 ? "the budget" : "the device", mib(p->reserve));
+    widen_logit_rows(be, r, &mo, usable - fixed - arena_min, p);
+    arena_min = p->arena_train > p->arena_forward ? p->arena_train : p->arena_forward;
     int32_t bs = r->block_size > 0 ? r->block_size : 16;
     if (r->generate) {
         if (r->kv_tokens > 0) {
@@ -104,9 +135,11 @@ void tr_plan_format(const tr_plan *p, char *buf, size_t cap) {
              "  optimizer      %10.1f MiB  (Adam moments)\n"
              "  arena          %10.1f MiB  = max(train %.1f, forward %.1f + KV %.1f)\n"
              "  KV cache       %10lld tokens, %d sequences decoding together\n"
+             "  LM head        %10d logit rows a chunk\n"
              "  total          %10.1f MiB of %.1f MiB (%.1f kept back for the backend)\n",
              mib(p->weights), mib(p->masters), mib(p->work), mib(p->grads), mib(p->optim),
              mib(p->arena), mib(p->arena_train),
              mib(p->arena_forward), mib(p->kv), (long long)p->kv_tokens, p->max_seqs,
+             p->logit_rows,
              mib(p->total), mib(p->budget), mib(p->reserve));
 }

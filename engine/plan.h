@@ -24,6 +24,7 @@ typedef struct tr_plan_req {
     int32_t max_seqs_want;
     size_t budget;             // bytes the role may take; 0: the backend's free memory
     int32_t tp_size, tp_rank;  // tensor parallelism: the plan of this rank's shard (0: 1)
+    int32_t logit_rows;        // > 0: exactly this LM-head chunk; 0: from the memory left
 } tr_plan_req;
 
 typedef struct tr_plan {
@@ -34,6 +35,13 @@ typedef struct tr_plan {
     size_t total, budget, reserve;  // total = weights + grads + optim + arena
     int64_t kv_tokens;
     int32_t max_seqs;
+    // Rows of LM-head logits a chunk holds (tr_model_opts.logit_rows; the arena sizes above
+    // count it): up to max_tokens, as many as an eighth of the memory left after the fixed
+    // parts and one micro-batch's activations allows, and never fewer than the model's own
+    // default. Wide chunks keep the LM head's GEMMs wide (its input-gradient product has only
+    // hidden x rows outputs to spread over the device, and no split-K) and, when every row
+    // fits, spare the backward its recompute of the logits.
+    int32_t logit_rows;
 } tr_plan;
 
 // Fills p. Fails (TR_ENOMEM, naming every part and the budget) when weights, gradients,

@@ -205,7 +205,8 @@ static int load_model(tr_role_ctx *rc, const tr_msg_map *a, int32_t max_tokens, 
     // grown here to this role's need if it is the largest so far.
     tr_worker *w = rc->w;
     if (make_plan(rc, &cfg, max_tokens, train, gen, err)) return -1;
-    tr_model_opts mo = {.max_tokens = max_tokens, .training = train, .tp_size = rc->tp, .tp_rank = rc->tp_rank};
+    tr_model_opts mo = {.max_tokens = max_tokens, .training = train, .tp_size = rc->tp, .tp_rank = rc->tp_rank,
+                        .logit_rows = rc->plan.logit_rows};
     tr_gen_opts go = gen_opts(rc);
     tr_arena_need_init(&rc->need, &cfg, &mo, gen ? &go : NULL, w->be.act);
     if (tr_arena_reserve(&w->arena, tr_arena_need_bytes(&rc->need), err)) return -1;

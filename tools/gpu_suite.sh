@@ -185,10 +185,12 @@ train_bench_part() {
         bench/run_gpu_train.sh "$build_all" anchors ${TRAIN_SHAPES:-}
 }
 
-# Where a training step's device time goes (TROUPE_CUDA_PROFILE's table), at the 0.5B shape
-# with the LM head's default chunk and with PROFILE_LOGIT_ROWS rows a chunk.
+# Every cuBLASLt candidate of the training step's products, timed; where a training step's
+# device time goes (TROUPE_CUDA_PROFILE's table), at the 0.5B shape with the LM head's chunk
+# from the memory plan and with PROFILE_LOGIT_ROWS rows a chunk.
 profile_part() {
     local b="$build_all/bench/bench_train_gpu"
+    run gemm_candidates "$build_all/bench/bench_cuda" gemm
     run profile env TROUPE_CUDA_FLASH_ATTENTION=1 TROUPE_CUDA_PROFILE=1 "$b" qwen2.5-0.5b 8 2048 3
     run profile_rows env TROUPE_CUDA_FLASH_ATTENTION=1 TROUPE_CUDA_PROFILE=1 \
         "$b" qwen2.5-0.5b 8 2048 3 "${PROFILE_LOGIT_ROWS:-2048}"

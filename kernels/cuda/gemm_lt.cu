@@ -49,9 +49,10 @@ static int set_pref(tr_backend *be, cublasLtMatmulPreference_t pref,
     return LT_CHECK(be, cublasLtMatmulPreferenceSetAttribute(pref, attr, value, bytes));
 }
 
-// The first algorithm the heuristic ranks for this shape that works without split-K.
-// Returns 0, or -1 with the failure recorded.
-static int plan_choose(tr_backend *be, tr_lt_plan *p) {
+// The algorithms the heuristic ranks for this shape that work without split-K, best first,
+// at most cap. Returns how many, or -1 with the failure recorded.
+static int plan_candidates(tr_backend *be, const tr_lt_plan *p, cublasLtMatmulAlgo_t *out,
+                           int cap) {
     tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
     const tr_lt_key *key = &p->key;
     cublasLtMatmulPreference_t pref = NULL;
@@ -60,22 +61,23 @@ static int plan_choose(tr_backend *be, tr_lt_plan *p) {
     uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
     uint32_t aa = (uint32_t)key->align_a, ab = (uint32_t)key->align_b;
     uint32_t ad = (uint32_t)key->align_d;
-    cublasLtMatmulHeuristicResult_t res[8];
-    int found = 0, rc = -1;
+    cublasLtMatmulHeuristicResult_t res[16];
+    int found = 0, n = -1;
     if (!set_pref(be, pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) &&
         !set_pref(be, pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &scheme, sizeof scheme) &&
         !set_pref(be, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa) &&
         !set_pref(be, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab) &&
         !set_pref(be, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof ad) &&
         !set_pref(be, pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof ad)) {
-        // NOT_SUPPORTED is how the heuristic says it found nothing: reported below, by shape.
+        // NOT_SUPPORTED is how the heuristic says it found nothing: the caller reports it.
         cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(ctx->lt, p->op, p->a, p->b, p->d, p->d,
-                                                          pref, 8, res, &found);
+                                                          pref, 16, res, &found);
         if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED)
             tr_cuda_check_blas(be, s, __FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic");
         else if (s != CUBLAS_STATUS_SUCCESS)
             found = 0;
-        for (int i = 0; !ctx->failed && i < found && rc != 0; i++) {
+        n = 0;
+        for (int i = 0; !ctx->failed && i < found && n < cap; i++) {
             int32_t splits = 1;
             size_t got = 0;
             if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
@@ -84,23 +86,33 @@ static int plan_choose(tr_backend *be, tr_lt_plan *p) {
                                  sizeof splits, &got)))
                 break;
             if (splits > 1) continue;   // the mask should have excluded it; never rely on it
-            p->algo = res[i].algo;
-            rc = 0;
+            out[n++] = res[i].algo;
         }
-        if (rc != 0 && !ctx->failed) {
-            char why[256];
-            snprintf(why, sizeof why,
-                     "no algorithm without split-K for m=%lld n=%lld k=%lld op(A)=%c op(B)=%c "
-                     "types %d,%d->%d, alignments %d/%d/%d (%d results)",
-                     (long long)key->m, (long long)key->n, (long long)key->k,
-                     key->ta == CUBLAS_OP_N ? 'N' : 'T', key->tb == CUBLAS_OP_N ? 'N' : 'T',
-                     key->a_type, key->b_type, key->d_type, key->align_a, key->align_b,
-                     key->align_d, found);
-            tr_cuda_record(ctx, __FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic", why);
-        }
+        if (ctx->failed) n = -1;
     }
-    if (LT_CHECK(be, cublasLtMatmulPreferenceDestroy(pref))) rc = -1;
-    return rc;
+    if (LT_CHECK(be, cublasLtMatmulPreferenceDestroy(pref))) n = -1;
+    return n;
+}
+
+// The first algorithm the heuristic ranks for this shape that works without split-K.
+// Returns 0, or -1 with the failure recorded.
+static int plan_choose(tr_backend *be, tr_lt_plan *p) {
+    tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
+    const tr_lt_key *key = &p->key;
+    int n = plan_candidates(be, p, &p->algo, 1);
+    if (n == 1) return 0;
+    if (n == 0) {
+        char why[256];
+        snprintf(why, sizeof why,
+                 "no algorithm without split-K for m=%lld n=%lld k=%lld op(A)=%c op(B)=%c "
+                 "types %d,%d->%d, alignments %d/%d/%d",
+                 (long long)key->m, (long long)key->n, (long long)key->k,
+                 key->ta == CUBLAS_OP_N ? 'N' : 'T', key->tb == CUBLAS_OP_N ? 'N' : 'T',
+                 key->a_type, key->b_type, key->d_type, key->align_a, key->align_b,
+                 key->align_d);
+        tr_cuda_record(ctx, __FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic", why);
+    }
+    return -1;
 }
 
 // Descriptors for the shape in key (bias: the pointer the heuristic sees for its alignment)
@@ -194,4 +206,90 @@ int tr_lt_matmul(tr_backend *be, const tr_lt_gemm *g) {
         return -1;
     if (ctx->prof) tr_cuda_prof_mark(ctx, g->name ? g->name : "gemm", g->m, g->n, g->k);
     return 0;
+}
+
+// ---- the candidates of one shape, timed (bench_cuda gemm) ----
+
+static int algo_attr(const cublasLtMatmulAlgo_t *algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+    uint32_t v = 0;   // every attribute read here is a 32-bit enum or count
+    size_t got = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(algo, attr, &v, sizeof v, &got);
+    return (int)v;
+}
+
+extern "C" int tr_backend_cuda_gemm_probe(tr_backend *be, int ta, int tb, int64_t m, int64_t n,
+                                          int64_t k, int d_f32, int accumulate, int bias,
+                                          const char *label) {
+    tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
+    if (!ctx->lt) return -1;
+    void *a = NULL, *b = NULL, *d = NULL, *bv = NULL;
+    size_t db = d_f32 ? 4 : 2;
+    if (TR_CUDA_CHECK(be, cudaMalloc(&a, (size_t)(m * k) * 2)) ||
+        TR_CUDA_CHECK(be, cudaMalloc(&b, (size_t)(k * n) * 2)) ||
+        TR_CUDA_CHECK(be, cudaMalloc(&d, (size_t)(m * n) * db)) ||
+        TR_CUDA_CHECK(be, cudaMalloc(&bv, (size_t)m * db)) ||
+        // Small nonzero values (0x3c3c in every bf16: 0.0115): zeros run faster than data.
+        TR_CUDA_CHECK(be, cudaMemsetAsync(a, 0x3c, (size_t)(m * k) * 2, ctx->stream)) ||
+        TR_CUDA_CHECK(be, cudaMemsetAsync(b, 0x3c, (size_t)(k * n) * 2, ctx->stream)) ||
+        TR_CUDA_CHECK(be, cudaMemsetAsync(d, 0, (size_t)(m * n) * db, ctx->stream)) ||
+        TR_CUDA_CHECK(be, cudaMemsetAsync(bv, 0, (size_t)m * db, ctx->stream)))
+        goto out;
+    {
+        tr_lt_gemm g = {.ta = (cublasOperation_t)ta, .tb = (cublasOperation_t)tb, .m = m, .n = n,
+                        .k = k, .a = a, .lda = ta == CUBLAS_OP_N ? m : k, .a_type = CUDA_R_16BF,
+                        .b = b, .ldb = tb == CUBLAS_OP_N ? k : n, .b_type = CUDA_R_16BF,
+                        .d = d, .ldd = m, .d_type = d_f32 ? CUDA_R_32F : CUDA_R_16BF,
+                        .accumulate = accumulate != 0, .bias = bias ? bv : NULL, .name = label};
+        tr_lt_key key;
+        memset(&key, 0, sizeof key);
+        key.ta = ta, key.tb = tb, key.m = m, key.n = n, key.k = k;
+        key.lda = g.lda, key.ldb = g.ldb, key.ldd = g.ldd;
+        key.a_type = CUDA_R_16BF, key.b_type = CUDA_R_16BF, key.d_type = (int32_t)g.d_type;
+        key.bias = bias != 0;
+        key.align_a = key.align_b = key.align_d = 16;
+        key.align_bias = bias ? 16 : 0;
+        tr_lt_plan p;
+        if (plan_make(be, &key, g.bias, &p) != 0) goto out;
+        cublasLtMatmulAlgo_t algos[16];
+        int na = plan_candidates(be, &p, algos, 16);
+        cudaEvent_t e0 = NULL, e1 = NULL;
+        if (na < 0 || TR_CUDA_CHECK(be, cudaEventCreate(&e0)) ||
+            TR_CUDA_CHECK(be, cudaEventCreate(&e1)))
+            na = 0;
+        const float one = 1.0f, zero = 0.0f;
+        for (int i = 0; i < na; i++) {
+            float ms = 0.0f;
+            int ok = 1;
+            for (int r = 0; r < 13 && ok; r++) {
+                if (r == 3) ok = !TR_CUDA_CHECK(be, cudaEventRecord(e0, ctx->stream));
+                ok = cublasLtMatmul(ctx->lt, p.op, &one, a, p.a, b, p.b, accumulate ? &one : &zero,
+                                    d, p.d, d, p.d, &algos[i], ctx->lt_ws, TR_CUDA_LT_WORKSPACE,
+                                    ctx->stream) == CUBLAS_STATUS_SUCCESS;
+            }
+            if (TR_CUDA_CHECK(be, cudaEventRecord(e1, ctx->stream)) ||
+                TR_CUDA_CHECK(be, cudaEventSynchronize(e1)) ||
+                TR_CUDA_CHECK(be, cudaEventElapsedTime(&ms, e0, e1)))
+                break;
+            ms /= 10.0f;
+            printf("  %-12s m=%-6lld n=%-6lld k=%-6lld #%-2d algo %3d tile %3d stages %3d "
+                   "swizzle %d cluster %2d: %8.1f us %6.0f TFLOP/s%s\n",
+                   label, (long long)m, (long long)n, (long long)k, i,
+                   algo_attr(&algos[i], CUBLASLT_ALGO_CONFIG_ID),
+                   algo_attr(&algos[i], CUBLASLT_ALGO_CONFIG_TILE_ID),
+                   algo_attr(&algos[i], CUBLASLT_ALGO_CONFIG_STAGES_ID),
+                   algo_attr(&algos[i], CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+                   algo_attr(&algos[i], CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID), 1e3 * ms,
+                   ok ? 2e-9 * (double)m * (double)n * (double)k / ms : 0.0,
+                   ok ? (i == 0 ? "  <- used" : "") : "  (failed)");
+        }
+        if (e0) cudaEventDestroy(e0);
+        if (e1) cudaEventDestroy(e1);
+        plan_release(&p);
+    }
+out:
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(d);
+    cudaFree(bv);
+    return ctx->failed ? -1 : 0;
 }

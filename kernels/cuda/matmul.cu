@@ -3,6 +3,7 @@
 // products, never TF32); bf16 backends run cuBLASLt (gemm_lt.cu) on bf16 inputs with fp32
 // accumulation, rounding a bf16 output once, after the bias. Bias additions into fp32
 // outputs and the bias gradient are kernels here, each element summed in a fixed order.
+#include "kernels/cuda/colsum.cuh"
 #include "kernels/cuda/dtype.cuh"
 #include "kernels/cuda/gemm_lt.cuh"
 
@@ -30,17 +31,15 @@ static void bias_run(tr_backend *be, void *out, const void *bias, int32_t T, int
     TR_CUDA_LAUNCHED(be, "matmul bias");
 }
 
-// dbias[o] += dout[t, o] for t in order, one fp32 addition at a time from dbias's value, as
-// kernels/cpu does: the chain continues across calls, so the sum does not depend on how the
-// tokens were split into micro-batches. One thread per column reads coalesced rows.
+// The bias gradient's term: dout[t, o].
 template <typename A>
-__global__ void dbias_kernel(float *dbias, const A *dout, int32_t T, int32_t OC) {
-    int32_t o = blockIdx.x * blockDim.x + threadIdx.x;
-    if (o >= OC) return;
-    float acc = dbias[o];
-    for (int32_t t = 0; t < T; t++) acc = __fadd_rn(acc, tr_f32(dout[(size_t)t * OC + o]));
-    dbias[o] = acc;
-}
+struct dbias_term {
+    const A *dout;
+    int32_t OC;
+    __device__ float operator()(int32_t t, int32_t o) const {
+        return tr_f32(dout[(size_t)t * OC + o]);
+    }
+};
 
 static void forward_f32(tr_backend *be, float *out, const float *in, const float *w,
                         const float *bias, int32_t T, int32_t IC, int32_t OC, int acc) {
@@ -135,14 +134,14 @@ void tr_cuda_matmul_backward(tr_backend *be, void *din, float *dw, float *dbias,
                 return;
         }
     }
+    // Column sums over the tokens in chunks (colsum.cuh): a chain one token at a time, as
+    // kernels/cpu adds them, would leave all but OC threads of the device idle.
     if (dbias && OC > 0) {
-        unsigned grid = (unsigned)((OC + MM_THREADS - 1) / MM_THREADS);
         if (bf16)
-            dbias_kernel<tr_bf16><<<grid, MM_THREADS, 0, tr_cuda_stream(be)>>>(
-                dbias, (const tr_bf16 *)dout, T, OC);
+            tr_colsum(be, dbias, dbias_term<tr_bf16>{(const tr_bf16 *)dout, OC}, T, OC,
+                      "launch matmul dbias", "launch matmul dbias total");
         else
-            dbias_kernel<float><<<grid, MM_THREADS, 0, tr_cuda_stream(be)>>>(
-                dbias, (const float *)dout, T, OC);
-        TR_CUDA_LAUNCHED(be, "matmul dbias");
+            tr_colsum(be, dbias, dbias_term<float>{(const float *)dout, OC}, T, OC,
+                      "launch matmul dbias", "launch matmul dbias total");
     }
 }

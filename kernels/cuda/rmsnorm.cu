@@ -5,13 +5,12 @@
 // shape only), then the chunks in order: no atomics, and many blocks even for short rows.
 // Formulas are written with explicit _rn operations, so the compiler fuses nothing that
 // kernels/cpu rounds separately.
+#include "kernels/cuda/colsum.cuh"
 #include "kernels/cuda/cuda_ctx.cuh"
 #include "kernels/cuda/dtype.cuh"
 
 #define RMS_THREADS 256
 #define HEAD_THREADS 128
-#define DW_MIN_ROWS 64      // rows per chunk of the weight gradient, at least
-#define DW_MAX_CHUNKS 1024
 
 // out = (x * r) * w, r = 1/sqrt(mean(x^2) + eps) with the mean in double. X: in's type,
 // A: out's and w's.
@@ -83,53 +82,24 @@ __global__ void head_rmsnorm_backward_din_kernel(A *din, const A *dout, const A 
     rms_row_backward(din + at, dout + at, in + at, w, rstd[blockIdx.x], D, false);
 }
 
-// dw[c] += sum over rows of g * (x * r), part one: chunk blockIdx.x of rows_per_chunk rows
-// into partial[chunk][c] (straight into dw when there is one chunk).
+// The weight gradient's term: g * (x * r) of row r's column c.
 template <typename G, typename X>
-__global__ void norm_dw_chunk_kernel(double *partial, float *dw, const G *dout, const X *in,
-                                     const float *rstd, int32_t rows, int32_t H, int32_t ld,
-                                     int32_t width, int32_t rows_per_chunk) {
-    int32_t c = blockIdx.y * blockDim.x + threadIdx.x;
-    if (c >= width) return;
-    int32_t r0 = blockIdx.x * rows_per_chunk;
-    int32_t r1 = rows - r0 < rows_per_chunk ? rows : r0 + rows_per_chunk;
-    double acc = 0.0;
-    for (int32_t r = r0; r < r1; r++) {
+struct norm_dw_term {
+    const G *dout;
+    const X *in;
+    const float *rstd;
+    int32_t H, ld, width;
+    __device__ float operator()(int32_t r, int32_t c) const {
         size_t o = norm_row_at(r, H, ld, width) + c;
-        acc += (double)__fmul_rn(tr_f32(dout[o]), __fmul_rn(tr_f32(in[o]), rstd[r]));
+        return __fmul_rn(tr_f32(dout[o]), __fmul_rn(tr_f32(in[o]), rstd[r]));
     }
-    if (gridDim.x == 1) dw[c] += (float)acc;
-    else partial[(size_t)blockIdx.x * width + c] = acc;
-}
-
-// Part two: the chunks of each column in order.
-__global__ void norm_dw_total_kernel(float *dw, const double *partial, int32_t n_chunks,
-                                     int32_t width) {
-    int32_t c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= width) return;
-    double acc = 0.0;
-    for (int32_t k = 0; k < n_chunks; k++) acc += partial[(size_t)k * width + c];
-    dw[c] += (float)acc;
-}
+};
 
 template <typename G, typename X>
 static void norm_dw(tr_backend *be, float *dw, const G *dout, const X *in, const float *rstd,
                     int32_t rows, int32_t H, int32_t ld, int32_t width) {
-    tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
-    int64_t chunks = rows / DW_MIN_ROWS;
-    if (chunks > DW_MAX_CHUNKS) chunks = DW_MAX_CHUNKS;
-    if (chunks > (int64_t)(TR_CUDA_NORM_PARTIALS / (size_t)width))
-        chunks = (int64_t)(TR_CUDA_NORM_PARTIALS / (size_t)width);
-    if (chunks < 1) chunks = 1;
-    int32_t per = (int32_t)((rows + chunks - 1) / chunks);
-    chunks = (rows + per - 1) / per;   // no empty chunk
-    dim3 grid((unsigned)chunks, (unsigned)((width + RMS_THREADS - 1) / RMS_THREADS));
-    norm_dw_chunk_kernel<G, X><<<grid, RMS_THREADS, 0, ctx->stream>>>(
-        ctx->norm_partial, dw, dout, in, rstd, rows, H, ld, width, per);
-    if (TR_CUDA_LAUNCHED(be, "rmsnorm dw") || chunks == 1) return;
-    norm_dw_total_kernel<<<grid.y, RMS_THREADS, 0, ctx->stream>>>(dw, ctx->norm_partial,
-                                                                  (int32_t)chunks, width);
-    TR_CUDA_LAUNCHED(be, "rmsnorm dw total");
+    norm_dw_term<G, X> f = {dout, in, rstd, H, ld, width};
+    tr_colsum(be, dw, f, rows, width, "launch rmsnorm dw", "launch rmsnorm dw total");
 }
 
 template <typename A>
@@ -207,3 +177,4 @@ void tr_cuda_head_rmsnorm_backward(tr_backend *be, void *din, float *dw, const v
     else
         head_backward_run<float>(be, din, dw, dout, in, w, rstd, T, H, D, ld);
 }
+

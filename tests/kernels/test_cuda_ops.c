@@ -1716,6 +1716,7 @@ static void run_pass(const char *only) {
         test_matmul(256, 512, 256);
         test_matmul(1, 33, 8);
         test_matmul(33, 1024, 96);     // a long reduction
+        test_matmul(700, 64, 130);     // the bias gradient in several chunks of tokens
         test_matmul_batch_invariance(512, 384);
         test_matmul_batch_invariance(96, 130);
     }
@@ -1752,7 +1753,10 @@ static void run_pass(const char *only) {
         test_attention(90, 2, (const int32_t[]){0, 33, 90}, 4, 2, 96, 0, 16);
     }
     if (section(only, "kv_write")) test_kv_write(40, 4, 2, 64);
-    if (section(only, "swiglu")) test_swiglu(37, 1001);
+    if (section(only, "swiglu")) {
+        test_swiglu(37, 1001);
+        test_swiglu(37, 1024);   // bf16: 16-byte groups of 8 columns
+    }
     if (section(only, "adamw")) test_adamw(100003);
     if (section(only, "sumsq") && f32) test_sumsq();
     if (section(only, "logsoftmax")) {
