@@ -80,6 +80,7 @@ extern "C" void tr_backend_cuda_profile_reset(tr_backend *be) {
     tr_cuda_prof *p = be && be->ctx ? tr_cuda_ctx_of(be)->prof : NULL;
     if (!p) return;
     flush(p);
+    memset(p->rows, 0, sizeof p->rows);
     p->n_rows = 0;
     p->total_ms = 0.0;
     p->plans_made = 0;
