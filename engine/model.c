@@ -638,8 +638,8 @@ static int trunk_forward(tr_model *m, int32_t T, tr_attend_fn attend, void *ctx,
             op->head_rmsnorm_forward(be, la->k, la->k_rstd, offset_bytes(la->qkv, act_bytes(m, Q)),
                                      w->k_norm, c->rms_norm_eps, T, KVH, D, QKV);
         }
-        op->rope_forward(be, la->q, QKV, m->d_pos, m->inv_freq, T, H, D);
-        op->rope_forward(be, la->k, QKV, m->d_pos, m->inv_freq, T, KVH, D);
+        // k's heads follow q's in the row: one pass rotates both.
+        op->rope_forward(be, la->q, QKV, m->d_pos, m->inv_freq, T, H + KVH, D);
         attend(ctx, m, l, la, T);
         // The projections back into the residual stream add into it in fp32.
         if (row_parallel(m, la->res_mid, x, la->att, w->wo, w->bo, T, Q, C, err) != 0) return -1;
@@ -754,8 +754,7 @@ static void attention_backward(tr_model *m, int32_t l) {
     void *dv = offset_bytes(a->d_qkv, act_bytes(m, Q + K));
     op->attention_backward(be, dq, dk, dv, a->d_att, la->att, la->att_lse, la->q, la->k, la->v,
                            QKV, &m->docs, H, KVH, D);
-    op->rope_backward(be, dq, QKV, m->d_pos, m->inv_freq, T, H, D);
-    op->rope_backward(be, dk, QKV, m->d_pos, m->inv_freq, T, KVH, D);
+    op->rope_backward(be, dq, QKV, m->d_pos, m->inv_freq, T, H + KVH, D);   // dk follows dq
     if (c->qk_norm) {
         op->head_rmsnorm_backward(be, a->d_qkv, g->q_norm, dq, la->qkv, w->q_norm, la->q_rstd,
                                   T, H, D, QKV);

@@ -1,6 +1,7 @@
 // Rotary position embedding (HF rotate_half layout) on the GPU, in place on H heads of D
 // values in rows of stride ld (a fused [q;k;v] row is rotated where it lies): one thread per
-// (token, head, frequency) pair. The angle is the fp32 product pos * inv_freq as
+// (token, frequency) pair, over every head, so that each cos and sin (taken in double) is
+// computed once for all of a token's heads. The angle is the fp32 product pos * inv_freq as
 // transformers computes it; cos and sin are taken in double and rounded, as kernels/cpu does,
 // and the rotation is fp32 with explicit roundings (no fused multiply-add), rounded once to
 // x's type.
@@ -13,25 +14,26 @@ template <typename A>
 __global__ void rope_kernel(A *x, int32_t ld, const int32_t *pos, const float *inv_freq,
                             int32_t T, int32_t H, int32_t D, float sign) {
     int32_t half = D / 2;
-    size_t n = (size_t)T * H * half;
+    size_t n = (size_t)T * half;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        int32_t f = (int32_t)(i % half);
-        size_t row = i / half;   // t * H + h
-        int32_t t = (int32_t)(row / H), h = (int32_t)(row % H);
+        int32_t f = (int32_t)(i % half), t = (int32_t)(i / half);
         float angle = __fmul_rn((float)pos[t], inv_freq[f]);
         float cs = (float)cos((double)angle), sn = sign * (float)sin((double)angle);
-        A *x1 = x + (size_t)t * ld + (size_t)h * D + f, *x2 = x1 + half;
-        float a = tr_f32(*x1), b = tr_f32(*x2);
-        tr_store(x1, __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn)));
-        tr_store(x2, __fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn)));
+        A *row = x + (size_t)t * ld + f;
+        for (int32_t h = 0; h < H; h++) {
+            A *x1 = row + (size_t)h * D, *x2 = x1 + half;
+            float a = tr_f32(*x1), b = tr_f32(*x2);
+            tr_store(x1, __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn)));
+            tr_store(x2, __fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn)));
+        }
     }
 }
 
 static void rope_run(tr_backend *be, void *x, int32_t ld, const int32_t *pos,
                      const float *inv_freq, int32_t T, int32_t H, int32_t D, float sign) {
-    size_t n = (size_t)T * H * (D / 2);
-    if (T <= 0 || n == 0) return;
+    size_t n = (size_t)T * (D / 2);
+    if (T <= 0 || H <= 0 || n == 0) return;
     unsigned grid = tr_cuda_grid(n, ROPE_THREADS);
     cudaStream_t st = tr_cuda_stream(be);
     if (tr_cuda_bf16(be))
