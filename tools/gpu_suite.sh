@@ -68,11 +68,11 @@ engine_part() {   # the kernels' tests: needs nothing beyond CUDA and OpenBLAS
         cp "$build/meson-logs/testlog.txt" "$logs/testlog_engine.txt" 2>/dev/null
     fi
     run bench_cuda "$build/bench/bench_cuda"
-    # The tensor-core attention kernels (opt-in until checked here): the op test and the
-    # attention benchmark with them, torch's attention on the same shapes beside it.
-    run test_cuda_ops_flash env TROUPE_CUDA_FLASH_ATTENTION=1 OPENBLAS_NUM_THREADS=1 \
-        "$build/tests/kernels/test_cuda_ops"
-    run attention_peer env TROUPE_CUDA_FLASH_ATTENTION=1 timeout 300 \
+    # The row attention kernels (what the tensor-core ones replace at D 64 and 128) checked
+    # too; the attention benchmark with torch's attention on the same shapes beside it.
+    run test_cuda_ops_rows env TROUPE_CUDA_FLASH_ATTENTION=0 OPENBLAS_NUM_THREADS=1 \
+        "$build/tests/kernels/test_cuda_ops" attention
+    run attention_peer timeout 300 \
         python3 bench/attention_peer.py --troupe "$build/bench/bench_cuda"
 }
 
@@ -179,10 +179,9 @@ train_bench_part() {
         echo "train_bench: no anchors/torch_anchor.py, skipped" | tee -a "$summary"
         return 0
     fi
-    # TRAIN_SHAPES narrows the shapes (default: both); the flash kernels while they are opt-in.
+    # TRAIN_SHAPES narrows the shapes (default: both).
     # shellcheck disable=SC2086  # a list of shape names
-    run train_bench env TROUPE_CUDA_FLASH_ATTENTION=1 \
-        bench/run_gpu_train.sh "$build_all" anchors ${TRAIN_SHAPES:-}
+    run train_bench bench/run_gpu_train.sh "$build_all" anchors ${TRAIN_SHAPES:-}
 }
 
 # Every cuBLASLt candidate of the training step's products, timed; where a training step's
@@ -191,8 +190,8 @@ train_bench_part() {
 profile_part() {
     local b="$build_all/bench/bench_train_gpu"
     run gemm_candidates "$build_all/bench/bench_cuda" gemm
-    run profile env TROUPE_CUDA_FLASH_ATTENTION=1 TROUPE_CUDA_PROFILE=1 "$b" qwen2.5-0.5b 8 2048 3
-    run profile_rows env TROUPE_CUDA_FLASH_ATTENTION=1 TROUPE_CUDA_PROFILE=1 \
+    run profile env TROUPE_CUDA_PROFILE=1 "$b" qwen2.5-0.5b 8 2048 3
+    run profile_rows env TROUPE_CUDA_PROFILE=1 \
         "$b" qwen2.5-0.5b 8 2048 3 "${PROFILE_LOGIT_ROWS:-2048}"
 }
 

@@ -159,9 +159,9 @@ static void forward_run(tr_backend *be, void *out, float *lse, const void *q, co
 
 static bool attn_aligned(const void *p, size_t bytes) { return (uintptr_t)p % bytes == 0; }
 
-// The tensor-core kernels serve bf16 at their head dimensions when TROUPE_CUDA_FLASH_ATTENTION=1
-// (opt-in: they have not yet run on a GPU); the test is the same for the forward and the decode
-// step, so the two always run the same arithmetic.
+// The tensor-core kernels serve bf16 at their head dimensions (unless
+// TROUPE_CUDA_FLASH_ATTENTION=0, which keeps the row kernels for comparison); the test is the
+// same for the forward and the decode step, so the two always run the same arithmetic.
 static bool attn_flash(const tr_backend *be, int32_t D) {
     return ((const tr_cuda_ctx *)be->ctx)->flash_attention && tr_cuda_bf16(be) && tr_fa_supported(D);
 }

@@ -154,7 +154,7 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision)
     const char *each = getenv("TROUPE_SYNC_EACH_OP");
     ctx->sync_each_op = each && strcmp(each, "1") == 0;
     const char *flash = getenv("TROUPE_CUDA_FLASH_ATTENTION");
-    ctx->flash_attention = flash && strcmp(flash, "1") == 0;
+    ctx->flash_attention = !(flash && strcmp(flash, "0") == 0);
     if (TR_CUDA_CHECK(be, cudaSetDevice(device))) return -1;
     if (TR_CUDA_CHECK(be, cudaStreamCreate(&ctx->stream))) return -1;
     const char *prof = getenv("TROUPE_CUDA_PROFILE");

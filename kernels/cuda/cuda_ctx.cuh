@@ -77,8 +77,8 @@ typedef struct tr_cuda_ctx {
     double *partial;        // device, TR_CUDA_SUMSQ_BLOCKS doubles
     double *norm_partial;   // device, TR_CUDA_NORM_PARTIALS doubles
     int sync_each_op;       // TROUPE_SYNC_EACH_OP=1: every op waits and names itself on failure
-    int flash_attention;    // TROUPE_CUDA_FLASH_ATTENTION=1: the tensor-core attention kernels
-                            // (opt-in until they have been checked on a GPU)
+    int flash_attention;    // the tensor-core attention kernels; TROUPE_CUDA_FLASH_ATTENTION=0
+                            // keeps the row kernels (attention.cu) for every head size
     tr_cuda_prof *prof;     // TROUPE_CUDA_PROFILE=1, else NULL
     int failed;
     char msg[512];
