@@ -8,6 +8,8 @@
 // LM head's rows per chunk from the memory plan, as a worker's)
 // The backend comes from $TROUPE_BACKEND (cuda) and the precision from $TROUPE_PRECISION
 // (default: the backend's, bf16 on CUDA). bench/run_gpu_train.sh runs it beside the peer.
+// On CUDA it then measures launch overhead: the trunk's backward queued op by op against the
+// same launches replayed as one CUDA graph.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +45,37 @@ static double now(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+
+#if TR_HAVE_CUDA
+// Launch overhead: the trunk's backward (every layer's ops, most of a step's launches) queued
+// op by op, then the same launches replayed as one CUDA graph. Their difference is what
+// launching costs; printed against the backward and against the step.
+static int launch_overhead(tr_backend *be, tr_model *m, double step_s) {
+    const int reps = 5;
+    char msg[512];
+    tr_err err = {0};
+    if (tr_model_backward(m, &err) != 0 || be->ops->sync(be, "warm-up", msg, sizeof msg)) return -1;
+    double t0 = now();
+    for (int i = 0; i < reps; i++)
+        if (tr_model_backward(m, &err) != 0) return -1;
+    if (be->ops->sync(be, "backward", msg, sizeof msg)) return -1;
+    double eager = (now() - t0) / reps;
+    void *exec = NULL;
+    if (tr_backend_cuda_graph_begin(be) != 0) return -1;
+    int rc = tr_model_backward(m, &err);
+    if (tr_backend_cuda_graph_end(be, &exec) != 0 || rc != 0) return -1;
+    t0 = now();
+    for (int i = 0; i < reps && rc == 0; i++) rc = tr_backend_cuda_graph_launch(be, exec);
+    if (rc || be->ops->sync(be, "graph", msg, sizeof msg)) rc = -1;
+    double graph = (now() - t0) / reps;
+    tr_backend_cuda_graph_free(exec);
+    if (rc) return -1;
+    printf("  launch overhead: the trunk's backward %.2f ms queued op by op, %.2f ms as one CUDA "
+           "graph: %.1f%% of the backward, %.1f%% of a step\n", 1e3 * eager, 1e3 * graph,
+           100 * (eager - graph) / eager, 100 * (eager - graph) / step_s);
+    return 0;
+}
+#endif
 
 static int fail(const char *what, const tr_err *err) {
     fprintf(stderr, "bench_train_gpu: %s: %s\n", what, err->msg);
@@ -141,6 +174,16 @@ int main(int argc, char **argv) {
            tps, 100 * tps * flops / PEAK, (double)(free0 - free_min) / (1 << 30), res.loss);
     printf("troupe train shape=%s tok/s=%.0f mfu=%.4f peak_gib=%.2f\n", sh->name, tps,
            tps * flops / PEAK, (double)(free0 - free_min) / (1 << 30));
+#if TR_HAVE_CUDA
+    const char *prof = getenv("TROUPE_CUDA_PROFILE");
+    if (strcmp(be.ops->name, "cuda") == 0 && !(prof && strcmp(prof, "1") == 0) &&
+        launch_overhead(&be, &m, step_s) != 0) {
+        char msg[512];
+        tr_backend_cuda_status(&be, msg, sizeof msg);
+        fprintf(stderr, "bench_train_gpu: launch overhead: %s\n", msg);
+        return 1;
+    }
+#endif
     tr_trainer_free(&tr);
     tr_model_free(&m);
     tr_backend_free(&be);
