@@ -15,6 +15,12 @@ __global__ void fill_kernel(float *x, float value, size_t n) {
 
 void tr_cuda_fill(tr_backend *be, float *x, float value, size_t n) {
     if (n == 0) return;
+    if (value == 0.0f && !signbit(value)) {   // +0 is all zero bytes: the copy engine's memset
+        if (TR_CUDA_CHECK(be, cudaMemsetAsync(x, 0, n * sizeof(float), tr_cuda_stream(be))))
+            return;
+        TR_CUDA_LAUNCHED(be, "fill (memset)");
+        return;
+    }
     fill_kernel<<<tr_cuda_grid(n, MOVE_THREADS), MOVE_THREADS, 0, tr_cuda_stream(be)>>>(x, value,
                                                                                       n);
     TR_CUDA_LAUNCHED(be, "fill");
