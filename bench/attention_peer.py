@@ -146,6 +146,20 @@ def run_flex(name, starts, H, KVH, D, gen):
     except TypeError:   # a torch without _compile
         block_mask = create_block_mask(mask_mod, B=None, H=None, Q_LEN=T, KV_LEN=T,
                                        device="cuda")
+    # Every shape and both grad modes (the forward is timed without autograd) are graphs of
+    # their own: past dynamo's default cache of 8, flex would fall back to its unfused eager
+    # path and time a hundred times slower. The backward runs several times on one graph
+    # (retain_graph), which buffers donated to the backward do not allow.
+    import torch._dynamo
+    for knob in ("cache_size_limit", "recompile_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 64)
+    try:
+        import torch._functorch.config as fconfig
+        if hasattr(fconfig, "donated_buffer"):
+            fconfig.donated_buffer = False
+    except ImportError:
+        pass
     flex = torch.compile(flex_attention, dynamic=False)
     fused, q, k, v = qkv_views(1, T, H, KVH, D, gen)
     dout = torch.randn(1, H, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
