@@ -72,8 +72,12 @@ engine_part() {   # the kernels' tests: needs nothing beyond CUDA and OpenBLAS
     # too; the attention benchmark with torch's attention on the same shapes beside it.
     run test_cuda_ops_rows env TROUPE_CUDA_FLASH_ATTENTION=0 OPENBLAS_NUM_THREADS=1 \
         "$build/tests/kernels/test_cuda_ops" attention
-    run attention_peer timeout 300 \
-        python3 bench/attention_peer.py --troupe "$build/bench/bench_cuda"
+    # ATTENTION_PEER_ONLY: shape names (comma-separated) for torch, when the others were
+    # measured earlier on the machine; ATTENTION_PEER=0 skips torch.
+    if [ "${ATTENTION_PEER:-1}" != 0 ]; then
+        run attention_peer timeout 300 python3 bench/attention_peer.py \
+            --troupe "$build/bench/bench_cuda" ${ATTENTION_PEER_ONLY:+--only "$ATTENTION_PEER_ONLY"}
+    fi
 }
 
 deps_and_build_all() {   # once per run: unpack .debs/ and build every layer with CUDA
