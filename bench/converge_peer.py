@@ -107,6 +107,15 @@ def main():
     # weights whatever device trains it) and the data order does not depend on it.
     torch.manual_seed(a.seed)
     model = Qwen2ForCausalLM(cfg)
+    # The RoPE base and attention kernel as this transformers version resolved them (both
+    # have moved between versions' config keys).
+    rot = getattr(model.model, "rotary_emb", None)
+    if rot is not None and hasattr(rot, "inv_freq"):
+        want = 1e6 ** (-2 / (cfg.hidden_size // cfg.num_attention_heads))
+        if abs(float(rot.inv_freq[1]) - want) > 1e-6 * want:
+            sys.exit(f"converge_peer: RoPE inv_freq[1] is {float(rot.inv_freq[1])}, "
+                     f"not theta 1e6's {want}")
+    attn = getattr(model.config, "_attn_implementation", None)
     if a.save_init:
         model.save_pretrained(a.save_init)
     dev = torch.device(a.device)
@@ -125,7 +134,7 @@ def main():
                       "tokens": tokens.numel(), "windows": n_windows,
                       "windows_wrap": a.steps * a.mb > n_windows, "mb": a.mb, "seq": a.seq,
                       "lr": a.lr, "warmup": a.warmup, "weight_decay": a.weight_decay,
-                      "device": a.device, "precision": a.precision,
+                      "device": a.device, "precision": a.precision, "attention": attn,
                       "torch": torch.__version__}), flush=True)
 
     autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.precision == "bf16")
