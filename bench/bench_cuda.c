@@ -471,14 +471,14 @@ static void bench_sumsq(size_t n) {
     tr_cuda_free(acc);
 }
 
-// B rows of V logits drawn with one parameter set.
+// B rows of V logits (the activation dtype) drawn with one parameter set.
 static void bench_sample(int32_t B, int32_t V, float temperature, int32_t top_k, float top_p) {
     tr_sample_row *rows = malloc((size_t)B * sizeof(tr_sample_row));
     if (!rows) fail("malloc", "out of memory");
     for (int32_t b = 0; b < B; b++)
         rows[b] = (tr_sample_row){.temperature = temperature, .top_k = top_k, .top_p = top_p,
                                   .seed = 1000 + (uint64_t)b, .counter = 0, .used = 4};
-    float *logits = dev_rand((size_t)B * V);
+    void *logits = dev_rand_t((size_t)B * V, gpu.act, 1.0f);
     tr_sample_row *drows = dev_put(rows, (size_t)B * sizeof(tr_sample_row));
     int32_t *ids = dev_put(NULL, (size_t)B * sizeof(int32_t)), *n_near = dev_put(NULL, 4);
     float *lp = dev_rand(B);

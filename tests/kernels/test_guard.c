@@ -248,17 +248,19 @@ static void each_op(void) {
     // logsoftmax
     int32_t target[9] = {0, 49, -1, 7, 8, 9, 10, 11, 12};
     float lse_v[9];
-    x[0] = mk_f(T, 1.0), x[1] = mk_f(T, 1.0), x[2] = mk_f(T, 1.0), x[3] = mk_f((size_t)T * V, 3.0);
-    x[4] = mk(target, sizeof target);
+    size_t lb = (size_t)T * V * as;   // logits are A
+    x[0] = mk_f(T, 1.0), x[1] = mk_f(T, 1.0), x[2] = mk_f(T, 1.0);
+    x[3] = mk_vals((size_t)T * V, A, 3.0), x[4] = mk(target, sizeof target);
     for (tr_backend *be = &hb; be; be = next_be(be)) {
         void **p = ptrs(be);
         be->ops->logsoftmax_forward(be, p[0], p[1], p[2], p[3], p[4], T, V);
     }
     memcpy(lse_v, x[2]->h, sizeof lse_v);
-    float *logits = kt_copy(x[3]->h, (size_t)T * V);
+    void *logits = kt_malloc(lb);
+    memcpy(logits, x[3]->h, lb);
     done("logsoftmax_forward");
     x[0] = mk_vals((size_t)T * V, A, 1.0), x[1] = mk_f(T, 1.0), x[2] = mk_f(T, 1.0);
-    x[3] = mk(logits, (size_t)T * V * 4), x[4] = mk(lse_v, sizeof lse_v);
+    x[3] = mk(logits, lb), x[4] = mk(lse_v, sizeof lse_v);
     x[5] = mk(target, sizeof target);
     for (tr_backend *be = &hb; be; be = next_be(be)) {
         void **p = ptrs(be);
@@ -269,7 +271,7 @@ static void each_op(void) {
     // Vocab-parallel: this rank's statistics (columns 20.. of a wider vocabulary), the
     // combination of two ranks', and the backward over its columns.
     double stats[2 * 9 * 4];
-    x[0] = mk(NULL, sizeof stats / 2), x[1] = mk(logits, (size_t)T * V * 4);
+    x[0] = mk(NULL, sizeof stats / 2), x[1] = mk(logits, lb);
     x[2] = mk(target, sizeof target);
     for (tr_backend *be = &hb; be; be = next_be(be)) {
         void **p = ptrs(be);
@@ -289,7 +291,7 @@ static void each_op(void) {
     memcpy(mean_v, x[3]->h, sizeof mean_v);
     done("logsoftmax_vp_combine");
     x[0] = mk_vals((size_t)T * V, A, 1.0), x[1] = mk_f(T, 1.0), x[2] = mk_f(T, 1.0);
-    x[3] = mk(logits, (size_t)T * V * 4), x[4] = mk(lse_v, sizeof lse_v);
+    x[3] = mk(logits, lb), x[4] = mk(lse_v, sizeof lse_v);
     x[5] = mk(mean_v, sizeof mean_v), x[6] = mk(target, sizeof target);
     for (tr_backend *be = &hb; be; be = next_be(be)) {
         void **p = ptrs(be);

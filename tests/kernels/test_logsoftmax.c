@@ -1,8 +1,9 @@
 // logsoftmax_forward/backward against float64: logprob of the target, entropy and lse on
 // random logits (large ones too), dlogits from dlogprob and from dentropy against central
 // differences of the float64 forward, target < 0 giving logprob 0 and no gradient, and
-// bitwise equal results for 1, 2 and 3 threads. In bf16 mode the forward (all fp32) has the
-// fp32 bits and dlogits is the fp32 dlogits rounded once, target element included. The
+// bitwise equal results for 1, 2 and 3 threads. In bf16 mode (bf16 logits) the forward has
+// the fp32 forward's bits on the same values and dlogits is the fp32 dlogits rounded once,
+// target element included. The
 // vocab-parallel ops: one rank's statistics combine into logsoftmax_forward's bits; the
 // columns split over 1..4 ranks combine to the float64 results and the ranks' backward
 // columns make logsoftmax_backward's dlogits.
@@ -108,18 +109,24 @@ static void check_case(int32_t T, int32_t V, double scale) {
     CHECKF(kt_same_bits(res[1], res[0], n + 3 * (size_t)T) &&
                kt_same_bits(res[2], res[0], n + 3 * (size_t)T),
            "bits differ across thread counts T=%d V=%d", T, V);
-    // bf16: the same forward; dlogits (both terms) rounded once
-    float *lp16 = kt_floats(T), *ent16 = kt_floats(T), *lse16 = kt_floats(T);
-    uint16_t *dx16 = kt_poison(n, TR_BF16);
-    kt_backend(&be, 2, TR_BF16);
-    be.ops->logsoftmax_forward(&be, lp16, ent16, lse16, x, target, T, V);
-    be.ops->logsoftmax_backward(&be, dx16, glp, gent, x, lse, target, T, V);
+    // bf16: logits rounded to bf16 give the fp32 forward's bits on those values, and dlogits
+    // (both terms) are the fp32 dlogits rounded once
+    float *xr = kt_round_all(kt_copy(x, n), n), *want = kt_floats(n + 3 * (size_t)T);
+    kt_backend(&be, 2, TR_F32);
+    be.ops->logsoftmax_forward(&be, want + n, want + n + T, want + n + 2 * T, xr, target, T, V);
+    be.ops->logsoftmax_backward(&be, want, glp, gent, xr, lse, target, T, V);
     tr_backend_cpu_free(&be);
-    CHECKF(kt_same_bits(lp16, res[0] + n, T) && kt_same_bits(ent16, res[0] + n + T, T) &&
-               kt_same_bits(lse16, res[0] + n + 2 * T, T),
+    float *lp16 = kt_floats(T), *ent16 = kt_floats(T), *lse16 = kt_floats(T);
+    uint16_t *x16 = kt_to(x, n, TR_BF16), *dx16 = kt_poison(n, TR_BF16);
+    kt_backend(&be, 2, TR_BF16);
+    be.ops->logsoftmax_forward(&be, lp16, ent16, lse16, x16, target, T, V);
+    be.ops->logsoftmax_backward(&be, dx16, glp, gent, x16, lse, target, T, V);
+    tr_backend_cpu_free(&be);
+    CHECKF(kt_same_bits(lp16, want + n, T) && kt_same_bits(ent16, want + n + T, T) &&
+               kt_same_bits(lse16, want + n + 2 * T, T),
            "bf16 forward differs from fp32 T=%d V=%d", T, V);
-    CHECKF(kt_is_rounded(dx16, res[0], n, "dlogits"), "bf16 dlogits T=%d V=%d", T, V);
-    free(lp16); free(ent16); free(lse16); free(dx16);
+    CHECKF(kt_is_rounded(dx16, want, n, "dlogits"), "bf16 dlogits T=%d V=%d", T, V);
+    free(xr); free(want); free(lp16); free(ent16); free(lse16); free(x16); free(dx16);
     for (int32_t k = 0; k < 3; k++) free(res[k]);
     free(x); free(glp); free(gent); free(target); free(xd); free(glpd); free(gentd); free(rl);
     free(lp); free(ent); free(lse); free(lp_only); free(lse2); free(dx);
