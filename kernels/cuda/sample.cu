@@ -130,12 +130,12 @@ __device__ int32_t smp_argmax(const A *x, int32_t V) {
     float bv = -INFINITY;
     int32_t bi = INT_MAX;
     const bool vec = tr_lsm_aligned(x);
-    float v[TR_LSM_CHUNK];
+    float chunk[TR_LSM_CHUNK];
     for (int32_t c = threadIdx.x; c < tr_lsm_chunks(V); c += blockDim.x) {
-        int32_t n = tr_lsm_load(x, V, c, vec, v);
+        int32_t n = tr_lsm_load(x, V, c, vec, chunk);
 #pragma unroll
         for (int32_t k = 0; k < TR_LSM_CHUNK; k++)
-            if (k < n) smp_better(bv, bi, v[k], c * TR_LSM_CHUNK + k);
+            if (k < n) smp_better(bv, bi, chunk[k], c * TR_LSM_CHUNK + k);
     }
     for (int o = 16; o > 0; o >>= 1) {
         float v = __shfl_xor_sync(0xffffffffu, bv, o);
