@@ -2,7 +2,7 @@
 // ~10M-parameter model (with the fp32 CPU backend's ratio beside them) and of one 7B Llama
 // layer (T = 4096), and milliseconds of attention forward/backward and decode over a fused
 // [q;k;v] buffer, fp32 next to bf16; then the embedding backward, the gradient's sum of
-// squares and token sampling. The attention section times the bf16 tensor-core kernels at
+// squares, the LM head's log-softmax and token sampling. The attention section times the bf16 tensor-core kernels at
 // model shapes, dense and packed into documents (TFLOP/s counted per document, causal), and
 // decode's HBM bandwidth; bench/attention_peer.py runs torch on the same shapes beside it.
 // Run by hand or by tools/gpu_suite.sh: build-*/bench/bench_cuda [cpu_threads], or
@@ -472,14 +472,49 @@ static void bench_sumsq(size_t n) {
     tr_cuda_free(acc);
 }
 
-// B rows of V logits drawn with one parameter set.
+// The LM head's log-softmax over T rows of V logits of the backend's activation dtype: the
+// forward, then the backward with both loss terms written over the logits, as the engine
+// runs it. GB/s counts the passes over the logits each makes: the forward reads them twice,
+// the backward three times (the entropy term's mean, then the gradient) and writes them once.
+static void bench_logsoftmax(tr_backend *be, int32_t T, int32_t V) {
+    size_t n = (size_t)T * V, bytes = n * tr_dt_size(be->act);
+    int32_t *tg_h = malloc((size_t)T * sizeof(int32_t));
+    if (!tg_h) fail("malloc", "out of memory");
+    for (int32_t t = 0; t < T; t++) tg_h[t] = (int32_t)(((int64_t)t * 7919) % V);
+    void *x = dev_rand_t(n, be->act, 8.0f);
+    int32_t *tg = dev_put(tg_h, (size_t)T * sizeof(int32_t));
+    float *lp = dev_rand(T), *ent = dev_rand(T), *lse = dev_rand(T), *g = dev_rand(T);
+    double fwd = 1e30, bwd = 1e30;
+    for (int r = 0; r <= REPS; r++) {
+        double t0 = now_s();
+        be->ops->logsoftmax_forward(be, lp, ent, lse, x, tg, T, V);
+        gpu_sync(be);
+        double t1 = now_s();
+        if (r > 0 && t1 - t0 < fwd) fwd = t1 - t0;
+    }
+    for (int r = 0; r <= REPS; r++) {
+        double t0 = now_s();
+        be->ops->logsoftmax_backward(be, x, g, g, x, lse, tg, T, V);
+        gpu_sync(be);
+        double t1 = now_s();
+        if (r > 0 && t1 - t0 < bwd) bwd = t1 - t0;
+    }
+    printf("  logsoftmax %s T=%d V=%-6d forward %7.3f ms (%4.0f GB/s), backward in place "
+           "%7.3f ms (%4.0f GB/s)\n", tr_dt_name(be->act), T, V, fwd * 1e3,
+           2.0 * bytes / fwd / 1e9, bwd * 1e3, 4.0 * bytes / bwd / 1e9);
+    void *bufs[6] = {x, tg, lp, ent, lse, g};
+    for (int i = 0; i < 6; i++) tr_cuda_free(bufs[i]);
+    free(tg_h);
+}
+
+// B rows of V logits (the activation dtype) drawn with one parameter set.
 static void bench_sample(int32_t B, int32_t V, float temperature, int32_t top_k, float top_p) {
     tr_sample_row *rows = malloc((size_t)B * sizeof(tr_sample_row));
     if (!rows) fail("malloc", "out of memory");
     for (int32_t b = 0; b < B; b++)
         rows[b] = (tr_sample_row){.temperature = temperature, .top_k = top_k, .top_p = top_p,
                                   .seed = 1000 + (uint64_t)b, .counter = 0, .used = 4};
-    float *logits = dev_rand((size_t)B * V);
+    void *logits = dev_rand_t((size_t)B * V, gpu.act, 1.0f);
     tr_sample_row *drows = dev_put(rows, (size_t)B * sizeof(tr_sample_row));
     int32_t *ids = dev_put(NULL, (size_t)B * sizeof(int32_t)), *n_near = dev_put(NULL, 4);
     float *lp = dev_rand(B);
@@ -594,6 +629,10 @@ int main(int argc, char **argv) {
     bench_embedding(4096, 4096, 32000);
     bench_embedding(32768, 4096, 128256);
     bench_sumsq((size_t)1 << 28);   // the gradients of 268M parameters (1 GiB)
+    printf("LM head log-softmax (a chunk of 2048 rows; V of Qwen2, and a third of it, odd):\n");
+    bench_logsoftmax(&gpu, 2048, 151936);
+    bench_logsoftmax(&gpu32, 2048, 151936);
+    bench_logsoftmax(&gpu, 2048, 50645);
     printf("sampling (V of Qwen2 / Llama 3):\n");
     bench_sample(64, 152064, 0.0f, 0, 1.0f);
     bench_sample(64, 152064, 1.0f, 0, 1.0f);

@@ -132,7 +132,7 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
                                : NULL;
     // Tensor parallelism: the sampler draws from whole rows gathered from every rank's
     // columns, so all ranks draw the same ids from the same streams.
-    size_t full = lrows * (size_t)m->cfg.vocab_size * sizeof(float);
+    size_t full = lrows * (size_t)m->cfg.vocab_size * tr_dt_size(m->act);
     if (g->sample_scratch && m->tp.size > 1) {
         g->logits = tr_dev_alloc(be, full, "gathered logits", err);
         g->gather = g->logits ? tr_dev_alloc(be, full, "logits gather scratch", err) : NULL;
@@ -290,13 +290,14 @@ static int sample_rows(gen_run *run, const int32_t *outs, int32_t n, bool rows_s
     tr_model *m = g->model;
     tr_backend *be = m->be;
     const int32_t V = m->cfg.vocab_size, Vl = m->tp.vocab;
+    const size_t es = tr_dt_size(m->act);
     const bool tp = m->tp.size > 1;
-    float *logits = tp ? g->logits : m->acts.logits;
+    char *logits = tp ? g->logits : m->acts.logits;
     for (int32_t i = 1; rows_same && i < n; i++) {
-        be->ops->copy(be, logits + (size_t)i * V, logits, (size_t)V * sizeof(float));
+        be->ops->copy(be, logits + (size_t)i * V * es, logits, (size_t)V * es);
         if (tp)   // the local rows too, for the logprob below
-            be->ops->copy(be, m->acts.logits + (size_t)i * Vl, m->acts.logits,
-                          (size_t)Vl * sizeof(float));
+            be->ops->copy(be, (char *)m->acts.logits + (size_t)i * Vl * es, m->acts.logits,
+                          (size_t)Vl * es);
     }
     for (int32_t i = 0; i < n; i++) {
         const tr_gen_request *r = &run->reqs[run->outs[outs[i]].request];
@@ -328,10 +329,11 @@ static int sample_rows(gen_run *run, const int32_t *outs, int32_t n, bool rows_s
 }
 
 // Logits of rows [r0, r0 + n) of the pass into acts.logits (this rank's columns), and the
-// whole rows into g->logits under tensor parallelism.
+// whole rows into g->logits under tensor parallelism; both in the activation dtype, which
+// the sample op reads.
 static int pass_logits(tr_generator *g, int32_t r0, int32_t n, tr_err *err) {
     tr_model *m = g->model;
-    if (tr_lm_head_logits(m, r0, n, m->acts.logits, err) != 0) return -1;
+    if (tr_lm_head_chunk_logits(m, r0, n, err) != 0) return -1;
     if (m->tp.size == 1) return 0;
     return tr_lm_head_gather_logits(m, m->acts.logits, n, g->logits, g->gather, err);
 }

@@ -108,8 +108,9 @@ typedef struct tr_generator {
     tr_sample_row *d_draw;      // [logit_rows]
     int32_t *d_near;            // near-boundary draws of the current call
     void *sample_scratch;       // the sample op's
-    float *logits, *gather;     // tensor parallelism: [logit_rows, vocab] whole rows and the
-                                // gather's scratch (NULL at size 1: acts.logits serves)
+    void *logits, *gather;      // tensor parallelism: [logit_rows, vocab] whole rows and the
+                                // gather's scratch, activation dtype (NULL at size 1:
+                                // acts.logits serves)
     tr_gen_slot *slots;         // [max_seqs]; slots [0, n_active) are decoding
     int32_t n_active;
     int32_t reserved;           // blocks promised to admitted samples, not yet taken

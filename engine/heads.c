@@ -1,6 +1,7 @@
 // LM, value and score heads over the final-norm output. The LM head never holds [T, vocab]
-// logits whole: it runs logit_rows rows at a time through matmul + fused log-softmax, and
-// its backward recomputes a chunk's logits rather than keeping them (unless all T fit).
+// logits whole: it runs logit_rows rows at a time through matmul + fused log-softmax over
+// one buffer of the activation dtype, which its backward overwrites with d_logits; the
+// backward recomputes a chunk's logits rather than keeping them (unless all T fit).
 // Per-token inputs and outputs are host arrays; they cross to and from the model's backend
 // copies (d_targets, d_out, ...) here, with one wait per forward for the outputs. Under
 // tensor parallelism the LM head is vocab-parallel: each rank's logits are its vocabulary
@@ -38,18 +39,12 @@ static void head_grad_backward(tr_model *m, int32_t N) {
                         m->w.score_w, T, C, N);
 }
 
-// n rows of LM logits (fp32, into out) from rows x of lnf: the GEMM's output in the
-// activation dtype, as transformers' bf16 autocast rounds it, then widened for the fp32
-// log-softmax and the sampler (in fp32 the GEMM writes out directly).
-static void lm_logits(tr_model *m, float *out, const void *x, int32_t n) {
-    const tr_ops *op = m->be->ops;
+// n rows of LM logits into out ([n, V] of the activation dtype) from rows x of lnf: the
+// GEMM's output as transformers' bf16 autocast rounds it, which the log-softmax and the
+// sampler read as it is (widening each value exactly).
+static void lm_logits(tr_model *m, void *out, const void *x, int32_t n) {
     const int32_t C = m->cfg.hidden_size, V = m->tp.vocab;
-    if (m->act == TR_F32) {
-        op->matmul_forward(m->be, out, x, m->w.lm_head, NULL, n, C, V, TR_MM_OUT_F32);
-        return;
-    }
-    op->matmul_forward(m->be, m->acts.logits_a, x, m->w.lm_head, NULL, n, C, V, 0);
-    op->convert(m->be, out, TR_F32, m->acts.logits_a, m->act, (size_t)n * V);
+    m->be->ops->matmul_forward(m->be, out, x, m->w.lm_head, NULL, n, C, V, 0);
 }
 
 // The vocab-parallel log-softmax of the n rows of local logits in acts.logits: this rank's
@@ -114,7 +109,7 @@ void tr_lm_head_backward(tr_model *m, const int32_t *targets, const float *dlogp
     op->upload(m->be, m->d_targets, targets, (size_t)T * sizeof(int32_t));
     if (dlogprob) op->upload(m->be, m->d_dout, dlogprob, (size_t)T * sizeof(float));
     if (dentropy) op->upload(m->be, m->d_dentropy, dentropy, (size_t)T * sizeof(float));
-    // Each chunk writes its own rows of d_lnf.
+    // Each chunk writes its own rows of d_lnf. d_logits go over the chunk's logits in place.
     for (int32_t r0 = 0; r0 < T; r0 += R) {
         int32_t n = T - r0 < R ? T - r0 : R;
         const void *x = act_row(m, a->lnf, r0, C);
@@ -122,21 +117,28 @@ void tr_lm_head_backward(tr_model *m, const int32_t *targets, const float *dlogp
         const float *glp = dlogprob ? m->d_dout + r0 : NULL;
         const float *gent = dentropy ? m->d_dentropy + r0 : NULL;
         if (m->tp.size == 1)
-            op->logsoftmax_backward(m->be, a->d_logits, glp, gent, a->logits, a->lse + r0,
+            op->logsoftmax_backward(m->be, a->logits, glp, gent, a->logits, a->lse + r0,
                                     m->d_targets + r0, n, V);
         else   // this rank's columns; d_lnf gets its part, summed in tr_model_backward
-            op->logsoftmax_vp_backward(m->be, a->d_logits, glp, gent, a->logits, a->lse + r0,
+            op->logsoftmax_vp_backward(m->be, a->logits, glp, gent, a->logits, a->lse + r0,
                                        a->vp_mean + r0, m->d_targets + r0, m->tp.vocab0, n, V);
-        op->matmul_backward(m->be, act_row(m, a->d_lnf, r0, C), m->g.lm_head, NULL, a->d_logits,
+        op->matmul_backward(m->be, act_row(m, a->d_lnf, r0, C), m->g.lm_head, NULL, a->logits,
                             x, m->w.lm_head, n, C, V);
     }
+    m->logits_cached = false;
 }
 
-int tr_lm_head_gather_logits(tr_model *m, const float *local, int32_t n, float *out,
-                             float *scratch, tr_err *err) {
+// Element i of an activation-dtype buffer.
+static void *act_at(const tr_model *m, const void *p, size_t i) {
+    return (char *)p + i * tr_dt_size(m->act);
+}
+
+int tr_lm_head_gather_logits(tr_model *m, const void *local, int32_t n, void *out,
+                             void *scratch, tr_err *err) {
     const int32_t R = m->tp.size, V = m->cfg.vocab_size;
+    const size_t es = tr_dt_size(m->act);
     if (R == 1) {
-        if (out != local) m->be->ops->copy(m->be, out, local, (size_t)n * V * sizeof(float));
+        if (out != local) m->be->ops->copy(m->be, out, local, (size_t)n * V * es);
         return 0;
     }
     if (!m->tp_comm) return tr_errf(err, TR_EINVAL, "lm head: no tensor-parallel communicator");
@@ -147,28 +149,50 @@ int tr_lm_head_gather_logits(tr_model *m, const float *local, int32_t n, float *
         at += counts[r];
     }
     const tr_ops *op = m->be->ops;
-    op->copy(m->be, scratch + mine, local, counts[m->tp.rank] * sizeof(float));
-    if (tr_comm_all_gather(m->tp_comm, scratch, counts, TR_COMM_F32, err) != 0)
+    op->copy(m->be, act_at(m, scratch, mine), local, counts[m->tp.rank] * es);
+    // bf16 values move unchanged: an all-gather adds nothing.
+    enum tr_comm_dtype ct = m->act == TR_BF16 ? TR_COMM_BF16 : TR_COMM_F32;
+    if (tr_comm_all_gather(m->tp_comm, scratch, counts, ct, err) != 0)
         return tr_err_wrap(err, "lm head: gathering logits");
     // Rank r's block is [n, its columns]: row i's columns go to their place in out's row i.
     at = 0;
     for (int32_t r = 0; r < R; r++) {
         int32_t v0 = tr_tp_vocab_begin(V, R, r), vr = tr_tp_vocab_begin(V, R, r + 1) - v0;
         for (int32_t i = 0; i < n; i++)
-            op->copy(m->be, out + (size_t)i * V + v0, scratch + at + (size_t)i * vr,
-                     (size_t)vr * sizeof(float));
+            op->copy(m->be, act_at(m, out, (size_t)i * V + v0),
+                     act_at(m, scratch, at + (size_t)i * vr), (size_t)vr * es);
         at += counts[r];
     }
     return 0;
 }
 
-int tr_lm_head_logits(tr_model *m, int32_t row0, int32_t n, float *out, tr_err *err) {
+static int check_rows(const tr_model *m, int32_t row0, int32_t n, int32_t max, tr_err *err) {
     if (need_head(m, TR_HEAD_LM, "lm head logits", err) != 0) return -1;
     if (row0 < 0 || n < 0 || row0 + n > m->docs.n_tokens)
         return tr_errf(err, TR_ERANGE, "lm head logits: rows %d..%d of a %d-token batch", row0,
                        row0 + n, m->docs.n_tokens);
-    const int32_t C = m->cfg.hidden_size;
-    lm_logits(m, out, act_row(m, m->acts.lnf, row0, C), n);
+    if (n > max)
+        return tr_errf(err, TR_ERANGE, "lm head logits: %d rows at once, the model holds %d",
+                       n, max);
+    return 0;
+}
+
+int tr_lm_head_chunk_logits(tr_model *m, int32_t row0, int32_t n, tr_err *err) {
+    if (check_rows(m, row0, n, m->logit_rows, err) != 0) return -1;
+    lm_logits(m, m->acts.logits, act_row(m, m->acts.lnf, row0, m->cfg.hidden_size), n);
+    m->logits_cached = false;
+    return 0;
+}
+
+int tr_lm_head_logits(tr_model *m, int32_t row0, int32_t n, float *out, tr_err *err) {
+    // fp32 activations: the GEMM writes out itself, any number of rows.
+    if (m->act == TR_F32) {
+        if (check_rows(m, row0, n, n, err) != 0) return -1;
+        lm_logits(m, out, act_row(m, m->acts.lnf, row0, m->cfg.hidden_size), n);
+        return 0;
+    }
+    if (tr_lm_head_chunk_logits(m, row0, n, err) != 0) return -1;
+    m->be->ops->convert(m->be, out, TR_F32, m->acts.logits, m->act, (size_t)n * m->tp.vocab);
     return 0;
 }
 

@@ -18,14 +18,20 @@ int tr_lm_head_forward(tr_model *m, const int32_t *targets, float *logprob, floa
 // Recomputes a chunk's logits unless the forward held them all.
 void tr_lm_head_backward(tr_model *m, const int32_t *targets, const float *dlogprob,
                          const float *dentropy);
-// Logits of rows [row0, row0 + n) of the last forward into out[n, vocab] (for sampling);
-// under tensor parallelism this rank's columns only, out[n, tp.vocab].
+// Logits of rows [row0, row0 + n) of the last forward (n <= logit_rows) into acts.logits in
+// the activation dtype, as the log-softmax and the sample op read them; under tensor
+// parallelism this rank's columns only, [n, tp.vocab].
+int tr_lm_head_chunk_logits(tr_model *m, int32_t row0, int32_t n, tr_err *err);
+// The same rows widened to fp32 into out[n, vocab] (backend memory; this rank's columns
+// only under tensor parallelism, out[n, tp.vocab]), for callers that want the numbers. With
+// fp32 activations the GEMM writes out itself and n may exceed logit_rows; otherwise the
+// rows pass through acts.logits.
 int tr_lm_head_logits(tr_model *m, int32_t row0, int32_t n, float *out, tr_err *err);
 // Tensor parallelism: the whole rows from every rank's columns (local[n, tp.vocab], each
-// rank's) into out[n, vocab] on every rank, through scratch (n * vocab floats of backend
-// memory); collective. A copy at size 1.
-int tr_lm_head_gather_logits(tr_model *m, const float *local, int32_t n, float *out,
-                             float *scratch, tr_err *err);
+// rank's, activation dtype) into out[n, vocab] on every rank, through scratch (n * vocab
+// values of the activation dtype, backend memory); collective. A copy at size 1.
+int tr_lm_head_gather_logits(tr_model *m, const void *local, int32_t n, void *out,
+                             void *scratch, tr_err *err);
 // Tensor parallelism: logprob[i] (backend memory) of targets[i] (backend memory) under the
 // n rows of local logits in acts.logits, by the vocab-parallel log-softmax the forward uses,
 // so a sampled token's logprob has the training path's bits; collective.

@@ -25,11 +25,11 @@
 //              + A T*QKV, F T*(H + G) with QK-norm (Qwen3): q and k after the per-head norm
 //              next to the projection's raw rows, and each head's rstd
 //   lnf A T*C, lnf_rstd F T
-//   LM head:   logits F R*V, logits_a A R*V (none when A is fp32), lse F T;
-//              value/score head: head_out F T*N
+//   LM head:   logits A R*V, lse F T; value/score head: head_out F T*N
 //   training:  d_res F T*C, d_res_a A T*C (none when A is fp32: d_res serves), d_ln A T*C,
-//              d_qkv A T*QKV, d_att A T*Q, d_gu A T*2I, d_act A T*I, d_logits A R*V (LM) or
-//              d_head_out F T*N + A T*N; with QK-norm d_qkv_n A T*QKV
+//              d_qkv A T*QKV, d_att A T*Q, d_gu A T*2I, d_act A T*I, with a value/score
+//              head d_head_out F T*N + A T*N (the LM head's d_logits overwrite its logits);
+//              with QK-norm d_qkv_n A T*QKV
 // Per token that is about L(2C + QKV + Q + 3I) elements of A and (L+1)C + L(C + H) of F
 // when training: for a Qwen2-0.5B shape (C 896, Q 896, K 128, H 14, I 4864, L 24) 0.44 M
 // values of A and 0.04 M of F, 1.0 MB a token in bf16 (1.9 MB in fp32), 4.3 GB for a
@@ -122,18 +122,15 @@ static size_t layout_arena(const tr_model_config *cfg, const tr_tp *tp, int32_t 
     }
     if (base) {
         a->logits = a->lse = a->head_out = a->d_res = a->d_head_out = NULL;
-        a->logits_a = NULL;
         a->d_res_a = a->d_lnf = a->d_ln = a->d_qkv = a->d_qkv_n = a->d_att = NULL;
-        a->d_gu = a->d_act = a->d_logits = a->d_head_out_a = NULL;
+        a->d_gu = a->d_act = a->d_head_out_a = NULL;
         a->vp_stats = a->vp_mean = NULL;
         a->tp_red = NULL;
     }
     TAKE(a->lnf, t * C, A);
     TAKE(a->lnf_rstd, t, F);
     if (cfg->head == TR_HEAD_LM) {
-        TAKE(a->logits, (size_t)R * V, F);
-        if (act != TR_F32) TAKE(a->logits_a, (size_t)R * V, A);
-        else if (base) a->logits_a = NULL;
+        TAKE(a->logits, (size_t)R * V, A);
         TAKE(a->lse, t, F);
     } else {
         TAKE(a->head_out, t * N, F);
@@ -148,9 +145,7 @@ static size_t layout_arena(const tr_model_config *cfg, const tr_tp *tp, int32_t 
         TAKE(a->d_gu, t * 2 * I, A);
         TAKE(a->d_act, t * I, A);
         if (cfg->qk_norm) TAKE(a->d_qkv_n, t * QKV, A);
-        if (cfg->head == TR_HEAD_LM) {
-            TAKE(a->d_logits, (size_t)R * V, A);
-        } else {
+        if (cfg->head != TR_HEAD_LM) {
             TAKE(a->d_head_out, t * N, F);
             TAKE(a->d_head_out_a, t * N, A);
         }

@@ -44,9 +44,10 @@ typedef struct tr_acts {
     tr_layer_acts *layers; // n_layers entries (all alias one set in the inference layout)
     void *lnf;             // A [T, C] final norm output: the input of every head
     float *lnf_rstd;       // F [T]
-    float *logits;         // F [logit_rows, V] one chunk of LM-head logits (LM head only)
-    void *logits_a;        // A [logit_rows, V] the LM head's output as its GEMM rounds it
-                           // (as transformers' autocast does), before logits; NULL in fp32
+    void *logits;          // A [logit_rows, V] one chunk of LM-head logits as the GEMM rounds
+                           // them (as transformers' autocast does), which the log-softmax and
+                           // the sampler read; the backward overwrites them with d_logits
+                           // (LM head only)
     float *lse;            // F [T] log-sum-exp of each token's logits (LM head only)
     float *head_out;       // F [T, num_labels] value/score projection of every token
     // Backward scratch (training layout only), reused by every layer. Activation gradients
@@ -60,7 +61,6 @@ typedef struct tr_acts {
     void *d_qkv_n;         // A [T, QKV] QK-norm only: gradient of q and k after the norm
     void *d_att;           // A [T, Q]
     void *d_gu, *d_act;    // A [T, 2I], [T, I]
-    void *d_logits;        // A [logit_rows, V]
     float *d_head_out;     // F [T, num_labels] the heads' output gradient as uploaded
     void *d_head_out_a;    // A [T, num_labels] the same in the activation dtype
     // Tensor parallelism only (NULL otherwise):
@@ -118,7 +118,8 @@ typedef struct tr_model {
     // targets, logprob/value/score, entropy, and the loss gradients w.r.t. them.
     int32_t *d_targets;
     float *d_out, *d_entropy, *d_dout, *d_dentropy;
-    bool logits_cached;         // acts.logits holds all T rows of the current forward
+    bool logits_cached;         // acts.logits holds all T rows of the current forward (until
+                                // the LM head's backward writes d_logits over them)
     void *emb_scratch;          // backend memory for embedding_backward (training; NULL if 0)
     float *grad_sum;            // backend memory for tr_model_reduce_grads (grad_sum_n floats)
     size_t grad_sum_n;

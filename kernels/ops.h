@@ -6,11 +6,13 @@
 // Precision is decided by the role a buffer plays, not by a dtype on each view. A backend
 // declares two dtypes at init (tr_backend.act and .wt):
 //   A  activation dtype: inputs of GEMMs and attention (norm outputs, q/k/v, attention
-//      output, SwiGLU in/out), activation gradients and the KV cache. `void *` below.
+//      output, SwiGLU in/out), the LM head's logits (as its GEMM rounds them, which is
+//      where transformers' bf16 autocast rounds them too), activation gradients and the KV
+//      cache. `void *` below.
 //   W  working-weight dtype: weights as forward and backward read them. `const void *`.
 //   F  fp32 always: the residual stream and its gradient, master weights, parameter
-//      gradients, Adam moments, norm statistics (rstd), lse, logits, logprobs, entropy and
-//      losses. `float *`.
+//      gradients, Adam moments, norm statistics (rstd), lse, logprobs, entropy and losses.
+//      `float *`.
 // fp32/fp32 on the CPU backend by default, bf16/bf16 on CUDA; either backend runs either
 // (the CPU's bf16 mode emulates CUDA's rounding points so that CI runs the mixed path).
 // Every op converts its A/W inputs to fp32 exactly, computes in fp32, and rounds each output
@@ -230,15 +232,18 @@ typedef struct tr_ops {
     void (*swiglu_backward)(tr_backend *be, void *dgu, const void *dout, const void *gu,
                             int32_t T, int32_t I);
 
-    // Fused log-softmax over logits[T,V] (F): logprob[t] = log p(target[t]) (0 where target
-    // < 0), entropy[t] = -sum p log p, lse[t] saved. Any of logprob/entropy may be NULL.
+    // Fused log-softmax over logits[T,V] (A, each value widened exactly, so the results are
+    // those of an fp32 log-softmax over the same values): logprob[t] = log p(target[t]) (0
+    // where target < 0), entropy[t] = -sum p log p, lse[t] saved. Any of logprob/entropy may
+    // be NULL.
     void (*logsoftmax_forward)(tr_backend *be, float *logprob, float *entropy, float *lse,
-                               const float *logits, const int32_t *target, int32_t T,
+                               const void *logits, const int32_t *target, int32_t T,
                                int32_t V);
     // dlogits (A, written) = dlogprob[t] * (onehot(target) - p) + dentropy[t] * dH/dlogits.
-    // dlogprob or dentropy may be NULL (zero).
+    // dlogprob or dentropy may be NULL (zero). dlogits may be logits itself: every element
+    // is read before the same thread writes it, so the LM head keeps one buffer for both.
     void (*logsoftmax_backward)(tr_backend *be, void *dlogits, const float *dlogprob,
-                                const float *dentropy, const float *logits, const float *lse,
+                                const float *dentropy, const void *logits, const float *lse,
                                 const int32_t *target, int32_t T, int32_t V);
 
     // Vocab-parallel log-softmax: the vocabulary is split over tensor-parallel ranks, each
@@ -248,7 +253,8 @@ typedef struct tr_ops {
     // stats[t*4 ..] (double) = m (the columns' max), s = sum e, sx = sum e (x - m) with
     // e = exp(x - m) (as logsoftmax_forward sums them), and x[target[t] - v0] when
     // v0 <= target[t] < v0 + V, else 0. target holds vocabulary ids.
-    void (*logsoftmax_vp_stats)(tr_backend *be, double *stats, const float *logits,
+    // logits are A, as logsoftmax_forward reads them.
+    void (*logsoftmax_vp_stats)(tr_backend *be, double *stats, const void *logits,
                                 const int32_t *target, int32_t v0, int32_t T, int32_t V);
     // From the R ranks' statistics (stats[(r*T + t)*4 ..], rank order): lse[t] (F), the mean
     // E_p[x] of the row (mean[t], double, for the backward), logprob[t] (0 where target < 0)
@@ -257,9 +263,10 @@ typedef struct tr_ops {
                                   double *mean, const double *stats, const int32_t *target,
                                   int32_t R, int32_t T);
     // logsoftmax_backward over this rank's columns from the whole row's lse and mean:
-    // dlogits (A, written) = dlogprob (onehot(target - v0) - p) - dentropy p (x - mean).
+    // dlogits (A, written; may be logits itself) = dlogprob (onehot(target - v0) - p)
+    // - dentropy p (x - mean).
     void (*logsoftmax_vp_backward)(tr_backend *be, void *dlogits, const float *dlogprob,
-                                   const float *dentropy, const float *logits, const float *lse,
+                                   const float *dentropy, const void *logits, const float *lse,
                                    const double *mean, const int32_t *target, int32_t v0,
                                    int32_t T, int32_t V);
 
@@ -293,8 +300,9 @@ typedef struct tr_ops {
                     size_t n);
 
     // ---- sampling ----
-    // Draws ids[b] from logits[b, V] as engine/sample.h's host sampler does with rows[b]'s
-    // parameters: weights exp((z - max) / T) in double; top-k, then top-p over the top-k
+    // Draws ids[b] from logits[b, V] (A, widened exactly: the draw from the fp32 row of the
+    // same values) as engine/sample.h's host sampler does with rows[b]'s parameters:
+    // weights exp((z - max) / T) in double; top-k, then top-p over the top-k
     // set's mass, by rank (logit descending, lower id on ties); one 53-bit uniform from the
     // row's next two Philox words (the caller then advances that row's tr_rng by two words,
     // unless greedy) walked along the cumulative weights in rank order (id order when
@@ -304,7 +312,7 @@ typedef struct tr_ops {
     // on another backend only those may differ. Every pointer is backend memory; scratch is
     // sample_scratch_bytes(B, V) bytes (sized for B rows, it serves fewer); the op allocates
     // nothing and waits for nothing.
-    void (*sample)(tr_backend *be, int32_t *ids, float *logprob, const float *logits,
+    void (*sample)(tr_backend *be, int32_t *ids, float *logprob, const void *logits,
                    const tr_sample_row *rows, int32_t B, int32_t V, void *scratch,
                    int32_t *n_near);
     size_t (*sample_scratch_bytes)(tr_backend *be, int32_t B, int32_t V);

@@ -108,22 +108,23 @@ void tr_cpu_swiglu_backward(tr_backend *be, void *dgu, const void *dout, const v
                             int32_t T, int32_t I);
 
 void tr_cpu_logsoftmax_forward(tr_backend *be, float *logprob, float *entropy, float *lse,
-                               const float *logits, const int32_t *target, int32_t T,
+                               const void *logits, const int32_t *target, int32_t T,
                                int32_t V);
-// One row of the forward: lse = max + log sum exp(x - max), entropy (when not NULL) in
-// double; the sample op calls it too, so its logprobs are the forward's bits.
-void tr_cpu_logsoftmax_row(const float *x, int32_t V, double *lse, double *entropy);
+// One row of the forward over x[V] of dtype t: lse = max + log sum exp(x - max), entropy
+// (when not NULL) in double; the sample op calls it too, so its logprobs are the forward's
+// bits.
+void tr_cpu_logsoftmax_row(const void *x, tr_dt t, int32_t V, double *lse, double *entropy);
 void tr_cpu_logsoftmax_backward(tr_backend *be, void *dlogits, const float *dlogprob,
-                                const float *dentropy, const float *logits, const float *lse,
+                                const float *dentropy, const void *logits, const float *lse,
                                 const int32_t *target, int32_t T, int32_t V);
 
-void tr_cpu_logsoftmax_vp_stats(tr_backend *be, double *stats, const float *logits,
+void tr_cpu_logsoftmax_vp_stats(tr_backend *be, double *stats, const void *logits,
                                 const int32_t *target, int32_t v0, int32_t T, int32_t V);
 void tr_cpu_logsoftmax_vp_combine(tr_backend *be, float *logprob, float *entropy, float *lse,
                                   double *mean, const double *stats, const int32_t *target,
                                   int32_t R, int32_t T);
 void tr_cpu_logsoftmax_vp_backward(tr_backend *be, void *dlogits, const float *dlogprob,
-                                   const float *dentropy, const float *logits, const float *lse,
+                                   const float *dentropy, const void *logits, const float *lse,
                                    const double *mean, const int32_t *target, int32_t v0,
                                    int32_t T, int32_t V);
 
@@ -141,7 +142,7 @@ void tr_cpu_convert(tr_backend *be, void *out, tr_dt out_t, const void *in, tr_d
                     size_t n);
 
 // Sampling (sample.c; the per-row arithmetic is kernels/cpu/sample.h's).
-void tr_cpu_sample(tr_backend *be, int32_t *ids, float *logprob, const float *logits,
+void tr_cpu_sample(tr_backend *be, int32_t *ids, float *logprob, const void *logits,
                    const tr_sample_row *rows, int32_t B, int32_t V, void *scratch,
                    int32_t *n_near);
 size_t tr_cpu_sample_scratch_bytes(tr_backend *be, int32_t B, int32_t V);

@@ -392,13 +392,13 @@ static void g_swiglu_backward(tr_backend *be, void *dgu, const void *dout, const
 }
 
 static void g_logsoftmax_forward(tr_backend *be, float *logprob, float *entropy, float *lse,
-                                 const float *logits, const int32_t *target, int32_t T,
+                                 const void *logits, const int32_t *target, int32_t T,
                                  int32_t V) {
     const char *op = "logsoftmax_forward";
     dev(be, logprob, (size_t)T * F, 1, op, "logprob");
     dev(be, entropy, (size_t)T * F, 1, op, "entropy");
     dev(be, lse, (size_t)T * F, 0, op, "lse");
-    dev(be, logits, (size_t)T * V * F, 0, op, "logits");
+    dev(be, logits, A_(be, (size_t)T * V), 0, op, "logits");
     dev(be, target, (size_t)T * I, 0, op, "target");
     open_mem(be);
     tr_cpu_logsoftmax_forward(be, logprob, entropy, lse, logits, target, T, V);
@@ -406,13 +406,13 @@ static void g_logsoftmax_forward(tr_backend *be, float *logprob, float *entropy,
 }
 
 static void g_logsoftmax_backward(tr_backend *be, void *dlogits, const float *dlogprob,
-                                  const float *dentropy, const float *logits, const float *lse,
+                                  const float *dentropy, const void *logits, const float *lse,
                                   const int32_t *target, int32_t T, int32_t V) {
     const char *op = "logsoftmax_backward";
     dev(be, dlogits, A_(be, (size_t)T * V), 0, op, "dlogits");
     dev(be, dlogprob, (size_t)T * F, 1, op, "dlogprob");
     dev(be, dentropy, (size_t)T * F, 1, op, "dentropy");
-    dev(be, logits, (size_t)T * V * F, 0, op, "logits");
+    dev(be, logits, A_(be, (size_t)T * V), 0, op, "logits");
     dev(be, lse, (size_t)T * F, 0, op, "lse");
     dev(be, target, (size_t)T * I, 0, op, "target");
     open_mem(be);
@@ -420,11 +420,11 @@ static void g_logsoftmax_backward(tr_backend *be, void *dlogits, const float *dl
     close_mem(be);
 }
 
-static void g_logsoftmax_vp_stats(tr_backend *be, double *stats, const float *logits,
+static void g_logsoftmax_vp_stats(tr_backend *be, double *stats, const void *logits,
                                   const int32_t *target, int32_t v0, int32_t T, int32_t V) {
     const char *op = "logsoftmax_vp_stats";
     dev(be, stats, (size_t)T * 4 * sizeof(double), 0, op, "stats");
-    dev(be, logits, (size_t)T * V * F, 0, op, "logits");
+    dev(be, logits, A_(be, (size_t)T * V), 0, op, "logits");
     dev(be, target, (size_t)T * I, 0, op, "target");
     open_mem(be);
     tr_cpu_logsoftmax_vp_stats(be, stats, logits, target, v0, T, V);
@@ -447,14 +447,14 @@ static void g_logsoftmax_vp_combine(tr_backend *be, float *logprob, float *entro
 }
 
 static void g_logsoftmax_vp_backward(tr_backend *be, void *dlogits, const float *dlogprob,
-                                     const float *dentropy, const float *logits,
+                                     const float *dentropy, const void *logits,
                                      const float *lse, const double *mean,
                                      const int32_t *target, int32_t v0, int32_t T, int32_t V) {
     const char *op = "logsoftmax_vp_backward";
     dev(be, dlogits, A_(be, (size_t)T * V), 0, op, "dlogits");
     dev(be, dlogprob, (size_t)T * F, 1, op, "dlogprob");
     dev(be, dentropy, (size_t)T * F, 1, op, "dentropy");
-    dev(be, logits, (size_t)T * V * F, 0, op, "logits");
+    dev(be, logits, A_(be, (size_t)T * V), 0, op, "logits");
     dev(be, lse, (size_t)T * F, 0, op, "lse");
     dev(be, mean, (size_t)T * sizeof(double), !dentropy, op, "mean");
     dev(be, target, (size_t)T * I, 0, op, "target");
@@ -628,14 +628,14 @@ static void g_convert(tr_backend *be, void *out, tr_dt out_t, const void *in,
     close_mem(be);
 }
 
-static void g_sample(tr_backend *be, int32_t *ids, float *logprob, const float *logits,
+static void g_sample(tr_backend *be, int32_t *ids, float *logprob, const void *logits,
                      const tr_sample_row *rows, int32_t B, int32_t V, void *scratch,
                      int32_t *n_near) {
     const char *op = "sample";
     size_t nb = (size_t)(B > 0 ? B : 0);
     dev(be, ids, nb * I, 0, op, "ids");
     dev(be, logprob, nb * F, 0, op, "logprob");
-    dev(be, logits, nb * (size_t)(V > 0 ? V : 0) * F, 0, op, "logits");
+    dev(be, logits, A_(be, nb * (size_t)(V > 0 ? V : 0)), 0, op, "logits");
     dev(be, rows, nb * sizeof(tr_sample_row), 0, op, "rows");
     dev(be, scratch, tr_cpu_sample_scratch_bytes(be, B, V), 0, op, "scratch");
     dev(be, n_near, I, 0, op, "n_near");

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/dtype.h"
 #include "kernels/philox.h"
 
 // Rank order: higher logit first, lower id on ties (a strict total order on ids).
@@ -148,27 +149,31 @@ int32_t tr_cpu_sample_pick(const double *w, const int32_t *idx, const tr_sample_
 // ---- the backend op ----
 
 // Rows are split into at most SAMPLE_TASKS tasks of consecutive rows, each with its own
-// weight and index scratch of V entries: the scratch does not grow with B.
+// weight and index scratch of V entries: the scratch does not grow with B. bf16 logits are
+// widened a row at a time into the task's fp32 row, exactly, so the arithmetic below (shared
+// with the host sampler) sees the values an fp32 row of them holds.
 #define SAMPLE_TASKS 16
 
 typedef struct sample_job {
     int32_t *ids;
     float *logprob;
-    const float *logits;
+    const void *logits;
+    tr_dt t;             // of logits: the activation dtype
     const tr_sample_row *rows;
     int32_t B, V, n_tasks;
     double *w;           // [n_tasks][V]
     int32_t *idx;        // [n_tasks][V]
+    float *row;          // [n_tasks][V] the widened row (bf16 logits only)
     int32_t *near;       // [B] 1 for a near draw
 } sample_job;
 
 static int32_t sample_tasks(int32_t B) { return B < SAMPLE_TASKS ? B : SAMPLE_TASKS; }
 
 size_t tr_cpu_sample_scratch_bytes(tr_backend *be, int32_t B, int32_t V) {
-    (void)be;
     if (B <= 0 || V <= 0) return 0;
     size_t per = (size_t)sample_tasks(B) * (size_t)V;
-    return per * (sizeof(double) + sizeof(int32_t)) + (size_t)B * sizeof(int32_t);
+    size_t row = be->act == TR_F32 ? 0 : sizeof(float);
+    return per * (sizeof(double) + sizeof(int32_t) + row) + (size_t)B * sizeof(int32_t);
 }
 
 static void sample_task(void *arg, int32_t task) {
@@ -178,10 +183,17 @@ static void sample_task(void *arg, int32_t task) {
     double *w = j->w + (size_t)task * j->V;
     int32_t *idx = j->idx + (size_t)task * j->V;
     for (int32_t b = b0; b < b1; b++) {
-        const float *lg = j->logits + (size_t)b * j->V;
+        const float *lg;
+        if (j->t == TR_F32) {
+            lg = (const float *)j->logits + (size_t)b * j->V;
+        } else {
+            float *wide = j->row + (size_t)task * j->V;
+            tr_ld_row(wide, j->logits, (size_t)b * j->V, j->V, j->t);
+            lg = wide;
+        }
         const tr_sample_row *row = &j->rows[b];
         double lse;
-        tr_cpu_logsoftmax_row(lg, j->V, &lse, NULL);
+        tr_cpu_logsoftmax_row(lg, TR_F32, j->V, &lse, NULL);
         int32_t id;
         bool near = false;
         if (row->temperature == 0.0f) {
@@ -203,16 +215,17 @@ static void sample_task(void *arg, int32_t task) {
     }
 }
 
-void tr_cpu_sample(tr_backend *be, int32_t *ids, float *logprob, const float *logits,
+void tr_cpu_sample(tr_backend *be, int32_t *ids, float *logprob, const void *logits,
                    const tr_sample_row *rows, int32_t B, int32_t V, void *scratch,
                    int32_t *n_near) {
     if (B <= 0 || V <= 0) return;
-    sample_job j = {.ids = ids, .logprob = logprob, .logits = logits, .rows = rows, .B = B,
-                    .V = V, .n_tasks = sample_tasks(B)};
+    sample_job j = {.ids = ids, .logprob = logprob, .logits = logits, .t = be->act,
+                    .rows = rows, .B = B, .V = V, .n_tasks = sample_tasks(B)};
     size_t per = (size_t)j.n_tasks * (size_t)V;
     j.w = scratch;
     j.idx = (int32_t *)(j.w + per);
-    j.near = j.idx + per;
+    j.row = (float *)(j.idx + per);
+    j.near = (int32_t *)(j.row + (be->act == TR_F32 ? 0 : per));
     tr_cpu_run(be, j.n_tasks, sample_task, &j, 30.0 * (double)B * V);
     int32_t count = 0;
     for (int32_t b = 0; b < B; b++) count += j.near[b];

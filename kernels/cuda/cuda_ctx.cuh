@@ -202,18 +202,18 @@ void tr_cuda_swiglu_forward(tr_backend *be, void *out, const void *gu, int32_t T
 void tr_cuda_swiglu_backward(tr_backend *be, void *dgu, const void *dout, const void *gu,
                              int32_t T, int32_t I);
 void tr_cuda_logsoftmax_forward(tr_backend *be, float *logprob, float *entropy, float *lse,
-                                const float *logits, const int32_t *target, int32_t T,
+                                const void *logits, const int32_t *target, int32_t T,
                                 int32_t V);
 void tr_cuda_logsoftmax_backward(tr_backend *be, void *dlogits, const float *dlogprob,
-                                 const float *dentropy, const float *logits, const float *lse,
+                                 const float *dentropy, const void *logits, const float *lse,
                                  const int32_t *target, int32_t T, int32_t V);
-void tr_cuda_logsoftmax_vp_stats(tr_backend *be, double *stats, const float *logits,
+void tr_cuda_logsoftmax_vp_stats(tr_backend *be, double *stats, const void *logits,
                                  const int32_t *target, int32_t v0, int32_t T, int32_t V);
 void tr_cuda_logsoftmax_vp_combine(tr_backend *be, float *logprob, float *entropy, float *lse,
                                    double *mean, const double *stats, const int32_t *target,
                                    int32_t R, int32_t T);
 void tr_cuda_logsoftmax_vp_backward(tr_backend *be, void *dlogits, const float *dlogprob,
-                                    const float *dentropy, const float *logits,
+                                    const float *dentropy, const void *logits,
                                     const float *lse, const double *mean,
                                     const int32_t *target, int32_t v0, int32_t T, int32_t V);
 void tr_cuda_sumsq(tr_backend *be, double *acc, const float *x, size_t n);
@@ -227,7 +227,7 @@ void tr_cuda_kv_copy_blocks(tr_backend *be, const tr_kv_pool *pool, const int32_
                             const int32_t *dst, const int32_t *n_slots, int32_t n);
 void tr_cuda_convert(tr_backend *be, void *out, tr_dt out_t, const void *in, tr_dt in_t,
                      size_t n);
-void tr_cuda_sample(tr_backend *be, int32_t *ids, float *logprob, const float *logits,
+void tr_cuda_sample(tr_backend *be, int32_t *ids, float *logprob, const void *logits,
                     const tr_sample_row *rows, int32_t B, int32_t V, void *scratch,
                     int32_t *n_near);
 size_t tr_cuda_sample_scratch_bytes(tr_backend *be, int32_t B, int32_t V);

@@ -1,18 +1,20 @@
-// Fused log-softmax over vocabulary rows on the GPU, one block per row: the maximum, then
-// sum e and sum e*(x - m) in double (fixed-order block reductions) give lse, entropy and the
-// target's log-probability. The backward writes dlogits (A: rounded once) from dlogprob and
-// dentropy.
+// Fused log-softmax over vocabulary rows on the GPU, one block per row over logits of the
+// activation dtype: the maximum, then sum e and sum e*(x - m) in double (fixed-order block
+// reductions, logsoftmax_row.cuh) give lse, entropy and the target's log-probability. The
+// backward writes dlogits (A: rounded once) from dlogprob and dentropy, possibly over the
+// logits themselves: each thread reads a chunk before it writes that chunk, and a pass that
+// reads the whole row first (the entropy term's mean) ends at a block barrier.
 #include "kernels/cuda/cuda_ctx.cuh"
 #include "kernels/cuda/dtype.cuh"
 #include "kernels/cuda/logsoftmax_row.cuh"
 
 #define LSM_THREADS TR_LSM_THREADS
 
+template <typename A>
 __global__ void logsoftmax_forward_kernel(float *logprob, float *entropy, float *lse,
-                                          const float *logits, const int32_t *target,
-                                          int32_t V) {
+                                          const A *logits, const int32_t *target, int32_t V) {
     int32_t t = blockIdx.x;
-    const float *x = logits + (size_t)t * V;
+    const A *x = logits + (size_t)t * V;
     tr_lsm_stats st = tr_lsm_row(x, V);
     if (threadIdx.x != 0) return;
     // entropy = log S - sum e (x-m) / S with e = exp(x - m), S = sum e
@@ -25,69 +27,102 @@ __global__ void logsoftmax_forward_kernel(float *logprob, float *entropy, float 
     }
 }
 
-// With p = exp(x - lse): d logprob/dx = onehot - p; dH/dx_i = -p_i (x_i - sum_k p_k x_k),
-// where E_p[x] is normalized by sum p so the rounding of the saved lse cancels.
+// E_p[x] of a row with p = exp(x - l), normalized by sum p so the rounding of the saved lse
+// cancels; in double because x - E_p[x] cancels for peaked rows. Every thread calls.
+template <typename A>
+__device__ double lsm_mean(const A *x, int32_t V, float l) {
+    const bool vec = tr_lsm_aligned(x);
+    float v[TR_LSM_CHUNK];
+    double sp = 0.0, spx = 0.0;
+    for (int32_t c = threadIdx.x; c < tr_lsm_chunks(V); c += blockDim.x) {
+        int32_t n = tr_lsm_load(x, V, c, vec, v);
+#pragma unroll
+        for (int32_t k = 0; k < TR_LSM_CHUNK; k++) {
+            if (k < n) {
+                double p = expf(v[k] - l);
+                sp += p;
+                spx += p * v[k];
+            }
+        }
+    }
+    sp = tr_block_sum(sp);
+    spx = tr_block_sum(spx);
+    return spx / sp;
+}
+
+// dlogits of one row: d_i = -glp p_i - gent p_i (x_i - mean), plus glp at column tg (added to
+// the fp32 value before the one rounding). Thread by thread, chunk c is loaded before chunk c
+// is stored, so dx may be x.
+template <typename A>
+__device__ void lsm_write_row(A *dx, const A *x, int32_t V, float l, float glp, float gent,
+                              double mean, int32_t tg) {
+    const bool vec_x = tr_lsm_aligned(x), vec_d = tr_lsm_aligned(dx);
+    float v[TR_LSM_CHUNK];
+    for (int32_t c = threadIdx.x; c < tr_lsm_chunks(V); c += blockDim.x) {
+        int32_t n = tr_lsm_load(x, V, c, vec_x, v);
+#pragma unroll
+        for (int32_t k = 0; k < TR_LSM_CHUNK; k++) {
+            float p = expf(v[k] - l);
+            float d = -glp * p - gent * p * (float)((double)v[k] - mean);
+            if (c * TR_LSM_CHUNK + k == tg && glp != 0.0f) d += glp;
+            v[k] = d;
+        }
+        tr_lsm_store(dx, c, n, vec_d, v);
+    }
+}
+
+// With p = exp(x - lse): d logprob/dx = onehot - p; dH/dx_i = -p_i (x_i - sum_k p_k x_k).
 template <typename A>
 __global__ void logsoftmax_backward_kernel(A *dlogits, const float *dlogprob,
-                                           const float *dentropy, const float *logits,
+                                           const float *dentropy, const A *logits,
                                            const float *lse, const int32_t *target, int32_t V) {
     int32_t t = blockIdx.x;
-    const float *x = logits + (size_t)t * V;
-    A *dx = dlogits + (size_t)t * V;
+    const A *x = logits + (size_t)t * V;
     float l = lse[t];
     int32_t tg = target[t];
     float glp = (dlogprob && tg >= 0) ? dlogprob[t] : 0.0f;
     float gent = dentropy ? dentropy[t] : 0.0f;
-    double mean = 0.0;
-    if (gent != 0.0f) {   // uniform over the block: every thread takes the same branch
-        double sp = 0.0, spx = 0.0;
-        for (int32_t i = threadIdx.x; i < V; i += blockDim.x) {
-            double p = expf(x[i] - l);
-            sp += p;
-            spx += p * x[i];
-        }
-        sp = tr_block_sum(sp);
-        spx = tr_block_sum(spx);
-        mean = spx / sp;
-    }
-    for (int32_t i = threadIdx.x; i < V; i += blockDim.x) {
-        float p = expf(x[i] - l);
-        float d = -glp * p - gent * p * (float)((double)x[i] - mean);
-        if (i == tg) d += glp;
-        tr_store(dx + i, d);
-    }
+    // gent is uniform over the block: every thread takes the same branch.
+    double mean = gent != 0.0f ? lsm_mean(x, V, l) : 0.0;
+    lsm_write_row(dlogits + (size_t)t * V, x, V, l, glp, gent, mean, tg);
 }
 
 void tr_cuda_logsoftmax_forward(tr_backend *be, float *logprob, float *entropy, float *lse,
-                                const float *logits, const int32_t *target, int32_t T,
+                                const void *logits, const int32_t *target, int32_t T,
                                 int32_t V) {
     if (T <= 0 || V <= 0) return;
-    logsoftmax_forward_kernel<<<T, LSM_THREADS, 0, tr_cuda_stream(be)>>>(logprob, entropy, lse,
-                                                                        logits, target, V);
+    cudaStream_t st = tr_cuda_stream(be);
+    if (tr_cuda_bf16(be))
+        logsoftmax_forward_kernel<tr_bf16><<<T, LSM_THREADS, 0, st>>>(
+            logprob, entropy, lse, (const tr_bf16 *)logits, target, V);
+    else
+        logsoftmax_forward_kernel<float><<<T, LSM_THREADS, 0, st>>>(
+            logprob, entropy, lse, (const float *)logits, target, V);
     TR_CUDA_LAUNCHED(be, "logsoftmax_forward");
 }
 
 void tr_cuda_logsoftmax_backward(tr_backend *be, void *dlogits, const float *dlogprob,
-                                 const float *dentropy, const float *logits, const float *lse,
+                                 const float *dentropy, const void *logits, const float *lse,
                                  const int32_t *target, int32_t T, int32_t V) {
     if (T <= 0 || V <= 0) return;
     cudaStream_t st = tr_cuda_stream(be);
     if (tr_cuda_bf16(be))
         logsoftmax_backward_kernel<tr_bf16><<<T, LSM_THREADS, 0, st>>>(
-            (tr_bf16 *)dlogits, dlogprob, dentropy, logits, lse, target, V);
+            (tr_bf16 *)dlogits, dlogprob, dentropy, (const tr_bf16 *)logits, lse, target, V);
     else
         logsoftmax_backward_kernel<float><<<T, LSM_THREADS, 0, st>>>(
-            (float *)dlogits, dlogprob, dentropy, logits, lse, target, V);
+            (float *)dlogits, dlogprob, dentropy, (const float *)logits, lse, target, V);
     TR_CUDA_LAUNCHED(be, "logsoftmax_backward");
 }
 
 // ---- vocab-parallel: per-rank statistics, their combination, the backward ----
 
 // One block per row: the row routine of logsoftmax_forward over this rank's columns.
-__global__ void logsoftmax_vp_stats_kernel(double *stats, const float *logits,
+template <typename A>
+__global__ void logsoftmax_vp_stats_kernel(double *stats, const A *logits,
                                            const int32_t *target, int32_t v0, int32_t V) {
     int32_t t = blockIdx.x;
-    const float *x = logits + (size_t)t * V;
+    const A *x = logits + (size_t)t * V;
     tr_lsm_stats st = tr_lsm_row(x, V);
     if (threadIdx.x != 0) return;
     int32_t tg = target[t] - v0;
@@ -95,7 +130,7 @@ __global__ void logsoftmax_vp_stats_kernel(double *stats, const float *logits,
     o[0] = st.m;
     o[1] = st.s;
     o[2] = st.sx;
-    o[3] = tg >= 0 && tg < V ? (double)x[tg] : 0.0;
+    o[3] = tg >= 0 && tg < V ? (double)tr_f32(x[tg]) : 0.0;
 }
 
 // One thread per row; the ranks in order, as kernels/cpu combines them.
@@ -123,31 +158,28 @@ __global__ void logsoftmax_vp_combine_kernel(float *logprob, float *entropy, flo
 
 template <typename A>
 __global__ void logsoftmax_vp_backward_kernel(A *dlogits, const float *dlogprob,
-                                              const float *dentropy, const float *logits,
+                                              const float *dentropy, const A *logits,
                                               const float *lse, const double *mean_in,
                                               const int32_t *target, int32_t v0, int32_t V) {
     int32_t t = blockIdx.x;
-    const float *x = logits + (size_t)t * V;
-    A *dx = dlogits + (size_t)t * V;
-    float l = lse[t];
     int32_t tg = target[t];
     float glp = (dlogprob && tg >= 0) ? dlogprob[t] : 0.0f;
     float gent = dentropy ? dentropy[t] : 0.0f;
     double mean = gent != 0.0f ? mean_in[t] : 0.0;
-    int32_t local = tg - v0;
-    for (int32_t i = threadIdx.x; i < V; i += blockDim.x) {
-        float p = expf(x[i] - l);
-        float d = -glp * p - gent * p * (float)((double)x[i] - mean);
-        if (i == local) d += glp;
-        tr_store(dx + i, d);
-    }
+    lsm_write_row(dlogits + (size_t)t * V, logits + (size_t)t * V, V, lse[t], glp, gent, mean,
+                  tg - v0);
 }
 
-void tr_cuda_logsoftmax_vp_stats(tr_backend *be, double *stats, const float *logits,
+void tr_cuda_logsoftmax_vp_stats(tr_backend *be, double *stats, const void *logits,
                                  const int32_t *target, int32_t v0, int32_t T, int32_t V) {
     if (T <= 0 || V <= 0) return;
-    logsoftmax_vp_stats_kernel<<<T, LSM_THREADS, 0, tr_cuda_stream(be)>>>(stats, logits, target,
-                                                                         v0, V);
+    cudaStream_t st = tr_cuda_stream(be);
+    if (tr_cuda_bf16(be))
+        logsoftmax_vp_stats_kernel<tr_bf16><<<T, LSM_THREADS, 0, st>>>(
+            stats, (const tr_bf16 *)logits, target, v0, V);
+    else
+        logsoftmax_vp_stats_kernel<float><<<T, LSM_THREADS, 0, st>>>(
+            stats, (const float *)logits, target, v0, V);
     TR_CUDA_LAUNCHED(be, "logsoftmax_vp_stats");
 }
 
@@ -161,16 +193,18 @@ void tr_cuda_logsoftmax_vp_combine(tr_backend *be, float *logprob, float *entrop
 }
 
 void tr_cuda_logsoftmax_vp_backward(tr_backend *be, void *dlogits, const float *dlogprob,
-                                    const float *dentropy, const float *logits,
+                                    const float *dentropy, const void *logits,
                                     const float *lse, const double *mean,
                                     const int32_t *target, int32_t v0, int32_t T, int32_t V) {
     if (T <= 0 || V <= 0) return;
     cudaStream_t st = tr_cuda_stream(be);
     if (tr_cuda_bf16(be))
         logsoftmax_vp_backward_kernel<tr_bf16><<<T, LSM_THREADS, 0, st>>>(
-            (tr_bf16 *)dlogits, dlogprob, dentropy, logits, lse, mean, target, v0, V);
+            (tr_bf16 *)dlogits, dlogprob, dentropy, (const tr_bf16 *)logits, lse, mean, target,
+            v0, V);
     else
         logsoftmax_vp_backward_kernel<float><<<T, LSM_THREADS, 0, st>>>(
-            (float *)dlogits, dlogprob, dentropy, logits, lse, mean, target, v0, V);
+            (float *)dlogits, dlogprob, dentropy, (const float *)logits, lse, mean, target, v0,
+            V);
     TR_CUDA_LAUNCHED(be, "logsoftmax_vp_backward");
 }

@@ -4,11 +4,13 @@
 // sample.c) in the same order: weights exp((z - max) / T) in double, the top-k set, top-p's
 // cut, the total, and the walk of one Philox uniform, all prefix sums in rank order by a
 // fixed-shape block scan. Sums group differently from the host's sequential ones, so a draw
-// within TR_SAMPLE_NEAR of a boundary may pick a neighbouring id; those are counted.
+// within TR_SAMPLE_NEAR of a boundary may pick a neighbouring id; those are counted. Logits
+// are the activation dtype (float or bf16), widened exactly where they are read.
 #include <limits.h>
 
 #include "kernels/cuda/cub_sort.cuh"
 #include "kernels/cuda/cuda_ctx.cuh"
+#include "kernels/cuda/dtype.cuh"
 #include "kernels/cuda/logsoftmax_row.cuh"
 #include "kernels/philox.h"
 
@@ -84,8 +86,9 @@ __device__ inline bool smp_ranked(const tr_sample_row &r, int32_t V) {
 
 // Keys and ids (0..V-1, so the stable descending sort leaves ties in id order) of the ranked
 // rows, and every row's segment.
+template <typename A>
 __global__ void sample_keys_kernel(uint32_t *keys, int32_t *ids, int32_t *begin, int32_t *end,
-                                   const float *logits, const tr_sample_row *rows, int32_t B,
+                                   const A *logits, const tr_sample_row *rows, int32_t B,
                                    int32_t V) {
     for (int32_t b = blockIdx.x; b < B; b += gridDim.x) {
         bool ranked = smp_ranked(rows[b], V);
@@ -96,7 +99,7 @@ __global__ void sample_keys_kernel(uint32_t *keys, int32_t *ids, int32_t *begin,
         }
         if (!ranked) continue;
         for (int32_t i = threadIdx.x; i < V; i += blockDim.x) {
-            keys[base + i] = smp_rank_key(logits[base + i]);
+            keys[base + i] = smp_rank_key(tr_f32(logits[base + i]));
             ids[base + i] = i;
         }
     }
@@ -112,7 +115,7 @@ struct smp_op_max {
 };
 
 // Greedy: the highest logit, the lowest id on ties (a total order, so any combining order
-// finds the same winner).
+// finds the same winner: the row is read in the log-softmax's chunks).
 __device__ inline void smp_better(float &bv, int32_t &bi, float v, int32_t i) {
     if (i != INT_MAX && (bi == INT_MAX || v > bv || (v == bv && i < bi))) {
         bv = v;
@@ -120,12 +123,20 @@ __device__ inline void smp_better(float &bv, int32_t &bi, float v, int32_t i) {
     }
 }
 
-__device__ int32_t smp_argmax(const float *x, int32_t V) {
+template <typename A>
+__device__ int32_t smp_argmax(const A *x, int32_t V) {
     __shared__ float wv[32];
     __shared__ int32_t wi[32];
     float bv = -INFINITY;
     int32_t bi = INT_MAX;
-    for (int32_t i = threadIdx.x; i < V; i += blockDim.x) smp_better(bv, bi, x[i], i);
+    const bool vec = tr_lsm_aligned(x);
+    float chunk[TR_LSM_CHUNK];
+    for (int32_t c = threadIdx.x; c < tr_lsm_chunks(V); c += blockDim.x) {
+        int32_t n = tr_lsm_load(x, V, c, vec, chunk);
+#pragma unroll
+        for (int32_t k = 0; k < TR_LSM_CHUNK; k++)
+            if (k < n) smp_better(bv, bi, chunk[k], c * TR_LSM_CHUNK + k);
+    }
     for (int o = 16; o > 0; o >>= 1) {
         float v = __shfl_xor_sync(0xffffffffu, bv, o);
         int32_t i = __shfl_xor_sync(0xffffffffu, bi, o);
@@ -179,16 +190,21 @@ __device__ inline double smp_block_scan(double v) {
 }
 
 // The kept weights in walk order: rank r is id order[r], or id r when order is NULL.
+template <typename A>
 struct smp_walk {
-    const float *x;
+    const A *x;
     const int32_t *order;
     double mx, inv_t;
 };
 
-__device__ inline int32_t smp_id(const smp_walk &w, int32_t r) { return w.order ? w.order[r] : r; }
+template <typename A>
+__device__ inline int32_t smp_id(const smp_walk<A> &w, int32_t r) {
+    return w.order ? w.order[r] : r;
+}
 
-__device__ inline double smp_weight(const smp_walk &w, int32_t r) {
-    return exp(((double)w.x[smp_id(w, r)] - w.mx) * w.inv_t);
+template <typename A>
+__device__ inline double smp_weight(const smp_walk<A> &w, int32_t r) {
+    return exp(((double)tr_f32(w.x[smp_id(w, r)]) - w.mx) * w.inv_t);
 }
 
 // The first rank r < n whose inclusive prefix sum cum satisfies pred (r = n when none), that
@@ -199,8 +215,8 @@ struct smp_hit {
     double cum, before;
 };
 
-template <typename Pred>
-__device__ smp_hit smp_scan_find(const smp_walk &w, int32_t n, Pred pred) {
+template <typename A, typename Pred>
+__device__ smp_hit smp_scan_find(const smp_walk<A> &w, int32_t n, Pred pred) {
     __shared__ double cums[SMP_THREADS];
     smp_hit h = {n, 0.0, 0.0};
     double carry = 0.0;
@@ -228,10 +244,12 @@ __device__ smp_hit smp_scan_find(const smp_walk &w, int32_t n, Pred pred) {
 
 // The host sampler's draw for a row with temperature > 0 (kernels/cpu/sample.c, step by
 // step); *near as the contract defines it. sorted: the row's ids in rank order when ranked.
-__device__ int32_t smp_draw(const float *x, int32_t V, const tr_sample_row &row, float mx,
+template <typename A>
+__device__ int32_t smp_draw(const A *x, int32_t V, const tr_sample_row &row, float mx,
                             const int32_t *sorted, bool *near) {
     bool use_k = smp_use_k(row, V), use_p = row.top_p < 1.0f;
-    smp_walk w = {x, use_k || use_p ? sorted : NULL, (double)mx, 1.0 / (double)row.temperature};
+    smp_walk<A> w = {x, use_k || use_p ? sorted : NULL, (double)mx,
+                     1.0 / (double)row.temperature};
     int32_t n = use_k ? row.top_k : V;
     auto never = [](double) { return false; };
     bool cut_near = false;
@@ -244,7 +262,7 @@ __device__ int32_t smp_draw(const float *x, int32_t V, const tr_sample_row &row,
         } else {
             double part = 0.0;
             for (int32_t i = threadIdx.x; i < V; i += blockDim.x)
-                part += exp(((double)x[i] - w.mx) * w.inv_t);
+                part += exp(((double)tr_f32(x[i]) - w.mx) * w.inv_t);
             mass = tr_block_sum(part);
         }
         double limit = (double)row.top_p * mass, tol = TR_SAMPLE_NEAR * mass;
@@ -276,11 +294,12 @@ __device__ int32_t smp_draw(const float *x, int32_t V, const tr_sample_row &row,
 }
 
 // One block of SMP_THREADS per row (grid-stride over rows).
+template <typename A>
 __global__ void sample_draw_kernel(int32_t *ids, float *logprob, int32_t *n_near,
-                                   const float *logits, const tr_sample_row *rows,
+                                   const A *logits, const tr_sample_row *rows,
                                    const int32_t *sorted, int32_t B, int32_t V) {
     for (int32_t b = blockIdx.x; b < B; b += gridDim.x) {
-        const float *x = logits + (size_t)b * V;
+        const A *x = logits + (size_t)b * V;
         tr_sample_row row = rows[b];
         tr_lsm_stats st = tr_lsm_row(x, V);
         bool near = false;
@@ -295,7 +314,28 @@ __global__ void sample_draw_kernel(int32_t *ids, float *logprob, int32_t *n_near
     }
 }
 
-void tr_cuda_sample(tr_backend *be, int32_t *ids, float *logprob, const float *logits,
+// The two launches around the sort, for logits of type A. s is a copy: CUB takes its
+// storage size by reference.
+template <typename A>
+static void sample_run(tr_backend *be, smp_scratch s, int32_t *ids, float *logprob,
+                       const A *logits, const tr_sample_row *rows, int32_t B, int32_t V,
+                       int32_t *n_near) {
+    cudaStream_t st = tr_cuda_stream(be);
+    unsigned grid = tr_cuda_grid((size_t)B, 1);
+    sample_keys_kernel<A><<<grid, SMP_THREADS, 0, st>>>(s.keys_in, s.ids_in, s.begin, s.end,
+                                                        logits, rows, B, V);
+    if (TR_CUDA_LAUNCHED(be, "sample keys")) return;
+    // Stable: equal keys keep the id order they came in.
+    if (TR_CUDA_CHECK(be, cub::DeviceSegmentedRadixSort::SortPairsDescending(
+                              s.temp, s.temp_bytes, s.keys_in, s.keys_out, s.ids_in, s.ids_out,
+                              (int)((size_t)B * V), (int)B, s.begin, s.end, 0, 32, st)))
+        return;
+    sample_draw_kernel<A><<<grid, SMP_THREADS, 0, st>>>(ids, logprob, n_near, logits, rows,
+                                                        s.ids_out, B, V);
+    TR_CUDA_LAUNCHED(be, "sample");
+}
+
+void tr_cuda_sample(tr_backend *be, int32_t *ids, float *logprob, const void *logits,
                     const tr_sample_row *rows, int32_t B, int32_t V, void *scratch,
                     int32_t *n_near) {
     if (B <= 0 || V <= 0) return;
@@ -305,17 +345,8 @@ void tr_cuda_sample(tr_backend *be, int32_t *ids, float *logprob, const float *l
     }
     smp_scratch s;
     if (smp_layout(be, B, V, scratch, &s) != 0) return;
-    cudaStream_t st = tr_cuda_stream(be);
-    unsigned grid = tr_cuda_grid((size_t)B, 1);
-    sample_keys_kernel<<<grid, SMP_THREADS, 0, st>>>(s.keys_in, s.ids_in, s.begin, s.end,
-                                                     logits, rows, B, V);
-    if (TR_CUDA_LAUNCHED(be, "sample keys")) return;
-    // Stable: equal keys keep the id order they came in.
-    if (TR_CUDA_CHECK(be, cub::DeviceSegmentedRadixSort::SortPairsDescending(
-                              s.temp, s.temp_bytes, s.keys_in, s.keys_out, s.ids_in, s.ids_out,
-                              (int)((size_t)B * V), (int)B, s.begin, s.end, 0, 32, st)))
-        return;
-    sample_draw_kernel<<<grid, SMP_THREADS, 0, st>>>(ids, logprob, n_near, logits, rows,
-                                                     s.ids_out, B, V);
-    TR_CUDA_LAUNCHED(be, "sample");
+    if (tr_cuda_bf16(be))
+        sample_run(be, s, ids, logprob, (const tr_bf16 *)logits, rows, B, V, n_near);
+    else
+        sample_run(be, s, ids, logprob, (const float *)logits, rows, B, V, n_near);
 }

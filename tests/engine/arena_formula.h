@@ -21,10 +21,10 @@ static inline size_t af_logit_rows(const tr_model_config *c, size_t T) {
 // every region rounded up to 64 bytes (QKV = Q + 2K):
 //   residual f (L+1 or 2) x TC; per layer set (L or 1): ln1 a TC, rstd f T, qkv a T*QKV,
 //   att a TQ, lse f TH, res_mid f TC, ln2 a TC, rstd f T, gu a 2TI, act a TI, and with QK-norm
-//   qkv_n a T*QKV, q_rstd f TH, k_rstd f TG; lnf a TC, rstd f T; LM logits f RV, a RV unless
-//   a = f, lse f T (else head_out f TN); training: d_res f TC, d_res_a a TC unless a = f, d_ln a TC, d_qkv a
-//   T*QKV, d_att a TQ, d_gu a 2TI, d_act a TI, d_qkv_n a T*QKV with QK-norm, d_logits a RV
-//   (else d_head_out f TN + a TN).
+//   qkv_n a T*QKV, q_rstd f TH, k_rstd f TG; lnf a TC, rstd f T; LM logits a RV, lse f T
+//   (else head_out f TN); training: d_res f TC, d_res_a a TC unless a = f, d_ln a TC, d_qkv a
+//   T*QKV, d_att a TQ, d_gu a 2TI, d_act a TI, d_qkv_n a T*QKV with QK-norm, and with a
+//   value or score head d_head_out f TN + a TN (the LM head's d_logits overwrite its logits).
 static inline size_t af_acts_bytes(const tr_model_config *c, size_t T, bool training, size_t a) {
     const size_t f = 4;
     size_t C = (size_t)c->hidden_size, Q = (size_t)c->n_heads * c->head_dim;
@@ -41,12 +41,12 @@ static inline size_t af_acts_bytes(const tr_model_config *c, size_t T, bool trai
     if (c->qk_norm) layer += af_r64(a * T * QKV) + af_r64(f * T * H) + af_r64(f * T * G);
     size_t n = (training ? L + 1 : 2) * af_r64(f * T * C) + (training ? L : 1) * layer;
     n += af_r64(a * T * C) + af_r64(f * T);
-    n += lm ? af_r64(f * R * V) + (a != f ? af_r64(a * R * V) : 0) + af_r64(f * T) : af_r64(f * T * N);
+    n += lm ? af_r64(a * R * V) + af_r64(f * T) : af_r64(f * T * N);
     if (training)
         n += af_r64(f * T * C) + (a != f ? af_r64(a * T * C) : 0) + af_r64(a * T * C) +
              af_r64(a * T * QKV) + af_r64(a * T * Q) + af_r64(a * 2 * T * I) + af_r64(a * T * I) +
              (c->qk_norm ? af_r64(a * T * QKV) : 0) +
-             (lm ? af_r64(a * R * V) : af_r64(f * T * N) + af_r64(a * T * N));
+             (lm ? 0 : af_r64(f * T * N) + af_r64(a * T * N));
     return n;
 }
 

@@ -1239,14 +1239,16 @@ static void test_sumsq(void) {
 // --- logsoftmax -------------------------------------------------------------------------------
 
 typedef struct lsm_arg {
-    int32_t T, V;
+    int32_t T, V, v0;   // v0: the first column of a vocab-parallel rank's share
     int32_t *target;
     float *logits, *dlogprob, *dentropy, *lse;   // lse: the CPU forward's, for the backward
+    double *mean;                                // the CPU's row means (vocab-parallel backward)
 } lsm_arg;
 
+// Logits are A (this pass's values, rand_act), read by both backends as they are.
 static void lsm_fwd(int gpu, float **out, void *arg) {
     lsm_arg *l = arg;
-    float *x = putf(gpu, l->logits, (size_t)l->T * l->V);
+    void *x = put_act(gpu, l->logits, (size_t)l->T * l->V);
     int32_t *tg = puti(gpu, l->target, l->T);
     float *lp = putt(gpu, NULL, l->T, TR_F32), *ent = putt(gpu, NULL, l->T, TR_F32);
     float *lse = putt(gpu, NULL, l->T, TR_F32);
@@ -1257,35 +1259,117 @@ static void lsm_fwd(int gpu, float **out, void *arg) {
     bufs_free(gpu);
 }
 
+// Both terms, the logprob term alone, and both terms written over the logits.
 static void lsm_bwd(int gpu, float **out, void *arg) {
     lsm_arg *l = arg;
     size_t n = (size_t)l->T * l->V;
-    float *x = putf(gpu, l->logits, n), *lse = putf(gpu, l->lse, l->T);
+    void *x = put_act(gpu, l->logits, n), *xin = put_act(gpu, l->logits, n);
+    float *lse = putf(gpu, l->lse, l->T);
     int32_t *tg = puti(gpu, l->target, l->T);
     float *glp = putf(gpu, l->dlogprob, l->T), *gent = putf(gpu, l->dentropy, l->T);
     void *dx = put_act(gpu, NULL, n), *dx2 = put_act(gpu, NULL, n);
-    be_of(gpu)->ops->logsoftmax_backward(be_of(gpu), dx, glp, gent, x, lse, tg, l->T, l->V);
-    be_of(gpu)->ops->logsoftmax_backward(be_of(gpu), dx2, glp, NULL, x, lse, tg, l->T, l->V);
+    tr_backend *be = be_of(gpu);
+    be->ops->logsoftmax_backward(be, dx, glp, gent, x, lse, tg, l->T, l->V);
+    be->ops->logsoftmax_backward(be, dx2, glp, NULL, x, lse, tg, l->T, l->V);
+    be->ops->logsoftmax_backward(be, xin, glp, gent, xin, lse, tg, l->T, l->V);
     get_act(gpu, out[0], dx, n);
     get_act(gpu, out[1], dx2, n);
+    get_act(gpu, out[2], xin, n);
     bufs_free(gpu);
 }
 
-// The forward is fp32 in and out: the fp32 pass only.
+// One rank's statistics (as floats: m, s, sx, the target's logit) and its backward from the
+// CPU's whole-row lse and means, out of place and in place.
+static void lsm_vp(int gpu, float **out, void *arg) {
+    lsm_arg *l = arg;
+    size_t n = (size_t)l->T * l->V;
+    tr_backend *be = be_of(gpu);
+    void *x = put_act(gpu, l->logits, n), *xin = put_act(gpu, l->logits, n);
+    int32_t *tg = puti(gpu, l->target, l->T);
+    double *st = put(gpu, NULL, (size_t)l->T * 4 * sizeof(double));
+    double *mean = put(gpu, l->mean, (size_t)l->T * sizeof(double));
+    float *lse = putf(gpu, l->lse, l->T), *glp = putf(gpu, l->dlogprob, l->T);
+    float *gent = putf(gpu, l->dentropy, l->T);
+    void *dx = put_act(gpu, NULL, n);
+    be->ops->logsoftmax_vp_stats(be, st, x, tg, l->v0, l->T, l->V);
+    be->ops->logsoftmax_vp_backward(be, dx, glp, gent, x, lse, mean, tg, l->v0, l->T, l->V);
+    be->ops->logsoftmax_vp_backward(be, xin, glp, gent, xin, lse, mean, tg, l->v0, l->T, l->V);
+    double *h = kt_malloc((size_t)l->T * 4 * sizeof(double));
+    get(gpu, h, st, (size_t)l->T * 4 * sizeof(double));
+    for (int32_t t = 0; t < l->T; t++)
+        for (int k = 0; k < 4; k++) out[k][t] = (float)h[(size_t)t * 4 + k];
+    get_act(gpu, out[4], dx, n);
+    get_act(gpu, out[5], xin, n);
+    free(h);
+    bufs_free(gpu);
+}
+
+// The CUDA forward and backward of the same rows at a 16-byte aligned address (16-byte
+// loads) and one element past it (element loads): the same bits, since the order of the sums
+// depends on V alone; and the backward over its own logits equals the one written elsewhere.
+static void lsm_layout(const lsm_arg *l) {
+    size_t n = (size_t)l->T * l->V, as = tr_dt_size(prec);
+    char msg[256];
+    void *xa = kt_to(l->logits, n, prec);
+    void *x0 = put_act(1, l->logits, n);
+    char *x1 = put(1, NULL, (n + 1) * as);
+    if (tr_cuda_copy_h2d(x1 + as, xa, n * as, msg, sizeof msg) != 0) die("h2d", msg);
+    int32_t *tg = puti(1, l->target, l->T);
+    float *f0 = putf(1, NULL, 3 * (size_t)l->T), *f1 = putf(1, NULL, 3 * (size_t)l->T);
+    float *lse = putf(1, l->lse, l->T), *glp = putf(1, l->dlogprob, l->T);
+    float *gent = putf(1, l->dentropy, l->T);
+    char *d1 = put(1, NULL, (n + 1) * as);
+    void *d0 = put_act(1, NULL, n);
+    tr_backend *be = &gpu_be;
+    int32_t T = l->T;
+    be->ops->logsoftmax_forward(be, f0, f0 + T, f0 + 2 * T, x0, tg, T, l->V);
+    be->ops->logsoftmax_forward(be, f1, f1 + T, f1 + 2 * T, x1 + as, tg, T, l->V);
+    be->ops->logsoftmax_backward(be, d0, glp, gent, x0, lse, tg, T, l->V);
+    be->ops->logsoftmax_backward(be, d1 + as, glp, gent, x1 + as, lse, tg, T, l->V);
+    be->ops->logsoftmax_backward(be, x0, glp, gent, x0, lse, tg, T, l->V);   // in place
+    float *h0 = kt_floats(3 * (size_t)T), *h1 = kt_floats(3 * (size_t)T);
+    char *g0 = kt_malloc(n * as), *g1 = kt_malloc(n * as), *g2 = kt_malloc(n * as);
+    getf(1, h0, f0, 3 * (size_t)T);
+    getf(1, h1, f1, 3 * (size_t)T);
+    get(1, g0, d0, n * as);
+    get(1, g1, d1 + as, n * as);
+    get(1, g2, x0, n * as);
+    bufs_free(1);
+    int same = kt_same_bits(h0, h1, 3 * (size_t)T) && memcmp(g0, g1, n * as) == 0;
+    CHECKF(same, "logsoftmax T=%d V=%d: a row one element off 16 bytes gives other bits", T, l->V);
+    CHECKF(memcmp(g2, g0, n * as) == 0, "logsoftmax_backward T=%d V=%d: in place differs", T,
+           l->V);
+    printf("  %-5s logsoftmax T=%d V=%d aligned = misaligned rows, in place = out of place: %s\n",
+           tr_dt_name(prec), T, l->V, same && memcmp(g2, g0, n * as) == 0 ? "bitwise" : "NO");
+    free(xa); free(h0); free(h1); free(g0); free(g1); free(g2);
+}
+
+// Logits of this pass's activation dtype on both backends.
 static void test_logsoftmax(int32_t T, int32_t V) {
-    lsm_arg l = {.T = T, .V = V};
+    lsm_arg l = {.T = T, .V = V, .v0 = 7};
     size_t n = (size_t)T * V;
-    l.logits = kt_rand(n, 8.0);
+    l.logits = rand_act(n, 8.0);
     l.target = kt_malloc((size_t)T * sizeof(int32_t));
     for (int32_t t = 0; t < T; t++) l.target[t] = t % 5 == 4 ? -1 : (t * 7919) % V;
     l.dlogprob = kt_rand(T, 1.0);
     l.dentropy = kt_rand(T, 1.0);
     l.lse = kt_floats(T);
-    cpu_be.ops->logsoftmax_forward(&cpu_be, NULL, NULL, l.lse, l.logits, l.target, T, V);
-    size_t lf[3] = {(size_t)T, (size_t)T, (size_t)T}, lb[2] = {n, n};
-    if (prec == TR_F32) compare("logsoftmax_forward", lsm_fwd, &l, "FFF", lf);
-    compare("logsoftmax_backward", lsm_bwd, &l, "AA", lb);
+    l.mean = kt_malloc((size_t)T * sizeof(double));
+    void *xa = kt_to(l.logits, n, prec);
+    double *st = kt_malloc((size_t)T * 4 * sizeof(double));
+    cpu_be.ops->logsoftmax_forward(&cpu_be, NULL, NULL, l.lse, xa, l.target, T, V);
+    // The row's lse and means as one rank of the vocab-parallel ops sees them (targets are
+    // vocabulary ids, columns start at v0).
+    cpu_be.ops->logsoftmax_vp_stats(&cpu_be, st, xa, l.target, l.v0, T, V);
+    cpu_be.ops->logsoftmax_vp_combine(&cpu_be, NULL, NULL, l.lse, l.mean, st, l.target, 1, T);
+    size_t lf[3] = {(size_t)T, (size_t)T, (size_t)T}, lb[3] = {n, n, n};
+    size_t lv[6] = {(size_t)T, (size_t)T, (size_t)T, (size_t)T, n, n};
+    compare("logsoftmax_forward", lsm_fwd, &l, "FFF", lf);
+    compare("logsoftmax_backward", lsm_bwd, &l, "AAA", lb);
+    compare("logsoftmax_vp", lsm_vp, &l, "FFFFAA", lv);
+    lsm_layout(&l);
     free(l.logits); free(l.target); free(l.dlogprob); free(l.dentropy); free(l.lse);
+    free(l.mean); free(xa); free(st);
 }
 
 // --- buffers: fill, rows, KV block copies, convert (exact ops: CUDA equals CPU bitwise) -------
@@ -1499,7 +1583,7 @@ typedef struct smp_out {
 // logsoftmax_forward with the drawn ids as targets.
 static void smp_run(int gpu, const smp_arg *s, int32_t b0, int32_t nb, smp_out *o) {
     tr_backend *be = be_of(gpu);
-    float *x = putf(gpu, s->logits + (size_t)b0 * s->V, (size_t)nb * s->V);
+    void *x = put_act(gpu, s->logits + (size_t)b0 * s->V, (size_t)nb * s->V);
     tr_sample_row *rows = put(gpu, s->rows + b0, (size_t)nb * sizeof(tr_sample_row));
     int32_t zero = 0, *ids = puti(gpu, NULL, nb), *n_near = puti(gpu, &zero, 1);
     float *lp = putf(gpu, NULL, nb), *lp_lsm = putf(gpu, NULL, nb), *lse = putf(gpu, NULL, nb);
@@ -1543,6 +1627,7 @@ static void test_sample(int32_t B, int32_t V, int kind, uint64_t salt, float top
                     : kind == SMP_ZEROS ? (i % 3 == 0 ? 0.0f : i % 3 == 1 ? -0.0f : (float)(x - 4.5))
                     : kind == SMP_EQUAL ? 0.5f
                                         : (float)x;
+            if (prec == TR_BF16) lg[i] = h_f32(h_bf16(lg[i]));   // logits are A
         }
         uint64_t c = salt + (uint64_t)b * 13;
         s.rows[b] = (tr_sample_row){.temperature = temps[c % 4], .top_k = top_ks[c / 4 % 6],
@@ -1760,12 +1845,14 @@ static void run_pass(const char *only) {
     if (section(only, "adamw")) test_adamw(100003);
     if (section(only, "sumsq") && f32) test_sumsq();
     if (section(only, "logsoftmax")) {
-        test_logsoftmax(40, 3001);
-        test_logsoftmax(3, 100);
+        test_logsoftmax(40, 3001);    // odd rows: element loads from the second row on
+        test_logsoftmax(3, 100);      // a short last chunk
+        test_logsoftmax(17, 4104);    // 16-byte loads, rows of whole chunks
+        test_logsoftmax(4, 151936);   // Qwen2's vocabulary
     }
     if (section(only, "buffers") && f32) test_buffers();
     if (section(only, "convert") && f32) test_convert();
-    if (section(only, "sample") && f32) {
+    if (section(only, "sample")) {
         test_sample(96, 1000, SMP_RANDOM, 0, 0.0f, 0);
         test_sample(96, 1000, SMP_TIED, 1, 0.0f, 0);
         test_sample(96, 257, SMP_ZEROS, 2, 0.0f, 0);
@@ -1774,7 +1861,7 @@ static void run_pass(const char *only) {
         test_sample(4, 1000, SMP_EQUAL, 6, 0.5f, 4);       // the cut meets top_p's limit exactly
         test_sample_scratch();
     }
-    if (section(only, "sample_vocab") && f32)   // apart: slow under compute-sanitizer
+    if (section(only, "sample_vocab"))   // apart: slow under compute-sanitizer
         test_sample(24, 152064, SMP_RANDOM, 5, 0.0f, 0);   // a real vocabulary
     if (section(only, "determinism")) test_determinism();
 }

@@ -248,17 +248,19 @@ static void each_op(void) {
     // logsoftmax
     int32_t target[9] = {0, 49, -1, 7, 8, 9, 10, 11, 12};
     float lse_v[9];
-    x[0] = mk_f(T, 1.0), x[1] = mk_f(T, 1.0), x[2] = mk_f(T, 1.0), x[3] = mk_f((size_t)T * V, 3.0);
-    x[4] = mk(target, sizeof target);
+    size_t lb = (size_t)T * V * as;   // logits are A
+    x[0] = mk_f(T, 1.0), x[1] = mk_f(T, 1.0), x[2] = mk_f(T, 1.0);
+    x[3] = mk_vals((size_t)T * V, A, 3.0), x[4] = mk(target, sizeof target);
     for (tr_backend *be = &hb; be; be = next_be(be)) {
         void **p = ptrs(be);
         be->ops->logsoftmax_forward(be, p[0], p[1], p[2], p[3], p[4], T, V);
     }
     memcpy(lse_v, x[2]->h, sizeof lse_v);
-    float *logits = kt_copy(x[3]->h, (size_t)T * V);
+    void *logits = kt_malloc(lb);
+    memcpy(logits, x[3]->h, lb);
     done("logsoftmax_forward");
     x[0] = mk_vals((size_t)T * V, A, 1.0), x[1] = mk_f(T, 1.0), x[2] = mk_f(T, 1.0);
-    x[3] = mk(logits, (size_t)T * V * 4), x[4] = mk(lse_v, sizeof lse_v);
+    x[3] = mk(logits, lb), x[4] = mk(lse_v, sizeof lse_v);
     x[5] = mk(target, sizeof target);
     for (tr_backend *be = &hb; be; be = next_be(be)) {
         void **p = ptrs(be);
@@ -266,10 +268,18 @@ static void each_op(void) {
                                      T, V);
     }
     done("logsoftmax_backward");
+    // in place: dlogits written over the logits
+    x[0] = mk(logits, lb), x[1] = mk_f(T, 1.0), x[2] = mk_f(T, 1.0);
+    x[3] = mk(lse_v, sizeof lse_v), x[4] = mk(target, sizeof target);
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        be->ops->logsoftmax_backward(be, p[0], p[1], p[2], p[0], p[3], p[4], T, V);
+    }
+    done("logsoftmax_backward in place");
     // Vocab-parallel: this rank's statistics (columns 20.. of a wider vocabulary), the
     // combination of two ranks', and the backward over its columns.
     double stats[2 * 9 * 4];
-    x[0] = mk(NULL, sizeof stats / 2), x[1] = mk(logits, (size_t)T * V * 4);
+    x[0] = mk(NULL, sizeof stats / 2), x[1] = mk(logits, lb);
     x[2] = mk(target, sizeof target);
     for (tr_backend *be = &hb; be; be = next_be(be)) {
         void **p = ptrs(be);
@@ -289,7 +299,7 @@ static void each_op(void) {
     memcpy(mean_v, x[3]->h, sizeof mean_v);
     done("logsoftmax_vp_combine");
     x[0] = mk_vals((size_t)T * V, A, 1.0), x[1] = mk_f(T, 1.0), x[2] = mk_f(T, 1.0);
-    x[3] = mk(logits, (size_t)T * V * 4), x[4] = mk(lse_v, sizeof lse_v);
+    x[3] = mk(logits, lb), x[4] = mk(lse_v, sizeof lse_v);
     x[5] = mk(mean_v, sizeof mean_v), x[6] = mk(target, sizeof target);
     for (tr_backend *be = &hb; be; be = next_be(be)) {
         void **p = ptrs(be);
@@ -368,6 +378,13 @@ static void rmsnorm_out_bytes(size_t bytes) {
 static void bad_out_short(void) { rmsnorm_out_bytes((8 * 16 - 1) * tr_dt_size(gb.act)); }
 static void bad_out_bf16(void) { rmsnorm_out_bytes(8 * 16 * 2); }   // fp32 mode: too small
 
+static void bad_logits_bf16(void) {   // fp32 mode: logits sized for bf16
+    void *lp = gb.ops->alloc(&gb, 4 * 4), *lse = gb.ops->alloc(&gb, 4 * 4);
+    int32_t *tg = gb.ops->alloc(&gb, 4 * 4);
+    void *x = gb.ops->alloc(&gb, 4 * 16 * 2);
+    gb.ops->logsoftmax_forward(&gb, lp, NULL, lse, end_of_region(x, 4 * 16 * 2), tg, 4, 16);
+}
+
 static void bad_f32_out(void) {   // TR_MM_OUT_F32 into a buffer sized for bf16
     void *out = gb.ops->alloc(&gb, 4 * 8 * 2), *in = gb.ops->alloc(&gb, 4 * 8 * 4);
     void *w = gb.ops->alloc(&gb, 8 * 8 * 4);
@@ -441,8 +458,10 @@ int main(void) {
         each_op();
         const char *p = tr_dt_name(precisions[i]);
         CHECKF(aborts(bad_out_short), "%s: an A output one element short passed", p);
-        if (precisions[i] == TR_F32)
+        if (precisions[i] == TR_F32) {
             CHECKF(aborts(bad_out_bf16), "fp32: an A output of bf16 size passed");
+            CHECKF(aborts(bad_logits_bf16), "fp32: logits of bf16 size passed");
+        }
         CHECKF(aborts(bad_f32_out), "%s: TR_MM_OUT_F32 into a bf16-sized buffer passed", p);
         CHECKF(aborts(bad_accumulate), "%s: TR_MM_ACCUMULATE without TR_MM_OUT_F32 passed", p);
         CHECKF(aborts(bad_slot), "%s: a KV slot outside the pool passed", p);

@@ -1,11 +1,14 @@
 // logsoftmax_forward/backward against float64: logprob of the target, entropy and lse on
 // random logits (large ones too), dlogits from dlogprob and from dentropy against central
 // differences of the float64 forward, target < 0 giving logprob 0 and no gradient, and
-// bitwise equal results for 1, 2 and 3 threads. In bf16 mode the forward (all fp32) has the
-// fp32 bits and dlogits is the fp32 dlogits rounded once, target element included. The
+// bitwise equal results for 1, 2 and 3 threads. In bf16 mode (bf16 logits) the forward has
+// the fp32 forward's bits on the same values and dlogits is the fp32 dlogits rounded once,
+// target element included. The
 // vocab-parallel ops: one rank's statistics combine into logsoftmax_forward's bits; the
 // columns split over 1..4 ranks combine to the float64 results and the ranks' backward
-// columns make logsoftmax_backward's dlogits.
+// columns make logsoftmax_backward's dlogits. Logits in either activation dtype give the bits
+// of the fp32 ops on their widened values (the convert op's), and the backwards written over
+// their own logits give the bits they write elsewhere.
 #include "tests/kernels/kernels_test.h"
 
 typedef struct lsm_ref {
@@ -108,18 +111,24 @@ static void check_case(int32_t T, int32_t V, double scale) {
     CHECKF(kt_same_bits(res[1], res[0], n + 3 * (size_t)T) &&
                kt_same_bits(res[2], res[0], n + 3 * (size_t)T),
            "bits differ across thread counts T=%d V=%d", T, V);
-    // bf16: the same forward; dlogits (both terms) rounded once
-    float *lp16 = kt_floats(T), *ent16 = kt_floats(T), *lse16 = kt_floats(T);
-    uint16_t *dx16 = kt_poison(n, TR_BF16);
-    kt_backend(&be, 2, TR_BF16);
-    be.ops->logsoftmax_forward(&be, lp16, ent16, lse16, x, target, T, V);
-    be.ops->logsoftmax_backward(&be, dx16, glp, gent, x, lse, target, T, V);
+    // bf16: logits rounded to bf16 give the fp32 forward's bits on those values, and dlogits
+    // (both terms) are the fp32 dlogits rounded once
+    float *xr = kt_round_all(kt_copy(x, n), n), *want = kt_floats(n + 3 * (size_t)T);
+    kt_backend(&be, 2, TR_F32);
+    be.ops->logsoftmax_forward(&be, want + n, want + n + T, want + n + 2 * T, xr, target, T, V);
+    be.ops->logsoftmax_backward(&be, want, glp, gent, xr, lse, target, T, V);
     tr_backend_cpu_free(&be);
-    CHECKF(kt_same_bits(lp16, res[0] + n, T) && kt_same_bits(ent16, res[0] + n + T, T) &&
-               kt_same_bits(lse16, res[0] + n + 2 * T, T),
+    float *lp16 = kt_floats(T), *ent16 = kt_floats(T), *lse16 = kt_floats(T);
+    uint16_t *x16 = kt_to(x, n, TR_BF16), *dx16 = kt_poison(n, TR_BF16);
+    kt_backend(&be, 2, TR_BF16);
+    be.ops->logsoftmax_forward(&be, lp16, ent16, lse16, x16, target, T, V);
+    be.ops->logsoftmax_backward(&be, dx16, glp, gent, x16, lse, target, T, V);
+    tr_backend_cpu_free(&be);
+    CHECKF(kt_same_bits(lp16, want + n, T) && kt_same_bits(ent16, want + n + T, T) &&
+               kt_same_bits(lse16, want + n + 2 * T, T),
            "bf16 forward differs from fp32 T=%d V=%d", T, V);
-    CHECKF(kt_is_rounded(dx16, res[0], n, "dlogits"), "bf16 dlogits T=%d V=%d", T, V);
-    free(lp16); free(ent16); free(lse16); free(dx16);
+    CHECKF(kt_is_rounded(dx16, want, n, "dlogits"), "bf16 dlogits T=%d V=%d", T, V);
+    free(xr); free(want); free(lp16); free(ent16); free(lse16); free(x16); free(dx16);
     for (int32_t k = 0; k < 3; k++) free(res[k]);
     free(x); free(glp); free(gent); free(target); free(xd); free(glpd); free(gentd); free(rl);
     free(lp); free(ent); free(lse); free(lp_only); free(lse2); free(dx);
@@ -197,8 +206,95 @@ static void check_vp(int32_t T, int32_t V, int32_t R, double scale) {
     tr_backend_cpu_free(&be);
 }
 
+// Columns [v0, v0 + vr) of T rows of V values of dtype t, packed.
+static void *columns(const void *x, tr_dt t, int32_t T, int32_t V, int32_t v0, int32_t vr) {
+    size_t es = tr_dt_size(t);
+    char *out = kt_malloc((size_t)T * vr * es);
+    for (int32_t r = 0; r < T; r++)
+        memcpy(out + (size_t)r * vr * es, (const char *)x + ((size_t)r * V + v0) * es, vr * es);
+    return out;
+}
+
+static int same_bytes(const void *a, const void *b, size_t n) { return memcmp(a, b, n) == 0; }
+
+// Logits in the activation dtype A against the path the LM head took before they were read
+// as they are: the convert op widening them to fp32, the fp32 backend's log-softmax, dlogits
+// rounded once to A. Every result must be those bits, for the whole row and for a split of
+// the columns over two ranks; and a backward written over its own logits (the LM head's one
+// buffer) must equal the one written into another buffer.
+static void check_act_logits(tr_dt A, int32_t T, int32_t V, double scale) {
+    size_t n = (size_t)T * V, as = tr_dt_size(A);
+    float *x = kt_rand(n, scale), *glp = kt_rand(T, 1.0), *gent = kt_rand(T, 1.0);
+    void *xa = kt_to(x, n, A);
+    int32_t *target = kt_malloc((size_t)T * sizeof(int32_t));
+    for (int32_t t = 0; t < T; t++) target[t] = (int32_t)((kt_uniform() + 1.0) * 0.5 * V) % V;
+    if (T > 1) target[1] = -1;
+    tr_backend ba, bf;
+    kt_backend(&ba, 2, A);
+    kt_backend(&bf, 2, TR_F32);
+    float *xf = kt_floats(n);
+    ba.ops->convert(&ba, xf, TR_F32, xa, A, n);
+
+    float *f0 = kt_floats(3 * (size_t)T), *f1 = kt_floats(3 * (size_t)T);
+    bf.ops->logsoftmax_forward(&bf, f0, f0 + T, f0 + 2 * T, xf, target, T, V);
+    ba.ops->logsoftmax_forward(&ba, f1, f1 + T, f1 + 2 * T, xa, target, T, V);
+    CHECKF(kt_same_bits(f1, f0, 3 * (size_t)T), "%s logits T=%d V=%d: forward differs from "
+           "convert + fp32", tr_dt_name(A), T, V);
+    const float *lse = f0 + 2 * T;
+    float *d0 = kt_floats(n);
+    void *want = kt_poison(n, A), *got = kt_poison(n, A), *inplace = kt_to(x, n, A);
+    bf.ops->logsoftmax_backward(&bf, d0, glp, gent, xf, lse, target, T, V);
+    ba.ops->convert(&ba, want, A, d0, TR_F32, n);
+    ba.ops->logsoftmax_backward(&ba, got, glp, gent, xa, lse, target, T, V);
+    ba.ops->logsoftmax_backward(&ba, inplace, glp, gent, inplace, lse, target, T, V);
+    CHECKF(same_bytes(got, want, n * as), "%s logits T=%d V=%d: dlogits differ from fp32 "
+           "rounded once", tr_dt_name(A), T, V);
+    CHECKF(same_bytes(inplace, got, n * as), "%s logits T=%d V=%d: dlogits in place differ",
+           tr_dt_name(A), T, V);
+
+    // Two ranks: [0, v1) and [v1, V).
+    int32_t v1 = V / 3, v0s[2] = {0, v1}, vrs[2] = {v1, V - v1};
+    double *stats = kt_malloc(2 * (size_t)T * 4 * sizeof(double)), *mean = kt_malloc(T * sizeof(double));
+    double *stats_f = kt_malloc((size_t)T * 4 * sizeof(double));
+    for (int32_t r = 0; r < 2; r++) {
+        void *pa = columns(xa, A, T, V, v0s[r], vrs[r]);
+        float *pf = columns(xf, TR_F32, T, V, v0s[r], vrs[r]);
+        ba.ops->logsoftmax_vp_stats(&ba, stats + (size_t)r * T * 4, pa, target, v0s[r], T, vrs[r]);
+        bf.ops->logsoftmax_vp_stats(&bf, stats_f, pf, target, v0s[r], T, vrs[r]);
+        CHECKF(same_bytes(stats + (size_t)r * T * 4, stats_f, (size_t)T * 4 * sizeof(double)),
+               "%s logits T=%d V=%d: rank %d's statistics differ from fp32", tr_dt_name(A), T, V, r);
+        free(pa);
+        free(pf);
+    }
+    ba.ops->logsoftmax_vp_combine(&ba, f1, f1 + T, f1 + 2 * T, mean, stats, target, 2, T);
+    for (int32_t r = 0; r < 2; r++) {
+        size_t nr = (size_t)T * vrs[r];
+        void *pa = columns(xa, A, T, V, v0s[r], vrs[r]), *pin = columns(xa, A, T, V, v0s[r], vrs[r]);
+        float *pf = columns(xf, TR_F32, T, V, v0s[r], vrs[r]), *df = kt_floats(nr);
+        void *dw = kt_poison(nr, A), *dg = kt_poison(nr, A);
+        bf.ops->logsoftmax_vp_backward(&bf, df, glp, gent, pf, f1 + 2 * T, mean, target, v0s[r], T, vrs[r]);
+        ba.ops->convert(&ba, dw, A, df, TR_F32, nr);
+        ba.ops->logsoftmax_vp_backward(&ba, dg, glp, gent, pa, f1 + 2 * T, mean, target, v0s[r], T, vrs[r]);
+        ba.ops->logsoftmax_vp_backward(&ba, pin, glp, gent, pin, f1 + 2 * T, mean, target, v0s[r], T, vrs[r]);
+        CHECKF(same_bytes(dg, dw, nr * as) && same_bytes(pin, dg, nr * as), "%s logits T=%d "
+               "V=%d: rank %d's dlogits differ from fp32 rounded once or in place", tr_dt_name(A),
+               T, V, r);
+        free(pa); free(pin); free(pf); free(df); free(dw); free(dg);
+    }
+    tr_backend_cpu_free(&ba);
+    tr_backend_cpu_free(&bf);
+    free(x); free(glp); free(gent); free(xa); free(target); free(xf); free(f0); free(f1);
+    free(d0); free(want); free(got); free(inplace); free(stats); free(mean); free(stats_f);
+}
+
 int main(void) {
     kt_seed(7);
+    for (int i = 0; i < 2; i++) {
+        tr_dt A = i == 0 ? TR_F32 : TR_BF16;
+        check_act_logits(A, 6, 37, 3.0);
+        check_act_logits(A, 5, 50000, 8.0);
+        check_act_logits(A, 700, 100, 2.0);
+    }
     for (int32_t R = 1; R <= 4; R++) {
         check_vp(6, 37, R, 3.0);
         check_vp(4, 11, R, 40.0);

@@ -4,8 +4,9 @@
 // every parameter combination (greedy, temperature, top-k below, at and past V, top-p) on
 // random, tied and signed-zero logits, each with its own seed and stream position: the same
 // ids and near counts; logprobs bitwise those of logsoftmax_forward for the drawn ids; rows
-// drawn one at a time equal the batch's; inputs untouched. All buffers are backend memory, so
-// the test also runs under TROUPE_CPU_GUARD=1.
+// drawn one at a time equal the batch's; inputs untouched; bf16 logits draw what their fp32
+// values draw. All buffers are backend memory, so the test also runs under
+// TROUPE_CPU_GUARD=1.
 #include "kernels/philox.h"
 #include "tests/backend_test.h"
 #include "tests/kernels/kernels_test.h"
@@ -257,9 +258,70 @@ static void check_near_cut(void) {
     be.ops->free(&be, d_scratch);
 }
 
+// One sample call on backend b over B rows of logits (host values of b's activation dtype):
+// ids, logprobs and the near count into the host arrays; then b's logsoftmax_forward of the
+// drawn ids into lp_lsm.
+static void sample_on(tr_backend *b, const void *lg, const tr_sample_row *rows, int32_t B,
+                      int32_t V, int32_t *ids, float *lp, int32_t *n_near, float *lp_lsm) {
+    size_t lb = (size_t)B * V * tr_dt_size(b->act);
+    int32_t zero = 0;
+    void *d_lg = et_dev(b, lg, lb);
+    tr_sample_row *d_rows = et_dev(b, rows, (size_t)B * sizeof(tr_sample_row));
+    int32_t *d_ids = et_dev(b, NULL, (size_t)B * sizeof(int32_t)), *d_near = et_dev(b, &zero, 4);
+    float *d_lp = et_dev(b, NULL, (size_t)B * sizeof(float));
+    float *d_lsm = et_dev(b, NULL, (size_t)B * sizeof(float)), *d_lse = et_dev(b, NULL, (size_t)B * sizeof(float));
+    void *d_scratch = et_dev(b, NULL, b->ops->sample_scratch_bytes(b, B, V));
+    b->ops->sample(b, d_ids, d_lp, d_lg, d_rows, B, V, d_scratch, d_near);
+    b->ops->logsoftmax_forward(b, d_lsm, NULL, d_lse, d_lg, d_ids, B, V);
+    et_get(b, ids, d_ids, (size_t)B * sizeof(int32_t));
+    et_get(b, lp, d_lp, (size_t)B * sizeof(float));
+    et_get(b, n_near, d_near, sizeof *n_near);
+    et_get(b, lp_lsm, d_lsm, (size_t)B * sizeof(float));
+    void *bufs[8] = {d_lg, d_rows, d_ids, d_near, d_lp, d_lsm, d_lse, d_scratch};
+    for (int i = 0; i < 8; i++) b->ops->free(b, bufs[i]);
+}
+
+// bf16 logits (the emulated mixed precision's activation dtype): the op draws the ids, near
+// counts and logprobs the fp32 op draws from the same values widened, and its logprobs are
+// the bf16 logsoftmax_forward's bits.
+static void check_bf16(int32_t B, int32_t V, uint64_t salt) {
+    static const float temps[] = {0.0f, 0.5f, 1.0f, 1.7f};
+    static const float top_ps[] = {1.0f, 0.95f, 0.6f, 0.1f};
+    const int32_t top_ks[] = {0, 1, 3, 50, V, V + 5};
+    size_t n = (size_t)B * V;
+    float *lg = kt_floats(n);
+    tr_sample_row *rows = kt_malloc((size_t)B * sizeof(tr_sample_row));
+    for (int32_t b = 0; b < B; b++) {
+        fill_row(lg + (size_t)b * V, V, b % 2 ? LOGITS_TIED : LOGITS_RANDOM);
+        uint64_t c = salt + (uint64_t)b;
+        rows[b] = (tr_sample_row){.temperature = temps[c % 4], .top_k = top_ks[c / 4 % 6],
+                                  .top_p = top_ps[c / 24 % 4], .seed = rand_u64(),
+                                  .counter = 0, .used = 4};
+    }
+    uint16_t *lg16 = kt_to(lg, n, TR_BF16);
+    float *wide = kt_from(lg16, n, TR_BF16);
+    tr_backend bb;
+    kt_backend_dev(&bb, 2, TR_BF16);
+    int32_t *ids = kt_malloc((size_t)B * sizeof(int32_t)), *ids16 = kt_malloc((size_t)B * sizeof(int32_t));
+    int32_t near, near16;
+    float *lp = kt_floats(B), *lp16 = kt_floats(B), *lsm = kt_floats(B), *lsm16 = kt_floats(B);
+    sample_on(&be, wide, rows, B, V, ids, lp, &near, lsm);
+    sample_on(&bb, lg16, rows, B, V, ids16, lp16, &near16, lsm16);
+    tr_backend_cpu_free(&bb);
+    CHECKF(memcmp(ids16, ids, (size_t)B * sizeof(int32_t)) == 0 && near16 == near &&
+           kt_same_bits(lp16, lp, B), "bf16 B=%d V=%d: not the fp32 op's draws on the same "
+           "values", B, V);
+    CHECKF(kt_same_bits(lp16, lsm16, B), "bf16 B=%d V=%d: logprobs are not logsoftmax_forward's",
+           B, V);
+    free(lg); free(rows); free(lg16); free(wide); free(ids); free(ids16); free(lp); free(lp16);
+    free(lsm); free(lsm16);
+}
+
 int main(void) {
     kt_seed(33);
     kt_backend_dev(&be, 2, TR_F32);
+    check_bf16(96, 300, 7);
+    check_bf16(40, 3000, 8);
     check_batch(96, 1, LOGITS_RANDOM, 0);
     check_batch(96, 7, LOGITS_TIED, 1);
     check_batch(96, 300, LOGITS_RANDOM, 2);
