@@ -67,7 +67,7 @@ engine_part() {   # the kernels' tests: needs nothing beyond CUDA and OpenBLAS
         run unit_kernels meson test -C "$build" --suite unit --print-errorlogs
         cp "$build/meson-logs/testlog.txt" "$logs/testlog_engine.txt" 2>/dev/null
     fi
-    run bench_cuda "$build/bench/bench_cuda"
+    if [ "${BENCH_CUDA:-1}" != 0 ]; then run bench_cuda "$build/bench/bench_cuda"; fi
     # The row attention kernels (what the tensor-core ones replace at D 64 and 128) checked
     # too; the attention benchmark with torch's attention on the same shapes beside it.
     run test_cuda_ops_rows env TROUPE_CUDA_FLASH_ATTENTION=0 OPENBLAS_NUM_THREADS=1 \
@@ -188,15 +188,18 @@ train_bench_part() {
     run train_bench bench/run_gpu_train.sh "$build_all" anchors ${TRAIN_SHAPES:-}
 }
 
-# Every cuBLASLt candidate of the training step's products, timed; where a training step's
-# device time goes (TROUPE_CUDA_PROFILE's table), at the 0.5B shape with the LM head's chunk
-# from the memory plan and with PROFILE_LOGIT_ROWS rows a chunk.
+# Where a training step's device time goes (TROUPE_CUDA_PROFILE's table) at the 0.5B and 1.5B
+# shapes, the LM head's chunk from the memory plan; with PROFILE_GEMM=1 every cuBLASLt
+# candidate of the step's products timed, with PROFILE_LOGIT_ROWS=N the 0.5B step again at N
+# rows a chunk.
 profile_part() {
     local b="$build_all/bench/bench_train_gpu"
-    run gemm_candidates "$build_all/bench/bench_cuda" gemm
+    if [ "${PROFILE_GEMM:-0}" = 1 ]; then run gemm_candidates "$build_all/bench/bench_cuda" gemm; fi
     run profile env TROUPE_CUDA_PROFILE=1 "$b" qwen2.5-0.5b 8 2048 3
-    run profile_rows env TROUPE_CUDA_PROFILE=1 \
-        "$b" qwen2.5-0.5b 8 2048 3 "${PROFILE_LOGIT_ROWS:-2048}"
+    run profile_15b env TROUPE_CUDA_PROFILE=1 "$b" qwen2.5-1.5b 4 2048 3
+    if [ -n "${PROFILE_LOGIT_ROWS:-}" ]; then
+        run profile_rows env TROUPE_CUDA_PROFILE=1 "$b" qwen2.5-0.5b 8 2048 3 "$PROFILE_LOGIT_ROWS"
+    fi
 }
 
 parts="${*:-engine full cuda quickstart}"
