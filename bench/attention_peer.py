@@ -150,10 +150,10 @@ def run_flex(name, starts, H, KVH, D, gen):
     # their own: past dynamo's default cache of 8, flex would fall back to its unfused eager
     # path and time a hundred times slower. The backward runs several times on one graph
     # (retain_graph), which buffers donated to the backward do not allow.
-    import torch._dynamo
+    import torch._dynamo.config as dconfig   # binds dconfig only: torch stays the module's
     for knob in ("cache_size_limit", "recompile_limit"):
-        if hasattr(torch._dynamo.config, knob):
-            setattr(torch._dynamo.config, knob, 64)
+        if hasattr(dconfig, knob):
+            setattr(dconfig, knob, 64)
     try:
         import torch._functorch.config as fconfig
         if hasattr(fconfig, "donated_buffer"):
