@@ -230,6 +230,11 @@ typedef struct tr_ops {
     void (*swiglu_backward)(tr_backend *be, void *dgu, const void *dout, const void *gu,
                             int32_t T, int32_t I);
 
+    // out[i] = a[i] + b[i] (F), i < n, rounded once; out may be a or b. Sequence
+    // parallelism's residual add: a row-parallel projection's sum, reduce-scattered over the
+    // ranks, joins the rank's rows of the residual stream.
+    void (*add)(tr_backend *be, float *out, const float *a, const float *b, size_t n);
+
     // Fused log-softmax over logits[T,V] (F): logprob[t] = log p(target[t]) (0 where target
     // < 0), entropy[t] = -sum p log p, lse[t] saved. Any of logprob/entropy may be NULL.
     void (*logsoftmax_forward)(tr_backend *be, float *logprob, float *entropy, float *lse,

@@ -37,6 +37,7 @@ static const tr_ops cpu_ops = {
     .kv_write = tr_cpu_kv_write,
     .swiglu_forward = tr_cpu_swiglu_forward,
     .swiglu_backward = tr_cpu_swiglu_backward,
+    .add = tr_cpu_add,
     .logsoftmax_forward = tr_cpu_logsoftmax_forward,
     .logsoftmax_backward = tr_cpu_logsoftmax_backward,
     .logsoftmax_vp_stats = tr_cpu_logsoftmax_vp_stats,

@@ -131,6 +131,7 @@ void tr_cpu_sumsq(tr_backend *be, double *acc, const float *x, size_t n);
 void tr_cpu_adamw(tr_backend *be, const tr_adamw_args *a);
 
 void tr_cpu_fill(tr_backend *be, float *x, float value, size_t n);
+void tr_cpu_add(tr_backend *be, float *out, const float *a, const float *b, size_t n);
 void tr_cpu_gather_rows(tr_backend *be, void *out, const void *src, const int32_t *idx,
                         int32_t n, size_t row_bytes);
 void tr_cpu_scatter_rows(tr_backend *be, void *dst, const void *rows, const int32_t *idx,

@@ -391,6 +391,15 @@ static void g_swiglu_backward(tr_backend *be, void *dgu, const void *dout, const
     close_mem(be);
 }
 
+static void g_add(tr_backend *be, float *out, const float *a, const float *b, size_t n) {
+    dev(be, out, n * F, 0, "add", "out");
+    dev(be, a, n * F, 0, "add", "a");
+    dev(be, b, n * F, 0, "add", "b");
+    open_mem(be);
+    tr_cpu_add(be, out, a, b, n);
+    close_mem(be);
+}
+
 static void g_logsoftmax_forward(tr_backend *be, float *logprob, float *entropy, float *lse,
                                  const float *logits, const int32_t *target, int32_t T,
                                  int32_t V) {
@@ -672,6 +681,7 @@ const tr_ops tr_cpu_guarded_ops = {
     .kv_write = g_kv_write,
     .swiglu_forward = g_swiglu_forward,
     .swiglu_backward = g_swiglu_backward,
+    .add = g_add,
     .logsoftmax_forward = g_logsoftmax_forward,
     .logsoftmax_backward = g_logsoftmax_backward,
     .logsoftmax_vp_stats = g_logsoftmax_vp_stats,

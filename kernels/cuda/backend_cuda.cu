@@ -110,6 +110,7 @@ static const tr_ops cuda_ops = {
     .kv_write = tr_cuda_kv_write,
     .swiglu_forward = tr_cuda_swiglu_forward,
     .swiglu_backward = tr_cuda_swiglu_backward,
+    .add = tr_cuda_add,
     .logsoftmax_forward = tr_cuda_logsoftmax_forward,
     .logsoftmax_backward = tr_cuda_logsoftmax_backward,
     .logsoftmax_vp_stats = tr_cuda_logsoftmax_vp_stats,

@@ -195,6 +195,7 @@ void tr_cuda_kv_write(tr_backend *be, const tr_kv_pages *kv, const int32_t *slot
 void tr_cuda_swiglu_forward(tr_backend *be, void *out, const void *gu, int32_t T, int32_t I);
 void tr_cuda_swiglu_backward(tr_backend *be, void *dgu, const void *dout, const void *gu,
                              int32_t T, int32_t I);
+void tr_cuda_add(tr_backend *be, float *out, const float *a, const float *b, size_t n);
 void tr_cuda_logsoftmax_forward(tr_backend *be, float *logprob, float *entropy, float *lse,
                                 const float *logits, const int32_t *target, int32_t T,
                                 int32_t V);

@@ -1024,6 +1024,28 @@ static void test_kv_write(int32_t T, int32_t H, int32_t KVH, int32_t D) {
     free(perm); free(w.rows); free(w.k0); free(w.v0);
 }
 
+// --- add -------------------------------------------------------------------------------------
+
+typedef struct add_arg {
+    size_t n;
+    float *a, *b;
+} add_arg;
+
+static void add_run(int gpu, float **out, void *arg) {
+    add_arg *s = arg;
+    float *a = putf(gpu, s->a, s->n), *b = putf(gpu, s->b, s->n);
+    be_of(gpu)->ops->add(be_of(gpu), a, a, b, s->n);   // in place, as the residual stream adds
+    getf(gpu, out[0], a, s->n);
+    bufs_free(gpu);
+}
+
+// One rounding per element, nothing fused: the CPU's bits.
+static void test_add(size_t n) {
+    add_arg s = {.n = n, .a = kt_rand(n, 3.0), .b = kt_rand(n, 1e-3)};
+    compare("add", add_run, &s, "X", &n);
+    free(s.a); free(s.b);
+}
+
 // --- swiglu ---------------------------------------------------------------------------------
 
 typedef struct sw_arg {
@@ -1753,6 +1775,7 @@ static void run_pass(const char *only) {
     }
     if (section(only, "kv_write")) test_kv_write(40, 4, 2, 64);
     if (section(only, "swiglu")) test_swiglu(37, 1001);
+    if (section(only, "add")) test_add(300001);
     if (section(only, "adamw")) test_adamw(100003);
     if (section(only, "sumsq") && f32) test_sumsq();
     if (section(only, "logsoftmax")) {

@@ -245,6 +245,14 @@ static void each_op(void) {
     }
     done("swiglu_backward");
 
+    // add, in place as the residual stream takes it
+    x[0] = mk_f((size_t)T * C, 1.0), x[1] = mk_f((size_t)T * C, 1.0);
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        be->ops->add(be, p[0], p[0], p[1], (size_t)T * C);
+    }
+    done("add");
+
     // logsoftmax
     int32_t target[9] = {0, 49, -1, 7, 8, 9, 10, 11, 12};
     float lse_v[9];
