@@ -7,7 +7,10 @@
 // head); TP=2 x DP=2 trains like one rank. A checkpoint saved by TP=2 is plain HF (TP=1
 // loads it bit for bit) and loads into TP=2 and 4; a TP=2 trainer's state resumes at TP=1.
 // bf16 (the CPU's emulated mixed precision) is held to bf16's rounding. TP sizes that split
-// the query heads unevenly are refused with a message naming them.
+// the query heads unevenly are refused with a message naming them. Sequence parallelism is
+// held to the same limits on the same jobs, and on batches whose length tp does not divide
+// (the later ranks take one row more) or is below tp (rank 0 holds no row); its generation
+// draws TP=1's tokens, and its activations take less memory than TP's without it.
 #include <ftw.h>
 #include <stdio.h>
 #include <sys/mman.h>
@@ -33,6 +36,8 @@ typedef struct job {
     const char *model;    // fixture name
     const char *precision;
     int tp, dp;
+    bool sp;                // sequence parallelism
+    int prefix;             // > 0: the batch is the first document's first `prefix` tokens
     bool train, generate;
     const char *save_dir;   // tp ranks save the weights here after the steps (NULL: no)
     const char *load_dir;   // weights from here instead of the fixture (NULL: the fixture)
@@ -73,8 +78,9 @@ static int comm_up(tr_backend *be, int slot, int rank, int world, const char *na
     return tr_comm_join(*c, err) || tr_comm_wait(*c, 30000, err);
 }
 
-// The fixture batch: 3 documents of the model's expected.safetensors.
-static int fixture_batch(const char *model, packed_batch *b, tr_err *err) {
+// The fixture batch: 3 documents of the model's expected.safetensors (7, 12 and 5 tokens),
+// or the first `prefix` tokens of the first.
+static int fixture_batch(const char *model, int prefix, packed_batch *b, tr_err *err) {
     char path[512];
     snprintf(path, sizeof path, "tests/fixtures/models/%s/expected.safetensors", model);
     tr_st_file f;
@@ -82,7 +88,8 @@ static int fixture_batch(const char *model, packed_batch *b, tr_err *err) {
     size_t n_ids = 0, n_seq = 0;
     int32_t *ids = st_ints(&f, "input_ids", &n_ids), *lens = st_ints(&f, "seq_lens", &n_seq);
     int rc = ids && lens ? 0 : tr_errf(err, TR_EFORMAT, "%s: no input_ids/seq_lens", path);
-    if (!rc) pack_batch(b, ids, lens, (int32_t)n_seq);
+    if (!rc && prefix > 0) pack_batch(b, ids, &(int32_t){prefix < lens[0] ? prefix : lens[0]}, 1);
+    else if (!rc) pack_batch(b, ids, lens, (int32_t)n_seq);
     free(ids);
     free(lens);
     tr_st_close(&f);
@@ -180,13 +187,14 @@ static int rank_run(const job *jb, int rank, tr_backend *be, tr_model *m, tr_com
     const int tp_rank = rank % jb->tp, dp_rank = rank / jb->tp;
     char dir[512];
     snprintf(dir, sizeof dir, "tests/fixtures/models/%s", jb->model);
-    tr_model_opts o = {.max_tokens = 64, .training = jb->train, .tp_size = jb->tp, .tp_rank = tp_rank};
+    tr_model_opts o = {.max_tokens = 64, .training = jb->train, .tp_size = jb->tp, .tp_rank = tp_rank,
+                       .sequence_parallel = jb->sp};
     if (tr_model_load(m, jb->load_dir ? jb->load_dir : tr_test_src(dir), be, &o, err)) return -1;
     if (jb->tp > 1 && (comm_up(be, dp_rank, tp_rank, jb->tp, "tp", tpc, err) ||
                        tr_model_set_tp_comm(m, *tpc, err)))
         return -1;
     packed_batch b;
-    if (fixture_batch(jb->model, &b, err)) return -1;
+    if (fixture_batch(jb->model, jb->prefix, &b, err)) return -1;
     if (jb->generate) return generate(m, &b, rank, err);
     if (!jb->train) {   // forward only: the head outputs
         if (tr_model_forward(m, b.ids, &b.docs, err)) return -1;
@@ -285,65 +293,92 @@ typedef struct tol {
     double out, grad, param;
 } tol;
 
-// Trains with tp x dp ranks and compares with ref (one rank): outputs, every rank's outputs
-// the same bits, the gathered gradient, the losses and the parameters after the steps.
-static void compare_train(const char *model, const char *precision, int tp, int dp, const shared *ref,
-                          tol t) {
-    job jb = {.model = model, .precision = precision, .tp = tp, .dp = dp, .train = true};
+// The job's name in messages: model, precision, tp, dp, sequence parallelism, prefix.
+static const char *job_name(const job *jb) {
+    static char name[160];
+    snprintf(name, sizeof name, "%s %s tp %d dp %d%s", jb->model, jb->precision, jb->tp, jb->dp,
+             jb->sp ? " sp" : "");
+    if (jb->prefix > 0) snprintf(name + strlen(name), sizeof name - strlen(name), " (%d tokens)", jb->prefix);
+    return name;
+}
+
+// Trains the job's ranks (tp x dp) and compares with ref (one rank, the same batch): outputs,
+// every rank's outputs the same bits, the gathered gradient, the losses and the parameters
+// after the steps.
+static void compare_train(job jb, const shared *ref, tol t) {
+    jb.train = true;
+    const char *name = job_name(&jb);
     int rc = run_job(&jb);
     if (rc < 0) {
-        printf("%-12s %s tp %d dp %d: skipped (fewer devices than ranks)\n", model, precision, tp, dp);
+        printf("%s: skipped (fewer devices than ranks)\n", name);
         return;
     }
-    CHECKF(rc == 0, "%s %s: tp %d dp %d: a rank failed", model, precision, tp, dp);
+    CHECKF(rc == 0, "%s: a rank failed", name);
     tr_param_layout lay;
-    if (whole_layout(model, &lay)) {
+    if (whole_layout(jb.model, &lay)) {
         CHECK(0);
         return;
     }
     int32_t n = ref->n_out;
     CHECK(sh->n_out == n);
     double e_out = tr_test_max_abs_err(sh->out[0], ref->out[0], (size_t)n);
-    for (int r = 1; r < tp && dp == 1; r++)
+    for (int r = 1; r < jb.tp && jb.dp == 1; r++)
         CHECKF(memcmp(sh->out[r], sh->out[0], (size_t)n * sizeof(float)) == 0,
-               "%s tp %d: rank %d's outputs differ from rank 0's", model, tp, r);
+               "%s: rank %d's outputs differ from rank 0's", name, r);
     const char *gname = "", *pname = "";
-    double e_grad = dp == 1 ? worst_tensor(&lay, sh->grads, ref->grads, &gname) : 0;
+    double e_grad = jb.dp == 1 ? worst_tensor(&lay, sh->grads, ref->grads, &gname) : 0;
     double e_par = worst_tensor(&lay, sh->params, ref->params, &pname);
-    printf("%-12s %s tp %d dp %d: outputs %.2g abs, gradient %.2g rel (%s), parameters after %d "
-           "steps %.2g rel (%s)\n", model, precision, tp, dp, e_out, e_grad, gname, STEPS, e_par, pname);
-    CHECKF(e_out <= t.out, "%s %s tp %d: outputs %.3g > %.3g", model, precision, tp, e_out, t.out);
-    CHECKF(e_grad <= t.grad, "%s %s tp %d: gradient %s %.3g > %.3g", model, precision, tp, gname, e_grad,
-           t.grad);
-    CHECKF(e_par <= t.param, "%s %s tp %d dp %d: parameters %s %.3g > %.3g", model, precision, tp, dp,
-           pname, e_par, t.param);
+    printf("%s: outputs %.2g abs, gradient %.2g rel (%s), parameters after %d steps %.2g rel (%s)\n",
+           name, e_out, e_grad, gname, STEPS, e_par, pname);
+    CHECKF(e_out <= t.out, "%s: outputs %.3g > %.3g", name, e_out, t.out);
+    CHECKF(e_grad <= t.grad, "%s: gradient %s %.3g > %.3g", name, gname, e_grad, t.grad);
+    CHECKF(e_par <= t.param, "%s: parameters %s %.3g > %.3g", name, pname, e_par, t.param);
     for (int s = 0; s < STEPS; s++) CHECK_NEAR(sh->norm[s], ref->norm[s], t.grad * ref->norm[s]);
     tr_param_layout_free(&lay);
 }
 
-static void test_model(const char *model, shared *ref) {
-    tol t = {.out = 1e-5, .grad = 1e-4, .param = 1e-5};
-    job one = {.model = model, .precision = "fp32", .tp = 1, .dp = 1, .train = true};
-    CHECKF(run_job(&one) == 0, "%s: tp 1 failed", model);
+static const tol FP32_TOL = {.out = 1e-5, .grad = 1e-4, .param = 1e-5};
+
+// One rank's run of the job's batch (its prefix) into ref.
+static void reference(const char *model, const char *precision, int prefix, shared *ref) {
+    job one = {.model = model, .precision = precision, .tp = 1, .dp = 1, .prefix = prefix, .train = true};
+    CHECKF(run_job(&one) == 0, "%s %s: tp 1 failed", model, precision);
     memcpy(ref, sh, sizeof *ref);
-    compare_train(model, "fp32", 2, 1, ref, t);
 }
 
-static void test_generate(const char *model) {
+static void test_model(const char *model, shared *ref) {
+    reference(model, "fp32", 0, ref);
+    for (int sp = 0; sp < 2; sp++)
+        compare_train((job){.model = model, .precision = "fp32", .tp = 2, .dp = 1, .sp = sp}, ref, FP32_TOL);
+}
+
+// Sequence parallelism on batches tp does not divide: the first document's first 7 tokens
+// at tp 4 (rows 1, 2, 2, 2) and its first 3 (rank 0 holds none) and 5 at tp 2 (2, 3).
+static void test_uneven(const char *model, shared *ref) {
+    const int cuts[][2] = {{7, 4}, {3, 4}, {5, 2}};
+    for (int i = 0; i < 3; i++) {
+        reference(model, "fp32", cuts[i][0], ref);
+        compare_train((job){.model = model, .precision = "fp32", .tp = cuts[i][1], .dp = 1, .sp = true,
+                            .prefix = cuts[i][0]}, ref, FP32_TOL);
+    }
+}
+
+static void test_generate(const char *model, bool sp) {
     job one = {.model = model, .precision = "fp32", .tp = 1, .dp = 1, .generate = true};
     CHECKF(run_job(&one) == 0, "%s: tp 1 generation failed", model);
     int32_t want[2][GEN];
     float want_lp[2][GEN];
     memcpy(want, sh->gen[0], sizeof want);
     memcpy(want_lp, sh->gen_lp, sizeof want_lp);
-    job two = {.model = model, .precision = "fp32", .tp = 2, .dp = 1, .generate = true};
-    CHECKF(run_job(&two) == 0, "%s: tp 2 generation failed", model);
-    CHECKF(memcmp(sh->gen[0][0], want[0], sizeof want[0]) == 0, "%s: tp 2 greedy tokens differ", model);
-    CHECKF(memcmp(sh->gen[0][1], want[1], sizeof want[1]) == 0, "%s: tp 2 sampled tokens differ", model);
-    CHECKF(memcmp(sh->gen[1], sh->gen[0], sizeof want) == 0, "%s: tp 2 ranks drew different tokens", model);
+    job two = {.model = model, .precision = "fp32", .tp = 2, .dp = 1, .sp = sp, .generate = true};
+    const char *name = job_name(&two);
+    CHECKF(run_job(&two) == 0, "%s: generation failed", name);
+    CHECKF(memcmp(sh->gen[0][0], want[0], sizeof want[0]) == 0, "%s: greedy tokens differ", name);
+    CHECKF(memcmp(sh->gen[0][1], want[1], sizeof want[1]) == 0, "%s: sampled tokens differ", name);
+    CHECKF(memcmp(sh->gen[1], sh->gen[0], sizeof want) == 0, "%s: ranks drew different tokens", name);
     double e = tr_test_max_abs_err(&sh->gen_lp[0][0], &want_lp[0][0], 2 * GEN);
-    printf("%-12s generation tp 2: greedy and sampled tokens as tp 1, logprobs %.2g abs\n", model, e);
-    CHECKF(e <= 1e-5, "%s: generated logprobs %.3g", model, e);
+    printf("%s generation: greedy and sampled tokens as tp 1, logprobs %.2g abs\n", name, e);
+    CHECKF(e <= 1e-5, "%s: generated logprobs %.3g", name, e);
 }
 
 static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
@@ -439,18 +474,27 @@ int main(void) {
         test_model(models[i], ref);
         if (i == 0 || i == 3) {
             // Two key/value heads on four ranks: each head on two, their gradients summed.
-            compare_train(models[i], "fp32", 4, 1, ref, (tol){1e-5, 1e-4, 1e-5});
-            compare_train(models[i], "fp32", 2, 2, ref, (tol){1e-5, 1e-4, 1e-5});
+            // TP=2 x DP=2 runs documents of 7, 12 and 5 tokens: 7 and 5 split unevenly.
+            for (int sp = 0; sp < 2; sp++) {
+                compare_train((job){.model = models[i], .precision = "fp32", .tp = 4, .dp = 1, .sp = sp},
+                              ref, FP32_TOL);
+                compare_train((job){.model = models[i], .precision = "fp32", .tp = 2, .dp = 2, .sp = sp},
+                              ref, FP32_TOL);
+            }
         }
     }
-    for (int i = 0; i < 4; i++) test_generate(models[i]);
+    test_uneven("qwen2", ref);
+    for (int i = 0; i < 4; i++) {
+        test_generate(models[i], false);
+        test_generate(models[i], true);
+    }
     // bf16: every partial sum rounds once more than at TP=1 (the parts of a row-parallel
     // projection are added in fp32 and the column-parallel input gradients summed in fp32,
     // each rounded to bf16), so the limits are bf16's: 2^-8 relative, a few roundings deep.
-    job one = {.model = "qwen3", .precision = "bf16", .tp = 1, .dp = 1, .train = true};
-    CHECK(run_job(&one) == 0);
-    memcpy(ref, sh, sizeof *ref);
-    compare_train("qwen3", "bf16", 2, 1, ref, (tol){0.05, 0.05, 0.02});
+    reference("qwen3", "bf16", 0, ref);
+    for (int sp = 0; sp < 2; sp++)
+        compare_train((job){.model = "qwen3", .precision = "bf16", .tp = 2, .dp = 1, .sp = sp}, ref,
+                      (tol){0.05, 0.05, 0.02});
     const char *tmp = tr_test_tmpdir();
     test_checkpoint(tmp);
     nftw(tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
