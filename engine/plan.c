@@ -37,7 +37,7 @@ int tr_plan_make(tr_backend *be, const tr_plan_req *r, tr_plan *p, tr_err *err) 
     size_t shards = r->optim_shards > 1 ? (size_t)r->optim_shards : 1;
     p->optim = r->training ? 2 * ((pbytes + shards - 1) / shards) : 0;
     tr_model_opts mo = {.max_tokens = r->max_tokens, .training = false, .tp_size = tp.size,
-                        .tp_rank = tp.rank};
+                        .tp_rank = tp.rank, .sequence_parallel = r->sequence_parallel};
     p->arena_forward = tr_model_arena_bytes(r->cfg, &mo, be->act);
     mo.training = true;
     p->arena_train = r->training ? tr_model_arena_bytes(r->cfg, &mo, be->act) : 0;
