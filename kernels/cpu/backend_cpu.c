@@ -52,6 +52,10 @@ static const tr_ops cpu_ops = {
     .convert = tr_cpu_convert,
     .sample = tr_cpu_sample,
     .sample_scratch_bytes = tr_cpu_sample_scratch_bytes,
+    .sample_vp_top = tr_cpu_sample_vp_top,
+    .sample_vp_scan = tr_cpu_sample_vp_scan,
+    .sample_vp_pick = tr_cpu_sample_vp_pick,
+    .sample_vp_scratch_bytes = tr_cpu_sample_vp_scratch_bytes,
 };
 
 // Memory: no op allocates and the context holds no scratch. Kernels work in their outputs

@@ -146,3 +146,14 @@ void tr_cpu_sample(tr_backend *be, int32_t *ids, float *logprob, const float *lo
                    const tr_sample_row *rows, int32_t B, int32_t V, void *scratch,
                    int32_t *n_near);
 size_t tr_cpu_sample_scratch_bytes(tr_backend *be, int32_t B, int32_t V);
+void tr_cpu_sample_vp_top(tr_backend *be, tr_sample_cand *cand, const float *logits, int32_t v0,
+                          int32_t B, int32_t V, int32_t k, void *scratch);
+void tr_cpu_sample_vp_scan(tr_backend *be, double *sum, int32_t *hit, const float *logits,
+                           const tr_sample_row *rows, const tr_sample_cand *cand,
+                           const double *carry, const double *total, int32_t R, int32_t k,
+                           int32_t v0, int32_t B, int32_t V);
+void tr_cpu_sample_vp_pick(tr_backend *be, int32_t *ids, int32_t *n_near,
+                           const tr_sample_cand *cand, const int32_t *hit, const double *mass,
+                           const tr_sample_row *rows, int32_t R, int32_t k, int32_t B, int32_t V,
+                           void *scratch);
+size_t tr_cpu_sample_vp_scratch_bytes(tr_backend *be, int32_t B, int32_t V, size_t n_cand);
