@@ -21,11 +21,6 @@ void tr_lm_head_backward(tr_model *m, const int32_t *targets, const float *dlogp
 // Logits of rows [row0, row0 + n) of the last forward into out[n, vocab] (for sampling);
 // under tensor parallelism this rank's columns only, out[n, tp.vocab].
 int tr_lm_head_logits(tr_model *m, int32_t row0, int32_t n, float *out, tr_err *err);
-// Tensor parallelism: the whole rows from every rank's columns (local[n, tp.vocab], each
-// rank's) into out[n, vocab] on every rank, through scratch (n * vocab floats of backend
-// memory); collective. A copy at size 1.
-int tr_lm_head_gather_logits(tr_model *m, const float *local, int32_t n, float *out,
-                             float *scratch, tr_err *err);
 // Tensor parallelism: logprob[i] (backend memory) of targets[i] (backend memory) under the
 // n rows of local logits in acts.logits, by the vocab-parallel log-softmax the forward uses,
 // so a sampled token's logprob has the training path's bits; collective.

@@ -2,9 +2,10 @@
 # `--tp N` of `troupe logprobs` and `troupe generate` (N local rank processes over the CPU's
 # shared-memory communicator): logprobs at tp 2 and 4 (4 ranks hold the 2 key/value heads
 # twice) match transformers within 1e-5 on the fixture models, as tp 1 does; generate at tp 2
-# gives tp 1's greedy tokens and text, and sampled tokens drawn with the same seed, whose
-# logprobs are `troupe logprobs --tp 2`'s on prompt + output bit for bit; a tp that does not
-# divide the query heads is an error naming them. --sequence-parallel holds to the same: its
+# gives tp 1's greedy tokens and text, and sampled tokens drawn with the same seed (plain,
+# top-k, top-p and both), whose logprobs are `troupe logprobs --tp 2`'s on prompt + output
+# bit for bit; a tp that does not divide the query heads is an error naming them.
+# --sequence-parallel holds to the same: its
 # logprobs match transformers at tp 2 and 4, its generation draws tp 1's tokens, and its
 # sampled logprobs are its own logprobs' bits; it needs --tp 2 or more.
 set -u
@@ -94,7 +95,9 @@ for a, b in zip(open(sys.argv[1]), open(sys.argv[2])):
 sys.exit(bad)
 PY
 }
-gen greedy1 1 --temperature 0 && gen sample1 1 --n 3 --seed 5
+gen greedy1 1 --temperature 0 && gen sample1 1 --n 3 --seed 5 &&
+    gen cut1 1 --n 3 --seed 6 --temperature 0.8 --top-k 7 && gen nucleus1 1 --n 3 --seed 7 --top-p 0.8 &&
+    gen both1 1 --n 3 --seed 8 --temperature 1.2 --top-k 30 --top-p 0.5
 check "generate --tp 1 exits 0" $?
 for sp in "" "--sequence-parallel"; do
     at="--tp 2${sp:+ $sp}"
@@ -110,6 +113,15 @@ for sp in "" "--sequence-parallel"; do
     check "generate $at: the same sampled tokens as tp 1 for the same seed" $?
     same_logprobs "$tmp/sample2.jsonl" --tp 2 $sp
     check "generate $at: sampled logprobs are logprobs $at's bits" $?
+done
+# Top-k, top-p and both: the ranks draw from their vocabulary columns, tp 1's tokens.
+for cut in "cut --seed 6 --temperature 0.8 --top-k 7" "nucleus --seed 7 --top-p 0.8" \
+    "both --seed 8 --temperature 1.2 --top-k 30 --top-p 0.5"; do
+    set -- $cut
+    name=$1
+    shift
+    gen ${name}2 2 --n 3 "$@" && same_tokens $name
+    check "generate --tp 2 $*: tp 1's tokens" $?
 done
 
 # Errors: a tp that splits the 4 query heads unevenly; usage.

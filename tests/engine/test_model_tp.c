@@ -2,9 +2,10 @@
 // on every fixture model (Llama, Qwen2, Llama with biases, Qwen3, the value and score heads):
 // TP=2 head outputs (logprobs and entropy, values, scores) within 1e-5 of TP=1 and the same
 // bits on every rank, the gradient gathered from the shards within 1e-4 (relative, per
-// tensor) of TP=1's, three AdamW steps within 1e-5, and greedy generation identical (sampled
-// generation draws the same ids too). TP=4 replicates the 2 key/value heads (two ranks per
-// head); TP=2 x DP=2 trains like one rank. A checkpoint saved by TP=2 is plain HF (TP=1
+// tensor) of TP=1's, three AdamW steps within 1e-5, and generation's tokens identical under
+// greedy, temperature, top-k and top-p sampling (the ranks draw from their vocabulary
+// columns, exchanging candidates and running sums, not the logits). TP=4 replicates the 2
+// key/value heads (two ranks per head); TP=2 x DP=2 trains like one rank. A checkpoint saved by TP=2 is plain HF (TP=1
 // loads it bit for bit) and loads into TP=2 and 4; a TP=2 trainer's state resumes at TP=1.
 // bf16 (the CPU's emulated mixed precision) is held to bf16's rounding. TP sizes that split
 // the query heads unevenly are refused with a message naming them. Sequence parallelism is
@@ -31,6 +32,9 @@
 #define MAXO 128        // head outputs of the fixture batch
 #define STEPS 3
 #define GEN 12          // new tokens per generated sample
+#define N_GEN_REQ 6     // generation requests (the sampling settings below)
+#define N_GEN_SAMPLES 2 // samples of each
+#define N_GEN (N_GEN_REQ * N_GEN_SAMPLES)
 
 typedef struct job {
     const char *model;    // fixture name
@@ -53,8 +57,8 @@ typedef struct shared {
     float grads[MAXP];             // the whole gradient, gathered
     float params[MAXP];            // the whole parameters after the steps
     double loss[STEPS], norm[STEPS];
-    int32_t gen[MAXR][2][GEN];     // each rank's greedy and sampled tokens
-    float gen_lp[2][GEN];
+    int32_t gen[MAXR][N_GEN][GEN]; // each rank's tokens of every sample
+    float gen_lp[N_GEN][GEN];
     int ok[MAXR];
 } shared;
 
@@ -156,24 +160,36 @@ static int train(tr_model *m, tr_trainer *tr, const packed_batch *b, int dp, int
     return 0;
 }
 
-// A greedy sample and a sampled one (temperature 1, the whole vocabulary) of the first document.
+// Generation's sampling settings: greedy; the whole vocabulary at two temperatures (every
+// rank's running sum passed on); top-k (the ranks' candidate lists alone); top-p (the nucleus
+// cut on the lists against the whole row's mass); top-p within top-k.
+static const tr_sample_params GEN_PARAMS[N_GEN_REQ] = {
+    {.temperature = 0.0f, .top_p = 1.0f},
+    {.temperature = 1.0f, .top_p = 1.0f},
+    {.temperature = 1.6f, .top_p = 1.0f},
+    {.temperature = 0.7f, .top_k = 5, .top_p = 1.0f},
+    {.temperature = 1.3f, .top_p = 0.9f},
+    {.temperature = 1.0f, .top_k = 40, .top_p = 0.6f},
+};
+
+// N_GEN_SAMPLES samples of the first document's first 5 tokens under each setting.
 static int generate(tr_model *m, const packed_batch *b, int rank, tr_err *err) {
     tr_generator g;
-    tr_gen_opts go = {.kv_tokens = 256, .block_size = 4};
+    tr_gen_opts go = {.kv_tokens = 512, .block_size = 4};
     if (tr_generator_init(&g, m, &go, err)) return -1;
-    tr_gen_request reqs[2];
-    for (int k = 0; k < 2; k++)
-        reqs[k] = (tr_gen_request){.prompt = b->ids, .n_prompt = 5, .n_samples = 1,
-                                   .sampling = {.temperature = k ? 1.0f : 0.0f, .top_p = 1.0f},
-                                   .seed = 11, .max_new_tokens = GEN};
-    tr_gen_output outs[2];
-    int rc = tr_generate(&g, reqs, 2, outs, err);
-    for (int k = 0; !rc && k < 2; k++)
+    tr_gen_request reqs[N_GEN_REQ];
+    for (int k = 0; k < N_GEN_REQ; k++)
+        reqs[k] = (tr_gen_request){.prompt = b->ids, .n_prompt = 5, .n_samples = N_GEN_SAMPLES,
+                                   .sampling = GEN_PARAMS[k], .seed = 11 + (uint64_t)k,
+                                   .max_new_tokens = GEN};
+    tr_gen_output outs[N_GEN];
+    int rc = tr_generate(&g, reqs, N_GEN_REQ, outs, err);
+    for (int k = 0; !rc && k < N_GEN; k++)
         for (int i = 0; i < GEN; i++) {
             sh->gen[rank][k][i] = i < outs[k].n_tokens ? outs[k].tokens[i] : -1;
             if (rank == 0) sh->gen_lp[k][i] = i < outs[k].n_tokens ? outs[k].logprobs[i] : 0.0f;
         }
-    if (!rc) tr_gen_outputs_free(outs, 2);
+    if (!rc) tr_gen_outputs_free(outs, N_GEN);
     tr_generator_free(&g);
     return rc;
 }
@@ -363,21 +379,29 @@ static void test_uneven(const char *model, shared *ref) {
     }
 }
 
-static void test_generate(const char *model, bool sp) {
+// Generation at tp (and sequence parallelism) against tp 1: every sample's tokens the same
+// under every sampling setting, on every rank, and their logprobs within 1e-5.
+static void test_generate(const char *model, int tp, bool sp) {
     job one = {.model = model, .precision = "fp32", .tp = 1, .dp = 1, .generate = true};
     CHECKF(run_job(&one) == 0, "%s: tp 1 generation failed", model);
-    int32_t want[2][GEN];
-    float want_lp[2][GEN];
+    static int32_t want[N_GEN][GEN];
+    static float want_lp[N_GEN][GEN];
     memcpy(want, sh->gen[0], sizeof want);
     memcpy(want_lp, sh->gen_lp, sizeof want_lp);
-    job two = {.model = model, .precision = "fp32", .tp = 2, .dp = 1, .sp = sp, .generate = true};
-    const char *name = job_name(&two);
-    CHECKF(run_job(&two) == 0, "%s: generation failed", name);
-    CHECKF(memcmp(sh->gen[0][0], want[0], sizeof want[0]) == 0, "%s: greedy tokens differ", name);
-    CHECKF(memcmp(sh->gen[0][1], want[1], sizeof want[1]) == 0, "%s: sampled tokens differ", name);
-    CHECKF(memcmp(sh->gen[1], sh->gen[0], sizeof want) == 0, "%s: ranks drew different tokens", name);
-    double e = tr_test_max_abs_err(&sh->gen_lp[0][0], &want_lp[0][0], 2 * GEN);
-    printf("%s generation: greedy and sampled tokens as tp 1, logprobs %.2g abs\n", name, e);
+    job par = {.model = model, .precision = "fp32", .tp = tp, .dp = 1, .sp = sp, .generate = true};
+    const char *name = job_name(&par);
+    CHECKF(run_job(&par) == 0, "%s: generation failed", name);
+    for (int k = 0; k < N_GEN; k++) {
+        const tr_sample_params *p = &GEN_PARAMS[k / N_GEN_SAMPLES];
+        CHECKF(memcmp(sh->gen[0][k], want[k], sizeof want[k]) == 0, "%s: sample %d (temperature %g, "
+               "top_k %d, top_p %g) differs from tp 1's", name, k % N_GEN_SAMPLES, (double)p->temperature,
+               p->top_k, (double)p->top_p);
+    }
+    for (int r = 1; r < tp; r++)
+        CHECKF(memcmp(sh->gen[r], sh->gen[0], sizeof want) == 0, "%s: rank %d drew other tokens", name, r);
+    double e = tr_test_max_abs_err(&sh->gen_lp[0][0], &want_lp[0][0], (size_t)N_GEN * GEN);
+    printf("%s generation: greedy, temperature, top-k and top-p samples as tp 1, logprobs %.2g abs\n", name,
+           e);
     CHECKF(e <= 1e-5, "%s: generated logprobs %.3g", name, e);
 }
 
@@ -485,9 +509,10 @@ int main(void) {
     }
     test_uneven("qwen2", ref);
     for (int i = 0; i < 4; i++) {
-        test_generate(models[i], false);
-        test_generate(models[i], true);
+        test_generate(models[i], 2, false);
+        test_generate(models[i], 2, true);
     }
+    test_generate("qwen3", 4, false);   // four ranks' lists and running sums
     // bf16: every partial sum rounds once more than at TP=1 (the parts of a row-parallel
     // projection are added in fp32 and the column-parallel input gradients summed in fp32,
     // each rounded to bf16), so the limits are bf16's: 2^-8 relative, a few roundings deep.
