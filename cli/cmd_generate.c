@@ -326,7 +326,7 @@ int tr_cmd_generate(int argc, char **argv) {
         {"tp", TR_ARG_INT, &tp, "N", "tensor-parallel ranks: the model split over N local "
          "processes, which draw the same tokens (default 1)", false, false},
         {"sequence-parallel", TR_ARG_FLAG, &sp, NULL, "with --tp: norms and the residual stream "
-         "split along the sequence (less activation memory, the same results)", false, false},
+         "split along the sequence (less activation memory; results equal to rounding)", false, false},
         {"precision", TR_ARG_STR, &precision, "P", TR_CLI_PRECISION_HELP, false, false},
         {"kv-tokens", TR_ARG_INT, &kv_tokens, "N",
          "KV cache size in tokens (default: what every request at once needs, as far as the "

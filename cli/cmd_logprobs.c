@@ -254,7 +254,7 @@ int tr_cmd_logprobs(int argc, char **argv) {
         {"tp", TR_ARG_INT, &tp, "N", "tensor-parallel ranks: the model split over N local "
          "processes (default 1)", false, false},
         {"sequence-parallel", TR_ARG_FLAG, &sp, NULL, "with --tp: norms and the residual stream "
-         "split along the sequence (less activation memory, the same results)", false, false},
+         "split along the sequence (less activation memory; results equal to rounding)", false, false},
         {"precision", TR_ARG_STR, &precision, "P", TR_CLI_PRECISION_HELP, false, false},
         {"batch-tokens", TR_ARG_INT, &batch_tokens, "N",
          "tokens per forward pass; longer sequences get a pass of their own (default 4096)",
