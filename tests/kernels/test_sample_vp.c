@@ -10,28 +10,9 @@
 // {-inf, -1}. All buffers are backend memory, so the test also runs under TROUPE_CPU_GUARD=1.
 #include "tests/backend_test.h"
 #include "tests/kernels/kernels_test.h"
+#include "tests/kernels/sample_cases.h"
 
 static tr_backend be;
-
-enum { LOGITS_RANDOM, LOGITS_TIED, LOGITS_EQUAL, LOGITS_ZEROS };
-
-static void fill_row(float *lg, int32_t V, int kind) {
-    for (int32_t i = 0; i < V; i++) {
-        double x = 4.0 * kt_uniform();
-        switch (kind) {
-        case LOGITS_TIED: lg[i] = (float)(floor(x * 2.0) / 2.0); break;
-        case LOGITS_EQUAL: lg[i] = 1.25f; break;
-        case LOGITS_ZEROS: lg[i] = i % 3 == 0 ? 0.0f : i % 3 == 1 ? -0.0f : (float)(x - 4.5); break;
-        default: lg[i] = (float)x; break;
-        }
-    }
-}
-
-static uint64_t rand_u64(void) {
-    uint64_t a = (uint64_t)((kt_uniform() + 1.0) * 2147483648.0);
-    uint64_t b = (uint64_t)((kt_uniform() + 1.0) * 2147483648.0);
-    return a << 32 ^ b;
-}
 
 // Rank r's first column of V split over R, as tensor parallelism splits the vocabulary.
 static int32_t col0(int32_t V, int32_t R, int32_t r) { return (int32_t)((int64_t)V * r / R); }
