@@ -54,7 +54,7 @@ static inline int tr_rank_sort_layout(tr_backend *be, const char *op, int32_t B,
 }
 
 // Sorts the B rows' segments (keys descending; stable, so equal keys keep their id order).
-static inline int tr_rank_sort_run(tr_backend *be, const tr_rank_sort *s, int32_t B, int32_t V) {
+static inline int tr_rank_sort_run(tr_backend *be, tr_rank_sort *s, int32_t B, int32_t V) {
     return TR_CUDA_CHECK(be, cub::DeviceSegmentedRadixSort::SortPairsDescending(
                                  s->temp, s->temp_bytes, s->keys_in, s->keys_out, s->ids_in,
                                  s->ids_out, (int)((size_t)B * V), (int)B, s->begin, s->end, 0,
