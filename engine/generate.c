@@ -128,15 +128,15 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
     g->dev = tr_dev_alloc(be, total * 4, "generation tables", err);
     // Tensor parallelism: the ranks draw the same ids from their columns of the logits
     // (engine/sample_tp.h), as one rank's sample op would from the whole rows.
-    int rc2 = g->dev ? 0 : -1;
-    if (!rc2 && m->tp.size > 1) {
-        rc2 = tr_sample_tp_init(&g->vp, m, (int32_t)lrows, err);
-    } else if (!rc2) {
+    rc = g->dev ? 0 : -1;
+    if (!rc && m->tp.size > 1) {
+        rc = tr_sample_tp_init(&g->vp, m, (int32_t)lrows, err);
+    } else if (!rc) {
         size_t scratch = be->ops->sample_scratch_bytes(be, (int32_t)lrows, m->cfg.vocab_size);
         g->sample_scratch = tr_dev_alloc(be, scratch ? scratch : 4, "sampling scratch", err);
-        rc2 = g->sample_scratch ? 0 : -1;
+        rc = g->sample_scratch ? 0 : -1;
     }
-    if (rc2 != 0) {
+    if (rc != 0) {
         tr_generator_free(g);
         return tr_err_wrap(err, "generate");
     }
@@ -307,7 +307,8 @@ static int sample_rows(gen_run *run, const int32_t *outs, int32_t n, bool rows_s
     if (!tp) {
         be->ops->sample(be, g->d_target, g->d_lp, logits, g->d_draw, n, Vl, g->sample_scratch,
                         g->d_near);
-    } else if (tr_sample_tp_draw(&g->vp, g->d_target, g->d_draw, g->row_draw, n, g->d_near, err) != 0 ||
+    } else if (tr_sample_tp_draw(&g->vp, g->d_target, g->d_draw, g->row_draw, n, g->d_near,
+                                 err) != 0 ||
                tr_lm_head_vp_logprob(m, g->d_target, n, g->d_lp, err) != 0) {
         return -1;   // the logprob is the training path's vocab-parallel one, its bits too
     }
