@@ -41,13 +41,15 @@ static void top_task(void *arg, int32_t task) {
     const svp_job *j = arg;
     int32_t *idx = j->scratch + (size_t)task * (size_t)j->V;
     const int32_t kk = j->k < j->V ? j->k : j->V;
-    for (int32_t b = row_begin(j->B, j->n_tasks, task); b < row_begin(j->B, j->n_tasks, task + 1); b++) {
+    const int32_t b1 = row_begin(j->B, j->n_tasks, task + 1);
+    for (int32_t b = row_begin(j->B, j->n_tasks, task); b < b1; b++) {
         const float *lg = j->logits + (size_t)b * j->V;
         tr_sample_cand *out = j->cand + (size_t)b * j->k;
         for (int32_t i = 0; i < j->V; i++) idx[i] = i;
         tr_cpu_sample_rank_head(lg, idx, j->V, kk);
         for (int32_t r = 0; r < j->k; r++)
-            out[r] = r < kk ? (tr_sample_cand){lg[idx[r]], j->v0 + idx[r]} : (tr_sample_cand){-INFINITY, -1};
+            out[r] = r < kk ? (tr_sample_cand){lg[idx[r]], j->v0 + idx[r]}
+                            : (tr_sample_cand){-INFINITY, -1};
     }
 }
 
@@ -61,7 +63,8 @@ void tr_cpu_sample_vp_top(tr_backend *be, tr_sample_cand *cand, const float *log
 
 static void scan_task(void *arg, int32_t task) {
     const svp_job *j = arg;
-    for (int32_t b = row_begin(j->B, j->n_tasks, task); b < row_begin(j->B, j->n_tasks, task + 1); b++) {
+    const int32_t b1 = row_begin(j->B, j->n_tasks, task + 1);
+    for (int32_t b = row_begin(j->B, j->n_tasks, task); b < b1; b++) {
         if (j->rows[b].temperature == 0.0f) continue;
         float mx = tr_svp_max(j->cand_in, j->R, j->k, j->B, b);
         tr_svp_scan_row(j->logits + (size_t)b * j->V, j->V, j->v0, &j->rows[b], mx,
@@ -83,7 +86,8 @@ void tr_cpu_sample_vp_scan(tr_backend *be, double *sum, int32_t *hit, const floa
 
 static void pick_task(void *arg, int32_t task) {
     const svp_job *j = arg;
-    for (int32_t b = row_begin(j->B, j->n_tasks, task); b < row_begin(j->B, j->n_tasks, task + 1); b++) {
+    const int32_t b1 = row_begin(j->B, j->n_tasks, task + 1);
+    for (int32_t b = row_begin(j->B, j->n_tasks, task); b < b1; b++) {
         bool near = false;
         int32_t *order = j->scratch + (size_t)b * (size_t)j->R * (size_t)j->k;
         j->ids[b] = tr_svp_pick_row(j->cand_in, j->hits, j->mass, &j->rows[b], j->R, j->k, j->B, b,

@@ -39,7 +39,8 @@ __global__ void svp_keys_kernel(uint32_t *keys, int32_t *ids, int32_t *begin, in
 __global__ void svp_lists_kernel(tr_sample_cand *cand, const float *logits, const int32_t *sorted,
                                  int32_t v0, int32_t B, int32_t V, int32_t k) {
     size_t n = (size_t)B * (size_t)k;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
         size_t b = i / (size_t)k, j = i % (size_t)k;
         tr_sample_cand c = {-INFINITY, -1};
         if (j < (size_t)V) {
