@@ -297,7 +297,7 @@ int tr_cmd_generate(int argc, char **argv) {
     const char *backend = getenv("TROUPE_BACKEND") ? getenv("TROUPE_BACKEND") : "cpu";
     const char *precision = getenv("TROUPE_PRECISION");
     double temperature = 1.0, top_p = 1.0;
-    bool progress = false, quiet = false, no_thinking = false;
+    bool progress = false, quiet = false, no_thinking = false, sp = false;
     tr_arg table[] = {
         {"model", TR_ARG_STR, &model_dir, "DIR", "Hugging Face model directory (a causal LM)",
          true, false},
@@ -325,6 +325,8 @@ int tr_cmd_generate(int argc, char **argv) {
          "rank r uses N + r)", false, false},
         {"tp", TR_ARG_INT, &tp, "N", "tensor-parallel ranks: the model split over N local "
          "processes, which draw the same tokens (default 1)", false, false},
+        {"sequence-parallel", TR_ARG_FLAG, &sp, NULL, "with --tp: norms and the residual stream "
+         "split along the sequence (less activation memory; results equal to rounding)", false, false},
         {"precision", TR_ARG_STR, &precision, "P", TR_CLI_PRECISION_HELP, false, false},
         {"kv-tokens", TR_ARG_INT, &kv_tokens, "N",
          "KV cache size in tokens (default: what every request at once needs, as far as the "
@@ -348,7 +350,7 @@ int tr_cmd_generate(int argc, char **argv) {
         tr_args_usage(CMD, "--model DIR --prompts FILE.jsonl [--out FILE] [--n N] "
                       "[--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] "
                       "[--seed S] [--chat-format NAME [--no-thinking]] [--threads N] "
-                      "[--backend cpu|cuda] [--device N] [--precision fp32|bf16] [--tp N] [--kv-tokens N] [--max-seqs N] "
+                      "[--backend cpu|cuda] [--device N] [--precision fp32|bf16] [--tp N [--sequence-parallel]] [--kv-tokens N] [--max-seqs N] "
                       "[--progress | --quiet]",
                       "Writes one line per sample, prompt by prompt in input order:\n"
                       "{\"index\": i, \"sample\": j, \"output_ids\": [...], \"logprobs\": [...],\n"
@@ -377,6 +379,7 @@ int tr_cmd_generate(int argc, char **argv) {
     else if (batch_tokens < 1 || batch_tokens > (1 << 24))
         bad = "--batch-tokens must be in 1..16777216";
     else if (tp < 1 || tp > 64) bad = "--tp must be in 1..64";
+    else if (sp && tp < 2) bad = "--sequence-parallel needs --tp 2 or more";
     else if (tr_chat_kind_parse(chat_name) == 0) bad = "--chat-format must be chatml, llama3 or qwen3";
     else if (no_thinking && tr_chat_kind_parse(chat_name) != TR_CHAT_QWEN3)
         bad = "--no-thinking applies to --chat-format qwen3 only";
@@ -496,7 +499,7 @@ int tr_cmd_generate(int argc, char **argv) {
                       .block_size = (int32_t)block_size, .kv_tokens = kv_tokens,
                       .kv_want = need_all * block_size, .max_seqs = (int32_t)seqs,
                       .max_seqs_want = (int32_t)seqs, .tp_size = (int32_t)tp,
-                      .tp_rank = ranks.rank};
+                      .tp_rank = ranks.rank, .sequence_parallel = sp};
     if (tr_plan_make(&be, &pr, &plan, &err) != 0) goto done;
     // The ranks schedule alike only with the same pool: the smallest any rank has room for.
     int64_t agree[2] = {plan.kv_tokens, plan.max_seqs};
@@ -510,7 +513,8 @@ int tr_cmd_generate(int argc, char **argv) {
         goto done;
     }
     tr_model_opts mo = {.max_tokens = (int32_t)rows, .training = false, .tp_size = (int32_t)tp,
-                        .tp_rank = ranks.rank, .logit_rows = plan.logit_rows};
+                        .tp_rank = ranks.rank, .logit_rows = plan.logit_rows,
+                        .sequence_parallel = sp};
     if (tr_model_load(&m, model_dir, &be, &mo, &err) != 0) goto done;
     model_ok = true;
     if (tp > 1 && tr_model_set_tp_comm(&m, ranks.comm, &err) != 0) goto done;

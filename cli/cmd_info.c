@@ -1,8 +1,9 @@
-// `troupe info --model DIR [--tokens N] [--backend B --device N --precision P] [--tp N]`:
-// what a Hugging Face checkpoint directory holds (architecture, head, sizes, RoPE, token ids),
-// its parameter count, a check of its weight files without reading the data, and the memory
-// plan of training and generating with it on the chosen backend and precision (of the largest
-// tensor-parallel rank's shard with --tp).
+// `troupe info --model DIR [--tokens N] [--backend B --device N --precision P] [--tp N
+// [--sequence-parallel]]`: what a Hugging Face checkpoint directory holds (architecture, head,
+// sizes, RoPE, token ids), its parameter count, a check of its weight files without reading
+// the data, and the memory plan of training and generating with it on the chosen backend and
+// precision (of the largest tensor-parallel rank's shard with --tp, whose training
+// activations are shown with and without sequence parallelism).
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -48,7 +49,7 @@ int tr_cmd_info(int argc, char **argv) {
     const char *precision = getenv("TROUPE_PRECISION");
     long tokens = 4096, device = 0, kv_tokens = 0, tp = 1;
     double memory_gb = 0;
-    bool help = false;
+    bool help = false, sp = false;
     tr_arg args[] = {
         {"model", TR_ARG_STR, &model, "DIR", "Hugging Face checkpoint directory (config.json, "
                                              "safetensors)", true, false},
@@ -65,13 +66,15 @@ int tr_cmd_info(int argc, char **argv) {
                                                      "device's free memory", false, false},
         {"tp", TR_ARG_INT, &tp, "N", "plan one rank of a model split over N tensor-parallel "
                                      "ranks (default 1)", false, false},
+        {"sequence-parallel", TR_ARG_FLAG, &sp, NULL, "with --tp: plan with sequence "
+         "parallelism (norms and the residual stream split along the sequence)", false, false},
         {NULL, 0, NULL, NULL, NULL, false, false},
     };
     int rc = tr_args_parse(CMD, argc, argv, args, NULL, 0, NULL, &help);
     if (rc) return rc;
     if (help) {
         tr_args_usage(CMD, "--model DIR [--tokens N] [--backend cpu|cuda] [--device N] [--precision fp32|bf16] "
-                      "[--kv-tokens N] [--memory-gb G] [--tp N]",
+                      "[--kv-tokens N] [--memory-gb G] [--tp N [--sequence-parallel]]",
                       "Prints a checkpoint's configuration, parameter count and the memory plan "
                       "of training it (weights, gradients, Adam moments, activations) and "
                       "generating with it (the KV cache the memory left holds).", args);
@@ -83,6 +86,10 @@ int tr_cmd_info(int argc, char **argv) {
     }
     if (kv_tokens < 0 || !(memory_gb >= 0) || tp < 1 || tp > 1024) {
         fprintf(stderr, "troupe %s: --kv-tokens and --memory-gb must be >= 0, --tp in 1..1024\n", CMD);
+        return 2;
+    }
+    if (sp && tp < 2) {
+        fprintf(stderr, "troupe %s: --sequence-parallel needs --tp 2 or more\n", CMD);
         return 2;
     }
     if ((rc = tr_cli_backend_check(CMD, backend, device, precision)) != 0) return rc;
@@ -149,6 +156,7 @@ int tr_cmd_info(int argc, char **argv) {
     // With --tp, the ranks' shards differ by a vocabulary row at most: the largest plan.
     tr_plan plan;
     tr_tp shape;
+    int32_t rank = 0;
     int prc = tr_tp_init(&shape, &c, (int32_t)tp, 0, &err);
     for (int32_t r = 0; prc == 0 && r < (int32_t)tp; r++) {
         tr_plan p;
@@ -156,9 +164,19 @@ int tr_cmd_info(int argc, char **argv) {
                           .generate = c.head == TR_HEAD_LM, .kv_tokens = kv_tokens,
                           .kv_want = (int64_t)1 << 30, .max_seqs_want = (int32_t)tokens,
                           .budget = (size_t)(memory_gb * (double)(1 << 30)),
-                          .tp_size = (int32_t)tp, .tp_rank = r};
+                          .tp_size = (int32_t)tp, .tp_rank = r, .sequence_parallel = sp};
         prc = tr_plan_make(&be, &pr, &p, &err);
-        if (prc == 0 && (r == 0 || p.total > plan.total)) plan = p;
+        if (prc == 0 && (r == 0 || p.total > plan.total)) {
+            plan = p;
+            rank = r;
+        }
+    }
+    // That rank's training activations both ways: what sequence parallelism saves.
+    size_t acts[2] = {0, 0};
+    for (int k = 0; k < 2 && tp > 1; k++) {
+        tr_model_opts mo = {.max_tokens = (int32_t)tokens, .training = true, .tp_size = (int32_t)tp,
+                            .tp_rank = rank, .sequence_parallel = k};
+        acts[k] = tr_model_arena_bytes(&c, &mo, be.act);
     }
     tr_dt act = be.act, wt = be.wt;
     tr_backend_free(&be);
@@ -179,6 +197,11 @@ int tr_cmd_info(int argc, char **argv) {
         printf("tensor par.   tp %ld: %d query and %d key/value heads%s, %d intermediate channels "
                "and about %d vocabulary rows per rank\n", tp, shape.n_heads, shape.n_kv_heads,
                shape.kv_replicas > 1 ? " (replicated)" : "", shape.inter, shape.vocab);
+    if (tp > 1)
+        printf("sequence par. %s: training activations %.1f MiB per rank with it, %.1f MiB "
+               "without (%.1f MiB saved)\n", sp ? "on" : "off (--sequence-parallel)",
+               (double)acts[1] / (1 << 20), (double)acts[0] / (1 << 20),
+               ((double)acts[0] - (double)acts[1]) / (1 << 20));
     printf("memory plan to train and generate in %s on %s%s, %ld tokens per micro-batch%s:\n%s",
            tr_dt_name(act), backend, strcmp(backend, "cuda") == 0 ? " (this device's free memory)" : "",
            tokens, tp > 1 ? ", per tensor-parallel rank" : "", text);

@@ -238,7 +238,7 @@ int tr_cmd_logprobs(int argc, char **argv) {
     long threads = 0, batch_tokens = 4096, device = 0, tp = 1;
     const char *backend = getenv("TROUPE_BACKEND") ? getenv("TROUPE_BACKEND") : "cpu";
     const char *precision = getenv("TROUPE_PRECISION");
-    bool progress = false, quiet = false;
+    bool progress = false, quiet = false, sp = false;
     tr_arg table[] = {
         {"model", TR_ARG_STR, &model_dir, "DIR", "Hugging Face model directory (a causal LM)",
          true, false},
@@ -253,6 +253,8 @@ int tr_cmd_logprobs(int argc, char **argv) {
          "rank r uses N + r)", false, false},
         {"tp", TR_ARG_INT, &tp, "N", "tensor-parallel ranks: the model split over N local "
          "processes (default 1)", false, false},
+        {"sequence-parallel", TR_ARG_FLAG, &sp, NULL, "with --tp: norms and the residual stream "
+         "split along the sequence (less activation memory; results equal to rounding)", false, false},
         {"precision", TR_ARG_STR, &precision, "P", TR_CLI_PRECISION_HELP, false, false},
         {"batch-tokens", TR_ARG_INT, &batch_tokens, "N",
          "tokens per forward pass; longer sequences get a pass of their own (default 4096)",
@@ -268,7 +270,7 @@ int tr_cmd_logprobs(int argc, char **argv) {
     if (rc) return rc;
     if (help) {
         tr_args_usage(CMD, "--model DIR --data FILE.jsonl [--out FILE] [--threads N] "
-                      "[--backend cpu|cuda] [--device N] [--precision fp32|bf16] [--tp N] "
+                      "[--backend cpu|cuda] [--device N] [--precision fp32|bf16] [--tp N [--sequence-parallel]] "
                       "[--batch-tokens N] [--progress | --quiet]",
                       "Writes one line {\"logprobs\": [...]} per input line, in input order:\n"
                       "logprobs[i] = ln p(input_ids[i+1] | input_ids[0..i]), len - 1 values.\n"
@@ -281,6 +283,10 @@ int tr_cmd_logprobs(int argc, char **argv) {
         tp < 1 || tp > 64) {
         fprintf(stderr, "troupe %s: --threads must be in 0..1024, --batch-tokens in "
                 "1..16777216 and --tp in 1..64\n", CMD);
+        return 2;
+    }
+    if (sp && tp < 2) {
+        fprintf(stderr, "troupe %s: --sequence-parallel needs --tp 2 or more\n", CMD);
         return 2;
     }
     if ((rc = tr_cli_backend_check(CMD, backend, device, precision)) != 0) return rc;
@@ -333,7 +339,7 @@ int tr_cmd_logprobs(int argc, char **argv) {
     }
     tr_model m;
     tr_model_opts opts = {.max_tokens = max_tokens, .training = false, .tp_size = (int32_t)tp,
-                          .tp_rank = ranks.rank};
+                          .tp_rank = ranks.rank, .sequence_parallel = sp};
     tr_pack pk = {0};
     float *lp = malloc((size_t)max_tokens * sizeof(float));
     output o = {0};

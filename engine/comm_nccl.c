@@ -179,6 +179,7 @@ static ncclResult_t enqueue(nccl_comm *n, const tr_comm_call *call, cudaStream_t
                        : ncclAllGather(mine, buf, k[0], t, n->comm, st);
     }
     ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return r;   // no group was opened: nothing to end
     size_t off = 0;
     for (int32_t root = 0; root < c->world && (r == ncclSuccess || r == ncclInProgress); off += k[root], root++) {
         char *seg = buf + off * es;

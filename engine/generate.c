@@ -47,8 +47,7 @@ void tr_generator_free(tr_generator *g) {
     if (g->model) {
         tr_dev_free(g->model->be, g->dev);
         tr_dev_free(g->model->be, g->sample_scratch);
-        tr_dev_free(g->model->be, g->logits);
-        tr_dev_free(g->model->be, g->gather);
+        if (g->vp.model) tr_sample_tp_free(&g->vp);
     }
     tr_kvcache_free(&g->cache);
     free(g->row_ids);
@@ -126,18 +125,18 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
     off[7] = total;
     total += al;
     tr_backend *be = m->be;
-    size_t scratch = be->ops->sample_scratch_bytes(be, (int32_t)lrows, m->cfg.vocab_size);
     g->dev = tr_dev_alloc(be, total * 4, "generation tables", err);
-    g->sample_scratch = g->dev ? tr_dev_alloc(be, scratch ? scratch : 4, "sampling scratch", err)
-                               : NULL;
-    // Tensor parallelism: the sampler draws from whole rows gathered from every rank's
-    // columns, so all ranks draw the same ids from the same streams.
-    size_t full = lrows * (size_t)m->cfg.vocab_size * tr_dt_size(m->act);
-    if (g->sample_scratch && m->tp.size > 1) {
-        g->logits = tr_dev_alloc(be, full, "gathered logits", err);
-        g->gather = g->logits ? tr_dev_alloc(be, full, "logits gather scratch", err) : NULL;
+    // Tensor parallelism: the ranks draw the same ids from their columns of the logits
+    // (engine/sample_tp.h), as one rank's sample op would from the whole rows.
+    rc = g->dev ? 0 : -1;
+    if (!rc && m->tp.size > 1) {
+        rc = tr_sample_tp_init(&g->vp, m, (int32_t)lrows, err);
+    } else if (!rc) {
+        size_t scratch = be->ops->sample_scratch_bytes(be, (int32_t)lrows, m->cfg.vocab_size);
+        g->sample_scratch = tr_dev_alloc(be, scratch ? scratch : 4, "sampling scratch", err);
+        rc = g->sample_scratch ? 0 : -1;
     }
-    if (!g->sample_scratch || (m->tp.size > 1 && !g->gather)) {
+    if (rc != 0) {
         tr_generator_free(g);
         return tr_err_wrap(err, "generate");
     }
@@ -283,22 +282,20 @@ static int start_samples(gen_run *run, tr_err *err) {
 // Draws row i's next token for output outs[i] from row i of m->acts.logits (row 0 for every
 // draw when rows_same: the samples of one prompt) with the backend's sample op, which also
 // gives the token's logprob under the unmodified distribution, with logsoftmax_forward's
-// arithmetic: the training path's number. Only ids and logprobs come to the host.
+// arithmetic: the training path's number. Under tensor parallelism each rank holds its
+// columns of the rows: the ranks draw together (tr_sample_tp_draw) and the logprob is the
+// vocab-parallel log-softmax's. Only ids and logprobs come to the host.
 static int sample_rows(gen_run *run, const int32_t *outs, int32_t n, bool rows_same,
                        tr_err *err) {
     tr_generator *g = run->g;
     tr_model *m = g->model;
     tr_backend *be = m->be;
-    const int32_t V = m->cfg.vocab_size, Vl = m->tp.vocab;
+    const int32_t Vl = m->tp.vocab;   // the rank's columns: the whole vocabulary at tp 1
     const size_t es = tr_dt_size(m->act);
     const bool tp = m->tp.size > 1;
-    char *logits = tp ? g->logits : m->acts.logits;
-    for (int32_t i = 1; rows_same && i < n; i++) {
-        be->ops->copy(be, logits + (size_t)i * V * es, logits, (size_t)V * es);
-        if (tp)   // the local rows too, for the logprob below
-            be->ops->copy(be, (char *)m->acts.logits + (size_t)i * Vl * es, m->acts.logits,
-                          (size_t)Vl * es);
-    }
+    char *logits = m->acts.logits;
+    for (int32_t i = 1; rows_same && i < n; i++)
+        be->ops->copy(be, logits + (size_t)i * Vl * es, logits, (size_t)Vl * es);
     for (int32_t i = 0; i < n; i++) {
         const tr_gen_request *r = &run->reqs[run->outs[outs[i]].request];
         const tr_rng *rng = &run->rngs[outs[i]];
@@ -308,10 +305,14 @@ static int sample_rows(gen_run *run, const int32_t *outs, int32_t n, bool rows_s
                                          .used = rng->used};
     }
     be->ops->upload(be, g->d_draw, g->row_draw, (size_t)n * sizeof(tr_sample_row));
-    be->ops->sample(be, g->d_target, g->d_lp, logits, g->d_draw, n, V, g->sample_scratch,
-                    g->d_near);
-    // The logprob by the training path's vocab-parallel log-softmax, its bits too.
-    if (tp && tr_lm_head_vp_logprob(m, g->d_target, n, g->d_lp, err) != 0) return -1;
+    if (!tp) {
+        be->ops->sample(be, g->d_target, g->d_lp, logits, g->d_draw, n, Vl, g->sample_scratch,
+                        g->d_near);
+    } else if (tr_sample_tp_draw(&g->vp, g->d_target, g->d_draw, g->row_draw, n, g->d_near,
+                                 err) != 0 ||
+               tr_lm_head_vp_logprob(m, g->d_target, n, g->d_lp, err) != 0) {
+        return -1;   // the logprob is the training path's vocab-parallel one, its bits too
+    }
     be->ops->download(be, g->row_target, g->d_target, (size_t)n * sizeof(int32_t));
     be->ops->download(be, g->row_lp, g->d_lp, (size_t)n * sizeof(float));
     if (tr_dev_sync(be, "generate: sampling", err) != 0) return -1;
@@ -328,14 +329,10 @@ static int sample_rows(gen_run *run, const int32_t *outs, int32_t n, bool rows_s
     return 0;
 }
 
-// Logits of rows [r0, r0 + n) of the pass into acts.logits (this rank's columns), and the
-// whole rows into g->logits under tensor parallelism; both in the activation dtype, which
-// the sample op reads.
+// Logits of rows [r0, r0 + n) of the pass into acts.logits (this rank's columns), in the
+// activation dtype, which the sample op reads.
 static int pass_logits(tr_generator *g, int32_t r0, int32_t n, tr_err *err) {
-    tr_model *m = g->model;
-    if (tr_lm_head_chunk_logits(m, r0, n, err) != 0) return -1;
-    if (m->tp.size == 1) return 0;
-    return tr_lm_head_gather_logits(m, m->acts.logits, n, g->logits, g->gather, err);
+    return tr_lm_head_chunk_logits(g->model, r0, n, err);
 }
 
 // Samples the first token of each sample of a request from its prompt's last logits row

@@ -18,6 +18,7 @@
 #include "engine/model.h"
 #include "engine/rng.h"
 #include "engine/sample.h"
+#include "engine/sample_tp.h"
 
 typedef struct tr_gen_request {
     const int32_t *prompt;
@@ -107,10 +108,8 @@ typedef struct tr_generator {
     float *d_lp;                // [logit_rows] their logprobs
     tr_sample_row *d_draw;      // [logit_rows]
     int32_t *d_near;            // near-boundary draws of the current call
-    void *sample_scratch;       // the sample op's
-    void *logits, *gather;      // tensor parallelism: [logit_rows, vocab] whole rows and the
-                                // gather's scratch, activation dtype (NULL at size 1:
-                                // acts.logits serves)
+    void *sample_scratch;       // the sample op's (NULL under tensor parallelism)
+    tr_sample_tp vp;            // tensor parallelism: the vocab-parallel sampler (else unset)
     tr_gen_slot *slots;         // [max_seqs]; slots [0, n_active) are decoding
     int32_t n_active;
     int32_t reserved;           // blocks promised to admitted samples, not yet taken

@@ -128,44 +128,6 @@ void tr_lm_head_backward(tr_model *m, const int32_t *targets, const float *dlogp
     m->logits_cached = false;
 }
 
-// Element i of an activation-dtype buffer.
-static void *act_at(const tr_model *m, const void *p, size_t i) {
-    return (char *)p + i * tr_dt_size(m->act);
-}
-
-int tr_lm_head_gather_logits(tr_model *m, const void *local, int32_t n, void *out,
-                             void *scratch, tr_err *err) {
-    const int32_t R = m->tp.size, V = m->cfg.vocab_size;
-    const size_t es = tr_dt_size(m->act);
-    if (R == 1) {
-        if (out != local) m->be->ops->copy(m->be, out, local, (size_t)n * V * es);
-        return 0;
-    }
-    if (!m->tp_comm) return tr_errf(err, TR_EINVAL, "lm head: no tensor-parallel communicator");
-    size_t counts[TR_COMM_MAX_RANKS] = {0}, at = 0, mine = 0;
-    for (int32_t r = 0; r < R; r++) {
-        counts[r] = (size_t)n * (size_t)(tr_tp_vocab_begin(V, R, r + 1) - tr_tp_vocab_begin(V, R, r));
-        if (r == m->tp.rank) mine = at;
-        at += counts[r];
-    }
-    const tr_ops *op = m->be->ops;
-    op->copy(m->be, act_at(m, scratch, mine), local, counts[m->tp.rank] * es);
-    // bf16 values move unchanged: an all-gather adds nothing.
-    enum tr_comm_dtype ct = m->act == TR_BF16 ? TR_COMM_BF16 : TR_COMM_F32;
-    if (tr_comm_all_gather(m->tp_comm, scratch, counts, ct, err) != 0)
-        return tr_err_wrap(err, "lm head: gathering logits");
-    // Rank r's block is [n, its columns]: row i's columns go to their place in out's row i.
-    at = 0;
-    for (int32_t r = 0; r < R; r++) {
-        int32_t v0 = tr_tp_vocab_begin(V, R, r), vr = tr_tp_vocab_begin(V, R, r + 1) - v0;
-        for (int32_t i = 0; i < n; i++)
-            op->copy(m->be, act_at(m, out, (size_t)i * V + v0),
-                     act_at(m, scratch, at + (size_t)i * vr), (size_t)vr * es);
-        at += counts[r];
-    }
-    return 0;
-}
-
 static int check_rows(const tr_model *m, int32_t row0, int32_t n, int32_t max, tr_err *err) {
     if (need_head(m, TR_HEAD_LM, "lm head logits", err) != 0) return -1;
     if (row0 < 0 || n < 0 || row0 + n > m->docs.n_tokens)

@@ -27,11 +27,6 @@ int tr_lm_head_chunk_logits(tr_model *m, int32_t row0, int32_t n, tr_err *err);
 // fp32 activations the GEMM writes out itself and n may exceed logit_rows; otherwise the
 // rows pass through acts.logits.
 int tr_lm_head_logits(tr_model *m, int32_t row0, int32_t n, float *out, tr_err *err);
-// Tensor parallelism: the whole rows from every rank's columns (local[n, tp.vocab], each
-// rank's, activation dtype) into out[n, vocab] on every rank, through scratch (n * vocab
-// values of the activation dtype, backend memory); collective. A copy at size 1.
-int tr_lm_head_gather_logits(tr_model *m, const void *local, int32_t n, void *out,
-                             void *scratch, tr_err *err);
 // Tensor parallelism: logprob[i] (backend memory) of targets[i] (backend memory) under the
 // n rows of local logits in acts.logits, by the vocab-parallel log-softmax the forward uses,
 // so a sampled token's logprob has the training path's bits; collective.

@@ -2,7 +2,8 @@
 // passes from token ids to the final RMSNorm and back. Every numeric step is an op of the
 // backend table; this file only decides shapes, order and where each tensor lives, and, under
 // tensor parallelism, where the all-reduces go (Megatron's places: after the vocab-parallel
-// embedding and each row-parallel projection forward, before each norm backward).
+// embedding and each row-parallel projection forward, before each norm backward), or with
+// sequence parallelism the reduce-scatters and all-gathers that replace them.
 #include "engine/model.h"
 
 #include <assert.h>
@@ -30,6 +31,13 @@
 //              d_qkv A T*QKV, d_att A T*Q, d_gu A T*2I, d_act A T*I, with a value/score
 //              head d_head_out F T*N + A T*N (the LM head's d_logits overwrite its logits);
 //              with QK-norm d_qkv_n A T*QKV
+// Under tensor parallelism C stays whole and Q, K, I and V are the rank's; vp_stats (LM),
+// vp_mean (LM, training) and tp_red F T*C (training, A not fp32) follow. Sequence
+// parallelism shards the regions between the tensor-parallel blocks along the sequence:
+// with Ts = ceil(T / tp) rows, the residual stream, ln1, ln2, res_mid, their rstd, lnf_rstd
+// and d_res take Ts rows instead of T, d_res_a is always its own A T*C, and sp_ln A T*C and
+// sp_red F T*C (which serves as tp_red) are added once: per layer and token training saves
+// (1 - 1/tp) of 2C values of A and 2C + 2 of F (troupe info --tp N prints it).
 // Per token that is about L(2C + QKV + Q + 3I) elements of A and (L+1)C + L(C + H) of F
 // when training: for a Qwen2-0.5B shape (C 896, Q 896, K 128, H 14, I 4864, L 24) 0.44 M
 // values of A and 0.04 M of F, 1.0 MB a token in bf16 (1.9 MB in fp32), 4.3 GB for a
@@ -73,6 +81,8 @@ static size_t layout_arena(const tr_model_config *cfg, const tr_tp *tp, int32_t 
     const size_t H = (size_t)cfg->n_heads, G = (size_t)cfg->n_kv_heads;
     const size_t V = (size_t)tp->vocab;
     const size_t N = (size_t)head_width(cfg), t = (size_t)T;
+    // Rows of the buffers sequence parallelism shards: the most any rank holds.
+    const size_t ts = tp->sp ? (size_t)tr_tp_seq_max_rows(T, tp->size) : t;
     const size_t A = tr_dt_size(act), F = sizeof(float);
     const int32_t L = cfg->n_layers;
 #define TAKE(ptr, n, es)                                   \
@@ -84,7 +94,7 @@ static size_t layout_arena(const tr_model_config *cfg, const tr_tp *tp, int32_t 
     float *res_bufs[2] = {NULL, NULL};
     for (int32_t l = 0; l < n_res; l++) {
         float *p = NULL;
-        TAKE(p, t * C, F);
+        TAKE(p, ts * C, F);
         if (base) {
             if (training) a->residual[l] = p;
             else res_bufs[l] = p;
@@ -95,14 +105,14 @@ static size_t layout_arena(const tr_model_config *cfg, const tr_tp *tp, int32_t 
     int32_t n_sets = training ? L : 1;
     for (int32_t l = 0; l < n_sets; l++) {
         tr_layer_acts la = {0};
-        TAKE(la.ln1, t * C, A);
-        TAKE(la.ln1_rstd, t, F);
+        TAKE(la.ln1, ts * C, A);
+        TAKE(la.ln1_rstd, ts, F);
         TAKE(la.qkv, t * QKV, A);
         TAKE(la.att, t * Q, A);
         TAKE(la.att_lse, t * H, F);
-        TAKE(la.res_mid, t * C, F);
-        TAKE(la.ln2, t * C, A);
-        TAKE(la.ln2_rstd, t, F);
+        TAKE(la.res_mid, ts * C, F);
+        TAKE(la.ln2, ts * C, A);
+        TAKE(la.ln2_rstd, ts, F);
         TAKE(la.gu, t * 2 * I, A);
         TAKE(la.act, t * I, A);
         if (cfg->qk_norm) {
@@ -125,10 +135,11 @@ static size_t layout_arena(const tr_model_config *cfg, const tr_tp *tp, int32_t 
         a->d_res_a = a->d_lnf = a->d_ln = a->d_qkv = a->d_qkv_n = a->d_att = NULL;
         a->d_gu = a->d_act = a->d_head_out_a = NULL;
         a->vp_stats = a->vp_mean = NULL;
-        a->tp_red = NULL;
+        a->tp_red = a->sp_red = NULL;
+        a->sp_ln = NULL;
     }
     TAKE(a->lnf, t * C, A);
-    TAKE(a->lnf_rstd, t, F);
+    TAKE(a->lnf_rstd, ts, F);
     if (cfg->head == TR_HEAD_LM) {
         TAKE(a->logits, (size_t)R * V, A);
         TAKE(a->lse, t, F);
@@ -136,8 +147,9 @@ static size_t layout_arena(const tr_model_config *cfg, const tr_tp *tp, int32_t 
         TAKE(a->head_out, t * N, F);
     }
     if (training) {
-        TAKE(a->d_res, t * C, F);
-        if (act != TR_F32) TAKE(a->d_res_a, t * C, A);
+        TAKE(a->d_res, ts * C, F);
+        // Under sequence parallelism d_res holds the rank's rows and d_res_a every rank's.
+        if (act != TR_F32 || tp->sp) TAKE(a->d_res_a, t * C, A);
         else if (base) a->d_res_a = a->d_res;
         TAKE(a->d_ln, t * C, A);
         TAKE(a->d_qkv, t * QKV, A);
@@ -154,7 +166,14 @@ static size_t layout_arena(const tr_model_config *cfg, const tr_tp *tp, int32_t 
     if (tp->size > 1) {
         if (cfg->head == TR_HEAD_LM) TAKE(a->vp_stats, (size_t)tp->size * R * 4, sizeof(double));
         if (cfg->head == TR_HEAD_LM && training) TAKE(a->vp_mean, t, sizeof(double));
-        if (training && act != TR_F32) TAKE(a->tp_red, t * C, F);
+        if (tp->sp) {
+            TAKE(a->sp_ln, t * C, A);
+            TAKE(a->sp_red, t * C, F);
+            // Backward's widened reductions never overlap sp_red's uses.
+            if (base && training) a->tp_red = a->sp_red;
+        } else if (training && act != TR_F32) {
+            TAKE(a->tp_red, t * C, F);
+        }
     }
 #undef TAKE
     return off;
@@ -163,7 +182,9 @@ static size_t layout_arena(const tr_model_config *cfg, const tr_tp *tp, int32_t 
 // The rank's shape from the options (size 0: the whole model).
 static int opts_tp(const tr_model_config *cfg, const tr_model_opts *opts, tr_tp *tp, tr_err *err) {
     int32_t size = opts->tp_size > 0 ? opts->tp_size : 1;
-    return tr_tp_init(tp, cfg, size, size > 1 ? opts->tp_rank : 0, err);
+    if (tr_tp_init(tp, cfg, size, size > 1 ? opts->tp_rank : 0, err) != 0) return -1;
+    tp->sp = size > 1 && opts->sequence_parallel;
+    return 0;
 }
 
 static int32_t opts_logit_rows(const tr_tp *tp, const tr_model_opts *opts) {
@@ -588,6 +609,33 @@ static int check_batch(const tr_model *m, const int32_t *ids, const tr_doc_layou
     return 0;
 }
 
+// Rows of the residual stream (and of the norms' outputs) this rank holds in the current
+// batch of T: all of them, or its part under sequence parallelism.
+static int32_t seq_rows(const tr_model *m, int32_t T) { return m->tp.sp ? m->sp_rows : T; }
+
+// Row r of an activation-dtype [.., C] buffer.
+static void *act_row(const tr_model *m, void *p, int32_t r) {
+    return offset_bytes(p, act_bytes(m, (size_t)r * m->cfg.hidden_size));
+}
+
+// Under sequence parallelism the ranks' parts of a row-parallel projection are
+// reduce-scattered, and each rank adds the sums of its rows to its rows of the residual x
+// afterwards; rank 0's part carries the bias. x cannot start rank 0's part as it does
+// without sequence parallelism: which rank holds a row depends on the batch's length, and a
+// row's bits must not (a rollout's logprobs are training's, bit for bit).
+static int row_parallel_sp(tr_model *m, float *out, const float *x, const void *in,
+                           const void *w, const void *bias, int32_t T, int32_t IC, int32_t OC,
+                           tr_err *err) {
+    const tr_ops *op = m->be->ops;
+    float *part = m->acts.sp_red;
+    op->matmul_forward(m->be, part, in, w, m->tp.rank == 0 ? bias : NULL, T, IC, OC,
+                       TR_MM_OUT_F32);
+    if (tr_model_sp_scatter(m, part, T, err) != 0) return -1;
+    if (m->sp_rows > 0)
+        op->add(m->be, out, x, part + (size_t)m->sp_row0 * OC, (size_t)m->sp_rows * OC);
+    return 0;
+}
+
 // A row-parallel projection into the residual stream: out = x + in @ w^T + bias. Each rank
 // holds w's columns for its part of in; rank 0 starts from x and adds the bias (once), the
 // others from zero, and the all-reduce sums the parts (rank 0 first: every rank gets the
@@ -595,6 +643,7 @@ static int check_batch(const tr_model *m, const int32_t *ids, const tr_doc_layou
 static int row_parallel(tr_model *m, float *out, const float *x, const void *in, const void *w,
                         const void *bias, int32_t T, int32_t IC, int32_t OC, tr_err *err) {
     const tr_ops *op = m->be->ops;
+    if (m->tp.sp) return row_parallel_sp(m, out, x, in, w, bias, T, IC, OC, err);
     if (m->tp.rank == 0) {
         op->copy(m->be, out, x, (size_t)T * OC * sizeof(float));
         op->matmul_forward(m->be, out, in, w, bias, T, IC, OC, TR_MM_OUT_F32 | TR_MM_ACCUMULATE);
@@ -602,6 +651,51 @@ static int row_parallel(tr_model *m, float *out, const float *x, const void *in,
         op->matmul_forward(m->be, out, in, w, NULL, T, IC, OC, TR_MM_OUT_F32);
     }
     return tr_model_tp_sum(m, out, (size_t)T * OC, err);
+}
+
+// The vocab-parallel embedding into residual[0]: each rank its vocabulary's rows (zeros for
+// other ranks' ids), summed over the group, or under sequence parallelism reduce-scattered
+// into each rank's rows.
+static int embed_forward(tr_model *m, int32_t T, tr_err *err) {
+    const tr_ops *op = m->be->ops;
+    const int32_t C = m->cfg.hidden_size;
+    tr_acts *a = &m->acts;
+    const int32_t *ids = m->tp.size > 1 ? m->d_emb_ids : m->d_ids;
+    if (!m->tp.sp) {
+        op->embedding_forward(m->be, a->residual[0], ids, m->w.embed, T, C);
+        return tr_model_tp_sum(m, a->residual[0], (size_t)T * C, err);
+    }
+    op->embedding_forward(m->be, a->sp_red, ids, m->w.embed, T, C);
+    if (tr_model_sp_scatter(m, a->sp_red, T, err) != 0) return -1;
+    if (m->sp_rows > 0)
+        op->copy(m->be, a->residual[0], a->sp_red + (size_t)m->sp_row0 * C,
+                 (size_t)m->sp_rows * C * sizeof(float));
+    return 0;
+}
+
+// A norm of the residual stream ahead of a column-parallel projection: out and rstd for the
+// rank's rows of x. Returns the projection's input over all T rows: out, or under sequence
+// parallelism every rank's rows of out gathered into acts.sp_ln (NULL when that failed).
+static const void *norm_forward(tr_model *m, void *out, float *rstd, const float *x,
+                                const void *w, int32_t T, tr_err *err) {
+    const int32_t n = seq_rows(m, T);
+    if (n > 0)
+        m->be->ops->rmsnorm_forward(m->be, out, rstd, x, w, m->cfg.rms_norm_eps, n,
+                                    m->cfg.hidden_size);
+    if (!m->tp.sp) return out;
+    return tr_model_sp_gather(m, m->acts.sp_ln, out, m->act, T, err) != 0 ? NULL : m->acts.sp_ln;
+}
+
+// The final norm: lnf, the heads' input, holds every row (gathered from the ranks' rows
+// under sequence parallelism, each rank writing its rows in place).
+static int final_norm_forward(tr_model *m, int32_t T, tr_err *err) {
+    tr_acts *a = &m->acts;
+    const int32_t row0 = m->tp.sp ? m->sp_row0 : 0, n = seq_rows(m, T);
+    void *mine = act_row(m, a->lnf, row0);
+    if (n > 0)
+        m->be->ops->rmsnorm_forward(m->be, mine, a->lnf_rstd, a->residual[m->cfg.n_layers],
+                                    m->w.final_norm, m->cfg.rms_norm_eps, n, m->cfg.hidden_size);
+    return m->tp.sp ? tr_model_sp_gather(m, a->lnf, mine, m->act, T, err) : 0;
 }
 
 // The layer stack over the T rows already copied into m->ids / m->pos. Attention is the only
@@ -616,16 +710,14 @@ static int trunk_forward(tr_model *m, int32_t T, tr_attend_fn attend, void *ctx,
     const int32_t H = c->n_heads, KVH = c->n_kv_heads, D = c->head_dim;
     const int32_t Q = H * D, QKV = m->qkv_ld;
     tr_acts *a = &m->acts;
-    // The vocab-parallel embedding: each rank its rows (zeros for other ranks' ids), summed.
-    op->embedding_forward(be, a->residual[0], m->tp.size > 1 ? m->d_emb_ids : m->d_ids,
-                          m->w.embed, T, C);
-    if (tr_model_tp_sum(m, a->residual[0], (size_t)T * C, err) != 0) return -1;
+    if (embed_forward(m, T, err) != 0) return -1;
     for (int32_t l = 0; l < c->n_layers; l++) {
         const tr_layer_params *w = &m->w.layers[l];
         tr_layer_acts *la = &a->layers[l];
         const float *x = a->residual[l];
-        op->rmsnorm_forward(be, la->ln1, la->ln1_rstd, x, w->attn_norm, c->rms_norm_eps, T, C);
-        op->matmul_forward(be, la->qkv, la->ln1, w->wqkv, w->bqkv, T, C, QKV, 0);
+        const void *in = norm_forward(m, la->ln1, la->ln1_rstd, x, w->attn_norm, T, err);
+        if (!in) return -1;
+        op->matmul_forward(be, la->qkv, in, w->wqkv, w->bqkv, T, C, QKV, 0);
         // With QK-norm each head's D values of q and k are normed into qkv_n; v stays put.
         if (c->qk_norm) {
             op->head_rmsnorm_forward(be, la->q, la->q_rstd, la->qkv, w->q_norm, c->rms_norm_eps,
@@ -638,17 +730,15 @@ static int trunk_forward(tr_model *m, int32_t T, tr_attend_fn attend, void *ctx,
         attend(ctx, m, l, la, T);
         // The projections back into the residual stream add into it in fp32.
         if (row_parallel(m, la->res_mid, x, la->att, w->wo, w->bo, T, Q, C, err) != 0) return -1;
-        op->rmsnorm_forward(be, la->ln2, la->ln2_rstd, la->res_mid, w->mlp_norm,
-                            c->rms_norm_eps, T, C);
-        op->matmul_forward(be, la->gu, la->ln2, w->w_gu, NULL, T, C, 2 * I, 0);
+        if (!(in = norm_forward(m, la->ln2, la->ln2_rstd, la->res_mid, w->mlp_norm, T, err)))
+            return -1;
+        op->matmul_forward(be, la->gu, in, w->w_gu, NULL, T, C, 2 * I, 0);
         op->swiglu_forward(be, la->act, la->gu, T, I);
         if (row_parallel(m, a->residual[l + 1], la->res_mid, la->act, w->w_down, NULL, T, I, C,
                          err) != 0)
             return -1;
     }
-    op->rmsnorm_forward(be, a->lnf, a->lnf_rstd, a->residual[c->n_layers], m->w.final_norm,
-                        c->rms_norm_eps, T, C);
-    return 0;
+    return final_norm_forward(m, T, err);
 }
 
 static void attend_docs(void *ctx, tr_model *m, int32_t layer, tr_layer_acts *la, int32_t T) {
@@ -673,6 +763,10 @@ static void set_batch(tr_model *m, int32_t T, int32_t n_docs) {
     }
     op->upload(m->be, m->d_pos, m->pos, (size_t)T * sizeof(int32_t));
     op->upload(m->be, m->d_doc_start, m->doc_start, ((size_t)n_docs + 1) * sizeof(int32_t));
+    if (m->tp.sp) {
+        m->sp_row0 = tr_tp_seq_begin(T, m->tp.size, m->tp.rank);
+        m->sp_rows = tr_tp_seq_begin(T, m->tp.size, m->tp.rank + 1) - m->sp_row0;
+    }
     m->docs.n_tokens = m->host_docs.n_tokens = T;
     m->docs.n_docs = m->host_docs.n_docs = n_docs;
     m->logits_cached = false;
@@ -719,17 +813,47 @@ int tr_model_forward_rows(tr_model *m, const int32_t *ids, const int32_t *pos, i
     return trunk_forward(m, T, attend, ctx, err);
 }
 
-// d_res (fp32) as the activation-dtype input of a GEMM backward; with fp32 activations
-// d_res_a is d_res itself.
-static void res_grad_to_act(tr_model *m, size_t n) {
+// d_res (fp32) as the activation-dtype input of a GEMM backward over all T rows: d_res_a,
+// which is d_res itself with fp32 activations; under sequence parallelism each rank
+// converts its rows and every rank's are gathered.
+static int res_grad_to_act(tr_model *m, int32_t T, tr_err *err) {
     tr_acts *a = &m->acts;
-    if (a->d_res_a != (void *)a->d_res)
-        m->be->ops->convert(m->be, a->d_res_a, m->act, a->d_res, TR_F32, n);
+    const int32_t n = seq_rows(m, T);
+    void *mine = m->tp.sp ? act_row(m, a->d_res_a, m->sp_row0) : a->d_res_a;
+    if (mine != (void *)a->d_res && n > 0)
+        m->be->ops->convert(m->be, mine, m->act, a->d_res, TR_F32, (size_t)n * m->cfg.hidden_size);
+    return m->tp.sp ? tr_model_sp_gather(m, a->d_res_a, mine, m->act, T, err) : 0;
+}
+
+// The input a column-parallel projection's weight gradient needs: the norm output ln over
+// all T rows, gathered again from the ranks' rows under sequence parallelism (NULL when that
+// failed). The forward's gather is not kept: that memory is what sequence parallelism saves.
+static const void *norm_output(tr_model *m, const void *ln, int32_t T, tr_err *err) {
+    if (!m->tp.sp) return ln;
+    return tr_model_sp_gather(m, m->acts.sp_ln, ln, m->act, T, err) != 0 ? NULL : m->acts.sp_ln;
+}
+
+// A column-parallel projection's input gradient (this rank's part, all T rows, dtype A) is
+// summed over the group before the norm it flows into: all-reduced, or under sequence
+// parallelism reduce-scattered, each rank keeping its rows.
+static int input_grad_sum(tr_model *m, void *buf, int32_t T, tr_err *err) {
+    if (m->tp.sp) return tr_model_sp_scatter_act(m, buf, T, err);
+    return tr_model_tp_sum_act(m, buf, (size_t)T * m->cfg.hidden_size, err);
+}
+
+// A norm's backward over the rank's rows: dout is the gradient of its output over all T rows
+// (A), x its input and rstd its statistics (the rank's rows); adds into d_res.
+static void norm_backward(tr_model *m, float *dw, const void *dout, const float *x,
+                          const void *w, const float *rstd, int32_t T) {
+    const int32_t n = seq_rows(m, T);
+    if (n == 0) return;
+    m->be->ops->rmsnorm_backward(m->be, m->acts.d_res, dw, act_row(m, (void *)dout,
+                                 m->tp.sp ? m->sp_row0 : 0), x, w, rstd, n, m->cfg.hidden_size);
 }
 
 // The backward of the attention block of layer l from d_res (the gradient of res_mid),
-// ending in the gradient of ln1 (d_ln, this rank's part before the all-reduce).
-static void attention_backward(tr_model *m, int32_t l) {
+// ending in the gradient of ln1 (d_ln, this rank's part before its sum over the group).
+static int attention_backward(tr_model *m, int32_t l, tr_err *err) {
     const tr_ops *op = m->be->ops;
     tr_backend *be = m->be;
     const tr_model_config *c = &m->lcfg;
@@ -739,7 +863,7 @@ static void attention_backward(tr_model *m, int32_t l) {
     const tr_layer_params *w = &m->w.layers[l], *g = &m->g.layers[l];
     const tr_layer_acts *la = &m->acts.layers[l];
     tr_acts *a = &m->acts;
-    res_grad_to_act(m, (size_t)T * C);
+    if (res_grad_to_act(m, T, err) != 0) return -1;
     // The row-parallel o_proj's bias is whole on every rank, so is its gradient.
     op->matmul_backward(be, a->d_att, g->wo, g->bo, a->d_res_a, la->att, w->wo, T, Q, C);
     // Gradients of what attention read: q and k (after RoPE, and after the QK-norm when
@@ -757,47 +881,72 @@ static void attention_backward(tr_model *m, int32_t l) {
                                   offset_bytes(la->qkv, act_bytes(m, Q)), w->k_norm,
                                   la->k_rstd, T, KVH, D, QKV);
     }
-    op->matmul_backward(be, a->d_ln, g->wqkv, g->bqkv, a->d_qkv, la->ln1, w->wqkv, T, C, QKV);
+    const void *ln1 = norm_output(m, la->ln1, T, err);
+    if (!ln1) return -1;
+    op->matmul_backward(be, a->d_ln, g->wqkv, g->bqkv, a->d_qkv, ln1, w->wqkv, T, C, QKV);
+    return 0;
+}
+
+// The MLP block of layer l from d_res (the gradient of its output), ending in the gradient
+// of ln2 (d_ln, this rank's part before its sum over the group).
+static int mlp_backward(tr_model *m, int32_t l, tr_err *err) {
+    const tr_ops *op = m->be->ops;
+    const int32_t T = m->docs.n_tokens, C = m->lcfg.hidden_size, I = m->lcfg.intermediate_size;
+    const tr_layer_params *w = &m->w.layers[l], *g = &m->g.layers[l];
+    const tr_layer_acts *la = &m->acts.layers[l];
+    tr_acts *a = &m->acts;
+    if (res_grad_to_act(m, T, err) != 0) return -1;
+    op->matmul_backward(m->be, a->d_act, g->w_down, NULL, a->d_res_a, la->act, w->w_down, T, I, C);
+    op->swiglu_backward(m->be, a->d_gu, a->d_act, la->gu, T, I);
+    const void *ln2 = norm_output(m, la->ln2, T, err);
+    if (!ln2) return -1;
+    op->matmul_backward(m->be, a->d_ln, g->w_gu, NULL, a->d_gu, ln2, w->w_gu, T, C, 2 * I);
+    return 0;
+}
+
+// The vocab-parallel embedding's gradient: each rank adds its vocabulary's rows for every
+// token, so under sequence parallelism every rank's rows of d_res are gathered (into sp_red).
+static int embed_backward(tr_model *m, tr_err *err) {
+    const int32_t T = m->docs.n_tokens;
+    tr_acts *a = &m->acts;
+    const float *d = a->d_res;
+    if (m->tp.sp) {
+        if (tr_model_sp_gather(m, a->sp_red, a->d_res, TR_F32, T, err) != 0) return -1;
+        d = a->sp_red;
+    }
+    m->be->ops->embedding_backward(m->be, m->g.embed, d, m->tp.size > 1 ? m->d_emb_ids : m->d_ids,
+                                   T, m->cfg.hidden_size, m->emb_scratch);
+    return 0;
 }
 
 int tr_model_backward(tr_model *m, tr_err *err) {
-    const tr_ops *op = m->be->ops;
-    tr_backend *be = m->be;
     const tr_model_config *c = &m->lcfg;
-    const int32_t T = m->docs.n_tokens, C = c->hidden_size, I = c->intermediate_size;
+    const int32_t T = m->docs.n_tokens;
     tr_acts *a = &m->acts;
-    const size_t TC = (size_t)T * C;
     // With the inference layout every layer's saved activations alias one set.
     assert(m->acts_training && m->grads);
 
     // Under tensor parallelism every column-parallel input gradient (the vocab-parallel LM
     // head's, [q;k;v]'s, [gate;up]'s) is this rank's part: it is summed over the group before
-    // the norm it flows into, so each norm's backward sees the whole gradient on every rank.
-    if (c->head == TR_HEAD_LM && tr_model_tp_sum_act(m, a->d_lnf, TC, err) != 0) return -1;
+    // the norm it flows into, so each norm's backward sees the whole gradient on every rank
+    // (on its rows under sequence parallelism; the value and score heads' are whole already).
+    if (c->head == TR_HEAD_LM && input_grad_sum(m, a->d_lnf, T, err) != 0) return -1;
     // The residual gradient is the one that accumulates (every norm's backward adds into it).
-    op->fill(be, a->d_res, 0.0f, TC);
-    op->rmsnorm_backward(be, a->d_res, m->g.final_norm, a->d_lnf, a->residual[c->n_layers],
-                         m->w.final_norm, a->lnf_rstd, T, C);
+    const int32_t n = seq_rows(m, T);
+    if (n > 0) m->be->ops->fill(m->be, a->d_res, 0.0f, (size_t)n * c->hidden_size);
+    norm_backward(m, m->g.final_norm, a->d_lnf, a->residual[c->n_layers], m->w.final_norm,
+                  a->lnf_rstd, T);
     for (int32_t l = c->n_layers - 1; l >= 0; l--) {
         const tr_layer_params *w = &m->w.layers[l];
         const tr_layer_params *g = &m->g.layers[l];
         const tr_layer_acts *la = &a->layers[l];
         // MLP block: d_res is the gradient of residual[l + 1] and also flows straight on.
-        res_grad_to_act(m, TC);
-        op->matmul_backward(be, a->d_act, g->w_down, NULL, a->d_res_a, la->act, w->w_down, T, I,
-                            C);
-        op->swiglu_backward(be, a->d_gu, a->d_act, la->gu, T, I);
-        op->matmul_backward(be, a->d_ln, g->w_gu, NULL, a->d_gu, la->ln2, w->w_gu, T, C, 2 * I);
-        if (tr_model_tp_sum_act(m, a->d_ln, TC, err) != 0) return -1;
-        op->rmsnorm_backward(be, a->d_res, g->mlp_norm, a->d_ln, la->res_mid, w->mlp_norm,
-                             la->ln2_rstd, T, C);
+        if (mlp_backward(m, l, err) != 0 || input_grad_sum(m, a->d_ln, T, err) != 0) return -1;
+        norm_backward(m, g->mlp_norm, a->d_ln, la->res_mid, w->mlp_norm, la->ln2_rstd, T);
         // Attention block: d_res is now the gradient of res_mid.
-        attention_backward(m, l);
-        if (tr_model_tp_sum_act(m, a->d_ln, TC, err) != 0) return -1;
-        op->rmsnorm_backward(be, a->d_res, g->attn_norm, a->d_ln, a->residual[l], w->attn_norm,
-                             la->ln1_rstd, T, C);
+        if (attention_backward(m, l, err) != 0 || input_grad_sum(m, a->d_ln, T, err) != 0)
+            return -1;
+        norm_backward(m, g->attn_norm, a->d_ln, a->residual[l], w->attn_norm, la->ln1_rstd, T);
     }
-    op->embedding_backward(be, m->g.embed, a->d_res, m->tp.size > 1 ? m->d_emb_ids : m->d_ids,
-                           T, C, m->emb_scratch);
-    return 0;
+    return embed_backward(m, err);
 }

@@ -5,7 +5,9 @@
 // may be the caller's (a worker arena, engine/arena.h), over which the views are laid out
 // again for each phase. The trunk ends at the final RMSNorm; heads.h turns its output into
 // logprobs, values or scores. Under tensor parallelism (engine/tp.h) a model is one rank's
-// shard: its heads, channels and vocabulary rows, with the all-reduces Megatron places.
+// shard: its heads, channels and vocabulary rows, with the all-reduces Megatron places; with
+// sequence parallelism the residual stream and the norms hold the rank's rows of the batch,
+// and reduce-scatters and all-gathers take the all-reduces' place.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -19,10 +21,12 @@
 #include "kernels/ops.h"
 
 // Saved activations of one decoder layer; rows are tokens, views into the arena. A: the
-// backend's activation dtype (void *), F: fp32 (ops.h).
+// backend's activation dtype (void *), F: fp32 (ops.h). Under sequence parallelism the
+// buffers marked [Ts, ..] hold the rank's rows of the batch (tr_model's sp_rows), the rest
+// all T rows.
 typedef struct tr_layer_acts {
-    void *ln1;         // A [T, C] input_layernorm output
-    float *ln1_rstd;   // F [T]
+    void *ln1;         // A [Ts, C] input_layernorm output
+    float *ln1_rstd;   // F [Ts]
     void *qkv;         // A [T, QKV] the fused projection's output (QKV = Q + 2K); q and k
                        // get RoPE in place (without QK-norm: what attention saw)
     void *qkv_n;       // A [T, QKV] QK-norm only: q and k after the per-head norm and RoPE
@@ -32,18 +36,20 @@ typedef struct tr_layer_acts {
     void *q, *k, *v;   // what attention reads: rows of stride QKV inside qkv / qkv_n
     void *att;         // A [T, Q] attention output, before o_proj
     float *att_lse;    // F [T, H]
-    float *res_mid;    // F [T, C] residual stream after the attention block
-    void *ln2;         // A [T, C] post_attention_layernorm output
-    float *ln2_rstd;   // F [T]
+    float *res_mid;    // F [Ts, C] residual stream after the attention block
+    void *ln2;         // A [Ts, C] post_attention_layernorm output
+    float *ln2_rstd;   // F [Ts]
     void *gu;          // A [T, 2I] the fused [gate; up] projection's output
     void *act;         // A [T, I] silu(gate) * up
 } tr_layer_acts;
 
 typedef struct tr_acts {
-    float **residual;      // F, n_layers + 1 pointers: [l] is layer l's input, [L] the last output
+    float **residual;      // F [Ts, C], n_layers + 1 pointers: [l] is layer l's input, [L] the
+                           // last output
     tr_layer_acts *layers; // n_layers entries (all alias one set in the inference layout)
-    void *lnf;             // A [T, C] final norm output: the input of every head
-    float *lnf_rstd;       // F [T]
+    void *lnf;             // A [T, C] final norm output: the input of every head (under
+                           // sequence parallelism gathered from every rank's rows)
+    float *lnf_rstd;       // F [Ts]
     void *logits;          // A [logit_rows, V] one chunk of LM-head logits as the GEMM rounds
                            // them (as transformers' autocast does), which the log-softmax and
                            // the sampler read; the backward overwrites them with d_logits
@@ -52,9 +58,10 @@ typedef struct tr_acts {
     float *head_out;       // F [T, num_labels] value/score projection of every token
     // Backward scratch (training layout only), reused by every layer. Activation gradients
     // are written by their one producer; only the residual stream's gradient accumulates.
-    float *d_res;          // F [T, C] gradient of the residual stream
+    float *d_res;          // F [Ts, C] gradient of the residual stream
     void *d_res_a;         // A [T, C] d_res in the activation dtype, the o_proj/down_proj
-                           // GEMMs' input (d_res itself when A is fp32)
+                           // GEMMs' input (d_res itself when A is fp32; under sequence
+                           // parallelism every rank's rows gathered)
     void *d_lnf;           // A [T, C] gradient of lnf, written by the head backward functions
     void *d_ln;            // A [T, C] gradient of a norm output (aliases d_lnf: never both live)
     void *d_qkv;           // A [T, QKV] gradient of the fused projection's output
@@ -68,7 +75,13 @@ typedef struct tr_acts {
                            // statistics of one chunk, gathered (LM head)
     double *vp_mean;       // [T] E_p[logits] of each row, for the backward (LM head, training)
     float *tp_red;         // F [T, C] an activation gradient widened for its all-reduce
-                           // (training, A not fp32)
+                           // (training, A not fp32; sp_red under sequence parallelism)
+    // Sequence parallelism only (NULL otherwise):
+    void *sp_ln;           // A [T, C] a norm's output gathered from every rank's rows: the
+                           // input of a column-parallel projection, forward and backward
+    float *sp_red;         // F [T, C] a row-parallel projection's (or the embedding's) parts
+                           // before their reduce-scatter; in backward the residual gradient
+                           // gathered for the embedding's
 } tr_acts;
 
 typedef struct tr_model {
@@ -93,6 +106,8 @@ typedef struct tr_model {
     int32_t max_tokens;         // tokens per forward (one micro-batch), fixed at init
     int32_t logit_rows;         // LM-head logits are computed this many rows at a time
     int32_t qkv_ld;             // QKV = (n_heads + 2 n_kv_heads) * head_dim: row stride of qkv
+    int32_t sp_row0, sp_rows;   // sequence parallelism: the current batch's rows this rank
+                                // holds outside the tensor-parallel blocks (tr_tp_seq_begin)
     void *arena;                // activations, arena_bytes bytes
     size_t arena_bytes;
     bool owns_arena;            // false: the caller's buffer (opts.acts), never freed here
@@ -141,6 +156,9 @@ typedef struct tr_model_opts {
     // weights loaded and the activations are the rank's; tr_model_set_tp_comm gives it the
     // group before the first forward.
     int32_t tp_size, tp_rank;
+    // Sequence parallelism (tp_size > 1; ignored at 1): the residual stream, the norms and
+    // their saved activations hold the rank's rows of each batch only.
+    bool sequence_parallel;
 } tr_model_opts;
 
 // Allocates parameters (zeroed: fp32 masters when training or when the backend's working

@@ -1,7 +1,9 @@
 // The tensor-parallel collectives of a model: sums of partial activations and gradients over
-// the group, the gradient sums of tensors several ranks hold (replicated key/value heads,
-// QK-norm weights), and gathering every rank's slices back into whole HF tensors for
-// checkpoints and tests. Collectives run in the same order on every rank of the group.
+// the group (or, with sequence parallelism, their reduce-scatters and the all-gathers of
+// every rank's rows), the gradient sums of tensors several ranks hold (replicated key/value
+// heads, QK-norm weights, sequence-parallel norms), and gathering every rank's slices back
+// into whole HF tensors for checkpoints and tests. Collectives run in the same order on every
+// rank of the group.
 #include "engine/model_tp.h"
 
 #include <stdlib.h>
@@ -30,6 +32,49 @@ int tr_model_tp_sum_act(tr_model *m, void *buf, size_t n, tr_err *err) {
     op->convert(m->be, red, TR_F32, buf, m->act, n);
     if (tr_model_tp_sum(m, red, n, err) != 0) return -1;
     op->convert(m->be, buf, m->act, red, TR_F32, n);
+    return 0;
+}
+
+// Elements of each rank's rows of a [T, hidden] buffer.
+static void sp_counts(const tr_model *m, int32_t T, size_t *counts) {
+    for (int32_t r = 0; r < m->tp.size; r++)
+        counts[r] = (size_t)(tr_tp_seq_begin(T, m->tp.size, r + 1) -
+                             tr_tp_seq_begin(T, m->tp.size, r)) * (size_t)m->cfg.hidden_size;
+}
+
+static size_t sp_offset(const tr_model *m) {
+    return (size_t)m->sp_row0 * (size_t)m->cfg.hidden_size;
+}
+
+int tr_model_sp_gather(tr_model *m, void *full, const void *rows, tr_dt dt, int32_t T,
+                       tr_err *err) {
+    if (need_comm(m, err) != 0) return -1;
+    size_t counts[TR_COMM_MAX_RANKS], es = tr_dt_size(dt);
+    sp_counts(m, T, counts);
+    char *mine = (char *)full + sp_offset(m) * es;
+    if (rows != mine && counts[m->tp.rank] > 0)
+        m->be->ops->copy(m->be, mine, rows, counts[m->tp.rank] * es);
+    return tr_comm_all_gather(m->tp_comm, full, counts, dt == TR_F32 ? TR_COMM_F32 : TR_COMM_BF16,
+                              err);
+}
+
+int tr_model_sp_scatter(tr_model *m, float *buf, int32_t T, tr_err *err) {
+    if (need_comm(m, err) != 0) return -1;
+    size_t counts[TR_COMM_MAX_RANKS];
+    sp_counts(m, T, counts);
+    return tr_comm_reduce_scatter(m->tp_comm, buf, counts, TR_COMM_F32, err);
+}
+
+int tr_model_sp_scatter_act(tr_model *m, void *buf, int32_t T, tr_err *err) {
+    if (m->act == TR_F32) return tr_model_sp_scatter(m, buf, T, err);
+    float *red = m->acts.tp_red;
+    if (!red) return tr_errf(err, TR_EINVAL, "model: no room to reduce a gradient (inference layout)");
+    const tr_ops *op = m->be->ops;
+    const size_t C = (size_t)m->cfg.hidden_size, off = sp_offset(m), mine = (size_t)m->sp_rows * C;
+    op->convert(m->be, red, TR_F32, buf, m->act, (size_t)T * C);
+    if (tr_model_sp_scatter(m, red, T, err) != 0) return -1;
+    if (mine > 0)
+        op->convert(m->be, (char *)buf + off * tr_dt_size(m->act), m->act, red + off, TR_F32, mine);
     return 0;
 }
 

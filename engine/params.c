@@ -73,6 +73,14 @@ static void grad_sum(builder *b, int32_t slots, int32_t slot, bool counted) {
     t->counted = counted;
 }
 
+// A norm of the residual stream: whole on every rank, and under sequence parallelism each
+// rank's gradient covers its rows of the batch only, so the ranks sum theirs.
+static int add_norm(builder *b, int64_t hidden, const char *fmt, int32_t layer, const tr_tp *tp) {
+    int rc = add(b, 1, hidden, 0, fmt, layer);
+    if (!rc && tp->sp) grad_sum(b, 1, 0, tp->rank == 0);
+    return rc;
+}
+
 // A key/value projection (weight or bias) of this rank: its heads' rows; with replicated
 // heads, the replicas sum their gradients and the first counts.
 static int add_kv(builder *b, bool packed, int32_t ndim, int64_t hidden, const char *fmt,
@@ -100,7 +108,7 @@ static int add_layer(builder *b, const tr_model_config *cfg, const tr_tp *tp, in
     int64_t q = (int64_t)tp->n_heads * hd, q0 = (int64_t)tp->rank * q;
     int64_t q_full = (int64_t)cfg->n_heads * hd;
     int64_t inter = tp->inter, i0 = (int64_t)tp->rank * inter;
-    int rc = add(b, 1, h, 0, "model.layers.%d.input_layernorm.weight", i);
+    int rc = add_norm(b, h, "model.layers.%d.input_layernorm.weight", i, tp);
     if (!rc && !(rc = add_to(b, true, 2, q, h, "model.layers.%d.self_attn.q_proj.weight", i)) && par)
         shard(b, 0, q0, q_full);
     if (!rc) rc = add_kv(b, true, 2, h, "model.layers.%d.self_attn.k_proj.weight", i, cfg, tp);
@@ -121,7 +129,7 @@ static int add_layer(builder *b, const tr_model_config *cfg, const tr_tp *tp, in
         // Shared by every head, so each rank's gradient covers its heads only.
         if (!rc && par) grad_sum(b, 1, 0, tp->rank == 0);
     }
-    if (!rc) rc = add(b, 1, h, 0, "model.layers.%d.post_attention_layernorm.weight", i);
+    if (!rc) rc = add_norm(b, h, "model.layers.%d.post_attention_layernorm.weight", i, tp);
     if (!rc && !(rc = add_to(b, true, 2, inter, h, "model.layers.%d.mlp.gate_proj.weight", i)) && par)
         shard(b, 0, i0, cfg->intermediate_size);
     if (!rc && !(rc = add(b, 2, inter, h, "model.layers.%d.mlp.up_proj.weight", i)) && par)
@@ -154,7 +162,7 @@ int tr_param_layout_init_tp(tr_param_layout *layout, const tr_model_config *cfg,
     int rc = add(&b, 2, tp->vocab, h, "model.embed_tokens.weight", 0);
     if (!rc && par) shard(&b, 0, tp->vocab0, cfg->vocab_size);
     for (int32_t i = 0; i < cfg->n_layers && !rc; i++) rc = add_layer(&b, cfg, tp, i);
-    if (!rc) rc = add(&b, 1, h, 0, "model.norm.weight", 0);
+    if (!rc) rc = add_norm(&b, h, "model.norm.weight", 0, tp);
     if (!rc) {
         switch (cfg->head) {
         case TR_HEAD_LM:

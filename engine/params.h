@@ -42,7 +42,8 @@ typedef struct tr_tensor_desc {
     bool counted;
     // Gradients summed over tensor-parallel ranks after backward: the ranks with the same
     // slot of grad_slots add their gradients (a replicated key/value head's replicas, slot =
-    // the head; the per-head QK-norm weights, which every rank's heads use, one slot).
+    // the head; the per-head QK-norm weights, which every rank's heads use, one slot; under
+    // sequence parallelism the norms of the residual stream, each rank's rows, one slot).
     // grad_slots 0: the gradient is complete on each rank.
     int32_t grad_slots, grad_slot;
 } tr_tensor_desc;

@@ -68,7 +68,8 @@ int tr_plan_make(tr_backend *be, const tr_plan_req *r, tr_plan *p, tr_err *err) 
     size_t shards = r->optim_shards > 1 ? (size_t)r->optim_shards : 1;
     p->optim = r->training ? 2 * ((pbytes + shards - 1) / shards) : 0;
     tr_model_opts mo = {.max_tokens = r->max_tokens, .training = false, .tp_size = tp.size,
-                        .tp_rank = tp.rank, .logit_rows = r->logit_rows};
+                        .tp_rank = tp.rank, .logit_rows = r->logit_rows,
+                        .sequence_parallel = r->sequence_parallel};
     arena_sizes(be, r, &mo, p);
     size_t free_b = 0, total_b = 0;
     be->ops->mem_info(be, &free_b, &total_b);

@@ -25,6 +25,7 @@ typedef struct tr_plan_req {
     size_t budget;             // bytes the role may take; 0: the backend's free memory
     int32_t tp_size, tp_rank;  // tensor parallelism: the plan of this rank's shard (0: 1)
     int32_t logit_rows;        // > 0: exactly this LM-head chunk; 0: from the memory left
+    bool sequence_parallel;    // with tp_size > 1: activations of sequence parallelism
 } tr_plan_req;
 
 typedef struct tr_plan {

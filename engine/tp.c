@@ -6,6 +6,14 @@ int32_t tr_tp_vocab_begin(int32_t vocab, int32_t size, int32_t r) {
     return (int32_t)((int64_t)vocab * r / size);
 }
 
+int32_t tr_tp_seq_begin(int32_t T, int32_t size, int32_t r) {
+    return tr_tp_vocab_begin(T, size, r);
+}
+
+int32_t tr_tp_seq_max_rows(int32_t T, int32_t size) {
+    return (T + size - 1) / size;
+}
+
 int tr_tp_init(tr_tp *tp, const tr_model_config *cfg, int32_t size, int32_t rank, tr_err *err) {
     *tp = (tr_tp){0};
     if (size < 1 || rank < 0 || rank >= size)

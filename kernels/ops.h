@@ -89,6 +89,14 @@ typedef struct tr_sample_row {   // one row of logits' draw
 // limit: only there can another summation order pick a neighbouring id.
 #define TR_SAMPLE_NEAR 1e-12
 
+// One token of a tensor-parallel rank's vocabulary columns as vocab-parallel sampling
+// exchanges it: its logit and its id in the whole vocabulary (-1: none, in a list longer than
+// the rank's columns).
+typedef struct tr_sample_cand {
+    float logit;
+    int32_t id;
+} tr_sample_cand;
+
 // matmul_forward flags.
 enum { TR_MM_OUT_F32 = 1, TR_MM_ACCUMULATE = 2 };
 
@@ -232,6 +240,11 @@ typedef struct tr_ops {
     void (*swiglu_backward)(tr_backend *be, void *dgu, const void *dout, const void *gu,
                             int32_t T, int32_t I);
 
+    // out[i] = a[i] + b[i] (F), i < n, rounded once; out may be a or b. Sequence
+    // parallelism's residual add: a row-parallel projection's sum, reduce-scattered over the
+    // ranks, joins the rank's rows of the residual stream.
+    void (*add)(tr_backend *be, float *out, const float *a, const float *b, size_t n);
+
     // Fused log-softmax over logits[T,V] (A, each value widened exactly, so the results are
     // those of an fp32 log-softmax over the same values): logprob[t] = log p(target[t]) (0
     // where target < 0), entropy[t] = -sum p log p, lse[t] saved. Any of logprob/entropy may
@@ -316,6 +329,43 @@ typedef struct tr_ops {
                    const tr_sample_row *rows, int32_t B, int32_t V, void *scratch,
                    int32_t *n_near);
     size_t (*sample_scratch_bytes)(tr_backend *be, int32_t B, int32_t V);
+
+    // ---- vocab-parallel sampling: the draws of sample from rows whose columns are split
+    // over R tensor-parallel ranks (rank r holding [v0, v0 + V) of each row), exchanging
+    // short summaries instead of the rows (engine/sample_tp.c runs the exchange) ----
+    // cand[b * k + j] for j < min(k, V): this rank's j-th token of row b by rank (logit
+    // descending, lower id on ties); {-inf, -1} after them. Its first is the columns' maximum
+    // and greedy pick. scratch: sample_vp_scratch_bytes(B, V, ..) bytes.
+    void (*sample_vp_top)(tr_backend *be, tr_sample_cand *cand, const float *logits, int32_t v0,
+                          int32_t B, int32_t V, int32_t k, void *scratch);
+    // Row b's walk over this rank's columns in id order, for rows with temperature > 0 (others
+    // untouched): weights w = exp((x - mx) / temperature) in double, mx the highest first
+    // candidate of the R ranks (cand[(r * B + b) * k], sample_vp_top's lists of every rank,
+    // gathered), as sample weighs them; sum[b] = carry[b] (0 when carry is NULL) + w, added
+    // one by one in id order: chained from rank to rank, sample's sum of the whole row. With
+    // total (not NULL) the row's draw u (its next two Philox words, as sample takes them) aims
+    // at target = u * total[b], and hit[b * 3 ..] = the first id whose running sum exceeds
+    // target (-1: none in these columns), 1 when that is within TR_SAMPLE_NEAR * total[b] of
+    // either of its boundaries (else 0), and the last id above 0 with w > 0 (-1: none).
+    void (*sample_vp_scan)(tr_backend *be, double *sum, int32_t *hit, const float *logits,
+                           const tr_sample_row *rows, const tr_sample_cand *cand,
+                           const double *carry, const double *total, int32_t R, int32_t k,
+                           int32_t v0, int32_t B, int32_t V);
+    // ids[b] as sample draws from the whole row of a V-token vocabulary, from every rank's
+    // candidates (cand: R lists of k per row, gathered as above), walks (hit: sample_vp_scan's
+    // of every rank, gathered as [R][B][3]; rows neither greedy nor ranked) and, for rows top-p
+    // ranks without top-k, the row's whole weight mass[b]: greedy takes the best first
+    // candidate, top-k and top-p merge the lists into rank order and take sample's steps with
+    // its sums (kernels/sample_vp.h), the rest the lowest rank's hit. A top-p row whose cut
+    // lies past what the lists hold for sure gets -1: ask again with a larger k. *n_near +=
+    // the near draws. hit and mass may be NULL when no row needs them.
+    void (*sample_vp_pick)(tr_backend *be, int32_t *ids, int32_t *n_near,
+                           const tr_sample_cand *cand, const int32_t *hit, const double *mass,
+                           const tr_sample_row *rows, int32_t R, int32_t k, int32_t B,
+                           int32_t V, void *scratch);
+    // Scratch of sample_vp_top over B rows of V columns and of sample_vp_pick over n_cand
+    // gathered candidates (R * k * B); one serves both, in turn.
+    size_t (*sample_vp_scratch_bytes)(tr_backend *be, int32_t B, int32_t V, size_t n_cand);
 } tr_ops;
 
 // A backend: its op table plus its private context (thread pool, streams, handles).

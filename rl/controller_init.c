@@ -86,6 +86,7 @@ void tr_controller_role_setup(const tr_recipe *r, enum tr_recipe_role role, tr_r
                                     : role == TR_RECIPE_GENERATOR ? &r->generator.parallel
                                                                   : &r->models[role].parallel;
     a->tp = (int32_t)par->tp;
+    a->sequence_parallel = par->sequence_parallel;
     // The ranks of a group run at the same time on one machine's cores: "all cores" is
     // shared among them rather than taken by each.
     long cores = sysconf(_SC_NPROCESSORS_ONLN);

@@ -412,6 +412,17 @@ static int check_devices(const tr_recipe_devices *d, const tr_recipe_parallel *p
                      (long long)p->tp, (long long)p->dp, (long long)ranks);
 }
 
+// Sequence parallelism splits along the sequence what the tensor-parallel ranks otherwise
+// each hold whole; at tp 1 there is nothing to split, and a recipe asking for it is mistaken.
+static int check_sequence_parallel(const tr_recipe_parallel *p, const char *role, const tr_ynode *root,
+                                   tr_err *err) {
+    if (!p->sequence_parallel || p->tp > 1) return 0;
+    char path[80];
+    snprintf(path, sizeof path, "models.%s.parallel.sequence_parallel", role);
+    return fail_path(root, path, err, "true needs parallel.tp 2 or more (it splits along the sequence "
+                     "what the tensor-parallel ranks would each hold whole)");
+}
+
 // "a,b,c": three non-negative proportions, not all zero (Megatron's --split).
 static bool valid_split(const char *s) {
     double sum = 0;
@@ -510,7 +521,9 @@ static int validate(tr_recipe *r, const tr_ynode *root, tr_err *err) {
         const tr_recipe_model *m = &r->models[role];
         if (!m->present) continue;
         if (check_model_source(m, tr_recipe_role_names[role], root, err)) return -1;
-        if (check_devices(&m->devices, &m->parallel, tr_recipe_role_names[role], root, err)) return -1;
+        if (check_devices(&m->devices, &m->parallel, tr_recipe_role_names[role], root, err) ||
+            check_sequence_parallel(&m->parallel, tr_recipe_role_names[role], root, err))
+            return -1;
     }
     // Only Qwen3's template has think blocks: elsewhere the switch would be silently ignored.
     if (!r->data.enable_thinking && r->data.chat_format != TR_RECIPE_CHAT_QWEN3)
@@ -531,6 +544,7 @@ static int validate(tr_recipe *r, const tr_ynode *root, tr_err *err) {
         if ((rw->kind == TR_RECIPE_REWARD_MODEL || rw->parallel.tp != 1) &&
             check_devices(&rw->devices, &rw->parallel, "reward", root, err))
             return -1;
+        if (check_sequence_parallel(&rw->parallel, "reward", root, err)) return -1;
         if (rw->kind == TR_RECIPE_REWARD_RULE && rw->function == TR_RECIPE_FN_REGEX && check_pattern(rw, root, err))
             return -1;
     }

@@ -66,6 +66,7 @@ typedef struct tr_recipe_optim {
 typedef struct tr_recipe_parallel {
     int64_t tp;  // tensor-parallel ranks
     int64_t dp;  // data-parallel ranks
+    bool sequence_parallel;  // tp > 1: norms and the residual stream split along the sequence
 } tr_recipe_parallel;
 
 typedef struct tr_recipe_devices {

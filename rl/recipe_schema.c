@@ -42,6 +42,9 @@ static const tr_rkey parallel_keys[] = {
      .def = "1", .doc = "tensor-parallel ranks (Megatron column/row splits); must divide the query heads"},
     {.name = "dp", .type = TR_RK_INT, .off = offsetof(tr_recipe_parallel, dp), .flags = MIN, .min = 1,
      .def = "1", .doc = "data-parallel ranks: token-balanced shares of each batch, ZeRO-1 optimizer shards"},
+    {.name = "sequence_parallel", .type = TR_RK_BOOL, .off = offsetof(tr_recipe_parallel, sequence_parallel),
+     .def = "false", .doc = "with tp > 1: norms and the residual stream split along the sequence (less "
+     "activation memory, the same results)"},
     {0},
 };
 

@@ -91,10 +91,12 @@ static int check_resume_recipe(const tr_recipe *r, tr_err *err) {
     for (int role = 0; role < TR_RECIPE_REWARD; role++) {
         old->models[role].parallel.dp = r->models[role].parallel.dp;
         old->models[role].parallel.tp = r->models[role].parallel.tp;
+        old->models[role].parallel.sequence_parallel = r->models[role].parallel.sequence_parallel;
         old->models[role].devices = r->models[role].devices;
     }
     old->reward.parallel.dp = r->reward.parallel.dp;
     old->reward.parallel.tp = r->reward.parallel.tp;
+    old->reward.parallel.sequence_parallel = r->reward.parallel.sequence_parallel;
     old->reward.devices = r->reward.devices;
     // Where generation runs does not change what is sampled; the pipeline does.
     old->generator.parallel.dp = r->generator.parallel.dp;
@@ -106,9 +108,9 @@ static int check_resume_recipe(const tr_recipe *r, tr_err *err) {
     free(old);
     if (d)
         return tr_errf(err, TR_EINVAL, "--resume: %s differs from the run's %s (only train.steps, "
-                       "train.eval_every, train.save_every, log.*, the parallel.tp, parallel.dp and "
-                       "devices of models and the generator's replicas and verify_sync may change on "
-                       "resume)", key, path);
+                       "train.eval_every, train.save_every, log.*, the parallel.tp, parallel.dp, "
+                       "parallel.sequence_parallel and devices of models and the generator's replicas "
+                       "and verify_sync may change on resume)", key, path);
     return 0;
 }
 

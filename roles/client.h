@@ -147,6 +147,7 @@ typedef struct tr_init_args {
     const char *save_dtype;    // "bf16": checkpoints hold bf16 weights; NULL or "": fp32
     int32_t threads;           // 0 = all cores; colocated roles share the first init's pool
     int32_t tp;                // tensor-parallel ranks of the group (0: 1); dp = world / tp
+    bool sequence_parallel;    // tp > 1: norms and the residual stream split along the sequence
     const int32_t *devices;    // rank r runs on devices[r] (r < n_devices), else on r
     int32_t n_devices;
     int64_t memory_bytes;      // the memory plan's budget per rank; 0 = the device's free memory

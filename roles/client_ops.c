@@ -44,9 +44,10 @@ static void build_init(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w,
     tr_msg_put_bool(w, "train", a->train);
     if (a->no_generate) tr_msg_put_bool(w, "generate", false);
     int32_t tp = a->tp > 0 ? a->tp : 1;
-    tr_msg_put_map(w, "parallel", 2);
+    tr_msg_put_map(w, "parallel", a->sequence_parallel ? 3 : 2);
     tr_msg_put_int(w, "tp", tp);
     tr_msg_put_int(w, "dp", ranks / tp);
+    if (a->sequence_parallel) tr_msg_put_bool(w, "sequence_parallel", true);
     if (a->train) {
         const tr_role_optim *o = &a->optim;
         tr_msg_put_map(w, "optim", 10);

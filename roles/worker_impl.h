@@ -41,8 +41,10 @@ typedef struct tr_role_ctx {
     char id[TR_PEER_ID_MAX];          // "<role>/<rank>"
     tr_dealer *dealer;
     bool ready;                       // init succeeded
-    // The group's parallel layout from init: rank = dp_rank * tp + tp_rank.
+    // The group's parallel layout from init: rank = dp_rank * tp + tp_rank; sp: sequence
+    // parallelism (tp > 1).
     int32_t tp, dp, dp_rank, tp_rank;
+    bool sp;
     tr_comm *comm;                    // the data-parallel communicator (comm_* ops), or NULL
     char comm_id[TR_COMM_ID_MAX];     // dp rank 0: the id comm_id made
     // The tensor-parallel communicator (name "tp"): the ranks of this rank's model shard group,

@@ -163,7 +163,8 @@ static int make_plan(tr_role_ctx *rc, const tr_model_config *cfg, int32_t max_to
     tr_plan_req pr = {.cfg = cfg, .max_tokens = max_tokens, .training = train, .optim_shards = rc->dp, .generate = gen,
                       .kv_tokens = rc->kv_tokens, .kv_want = rc->kv_want > 0 ? rc->kv_want : 16384,
                       .max_seqs = rc->max_seqs, .max_seqs_want = rc->max_seqs,
-                      .budget = (size_t)rc->memory_bytes, .tp_size = rc->tp, .tp_rank = rc->tp_rank};
+                      .budget = (size_t)rc->memory_bytes, .tp_size = rc->tp, .tp_rank = rc->tp_rank,
+                      .sequence_parallel = rc->sp};
     if (tr_plan_make(&rc->w->be, &pr, &rc->plan, err)) return tr_err_wrap(err, "init");
     char text[1024];
     tr_plan_format(&rc->plan, text, sizeof text);
@@ -206,7 +207,7 @@ static int load_model(tr_role_ctx *rc, const tr_msg_map *a, int32_t max_tokens, 
     tr_worker *w = rc->w;
     if (make_plan(rc, &cfg, max_tokens, train, gen, err)) return -1;
     tr_model_opts mo = {.max_tokens = max_tokens, .training = train, .tp_size = rc->tp, .tp_rank = rc->tp_rank,
-                        .logit_rows = rc->plan.logit_rows};
+                        .logit_rows = rc->plan.logit_rows, .sequence_parallel = rc->sp};
     tr_gen_opts go = gen_opts(rc);
     tr_arena_need_init(&rc->need, &cfg, &mo, gen ? &go : NULL, w->be.act);
     if (tr_arena_reserve(&w->arena, tr_arena_need_bytes(&rc->need), err)) return -1;
@@ -283,19 +284,26 @@ static int load_tokenizer(tr_role_ctx *rc, const tr_msg_map *a, tr_err *err) {
     return 0;
 }
 
-// The group's layout: tp x dp = world, this rank's place in it (rank = dp_rank * tp + tp_rank).
+// The group's layout: tp x dp = world, this rank's place in it (rank = dp_rank * tp + tp_rank),
+// and whether the model is sequence-parallel.
 static int parse_parallel(tr_role_ctx *rc, const tr_msg_map *a, tr_err *err) {
-    static const char *const keys[] = {"tp", "dp", NULL};
+    static const char *const keys[] = {"tp", "dp", "sequence_parallel", NULL};
     int64_t tp = 1, dp = rc->w->world;
+    bool sp = false;
     if (tr_msg_has(a, "parallel")) {
         tr_msg_map p;
         if (tr_msg_get_map(a, "parallel", &p, err) || tr_msg_check_keys(&p, keys, err) ||
-            tr_msg_get_int(&p, "tp", &tp, err) || tr_msg_get_int(&p, "dp", &dp, err))
+            tr_msg_get_int(&p, "tp", &tp, err) || tr_msg_get_int(&p, "dp", &dp, err) ||
+            tr_msg_get_bool_opt(&p, "sequence_parallel", &sp, err))
             return -1;
     }
     if (tp < 1 || dp < 1 || tp * dp != rc->w->world)
         return tr_errf(err, TR_EINVAL, "init: parallel tp %lld x dp %lld does not make the group's %d ranks",
                        (long long)tp, (long long)dp, rc->w->world);
+    if (sp && tp < 2)
+        return tr_errf(err, TR_EINVAL, "init: parallel.sequence_parallel needs tp 2 or more (tp %lld)",
+                       (long long)tp);
+    rc->sp = sp;
     rc->tp = (int32_t)tp;
     rc->dp = (int32_t)dp;
     rc->dp_rank = rc->w->rank / rc->tp;

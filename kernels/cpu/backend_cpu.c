@@ -37,6 +37,7 @@ static const tr_ops cpu_ops = {
     .kv_write = tr_cpu_kv_write,
     .swiglu_forward = tr_cpu_swiglu_forward,
     .swiglu_backward = tr_cpu_swiglu_backward,
+    .add = tr_cpu_add,
     .logsoftmax_forward = tr_cpu_logsoftmax_forward,
     .logsoftmax_backward = tr_cpu_logsoftmax_backward,
     .logsoftmax_vp_stats = tr_cpu_logsoftmax_vp_stats,
@@ -51,6 +52,10 @@ static const tr_ops cpu_ops = {
     .convert = tr_cpu_convert,
     .sample = tr_cpu_sample,
     .sample_scratch_bytes = tr_cpu_sample_scratch_bytes,
+    .sample_vp_top = tr_cpu_sample_vp_top,
+    .sample_vp_scan = tr_cpu_sample_vp_scan,
+    .sample_vp_pick = tr_cpu_sample_vp_pick,
+    .sample_vp_scratch_bytes = tr_cpu_sample_vp_scratch_bytes,
 };
 
 // Memory: no op allocates and the context holds no scratch. Kernels work in their outputs

@@ -132,6 +132,7 @@ void tr_cpu_sumsq(tr_backend *be, double *acc, const float *x, size_t n);
 void tr_cpu_adamw(tr_backend *be, const tr_adamw_args *a);
 
 void tr_cpu_fill(tr_backend *be, float *x, float value, size_t n);
+void tr_cpu_add(tr_backend *be, float *out, const float *a, const float *b, size_t n);
 void tr_cpu_gather_rows(tr_backend *be, void *out, const void *src, const int32_t *idx,
                         int32_t n, size_t row_bytes);
 void tr_cpu_scatter_rows(tr_backend *be, void *dst, const void *rows, const int32_t *idx,
@@ -146,3 +147,14 @@ void tr_cpu_sample(tr_backend *be, int32_t *ids, float *logprob, const void *log
                    const tr_sample_row *rows, int32_t B, int32_t V, void *scratch,
                    int32_t *n_near);
 size_t tr_cpu_sample_scratch_bytes(tr_backend *be, int32_t B, int32_t V);
+void tr_cpu_sample_vp_top(tr_backend *be, tr_sample_cand *cand, const float *logits, int32_t v0,
+                          int32_t B, int32_t V, int32_t k, void *scratch);
+void tr_cpu_sample_vp_scan(tr_backend *be, double *sum, int32_t *hit, const float *logits,
+                           const tr_sample_row *rows, const tr_sample_cand *cand,
+                           const double *carry, const double *total, int32_t R, int32_t k,
+                           int32_t v0, int32_t B, int32_t V);
+void tr_cpu_sample_vp_pick(tr_backend *be, int32_t *ids, int32_t *n_near,
+                           const tr_sample_cand *cand, const int32_t *hit, const double *mass,
+                           const tr_sample_row *rows, int32_t R, int32_t k, int32_t B, int32_t V,
+                           void *scratch);
+size_t tr_cpu_sample_vp_scratch_bytes(tr_backend *be, int32_t B, int32_t V, size_t n_cand);

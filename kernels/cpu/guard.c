@@ -391,6 +391,15 @@ static void g_swiglu_backward(tr_backend *be, void *dgu, const void *dout, const
     close_mem(be);
 }
 
+static void g_add(tr_backend *be, float *out, const float *a, const float *b, size_t n) {
+    dev(be, out, n * F, 0, "add", "out");
+    dev(be, a, n * F, 0, "add", "a");
+    dev(be, b, n * F, 0, "add", "b");
+    open_mem(be);
+    tr_cpu_add(be, out, a, b, n);
+    close_mem(be);
+}
+
 static void g_logsoftmax_forward(tr_backend *be, float *logprob, float *entropy, float *lse,
                                  const void *logits, const int32_t *target, int32_t T,
                                  int32_t V) {
@@ -644,6 +653,60 @@ static void g_sample(tr_backend *be, int32_t *ids, float *logprob, const void *l
     close_mem(be);
 }
 
+// Vocab-parallel sampling: R ranks' lists of k candidates per row, gathered.
+static size_t cand_bytes(int32_t R, int32_t B, int32_t k) {
+    return (size_t)(R > 0 ? R : 0) * (size_t)(B > 0 ? B : 0) * (size_t)(k > 0 ? k : 0) *
+           sizeof(tr_sample_cand);
+}
+
+static void g_sample_vp_top(tr_backend *be, tr_sample_cand *cand, const float *logits, int32_t v0,
+                            int32_t B, int32_t V, int32_t k, void *scratch) {
+    const char *op = "sample_vp_top";
+    size_t nb = (size_t)(B > 0 ? B : 0);
+    dev(be, cand, cand_bytes(1, B, k), 0, op, "cand");
+    dev(be, logits, nb * (size_t)(V > 0 ? V : 0) * F, 0, op, "logits");
+    dev(be, scratch, tr_cpu_sample_vp_scratch_bytes(be, B, V, 0), 0, op, "scratch");
+    open_mem(be);
+    tr_cpu_sample_vp_top(be, cand, logits, v0, B, V, k, scratch);
+    close_mem(be);
+}
+
+static void g_sample_vp_scan(tr_backend *be, double *sum, int32_t *hit, const float *logits,
+                             const tr_sample_row *rows, const tr_sample_cand *cand,
+                             const double *carry, const double *total, int32_t R, int32_t k,
+                             int32_t v0, int32_t B, int32_t V) {
+    const char *op = "sample_vp_scan";
+    size_t nb = (size_t)(B > 0 ? B : 0);
+    dev(be, sum, nb * sizeof(double), 0, op, "sum");
+    if (total) dev(be, hit, nb * 3 * I, 0, op, "hit");
+    dev(be, logits, nb * (size_t)(V > 0 ? V : 0) * F, 0, op, "logits");
+    dev(be, rows, nb * sizeof(tr_sample_row), 0, op, "rows");
+    dev(be, cand, cand_bytes(R, B, k), 0, op, "cand");
+    dev(be, carry, nb * sizeof(double), 1, op, "carry");
+    dev(be, total, nb * sizeof(double), 1, op, "total");
+    open_mem(be);
+    tr_cpu_sample_vp_scan(be, sum, hit, logits, rows, cand, carry, total, R, k, v0, B, V);
+    close_mem(be);
+}
+
+static void g_sample_vp_pick(tr_backend *be, int32_t *ids, int32_t *n_near,
+                             const tr_sample_cand *cand, const int32_t *hit, const double *mass,
+                             const tr_sample_row *rows, int32_t R, int32_t k, int32_t B,
+                             int32_t V, void *scratch) {
+    const char *op = "sample_vp_pick";
+    size_t nb = (size_t)(B > 0 ? B : 0), n_cand = cand_bytes(R, B, k) / sizeof(tr_sample_cand);
+    dev(be, ids, nb * I, 0, op, "ids");
+    dev(be, n_near, I, 0, op, "n_near");
+    dev(be, cand, cand_bytes(R, B, k), 0, op, "cand");
+    dev(be, hit, (size_t)(R > 0 ? R : 0) * nb * 3 * I, 1, op, "hit");
+    dev(be, mass, nb * sizeof(double), 1, op, "mass");
+    dev(be, rows, nb * sizeof(tr_sample_row), 0, op, "rows");
+    dev(be, scratch, tr_cpu_sample_vp_scratch_bytes(be, B, 0, n_cand), 0, op, "scratch");
+    open_mem(be);
+    tr_cpu_sample_vp_pick(be, ids, n_near, cand, hit, mass, rows, R, k, B, V, scratch);
+    close_mem(be);
+}
+
 const tr_ops tr_cpu_guarded_ops = {
     .name = "cpu",
     .alloc = tr_cpu_alloc,
@@ -672,6 +735,7 @@ const tr_ops tr_cpu_guarded_ops = {
     .kv_write = g_kv_write,
     .swiglu_forward = g_swiglu_forward,
     .swiglu_backward = g_swiglu_backward,
+    .add = g_add,
     .logsoftmax_forward = g_logsoftmax_forward,
     .logsoftmax_backward = g_logsoftmax_backward,
     .logsoftmax_vp_stats = g_logsoftmax_vp_stats,
@@ -686,4 +750,8 @@ const tr_ops tr_cpu_guarded_ops = {
     .convert = g_convert,
     .sample = g_sample,
     .sample_scratch_bytes = tr_cpu_sample_scratch_bytes,
+    .sample_vp_top = g_sample_vp_top,
+    .sample_vp_scan = g_sample_vp_scan,
+    .sample_vp_pick = g_sample_vp_pick,
+    .sample_vp_scratch_bytes = tr_cpu_sample_vp_scratch_bytes,
 };

@@ -231,3 +231,7 @@ void tr_cpu_sample(tr_backend *be, int32_t *ids, float *logprob, const void *log
     for (int32_t b = 0; b < B; b++) count += j.near[b];
     *n_near += count;
 }
+
+void tr_cpu_sample_rank_head(const float *lg, int32_t *idx, int32_t n, int32_t k) {
+    rank_head(lg, idx, n, k);
+}

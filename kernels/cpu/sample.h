@@ -25,3 +25,6 @@ int32_t tr_cpu_sample_pick(const double *w, const int32_t *idx, const tr_sample_
                            double u, bool *near);
 // Greedy: the highest logit, the lowest id on ties.
 int32_t tr_cpu_sample_argmax(const float *lg, int32_t V);
+// idx[0, k) becomes the k best-ranked of the ids in idx[0, n), in rank order (a linear-time
+// selection, then a sort of those k): a rank's candidates in vocab-parallel sampling.
+void tr_cpu_sample_rank_head(const float *lg, int32_t *idx, int32_t n, int32_t k);

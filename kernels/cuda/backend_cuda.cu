@@ -110,6 +110,7 @@ static const tr_ops cuda_ops = {
     .kv_write = tr_cuda_kv_write,
     .swiglu_forward = tr_cuda_swiglu_forward,
     .swiglu_backward = tr_cuda_swiglu_backward,
+    .add = tr_cuda_add,
     .logsoftmax_forward = tr_cuda_logsoftmax_forward,
     .logsoftmax_backward = tr_cuda_logsoftmax_backward,
     .logsoftmax_vp_stats = tr_cuda_logsoftmax_vp_stats,
@@ -124,6 +125,10 @@ static const tr_ops cuda_ops = {
     .convert = tr_cuda_convert,
     .sample = tr_cuda_sample,
     .sample_scratch_bytes = tr_cuda_sample_scratch_bytes,
+    .sample_vp_top = tr_cuda_sample_vp_top,
+    .sample_vp_scan = tr_cuda_sample_vp_scan,
+    .sample_vp_pick = tr_cuda_sample_vp_pick,
+    .sample_vp_scratch_bytes = tr_cuda_sample_vp_scratch_bytes,
 };
 
 int tr_cuda_record(tr_cuda_ctx *ctx, const char *file, int line, const char *what,

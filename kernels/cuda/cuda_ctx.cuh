@@ -201,6 +201,7 @@ void tr_cuda_kv_write(tr_backend *be, const tr_kv_pages *kv, const int32_t *slot
 void tr_cuda_swiglu_forward(tr_backend *be, void *out, const void *gu, int32_t T, int32_t I);
 void tr_cuda_swiglu_backward(tr_backend *be, void *dgu, const void *dout, const void *gu,
                              int32_t T, int32_t I);
+void tr_cuda_add(tr_backend *be, float *out, const float *a, const float *b, size_t n);
 void tr_cuda_logsoftmax_forward(tr_backend *be, float *logprob, float *entropy, float *lse,
                                 const void *logits, const int32_t *target, int32_t T,
                                 int32_t V);
@@ -231,3 +232,14 @@ void tr_cuda_sample(tr_backend *be, int32_t *ids, float *logprob, const void *lo
                     const tr_sample_row *rows, int32_t B, int32_t V, void *scratch,
                     int32_t *n_near);
 size_t tr_cuda_sample_scratch_bytes(tr_backend *be, int32_t B, int32_t V);
+void tr_cuda_sample_vp_top(tr_backend *be, tr_sample_cand *cand, const float *logits, int32_t v0,
+                           int32_t B, int32_t V, int32_t k, void *scratch);
+void tr_cuda_sample_vp_scan(tr_backend *be, double *sum, int32_t *hit, const float *logits,
+                            const tr_sample_row *rows, const tr_sample_cand *cand,
+                            const double *carry, const double *total, int32_t R, int32_t k,
+                            int32_t v0, int32_t B, int32_t V);
+void tr_cuda_sample_vp_pick(tr_backend *be, int32_t *ids, int32_t *n_near,
+                            const tr_sample_cand *cand, const int32_t *hit, const double *mass,
+                            const tr_sample_row *rows, int32_t R, int32_t k, int32_t B, int32_t V,
+                            void *scratch);
+size_t tr_cuda_sample_vp_scratch_bytes(tr_backend *be, int32_t B, int32_t V, size_t n_cand);

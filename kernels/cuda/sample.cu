@@ -8,73 +8,22 @@
 // are the activation dtype (float or bf16), widened exactly where they are read.
 #include <limits.h>
 
-#include "kernels/cuda/cub_sort.cuh"
 #include "kernels/cuda/cuda_ctx.cuh"
 #include "kernels/cuda/dtype.cuh"
 #include "kernels/cuda/logsoftmax_row.cuh"
+#include "kernels/cuda/rank_sort.cuh"
 #include "kernels/philox.h"
 
 // The block shape of logsoftmax_forward, so that the logprobs are its bits.
 #define SMP_THREADS TR_LSM_THREADS
 
-// ---- scratch: the sort's keys and ids in and out, segment bounds, CUB's storage ----
-
-typedef struct smp_scratch {
-    uint32_t *keys_in, *keys_out;
-    int32_t *ids_in, *ids_out;   // ids_out: each ranked row's ids in rank order
-    int32_t *begin, *end;        // [B] each row's segment; empty for rows nothing ranks
-    void *temp;
-    size_t temp_bytes, total;
-} smp_scratch;
-
-static size_t smp_align(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-static void *smp_at(void *base, size_t offset) {
-    return base ? (void *)((char *)base + offset) : NULL;
-}
-
-// The layout for B rows of V logits at base (NULL: sizes only). Returns -1 with the failure
-// recorded when the rows exceed the sort's int range or CUB cannot size its storage.
-static int smp_layout(tr_backend *be, int32_t B, int32_t V, void *base, smp_scratch *s) {
-    size_t n = (size_t)B * (size_t)V;
-    if (n > (size_t)INT_MAX) {
-        tr_cuda_record(tr_cuda_ctx_of(be), __FILE__, __LINE__, "sample",
-                       "B * V logits exceed the segmented sort's int range");
-        return -1;
-    }
-    s->temp_bytes = 0;
-    if (TR_CUDA_CHECK(be, cub::DeviceSegmentedRadixSort::SortPairsDescending(
-                              NULL, s->temp_bytes, (const uint32_t *)NULL, (uint32_t *)NULL,
-                              (const int32_t *)NULL, (int32_t *)NULL, (int)n, (int)B,
-                              (const int32_t *)NULL, (const int32_t *)NULL, 0, 32,
-                              tr_cuda_stream(be))))
-        return -1;
-    size_t arr = smp_align(n * sizeof(uint32_t)), seg = smp_align((size_t)B * sizeof(int32_t));
-    s->keys_in = (uint32_t *)smp_at(base, 0);
-    s->keys_out = (uint32_t *)smp_at(base, arr);
-    s->ids_in = (int32_t *)smp_at(base, 2 * arr);
-    s->ids_out = (int32_t *)smp_at(base, 3 * arr);
-    s->begin = (int32_t *)smp_at(base, 4 * arr);
-    s->end = (int32_t *)smp_at(base, 4 * arr + seg);
-    s->temp = smp_at(base, 4 * arr + 2 * seg);
-    s->total = 4 * arr + 2 * seg + smp_align(s->temp_bytes);
-    return 0;
-}
-
 size_t tr_cuda_sample_scratch_bytes(tr_backend *be, int32_t B, int32_t V) {
-    smp_scratch s;
-    if (B <= 0 || V <= 0 || smp_layout(be, B, V, NULL, &s) != 0) return 0;
+    tr_rank_sort s;
+    if (B <= 0 || V <= 0 || tr_rank_sort_layout(be, "sample", B, V, NULL, &s) != 0) return 0;
     return s.total;
 }
 
 // ---- ranking ----
-
-// Unsigned key in the float's order; -0 is +0, whose ties then go to the lower id.
-__device__ inline uint32_t smp_rank_key(float x) {
-    uint32_t u = __float_as_uint(x);
-    if (u == 0x80000000u) u = 0;
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
 
 __device__ inline bool smp_use_k(const tr_sample_row &r, int32_t V) {
     return r.top_k > 0 && r.top_k < V;
@@ -99,7 +48,7 @@ __global__ void sample_keys_kernel(uint32_t *keys, int32_t *ids, int32_t *begin,
         }
         if (!ranked) continue;
         for (int32_t i = threadIdx.x; i < V; i += blockDim.x) {
-            keys[base + i] = smp_rank_key(tr_f32(logits[base + i]));
+            keys[base + i] = tr_rank_key(tr_f32(logits[base + i]));
             ids[base + i] = i;
         }
     }
@@ -314,10 +263,9 @@ __global__ void sample_draw_kernel(int32_t *ids, float *logprob, int32_t *n_near
     }
 }
 
-// The two launches around the sort, for logits of type A. s is a copy: CUB takes its
-// storage size by reference.
+// The two launches around the sort, for logits of type A.
 template <typename A>
-static void sample_run(tr_backend *be, smp_scratch s, int32_t *ids, float *logprob,
+static void sample_run(tr_backend *be, tr_rank_sort &s, int32_t *ids, float *logprob,
                        const A *logits, const tr_sample_row *rows, int32_t B, int32_t V,
                        int32_t *n_near) {
     cudaStream_t st = tr_cuda_stream(be);
@@ -326,10 +274,7 @@ static void sample_run(tr_backend *be, smp_scratch s, int32_t *ids, float *logpr
                                                         logits, rows, B, V);
     if (TR_CUDA_LAUNCHED(be, "sample keys")) return;
     // Stable: equal keys keep the id order they came in.
-    if (TR_CUDA_CHECK(be, cub::DeviceSegmentedRadixSort::SortPairsDescending(
-                              s.temp, s.temp_bytes, s.keys_in, s.keys_out, s.ids_in, s.ids_out,
-                              (int)((size_t)B * V), (int)B, s.begin, s.end, 0, 32, st)))
-        return;
+    if (tr_rank_sort_run(be, &s, B, V)) return;
     sample_draw_kernel<A><<<grid, SMP_THREADS, 0, st>>>(ids, logprob, n_near, logits, rows,
                                                         s.ids_out, B, V);
     TR_CUDA_LAUNCHED(be, "sample");
@@ -343,8 +288,8 @@ void tr_cuda_sample(tr_backend *be, int32_t *ids, float *logprob, const void *lo
         tr_cuda_record(tr_cuda_ctx_of(be), __FILE__, __LINE__, "sample", "no scratch");
         return;
     }
-    smp_scratch s;
-    if (smp_layout(be, B, V, scratch, &s) != 0) return;
+    tr_rank_sort s;
+    if (tr_rank_sort_layout(be, "sample", B, V, scratch, &s) != 0) return;
     if (tr_cuda_bf16(be))
         sample_run(be, s, ids, logprob, (const tr_bf16 *)logits, rows, B, V, n_near);
     else

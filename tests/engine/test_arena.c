@@ -68,6 +68,37 @@ static void check_sizes(const char *name, const tr_model_config *cfg, int32_t T,
     }
 }
 
+// One tensor-parallel rank's activations, with and without sequence parallelism, against
+// the formula; sequence parallelism must take less for training (it shards the residual
+// stream and the norms' saved rows) and the saving is printed.
+static void check_tp_sizes(const char *name, const tr_model_config *cfg, int32_t T, int32_t tp) {
+    for (int d = 0; d < 2; d++) {
+        tr_dt act = d ? TR_BF16 : TR_F32;
+        size_t bytes[2][2];   // [sp][training]
+        for (int sp = 0; sp < 2; sp++)
+            for (int train = 0; train < 2; train++) {
+                tr_model_opts mo = {.max_tokens = T, .training = train, .tp_size = tp,
+                                    .tp_rank = tp - 1, .sequence_parallel = sp};
+                tr_tp shape;
+                tr_err err = {0};
+                CHECK(tr_tp_init(&shape, cfg, tp, tp - 1, &err) == 0);
+                tr_model_config local = tr_tp_local_config(cfg, &shape);
+                size_t want = af_acts_bytes_tp(&local, (size_t)shape.vocab, (size_t)T, train,
+                                               tr_dt_size(act), (size_t)tp, sp);
+                bytes[sp][train] = tr_model_arena_bytes(cfg, &mo, act);
+                CHECKF(bytes[sp][train] == want, "%s T=%d tp %d%s %s %s: activations %zu, formula "
+                       "%zu", name, T, tp, sp ? " sp" : "", tr_dt_name(act),
+                       train ? "training" : "inference", bytes[sp][train], want);
+            }
+        CHECKF(bytes[1][1] < bytes[0][1], "%s T=%d tp %d %s: sequence parallelism takes %zu bytes "
+               "to train, %zu without", name, T, tp, tr_dt_name(act), bytes[1][1], bytes[0][1]);
+        if (T >= 256)
+            printf("  %s T=%d tp %d %s: training activations per rank %.2f MiB, %.2f MiB with "
+                   "sequence parallelism\n", name, T, tp, tr_dt_name(act), mib(bytes[0][1]),
+                   mib(bytes[1][1]));
+    }
+}
+
 static void test_sizing(void) {
     printf("sizing against the documented formulas\n");
     const char *names[] = {"qwen2", "llama3", "value_llama3", "score_qwen2", "qwen3"};
@@ -80,12 +111,17 @@ static void test_sizing(void) {
         check_sizes(names[i], &cfg, 1, 1, 16);
         check_sizes(names[i], &cfg, 37, 100, 4);
         check_sizes(names[i], &cfg, 256, 16384, 16);
+        for (int32_t tp = 2; tp <= 4; tp += 2) {
+            check_tp_sizes(names[i], &cfg, 37, tp);   // rows tp does not divide
+            check_tp_sizes(names[i], &cfg, 256, tp);
+        }
     }
     tr_model_config qs;
     tr_err err = {0};
     CHECKF(tr_config_parse(QS_CONFIG, sizeof QS_CONFIG - 1, "quickstart", &qs, &err) == 0, "%s",
            err.msg);
     check_sizes("quickstart", &qs, 2048, 16384, 16);
+    check_tp_sizes("quickstart", &qs, 2048, 2);
     // The quickstart's worker: policy (training, generating) alone, and with a colocated
     // reference (kl on), the region against separate buffers.
     tr_model_opts mo = {.max_tokens = 2048, .training = true}, ro = {.max_tokens = 2048};

@@ -69,6 +69,22 @@ w1=$(awk '/^  weights/ {print $2}' "$out/q7b.1.txt")
 w4=$(awk '/^  weights/ {print $2}' "$out/q7b.4.txt")
 awk -v a="$w1" -v b="$w4" 'BEGIN {exit !(b < a / 3.9 && b > a / 5)}' ||
     { echo "FAIL: --tp 4 weights $w4 MiB against $w1"; fail=1; }
+# Sequence parallelism: --tp shows the training activations with and without it (less with),
+# --sequence-parallel plans with it (the arena's train part is the smaller number), and asks
+# for --tp 2 or more.
+grep -q "^sequence par. off (--sequence-parallel): training activations .* MiB per rank with it" "$out/q7b.4.txt" ||
+    { echo "FAIL: --tp 4 sequence parallelism line"; cat "$out/q7b.4.txt"; fail=1; }
+"$troupe" info --model "$configs/Qwen2.5-7B" --backend cpu --memory-gb 4096 --tokens 512 --tp 4 \
+    --sequence-parallel >"$out/q7b.sp.txt" 2>&1 || { echo "FAIL: --sequence-parallel"; cat "$out/q7b.sp.txt"; fail=1; }
+with=$(sed -n 's/^sequence par. on: training activations \([0-9.]*\) MiB per rank with it, \([0-9.]*\) MiB without.*/\1 \2/p' "$out/q7b.sp.txt")
+train=$(sed -n 's/^  arena .*max(train \([0-9.]*\),.*/\1/p' "$out/q7b.sp.txt")
+train_off=$(sed -n 's/^  arena .*max(train \([0-9.]*\),.*/\1/p' "$out/q7b.4.txt")
+set -- $with
+awk -v w="${1:-0}" -v wo="${2:-0}" -v t="$train" -v t0="$train_off" \
+    'BEGIN {exit !(w > 0 && w < wo && t == w && t0 == wo)}' ||
+    { echo "FAIL: sequence-parallel activations '$with', arena train $train (without: $train_off)"; fail=1; }
+"$troupe" info --model "$configs/Qwen2.5-7B" --sequence-parallel >/dev/null 2>&1
+[ $? = 2 ] || { echo "FAIL: --sequence-parallel without --tp accepted"; fail=1; }
 "$troupe" info --model "$configs/Qwen2.5-7B" --tp 3 >"$out/tp3.txt" 2>&1
 [ $? = 1 ] && grep -q "tp 3 does not divide the 28 query heads" "$out/tp3.txt" ||
     { echo "FAIL: --tp 3"; cat "$out/tp3.txt"; fail=1; }

@@ -2,12 +2,16 @@
 // on every fixture model (Llama, Qwen2, Llama with biases, Qwen3, the value and score heads):
 // TP=2 head outputs (logprobs and entropy, values, scores) within 1e-5 of TP=1 and the same
 // bits on every rank, the gradient gathered from the shards within 1e-4 (relative, per
-// tensor) of TP=1's, three AdamW steps within 1e-5, and greedy generation identical (sampled
-// generation draws the same ids too). TP=4 replicates the 2 key/value heads (two ranks per
-// head); TP=2 x DP=2 trains like one rank. A checkpoint saved by TP=2 is plain HF (TP=1
+// tensor) of TP=1's, three AdamW steps within 1e-5, and generation's tokens identical under
+// greedy, temperature, top-k and top-p sampling (the ranks draw from their vocabulary
+// columns, exchanging candidates and running sums, not the logits). TP=4 replicates the 2
+// key/value heads (two ranks per head); TP=2 x DP=2 trains like one rank. A checkpoint saved by TP=2 is plain HF (TP=1
 // loads it bit for bit) and loads into TP=2 and 4; a TP=2 trainer's state resumes at TP=1.
 // bf16 (the CPU's emulated mixed precision) is held to bf16's rounding. TP sizes that split
-// the query heads unevenly are refused with a message naming them.
+// the query heads unevenly are refused with a message naming them. Sequence parallelism is
+// held to the same limits on the same jobs, and on batches whose length tp does not divide
+// (the later ranks take one row more) or is below tp (rank 0 holds no row); its generation
+// draws TP=1's tokens, and its activations take less memory than TP's without it.
 #include <ftw.h>
 #include <stdio.h>
 #include <sys/mman.h>
@@ -28,11 +32,16 @@
 #define MAXO 128        // head outputs of the fixture batch
 #define STEPS 3
 #define GEN 12          // new tokens per generated sample
+#define N_GEN_REQ 6     // generation requests (the sampling settings below)
+#define N_GEN_SAMPLES 2 // samples of each
+#define N_GEN (N_GEN_REQ * N_GEN_SAMPLES)
 
 typedef struct job {
     const char *model;    // fixture name
     const char *precision;
     int tp, dp;
+    bool sp;                // sequence parallelism
+    int prefix;             // > 0: the batch is the first document's first `prefix` tokens
     bool train, generate;
     const char *save_dir;   // tp ranks save the weights here after the steps (NULL: no)
     const char *load_dir;   // weights from here instead of the fixture (NULL: the fixture)
@@ -48,8 +57,8 @@ typedef struct shared {
     float grads[MAXP];             // the whole gradient, gathered
     float params[MAXP];            // the whole parameters after the steps
     double loss[STEPS], norm[STEPS];
-    int32_t gen[MAXR][2][GEN];     // each rank's greedy and sampled tokens
-    float gen_lp[2][GEN];
+    int32_t gen[MAXR][N_GEN][GEN]; // each rank's tokens of every sample
+    float gen_lp[N_GEN][GEN];
     int ok[MAXR];
 } shared;
 
@@ -73,8 +82,9 @@ static int comm_up(tr_backend *be, int slot, int rank, int world, const char *na
     return tr_comm_join(*c, err) || tr_comm_wait(*c, 30000, err);
 }
 
-// The fixture batch: 3 documents of the model's expected.safetensors.
-static int fixture_batch(const char *model, packed_batch *b, tr_err *err) {
+// The fixture batch: 3 documents of the model's expected.safetensors (7, 12 and 5 tokens),
+// or the first `prefix` tokens of the first.
+static int fixture_batch(const char *model, int prefix, packed_batch *b, tr_err *err) {
     char path[512];
     snprintf(path, sizeof path, "tests/fixtures/models/%s/expected.safetensors", model);
     tr_st_file f;
@@ -82,7 +92,8 @@ static int fixture_batch(const char *model, packed_batch *b, tr_err *err) {
     size_t n_ids = 0, n_seq = 0;
     int32_t *ids = st_ints(&f, "input_ids", &n_ids), *lens = st_ints(&f, "seq_lens", &n_seq);
     int rc = ids && lens ? 0 : tr_errf(err, TR_EFORMAT, "%s: no input_ids/seq_lens", path);
-    if (!rc) pack_batch(b, ids, lens, (int32_t)n_seq);
+    if (!rc && prefix > 0) pack_batch(b, ids, &(int32_t){prefix < lens[0] ? prefix : lens[0]}, 1);
+    else if (!rc) pack_batch(b, ids, lens, (int32_t)n_seq);
     free(ids);
     free(lens);
     tr_st_close(&f);
@@ -149,24 +160,36 @@ static int train(tr_model *m, tr_trainer *tr, const packed_batch *b, int dp, int
     return 0;
 }
 
-// A greedy sample and a sampled one (temperature 1, the whole vocabulary) of the first document.
+// Generation's sampling settings: greedy; the whole vocabulary at two temperatures (every
+// rank's running sum passed on); top-k (the ranks' candidate lists alone); top-p (the nucleus
+// cut on the lists against the whole row's mass); top-p within top-k.
+static const tr_sample_params GEN_PARAMS[N_GEN_REQ] = {
+    {.temperature = 0.0f, .top_p = 1.0f},
+    {.temperature = 1.0f, .top_p = 1.0f},
+    {.temperature = 1.6f, .top_p = 1.0f},
+    {.temperature = 0.7f, .top_k = 5, .top_p = 1.0f},
+    {.temperature = 1.3f, .top_p = 0.9f},
+    {.temperature = 1.0f, .top_k = 40, .top_p = 0.6f},
+};
+
+// N_GEN_SAMPLES samples of the first document's first 5 tokens under each setting.
 static int generate(tr_model *m, const packed_batch *b, int rank, tr_err *err) {
     tr_generator g;
-    tr_gen_opts go = {.kv_tokens = 256, .block_size = 4};
+    tr_gen_opts go = {.kv_tokens = 512, .block_size = 4};
     if (tr_generator_init(&g, m, &go, err)) return -1;
-    tr_gen_request reqs[2];
-    for (int k = 0; k < 2; k++)
-        reqs[k] = (tr_gen_request){.prompt = b->ids, .n_prompt = 5, .n_samples = 1,
-                                   .sampling = {.temperature = k ? 1.0f : 0.0f, .top_p = 1.0f},
-                                   .seed = 11, .max_new_tokens = GEN};
-    tr_gen_output outs[2];
-    int rc = tr_generate(&g, reqs, 2, outs, err);
-    for (int k = 0; !rc && k < 2; k++)
+    tr_gen_request reqs[N_GEN_REQ];
+    for (int k = 0; k < N_GEN_REQ; k++)
+        reqs[k] = (tr_gen_request){.prompt = b->ids, .n_prompt = 5, .n_samples = N_GEN_SAMPLES,
+                                   .sampling = GEN_PARAMS[k], .seed = 11 + (uint64_t)k,
+                                   .max_new_tokens = GEN};
+    tr_gen_output outs[N_GEN];
+    int rc = tr_generate(&g, reqs, N_GEN_REQ, outs, err);
+    for (int k = 0; !rc && k < N_GEN; k++)
         for (int i = 0; i < GEN; i++) {
             sh->gen[rank][k][i] = i < outs[k].n_tokens ? outs[k].tokens[i] : -1;
             if (rank == 0) sh->gen_lp[k][i] = i < outs[k].n_tokens ? outs[k].logprobs[i] : 0.0f;
         }
-    if (!rc) tr_gen_outputs_free(outs, 2);
+    if (!rc) tr_gen_outputs_free(outs, N_GEN);
     tr_generator_free(&g);
     return rc;
 }
@@ -180,13 +203,14 @@ static int rank_run(const job *jb, int rank, tr_backend *be, tr_model *m, tr_com
     const int tp_rank = rank % jb->tp, dp_rank = rank / jb->tp;
     char dir[512];
     snprintf(dir, sizeof dir, "tests/fixtures/models/%s", jb->model);
-    tr_model_opts o = {.max_tokens = 64, .training = jb->train, .tp_size = jb->tp, .tp_rank = tp_rank};
+    tr_model_opts o = {.max_tokens = 64, .training = jb->train, .tp_size = jb->tp, .tp_rank = tp_rank,
+                       .sequence_parallel = jb->sp};
     if (tr_model_load(m, jb->load_dir ? jb->load_dir : tr_test_src(dir), be, &o, err)) return -1;
     if (jb->tp > 1 && (comm_up(be, dp_rank, tp_rank, jb->tp, "tp", tpc, err) ||
                        tr_model_set_tp_comm(m, *tpc, err)))
         return -1;
     packed_batch b;
-    if (fixture_batch(jb->model, &b, err)) return -1;
+    if (fixture_batch(jb->model, jb->prefix, &b, err)) return -1;
     if (jb->generate) return generate(m, &b, rank, err);
     if (!jb->train) {   // forward only: the head outputs
         if (tr_model_forward(m, b.ids, &b.docs, err)) return -1;
@@ -285,65 +309,100 @@ typedef struct tol {
     double out, grad, param;
 } tol;
 
-// Trains with tp x dp ranks and compares with ref (one rank): outputs, every rank's outputs
-// the same bits, the gathered gradient, the losses and the parameters after the steps.
-static void compare_train(const char *model, const char *precision, int tp, int dp, const shared *ref,
-                          tol t) {
-    job jb = {.model = model, .precision = precision, .tp = tp, .dp = dp, .train = true};
+// The job's name in messages: model, precision, tp, dp, sequence parallelism, prefix.
+static const char *job_name(const job *jb) {
+    static char name[160];
+    snprintf(name, sizeof name, "%s %s tp %d dp %d%s", jb->model, jb->precision, jb->tp, jb->dp,
+             jb->sp ? " sp" : "");
+    if (jb->prefix > 0) snprintf(name + strlen(name), sizeof name - strlen(name), " (%d tokens)", jb->prefix);
+    return name;
+}
+
+// Trains the job's ranks (tp x dp) and compares with ref (one rank, the same batch): outputs,
+// every rank's outputs the same bits, the gathered gradient, the losses and the parameters
+// after the steps.
+static void compare_train(job jb, const shared *ref, tol t) {
+    jb.train = true;
+    const char *name = job_name(&jb);
     int rc = run_job(&jb);
     if (rc < 0) {
-        printf("%-12s %s tp %d dp %d: skipped (fewer devices than ranks)\n", model, precision, tp, dp);
+        printf("%s: skipped (fewer devices than ranks)\n", name);
         return;
     }
-    CHECKF(rc == 0, "%s %s: tp %d dp %d: a rank failed", model, precision, tp, dp);
+    CHECKF(rc == 0, "%s: a rank failed", name);
     tr_param_layout lay;
-    if (whole_layout(model, &lay)) {
+    if (whole_layout(jb.model, &lay)) {
         CHECK(0);
         return;
     }
     int32_t n = ref->n_out;
     CHECK(sh->n_out == n);
     double e_out = tr_test_max_abs_err(sh->out[0], ref->out[0], (size_t)n);
-    for (int r = 1; r < tp && dp == 1; r++)
+    for (int r = 1; r < jb.tp && jb.dp == 1; r++)
         CHECKF(memcmp(sh->out[r], sh->out[0], (size_t)n * sizeof(float)) == 0,
-               "%s tp %d: rank %d's outputs differ from rank 0's", model, tp, r);
+               "%s: rank %d's outputs differ from rank 0's", name, r);
     const char *gname = "", *pname = "";
-    double e_grad = dp == 1 ? worst_tensor(&lay, sh->grads, ref->grads, &gname) : 0;
+    double e_grad = jb.dp == 1 ? worst_tensor(&lay, sh->grads, ref->grads, &gname) : 0;
     double e_par = worst_tensor(&lay, sh->params, ref->params, &pname);
-    printf("%-12s %s tp %d dp %d: outputs %.2g abs, gradient %.2g rel (%s), parameters after %d "
-           "steps %.2g rel (%s)\n", model, precision, tp, dp, e_out, e_grad, gname, STEPS, e_par, pname);
-    CHECKF(e_out <= t.out, "%s %s tp %d: outputs %.3g > %.3g", model, precision, tp, e_out, t.out);
-    CHECKF(e_grad <= t.grad, "%s %s tp %d: gradient %s %.3g > %.3g", model, precision, tp, gname, e_grad,
-           t.grad);
-    CHECKF(e_par <= t.param, "%s %s tp %d dp %d: parameters %s %.3g > %.3g", model, precision, tp, dp,
-           pname, e_par, t.param);
+    printf("%s: outputs %.2g abs, gradient %.2g rel (%s), parameters after %d steps %.2g rel (%s)\n",
+           name, e_out, e_grad, gname, STEPS, e_par, pname);
+    CHECKF(e_out <= t.out, "%s: outputs %.3g > %.3g", name, e_out, t.out);
+    CHECKF(e_grad <= t.grad, "%s: gradient %s %.3g > %.3g", name, gname, e_grad, t.grad);
+    CHECKF(e_par <= t.param, "%s: parameters %s %.3g > %.3g", name, pname, e_par, t.param);
     for (int s = 0; s < STEPS; s++) CHECK_NEAR(sh->norm[s], ref->norm[s], t.grad * ref->norm[s]);
     tr_param_layout_free(&lay);
 }
 
-static void test_model(const char *model, shared *ref) {
-    tol t = {.out = 1e-5, .grad = 1e-4, .param = 1e-5};
-    job one = {.model = model, .precision = "fp32", .tp = 1, .dp = 1, .train = true};
-    CHECKF(run_job(&one) == 0, "%s: tp 1 failed", model);
+static const tol FP32_TOL = {.out = 1e-5, .grad = 1e-4, .param = 1e-5};
+
+// One rank's run of the job's batch (its prefix) into ref.
+static void reference(const char *model, const char *precision, int prefix, shared *ref) {
+    job one = {.model = model, .precision = precision, .tp = 1, .dp = 1, .prefix = prefix, .train = true};
+    CHECKF(run_job(&one) == 0, "%s %s: tp 1 failed", model, precision);
     memcpy(ref, sh, sizeof *ref);
-    compare_train(model, "fp32", 2, 1, ref, t);
 }
 
-static void test_generate(const char *model) {
+static void test_model(const char *model, shared *ref) {
+    reference(model, "fp32", 0, ref);
+    for (int sp = 0; sp < 2; sp++)
+        compare_train((job){.model = model, .precision = "fp32", .tp = 2, .dp = 1, .sp = sp}, ref, FP32_TOL);
+}
+
+// Sequence parallelism on batches tp does not divide: the first document's first 7 tokens
+// at tp 4 (rows 1, 2, 2, 2) and its first 3 (rank 0 holds none) and 5 at tp 2 (2, 3).
+static void test_uneven(const char *model, shared *ref) {
+    const int cuts[][2] = {{7, 4}, {3, 4}, {5, 2}};
+    for (int i = 0; i < 3; i++) {
+        reference(model, "fp32", cuts[i][0], ref);
+        compare_train((job){.model = model, .precision = "fp32", .tp = cuts[i][1], .dp = 1, .sp = true,
+                            .prefix = cuts[i][0]}, ref, FP32_TOL);
+    }
+}
+
+// Generation at tp (and sequence parallelism) against tp 1: every sample's tokens the same
+// under every sampling setting, on every rank, and their logprobs within 1e-5.
+static void test_generate(const char *model, int tp, bool sp) {
     job one = {.model = model, .precision = "fp32", .tp = 1, .dp = 1, .generate = true};
     CHECKF(run_job(&one) == 0, "%s: tp 1 generation failed", model);
-    int32_t want[2][GEN];
-    float want_lp[2][GEN];
+    static int32_t want[N_GEN][GEN];
+    static float want_lp[N_GEN][GEN];
     memcpy(want, sh->gen[0], sizeof want);
     memcpy(want_lp, sh->gen_lp, sizeof want_lp);
-    job two = {.model = model, .precision = "fp32", .tp = 2, .dp = 1, .generate = true};
-    CHECKF(run_job(&two) == 0, "%s: tp 2 generation failed", model);
-    CHECKF(memcmp(sh->gen[0][0], want[0], sizeof want[0]) == 0, "%s: tp 2 greedy tokens differ", model);
-    CHECKF(memcmp(sh->gen[0][1], want[1], sizeof want[1]) == 0, "%s: tp 2 sampled tokens differ", model);
-    CHECKF(memcmp(sh->gen[1], sh->gen[0], sizeof want) == 0, "%s: tp 2 ranks drew different tokens", model);
-    double e = tr_test_max_abs_err(&sh->gen_lp[0][0], &want_lp[0][0], 2 * GEN);
-    printf("%-12s generation tp 2: greedy and sampled tokens as tp 1, logprobs %.2g abs\n", model, e);
-    CHECKF(e <= 1e-5, "%s: generated logprobs %.3g", model, e);
+    job par = {.model = model, .precision = "fp32", .tp = tp, .dp = 1, .sp = sp, .generate = true};
+    const char *name = job_name(&par);
+    CHECKF(run_job(&par) == 0, "%s: generation failed", name);
+    for (int k = 0; k < N_GEN; k++) {
+        const tr_sample_params *p = &GEN_PARAMS[k / N_GEN_SAMPLES];
+        CHECKF(memcmp(sh->gen[0][k], want[k], sizeof want[k]) == 0, "%s: sample %d (temperature %g, "
+               "top_k %d, top_p %g) differs from tp 1's", name, k % N_GEN_SAMPLES, (double)p->temperature,
+               p->top_k, (double)p->top_p);
+    }
+    for (int r = 1; r < tp; r++)
+        CHECKF(memcmp(sh->gen[r], sh->gen[0], sizeof want) == 0, "%s: rank %d drew other tokens", name, r);
+    double e = tr_test_max_abs_err(&sh->gen_lp[0][0], &want_lp[0][0], (size_t)N_GEN * GEN);
+    printf("%s generation: greedy, temperature, top-k and top-p samples as tp 1, logprobs %.2g abs\n", name,
+           e);
+    CHECKF(e <= 1e-5, "%s: generated logprobs %.3g", name, e);
 }
 
 static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
@@ -439,18 +498,28 @@ int main(void) {
         test_model(models[i], ref);
         if (i == 0 || i == 3) {
             // Two key/value heads on four ranks: each head on two, their gradients summed.
-            compare_train(models[i], "fp32", 4, 1, ref, (tol){1e-5, 1e-4, 1e-5});
-            compare_train(models[i], "fp32", 2, 2, ref, (tol){1e-5, 1e-4, 1e-5});
+            // TP=2 x DP=2 runs documents of 7, 12 and 5 tokens: 7 and 5 split unevenly.
+            for (int sp = 0; sp < 2; sp++) {
+                compare_train((job){.model = models[i], .precision = "fp32", .tp = 4, .dp = 1, .sp = sp},
+                              ref, FP32_TOL);
+                compare_train((job){.model = models[i], .precision = "fp32", .tp = 2, .dp = 2, .sp = sp},
+                              ref, FP32_TOL);
+            }
         }
     }
-    for (int i = 0; i < 4; i++) test_generate(models[i]);
+    test_uneven("qwen2", ref);
+    for (int i = 0; i < 4; i++) {
+        test_generate(models[i], 2, false);
+        test_generate(models[i], 2, true);
+    }
+    test_generate("qwen3", 4, false);   // four ranks' lists and running sums
     // bf16: every partial sum rounds once more than at TP=1 (the parts of a row-parallel
     // projection are added in fp32 and the column-parallel input gradients summed in fp32,
     // each rounded to bf16), so the limits are bf16's: 2^-8 relative, a few roundings deep.
-    job one = {.model = "qwen3", .precision = "bf16", .tp = 1, .dp = 1, .train = true};
-    CHECK(run_job(&one) == 0);
-    memcpy(ref, sh, sizeof *ref);
-    compare_train("qwen3", "bf16", 2, 1, ref, (tol){0.05, 0.05, 0.02});
+    reference("qwen3", "bf16", 0, ref);
+    for (int sp = 0; sp < 2; sp++)
+        compare_train((job){.model = "qwen3", .precision = "bf16", .tp = 2, .dp = 1, .sp = sp}, ref,
+                      (tol){0.05, 0.05, 0.02});
     const char *tmp = tr_test_tmpdir();
     test_checkpoint(tmp);
     nftw(tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS);

@@ -1024,6 +1024,28 @@ static void test_kv_write(int32_t T, int32_t H, int32_t KVH, int32_t D) {
     free(perm); free(w.rows); free(w.k0); free(w.v0);
 }
 
+// --- add -------------------------------------------------------------------------------------
+
+typedef struct add_arg {
+    size_t n;
+    float *a, *b;
+} add_arg;
+
+static void add_run(int gpu, float **out, void *arg) {
+    add_arg *s = arg;
+    float *a = putf(gpu, s->a, s->n), *b = putf(gpu, s->b, s->n);
+    be_of(gpu)->ops->add(be_of(gpu), a, a, b, s->n);   // in place, as the residual stream adds
+    getf(gpu, out[0], a, s->n);
+    bufs_free(gpu);
+}
+
+// One rounding per element, nothing fused: the CPU's bits.
+static void test_add(size_t n) {
+    add_arg s = {.n = n, .a = kt_rand(n, 3.0), .b = kt_rand(n, 1e-3)};
+    compare("add", add_run, &s, "X", &n);
+    free(s.a); free(s.b);
+}
+
 // --- swiglu ---------------------------------------------------------------------------------
 
 typedef struct sw_arg {
@@ -1692,6 +1714,106 @@ static void test_sample(int32_t B, int32_t V, int kind, uint64_t salt, float top
     free(s.logits); free(s.rows);
 }
 
+// Vocab-parallel sampling on the GPU: B rows of V random logits split over R ranks' columns,
+// the ranks' lists, chained sums, walks and the pick run as engine/sample_tp.c runs them
+// (every rank's outputs placed where a gather would put them, rows whose top-p cut lies past
+// the lists asked again alone with longer ones). Its ids are the CPU sample op's except in
+// draws it counts near; two GPU runs agree.
+static int32_t svp_col0(int32_t V, int32_t R, int32_t r) { return (int32_t)((int64_t)V * r / R); }
+
+typedef struct svp_bufs {   // the GPU's buffers of every rank
+    int32_t R, V;
+    float *lg[4];
+    tr_sample_row *rows;
+    tr_sample_cand *cand;
+    double *sums, *walk;
+    int32_t *hits, *ids, *near;
+    void *scratch;
+} svp_bufs;
+
+// One exchange for rows [b0, b0 + n) with lists of k; their ids into ids_out.
+static void svp_draw(const svp_bufs *d, int32_t b0, int32_t n, int32_t k, int32_t *ids_out) {
+    tr_backend *be = &gpu_be;
+    const int32_t R = d->R;
+    for (int32_t r = 0; r < R; r++) {
+        int32_t v0 = svp_col0(d->V, R, r), vr = svp_col0(d->V, R, r + 1) - v0;
+        be->ops->sample_vp_top(be, d->cand + (size_t)r * n * k, d->lg[r] + (size_t)b0 * vr, v0, n, vr, k,
+                               d->scratch);
+    }
+    for (int32_t pass = 0; pass < 2; pass++)
+        for (int32_t r = 0; r < R; r++) {
+            int32_t v0 = svp_col0(d->V, R, r), vr = svp_col0(d->V, R, r + 1) - v0;
+            be->ops->sample_vp_scan(be, pass ? d->walk : d->sums + (size_t)r * n, d->hits + (size_t)r * n * 3,
+                                    d->lg[r] + (size_t)b0 * vr, d->rows + b0, d->cand,
+                                    r ? d->sums + (size_t)(r - 1) * n : NULL,
+                                    pass ? d->sums + (size_t)(R - 1) * n : NULL, R, k, v0, n, vr);
+        }
+    be->ops->sample_vp_pick(be, d->ids + b0, d->near, d->cand, d->hits, d->sums + (size_t)(R - 1) * n,
+                            d->rows + b0, R, k, n, d->V, d->scratch);
+    get(1, ids_out + b0, d->ids + b0, (size_t)n * sizeof(int32_t));
+}
+
+static void svp_run(const smp_arg *s, int32_t R, int32_t *ids, int32_t *n_near) {
+    const int32_t B = s->B, V = s->V, k_max = svp_col0(V, R, R) - svp_col0(V, R, R - 1) + 1;
+    svp_bufs d = {.R = R, .V = V};
+    for (int32_t r = 0; r < R; r++) {
+        int32_t v0 = svp_col0(V, R, r), vr = svp_col0(V, R, r + 1) - v0;
+        float *part = kt_floats((size_t)B * vr);
+        for (int32_t b = 0; b < B; b++) memcpy(part + (size_t)b * vr, s->logits + (size_t)b * V + v0, (size_t)vr * 4);
+        d.lg[r] = putf(1, part, (size_t)B * vr);
+        free(part);
+    }
+    size_t n_cand = (size_t)R * B * k_max;
+    int32_t zero = 0;
+    d.rows = put(1, s->rows, (size_t)B * sizeof(tr_sample_row));
+    d.cand = put(1, NULL, n_cand * sizeof(tr_sample_cand));
+    d.sums = put(1, NULL, (size_t)R * B * sizeof(double));
+    d.walk = put(1, NULL, (size_t)B * sizeof(double));
+    d.hits = puti(1, NULL, (size_t)R * B * 3);
+    d.ids = puti(1, NULL, B);
+    d.near = puti(1, &zero, 1);
+    d.scratch = put(1, NULL, gpu_be.ops->sample_vp_scratch_bytes(&gpu_be, B, k_max, n_cand));
+    int32_t k = 256 < k_max ? 256 : k_max;
+    svp_draw(&d, 0, B, k, ids);
+    for (int32_t b = 0; b < B; b++)
+        for (int32_t kk = k; ids[b] < 0 && kk < k_max;) {
+            kk = kk * 8 < k_max ? kk * 8 : k_max;
+            svp_draw(&d, b, 1, kk, ids);
+        }
+    get(1, n_near, d.near, sizeof(int32_t));
+    bufs_free(1);
+}
+
+static void test_sample_vp(int32_t B, int32_t V, int32_t R, uint64_t salt) {
+    static const float temps[] = {0.0f, 0.5f, 1.0f, 1.7f};
+    static const float top_ps[] = {1.0f, 0.95f, 0.6f, 0.1f};
+    const int32_t top_ks[] = {0, 1, 3, 50, V, V + 5};
+    smp_arg s = {.B = B, .V = V, .logits = kt_rand((size_t)B * V, 4.0),
+                 .rows = kt_malloc((size_t)B * sizeof(tr_sample_row))};
+    for (int32_t b = 0; b < B; b++) {
+        uint64_t c = salt + (uint64_t)b * 13;
+        s.rows[b] = (tr_sample_row){.temperature = temps[c % 4], .top_k = top_ks[c / 4 % 6],
+                                    .top_p = top_ps[c / 24 % 4], .seed = salt * 7919 + (uint64_t)b,
+                                    .counter = (uint64_t)(b * 37 % 1000), .used = 4};
+    }
+    smp_out cpu;
+    smp_out_alloc(&cpu, B);
+    smp_run(0, &s, 0, B, &cpu);
+    int32_t *g1 = kt_malloc((size_t)B * sizeof(int32_t)), *g2 = kt_malloc((size_t)B * sizeof(int32_t));
+    int32_t near1, near2, mismatched = 0;
+    svp_run(&s, R, g1, &near1);
+    svp_run(&s, R, g2, &near2);
+    CHECKF(memcmp(g1, g2, (size_t)B * sizeof(int32_t)) == 0 && near1 == near2,
+           "sample_vp B=%d V=%d R=%d: two cuda runs differ", B, V, R);
+    for (int32_t b = 0; b < B; b++) mismatched += g1[b] != cpu.ids[b];
+    printf("  sample_vp B=%-3d V=%-6d R=%d: ids differing from the cpu sample op %d, near %d\n", B, V, R,
+           mismatched, near1);
+    CHECKF(mismatched <= near1 && near1 <= 2, "sample_vp B=%d V=%d R=%d: %d ids differ, %d near draws",
+           B, V, R, mismatched, near1);
+    smp_out_free(&cpu);
+    free(g1); free(g2); free(s.logits); free(s.rows);
+}
+
 // Scratch sized for B rows must serve fewer (callers size it once for their largest batch).
 static void test_sample_scratch(void) {
     int mono = 1;
@@ -1842,6 +1964,7 @@ static void run_pass(const char *only) {
         test_swiglu(37, 1001);
         test_swiglu(37, 1024);   // bf16: 16-byte groups of 8 columns
     }
+    if (section(only, "add")) test_add(300001);
     if (section(only, "adamw")) test_adamw(100003);
     if (section(only, "sumsq") && f32) test_sumsq();
     if (section(only, "logsoftmax")) {
@@ -1860,6 +1983,8 @@ static void run_pass(const char *only) {
         test_sample(96, 3000, SMP_RANDOM, 4, 0.0f, 0);
         test_sample(4, 1000, SMP_EQUAL, 6, 0.5f, 4);       // the cut meets top_p's limit exactly
         test_sample_scratch();
+        test_sample_vp(96, 1000, 2, 7);
+        test_sample_vp(96, 3001, 3, 8);
     }
     if (section(only, "sample_vocab"))   // apart: slow under compute-sanitizer
         test_sample(24, 152064, SMP_RANDOM, 5, 0.0f, 0);   // a real vocabulary

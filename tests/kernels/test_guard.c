@@ -245,6 +245,14 @@ static void each_op(void) {
     }
     done("swiglu_backward");
 
+    // add, in place as the residual stream takes it
+    x[0] = mk_f((size_t)T * C, 1.0), x[1] = mk_f((size_t)T * C, 1.0);
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        be->ops->add(be, p[0], p[0], p[1], (size_t)T * C);
+    }
+    done("add");
+
     // logsoftmax
     int32_t target[9] = {0, 49, -1, 7, 8, 9, 10, 11, 12};
     float lse_v[9];
@@ -351,6 +359,48 @@ static void each_op(void) {
             }
             done("convert");
         }
+
+    // vocab-parallel sampling: this rank's lists of 4 (columns 20.. of a 2-rank vocabulary
+    // of 100), its walk from a carried sum, and the pick over both ranks' (the same lists)
+    enum { K = 4, R = 2 };
+    tr_sample_row srows[9];
+    for (int32_t b = 0; b < T; b++)
+        srows[b] = (tr_sample_row){.temperature = b % 3 ? 1.0f : 0.0f, .top_k = b % 3 == 2 ? 3 : 0,
+                                   .top_p = b % 4 == 1 ? 0.5f : 1.0f, .seed = (uint64_t)b, .used = 4};
+    float *slg = kt_rand((size_t)T * V, 3.0);
+    tr_sample_cand lists[R * 9 * K];
+    x[0] = mk(NULL, sizeof lists / R), x[1] = mk(slg, (size_t)T * V * 4);
+    x[2] = mk(NULL, gb.ops->sample_vp_scratch_bytes(&gb, T, V, 0));
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        be->ops->sample_vp_top(be, p[0], p[1], 20, T, V, K, p[2]);
+    }
+    memcpy(lists, x[0]->h, sizeof lists / R);
+    memcpy(lists + T * K, x[0]->h, sizeof lists / R);
+    done("sample_vp_top");
+    double carry[9], total[9];
+    int32_t hits[R * 9 * 3];
+    for (int32_t b = 0; b < T; b++) carry[b] = 2.0, total[b] = 40.0;
+    x[0] = mk(NULL, sizeof carry), x[1] = mk(NULL, sizeof hits / R), x[2] = mk(slg, (size_t)T * V * 4);
+    x[3] = mk(srows, sizeof srows), x[4] = mk(lists, sizeof lists), x[5] = mk(carry, sizeof carry);
+    x[6] = mk(total, sizeof total);
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        be->ops->sample_vp_scan(be, p[0], p[1], p[2], p[3], p[4], p[5], p[6], R, K, 20, T, V);
+    }
+    memcpy(hits, x[1]->h, sizeof hits / R);
+    memcpy(hits + T * 3, x[1]->h, sizeof hits / R);
+    done("sample_vp_scan");
+    int32_t no_near = 0;
+    x[0] = mk(NULL, (size_t)T * I), x[1] = mk(&no_near, sizeof no_near), x[2] = mk(lists, sizeof lists);
+    x[3] = mk(hits, sizeof hits), x[4] = mk(total, sizeof total), x[5] = mk(srows, sizeof srows);
+    x[6] = mk(NULL, gb.ops->sample_vp_scratch_bytes(&gb, T, 0, (size_t)R * T * K));
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        be->ops->sample_vp_pick(be, p[0], p[1], p[2], p[3], p[4], p[5], R, K, T, 100, p[6]);
+    }
+    done("sample_vp_pick");
+    free(slg);
 }
 
 // Whether fn(arg) aborts in a child process (its stderr, the guard's message, discarded).

@@ -211,6 +211,9 @@ static void test_errors(void) {
                  "bad.yaml:6:14: models.policy.devices: 2 devices for tp 1 x dp 1 = 1 ranks");
     expect_error(L1 L2 L3 L4 L5 "    parallel: {tp: 2, dp: 2}\n    devices: [0, 1]\n" L6 L7 L8 L9, NULL, 0,
                  "bad.yaml:7:14: models.policy.devices: 2 devices for tp 2 x dp 2 = 4 ranks");
+    expect_error(L1 L2 L3 L4 L5 "    parallel: {sequence_parallel: true}\n" L6 L7 L8 L9, NULL, 0,
+                 "bad.yaml:6:35: models.policy.parallel.sequence_parallel: true needs parallel.tp 2 or more "
+                 "(it splits along the sequence what the tensor-parallel ranks would each hold whole)");
     expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "placement: {colocate: [[policy, critic]]}\n", NULL, 0,
                  "bad.yaml:10:23: placement.colocate: role critic is not defined under models");
     expect_error(L1 L2 L3 L4 L5 "  reward: {kind: service, endpoint: localhost:5555}\n" L7 L8 L9, NULL, 0,

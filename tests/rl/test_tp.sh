@@ -2,10 +2,12 @@
 # Tensor-parallel runs end to end (`troupe run`, worker processes on one machine, the CPU's
 # shared-memory communicators formed through the controller's bootstrap): SFT, GRPO (the
 # policy generating on its shards) and PPO (policy, reference and critic split) with tp 2,
-# and GRPO with tp 2 x dp 2, against tp 1 -- the same rollouts and rewards, parameters after
-# the steps within 1e-6 relative; a tp 2 checkpoint resumes at tp 1 and a tp 1 one at tp 2;
-# recipes that cannot be split (a generator with tp, tp not dividing the query heads) fail
-# with a message naming the key or the numbers.
+# and GRPO with tp 2 x dp 2 and with sequence parallelism, against tp 1 -- the same rollouts
+# and rewards, parameters after the steps within 1e-6 relative (PPO's reference and critic
+# are sequence-parallel); a tp 2 checkpoint resumes at tp 1 and a tp 1 one at tp 2 with
+# sequence parallelism; recipes that cannot be split (a generator with tp, tp not dividing
+# the query heads, sequence parallelism at tp 1) fail with a message naming the key or the
+# numbers.
 set -u
 troupe="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
 src="$(cd "${TROUPE_SOURCE_ROOT:-.}" && pwd)"
@@ -57,8 +59,9 @@ for name in rs21:2 rs12:1; do
 done
 run rs21 "$tmp/sft.yaml" --set models.policy.parallel.tp=1 --resume
 check "sft: a tp 2 checkpoint resumes with tp 1" $?
-run rs12 "$tmp/sft.yaml" --set models.policy.parallel.tp=2 --resume
-check "sft: a tp 1 checkpoint resumes with tp 2" $?
+run rs12 "$tmp/sft.yaml" --set models.policy.parallel.tp=2 --set models.policy.parallel.sequence_parallel=true \
+    --resume
+check "sft: a tp 1 checkpoint resumes with tp 2 and sequence parallelism" $?
 for name in rs21 rs12; do
     python3 "$check" close "$tmp/$name/$ck4" "$tmp/sft1/$ck4" 1e-6
     check "sft $name: after 4 steps within 1e-6 of the uninterrupted tp 1 run" $?
@@ -71,14 +74,17 @@ gset=(--set train.steps=3 --set threads=1 --set train.save_every=3 --set train.e
 ck3=checkpoints/step_3/policy/model.safetensors
 run grpo1 "$grpo" "${gset[@]}"
 check "grpo with tp 1 exits 0" $?
-for layout in 2:1 2:2; do
-    tp=${layout%:*} dp=${layout#*:}
-    run grpo$tp$dp "$grpo" --set models.policy.parallel.tp=$tp --set models.policy.parallel.dp=$dp "${gset[@]}"
-    check "grpo with tp $tp x dp $dp exits 0" $?
-    python3 "$check" close "$tmp/grpo$tp$dp/$ck3" "$tmp/grpo1/$ck3" 1e-6
-    check "grpo: tp $tp x dp $dp parameters after 3 steps within 1e-6 of tp 1" $?
-    python3 "$check" metrics "$tmp/grpo1" "$tmp/grpo$tp$dp" reward/mean response_len/mean dynamic/groups lr
-    check "grpo: tp $tp x dp $dp samples tp 1's rollouts and rewards" $?
+for layout in "2 1 false" "2 2 false" "2 1 true"; do
+    read -r tp dp sp <<<"$layout"
+    name=grpo$tp$dp at="tp $tp x dp $dp"
+    [ "$sp" = true ] && name=${name}sp at="$at sequence-parallel"
+    run $name "$grpo" --set models.policy.parallel.tp=$tp --set models.policy.parallel.dp=$dp \
+        --set models.policy.parallel.sequence_parallel=$sp "${gset[@]}"
+    check "grpo with $at exits 0" $?
+    python3 "$check" close "$tmp/$name/$ck3" "$tmp/grpo1/$ck3" 1e-6
+    check "grpo: $at parameters after 3 steps within 1e-6 of tp 1" $?
+    python3 "$check" metrics "$tmp/grpo1" "$tmp/$name" reward/mean response_len/mean dynamic/groups lr
+    check "grpo: $at samples tp 1's rollouts and rewards" $?
 done
 
 # --- PPO: policy, reference and critic each split over 2 ranks ---
@@ -88,8 +94,9 @@ pset=(--set train.steps=2 --set threads=1 --set train.save_every=2 --set train.e
 run ppo1 "$ppo" "${pset[@]}"
 check "ppo with tp 1 exits 0" $?
 run ppo2 "$ppo" --set models.policy.parallel.tp=2 --set models.reference.parallel.tp=2 \
-    --set models.critic.parallel.tp=2 "${pset[@]}"
-check "ppo with tp 2 policy, reference and critic exits 0" $?
+    --set models.critic.parallel.tp=2 --set models.reference.parallel.sequence_parallel=true \
+    --set models.critic.parallel.sequence_parallel=true "${pset[@]}"
+check "ppo with tp 2 policy, reference and critic (the last two sequence-parallel) exits 0" $?
 for role in policy critic; do
     python3 "$check" close "$tmp/ppo2/checkpoints/step_2/$role/model.safetensors" \
         "$tmp/ppo1/checkpoints/step_2/$role/model.safetensors" 1e-6
@@ -113,6 +120,8 @@ expect_error gentp "models.generator.parallel.tp" --set models.generator.replica
     --set models.generator.parallel.tp=2
 expect_error policygen "models.policy.parallel.tp" --set models.generator.replicas=1 \
     --set models.policy.parallel.tp=2
+expect_error sp1 "models.policy.parallel.sequence_parallel: true needs parallel.tp 2 or more" \
+    --set models.policy.parallel.sequence_parallel=true
 
 [ $fail = 0 ] && rm -rf "$tmp"
 exit $fail
