@@ -52,6 +52,8 @@ void tr_cpu_free(tr_backend *be, void *p);
 void *tr_cpu_alloc_host(tr_backend *be, size_t bytes);
 void tr_cpu_free_host(tr_backend *be, void *p);
 void tr_cpu_upload(tr_backend *be, void *dst, const void *src, size_t bytes);
+void tr_cpu_copy_2d(tr_backend *be, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                    size_t row_bytes, size_t rows);
 int tr_cpu_sync(tr_backend *be, const char *where, char *msg, size_t cap);
 void tr_cpu_mem_info(tr_backend *be, size_t *free_bytes, size_t *total_bytes);
 void tr_cpu_memory_free(tr_cpu_ctx *ctx);

@@ -90,6 +90,13 @@ void tr_cpu_upload(tr_backend *be, void *dst, const void *src, size_t bytes) {
     if (bytes) memcpy(dst, src, bytes);
 }
 
+void tr_cpu_copy_2d(tr_backend *be, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                    size_t row_bytes, size_t rows) {
+    (void)be;
+    for (size_t r = 0; r < rows && row_bytes; r++)
+        memcpy((char *)dst + r * dst_pitch, (const char *)src + r * src_pitch, row_bytes);
+}
+
 int tr_cpu_sync(tr_backend *be, const char *where, char *msg, size_t cap) {
     (void)be, (void)where;
     if (cap) msg[0] = '\0';
