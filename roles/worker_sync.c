@@ -1,8 +1,8 @@
-// sync_weights: the policy's dp rank 0 broadcasts the weights generation reads to every
-// generator rank over the "sync" communicator (engine/resync.h), stamped with its optimizer
-// step; a generator rank takes them and that version, which it stamps on every rollout it
-// samples afterwards. A policy with no sync communicator generates on its own weights, so it
-// has nothing to send and says so.
+// sync_weights: the tensor-parallel ranks of the policy's dp rank 0 broadcast the weights
+// generation reads to every generator rank over the "sync" communicator (engine/resync.h),
+// stamped with the optimizer step; a generator rank takes its layout's part of them and that
+// version, which it stamps on every rollout it samples afterwards. A policy with no sync
+// communicator generates on its own weights, so it has nothing to send and says so.
 #include <stdio.h>
 #include <string.h>
 
@@ -48,11 +48,11 @@ int tr_worker_op_sync_weights(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer 
     tr_resync_stats st;
     int r;
     if (sender) {
-        r = tr_resync_send(rc->sync_comm, 0, &rc->model, tr_worker_weight_version(rc), (size_t)bucket, &st, err);
+        r = tr_resync_send(rc->sync_comm, &rc->model, tr_worker_weight_version(rc), (size_t)bucket, &st, err);
     } else {
         // Half-received weights must never be sampled from: no version until this sync completes.
         rc->weight_version = -1;
-        r = tr_resync_recv(rc->sync_comm, 0, &rc->model, &st, err);
+        r = tr_resync_recv(rc->sync_comm, &rc->model, &st, err);
         if (!r) rc->weight_version = st.version;
     }
     uint64_t sum = 0;
