@@ -454,14 +454,8 @@ int tr_controller_start_opts(tr_controller **out, const tr_recipe *r, const tr_c
     if (r->reward.present)
         world[TR_RECIPE_REWARD] = r->reward.kind == TR_RECIPE_REWARD_MODEL
                                       ? (int32_t)(r->reward.parallel.tp * r->reward.parallel.dp) : 1;
-    if (r->generator.present) {
-        if (r->generator.parallel.tp != 1) {   // refused at recipe load; a recipe built in code too
-            free(c);
-            return tr_errf(err, TR_EUNSUPPORTED, "models.generator.parallel.tp %lld: generator replicas hold "
-                           "the whole model (tp: 1)", (long long)r->generator.parallel.tp);
-        }
-        world[TR_RECIPE_GENERATOR] = (int32_t)r->generator.parallel.dp;
-    }
+    if (r->generator.present)
+        world[TR_RECIPE_GENERATOR] = (int32_t)(r->generator.parallel.tp * r->generator.parallel.dp);
     char logs[TR_RECIPE_PATH_MAX + 16], endpoint[TR_RECIPE_NAME_MAX + 64];
     snprintf(logs, sizeof logs, "%s/logs", c->run_dir);
     tr_curve_opts rcurve = {0};

@@ -464,17 +464,6 @@ static int check_generator(tr_recipe *r, const tr_ynode *root, bool rl, tr_err *
     }
     g->replicas = g->parallel.dp;
     if (check_devices(&g->devices, &g->parallel, "generator", root, err)) return -1;
-    // The weight sync broadcasts one whole model from the policy's rank 0 to whole-model
-    // replicas; resharding between tensor-parallel layouts is not built.
-    if (g->parallel.tp != 1)
-        return fail_path(root, "models.generator.parallel.tp", err, "%lld: generator replicas hold the whole "
-                         "model (tp 1); tensor parallelism works where the policy generates itself (leave "
-                         "models.generator out)", (long long)g->parallel.tp);
-    if (r->models[TR_RECIPE_POLICY].parallel.tp != 1)
-        return fail_path(root, "models.policy.parallel.tp", err, "%lld with models.generator: the weight sync "
-                         "sends a whole model from the policy's rank 0, so a policy that syncs to a generator "
-                         "has tp 1 (or leave models.generator out)",
-                         (long long)r->models[TR_RECIPE_POLICY].parallel.tp);
     if (g->backend != TR_RECIPE_GEN_BACKEND_RUN &&
         (g->backend == TR_RECIPE_GEN_BACKEND_CUDA) != (r->backend == TR_RECIPE_CUDA))
         return fail_path(root, "models.generator.backend", err, "%s, but the policy runs on %s: the weight sync's "

@@ -143,7 +143,8 @@ static const tr_rkey reward_keys[] = {
 
 static const tr_rkey generator_parallel_keys[] = {
     {.name = "tp", .type = TR_RK_INT, .off = offsetof(tr_recipe_parallel, tp), .flags = MIN, .min = 1,
-     .def = "1", .doc = "tensor-parallel ranks of each replica; 1 (replicas hold the whole model)"},
+     .def = "1", .doc = "tensor-parallel ranks of each replica; any tp the model splits into, the "
+                        "policy's or another (the sync reshards)"},
     {.name = "dp", .type = TR_RK_INT, .off = offsetof(tr_recipe_parallel, dp), .flags = MIN, .min = 1,
      .def = "1", .doc = "replicas, each sampling a contiguous share of the prompts"},
     {0},
@@ -155,7 +156,7 @@ static const tr_rkey generator_keys[] = {
     {.name = "replicas", .type = TR_RK_INT, .off = offsetof(tr_recipe_generator, replicas), .flags = UNIT,
      .min = 0, .max = 4096, .def = "0", .doc = "generation replicas (another name for parallel.dp); 0 = parallel.dp"},
     {.name = "devices", .type = TR_RK_DEVICES, .off = offsetof(tr_recipe_generator, devices),
-     .flags = MIN, .min = 0, .def = "[]", .doc = "GPU ids, one per replica; empty: assigned in order"},
+     .flags = MIN, .min = 0, .def = "[]", .doc = "GPU ids, tp*dp of them; empty: assigned in order"},
     {.name = "backend", .type = TR_RK_ENUM, .off = offsetof(tr_recipe_generator, backend),
      .names = gen_backend_names, .def = "run",
      .doc = "run = the recipe's backend; the policy's and the generator's must be one (one communicator spans both)"},
@@ -168,7 +169,7 @@ static const tr_rkey generator_keys[] = {
      .doc = "weights per broadcast of the weight sync after every optimizer step (MiB)"},
     {.name = "verify_sync", .type = TR_RK_BOOL, .off = offsetof(tr_recipe_generator, verify_sync),
      .def = "false",
-     .doc = "after every sync compare checksums of the policy's and every generator rank's weights "
+     .doc = "after every sync compare checksums of the policy's and every generator replica's weights "
             "(reads them all back: for tests and debugging)"},
     {0},
 };

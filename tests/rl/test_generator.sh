@@ -2,7 +2,9 @@
 # Generation on a generator group of its own (`troupe run`, GRPO on the quickstart model,
 # worker processes on one machine): with 1 and with 2 replicas, and the weights synced after
 # every optimizer step (checksums compared on every sync), the run equals the colocated one
-# bit for bit -- its metrics and its final weights; the one-step-off pipeline runs, logs
+# bit for bit -- its metrics and its final weights; a generator of another tensor-parallel
+# layout than the policy's gets its part of the weights and the run logs how far sampling's
+# logprobs are from training's; the one-step-off pipeline runs, logs
 # staleness 1 and the truncated importance weights; a generator rank killed mid-run stops the
 # run with an error naming it, leaves no worker behind, and the last checkpoint resumes.
 set -u
@@ -47,6 +49,18 @@ grep -q "generator/1\] generate: 8 prompts x 8 samples" "$tmp/gen2/logs/generato
 check "2 replicas: each samples half of the prompts" $?
 grep -q "sync_weights: sent weights of step 8" "$tmp/gen2/logs/policy-0.log"
 check "the policy sent the weights of its 8th optimizer step" $?
+
+# Another tensor-parallel layout: the sync reshards (the policy at tp 1 to a generator of tp 2,
+# the policy at tp 2 to two replicas of tp 1), every sync's checksums agree, and sampling's
+# logprobs, now of another layout, differ from training's by rounding, measured every step.
+for lay in "tp12|models.policy.parallel.tp=1|{parallel: {tp: 2}, verify_sync: true, sync_bucket_mb: 1}" \
+           "tp21|models.policy.parallel.tp=2|{replicas: 2, verify_sync: true, sync_bucket_mb: 1}"; do
+    IFS='|' read -r name pol gen <<< "$lay"
+    run $name --set $pol --set "models.generator=$gen" --set train.steps=2 --set train.save_every=2
+    check "$name: the run exits 0 (every sync's checksums equal)" $?
+    python3 "$check" tpdiff "$tmp/$name" 2
+    check "$name: logprob_diff/max logged every step, finite and below 1e-3" $?
+done
 
 # One step off: the generator samples step k+1 while the policy trains step k.
 run pipe --set "models.generator={replicas: 2, one_step_off: true}" --set rollout.dynamic_sampling=false

@@ -366,8 +366,9 @@ static void test_round_trip(void) {
     CHECK(tr_recipe_load("/nonexistent/recipe.yaml", NULL, 0, &b, &err) == -1 && err.code == TR_EIO);
 }
 
-// models.generator: replicas and parallel.dp are one number, the layout and backend are
-// checked at load, the pipeline refuses dynamic sampling, and the section round-trips.
+// models.generator: replicas and parallel.dp are one number, a tp of its own is taken, the
+// layout and backend are checked at load, the pipeline refuses dynamic sampling, and the
+// section round-trips.
 static void test_generator(void) {
     tr_recipe r, b;
     tr_err err = {0};
@@ -394,11 +395,16 @@ static void test_generator(void) {
     rc = tr_recipe_parse(base, strlen(base), "gen.yaml", NULL, 0, &r, &err);
     CHECK(rc == 0 && !r.generator.present && r.algorithm.tis_cap == 2.0);
 
+    // A layout of its own: the sync reshards between the policy's tp and the generator's.
+    const char *tp[] = {"models.generator={replicas: 2, parallel: {tp: 2}}", "models.policy.parallel.tp=4"};
+    rc = tr_recipe_parse(base, strlen(base), "gen.yaml", tp, 2, &r, &err);
+    CHECKF(rc == 0 && r.generator.parallel.tp == 2 && r.generator.parallel.dp == 2 &&
+           r.models[TR_RECIPE_POLICY].parallel.tp == 4, "%s", err.msg);
+
     const char *gen = L1 L2 L3 L4 L5 L6;
-    expect_error(L1 L2 L3 L4 L5 "  generator: {parallel: {tp: 2}}\n" L6 L7 L8 L9, NULL, 0,
-                 "bad.yaml:6:30: models.generator.parallel.tp: 2: generator replicas hold the whole model (tp 1); "
-                 "tensor parallelism works where the policy generates itself (leave models.generator out)");
     char text[512];
+    snprintf(text, sizeof text, "%s  generator: {replicas: 2, parallel: {tp: 2}, devices: [0, 1]}\n" L7 L8 L9, gen);
+    expect_error(text, NULL, 0, "bad.yaml:7:56: models.generator.devices: 2 devices for tp 2 x dp 2 = 4 ranks");
     snprintf(text, sizeof text, "%s  generator: {replicas: 2, parallel: {dp: 3}}\n" L7 L8 L9, gen);
     expect_error(text, NULL, 0, "bad.yaml:7:25: models.generator.replicas: 2, but parallel.dp says 3: give one of them");
     snprintf(text, sizeof text, "%s  generator: {replicas: 2, devices: [0]}\n" L7 L8 L9, gen);

@@ -4,8 +4,8 @@
 # policy generating on its shards) and PPO (policy, reference and critic split) with tp 2,
 # and GRPO with tp 2 x dp 2, against tp 1 -- the same rollouts and rewards, parameters after
 # the steps within 1e-6 relative; a tp 2 checkpoint resumes at tp 1 and a tp 1 one at tp 2;
-# recipes that cannot be split (a generator with tp, tp not dividing the query heads) fail
-# with a message naming the key or the numbers.
+# recipes that cannot be split (tp not dividing the query heads, of the policy or of a
+# generator) fail with a message naming the role and the numbers.
 set -u
 troupe="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
 src="$(cd "${TROUPE_SOURCE_ROOT:-.}" && pwd)"
@@ -109,10 +109,8 @@ expect_error() {  # expect_error NAME PATTERN ARGS...
     [ $st != 0 ] || true
 }
 expect_error heads3 "tp 3 does not divide the 4 query heads" --set models.policy.parallel.tp=3
-expect_error gentp "models.generator.parallel.tp" --set models.generator.replicas=1 \
-    --set models.generator.parallel.tp=2
-expect_error policygen "models.policy.parallel.tp" --set models.generator.replicas=1 \
-    --set models.policy.parallel.tp=2
+expect_error gentp3 "generator/0.*tp 3 does not divide the 4 query heads" --set models.generator.replicas=1 \
+    --set models.generator.parallel.tp=3
 
 [ $fail = 0 ] && rm -rf "$tmp"
 exit $fail
