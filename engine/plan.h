@@ -24,6 +24,10 @@ typedef struct tr_plan_req {
     int32_t max_seqs_want;
     size_t budget;             // bytes the role may take; 0: the backend's free memory
     int32_t tp_size, tp_rank;  // tensor parallelism: the plan of this rank's shard (0: 1)
+    // Working weights shared with another process (engine/weight_share.h): a trainer holds
+    // share_buffers copies of them apart from its masters; a reader holds none of its own.
+    int32_t share_buffers;
+    bool share_reader;
 } tr_plan_req;
 
 typedef struct tr_plan {
