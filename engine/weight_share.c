@@ -29,10 +29,16 @@ int tr_wshare_init(tr_wshare *s, tr_model *m, int32_t n, tr_err *err) {
     return 0;
 }
 
-void tr_wshare_free(tr_wshare *s) {
+// The buffers a trainer made (owner) or a reader mapped; a failure at teardown has nobody
+// left to tell.
+static void release(tr_backend *be, void *const *buf, bool owner) {
     char msg[256];
-    for (int32_t i = 0; i < 2 && s->be; i++)
-        if (s->buf[i]) tr_share_free(s->be, s->buf[i], msg, sizeof msg);
+    for (int32_t i = 0; i < 2 && be; i++)
+        if (buf[i]) (owner ? tr_share_free : tr_share_close)(be, buf[i], msg, sizeof msg);
+}
+
+void tr_wshare_free(tr_wshare *s) {
+    release(s->be, s->buf, true);
     memset(s, 0, sizeof *s);
 }
 
@@ -81,8 +87,6 @@ int tr_wshare_read(tr_wshare_reader *r, tr_model *m, int32_t index, const tr_sha
 }
 
 void tr_wshare_reader_free(tr_wshare_reader *r) {
-    char msg[256];
-    for (int32_t i = 0; i < 2 && r->be; i++)
-        if (r->buf[i]) tr_share_close(r->be, r->buf[i], msg, sizeof msg);
+    release(r->be, r->buf, false);
     memset(r, 0, sizeof *r);
 }

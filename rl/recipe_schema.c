@@ -9,6 +9,7 @@
 const char *const tr_recipe_workflow_names[] = {"grpo", "ppo", "sft", "pretrain", NULL};
 const char *const tr_recipe_role_names[] = {"policy", "reference", "critic", "reward", "generator", NULL};
 static const char *const gen_backend_names[] = {"run", "cpu", "cuda", NULL};
+static const char *const share_names[] = {"auto", "yes", "no", NULL};
 static const char *const backend_names[] = {"cpu", "cuda", NULL};
 static const char *const precision_names[] = {"auto", "fp32", "bf16", NULL};
 static const char *const save_dtype_names[] = {"fp32", "bf16", NULL};
@@ -171,6 +172,11 @@ static const tr_rkey generator_keys[] = {
      .def = "false",
      .doc = "after every sync compare checksums of the policy's and every generator replica's weights "
             "(reads them all back: for tests and debugging)"},
+    {.name = "share_weights", .type = TR_RK_ENUM, .off = offsetof(tr_recipe_generator, share_weights),
+     .names = share_names, .def = "auto",
+     .doc = "generator rank r reads policy rank r's working weights in place (CUDA IPC on one GPU; shared memory "
+            "on the CPU), double-buffered with one_step_off, instead of a copy over the sync communicator; auto: "
+            "on CUDA when every rank is on its policy rank's device with the policy's tp; yes: always"},
     {0},
 };
 

@@ -162,6 +162,8 @@ typedef struct tr_init_args {
     int32_t max_seqs;          // policy, generator: samples decoded together (0: kv_want's)
     bool no_generate;          // policy: a generator group samples for it (init's generate:
                                // false), so it plans no KV cache
+    int32_t share_weights;     // policy, generator: the policy's working weights are shared
+                               // with the generator in this many buffers (0: synced by copy)
     tr_role_reward reward;     // reward role
 } tr_init_args;
 
@@ -234,6 +236,12 @@ typedef struct tr_sync_stats {
 // the policy's.
 int tr_weights_sync(tr_group *policy, tr_group *generator, int64_t bucket_bytes, bool verify,
                     tr_sync_stats *out, tr_err *err);
+// The same where the generator reads the policy's working weights in place (init's
+// share_weights): policy ranks 0 .. G-1 publish their buffers, then generator rank r maps
+// policy rank r's. Nothing is copied (bytes and buckets 0; seconds: both calls). Fails when a
+// generator rank reads another version than its policy rank published, or, with verify,
+// weights of another checksum.
+int tr_weights_share_sync(tr_group *policy, tr_group *generator, bool verify, tr_sync_stats *out, tr_err *err);
 // Asks every rank to exit and waits for the acknowledgements (not for the processes) up to
 // the group's timeout (10 s when it has none); ranks already dead or silent are skipped, so
 // this only fails when the request cannot be built.
