@@ -109,7 +109,7 @@ expect_error() {  # expect_error NAME PATTERN ARGS...
     [ $st != 0 ] || true
 }
 expect_error heads3 "tp 3 does not divide the 4 query heads" --set models.policy.parallel.tp=3
-expect_error gentp3 "generator/0.*tp 3 does not divide the 4 query heads" --set models.generator.replicas=1 \
+expect_error gentp3 "generator/[0-9].*tp 3 does not divide the 4 query heads" --set models.generator.replicas=1 \
     --set models.generator.parallel.tp=3
 
 [ $fail = 0 ] && rm -rf "$tmp"
