@@ -4,10 +4,11 @@
 # every optimizer step (checksums compared on every sync), the run equals the colocated one
 # bit for bit -- its metrics and its final weights; a generator of another tensor-parallel
 # layout than the policy's gets its part of the weights and the run logs how far sampling's
-# logprobs are from training's; a generator reading the policy's weights in place (shared
-# memory, double-buffered one step off) equals the copying runs; the one-step-off pipeline runs, logs
-# staleness 1 and the truncated importance weights; a generator rank killed mid-run stops the
-# run with an error naming it, leaves no worker behind, and the last checkpoint resumes.
+# logprobs are from training's; the one-step-off pipeline runs, logs staleness 1 and the
+# truncated importance weights; a generator reading the policy's weights in place (shared
+# memory, double-buffered one step off) equals the copying runs; a generator rank killed
+# mid-run stops the run with an error naming it, leaves no worker behind, and the last
+# checkpoint resumes.
 set -u
 troupe="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
 src="$(cd "${TROUPE_SOURCE_ROOT:-.}" && pwd)"
