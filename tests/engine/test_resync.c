@@ -1,7 +1,7 @@
 // Weight resync across forked processes over the shared-memory communicator: a trainer's
-// tensor-parallel group of a ranks sends to d generator replicas of tp b, whose weights start
-// different. After a resync every receiving rank holds exactly what a model of tp b drawn
-// directly from the trainer's seed holds, bit for bit (in place where the layouts match: tp 1
+// tensor-parallel group of a ranks, loaded from a checkpoint, sends to d generator replicas of
+// tp b, whose weights start different. After a resync every receiving rank holds exactly what
+// that checkpoint loaded directly at tp b holds, bit for bit (in place where the layouts match: tp 1
 // to two replicas of tp 1, in many small buckets and in one default bucket, fp32 and bf16;
 // resharded where they differ: 1 -> 2, 2 -> 1 on two replicas, 2 -> 2 on two replicas in
 // bf16); the layout-free checksums of the senders and of each replica's ranks add up to the
@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/device.h"
 #include "engine/model.h"
@@ -21,7 +22,8 @@
 #include "tests/test.h"
 
 #define MAXW 6
-#define SEED 7
+
+static char tmp[256], ckpt[300];   // the trainer's weights: a checkpoint every layout loads
 
 static const char CONFIG[] =
     "{\"architectures\": [\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\", \"vocab_size\": 31,"
@@ -50,25 +52,27 @@ typedef struct job {
 
 static int world(const job *jb) { return jb->a + jb->b * jb->d; }
 
-// Rank r's model: a sender is tp rank r of a, receiver r the tp rank (r - a) % b of b.
-static int make_model(const job *jb, int rank, tr_backend *be, uint64_t seed, tr_model *m, tr_err *err) {
+// Rank r's model: a sender is tp rank r of a, receiver r the tp rank (r - a) % b of b, loaded
+// from the checkpoint, or (load false) drawn from its own seed.
+static int make_model(const job *jb, int rank, tr_backend *be, bool load, tr_model *m, tr_err *err) {
     char text[sizeof CONFIG + 16];
     int n = snprintf(text, sizeof text, CONFIG, rank == jb->odd_rank ? 32 : 24);
     bool send = rank < jb->a;
     tr_model_opts mo = {.max_tokens = 16, .tp_size = send ? jb->a : jb->b,
                         .tp_rank = send ? rank : (rank - jb->a) % jb->b};
+    if (load) return tr_model_load(m, ckpt, be, &mo, err);
     tr_model_config cfg;
     if (tr_config_parse(text, (size_t)n, "config", &cfg, err) || tr_model_init(m, &cfg, be, &mo, err)) return -1;
-    if (!tr_model_init_weights(m, seed, 0.3f, err)) return 0;
+    if (!tr_model_init_weights(m, 100 + (uint64_t)rank, 0.3f, err)) return 0;
     tr_model_free(m);
     return -1;
 }
 
-// Whether m's working weights are bit for bit those of a model of the same layout drawn
-// from SEED (the senders' weights, cut for this layout).
-static int same_as_drawn(const job *jb, int rank, tr_backend *be, tr_model *m, int *same, tr_err *err) {
+// Whether m's working weights are bit for bit those of the checkpoint loaded directly in
+// m's layout.
+static int same_as_loaded(const job *jb, int rank, tr_backend *be, tr_model *m, int *same, tr_err *err) {
     tr_model ref;
-    if (make_model(jb, rank, be, SEED, &ref, err)) return -1;
+    if (make_model(jb, rank, be, true, &ref, err)) return -1;
     tr_resync_view a = tr_resync_weights(m), b = tr_resync_weights(&ref);
     size_t bytes = a.n * tr_comm_dtype_size(a.dtype);
     uint8_t *ha = malloc(bytes), *hb = malloc(bytes);
@@ -102,7 +106,7 @@ static int rank_main(const job *jb, int rank, int fds[2], shared *sh) {
     // The senders hold the trainer's weights; every receiver draws its own, which must be
     // overwritten, not already equal.
     bool send = rank < jb->a;
-    if (make_model(jb, rank, &be, send ? SEED : 100 + (uint64_t)rank, &m, &err)) {
+    if (make_model(jb, rank, &be, send, &m, &err)) {
         snprintf(sh->msg[rank], sizeof sh->msg[rank], "setup: %.500s", err.msg);
         return 1;
     }
@@ -114,7 +118,7 @@ static int rank_main(const job *jb, int rank, int fds[2], shared *sh) {
     int rc = send ? tr_resync_send(c, &m, 42, jb->bucket_bytes, &st, &err) : tr_resync_recv(c, &m, &st, &err);
     if (!rc) rc = tr_resync_checksum(&m, &sh->checksum[rank], &err);
     sh->same[rank] = send;
-    if (!rc && !send) rc = same_as_drawn(jb, rank, &be, &m, &sh->same[rank], &err);
+    if (!rc && !send) rc = same_as_loaded(jb, rank, &be, &m, &sh->same[rank], &err);
     if (rc) {
         snprintf(sh->msg[rank], sizeof sh->msg[rank], "%.590s", err.msg);
     } else {
@@ -168,8 +172,8 @@ static void check_copied(const job *jb, const shared *sh) {
                "%d -> %d x %d: rank %d: version %lld, %d senders, %zu bytes in %d buckets (want %zu in %d)", jb->a,
                jb->b, jb->d, r, (long long)sh->version[r], sh->senders[r], sh->bytes[r], sh->buckets[r], bytes,
                buckets);
-        CHECKF(sh->same[r], "%d -> %d x %d: rank %d's weights differ from those its layout draws", jb->a, jb->b,
-               jb->d, r);
+        CHECKF(sh->same[r], "%d -> %d x %d: rank %d's weights differ from the checkpoint loaded in its layout",
+               jb->a, jb->b, jb->d, r);
     }
     for (int d = 0; d < jb->d; d++) {
         uint64_t got = 0;
@@ -179,10 +183,35 @@ static void check_copied(const job *jb, const shared *sh) {
     }
 }
 
+// The trainer's weights: a whole model drawn once and saved (fp32) for every rank to load.
+static int save_trainer(tr_err *err) {
+    snprintf(tmp, sizeof tmp, "%s", tr_test_tmpdir());
+    snprintf(ckpt, sizeof ckpt, "%s/m", tmp);
+    tr_backend be;
+    et_backend_in(&be, 1, "fp32");
+    char text[sizeof CONFIG + 16];
+    int n = snprintf(text, sizeof text, CONFIG, 24);
+    tr_model_config cfg;
+    tr_model m;
+    tr_ckpt_save_opts so = {.dtype = TR_ST_F32};
+    int rc = tr_config_parse(text, (size_t)n, "config", &cfg, err) ||
+             tr_model_init(&m, &cfg, &be, &(tr_model_opts){.max_tokens = 16}, err);
+    if (!rc) {
+        rc = tr_model_init_weights(&m, 7, 0.3f, err) || tr_model_save(&m, ckpt, &so, err);
+        tr_model_free(&m);
+    }
+    tr_backend_free(&be);
+    return rc;
+}
+
 int main(void) {
     shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     CHECK(sh != MAP_FAILED);
     if (sh == MAP_FAILED) return tr_test_summary("test_resync");
+    tr_err err = {0};
+    int saved = save_trainer(&err);
+    CHECKF(saved == 0, "saving the trainer's checkpoint: %s", err.msg);
+    if (saved) return tr_test_summary("test_resync");
 
     // The same layout: many buckets of 1000 bytes (250 floats), then one default bucket, then
     // bf16, where the working copy is what generation reads and what travels: half the bytes.
@@ -209,5 +238,8 @@ int main(void) {
         CHECKF(strstr(sh->msg[r], "aborted by rank 2") != NULL, "rank %d: %s", r, sh->msg[r]);
     printf("mismatch: %s\n", sh->msg[0]);
     munmap(sh, sizeof *sh);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    if (tr_test_failures == 0 && system(cmd) != 0) printf("could not remove %s\n", tmp);
     return tr_test_summary("test_resync");
 }
