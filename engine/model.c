@@ -327,11 +327,14 @@ int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
     size_t pbytes = float_bytes(m->layout.total);
     int rc = 0;
     // fp32 masters for a model that trains, or when they are the working weights; a bf16
-    // working copy beside them (or alone, for a model that never trains).
-    if ((m->training || m->wt == TR_F32) &&
+    // working copy beside them (or alone, for a model that never trains), unless the caller
+    // binds its own.
+    m->external_work = opts->external_work;
+    if ((m->training || (m->wt == TR_F32 && !m->external_work)) &&
         !(m->params = tr_dev_zalloc(be, pbytes, "model parameters (fp32 masters)", err)))
         rc = -1;
-    if (!rc && m->wt == TR_F32) m->work = m->params;
+    if (!rc && m->external_work) m->work = NULL;
+    else if (!rc && m->wt == TR_F32) m->work = m->params;
     else if (!rc && !(m->work = tr_dev_zalloc(be, round_up(m->layout.total * tr_dt_size(m->wt)),
                                               "model working weights", err)))
         rc = -1;
@@ -372,7 +375,7 @@ int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
     m->acts_training = m->training;
     layout_arena(&m->lcfg, &m->tp, m->max_tokens, m->logit_rows, m->training, m->act, m->arena,
                  &m->acts);
-    if (tr_params_views(&m->w, &m->layout, cfg, m->work, tr_dt_size(m->wt), err) != 0 ||
+    if ((m->work && tr_params_views(&m->w, &m->layout, cfg, m->work, tr_dt_size(m->wt), err) != 0) ||
         (m->grads &&
          tr_params_views(&m->g, &m->layout, cfg, m->grads, sizeof(float), err) != 0)) {
         tr_model_free(m);
@@ -390,7 +393,7 @@ void tr_model_free(tr_model *m) {
     tr_params_free_views(&m->g);
     tr_param_layout_free(&m->layout);
     if (m->be) {
-        if (m->work != m->params) tr_dev_free(m->be, m->work);
+        if (m->work != m->params && !m->external_work) tr_dev_free(m->be, m->work);
         tr_dev_free(m->be, m->params);
         tr_dev_free(m->be, m->grads);
         tr_dev_free(m->be, m->inv_freq);
@@ -438,9 +441,18 @@ static float *param_staging(tr_model *m, const char *what, tr_err *err) {
     return tr_dev_alloc_host(m->be, m->layout.total * sizeof(float), what, err);
 }
 
+int tr_model_bind_work(tr_model *m, void *work, tr_err *err) {
+    if (!m->external_work || !work)
+        return tr_errf(err, TR_EINVAL, "model: working weights are bound only to a model made with external_work");
+    tr_params_free_views(&m->w);
+    m->work = work;
+    return tr_params_views(&m->w, &m->layout, &m->cfg, work, tr_dt_size(m->wt), err);
+}
+
 int tr_model_refresh_work(tr_model *m, tr_err *err) {
     if (m->work == m->params) return 0;
     if (!m->params) return tr_errf(err, TR_EINVAL, "model: no fp32 masters to refresh from");
+    if (!m->work) return tr_errf(err, TR_EINVAL, "model: no working weights bound (external_work)");
     m->be->ops->convert(m->be, m->work, m->wt, m->params, TR_F32, m->layout.total);
     return tr_dev_sync(m->be, "working weights", err);
 }

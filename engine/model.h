@@ -97,7 +97,8 @@ typedef struct tr_model {
     float *params;              // fp32 masters, layout.total; NULL for a model that never
                                 // trains when its working weights are not fp32
     void *work;                 // working weights (dtype wt) the passes read; == params
-                                // when wt is fp32
+                                // when wt is fp32, unless they are external
+    bool external_work;         // work is the caller's (tr_model_bind_work), never freed here
     float *grads;               // layout.total floats, NULL unless training
     tr_params w;                // views into work
     tr_params g;                // views into grads (all NULL unless training; fp32)
@@ -159,6 +160,10 @@ typedef struct tr_model_opts {
     // Sequence parallelism (tp_size > 1; ignored at 1): the residual stream, the norms and
     // their saved activations hold the rank's rows of each batch only.
     bool sequence_parallel;
+    // The working weights are the caller's, bound with tr_model_bind_work before the model is
+    // loaded or run (memory another process shares, engine/weight_share.h): none is allocated,
+    // and fp32 masters only when training, apart from the working weights even in fp32.
+    bool external_work;
 } tr_model_opts;
 
 // Allocates parameters (zeroed: fp32 masters when training or when the backend's working
@@ -212,6 +217,9 @@ int tr_model_read_grads(tr_model *m, float *host, tr_err *err);
 // Rounds the fp32 masters into the working weights (nothing when they are the same buffer),
 // after anything but AdamW (which writes both) changed the masters.
 int tr_model_refresh_work(tr_model *m, tr_err *err);
+// A model made with external_work: its working weights are now work (layout.total elements of
+// the backend's wt, backend memory), which the passes read and AdamW writes from here on.
+int tr_model_bind_work(tr_model *m, void *work, tr_err *err);
 
 // transformers' default init: normal(0, std) for embeddings and linear weights, ones for
 // norms, zero biases; deterministic in seed (Philox). Drawn on the host, then uploaded.

@@ -60,9 +60,12 @@ int tr_plan_make(tr_backend *be, const tr_plan_req *r, tr_plan *p, tr_err *err) 
     size_t wbytes = lay.total * tr_dt_size(be->wt);
     tr_param_layout_free(&lay);
     // fp32 masters where the model trains (or they are the working weights), plus the
-    // working copy when it is narrower (tr_model_init).
-    p->masters = r->training || be->wt == TR_F32 ? pbytes : 0;
-    p->work = be->wt == TR_F32 ? 0 : wbytes;
+    // working copy when it is narrower (tr_model_init); shared working weights are apart from
+    // the masters, and a reader's are the trainer's.
+    bool shared = r->share_buffers > 0 || r->share_reader;
+    p->masters = r->training || (be->wt == TR_F32 && !shared) ? pbytes : 0;
+    p->work = r->share_reader ? 0 : r->share_buffers > 0 ? (size_t)r->share_buffers * wbytes
+                                                          : be->wt == TR_F32 ? 0 : wbytes;
     p->weights = p->masters + p->work;
     p->grads = r->training ? pbytes : 0;
     size_t shards = r->optim_shards > 1 ? (size_t)r->optim_shards : 1;

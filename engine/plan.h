@@ -26,6 +26,10 @@ typedef struct tr_plan_req {
     int32_t tp_size, tp_rank;  // tensor parallelism: the plan of this rank's shard (0: 1)
     int32_t logit_rows;        // > 0: exactly this LM-head chunk; 0: from the memory left
     bool sequence_parallel;    // with tp_size > 1: activations of sequence parallelism
+    // Working weights shared with another process (engine/weight_share.h): a trainer holds
+    // share_buffers copies of them apart from its masters; a reader holds none of its own.
+    int32_t share_buffers;
+    bool share_reader;
 } tr_plan_req;
 
 typedef struct tr_plan {

@@ -146,6 +146,11 @@ typedef struct tr_ops {
     void (*upload)(tr_backend *be, void *dst, const void *src, size_t bytes);
     void (*download)(tr_backend *be, void *dst, const void *src, size_t bytes);
     void (*copy)(tr_backend *be, void *dst, const void *src, size_t bytes);
+    // A block of rows: row r (row_bytes bytes) from src + r * src_pitch to dst + r * dst_pitch,
+    // r < rows, device to device (pitches >= row_bytes, not overlapping). One call moves a
+    // column slice of a row-major matrix, such as a tensor-parallel rank's part of o_proj.
+    void (*copy_2d)(tr_backend *be, void *dst, size_t dst_pitch, const void *src,
+                    size_t src_pitch, size_t row_bytes, size_t rows);
     // Waits for everything queued. Returns 0, or -1 with the first failure since init in msg
     // (ops return void, so a failed launch or a fault is kept until here); `where` names this
     // sync point in the message. In the debug mode (TROUPE_SYNC_EACH_OP=1) every op syncs and

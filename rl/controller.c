@@ -49,6 +49,7 @@ struct tr_controller {
     int n_procs;
     bool failed;
     tr_err fail_err;
+    bool share_weights;           // the generator reads the policy's weights in place
     bool signals;
     struct sigaction old_int, old_term;
 };
@@ -402,7 +403,8 @@ static int form_comms(tr_controller *c, tr_err *err) {
         if (c->has_group[role] && g->train && g->world / g->tp > 1) gs[n++] = g;
     }
     if (tr_groups_comm_init(gs, n, c->o.start_timeout_ms, err)) return -1;
-    if (!c->has_group[TR_RECIPE_GENERATOR]) return 0;
+    // Shared weights need no sync communicator: a sync only names a buffer.
+    if (!c->has_group[TR_RECIPE_GENERATOR] || c->share_weights) return 0;
     return tr_groups_sync_comm_init(&c->groups[TR_RECIPE_POLICY], &c->groups[TR_RECIPE_GENERATOR],
                                     c->o.start_timeout_ms, err);
 }
@@ -442,6 +444,7 @@ int tr_controller_start_opts(tr_controller **out, const tr_recipe *r, const tr_c
     if (c->o.grace_ms <= 0) c->o.grace_ms = 5000;
     if (c->o.log_tail_lines <= 0) c->o.log_tail_lines = 12;
     c->attach = r->placement.attach;
+    c->share_weights = tr_recipe_generator_shares(r);
     if (c->o.start_timeout_ms <= 0) c->o.start_timeout_ms = c->attach ? 600000 : 60000;
     snprintf(c->run_dir, sizeof c->run_dir, "%s", r->run_dir);
     snprintf(c->exe, sizeof c->exe, "%s", opts->exe ? opts->exe : "/proc/self/exe");
@@ -454,14 +457,8 @@ int tr_controller_start_opts(tr_controller **out, const tr_recipe *r, const tr_c
     if (r->reward.present)
         world[TR_RECIPE_REWARD] = r->reward.kind == TR_RECIPE_REWARD_MODEL
                                       ? (int32_t)(r->reward.parallel.tp * r->reward.parallel.dp) : 1;
-    if (r->generator.present) {
-        if (r->generator.parallel.tp != 1) {   // refused at recipe load; a recipe built in code too
-            free(c);
-            return tr_errf(err, TR_EUNSUPPORTED, "models.generator.parallel.tp %lld: generator replicas hold "
-                           "the whole model (tp: 1)", (long long)r->generator.parallel.tp);
-        }
-        world[TR_RECIPE_GENERATOR] = (int32_t)r->generator.parallel.dp;
-    }
+    if (r->generator.present)
+        world[TR_RECIPE_GENERATOR] = (int32_t)(r->generator.parallel.tp * r->generator.parallel.dp);
     char logs[TR_RECIPE_PATH_MAX + 16], endpoint[TR_RECIPE_NAME_MAX + 64];
     snprintf(logs, sizeof logs, "%s/logs", c->run_dir);
     tr_curve_opts rcurve = {0};

@@ -126,6 +126,9 @@ void tr_controller_role_setup(const tr_recipe *r, enum tr_recipe_role role, tr_r
     }
     // With a generator group the policy only trains: no KV cache is planned for it.
     if (role == TR_RECIPE_POLICY) a->no_generate = r->generator.present;
+    // Weights read in place: two buffers when generation runs a step ahead of training.
+    if ((role == TR_RECIPE_POLICY || role == TR_RECIPE_GENERATOR) && tr_recipe_generator_shares(r))
+        a->share_weights = r->generator.one_step_off ? 2 : 1;
     if (role == TR_RECIPE_POLICY || role == TR_RECIPE_GENERATOR) a->chat_format = chat_name(r->data.chat_format);
     if ((role == TR_RECIPE_POLICY && !a->no_generate) || role == TR_RECIPE_GENERATOR) {
         // Decode together every sample of a step's share, with KV room for each to reach

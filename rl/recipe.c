@@ -458,6 +458,49 @@ static int64_t role_tp(const tr_recipe *r, int role) {
                                          : r->models[role].parallel.tp;
 }
 
+int64_t tr_recipe_device_of(const tr_recipe_devices *d, int64_t rank) { return rank < d->n ? d->ids[rank] : rank; }
+
+// Generator rank r can read policy rank r's working weights: the same tensor-parallel layout,
+// a policy rank for every generator rank, and (on CUDA) the same device.
+static bool gen_pairs(const tr_recipe *r, bool devices) {
+    const tr_recipe_generator *g = &r->generator;
+    const tr_recipe_model *p = &r->models[TR_RECIPE_POLICY];
+    int64_t G = g->parallel.tp * g->parallel.dp;
+    if (g->parallel.tp != p->parallel.tp || G > p->parallel.tp * p->parallel.dp) return false;
+    for (int64_t k = 0; devices && k < G; k++)
+        if (tr_recipe_device_of(&g->devices, k) != tr_recipe_device_of(&p->devices, k)) return false;
+    return true;
+}
+
+bool tr_recipe_generator_shares(const tr_recipe *r) {
+    const tr_recipe_generator *g = &r->generator;
+    if (!g->present || g->share_weights == TR_RECIPE_SHARE_NO) return false;
+    return g->share_weights == TR_RECIPE_SHARE_YES || (r->backend == TR_RECIPE_CUDA && gen_pairs(r, true));
+}
+
+// share_weights yes needs the pairing; on CUDA a generator that copies needs GPUs of its own,
+// since the sync communicator (NCCL) cannot join two processes on one device.
+static int check_share(const tr_recipe *r, const tr_ynode *root, tr_err *err) {
+    const tr_recipe_generator *g = &r->generator;
+    const tr_recipe_model *p = &r->models[TR_RECIPE_POLICY];
+    bool cuda = r->backend == TR_RECIPE_CUDA;
+    if (g->share_weights == TR_RECIPE_SHARE_YES && !gen_pairs(r, cuda))
+        return fail_path(root, "models.generator.share_weights", err, "yes, but generator rank r reads policy rank "
+                         "r's weights: the generator needs the policy's tp (%lld, not %lld), at most its %lld ranks%s",
+                         (long long)p->parallel.tp, (long long)g->parallel.tp,
+                         (long long)(p->parallel.tp * p->parallel.dp), cuda ? " and each rank on its device" : "");
+    if (!cuda || tr_recipe_generator_shares(r)) return 0;
+    for (int64_t k = 0; k < g->parallel.tp * g->parallel.dp; k++)
+        for (int64_t q = 0; q < p->parallel.tp * p->parallel.dp; q++)
+            if (tr_recipe_device_of(&g->devices, k) == tr_recipe_device_of(&p->devices, q))
+                return fail_path(root, "models.generator.devices", err, "generator rank %lld and policy rank %lld are "
+                                 "both on device %lld: a copying sync cannot join two processes on one GPU; give the "
+                                 "generator devices of its own, or share the weights (share_weights: auto shares when "
+                                 "generator rank r is on policy rank r's device at the policy's tp)", (long long)k,
+                                 (long long)q, (long long)tr_recipe_device_of(&g->devices, k));
+    return 0;
+}
+
 // models.generator: replicas is parallel.dp by another name; one layout, one backend with the
 // policy (the weight sync's communicator spans both), and a batch sampled a step ahead cannot
 // grow within its step as dynamic sampling needs.
@@ -475,23 +518,13 @@ static int check_generator(tr_recipe *r, const tr_ynode *root, bool rl, tr_err *
     }
     g->replicas = g->parallel.dp;
     if (check_devices(&g->devices, &g->parallel, "generator", root, err)) return -1;
-    // The weight sync broadcasts one whole model from the policy's rank 0 to whole-model
-    // replicas; resharding between tensor-parallel layouts is not built.
-    if (g->parallel.tp != 1)
-        return fail_path(root, "models.generator.parallel.tp", err, "%lld: generator replicas hold the whole "
-                         "model (tp 1); tensor parallelism works where the policy generates itself (leave "
-                         "models.generator out)", (long long)g->parallel.tp);
-    if (r->models[TR_RECIPE_POLICY].parallel.tp != 1)
-        return fail_path(root, "models.policy.parallel.tp", err, "%lld with models.generator: the weight sync "
-                         "sends a whole model from the policy's rank 0, so a policy that syncs to a generator "
-                         "has tp 1 (or leave models.generator out)",
-                         (long long)r->models[TR_RECIPE_POLICY].parallel.tp);
     if (g->backend != TR_RECIPE_GEN_BACKEND_RUN &&
         (g->backend == TR_RECIPE_GEN_BACKEND_CUDA) != (r->backend == TR_RECIPE_CUDA))
         return fail_path(root, "models.generator.backend", err, "%s, but the policy runs on %s: the weight sync's "
                          "communicator spans both, so they share one backend (run: the recipe's)",
                          g->backend == TR_RECIPE_GEN_BACKEND_CUDA ? "cuda" : "cpu",
                          r->backend == TR_RECIPE_CUDA ? "cuda" : "cpu");
+    if (check_share(r, root, err)) return -1;
     if (g->one_step_off && r->rollout.dynamic_sampling)
         return fail_path(root, "models.generator.one_step_off", err, "cannot go with rollout.dynamic_sampling: a "
                          "batch sampled a step ahead cannot draw more prompts within its step");

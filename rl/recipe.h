@@ -114,6 +114,7 @@ typedef struct tr_recipe_reward {
 } tr_recipe_reward;
 
 enum tr_recipe_gen_backend { TR_RECIPE_GEN_BACKEND_RUN, TR_RECIPE_GEN_BACKEND_CPU, TR_RECIPE_GEN_BACKEND_CUDA };
+enum tr_recipe_share { TR_RECIPE_SHARE_AUTO, TR_RECIPE_SHARE_YES, TR_RECIPE_SHARE_NO };
 
 // generator: a generation-only engine on devices of its own (weights and a KV cache, no
 // gradients or optimizer), fed by the policy's weights after every optimizer step. Absent: the
@@ -127,6 +128,7 @@ typedef struct tr_recipe_generator {
     bool one_step_off;                 // sample step k+1 while the policy trains step k
     int64_t sync_bucket_mb;            // weights per broadcast of a sync (MiB)
     bool verify_sync;                  // compare weight checksums after every sync
+    enum tr_recipe_share share_weights;  // read the policy's working weights in place
 } tr_recipe_generator;
 
 typedef struct tr_recipe_prefix {
@@ -255,3 +257,10 @@ extern const char *const tr_recipe_workflow_names[];
 extern const char *const tr_recipe_chat_names[];
 extern const char *const tr_recipe_role_names[];
 const char *tr_recipe_role_name(enum tr_recipe_role role);
+// Whether the generator reads the policy's working weights in place (weight_share.h) rather
+// than getting them over the sync communicator: models.generator.share_weights yes, or auto
+// on CUDA when every generator rank r is on policy rank r's device in the policy's layout.
+bool tr_recipe_generator_shares(const tr_recipe *r);
+// The device rank `rank` of a role with these devices runs on (the rank itself when none are
+// listed).
+int64_t tr_recipe_device_of(const tr_recipe_devices *d, int64_t rank);

@@ -9,6 +9,7 @@
 const char *const tr_recipe_workflow_names[] = {"grpo", "ppo", "sft", "pretrain", NULL};
 const char *const tr_recipe_role_names[] = {"policy", "reference", "critic", "reward", "generator", NULL};
 static const char *const gen_backend_names[] = {"run", "cpu", "cuda", NULL};
+static const char *const share_names[] = {"auto", "yes", "no", NULL};
 static const char *const backend_names[] = {"cpu", "cuda", NULL};
 static const char *const precision_names[] = {"auto", "fp32", "bf16", NULL};
 static const char *const save_dtype_names[] = {"fp32", "bf16", NULL};
@@ -146,7 +147,8 @@ static const tr_rkey reward_keys[] = {
 
 static const tr_rkey generator_parallel_keys[] = {
     {.name = "tp", .type = TR_RK_INT, .off = offsetof(tr_recipe_parallel, tp), .flags = MIN, .min = 1,
-     .def = "1", .doc = "tensor-parallel ranks of each replica; 1 (replicas hold the whole model)"},
+     .def = "1", .doc = "tensor-parallel ranks of each replica; any tp the model splits into, the "
+                        "policy's or another (the sync reshards)"},
     {.name = "dp", .type = TR_RK_INT, .off = offsetof(tr_recipe_parallel, dp), .flags = MIN, .min = 1,
      .def = "1", .doc = "replicas, each sampling a contiguous share of the prompts"},
     {0},
@@ -158,7 +160,7 @@ static const tr_rkey generator_keys[] = {
     {.name = "replicas", .type = TR_RK_INT, .off = offsetof(tr_recipe_generator, replicas), .flags = UNIT,
      .min = 0, .max = 4096, .def = "0", .doc = "generation replicas (another name for parallel.dp); 0 = parallel.dp"},
     {.name = "devices", .type = TR_RK_DEVICES, .off = offsetof(tr_recipe_generator, devices),
-     .flags = MIN, .min = 0, .def = "[]", .doc = "GPU ids, one per replica; empty: assigned in order"},
+     .flags = MIN, .min = 0, .def = "[]", .doc = "GPU ids, tp*dp of them; empty: assigned in order"},
     {.name = "backend", .type = TR_RK_ENUM, .off = offsetof(tr_recipe_generator, backend),
      .names = gen_backend_names, .def = "run",
      .doc = "run = the recipe's backend; the policy's and the generator's must be one (one communicator spans both)"},
@@ -171,8 +173,13 @@ static const tr_rkey generator_keys[] = {
      .doc = "weights per broadcast of the weight sync after every optimizer step (MiB)"},
     {.name = "verify_sync", .type = TR_RK_BOOL, .off = offsetof(tr_recipe_generator, verify_sync),
      .def = "false",
-     .doc = "after every sync compare checksums of the policy's and every generator rank's weights "
+     .doc = "after every sync compare checksums of the policy's and every generator replica's weights "
             "(reads them all back: for tests and debugging)"},
+    {.name = "share_weights", .type = TR_RK_ENUM, .off = offsetof(tr_recipe_generator, share_weights),
+     .names = share_names, .def = "auto",
+     .doc = "generator rank r reads policy rank r's working weights in place (CUDA IPC on one GPU; shared memory "
+            "on the CPU), double-buffered with one_step_off, instead of a copy over the sync communicator; auto: "
+            "on CUDA when every rank is on its policy rank's device with the policy's tp; yes: always"},
     {0},
 };
 

@@ -94,7 +94,9 @@ int tr_rl_sync(tr_run *run, tr_rl_step *s, bool log, tr_err *err) {
     }
     const tr_recipe_generator *g = &run->rc->generator;
     tr_sync_stats st;
-    if (tr_weights_sync(run->policy, run->generator, g->sync_bucket_mb << 20, g->verify_sync, &st, err))
+    if (tr_recipe_generator_shares(run->rc) ? tr_weights_share_sync(run->policy, run->generator, g->verify_sync, &st, err)
+                                            : tr_weights_sync(run->policy, run->generator, g->sync_bucket_mb << 20,
+                                                              g->verify_sync, &st, err))
         return tr_err_wrap(err, "weight sync to the generator");
     if (!log) return 0;
     return tr_metrics_set(m, "time/sync", tr_metrics_now() - t0, err) ||

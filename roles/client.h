@@ -163,6 +163,8 @@ typedef struct tr_init_args {
     int32_t max_seqs;          // policy, generator: samples decoded together (0: kv_want's)
     bool no_generate;          // policy: a generator group samples for it (init's generate:
                                // false), so it plans no KV cache
+    int32_t share_weights;     // policy, generator: the policy's working weights are shared
+                               // with the generator in this many buffers (0: synced by copy)
     tr_role_reward reward;     // reward role
 } tr_init_args;
 
@@ -221,18 +223,26 @@ int tr_policy_sync_weights(tr_group *g, bool *synced, tr_err *err);
 // What one weight sync from the policy to the generator moved.
 typedef struct tr_sync_stats {
     int64_t version;           // the policy's optimizer step the weights are from
-    int64_t bytes;             // bytes each generator rank received
+    int64_t bytes;             // bytes broadcast (every sending rank's weights)
     int32_t buckets;           // broadcasts they took
     double seconds;            // the broadcast on the policy's side
-    bool verified;             // checksums taken and equal on the policy and every generator rank
-    uint64_t checksum;
+    bool verified;             // checksums taken and equal on the policy and every generator replica
+    uint64_t checksum;         // the policy's (resync.h: the same at any tensor-parallel layout)
 } tr_sync_stats;
-// sync_weights on the policy's rank 0 and every generator rank at once, over the sync
-// communicator (tr_groups_sync_comm_init): the policy broadcasts its weights in buckets of at
-// most bucket_bytes (0: the worker's default). Fails when a generator rank reports another
-// version than the policy sent, or, with verify, another checksum of its weights.
+// sync_weights on the policy's first tensor-parallel group and every generator rank at once,
+// over the sync communicator (tr_groups_sync_comm_init): the policy's ranks broadcast their
+// weights in buckets of at most bucket_bytes (0: the worker's default), each generator rank
+// keeping its layout's part. Fails when a generator rank reports another version than the
+// policy sent, or, with verify, when a generator replica's ranks' checksums do not add up to
+// the policy's.
 int tr_weights_sync(tr_group *policy, tr_group *generator, int64_t bucket_bytes, bool verify,
                     tr_sync_stats *out, tr_err *err);
+// The same where the generator reads the policy's working weights in place (init's
+// share_weights): policy ranks 0 .. G-1 publish their buffers, then generator rank r maps
+// policy rank r's. Nothing is copied (bytes and buckets 0; seconds: both calls). Fails when a
+// generator rank reads another version than its policy rank published, or, with verify,
+// weights of another checksum.
+int tr_weights_share_sync(tr_group *policy, tr_group *generator, bool verify, tr_sync_stats *out, tr_err *err);
 // Asks every rank to exit and waits for the acknowledgements (not for the processes) up to
 // the group's timeout (10 s when it has none); ranks already dead or silent are skipped, so
 // this only fails when the request cannot be built.
@@ -247,6 +257,7 @@ int tr_groups_comm_init(tr_group *const *gs, int n, int timeout_ms, tr_err *err)
 // The same for the tensor-parallel communicators of every group in gs (each with tp > 1; one
 // per data-parallel rank d, over ranks d * tp .. d * tp + tp - 1).
 int tr_groups_tp_comm_init(tr_group *const *gs, int n, int timeout_ms, tr_err *err);
-// Forms the weight-sync communicator: the policy's rank 0 as its rank 0 (comm_id), then it
-// and every generator rank r as rank 1 + r (comm_join, both groups at once), then comm_ready.
+// Forms the weight-sync communicator: the policy's rank 0 makes it (comm_id), then the
+// policy's ranks k < tp (its dp rank 0's tensor-parallel group) join as rank k and every
+// generator rank r as rank tp + r (comm_join, both groups at once), then comm_ready.
 int tr_groups_sync_comm_init(tr_group *policy, tr_group *generator, int timeout_ms, tr_err *err);

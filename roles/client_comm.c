@@ -1,6 +1,6 @@
 // Forming communicators from the controller: the tensor-parallel and data-parallel ones of
-// each role group, and the weight-sync one spanning the policy's rank 0 and the generator's
-// ranks. The id comes from
+// each role group, and the weight-sync one spanning the policy's first tensor-parallel group
+// and the generator's ranks. The id comes from
 // the communicator's rank 0 (comm_id), goes to every rank (comm_join, which returns without
 // waiting) and only then is every rank asked to wait for the others (comm_ready). Each step
 // is one call to all the groups at once, so a worker hosting ranks of several groups never
@@ -168,26 +168,27 @@ static int reply_sync_ready(void *ctx, int32_t rank, const tr_msg_map *res, tr_e
 }
 
 int tr_groups_sync_comm_init(tr_group *policy, tr_group *generator, int timeout_ms, tr_err *err) {
-    int32_t world = 1 + generator->world;
+    // The policy's first tensor-parallel group (dp rank 0) sends: its ranks come first.
+    int32_t senders = policy->tp > 0 ? policy->tp : 1, world = senders + generator->world;
     comm_ctx cs[2];
     memset(cs, 0, sizeof cs);
     for (int i = 0; i < 2; i++) {
         cs[i].timeout_ms = timeout_ms > 0 ? timeout_ms : 60000;
         cs[i].sync_world = world;
-        cs[i].sync_first = i == 0 ? 0 : 1;
+        cs[i].sync_first = i == 0 ? 0 : senders;
     }
     tr_group *gs[2] = {policy, generator};
     tr_call calls[2] = {{.op = "comm_id", .ranks = 1, .build = build_sync_id, .reply = reply_id, .ctx = &cs[0]}};
     int rc = tr_group_call(policy, &calls[0], err);
     if (!rc) memcpy(cs[1].id, cs[0].id, sizeof cs[1].id);
     for (int i = 0; i < 2 && !rc; i++)
-        calls[i] = (tr_call){.op = "comm_join", .ranks = i == 0 ? 1 : 0, .build = build_sync_join, .ctx = &cs[i]};
+        calls[i] = (tr_call){.op = "comm_join", .ranks = i == 0 ? senders : 0, .build = build_sync_join, .ctx = &cs[i]};
     if (!rc) rc = tr_group_call_many(gs, calls, 2, err);
     for (int i = 0; i < 2 && !rc; i++)
-        calls[i] = (tr_call){.op = "comm_ready", .ranks = i == 0 ? 1 : 0, .build = build_sync_ready,
+        calls[i] = (tr_call){.op = "comm_ready", .ranks = i == 0 ? senders : 0, .build = build_sync_ready,
                              .reply = reply_sync_ready, .ctx = &cs[i]};
     if (!rc) rc = tr_group_call_many(gs, calls, 2, err);
-    return rc ? tr_err_wrap(err, "forming the weight-sync communicator of %s/0 and %d %s ranks", policy->role,
-                            generator->world, generator->role)
+    return rc ? tr_err_wrap(err, "forming the weight-sync communicator of %s/0..%d and %d %s ranks", policy->role,
+                            senders - 1, generator->world, generator->role)
               : 0;
 }

@@ -25,7 +25,7 @@ static void build_init(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w,
     uint32_t n = 7 + n_str(a->model) + n_str(a->init_config) + n_str(a->head) + n_str(a->tokenizer) +
                  n_str(a->precision) + n_str(a->save_dtype) +
                  n_str(a->chat_format) + (a->init_config && a->init_config[0] ? 1 : 0) + (a->train ? 2 : 0) +
-                 (has_gen ? 3 : 0) + (has_reward ? 1 : 0) + 1 + (a->no_generate ? 1 : 0);
+                 (has_gen ? 3 : 0) + (has_reward ? 1 : 0) + 1 + (a->no_generate ? 1 : 0) + (a->share_weights ? 1 : 0);
     tr_msg_begin_request(w, op, id, n);
     put_str_opt(w, "model", a->model);
     put_str_opt(w, "init_config", a->init_config);
@@ -43,6 +43,7 @@ static void build_init(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w,
     put_str_opt(w, "chat_format", a->chat_format);
     tr_msg_put_bool(w, "train", a->train);
     if (a->no_generate) tr_msg_put_bool(w, "generate", false);
+    if (a->share_weights) tr_msg_put_int(w, "share_weights", a->share_weights);
     int32_t tp = a->tp > 0 ? a->tp : 1;
     tr_msg_put_map(w, "parallel", a->sequence_parallel ? 3 : 2);
     tr_msg_put_int(w, "tp", tp);
@@ -381,7 +382,8 @@ int tr_policy_sync_weights(tr_group *g, bool *synced, tr_err *err) {
 typedef struct sync_ctx {
     int64_t bucket_bytes;
     bool verify;
-    int32_t world;             // of the sync communicator: the policy's rank 0 and the generator's
+    int32_t gen_tp;            // ranks of each generator replica
+    uint64_t sent, got;        // checksums: the senders' sum, the current replica's so far
     tr_sync_stats *st;
 } sync_ctx;
 
@@ -401,22 +403,29 @@ static int sync_result(const sync_ctx *c, const tr_msg_map *res, int64_t *versio
     return c->verify ? tr_msg_get_uint(res, "checksum", sum, err) : 0;
 }
 
-// The policy's reply comes first (its group is the first of the call).
+// The policy's replies come first (its group is the first of the call): its rank 0's are the
+// sync's figures, and every sending rank adds its part of the checksum.
 static int reply_sync_policy(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *err) {
-    (void)rank;
     sync_ctx *c = ctx;
     tr_sync_stats *st = c->st;
-    int64_t bytes, buckets;
-    if (sync_result(c, res, &st->version, &st->checksum, err) || tr_msg_get_int(res, "bytes", &bytes, err) ||
-        tr_msg_get_int(res, "buckets", &buckets, err) || tr_msg_get_float(res, "seconds", &st->seconds, err))
+    int64_t version, bytes, buckets;
+    uint64_t sum = 0;
+    if (sync_result(c, res, &version, &sum, err)) return -1;
+    c->sent += sum;
+    if (rank > 0) return version == st->version ? 0 : tr_errf(err, TR_EPEER, "sync_weights: sent step %lld, rank 0 "
+                                                              "step %lld", (long long)version, (long long)st->version);
+    st->version = version;
+    if (tr_msg_get_int(res, "bytes", &bytes, err) || tr_msg_get_int(res, "buckets", &buckets, err) ||
+        tr_msg_get_float(res, "seconds", &st->seconds, err))
         return -1;
     st->bytes = bytes;
     st->buckets = (int32_t)buckets;
     return 0;
 }
 
+// Each generator replica's ranks add up to the senders' checksum (resync.h: the sum does
+// not depend on the layout).
 static int reply_sync_generator(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *err) {
-    (void)rank;
     sync_ctx *c = ctx;
     int64_t version;
     uint64_t sum = 0;
@@ -424,23 +433,29 @@ static int reply_sync_generator(void *ctx, int32_t rank, const tr_msg_map *res, 
     if (version != c->st->version)
         return tr_errf(err, TR_EPEER, "sync_weights: received the weights of step %lld, the policy sent step %lld",
                        (long long)version, (long long)c->st->version);
-    if (c->verify && sum != c->st->checksum)
-        return tr_errf(err, TR_EPEER, "sync_weights: its weights' checksum %016llx differs from the policy's %016llx",
-                       (unsigned long long)sum, (unsigned long long)c->st->checksum);
+    c->got = rank % c->gen_tp == 0 ? sum : c->got + sum;
+    if (c->verify && rank % c->gen_tp == c->gen_tp - 1 && c->got != c->sent)
+        return tr_errf(err, TR_EPEER, "sync_weights: the weights of generator replica %d (ranks %d..%d) have the "
+                       "checksum %016llx, the policy's %016llx", rank / c->gen_tp, rank - c->gen_tp + 1, rank,
+                       (unsigned long long)c->got, (unsigned long long)c->sent);
     return 0;
 }
 
 int tr_weights_sync(tr_group *policy, tr_group *generator, int64_t bucket_bytes, bool verify,
                     tr_sync_stats *out, tr_err *err) {
     memset(out, 0, sizeof *out);
-    sync_ctx c = {.bucket_bytes = bucket_bytes, .verify = verify, .world = 1 + generator->world, .st = out};
+    sync_ctx c = {.bucket_bytes = bucket_bytes, .verify = verify, .gen_tp = generator->tp > 0 ? generator->tp : 1,
+                  .st = out};
     tr_group *gs[2] = {policy, generator};
+    // The senders: the policy's dp rank 0, every rank of its tensor-parallel group.
     tr_call calls[2] = {
-        {.op = "sync_weights", .ranks = 1, .build = build_sync, .reply = reply_sync_policy, .ctx = &c},
+        {.op = "sync_weights", .ranks = policy->tp > 0 ? policy->tp : 1, .build = build_sync,
+         .reply = reply_sync_policy, .ctx = &c},
         {.op = "sync_weights", .ranks = 0, .build = build_sync, .reply = reply_sync_generator, .ctx = &c},
     };
     if (tr_group_call_many(gs, calls, 2, err)) return -1;
     out->verified = verify;
+    out->checksum = c.sent;
     return 0;
 }
 

@@ -3,7 +3,8 @@
 // without waiting, comm_ready waits until every rank has joined and hands the communicator to
 // its user. Three exist: "tp", the ranks of one tensor-parallel group (the model's shards),
 // "dp", a group's data-parallel ranks of one tensor-parallel rank (the trainer's gradient
-// reductions), and "sync", the policy's dp rank 0 with every generator rank (sync_weights). The controller
+// reductions), and "sync", the tensor-parallel ranks of the policy's dp rank 0 with every
+// generator rank (sync_weights). The controller
 // sends comm_ready only once every rank of every group it is forming has answered comm_join,
 // so no rank waits inside an op for a peer that is still busy with another group's.
 #include <stdio.h>
@@ -20,7 +21,8 @@ typedef struct comm_slot {
 } comm_slot;
 
 // dp: the layout from init. sync: rank and world come with the op (the controller places the
-// policy first and the generator's ranks after it), except where comm_id implies rank 0.
+// policy's first tensor-parallel group first and the generator's ranks after it), except where
+// comm_id implies rank 0.
 static int get_slot(tr_role_ctx *rc, const tr_msg_map *a, const char *op, comm_slot *s, tr_err *err) {
     char name[16];
     if (tr_msg_get_str_buf(a, "name", name, sizeof name, err)) return -1;
@@ -63,11 +65,12 @@ static int get_slot(tr_role_ctx *rc, const tr_msg_map *a, const char *op, comm_s
     if (world < 2 || world > TR_COMM_MAX_RANKS || rank < 0 || rank >= world)
         return tr_errf(err, TR_EINVAL, "%s: sync rank %lld of %lld (2..%d ranks)", op, (long long)rank,
                        (long long)world, TR_COMM_MAX_RANKS);
-    // The sender is the policy's dp rank 0, always sync rank 0; every other sync rank receives.
+    // The senders are the policy's dp rank 0, its tensor-parallel rank k as sync rank k; every
+    // other sync rank receives.
     bool sender = rc->kind == TR_ROLE_POLICY;
-    if (sender && (rank != 0 || rc->dp_rank != 0))
-        return tr_errf(err, TR_EINVAL, "%s: %s cannot be sync rank %lld: the policy's dp rank 0 sends as rank 0", op,
-                       rc->id, (long long)rank);
+    if (sender && (rank != rc->tp_rank || rc->dp_rank != 0))
+        return tr_errf(err, TR_EINVAL, "%s: %s cannot be sync rank %lld: the policy's dp rank 0 sends, its tp rank k "
+                       "as sync rank k", op, rc->id, (long long)rank);
     if (!sender && rank == 0)
         return tr_errf(err, TR_EINVAL, "%s: %s cannot be sync rank 0 (the policy's)", op, rc->id);
     *s = (comm_slot){"sync", &rc->sync_comm, rc->sync_comm_id, (int32_t)rank, (int32_t)world};

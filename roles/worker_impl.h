@@ -1,6 +1,6 @@
 // Internal to the worker: the state of one hosted role and the op handlers that
 // worker.c dispatches to (worker_model.c, worker_policy.c, worker_train.c, worker_reward.c,
-// worker_comm.c, worker_sync.c).
+// worker_comm.c, worker_sync.c, worker_share.c).
 // Every handler reads the request args and writes a complete ok reply, or fails with err.
 #pragma once
 #include <stdbool.h>
@@ -16,6 +16,7 @@
 #include "engine/loss.h"
 #include "engine/model.h"
 #include "engine/train.h"
+#include "engine/weight_share.h"
 #include "roles/msg.h"
 #include "roles/reward_rule.h"
 #include "roles/reward_service.h"
@@ -55,6 +56,13 @@ typedef struct tr_role_ctx {
     // generator's ranks after it; NULL where the recipe has no generator.
     tr_comm *sync_comm;
     char sync_comm_id[TR_COMM_ID_MAX];
+    // Working weights shared with a generator process on the same device instead of a sync
+    // communicator (engine/weight_share.h): the policy's share_buffers buffers of them, or
+    // the generator's mapping of the policy's; share_buffers 0: not shared.
+    int32_t share_buffers;
+    bool has_wshare, has_wread;
+    tr_wshare wshare;
+    tr_wshare_reader wread;
     // The weight version: the policy optimizer step whose weights generation runs on. The
     // generator's comes with each sync (-1 before the first); the policy's is its trainer's.
     int64_t weight_version;
@@ -145,6 +153,17 @@ int tr_worker_op_comm_ready(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *r
 
 // worker_sync.c: sync_weights, the policy sending its weights to the generator's ranks.
 int tr_worker_op_sync_weights(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+
+// worker_share.c: weights shared with a generator on the same device. After the model is made
+// (with external_work when share_buffers > 0): the policy's buffers, or the generator's reader.
+int tr_worker_share_init(tr_role_ctx *rc, tr_err *err);
+void tr_worker_share_free(tr_role_ctx *rc);
+// Before an op writes the policy's working weights (train, train_sft, load): with two
+// buffers, the one generation may be reading is left alone.
+int tr_worker_begin_write(tr_role_ctx *rc, tr_err *err);
+// sync_weights when the weights are shared: the policy publishes its buffer, the generator
+// maps the one the controller forwards from it.
+int tr_worker_share_sync(tr_role_ctx *rc, const tr_msg *req, bool verify, tr_msg_writer *rep, tr_err *err);
 // The version generate stamps on its rollouts.
 int64_t tr_worker_weight_version(const tr_role_ctx *rc);
 

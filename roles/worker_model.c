@@ -125,6 +125,7 @@ void tr_role_ctx_free(tr_role_ctx *rc) {
     if (rc->has_gen) tr_generator_free(&rc->gen);
     if (rc->has_trainer) tr_trainer_free(&rc->trainer);
     if (rc->has_model) tr_model_free(&rc->model);
+    tr_worker_share_free(rc);   // the model never frees shared working weights
     rc->has_gen = rc->has_trainer = rc->has_model = false;
     mb_free(&rc->mb);
     tr_tokenizer_free(rc->tok);
@@ -164,7 +165,9 @@ static int make_plan(tr_role_ctx *rc, const tr_model_config *cfg, int32_t max_to
                       .kv_tokens = rc->kv_tokens, .kv_want = rc->kv_want > 0 ? rc->kv_want : 16384,
                       .max_seqs = rc->max_seqs, .max_seqs_want = rc->max_seqs,
                       .budget = (size_t)rc->memory_bytes, .tp_size = rc->tp, .tp_rank = rc->tp_rank,
-                      .sequence_parallel = rc->sp};
+                      .sequence_parallel = rc->sp,
+                      .share_buffers = rc->kind == TR_ROLE_POLICY ? rc->share_buffers : 0,
+                      .share_reader = rc->kind == TR_ROLE_GENERATOR && rc->share_buffers > 0};
     if (tr_plan_make(&rc->w->be, &pr, &rc->plan, err)) return tr_err_wrap(err, "init");
     char text[1024];
     tr_plan_format(&rc->plan, text, sizeof text);
@@ -207,7 +210,8 @@ static int load_model(tr_role_ctx *rc, const tr_msg_map *a, int32_t max_tokens, 
     tr_worker *w = rc->w;
     if (make_plan(rc, &cfg, max_tokens, train, gen, err)) return -1;
     tr_model_opts mo = {.max_tokens = max_tokens, .training = train, .tp_size = rc->tp, .tp_rank = rc->tp_rank,
-                        .logit_rows = rc->plan.logit_rows, .sequence_parallel = rc->sp};
+                        .logit_rows = rc->plan.logit_rows, .sequence_parallel = rc->sp,
+                        .external_work = rc->share_buffers > 0};
     tr_gen_opts go = gen_opts(rc);
     tr_arena_need_init(&rc->need, &cfg, &mo, gen ? &go : NULL, w->be.act);
     if (tr_arena_reserve(&w->arena, tr_arena_need_bytes(&rc->need), err)) return -1;
@@ -215,6 +219,7 @@ static int load_model(tr_role_ctx *rc, const tr_msg_map *a, int32_t max_tokens, 
     mo.acts_bytes = w->arena.bytes;
     if (tr_model_init(&rc->model, &cfg, &w->be, &mo, err)) return -1;
     rc->has_model = true;
+    if (tr_worker_share_init(rc, err)) return -1;   // before any weight is written
     tr_arena_adopt(&w->arena, &rc->model);
     if (gen) {
         size_t off = tr_arena_kv_offset(&rc->model);
@@ -317,9 +322,9 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
                                        "device", "memory_bytes", "max_tokens", "seed", "tokenizer",
                                        "chat_format", "train", "optim", "loss", "kv_tokens", "kv_want",
                                        "max_seqs", "reward", "parallel", "generate", "precision",
-                                       "save_dtype", NULL};
+                                       "save_dtype", "share_weights", NULL};
     char backend[16], precision[8] = "", save_dtype[8] = "fp32";
-    int64_t threads, device = 0, memory = 0, max_tokens, kv_tokens = 0, kv_want = 0, max_seqs = 0;
+    int64_t threads, device = 0, memory = 0, max_tokens, kv_tokens = 0, kv_want = 0, max_seqs = 0, share = 0;
     uint64_t seed;
     bool train, generate = true;
     if (tr_msg_check_keys(a, keys, err) || tr_msg_get_bool_opt(a, "generate", &generate, err) ||
@@ -328,7 +333,7 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
         tr_msg_get_uint(a, "seed", &seed, err) || tr_msg_get_bool(a, "train", &train, err) ||
         tr_msg_get_int_opt(a, "kv_tokens", &kv_tokens, err) || tr_msg_get_int_opt(a, "max_seqs", &max_seqs, err) ||
         tr_msg_get_int_opt(a, "device", &device, err) || tr_msg_get_int_opt(a, "memory_bytes", &memory, err) ||
-        tr_msg_get_int_opt(a, "kv_want", &kv_want, err) ||
+        tr_msg_get_int_opt(a, "kv_want", &kv_want, err) || tr_msg_get_int_opt(a, "share_weights", &share, err) ||
         (tr_msg_has(a, "precision") && tr_msg_get_str_buf(a, "precision", precision, sizeof precision, err)) ||
         (tr_msg_has(a, "save_dtype") && tr_msg_get_str_buf(a, "save_dtype", save_dtype, sizeof save_dtype, err)))
         return -1;
@@ -349,6 +354,13 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
     if (tr_msg_has(a, "generate") && rc->kind != TR_ROLE_POLICY)
         return tr_errf(err, TR_EINVAL, "init: generate is a policy setting (the %s role %s)", rc->name,
                        rc->kind == TR_ROLE_GENERATOR ? "always generates" : "never does");
+    // Shared working weights: the policy's buffers (it trains and leaves sampling to the
+    // generator), or the generator's mapping of them.
+    if (share < 0 || share > 2 || (share && rc->kind != TR_ROLE_GENERATOR && (rc->kind != TR_ROLE_POLICY ||
+                                                                                !train || generate)))
+        return tr_errf(err, TR_EINVAL, "init: share_weights %lld: 1 or 2 buffers, for a policy that trains with "
+                       "generate: false and for the generator", (long long)share);
+    rc->share_buffers = (int32_t)share;
     bool has_reward = tr_msg_has(a, "reward");
     if (has_reward != (rc->kind == TR_ROLE_REWARD))
         return tr_errf(err, TR_EINVAL, "init: %s", has_reward ? "reward settings are for the reward role"

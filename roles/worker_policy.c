@@ -237,7 +237,7 @@ int tr_worker_op_load(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
         cfg.intermediate_size != c->intermediate_size)
         return tr_errf(err, TR_EINVAL, "load: %s (%s) is not the shape of the running %s model", dir,
                        cfg.architecture, c->architecture);
-    if (tr_model_load_weights(&rc->model, dir, false, err)) return -1;
+    if (tr_worker_begin_write(rc, err) || tr_model_load_weights(&rc->model, dir, false, err)) return -1;
     rc->prev_train_step = -1;  // the weights before the loaded ones are not known
     bool state = false;
     snprintf(path, sizeof path, "%s/%s", dir, TR_TRAIN_STATE_JSON);

@@ -1,8 +1,9 @@
-// sync_weights: the policy's dp rank 0 broadcasts the weights generation reads to every
-// generator rank over the "sync" communicator (engine/resync.h), stamped with its optimizer
-// step; a generator rank takes them and that version, which it stamps on every rollout it
-// samples afterwards. A policy with no sync communicator generates on its own weights, so it
-// has nothing to send and says so.
+// sync_weights: the tensor-parallel ranks of the policy's dp rank 0 broadcast the weights
+// generation reads to every generator rank over the "sync" communicator (engine/resync.h),
+// stamped with the optimizer step; a generator rank takes its layout's part of them and that
+// version, which it stamps on every rollout it samples afterwards. A policy with no sync
+// communicator generates on its own weights, so it has nothing to send and says so; weights
+// shared on one device sync in worker_share.c.
 #include <stdio.h>
 #include <string.h>
 
@@ -27,7 +28,7 @@ static void put_result(tr_role_ctx *rc, tr_msg_writer *rep, uint64_t id, const t
 }
 
 int tr_worker_op_sync_weights(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
-    static const char *const keys[] = {"bucket_bytes", "verify", NULL};
+    static const char *const keys[] = {"bucket_bytes", "verify", "buffer", "handle", "size", "version", NULL};
     int64_t bucket = 0;
     bool verify = false;
     if (tr_msg_check_keys(&req->args, keys, err) || tr_msg_get_int_opt(&req->args, "bucket_bytes", &bucket, err) ||
@@ -35,6 +36,7 @@ int tr_worker_op_sync_weights(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer 
         return -1;
     if (bucket < 0 || bucket > ((int64_t)1 << 40))
         return tr_errf(err, TR_EINVAL, "sync_weights: bucket_bytes %lld (0: the default, at most 2^40)", (long long)bucket);
+    if (rc->has_wshare || rc->has_wread) return tr_worker_share_sync(rc, req, verify, rep, err);
     bool sender = rc->kind == TR_ROLE_POLICY;
     if (!rc->sync_comm) {
         if (!sender)
@@ -48,11 +50,11 @@ int tr_worker_op_sync_weights(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer 
     tr_resync_stats st;
     int r;
     if (sender) {
-        r = tr_resync_send(rc->sync_comm, 0, &rc->model, tr_worker_weight_version(rc), (size_t)bucket, &st, err);
+        r = tr_resync_send(rc->sync_comm, &rc->model, tr_worker_weight_version(rc), (size_t)bucket, &st, err);
     } else {
         // Half-received weights must never be sampled from: no version until this sync completes.
         rc->weight_version = -1;
-        r = tr_resync_recv(rc->sync_comm, 0, &rc->model, &st, err);
+        r = tr_resync_recv(rc->sync_comm, &rc->model, &st, err);
         if (!r) rc->weight_version = st.version;
     }
     uint64_t sum = 0;

@@ -459,6 +459,7 @@ int tr_worker_op_train(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, t
     memset(&mt, 0, sizeof mt);
     double gn = 0;
     int64_t step_before = rc->trainer.step;
+    if (!rc2) rc2 = tr_worker_begin_write(rc, err);
     if (!rc2) rc2 = run_epochs(rc, &in, plans, norms, &c, &mt, &gn, err);
     if (!rc2) rc->prev_train_step = step_before;
     if (!rc2) rc2 = finish_metrics(rc, &c, gn, &mt, err);
@@ -576,7 +577,8 @@ int tr_worker_op_train_sft(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *re
     }
     tr_step_result res;
     tr_step_args sa = {.loss = TR_LOSS_CROSS_ENTROPY, .norm = TR_NORM_TOKEN_MEAN};
-    if (!rc2 && tr_train_step(&rc->trainer, mbs, n_mb, &sa, &res, err)) rc2 = tr_err_wrap(err, "train_sft");
+    if (!rc2 && (tr_worker_begin_write(rc, err) || tr_train_step(&rc->trainer, mbs, n_mb, &sa, &res, err)))
+        rc2 = tr_err_wrap(err, "train_sft");
     double all_trained = (double)trained;
     if (!rc2) rc2 = tr_trainer_all_sum(&rc->trainer, &all_trained, 1, err);
     if (rc2 && rc->trainer.comm) tr_comm_abort(rc->trainer.comm, err->msg);

@@ -18,6 +18,7 @@ static const tr_ops cpu_ops = {
     .upload = tr_cpu_upload,
     .download = tr_cpu_upload,
     .copy = tr_cpu_upload,
+    .copy_2d = tr_cpu_copy_2d,
     .sync = tr_cpu_sync,
     .mem_info = tr_cpu_mem_info,
     .matmul_forward = tr_cpu_matmul_forward,

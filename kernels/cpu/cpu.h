@@ -18,6 +18,14 @@ typedef struct tr_cpu_region {
     size_t bytes;
 } tr_cpu_region;
 
+// A POSIX shared-memory segment mapped as backend memory (share.c).
+typedef struct tr_cpu_shared {
+    void *base;
+    size_t bytes;
+    char name[64];
+    bool owner;                  // made it (and unlinks its name)
+} tr_cpu_shared;
+
 typedef struct tr_cpu_ctx {
     tr_pool *pool;
     tr_gemm_isa isa;   // the matrix product's micro-kernel, fixed at init
@@ -26,6 +34,8 @@ typedef struct tr_cpu_ctx {
     int32_t guard_open;          // depth of ops running; memory is accessible while > 0
     tr_cpu_region *regions;      // every live allocation
     int32_t n_regions, cap_regions;
+    tr_cpu_shared *shared;       // mapped shared-memory segments
+    int32_t n_shared, cap_shared;
 } tr_cpu_ctx;
 
 static inline tr_pool *tr_cpu_pool(tr_backend *be) { return ((tr_cpu_ctx *)be->ctx)->pool; }
@@ -52,9 +62,23 @@ void tr_cpu_free(tr_backend *be, void *p);
 void *tr_cpu_alloc_host(tr_backend *be, size_t bytes);
 void tr_cpu_free_host(tr_backend *be, void *p);
 void tr_cpu_upload(tr_backend *be, void *dst, const void *src, size_t bytes);
+void tr_cpu_copy_2d(tr_backend *be, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                    size_t row_bytes, size_t rows);
 int tr_cpu_sync(tr_backend *be, const char *where, char *msg, size_t cap);
 void tr_cpu_mem_info(tr_backend *be, size_t *free_bytes, size_t *total_bytes);
 void tr_cpu_memory_free(tr_cpu_ctx *ctx);
+// Guarded mode's table of backend memory: a mapping made elsewhere (shared memory) joins and
+// leaves it here.
+int tr_cpu_region_add(tr_cpu_ctx *ctx, void *p, size_t bytes);
+void tr_cpu_region_remove(tr_cpu_ctx *ctx, void *p);
+
+// Shared memory (share.c): a segment of bytes made here, its name written to name (cap bytes),
+// or one another process made, opened by name (and unlinked: one opener each); NULL with msg.
+// Release either with tr_cpu_share_release; segments left at backend free are released then.
+void *tr_cpu_share_alloc(tr_backend *be, size_t bytes, char *name, size_t cap, char *msg, size_t msg_cap);
+void *tr_cpu_share_open(tr_backend *be, const char *name, size_t bytes, char *msg, size_t msg_cap);
+int tr_cpu_share_release(tr_backend *be, void *p, char *msg, size_t msg_cap);
+void tr_cpu_share_free_all(tr_cpu_ctx *ctx);
 // Guarded mode: the op table whose entries open the memory around the real op after checking
 // that every pointer argument is backend memory; a violation prints what and aborts (it is
 // a bug in the caller, never bad input).

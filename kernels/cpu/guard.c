@@ -116,6 +116,18 @@ static void g_copy(tr_backend *be, void *dst, const void *src, size_t bytes) {
     close_mem(be);
 }
 
+static void g_copy_2d(tr_backend *be, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                      size_t row_bytes, size_t rows) {
+    if (!rows || !row_bytes) return;
+    ld_ok((int64_t)dst_pitch, (int64_t)row_bytes, "copy_2d");
+    ld_ok((int64_t)src_pitch, (int64_t)row_bytes, "copy_2d");
+    dev(be, dst, strided((int64_t)rows, (int64_t)dst_pitch, (int64_t)row_bytes), 0, "copy_2d", "dst");
+    dev(be, src, strided((int64_t)rows, (int64_t)src_pitch, (int64_t)row_bytes), 0, "copy_2d", "src");
+    open_mem(be);
+    tr_cpu_copy_2d(be, dst, dst_pitch, src, src_pitch, row_bytes, rows);
+    close_mem(be);
+}
+
 static void g_matmul_forward(tr_backend *be, void *out, const void *in, const void *w,
                              const void *bias, int32_t T, int32_t IC, int32_t OC, int32_t flags) {
     const char *op = "matmul_forward";
@@ -716,6 +728,7 @@ const tr_ops tr_cpu_guarded_ops = {
     .upload = g_upload,
     .download = g_download,
     .copy = g_copy,
+    .copy_2d = g_copy_2d,
     .sync = tr_cpu_sync,
     .mem_info = tr_cpu_mem_info,
     .matmul_forward = g_matmul_forward,

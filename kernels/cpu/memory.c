@@ -21,7 +21,7 @@
 static size_t huge_round(size_t bytes) { return (bytes + GUARD_HUGE - 1) / GUARD_HUGE * GUARD_HUGE; }
 
 // The region table of guarded mode; its own memory is plain host memory.
-static int guard_add(tr_cpu_ctx *ctx, void *p, size_t bytes) {
+int tr_cpu_region_add(tr_cpu_ctx *ctx, void *p, size_t bytes) {
     if (ctx->n_regions == ctx->cap_regions) {
         int32_t cap = ctx->cap_regions ? 2 * ctx->cap_regions : 64;
         tr_cpu_region *r = realloc(ctx->regions, (size_t)cap * sizeof *r);
@@ -51,11 +51,19 @@ void *tr_cpu_alloc(tr_backend *be, size_t bytes) {
         munmap(p, n);
         return NULL;
     }
-    if (guard_add(ctx, p, n) != 0) {
+    if (tr_cpu_region_add(ctx, p, n) != 0) {
         munmap(p, n);
         return NULL;
     }
     return p;
+}
+
+void tr_cpu_region_remove(tr_cpu_ctx *ctx, void *p) {
+    for (int32_t i = 0; i < ctx->n_regions; i++)
+        if (ctx->regions[i].base == p) {
+            ctx->regions[i] = ctx->regions[--ctx->n_regions];
+            return;
+        }
 }
 
 void tr_cpu_free(tr_backend *be, void *p) {
@@ -90,6 +98,13 @@ void tr_cpu_upload(tr_backend *be, void *dst, const void *src, size_t bytes) {
     if (bytes) memcpy(dst, src, bytes);
 }
 
+void tr_cpu_copy_2d(tr_backend *be, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                    size_t row_bytes, size_t rows) {
+    (void)be;
+    for (size_t r = 0; r < rows && row_bytes; r++)
+        memcpy((char *)dst + r * dst_pitch, (const char *)src + r * src_pitch, row_bytes);
+}
+
 int tr_cpu_sync(tr_backend *be, const char *where, char *msg, size_t cap) {
     (void)be, (void)where;
     if (cap) msg[0] = '\0';
@@ -105,6 +120,7 @@ void tr_cpu_mem_info(tr_backend *be, size_t *free_bytes, size_t *total_bytes) {
 }
 
 void tr_cpu_memory_free(tr_cpu_ctx *ctx) {
+    tr_cpu_share_free_all(ctx);   // its segments are in the region table too
     for (int32_t i = 0; i < ctx->n_regions; i++)
         munmap(ctx->regions[i].base, ctx->regions[i].bytes);
     free(ctx->regions);

@@ -61,6 +61,16 @@ static void cuda_copy(tr_backend *be, void *dst, const void *src, size_t bytes) 
     copy_async(be, dst, src, bytes, cudaMemcpyDeviceToDevice, "copy");
 }
 
+static void cuda_copy_2d(tr_backend *be, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                         size_t row_bytes, size_t rows) {
+    if (!rows || !row_bytes) return;
+    tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
+    if (TR_CUDA_CHECK(be, cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows,
+                                            cudaMemcpyDeviceToDevice, ctx->stream)))
+        return;
+    if (ctx->prof) tr_cuda_prof_mark(ctx, "copy_2d", 0, 0, 0);
+}
+
 static int cuda_sync(tr_backend *be, const char *where, char *msg, size_t cap) {
     tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
     if (!ctx->failed) TR_CUDA_CHECK(be, cudaStreamSynchronize(ctx->stream));
@@ -91,6 +101,7 @@ static const tr_ops cuda_ops = {
     .upload = cuda_upload,
     .download = cuda_download,
     .copy = cuda_copy,
+    .copy_2d = cuda_copy_2d,
     .sync = cuda_sync,
     .mem_info = cuda_mem_info,
     .matmul_forward = tr_cuda_matmul_forward,

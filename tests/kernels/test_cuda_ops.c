@@ -1461,6 +1461,25 @@ static void test_rows(int32_t n_src, int32_t n, size_t row_bytes, size_t shift) 
     free(r.src); free(r.dst0); free(r.gidx); free(r.sidx); free(a); free(b);
 }
 
+// a block of `rows` rows of `width` bytes out of rows src_ld apart (from byte c0) into rows
+// dst_ld apart (at byte c1) of a buffer that starts as dst0; out: that buffer
+static void copy_2d_run(int gpu, uint8_t *out, const uint8_t *src0, const uint8_t *dst0, size_t src_ld,
+                        size_t dst_ld, size_t c0, size_t c1, size_t width, size_t rows) {
+    uint8_t *src = put(gpu, src0, rows * src_ld), *dst = put(gpu, dst0, rows * dst_ld);
+    be_of(gpu)->ops->copy_2d(be_of(gpu), dst + c1, dst_ld, src + c0, src_ld, width, rows);
+    get(gpu, out, dst, rows * dst_ld);
+    bufs_free(gpu);
+}
+
+static void test_copy_2d(size_t src_ld, size_t dst_ld, size_t c0, size_t c1, size_t width, size_t rows) {
+    uint8_t *src = rand_bytes(rows * src_ld), *dst = rand_bytes(rows * dst_ld);
+    uint8_t *a = kt_malloc(rows * dst_ld), *b = kt_malloc(rows * dst_ld);
+    copy_2d_run(0, a, src, dst, src_ld, dst_ld, c0, c1, width, rows);
+    copy_2d_run(1, b, src, dst, src_ld, dst_ld, c0, c1, width, rows);
+    same_bytes("copy_2d", a, b, rows * dst_ld);
+    free(src); free(dst); free(a); free(b);
+}
+
 // all-layer copy-on-write over a pool of L x NB blocks of BS slots of `slot` bytes
 static void kv_copy_run(int gpu, uint8_t *out, int32_t L, int32_t NB, int32_t BS, size_t slot,
                         const uint8_t *k, const uint8_t *v, const int32_t *src,
@@ -1583,6 +1602,9 @@ static void test_buffers(void) {
     test_rows(300, 500, 20, 0);     // 4-byte words
     test_rows(300, 500, 7, 0);      // bytes
     test_rows(40, 30, 70000, 0);    // long rows
+    test_copy_2d(3072, 1536, 1536, 0, 1536, 896);   // half the columns of a bf16 o_proj
+    test_copy_2d(1536, 3072, 0, 1536, 1536, 896);   // and back
+    test_copy_2d(40, 40, 3, 5, 30, 7);              // unaligned
     test_kv_copy(2 * 64 * sizeof(float));
     test_kv_copy(12);
     test_kv_copy(6);

@@ -4,7 +4,8 @@
 // results must be the bits the unguarded op gives on host copies. Then misuses the guard must
 // stop, each in a child process that is expected to abort: buffers sized for the other
 // precision, adding into a bf16 output, KV slots and blocks outside the pool or repeated,
-// AdamW segments that do not tile the range, a row stride below the row width.
+// AdamW segments that do not tile the range, a row stride below the row width, a block copy
+// running past its destination.
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -341,6 +342,15 @@ static void each_op(void) {
     }
     done("adamw");
 
+    // copy_2d: 5 rows of 12 bytes out of rows 20 apart into rows 16 apart, both views ending
+    // where their buffers end
+    x[0] = mk(NULL, 4 * 16 + 12), x[1] = mk(NULL, 4 * 20 + 12);
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        be->ops->copy_2d(be, p[0], 16, p[1], 20, 12, 5);
+    }
+    done("copy_2d");
+
     // fill and convert (every pair of dtypes it takes)
     x[0] = mk_f(77, 1.0);
     for (tr_backend *be = &hb; be; be = next_be(be)) {
@@ -489,6 +499,11 @@ static void bad_ld(void) {   // rows of 2 heads of 8 at a stride of 12
     gb.ops->head_rmsnorm_forward(&gb, x, r, x, w, 1e-6f, 4, 2, 8, 12);
 }
 
+static void bad_copy_2d(void) {   // 3 rows of 8 bytes 10 apart need 28 bytes, not 27
+    void *src = gb.ops->alloc(&gb, 28), *dst = gb.ops->alloc(&gb, 27);
+    gb.ops->copy_2d(&gb, end_of_region(dst, 27), 10, src, 10, 8, 3);
+}
+
 static void init_pair(tr_dt p) {
     unsetenv("TROUPE_CPU_GUARD");
     kt_backend(&hb, 2, p);
@@ -519,6 +534,7 @@ int main(void) {
         CHECKF(aborts(bad_block), "%s: a decode block outside the pool passed", p);
         CHECKF(aborts(bad_segments), "%s: AdamW segments with a hole passed", p);
         CHECKF(aborts(bad_ld), "%s: a row stride below the row width passed", p);
+        CHECKF(aborts(bad_copy_2d), "%s: copy_2d past the end of its destination passed", p);
         tr_backend_cpu_free(&hb);
         tr_backend_cpu_free(&gb);
     }

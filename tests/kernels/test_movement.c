@@ -1,8 +1,9 @@
 // Buffer ops of the CPU backend against host loops written here: fill, gather_rows and
 // scatter_rows for row sizes of every alignment (bytes around each written range untouched),
-// kv_copy_blocks against a copy of the layout's arithmetic, and convert: every bf16 pattern
-// through fp32 and back, ties to even, random fp32 patterns against a rounding reference that
-// measures distances in double, every fp16 pattern to fp32 and bf16, and same-dtype copies.
+// kv_copy_blocks against a copy of the layout's arithmetic, copy_2d's blocks of rows, and
+// convert: every bf16 pattern through fp32 and back, ties to even, random fp32 patterns against
+// a rounding reference that measures distances in double, every fp16 pattern to fp32 and bf16,
+// and same-dtype copies.
 // All buffers are backend memory, so the test also runs under TROUPE_CPU_GUARD=1.
 #include "tests/backend_test.h"
 #include "tests/kernels/kernels_test.h"
@@ -88,6 +89,25 @@ static void check_rows_empty(void) {
     CHECK(memcmp(got, h, 64) == 0);
     be.ops->free(&be, d);
     be.ops->free(&be, idx);
+}
+
+// copy_2d of a rows x width block at (r0, c0) of a rows_src x ld_src byte matrix into
+// (r1, c1) of a rows_dst x ld_dst one: exactly the block changes.
+static void check_copy_2d(size_t ld_src, size_t ld_dst, size_t r0, size_t c0, size_t r1, size_t c1,
+                          size_t width, size_t rows) {
+    size_t src_bytes = (r0 + rows + 1) * ld_src, dst_bytes = (r1 + rows + 2) * ld_dst;
+    uint8_t *src = rand_bytes(src_bytes), *dst = rand_bytes(dst_bytes), *got = kt_malloc(dst_bytes);
+    uint8_t *d_src = et_dev(&be, src, src_bytes), *d_dst = et_dev(&be, dst, dst_bytes);
+    be.ops->copy_2d(&be, d_dst + r1 * ld_dst + c1, ld_dst, d_src + r0 * ld_src + c0, ld_src, width, rows);
+    et_get(&be, got, d_dst, dst_bytes);
+    for (size_t r = 0; r < rows; r++) memcpy(dst + (r1 + r) * ld_dst + c1, src + (r0 + r) * ld_src + c0, width);
+    CHECKF(memcmp(got, dst, dst_bytes) == 0, "copy_2d of %zu rows x %zu bytes (pitches %zu, %zu)", rows, width,
+           ld_src, ld_dst);
+    be.ops->free(&be, d_src);
+    be.ops->free(&be, d_dst);
+    free(src);
+    free(dst);
+    free(got);
 }
 
 // A pool of L layers x NB blocks x BS slots of `slot` bytes in K and V; pairs copy the first
@@ -296,6 +316,10 @@ int main(void) {
     check_kv_copy(1, 2, 16, 128 * sizeof(float), 1, (const int32_t[]){1},
                   (const int32_t[]){0}, (const int32_t[]){9});
     check_kv_copy(2, 3, 4, 32, 0, NULL, NULL, NULL);
+    check_copy_2d(40, 24, 2, 8, 1, 4, 16, 7);     // a column block into a narrower matrix
+    check_copy_2d(24, 40, 0, 0, 3, 22, 18, 5);    // into a wider one, ending at a row's end
+    check_copy_2d(12, 12, 1, 0, 0, 0, 12, 9);     // whole rows: one contiguous range
+    check_copy_2d(8, 8, 0, 2, 0, 2, 0, 3);        // nothing
     check_casts();
     check_convert_f16();
     tr_backend_cpu_free(&be);

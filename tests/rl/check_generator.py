@@ -4,8 +4,10 @@
   check_generator.py same RUN_A RUN_B       the metrics both runs log agree exactly, step by
                                             step (timings and the generator's own sync/ and
                                             off_policy/ keys aside), on the same keys at least
-  check_generator.py sync RUN STEPS         sync/seconds, sync/gb_per_s, sync/bytes on every
-                                            step, staleness 0 (on-policy)
+  check_generator.py sync RUN STEPS [LIMIT] sync/seconds, sync/gb_per_s, sync/bytes on every
+                                            step, staleness 0 (on-policy), logprob_diff/max at
+                                            most LIMIT (default 0: sampling's bits are training's;
+                                            another tensor-parallel layout samples equal to rounding)
   check_generator.py pipeline RUN STEPS LAG staleness 0 on step 1 and 1 after, the weights
                                             LAG optimizer steps old, finite tis/* every step
 """
@@ -43,12 +45,14 @@ def main():
         ms = [o for o in metrics(sys.argv[2]) if o["step"] > 0]
         if len(ms) != int(sys.argv[3]):
             bad.append("%d steps logged" % len(ms))
+        limit = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
         for o in ms:
             bad += ["step %d: %s = %r" % (o["step"], k, o.get(k))
-                    for k in ("sync/seconds", "sync/gb_per_s", "sync/bytes", "time/sync") if not finite(o, k)]
-            if o.get("off_policy/staleness") != 0 or o.get("logprob_diff/max") != 0:
-                bad.append("step %d: staleness %r, logprob_diff/max %r (on-policy: 0, 0)"
-                           % (o["step"], o.get("off_policy/staleness"), o.get("logprob_diff/max")))
+                    for k in ("sync/seconds", "sync/gb_per_s", "sync/bytes", "time/sync", "logprob_diff/max")
+                    if not finite(o, k)]
+            if o.get("off_policy/staleness") != 0 or not o.get("logprob_diff/max", 1) <= limit:
+                bad.append("step %d: staleness %r, logprob_diff/max %r (on-policy: 0, at most %g)"
+                           % (o["step"], o.get("off_policy/staleness"), o.get("logprob_diff/max"), limit))
     else:
         ms = [o for o in metrics(sys.argv[2]) if o["step"] > 0]
         steps, lag = int(sys.argv[3]), int(sys.argv[4])

@@ -2,9 +2,13 @@
 # Generation on a generator group of its own (`troupe run`, GRPO on the quickstart model,
 # worker processes on one machine): with 1 and with 2 replicas, and the weights synced after
 # every optimizer step (checksums compared on every sync), the run equals the colocated one
-# bit for bit -- its metrics and its final weights; the one-step-off pipeline runs, logs
-# staleness 1 and the truncated importance weights; a generator rank killed mid-run stops the
-# run with an error naming it, leaves no worker behind, and the last checkpoint resumes.
+# bit for bit -- its metrics and its final weights; a generator of another tensor-parallel
+# layout than the policy's gets its part of the weights and the run logs how far sampling's
+# logprobs are from training's; the one-step-off pipeline runs, logs staleness 1 and the
+# truncated importance weights; a generator reading the policy's weights in place (shared
+# memory, double-buffered one step off) equals the copying runs; a generator rank killed
+# mid-run stops the run with an error naming it, leaves no worker behind, and the last
+# checkpoint resumes.
 set -u
 troupe="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
 src="$(cd "${TROUPE_SOURCE_ROOT:-.}" && pwd)"
@@ -48,11 +52,44 @@ check "2 replicas: each samples half of the prompts" $?
 grep -q "sync_weights: sent weights of step 8" "$tmp/gen2/logs/policy-0.log"
 check "the policy sent the weights of its 8th optimizer step" $?
 
+# Another tensor-parallel layout: the sync reshards (the policy at tp 1 to a generator of tp 2,
+# the policy at tp 2 to two replicas of tp 1), every sync's checksums agree, and sampling's
+# logprobs, now of another layout, differ from training's by rounding, measured every step.
+for lay in "tp12|models.policy.parallel.tp=1|{parallel: {tp: 2}, verify_sync: true, sync_bucket_mb: 1}" \
+           "tp21|models.policy.parallel.tp=2|{replicas: 2, verify_sync: true, sync_bucket_mb: 1}"; do
+    IFS='|' read -r name pol gen <<< "$lay"
+    run $name --set $pol --set "models.generator=$gen" --set train.steps=2 --set train.save_every=2
+    check "$name: the run exits 0 (every sync's checksums equal)" $?
+    python3 "$check" sync "$tmp/$name" 2 1e-3
+    check "$name: logprob_diff/max logged every step, finite and below 1e-3" $?
+done
+
 # One step off: the generator samples step k+1 while the policy trains step k.
 run pipe --set "models.generator={replicas: 2, one_step_off: true}" --set rollout.dynamic_sampling=false
 check "one-step-off run exits 0" $?
 python3 "$check" pipeline "$tmp/pipe" 4 2
 check "one-step-off: staleness 1 (2 optimizer steps) after step 1, truncated-IS metrics every step" $?
+
+# Shared weights (share_weights: yes; the CPU's shared memory stands in for CUDA IPC on one
+# GPU): the generator reads the policy's working weights in place. One step off they live in
+# two buffers, the policy writing the one not published, and the run equals the copying
+# pipeline's bit for bit; without the pipeline one buffer serves, and the run equals the
+# colocated one.
+run share2 --set "models.generator={one_step_off: true, share_weights: yes, verify_sync: true}" \
+    --set rollout.dynamic_sampling=false
+check "shared weights, one step off: the run exits 0 (every sync's checksums equal)" $?
+python3 "$check" same "$tmp/pipe" "$tmp/share2" && python3 "$same" same "$tmp/share2/$ck" "$tmp/pipe/$ck"
+check "shared weights, one step off: every metric and the final weights equal the copying pipeline's" $?
+flips=$(grep -c "is published; writing buffer" "$tmp/share2/logs/policy-0.log")
+reads=$(grep -o "reading shared buffer [01]" "$tmp/share2/logs/generator-0.log" | awk '{print $4}' | tr -d '\n')
+[ "$flips" = 4 ] && [ "$reads" = 01010 ]
+check "shared weights, one step off: each train writes the other buffer ($flips flips), syncs alternate ($reads)" $?
+run share1 --set "models.generator={share_weights: yes, verify_sync: true}"
+check "shared weights, one buffer: the run exits 0" $?
+python3 "$check" same "$tmp/colo" "$tmp/share1" && python3 "$same" same "$tmp/share1/$ck" "$tmp/colo/$ck"
+check "shared weights, one buffer: every metric and the final weights equal the colocated run's" $?
+! grep -q "writing buffer" "$tmp/share1/logs/policy-0.log"
+check "shared weights, one buffer: never moved" $?
 
 # A generator rank killed mid-run.
 run kill --set "models.generator={replicas: 2, one_step_off: true}" --set rollout.dynamic_sampling=false \

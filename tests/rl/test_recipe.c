@@ -369,8 +369,9 @@ static void test_round_trip(void) {
     CHECK(tr_recipe_load("/nonexistent/recipe.yaml", NULL, 0, &b, &err) == -1 && err.code == TR_EIO);
 }
 
-// models.generator: replicas and parallel.dp are one number, the layout and backend are
-// checked at load, the pipeline refuses dynamic sampling, and the section round-trips.
+// models.generator: replicas and parallel.dp are one number, a tp of its own is taken, the
+// layout and backend are checked at load, the pipeline refuses dynamic sampling, and the
+// section round-trips.
 static void test_generator(void) {
     tr_recipe r, b;
     tr_err err = {0};
@@ -397,11 +398,37 @@ static void test_generator(void) {
     rc = tr_recipe_parse(base, strlen(base), "gen.yaml", NULL, 0, &r, &err);
     CHECK(rc == 0 && !r.generator.present && r.algorithm.tis_cap == 2.0);
 
+    // A layout of its own: the sync reshards between the policy's tp and the generator's.
+    const char *tp[] = {"models.generator={replicas: 2, parallel: {tp: 2}}", "models.policy.parallel.tp=4"};
+    rc = tr_recipe_parse(base, strlen(base), "gen.yaml", tp, 2, &r, &err);
+    CHECKF(rc == 0 && r.generator.parallel.tp == 2 && r.generator.parallel.dp == 2 &&
+           r.models[TR_RECIPE_POLICY].parallel.tp == 4, "%s", err.msg);
+
+    // Shared weights: yes on the CPU (shared memory); auto only on CUDA, where generator rank
+    // r sits on policy rank r's device at the policy's tp.
+    CHECK(!tr_recipe_generator_shares(&r));
+    const char *yes[] = {"models.generator={replicas: 2, share_weights: yes}", "models.policy.parallel.dp=2"};
+    rc = tr_recipe_parse(base, strlen(base), "gen.yaml", yes, 2, &r, &err);
+    CHECKF(rc == 0 && tr_recipe_generator_shares(&r), "%s", err.msg);
+    const char *cuda[] = {"backend=cuda", "models.generator={}"};
+    rc = tr_recipe_parse(base, strlen(base), "gen.yaml", cuda, 2, &r, &err);
+    CHECKF(rc == 0 && tr_recipe_generator_shares(&r), "%s", err.msg);   // both on device 0
+    const char *apart[] = {"backend=cuda", "models.generator={devices: [1]}"};
+    rc = tr_recipe_parse(base, strlen(base), "gen.yaml", apart, 2, &r, &err);
+    CHECKF(rc == 0 && !tr_recipe_generator_shares(&r), "%s", err.msg);
+
     const char *gen = L1 L2 L3 L4 L5 L6;
-    expect_error(L1 L2 L3 L4 L5 "  generator: {parallel: {tp: 2}}\n" L6 L7 L8 L9, NULL, 0,
-                 "bad.yaml:6:30: models.generator.parallel.tp: 2: generator replicas hold the whole model (tp 1); "
-                 "tensor parallelism works where the policy generates itself (leave models.generator out)");
     char text[512];
+    snprintf(text, sizeof text, "%s  generator: {parallel: {tp: 2}, share_weights: yes}\n" L7 L8 L9, gen);
+    expect_error(text, NULL, 0, "bad.yaml:7:49: models.generator.share_weights: yes, but generator rank r reads policy "
+                 "rank r's weights: the generator needs the policy's tp (1, not 2), at most its 1 ranks");
+    snprintf(text, sizeof text, "backend: cuda\n%s  generator: {devices: [0], share_weights: no}\n" L7 L8 L9, gen);
+    expect_error(text, NULL, 0, "bad.yaml:8:24: models.generator.devices: generator rank 0 and policy rank 0 are both "
+                 "on device 0: a copying sync cannot join two processes on one GPU; give the generator devices of its "
+                 "own, or share the weights (share_weights: auto shares when generator rank r is on policy rank r's "
+                 "device at the policy's tp)");
+    snprintf(text, sizeof text, "%s  generator: {replicas: 2, parallel: {tp: 2}, devices: [0, 1]}\n" L7 L8 L9, gen);
+    expect_error(text, NULL, 0, "bad.yaml:7:56: models.generator.devices: 2 devices for tp 2 x dp 2 = 4 ranks");
     snprintf(text, sizeof text, "%s  generator: {replicas: 2, parallel: {dp: 3}}\n" L7 L8 L9, gen);
     expect_error(text, NULL, 0, "bad.yaml:7:25: models.generator.replicas: 2, but parallel.dp says 3: give one of them");
     snprintf(text, sizeof text, "%s  generator: {replicas: 2, devices: [0]}\n" L7 L8 L9, gen);

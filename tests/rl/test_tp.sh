@@ -5,9 +5,9 @@
 # and GRPO with tp 2 x dp 2 and with sequence parallelism, against tp 1 -- the same rollouts
 # and rewards, parameters after the steps within 1e-6 relative (PPO's reference and critic
 # are sequence-parallel); a tp 2 checkpoint resumes at tp 1 and a tp 1 one at tp 2 with
-# sequence parallelism; recipes that cannot be split (a generator with tp, tp not dividing
-# the query heads, sequence parallelism at tp 1) fail with a message naming the key or the
-# numbers.
+# sequence parallelism; recipes that cannot be split (tp not dividing the query heads, of the
+# policy or of a generator; sequence parallelism at tp 1) fail with a message naming the key,
+# the role or the numbers.
 set -u
 troupe="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
 src="$(cd "${TROUPE_SOURCE_ROOT:-.}" && pwd)"
@@ -116,10 +116,8 @@ expect_error() {  # expect_error NAME PATTERN ARGS...
     [ $st != 0 ] || true
 }
 expect_error heads3 "tp 3 does not divide the 4 query heads" --set models.policy.parallel.tp=3
-expect_error gentp "models.generator.parallel.tp" --set models.generator.replicas=1 \
-    --set models.generator.parallel.tp=2
-expect_error policygen "models.policy.parallel.tp" --set models.generator.replicas=1 \
-    --set models.policy.parallel.tp=2
+expect_error gentp3 "generator/[0-9].*tp 3 does not divide the 4 query heads" --set models.generator.replicas=1 \
+    --set models.generator.parallel.tp=3
 expect_error sp1 "models.policy.parallel.sequence_parallel: true needs parallel.tp 2 or more" \
     --set models.policy.parallel.sequence_parallel=true
 
