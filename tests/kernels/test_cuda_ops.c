@@ -1775,6 +1775,8 @@ static void svp_draw(const svp_bufs *d, int32_t b0, int32_t n, int32_t k, int32_
     get(1, ids_out + b0, d->ids + b0, (size_t)n * sizeof(int32_t));
 }
 
+// The vocab-parallel ops read fp32 logits: in the bf16 pass the values the sample op sees (the
+// logits rounded to bf16, widened exactly), as engine/sample_tp.c hands them over.
 static void svp_run(const smp_arg *s, int32_t R, int32_t *ids, int32_t *n_near) {
     const int32_t B = s->B, V = s->V, k_max = svp_col0(V, R, R) - svp_col0(V, R, R - 1) + 1;
     svp_bufs d = {.R = R, .V = V};
@@ -1782,6 +1784,8 @@ static void svp_run(const smp_arg *s, int32_t R, int32_t *ids, int32_t *n_near) 
         int32_t v0 = svp_col0(V, R, r), vr = svp_col0(V, R, r + 1) - v0;
         float *part = kt_floats((size_t)B * vr);
         for (int32_t b = 0; b < B; b++) memcpy(part + (size_t)b * vr, s->logits + (size_t)b * V + v0, (size_t)vr * 4);
+        if (prec == TR_BF16)
+            for (size_t i = 0; i < (size_t)B * vr; i++) part[i] = h_f32(h_bf16(part[i]));
         d.lg[r] = putf(1, part, (size_t)B * vr);
         free(part);
     }
