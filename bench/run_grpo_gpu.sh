@@ -23,8 +23,9 @@
 #     8 prompts x 4 samples, 16 + 16 tokens, backend cpu); the anchor runs with --tiny when
 #     TRL imports, and is skipped with a note otherwise.
 #   --check: the real shapes' files and recipe, run on the CPU with the batch and lengths cut
-#     down by --set (1 prompt x 2 samples, 4 new tokens, 1 step): proves the GPU recipe loads
-#     and its files work, without a GPU.
+#     down by --set (1 prompt x 2 samples, 4 new tokens, 1 step; qwen2.5-0.5b unless shapes
+#     are named): proves the GPU recipe loads and its files work, without a GPU (0.5B: about
+#     13 GB of memory and a few minutes on 2 cores).
 #
 # On the GPU machine (troupe built with CUDA into build/, the anchors and wheels carried):
 #   WHEELS_DIR=.whl bench/run_grpo_gpu.sh build anchors qwen2.5-0.5b qwen2.5-1.5b
@@ -68,7 +69,7 @@ if [ -n "${WHEELS_DIR:-}" ]; then
 fi
 have_trl=0
 if [ -f "$anchors/trl_grpo_anchor.py" ] &&
-    PYTHONPATH=$pypath python3 -c 'import torch, transformers, trl, datasets' 2>"$tmp/trl_import.err"; then
+    PYTHONPATH=$pypath python3 -c 'import torch, transformers, accelerate, trl, datasets' 2>"$tmp/trl_import.err"; then
     have_trl=1
 else
     echo "run_grpo_gpu.sh: note: TRL anchor skipped (not importable: $(tail -n 1 "$tmp/trl_import.err" 2>/dev/null))"
