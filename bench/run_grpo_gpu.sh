@@ -27,8 +27,13 @@
 #     are named): proves the GPU recipe loads and its files work, without a GPU (0.5B: about
 #     13 GB of memory and a few minutes on 2 cores).
 #
-# On the GPU machine (troupe built with CUDA into build/, the anchors and wheels carried):
-#   WHEELS_DIR=.whl bench/run_grpo_gpu.sh build anchors qwen2.5-0.5b qwen2.5-1.5b
+# On the GPU machine, from the repository root with .debs/ (tools/fetch_gpu_deps.sh: the upper
+# layers' libraries), the anchors in shared/anchors and the wheels in .whl carried:
+#   { [ -x build-cuda/cli/troupe ] || tools/gpu_deps.sh; } && . .deps-root/env.sh &&
+#   { [ -d build-cuda ] || meson setup build-cuda -Dcuda=enabled -Dwerror=false; } &&
+#   ninja -C build-cuda cli/troupe &&
+#   WHEELS_DIR=.whl bench/run_grpo_gpu.sh build-cuda shared/anchors qwen2.5-0.5b qwen2.5-1.5b
+# (about 10 GiB of disk in /tmp; one shape per command if both do not fit in its time limit).
 set -u
 usage="usage: run_grpo_gpu.sh [--tiny | --check] BUILD_DIR ANCHOR_DIR [SHAPE...]"
 mode=gpu
