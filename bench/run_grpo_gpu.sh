@@ -33,7 +33,8 @@
 #   { [ -d build-cuda ] || meson setup build-cuda -Dcuda=enabled -Dwerror=false; } &&
 #   ninja -C build-cuda cli/troupe &&
 #   WHEELS_DIR=.whl bench/run_grpo_gpu.sh build-cuda shared/anchors qwen2.5-0.5b qwen2.5-1.5b
-# (about 10 GiB of disk in /tmp; one shape per command if both do not fit in its time limit).
+# (/tmp holds each run's final checkpoint until its shape is done: about 15 GiB at 1.5B; one
+# shape per command if both do not fit in the time limit).
 set -u
 usage="usage: run_grpo_gpu.sh [--tiny | --check] BUILD_DIR ANCHOR_DIR [SHAPE...]"
 mode=gpu
