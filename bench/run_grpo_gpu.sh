@@ -1,0 +1,273 @@
+#!/usr/bin/env bash
+# One GRPO optimizer step, end to end, on the GPU beside the peer, in one invocation: troupe
+# (`troupe run`, policy and reference colocated on one GPU) and TRL's GRPOTrainer (the anchor
+# trl_grpo_anchor.py) at the same shape and settings: random weights of the Qwen2.5-0.5B or
+# -1.5B shape, 64 prompts x 8 samples, prompts of 256 tokens, exactly 256 new tokens per
+# completion (no stop token: the model config names no EOS and the prompts take no chat
+# format), KL to a reference with coefficient (TRL: beta) 0.04, one AdamW step per GRPO step.
+# 4 steps each, the first a warm-up; the table gives the mean of the other 3: s/step, with
+# generation, reference logprobs and training (troupe: the behaviour-logprob pass, the
+# forward/backward passes and the optimizer step; TRL: everything after the rollout) and the
+# rest (rewards, troupe's weight sync, bookkeeping), and the ratio TRL / troupe (above 1:
+# troupe is faster).
+#
+# usage: bench/run_grpo_gpu.sh [--tiny | --check] BUILD_DIR ANCHOR_DIR [SHAPE...]
+#   SHAPE: qwen2.5-0.5b, qwen2.5-1.5b (default: both).
+#   ANCHOR_DIR holds trl_grpo_anchor.py (the peers' scripts; they are not part of this tree).
+#   WHEELS_DIR (environment): a folder of the wheels the anchor needs and the GPU image lacks
+#     (trl 1.16.0, datasets 5.0.1, dill 0.4.1, multiprocess 0.70.19); they are installed into
+#     the temporary folder with pip --no-index --no-deps and put on PYTHONPATH.
+#   KEEP=1 (environment): leave the temporary folder (model config, tokenizer, prompts,
+#     recipes, runs) in place; by default only the checkpoints the runs end with are removed.
+#   --tiny: a CPU smoke test of the whole path (width 64, 2 layers, a 300-id vocabulary,
+#     8 prompts x 4 samples, 16 + 16 tokens, backend cpu); the anchor runs with --tiny when
+#     TRL imports, and is skipped with a note otherwise.
+#   --check: the real shapes' files and recipe, run on the CPU with the batch and lengths cut
+#     down by --set (1 prompt x 2 samples, 4 new tokens, 1 step; qwen2.5-0.5b unless shapes
+#     are named): proves the GPU recipe loads and its files work, without a GPU (0.5B: about
+#     13 GB of memory and a few minutes on 2 cores).
+#
+# On the GPU machine, from the repository root with .debs/ (tools/fetch_gpu_deps.sh: the upper
+# layers' libraries), the anchors in shared/anchors and the wheels in .whl carried:
+#   { [ -x build-cuda/cli/troupe ] || tools/gpu_deps.sh; } && . .deps-root/env.sh &&
+#   { [ -d build-cuda ] || meson setup build-cuda -Dcuda=enabled -Dwerror=false; } &&
+#   ninja -C build-cuda cli/troupe &&
+#   WHEELS_DIR=.whl bench/run_grpo_gpu.sh build-cuda shared/anchors qwen2.5-0.5b qwen2.5-1.5b
+# (/tmp holds each run's final checkpoint until its shape is done: about 15 GiB at 1.5B; one
+# shape per command if both do not fit in the time limit).
+set -u
+usage="usage: run_grpo_gpu.sh [--tiny | --check] BUILD_DIR ANCHOR_DIR [SHAPE...]"
+mode=gpu
+case "${1:-}" in
+--tiny) mode=tiny; shift ;;
+--check) mode=check; shift ;;
+esac
+build=${1:?$usage}
+anchors=${2:?$usage}
+shift 2
+shapes=("$@")
+[ ${#shapes[@]} -gt 0 ] || shapes=(qwen2.5-0.5b qwen2.5-1.5b)
+[ "$mode" = gpu ] || [ $# -gt 0 ] || shapes=(qwen2.5-0.5b)
+[ "$mode" != tiny ] || shapes=(tiny)
+troupe=$build/cli/troupe
+[ -x "$troupe" ] || { echo "run_grpo_gpu.sh: no troupe binary at $troupe (build first)" >&2; exit 1; }
+[ -f "$anchors/trl_grpo_anchor.py" ] || echo "run_grpo_gpu.sh: note: no $anchors/trl_grpo_anchor.py; TRL is skipped"
+for s in "${shapes[@]}"; do
+    case "$s" in
+    qwen2.5-0.5b | qwen2.5-1.5b | tiny) ;;
+    *) echo "run_grpo_gpu.sh: unknown shape '$s' (qwen2.5-0.5b, qwen2.5-1.5b)" >&2; exit 2 ;;
+    esac
+done
+tmp=$(mktemp -d /tmp/troupe-grpo-bench-XXXXXX) || { echo "run_grpo_gpu.sh: mktemp failed" >&2; exit 1; }
+echo "run_grpo_gpu.sh: working in $tmp"
+cleanup() { [ "${KEEP:-0}" = 1 ] || rm -rf "$tmp"; }
+trap cleanup EXIT
+
+# The peer's Python packages, when given as wheels.
+pypath=${PYTHONPATH:-}
+if [ -n "${WHEELS_DIR:-}" ]; then
+    echo "== installing the anchor's wheels from $WHEELS_DIR"
+    if ! python3 -m pip install --quiet --no-index --no-deps --target "$tmp/pylib" "$WHEELS_DIR"/*.whl; then
+        echo "run_grpo_gpu.sh: installing the wheels of $WHEELS_DIR failed" >&2
+        exit 1
+    fi
+    pypath=$tmp/pylib${pypath:+:$pypath}
+fi
+have_trl=0
+if [ -f "$anchors/trl_grpo_anchor.py" ] &&
+    PYTHONPATH=$pypath python3 -c 'import torch, transformers, accelerate, trl, datasets' 2>"$tmp/trl_import.err"; then
+    have_trl=1
+else
+    echo "run_grpo_gpu.sh: note: TRL anchor skipped (not importable: $(tail -n 1 "$tmp/trl_import.err" 2>/dev/null))"
+fi
+
+# Writes SHAPE's config.json, tokenizer.json, prompts and recipe into DIR.
+#   config.json: Qwen2 at the shape, eos_token_id null (no stop token), random init by troupe.
+#   tokenizer.json: BPE over whole words with ignore_merges: id 0..10 are "t" and the digits,
+#     id 11 + i is the word "t<i>", so every id of the vocabulary decodes, and a prompt of
+#     words "t<i>" separated by spaces is exactly one token per word (as the anchor's).
+#   prompts.jsonl: enough prompts of exactly PLEN tokens for every step.
+#   recipe.yaml: grpo with the anchor's settings.
+write_inputs() {
+    python3 - "$@" <<'PY'
+import json, os, random, sys
+shape, d, backend, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+dims = {  # hidden, intermediate, layers, heads, kv heads, vocab
+    "qwen2.5-0.5b": (896, 4864, 24, 14, 2, 151936),
+    "qwen2.5-1.5b": (1536, 8960, 28, 12, 2, 151936),
+    "tiny": (64, 128, 2, 4, 2, 300),
+}[shape]
+hidden, inter, layers, heads, kv, vocab = dims
+tiny = shape == "tiny"
+prompts, n, plen, clen, mb = (8, 4, 16, 16, 8) if tiny else (64, 8, 256, 256, 32)
+os.makedirs(os.path.join(d, "model"), exist_ok=True)
+cfg = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": vocab,
+    "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
+    "num_attention_heads": heads, "num_key_value_heads": kv, "hidden_act": "silu",
+    "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "tie_word_embeddings": True, "initializer_range": 0.02, "attention_dropout": 0.0,
+    "use_sliding_window": False, "sliding_window": None,
+    "bos_token_id": None, "eos_token_id": None, "pad_token_id": None, "torch_dtype": "bfloat16",
+}
+with open(os.path.join(d, "model", "config.json"), "w") as f:
+    json.dump(cfg, f, indent=1)
+words = vocab - 11
+tv = {"t": 0}
+tv.update({str(k): 1 + k for k in range(10)})
+tv.update({f"t{i}": 11 + i for i in range(words)})
+tok = {
+    "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+    "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "\\s+"}, "behavior": "Removed", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+    "post_processor": None,
+    "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+    "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+              "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+              "ignore_merges": True, "vocab": tv, "merges": []},
+}
+with open(os.path.join(d, "model", "tokenizer.json"), "w") as f:
+    json.dump(tok, f)
+rng = random.Random(1)
+with open(os.path.join(d, "prompts.jsonl"), "w") as f:
+    for _ in range(prompts * steps):
+        f.write(json.dumps({"prompt": " ".join(f"t{rng.randrange(words)}" for _ in range(plen))}) + "\n")
+# The reward: 1 when the response's text ends in 0-4 (about half of them), so every group
+# has a spread of rewards and every completion trains, as with the anchor's length reward.
+recipe = f"""# GRPO at the TRL anchor's settings ({shape}); written by bench/run_grpo_gpu.sh
+workflow: grpo
+seed: 1
+run_dir: {d}/run
+backend: {backend}
+threads: 0
+models:
+  policy:
+    init: {{config: {d}/model/config.json, seed: 1}}
+    optim: {{lr: 1.0e-6, weight_decay: 0.0, betas: [0.9, 0.999], eps: 1.0e-8, grad_clip: 1.0}}
+  reference:
+    from: policy
+  reward:
+    kind: rule
+    function: regex
+    pattern: "[0-4]$"
+data:
+  train: {d}/prompts.jsonl
+  chat_format: none
+  max_prompt_len: {plen}
+rollout:
+  n: {n}
+  max_new_tokens: {clen}
+  temperature: 1.0
+  top_p: 1.0
+algorithm:
+  advantage: grpo
+  norm_by_std: true
+  clip: {{low: 0.2, high: 0.2}}
+  kl: {{coef: 0.04, estimator: k3, placement: loss}}
+  loss_agg: token-mean
+  ppo_epochs: 1
+  mini_batches: 1
+train:
+  steps: {steps}
+  prompts_per_step: {prompts}
+  micro_batch_tokens: {mb * (plen + clen)}
+  save_dtype: bf16
+placement:
+  colocate: [[policy, reference]]
+log:
+  tensorboard: false
+  progress: true
+"""
+with open(os.path.join(d, "recipe.yaml"), "w") as f:
+    f.write(recipe)
+PY
+}
+
+# Mean over the steps after the first of metrics.jsonl's time/* keys: "step gen ref train".
+troupe_times() {
+    python3 - "$1" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+rows = [r for r in rows if r.get("step", 0) >= 1 and r.get("time/step")]
+meas = rows[1:] or rows
+if not meas:
+    sys.exit("no step with time/step in " + sys.argv[1])
+mean = lambda k: sum(r.get(k) or 0.0 for r in meas) / len(meas)
+lens = sorted({r.get("response_len/mean") for r in meas})
+print(f"{mean('time/step'):.3f} {mean('time/generate'):.3f} {mean('time/reference'):.3f} "
+      f"{mean('time/train'):.3f} {len(meas)} {lens[0]}")
+PY
+}
+
+steps=4
+[ "$mode" != check ] || steps=1
+backend=cuda
+[ "$mode" = gpu ] || backend=cpu
+for s in "${shapes[@]}"; do
+    d=$tmp/$s
+    mkdir -p "$d" || { echo "run_grpo_gpu.sh: $s: cannot make $d" >&2; exit 1; }
+    if ! write_inputs "$s" "$d" "$backend" "$steps"; then
+        echo "run_grpo_gpu.sh: $s: writing the model config, tokenizer, prompts and recipe failed" >&2
+        exit 1
+    fi
+    sets=()
+    if [ "$mode" = check ]; then
+        sets=(--set train.prompts_per_step=1 --set rollout.n=2 --set rollout.max_new_tokens=4
+              --set train.micro_batch_tokens=520)
+    fi
+    echo "== troupe $s ($backend)"
+    if ! "$troupe" run "$d/recipe.yaml" "${sets[@]}"; then
+        echo "run_grpo_gpu.sh: $s: troupe run failed (recipe $d/recipe.yaml, logs in $d/run/logs)" >&2
+        KEEP=1
+        exit 1
+    fi
+    if ! troupe_times "$d/run/metrics.jsonl" >"$d/troupe.txt"; then
+        echo "run_grpo_gpu.sh: $s: reading troupe's metrics failed ($d/run/metrics.jsonl)" >&2
+        KEEP=1
+        exit 1
+    fi
+    read -r t_step t_gen t_ref t_train t_n t_len <"$d/troupe.txt"
+    echo "troupe $s: $t_step s/step (generate $t_gen, reference $t_ref, train $t_train; mean of $t_n steps, response length $t_len)"
+    rm -rf "$d/run/checkpoints"
+    [ "$mode" != check ] || continue
+    [ "$have_trl" = 1 ] || continue
+    echo "== TRL $s"
+    targs=(--steps "$steps" --outdir "$d/trl")
+    if [ "$mode" = tiny ]; then
+        targs+=(--tiny --prompts 8 --gens 4 --plen 16 --clen 16 --mb 8)
+    else
+        targs+=(--shape "$s")
+    fi
+    if ! PYTHONPATH=$pypath python3 "$anchors/trl_grpo_anchor.py" "${targs[@]}" >"$d/trl.out" 2>"$d/trl.err"; then
+        echo "run_grpo_gpu.sh: $s: the TRL anchor failed; the end of $d/trl.err:" >&2
+        tail -n 20 "$d/trl.err" >&2
+        KEEP=1
+        continue
+    fi
+    grep '^SUMMARY ' "$d/trl.out" | tail -n 1 | cut -d' ' -f2- >"$d/trl.json"
+done
+
+# The table: one row per shape, TRL n/a where it did not run.
+[ "$mode" != check ] || { echo "run_grpo_gpu.sh: check passed for ${shapes[*]}"; exit 0; }
+python3 - "$tmp" "${shapes[@]}" <<'PY'
+import json, os, sys
+tmp, shapes = sys.argv[1], sys.argv[2:]
+
+def split(step, gen, ref, train):
+    return f"{step:.2f} ({gen:.2f}, {ref:.2f}, {train:.2f}, {step - gen - ref - train:.2f})"
+
+
+print("\n| shape | troupe s/step (gen, ref, train, other) | TRL s/step (gen, ref, train, other) | TRL / troupe |")
+print("|---|---|---|---|")
+for s in shapes:
+    step, gen, ref, train = map(float, open(os.path.join(tmp, s, "troupe.txt")).read().split()[:4])
+    t = split(step, gen, ref, train)
+    p, ratio = "n/a (not run)", "n/a"
+    path = os.path.join(tmp, s, "trl.json")
+    if os.path.exists(path) and os.path.getsize(path):
+        r = json.load(open(path))
+        p = split(r["mean_step_s"], r["mean_generate_s"], r["mean_ref_logprobs_s"], r["mean_train_s"])
+        ratio = f"{r['mean_step_s'] / step:.2f}x"
+    print(f"| {s} | {t} | {p} | {ratio} |")
+PY
