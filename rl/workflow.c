@@ -203,12 +203,14 @@ int tr_workflow_run(const tr_recipe *r, const tr_workflow_opts *o, tr_err *err) 
     }
 
     switch (r->workflow) {
-    case TR_RECIPE_GRPO: rc = tr_workflow_grpo(&run, err); break;
-    case TR_RECIPE_PPO: rc = tr_workflow_ppo(&run, err); break;
+    case TR_RECIPE_GRPO:
+    case TR_RECIPE_PPO: rc = tr_workflow_rl(&run, err); break;
     case TR_RECIPE_SFT: rc = tr_workflow_sft(&run, err); break;
     case TR_RECIPE_PRETRAIN: rc = tr_workflow_pretrain(&run, err); break;
     }
-    if (rc) tr_err_wrap(err, "step %" PRId64, run.step + 1);
+    // A failure inside a step names it; one before the first step, or in the step-0
+    // evaluation (which names itself), is no step's.
+    if (rc && run.m.step > run.step) tr_err_wrap(err, "step %" PRId64, run.m.step);
 
 done:
     if (run.ctl) {

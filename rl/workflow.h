@@ -1,7 +1,8 @@
 // The workflows a recipe runs (GRPO, PPO, SFT, pretraining) and what they share: the run
 // (controller and role groups, tokenizer, metrics, resume state), the eval and checkpoint
 // schedules, step checkpoints, the reward curve and the logging of one step. Each workflow
-// (rl/workflow_<name>.c) is its step loop, reading top to bottom like DESIGN.md's pseudocode.
+// is its step loop, reading top to bottom like DESIGN.md's pseudocode: GRPO and PPO share
+// one (rl/workflow_rl_loop.c), SFT and pretraining have theirs (rl/workflow_<name>.c).
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -57,7 +58,7 @@ int tr_run_checkpoint(tr_run *run, int64_t step, tr_err *err);
 int tr_run_step_end(tr_run *run, int64_t step, double tokens, double t_step, tr_err *err);
 
 // The workflows. Each runs steps run->step + 1 .. train.steps.
-int tr_workflow_grpo(tr_run *run, tr_err *err);
-int tr_workflow_ppo(tr_run *run, tr_err *err);
+// GRPO and PPO (rl/workflow_rl_loop.c): the recipe's workflow picks the critic's branches.
+int tr_workflow_rl(tr_run *run, tr_err *err);
 int tr_workflow_sft(tr_run *run, tr_err *err);
 int tr_workflow_pretrain(tr_run *run, tr_err *err);

@@ -44,6 +44,14 @@ static void window_to_row(const int32_t *w, const int32_t *starts, int32_t n_doc
     *row_docs = nd;
 }
 
+// eval/loss on the validation windows; a failure names the evaluation's step.
+static int eval_loss(tr_run *run, int64_t n, const int64_t *off, const int32_t *ids, tr_err *err) {
+    double nll;
+    if (tr_eval_nll(run, n, off, ids, NULL, &nll, err))
+        return tr_err_wrap(err, "evaluation at step %" PRId64 " on the validation split", run->m.step);
+    return tr_metrics_set(&run->m, "eval/loss", nll, err);
+}
+
 int tr_workflow_pretrain(tr_run *run, tr_err *err) {
     const tr_recipe *rc = run->rc;
     const int32_t R = (int32_t)rc->train.batch_size, L = (int32_t)rc->data.seq_len;
@@ -86,11 +94,8 @@ int tr_workflow_pretrain(tr_run *run, tr_err *err) {
     }
 
     if (!run->resumed && n_eval > 0) {
-        double nll;
         tr_metrics_begin(&run->m, 0);
-        if (tr_eval_nll(run, n_eval, ev_off, ev_ids, NULL, &nll, err) ||
-            tr_metrics_set(&run->m, "eval/loss", nll, err) || tr_metrics_commit(&run->m, err))
-            goto done;
+        if (eval_loss(run, n_eval, ev_off, ev_ids, err) || tr_metrics_commit(&run->m, err)) goto done;
     }
 
     for (int64_t step = run->step + 1; step <= rc->train.steps; step++) {
@@ -117,12 +122,9 @@ int tr_workflow_pretrain(tr_run *run, tr_err *err) {
             tr_metrics_set(&run->m, "lr", tm.lr, err) ||
             tr_metrics_set(&run->m, "time/train", t_train, err))
             goto done;
-        if (tr_run_eval_due(step, rc->train.steps, rc->train.eval_every) && n_eval > 0) {
-            double nll;
-            if (tr_eval_nll(run, n_eval, ev_off, ev_ids, NULL, &nll, err) ||
-                tr_metrics_set(&run->m, "eval/loss", nll, err))
-                goto done;
-        }
+        if (tr_run_eval_due(step, rc->train.steps, rc->train.eval_every) && n_eval > 0 &&
+            eval_loss(run, n_eval, ev_off, ev_ids, err))
+            goto done;
         if (tr_run_step_end(run, step, (double)R * L, t_step, err)) goto done;
     }
     rc_ = 0;

@@ -1,6 +1,7 @@
-// Shared pieces of the GRPO and PPO workflows: buffers, reward shaping, padded layout,
-// rollout and training metrics, and evaluation on the held-out prompts.
+// Pieces of the GRPO and PPO step loop (rl/workflow_rl_loop.c): buffers, reward shaping,
+// padded layout, rollout and training metrics, and evaluation on the held-out prompts.
 #include <ctype.h>
+#include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
@@ -38,12 +39,12 @@ void tr_rl_step_free(tr_rl_step *s) {
     free(s->adv);
     free(s->returns);
     free(s->mask);
-    free(s->p_seq_reward);
-    free(s->p_group);
-    free(s->p_a);
-    free(s->p_b);
-    free(s->p_c);
-    free(s->p_d);
+    free(s->pad_old_lp);
+    free(s->pad_ref_lp);
+    free(s->pad_values);
+    free(s->pad_kl_rewards);
+    free(s->pad_adv);
+    free(s->pad_returns);
     memset(s, 0, sizeof *s);
 }
 
@@ -98,10 +99,9 @@ int tr_rl_step_layout(tr_rl_step *s, tr_err *err) {
     if (np > s->cap_pad) {
         uint8_t *m = realloc(s->mask, (size_t)np);
         if (m) s->mask = m;
-        int32_t *g = realloc(s->p_group, (size_t)s->B * sizeof *g);
-        if (g) s->p_group = g;
-        if (!m || !g || grow_f(&s->p_seq_reward, (size_t)s->B) || grow_f(&s->p_a, (size_t)np) ||
-            grow_f(&s->p_b, (size_t)np) || grow_f(&s->p_c, (size_t)np) || grow_f(&s->p_d, (size_t)np))
+        size_t n = (size_t)np;
+        if (!m || grow_f(&s->pad_old_lp, n) || grow_f(&s->pad_ref_lp, n) || grow_f(&s->pad_values, n) ||
+            grow_f(&s->pad_kl_rewards, n) || grow_f(&s->pad_adv, n) || grow_f(&s->pad_returns, n))
             return tr_errf(err, TR_ENOMEM, "step batch: out of memory for %d x %d", s->B, T);
         s->cap_pad = np;
     }
@@ -160,11 +160,11 @@ double tr_rl_shape_reward(const tr_recipe *rc, float score, const char *text, in
                                    (int32_t)ro->overlong_buffer, (float)ro->overlong_penalty);
 }
 
-int tr_rl_score(tr_run *run, const tr_rollouts *r, float *score, float *reward, tr_rl_step *s,
-                tr_err *err) {
+int tr_rl_score(tr_run *run, const tr_rollouts *r, int64_t first, float *score, float *reward,
+                tr_rl_step *s, tr_err *err) {
     int64_t failures = 0;
     if (r->n == 0) return 0;
-    if (tr_reward_score(run->reward, r, score, &failures, err)) return -1;
+    if (tr_reward_score(run->reward, r, first, score, &failures, err)) return -1;
     for (int32_t i = 0; i < r->n; i++) {
         if (!isfinite(score[i]))
             return tr_errf(err, TR_EPEER, "reward: sequence %d scored %g", i, (double)score[i]);
@@ -189,7 +189,12 @@ int tr_rl_score(tr_run *run, const tr_rollouts *r, float *score, float *reward, 
             s->score_sum += score[i];
         }
     }
-    if (failures > 0 && tr_metrics_set(&run->m, "reward/failures", (double)failures, err)) return -1;
+    // A step scores in several calls (rounds, eval chunks): its failures add up.
+    if (failures > 0) {
+        double before = tr_metrics_get(&run->m, "reward/failures");
+        if (tr_metrics_set(&run->m, "reward/failures", (isnan(before) ? 0 : before) + (double)failures, err))
+            return -1;
+    }
     return 0;
 }
 
@@ -260,7 +265,7 @@ int tr_rl_eval(tr_run *run, tr_prompt_loader *eval, tr_err *err) {
             rc = tr_errf(err, TR_ENOMEM, "eval: out of memory");
             break;
         }
-        if ((rc = tr_rl_score(run, &r, score, reward, NULL, err))) break;
+        if ((rc = tr_rl_score(run, &r, k, score, reward, NULL, err))) break;
         for (int32_t i = 0; i < r.n; i++) {
             acc += score[i];
             rew += reward[i];
@@ -273,7 +278,7 @@ int tr_rl_eval(tr_run *run, tr_prompt_loader *eval, tr_err *err) {
              tr_metrics_set(&run->m, "eval/reward", rew / n, err) ||
              tr_metrics_set(&run->m, "eval/response_len", len / n, err);
     } else {
-        tr_err_wrap(err, "evaluation on %s", run->rc->data.eval);
+        tr_err_wrap(err, "evaluation at step %" PRId64 " on %s", run->m.step, run->rc->data.eval);
     }
     free(score);
     free(reward);

@@ -1,4 +1,4 @@
-// What the RL workflows (GRPO, PPO) share: the step's buffers, where rollouts come from (the
+// What the RL step loop (GRPO, PPO; rl/workflow_rl_loop.c) uses: the step's buffers, where rollouts come from (the
 // policy, or the generator group fed by a weight sync, optionally one step ahead), rewards
 // (the reward role's scores through the recipe's curve, plus the overlong penalty), the padded
 // [B, T] response layout of rl/advantage.h and engine/loss.h, the per-step rollout metrics,
@@ -25,9 +25,9 @@ typedef struct tr_rl_step {
     // The padded layout: B = batch.n rows of T = longest response.
     int32_t B, T;
     uint8_t *mask;
-    float *p_seq_reward, *p_a, *p_b, *p_c, *p_d;   // [B] and [B*T] scratch
+    // The advantage estimator's inputs and outputs in that layout, [B*T] each.
+    float *pad_old_lp, *pad_ref_lp, *pad_values, *pad_kl_rewards, *pad_adv, *pad_returns;
     int64_t cap_pad;
-    int32_t *p_group;
     // Generation statistics of the step (every round).
     int64_t n_generated, gen_tokens, n_truncated;
     double reward_sum, reward_sq, score_sum;
@@ -87,9 +87,11 @@ int tr_rl_log_staleness(tr_run *run, const tr_rl_step *s, int64_t tm_step, int64
 double tr_rl_shape_reward(const tr_recipe *rc, float score, const char *text, int32_t response_len);
 // Scores r with the reward role: score[i] the role's score, reward[i] the recipe's curve of
 // it (rule: correct / wrong / missing; model, service: scale * score + shift) plus the
-// overlong penalty. Counts the round into the step's statistics when s is not NULL.
-int tr_rl_score(tr_run *run, const tr_rollouts *r, float *score, float *reward, tr_rl_step *s,
-                tr_err *err);
+// overlong penalty. Counts the round into the step's statistics when s is not NULL, and adds
+// the items a failing service scored 0 to the step's reward/failures. Errors number the
+// sequences from first (r's place in what is scored as a whole: the eval set, the step).
+int tr_rl_score(tr_run *run, const tr_rollouts *r, int64_t first, float *score, float *reward,
+                tr_rl_step *s, tr_err *err);
 
 // Ragged per-token array (aligned with r->tokens) <-> padded [B, T] over responses.
 void tr_rl_to_padded(const tr_rollouts *r, int32_t T, const float *tok, float *pad);
@@ -102,12 +104,14 @@ double tr_rl_response_mean(const tr_rollouts *r, const float *x);
 double tr_rl_max_abs_diff(const tr_rollouts *r, const float *a, const float *b);
 
 // Greedy generation over every eval prompt, scored by the reward role: sets eval/accuracy
-// (mean score), eval/reward (mean shaped reward) and eval/response_len in run->m.
+// (mean score), eval/reward (mean shaped reward) and eval/response_len in run->m. A failure
+// names the evaluation's step (run->m's record) and the prompt's index in the eval set.
 int tr_rl_eval(tr_run *run, tr_prompt_loader *eval, tr_err *err);
 
 // Step metrics common to GRPO and PPO: rewards and response lengths; training metrics with
 // kl (from the loss, the reward penalty kl_reward, or null without KL), entropy and
-// logprob_diff/max (generation vs training-path logprobs). Phase timings are the caller's.
+// logprob_diff/max (generation vs training-path logprobs). Phase timings go through
+// rl/phase_timer.h.
 int tr_rl_log_rollouts(tr_run *run, const tr_rl_step *s, tr_err *err);
 int tr_rl_log_train(tr_run *run, const tr_rl_step *s, const tr_train_metrics *tm, bool kl,
                     double kl_reward, tr_err *err);

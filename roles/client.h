@@ -210,7 +210,8 @@ int tr_critic_values(tr_group *g, const tr_rollouts *r, float *values, tr_err *e
 int tr_critic_train(tr_group *g, const tr_train_batch *b, tr_train_metrics *out, tr_err *err);
 // reward.score: one score per sequence (rule, model or service as the worker was set up);
 // *failures (may be NULL) counts items a failing service scored 0 under on_failure: zero.
-int tr_reward_score(tr_group *g, const tr_rollouts *r, float *scores, int64_t *failures,
+// Errors number the sequences from first (r's place in what the caller scores as a whole).
+int tr_reward_score(tr_group *g, const tr_rollouts *r, int64_t first, float *scores, int64_t *failures,
                     tr_err *err);
 // save/load an HF directory (+ training state) under dir (every rank takes part: rank 0
 // writes the weights, each data-parallel rank its shard of the optimizer); sync_weights on a

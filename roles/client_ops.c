@@ -283,6 +283,7 @@ typedef struct seq_ctx {
     float *out;
     float *entropy;       // logprobs only, may be NULL
     float *scores;        // score: per sequence
+    int64_t base;         // score: the index of r's first sequence, for the worker's messages
     int64_t failures;
 } seq_ctx;
 
@@ -292,9 +293,10 @@ static void build_seq(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, 
     int64_t first, count;
     dp_share(c->r->n, c->world, c->tp, rank, &first, &count);
     bool score = c->scores != NULL, lp = strcmp(op, "logprobs") == 0;
-    tr_msg_begin_request(w, op, id, lp ? 2 : 1);
+    tr_msg_begin_request(w, op, id, lp || score ? 2 : 1);
     tr_rollouts_put(w, "rollouts", c->r, (int32_t)first, (int32_t)count, score ? TR_RO_TEXT : 0);
     if (lp) tr_msg_put_bool(w, "entropy", c->entropy != NULL);
+    if (score) tr_msg_put_int(w, "first", c->base + first);
 }
 
 static int reply_seq(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *err) {
@@ -330,9 +332,9 @@ int tr_critic_values(tr_group *g, const tr_rollouts *r, float *values, tr_err *e
     return tr_group_call(g, &call, err);
 }
 
-int tr_reward_score(tr_group *g, const tr_rollouts *r, float *scores, int64_t *failures,
+int tr_reward_score(tr_group *g, const tr_rollouts *r, int64_t first, float *scores, int64_t *failures,
                     tr_err *err) {
-    seq_ctx c = {.r = r, .world = g->world, .tp = g->tp > 0 ? g->tp : 1, .scores = scores};
+    seq_ctx c = {.r = r, .world = g->world, .tp = g->tp > 0 ? g->tp : 1, .scores = scores, .base = first};
     tr_call call = {.op = "score", .ranks = 0, .build = build_seq, .reply = reply_seq, .ctx = &c};
     int rc = tr_group_call(g, &call, err);
     if (!rc && failures) *failures = c.failures;

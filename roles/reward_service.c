@@ -41,7 +41,9 @@ static int open_socket(tr_reward_service *s, tr_err *err) {
     s->sock = zmq_socket(s->ctx, ZMQ_REQ);
     if (!s->sock) return zfail(s, err, "zmq_socket");
     int one = 1, zero = 0;
-    int64_t maxb = (int64_t)s->o.max_reply_bytes;
+    // ZeroMQ drops a message over its cap without a word (the wait times out), so its cap is
+    // twice max_reply_bytes: a reply between the two arrives and is refused naming its size.
+    int64_t maxb = s->o.max_reply_bytes > (uint64_t)INT64_MAX / 2 ? -1 : (int64_t)(2 * s->o.max_reply_bytes);
     if (zmq_setsockopt(s->sock, ZMQ_LINGER, &zero, sizeof zero) || zmq_setsockopt(s->sock, ZMQ_REQ_CORRELATE, &one, sizeof one) ||
         zmq_setsockopt(s->sock, ZMQ_REQ_RELAXED, &one, sizeof one) || zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &maxb, sizeof maxb))
         return zfail(s, err, "socket options");
@@ -183,7 +185,7 @@ static int put_text(tr_reward_service *s, const char *key, const char *text, tr_
     return 0;
 }
 
-static int build_request(tr_reward_service *s, const tr_reward_item *items, int n, tr_err *err) {
+static int build_request(tr_reward_service *s, const tr_reward_item *items, int n, int64_t first, tr_err *err) {
     tr_msg_writer_reset(&s->w);
     tr_msg_put_map(&s->w, NULL, 2);
     tr_msg_put_str(&s->w, "op", "score");
@@ -193,7 +195,7 @@ static int build_request(tr_reward_service *s, const tr_reward_item *items, int 
         if (put_text(s, "prompt", items[i].prompt, err) || put_text(s, "response", items[i].response, err)) return -1;
         if (items[i].meta_json) {
             if (tr_json_pack_object(&s->w, "meta", items[i].meta_json, err))
-                return tr_err_wrap(err, "reward service %s: item %d meta", s->endpoint, i);
+                return tr_err_wrap(err, "reward service %s: item %" PRId64 " meta", s->endpoint, first + i);
         } else {
             tr_msg_put_map(&s->w, "meta", 0);
         }
@@ -290,7 +292,7 @@ static int wait_reply(tr_reward_service *s, zmq_msg_t *reply, int *frames, tr_er
 }
 
 // One batch through all attempts. Returns 0 with scores, or -1 with what went wrong last.
-static int score_batch(tr_reward_service *s, int first, int n, float *scores, tr_err *err) {
+static int score_batch(tr_reward_service *s, int64_t first, int n, float *scores, tr_err *err) {
     const void *req;
     size_t req_len;
     if (tr_msg_writer_finish(&s->w, &req, &req_len, err)) return -2;
@@ -322,7 +324,8 @@ static int score_batch(tr_reward_service *s, int first, int n, float *scores, tr
         if (rc == 1) {
             zmq_msg_close(&reply);
             s->stats.timeouts++;
-            tr_errf(err, TR_ETIMEOUT, "no reply within %d ms", s->o.timeout_ms);
+            tr_errf(err, TR_ETIMEOUT, "no reply within %d ms (ZeroMQ drops replies over %" PRIu64 " bytes unread)",
+                    s->o.timeout_ms, 2 * s->o.max_reply_bytes);
             // The REQ socket still waits for that reply: start over on a new one.
             close_socket(s);
             s->stats.reconnects++;
@@ -331,6 +334,10 @@ static int score_batch(tr_reward_service *s, int first, int n, float *scores, tr
         bool service_error = false;
         if (frames != 1) {
             tr_errf(err, TR_EFORMAT, "reply of %d frames (one expected)", frames);
+            rc = -1;
+        } else if (zmq_msg_size(&reply) > s->o.max_reply_bytes) {
+            tr_errf(err, TR_ERANGE, "reply of %zu bytes is over max_reply_bytes (%" PRIu64 ")", zmq_msg_size(&reply),
+                    s->o.max_reply_bytes);
             rc = -1;
         } else {
             rc = parse_reply(zmq_msg_data(&reply), zmq_msg_size(&reply), n, scores, &service_error, err);
@@ -343,16 +350,17 @@ static int score_batch(tr_reward_service *s, int first, int n, float *scores, tr
         if (service_error) s->stats.service_errors++;
         else s->stats.garbage++;
     }
-    return tr_err_wrap(err, "reward service %s: items %d..%d: %d attempts failed, the last", s->endpoint, first,
-                       first + n - 1, s->o.attempts);
+    return tr_err_wrap(err, "reward service %s: items %" PRId64 "..%" PRId64 ": %d attempts failed, the last",
+                       s->endpoint, first, first + n - 1, s->o.attempts);
 }
 
-int tr_reward_service_score(tr_reward_service *s, const tr_reward_item *items, int n, float *scores, tr_err *err) {
+int tr_reward_service_score(tr_reward_service *s, const tr_reward_item *items, int n, int64_t base,
+                            float *scores, tr_err *err) {
     if (n < 0) return tr_errf(err, TR_EINVAL, "reward service %s: negative item count", s->endpoint);
     for (int first = 0; first < n; first += s->o.max_items) {
         int k = n - first < s->o.max_items ? n - first : s->o.max_items;
-        if (build_request(s, items + first, k, err)) return -1;
-        int rc = score_batch(s, first, k, scores + first, err);
+        if (build_request(s, items + first, k, base + first, err)) return -1;
+        int rc = score_batch(s, base + first, k, scores + first, err);
         if (rc == -2) return -1;
         if (rc == 0) continue;
         if (s->o.policy == TR_REWARD_POLICY_FAIL) return -1;

@@ -22,7 +22,8 @@ typedef struct tr_reward_service_opts {
     int backoff_max_ms;         // 0 = 5000
     int max_items;              // items per request; 0 = 64
     int policy;                 // enum tr_reward_fail_policy
-    uint64_t max_reply_bytes;   // 0 = 16 MiB; larger replies are cut by ZeroMQ (a timeout)
+    uint64_t max_reply_bytes;   // 0 = 16 MiB; a larger reply is an error naming its size (over
+                                // twice this, ZeroMQ drops it unread: a timeout)
     tr_curve_opts curve;        // optional: key_file + server_key_file
 } tr_reward_service_opts;
 
@@ -50,6 +51,8 @@ int tr_reward_service_policy_from_name(const char *name);  // "fail", "zero"; -1
 int tr_reward_service_init(tr_reward_service **out, const tr_reward_service_opts *o, tr_err *err);
 void tr_reward_service_free(tr_reward_service *s);
 // Scores n items into scores[n]. Fails on bad meta JSON (a data error) whatever the policy,
-// and on service failures under the fail policy.
-int tr_reward_service_score(tr_reward_service *s, const tr_reward_item *items, int n, float *scores, tr_err *err);
+// and on service failures under the fail policy. Messages number the items from base (the
+// index of items[0] in what the caller scores as a whole).
+int tr_reward_service_score(tr_reward_service *s, const tr_reward_item *items, int n, int64_t base,
+                            float *scores, tr_err *err);
 void tr_reward_service_get_stats(const tr_reward_service *s, tr_reward_service_stats *out);

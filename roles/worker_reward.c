@@ -1,6 +1,7 @@
 // The reward role: one score per sequence from a built-in rule (roles/reward_rule.h), an
 // external service (roles/reward_service.h, whose failure policy decides between an error
 // and zero scores counted as failures), or a score-head model over prompt + response.
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,34 +53,37 @@ int tr_worker_reward_init(tr_role_ctx *rc, const tr_msg_map *m, tr_err *err) {
 }
 
 // Texts of sequence i: the rollouts' own, else the response decoded (when a tokenizer is set).
-static int response_of(tr_role_ctx *rc, const tr_rollouts *r, int32_t i, char **owned, const char **text,
-                       tr_err *err) {
+// Messages number sequence i as first + i, its index in what the controller scores as a whole.
+static int response_of(tr_role_ctx *rc, const tr_rollouts *r, int32_t i, int64_t first, char **owned,
+                       const char **text, tr_err *err) {
     *owned = NULL;
     *text = r->response_text[i];
     if (*text) return 0;
     if (!rc->tok)
-        return tr_errf(err, TR_EINVAL, "score: sequence %d has no response text and the reward has no tokenizer", i);
+        return tr_errf(err, TR_EINVAL, "score: sequence %" PRId64 " has no response text and the reward has no tokenizer",
+                       first + i);
     size_t len;
     const int32_t *resp = r->tokens + r->offset[i] + r->prompt_len[i];
     if (tr_tokenizer_decode(rc->tok, resp, (size_t)r->response_len[i], owned, &len, err))
-        return tr_err_wrap(err, "score: sequence %d", i);
+        return tr_err_wrap(err, "score: sequence %" PRId64, first + i);
     *text = *owned;
     return 0;
 }
 
-static int score_rule(tr_role_ctx *rc, const tr_rollouts *r, float *scores, tr_err *err) {
+static int score_rule(tr_role_ctx *rc, const tr_rollouts *r, int64_t first, float *scores, tr_err *err) {
     for (int32_t i = 0; i < r->n; i++) {
         char *owned;
         const char *text;
-        if (response_of(rc, r, i, &owned, &text, err)) return -1;
+        if (response_of(rc, r, i, first, &owned, &text, err)) return -1;
         int rc2 = tr_reward_rule_score(rc->rule, text, strlen(text), r->meta[i], &scores[i], err);
         free(owned);
-        if (rc2) return tr_err_wrap(err, "score: sequence %d", i);
+        if (rc2) return tr_err_wrap(err, "score: sequence %" PRId64, first + i);
     }
     return 0;
 }
 
-static int score_service(tr_role_ctx *rc, const tr_rollouts *r, float *scores, int64_t *failures, tr_err *err) {
+static int score_service(tr_role_ctx *rc, const tr_rollouts *r, int64_t first, float *scores, int64_t *failures,
+                         tr_err *err) {
     tr_reward_item *items = calloc((size_t)(r->n ? r->n : 1), sizeof *items);
     char **owned = calloc((size_t)(r->n ? r->n : 1), sizeof *owned);
     int rc2 = 0;
@@ -87,11 +91,11 @@ static int score_service(tr_role_ctx *rc, const tr_rollouts *r, float *scores, i
     for (int32_t i = 0; i < r->n && !rc2; i++) {
         items[i].prompt = r->prompt_text[i] ? r->prompt_text[i] : "";
         items[i].meta_json = r->meta[i];
-        rc2 = response_of(rc, r, i, &owned[i], &items[i].response, err);
+        rc2 = response_of(rc, r, i, first, &owned[i], &items[i].response, err);
     }
     tr_reward_service_stats before, after;
     tr_reward_service_get_stats(rc->service, &before);
-    if (!rc2 && r->n > 0) rc2 = tr_reward_service_score(rc->service, items, r->n, scores, err);
+    if (!rc2 && r->n > 0) rc2 = tr_reward_service_score(rc->service, items, r->n, first, scores, err);
     tr_reward_service_get_stats(rc->service, &after);
     *failures = (int64_t)(after.items_failed - before.items_failed);
     if (*failures > 0)
@@ -104,14 +108,14 @@ static int score_service(tr_role_ctx *rc, const tr_rollouts *r, float *scores, i
     return rc2;
 }
 
-static int score_model(tr_role_ctx *rc, const tr_rollouts *r, float *scores, tr_err *err) {
+static int score_model(tr_role_ctx *rc, const tr_rollouts *r, int64_t first, float *scores, tr_err *err) {
     tr_model *m = &rc->model;
     for (int32_t s = 0; s < r->n;) {
         int32_t k = tr_mb_fill(rc, r, s, r->n, err);
         if (k < 0) return -1;
         const tr_pack *pk = &rc->mb.pack;
         if (tr_model_forward(m, pk->ids, &pk->docs, err) || tr_score_head_forward(m, rc->mb.out, err))
-            return tr_err_wrap(err, "score: sequences %d..%d", s, s + k - 1);
+            return tr_err_wrap(err, "score: sequences %" PRId64 "..%" PRId64, first + s, first + s + k - 1);
         memcpy(scores + s, rc->mb.out, (size_t)k * sizeof(float));
         s += k;
     }
@@ -119,20 +123,21 @@ static int score_model(tr_role_ctx *rc, const tr_rollouts *r, float *scores, tr_
 }
 
 int tr_worker_op_score(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
-    static const char *const keys[] = {"rollouts", NULL};
+    static const char *const keys[] = {"rollouts", "first", NULL};
     if (tr_msg_check_keys(&req->args, keys, err)) return -1;
     tr_rollouts r;
     tr_rollouts_init(&r);
     float *scores = NULL;
-    int64_t failures = 0;
-    int rc2 = tr_worker_get_rollouts(rc, &req->args, &r, err);
+    int64_t failures = 0, first = 0;
+    int rc2 = tr_msg_get_int_opt(&req->args, "first", &first, err) ||
+              tr_worker_get_rollouts(rc, &req->args, &r, err);
     if (!rc2 && !(scores = calloc((size_t)(r.n ? r.n : 1), sizeof *scores)))
         rc2 = tr_errf(err, TR_ENOMEM, "score: out of memory");
     if (!rc2) {
         switch (rc->reward_kind) {
-        case TR_REWARD_KIND_RULE: rc2 = score_rule(rc, &r, scores, err); break;
-        case TR_REWARD_KIND_SERVICE: rc2 = score_service(rc, &r, scores, &failures, err); break;
-        case TR_REWARD_KIND_MODEL: rc2 = score_model(rc, &r, scores, err); break;
+        case TR_REWARD_KIND_RULE: rc2 = score_rule(rc, &r, first, scores, err); break;
+        case TR_REWARD_KIND_SERVICE: rc2 = score_service(rc, &r, first, scores, &failures, err); break;
+        case TR_REWARD_KIND_MODEL: rc2 = score_model(rc, &r, first, scores, err); break;
         }
     }
     if (!rc2 && rc->tp_rank != 0) {

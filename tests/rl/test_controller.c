@@ -70,7 +70,7 @@ static int round_trip(tr_controller *c, bool reference, tr_err *err) {
     tr_rollouts_init(&r);
     float scores[4], *lp = NULL;
     int rc = tr_policy_generate(pol, &pb, &s, &r, err);
-    if (!rc) rc = tr_reward_score(rew, &r, scores, NULL, err);
+    if (!rc) rc = tr_reward_score(rew, &r, 0, scores, NULL, err);
     if (!rc) {
         lp = calloc((size_t)r.n_tokens, sizeof(float));
         rc = tr_model_logprobs(ref, &r, lp, NULL, err);
@@ -102,7 +102,7 @@ static long long time_to_error(tr_controller *c, enum tr_recipe_role role, tr_er
     int rc = 0;
     // Calls until one fails (the first may be answered before the fault is seen) or 20 s pass.
     while (rc == 0 && tp_now_ms() - t0 < 20000) {
-        if (role == TR_RECIPE_REWARD) rc = tr_reward_score(tr_controller_group(c, role), &r, out, NULL, err);
+        if (role == TR_RECIPE_REWARD) rc = tr_reward_score(tr_controller_group(c, role), &r, 0, out, NULL, err);
         else rc = tr_model_logprobs(tr_controller_group(c, role), &r, out, NULL, err);
     }
     tr_rollouts_free(&r);

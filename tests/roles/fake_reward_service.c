@@ -10,6 +10,7 @@
 //   flaky         answers garbage to the first request, then correctly
 //   slow_first    answers the first request late (after SLOW_MS), then promptly
 //   two_frames    answers with two frames
+//   big           answers correctly with 24 MiB of padding (over the client's 16 MiB cap)
 // usage: fake_reward_service ENDPOINT MODE   (prints "listening on ..." once bound; stops
 // on SIGTERM, and on its own after 60 s so a lost test cannot leave it behind)
 #include <signal.h>
@@ -95,7 +96,17 @@ int main(int argc, char **argv) {
         }
         int k = n < 0 ? 0 : n;
         if (strcmp(mode, "wrong_count") == 0 && k > 0) k--;
-        tr_msg_put_map(&w, NULL, 1);
+        bool big = strcmp(mode, "big") == 0;
+        tr_msg_put_map(&w, NULL, big ? 2 : 1);
+        if (big) {
+            size_t pad_len = (size_t)24 << 20;
+            char *pad = malloc(pad_len + 1);
+            if (!pad) return 1;
+            memset(pad, 'x', pad_len);
+            pad[pad_len] = '\0';
+            tr_msg_put_str(&w, "pad", pad);
+            free(pad);
+        }
         tr_msg_put_array(&w, "scores", (uint32_t)k);
         for (int i = 0; i < k; i++) {
             if (strcmp(mode, "nan") == 0 && i == 0) tr_msg_put_float(&w, NULL, 0.0 / 0.0);

@@ -126,19 +126,19 @@ static void good_path(const char *const *argv, int argc, int ep_pos) {
     tr_err e;
     CHECK(c != NULL);
     if (c) {
-        CHECKF(tr_reward_service_score(c, items, n, scores, &e) == 0, "%s", e.msg);
+        CHECKF(tr_reward_service_score(c, items, n, 0, scores, &e) == 0, "%s", e.msg);
         for (int i = 0; i < n; i++) CHECKF(scores[i] == want[i], "item %d: %g, want %g", i, scores[i], want[i]);
         tr_reward_service_stats st;
         tr_reward_service_get_stats(c, &st);
         CHECK(st.requests == 3 && st.items_scored == (uint64_t)n);  // 4 + 4 + 1 items
         CHECK(st.retries == 0 && st.timeouts == 0 && st.garbage == 0 && st.items_failed == 0);
         // Zero items is a no-op.
-        CHECK(tr_reward_service_score(c, items, 0, scores, &e) == 0);
+        CHECK(tr_reward_service_score(c, items, 0, 0, scores, &e) == 0);
         // A malformed meta is a data error under any policy, naming the item.
         tr_reward_item bad = {"p", "1", "{\"answer\": 1,}"};
-        CHECK(tr_reward_service_score(c, &bad, 1, scores, &e) == -1 && strstr(e.msg, "item 0 meta"));
+        CHECK(tr_reward_service_score(c, &bad, 1, 0, scores, &e) == -1 && strstr(e.msg, "item 0 meta"));
         bad.meta_json = "[1]";
-        CHECK(tr_reward_service_score(c, &bad, 1, scores, &e) == -1 && strstr(e.msg, "not an object"));
+        CHECK(tr_reward_service_score(c, &bad, 1, 0, scores, &e) == -1 && strstr(e.msg, "not an object"));
         tr_reward_service_free(c);
     }
     int st = stop_service(&svc);
@@ -162,7 +162,7 @@ static void bad_case(const char *mode, int max_items, int timeout_ms, const char
         float scores[4] = {-1, -1, -1, -1};
         tr_err e;
         tr_err_clear(&e);
-        int rc = c ? tr_reward_service_score(c, four, 4, scores, &e) : -2;
+        int rc = c ? tr_reward_service_score(c, four, 4, 0, scores, &e) : -2;
         tr_reward_service_stats st = {0};
         if (c) tr_reward_service_get_stats(c, &st);
         tr_test_checks++;
@@ -207,6 +207,8 @@ static void test_bad_services(void) {
     bad_case("wrong_type", 4, 3000, "expected float, got str", zeros, 0, 3, __LINE__);
     bad_case("error", 4, 3000, "service error: model not loaded", zeros, 0, 3, __LINE__);
     bad_case("two_frames", 4, 3000, "reply of 2 frames", zeros, 0, 3, __LINE__);
+    // Over max_reply_bytes (16 MiB): the error names the size and the cap, not a timeout.
+    bad_case("big", 4, 3000, "bytes is over max_reply_bytes (16777216)", zeros, 0, 3, __LINE__);
 }
 
 static void test_recovery(void) {
@@ -217,7 +219,7 @@ static void test_recovery(void) {
     tr_reward_service_stats st;
     CHECK(start_fake(&svc, "flaky") == 0);
     tr_reward_service *c = client(svc.endpoint, TR_REWARD_POLICY_FAIL, 4, 2000);
-    CHECKF(c && tr_reward_service_score(c, four, 4, scores, &e) == 0, "%s", e.msg);
+    CHECKF(c && tr_reward_service_score(c, four, 4, 0, scores, &e) == 0, "%s", e.msg);
     tr_reward_service_get_stats(c, &st);
     CHECK(scores[0] == 0.5f && scores[3] == 0.5f && st.garbage == 1 && st.retries == 1 && st.requests == 2);
     tr_reward_service_free(c);
@@ -227,7 +229,7 @@ static void test_recovery(void) {
     // the retry's (sent at ~1020 ms).
     CHECK(start_fake(&svc, "slow_first") == 0);
     c = client(svc.endpoint, TR_REWARD_POLICY_FAIL, 4, 1000);
-    CHECKF(c && tr_reward_service_score(c, four, 4, scores, &e) == 0, "%s", e.msg);
+    CHECKF(c && tr_reward_service_score(c, four, 4, 0, scores, &e) == 0, "%s", e.msg);
     tr_reward_service_get_stats(c, &st);
     CHECK(scores[0] == 0.5f && st.timeouts == 1 && st.reconnects == 1 && st.items_scored == 4);
     tr_reward_service_free(c);

@@ -200,7 +200,7 @@ static void test_round_trip(void) {
     // Rule scores against the rule applied here.
     float scores[NP * NS];
     int64_t failures = -1;
-    CHECKF(tr_reward_score(&gw, &r, scores, &failures, &err) == 0, "%s", err.msg);
+    CHECKF(tr_reward_score(&gw, &r, 0, scores, &failures, &err) == 0, "%s", err.msg);
     CHECK(failures == 0);
     tr_reward_rule *rule = NULL;
     tr_reward_rule_opts ro = {.kind = TR_REWARD_RULE_REGEX, .pattern = "[aeiou]"};
@@ -628,7 +628,7 @@ static void test_hf_reference(void) {
         tr_rollouts_init(&r);
         hf_rollouts(&h, 2, &r);
         float *want = hf_read(&h, "scores", h.n_seq), sc[8];
-        CHECKF(tr_reward_score(&gw, &r, sc, NULL, &err) == 0, "%s", err.msg);
+        CHECKF(tr_reward_score(&gw, &r, 0, sc, NULL, &err) == 0, "%s", err.msg);
         double e = 0;
         for (int32_t i = 0; want && i < h.n_seq; i++) e = fmax(e, fabs((double)sc[i] - want[i]));
         CHECKF(want && e <= 1e-5, "scores differ from transformers' by %.3g", e);
@@ -785,7 +785,7 @@ static void service_case(const char *mode, const char *on_failure, bool want_ok,
         tr_rollouts_append(&r, 0, i, prompt, 2, resp, NULL, 2, TR_FINISH_STOP, "p", "r", "{\"answer\": 1}", &err);
     float scores[3] = {-1, -1, -1};
     int64_t failures = -1;
-    int rc = tr_reward_score(&g, &r, scores, &failures, &err);
+    int rc = tr_reward_score(&g, &r, 0, scores, &failures, &err);
     CHECKF((rc == 0) == want_ok, "%s/%s: %s", mode, on_failure, rc ? err.msg : "ok");
     if (rc == 0) {
         CHECK(scores[0] == want_scores[0] && scores[1] == want_scores[1] && scores[2] == want_scores[2]);
