@@ -581,11 +581,10 @@ int main(int argc, char **argv) {
         fail("tr_backend_cuda_init fp32", msg);
     }
     if (gemm_only) {
-        char msg2[512];
         bench_gemm_model("qwen2.5-0.5b", 896, 1152, 4864, 151936, 16384, 16384);
         bench_gemm_model("qwen2.5-1.5b", 1536, 2048, 8960, 151936, 8192, 8192);
-        int rc = tr_backend_cuda_status(&gpu, msg2, sizeof msg2);
-        if (rc) fprintf(stderr, "bench_cuda gemm: %s\n", msg2);
+        int rc = tr_backend_cuda_status(&gpu, msg, sizeof msg);
+        if (rc) fprintf(stderr, "bench_cuda gemm: %s\n", msg);
         tr_backend_cuda_free(&gpu32);
         tr_backend_cuda_free(&gpu);
         return rc ? 1 : 0;

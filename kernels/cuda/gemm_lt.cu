@@ -201,26 +201,31 @@ static tr_lt_plan *plan_get(tr_backend *be, const tr_lt_key *key, const void *bi
     return p;
 }
 
+// The plan key of a product: every field the heuristic sees, zeroed first (compared with memcmp).
+static void key_of(const tr_lt_gemm *g, tr_lt_key *key) {
+    memset(key, 0, sizeof *key);
+    key->ta = (int32_t)g->ta;
+    key->tb = (int32_t)g->tb;
+    key->m = g->m;
+    key->n = g->n;
+    key->k = g->k;
+    key->lda = g->lda;
+    key->ldb = g->ldb;
+    key->ldd = g->ldd;
+    key->a_type = (int32_t)g->a_type;
+    key->b_type = (int32_t)g->b_type;
+    key->d_type = (int32_t)g->d_type;
+    key->bias = g->bias != NULL;
+    key->align_a = align_of(g->a);
+    key->align_b = align_of(g->b);
+    key->align_d = align_of(g->d);
+    key->align_bias = g->bias ? align_of(g->bias) : 0;
+}
+
 int tr_lt_matmul(tr_backend *be, const tr_lt_gemm *g) {
     tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
     tr_lt_key key;
-    memset(&key, 0, sizeof key);
-    key.ta = (int32_t)g->ta;
-    key.tb = (int32_t)g->tb;
-    key.m = g->m;
-    key.n = g->n;
-    key.k = g->k;
-    key.lda = g->lda;
-    key.ldb = g->ldb;
-    key.ldd = g->ldd;
-    key.a_type = (int32_t)g->a_type;
-    key.b_type = (int32_t)g->b_type;
-    key.d_type = (int32_t)g->d_type;
-    key.bias = g->bias != NULL;
-    key.align_a = align_of(g->a);
-    key.align_b = align_of(g->b);
-    key.align_d = align_of(g->d);
-    key.align_bias = g->bias ? align_of(g->bias) : 0;
+    key_of(g, &key);
     tr_lt_plan *p = plan_get(be, &key, g->bias);
     if (!p) return -1;
     if (g->bias && set_desc(be, p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
@@ -261,13 +266,7 @@ extern "C" int tr_backend_cuda_gemm_probe(tr_backend *be, int ta, int tb, int64_
                         .d = d, .ldd = m, .d_type = d_f32 ? CUDA_R_32F : CUDA_R_16BF,
                         .accumulate = accumulate != 0, .bias = bias ? bv : NULL, .name = label};
         tr_lt_key key;
-        memset(&key, 0, sizeof key);
-        key.ta = ta, key.tb = tb, key.m = m, key.n = n, key.k = k;
-        key.lda = g.lda, key.ldb = g.ldb, key.ldd = g.ldd;
-        key.a_type = CUDA_R_16BF, key.b_type = CUDA_R_16BF, key.d_type = (int32_t)g.d_type;
-        key.bias = bias != 0;
-        key.align_a = key.align_b = key.align_d = 16;
-        key.align_bias = bias ? 16 : 0;
+        key_of(&g, &key);   // fresh allocations: 16-byte alignments, as the engine's buffers
         tr_lt_plan p;
         if (plan_make(be, &key, g.bias, &p) != 0) goto out;
         cublasLtMatmulAlgo_t algos[16];

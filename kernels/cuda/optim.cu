@@ -59,6 +59,16 @@ __device__ __forceinline__ void adamw_one(const adamw_k &k, double c, float wd, 
     p -= k.lr * (mh / (sqrtf(vh) + k.eps) + wd * p);
 }
 
+// Element i updated in place, its working copy written.
+__device__ __forceinline__ void adamw_at(const adamw_k &k, double c, float wd, size_t i,
+                                         float *p, const float *g, float *m, float *v,
+                                         void *work, int32_t work_bf16) {
+    adamw_one(k, c, wd, g[i], p[i], m[i], v[i]);
+    if (!work) return;
+    if (work_bf16) ((uint16_t *)work)[i] = tr_bf16_bits(p[i]);
+    else ((float *)work)[i] = p[i];
+}
+
 // Block b updates groups [b * chunk, (b + 1) * chunk) of 4 elements, 16-byte loads and stores
 // of p, g, m and v (the pass is memory-bound: scalar accesses left a third of the bandwidth
 // unused). Each thread's elements rise, so it finds its segment once and then steps forward
@@ -94,13 +104,9 @@ __global__ void adamw_kernel(float *p, void *work, int32_t work_bf16, const floa
         }
     }
     if (blockIdx.x != 0) return;
-    for (size_t i = 4 * n4 + threadIdx.x; i < n; i += blockDim.x) {   // the tail
-        int32_t t = adamw_seg_of(k.segs, k.n_segs, i);
-        adamw_one(k, c, k.segs[t].wd, g[i], p[i], m[i], v[i]);
-        if (!work) continue;
-        if (work_bf16) ((uint16_t *)work)[i] = tr_bf16_bits(p[i]);
-        else ((float *)work)[i] = p[i];
-    }
+    for (size_t i = 4 * n4 + threadIdx.x; i < n; i += blockDim.x)   // the tail
+        adamw_at(k, c, k.segs[adamw_seg_of(k.segs, k.n_segs, i)].wd, i, p, g, m, v, work,
+                 work_bf16);
 }
 
 // The same update one element at a time, for ranges whose buffers are not 16-byte aligned
@@ -114,10 +120,7 @@ __global__ void adamw_scalar_kernel(float *p, void *work, int32_t work_bf16, con
     int32_t s = i0 < i1 ? adamw_seg_of(k.segs, k.n_segs, i0) : 0;
     for (size_t i = i0; i < i1; i += blockDim.x) {
         while (s + 1 < k.n_segs && i >= k.segs[s].end) s++;
-        adamw_one(k, c, k.segs[s].wd, g[i], p[i], m[i], v[i]);
-        if (!work) continue;
-        if (work_bf16) ((uint16_t *)work)[i] = tr_bf16_bits(p[i]);
-        else ((float *)work)[i] = p[i];
+        adamw_at(k, c, k.segs[s].wd, i, p, g, m, v, work, work_bf16);
     }
 }
 
