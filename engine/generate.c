@@ -98,7 +98,11 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
     if (max_len > pool) max_len = pool;
     g->max_seq_len = (int32_t)max_len;
     g->table_cap = tr_kv_blocks_for(max_len, bs);
-    size_t rows = (size_t)g->max_rows, lrows = (size_t)m->logit_rows;
+    // The sampler sorts the rows that top-k/top-p rank, 16 bytes of scratch per logit: its
+    // rows are capped so that a memory plan's chunk of thousands of LM-head rows (training's)
+    // does not become gigabytes of sort storage (and stays in the sort's int range).
+    g->logit_rows = m->logit_rows < TR_GEN_LOGIT_ROWS ? m->logit_rows : TR_GEN_LOGIT_ROWS;
+    size_t rows = (size_t)g->max_rows, lrows = (size_t)g->logit_rows;
     g->row_ids = malloc(rows * sizeof(int32_t));
     g->row_pos = malloc(rows * sizeof(int32_t));
     g->row_slot = malloc(rows * sizeof(int32_t));
@@ -341,7 +345,7 @@ static int sample_first(gen_run *run, int32_t req, tr_err *err) {
     tr_generator *g = run->g;
     const tr_gen_request *r = &run->reqs[req];
     const gen_group *grp = &run->groups[req];
-    const int32_t R = g->model->logit_rows;
+    const int32_t R = g->logit_rows;
     for (int32_t j0 = 0; j0 < r->n_samples; j0 += R) {
         int32_t n = r->n_samples - j0 < R ? r->n_samples - j0 : R;
         for (int32_t i = 0; i < n; i++) g->row_ids[i] = grp->out0 + j0 + i;
@@ -454,7 +458,7 @@ static int decode_step(gen_run *run, tr_err *err) {
     g->stats.passes++;
     g->stats.decode_steps++;
     g->stats.decode_tokens += B;
-    const int32_t R = m->logit_rows;
+    const int32_t R = g->logit_rows;
     for (int32_t r0 = 0; r0 < B; r0 += R) {
         int32_t n = B - r0 < R ? B - r0 : R;
         for (int32_t i = 0; i < n; i++) g->row_ids[i] = g->slots[r0 + i].out;

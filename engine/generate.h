@@ -20,6 +20,10 @@
 #include "engine/sample.h"
 #include "engine/sample_tp.h"
 
+// Rows of logits the generator samples at a time, at most: 512 rows of a 152K vocabulary take
+// 1.2 GB of the sampler's sort storage.
+#define TR_GEN_LOGIT_ROWS 512
+
 typedef struct tr_gen_request {
     const int32_t *prompt;
     int32_t n_prompt;            // >= 1
@@ -90,12 +94,13 @@ typedef struct tr_generator {
     tr_kvcache cache;
     int32_t max_seqs;
     int32_t max_rows;           // rows per trunk pass (the model's max_tokens)
+    int32_t logit_rows;         // rows of logits sampled at a time (TR_GEN_LOGIT_ROWS at most)
     int32_t table_cap;          // block-table entries per sequence
     int32_t max_seq_len;
     // Buffers of one pass, sized at init: host bookkeeping ...
     int32_t *row_ids, *row_pos, *row_slot, *row_len, *row_target;   // [max_rows]
-    float *row_lp;              // [model->logit_rows]
-    tr_sample_row *row_draw;    // [model->logit_rows] each sampled row's parameters and stream
+    float *row_lp;              // [logit_rows]
+    tr_sample_row *row_draw;    // [logit_rows] each sampled row's parameters and stream
     tr_gen_segment *segs;       // [max_rows]
     int32_t n_segs;
     int32_t *tables;            // [max_seqs][table_cap]: slot i's block table
