@@ -1070,6 +1070,24 @@ int tr_dealer_recv(tr_dealer *d, tr_wire_msg *m, int timeout_ms, tr_err *err) {
     return ep_recv(&d->ep, m, timeout_ms, err);
 }
 
+int tr_dealer_wait_any(tr_dealer *const *ds, int n, int timeout_ms, tr_err *err) {
+    zmq_pollitem_t items[TR_DEALER_WAIT_MAX];
+    if (n <= 0 || n > TR_DEALER_WAIT_MAX) {
+        tr_errf(err, TR_EINVAL, "tr_dealer_wait_any: %d dealers (1 to %d)", n, TR_DEALER_WAIT_MAX);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) items[i] = (zmq_pollitem_t){ds[i]->ep.pipe_app, 0, ZMQ_POLLIN, 0};
+    int rc = zmq_poll(items, n, (long)timeout_ms);
+    if (rc < 0) {
+        if (zmq_errno() == EINTR) tr_errf(err, TR_ECANCELED, "interrupted while waiting for a message");
+        else zerr(err, "zmq_poll");
+        return -1;
+    }
+    for (int i = 0; i < n && rc > 0; i++)
+        if (items[i].revents & ZMQ_POLLIN) return i;
+    return -1;
+}
+
 void tr_dealer_stats(tr_dealer *d, tr_transport_stats *s) {
     pthread_mutex_lock(&d->ep.mu);
     *s = d->ep.stats;

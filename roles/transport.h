@@ -110,6 +110,12 @@ int tr_dealer_send(tr_dealer *d, const void *data, size_t len, tr_err *err);
 int tr_dealer_send_writer(tr_dealer *d, tr_msg_writer *w, tr_err *err);
 // Like tr_router_recv; fails with TR_EPEER once the controller has been silent for the timeout.
 int tr_dealer_recv(tr_dealer *d, tr_wire_msg *m, int timeout_ms, tr_err *err);
+// Waits up to timeout_ms (-1: no limit) until one of the n dealers has a message: the index of
+// the first that has, or -1 when none had within the time (or on a failed poll, recorded in
+// err). A process hosting several roles waits on all of their sockets at once with it, so
+// that no role's request waits out another role's poll interval.
+#define TR_DEALER_WAIT_MAX 8
+int tr_dealer_wait_any(tr_dealer *const *ds, int n, int timeout_ms, tr_err *err);
 void tr_dealer_stats(tr_dealer *d, tr_transport_stats *s);
 // Replies to a request: error replies name the op, ok replies are built by the caller.
 int tr_dealer_send_error(tr_dealer *d, uint64_t id, const tr_err *e, tr_err *err);

@@ -15,7 +15,7 @@
 #include "roles/worker_impl.h"
 
 #define HELLO_ATTEMPT_MS 2000
-#define POLL_MS 200
+#define POLL_MS 200   // how often a quiet worker checks that the controller is alive
 
 void tr_worker_logf(tr_role_ctx *rc, const char *fmt, ...) {
     tr_worker *w = rc->w;
@@ -225,15 +225,27 @@ int tr_worker_run(const tr_worker_opts *o, tr_err *err) {
     bool shut[TR_WORKER_MAX_ROLES] = {false};
     int n_shut = 0;
     bool shutdown = false;
+    tr_dealer *dealers[TR_WORKER_MAX_ROLES];
+    for (int i = 0; i < w->n_roles; i++) dealers[i] = w->roles[i].dealer;
     while (!rc && !shutdown && !stopped(o)) {
-        int wait = POLL_MS / w->n_roles;
+        // One wait on every role's socket: a request is served as soon as it arrives, whichever
+        // role it is for. On a quiet interval each role's receive runs anyway (without waiting),
+        // which is where a silent controller is noticed.
+        tr_err e;
+        tr_err_clear(&e);
+        int ready = tr_dealer_wait_any(dealers, w->n_roles, POLL_MS, &e);
+        if (ready < 0 && e.code == TR_ECANCELED) continue;
+        if (ready < 0 && e.code != TR_OK) {
+            *err = e;
+            rc = tr_err_wrap(err, "%s", w->roles[0].id);
+            break;
+        }
         for (int i = 0; i < w->n_roles && !rc && !shutdown; i++) {
             tr_role_ctx *r = &w->roles[i];
-            if (shut[i]) continue;
+            if (shut[i] || (ready >= 0 && ready != i)) continue;
             tr_wire_msg m;
-            tr_err e;
             tr_err_clear(&e);
-            if (tr_dealer_recv(r->dealer, &m, wait, &e)) {
+            if (tr_dealer_recv(r->dealer, &m, 0, &e)) {
                 if (e.code == TR_EPEER) {
                     tr_worker_logf(r, "exiting: %s", e.msg);
                     *err = e;
