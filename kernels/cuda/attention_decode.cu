@@ -9,6 +9,8 @@
 // shared memory, whatever the cache holds there. A block holds all of its chunks because the
 // op has no scratch memory for partial results between blocks; so one long sequence alone
 // runs on only KVH blocks, well under the memory bandwidth (batches of 64 and more fill it).
+#include <stdlib.h>
+
 #include "kernels/cuda/attention_flash.cuh"
 #include "kernels/cuda/attention_tile.cuh"
 
@@ -195,16 +197,32 @@ static void fa_decode_run(tr_backend *be, const fa_dec_args &a, int32_t B, int W
     TR_CUDA_LAUNCHED(be, "attention_decode");
 }
 
-// Warps per block: one per chunk of the longest possible context, up to FA_DEC_MAX_WARPS;
-// with one or two, four stages each keep enough bytes in flight, with more, two.
+// Warps per block: one per chunk of the longest possible context, up to FA_DEC_MAX_WARPS.
+// Stages per warp: each costs 2 * BN rows of shared memory (18 KB at D 64), which bounds the
+// blocks an SM holds; a wide grid (a decode batch) hides latency with more resident blocks
+// of one stage, a narrow one (a few long sequences) with deeper stages per warp.
+// TROUPE_CUDA_DECODE_STAGES (1, 2 or 4) overrides the choice, for measuring it.
+static int fa_dec_stages(tr_backend *be, const fa_dec_args &a, int32_t B, int W) {
+    const char *e = getenv("TROUPE_CUDA_DECODE_STAGES");
+    if (e && (e[0] == '1' || e[0] == '2' || e[0] == '4') && !e[1]) return e[0] - '0';
+    long blocks = (long)a.KVH * a.n_hg * B;
+    long sms = tr_cuda_ctx_of(be)->sms;
+    if (blocks >= 4 * sms) return 1;
+    if (blocks >= sms || W > 2) return 2;
+    return 4;
+}
+
+template <int D>
+static void fa_decode_dispatch(tr_backend *be, const fa_dec_args &a, int32_t B, int W, int nst) {
+    if (nst == 1) fa_decode_run<D, 1>(be, a, B, W);
+    else if (nst == 2) fa_decode_run<D, 2>(be, a, B, W);
+    else fa_decode_run<D, 4>(be, a, B, W);
+}
+
 void tr_fa_decode(tr_backend *be, const fa_dec_args &a, int32_t B, int32_t max_ctx) {
     int nch = (max_ctx + FA_CHUNK - 1) / FA_CHUNK;
     int W = nch < 1 ? 1 : nch > FA_DEC_MAX_WARPS ? FA_DEC_MAX_WARPS : nch;
-    if (a.D == 64) {
-        if (W <= 2) fa_decode_run<64, 4>(be, a, B, W);
-        else fa_decode_run<64, 2>(be, a, B, W);
-    } else {
-        if (W <= 2) fa_decode_run<128, 4>(be, a, B, W);
-        else fa_decode_run<128, 2>(be, a, B, W);
-    }
+    int nst = fa_dec_stages(be, a, B, W);
+    if (a.D == 64) fa_decode_dispatch<64>(be, a, B, W, nst);
+    else fa_decode_dispatch<128>(be, a, B, W, nst);
 }

@@ -172,6 +172,8 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision)
     const char *flash = getenv("TROUPE_CUDA_FLASH_ATTENTION");
     ctx->flash_attention = !(flash && strcmp(flash, "0") == 0);
     if (TR_CUDA_CHECK(be, cudaSetDevice(device))) return -1;
+    if (TR_CUDA_CHECK(be, cudaDeviceGetAttribute(&ctx->sms, cudaDevAttrMultiProcessorCount, device)))
+        return -1;
     if (TR_CUDA_CHECK(be, cudaStreamCreate(&ctx->stream))) return -1;
     const char *prof = getenv("TROUPE_CUDA_PROFILE");
     if (prof && strcmp(prof, "1") == 0 && tr_cuda_prof_init(ctx)) {

@@ -68,6 +68,7 @@ typedef struct tr_cuda_prof {
 
 typedef struct tr_cuda_ctx {
     int device;
+    int sms;                // the device's multiprocessors (launch shapes that fill it)
     cudaStream_t stream;
     cublasHandle_t blas;    // fp32 products (pedantic sgemm)
     cublasLtHandle_t lt;    // bf16 products
