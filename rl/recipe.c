@@ -472,6 +472,18 @@ static bool gen_pairs(const tr_recipe *r, bool devices) {
     return true;
 }
 
+bool tr_recipe_old_lp_from_rollout(const tr_recipe *r) {
+    switch (r->algorithm.old_logprobs) {
+    case TR_RECIPE_OLD_LP_ROLLOUT: return true;
+    case TR_RECIPE_OLD_LP_RECOMPUTE: return false;
+    default:
+        // The CPU backend's sums do not depend on the rows beside them, so the policy's own
+        // sampling reports the training path's bits; a separate generator may differ in
+        // layout (tensor parallelism) or lag a step.
+        return r->backend == TR_RECIPE_CPU && !r->generator.present;
+    }
+}
+
 bool tr_recipe_generator_shares(const tr_recipe *r) {
     const tr_recipe_generator *g = &r->generator;
     if (!g->present || g->share_weights == TR_RECIPE_SHARE_NO) return false;
@@ -615,6 +627,10 @@ static int validate(tr_recipe *r, const tr_ynode *root, tr_err *err) {
         if (__builtin_mul_overflow(r->train.steps, r->algorithm.ppo_epochs * r->algorithm.mini_batches, &updates))
             return fail_path(root, "train.steps", err, "train.steps x algorithm.ppo_epochs x algorithm.mini_batches "
                              "optimizer steps overflow");
+        if (r->algorithm.old_logprobs == TR_RECIPE_OLD_LP_ROLLOUT && r->generator.one_step_off)
+            return fail_path(root, "algorithm.old_logprobs", err, "rollout cannot go with "
+                             "models.generator.one_step_off: those rollouts come from the previous step's "
+                             "weights, and the ratio's old logprobs must be the current policy's");
         if (seqs % r->algorithm.mini_batches)
             return fail_path(root, "algorithm.mini_batches", err,
                              "%lld responses per step (prompts_per_step x rollout.n) do not split into %lld mini-batches",

@@ -165,6 +165,12 @@ typedef struct tr_recipe_rollout {
     int64_t max_seqs;        // samples decoding together per rank; 0 = a step's share
 } tr_recipe_rollout;
 
+// Where an RL step's old (behaviour) logprobs come from: a policy.logprobs pass over the batch
+// (recompute), or the logprobs generation reported for each sampled token (rollout), which
+// equal the training path's when the engine reduces in an order independent of the batch;
+// auto: rollout where that holds (the CPU backend, sampling on the policy's own weights).
+enum tr_recipe_old_lp { TR_RECIPE_OLD_LP_AUTO, TR_RECIPE_OLD_LP_RECOMPUTE, TR_RECIPE_OLD_LP_ROLLOUT };
+
 typedef struct tr_recipe_algorithm {
     enum tr_adv_kind advantage;
     bool norm_by_std;
@@ -183,6 +189,7 @@ typedef struct tr_recipe_algorithm {
     enum tr_loss_agg loss_agg;
     int64_t ppo_epochs;
     int64_t mini_batches;
+    enum tr_recipe_old_lp old_logprobs;
 } tr_recipe_algorithm;
 
 typedef struct tr_recipe_train {
@@ -208,6 +215,8 @@ typedef struct tr_recipe_log {
     bool tensorboard;
     int64_t samples_every;  // write sample rollouts every N steps; 0 = never
     bool progress;
+    int64_t logprob_diff_sequences;   // old logprobs from the rollout: sequences recomputed per
+                                      // step to measure logprob_diff (0 = none)
 } tr_recipe_log;
 
 typedef struct tr_recipe {
@@ -261,6 +270,8 @@ const char *tr_recipe_role_name(enum tr_recipe_role role);
 // than getting them over the sync communicator: models.generator.share_weights yes, or auto
 // on CUDA when every generator rank r is on policy rank r's device in the policy's layout.
 bool tr_recipe_generator_shares(const tr_recipe *r);
+// Whether RL steps take their old logprobs from generation (algorithm.old_logprobs resolved).
+bool tr_recipe_old_lp_from_rollout(const tr_recipe *r);
 // The device rank `rank` of a role with these devices runs on (the rank itself when none are
 // listed).
 int64_t tr_recipe_device_of(const tr_recipe_devices *d, int64_t rank);

@@ -10,6 +10,7 @@ const char *const tr_recipe_workflow_names[] = {"grpo", "ppo", "sft", "pretrain"
 const char *const tr_recipe_role_names[] = {"policy", "reference", "critic", "reward", "generator", NULL};
 static const char *const gen_backend_names[] = {"run", "cpu", "cuda", NULL};
 static const char *const share_names[] = {"auto", "yes", "no", NULL};
+static const char *const old_lp_names[] = {"auto", "recompute", "rollout", NULL};
 static const char *const backend_names[] = {"cpu", "cuda", NULL};
 static const char *const precision_names[] = {"auto", "fp32", "bf16", NULL};
 static const char *const save_dtype_names[] = {"fp32", "bf16", NULL};
@@ -329,6 +330,12 @@ static const tr_rkey algorithm_keys[] = {
      .flags = UNIT, .min = 1, .max = 1000, .def = "1", .doc = "passes over each step's rollouts"},
     {.name = "mini_batches", .type = TR_RK_INT, .off = offsetof(tr_recipe_algorithm, mini_batches),
      .flags = UNIT, .min = 1, .max = 1000000, .def = "1", .doc = "optimizer steps per epoch"},
+    {.name = "old_logprobs", .type = TR_RK_ENUM, .off = offsetof(tr_recipe_algorithm, old_logprobs),
+     .names = old_lp_names, .def = "auto",
+     .doc = "the ratio's old logprobs: recompute (a policy.logprobs pass over the batch) or rollout (the "
+            "logprobs generation reported, saving that pass; log.logprob_diff_sequences are still recomputed "
+            "to measure the difference); auto: rollout where generation and training reduce alike (the cpu "
+            "backend, no separate generator), else recompute. Not rollout with models.generator.one_step_off"},
     {0},
 };
 
@@ -374,6 +381,10 @@ static const tr_rkey log_keys[] = {
      .flags = MIN, .min = 0, .def = "0", .doc = "log sample rollouts every N steps; 0 = never"},
     {.name = "progress", .type = TR_RK_BOOL, .off = offsetof(tr_recipe_log, progress), .def = "true",
      .doc = "one progress line per step on stderr"},
+    {.name = "logprob_diff_sequences", .type = TR_RK_INT, .off = offsetof(tr_recipe_log, logprob_diff_sequences),
+     .flags = MIN, .min = 0, .def = "8",
+     .doc = "with old logprobs from the rollout: sequences per step, spread over the batch, whose logprobs "
+            "the policy recomputes for logprob_diff/max and the entropy metric"},
     {0},
 };
 

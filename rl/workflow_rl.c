@@ -17,6 +17,7 @@ void tr_rl_step_init(tr_rl_step *s) {
     tr_rollouts_init(&s->gen);
     tr_rollouts_init(&s->batch);
     tr_rollouts_init(&s->ahead_gen);
+    tr_rollouts_init(&s->check);
 }
 
 void tr_rl_step_free(tr_rl_step *s) {
@@ -27,6 +28,9 @@ void tr_rl_step_free(tr_rl_step *s) {
     tr_prompt_draw_free(&s->draw);
     tr_rollouts_free(&s->gen);
     tr_rollouts_free(&s->batch);
+    tr_rollouts_free(&s->check);
+    free(s->check_lp);
+    free(s->check_entropy);
     free(s->gen_score);
     free(s->gen_reward);
     free(s->keep);
@@ -243,6 +247,53 @@ double tr_rl_max_abs_diff(const tr_rollouts *r, const float *a, const float *b) 
     return m;
 }
 
+// The sequences the policy recomputes when the old logprobs come from the rollout: k of the
+// batch, spread evenly over it (so over its groups), as s->check.
+static int pick_check(tr_rl_step *s, int32_t k, tr_err *err) {
+    const tr_rollouts *r = &s->batch;
+    tr_rollouts_clear(&s->check);
+    for (int32_t j = 0; j < k; j++) {
+        int32_t i = (int32_t)((int64_t)j * r->n / k);
+        const int32_t *seq = r->tokens + r->offset[i];
+        int32_t pl = r->prompt_len[i];
+        if (tr_rollouts_append(&s->check, r->group[i], r->sample[i], seq, pl, seq + pl,
+                               r->gen_logprobs + r->offset[i] + pl, r->response_len[i],
+                               (enum tr_finish)r->finish[i], NULL, NULL, NULL, err))
+            return -1;
+    }
+    size_t nt = (size_t)(s->check.n_tokens > 0 ? s->check.n_tokens : 1);
+    if ((int64_t)nt > s->cap_check) {
+        if (grow_f(&s->check_lp, nt) || grow_f(&s->check_entropy, nt))
+            return tr_errf(err, TR_ENOMEM, "logprob check: out of memory for %zu tokens", nt);
+        s->cap_check = (int64_t)nt;
+    }
+    return 0;
+}
+
+int tr_rl_old_logprobs(tr_run *run, tr_rl_step *s, tr_err *err) {
+    const tr_rollouts *r = &s->batch;
+    if (!tr_recipe_old_lp_from_rollout(run->rc)) {
+        if (tr_model_logprobs(run->policy, r, s->old_lp, s->entropy, err)) return -1;
+        s->lp_diff = tr_rl_max_abs_diff(r, r->gen_logprobs, s->old_lp);
+        s->lp_diff_seqs = r->n;
+        s->entropy_mean = tr_rl_response_mean(r, s->entropy);
+        return 0;
+    }
+    // Prompt entries are 0 in both.
+    memcpy(s->old_lp, r->gen_logprobs, (size_t)r->n_tokens * sizeof(float));
+    int64_t want = run->rc->log.logprob_diff_sequences;
+    int32_t k = want < r->n ? (int32_t)want : r->n;
+    s->lp_diff = s->entropy_mean = NAN;
+    s->lp_diff_seqs = k;
+    if (k == 0) return 0;
+    if (pick_check(s, k, err) ||
+        tr_model_logprobs(run->policy, &s->check, s->check_lp, s->check_entropy, err))
+        return -1;
+    s->lp_diff = tr_rl_max_abs_diff(&s->check, s->check.gen_logprobs, s->check_lp);
+    s->entropy_mean = tr_rl_response_mean(&s->check, s->check_entropy);
+    return 0;
+}
+
 int tr_rl_eval(tr_run *run, tr_prompt_loader *eval, tr_err *err) {
     const int32_t chunk = 256;
     tr_prompt_draw d = {0};
@@ -311,13 +362,13 @@ int tr_rl_log_train(tr_run *run, const tr_rl_step *s, const tr_train_metrics *tm
     double kl_v = !kl ? NAN : !isnan(kl_reward) ? kl_reward : tm->kl;
     return tr_metrics_set(m, "loss", tm->loss, err) || tr_metrics_set(m, "pg_loss", tm->pg_loss, err) ||
                    tr_metrics_set(m, "kl", kl_v, err) ||
-                   tr_metrics_set(m, "entropy", tr_rl_response_mean(&s->batch, s->entropy), err) ||
+                   tr_metrics_set(m, "entropy", s->entropy_mean, err) ||
                    tr_metrics_set(m, "clip_frac", tm->clip_frac, err) ||
                    tr_metrics_set(m, "approx_kl", tm->approx_kl, err) ||
                    tr_metrics_set(m, "grad_norm", tm->grad_norm, err) ||
                    tr_metrics_set(m, "lr", tm->lr, err) ||
-                   tr_metrics_set(m, "logprob_diff/max",
-                                  tr_rl_max_abs_diff(&s->batch, s->batch.gen_logprobs, s->old_lp), err)
+                   tr_metrics_set(m, "logprob_diff/max", s->lp_diff, err) ||
+                   tr_metrics_set(m, "logprob_diff/sequences", s->lp_diff_seqs, err)
                ? -1
                : 0;
 }

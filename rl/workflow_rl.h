@@ -43,6 +43,13 @@ typedef struct tr_rl_step {
     bool ahead_ready;               // finished: its rollouts are in ahead_gen
     tr_prompt_draw ahead_draw;
     tr_rollouts ahead_gen;
+    // Old logprobs from the rollout: the sequences the policy recomputes to measure the
+    // rollout/training difference, and the metrics of the pass that gave the old logprobs.
+    tr_rollouts check;
+    float *check_lp, *check_entropy;   // [check.n_tokens]
+    int64_t cap_check;
+    double lp_diff, entropy_mean;      // NAN when nothing was recomputed
+    int32_t lp_diff_seqs;              // sequences logprob_diff/max was measured on
 } tr_rl_step;
 
 void tr_rl_step_init(tr_rl_step *s);
@@ -102,6 +109,12 @@ void tr_rl_mask(const tr_rollouts *r, int32_t T, uint8_t *mask);
 double tr_rl_response_mean(const tr_rollouts *r, const float *x);
 // max |a - b| over the response tokens.
 double tr_rl_max_abs_diff(const tr_rollouts *r, const float *a, const float *b);
+// The batch's old (behaviour) logprobs into s->old_lp, by a policy.logprobs pass or, when
+// algorithm.old_logprobs resolves to rollout, from what generation reported; either way
+// s->lp_diff gets the largest rollout/training difference over the s->lp_diff_seqs
+// sequences recomputed (all of them, or log.logprob_diff_sequences spread over the batch),
+// and s->entropy_mean their mean response-token entropy.
+int tr_rl_old_logprobs(tr_run *run, tr_rl_step *s, tr_err *err);
 
 // Greedy generation over every eval prompt, scored by the reward role: sets eval/accuracy
 // (mean score), eval/reward (mean shaped reward) and eval/response_len in run->m. A failure

@@ -1,7 +1,8 @@
 // GRPO and PPO: one step loop. Per step: prompts -> generate (n per prompt, on the policy or
 // the generator; with one_step_off the next step's batch starts sampling here) ->
 // reward.score -> dynamic sampling's refill (grpo) -> reference.logprobs (KL) ->
-// policy.logprobs (the behaviour logprobs, also measuring the rollout/training mismatch) ->
+// policy.logprobs (the behaviour logprobs, also measuring the rollout/training mismatch; or
+// they are generation's, and a few sequences are recomputed to measure it) ->
 // critic.values (ppo) -> advantages (group-relative, or GAE with the critic's values;
 // truncated importance weights when the batch is off-policy) -> policy.train -> critic.train
 // (ppo) -> weight sync; then eval, log and checkpoint as scheduled.
@@ -105,7 +106,7 @@ static int update(tr_run *run, tr_rl_step *s, int64_t step, bool critic, tr_phas
     // The behaviour logprobs on the training path should equal what generation reported;
     // the largest difference is logged. Their time counts as training.
     tr_phase_start(pt, "train");
-    if (tr_model_logprobs(run->policy, &s->batch, s->old_lp, s->entropy, err)) return -1;
+    if (tr_rl_old_logprobs(run, s, err)) return -1;
     if (critic) {
         tr_phase_start(pt, "critic");
         if (tr_critic_values(run->critic, &s->batch, s->values, err)) return -1;

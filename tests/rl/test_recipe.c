@@ -445,6 +445,11 @@ static void test_generator(void) {
                  "generate in the policy's process, leave models.generator out)");
     expect_error("workflow: sft\n" L2 L3 L4 L5 "  generator: {}\n" "data: {train: t.jsonl}\n" L8 L9, NULL, 0,
                  "bad.yaml:6:14: models.generator: workflow sft does not generate (grpo and ppo do)");
+    snprintf(text, sizeof text, "%s  generator: {one_step_off: true}\n" L7 L8 L9 "algorithm: {old_logprobs: rollout}\n",
+             gen);
+    expect_error(text, NULL, 0, "bad.yaml:11:27: algorithm.old_logprobs: rollout cannot go with "
+                 "models.generator.one_step_off: those rollouts come from the previous step's weights, and the "
+                 "ratio's old logprobs must be the current policy's");
     expect_error(base, (const char *const[]){"algorithm.tis_cap=0.5"}, 1,
                  "--set algorithm.tis_cap=0.5: algorithm.tis_cap: 0.5 is out of range: must be >= 1");
 }

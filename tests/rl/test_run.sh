@@ -86,6 +86,22 @@ grpo_recipe "$tmp/b" 5 > "$tmp/grpo5.yaml"
 check "uninterrupted 5-step run exits 0" $?
 python3 "$check_py" same "$tmp/a" "$tmp/b"
 check "resumed run equals the uninterrupted one at every step" $?
+# Old logprobs: the CPU backend's generation reports the training path's bits, so taking them
+# from the rollout (auto's choice here) trains exactly as a recomputing pass does; with every
+# sequence recomputed for the check, every metric is equal too. By default 8 of the 16 are.
+"$troupe" run "$tmp/grpo5.yaml" --set run_dir="$tmp/c" --set algorithm.old_logprobs=recompute 2> "$tmp/c.err" &&
+    "$troupe" run "$tmp/grpo5.yaml" --set run_dir="$tmp/d" --set algorithm.old_logprobs=rollout \
+        --set log.logprob_diff_sequences=1000 2> "$tmp/d.err" &&
+    python3 "$check_py" same "$tmp/c" "$tmp/d"
+check "old logprobs from the rollout train as recomputed ones, step for step" $?
+python3 - "$tmp/b/metrics.jsonl" "$tmp/c/metrics.jsonl" <<'EOF2'
+import json, sys
+b, c = ([json.loads(l) for l in open(p)][1:] for p in sys.argv[1:])
+ok = all(o["logprob_diff/sequences"] == 8 and o["logprob_diff/max"] == 0 for o in b)
+ok = ok and all(o["logprob_diff/sequences"] == 16 for o in c)
+sys.exit(0 if ok else 1)
+EOF2
+check "logprob_diff/max measured on 8 recomputed sequences (auto), on all 16 (recompute)" $?
 "$troupe" run "$tmp/grpo.yaml" --set train.steps=5 --resume 2> "$tmp/done.err"
 st=$?
 [ $st = 1 ] && grep -q "already completed" "$tmp/done.err"
