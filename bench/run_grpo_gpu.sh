@@ -6,8 +6,11 @@
 # completion (no stop token: the model config names no EOS and the prompts take no chat
 # format), KL to a reference with coefficient (TRL: beta) 0.04, one AdamW step per GRPO step.
 # 4 steps each, the first a warm-up; the table gives the mean of the other 3: s/step, with
-# generation, reference logprobs and training (troupe: the behaviour-logprob pass, the
-# forward/backward passes and the optimizer step; TRL: everything after the rollout) and the
+# generation, reference logprobs and training (troupe: the forward/backward passes, the
+# optimizer step and the old-logprob check: the ratio's old logprobs are generation's, as TRL's
+# single-iteration GRPO takes the policy's own, and 8 sequences are recomputed to measure the
+# difference, printed as logprob_diff/max; OLD_LOGPROBS=recompute in the environment makes it a
+# pass over the whole batch instead; TRL: everything after the rollout) and the
 # rest (rewards, troupe's weight sync, bookkeeping), and the ratio TRL / troupe (above 1:
 # troupe is faster).
 #
@@ -92,6 +95,7 @@ write_inputs() {
     python3 - "$@" <<'PY'
 import json, os, random, sys
 shape, d, backend, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+old_lp = os.environ.get("OLD_LOGPROBS", "rollout")
 dims = {  # hidden, intermediate, layers, heads, kv heads, vocab
     "qwen2.5-0.5b": (896, 4864, 24, 14, 2, 151936),
     "qwen2.5-1.5b": (1536, 8960, 28, 12, 2, 151936),
@@ -168,6 +172,7 @@ algorithm:
   loss_agg: token-mean
   ppo_epochs: 1
   mini_batches: 1
+  old_logprobs: {old_lp}
 train:
   steps: {steps}
   prompts_per_step: {prompts}
@@ -195,8 +200,10 @@ if not meas:
     sys.exit("no step with time/step in " + sys.argv[1])
 mean = lambda k: sum(r.get(k) or 0.0 for r in meas) / len(meas)
 lens = sorted({r.get("response_len/mean") for r in meas})
+diff = max(r.get("logprob_diff/max") or 0.0 for r in rows)
+seqs = min(r.get("logprob_diff/sequences") or 0 for r in rows)
 print(f"{mean('time/step'):.3f} {mean('time/generate'):.3f} {mean('time/reference'):.3f} "
-      f"{mean('time/train'):.3f} {len(meas)} {lens[0]}")
+      f"{mean('time/train'):.3f} {len(meas)} {lens[0]} {diff:.3g} {seqs}")
 PY
 }
 
@@ -227,8 +234,8 @@ for s in "${shapes[@]}"; do
         KEEP=1
         exit 1
     fi
-    read -r t_step t_gen t_ref t_train t_n t_len <"$d/troupe.txt"
-    echo "troupe $s: $t_step s/step (generate $t_gen, reference $t_ref, train $t_train; mean of $t_n steps, response length $t_len)"
+    read -r t_step t_gen t_ref t_train t_n t_len t_diff t_seqs <"$d/troupe.txt"
+    echo "troupe $s: $t_step s/step (generate $t_gen, reference $t_ref, train $t_train; mean of $t_n steps, response length $t_len; logprob_diff/max $t_diff over $t_seqs sequences a step)"
     rm -rf "$d/run/checkpoints"
     [ "$mode" != check ] || continue
     [ "$have_trl" = 1 ] || continue
