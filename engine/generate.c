@@ -59,6 +59,7 @@ void tr_generator_free(tr_generator *g) {
     free(g->row_draw);
     free(g->segs);
     free(g->tables);
+    free(g->tables_packed);
     free(g->slots);
     memset(g, 0, sizeof *g);
 }
@@ -113,9 +114,10 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
     g->segs = malloc(rows * sizeof(tr_gen_segment));
     size_t tables = (size_t)g->max_seqs * (size_t)g->table_cap;
     g->tables = malloc(tables * sizeof(int32_t));
+    g->tables_packed = malloc(tables * sizeof(int32_t));
     g->slots = calloc((size_t)g->max_seqs, sizeof(tr_gen_slot));
     if (!g->row_ids || !g->row_pos || !g->row_slot || !g->row_len || !g->row_target ||
-        !g->row_lp || !g->row_draw || !g->segs || !g->tables || !g->slots) {
+        !g->row_lp || !g->row_draw || !g->segs || !g->tables || !g->tables_packed || !g->slots) {
         tr_generator_free(g);
         return tr_errf(err, TR_ENOMEM, "generate: out of memory for %zu-row passes", rows);
     }
@@ -449,10 +451,20 @@ static int decode_step(gen_run *run, tr_err *err) {
     }
     tr_kvcache_flush(&g->cache);
     note_blocks(g);
-    g->segs[0] = (tr_gen_segment){.r0 = 0, .n = B, .table = g->d_tables, .stride = g->table_cap,
-                                  .request = -1};
+    // The block tables go up packed to the widest row of this step: a row's capacity
+    // (table_cap) covers the longest sequence the pool could hold, and is mostly unused.
+    int32_t w = 1;
+    for (int32_t i = 0; i < B; i++)
+        if (g->slots[i].kv.n_blocks > w) w = g->slots[i].kv.n_blocks;
+    for (int32_t i = 0; i < B; i++) {
+        const tr_kv_seq *kv = &g->slots[i].kv;
+        int32_t *row = g->tables_packed + (size_t)i * w;
+        memcpy(row, kv->blocks, (size_t)kv->n_blocks * sizeof(int32_t));
+        for (int32_t j = kv->n_blocks; j < w; j++) row[j] = 0;
+    }
+    g->segs[0] = (tr_gen_segment){.r0 = 0, .n = B, .table = g->d_tables, .stride = w, .request = -1};
     g->n_segs = 1;
-    m->be->ops->upload(m->be, g->d_tables, g->tables, (size_t)B * g->table_cap * sizeof(int32_t));
+    m->be->ops->upload(m->be, g->d_tables, g->tables_packed, (size_t)B * w * sizeof(int32_t));
     upload_rows(g, B);
     if (tr_model_forward_rows(m, g->row_ids, g->row_pos, B, gen_attend, g, err) != 0) return -1;
     g->stats.passes++;

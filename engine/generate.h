@@ -104,6 +104,7 @@ typedef struct tr_generator {
     tr_gen_segment *segs;       // [max_rows]
     int32_t n_segs;
     int32_t *tables;            // [max_seqs][table_cap]: slot i's block table
+    int32_t *tables_packed;     // a decode step's tables, rows as wide as its widest
     // ... and the backend copies the ops read (one allocation, dev).
     void *dev;
     int32_t *d_slot, *d_len;    // [max_rows] cache slot and attended length of each row
