@@ -477,10 +477,12 @@ bool tr_recipe_old_lp_from_rollout(const tr_recipe *r) {
     case TR_RECIPE_OLD_LP_ROLLOUT: return true;
     case TR_RECIPE_OLD_LP_RECOMPUTE: return false;
     default:
-        // The CPU backend's sums do not depend on the rows beside them, so the policy's own
-        // sampling reports the training path's bits; a separate generator may differ in
-        // layout (tensor parallelism) or lag a step.
-        return r->backend == TR_RECIPE_CPU && !r->generator.present;
+        // The CPU backend's sums do not depend on the rows beside them, so sampling reports
+        // the training path's bits: the policy's own, or a generator's at the policy's tp
+        // (another tp sums in another layout) that does not lag a step.
+        return r->backend == TR_RECIPE_CPU &&
+               (!r->generator.present || (!r->generator.one_step_off &&
+                                          r->generator.parallel.tp == r->models[TR_RECIPE_POLICY].parallel.tp));
     }
 }
 

@@ -168,7 +168,7 @@ typedef struct tr_recipe_rollout {
 // Where an RL step's old (behaviour) logprobs come from: a policy.logprobs pass over the batch
 // (recompute), or the logprobs generation reported for each sampled token (rollout), which
 // equal the training path's when the engine reduces in an order independent of the batch;
-// auto: rollout where that holds (the CPU backend, sampling on the policy's own weights).
+// auto: rollout where that holds (the CPU backend, sampling at the policy's tp, not a step off).
 enum tr_recipe_old_lp { TR_RECIPE_OLD_LP_AUTO, TR_RECIPE_OLD_LP_RECOMPUTE, TR_RECIPE_OLD_LP_ROLLOUT };
 
 typedef struct tr_recipe_algorithm {

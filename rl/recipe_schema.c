@@ -335,7 +335,8 @@ static const tr_rkey algorithm_keys[] = {
      .doc = "the ratio's old logprobs: recompute (a policy.logprobs pass over the batch) or rollout (the "
             "logprobs generation reported, saving that pass; log.logprob_diff_sequences are still recomputed "
             "to measure the difference); auto: rollout where generation and training reduce alike (the cpu "
-            "backend, no separate generator), else recompute. Not rollout with models.generator.one_step_off"},
+            "backend, sampling by the policy or by a generator at its tp and not a step off), else recompute. "
+            "Not rollout with models.generator.one_step_off"},
     {0},
 };
 
