@@ -6,8 +6,8 @@
 # tests and the logprobs/generate commands with TROUPE_BACKEND=cuda, two CUDA runs compared
 # byte for byte, and the CPU quickstart's GRPO run on the GPU beside the same run on the CPU.
 # Usage: tools/gpu_suite.sh [PART...]   parts: engine full cuda quickstart train_bench profile
-# (default: all but train_bench, which needs the peers' anchors carried in ./anchors, and
-# profile)
+# decode_stages rl_bench (default: the first four; train_bench and rl_bench need the peers'
+# anchors carried in ./anchors, rl_bench TRL's wheels in ./.whl too)
 #
 # The full build needs the upper layers' libraries, which a bare GPU machine lacks: make .debs/
 # on a networked Debian 12 machine with tools/fetch_gpu_deps.sh and carry .debs along (it is
@@ -205,6 +205,21 @@ profile_part() {
     fi
 }
 
+# One GRPO step against TRL's GRPOTrainer (bench/run_grpo_gpu.sh) at the shapes of GRPO_SHAPES
+# (default: the 0.5B), when the anchors are carried in ./anchors and TRL's wheels in ./.whl.
+rl_bench_part() {
+    # shellcheck disable=SC2086  # a list of shape names
+    run grpo_bench env WHEELS_DIR=.whl bench/run_grpo_gpu.sh "$build_all" anchors ${GRPO_SHAPES:-qwen2.5-0.5b}
+}
+
+# Decode attention at each cp.async stage count the launch can pick, for the rule that picks it.
+decode_stages_part() {
+    local b="$build_all/bench/bench_cuda"
+    for n in 1 2 4; do
+        run "decode_stages_$n" bash -c "TROUPE_CUDA_DECODE_STAGES=$n $b attention | grep -E 'attn_decode|attn_copy'"
+    done
+}
+
 parts="${*:-engine full cuda quickstart}"
 has() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
 run nvidia-smi nvidia-smi || true
@@ -214,11 +229,15 @@ if [ -d .debs/dev ]; then build=$build_all; fi
 if has engine; then engine_part; fi
 if [ -d .debs/dev ]; then
     if has full; then full_part; fi
-    if has cuda || has quickstart || has train_bench || has profile; then deps_and_build_all; fi
+    if has cuda || has quickstart || has train_bench || has profile || has rl_bench || has decode_stages; then
+        deps_and_build_all
+    fi
     if has cuda; then cuda_part; fi
     if has quickstart; then quickstart_part; fi
     if has train_bench; then train_bench_part; fi
     if has profile; then profile_part; fi
+    if has decode_stages; then decode_stages_part; fi
+    if has rl_bench; then rl_bench_part; fi
 else
     echo "no .debs/: the full binary is not built (make it with tools/fetch_gpu_deps.sh and carry it)" |
         tee -a "$summary"
