@@ -1,11 +1,14 @@
-// Token sampling on the GPU, written for correctness before speed: the rows that top-k or
-// top-p rank are fully sorted by (logit descending, id ascending) with CUB's stable
-// segmented radix sort, then one block per row takes the host sampler's steps (kernels/cpu/
-// sample.c) in the same order: weights exp((z - max) / T) in double, the top-k set, top-p's
-// cut, the total, and the walk of one Philox uniform, all prefix sums in rank order by a
-// fixed-shape block scan. Sums group differently from the host's sequential ones, so a draw
-// within TR_SAMPLE_NEAR of a boundary may pick a neighbouring id; those are counted. Logits
-// are the activation dtype (float or bf16), widened exactly where they are read.
+// Token sampling on the GPU. The rows that top-k or top-p rank are sorted by (logit
+// descending, id ascending) with CUB's stable segmented radix sort; then one block per row
+// takes the host sampler's steps (kernels/cpu/sample.c) in the same order: weights
+// exp((z - max) / T) in double, the top-k set, top-p's cut, the total, and the walk of one
+// Philox uniform. Every prefix sum has one shape, set by the length of the walk alone: each
+// thread sums a contiguous segment of it in one pass, an ordered scan of those sums gives
+// each segment its start, and a search walks only the one segment holding its target, so a
+// row costs about one pass of exps (two for top-p without top-k). Sums group differently
+// from the host's sequential ones, so a draw within TR_SAMPLE_NEAR of a boundary may pick a
+// neighbouring id; those are counted. Logits are the activation dtype (float or bf16),
+// widened exactly where they are read; the rank order reads the sorted keys, which hold them.
 #include <limits.h>
 
 #include "kernels/cuda/cuda_ctx.cuh"
@@ -56,9 +59,6 @@ __global__ void sample_keys_kernel(uint32_t *keys, int32_t *ids, int32_t *begin,
 
 // ---- block-wide steps of one row (every thread of the block calls each) ----
 
-struct smp_op_min {
-    __device__ int32_t operator()(int32_t a, int32_t b) const { return a < b ? a : b; }
-};
 struct smp_op_max {
     __device__ int32_t operator()(int32_t a, int32_t b) const { return a > b ? a : b; }
 };
@@ -114,139 +114,317 @@ __device__ int32_t smp_argmax(const A *x, int32_t V) {
     return best;
 }
 
-// Inclusive scan of one value per thread in a fixed shape: shuffles within each warp, then
-// warp 0 scans the warp totals. The same inputs give the same sums on every run.
-__device__ inline double smp_block_scan(double v) {
-    __shared__ double warp_sums[32];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (int)(blockDim.x >> 5);
-    for (int o = 1; o < 32; o <<= 1) {
-        double t = __shfl_up_sync(0xffffffffu, v, o);
-        if (lane >= o) v += t;
+// ---- weights ----
+
+// 2^(j/32), j < 32, each rounded to nearest: the table of smp_exp.
+__device__ const double smp_exp2_tab[32] = {
+    0x1.0000000000000p+0, 0x1.059b0d3158574p+0, 0x1.0b5586cf9890fp+0, 0x1.11301d0125b51p+0,
+    0x1.172b83c7d517bp+0, 0x1.1d4873168b9aap+0, 0x1.2387a6e756238p+0, 0x1.29e9df51fdee1p+0,
+    0x1.306fe0a31b715p+0, 0x1.371a7373aa9cbp+0, 0x1.3dea64c123422p+0, 0x1.44e086061892dp+0,
+    0x1.4bfdad5362a27p+0, 0x1.5342b569d4f82p+0, 0x1.5ab07dd485429p+0, 0x1.6247eb03a5585p+0,
+    0x1.6a09e667f3bcdp+0, 0x1.71f75e8ec5f74p+0, 0x1.7a11473eb0187p+0, 0x1.82589994cce13p+0,
+    0x1.8ace5422aa0dbp+0, 0x1.93737b0cdc5e5p+0, 0x1.9c49182a3f090p+0, 0x1.a5503b23e255dp+0,
+    0x1.ae89f995ad3adp+0, 0x1.b7f76f2fb5e47p+0, 0x1.c199bdd85529cp+0, 0x1.cb720dcef9069p+0,
+    0x1.d5818dcfba487p+0, 0x1.dfc97337b9b5fp+0, 0x1.ea4afa2a490dap+0, 0x1.f50765b6e4540p+0,
+};
+
+// exp(d) in double within about 1 ulp, for the weights (d <= 0): d = (32e + j) ln2/32 + r
+// with |r| <= ln2/64, exp(d) = 2^e 2^(j/32) e^r, e^r - 1 by its degree-6 Taylor polynomial
+// (truncation below 0.05 ulp). About 11 double operations against exp()'s 18, and these are
+// the cost of a row; within an ulp of the exact value (as exp() is), far inside
+// TR_SAMPLE_NEAR. Outside [-700, 0] (scaling into subnormals, d > 0, NaN) exp() itself.
+__device__ inline double smp_exp(double d) {
+    if (d >= -700.0 && d <= 0.0) {
+        const double magic = 0x1.8p52;   // adding it rounds to an integer in the low word
+        double t = fma(d, 0x1.71547652b82fep+5, magic);   // d * 32 / ln2
+        int32_t k = __double2loint(t);
+        double kd = t - magic;
+        double r = fma(kd, -0x1.62e42fefa39efp-6, d);   // ln2/32 in two parts (Cody-Waite)
+        r = fma(kd, -0x1.abc9e3b39803fp-61, r);
+        double a = fma(r, 1.0 / 720.0, 1.0 / 120.0);
+        a = fma(a, r, 1.0 / 24.0);
+        a = fma(a, r, 1.0 / 6.0);
+        a = fma(a, r, 0.5);
+        a = fma(a, r, 1.0);
+        double tj = __ldg(&smp_exp2_tab[k & 31]);
+        double y = fma(tj, __dmul_rn(a, r), tj);   // in [0.98, 1.98]: scaling stays normal
+        int32_t e = k >> 5;                          // floor(k / 32), >= -1011
+        return __hiloint2double(__double2hiint(y) + (int32_t)((uint32_t)e << 20),
+                                __double2loint(y));
     }
-    __syncthreads();   // warp_sums may still be read by the previous call
-    if (lane == 31) warp_sums[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        double t = lane < nw ? warp_sums[lane] : 0.0;
-        for (int o = 1; o < 32; o <<= 1) {
-            double u = __shfl_up_sync(0xffffffffu, t, o);
-            if (lane >= o) t += u;
-        }
-        if (lane < nw) warp_sums[lane] = t;
-    }
-    __syncthreads();
-    return warp > 0 ? v + warp_sums[warp - 1] : v;
+    return d < -746.0 ? 0.0 : exp(d);   // exp() is 0 below -745.14
 }
 
-// The kept weights in walk order: rank r is id order[r], or id r when order is NULL.
+// ---- the walk order: a row's weights in segments ----
+
+// The weights of a row in walk order: id order from the logits, or rank order from the
+// sorted keys (which hold the logits' values: no gather through the sorted ids).
 template <typename A>
-struct smp_walk {
-    const A *x;
-    const int32_t *order;
+struct smp_src {
+    const A *x;             // id order, when keys is NULL
+    const uint32_t *keys;   // rank order
+    bool vec;               // 16-byte loads allowed
     double mx, inv_t;
 };
 
-template <typename A>
-__device__ inline int32_t smp_id(const smp_walk<A> &w, int32_t r) {
-    return w.order ? w.order[r] : r;
+// The logit a sorted key holds (tr_rank_key inverted; -0 came back as +0, of equal weight).
+__device__ __forceinline__ float smp_key_value(uint32_t k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
+// Chunk c (walk positions [8c, 8c + 8) below n) as fp32 values; returns how many.
 template <typename A>
-__device__ inline double smp_weight(const smp_walk<A> &w, int32_t r) {
-    return exp(((double)tr_f32(w.x[smp_id(w, r)]) - w.mx) * w.inv_t);
+__device__ __forceinline__ int32_t smp_load(const smp_src<A> &s, int32_t n, int32_t c,
+                                            float v[TR_LSM_CHUNK]) {
+    if (!s.keys) return tr_lsm_load(s.x, n, c, s.vec, v);
+    int32_t i0 = c * TR_LSM_CHUNK, cnt = n - i0 < TR_LSM_CHUNK ? n - i0 : TR_LSM_CHUNK;
+    uint32_t u[TR_LSM_CHUNK];
+    if (s.vec && cnt == TR_LSM_CHUNK) {
+        uint4 a = reinterpret_cast<const uint4 *>(s.keys + i0)[0];
+        uint4 b = reinterpret_cast<const uint4 *>(s.keys + i0)[1];
+        u[0] = a.x, u[1] = a.y, u[2] = a.z, u[3] = a.w;
+        u[4] = b.x, u[5] = b.y, u[6] = b.z, u[7] = b.w;
+    } else {
+#pragma unroll
+        for (int32_t k = 0; k < TR_LSM_CHUNK; k++) u[k] = k < cnt ? s.keys[i0 + k] : 0u;
+    }
+#pragma unroll
+    for (int32_t k = 0; k < TR_LSM_CHUNK; k++) v[k] = smp_key_value(u[k]);
+    return cnt;
 }
 
-// The first rank r < n whose inclusive prefix sum cum satisfies pred (r = n when none), that
-// prefix (the whole sum when none) and the one before it (0 before rank 0). Chunks of one
-// weight per thread, each chunk's sums carried on from the last sum of the chunk before.
+// The weights w[0, cnt) of loaded values (0 past cnt) and their sum, added one by one from
+// 0: the chunk sum, the same bits wherever a chunk is weighed.
+template <typename A>
+__device__ __forceinline__ double smp_weigh(const smp_src<A> &s, const float v[TR_LSM_CHUNK],
+                                            int32_t cnt, double w[TR_LSM_CHUNK]) {
+    double sum = 0.0;
+#pragma unroll
+    for (int32_t k = 0; k < TR_LSM_CHUNK; k++) {
+        w[k] = k < cnt ? smp_exp(__dmul_rn((double)v[k] - s.mx, s.inv_t)) : 0.0;
+        if (k < cnt) sum = sum + w[k];
+    }
+    return sum;
+}
+
+// Walk positions [0, n) in chunks of TR_LSM_CHUNK; thread t's segment is the chunks
+// [c0, c1), ceil(chunks / SMP_THREADS) of them per thread from thread 0 on (the last ones may
+// be short or empty). The shape depends on n alone.
+__device__ __forceinline__ void smp_chunks(int32_t n, int32_t t, int32_t *c0, int32_t *c1) {
+    int32_t nc = tr_lsm_chunks(n), per = (nc + SMP_THREADS - 1) / SMP_THREADS;
+    int32_t a = t * per < nc ? t * per : nc;
+    *c0 = a;
+    *c1 = nc - a < per ? nc : a + per;
+}
+
+// The cumulative weight B(r) of walk position r in chunk c of thread t's segment, from
+// four sums added one by one: the carry C[g] of the thread's group of SMP_GROUP segments,
+// the segments of that group before t (p[t]), the chunks of t's segment before c, the
+// chunk's weights through r: B(r) = C[g] + (p[t] + (chunks + weights)). Each level's last
+// partial sum is the very sum the level above took (a segment's chunks add up to the
+// segment sum in q[t] = p[t] + sum; a group's to C[g + 1] = C[g] + q), so B never
+// decreases, ends at the total C[32] and stays put at a weight 0: a target in [0, total)
+// lies in exactly one position's [B(r - 1), B(r)), whatever rounding did.
+#define SMP_GROUP (SMP_THREADS / 32)
+
 struct smp_hit {
-    int32_t r;
-    double cum, before;
+    int32_t r;              // the position found (n: none)
+    double before, cum;     // B(r - 1) (0 before position 0) and B(r)
 };
 
-template <typename A, typename Pred>
-__device__ smp_hit smp_scan_find(const smp_walk<A> &w, int32_t n, Pred pred) {
-    __shared__ double cums[SMP_THREADS];
-    smp_hit h = {n, 0.0, 0.0};
-    double carry = 0.0;
-    for (int32_t c0 = 0; c0 < n; c0 += blockDim.x) {
-        int32_t r = c0 + (int32_t)threadIdx.x;
-        double cum = carry + smp_block_scan(r < n ? smp_weight(w, r) : 0.0);
-        cums[threadIdx.x] = cum;
-        int32_t hit = (r < n && pred(cum)) ? r : INT_MAX;
-        hit = tr_block_reduce(hit, smp_op_min(), (int32_t)INT_MAX);   // also publishes cums
-        if (hit != INT_MAX) {
-            h.r = hit;
-            h.cum = cums[hit - c0];
-            h.before = hit > c0 ? cums[hit - c0 - 1] : carry;
-            break;
+struct smp_shared {
+    double v[SMP_THREADS];      // segment sums
+    double p[SMP_THREADS];      // the group's segments before t, added one by one
+    double q[SMP_THREADS];      // ... through t
+    double c[33];               // group carries, added one by one; c[32] is the total
+    smp_hit hit;
+};
+
+// Pass 1: each thread sums its segment (chunk sums added one by one from 0), then warp 0
+// lays out p, q and c. Returns the total of positions [0, n). Every thread calls.
+template <typename A>
+__device__ double smp_sums(smp_shared &sh, const smp_src<A> &s, int32_t n) {
+    int32_t c0, c1;
+    smp_chunks(n, (int32_t)threadIdx.x, &c0, &c1);
+    double sum = 0.0, w[TR_LSM_CHUNK];
+    float v[TR_LSM_CHUNK];
+    for (int32_t c = c0; c < c1; c++) {
+        int32_t cnt = smp_load(s, n, c, v);
+        sum = sum + smp_weigh(s, v, cnt, w);
+    }
+    __syncthreads();   // the previous walk may still read sh
+    sh.v[threadIdx.x] = sum;
+    __syncthreads();
+    int lane = threadIdx.x & 31;
+    if (threadIdx.x < 32) {
+        double acc = 0.0;
+        for (int j = 0; j < SMP_GROUP; j++) {
+            int i = lane * SMP_GROUP + j;
+            sh.p[i] = acc;
+            acc = acc + sh.v[i];
+            sh.q[i] = acc;
         }
-        int32_t last = (n - c0 < (int32_t)blockDim.x ? n - c0 : (int32_t)blockDim.x) - 1;
-        h.cum = cums[last];
-        h.before = last > 0 ? cums[last - 1] : carry;
-        carry = h.cum;
-        __syncthreads();   // every thread has read cums before the next chunk writes it
+        sh.c[lane] = acc;
+        __syncwarp();
+        if (lane == 0) {
+            double carry = 0.0;
+            for (int g = 0; g < 32; g++) {
+                double a = sh.c[g];
+                sh.c[g] = carry;
+                carry = carry + a;
+            }
+            sh.c[32] = carry;
+        }
     }
     __syncthreads();
+    return sh.c[32];
+}
+
+// Warp 0: the first position of segment t whose B(r) satisfies pred (pred: false below some
+// value, true from it on), when B at the segment's end does. The warp weighs 32 chunks at a
+// time, chains their sums in order, and the lane whose chunk's end passes first walks it.
+template <typename A, typename Pred>
+__device__ smp_hit smp_walk(const smp_shared &sh, const smp_src<A> &s, int32_t n, int32_t t,
+                            Pred pred) {
+    int lane = threadIdx.x & 31;
+    int32_t c0, c1;
+    smp_chunks(n, t, &c0, &c1);
+    double cg = sh.c[t / SMP_GROUP], pt = sh.p[t];
+    double chain = 0.0;   // the segment's chunk sums before this round's, every lane alike
+    for (int32_t r0 = c0; r0 < c1; r0 += 32) {
+        int32_t c = r0 + lane;
+        double w[TR_LSM_CHUNK], sum = 0.0;
+        float v[TR_LSM_CHUNK];
+        int32_t cnt = 0;
+        if (c < c1) {
+            cnt = smp_load(s, n, c, v);
+            sum = smp_weigh(s, v, cnt, w);
+        }
+        double start = 0.0;   // the chunk sums before this lane's
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            double si = __shfl_sync(0xffffffffu, sum, i);
+            if (lane == i) start = chain;
+            chain = chain + si;
+        }
+        unsigned m = __ballot_sync(0xffffffffu, c < c1 && pred(cg + (pt + (start + sum))));
+        if (m) {
+            int f = __ffs(m) - 1;
+            smp_hit h = {n, 0.0, 0.0};
+            if (lane == f) {
+                double part = 0.0, before = cg + (pt + start);
+                bool found = false;
+#pragma unroll
+                for (int32_t k = 0; k < TR_LSM_CHUNK; k++) {
+                    if (k < cnt && !found) {
+                        part = part + w[k];
+                        double cum = cg + (pt + (start + part));
+                        if (pred(cum)) {
+                            h = {c * TR_LSM_CHUNK + k, before, cum};
+                            found = true;
+                        }
+                        before = cum;
+                    }
+                }
+            }
+            h.r = __shfl_sync(0xffffffffu, h.r, f);
+            h.before = __shfl_sync(0xffffffffu, h.before, f);
+            h.cum = __shfl_sync(0xffffffffu, h.cum, f);
+            return h;
+        }
+    }
+    return {n, 0.0, 0.0};   // not reached: B at the segment's end passes
+}
+
+// The first position r < n whose B(r) satisfies pred (r = n when none), for every thread:
+// the segments whose end fails precede the one that holds it, so counting them finds it.
+template <typename A, typename Pred>
+__device__ smp_hit smp_find(smp_shared &sh, const smp_src<A> &s, int32_t n, Pred pred) {
+    int32_t t = threadIdx.x;
+    double end = sh.c[t / SMP_GROUP] + sh.q[t];
+    int32_t seg = __syncthreads_count(!pred(end));
+    if (seg >= SMP_THREADS) return {n, 0.0, 0.0};
+    if (t < 32) {
+        smp_hit h = smp_walk(sh, s, n, seg, pred);
+        if (t == 0) sh.hit = h;
+    }
+    __syncthreads();
+    smp_hit h = sh.hit;
+    __syncthreads();   // sh.hit is written again by the next search
     return h;
 }
 
 // The host sampler's draw for a row with temperature > 0 (kernels/cpu/sample.c, step by
-// step); *near as the contract defines it. sorted: the row's ids in rank order when ranked.
+// step); *near as the contract defines it. keys and sorted: the row's sort, when ranked.
 template <typename A>
-__device__ int32_t smp_draw(const A *x, int32_t V, const tr_sample_row &row, float mx,
-                            const int32_t *sorted, bool *near) {
-    bool use_k = smp_use_k(row, V), use_p = row.top_p < 1.0f;
-    smp_walk<A> w = {x, use_k || use_p ? sorted : NULL, (double)mx,
-                     1.0 / (double)row.temperature};
+__device__ int32_t smp_draw(smp_shared &sh, const A *x, const uint32_t *keys,
+                            const int32_t *sorted, int32_t V, const tr_sample_row &row,
+                            float mx, bool *near) {
+    bool use_k = smp_use_k(row, V), use_p = row.top_p < 1.0f, ranked = use_k || use_p;
+    double inv_t = 1.0 / (double)row.temperature;
+    smp_src<A> by_id = {x, NULL, tr_lsm_aligned(x), (double)mx, inv_t};
+    smp_src<A> w = {x, keys, tr_lsm_aligned(keys), (double)mx, inv_t};
+    if (!ranked) w = by_id;
     int32_t n = use_k ? row.top_k : V;
-    auto never = [](double) { return false; };
+    // the nucleus is measured against top-k's mass, else the whole row's (id order)
+    double mass = use_p && !use_k ? smp_sums(sh, by_id, V) : 0.0;
+    double total = smp_sums(sh, w, n);   // sh now holds w's sums over [0, n)
     bool cut_near = false;
-    smp_hit h;
+    int32_t kept = n;
     if (use_p) {
-        // the nucleus is measured against top-k's mass, else the whole row's (id order)
-        double mass;
-        if (use_k) {
-            mass = smp_scan_find(w, n, never).cum;
-        } else {
-            double part = 0.0;
-            for (int32_t i = threadIdx.x; i < V; i += blockDim.x)
-                part += exp(((double)tr_f32(x[i]) - w.mx) * w.inv_t);
-            mass = tr_block_sum(part);
-        }
+        if (use_k) mass = total;
         double limit = (double)row.top_p * mass, tol = TR_SAMPLE_NEAR * mass;
-        h = smp_scan_find(w, n, [limit](double cum) { return cum >= limit; });
-        int32_t kept = h.r < n ? h.r + 1 : n;
-        cut_near = fabs(h.cum - limit) <= tol || (kept >= 2 && limit - h.before <= tol);
-        n = kept;
-    } else {
-        h = smp_scan_find(w, n, never);
+        if (!(limit > 0.0)) {   // nothing kept: the host falls back to rank 0
+            *near = true;
+            return sorted[0];
+        }
+        smp_hit h = smp_find(sh, w, n, [limit](double cum) { return cum >= limit; });
+        if (h.r < n) {
+            kept = h.r + 1;
+            total = h.cum;   // B(kept - 1): the walk below ends there
+            cut_near = fabs(h.cum - limit) <= tol || (kept >= 2 && limit - h.before <= tol);
+        } else {
+            cut_near = true;   // rounding left the limit above the whole set
+        }
     }
-    double total = h.cum;   // the kept prefix, as the walk below sums it
     uint64_t counter = row.counter;
     int32_t used = row.used;
     uint32_t a = tr_philox_next(row.seed, &counter, &used);
     uint32_t b = tr_philox_next(row.seed, &counter, &used);
     double target = tr_philox_uniform53(a, b) * total, tol = TR_SAMPLE_NEAR * total;
-    smp_hit d = smp_scan_find(w, n, [target](double cum) { return target < cum; });
-    if (d.r < n) {
-        *near = cut_near || d.cum - target <= tol || (d.r > 0 && target - d.before <= tol);
-        return smp_id(w, d.r);
+    if (target < total) {   // then a position below kept holds it
+        smp_hit d = smp_find(sh, w, n, [target](double cum) { return target < cum; });
+        if (d.r < kept) {
+            *near = cut_near || d.cum - target <= tol || (d.r > 0 && target - d.before <= tol);
+            return ranked ? sorted[d.r] : d.r;
+        }
     }
-    // Rounding left the target at the very top: the last kept rank with weight, else rank 0.
+    // Rounding left the target at the very top: the last kept position with weight, else 0.
     *near = true;
-    int32_t last = 0;
-    for (int32_t r = 1 + threadIdx.x; r < n; r += blockDim.x)
-        if (smp_weight(w, r) > 0.0) last = r;
+    int32_t c0, c1, last = 0;
+    smp_chunks(n, (int32_t)threadIdx.x, &c0, &c1);
+    for (int32_t c = c0; c < c1; c++) {
+        double wt[TR_LSM_CHUNK];
+        float v[TR_LSM_CHUNK];
+        int32_t cnt = smp_load(w, n, c, v);
+        smp_weigh(w, v, cnt, wt);
+#pragma unroll
+        for (int32_t k = 0; k < TR_LSM_CHUNK; k++) {
+            int32_t r = c * TR_LSM_CHUNK + k;
+            if (k < cnt && r >= 1 && r < kept && wt[k] > 0.0) last = r;
+        }
+    }
     last = tr_block_reduce(last, smp_op_max(), (int32_t)0);
-    return smp_id(w, last);
+    return ranked ? sorted[last] : last;
 }
 
 // One block of SMP_THREADS per row (grid-stride over rows).
 template <typename A>
-__global__ void sample_draw_kernel(int32_t *ids, float *logprob, int32_t *n_near,
-                                   const A *logits, const tr_sample_row *rows,
-                                   const int32_t *sorted, int32_t B, int32_t V) {
+__global__ void __launch_bounds__(SMP_THREADS)
+sample_draw_kernel(int32_t *ids, float *logprob, int32_t *n_near, const A *logits,
+                   const tr_sample_row *rows, const uint32_t *keys, const int32_t *sorted,
+                   int32_t B, int32_t V) {
+    __shared__ smp_shared sh;
     for (int32_t b = blockIdx.x; b < B; b += gridDim.x) {
         const A *x = logits + (size_t)b * V;
         tr_sample_row row = rows[b];
@@ -254,7 +432,8 @@ __global__ void sample_draw_kernel(int32_t *ids, float *logprob, int32_t *n_near
         bool near = false;
         int32_t id = row.temperature == 0.0f
                          ? smp_argmax(x, V)
-                         : smp_draw(x, V, row, st.m, sorted + (size_t)b * V, &near);
+                         : smp_draw(sh, x, keys + (size_t)b * V, sorted + (size_t)b * V, V,
+                                    row, st.m, &near);
         if (threadIdx.x == 0) {
             ids[b] = id;
             logprob[b] = tr_lsm_logprob(x, id, tr_lsm_lse(st));
@@ -276,7 +455,7 @@ static void sample_run(tr_backend *be, tr_rank_sort &s, int32_t *ids, float *log
     // Stable: equal keys keep the id order they came in.
     if (tr_rank_sort_run(be, &s, B, V)) return;
     sample_draw_kernel<A><<<grid, SMP_THREADS, 0, st>>>(ids, logprob, n_near, logits, rows,
-                                                        s.ids_out, B, V);
+                                                        s.keys_out, s.ids_out, B, V);
     TR_CUDA_LAUNCHED(be, "sample");
 }
 
