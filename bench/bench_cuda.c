@@ -572,11 +572,11 @@ int main(int argc, char **argv) {
     char msg[512];
     tr_cuda_device_info info;
     if (tr_cuda_device_query(0, &info, msg, sizeof msg) != 0) fail("device", msg);
-    if (tr_backend_cuda_init(&gpu, 0, TR_BF16) != 0) {
+    if (tr_backend_cuda_init(&gpu, 0, TR_BF16, -1) != 0) {
         tr_backend_cuda_status(&gpu, msg, sizeof msg);
         fail("tr_backend_cuda_init bf16", msg);
     }
-    if (tr_backend_cuda_init(&gpu32, 0, TR_F32) != 0) {
+    if (tr_backend_cuda_init(&gpu32, 0, TR_F32, -1) != 0) {
         tr_backend_cuda_status(&gpu32, msg, sizeof msg);
         fail("tr_backend_cuda_init fp32", msg);
     }

@@ -50,7 +50,8 @@ int tr_backend_init(tr_backend *be, const tr_backend_opts *opts, char *msg, size
         return -1;
     }
     tr_dt p = prec && strcmp(prec, "fp32") == 0 ? TR_F32 : TR_BF16;
-    if (tr_backend_cuda_init(be, opts->device, p) != 0) {
+    int inv = opts->batch_invariant > 0 ? 1 : opts->batch_invariant < 0 ? 0 : -1;   // -1: env
+    if (tr_backend_cuda_init(be, opts->device, p, inv) != 0) {
         char why[512];
         tr_backend_cuda_status(be, why, sizeof why);
         snprintf(msg, cap, "cuda backend on device %d: %s", opts->device, why);

@@ -16,6 +16,10 @@ typedef struct tr_backend_opts {
     // backend's activation and working-weight dtypes (ops.h); bf16 on the CPU emulates CUDA's
     // rounding points.
     const char *precision;
+    // cuda: 0 (a zeroed struct) batch-invariant products in bf16 (ops.h's tr_backend) unless
+    // TROUPE_CUDA_BATCH_INVARIANT=0 is set; 1 on; -1 off (the fastest kernel for each whole
+    // shape). The CPU backend is batch-invariant whatever this says.
+    int32_t batch_invariant;
 } tr_backend_opts;
 
 // Returns 0, or -1 with msg saying why (unknown kind or precision, a build without CUDA, no

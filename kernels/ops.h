@@ -162,7 +162,8 @@ typedef struct tr_ops {
     // out[T,OC] = in[T,IC] @ w[OC,IC]^T (+ bias[OC] if not NULL). in: A; w, bias: W.
     // out is A, or F with TR_MM_OUT_F32; TR_MM_ACCUMULATE (with OUT_F32) adds into out,
     // which is how o_proj and down_proj add into the residual stream. The reduction over IC
-    // of each output element runs in an order that depends on neither T nor the row.
+    // of each output element runs in an order that depends on neither T nor the row when
+    // be->batch_invariant (otherwise on T too, never on the row).
     void (*matmul_forward)(tr_backend *be, void *out, const void *in, const void *w,
                            const void *bias, int32_t T, int32_t IC, int32_t OC, int32_t flags);
     // din = dout @ w (A, written); dw += dout^T @ in; dbias += sum_t dout (F). dout, in: A;
@@ -380,6 +381,12 @@ struct tr_backend {
     int32_t n_threads;
     tr_dt act;   // A: activations, activation gradients, KV cache
     tr_dt wt;    // W: weights as forward and backward read them
+    // 1 when a row's results do not depend on the rows beside it or on T, which makes
+    // generation's logprobs (a decode step's rows) the training path's bits: the CPU backend
+    // always; CUDA in bf16 unless turned off (tr_backend_opts.batch_invariant), its forward
+    // products then taking one kernel per shape without regard to T. 0: CUDA in fp32 (cuBLAS
+    // sgemm picks by the whole shape) or with it off.
+    int batch_invariant;
 };
 
 // CPU backend with n_threads worker threads (0 = number of cores), fp32 (bf16: the emulated

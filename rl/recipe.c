@@ -480,7 +480,9 @@ bool tr_recipe_old_lp_from_rollout(const tr_recipe *r) {
         // The CPU backend's sums do not depend on the rows beside them, so sampling reports
         // the training path's bits: the policy's own, or a generator's at the policy's tp
         // (another tp sums in another layout) that does not lag a step.
-        return r->backend == TR_RECIPE_CPU &&
+        // The CUDA backend's bf16 products are too in its batch-invariant mode.
+        return (r->backend == TR_RECIPE_CPU ||
+                (r->batch_invariant && r->precision != TR_RECIPE_FP32)) &&
                (!r->generator.present || (!r->generator.one_step_off &&
                                           r->generator.parallel.tp == r->models[TR_RECIPE_POLICY].parallel.tp));
     }

@@ -168,7 +168,8 @@ typedef struct tr_recipe_rollout {
 // Where an RL step's old (behaviour) logprobs come from: a policy.logprobs pass over the batch
 // (recompute), or the logprobs generation reported for each sampled token (rollout), which
 // equal the training path's when the engine reduces in an order independent of the batch;
-// auto: rollout where that holds (the CPU backend, sampling at the policy's tp, not a step off).
+// auto: rollout where that holds (the CPU backend or CUDA's batch-invariant bf16, sampling at the
+// policy's tp, not a step off).
 enum tr_recipe_old_lp { TR_RECIPE_OLD_LP_AUTO, TR_RECIPE_OLD_LP_RECOMPUTE, TR_RECIPE_OLD_LP_ROLLOUT };
 
 typedef struct tr_recipe_algorithm {
@@ -225,6 +226,7 @@ typedef struct tr_recipe {
     char run_dir[TR_RECIPE_PATH_MAX];
     enum tr_recipe_backend backend;
     enum tr_recipe_precision precision;
+    bool batch_invariant;    // cuda bf16: products that ignore the batch (tr_backend's)
     int64_t threads;  // CPU worker threads; 0 = all cores
     double memory_gb; // memory each worker may plan with; 0 = the device's free memory
     tr_recipe_model models[TR_RECIPE_REWARD];  // policy, reference, critic

@@ -335,7 +335,7 @@ static const tr_rkey algorithm_keys[] = {
      .doc = "the ratio's old logprobs: recompute (a policy.logprobs pass over the batch) or rollout (the "
             "logprobs generation reported, saving that pass; log.logprob_diff_sequences are still recomputed "
             "to measure the difference); auto: rollout where generation and training reduce alike (the cpu "
-            "backend, sampling by the policy or by a generator at its tp and not a step off), else recompute. "
+            "backend, or cuda in bf16 with batch_invariant; sampling by the policy or by a generator at its tp and not a step off), else recompute. "
             "Not rollout with models.generator.one_step_off"},
     {0},
 };
@@ -403,6 +403,12 @@ const tr_rkey tr_recipe_schema[] = {
      .names = precision_names, .def = "auto",
      .doc = "weights and activations as the passes read them (fp32 masters and optimizer either "
             "way); auto: the backend's, cpu fp32 and cuda bf16"},
+    {.name = "batch_invariant", .type = TR_RK_BOOL, .off = offsetof(tr_recipe, batch_invariant),
+     .def = "true",
+     .doc = "cuda in bf16: every product picks its kernel without regard to the batch, so a row's "
+            "bits do not depend on the rows beside it and generation reports the training path's "
+            "logprobs exactly (what algorithm.old_logprobs auto relies on); false: the fastest kernel per "
+            "shape. fp32 on cuda is never batch-invariant; the cpu backend always is"},
     {.name = "threads", .type = TR_RK_INT, .off = offsetof(tr_recipe, threads), .flags = UNIT, .min = 0,
      .max = 4096, .def = "0", .doc = "CPU threads per worker; 0 = all cores"},
     {.name = "memory_gb", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe, memory_gb), .flags = UNIT,

@@ -322,12 +322,13 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
                                        "device", "memory_bytes", "max_tokens", "seed", "tokenizer",
                                        "chat_format", "train", "optim", "loss", "kv_tokens", "kv_want",
                                        "max_seqs", "reward", "parallel", "generate", "precision",
-                                       "save_dtype", "share_weights", NULL};
+                                       "save_dtype", "share_weights", "batch_invariant", NULL};
     char backend[16], precision[8] = "", save_dtype[8] = "fp32";
     int64_t threads, device = 0, memory = 0, max_tokens, kv_tokens = 0, kv_want = 0, max_seqs = 0, share = 0;
     uint64_t seed;
-    bool train, generate = true;
+    bool train, generate = true, invariant = true;
     if (tr_msg_check_keys(a, keys, err) || tr_msg_get_bool_opt(a, "generate", &generate, err) ||
+        tr_msg_get_bool_opt(a, "batch_invariant", &invariant, err) ||
         tr_msg_get_str_buf(a, "backend", backend, sizeof backend, err) ||
         tr_msg_get_int(a, "threads", &threads, err) || tr_msg_get_int(a, "max_tokens", &max_tokens, err) ||
         tr_msg_get_uint(a, "seed", &seed, err) || tr_msg_get_bool(a, "train", &train, err) ||
@@ -372,7 +373,8 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
     if (needs_model && !w->has_backend) {
         char why[512];
         tr_backend_opts bo = {.kind = backend, .threads = (int32_t)threads, .device = (int32_t)device,
-                              .precision = precision[0] ? precision : NULL};
+                              .precision = precision[0] ? precision : NULL,
+                              .batch_invariant = invariant ? 0 : -1};
         if (tr_backend_init(&w->be, &bo, why, sizeof why))
             return tr_errf(err, TR_EDEVICE, "init: %s", why);
         w->has_backend = true;

@@ -88,8 +88,7 @@ static inline int et_same(tr_backend *be, const void *a, const void *b, size_t b
 }
 
 // Whether the backend promises batch-invariant results (a row's bits do not depend on the
-// rows beside it): the CPU backend does; the CUDA backend does not yet (cuBLAS picks kernels
-// by the shape of a call), so there tests allow fp32 rounding instead of exact equality.
-static inline int et_batch_invariant(const tr_backend *be) {
-    return strcmp(be->ops->name, "cpu") == 0;
-}
+// rows beside it or on T): the CPU backend does, CUDA in bf16 unless it was turned off; CUDA
+// in fp32 does not (cuBLAS sgemm picks kernels by the whole shape), so there tests allow fp32
+// rounding instead of exact equality.
+static inline int et_batch_invariant(const tr_backend *be) { return be->batch_invariant; }

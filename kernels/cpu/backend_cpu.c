@@ -89,6 +89,7 @@ int tr_backend_cpu_init(tr_backend *be, int32_t n_threads, tr_dt precision) {
     be->ctx = ctx;
     be->n_threads = n_threads;
     be->act = be->wt = precision;
+    be->batch_invariant = 1;   // fixed work splits, every product a k-ordered chain
     return 0;
 }
 

@@ -153,11 +153,13 @@ int tr_cuda_record(tr_cuda_ctx *ctx, const char *file, int line, const char *wha
 }
 
 // The context is kept even when init fails, so that status can tell why.
-extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision) {
+extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
+                                    int batch_invariant) {
     be->ops = NULL;
     be->ctx = NULL;
     be->n_threads = 1;
     be->act = be->wt = precision;
+    be->batch_invariant = 0;
     tr_cuda_ctx *ctx = (tr_cuda_ctx *)calloc(1, sizeof *ctx);
     if (!ctx) return -1;
     be->ctx = ctx;
@@ -171,6 +173,14 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision)
     ctx->sync_each_op = each && strcmp(each, "1") == 0;
     const char *flash = getenv("TROUPE_CUDA_FLASH_ATTENTION");
     ctx->flash_attention = !(flash && strcmp(flash, "0") == 0);
+    // The bf16 forward products pick their kernel without regard to T (gemm_lt.cu); sgemm
+    // cannot be told to, so fp32 is not batch-invariant. -1: TROUPE_CUDA_BATCH_INVARIANT's
+    // say, on unless it is 0.
+    if (batch_invariant < 0) {
+        const char *inv = getenv("TROUPE_CUDA_BATCH_INVARIANT");
+        batch_invariant = !(inv && strcmp(inv, "0") == 0);
+    }
+    be->batch_invariant = precision == TR_BF16 && batch_invariant;
     if (TR_CUDA_CHECK(be, cudaSetDevice(device))) return -1;
     if (TR_CUDA_CHECK(be, cudaDeviceGetAttribute(&ctx->sms, cudaDevAttrMultiProcessorCount, device)))
         return -1;

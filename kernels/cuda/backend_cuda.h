@@ -17,7 +17,7 @@ extern "C" {
 // math, never TF32). Ops run asynchronously on that stream, in call order; the calling
 // thread must keep `device` current. Returns 0, or -1 with be->ops NULL: then
 // tr_backend_cuda_status says why, and tr_backend_cuda_free releases what was made.
-int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision);
+int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision, int batch_invariant);
 void tr_backend_cuda_free(tr_backend *be);
 
 // Ops return void, so the backend records the first CUDA or cuBLAS failure (launch or

@@ -5,7 +5,9 @@
 // bits on every run, and no timing-driven choice. Pointer alignments are part of the shape
 // because the heuristic's choice depends on them; they are counted up to 16 bytes (what the
 // tensor-core kernels' vector loads need), so that the same product on buffers at different
-// offsets, as every layer's are, is one plan and not one for each power of two.
+// offsets, as every layer's are, is one plan and not one for each power of two. In the
+// batch-invariant mode a forward product's algorithm ignores its token count n as well
+// (plan_choose_any_n), so that a row's bits do not depend on the batch around it.
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -110,6 +112,9 @@ static int algo_attr(const cublasLtMatmulAlgo_t *algo, cublasLtMatmulAlgoConfigA
 // training step, no other first choice was an older kernel (bench_cuda gemm on an H200).
 #define LT_HOPPER_ALGO_ID 66
 
+// The n at which a batch-invariant product's algorithm is chosen for every n.
+#define LT_ANY_N 8192
+
 // The heuristic's first algorithm without split-K, or its first Hopper kernel when it ranks
 // an older one first. A pure function of the shape: no timing decides it.
 // Returns 0, or -1 with the failure recorded.
@@ -142,6 +147,36 @@ static int plan_choose(tr_backend *be, tr_lt_plan *p) {
     return -1;
 }
 
+static int plan_make(tr_backend *be, const tr_lt_key *key, const void *bias, tr_lt_plan *p);
+
+// A batch-invariant product's algorithm: the rule's choice for the same product at n =
+// LT_ANY_N (a training micro-batch's size, where the time goes), checked to run this n. The
+// leading dimensions do not depend on n, so the two keys differ in n alone. Returns 0, or -1
+// with the failure recorded.
+static int plan_choose_any_n(tr_backend *be, tr_lt_plan *p, const void *bias) {
+    tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
+    tr_lt_key ck = p->key;
+    ck.any_n = 0;
+    ck.n = LT_ANY_N;
+    tr_lt_plan c;
+    if (plan_make(be, &ck, bias, &c) != 0) return -1;
+    p->algo = c.algo;
+    plan_release(&c);
+    cublasLtMatmulHeuristicResult_t r;
+    memset(&r, 0, sizeof r);
+    if (cublasLtMatmulAlgoCheck(ctx->lt, p->op, p->a, p->b, p->d, p->d, &p->algo, &r) !=
+            CUBLAS_STATUS_SUCCESS ||
+        r.workspaceSize > TR_CUDA_LT_WORKSPACE) {
+        char why[200];
+        snprintf(why, sizeof why, "batch-invariant product: the algorithm chosen at n=%d does not "
+                 "run m=%lld n=%lld k=%lld", LT_ANY_N, (long long)p->key.m, (long long)p->key.n,
+                 (long long)p->key.k);
+        tr_cuda_record(ctx, __FILE__, __LINE__, "cublasLtMatmulAlgoCheck", why);
+        return -1;
+    }
+    return 0;
+}
+
 // Descriptors for the shape in key (bias: the pointer the heuristic sees for its alignment)
 // and its algorithm. Returns 0, or -1 with the failure recorded and p released.
 static int plan_make(tr_backend *be, const tr_lt_key *key, const void *bias, tr_lt_plan *p) {
@@ -168,7 +203,7 @@ static int plan_make(tr_backend *be, const tr_lt_key *key, const void *bias, tr_
         ok = !set_desc(be, p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) &&
              !set_desc(be, p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
     }
-    if (ok && plan_choose(be, p) == 0) return 0;
+    if (ok && (key->any_n ? plan_choose_any_n(be, p, bias) : plan_choose(be, p)) == 0) return 0;
     plan_release(p);
     return -1;
 }
@@ -220,6 +255,7 @@ static void key_of(const tr_lt_gemm *g, tr_lt_key *key) {
     key->align_b = align_of(g->b);
     key->align_d = align_of(g->d);
     key->align_bias = g->bias ? align_of(g->bias) : 0;
+    key->any_n = g->any_n;
 }
 
 int tr_lt_matmul(tr_backend *be, const tr_lt_gemm *g) {

@@ -2,10 +2,14 @@
 // restart per document, targets are the next token of the same document) and reading the
 // tensors of a fixture's expected.safetensors.
 #pragma once
+#include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/heads.h"
+#include "engine/model.h"
 #include "engine/safetensors.h"
 #include "kernels/ops.h"
 
@@ -35,6 +39,34 @@ static inline void pack_batch(packed_batch *b, const int32_t *ids, const int32_t
     b->docs.n_docs = n_docs;
     b->docs.doc_start = b->doc_start;
     b->docs.pos = b->pos;
+}
+
+// The training path's logprobs of prompt (P tokens) + tokens (n), a forward of one document
+// on train (a model of >= P + n <= 128 rows), against what generation reported for them (lp):
+// the largest difference (NAN when the forward failed); *bitwise += the equal ones.
+static inline double gen_vs_training(tr_model *train, const int32_t *prompt, int32_t P,
+                                     const int32_t *tokens, const float *lp, int32_t n,
+                                     int64_t *bitwise) {
+    int32_t ids[128], lens[1] = {P + n};
+    if (P + n > 128) return NAN;
+    for (int32_t t = 0; t < P; t++) ids[t] = prompt[t];
+    for (int32_t t = 0; t < n; t++) ids[P + t] = tokens[t];
+    packed_batch b;
+    pack_batch(&b, ids, lens, 1);
+    float out[128];
+    tr_err err = {0};
+    if (tr_model_forward(train, b.ids, &b.docs, &err) != 0 ||
+        tr_lm_head_forward(train, b.targets, out, NULL, &err) != 0) {
+        fprintf(stderr, "gen_vs_training: %s\n", err.msg);
+        return NAN;
+    }
+    double worst = 0;
+    for (int32_t t = 0; t < n; t++) {
+        double d = fabs((double)out[P - 1 + t] - (double)lp[t]);
+        if (!(d <= worst)) worst = d;
+        *bitwise += out[P - 1 + t] == lp[t];
+    }
+    return worst;
 }
 
 // Reads tensor `name` of f as floats into a malloc'd array (NULL if absent or not float).

@@ -127,27 +127,6 @@ static void make_prompts(int32_t prompts[][40], int32_t *lens, int32_t n, int32_
     }
 }
 
-// The training path's logprobs of prompt + output, compared to what generation reported.
-static double check_against_training(tr_model *train, const int32_t *prompt, int32_t P,
-                                     const tr_gen_output *o, int64_t *bitwise) {
-    int32_t ids[128], lens[1] = {P + o->n_tokens};
-    for (int32_t t = 0; t < P; t++) ids[t] = prompt[t];
-    for (int32_t t = 0; t < o->n_tokens; t++) ids[P + t] = o->tokens[t];
-    packed_batch b;
-    pack_batch(&b, ids, lens, 1);
-    float lp[128];
-    tr_err err = {0};
-    CHECKF(tr_model_forward(train, b.ids, &b.docs, &err) == 0, "%s", err.msg);
-    CHECKF(tr_lm_head_forward(train, b.targets, lp, NULL, &err) == 0, "%s", err.msg);
-    double worst = 0;
-    for (int32_t t = 0; t < o->n_tokens; t++) {
-        double d = fabs((double)lp[P - 1 + t] - (double)o->logprobs[t]);
-        if (!(d <= worst)) worst = d;
-        *bitwise += lp[P - 1 + t] == o->logprobs[t];
-    }
-    return worst;
-}
-
 static void test_logprobs(const char *name, tr_backend *be) {
     printf("%s: logprobs vs the training path\n", name);
     tr_model gen_m, train_m;
@@ -177,8 +156,8 @@ static void test_logprobs(const char *name, tr_backend *be) {
             CHECK(o->request == i / NS && o->sample == i % NS);
             CHECK(o->n_tokens >= 1 && o->n_tokens <= reqs[o->request].max_new_tokens);
             CHECK(o->finish == TR_GEN_STOP || o->n_tokens == reqs[o->request].max_new_tokens);
-            double e = check_against_training(&train_m, prompts[o->request], lens[o->request],
-                                              o, &bitwise);
+            double e = gen_vs_training(&train_m, prompts[o->request], lens[o->request],
+                                       o->tokens, o->logprobs, o->n_tokens, &bitwise);
             if (!(e <= worst)) worst = e;
             total += o->n_tokens;
             if (o->sample > 0 && o->tokens[0] != outs[i - 1].tokens[0]) distinct = true;

@@ -21,6 +21,7 @@
 
 #include "engine/checkpoint.h"
 #include "engine/config.h"
+#include "engine/generate.h"
 #include "engine/heads.h"
 #include "engine/model.h"
 #include "engine/rng.h"
@@ -232,6 +233,58 @@ static void test_sft(tr_backend *bf, tr_backend *fp) {
     CHECKF(l32 < 2.0 && l16 < 2.0, "losses %.4f %.4f: nothing learned", l32, l16);
 }
 
+// Generation's logprobs in bf16 against the training path's: decode passes of up to 8 rows
+// (and 16-row prefill chunks) against one forward of each whole sequence. On a batch-invariant
+// backend (the CPU; CUDA's bf16 products choosing their kernel without regard to T) they are
+// the same bits, which is what lets an RL step take its old logprobs from the rollout.
+// Otherwise the difference is printed: bf16 roundings of sums in other orders.
+static void test_generation_logprobs(tr_backend *bf) {
+    tr_model gen_m, train_m;
+    tr_err err = {0};
+    tr_model_opts go = {.max_tokens = 16}, to = {.max_tokens = 128};
+    const char *path = tr_test_src("tests/fixtures/models/qwen2");
+    if (tr_model_load(&gen_m, path, bf, &go, &err) != 0 || tr_model_load(&train_m, path, bf, &to, &err) != 0) {
+        CHECKF(0, "%s", err.msg);
+        return;
+    }
+    enum { NR = 4, NS = 3 };
+    static const int32_t L[NR] = {3, 9, 20, 13};
+    int32_t prompts[NR][20];
+    tr_gen_request reqs[NR];
+    for (int32_t i = 0; i < NR; i++) {
+        for (int32_t t = 0; t < L[i]; t++) prompts[i][t] = (5 + 29 * i + 13 * t * t) % gen_m.cfg.vocab_size;
+        reqs[i] = (tr_gen_request){.prompt = prompts[i], .n_prompt = L[i], .n_samples = NS,
+                                   .sampling = {1.0f, 0, 1.0f}, .seed = 40 + (uint64_t)i,
+                                   .max_new_tokens = 10 + i};
+    }
+    tr_gen_output outs[NR * NS];
+    tr_gen_opts opts = {.kv_tokens = 512, .block_size = 4, .max_seqs = 8};
+    tr_generator g;
+    int rc = tr_generator_init(&g, &gen_m, &opts, &err);
+    if (!rc) rc = tr_generate(&g, reqs, NR, outs, &err);
+    CHECKF(rc == 0, "%s", err.msg);
+    if (rc == 0) {
+        double worst = 0;
+        int64_t bitwise = 0, total = 0;
+        for (int32_t i = 0; i < NR * NS; i++) {
+            const tr_gen_output *o = &outs[i];
+            double e = gen_vs_training(&train_m, prompts[o->request], L[o->request], o->tokens, o->logprobs,
+                                       o->n_tokens, &bitwise);
+            if (!(e <= worst)) worst = e;
+            total += o->n_tokens;
+        }
+        printf("generation vs training logprobs in bf16 (%s, batch-invariant %d): max difference %.3g, "
+               "%lld of %lld bitwise equal\n", bf->ops->name, bf->batch_invariant, worst, (long long)bitwise,
+               (long long)total);
+        if (bf->batch_invariant) CHECKF(worst == 0 && bitwise == total, "max difference %.3g", worst);
+        else CHECKF(isfinite(worst), "max difference %.3g", worst);
+        tr_gen_outputs_free(outs, NR * NS);
+    }
+    tr_generator_free(&g);
+    tr_model_free(&gen_m);
+    tr_model_free(&train_m);
+}
+
 int main(void) {
     tr_backend bf, fp;
     et_backend_in(&bf, 1, "bf16");
@@ -240,6 +293,7 @@ int main(void) {
     test_layout(&bf);
     test_rounding_points(&bf, &fp);
     test_sft(&bf, &fp);
+    test_generation_logprobs(&bf);
     tr_backend_free(&bf);
     tr_backend_free(&fp);
     return tr_test_summary("test_model_bf16");

@@ -2038,7 +2038,7 @@ int main(int argc, char **argv) {
         if (which && strcmp(which, tr_dt_name(prec)) != 0) continue;
         printf("%s pass:\n", tr_dt_name(prec));
         if (tr_backend_cpu_init(&cpu_be, 2, prec) != 0) die("tr_backend_cpu_init", "failed");
-        if (tr_backend_cuda_init(&gpu_be, 0, prec) != 0) {
+        if (tr_backend_cuda_init(&gpu_be, 0, prec, -1) != 0) {
             tr_backend_cuda_status(&gpu_be, msg, sizeof msg);
             die("tr_backend_cuda_init", msg);
         }
