@@ -372,6 +372,40 @@ static void test_round_trip(void) {
 // models.generator: replicas and parallel.dp are one number, a tp of its own is taken, the
 // layout and backend are checked at load, the pipeline refuses dynamic sampling, and the
 // section round-trips.
+// Where algorithm.old_logprobs: auto takes the ratio's old logprobs from generation: where the
+// backend reports the training path's bits (cpu; cuda in bf16 with batch_invariant) and the
+// sampler runs the policy's layout and weights (no generator, or one at the policy's tp that is
+// not a step off). rollout and recompute say so whatever the rest.
+static void test_old_logprobs(void) {
+    static const struct {
+        const char *sets[3];
+        bool rollout;
+    } cases[] = {
+        {{NULL}, true},
+        {{"backend=cuda"}, true},
+        {{"backend=cuda", "precision=fp32"}, false},
+        {{"backend=cuda", "batch_invariant=false"}, false},
+        {{"backend=cpu", "batch_invariant=false"}, true},
+        {{"models.generator={replicas: 2}"}, true},
+        {{"models.generator={parallel: {tp: 2}}"}, false},
+        {{"models.generator={one_step_off: true}"}, false},
+        {{"algorithm.old_logprobs=recompute"}, false},
+        {{"backend=cuda", "precision=fp32", "algorithm.old_logprobs=rollout"}, true},
+    };
+    const char *base = L1 L2 L3 L4 L5 L6 L7 L8 L9;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int n = 0;
+        while (n < 3 && cases[i].sets[n]) n++;
+        tr_recipe r;
+        tr_err err = {0};
+        int rc = tr_recipe_parse(base, strlen(base), "ok.yaml", cases[i].sets, n, &r, &err);
+        CHECKF(rc == 0, "case %zu: %s", i, err.msg);
+        if (rc == 0)
+            CHECKF(tr_recipe_old_lp_from_rollout(&r) == cases[i].rollout, "case %zu: from the rollout %d, want %d",
+                   i, tr_recipe_old_lp_from_rollout(&r), cases[i].rollout);
+    }
+}
+
 static void test_generator(void) {
     tr_recipe r, b;
     tr_err err = {0};
@@ -471,6 +505,7 @@ int main(void) {
     test_errors();
     test_overrides();
     test_round_trip();
+    test_old_logprobs();
     test_generator();
     test_defaults();
     return tr_test_summary("test_recipe");
