@@ -45,8 +45,10 @@ int tr_rl_generate(tr_run *run, tr_rl_step *s, tr_prompt_loader *train, int64_t 
         s->ahead_step = 0;
         s->ahead_ready = false;
         lag = 1;
+        s->gen_report = s->ahead_report;
     } else {
         tr_sampling smp = tr_rl_sampling(run->rc, step, round);
+        smp.report = &s->gen_report;
         if (tr_prompt_loader_draw(train, run->data_cursor, P, &s->draw, err) ||
             tr_policy_generate(run->sampler, &s->draw.batch, &smp, &s->gen, err))
             return -1;
@@ -70,6 +72,8 @@ int tr_rl_sample_ahead(tr_run *run, tr_rl_step *s, tr_prompt_loader *train, int6
     if (!run->generator || !rc->generator.one_step_off || step >= rc->train.steps) return 0;
     // The prompts the next step would draw: this step's were drawn already.
     tr_sampling smp = tr_rl_sampling(rc, step + 1, 0);
+    memset(&s->ahead_report, 0, sizeof s->ahead_report);
+    smp.report = &s->ahead_report;
     tr_rollouts_clear(&s->ahead_gen);
     if (tr_prompt_loader_draw(train, run->data_cursor, (int32_t)rc->train.prompts_per_step, &s->ahead_draw, err) ||
         tr_generate_start(run->generator, &s->ahead_draw.batch, &smp, &s->ahead_gen, &s->ahead, err))

@@ -60,6 +60,7 @@ void tr_rl_step_reset(tr_rl_step *s) {
     s->lag = 0;
     s->version = -1;
     s->t_gen = 0;
+    memset(&s->gen_report, 0, sizeof s->gen_report);
 }
 
 static int grow_f(float **p, size_t n) {
@@ -344,6 +345,16 @@ int tr_rl_log_rollouts(tr_run *run, const tr_rl_step *s, tr_err *err) {
     double mean = s->reward_sum / n;
     double var = s->n_generated > 1 ? (s->reward_sq - n * mean * mean) / (n - 1) : 0.0;
     if (var < 0) var = 0;
+    const tr_gen_report *g = &s->gen_report;
+    if (tr_metrics_set(m, "gen/prefill_tokens", (double)g->prefill_tokens, err) ||
+        tr_metrics_set(m, "gen/decode_tokens", (double)g->decode_tokens, err) ||
+        tr_metrics_set(m, "gen/decode_steps", (double)g->decode_steps, err) ||
+        tr_metrics_set(m, "gen/batch_occupancy",
+                       g->decode_steps ? (double)g->decode_tokens / (double)g->decode_steps : NAN, err) ||
+        tr_metrics_set(m, "gen/peak_seqs", (double)g->peak_seqs, err) ||
+        tr_metrics_set(m, "gen/peak_kv_blocks", (double)g->peak_blocks, err) ||
+        tr_metrics_set(m, "gen/waits", (double)g->waits, err))
+        return -1;
     return tr_metrics_set(m, "reward/mean", mean, err) ||
                    tr_metrics_set(m, "reward/std", sqrt(var), err) ||
                    tr_metrics_set(m, "score/mean", s->score_sum / n, err) ||

@@ -50,6 +50,8 @@ typedef struct tr_rl_step {
     int64_t cap_check;
     double lp_diff, entropy_mean;      // NAN when nothing was recomputed
     int32_t lp_diff_seqs;              // sequences logprob_diff/max was measured on
+    // The generation engines' statistics of the step's rounds (and of the round in flight).
+    tr_gen_report gen_report, ahead_report;
 } tr_rl_step;
 
 void tr_rl_step_init(tr_rl_step *s);

@@ -45,6 +45,13 @@ typedef struct tr_group {
     uint64_t stale_replies;       // replies to earlier (failed or timed-out) calls, dropped
 } tr_group;
 
+// What the workers' generation engines report for a generate call, summed over the
+// data-parallel ranks (peaks: the largest rank's).
+typedef struct tr_gen_report {
+    int64_t prefill_tokens, decode_tokens, decode_steps, waits;
+    int64_t peak_seqs, peak_blocks;
+} tr_gen_report;
+
 typedef struct tr_sampling {
     int32_t n;                 // samples per prompt
     int32_t max_new_tokens;
@@ -56,6 +63,7 @@ typedef struct tr_sampling {
                                // tr_rng_derive(that, j), whatever the DP split
     int32_t stop_ids[8];       // n_stop 0: the worker's default (chat format's stops, else
     int32_t n_stop;            // the model config's eos ids)
+    tr_gen_report *report;     // NULL, or where the call's generation statistics are added
 } tr_sampling;
 
 // Prompts for generate: ids of each prompt, flat.

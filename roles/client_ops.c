@@ -200,6 +200,21 @@ static int reply_generate(void *ctx, int32_t rank, const tr_msg_map *res, tr_err
     if ((int64_t)(c->out->n - before) != count * c->s.n)
         return tr_errf(err, TR_EFORMAT, "%d rollouts for %lld prompts x %d samples", c->out->n - before,
                        (long long)count, c->s.n);
+    tr_gen_report *g = c->s.report;
+    if (!g || !tr_msg_has(res, "stats")) return 0;
+    tr_msg_map st;
+    int64_t v[6];
+    static const char *const keys[6] = {"prefill_tokens", "decode_tokens", "decode_steps", "waits",
+                                        "peak_seqs", "peak_blocks"};
+    if (tr_msg_get_map(res, "stats", &st, err)) return -1;
+    for (int i = 0; i < 6; i++)
+        if (tr_msg_get_int(&st, keys[i], &v[i], err)) return -1;
+    g->prefill_tokens += v[0];
+    g->decode_tokens += v[1];
+    g->decode_steps += v[2];
+    g->waits += v[3];
+    if (v[4] > g->peak_seqs) g->peak_seqs = v[4];
+    if (v[5] > g->peak_blocks) g->peak_blocks = v[5];
     return 0;
 }
 

@@ -102,6 +102,23 @@ ok = ok and all(o["logprob_diff/sequences"] == 16 for o in c)
 sys.exit(0 if ok else 1)
 EOF2
 check "logprob_diff/max measured on 8 recomputed sequences (auto), on all 16 (recompute)" $?
+# The generation engine's statistics: each of the 16 samples feeds every token it drew but its
+# last to a decode step, so decode tokens = 16 x (mean response length - 1).
+python3 - "$tmp/b/metrics.jsonl" <<'EOF2'
+import json, sys
+ms = [json.loads(l) for l in open(sys.argv[1])][1:]
+ok = len(ms) == 5
+for o in ms:
+    ok = ok and abs(o["gen/decode_tokens"] - 16 * (o["response_len/mean"] - 1)) < 1e-6
+    ok = ok and 0 < o["gen/decode_steps"] <= 4 and 1 <= o["gen/batch_occupancy"] <= 16
+    ok = ok and o["gen/prefill_tokens"] > 0 and 1 <= o["gen/peak_seqs"] <= 16
+    ok = ok and o["gen/peak_kv_blocks"] > 0 and o["gen/waits"] >= 0
+    if not ok:
+        print("bad generation statistics:", {k: v for k, v in o.items() if k.startswith(("gen/", "response_len"))})
+        break
+sys.exit(0 if ok else 1)
+EOF2
+check "generation statistics logged every step (decode tokens, steps, occupancy, peaks)" $?
 "$troupe" run "$tmp/grpo.yaml" --set train.steps=5 --resume 2> "$tmp/done.err"
 st=$?
 [ $st = 1 ] && grep -q "already completed" "$tmp/done.err"
