@@ -225,15 +225,21 @@ int tr_worker_run(const tr_worker_opts *o, tr_err *err) {
     bool shut[TR_WORKER_MAX_ROLES] = {false};
     int n_shut = 0;
     bool shutdown = false;
-    tr_dealer *dealers[TR_WORKER_MAX_ROLES];
-    for (int i = 0; i < w->n_roles; i++) dealers[i] = w->roles[i].dealer;
     while (!rc && !shutdown && !stopped(o)) {
-        // One wait on every role's socket: a request is served as soon as it arrives, whichever
-        // role it is for. On a quiet interval each role's receive runs anyway (without waiting),
-        // which is where a silent controller is noticed.
+        // One wait on the sockets of every role still serving: a request is served as soon as
+        // it arrives, whichever role it is for. On a quiet interval each role's receive runs
+        // anyway (without waiting), which is where a silent controller is noticed.
+        tr_dealer *live[TR_WORKER_MAX_ROLES];
+        int live_role[TR_WORKER_MAX_ROLES], n_live = 0;
+        for (int i = 0; i < w->n_roles; i++)
+            if (!shut[i]) {
+                live[n_live] = w->roles[i].dealer;
+                live_role[n_live++] = i;
+            }
         tr_err e;
         tr_err_clear(&e);
-        int ready = tr_dealer_wait_any(dealers, w->n_roles, POLL_MS, &e);
+        int ready = tr_dealer_wait_any(live, n_live, POLL_MS, &e);
+        if (ready >= 0) ready = live_role[ready];
         if (ready < 0 && e.code == TR_ECANCELED) continue;
         if (ready < 0 && e.code != TR_OK) {
             *err = e;
