@@ -374,7 +374,7 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
         char why[512];
         tr_backend_opts bo = {.kind = backend, .threads = (int32_t)threads, .device = (int32_t)device,
                               .precision = precision[0] ? precision : NULL,
-                              .batch_invariant = invariant ? 0 : -1};
+                              .batch_invariant = invariant ? 1 : -1};
         if (tr_backend_init(&w->be, &bo, why, sizeof why))
             return tr_errf(err, TR_EDEVICE, "init: %s", why);
         w->has_backend = true;
