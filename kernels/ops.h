@@ -47,11 +47,18 @@ typedef struct tr_backend tr_backend;
 // Token layout of a batch for attention and RoPE: T tokens in n_docs contiguous documents;
 // doc d covers tokens [doc_start[d], doc_start[d+1]). Attention is causal inside a document
 // and never crosses one; pos[t] is the RoPE position of token t (restarts at 0 per document).
+// A shared prefix (the prompt of n samples, computed once): prefix[d] >= 0 names an earlier
+// document whose tokens stand before doc d's in its context. Doc d's token at offset i sees
+// all L = len(prefix[d]) of them, then its own tokens 0..i, in that order, as the token at
+// context position L + i of one unshared document would (keys are taken in context order,
+// so the rows' bits are the unshared layout's); its pos restart at L. A prefix document has
+// no prefix of its own, and the documents naming it follow it directly.
 typedef struct tr_doc_layout {
     int32_t n_tokens;
     int32_t n_docs;
     const int32_t *doc_start;   // n_docs + 1 entries, doc_start[0] = 0, doc_start[n_docs] = T
     const int32_t *pos;         // T entries
+    const int32_t *prefix;      // n_docs entries, -1: none; NULL: no document has a prefix
 } tr_doc_layout;
 
 // Paged KV cache for generation: a pool of blocks of block_size tokens; each sequence lists
