@@ -255,6 +255,7 @@ static size_t layout_io(tr_model *m, char *base) {
     IO_TAKE(m->d_ids, int32_t, T);
     IO_TAKE(m->d_pos, int32_t, T);
     IO_TAKE(m->d_doc_start, int32_t, T + 1);
+    IO_TAKE(m->d_prefix, int32_t, T);
     IO_TAKE(m->d_emb_ids, int32_t, T);
     IO_TAKE(m->d_targets, int32_t, T);
     IO_TAKE(m->d_out, float, T * N);
@@ -309,12 +310,13 @@ int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
     m->ids = malloc((size_t)m->max_tokens * sizeof(int32_t));
     m->pos = malloc((size_t)m->max_tokens * sizeof(int32_t));
     m->doc_start = malloc(((size_t)m->max_tokens + 1) * sizeof(int32_t));
+    m->prefix = malloc((size_t)m->max_tokens * sizeof(int32_t));
     m->host_rows = malloc((size_t)m->max_tokens * sizeof(int32_t));
     m->emb_ids = malloc((size_t)m->max_tokens * sizeof(int32_t));
     double *inv = malloc((size_t)cfg->head_dim / 2 * sizeof(double));
     float *inv_f = malloc((size_t)cfg->head_dim / 2 * sizeof(float));
     if (!m->acts.residual || !m->acts.layers || !m->ids || !m->pos || !m->doc_start ||
-        !m->host_rows || !m->emb_ids || !inv || !inv_f) {
+        !m->prefix || !m->host_rows || !m->emb_ids || !inv || !inv_f) {
         free(inv);
         free(inv_f);
         tr_model_free(m);
@@ -407,6 +409,7 @@ void tr_model_free(tr_model *m) {
     free(m->ids);
     free(m->pos);
     free(m->doc_start);
+    free(m->prefix);
     free(m->host_rows);
     free(m->emb_ids);
     memset(m, 0, sizeof *m);
@@ -610,6 +613,14 @@ static int check_batch(const tr_model *m, const int32_t *ids, const tr_doc_layou
             return tr_errf(err, TR_EINVAL, "model forward: document %d is empty or out of "
                            "order (starts at %d, next at %d)", d, docs->doc_start[d],
                            docs->doc_start[d + 1]);
+    for (int32_t d = 0; docs->prefix && d < docs->n_docs; d++) {
+        int32_t p = docs->prefix[d];
+        if (p < -1 || p >= d || (p >= 0 && docs->prefix[p] != -1) ||
+            (p >= 0 && p != d - 1 && docs->prefix[d - 1] != p))
+            return tr_errf(err, TR_EINVAL, "model forward: document %d has prefix %d; a prefix "
+                           "is an earlier document without one, and the documents sharing it "
+                           "follow it directly", d, p);
+    }
     for (int32_t t = 0; t < T; t++) {
         if (ids[t] < 0 || ids[t] >= V)
             return tr_errf(err, TR_ERANGE, "model forward: token %d has id %d, outside the "
@@ -763,7 +774,7 @@ static void attend_docs(void *ctx, tr_model *m, int32_t layer, tr_layer_acts *la
 }
 
 // The batch the host arrays hold becomes the current one: sizes, and the copies the ops read.
-static void set_batch(tr_model *m, int32_t T, int32_t n_docs) {
+static void set_batch(tr_model *m, int32_t T, int32_t n_docs, bool shared) {
     const tr_ops *op = m->be->ops;
     op->upload(m->be, m->d_ids, m->ids, (size_t)T * sizeof(int32_t));
     if (m->tp.size > 1) {   // the ids as rows of this rank's embedding
@@ -775,6 +786,9 @@ static void set_batch(tr_model *m, int32_t T, int32_t n_docs) {
     }
     op->upload(m->be, m->d_pos, m->pos, (size_t)T * sizeof(int32_t));
     op->upload(m->be, m->d_doc_start, m->doc_start, ((size_t)n_docs + 1) * sizeof(int32_t));
+    if (shared) op->upload(m->be, m->d_prefix, m->prefix, (size_t)n_docs * sizeof(int32_t));
+    m->docs.prefix = shared ? m->d_prefix : NULL;
+    m->host_docs.prefix = shared ? m->prefix : NULL;
     if (m->tp.sp) {
         m->sp_row0 = tr_tp_seq_begin(T, m->tp.size, m->tp.rank);
         m->sp_rows = tr_tp_seq_begin(T, m->tp.size, m->tp.rank + 1) - m->sp_row0;
@@ -800,7 +814,8 @@ int tr_model_forward(tr_model *m, const int32_t *ids, const tr_doc_layout *docs,
     memcpy(m->ids, ids, (size_t)T * sizeof(int32_t));
     memcpy(m->pos, docs->pos, (size_t)T * sizeof(int32_t));
     memcpy(m->doc_start, docs->doc_start, ((size_t)docs->n_docs + 1) * sizeof(int32_t));
-    set_batch(m, T, docs->n_docs);
+    if (docs->prefix) memcpy(m->prefix, docs->prefix, (size_t)docs->n_docs * sizeof(int32_t));
+    set_batch(m, T, docs->n_docs, docs->prefix != NULL);
     return trunk_forward(m, T, attend_docs, NULL, err);
 }
 
@@ -821,7 +836,7 @@ int tr_model_forward_rows(tr_model *m, const int32_t *ids, const int32_t *pos, i
     memcpy(m->pos, pos, (size_t)T * sizeof(int32_t));
     // Every row is its own document to the heads (a score per row); backward has no meaning.
     for (int32_t t = 0; t <= T; t++) m->doc_start[t] = t;
-    set_batch(m, T, T);
+    set_batch(m, T, T, false);
     return trunk_forward(m, T, attend, ctx, err);
 }
 

@@ -122,13 +122,14 @@ typedef struct tr_model {
     int32_t *ids;               // [max_tokens]
     int32_t *pos;               // [max_tokens]
     int32_t *doc_start;         // [max_tokens + 1]
-    tr_doc_layout host_docs;    // over the three host arrays; n_tokens 0 before forward
+    int32_t *prefix;            // [max_tokens] each document's shared prefix (-1: none)
+    tr_doc_layout host_docs;    // over the host arrays; n_tokens 0 before forward
     int32_t *host_rows;         // [max_tokens] row indices on their way to the backend
     int32_t *emb_ids;           // [max_tokens] ids as rows of this rank's embedding (-1: a
                                 // row of another tensor-parallel rank)
     // ... and their backend copies, which the ops read; docs points at them.
     void *io;                   // one allocation holding the d_* arrays
-    int32_t *d_ids, *d_pos, *d_doc_start, *d_emb_ids;
+    int32_t *d_ids, *d_pos, *d_doc_start, *d_prefix, *d_emb_ids;
     tr_doc_layout docs;
     // Head inputs and outputs in backend memory ([max_tokens * head outputs per token]):
     // targets, logprob/value/score, entropy, and the loss gradients w.r.t. them.

@@ -227,6 +227,7 @@ typedef struct tr_recipe {
     enum tr_recipe_backend backend;
     enum tr_recipe_precision precision;
     bool batch_invariant;    // cuda bf16: products that ignore the batch (tr_backend's)
+    bool share_prompts;      // logprobs, values and train passes compute each prompt once
     int64_t threads;  // CPU worker threads; 0 = all cores
     double memory_gb; // memory each worker may plan with; 0 = the device's free memory
     tr_recipe_model models[TR_RECIPE_REWARD];  // policy, reference, critic

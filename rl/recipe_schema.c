@@ -409,6 +409,13 @@ const tr_rkey tr_recipe_schema[] = {
             "bits do not depend on the rows beside it and generation reports the training path's "
             "logprobs exactly (what algorithm.old_logprobs auto relies on); false: the fastest kernel per "
             "shape. fp32 on cuda is never batch-invariant; the cpu backend always is"},
+    {.name = "share_prompts", .type = TR_RK_BOOL, .off = offsetof(tr_recipe, share_prompts),
+     .def = "true",
+     .doc = "the reference's and the policy's logprobs, the critic's values and the train passes "
+            "compute the prompt of a group's samples once per micro-batch, each sample reading it "
+            "as a shared prefix; the samples' logprobs keep their bits, and a 256-token prompt "
+            "with 8 samples of 256 tokens packs 44% fewer tokens. false: every sample computes "
+            "its prompt"},
     {.name = "threads", .type = TR_RK_INT, .off = offsetof(tr_recipe, threads), .flags = UNIT, .min = 0,
      .max = 4096, .def = "0", .doc = "CPU threads per worker; 0 = all cores"},
     {.name = "memory_gb", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe, memory_gb), .flags = UNIT,

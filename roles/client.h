@@ -153,6 +153,7 @@ typedef struct tr_init_args {
     const char *backend;       // "cpu" or "cuda"
     const char *precision;     // "fp32" or "bf16"; NULL or "": the backend's default
     bool no_batch_invariance;  // cuda: the fastest kernel per product shape (tr_backend_opts)
+    bool no_prompt_sharing;    // each sample computes its prompt (mb_plan.h)
     const char *save_dtype;    // "bf16": checkpoints hold bf16 weights; NULL or "": fp32
     int32_t threads;           // 0 = all cores; colocated roles share the first init's pool
     int32_t tp;                // tensor-parallel ranks of the group (0: 1); dp = world / tp

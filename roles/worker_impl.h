@@ -17,6 +17,7 @@
 #include "engine/model.h"
 #include "engine/train.h"
 #include "engine/weight_share.h"
+#include "roles/mb_plan.h"
 #include "roles/msg.h"
 #include "roles/reward_rule.h"
 #include "roles/reward_service.h"
@@ -72,6 +73,7 @@ typedef struct tr_role_ctx {
     bool has_model;
     tr_model model;
     tr_mb_buf mb;
+    bool share_prompts;               // forward and train passes share each prompt (mb_plan.h)
     bool has_trainer;
     tr_trainer trainer;
     bool has_gen;

@@ -322,12 +322,13 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
                                        "device", "memory_bytes", "max_tokens", "seed", "tokenizer",
                                        "chat_format", "train", "optim", "loss", "kv_tokens", "kv_want",
                                        "max_seqs", "reward", "parallel", "generate", "precision",
-                                       "save_dtype", "share_weights", "batch_invariant", NULL};
+                                       "save_dtype", "share_weights", "batch_invariant", "share_prompts", NULL};
     char backend[16], precision[8] = "", save_dtype[8] = "fp32";
     int64_t threads, device = 0, memory = 0, max_tokens, kv_tokens = 0, kv_want = 0, max_seqs = 0, share = 0;
     uint64_t seed;
-    bool train, generate = true, invariant = true;
+    bool train, generate = true, invariant = true, share_prompts = true;
     if (tr_msg_check_keys(a, keys, err) || tr_msg_get_bool_opt(a, "generate", &generate, err) ||
+        tr_msg_get_bool_opt(a, "share_prompts", &share_prompts, err) ||
         tr_msg_get_bool_opt(a, "batch_invariant", &invariant, err) ||
         tr_msg_get_str_buf(a, "backend", backend, sizeof backend, err) ||
         tr_msg_get_int(a, "threads", &threads, err) || tr_msg_get_int(a, "max_tokens", &max_tokens, err) ||
@@ -341,6 +342,7 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
     if (strcmp(save_dtype, "fp32") != 0 && strcmp(save_dtype, "bf16") != 0)
         return tr_errf(err, TR_EINVAL, "init: save_dtype must be fp32 or bf16, got '%s'", save_dtype);
     rc->save_bf16 = strcmp(save_dtype, "bf16") == 0;
+    rc->share_prompts = share_prompts;
     if (!tr_backend_built(backend))
         return tr_errf(err, TR_EUNSUPPORTED, "init: backend '%s' is not in this build of troupe", backend);
     if (parse_parallel(rc, a, err)) return -1;
@@ -477,31 +479,39 @@ int32_t tr_mb_fill(tr_role_ctx *rc, const tr_rollouts *r, int32_t s0, int32_t s1
 
 // ---- logprobs and values ----
 
-// Runs the trunk and head over every sequence; per-token outputs aligned with r->tokens.
-static int forward_all(tr_role_ctx *rc, const tr_rollouts *r, float *out, float *entropy, tr_err *err) {
+// Runs the trunk and head over every sequence, in the train op's micro-batch plan;
+// per-token outputs aligned with r->tokens.
+static int forward_all(tr_role_ctx *rc, const tr_rollouts *r, float *out, float *entropy, int64_t *packed,
+                       tr_err *err) {
     tr_model *m = &rc->model;
     tr_mb_buf *b = &rc->mb;
     memset(out, 0, (size_t)r->n_tokens * sizeof(float));
     if (entropy) memset(entropy, 0, (size_t)r->n_tokens * sizeof(float));
-    for (int32_t s = 0; s < r->n;) {
-        int32_t k = tr_mb_fill(rc, r, s, r->n, err);
-        if (k < 0) return -1;
-        const tr_pack *pk = &b->pack;
-        int rc2 = tr_model_forward(m, pk->ids, &pk->docs, err);
+    tr_mb_plan p;
+    if (tr_mb_plan_build(r, 0, r->n, m->max_tokens, rc->share_prompts, &p, err)) return -1;
+    *packed = p.tokens;
+    int rc2 = 0;
+    for (int32_t i = 0; i < p.n && !rc2; i++) {
+        const tr_pack *pk = &p.packs[i];
+        int32_t s0 = p.seq0[i], s1 = p.seq0[i + 1];
+        rc2 = tr_model_forward(m, pk->ids, &pk->docs, err);
         if (!rc2) rc2 = m->cfg.head == TR_HEAD_LM ? tr_lm_head_forward(m, pk->targets, b->out, entropy ? b->entropy : NULL, err)
                                                   : tr_value_head_forward(m, b->out, err);
-        if (rc2) return tr_err_wrap(err, "sequences %d..%d", s, s + k - 1);
-        for (int32_t d = 0; d < k; d++) {
-            int32_t i = b->seq[d], o = pk->doc_start[d];
-            int32_t len = (int32_t)(r->offset[i + 1] - r->offset[i]);
-            for (int32_t t = tr_first_scored(r->prompt_len[i]); t < len; t++) {
-                out[r->offset[i] + t] = b->out[o + t - 1];
-                if (entropy) entropy[r->offset[i] + t] = b->entropy[o + t - 1];
+        if (rc2) {
+            tr_err_wrap(err, "sequences %d..%d", s0, s1 - 1);
+            break;
+        }
+        for (int32_t s = s0; s < s1; s++) {
+            int32_t len = (int32_t)(r->offset[s + 1] - r->offset[s]);
+            for (int32_t t = tr_first_scored(r->prompt_len[s]); t < len; t++) {
+                int32_t o = tr_pack_row(pk, s - s0, t - 1);   // predicts token t
+                out[r->offset[s] + t] = b->out[o];
+                if (entropy) entropy[r->offset[s] + t] = b->entropy[o];
             }
         }
-        s += k;
     }
-    return 0;
+    tr_mb_plan_free(&p);
+    return rc2;
 }
 
 static int op_forward(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, bool values, tr_err *err) {
@@ -518,7 +528,8 @@ static int op_forward(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, bo
     size_t nt = (size_t)(r.n_tokens ? r.n_tokens : 1);
     if (!rc2 && (!(out = malloc(nt * sizeof(float))) || (want_ent && !(ent = malloc(nt * sizeof(float))))))
         rc2 = tr_errf(err, TR_ENOMEM, "out of memory for %lld tokens", (long long)r.n_tokens);
-    if (!rc2) rc2 = forward_all(rc, &r, out, ent, err);
+    int64_t packed = 0;
+    if (!rc2) rc2 = forward_all(rc, &r, out, ent, &packed, err);
     if (!rc2 && rc->tp_rank != 0) {
         tr_msg_begin_reply(rep, req->id, 0);   // its tensor-parallel group's rank 0 answers
     } else if (!rc2) {
@@ -526,7 +537,8 @@ static int op_forward(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, bo
         tr_msg_begin_reply(rep, req->id, want_ent ? 2 : 1);
         tr_msg_put_tensor(rep, values ? "values" : "logprobs", TR_DTYPE_F32, 1, &n, out);
         if (want_ent) tr_msg_put_tensor(rep, "entropy", TR_DTYPE_F32, 1, &n, ent);
-        tr_worker_logf(rc, "%s: %d sequences, %lld tokens", values ? "values" : "logprobs", r.n, (long long)n);
+        tr_worker_logf(rc, "%s: %d sequences, %lld tokens (%lld packed)", values ? "values" : "logprobs", r.n,
+                       (long long)n, (long long)packed);
     }
     free(out);
     free(ent);

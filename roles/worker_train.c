@@ -12,12 +12,10 @@
 #include "roles/rollout_wire.h"
 #include "roles/worker_impl.h"
 
-// Micro-batch i covers sequences [seq0[i], seq0[i+1]), laid out by packs[i].
+// A mini-batch's micro-batches (mb_plan.h) and the engine's view of each.
 typedef struct plan {
-    tr_micro_batch *mbs;
-    tr_pack *packs;
-    int32_t *seq0;
-    int32_t n;
+    tr_mb_plan mp;
+    tr_micro_batch *mbs;   // [mp.n]
 } plan;
 
 typedef struct rl_ctx {
@@ -38,38 +36,22 @@ typedef struct rl_ctx {
 } rl_ctx;
 
 static void plan_free(plan *p) {
-    for (int32_t i = 0; p->packs && i < p->n; i++) tr_pack_free(&p->packs[i]);
+    tr_mb_plan_free(&p->mp);
     free(p->mbs);
-    free(p->packs);
-    free(p->seq0);
     memset(p, 0, sizeof *p);
 }
 
-// Packs sequences [s0, s1) into micro-batches of at most max_tokens, in order.
+// Packs sequences [s0, s1) into micro-batches of at most the model's max_tokens, in order.
 static int plan_build(tr_role_ctx *rc, const tr_rollouts *r, int32_t s0, int32_t s1, plan *p, tr_err *err) {
-    int32_t ns = s1 - s0, T = rc->model.max_tokens;
-    p->mbs = calloc((size_t)ns + 1, sizeof *p->mbs);
-    p->packs = calloc((size_t)ns + 1, sizeof *p->packs);
-    p->seq0 = malloc((size_t)(ns + 1) * sizeof *p->seq0);
-    if (!p->mbs || !p->packs || !p->seq0) return tr_errf(err, TR_ENOMEM, "train: out of memory");
-    for (int32_t s = s0; s < s1;) {
-        int64_t base = r->offset[s];
-        int32_t k = 0;
-        while (s + k < s1 && r->offset[s + k + 1] - base <= T) k++;
-        if (k == 0)
-            return tr_errf(err, TR_ERANGE, "train: sequence %d has %lld tokens; this worker's forward takes %d", s,
-                           (long long)(r->offset[s + 1] - base), T);
-        tr_pack *pk = &p->packs[p->n];
-        if (tr_pack_init(pk, (int32_t)(r->offset[s + k] - base), err)) return tr_err_wrap(err, "train");
-        for (int32_t j = s; j < s + k; j++)
-            tr_pack_add(pk, r->tokens + r->offset[j], NULL, (int32_t)(r->offset[j + 1] - r->offset[j]));
+    if (tr_mb_plan_build(r, s0, s1, rc->model.max_tokens, rc->share_prompts, &p->mp, err))
+        return tr_err_wrap(err, "train");
+    if (!(p->mbs = calloc((size_t)p->mp.n + 1, sizeof *p->mbs))) return tr_errf(err, TR_ENOMEM, "train: out of memory");
+    for (int32_t i = 0; i < p->mp.n; i++) {
+        const tr_pack *pk = &p->mp.packs[i];
         // ones: the loss callback carries every weight
-        p->mbs[p->n] = (tr_micro_batch){.ids = pk->ids, .targets = pk->targets, .weights = rc->mb.weights,
-                                        .docs = pk->docs};
-        p->seq0[p->n++] = s;
-        s += k;
+        p->mbs[i] = (tr_micro_batch){.ids = pk->ids, .targets = pk->targets, .weights = rc->mb.weights,
+                                     .docs = pk->docs};
     }
-    p->seq0[p->n] = s1;
     return 0;
 }
 
@@ -99,7 +81,9 @@ static int rl_loss(void *user, int32_t index, const tr_micro_batch *mb, int32_t 
                    const float *entropy, float *loss, float *dout, float *dentropy, tr_err *err) {
     rl_ctx *c = user;
     const tr_rollouts *r = c->r;
-    int32_t a = c->p->seq0[index], b = c->p->seq0[index + 1], B, T;
+    const tr_mb_plan *mp = &c->p->mp;
+    int32_t a = mp->seq0[index], b = mp->seq0[index + 1], B, T;
+    (void)mb;
     mb_shape(r, a, b, &B, &T);
     size_t nn = (size_t)B * (size_t)T;
     memset(c->mask, 0, nn);
@@ -110,13 +94,14 @@ static int rl_loss(void *user, int32_t index, const tr_micro_batch *mb, int32_t 
     memset(c->e, 0, nn * sizeof(float));
     bool critic = c->rc->kind == TR_ROLE_CRITIC;
     for (int32_t i = a; i < b; i++) {
-        int32_t t0, len, o = mb->docs.doc_start[i - a];
+        int32_t t0, len;
         int64_t off = r->offset[i];
         row_range(r, i, &t0, &len);
         for (int32_t t = t0; t < len; t++) {
             size_t k = (size_t)(i - a) * T + (size_t)(t - t0);
+            int32_t o = tr_mb_plan_row(mp, index, i - a, t - 1);   // predicts token t
             c->mask[k] = 1;
-            c->a[k] = out[o + t - 1];
+            c->a[k] = out[o];
             if (critic) {
                 c->b[k] = c->old_v[off + t];
                 c->c[k] = c->ret[off + t];
@@ -124,7 +109,7 @@ static int rl_loss(void *user, int32_t index, const tr_micro_batch *mb, int32_t 
                 c->b[k] = c->old[off + t];
                 c->c[k] = c->adv[off + t];
                 if (c->ref) c->d[k] = c->ref[off + t];
-                if (entropy) c->e[k] = entropy[o + t - 1];
+                if (entropy) c->e[k] = entropy[o];
             }
         }
     }
@@ -167,12 +152,13 @@ static int rl_loss(void *user, int32_t index, const tr_micro_batch *mb, int32_t 
     }
     c->tokens += ntok;
     for (int32_t i = a; i < b; i++) {
-        int32_t t0, len, o = mb->docs.doc_start[i - a];
+        int32_t t0, len;
         row_range(r, i, &t0, &len);
         for (int32_t t = t0; t < len; t++) {
             size_t k = (size_t)(i - a) * T + (size_t)(t - t0);
-            dout[o + t - 1] = c->ga[k];
-            if (!critic && dentropy) dentropy[o + t - 1] = c->ge[k];
+            int32_t o = tr_mb_plan_row(mp, index, i - a, t - 1);
+            dout[o] = c->ga[k];
+            if (!critic && dentropy) dentropy[o] = c->ge[k];
         }
     }
     return 0;
@@ -202,7 +188,8 @@ static int mini_norms(tr_role_ctx *rc, const tr_rollouts *r, const plan *plans, 
     int32_t world = rc->trainer.comm ? tr_comm_world(rc->trainer.comm) : 1;
     double *mine = malloc((size_t)M * 3 * sizeof(double)), *all = malloc((size_t)M * 3 * (size_t)world * sizeof(double));
     int rc2 = !mine || !all ? tr_errf(err, TR_ENOMEM, "train: out of memory") : 0;
-    for (int32_t m = 0; m < M && !rc2; m++) mini_counts(r, plans[m].seq0[0], plans[m].seq0[plans[m].n], mine + 3 * m);
+    for (int32_t m = 0; m < M && !rc2; m++)
+        mini_counts(r, plans[m].mp.seq0[0], plans[m].mp.seq0[plans[m].mp.n], mine + 3 * m);
     if (!rc2) rc2 = tr_trainer_all_gather(&rc->trainer, mine, M * 3, all, err);
     for (int32_t m = 0; m < M && !rc2; m++) {
         tr_loss_norm *nm = &norms[m];
@@ -374,9 +361,9 @@ static int build_plans(tr_role_ctx *rc, const rl_in *in, plan *plans, int64_t *c
     for (int32_t m = 0; m < in->M; m++) {
         if (plan_build(rc, &in->r, s0, s0 + in->mb_seqs[m], &plans[m], err)) return -1;
         s0 += in->mb_seqs[m];
-        for (int32_t i = 0; i < plans[m].n; i++) {
+        for (int32_t i = 0; i < plans[m].mp.n; i++) {
             int32_t B, T;
-            mb_shape(&in->r, plans[m].seq0[i], plans[m].seq0[i + 1], &B, &T);
+            mb_shape(&in->r, plans[m].mp.seq0[i], plans[m].mp.seq0[i + 1], &B, &T);
             if ((int64_t)B * T > *cap) *cap = (int64_t)B * T;
         }
     }
@@ -392,7 +379,7 @@ static int run_epochs(tr_role_ctx *rc, const rl_in *in, const plan *plans, const
             c->p = &plans[m];
             tr_step_args sa = {.loss = TR_LOSS_CALLBACK, .norm = TR_NORM_SUM, .loss_fn = rl_loss, .user = c};
             tr_step_result res;
-            if (tr_train_step(&rc->trainer, plans[m].mbs, plans[m].n, &sa, &res, err))
+            if (tr_train_step(&rc->trainer, plans[m].mbs, plans[m].mp.n, &sa, &res, err))
                 return tr_err_wrap(err, "train: epoch %d mini-batch %d", e, m);
             mt->steps++;
             *gn += res.grad_norm;
@@ -466,8 +453,11 @@ int tr_worker_op_train(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, t
     if (!rc2) {
         tr_msg_begin_reply(rep, req->id, 1);
         put_metrics(rep, &mt, critic);
-        tr_worker_logf(rc, "train: %d sequences here, %lld steps, loss %.6g, grad norm %.4g, lr %.3g", in.r.n,
-                       (long long)mt.steps, mt.loss, mt.grad_norm, mt.lr);
+        int64_t packed = 0;
+        for (int32_t m = 0; m < in.M; m++) packed += plans[m].mp.tokens;
+        tr_worker_logf(rc, "train: %d sequences here, %lld steps, loss %.6g, grad norm %.4g, lr %.3g; %lld tokens "
+                       "packed as %lld", in.r.n, (long long)mt.steps, mt.loss, mt.grad_norm, mt.lr,
+                       (long long)in.r.n_tokens, (long long)packed);
     } else if (rc->trainer.comm) {
         // The other ranks may be waiting in a collective this rank will never reach.
         tr_comm_abort(rc->trainer.comm, err->msg);

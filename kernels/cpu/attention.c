@@ -4,6 +4,9 @@
 // token's output is bitwise the training forward's row. The backward works on gemm tiles.
 // q, k, v are rows of stride ld (a fused [q;k;v] read in place) in the activation dtype;
 // scores, softmax and sums are fp32, and every output is rounded once at its end.
+// A document with a shared prefix (tr_doc_layout.prefix) reads the prefix's keys first and
+// its own after them, in context order, so its rows have the unshared layout's bits; in the
+// backward the prefix's keys also collect the gradients of every document that shares it.
 #include <math.h>
 
 #include "kernels/cpu/cpu.h"
@@ -22,12 +25,17 @@ typedef struct kv_rows {
     const void *k, *v;
     tr_dt t;
     size_t stride;              // elements between consecutive slots
-    const int32_t *blocks;      // NULL: slot j is row j; else paged through this block list
+    const int32_t *blocks;      // NULL: rows of a batch, as below; else paged through these
     int32_t block_size;
+    // rows of a batch: keys 0..pre_n-1 are rows pre_first.., the rest rows first..
+    int32_t first, pre_first, pre_n;
 } kv_rows;
 
 static inline size_t kv_slot(const kv_rows *s, int32_t j) {
-    if (!s->blocks) return (size_t)j * s->stride;
+    if (!s->blocks) {
+        size_t row = (size_t)(j < s->pre_n ? s->pre_first + j : s->first + j - s->pre_n);
+        return row * s->stride;
+    }
     size_t slot = (size_t)s->blocks[j / s->block_size] * (size_t)s->block_size +
                   (size_t)(j % s->block_size);
     return slot * s->stride;
@@ -111,6 +119,20 @@ static inline float attn_row_delta(const void *dout, const void *out, size_t off
     return (float)acc;
 }
 
+// The shared prefix of document d: its first row and length (0: none).
+static inline int32_t attn_prefix(const tr_doc_layout *docs, int32_t d, int32_t *first) {
+    int32_t p = docs->prefix ? docs->prefix[d] : -1;
+    *first = p >= 0 ? docs->doc_start[p] : 0;
+    return p >= 0 ? docs->doc_start[p + 1] - docs->doc_start[p] : 0;
+}
+
+// Documents d+1.. that share document d as their prefix: the end of their run.
+static inline int32_t attn_sharers_end(const tr_doc_layout *docs, int32_t d) {
+    int32_t e = d + 1;
+    while (docs->prefix && e < docs->n_docs && docs->prefix[e] == d) e++;
+    return e;
+}
+
 // Index of the document holding token t (doc_start is sorted, n_docs + 1 entries).
 static int32_t attn_doc_of(const tr_doc_layout *docs, int32_t t) {
     int32_t lo = 0, hi = docs->n_docs - 1;
@@ -143,8 +165,9 @@ typedef struct attn_job {
 static double attn_work_ns(const tr_doc_layout *docs, int32_t H, int32_t D) {
     double pairs = 0;
     for (int32_t d = 0; d < docs->n_docs; d++) {
+        int32_t pf;
         double len = docs->doc_start[d + 1] - docs->doc_start[d];
-        pairs += 0.5 * len * (len + 1);
+        pairs += 0.5 * len * (len + 1) + len * attn_prefix(docs, d, &pf);
     }
     return 0.5 * pairs * H * D;
 }
@@ -155,15 +178,17 @@ static void attn_forward_task(void *arg, int32_t task) {
     int32_t t1 = t0 + ATT_Q_ROWS < j->T ? t0 + ATT_Q_ROWS : j->T;
     int32_t kvh = h / (j->H / j->KVH);
     int32_t d = attn_doc_of(j->docs, t0);
+    size_t head = (size_t)kvh * j->D;
+    kv_rows s = {.k = tr_at(j->k, head, j->t), .v = tr_at(j->v, head, j->t), .t = j->t,
+                 .stride = j->ld};
     for (int32_t t = t0; t < t1; t++) {
         while (j->docs->doc_start[d + 1] <= t) d++;
-        int32_t start = j->docs->doc_start[d];
-        size_t first = (size_t)start * j->ld + (size_t)kvh * j->D;
-        kv_rows s = {.k = tr_at(j->k, first, j->t), .v = tr_at(j->v, first, j->t), .t = j->t,
-                     .stride = j->ld};
+        s.first = j->docs->doc_start[d];
+        s.pre_n = attn_prefix(j->docs, d, &s.pre_first);
         size_t row = (size_t)t * j->H + h;
         const void *q = tr_at(j->q, (size_t)t * j->ld + (size_t)h * j->D, j->t);
-        attn_row_out(j->out, row * j->D, j->lse + row, q, &s, t - start + 1, j->D, j->scale);
+        attn_row_out(j->out, row * j->D, j->lse + row, q, &s, s.pre_n + t - s.first + 1, j->D,
+                     j->scale);
     }
 }
 
@@ -184,10 +209,11 @@ void tr_cpu_attention_forward(tr_backend *be, void *out, float *lse, const void 
 // bits, only its own across thread counts). Two passes avoid racing writes: dq by query
 // tiles, then dk and dv by key tiles, each recomputing S = Q K^T and dP = dO V^T. Each pass
 // sums a gradient tile in fp32 on the stack and stores it once.
-// With a query tile [i0, i1) and a key tile [k0, k1) of one document, it fills
-// p = softmax probabilities (0 above the diagonal) and ds = dS = p (dP - delta) * scale.
+// With a query tile [i0, i1) and a key tile [k0, k1) of one document (causal) or of the
+// query's shared prefix (every key seen), it fills p = softmax probabilities (0 above the
+// diagonal) and ds = dS = p (dP - delta) * scale.
 static void attn_tile_grads(const attn_job *j, int32_t h, int32_t i0, int32_t i1, int32_t k0,
-                            int32_t k1, const float *delta, float *p, float *ds) {
+                            int32_t k1, bool causal, const float *delta, float *p, float *ds) {
     int32_t D = j->D, g = h / (j->H / j->KVH), qn = i1 - i0, kn = k1 - k0;
     size_t q_off = (size_t)i0 * j->ld + (size_t)h * D, kv_off = (size_t)k0 * j->ld + (size_t)g * D;
     // p = Q K^T, ds = dO V^T: B(d, b) = K[b, d]
@@ -203,7 +229,7 @@ static void attn_tile_grads(const attn_job *j, int32_t h, int32_t i0, int32_t i1
     tr_gemm_serial(j->isa, &s);
     for (int32_t a = 0; a < qn; a++) {
         float lse = j->lse_in[(size_t)(i0 + a) * j->H + h];
-        int32_t visible = i0 + a - k0 + 1;   // keys k0 .. i0+a
+        int32_t visible = causal ? i0 + a - k0 + 1 : kn;   // keys k0 .. i0+a
         if (visible > kn) visible = kn;
         float *pr = p + (size_t)a * kn, *dr = ds + (size_t)a * kn;
         for (int32_t b = 0; b < kn; b++) {
@@ -228,33 +254,45 @@ static void attn_store_tile(void *dst, size_t off, size_t ld, const float *tile,
         tr_st_row(dst, off + (size_t)r * ld, tile + (size_t)r * ATT_D_CHUNK, dn, t);
 }
 
-// dq for one query tile of one head, split at document edges; key tiles in order.
+// dq[i0:i1] (+)= dS @ K[k0:k1] over channels [c0, c0 + cn): one link of the chain.
+static void attn_dq_tile(const attn_job *j, int32_t h, int32_t i0, int32_t i1, int32_t k0,
+                         int32_t k1, bool causal, int32_t c0, int32_t cn, bool first,
+                         const float *delta, float *p, float *ds, float *dq) {
+    int32_t g = h / (j->H / j->KVH);
+    attn_tile_grads(j, h, i0, i1, k0, k1, causal, delta, p, ds);
+    size_t k_off = (size_t)k0 * j->ld + (size_t)g * j->D + (size_t)c0;
+    tr_gemm t = {.M = i1 - i0, .N = cn, .K = k1 - k0, .a = ds, .a_rs = k1 - k0, .a_ks = 1,
+                 .a_t = TR_F32, .b = tr_at(j->k, k_off, j->t), .b_ks = (ptrdiff_t)j->ld,
+                 .b_cs = 1, .b_t = j->t, .c = dq, .ldc = ATT_D_CHUNK, .c_t = TR_F32,
+                 .accumulate = !first};
+    tr_gemm_serial(j->isa, &t);
+}
+
+// dq for one query tile of one head, split at document edges; key tiles in context order
+// (the shared prefix's, then the document's own).
 static void attn_backward_dq_task(void *arg, int32_t task) {
     const attn_job *j = arg;
     int32_t h = task % j->H, t0 = (task / j->H) * ATT_TILE;
     int32_t t1 = t0 + ATT_TILE < j->T ? t0 + ATT_TILE : j->T;
-    int32_t D = j->D, g = h / (j->H / j->KVH);
+    int32_t D = j->D;
     float p[ATT_TILE * ATT_TILE], ds[ATT_TILE * ATT_TILE], delta[ATT_TILE];
     float dq[ATT_TILE * ATT_D_CHUNK];
     int32_t d = attn_doc_of(j->docs, t0);
     for (int32_t i0 = t0; i0 < t1;) {
         while (j->docs->doc_start[d + 1] <= i0) d++;
-        int32_t start = j->docs->doc_start[d], end = j->docs->doc_start[d + 1];
+        int32_t start = j->docs->doc_start[d], end = j->docs->doc_start[d + 1], pf;
+        int32_t pn = attn_prefix(j->docs, d, &pf);
         int32_t i1 = end < t1 ? end : t1;
         attn_tile_delta(j, h, i0, i1, delta);
         for (int32_t c0 = 0; c0 < D; c0 += ATT_D_CHUNK) {
             int32_t cn = D - c0 < ATT_D_CHUNK ? D - c0 : ATT_D_CHUNK;
-            for (int32_t k0 = start; k0 < i1; k0 += ATT_TILE) {
-                int32_t k1 = k0 + ATT_TILE < i1 ? k0 + ATT_TILE : i1;
-                attn_tile_grads(j, h, i0, i1, k0, k1, delta, p, ds);
-                // dq[i0:i1] (+)= dS @ K[k0:k1], the chain starting at the first key tile
-                size_t k_off = (size_t)k0 * j->ld + (size_t)g * D + (size_t)c0;
-                tr_gemm t = {.M = i1 - i0, .N = cn, .K = k1 - k0, .a = ds, .a_rs = k1 - k0,
-                             .a_ks = 1, .a_t = TR_F32, .b = tr_at(j->k, k_off, j->t),
-                             .b_ks = (ptrdiff_t)j->ld, .b_cs = 1, .b_t = j->t, .c = dq,
-                             .ldc = ATT_D_CHUNK, .c_t = TR_F32, .accumulate = k0 > start};
-                tr_gemm_serial(j->isa, &t);
-            }
+            bool first = true;
+            for (int32_t k0 = pf; k0 < pf + pn; k0 += ATT_TILE, first = false)
+                attn_dq_tile(j, h, i0, i1, k0, k0 + ATT_TILE < pf + pn ? k0 + ATT_TILE : pf + pn,
+                             false, c0, cn, first, delta, p, ds, dq);
+            for (int32_t k0 = start; k0 < i1; k0 += ATT_TILE, first = false)
+                attn_dq_tile(j, h, i0, i1, k0, k0 + ATT_TILE < i1 ? k0 + ATT_TILE : i1, true, c0,
+                             cn, first, delta, p, ds, dq);
             attn_store_tile(j->dq, (size_t)i0 * j->ld + (size_t)h * D + (size_t)c0, j->ld, dq,
                             i1 - i0, cn, j->t);
         }
@@ -262,8 +300,36 @@ static void attn_backward_dq_task(void *arg, int32_t task) {
     }
 }
 
+// dv[k0:k1] (+)= P^T @ dO[i0:i1]; dk[k0:k1] (+)= dS^T @ Q[i0:i1] over channels [c0, c0 + cn),
+// for the query tiles of [q0, q1) in order: links of the chains.
+static void attn_dkv_tiles(const attn_job *j, int32_t h, int32_t q0, int32_t q1, int32_t k0,
+                           int32_t k1, bool causal, int32_t c0, int32_t cn, bool *first,
+                           float *delta, float *p, float *ds, float *dk, float *dv) {
+    int32_t D = j->D, kn = k1 - k0;
+    for (int32_t i0 = q0; i0 < q1; i0 += ATT_TILE) {
+        int32_t i1 = i0 + ATT_TILE < q1 ? i0 + ATT_TILE : q1, qn = i1 - i0;
+        attn_tile_delta(j, h, i0, i1, delta);
+        attn_tile_grads(j, h, i0, i1, k0, k1, causal, delta, p, ds);
+        // A(b, a) = p[a, b]
+        size_t o_off = ((size_t)i0 * j->H + h) * D + (size_t)c0;
+        size_t q_off = (size_t)i0 * j->ld + (size_t)h * D + (size_t)c0;
+        tr_gemm t = {.M = kn, .N = cn, .K = qn, .a = p, .a_rs = 1, .a_ks = kn, .a_t = TR_F32,
+                     .b = tr_at(j->dout, o_off, j->t), .b_ks = (ptrdiff_t)j->H * D, .b_cs = 1,
+                     .b_t = j->t, .c = dv, .ldc = ATT_D_CHUNK, .c_t = TR_F32,
+                     .accumulate = !*first};
+        if (j->dv) tr_gemm_serial(j->isa, &t);
+        t.a = ds;
+        t.b = tr_at(j->q, q_off, j->t);
+        t.b_ks = (ptrdiff_t)j->ld;
+        t.c = dk;
+        if (j->dk) tr_gemm_serial(j->isa, &t);
+        *first = false;
+    }
+}
+
 // dk, dv for one key tile of one kv head, split at document edges: the group's heads in
-// order, then the query tiles that see the keys, in order.
+// order, and for each the query tiles that see the keys, in order: the document's own from
+// the tile on, then, for a shared prefix, those of every document sharing it.
 static void attn_backward_dkv_task(void *arg, int32_t task) {
     const attn_job *j = arg;
     int32_t g = task % j->KVH, t0 = (task / j->KVH) * ATT_TILE;
@@ -271,36 +337,21 @@ static void attn_backward_dkv_task(void *arg, int32_t task) {
     int32_t D = j->D, group = j->H / j->KVH;
     float p[ATT_TILE * ATT_TILE], ds[ATT_TILE * ATT_TILE], delta[ATT_TILE];
     float dk[ATT_TILE * ATT_D_CHUNK], dv[ATT_TILE * ATT_D_CHUNK];
+    const int32_t *ds_ = j->docs->doc_start;
     int32_t d = attn_doc_of(j->docs, t0);
     for (int32_t k0 = t0; k0 < t1;) {
-        while (j->docs->doc_start[d + 1] <= k0) d++;
-        int32_t end = j->docs->doc_start[d + 1];
+        while (ds_[d + 1] <= k0) d++;
+        int32_t end = ds_[d + 1], sharers = attn_sharers_end(j->docs, d);
         int32_t k1 = end < t1 ? end : t1, kn = k1 - k0;
         for (int32_t c0 = 0; c0 < D; c0 += ATT_D_CHUNK) {
             int32_t cn = D - c0 < ATT_D_CHUNK ? D - c0 : ATT_D_CHUNK;
             bool first = true;
             for (int32_t h = g * group; h < (g + 1) * group; h++) {
-                for (int32_t i0 = k0; i0 < end; i0 += ATT_TILE) {
-                    int32_t i1 = i0 + ATT_TILE < end ? i0 + ATT_TILE : end, qn = i1 - i0;
-                    attn_tile_delta(j, h, i0, i1, delta);
-                    attn_tile_grads(j, h, i0, i1, k0, k1, delta, p, ds);
-                    // dv[k0:k1] (+)= P^T @ dO[i0:i1]; dk[k0:k1] (+)= dS^T @ Q[i0:i1]:
-                    // A(b, a) = p[a, b]
-                    size_t o_off = ((size_t)i0 * j->H + h) * D + (size_t)c0;
-                    size_t q_off = (size_t)i0 * j->ld + (size_t)h * D + (size_t)c0;
-                    tr_gemm t = {.M = kn, .N = cn, .K = qn, .a = p, .a_rs = 1, .a_ks = kn,
-                                 .a_t = TR_F32, .b = tr_at(j->dout, o_off, j->t),
-                                 .b_ks = (ptrdiff_t)j->H * D, .b_cs = 1, .b_t = j->t,
-                                 .c = dv, .ldc = ATT_D_CHUNK, .c_t = TR_F32,
-                                 .accumulate = !first};
-                    if (j->dv) tr_gemm_serial(j->isa, &t);
-                    t.a = ds;
-                    t.b = tr_at(j->q, q_off, j->t);
-                    t.b_ks = (ptrdiff_t)j->ld;
-                    t.c = dk;
-                    if (j->dk) tr_gemm_serial(j->isa, &t);
-                    first = false;
-                }
+                attn_dkv_tiles(j, h, k0, end, k0, k1, true, c0, cn, &first, delta, p, ds, dk,
+                               dv);
+                for (int32_t e = d + 1; e < sharers; e++)
+                    attn_dkv_tiles(j, h, ds_[e], ds_[e + 1], k0, k1, false, c0, cn, &first,
+                                   delta, p, ds, dk, dv);
             }
             size_t kv_off = (size_t)k0 * j->ld + (size_t)g * D + (size_t)c0;
             if (j->dv) attn_store_tile(j->dv, kv_off, j->ld, dv, kn, cn, j->t);

@@ -90,6 +90,7 @@ static void docs_dev(tr_backend *be, const tr_doc_layout *d, const char *op) {
     host(be, d, op, "docs");
     dev(be, d->doc_start, (size_t)(d->n_docs + 1) * I, 0, op, "docs.doc_start");
     dev(be, d->pos, (size_t)d->n_tokens * I, 0, op, "docs.pos");
+    if (d->prefix) dev(be, d->prefix, (size_t)d->n_docs * I, 0, op, "docs.prefix");
 }
 
 static void g_upload(tr_backend *be, void *dst, const void *src, size_t bytes) {

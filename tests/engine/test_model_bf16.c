@@ -24,6 +24,7 @@
 #include "engine/generate.h"
 #include "engine/heads.h"
 #include "engine/model.h"
+#include "engine/pack.h"
 #include "engine/rng.h"
 #include "engine/train.h"
 #include "tests/backend_test.h"
@@ -233,6 +234,47 @@ static void test_sft(tr_backend *bf, tr_backend *fp) {
     CHECKF(l32 < 2.0 && l16 < 2.0, "losses %.4f %.4f: nothing learned", l32, l16);
 }
 
+// The ns samples of each of the nr prompts (outs[i * ns + k]) in one forward per prompt,
+// sharing it (engine/pack.h), against generation's logprobs: the largest difference (NAN
+// when a forward failed); *bitwise counts the equal ones.
+static double shared_vs_gen(tr_model *m, int32_t (*prompts)[20], const int32_t *L, const tr_gen_output *outs,
+                            int32_t nr, int32_t ns, int64_t *bitwise) {
+    tr_err err = {0};
+    tr_pack pk;
+    if (tr_pack_init(&pk, m->max_tokens, &err) != 0) return NAN;
+    double worst = 0;
+    *bitwise = 0;
+    for (int32_t i = 0; i < nr; i++) {
+        int32_t seq[128];
+        float lp[128];
+        tr_pack_clear(&pk);
+        memcpy(seq, prompts[i], (size_t)L[i] * sizeof(int32_t));
+        bool ok = L[i] >= 2 && tr_pack_add_prompt(&pk, seq, L[i]);
+        for (int32_t k = 0; k < ns && ok; k++) {
+            const tr_gen_output *o = &outs[i * ns + k];
+            memcpy(seq + L[i], o->tokens, (size_t)o->n_tokens * sizeof(int32_t));
+            ok = o->request == i && tr_pack_add_sharing(&pk, seq, L[i] + o->n_tokens, L[i]);
+        }
+        if (!ok || tr_model_forward(m, pk.ids, &pk.docs, &err) != 0 ||
+            tr_lm_head_forward(m, pk.targets, lp, NULL, &err) != 0) {
+            fprintf(stderr, "shared_vs_gen: prompt %d: %s\n", i, err.msg);
+            worst = NAN;
+            break;
+        }
+        for (int32_t k = 0; k < ns; k++) {
+            const tr_gen_output *o = &outs[i * ns + k];
+            for (int32_t t = 0; t < o->n_tokens; t++) {
+                float x = lp[tr_pack_row(&pk, k, L[i] - 1 + t)];
+                double d = fabs((double)x - (double)o->logprobs[t]);
+                if (!(d <= worst)) worst = d;
+                *bitwise += x == o->logprobs[t];
+            }
+        }
+    }
+    tr_pack_free(&pk);
+    return worst;
+}
+
 // Generation's logprobs in bf16 against the training path's: decode passes of up to 8 rows
 // (and 16-row prefill chunks) against one forward of each whole sequence. On a batch-invariant
 // backend (the CPU; CUDA's bf16 products choosing their kernel without regard to T) they are
@@ -278,6 +320,11 @@ static void test_generation_logprobs(tr_backend *bf) {
                (long long)total);
         if (bf->batch_invariant) CHECKF(worst == 0 && bitwise == total, "max difference %.3g", worst);
         else CHECKF(isfinite(worst), "max difference %.3g", worst);
+        worst = shared_vs_gen(&train_m, prompts, L, outs, NR, NS, &bitwise);
+        printf("  the samples of each prompt in one forward sharing it: max difference %.3g, "
+               "%lld of %lld bitwise equal\n", worst, (long long)bitwise, (long long)total);
+        if (bf->batch_invariant) CHECKF(worst == 0 && bitwise == total, "shared: max difference %.3g", worst);
+        else CHECKF(isfinite(worst), "shared: max difference %.3g", worst);
         tr_gen_outputs_free(outs, NR * NS);
     }
     tr_generator_free(&g);

@@ -3,12 +3,14 @@
 // grad . d must match the directional derivative along a random d (Qwen3's per-head q/k
 // norm weights included). Also what the HF fixtures
 // do not cover: the entropy gradient, a chunked LM head, a 3-label score head, packed
-// documents equal to separate forwards, and bad token ids as clean errors.
+// documents equal to separate forwards, samples sharing their prompt equal to each computing
+// it, and bad token ids as clean errors.
 #include <stdio.h>
 
 #include "engine/config.h"
 #include "engine/heads.h"
 #include "engine/model.h"
+#include "engine/pack.h"
 #include "engine/rng.h"
 #include "tests/engine/model_util.h"
 #include "tests/backend_test.h"
@@ -275,6 +277,71 @@ static void check_packing(tr_backend *be) {
     tr_model_free(&m);
 }
 
+// Three samples of one 5-token prompt, packed sharing it (engine/pack.h) and each whole: the
+// samples' logprobs and entropies, and the gradients of a loss on them.
+static void check_shared_prompt(tr_backend *be) {
+    tr_err err = {0};
+    tr_model_config cfg;
+    const char *json = tiny_config("Qwen3ForCausalLM", 1, 1);
+    CHECK(tr_config_parse(json, strlen(json), "shared prompt", &cfg, &err) == 0);
+    tr_model m;
+    tr_model_opts opts = {.max_tokens = 32, .training = true};
+    CHECK(tr_model_init(&m, &cfg, be, &opts, &err) == 0);
+    draw_weights(&m, 13);
+    enum { P = 5, NS = 3 };
+    static const int32_t seqs[NS][11] = {{3, 17, 5, 22, 9, 1, 14, 8, 8},
+                                         {3, 17, 5, 22, 9, 2, 19, 6, 11, 0, 21},
+                                         {3, 17, 5, 22, 9, 7}};
+    static const int32_t lens[NS] = {9, 11, 6};
+    int32_t ids[32];
+    for (int32_t k = 0, t = 0; k < NS; t += lens[k], k++) memcpy(ids + t, seqs[k], lens[k] * sizeof(int32_t));
+    packed_batch whole;
+    pack_batch(&whole, ids, lens, NS);
+    tr_pack sh;
+    CHECK(tr_pack_init(&sh, 32, &err) == 0 && tr_pack_add_prompt(&sh, seqs[0], P));
+    for (int32_t k = 0; k < NS; k++) CHECK(tr_pack_add_sharing(&sh, seqs[k], lens[k], P));
+    CHECK(sh.docs.n_tokens == P - 1 + 9 - 4 + 11 - 4 + 6 - 4);
+    // loss weights on the rows that predict the samples' tokens (positions P-1 .. len-2)
+    float c1w[32] = {0}, c2w[32] = {0}, c1s[32] = {0}, c2s[32] = {0};
+    for (int32_t k = 0, t0 = 0; k < NS; t0 += lens[k], k++)
+        for (int32_t t = P - 1; t < lens[k] - 1; t++) {
+            int32_t r = tr_pack_row(&sh, k, t);
+            c1w[t0 + t] = c1s[r] = -1.0f / (t + 2 + k);
+            c2w[t0 + t] = c2s[r] = 0.05f * (k + 1);
+        }
+    float lw[32], ew[32], ls[32], es[32];
+    CHECK(tr_model_forward(&m, whole.ids, &whole.docs, &err) == 0 &&
+          tr_lm_head_forward(&m, whole.targets, lw, ew, &err) == 0);
+    CHECK(tr_model_forward(&m, sh.ids, &sh.docs, &err) == 0 &&
+          tr_lm_head_forward(&m, sh.targets, ls, es, &err) == 0);
+    double max_lp = 0;
+    for (int32_t k = 0, t0 = 0; k < NS; t0 += lens[k], k++)
+        for (int32_t t = P - 1; t < lens[k] - 1; t++) {
+            int32_t r = tr_pack_row(&sh, k, t);
+            max_lp = fmax(max_lp, fmax(fabs(lw[t0 + t] - ls[r]), fabs(ew[t0 + t] - es[r])));
+        }
+    head_grad(&m, &whole, c1w, c2w);
+    float *gw = grads_of(&m);
+    packed_batch b = {.n_tokens = sh.docs.n_tokens, .n_docs = sh.docs.n_docs, .docs = sh.docs};
+    memcpy(b.ids, sh.ids, (size_t)b.n_tokens * sizeof(int32_t));
+    memcpy(b.targets, sh.targets, (size_t)b.n_tokens * sizeof(int32_t));
+    head_grad(&m, &b, c1s, c2s);
+    float *gs = grads_of(&m);
+    double eg = tr_test_rel_err(gs, gw, m.layout.total);
+    printf("shared prompt: %d tokens for %d, logprob/entropy max abs diff %.3g, gradient relative diff %.3g\n",
+           sh.docs.n_tokens, whole.n_tokens, max_lp, eg);
+    // The samples' rows read the prompt's keys in the same order either way: the same bits on
+    // a batch-invariant backend, fp32 rounding apart otherwise (as packing above). The
+    // gradients add the prompt's part once instead of per copy: sums in another order.
+    if (et_batch_invariant(be)) CHECK(max_lp == 0);
+    else CHECK(max_lp <= 1e-5);
+    CHECK(eg <= 1e-5);
+    free(gw);
+    free(gs);
+    tr_pack_free(&sh);
+    tr_model_free(&m);
+}
+
 // Chunked LM head (recomputing logits in backward) gives the same numbers as one chunk.
 static void check_chunking(tr_backend *be) {
     tr_err err = {0};
@@ -367,6 +434,7 @@ int main(void) {
     check_fd("qwen3 score head, 3 labels", "Qwen3ForSequenceClassification", 0, 0, 0, 2e-3f,
              &be);
     check_packing(&be);
+    check_shared_prompt(&be);
     check_chunking(&be);
     check_errors(&be);
     tr_backend_free(&be);

@@ -6,6 +6,9 @@
 // scattered out of order, unused slots NaN, q rows of their own stride) reproducing the
 // forward's rows bit for bit. The bf16 mode is the fp32 op on bf16-valued inputs with each
 // output rounded once (lse the fp32 bits), and decodes the bf16 forward's rows bit for bit.
+// A shared prefix (n documents reading one prompt's keys) gives the rows of the unshared
+// layout (the prompt copied before each) bit for bit, and its gradients: the prompt's dk/dv
+// the sum over the copies.
 #include "tests/kernels/kernels_test.h"
 
 typedef struct att_case {
@@ -67,31 +70,42 @@ static double att_loss(void *arg) {
 }
 
 // A case's batch: documents, fused rows and their views.
+#define ATT_MAX_DOCS 12
+
 typedef struct att_batch {
-    int32_t doc_start[5], *pos;
+    int32_t doc_start[ATT_MAX_DOCS + 1], prefix[ATT_MAX_DOCS], *pos;
     tr_doc_layout docs;
     int32_t T, H, KVH, D, ld;
     size_t nq, nk, nrow;        // q and k/v elements, fused elements (T * ld)
     size_t k_at, v_at;          // where k and v start in a fused row
 } att_batch;
 
-// Fills b in place: b->docs points into b itself.
-static void make_batch(att_batch *b, const att_case *c) {
-    *b = (att_batch){.H = c->H, .KVH = c->KVH, .D = c->D};
-    for (int32_t d = 0; d < c->n_docs; d++) b->doc_start[d + 1] = b->doc_start[d] + c->len[d];
-    b->T = b->doc_start[c->n_docs];
+// Fills b in place (b->docs points into b itself): documents of len[d] tokens, prefix[d]
+// their shared prefixes (NULL: none).
+static void make_docs(att_batch *b, int32_t n_docs, const int32_t *len, const int32_t *prefix,
+                      int32_t H, int32_t KVH, int32_t D, int32_t gap) {
+    *b = (att_batch){.H = H, .KVH = KVH, .D = D};
+    for (int32_t d = 0; d < n_docs; d++) b->doc_start[d + 1] = b->doc_start[d] + len[d];
+    b->T = b->doc_start[n_docs];
     b->pos = kt_malloc((size_t)b->T * sizeof(int32_t));
-    for (int32_t d = 0; d < c->n_docs; d++)
+    for (int32_t d = 0; d < n_docs; d++) {
+        int32_t p = prefix ? prefix[d] : -1;
+        b->prefix[d] = p;
         for (int32_t t = b->doc_start[d]; t < b->doc_start[d + 1]; t++)
-            b->pos[t] = t - b->doc_start[d];
-    b->docs = (tr_doc_layout){.n_tokens = b->T, .n_docs = c->n_docs,
-                              .doc_start = b->doc_start, .pos = b->pos};
-    b->ld = (c->H + 2 * c->KVH) * c->D + c->gap;
-    b->nq = (size_t)b->T * c->H * c->D;
-    b->nk = (size_t)b->T * c->KVH * c->D;
+            b->pos[t] = t - b->doc_start[d] + (p >= 0 ? len[p] : 0);
+    }
+    b->docs = (tr_doc_layout){.n_tokens = b->T, .n_docs = n_docs, .doc_start = b->doc_start,
+                              .pos = b->pos, .prefix = prefix ? b->prefix : NULL};
+    b->ld = (H + 2 * KVH) * D + gap;
+    b->nq = (size_t)b->T * H * D;
+    b->nk = (size_t)b->T * KVH * D;
     b->nrow = (size_t)b->T * b->ld;
-    b->k_at = (size_t)c->H * c->D;
-    b->v_at = b->k_at + (size_t)c->KVH * c->D;
+    b->k_at = (size_t)H * D;
+    b->v_at = b->k_at + (size_t)KVH * D;
+}
+
+static void make_batch(att_batch *b, const att_case *c) {
+    make_docs(b, c->n_docs, c->len, NULL, c->H, c->KVH, c->D, c->gap);
 }
 
 // width values at `at` of each fused row, as one contiguous array.
@@ -329,6 +343,108 @@ static void check_case(const att_case *c) {
     free(dq); free(dk); free(dv);
 }
 
+// A prompt of n_pre tokens shared by n_dep documents of dep[i] tokens, and a document after
+// them of n_after tokens: against the unshared layout (the prompt copied before each), the
+// forward rows are the same bits in fp32 and bf16 (so the ones decode reproduces), dq and
+// the documents' own dk/dv agree, and the prompt's dk/dv are the sum over its copies. The
+// backward gives the same bits for 1, 2 and 3 threads.
+static void check_prefix(const char *name, int32_t n_pre, int32_t n_dep, const int32_t *dep,
+                         int32_t n_after, int32_t H, int32_t KVH, int32_t D) {
+    int32_t len[ATT_MAX_DOCS], pre[ATT_MAX_DOCS], ulen[ATT_MAX_DOCS];
+    int32_t n = n_dep + 2, un = n_dep + 1;
+    len[0] = n_pre;
+    pre[0] = -1;
+    for (int32_t i = 0; i < n_dep; i++) {
+        len[1 + i] = dep[i];
+        pre[1 + i] = 0;
+        ulen[i] = n_pre + dep[i];
+    }
+    len[n - 1] = ulen[un - 1] = n_after;
+    pre[n - 1] = -1;
+    att_batch s, u;
+    make_docs(&s, n, len, pre, H, KVH, D, 3);
+    make_docs(&u, un, ulen, NULL, H, KVH, D, 3);
+    // u's row of s's token t in copy c (the prompt's rows have n_dep copies; others one)
+    int32_t *urow = kt_malloc((size_t)s.T * n_dep * sizeof(int32_t));
+    for (int32_t c = 0; c < n_dep; c++)
+        for (int32_t t = 0; t < s.T; t++) {
+            int32_t d = 0;
+            while (s.doc_start[d + 1] <= t) d++;
+            int32_t o = t - s.doc_start[d];
+            urow[(size_t)t * n_dep + c] = d == 0       ? u.doc_start[c] + o
+                                          : d < n - 1 ? u.doc_start[d - 1] + n_pre + o
+                                                      : u.doc_start[un - 1] + o;
+        }
+    float *rows = kt_floats(s.nrow), *urows = kt_floats(u.nrow);
+    for (size_t i = 0; i < s.nrow; i++) rows[i] = (float)(2.0 * kt_uniform());
+    float *dout = kt_rand(s.nq, 1.0), *udout = kt_fill(u.nq, 0.0f);
+    size_t hd = (size_t)H * D;
+    for (int32_t t = 0; t < s.T; t++)
+        for (int32_t c = 0; c < n_dep; c++) {
+            int32_t r = urow[(size_t)t * n_dep + c];
+            memcpy(urows + (size_t)r * u.ld, rows + (size_t)t * s.ld, (size_t)s.ld * sizeof(float));
+            // the loss weighs each prompt row once: on its first copy
+            if (c == 0 || t >= s.doc_start[1])
+                memcpy(udout + (size_t)r * hd, dout + (size_t)t * hd, hd * sizeof(float));
+        }
+    for (int32_t prec = 0; prec < 2; prec++) {
+        tr_dt dt = prec ? TR_BF16 : TR_F32;
+        size_t es = tr_dt_size(dt);
+        void *r1 = prec ? (void *)kt_to(rows, s.nrow, dt) : kt_copy(rows, s.nrow);
+        void *r2 = prec ? (void *)kt_to(urows, u.nrow, dt) : kt_copy(urows, u.nrow);
+        char *o1 = kt_malloc(s.nq * es), *o2 = kt_malloc(u.nq * es);
+        float *l1 = kt_floats((size_t)s.T * H), *l2 = kt_floats((size_t)u.T * H);
+        run(&s, dt, 2, r1, o1, l1, NULL, NULL, NULL);
+        run(&u, dt, 2, r2, o2, l2, NULL, NULL, NULL);
+        int32_t bad = 0;
+        for (int32_t t = 0; t < s.T; t++) {
+            int32_t r = urow[(size_t)t * n_dep];
+            bad += memcmp(o1 + (size_t)t * hd * es, o2 + (size_t)r * hd * es, hd * es) != 0 ||
+                   !kt_same_bits(l1 + (size_t)t * H, l2 + (size_t)r * H, (size_t)H);
+        }
+        CHECKF(bad == 0, "%s %s: %d forward rows differ from the unshared layout's", name,
+               tr_dt_name(dt), bad);
+        free(r1); free(r2); free(o1); free(o2); free(l1); free(l2);
+    }
+    // fp32 backward: against the unshared layout, copies summed
+    float *out = kt_floats(s.nq), *lse = kt_floats((size_t)s.T * H), *g = kt_fill(s.nrow, NAN);
+    float *uout = kt_floats(u.nq), *ulse = kt_floats((size_t)u.T * H), *ug = kt_fill(u.nrow, 0);
+    run(&s, TR_F32, 2, rows, out, lse, NULL, dout, g);
+    run(&u, TR_F32, 2, urows, uout, ulse, NULL, udout, ug);
+    float *want = kt_fill(s.nrow, 0.0f);
+    size_t width = s.v_at + (size_t)KVH * D;
+    for (int32_t t = 0; t < s.T; t++)
+        for (int32_t c = 0; c < n_dep; c++) {
+            const float *src = ug + (size_t)urow[(size_t)t * n_dep + c] * u.ld;
+            float *dst = want + (size_t)t * s.ld;
+            int copies = t < s.doc_start[1];   // the prompt: dk, dv summed, dq on copy 0
+            if (!copies && c > 0) break;
+            for (size_t i = 0; i < width; i++)
+                if (c == 0 || i >= s.k_at) dst[i] += src[i];
+        }
+    double e = 0, scale = 0;
+    for (int32_t t = 0; t < s.T; t++)
+        for (size_t i = 0; i < width; i++) {
+            size_t at = (size_t)t * s.ld + i;
+            e = fmax(e, fabs((double)g[at] - want[at]));
+            scale = fmax(scale, fabs(want[at]));
+        }
+    CHECKF(e <= 1e-5 * scale, "%s: dq/dk/dv vs the unshared layout %.3g of %.3g", name, e, scale);
+    for (int32_t th = 1; th <= 3; th += 2) {
+        float *o = kt_floats(s.nq), *l = kt_floats((size_t)s.T * H), *g2 = kt_fill(s.nrow, NAN);
+        run(&s, TR_F32, th, rows, o, l, NULL, dout, g2);
+        int same = 1;
+        for (int32_t t = 0; t < s.T; t++)
+            same &= memcmp(g2 + (size_t)t * s.ld, g + (size_t)t * s.ld, width * sizeof(float)) == 0;
+        CHECKF(same && kt_same_bits(o, out, s.nq), "%s: bits differ at %d threads", name, th);
+        free(o); free(l); free(g2);
+    }
+    printf("  %s: %d rows as the unshared layout's; gradients %.2g of scale\n", name, s.T,
+           scale > 0 ? e / scale : 0.0);
+    free(urow); free(rows); free(urows); free(dout); free(udout); free(out); free(lse); free(g);
+    free(uout); free(ulse); free(ug); free(want); free(s.pos); free(u.pos);
+}
+
 int main(void) {
     kt_seed(5);
     static const att_case cases[] = {
@@ -341,5 +457,9 @@ int main(void) {
         {"gqa2 D300", 2, {70, 5}, 2, 1, 300, 4, 10},   // channels in two stack passes
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i]);
+    check_prefix("prefix 5 x3", 5, 3, (const int32_t[]){1, 4, 9}, 6, 4, 2, 8);
+    // tiles of 64 keys and query rows straddle the prompt's end and the documents' starts
+    check_prefix("prefix 70 x2 D16", 70, 2, (const int32_t[]){90, 3}, 20, 4, 1, 16);
+    check_prefix("prefix 64 x4 D64", 64, 4, (const int32_t[]){64, 1, 65, 129}, 1, 2, 2, 64);
     return tr_test_summary("test_attention");
 }

@@ -152,7 +152,7 @@ static void test_errors(void) {
                  "bad.yaml:6:5: models.policy.optimizer: unknown key; allowed keys: path, init, from, "
                  "parallel, devices, optim (did you mean 'optim'?)");
     expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "zzz: 1\n", NULL, 0,
-                 "bad.yaml:10:1: zzz: unknown key; allowed keys: workflow, seed, run_dir, backend, precision, batch_invariant, threads, memory_gb, "
+                 "bad.yaml:10:1: zzz: unknown key; allowed keys: workflow, seed, run_dir, backend, precision, batch_invariant, share_prompts, threads, memory_gb, "
                  "models, data, rollout, algorithm, train, placement, log");
     // Wrong types, pointing at the value.
     expect_error(L1 L2 L3 L4 L5 L6 L7 L8 "  steps: ten\n", NULL, 0,
