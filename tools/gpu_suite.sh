@@ -5,8 +5,8 @@
 # unit and e2e suites, and runs the engine on the GPU: the model, training and generation
 # tests and the logprobs/generate commands with TROUPE_BACKEND=cuda, two CUDA runs compared
 # byte for byte, and the CPU quickstart's GRPO run on the GPU beside the same run on the CPU.
-# Usage: tools/gpu_suite.sh [PART...]   parts: engine full cuda quickstart train_bench profile
-# decode_stages rl_bench (default: the first four; train_bench and rl_bench need the peers'
+# Usage: tools/gpu_suite.sh [PART...]   parts: engine full cuda quickstart quickstart_gpu
+# train_bench profile decode_stages rl_bench (default: the first four; train_bench and rl_bench need the peers'
 # anchors carried in ./anchors, rl_bench TRL's wheels in ./.whl too)
 #
 # The full build needs the upper layers' libraries, which a bare GPU machine lacks: make .debs/
@@ -178,6 +178,18 @@ sys.exit(0 if abs(gpu - cpu) <= 0.03 else 1)
 EOF
 }
 
+# The GPU quickstart (tools/quickstart_gpu.sh): SFT from scratch of a 113M-parameter model,
+# then GRPO with a verifier; its held-out accuracy must rise by 15 points or more.
+quickstart_gpu_part() {
+    rm -rf runs/quickstart-gpu-sft runs/quickstart-gpu
+    run quickstart_gpu timeout "${QUICKSTART_GPU_LIMIT:-600}" tools/quickstart_gpu.sh "$build_all" || return 1
+    run quickstart_gpu_gain python3 - runs/quickstart-gpu/metrics.jsonl <<'EOF'
+import json, sys
+ev = [o["eval/accuracy"] for o in map(json.loads, open(sys.argv[1])) if "eval/accuracy" in o]
+sys.exit(0 if len(ev) >= 2 and ev[-1] - ev[0] >= 0.15 else 1)
+EOF
+}
+
 # Training throughput at the Qwen2.5-0.5B and -1.5B shapes beside the PyTorch anchor (eager and
 # torch.compile), when the peers' scripts were carried along in ./anchors (they are not part of
 # this tree: copy ../shared/anchors into the carried folder).
@@ -229,11 +241,13 @@ if [ -d .debs/dev ]; then build=$build_all; fi
 if has engine; then engine_part; fi
 if [ -d .debs/dev ]; then
     if has full; then full_part; fi
-    if has cuda || has quickstart || has train_bench || has profile || has rl_bench || has decode_stages; then
+    if has cuda || has quickstart || has quickstart_gpu || has train_bench || has profile || has rl_bench ||
+        has decode_stages; then
         deps_and_build_all
     fi
     if has cuda; then cuda_part; fi
     if has quickstart; then quickstart_part; fi
+    if has quickstart_gpu; then quickstart_gpu_part; fi
     if has train_bench; then train_bench_part; fi
     if has profile; then profile_part; fi
     if has decode_stages; then decode_stages_part; fi
