@@ -20,6 +20,9 @@
 #   WHEELS_DIR (environment): a folder of the wheels the anchor needs and the GPU image lacks
 #     (trl 1.16.0, datasets 5.0.1, dill 0.4.1, multiprocess 0.70.19); they are installed into
 #     the temporary folder with pip --no-index --no-deps and put on PYTHONPATH.
+#   WORKFLOW=ppo (environment): PPO with a critic instead (the policy's body under a value
+#     head, colocated with policy and reference; GAE, one epoch, one mini-batch); TRL has no
+#     such anchor here, so troupe runs alone and its critic phase is printed too.
 #   KEEP=1 (environment): leave the temporary folder (model config, tokenizer, prompts,
 #     recipes, runs) in place; by default only the checkpoints the runs end with are removed.
 #   --tiny: a CPU smoke test of the whole path (width 64, 2 layers, a 300-id vocabulary,
@@ -96,6 +99,7 @@ write_inputs() {
 import json, os, random, sys
 shape, d, backend, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 old_lp = os.environ.get("OLD_LOGPROBS", "rollout")
+ppo = os.environ.get("WORKFLOW", "grpo") == "ppo"
 dims = {  # hidden, intermediate, layers, heads, kv heads, vocab
     "qwen2.5-0.5b": (896, 4864, 24, 14, 2, 151936),
     "qwen2.5-1.5b": (1536, 8960, 28, 12, 2, 151936),
@@ -139,8 +143,12 @@ with open(os.path.join(d, "prompts.jsonl"), "w") as f:
         f.write(json.dumps({"prompt": " ".join(f"t{rng.randrange(words)}" for _ in range(plen))}) + "\n")
 # The reward: 1 when the response's text ends in 0-4 (about half of them), so every group
 # has a spread of rewards and every completion trains, as with the anchor's length reward.
-recipe = f"""# GRPO at the TRL anchor's settings ({shape}); written by bench/run_grpo_gpu.sh
-workflow: grpo
+critic = """  critic:
+    from: policy
+    optim: {lr: 1.0e-5, weight_decay: 0.0, betas: [0.9, 0.999], eps: 1.0e-8, grad_clip: 1.0}
+""" if ppo else ""
+recipe = f"""# {"PPO" if ppo else "GRPO"} at the TRL anchor's settings ({shape}); written by bench/run_grpo_gpu.sh
+workflow: {"ppo" if ppo else "grpo"}
 seed: 1
 run_dir: {d}/run
 backend: {backend}
@@ -151,7 +159,7 @@ models:
     optim: {{lr: 1.0e-6, weight_decay: 0.0, betas: [0.9, 0.999], eps: 1.0e-8, grad_clip: 1.0}}
   reference:
     from: policy
-  reward:
+{critic}  reward:
     kind: rule
     function: regex
     pattern: "[0-4]$"
@@ -165,7 +173,7 @@ rollout:
   temperature: 1.0
   top_p: 1.0
 algorithm:
-  advantage: grpo
+  advantage: {"gae" if ppo else "grpo"}
   norm_by_std: true
   clip: {{low: 0.2, high: 0.2}}
   kl: {{coef: 0.04, estimator: k3, placement: loss}}
@@ -179,7 +187,7 @@ train:
   micro_batch_tokens: {mb * (plen + clen)}
   save_dtype: bf16
 placement:
-  colocate: [[policy, reference]]
+  colocate: [[policy, reference{", critic" if ppo else ""}]]
 log:
   tensorboard: false
   progress: true
@@ -203,7 +211,7 @@ lens = sorted({r.get("response_len/mean") for r in meas})
 diff = max(r.get("logprob_diff/max") or 0.0 for r in rows)
 seqs = min(r.get("logprob_diff/sequences") or 0 for r in rows)
 print(f"{mean('time/step'):.3f} {mean('time/generate'):.3f} {mean('time/reference'):.3f} "
-      f"{mean('time/train'):.3f} {len(meas)} {lens[0]} {diff:.3g} {seqs}")
+      f"{mean('time/train'):.3f} {len(meas)} {lens[0]} {diff:.3g} {seqs} {mean('time/critic'):.3f}")
 PY
 }
 
@@ -234,11 +242,11 @@ for s in "${shapes[@]}"; do
         KEEP=1
         exit 1
     fi
-    read -r t_step t_gen t_ref t_train t_n t_len t_diff t_seqs <"$d/troupe.txt"
-    echo "troupe $s: $t_step s/step (generate $t_gen, reference $t_ref, train $t_train; mean of $t_n steps, response length $t_len; logprob_diff/max $t_diff over $t_seqs sequences a step)"
+    read -r t_step t_gen t_ref t_train t_n t_len t_diff t_seqs t_critic <"$d/troupe.txt"
+    echo "troupe ${WORKFLOW:-grpo} $s: $t_step s/step (generate $t_gen, reference $t_ref, train $t_train, critic $t_critic; mean of $t_n steps, response length $t_len; logprob_diff/max $t_diff over $t_seqs sequences a step)"
     rm -rf "$d/run/checkpoints"
     [ "$mode" != check ] || continue
-    [ "$have_trl" = 1 ] || continue
+    [ "$have_trl" = 1 ] && [ "${WORKFLOW:-grpo}" = grpo ] || continue
     echo "== TRL $s"
     targs=(--steps "$steps" --outdir "$d/trl")
     if [ "$mode" = tiny ]; then
