@@ -7,6 +7,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/arena.h"
 #include "engine/device.h"
@@ -435,6 +436,9 @@ static int decode_step(gen_run *run, tr_err *err) {
     tr_generator *g = run->g;
     tr_model *m = g->model;
     const int32_t B = g->n_active, bs = g->cache.block_size;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double ctx = 0;   // keys (and values) the step's rows read
     for (int32_t i = 0; i < B; i++) {
         tr_gen_slot *s = &g->slots[i];
         const tr_gen_output *o = &run->outs[s->out];
@@ -448,6 +452,7 @@ static int decode_step(gen_run *run, tr_err *err) {
         g->row_pos[i] = pos;
         g->row_slot[i] = tr_kv_seq_slot(&s->kv, pos, bs);
         g->row_len[i] = pos + 1;
+        ctx += pos + 1;
     }
     tr_kvcache_flush(&g->cache);
     note_blocks(g);
@@ -470,6 +475,9 @@ static int decode_step(gen_run *run, tr_err *err) {
     g->stats.passes++;
     g->stats.decode_steps++;
     g->stats.decode_tokens += B;
+    const tr_kvcache *c = &g->cache;
+    g->stats.decode_bytes += (double)m->layout.total * tr_dt_size(m->wt) +
+                             ctx * 2.0 * c->n_layers * c->n_kv_heads * c->head_dim * tr_dt_size(c->dt);
     const int32_t R = g->logit_rows;
     for (int32_t r0 = 0; r0 < B; r0 += R) {
         int32_t n = B - r0 < R ? B - r0 : R;
@@ -498,6 +506,8 @@ static int decode_step(gen_run *run, tr_err *err) {
             s->kv.blocks = table;
         }
     }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    g->stats.decode_seconds += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     return 0;
 }
 

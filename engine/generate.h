@@ -67,6 +67,10 @@ typedef struct tr_gen_stats {
     int64_t waits;             // admission rounds that left a request waiting for KV blocks
     int32_t peak_seqs;         // most samples decoding at once
     int32_t peak_blocks;       // most KV blocks in use at once
+    double decode_bytes;       // the decode steps' minimal memory traffic: the working
+                               // weights once a step, and each row's keys and values
+    double decode_seconds;     // wall time of the decode steps (each ends waiting for its
+                               // ids), what decode_bytes is measured against
     int64_t near_draws;        // draws within rounding of a cumulative boundary, where
                                // another summation order (another backend) could pick the
                                // neighbouring id: counted, so that a difference is explained

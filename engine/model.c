@@ -557,6 +557,22 @@ size_t tr_model_n_params(const tr_model *m) {
     return n;
 }
 
+double tr_model_forward_flops(const tr_model_config *c, const tr_doc_layout *docs) {
+    double d = c->hidden_size, qkv = (double)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
+    double layer = d * qkv + (double)c->n_heads * c->head_dim * d + 3.0 * d * c->intermediate_size;
+    double head = c->head == TR_HEAD_LM ? (double)c->vocab_size * d
+                  : c->head == TR_HEAD_SCORE ? (double)c->num_labels * d : d;
+    double pairs = 0;   // (query, key) pairs over the batch
+    for (int32_t e = 0; e < docs->n_docs; e++) {
+        double n = docs->doc_start[e + 1] - docs->doc_start[e], pl = 0;
+        int32_t p = docs->prefix ? docs->prefix[e] : -1;
+        if (p >= 0) pl = docs->doc_start[p + 1] - docs->doc_start[p];
+        pairs += n * pl + n * (n + 1) / 2;
+    }
+    return 2.0 * docs->n_tokens * (c->n_layers * layer + head) +
+           4.0 * c->n_layers * (double)c->n_heads * c->head_dim * pairs;
+}
+
 int tr_model_init_weights(tr_model *m, uint64_t seed, float std, tr_err *err) {
     float *buf = param_staging(m, "initial weights", err);
     if (!buf) return -1;

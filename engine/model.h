@@ -251,3 +251,9 @@ int tr_model_reduce_grads(tr_model *m, tr_err *err);
 
 // Number of parameters of the whole model (tied embeddings counted once).
 size_t tr_model_n_params(const tr_model *m);
+// Floating-point operations of one forward of the whole model (every tensor-parallel rank's
+// part) over the host layout docs: 2 per multiply-add of the projections and the head, and
+// 4 H D per (query, key) pair of attention, each query over its context (a shared prefix's
+// keys included). A training step's forward and backward are 3 times this, the usual
+// 6N + 6 L S d per token counted over the keys each query actually sees.
+double tr_model_forward_flops(const tr_model_config *cfg, const tr_doc_layout *docs);

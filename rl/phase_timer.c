@@ -37,6 +37,12 @@ void tr_phase_add(tr_phase_timer *t, const char *name, double seconds) {
     t->seconds[slot(t, name)] += seconds;
 }
 
+double tr_phase_seconds(const tr_phase_timer *t, const char *name) {
+    for (int32_t i = 0; i < t->n; i++)
+        if (strcmp(t->name[i], name) == 0) return t->seconds[i];
+    return 0;
+}
+
 int tr_phase_log(const tr_phase_timer *t, tr_metrics *m, tr_err *err) {
     char key[TR_METRICS_KEY_MAX];
     for (int32_t i = 0; i < t->n; i++) {

@@ -23,5 +23,7 @@ void tr_phase_start(tr_phase_timer *t, const char *name);
 void tr_phase_stop(tr_phase_timer *t);
 // Adds seconds measured elsewhere (the wait for generation) to `name`.
 void tr_phase_add(tr_phase_timer *t, const char *name, double seconds);
+// Seconds of `name` so far (0 when the step never entered it).
+double tr_phase_seconds(const tr_phase_timer *t, const char *name);
 // time/<name> for every phase seen, in the order first seen.
 int tr_phase_log(const tr_phase_timer *t, tr_metrics *m, tr_err *err);

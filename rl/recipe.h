@@ -218,6 +218,8 @@ typedef struct tr_recipe_log {
     bool progress;
     int64_t logprob_diff_sequences;   // old logprobs from the rollout: sequences recomputed per
                                       // step to measure logprob_diff (0 = none)
+    double peak_tflops, peak_gbps;    // what utilization/train_mfu and utilization/decode_roofline divide by (0:
+                                      // the backend's: cuda an H200's, cpu none)
 } tr_recipe_log;
 
 typedef struct tr_recipe {

@@ -386,6 +386,14 @@ static const tr_rkey log_keys[] = {
      .flags = MIN, .min = 0, .def = "8",
      .doc = "with old logprobs from the rollout: sequences per step, spread over the batch, whose logprobs "
             "the policy recomputes for logprob_diff/max and the entropy metric"},
+    {.name = "peak_tflops", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_log, peak_tflops), .flags = MIN,
+     .min = 0, .def = "0",
+     .doc = "the device's dense bf16 rate that utilization/train_mfu is measured against (TFLOP/s); 0: the backend's, "
+            "cuda 790 (an H200's cuBLAS GEMMs as measured), cpu none (no utilization/train_mfu)"},
+    {.name = "peak_gbps", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_log, peak_gbps), .flags = MIN,
+     .min = 0, .def = "0",
+     .doc = "the device's memory bandwidth that utilization/decode_roofline is measured against (GB/s); 0: the "
+            "backend's, cuda 4300 (an H200's HBM as measured), cpu none"},
     {0},
 };
 

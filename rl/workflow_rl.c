@@ -339,6 +339,33 @@ int tr_rl_eval(tr_run *run, tr_prompt_loader *eval, tr_err *err) {
     return rc ? -1 : 0;
 }
 
+double tr_rl_peak(const tr_recipe *rc, bool flops) {
+    double set = flops ? rc->log.peak_tflops : rc->log.peak_gbps;
+    if (set > 0) return set;
+    return rc->backend == TR_RECIPE_CUDA ? (flops ? 790.0 : 4300.0) : 0.0;
+}
+
+// value / seconds under key, when the phase ran.
+static int log_rate(tr_metrics *m, const char *key, double value, double seconds, tr_err *err) {
+    return seconds > 0 ? tr_metrics_set(m, key, value / seconds, err) : 0;
+}
+
+int tr_rl_log_rates(tr_run *run, const tr_rl_step *s, const tr_phase_timer *pt, const tr_train_metrics *tm,
+                    tr_err *err) {
+    tr_metrics *m = &run->m;
+    double tokens = (double)s->batch.n_tokens, t_train = tr_phase_seconds(pt, "train");
+    double peak = tr_rl_peak(run->rc, true);
+    return log_rate(m, "throughput/generate_tokens_per_s", (double)s->gen_tokens, tr_phase_seconds(pt, "generate"),
+                    err) ||
+                   log_rate(m, "throughput/reference_tokens_per_s", tokens, tr_phase_seconds(pt, "reference"), err) ||
+                   log_rate(m, "throughput/train_tokens_per_s", tokens * (double)run->rc->algorithm.ppo_epochs,
+                            t_train, err) ||
+                   log_rate(m, "throughput/train_tflops", tm->flops / 1e12, t_train, err) ||
+                   (peak > 0 && log_rate(m, "utilization/train_mfu", tm->flops / 1e12 / peak, t_train, err))
+               ? -1
+               : 0;
+}
+
 int tr_rl_log_rollouts(tr_run *run, const tr_rl_step *s, tr_err *err) {
     tr_metrics *m = &run->m;
     double n = s->n_generated > 0 ? (double)s->n_generated : NAN;
@@ -353,7 +380,13 @@ int tr_rl_log_rollouts(tr_run *run, const tr_rl_step *s, tr_err *err) {
                        g->decode_steps ? (double)g->decode_tokens / (double)g->decode_steps : NAN, err) ||
         tr_metrics_set(m, "gen/peak_seqs", (double)g->peak_seqs, err) ||
         tr_metrics_set(m, "gen/peak_kv_blocks", (double)g->peak_blocks, err) ||
-        tr_metrics_set(m, "gen/waits", (double)g->waits, err))
+        tr_metrics_set(m, "gen/waits", (double)g->waits, err) ||
+        tr_metrics_set(m, "throughput/decode_gbps", g->decode_seconds > 0 ? g->decode_bytes / g->decode_seconds / 1e9 : NAN,
+                       err))
+        return -1;
+    double peak = tr_rl_peak(run->rc, false);
+    if (peak > 0 && g->decode_seconds > 0 &&
+        tr_metrics_set(m, "utilization/decode_roofline", g->decode_bytes / g->decode_seconds / 1e9 / peak, err))
         return -1;
     return tr_metrics_set(m, "reward/mean", mean, err) ||
                    tr_metrics_set(m, "reward/std", sqrt(var), err) ||

@@ -6,6 +6,7 @@
 #pragma once
 #include <stdint.h>
 
+#include "rl/phase_timer.h"
 #include "rl/prompt_loader.h"
 #include "rl/workflow.h"
 #include "roles/rollout.h"
@@ -128,6 +129,14 @@ int tr_rl_eval(tr_run *run, tr_prompt_loader *eval, tr_err *err);
 // logprob_diff/max (generation vs training-path logprobs). Phase timings go through
 // rl/phase_timer.h.
 int tr_rl_log_rollouts(tr_run *run, const tr_rl_step *s, tr_err *err);
+// The device peak the rates are measured against: dense bf16 TFLOP/s (flops) or memory GB/s;
+// log.peak_* when set, else the backend's (cuda: an H200's as measured), 0 for none.
+double tr_rl_peak(const tr_recipe *rc, bool flops);
+// Tokens per second of each phase the step ran (generate: the sampled tokens; reference and
+// train: every token of the batch, train once per epoch), the policy's training TFLOP/s and,
+// against the device's peak, utilization/train_mfu.
+int tr_rl_log_rates(tr_run *run, const tr_rl_step *s, const tr_phase_timer *pt, const tr_train_metrics *tm,
+                    tr_err *err);
 int tr_rl_log_train(tr_run *run, const tr_rl_step *s, const tr_train_metrics *tm, bool kl,
                     double kl_reward, tr_err *err);
 // Writes a few of the batch's rollouts to run_dir/samples.jsonl when log.samples_every says so.

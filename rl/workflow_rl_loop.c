@@ -127,7 +127,7 @@ static int update(tr_run *run, tr_rl_step *s, int64_t step, bool critic, tr_phas
     }
     tr_phase_stop(pt);
     if (tr_rl_sync(run, s, true, err)) return -1;
-    return tr_rl_log_train(run, s, &tm, kl, kl_reward, err) ||
+    return tr_rl_log_train(run, s, &tm, kl, kl_reward, err) || tr_rl_log_rates(run, s, pt, &tm, err) ||
                    tr_rl_log_staleness(run, s, tm.step, tm.steps, err) ||
                    (critic && log_critic(run, &cm, err)) || tr_rl_log_samples(run, step, s, err)
                ? -1

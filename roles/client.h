@@ -50,6 +50,7 @@ typedef struct tr_group {
 typedef struct tr_gen_report {
     int64_t prefill_tokens, decode_tokens, decode_steps, waits;
     int64_t peak_seqs, peak_blocks;
+    double decode_bytes, decode_seconds;   // summed over replicas: their mean rate
 } tr_gen_report;
 
 typedef struct tr_sampling {
@@ -109,6 +110,7 @@ typedef struct tr_train_metrics {
     double kl, entropy, ratio_mean, grad_norm, lr;
     double value_loss, value_clip_frac, value_mean;
     int64_t tokens;            // trained tokens (summed over epochs)
+    double flops;              // of the passes that trained them (tr_model_forward_flops)
     int64_t steps;             // optimizer steps taken by this call
     int64_t step;              // the optimizer's step count afterwards
 } tr_train_metrics;

@@ -166,7 +166,8 @@ int tr_train_metrics_get(const tr_msg_map *res, tr_train_metrics *m, tr_err *err
              {"lr", &m->lr},
              {"value_loss", &m->value_loss},
              {"value_clip_frac", &m->value_clip_frac},
-             {"value_mean", &m->value_mean}};
+             {"value_mean", &m->value_mean},
+             {"flops", &m->flops}};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (tr_msg_get_float_opt(res, f[i].key, f[i].v, err)) return -1;
     if (tr_msg_get_int_opt(res, "tokens", &m->tokens, err) || tr_msg_get_int_opt(res, "steps", &m->steps, err) ||

@@ -33,6 +33,7 @@ typedef struct rl_ctx {
     double loss, pg_loss, kl, entropy, tok_clip, tok_clip_lo, tok_clip_hi, tok_dual, tok_akl, tok_ratio;
     double v_clip, v_mean;
     int64_t tokens;
+    double flops;   // of the forward and backward passes (tr_model_forward_flops)
 } rl_ctx;
 
 static void plan_free(plan *p) {
@@ -230,7 +231,8 @@ static void scratch_free(rl_ctx *c) {
 }
 
 static void put_metrics(tr_msg_writer *w, const tr_train_metrics *m, bool critic) {
-    tr_msg_put_map(w, "metrics", critic ? 9 : 15);
+    tr_msg_put_map(w, "metrics", critic ? 10 : 16);
+    tr_msg_put_float(w, "flops", m->flops);
     tr_msg_put_float(w, "loss", m->loss);
     if (critic) {
         tr_msg_put_float(w, "value_loss", m->value_loss);
@@ -377,6 +379,8 @@ static int run_epochs(tr_role_ctx *rc, const rl_in *in, const plan *plans, const
         for (int32_t m = 0; m < in->M; m++) {
             c->norm = &norms[m];
             c->p = &plans[m];
+            for (int32_t i = 0; i < plans[m].mp.n; i++)
+                c->flops += 3 * tr_model_forward_flops(&rc->model.cfg, &plans[m].mp.packs[i].docs);
             tr_step_args sa = {.loss = TR_LOSS_CALLBACK, .norm = TR_NORM_SUM, .loss_fn = rl_loss, .user = c};
             tr_step_result res;
             if (tr_train_step(&rc->trainer, plans[m].mbs, plans[m].mp.n, &sa, &res, err))
@@ -392,12 +396,13 @@ static int run_epochs(tr_role_ctx *rc, const rl_in *in, const plan *plans, const
 // The call's metrics over every data-parallel rank: sums of the per-rank parts, then means.
 static int finish_metrics(tr_role_ctx *rc, const rl_ctx *c, double gn, tr_train_metrics *mt, tr_err *err) {
     double v[] = {c->loss, c->pg_loss, c->kl, c->entropy, c->tok_clip, c->tok_clip_lo, c->tok_clip_hi, c->tok_dual,
-                  c->tok_akl, c->tok_ratio, c->v_clip, c->v_mean, (double)c->tokens};
+                  c->tok_akl, c->tok_ratio, c->v_clip, c->v_mean, (double)c->tokens, c->flops};
     if (tr_trainer_all_sum(&rc->trainer, v, (int32_t)(sizeof v / sizeof v[0]), err)) return -1;
     double steps = mt->steps > 0 ? (double)mt->steps : 1, tok = v[12] > 0 ? v[12] : 1;
     mt->loss = v[0] / steps;
     mt->grad_norm = gn / steps;
     mt->tokens = (int64_t)v[12];
+    mt->flops = v[13];
     if (rc->kind == TR_ROLE_CRITIC) {
         mt->value_loss = v[0] / steps;
         mt->value_clip_frac = v[10] / tok;
