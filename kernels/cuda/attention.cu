@@ -5,10 +5,14 @@
 // below, correct but slow: one block per (query row, head) for the forward and the decode
 // step, both through attn_row, so a decoded token's output is again bitwise the training
 // forward's row. Keys are taken in chunks of ATT_THREADS (one thread per key scores it), with
-// an online softmax across chunks; lse is saved. The row backward recomputes probabilities
-// from lse and needs no atomics and no scratch: dq by query rows, then dk and dv by key rows
-// (each summing its group's heads in order), all three written. q, k, v and their gradients
-// are rows of stride ld (a fused [q;k;v] row read in place); out and dout are contiguous.
+// an online softmax across chunks; lse is saved. A row of a document with a shared prefix
+// takes its context's keys in order (the prefix's, then its own: attention_tile.cuh maps a
+// context position to its row), so its bits are the unshared document's. The row backward
+// recomputes probabilities from lse and needs no atomics and no scratch: dq by query rows
+// (keys in context order), then dk and dv by key rows (each summing its group's heads in
+// order; a prefix's keys take the rows of the documents naming it after their own), all
+// three written. q, k, v and their gradients are rows of stride ld (a fused [q;k;v] row read
+// in place); out and dout are contiguous.
 // Row kernels are templated on the A dtype: values are read as fp32, every score,
 // probability and sum is fp32 (lse and the row term in double as noted), and each output is
 // rounded once. Explicit fmaf/__fmul_rn keep the arithmetic the same whatever the compiler
@@ -16,6 +20,7 @@
 #include <math.h>
 
 #include "kernels/cuda/attention_flash.cuh"
+#include "kernels/cuda/attention_tile.cuh"
 #include "kernels/cuda/cuda_ctx.cuh"
 #include "kernels/cuda/dtype.cuh"
 
@@ -26,10 +31,13 @@ template <typename A>
 struct kv_rows {
     const A *k, *v;
     size_t stride;              // elements between consecutive slots
-    const int32_t *blocks;      // NULL: slot j is row j; else paged through this block list
+    const int32_t *blocks;      // NULL: rows of a batch (below); else paged through this list
     int32_t block_size;
+    // a batch's rows: key j (a context position) is row fa_key_row(j, ps, pl, s), the pl rows
+    // of a prefix from ps, then rows from s (pl 0: row s + j)
+    int32_t s, ps, pl;
     __device__ size_t slot(int32_t j) const {
-        if (!blocks) return (size_t)j * stride;
+        if (!blocks) return (size_t)fa_key_row(j, ps, pl, s) * stride;
         return ((size_t)blocks[j / block_size] * (size_t)block_size + (size_t)(j % block_size)) *
                stride;
     }
@@ -104,19 +112,31 @@ __device__ inline size_t *attn_slots(float *sh, int32_t floats) {
 }
 
 
+// The keys of token t's context, for kv head kvh: its prefix's, then its document's up to t.
+// Sets n to their count.
 template <typename A>
-__global__ void attention_forward_kernel(A *out, float *lse, const A *q, const A *k,
-                                         const A *v, int32_t ld, const int32_t *doc_start,
-                                         int32_t n_docs, int32_t H, int32_t KVH, int32_t D,
-                                         float scale) {
+__device__ inline kv_rows<A> attn_context(const A *k, const A *v, int32_t ld,
+                                          const int32_t *doc_start, const int32_t *prefix,
+                                          int32_t n_docs, int32_t t, int32_t kvh, int32_t D,
+                                          int32_t &n) {
+    int32_t d = attn_doc_of(doc_start, n_docs, t), ps;
+    int32_t pl = fa_prefix_of(doc_start, prefix, d, ps), start = doc_start[d];
+    n = pl + t - start + 1;
+    return {k + (size_t)kvh * D, v + (size_t)kvh * D, (size_t)ld, NULL, 0, start, ps, pl};
+}
+
+// 16 blocks fill an SM; the bound keeps the prefix's row mapping from costing a quarter of them.
+template <typename A>
+__global__ void __launch_bounds__(ATT_THREADS, 16)
+    attention_forward_kernel(A *out, float *lse, const A *q, const A *k, const A *v, int32_t ld,
+                             const int32_t *doc_start, const int32_t *prefix, int32_t n_docs,
+                             int32_t H, int32_t KVH, int32_t D, float scale) {
     extern __shared__ float sh[];
-    int32_t t = blockIdx.x, h = blockIdx.y, kvh = h / (H / KVH);
-    int32_t start = doc_start[attn_doc_of(doc_start, n_docs, t)];
-    size_t base = (size_t)start * ld + (size_t)kvh * D;
-    kv_rows<A> s = {k + base, v + base, (size_t)ld, NULL, 0};
+    int32_t t = blockIdx.x, h = blockIdx.y, n;
+    kv_rows<A> s = attn_context(k, v, ld, doc_start, prefix, n_docs, t, h / (H / KVH), D, n);
     size_t row = (size_t)t * H + h;
-    attn_row(out + row * D, lse + row, q + (size_t)t * ld + (size_t)h * D, s, t - start + 1, D,
-             scale, sh, attn_slots(sh, 2 * D + ATT_THREADS));
+    attn_row(out + row * D, lse + row, q + (size_t)t * ld + (size_t)h * D, s, n, D, scale, sh,
+             attn_slots(sh, 2 * D + ATT_THREADS));
 }
 
 template <typename A>
@@ -128,7 +148,7 @@ __global__ void attention_decode_kernel(A *out, const A *q, int32_t ld, const A 
     extern __shared__ float sh[];
     int32_t b = blockIdx.x, h = blockIdx.y, kvh = h / (H / KVH);
     kv_rows<A> s = {k_pool + (size_t)kvh * D, v_pool + (size_t)kvh * D, (size_t)KVH * D,
-                    block_table + (size_t)b * max_blocks, block_size};
+                    block_table + (size_t)b * max_blocks, block_size, 0, 0, 0};
     size_t row = (size_t)b * H + h;
     attn_row(out + row * D, (float *)NULL, q + (size_t)b * ld + (size_t)h * D, s, seq_len[b],
              D, scale, sh, attn_slots(sh, 2 * D + ATT_THREADS));
@@ -153,7 +173,7 @@ static void forward_run(tr_backend *be, void *out, float *lse, const void *q, co
     dim3 grid((unsigned)docs->n_tokens, (unsigned)H);
     attention_forward_kernel<A><<<grid, ATT_THREADS, shm, tr_cuda_stream(be)>>>(
         (A *)out, lse, (const A *)q, (const A *)k, (const A *)v, ld, docs->doc_start,
-        docs->n_docs, H, KVH, D, attn_scale(D));
+        docs->prefix, docs->n_docs, H, KVH, D, attn_scale(D));
     TR_CUDA_LAUNCHED(be, "attention_forward");
 }
 
@@ -172,8 +192,8 @@ void tr_cuda_attention_forward(tr_backend *be, void *out, float *lse, const void
     if (docs->n_tokens <= 0 || H <= 0) return;
     if (attn_flash(be, D)) {
         fa_fwd_args a = {(tr_bf16 *)out, lse, (const tr_bf16 *)q, (const tr_bf16 *)k,
-                         (const tr_bf16 *)v, docs->doc_start, docs->n_docs, docs->n_tokens, H,
-                         KVH, ld, tr_fa_scale_log2(D), 0, 0};
+                         (const tr_bf16 *)v, docs->doc_start, docs->prefix, docs->n_docs,
+                         docs->n_tokens, H, KVH, ld, tr_fa_scale_log2(D), 0, 0};
         a.vec = ld % 8 == 0 && attn_aligned(q, 16) && attn_aligned(k, 16) && attn_aligned(v, 16);
         a.out4 = attn_aligned(out, 4);
         tr_fa_forward(be, a, D);
@@ -229,19 +249,20 @@ __device__ inline float attn_row_delta(const A *dout, const A *out, int32_t D) {
     return (float)acc;
 }
 
-// dq for one (query row, head): keys of the row's document up to the row, in chunks; per key
-// p = exp(s - lse), dS = p (dP - delta) * scale, dq = sum dS k. Shared: qs, gos, acc [D], ds.
+// dq for one (query row, head): the keys of the row's context (as the forward's), in chunks;
+// per key p = exp(s - lse), dS = p (dP - delta) * scale, dq = sum dS k. Shared: qs, gos,
+// acc [D], ds.
 template <typename A>
 __global__ void attention_backward_dq_kernel(A *dq, const A *dout, const A *out,
                                              const float *lse, const A *q, const A *k,
                                              const A *v, int32_t ld, const int32_t *doc_start,
-                                             int32_t n_docs, int32_t H, int32_t KVH, int32_t D,
-                                             float scale) {
+                                             const int32_t *prefix, int32_t n_docs, int32_t H,
+                                             int32_t KVH, int32_t D, float scale) {
     extern __shared__ float sh[];
     float *qs = sh, *gos = sh + D, *acc = sh + 2 * D, *ds = sh + 3 * D;
     __shared__ float delta_sh;
-    int32_t i = blockIdx.x, h = blockIdx.y, g = h / (H / KVH), tid = threadIdx.x;
-    int32_t start = doc_start[attn_doc_of(doc_start, n_docs, i)];
+    int32_t i = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, n;
+    kv_rows<A> s = attn_context(k, v, ld, doc_start, prefix, n_docs, i, h / (H / KVH), D, n);
     size_t row = (size_t)i * H + h, qat = (size_t)i * ld + (size_t)h * D;
     for (int32_t d = tid; d < D; d += blockDim.x) {
         qs[d] = tr_f32(q[qat + d]);
@@ -251,20 +272,18 @@ __global__ void attention_backward_dq_kernel(A *dq, const A *dout, const A *out,
     if (tid == 0) delta_sh = attn_row_delta(dout + row * D, out + row * D, D);
     __syncthreads();
     float delta = delta_sh, l = lse[row];
-    const A *kb = k + (size_t)g * D, *vb = v + (size_t)g * D;
-    for (int32_t c0 = start; c0 <= i; c0 += blockDim.x) {
-        int32_t cn = i + 1 - c0 < (int32_t)blockDim.x ? i + 1 - c0 : (int32_t)blockDim.x;
+    for (int32_t c0 = 0; c0 < n; c0 += blockDim.x) {
+        int32_t cn = n - c0 < (int32_t)blockDim.x ? n - c0 : (int32_t)blockDim.x;
         if (tid < cn) {
-            size_t o = (size_t)(c0 + tid) * ld;
-            float p = expf(__fmul_rn(attn_dot(qs, kb + o, D), scale) - l);
-            float dp = attn_dot(gos, vb + o, D);
+            size_t o = s.slot(c0 + tid);
+            float p = expf(__fmul_rn(attn_dot(qs, s.k + o, D), scale) - l);
+            float dp = attn_dot(gos, s.v + o, D);
             ds[tid] = __fmul_rn(__fmul_rn(p, dp - delta), scale);
         }
         __syncthreads();
         for (int32_t d = tid; d < D; d += blockDim.x) {
             float a = acc[d];
-            for (int32_t j = 0; j < cn; j++)
-                a = fmaf(ds[j], tr_f32(kb[(size_t)(c0 + j) * ld + d]), a);
+            for (int32_t j = 0; j < cn; j++) a = fmaf(ds[j], tr_f32(s.k[s.slot(c0 + j) + d]), a);
             acc[d] = a;
         }
         __syncthreads();
@@ -273,19 +292,20 @@ __global__ void attention_backward_dq_kernel(A *dq, const A *dout, const A *out,
 }
 
 // dk, dv for one (key row j, kv head g): the group's heads in order, then the query rows of
-// the document from j on, in chunks; dv = sum p dO, dk = sum dS q. Shared: ks, vs, acck,
+// the document from j on, in chunks, and for a prefix document on through the documents
+// naming it (all of whose rows see j); dv = sum p dO, dk = sum dS q. Shared: ks, vs, acck,
 // accv [D], p, ds [ATT_THREADS].
 template <typename A>
 __global__ void attention_backward_dkv_kernel(A *dk, A *dv, const A *dout, const A *out,
                                               const float *lse, const A *q, const A *k,
                                               const A *v, int32_t ld, const int32_t *doc_start,
-                                              int32_t n_docs, int32_t H, int32_t KVH, int32_t D,
-                                              float scale) {
+                                              const int32_t *prefix, int32_t n_docs, int32_t H,
+                                              int32_t KVH, int32_t D, float scale) {
     extern __shared__ float sh[];
     float *ks = sh, *vs = sh + D, *acck = sh + 2 * D, *accv = sh + 3 * D;
     float *ps = sh + 4 * D, *ds = ps + blockDim.x;
     int32_t j = blockIdx.x, g = blockIdx.y, group = H / KVH, tid = threadIdx.x;
-    int32_t end = doc_start[attn_doc_of(doc_start, n_docs, j) + 1];
+    int32_t end = fa_query_end(doc_start, prefix, n_docs, attn_doc_of(doc_start, n_docs, j));
     size_t kat = (size_t)j * ld + (size_t)g * D, ostride = (size_t)H * D;
     for (int32_t d = tid; d < D; d += blockDim.x) {
         ks[d] = tr_f32(k[kat + d]);
@@ -340,7 +360,7 @@ static void backward_run(tr_backend *be, void *dq, void *dk, void *dv, const voi
         if (attn_shared_ok(be, (const void *)attention_backward_dq_kernel<A>, shm)) return;
         attention_backward_dq_kernel<A><<<dim3(T, (unsigned)H), ATT_THREADS, shm, st>>>(
             (A *)dq, (const A *)dout, (const A *)out, lse, (const A *)q, (const A *)k,
-            (const A *)v, ld, docs->doc_start, docs->n_docs, H, KVH, D, scale);
+            (const A *)v, ld, docs->doc_start, docs->prefix, docs->n_docs, H, KVH, D, scale);
         if (TR_CUDA_LAUNCHED(be, "attention_backward dq")) return;
     }
     if (dk || dv) {
@@ -348,7 +368,7 @@ static void backward_run(tr_backend *be, void *dq, void *dk, void *dv, const voi
         if (attn_shared_ok(be, (const void *)attention_backward_dkv_kernel<A>, shm)) return;
         attention_backward_dkv_kernel<A><<<dim3(T, (unsigned)KVH), ATT_THREADS, shm, st>>>(
             (A *)dk, (A *)dv, (const A *)dout, (const A *)out, lse, (const A *)q, (const A *)k,
-            (const A *)v, ld, docs->doc_start, docs->n_docs, H, KVH, D, scale);
+            (const A *)v, ld, docs->doc_start, docs->prefix, docs->n_docs, H, KVH, D, scale);
         TR_CUDA_LAUNCHED(be, "attention_backward dkv");
     }
 }
@@ -361,7 +381,7 @@ void tr_cuda_attention_backward(tr_backend *be, void *dq, void *dk, void *dv,
     if (attn_flash(be, D)) {
         fa_bwd_args a = {(tr_bf16 *)dq, (tr_bf16 *)dk, (tr_bf16 *)dv, (const tr_bf16 *)dout,
                          (const tr_bf16 *)out, (const tr_bf16 *)q, (const tr_bf16 *)k,
-                         (const tr_bf16 *)v, lse, docs->doc_start, docs->n_docs,
+                         (const tr_bf16 *)v, lse, docs->doc_start, docs->prefix, docs->n_docs,
                          docs->n_tokens, H, KVH, ld, (float)(1.0 / sqrt((double)D)),
                          tr_fa_scale_log2(D), 0, 0};
         a.vec = ld % 8 == 0 && attn_aligned(q, 16) && attn_aligned(k, 16) &&

@@ -4,9 +4,12 @@
 // than one tile of scores. Key tiles start at each document's first token, so a row's bits
 // do not depend on where its document sits in the batch, and a query tile that straddles
 // documents walks each document's keys in turn (rows of the others see nothing there, which
-// leaves them unchanged). Where a row's context passes a multiple of FA_CHUNK, the finished
-// chunk is folded into an accumulator kept in local memory (touched once per chunk), as the
-// decode step folds its split chunks. out [T, H D] and lse [T, H] are written, every row.
+// leaves them unchanged). A document with a shared prefix walks its context: the prefix's keys,
+// then its own, tiles and masks by context position (attention_tile.cuh), so its rows have
+// the bits of the unshared document's. Where a row's context passes a multiple of FA_CHUNK,
+// the finished chunk is folded into an accumulator kept in local memory (touched once per
+// chunk), as the decode step folds its split chunks. out [T, H D] and lse [T, H] are written,
+// every row.
 #include "kernels/cuda/attention_flash.cuh"
 #include "kernels/cuda/attention_tile.cuh"
 
@@ -72,20 +75,20 @@ __global__ void __launch_bounds__(FA_FWD_WARPS * 32, 2) fa_forward_kernel(const 
         fa_load_rows<D>(
             ks + stage * BN * LDS, BN,
             [&](int r) -> const tr_bf16 * {
-                const int key = x.s + x.p0 + r;
-                return key < x.lim ? kb + (size_t)key * ld : nullptr;
+                const int key = fa_kv_row(x, x.p0 + r);
+                return key >= 0 ? kb + (size_t)key * ld : nullptr;
             },
             tid, NTH, vec, a.k);
         fa_load_rows<D>(
             vs + stage * BN * LDS, BN,
             [&](int r) -> const tr_bf16 * {
-                const int key = x.s + x.p0 + r;
-                return key < x.lim ? vb + (size_t)key * ld : nullptr;
+                const int key = fa_kv_row(x, x.p0 + r);
+                return key >= 0 ? vb + (size_t)key * ld : nullptr;
             },
             tid, NTH, vec, a.v);
     };
     fa_kv_iter it;
-    fa_iter_first(it, a.doc_start, a.n_docs, t0, t1);
+    fa_iter_first(it, a.doc_start, a.prefix, a.n_docs, t0, t1);
     if (it.e >= 0) load_kv(it, 0);
     fa_cp_commit();
 
@@ -106,14 +109,14 @@ __global__ void __launch_bounds__(FA_FWD_WARPS * 32, 2) fa_forward_kernel(const 
     int stage = 0;
     while (it.e >= 0) {
         fa_kv_iter nx = it;
-        fa_iter_next<BN>(nx, a.doc_start, a.n_docs, t1);
+        fa_iter_next<BN>(nx, a.doc_start, a.prefix, a.n_docs, t1);
         if (nx.e >= 0) load_kv(nx, stage ^ 1);
         fa_cp_commit();
         fa_cp_wait<1>();
         __syncthreads();
-        // the warp's rows in this document: lo..hi, seeing positions up to hi - s
+        // the warp's rows in this document: lo..hi, seeing positions up to hi - s + pl
         const int lo = max(w0, it.s), hi = min(w0 + 16 * MT, it.lim) - 1;
-        if (lo <= hi && it.p0 <= hi - it.s) {
+        if (lo <= hi && it.p0 <= hi - it.s + it.pl) {
             if (it.p0 > 0 && it.p0 % FA_CHUNK == 0) {
                 fa_fold_acc<D, MT>(am, al, acc + z, st, false);
                 acc_used = true;
@@ -124,7 +127,7 @@ __global__ void __launch_bounds__(FA_FWD_WARPS * 32, 2) fa_forward_kernel(const 
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
                     const int i = w0 + mt * 16 + g + 8 * r;
-                    last[mt][r] = i >= it.s && i < it.lim ? i - it.s : -1;
+                    last[mt][r] = i >= it.s && i < it.lim ? i - it.s + it.pl : -1;
                 }
             fa_tile<D, MT>(st, qs + warp * 16 * MT * LDS, ks + stage * BN * LDS,
                            vs + stage * BN * LDS, it.p0, last, a.sl2, true);

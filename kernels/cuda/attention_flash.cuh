@@ -2,6 +2,7 @@
 // attention_flash_bwd.cu backward, attention_decode.cu decode), as attention.cu dispatches
 // them: argument blocks and launchers. Other head dimensions and the fp32 path keep
 // attention.cu's row kernels, for the forward and decode alike, so the two always agree.
+// doc_start and prefix are tr_doc_layout's device arrays (prefix NULL: no shared prefixes).
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -22,6 +23,7 @@ struct fa_fwd_args {
     float *lse;
     const tr_bf16 *q, *k, *v;
     const int32_t *doc_start;
+    const int32_t *prefix;   // tr_doc_layout.prefix (NULL: none)
     int32_t n_docs, T, H, KVH, ld;
     float sl2;
     int32_t vec;    // q, k, v rows 16-byte aligned (ld a multiple of 8, aligned bases)
@@ -33,6 +35,7 @@ struct fa_bwd_args {
     const tr_bf16 *dout, *out, *q, *k, *v;
     const float *lse;
     const int32_t *doc_start;
+    const int32_t *prefix;   // tr_doc_layout.prefix (NULL: none)
     int32_t n_docs, T, H, KVH, ld;
     float scale, sl2;
     int32_t vec;      // every row read is 16-byte aligned

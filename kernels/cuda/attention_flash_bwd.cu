@@ -1,8 +1,11 @@
 // Flash-attention backward on tensor cores, the bf16 path, deterministic without atomics: a
 // dK/dV pass (one block per 128-key tile of a document and kv head, looping over the group's
 // query heads and then the query tiles that see the keys, in a fixed order, both sums in
-// registers; tiles with the most queries start first) and a separate dQ pass (one block per
-// 128-row query tile and head, looping over its documents' key tiles). Both recompute
+// registers; tiles with the most queries of their document start first) and a separate dQ
+// pass (one block per 128-row query tile and head, looping over its documents' key tiles).
+// With shared prefixes the dQ pass walks a row's context as the forward does (the prefix's
+// keys, then its own), and a prefix's key tiles take the queries of the documents naming it
+// after its own, so each key's sums stay in one block. Both recompute
 // S = Q K^T and dP = dO V^T and take P = exp(S scale - lse) from the saved lse, so nothing
 // T x T is ever stored. delta = rowsum(dO * O) comes from one function both passes call, so
 // they agree on it bit for bit. P and dS = P (dP - delta) scale are rounded to bf16 for the
@@ -44,7 +47,9 @@ __device__ __forceinline__ float fa_dscore(float p, float dp, float delta, float
 // Tile y of the document-aligned tiles of BT tokens, in the order of the dK/dV pass: every
 // document's first tile (in document order), then every second tile, and so on, so that the
 // tiles seeing the most queries start first, whatever the layout (a plain order would start
-// the heavy first tiles of later documents last, with only a wave or two of blocks).
+// the heavy first tiles of later documents last, with only a wave or two of blocks). A shared
+// prefix's tiles, which its dependents' queries make the heaviest, keep their levels: prompts
+// are short, so those are the first ones anyway.
 // Sets document e and tile o within it; false past the last tile. Every warp computes it
 // alike, its lanes taking 32 documents at a time.
 __device__ __forceinline__ bool fa_tile_by_level(const int32_t *ds, int n_docs, int BT, int y,
@@ -109,20 +114,20 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dq_kernel(const fa_bw
         fa_load_rows<D>(
             ks + stage * BN * LDS, BN,
             [&](int r) -> const tr_bf16 * {
-                const int key = x.s + x.p0 + r;
-                return key < x.lim ? kb + (size_t)key * ld : nullptr;
+                const int key = fa_kv_row(x, x.p0 + r);
+                return key >= 0 ? kb + (size_t)key * ld : nullptr;
             },
             tid, NTH, vec, a.k);
         fa_load_rows<D>(
             vs + stage * BN * LDS, BN,
             [&](int r) -> const tr_bf16 * {
-                const int key = x.s + x.p0 + r;
-                return key < x.lim ? vb + (size_t)key * ld : nullptr;
+                const int key = fa_kv_row(x, x.p0 + r);
+                return key >= 0 ? vb + (size_t)key * ld : nullptr;
             },
             tid, NTH, vec, a.v);
     };
     fa_kv_iter it;
-    fa_iter_first(it, a.doc_start, a.n_docs, t0, t1);
+    fa_iter_first(it, a.doc_start, a.prefix, a.n_docs, t0, t1);
     if (it.e >= 0) load_kv(it, 0);
     fa_cp_commit();
     fa_cp_wait<0>();
@@ -146,23 +151,24 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dq_kernel(const fa_bw
     int stage = 0;
     while (it.e >= 0) {
         fa_kv_iter nx = it;
-        fa_iter_next<BN>(nx, a.doc_start, a.n_docs, t1);
+        fa_iter_next<BN>(nx, a.doc_start, a.prefix, a.n_docs, t1);
         if (nx.e >= 0) load_kv(nx, stage ^ 1);
         fa_cp_commit();
         fa_cp_wait<1>();
         __syncthreads();
         const int lo = max(w0, it.s), hi = min(w0 + 16, it.lim) - 1;
-        if (lo <= hi && it.p0 <= hi - it.s) {
+        if (lo <= hi && it.p0 <= hi - it.s + it.pl) {
             const tr_bf16 *kt = ks + stage * BN * LDS, *vt = vs + stage * BN * LDS;
             float s[1][NT][4], dp[1][NT][4];
             fa_gemm_abt<D, 1, NT>(s, qs + warp * 16 * LDS, kt, LDS);
             fa_gemm_abt<D, 1, NT>(dp, dos + warp * 16 * LDS, vt, LDS);
             // tiles every row of the warp sees whole need no mask
-            const bool whole = lo == w0 && hi == w0 + 15 && it.p0 + BN - 1 <= w0 - it.s;
+            const bool whole = lo == w0 && hi == w0 + 15 && it.p0 + BN - 1 <= w0 - it.s + it.pl;
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const int i = w0 + g + 8 * r;
-                const int lim = whole ? BN : (i >= it.s && i < it.lim ? i - it.s : -1) - it.p0;
+                const int lim =
+                    whole ? BN : (i >= it.s && i < it.lim ? i - it.s + it.pl : -1) - it.p0;
 #pragma unroll
                 for (int n = 0; n < NT; n++)
 #pragma unroll
@@ -195,7 +201,8 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dq_kernel(const fa_bw
 
 // dK and dV for 16 keys per warp, FA_BWD_WARPS warps, one kv head: a tile of one document's
 // keys, the group's heads in order, and for each the query tiles from the tile's first key to
-// the document's end, in order.
+// the document's end, in order; for a prefix document, on to the end of the documents naming
+// it, whose rows see all of its keys.
 template <int D>
 __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_kernel(const fa_bwd_args a) {
     constexpr int BK = FA_BWD_WARPS * 16, BQ = FA_BWD_BN, LDS = D + FA_PAD;
@@ -209,8 +216,10 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_kernel(const fa_b
     int doc, lvl;
     if (!fa_tile_by_level(a.doc_start, a.n_docs, BK, (int)blockIdx.y, doc, lvl)) return;
     const int kvh = blockIdx.x, G = a.H / a.KVH;
-    const int q_end = a.doc_start[doc + 1];   // the document's end
-    const int k0 = a.doc_start[doc] + lvl * BK, k1 = min(k0 + BK, q_end);
+    // the queries seeing the keys: the document's own from k0 on, then, for a prefix, all of
+    // the documents naming it (later rows every one: the causal test below holds for them)
+    const int q_end = fa_query_end(a.doc_start, a.prefix, a.n_docs, doc);
+    const int k0 = a.doc_start[doc] + lvl * BK, k1 = min(k0 + BK, a.doc_start[doc + 1]);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const size_t ld = (size_t)a.ld, HD = (size_t)a.H * D;
     const bool vec = a.vec != 0;

@@ -5,6 +5,9 @@
 // tiled from the document's first token (position 0), never from where the document sits in
 // a packed batch, and the softmax restarts every FA_CHUNK positions, chunks then being folded
 // in position order: decode splits a long context at the same positions and folds the same way.
+// A document with a shared prefix (tr_doc_layout.prefix) has the prefix's tokens at positions
+// 0..L-1 of its context and its own from L on: its tiles gather rows from the two ranges, so
+// positions, tiles, masks and folds are those of the unshared document [prefix; own tokens].
 #pragma once
 #include <math.h>
 
@@ -169,18 +172,53 @@ __device__ __forceinline__ float fa_lse(float m, float l) {
     return __fmul_rn(__fadd_rn(m, log2f(l)), 0.69314718055994531f);
 }
 
+// ---- shared prefixes (tr_doc_layout.prefix) ----
+
+// Document e's prefix: returns its length (0: none; pre NULL: no document has one) and sets
+// ps to its first token.
+__device__ __forceinline__ int fa_prefix_of(const int32_t *ds, const int32_t *pre, int e,
+                                            int &ps) {
+    const int p = pre ? pre[e] : -1;
+    ps = p < 0 ? 0 : ds[p];
+    return p < 0 ? 0 : ds[p + 1] - ps;
+}
+// Row of the key at context position p of a document starting at token s whose prefix is
+// the pl tokens from ps.
+__device__ __forceinline__ int fa_key_row(int p, int ps, int pl, int s) {
+    return p < pl ? ps + p : s + (p - pl);
+}
+// The end of the query rows that see document e's keys: its own end, or for a prefix
+// document the end of the documents naming it (they follow it directly, and every one of
+// their rows sees all of its keys, causality holding as their rows all come later).
+__device__ __forceinline__ int fa_query_end(const int32_t *ds, const int32_t *pre, int n_docs,
+                                            int e) {
+    int f = e + 1;
+    if (pre)
+        while (f < n_docs && pre[f] == e) f++;
+    return ds[f];
+}
+
 // The KV tiles a tile of query rows [t0, t1) walks: for each document overlapping the rows,
-// in order, its keys from its first token to min(its end, t1), BN at a time.
+// in order, the keys of its context BN at a time, from position 0: its prefix's (if any),
+// then its own up to min(its end, t1). Rows of the document at token i see the positions up
+// to i - s + pl.
 struct fa_kv_iter {
-    int e;     // document (-1: done)
-    int s;     // its first token
-    int lim;   // its keys are tokens s .. lim - 1
-    int p0;    // the tile's first position in the document
+    int e;        // document (-1: done)
+    int s;        // its first token
+    int lim;      // its own keys are tokens s .. lim - 1
+    int ps, pl;   // its prefix: pl tokens from ps (pl 0: none)
+    int p0;       // the tile's first position in the context
 };
 
+// Row of the key at position p of the iterator's document; -1 past its keys.
+__device__ __forceinline__ int fa_kv_row(const fa_kv_iter &it, int p) {
+    const int key = fa_key_row(p, it.ps, it.pl, it.s);
+    return p < it.pl || key < it.lim ? key : -1;
+}
+
 // From document it.e on: the first non-empty one that starts before t1, at its first tile.
-__device__ __forceinline__ void fa_iter_doc(fa_kv_iter &it, const int32_t *ds, int n_docs,
-                                            int t1) {
+__device__ __forceinline__ void fa_iter_doc(fa_kv_iter &it, const int32_t *ds,
+                                            const int32_t *pre, int n_docs, int t1) {
     while (it.e < n_docs && ds[it.e + 1] <= ds[it.e]) it.e++;
     if (it.e >= n_docs || ds[it.e] >= t1) {
         it.e = -1;
@@ -188,18 +226,19 @@ __device__ __forceinline__ void fa_iter_doc(fa_kv_iter &it, const int32_t *ds, i
     }
     it.s = ds[it.e];
     it.lim = min(ds[it.e + 1], t1);
+    it.pl = fa_prefix_of(ds, pre, it.e, it.ps);
     it.p0 = 0;
 }
-__device__ __forceinline__ void fa_iter_first(fa_kv_iter &it, const int32_t *ds, int n_docs,
-                                              int t0, int t1) {
+__device__ __forceinline__ void fa_iter_first(fa_kv_iter &it, const int32_t *ds,
+                                              const int32_t *pre, int n_docs, int t0, int t1) {
     it.e = fa_doc_of(ds, n_docs, t0);
-    fa_iter_doc(it, ds, n_docs, t1);
+    fa_iter_doc(it, ds, pre, n_docs, t1);
 }
 template <int BN>
-__device__ __forceinline__ void fa_iter_next(fa_kv_iter &it, const int32_t *ds, int n_docs,
-                                             int t1) {
+__device__ __forceinline__ void fa_iter_next(fa_kv_iter &it, const int32_t *ds,
+                                             const int32_t *pre, int n_docs, int t1) {
     it.p0 += BN;
-    if (it.s + it.p0 < it.lim) return;
+    if (it.p0 < it.pl + (it.lim - it.s)) return;
     it.e++;
-    fa_iter_doc(it, ds, n_docs, t1);
+    fa_iter_doc(it, ds, pre, n_docs, t1);
 }
