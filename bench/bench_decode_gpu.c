@@ -1,0 +1,131 @@
+// Generation on a GPU at the RL bench's shapes (Qwen2.5-0.5B, -1.5B, random bf16 weights):
+// PROMPTS prompts of PLEN random tokens, SAMPLES samples each, NEW tokens per sample (the
+// config names no EOS, so every sample runs to the end), as a policy generates in one GRPO
+// step. Prints the wall time, decode tokens/s and the decode steps' memory traffic per
+// second (the generator's decode_bytes over decode_seconds) against an H200's measured
+// 4300 GB/s. A warm-up call first; with TROUPE_CUDA_PROFILE=1 the table of where the timed
+// call's device time went goes to stderr at the end.
+// usage: bench_decode_gpu SHAPE [PROMPTS [SAMPLES [PLEN [NEW]]]]   (defaults 64 8 256 256)
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/config.h"
+#include "engine/generate.h"
+#include "engine/model.h"
+#include "engine/plan.h"
+#include "engine/rng.h"
+#include "kernels/backend.h"
+#include "tr_build_config.h"
+#if TR_HAVE_CUDA
+#include "kernels/cuda/backend_cuda.h"
+#endif
+
+typedef struct shape {
+    const char *name;
+    int hidden, inter, layers, heads, kv_heads;
+} shape;
+
+static const shape SHAPES[] = {
+    {"qwen2.5-0.5b", 896, 4864, 24, 14, 2},
+    {"qwen2.5-1.5b", 1536, 8960, 28, 12, 2},
+};
+
+#define VOCAB 151936
+#define PEAK_GBPS 4300.0
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int fail(const char *what, const tr_err *err) {
+    fprintf(stderr, "bench_decode_gpu: %s: %s\n", what, err->msg);
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    const shape *sh = NULL;
+    for (size_t i = 0; argc > 1 && i < sizeof SHAPES / sizeof SHAPES[0]; i++)
+        if (strcmp(argv[1], SHAPES[i].name) == 0) sh = &SHAPES[i];
+    int P = argc > 2 ? atoi(argv[2]) : 64, S = argc > 3 ? atoi(argv[3]) : 8;
+    int plen = argc > 4 ? atoi(argv[4]) : 256, new_tokens = argc > 5 ? atoi(argv[5]) : 256;
+    if (!sh || P < 1 || S < 1 || plen < 1 || new_tokens < 1) {
+        fprintf(stderr, "usage: bench_decode_gpu qwen2.5-0.5b|qwen2.5-1.5b [PROMPTS [SAMPLES [PLEN [NEW]]]]\n");
+        return 2;
+    }
+    char config[1024];
+    int n = snprintf(config, sizeof config,
+                     "{\"architectures\": [\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\","
+                     " \"vocab_size\": %d, \"hidden_size\": %d, \"intermediate_size\": %d,"
+                     " \"num_hidden_layers\": %d, \"num_attention_heads\": %d,"
+                     " \"num_key_value_heads\": %d, \"max_position_embeddings\": 32768,"
+                     " \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000.0,"
+                     " \"tie_word_embeddings\": true}",
+                     VOCAB, sh->hidden, sh->inter, sh->layers, sh->heads, sh->kv_heads);
+    tr_err err = {0};
+    tr_model_config cfg;
+    if (tr_config_parse(config, (size_t)n, sh->name, &cfg, &err) != 0) return fail("config", &err);
+    const char *kind = getenv("TROUPE_BACKEND");
+    tr_backend_opts bo = {.kind = kind ? kind : "cuda", .precision = getenv("TROUPE_PRECISION")};
+    tr_backend be;
+    char msg[512];
+    if (tr_backend_init(&be, &bo, msg, sizeof msg) != 0) {
+        fprintf(stderr, "bench_decode_gpu: %s\n", msg);
+        return 1;
+    }
+    int32_t B = P * S, T = B > 2048 ? B : 2048;
+    tr_plan_req pr = {.cfg = &cfg, .max_tokens = T, .training = false};
+    tr_plan plan;
+    if (tr_plan_make(&be, &pr, &plan, &err) != 0) return fail("memory plan", &err);
+    tr_model m;
+    tr_model_opts mo = {.max_tokens = T, .training = false, .logit_rows = plan.logit_rows};
+    if (tr_model_init(&m, &cfg, &be, &mo, &err) != 0) return fail("model", &err);
+    if (tr_model_init_weights(&m, 7, 0.02f, &err) != 0) return fail("weights", &err);
+    tr_generator g;
+    tr_gen_opts go = {.kv_tokens = (int64_t)B * (plen + new_tokens + 16), .block_size = 16, .max_seqs = B};
+    if (tr_generator_init(&g, &m, &go, &err) != 0) return fail("generator", &err);
+    int32_t *prompts = malloc((size_t)P * plen * sizeof(int32_t));
+    tr_gen_request *reqs = calloc((size_t)P, sizeof *reqs);
+    tr_gen_output *outs = calloc((size_t)B, sizeof *outs);
+    if (!prompts || !reqs || !outs) return 1;
+    tr_rng rng;
+    tr_rng_init(&rng, 1);
+    for (int32_t i = 0; i < P * plen; i++) prompts[i] = (int32_t)(tr_rng_u32(&rng) % VOCAB);
+    for (int32_t i = 0; i < P; i++)
+        reqs[i] = (tr_gen_request){.prompt = prompts + (size_t)i * plen, .n_prompt = plen, .n_samples = S,
+                                   .sampling = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f},
+                                   .seed = (uint64_t)i, .max_new_tokens = new_tokens};
+    if (tr_generate(&g, reqs, P, outs, &err) != 0) return fail("warm-up", &err);
+    tr_gen_outputs_free(outs, B);
+#if TR_HAVE_CUDA
+    if (strcmp(be.ops->name, "cuda") == 0) tr_backend_cuda_profile_reset(&be);
+#endif
+    double t0 = now();
+    if (tr_generate(&g, reqs, P, outs, &err) != 0) return fail("generate", &err);
+    double wall = now() - t0;
+    int64_t sampled = 0;
+    for (int32_t i = 0; i < B; i++) sampled += outs[i].n_tokens;
+    tr_gen_outputs_free(outs, B);
+    const tr_gen_stats *st = &g.stats;
+    double gbps = st->decode_seconds > 0 ? st->decode_bytes / st->decode_seconds / 1e9 : 0;
+    printf("%s: %s %s, %d prompts x %d samples, %d + %d tokens\n", sh->name, be.ops->name, tr_dt_name(be.act), P,
+           S, plen, new_tokens);
+    printf("  %.3f s: %.0f sampled tokens/s; %lld decode steps in %.3f s (%.2f ms a step, %.1f rows), prefill "
+           "%lld tokens; decode traffic %.0f GB/s, %.1f%% of %.0f\n",
+           wall, (double)sampled / wall, (long long)st->decode_steps, st->decode_seconds,
+           st->decode_steps ? 1e3 * st->decode_seconds / (double)st->decode_steps : 0.0,
+           st->decode_steps ? (double)st->decode_tokens / (double)st->decode_steps : 0.0,
+           (long long)st->prefill_tokens, gbps, 100 * gbps / PEAK_GBPS, PEAK_GBPS);
+    printf("troupe decode shape=%s batch=%d s=%.4f tok/s=%.0f gbps=%.1f\n", sh->name, B, wall,
+           (double)sampled / wall, gbps);
+    free(prompts);
+    free(reqs);
+    free(outs);
+    tr_generator_free(&g);
+    tr_model_free(&m);
+    tr_backend_free(&be);
+    return 0;
+}
