@@ -1,7 +1,8 @@
 // Linear layers on the GPU. Row-major X[R,C] is column-major X^T, so each row-major product
 // is issued as its transpose. fp32 backends run cuBLAS sgemm with pedantic math (true fp32
 // products, never TF32); bf16 backends run cuBLASLt (gemm_lt.cu) on bf16 inputs with fp32
-// accumulation, rounding a bf16 output once, after the bias. Bias additions into fp32
+// accumulation, rounding a bf16 output once, after the bias (narrow heads in batch-invariant
+// mode take a kernel of their own, below). Bias additions into fp32
 // outputs and the bias gradient are kernels here, each element summed in a fixed order.
 #include "kernels/cuda/colsum.cuh"
 #include "kernels/cuda/dtype.cuh"
@@ -56,6 +57,48 @@ static void forward_f32(tr_backend *be, float *out, const float *in, const float
     if (bias) bias_run<float, float>(be, out, bias, T, OC, 0);
 }
 
+// Narrow products (OC <= MM_NARROW: value and score heads) in batch-invariant mode: one warp
+// a row, each output a fixed-order sum (lane l takes k = l, l + 32, ... in order, then a
+// butterfly) plus the bias, then the accumulator, rounded once: the same bits for any T.
+// cuBLASLt's algorithm chosen at n = 8192 need not run m = 1 at another n, and a shape's own
+// choice could reduce in another order.
+#define MM_NARROW 16
+template <typename O>
+__global__ void narrow_forward_kernel(O *out, const tr_bf16 *in, const tr_bf16 *w,
+                                      const tr_bf16 *bias, int32_t T, int32_t IC, int32_t OC,
+                                      int acc) {
+    const int32_t t = (int32_t)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
+    const int lane = threadIdx.x & 31;
+    if (t >= T) return;
+    const tr_bf16 *x = in + (size_t)t * IC;
+    for (int32_t o = 0; o < OC; o++) {
+        const tr_bf16 *wr = w + (size_t)o * IC;
+        float s = 0.0f;
+        for (int32_t k = lane; k < IC; k += 32) s = __fmaf_rn(tr_f32(x[k]), tr_f32(wr[k]), s);
+        for (int off = 16; off > 0; off >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, off));
+        if (lane != 0) continue;
+        if (bias) s = __fadd_rn(s, tr_f32(bias[o]));
+        O *y = out + (size_t)t * OC + o;
+        tr_store(y, acc ? __fadd_rn(tr_f32(*y), s) : s);
+    }
+}
+
+static void narrow_forward(tr_backend *be, void *out, const void *in, const void *w,
+                           const void *bias, int32_t T, int32_t IC, int32_t OC, int out_f32,
+                           int acc) {
+    size_t threads = (size_t)T * 32;
+    unsigned grid = (unsigned)((threads + MM_THREADS - 1) / MM_THREADS);
+    if (out_f32)
+        narrow_forward_kernel<float><<<grid, MM_THREADS, 0, tr_cuda_stream(be)>>>(
+            (float *)out, (const tr_bf16 *)in, (const tr_bf16 *)w, (const tr_bf16 *)bias, T, IC,
+            OC, acc);
+    else
+        narrow_forward_kernel<tr_bf16><<<grid, MM_THREADS, 0, tr_cuda_stream(be)>>>(
+            (tr_bf16 *)out, (const tr_bf16 *)in, (const tr_bf16 *)w, (const tr_bf16 *)bias, T,
+            IC, OC, acc);
+    TR_CUDA_LAUNCHED(be, "matmul narrow");
+}
+
 // bf16 in and w; out bf16, or fp32 with TR_MM_OUT_F32. A bf16 output takes its bias in the
 // GEMM's epilogue (fp32 sum, one rounding); an fp32 output adds it afterwards, the same fp32
 // sum. cuBLASLt's bias vector has the output's type, which an fp32 output's bf16 bias lacks.
@@ -66,6 +109,10 @@ static void forward_bf16(tr_backend *be, void *out, const void *in, const void *
         if (!bias && acc) return;
         if (out_f32) bias_run<float, tr_bf16>(be, out, bias, T, OC, !acc);
         else bias_run<tr_bf16, tr_bf16>(be, out, bias, T, OC, !acc);
+        return;
+    }
+    if (be->batch_invariant && OC <= MM_NARROW) {
+        narrow_forward(be, out, in, w, bias, T, IC, OC, out_f32, acc);
         return;
     }
     tr_lt_gemm g = {.ta = CUBLAS_OP_T, .tb = CUBLAS_OP_N, .m = OC, .n = T, .k = IC,

@@ -1952,6 +1952,12 @@ static void run_pass(const char *only) {
         test_matmul(700, 64, 130);     // the bias gradient in several chunks of tokens
         test_matmul_batch_invariance(512, 384);
         test_matmul_batch_invariance(96, 130);
+        // value and score heads: narrow outputs at a long batch (the product cuBLASLt's
+        // n = 8192 choice did not run), and their rows' bits alone vs in a batch
+        test_matmul(16177, 896, 1);
+        test_matmul(70, 96, 3);
+        test_matmul_batch_invariance(896, 1);
+        test_matmul_batch_invariance(96, 3);
     }
     if (section(only, "embedding")) {
         test_embedding(300, 96, 50, 0);
