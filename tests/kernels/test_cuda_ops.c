@@ -6,8 +6,9 @@
 // kv_write, fill, row moves, KV block copies, convert) bit for bit; every CUDA op run twice
 // gives the same bits; written outputs start as NaN, so an op that adds into one fails, and
 // the gaps of strided rows must still be NaN after it; the paged decode step reproduces the
-// CUDA training forward's rows bit for bit; the sampler draws the CPU's ids except in draws
-// it counts as near. Measured errors are printed. Exits 77 (skip) without a CUDA device.
+// CUDA training forward's rows bit for bit, and so does a layout with shared prefixes those
+// of its unshared equivalent; the sampler draws the CPU's ids except in draws it counts as
+// near. Measured errors are printed. Exits 77 (skip) without a CUDA device.
 // `test_cuda_ops [SECTION [fp32|bf16]]` runs one section (as named in run_pass) in one or
 // both passes, e.g. under compute-sanitizer, whose slowdown the whole test would not fit.
 #include <stdint.h>
@@ -635,6 +636,7 @@ static void test_rope(int32_t T, int32_t H, int32_t KVH, int32_t D) {
 typedef struct att_arg {
     int32_t T, H, KVH, D, ld, n_docs;
     int32_t *doc_start, *pos;
+    int32_t *prefix;    // tr_doc_layout.prefix (NULL: none)
     float *qkv;    // [T, ld]: q at column 0, k at H*D, v at (H+KVH)*D, then padding
     float *dout;   // [T, H*D]
     float *out, *lse;   // the CPU forward's, input to the backward on both backends
@@ -646,38 +648,60 @@ static int32_t att_doc_of(const att_arg *a, int32_t t) {
     return d;
 }
 
+// The rows of token t's context in order (its document's prefix, then its document's tokens
+// up to t) into rows (room for T); returns how many.
+static int32_t att_context(const att_arg *a, int32_t t, int32_t *rows) {
+    int32_t d = att_doc_of(a, t), n = 0, p = a->prefix ? a->prefix[d] : -1;
+    if (p >= 0)
+        for (int32_t j = a->doc_start[p]; j < a->doc_start[p + 1]; j++) rows[n++] = j;
+    for (int32_t j = a->doc_start[d]; j <= t; j++) rows[n++] = j;
+    return n;
+}
+
+// pos of a layout: each token's position in its context (documents with a prefix start at
+// its length).
+static void att_positions(att_arg *a) {
+    for (int32_t d = 0; d < a->n_docs; d++) {
+        int32_t p = a->prefix ? a->prefix[d] : -1;
+        int32_t L = p >= 0 ? a->doc_start[p + 1] - a->doc_start[p] : 0;
+        for (int32_t t = a->doc_start[d]; t < a->doc_start[d + 1]; t++)
+            a->pos[t] = L + t - a->doc_start[d];
+    }
+}
+
 // The magnitude sums M above (any of the outputs may be NULL: not computed), each zeroed here.
 static void att_mag(const att_arg *a, double *mo, double *mq, double *mk, double *mv) {
     int32_t T = a->T, H = a->H, KVH = a->KVH, D = a->D, G = H / KVH;
     size_t nq = (size_t)T * H * D, nk = (size_t)T * KVH * D;
     double scale = 1.0 / sqrt((double)D), *p = kt_malloc((size_t)T * sizeof(double));
+    int32_t *rows = kt_malloc((size_t)T * sizeof(int32_t));
     if (mo) memset(mo, 0, nq * sizeof(double));
     if (mq) memset(mq, 0, nq * sizeof(double));
     if (mk) memset(mk, 0, nk * sizeof(double));
     if (mv) memset(mv, 0, nk * sizeof(double));
     for (int32_t h = 0; h < H; h++)
         for (int32_t i = 0; i < T; i++) {
-            int32_t g = h / G, s = a->doc_start[att_doc_of(a, i)];
+            int32_t g = h / G, n = att_context(a, i, rows);
             const float *q = a->qkv + (size_t)i * a->ld + (size_t)h * D;
             const float *go = a->dout + ((size_t)i * H + h) * D;
             const float *o = a->out + ((size_t)i * H + h) * D;
             double mx = -INFINITY, l = 0.0;
-            for (int32_t j = s; j <= i; j++) {
-                const float *k = a->qkv + (size_t)j * a->ld + (size_t)(H + g) * D;
+            for (int32_t j = 0; j < n; j++) {   // j: the key's place in the context
+                const float *k = a->qkv + (size_t)rows[j] * a->ld + (size_t)(H + g) * D;
                 double acc = 0.0;
                 for (int32_t d = 0; d < D; d++) acc += (double)q[d] * k[d];
                 p[j] = acc * scale;
                 if (p[j] > mx) mx = p[j];
             }
-            for (int32_t j = s; j <= i; j++) l += (p[j] = exp(p[j] - mx));
+            for (int32_t j = 0; j < n; j++) l += (p[j] = exp(p[j] - mx));
             double delta = 0.0;
             for (int32_t d = 0; d < D; d++) delta += (double)go[d] * o[d];
             size_t qi = ((size_t)i * H + h) * D;
-            for (int32_t j = s; j <= i; j++) {
-                const float *k = a->qkv + (size_t)j * a->ld + (size_t)(H + g) * D;
+            for (int32_t j = 0; j < n; j++) {
+                const float *k = a->qkv + (size_t)rows[j] * a->ld + (size_t)(H + g) * D;
                 const float *v = k + (size_t)KVH * D;
                 double pj = p[j] / l, dp = 0.0;
-                size_t kj = ((size_t)j * KVH + g) * D;
+                size_t kj = ((size_t)rows[j] * KVH + g) * D;
                 for (int32_t d = 0; d < D; d++) dp += (double)go[d] * v[d];
                 double w = pj * (fabs(dp) + fabs(delta)) * scale;
                 for (int32_t d = 0; d < D; d++) {
@@ -689,6 +713,7 @@ static void att_mag(const att_arg *a, double *mo, double *mq, double *mk, double
             }
         }
     free(p);
+    free(rows);
 }
 
 // The ATT_P_REL rule over n elements: returns the violations (NaNs among them), and the
@@ -748,7 +773,8 @@ static void att_compare(const char *name, op_fn op, void *arg, const char *kinds
 static tr_doc_layout att_docs(int gpu, const att_arg *a) {
     tr_doc_layout d = {.n_tokens = a->T, .n_docs = a->n_docs,
                        .doc_start = puti(gpu, a->doc_start, a->n_docs + 1),
-                       .pos = puti(gpu, a->pos, a->T)};
+                       .pos = puti(gpu, a->pos, a->T),
+                       .prefix = a->prefix ? puti(gpu, a->prefix, a->n_docs) : NULL};
     return d;
 }
 
@@ -795,7 +821,8 @@ static void att_backward(int gpu, float **out, void *arg) {
 }
 
 // Decode of chosen tokens over a paged cache built from the same k, v: each sequence holds
-// its document's keys up to the token, in blocks of block_size slots placed in a scattered
+// the keys of the token's context (a shared prefix's copied in front of its document's, as
+// generation holds them) up to the token, in blocks of block_size slots placed in a scattered
 // order; the queries are the tokens' fused rows (stride ld). Returns in out[0] the decode rows.
 typedef struct dec_arg {
     const att_arg *a;
@@ -812,10 +839,11 @@ static void dec_build(dec_arg *d, const att_arg *a, const int32_t *tok, int32_t 
     d->tok = kt_malloc((size_t)B * sizeof(int32_t));
     d->seq_len = kt_malloc((size_t)B * sizeof(int32_t));
     d->max_blocks = 0;
+    int32_t *rows = kt_malloc((size_t)a->T * sizeof(int32_t));
     for (int32_t b = 0; b < B; b++) {
         int32_t t = tok[b];
         d->tok[b] = t;
-        d->seq_len[b] = t - a->doc_start[att_doc_of(a, t)] + 1;
+        d->seq_len[b] = att_context(a, t, rows);
         int32_t nb = (d->seq_len[b] + d->block_size - 1) / d->block_size;
         if (nb > d->max_blocks) d->max_blocks = nb;
     }
@@ -833,17 +861,18 @@ static void dec_build(dec_arg *d, const att_arg *a, const int32_t *tok, int32_t 
     }
     d->qd = kt_floats((size_t)B * a->ld);
     for (int32_t b = 0; b < B; b++) {
-        int32_t start = d->tok[b] - d->seq_len[b] + 1;
+        att_context(a, d->tok[b], rows);
         for (int32_t j = 0; j < d->seq_len[b]; j++) {
             int32_t blk = d->table[b * d->max_blocks + j / d->block_size];
             size_t dst = ((size_t)blk * d->block_size + j % d->block_size) * slot_f;
-            const float *row = a->qkv + (size_t)(start + j) * a->ld;
+            const float *row = a->qkv + (size_t)rows[j] * a->ld;
             memcpy(d->kp + dst, row + (size_t)a->H * a->D, slot_f * sizeof(float));
             memcpy(d->vp + dst, row + (size_t)(a->H + a->KVH) * a->D, slot_f * sizeof(float));
         }
         memcpy(d->qd + (size_t)b * a->ld, a->qkv + (size_t)d->tok[b] * a->ld,
                (size_t)a->ld * sizeof(float));
     }
+    free(rows);
 }
 
 static void dec_free(dec_arg *d) {
@@ -866,21 +895,20 @@ static void dec_run(int gpu, float **out, void *arg) {
     bufs_free(gpu);
 }
 
-// Decoded tokens: every document's last token, the middle of the last document, and in the
-// first document longer than a softmax chunk (1024 positions) the tokens on either side of
+// Decoded tokens: every document's last token, the middle of the last document, the first
+// token of documents with a prefix (the context's first position past it), and in documents
+// whose context is longer than a softmax chunk (1024 positions) the tokens on either side of
 // each chunk edge, so the decode's split and fold are exercised; at most 16.
 static int32_t att_decode_tokens(const att_arg *a, int32_t *tok) {
     int32_t n = 0, last = a->doc_start[a->n_docs - 1];
     for (int32_t d = 0; d < a->n_docs && n < 8; d++)
         if (a->doc_start[d + 1] > a->doc_start[d]) tok[n++] = a->doc_start[d + 1] - 1;
     tok[n++] = last + (a->T - last) / 2;
-    for (int32_t d = 0; d < a->n_docs; d++) {
-        int32_t s = a->doc_start[d], e = a->doc_start[d + 1];
-        if (e - s <= 1024) continue;
-        for (int32_t p = 1023; p < e - s && n < 16; p += p % 1024 == 1023 ? 1 : 1023)
-            tok[n++] = s + p;
-        break;
-    }
+    for (int32_t d = 0; d < a->n_docs && n < 12; d++)
+        if (a->prefix && a->prefix[d] >= 0 && a->doc_start[d + 1] > a->doc_start[d])
+            tok[n++] = a->doc_start[d];
+    for (int32_t t = 0; t < a->T && n < 16; t++)
+        if (a->pos[t] % 1024 == 1023 || (a->pos[t] > 0 && a->pos[t] % 1024 == 0)) tok[n++] = t;
     return n;
 }
 
@@ -898,18 +926,137 @@ static int32_t att_short_docs(int32_t *ds, int32_t T) {
     return n;
 }
 
+// The layout a shared prefix stands for: each document with a prefix becomes one document,
+// the prefix's rows copied in front of its own; the others (prefix documents among them)
+// stay. map[t]: token t's row there. The copied rows take dout 0, so their queries add nothing
+// to any gradient (dP = delta = 0 give dS = 0, and P dO = 0), and the out and lse of the row
+// they copy (the same context, so their P stay finite).
+static void att_unshare(const att_arg *a, att_arg *u, int32_t *map) {
+    size_t HD = (size_t)a->H * a->D;
+    *u = *a;
+    u->prefix = NULL;
+    for (int32_t d = 0; d < a->n_docs; d++)
+        if (a->prefix[d] >= 0)
+            u->T += a->doc_start[a->prefix[d] + 1] - a->doc_start[a->prefix[d]];
+    u->doc_start = kt_malloc((size_t)(a->n_docs + 1) * sizeof(int32_t));
+    u->pos = kt_malloc((size_t)u->T * sizeof(int32_t));
+    u->qkv = kt_floats((size_t)u->T * a->ld);
+    u->dout = kt_floats((size_t)u->T * HD);
+    u->out = kt_floats((size_t)u->T * HD);
+    u->lse = kt_floats((size_t)u->T * a->H);
+    int32_t r = 0;
+    for (int32_t d = 0; d < a->n_docs; d++) {
+        u->doc_start[d] = r;
+        for (int own = a->prefix[d] < 0; own < 2; own++) {
+            int32_t e = own ? d : a->prefix[d];
+            for (int32_t t = a->doc_start[e]; t < a->doc_start[e + 1]; t++, r++) {
+                memcpy(u->qkv + (size_t)r * a->ld, a->qkv + (size_t)t * a->ld,
+                       (size_t)a->ld * sizeof(float));
+                memcpy(u->out + r * HD, a->out + t * HD, HD * sizeof(float));
+                memcpy(u->lse + (size_t)r * a->H, a->lse + (size_t)t * a->H,
+                       (size_t)a->H * sizeof(float));
+                if (own) memcpy(u->dout + r * HD, a->dout + t * HD, HD * sizeof(float));
+                else memset(u->dout + r * HD, 0, HD * sizeof(float));
+                if (own) map[t] = r;
+            }
+        }
+    }
+    u->doc_start[a->n_docs] = r;
+    att_positions(u);
+}
+
+// A layout with shared prefixes against its unshared equivalent (att_unshare), both on the
+// GPU. Forward: every row's out and lse bitwise the mapped row's, the property that makes
+// decode over generation's paged context (in context order) reproduce training's rows.
+// Backward (same out, lse and dout): dq the mapped row's, dk and dv the mapped row's plus, on
+// a prefix's rows, the sum of its copies'. P and dS are the same bits in both layouts (same
+// scores, lse and delta, rounded alike), so what differs is the order of fp32 sums (TOL) and,
+// on a prefix's rows, each copy's own rounding before the host's sum: half an ulp of each,
+// at most 2^-8 of the sum of the copies' magnitudes, which M bounds (every query the copies
+// see is one the prefix's row sees). So att_check's rule against the shared layout's M holds
+// as it stands; mag: M of dq, dk, dv (bf16 pass), the fp32 pass TOL.
+static void att_shared_vs_unshared(att_arg *a, double *const *mag) {
+    int32_t T = a->T, H = a->H;
+    size_t HD = (size_t)H * a->D, KD = (size_t)a->KVH * a->D;
+    att_arg u;
+    int32_t *map = kt_malloc((size_t)T * sizeof(int32_t));
+    att_unshare(a, &u, map);
+    float *fs[2] = {kt_floats(T * HD), kt_floats((size_t)T * H)};
+    float *fu[2] = {kt_floats(u.T * HD), kt_floats((size_t)u.T * H)};
+    att_forward(1, fs, a);
+    att_forward(1, fu, &u);
+    int32_t differ = 0, first = -1;
+    for (int32_t t = 0; t < T; t++)
+        if (!kt_same_bits(fs[0] + t * HD, fu[0] + map[t] * HD, HD) ||
+            !kt_same_bits(fs[1] + (size_t)t * H, fu[1] + (size_t)map[t] * H, (size_t)H)) {
+            if (first < 0) first = t;
+            differ++;
+        }
+    CHECKF(differ == 0, "shared prefix: %d forward rows differ from the unshared layout's, "
+           "the first of token %d", differ, first);
+    printf("  %-5s attention_fwd T%d pfx vs unshared T%d: %s\n", tr_dt_name(prec), T, u.T,
+           differ ? "DIFFER" : "bitwise");
+
+    size_t len[3] = {T * HD, T * KD, T * KD}, ulen[3] = {u.T * HD, u.T * KD, u.T * KD};
+    float *bs[3], *bu[3], *want[3];
+    for (int i = 0; i < 3; i++) {
+        bs[i] = kt_floats(len[i]);
+        bu[i] = kt_floats(ulen[i]);
+        want[i] = kt_floats(len[i]);
+    }
+    att_backward(1, bs, a);
+    att_backward(1, bu, &u);
+    for (int32_t t = 0; t < T; t++) {
+        int32_t d = att_doc_of(a, t);
+        memcpy(want[0] + t * HD, bu[0] + map[t] * HD, HD * sizeof(float));
+        for (int i = 1; i < 3; i++)
+            for (size_t c = 0; c < KD; c++) {
+                double x = bu[i][map[t] * KD + c];
+                for (int32_t e = d + 1; e < a->n_docs && a->prefix[e] == d; e++)   // the copies
+                    x += bu[i][(u.doc_start[e] + t - a->doc_start[d]) * KD + c];
+                want[i][t * KD + c] = (float)x;
+            }
+    }
+    static const char *const what[3] = {"dq", "dk", "dv"};
+    for (int i = 0; i < 3; i++) {
+        double e = tr_test_rel_err(bs[i], want[i], len[i]);
+        printf("  %-5s attention_bwd T%d pfx vs unshared %s: max err / scale %.2e",
+               tr_dt_name(prec), T, what[i], e);
+        if (prec == TR_BF16) {
+            double worst;
+            size_t bad = att_check(bs[i], want[i], mag[i], len[i], &worst);
+            CHECKF(bad == 0, "shared prefix: %s: %zu of %zu elements past the unshared layout's "
+                   "allowance", what[i], bad, len[i]);
+            printf(", worst %.2f of allowance%s\n", worst, bad ? " (PAST TOLERANCE)" : "");
+        } else {
+            CHECKF(e <= TOL, "shared prefix: %s: rel err %.3g against the unshared layout",
+                   what[i], e);
+            printf("%s\n", kt_same_bits(bs[i], want[i], len[i]) ? ", bitwise" : "");
+        }
+        free(bs[i]); free(bu[i]); free(want[i]);
+    }
+    free(fs[0]); free(fs[1]); free(fu[0]); free(fu[1]); free(map);
+    free(u.doc_start); free(u.pos); free(u.qkv); free(u.dout); free(u.out); free(u.lse);
+}
+
 // pad: extra columns after v in each row (strides that no fused width explains; a multiple of
-// 8 keeps rows 16-byte aligned, anything else takes the kernels' element loads).
-static void test_attention(int32_t T, int32_t n_docs, const int32_t *doc_start, int32_t H,
-                           int32_t KVH, int32_t D, int32_t pad, int32_t block_size) {
+// 8 keeps rows 16-byte aligned, anything else takes the kernels' element loads). prefix:
+// tr_doc_layout.prefix, or NULL; with one, the layout is also checked against its unshared
+// equivalent (att_shared_vs_unshared).
+static void test_attention(int32_t T, int32_t n_docs, const int32_t *doc_start,
+                           const int32_t *prefix, int32_t H, int32_t KVH, int32_t D, int32_t pad,
+                           int32_t block_size) {
     att_arg a = {.T = T, .H = H, .KVH = KVH, .D = D, .n_docs = n_docs,
                  .ld = (H + 2 * KVH) * D + pad};
     size_t nq = (size_t)T * H * D, nk = (size_t)T * KVH * D;
     a.doc_start = kt_malloc((size_t)(n_docs + 1) * sizeof(int32_t));
     memcpy(a.doc_start, doc_start, (size_t)(n_docs + 1) * sizeof(int32_t));
+    if (prefix) {
+        a.prefix = kt_malloc((size_t)n_docs * sizeof(int32_t));
+        memcpy(a.prefix, prefix, (size_t)n_docs * sizeof(int32_t));
+    }
     a.pos = kt_malloc((size_t)T * sizeof(int32_t));
-    for (int32_t d = 0; d < n_docs; d++)
-        for (int32_t t = doc_start[d]; t < doc_start[d + 1]; t++) a.pos[t] = t - doc_start[d];
+    att_positions(&a);
     a.qkv = rand_act((size_t)T * a.ld, 2.0);   // v's scale 2 too: the outputs stay near 1
     a.dout = rand_act(nq, 1.0);
     a.out = kt_floats(nq);
@@ -927,11 +1074,12 @@ static void test_attention(int32_t T, int32_t n_docs, const int32_t *doc_start, 
         memset(mv, 0, nk * sizeof(double));
     }
     char name[96];
-    snprintf(name, sizeof name, "attention_fwd T%d H%d/%d D%d ld%d", T, H, KVH, D, a.ld);
+    const char *pfx = prefix ? " pfx" : "";
+    snprintf(name, sizeof name, "attention_fwd T%d H%d/%d D%d ld%d%s", T, H, KVH, D, a.ld, pfx);
     size_t lf[2] = {nq, (size_t)T * H}, lb[3] = {nq, nk, nk};
     double *mf[2] = {mo, NULL}, *mb[3] = {mq, mk, mv};
     att_compare(name, att_forward, &a, "AF", lf, mf);
-    snprintf(name, sizeof name, "attention_bwd T%d H%d/%d D%d ld%d", T, H, KVH, D, a.ld);
+    snprintf(name, sizeof name, "attention_bwd T%d H%d/%d D%d ld%d%s", T, H, KVH, D, a.ld, pfx);
     att_compare(name, att_backward, &a, "AAA", lb, mb);
 
     int32_t tok[16];
@@ -942,8 +1090,8 @@ static void test_attention(int32_t T, int32_t n_docs, const int32_t *doc_start, 
     double *md = kt_malloc(ld[0] * sizeof(double)), *mdp[1] = {md};
     for (int32_t b = 0; b < B; b++)
         memcpy(md + (size_t)b * H * D, mo + (size_t)tok[b] * H * D, (size_t)H * D * sizeof(double));
-    snprintf(name, sizeof name, "attention_decode B%d ctx<=%d bs%d", B,
-             d.max_blocks * block_size, block_size);
+    snprintf(name, sizeof name, "attention_decode B%d ctx<=%d bs%d%s", B,
+             d.max_blocks * block_size, block_size, pfx);
     att_compare(name, dec_run, &d, "A", ld, mdp);
     float *fwd[2] = {kt_floats(nq), kt_floats((size_t)T * H)}, *dec[1] = {kt_floats(ld[0])};
     att_forward(1, fwd, &a);
@@ -960,8 +1108,10 @@ static void test_attention(int32_t T, int32_t n_docs, const int32_t *doc_start, 
            tr_dt_name(prec), B, d.max_blocks * block_size - 1, same ? "bitwise" : "DIFFER");
     free(fwd[0]); free(fwd[1]); free(dec[0]); free(md);
     dec_free(&d);
+    if (prefix) att_shared_vs_unshared(&a, mb);
     free(mo); free(mq); free(mk); free(mv);
-    free(a.doc_start); free(a.pos); free(a.qkv); free(a.dout); free(a.out); free(a.lse);
+    free(a.doc_start); free(a.prefix); free(a.pos); free(a.qkv); free(a.dout); free(a.out);
+    free(a.lse);
 }
 
 // --- kv_write -------------------------------------------------------------------------------
@@ -1858,16 +2008,16 @@ static void test_sample_scratch(void) {
 // --- run-to-run determinism at model sizes (GPU only) ------------------------------------------
 
 // Attention forward and backward three times over one packed row: the same bits every time
-// (fixed tiles, fixed reduction orders, no atomics).
-static void att_determinism(int32_t T, int32_t n_docs, int32_t *doc_start, int32_t H,
-                            int32_t KVH, int32_t D) {
+// (fixed tiles, fixed reduction orders, no atomics). prefix: tr_doc_layout.prefix or NULL.
+static void att_determinism(int32_t T, int32_t n_docs, int32_t *doc_start, int32_t *prefix,
+                            int32_t H, int32_t KVH, int32_t D) {
     att_arg a = {.T = T, .H = H, .KVH = KVH, .D = D, .n_docs = n_docs};
     a.ld = (a.H + 2 * a.KVH) * a.D;
     size_t nq = (size_t)a.T * a.H * a.D, nk = (size_t)a.T * a.KVH * a.D;
     a.doc_start = doc_start;
+    a.prefix = prefix;
     a.pos = kt_malloc((size_t)a.T * sizeof(int32_t));
-    for (int32_t d = 0; d < n_docs; d++)
-        for (int32_t t = doc_start[d]; t < doc_start[d + 1]; t++) a.pos[t] = t - doc_start[d];
+    att_positions(&a);
     a.qkv = rand_act((size_t)a.T * a.ld, 2.0);
     a.dout = rand_act(nq, 1.0);
     a.out = kt_floats(nq);
@@ -1886,8 +2036,9 @@ static void att_determinism(int32_t T, int32_t n_docs, int32_t *doc_start, int32
                 kt_same_bits(b1[2], b0[2], nk);
     }
     CHECKF(same, "attention T=%d H=%d/%d D=%d: runs differ", a.T, a.H, a.KVH, a.D);
-    printf("  %-5s attention T=%d docs=%d H=%d/%d D=%d fwd+bwd, 3 runs: %s\n", tr_dt_name(prec),
-           a.T, n_docs, a.H, a.KVH, a.D, same ? "bitwise identical" : "DIFFER");
+    printf("  %-5s attention T=%d docs=%d%s H=%d/%d D=%d fwd+bwd, 3 runs: %s\n",
+           tr_dt_name(prec), a.T, n_docs, prefix ? " (shared prefixes)" : "", a.H, a.KVH, a.D,
+           same ? "bitwise identical" : "DIFFER");
     for (int i = 0; i < 3; i++) {
         free(b0[i]);
         free(b1[i]);
@@ -1932,9 +2083,17 @@ static void test_determinism(void) {
     free(in); free(w); free(dout);
 
     int32_t docs7b[] = {0, 700, 2048};
-    att_determinism(2048, 2, docs7b, 8, 2, 128);
+    att_determinism(2048, 2, docs7b, NULL, 8, 2, 128);
     int32_t docs05b[] = {0, 300, 1800, 3000, 4096};   // Qwen2.5-0.5B heads, packed documents
-    att_determinism(4096, 4, docs05b, 14, 2, 64);
+    att_determinism(4096, 4, docs05b, NULL, 14, 2, 64);
+    // GRPO: two prompts of 255 tokens, each with 8 samples of 257 seeing it
+    int32_t grpo[19], grpo_pfx[18];
+    grpo[0] = 0;
+    for (int32_t d = 0; d < 18; d++) {
+        grpo[d + 1] = grpo[d] + (d % 9 == 0 ? 255 : 257);
+        grpo_pfx[d] = d % 9 == 0 ? -1 : d - d % 9;
+    }
+    att_determinism(grpo[18], 18, grpo, grpo_pfx, 14, 2, 64);
 }
 
 static int section(const char *only, const char *name) {
@@ -1975,21 +2134,41 @@ static void run_pass(const char *only) {
     if (section(only, "rope")) test_rope(90, 3, 1, 64);
     if (section(only, "attention")) {
         // documents straddling tiles, one of a single token; an odd stride (element loads)
-        test_attention(300, 3, (const int32_t[]){0, 37, 38, 300}, 4, 2, 64, 0, 16);
-        test_attention(160, 1, (const int32_t[]){0, 160}, 8, 2, 128, 5, 16);
+        test_attention(300, 3, (const int32_t[]){0, 37, 38, 300}, NULL, 4, 2, 64, 0, 16);
+        test_attention(160, 1, (const int32_t[]){0, 160}, NULL, 8, 2, 128, 5, 16);
         // Qwen2.5-0.5B's group of 7 (decode rows 8..15 are padding), a padded aligned stride
-        test_attention(200, 4, (const int32_t[]){0, 5, 6, 130, 200}, 14, 2, 64, 8, 16);
+        test_attention(200, 4, (const int32_t[]){0, 5, 6, 130, 200}, NULL, 14, 2, 64, 8, 16);
         // one kv head for 4, edges on and just past a tile edge, T no multiple of a tile
-        test_attention(260, 4, (const int32_t[]){0, 64, 65, 200, 260}, 4, 1, 128, 8, 32);
+        test_attention(260, 4, (const int32_t[]){0, 64, 65, 200, 260}, NULL, 4, 1, 128, 8, 32);
         // rows past one and two softmax chunks (the forward's fold, the decode's split)
-        test_attention(1300, 2, (const int32_t[]){0, 100, 1300}, 2, 1, 64, 8, 16);
-        test_attention(2400, 2, (const int32_t[]){0, 2300, 2400}, 2, 2, 128, 0, 64);
+        test_attention(1300, 2, (const int32_t[]){0, 100, 1300}, NULL, 2, 1, 64, 8, 16);
+        test_attention(2400, 2, (const int32_t[]){0, 2300, 2400}, NULL, 2, 2, 128, 0, 64);
         // many short documents: several per tile, more than 32 in the backward's tile order
         int32_t short_docs[701];
-        test_attention(700, att_short_docs(short_docs, 700), short_docs, 2, 1, 64, 8, 16);
+        test_attention(700, att_short_docs(short_docs, 700), short_docs, NULL, 2, 1, 64, 8, 16);
         // head dimensions without tensor-core kernels: the row kernels, forward and decode
-        test_attention(50, 2, (const int32_t[]){0, 20, 50}, 3, 3, 24, 1, 16);   // D below a warp
-        test_attention(90, 2, (const int32_t[]){0, 33, 90}, 4, 2, 96, 0, 16);
+        test_attention(50, 2, (const int32_t[]){0, 20, 50}, NULL, 3, 3, 24, 1, 16);   // D < 32
+        test_attention(90, 2, (const int32_t[]){0, 33, 90}, NULL, 4, 2, 96, 0, 16);
+        // shared prefixes (prefix[d]: the document whose tokens stand before d's): a prefix of
+        // 37 tokens (no tile's multiple) with three dependents, then an unrelated document
+        test_attention(300, 5, (const int32_t[]){0, 37, 57, 121, 251, 300},
+                       (const int32_t[]){-1, 0, 0, 0, -1}, 4, 2, 64, 8, 16);
+        // GRPO: a prompt of 255 tokens and 8 samples of 257, Qwen2.5-0.5B's heads
+        test_attention(2311, 9,
+                       (const int32_t[]){0, 255, 512, 769, 1026, 1283, 1540, 1797, 2054, 2311},
+                       (const int32_t[]){-1, 0, 0, 0, 0, 0, 0, 0, 0}, 14, 2, 64, 8, 16);
+        // prefixes of whole tiles (128, 64) after an unrelated document, a one-token dependent
+        test_attention(530, 8, (const int32_t[]){0, 50, 178, 278, 279, 312, 376, 466, 530},
+                       (const int32_t[]){-1, -1, 1, 1, 1, -1, 5, 5}, 8, 2, 128, 0, 32);
+        // contexts past one and two softmax chunks, the first edge inside the prefix; an odd
+        // stride (element loads of the gathered rows)
+        test_attention(2130, 3, (const int32_t[]){0, 1100, 1130, 2130},
+                       (const int32_t[]){-1, 0, 0}, 2, 1, 64, 3, 16);
+        // the row kernels (head dimensions without tensor-core kernels)
+        test_attention(90, 3, (const int32_t[]){0, 33, 53, 90}, (const int32_t[]){-1, 0, 0}, 4,
+                       2, 96, 0, 16);
+        test_attention(50, 4, (const int32_t[]){0, 10, 11, 30, 50},
+                       (const int32_t[]){-1, 0, 0, -1}, 3, 3, 24, 1, 16);
     }
     if (section(only, "kv_write")) test_kv_write(40, 4, 2, 64);
     if (section(only, "swiglu")) {
