@@ -171,6 +171,8 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
     ctx->device = device;
     const char *each = getenv("TROUPE_SYNC_EACH_OP");
     ctx->sync_each_op = each && strcmp(each, "1") == 0;
+    const char *any_n = getenv("TROUPE_CUDA_ANY_N");
+    ctx->any_n_at = any_n && atoi(any_n) > 0 ? atoi(any_n) : TR_CUDA_ANY_N;
     const char *flash = getenv("TROUPE_CUDA_FLASH_ATTENTION");
     ctx->flash_attention = !(flash && strcmp(flash, "0") == 0);
     // The bf16 forward products pick their kernel without regard to T (gemm_lt.cu); sgemm

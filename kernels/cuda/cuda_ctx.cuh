@@ -21,6 +21,8 @@
 #define TR_CUDA_LT_PLANS 512
 // cuBLASLt workspace, allocated once at init (the size NVIDIA advises for Hopper).
 #define TR_CUDA_LT_WORKSPACE ((size_t)32 << 20)
+// The n at which a batch-invariant product's algorithm is chosen, for every n.
+#define TR_CUDA_ANY_N 8192
 
 // What fixes a cuBLASLt product's algorithm: every field the heuristic sees. Compared with
 // memcmp, so it is zeroed before it is filled (no stray padding bytes).
@@ -29,7 +31,7 @@ typedef struct tr_lt_key {
     int64_t m, n, k, lda, ldb, ldd;
     int32_t a_type, b_type, d_type;   // cudaDataType_t; C has D's type and layout
     int32_t bias;                  // 1: bias epilogue (bias of D's type)
-    int32_t any_n;                 // 1: the algorithm is the one chosen at n = LT_ANY_N
+    int32_t any_n;                 // 1: the algorithm is the one chosen at n = TR_CUDA_ANY_N
     int32_t align_a, align_b, align_d, align_bias;   // bytes, powers of two up to 16
 } tr_lt_key;
 
@@ -79,6 +81,8 @@ typedef struct tr_cuda_ctx {
     double *partial;        // device, TR_CUDA_SUMSQ_BLOCKS doubles
     double *norm_partial;   // device, TR_CUDA_NORM_PARTIALS doubles
     int sync_each_op;       // TROUPE_SYNC_EACH_OP=1: every op waits and names itself on failure
+    int32_t any_n_at;       // the n whose algorithm batch-invariant products take (gemm_lt.cu;
+                            // TROUPE_CUDA_ANY_N for measuring another)
     int flash_attention;    // the tensor-core attention kernels; TROUPE_CUDA_FLASH_ATTENTION=0
                             // keeps the row kernels (attention.cu) for every head size
     tr_cuda_prof *prof;     // TROUPE_CUDA_PROFILE=1, else NULL

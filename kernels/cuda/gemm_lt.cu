@@ -112,9 +112,6 @@ static int algo_attr(const cublasLtMatmulAlgo_t *algo, cublasLtMatmulAlgoConfigA
 // training step, no other first choice was an older kernel (bench_cuda gemm on an H200).
 #define LT_HOPPER_ALGO_ID 66
 
-// The n at which a batch-invariant product's algorithm is chosen for every n.
-#define LT_ANY_N 8192
-
 // The heuristic's first algorithm without split-K, or its first Hopper kernel when it ranks
 // an older one first. A pure function of the shape: no timing decides it.
 // Returns 0, or -1 with the failure recorded.
@@ -150,14 +147,14 @@ static int plan_choose(tr_backend *be, tr_lt_plan *p) {
 static int plan_make(tr_backend *be, const tr_lt_key *key, const void *bias, tr_lt_plan *p);
 
 // A batch-invariant product's algorithm: the rule's choice for the same product at n =
-// LT_ANY_N (a training micro-batch's size, where the time goes), checked to run this n. The
+// ctx->any_n_at (TR_CUDA_ANY_N), checked to run this n. The
 // leading dimensions do not depend on n, so the two keys differ in n alone. Returns 0, or -1
 // with the failure recorded.
 static int plan_choose_any_n(tr_backend *be, tr_lt_plan *p, const void *bias) {
     tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
     tr_lt_key ck = p->key;
     ck.any_n = 0;
-    ck.n = LT_ANY_N;
+    ck.n = ctx->any_n_at;
     tr_lt_plan c;
     if (plan_make(be, &ck, bias, &c) != 0) return -1;
     p->algo = c.algo;
@@ -169,7 +166,7 @@ static int plan_choose_any_n(tr_backend *be, tr_lt_plan *p, const void *bias) {
         r.workspaceSize > TR_CUDA_LT_WORKSPACE) {
         char why[200];
         snprintf(why, sizeof why, "batch-invariant product: the algorithm chosen at n=%d does not "
-                 "run m=%lld n=%lld k=%lld", LT_ANY_N, (long long)p->key.m, (long long)p->key.n,
+                 "run m=%lld n=%lld k=%lld", ctx->any_n_at, (long long)p->key.m, (long long)p->key.n,
                  (long long)p->key.k);
         tr_cuda_record(ctx, __FILE__, __LINE__, "cublasLtMatmulAlgoCheck", why);
         return -1;

@@ -22,7 +22,7 @@ typedef struct tr_lt_gemm {
     bool accumulate;
     const void *bias;
     // The algorithm must not depend on n (the token count of a forward product): it is the
-    // one the rule picks for n = LT_ANY_N, whatever n is, so every output element is reduced
+    // one the rule picks for n = TR_CUDA_ANY_N, whatever n is, so every output element is reduced
     // by the same kernel in the same order for any batch (the batch-invariant mode).
     bool any_n;
     const char *name;   // a string literal naming the product in TROUPE_CUDA_PROFILE's table
