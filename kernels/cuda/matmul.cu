@@ -60,7 +60,7 @@ static void forward_f32(tr_backend *be, float *out, const float *in, const float
 // Narrow products (OC <= MM_NARROW: value and score heads) in batch-invariant mode: one warp
 // a row, each output a fixed-order sum (lane l takes k = l, l + 32, ... in order, then a
 // butterfly) plus the bias, then the accumulator, rounded once: the same bits for any T.
-// cuBLASLt's algorithm chosen at n = 8192 need not run m = 1 at another n, and a shape's own
+// cuBLASLt's algorithm chosen at n = TR_CUDA_ANY_N need not run m = 1 at another n, and a shape's own
 // choice could reduce in another order.
 #define MM_NARROW 16
 template <typename O>
