@@ -44,6 +44,7 @@ struct tr_controller {
     char key_paths[4][TR_RECIPE_PATH_MAX + 64];   // generated keys: what the curve opts point at
     bool has_group[TR_RECIPE_N_ROLES];
     tr_group groups[TR_RECIPE_N_ROLES];
+    tr_role_info info[TR_RECIPE_N_ROLES];   // what each role's init reported
     tr_inflight_set inflight;     // calls the workflow left in flight, shared by every group
     worker_proc procs[MAX_PROCS];
     int n_procs;
@@ -489,8 +490,7 @@ int tr_controller_start_opts(tr_controller **out, const tr_recipe *r, const tr_c
         if (!c->has_group[role]) continue;
         tr_role_setup s;
         tr_controller_role_setup(r, (enum tr_recipe_role)role, &s);
-        tr_role_info info;
-        rc = tr_role_init(&c->groups[role], &s.a, &info, err);
+        rc = tr_role_init(&c->groups[role], &s.a, &c->info[role], err);
     }
     if (!rc) rc = form_comms(c, err);
     if (rc) {
@@ -583,6 +583,10 @@ int tr_controller_stop(tr_controller *c, tr_err *err) {
 }
 
 // ---- accessors ----
+
+const tr_role_info *tr_controller_role_info(const tr_controller *c, enum tr_recipe_role role) {
+    return role >= 0 && role < TR_RECIPE_N_ROLES && c->has_group[role] ? &c->info[role] : NULL;
+}
 
 tr_group *tr_controller_group(tr_controller *c, enum tr_recipe_role role) {
     if (!c || (int)role < 0 || role >= TR_RECIPE_N_ROLES || !c->has_group[role]) return NULL;

@@ -44,6 +44,8 @@ int tr_controller_start_opts(tr_controller **out, const tr_recipe *r, const tr_c
 tr_group *tr_controller_group(tr_controller *c, enum tr_recipe_role role);
 // The same by name ("policy", "reference", "critic", "reward", "generator").
 tr_group *tr_controller_group_named(tr_controller *c, const char *role);
+// What a role's init reported (its rank 0), NULL when the recipe has no such role.
+const tr_role_info *tr_controller_role_info(const tr_controller *c, enum tr_recipe_role role);
 
 // Fails (and keeps failing) once a worker exited, was killed, or went silent past the
 // heartbeat timeout: the error names role and rank, pid, what happened and the last lines of

@@ -45,9 +45,23 @@ int tr_run_checkpoint(tr_run *run, int64_t step, tr_err *err) {
     return 0;
 }
 
+// memory/<role>/<part> in GiB for every role with a model, as its init reported it.
+static int log_memory(tr_run *run, tr_err *err) {
+    char key[TR_METRICS_KEY_MAX];
+    for (int role = 0; role < TR_RECIPE_N_ROLES; role++) {
+        const tr_role_info *in = tr_controller_role_info(run->ctl, (enum tr_recipe_role)role);
+        if (!in || in->n_params == 0) continue;
+        for (int i = 0; i < TR_MEM_PARTS; i++) {
+            snprintf(key, sizeof key, "memory/%s/%s", tr_recipe_role_names[role], tr_mem_part_names[i]);
+            if (tr_metrics_set(&run->m, key, (double)in->memory[i] / (1 << 30), err)) return -1;
+        }
+    }
+    return 0;
+}
+
 int tr_run_step_end(tr_run *run, int64_t step, double tokens, double t_step, tr_err *err) {
     double dt = tr_metrics_now() - t_step;
-    if (tr_metrics_set(&run->m, "throughput/tokens_per_s", tokens / dt, err) ||
+    if (log_memory(run, err) || tr_metrics_set(&run->m, "throughput/tokens_per_s", tokens / dt, err) ||
         tr_metrics_set(&run->m, "time/step", dt, err) || tr_metrics_commit(&run->m, err))
         return -1;
     run->step = step;

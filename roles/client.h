@@ -180,12 +180,20 @@ typedef struct tr_init_args {
     tr_role_reward reward;     // reward role
 } tr_init_args;
 
+// A role's memory by part (bytes, rank 0's), as init reports it: working weights, fp32
+// masters, gradients, Adam moments, its share of the activation arena and of the KV cache,
+// and the device memory in use once it is set up (0 on the CPU).
+enum { TR_MEM_WEIGHTS, TR_MEM_MASTERS, TR_MEM_GRADS, TR_MEM_OPTIMIZER, TR_MEM_ACTIVATIONS, TR_MEM_KV,
+       TR_MEM_DEVICE_USED, TR_MEM_PARTS };
+extern const char *const tr_mem_part_names[TR_MEM_PARTS];
+
 // What a worker reports after init (rank 0's).
 typedef struct tr_role_info {
     int64_t n_params;          // 0 for rule and service rewards
     int32_t vocab_size;
     int32_t max_tokens;
     char architecture[64];
+    int64_t memory[TR_MEM_PARTS];
 } tr_role_info;
 
 int tr_group_init(tr_group *g, tr_router *router, const char *role, int32_t world);

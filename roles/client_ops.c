@@ -108,6 +108,9 @@ static void build_init_ctx(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer
     build_init((void *)((init_ctx *)ctx)->a, rank, ranks, w, op, id);
 }
 
+const char *const tr_mem_part_names[TR_MEM_PARTS] = {"weights", "masters", "grads", "optimizer",
+                                                     "activations", "kv", "device_used"};
+
 static int reply_init(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *err) {
     init_ctx *c = ctx;
     if (rank != 0 || !c->info) return 0;
@@ -119,6 +122,12 @@ static int reply_init(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *er
     if (tr_msg_has(res, "architecture") &&
         tr_msg_get_str_buf(res, "architecture", c->info->architecture, sizeof c->info->architecture, err))
         return -1;
+    if (tr_msg_has(res, "memory")) {
+        tr_msg_map mm;
+        if (tr_msg_get_map(res, "memory", &mm, err)) return -1;
+        for (int i = 0; i < TR_MEM_PARTS; i++)
+            if (tr_msg_get_int_opt(&mm, tr_mem_part_names[i], &c->info->memory[i], err)) return -1;
+    }
     c->info->n_params = np;
     c->info->vocab_size = (int32_t)vocab;
     c->info->max_tokens = (int32_t)mt;

@@ -10,6 +10,7 @@
 #include "engine/heads.h"
 #include "roles/rollout_wire.h"
 #include "kernels/backend.h"
+#include "roles/client.h"
 #include "roles/worker_impl.h"
 
 static const char *const role_names[] = {"policy", "reference", "critic", "reward", "generator"};
@@ -316,6 +317,33 @@ static int parse_parallel(tr_role_ctx *rc, const tr_msg_map *a, tr_err *err) {
     return 0;
 }
 
+// The role's memory by part, in bytes: working weights, fp32 masters, gradients and Adam
+// moments (this rank's shard) of its model, its share of the worker's activation arena and KV
+// cache (what the arena's sizing rule asks for the role), and the device's memory in use
+// once the role is set up (0 on the CPU): a worker allocates nothing per step after init.
+static void put_memory(tr_role_ctx *rc, tr_msg_writer *rep) {
+    const tr_model *m = &rc->model;
+    bool own = rc->has_model;
+    size_t n = own ? m->layout.total : 0;
+    size_t work = own && m->work && (void *)m->work != (void *)m->params && !m->external_work
+                      ? n * tr_dt_size(m->wt)
+                      : 0;
+    size_t moments = rc->has_trainer ? 2 * (rc->trainer.shard_end - rc->trainer.shard_begin) * sizeof(float) : 0;
+    size_t free_b = 0, total_b = 0;
+    tr_backend *be = &rc->w->be;
+    if (rc->w->has_backend && strcmp(be->ops->name, "cpu") != 0) be->ops->mem_info(be, &free_b, &total_b);
+    int64_t v[TR_MEM_PARTS] = {
+        [TR_MEM_WEIGHTS] = (int64_t)(own && m->params && m->wt == TR_F32 ? n * sizeof(float) : work),
+        [TR_MEM_MASTERS] = (int64_t)(own && m->params && m->wt != TR_F32 ? n * sizeof(float) : 0),
+        [TR_MEM_GRADS] = (int64_t)(own && m->grads ? n * sizeof(float) : 0),
+        [TR_MEM_OPTIMIZER] = (int64_t)moments,
+        [TR_MEM_ACTIVATIONS] = (int64_t)(rc->need.train > rc->need.forward ? rc->need.train : rc->need.forward),
+        [TR_MEM_KV] = (int64_t)rc->need.kv,
+        [TR_MEM_DEVICE_USED] = (int64_t)(total_b - free_b)};
+    tr_msg_put_map(rep, "memory", TR_MEM_PARTS);
+    for (int i = 0; i < TR_MEM_PARTS; i++) tr_msg_put_int(rep, tr_mem_part_names[i], v[i]);
+}
+
 int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
     const tr_msg_map *a = &req->args;
     static const char *const keys[] = {"model", "init_config", "init_seed", "head", "backend", "threads",
@@ -435,7 +463,8 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
                        "needs %zu bytes = max(train %zu, forward %zu + kv %zu)", (long long)arena_bytes,
                        (long long)separate_bytes, tr_arena_need_bytes(&rc->need), rc->need.train,
                        rc->need.forward, rc->need.kv);
-    tr_msg_begin_reply(rep, req->id, 6);
+    tr_msg_begin_reply(rep, req->id, 7);
+    put_memory(rc, rep);
     tr_msg_put_int(rep, "n_params", n_params);
     tr_msg_put_int(rep, "vocab_size", rc->has_model ? rc->model.cfg.vocab_size : 0);
     tr_msg_put_int(rep, "max_tokens", max_tokens);

@@ -17,7 +17,7 @@ import sys
 
 # Not compared: timings, and the generation engines' statistics (gen/), which describe how the
 # sampling was deployed: replicas split the samples, and each planned its own KV pool.
-SKIP = ("time/", "throughput/", "utilization/", "sync/", "off_policy/", "gen/")
+SKIP = ("time/", "throughput/", "utilization/", "memory/", "sync/", "off_policy/", "gen/")
 MUST = ["reward/mean", "loss", "pg_loss", "grad_norm", "entropy", "logprob_diff/max", "response_len/mean",
         "approx_kl", "clip_frac", "lr"]
 

@@ -38,8 +38,10 @@ def metrics(run):
 RL_KEYS = ["reward/mean", "reward/std", "kl", "entropy", "clip_frac", "grad_norm", "lr",
            "response_len/mean", "logprob_diff/max", "throughput/tokens_per_s", "time/generate",
            "time/reward", "time/train", "time/sync", "throughput/generate_tokens_per_s",
-           "throughput/train_tokens_per_s", "throughput/train_tflops", "throughput/decode_gbps"]
-SFT_KEYS = ["loss", "grad_norm", "lr", "throughput/tokens_per_s", "time/train"]
+           "throughput/train_tokens_per_s", "throughput/train_tflops", "throughput/decode_gbps",
+           "memory/policy/weights", "memory/policy/grads", "memory/policy/optimizer",
+           "memory/policy/activations"]
+SFT_KEYS = ["loss", "grad_norm", "lr", "throughput/tokens_per_s", "time/train", "memory/policy/weights"]
 CKPT_FILES = ["config.json", "model.safetensors", "trainer_state.json",
               "optim_exp_avg.safetensors", "optim_exp_avg_sq.safetensors"]
 
@@ -111,7 +113,7 @@ def main():
             err("steps differ: %s vs %s" % (sorted(a), sorted(b)))
         for s in sorted(set(a) & set(b)):
             for k in sorted(set(a[s]) | set(b[s])):
-                if k.split("/")[0] in ("time", "throughput", "utilization"):
+                if k.split("/")[0] in ("time", "throughput", "utilization", "memory"):
                     continue
                 # The end of an earlier, shorter run evaluated where the longer one did not.
                 if k.startswith("eval/") and (k not in a[s] or k not in b[s]):
