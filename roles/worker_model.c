@@ -522,18 +522,19 @@ static int forward_all(tr_role_ctx *rc, const tr_rollouts *r, float *out, float 
     int rc2 = 0;
     for (int32_t i = 0; i < p.n && !rc2; i++) {
         const tr_pack *pk = &p.packs[i];
-        int32_t s0 = p.seq0[i], s1 = p.seq0[i + 1];
+        int32_t k0 = p.first[i], k1 = p.first[i + 1];
         rc2 = tr_model_forward(m, pk->ids, &pk->docs, err);
         if (!rc2) rc2 = m->cfg.head == TR_HEAD_LM ? tr_lm_head_forward(m, pk->targets, b->out, entropy ? b->entropy : NULL, err)
                                                   : tr_value_head_forward(m, b->out, err);
         if (rc2) {
-            tr_err_wrap(err, "sequences %d..%d", s0, s1 - 1);
+            tr_err_wrap(err, "micro-batch %d of %d (%d sequences from sequence %d)", i + 1, p.n, k1 - k0,
+                        p.seqs[k0]);
             break;
         }
-        for (int32_t s = s0; s < s1; s++) {
-            int32_t len = (int32_t)(r->offset[s + 1] - r->offset[s]);
+        for (int32_t k = k0; k < k1; k++) {
+            int32_t s = p.seqs[k], len = (int32_t)(r->offset[s + 1] - r->offset[s]);
             for (int32_t t = tr_first_scored(r->prompt_len[s]); t < len; t++) {
-                int32_t o = tr_pack_row(pk, s - s0, t - 1);   // predicts token t
+                int32_t o = tr_pack_row(pk, k - k0, t - 1);   // predicts token t
                 out[r->offset[s] + t] = b->out[o];
                 if (entropy) entropy[r->offset[s] + t] = b->entropy[o];
             }

@@ -56,17 +56,18 @@ static int plan_build(tr_role_ctx *rc, const tr_rollouts *r, int32_t s0, int32_t
     return 0;
 }
 
-// Rows and columns of a micro-batch's padded layout: one row per sequence, one column per
-// scored response token.
-static void mb_shape(const tr_rollouts *r, int32_t a, int32_t b, int32_t *rows, int32_t *cols) {
+// Rows and columns of a micro-batch's padded layout: one row per sequence (seqs[0, n)), one
+// column per scored response token.
+static void mb_shape(const tr_rollouts *r, const int32_t *seqs, int32_t n_seqs, int32_t *rows, int32_t *cols) {
     int32_t c = 0;
-    for (int32_t i = a; i < b; i++) {
+    for (int32_t k = 0; k < n_seqs; k++) {
+        int32_t i = seqs[k];
         int32_t len = (int32_t)(r->offset[i + 1] - r->offset[i]);
         int32_t n = len - tr_first_scored(r->prompt_len[i]);
         if (r->response_len[i] < n) n = r->response_len[i];
         if (n > c) c = n;
     }
-    *rows = b - a;
+    *rows = n_seqs;
     *cols = c > 0 ? c : 1;
 }
 
@@ -83,9 +84,11 @@ static int rl_loss(void *user, int32_t index, const tr_micro_batch *mb, int32_t 
     rl_ctx *c = user;
     const tr_rollouts *r = c->r;
     const tr_mb_plan *mp = &c->p->mp;
-    int32_t a = mp->seq0[index], b = mp->seq0[index + 1], B, T;
+    const tr_pack *pk = &mp->packs[index];
+    const int32_t *seqs = mp->seqs + mp->first[index];
+    int32_t ns = mp->first[index + 1] - mp->first[index], B, T;
     (void)mb;
-    mb_shape(r, a, b, &B, &T);
+    mb_shape(r, seqs, ns, &B, &T);
     size_t nn = (size_t)B * (size_t)T;
     memset(c->mask, 0, nn);
     memset(c->a, 0, nn * sizeof(float));
@@ -94,13 +97,13 @@ static int rl_loss(void *user, int32_t index, const tr_micro_batch *mb, int32_t 
     memset(c->d, 0, nn * sizeof(float));
     memset(c->e, 0, nn * sizeof(float));
     bool critic = c->rc->kind == TR_ROLE_CRITIC;
-    for (int32_t i = a; i < b; i++) {
-        int32_t t0, len;
+    for (int32_t q = 0; q < ns; q++) {
+        int32_t t0, len, i = seqs[q];
         int64_t off = r->offset[i];
         row_range(r, i, &t0, &len);
         for (int32_t t = t0; t < len; t++) {
-            size_t k = (size_t)(i - a) * T + (size_t)(t - t0);
-            int32_t o = tr_mb_plan_row(mp, index, i - a, t - 1);   // predicts token t
+            size_t k = (size_t)q * T + (size_t)(t - t0);
+            int32_t o = tr_pack_row(pk, q, t - 1);   // predicts token t
             c->mask[k] = 1;
             c->a[k] = out[o];
             if (critic) {
@@ -152,12 +155,12 @@ static int rl_loss(void *user, int32_t index, const tr_micro_batch *mb, int32_t 
         if (!ent_grad) memset(c->ge, 0, nn * sizeof(float));
     }
     c->tokens += ntok;
-    for (int32_t i = a; i < b; i++) {
-        int32_t t0, len;
+    for (int32_t q = 0; q < ns; q++) {
+        int32_t t0, len, i = seqs[q];
         row_range(r, i, &t0, &len);
         for (int32_t t = t0; t < len; t++) {
-            size_t k = (size_t)(i - a) * T + (size_t)(t - t0);
-            int32_t o = tr_mb_plan_row(mp, index, i - a, t - 1);
+            size_t k = (size_t)q * T + (size_t)(t - t0);
+            int32_t o = tr_pack_row(pk, q, t - 1);
             dout[o] = c->ga[k];
             if (!critic && dentropy) dentropy[o] = c->ge[k];
         }
@@ -190,7 +193,7 @@ static int mini_norms(tr_role_ctx *rc, const tr_rollouts *r, const plan *plans, 
     double *mine = malloc((size_t)M * 3 * sizeof(double)), *all = malloc((size_t)M * 3 * (size_t)world * sizeof(double));
     int rc2 = !mine || !all ? tr_errf(err, TR_ENOMEM, "train: out of memory") : 0;
     for (int32_t m = 0; m < M && !rc2; m++)
-        mini_counts(r, plans[m].mp.seq0[0], plans[m].mp.seq0[plans[m].mp.n], mine + 3 * m);
+        mini_counts(r, plans[m].mp.s0, plans[m].mp.s1, mine + 3 * m);
     if (!rc2) rc2 = tr_trainer_all_gather(&rc->trainer, mine, M * 3, all, err);
     for (int32_t m = 0; m < M && !rc2; m++) {
         tr_loss_norm *nm = &norms[m];
@@ -365,7 +368,8 @@ static int build_plans(tr_role_ctx *rc, const rl_in *in, plan *plans, int64_t *c
         s0 += in->mb_seqs[m];
         for (int32_t i = 0; i < plans[m].mp.n; i++) {
             int32_t B, T;
-            mb_shape(&in->r, plans[m].mp.seq0[i], plans[m].mp.seq0[i + 1], &B, &T);
+            const tr_mb_plan *mp = &plans[m].mp;
+            mb_shape(&in->r, mp->seqs + mp->first[i], mp->first[i + 1] - mp->first[i], &B, &T);
             if ((int64_t)B * T > *cap) *cap = (int64_t)B * T;
         }
     }
