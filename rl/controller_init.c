@@ -82,6 +82,7 @@ void tr_controller_role_setup(const tr_recipe *r, enum tr_recipe_role role, tr_r
     a->precision = r->precision == TR_RECIPE_FP32 ? "fp32" : r->precision == TR_RECIPE_BF16 ? "bf16" : NULL;
     a->no_batch_invariance = !r->batch_invariant;
     a->no_prompt_sharing = !r->share_prompts;
+    a->logit_rows = (int32_t)r->train.logit_rows;
     a->save_dtype = r->train.save_dtype == TR_RECIPE_SAVE_BF16 ? "bf16" : NULL;
     a->threads = (int32_t)r->threads;
     const tr_recipe_parallel *par = role == TR_RECIPE_REWARD      ? &r->reward.parallel

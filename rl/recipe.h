@@ -198,6 +198,7 @@ typedef struct tr_recipe_train {
     int64_t prompts_per_step;    // grpo/ppo
     int64_t batch_size;          // sft/pretrain: rows per step
     int64_t micro_batch_tokens;
+    int64_t logit_rows;          // the LM head's chunk; 0 = the memory plan's
     int64_t eval_every;          // 0 = no periodic eval
     int64_t save_every;          // 0 = only the final checkpoint
     enum tr_recipe_save_dtype save_dtype;  // weights in saved checkpoints

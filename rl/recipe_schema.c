@@ -350,6 +350,11 @@ static const tr_rkey train_keys[] = {
     {.name = "micro_batch_tokens", .type = TR_RK_INT,
      .off = offsetof(tr_recipe_train, micro_batch_tokens), .flags = UNIT, .min = 1, .max = MAX_TOKENS,
      .def = "4096", .doc = "tokens per forward/backward (gradient accumulation)"},
+    {.name = "logit_rows", .type = TR_RK_INT, .off = offsetof(tr_recipe_train, logit_rows), .flags = MIN,
+     .min = 0, .max = MAX_TOKENS, .def = "0",
+     .doc = "rows of LM-head logits the policy's and reference's passes hold at once (the fused "
+            "linear + log-softmax's chunk); 0 = the memory plan's choice for the model and device "
+            "(thousands on an H200), printed in each worker's log"},
     {.name = "eval_every", .type = TR_RK_INT, .off = offsetof(tr_recipe_train, eval_every),
      .flags = MIN, .min = 0, .def = "0", .doc = "evaluate every N steps; 0 = off"},
     {.name = "save_every", .type = TR_RK_INT, .off = offsetof(tr_recipe_train, save_every),

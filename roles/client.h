@@ -173,6 +173,7 @@ typedef struct tr_init_args {
     int64_t kv_tokens;         // policy, generator: KV cache tokens exactly (0: the memory plan's)
     int64_t kv_want;           // policy, generator: KV tokens that hold every sample of a step
     int32_t max_seqs;          // policy, generator: samples decoded together (0: kv_want's)
+    int32_t logit_rows;        // the LM head's chunk (0: the memory plan's)
     bool no_generate;          // policy: a generator group samples for it (init's generate:
                                // false), so it plans no KV cache
     int32_t share_weights;     // policy, generator: the policy's working weights are shared

@@ -26,7 +26,7 @@ static void build_init(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w,
                  n_str(a->precision) + n_str(a->save_dtype) +
                  n_str(a->chat_format) + (a->init_config && a->init_config[0] ? 1 : 0) + (a->train ? 2 : 0) +
                  (has_gen ? 3 : 0) + (has_reward ? 1 : 0) + 1 + (a->no_generate ? 1 : 0) + (a->share_weights ? 1 : 0) +
-                 (a->no_batch_invariance ? 1 : 0) + (a->no_prompt_sharing ? 1 : 0);
+                 (a->no_batch_invariance ? 1 : 0) + (a->no_prompt_sharing ? 1 : 0) + (a->logit_rows > 0 ? 1 : 0);
     tr_msg_begin_request(w, op, id, n);
     put_str_opt(w, "model", a->model);
     put_str_opt(w, "init_config", a->init_config);
@@ -46,6 +46,7 @@ static void build_init(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w,
     if (a->no_generate) tr_msg_put_bool(w, "generate", false);
     if (a->no_batch_invariance) tr_msg_put_bool(w, "batch_invariant", false);
     if (a->no_prompt_sharing) tr_msg_put_bool(w, "share_prompts", false);
+    if (a->logit_rows > 0) tr_msg_put_int(w, "logit_rows", a->logit_rows);
     if (a->share_weights) tr_msg_put_int(w, "share_weights", a->share_weights);
     int32_t tp = a->tp > 0 ? a->tp : 1;
     tr_msg_put_map(w, "parallel", a->sequence_parallel ? 3 : 2);

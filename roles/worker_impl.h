@@ -74,6 +74,7 @@ typedef struct tr_role_ctx {
     tr_model model;
     tr_mb_buf mb;
     bool share_prompts;               // forward and train passes share each prompt (mb_plan.h)
+    int32_t logit_rows;               // the LM head's chunk the plan must take (0: its own)
     bool has_trainer;
     tr_trainer trainer;
     bool has_gen;

@@ -163,6 +163,7 @@ static const char *head_name(enum tr_head h) {
 static int make_plan(tr_role_ctx *rc, const tr_model_config *cfg, int32_t max_tokens, bool train, bool gen,
                      tr_err *err) {
     tr_plan_req pr = {.cfg = cfg, .max_tokens = max_tokens, .training = train, .optim_shards = rc->dp, .generate = gen,
+                      .logit_rows = rc->logit_rows,
                       .kv_tokens = rc->kv_tokens, .kv_want = rc->kv_want > 0 ? rc->kv_want : 16384,
                       .max_seqs = rc->max_seqs, .max_seqs_want = rc->max_seqs,
                       .budget = (size_t)rc->memory_bytes, .tp_size = rc->tp, .tp_rank = rc->tp_rank,
@@ -350,13 +351,16 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
                                        "device", "memory_bytes", "max_tokens", "seed", "tokenizer",
                                        "chat_format", "train", "optim", "loss", "kv_tokens", "kv_want",
                                        "max_seqs", "reward", "parallel", "generate", "precision",
-                                       "save_dtype", "share_weights", "batch_invariant", "share_prompts", NULL};
+                                       "save_dtype", "share_weights", "batch_invariant", "share_prompts", "logit_rows",
+                                       NULL};
     char backend[16], precision[8] = "", save_dtype[8] = "fp32";
     int64_t threads, device = 0, memory = 0, max_tokens, kv_tokens = 0, kv_want = 0, max_seqs = 0, share = 0;
+    int64_t logit_rows = 0;
     uint64_t seed;
     bool train, generate = true, invariant = true, share_prompts = true;
     if (tr_msg_check_keys(a, keys, err) || tr_msg_get_bool_opt(a, "generate", &generate, err) ||
         tr_msg_get_bool_opt(a, "share_prompts", &share_prompts, err) ||
+        tr_msg_get_int_opt(a, "logit_rows", &logit_rows, err) ||
         tr_msg_get_bool_opt(a, "batch_invariant", &invariant, err) ||
         tr_msg_get_str_buf(a, "backend", backend, sizeof backend, err) ||
         tr_msg_get_int(a, "threads", &threads, err) || tr_msg_get_int(a, "max_tokens", &max_tokens, err) ||
@@ -371,6 +375,10 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
         return tr_errf(err, TR_EINVAL, "init: save_dtype must be fp32 or bf16, got '%s'", save_dtype);
     rc->save_bf16 = strcmp(save_dtype, "bf16") == 0;
     rc->share_prompts = share_prompts;
+    if (logit_rows < 0 || logit_rows > max_tokens)
+        return tr_errf(err, TR_EINVAL, "init: logit_rows %lld: 0 (the memory plan's) or 1..max_tokens (%lld)",
+                       (long long)logit_rows, (long long)max_tokens);
+    rc->logit_rows = (int32_t)logit_rows;
     if (!tr_backend_built(backend))
         return tr_errf(err, TR_EUNSUPPORTED, "init: backend '%s' is not in this build of troupe", backend);
     if (parse_parallel(rc, a, err)) return -1;

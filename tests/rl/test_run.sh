@@ -106,14 +106,17 @@ check "logprob_diff/max measured on 8 recomputed sequences (auto), on all 16 (re
 # each computing it: step 1 samples the same tokens, so rewards and logprobs are the same
 # bits; the training numbers add the prompt's gradient once instead of per copy, so they
 # agree to fp32 rounding (a step's loss and KL, ~1e-2, to ~1e-9).
+# The same run takes the LM head's chunk from the recipe (train.logit_rows) instead of the
+# memory plan: logprobs per row do not depend on it, gradients only by summation order.
 "$troupe" run "$tmp/grpo5.yaml" --set run_dir="$tmp/e" --set train.steps=1 --set share_prompts=false \
-    2> "$tmp/e.err" &&
+    --set train.logit_rows=7 2> "$tmp/e.err" &&
     python3 - "$tmp/b/metrics.jsonl" "$tmp/e/metrics.jsonl" <<'EOF2'
 import json, sys
 b, e = ([o for o in map(json.loads, open(p)) if o["step"] == 1][0] for p in sys.argv[1:])
 bad = []
 for k in sorted(set(b) & set(e)):
-    if k.split("/")[0] in ("time", "throughput", "eval", "gen") or not isinstance(b[k], (int, float)):
+    if k.split("/")[0] in ("time", "throughput", "utilization", "memory", "eval", "gen") or \
+            not isinstance(b[k], (int, float)):
         continue
     exact = k.split("/")[0] in ("reward", "score", "response_len", "logprob_diff", "entropy")
     if (b[k] != e[k]) if exact else abs(b[k] - e[k]) > 1e-6 * max(1.0, abs(e[k])):
@@ -122,6 +125,8 @@ print("\n".join(bad))
 sys.exit(1 if bad or not {"loss", "kl", "grad_norm", "entropy"} <= set(b) else 0)
 EOF2
 check "samples sharing their prompt train as samples computing it" $?
+grep -q "LM head  *7 logit rows a chunk" "$tmp/e/logs/policy-0.log"
+check "train.logit_rows sets the policy's LM-head chunk" $?
 # The generation engine's statistics: each of the 16 samples feeds every token it drew but its
 # last to a decode step, so decode tokens = 16 x (mean response length - 1).
 python3 - "$tmp/b/metrics.jsonl" <<'EOF2'
