@@ -147,7 +147,7 @@ static void test_errors(void) {
     expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "  stepz: 3\n",
                  NULL, 0,
                  "bad.yaml:10:3: train.stepz: unknown key; allowed keys: steps, prompts_per_step, batch_size, "
-                 "micro_batch_tokens, eval_every, save_every, save_dtype, max_len (did you mean 'steps'?)");
+                 "micro_batch_tokens, logit_rows, eval_every, save_every, save_dtype, max_len (did you mean 'steps'?)");
     expect_error(L1 L2 L3 L4 L5 "    optimizer: {lr: 1}\n" L6 L7 L8 L9, NULL, 0,
                  "bad.yaml:6:5: models.policy.optimizer: unknown key; allowed keys: path, init, from, "
                  "parallel, devices, optim (did you mean 'optim'?)");
