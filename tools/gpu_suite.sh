@@ -125,6 +125,10 @@ cuda_part() {
         run cuda_runs env TROUPE_BACKEND=cuda TROUPE_PRECISION=fp32 meson test -C "$build_all" \
             --print-errorlogs run cpu_recipes
         cp "$build_all/meson-logs/testlog.txt" "$logs/testlog_cuda_runs.txt" 2>/dev/null
+        # The same runs in bf16, the GPU's default: a run killed and resumed equals the
+        # uninterrupted one bit for bit there too (every kernel deterministic).
+        run cuda_runs_bf16 env TROUPE_BACKEND=cuda meson test -C "$build_all" --print-errorlogs run
+        cp "$build_all/meson-logs/testlog.txt" "$logs/testlog_cuda_runs_bf16.txt" 2>/dev/null
     fi
     # Two runs of the same command give the same bytes (every kernel is deterministic), and
     # the device's memory plan is what `info` prints.
