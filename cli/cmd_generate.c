@@ -292,7 +292,7 @@ static void gen_on_pass(void *ctx, const tr_gen_stats *stats) {
 
 int tr_cmd_generate(int argc, char **argv) {
     const char *model_dir = NULL, *prompts = NULL, *out_path = NULL, *chat_name = "chatml";
-    long n = 1, max_new = 64, top_k = 0, seed = 0, threads = 0, kv_tokens = 0, device = 0, tp = 1;
+    long n = 1, max_new = 64, min_new = 0, top_k = 0, seed = 0, threads = 0, kv_tokens = 0, device = 0, tp = 1;
     long block_size = 16, max_seqs = 0, batch_tokens = 2048;
     const char *backend = getenv("TROUPE_BACKEND") ? getenv("TROUPE_BACKEND") : "cpu";
     const char *precision = getenv("TROUPE_PRECISION");
@@ -309,6 +309,8 @@ int tr_cmd_generate(int argc, char **argv) {
         {"n", TR_ARG_INT, &n, "N", "samples per prompt (default 1)", false, false},
         {"max-new-tokens", TR_ARG_INT, &max_new, "N", "tokens per sample at most (default 64)",
          false, false},
+        {"min-new-tokens", TR_ARG_INT, &min_new, "N",
+         "a stop id among a sample's first N tokens does not end it (default 0)", false, false},
         {"temperature", TR_ARG_FLOAT, &temperature, "T", "0 = greedy (default 1)", false, false},
         {"top-p", TR_ARG_FLOAT, &top_p, "P", "nucleus mass, in (0, 1] (default 1: off)", false,
          false},
@@ -348,7 +350,7 @@ int tr_cmd_generate(int argc, char **argv) {
     if (rc) return rc;
     if (help) {
         tr_args_usage(CMD, "--model DIR --prompts FILE.jsonl [--out FILE] [--n N] "
-                      "[--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] "
+                      "[--max-new-tokens N] [--min-new-tokens N] [--temperature T] [--top-p P] [--top-k K] "
                       "[--seed S] [--chat-format NAME [--no-thinking]] [--threads N] "
                       "[--backend cpu|cuda] [--device N] [--precision fp32|bf16] [--tp N [--sequence-parallel]] [--kv-tokens N] [--max-seqs N] "
                       "[--progress | --quiet]",
@@ -368,6 +370,7 @@ int tr_cmd_generate(int argc, char **argv) {
     const char *bad = NULL;
     if (n < 1 || n > 65536) bad = "--n must be in 1..65536";
     else if (max_new < 1 || max_new > (1 << 24)) bad = "--max-new-tokens must be in 1..16777216";
+    else if (min_new < 0 || min_new > max_new) bad = "--min-new-tokens must be in 0..--max-new-tokens";
     else if (!(temperature >= 0 && temperature <= 1e6)) bad = "--temperature must be in [0, 1e6]";
     else if (!(top_p > 0 && top_p <= 1)) bad = "--top-p must be in (0, 1]";
     else if (top_k < 0 || top_k > INT32_MAX) bad = "--top-k must be in 0..2147483647";
@@ -451,6 +454,7 @@ int tr_cmd_generate(int argc, char **argv) {
         r->stop_ids = p->chat ? chat_stops : stops;
         r->n_stop = p->chat ? n_chat : n_stops;
         r->max_new_tokens = (int32_t)max_new;
+        r->min_new_tokens = (int32_t)min_new;
         int64_t pb = tr_kv_blocks_for(p->n, (int32_t)block_size);
         int64_t sb = tr_gen_sample_blocks(p->n, (int32_t)max_new, (int32_t)block_size);
         need_all += pb + n * sb;

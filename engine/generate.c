@@ -180,6 +180,9 @@ static int check_request(const tr_generator *g, const tr_gen_request *r, int32_t
     if (r->max_new_tokens < 1)
         return tr_errf(err, TR_EINVAL, "generate: request %d: max_new_tokens must be >= 1, "
                        "got %d", i, r->max_new_tokens);
+    if (r->min_new_tokens < 0 || r->min_new_tokens > r->max_new_tokens)
+        return tr_errf(err, TR_EINVAL, "generate: request %d: min_new_tokens %d is outside 0..max_new_tokens "
+                       "(%d)", i, r->min_new_tokens, r->max_new_tokens);
     if (r->n_stop < 0 || (r->n_stop > 0 && !r->stop_ids))
         return tr_errf(err, TR_EINVAL, "generate: request %d: bad stop list", i);
     if (tr_sample_params_check(&r->sampling, err) != 0)
@@ -238,7 +241,7 @@ static bool is_stop(const tr_gen_request *r, int32_t tok) {
 }
 
 static void finish_check(const tr_gen_request *r, tr_gen_output *o) {
-    if (is_stop(r, o->tokens[o->n_tokens - 1])) o->finish = TR_GEN_STOP;
+    if (o->n_tokens > r->min_new_tokens && is_stop(r, o->tokens[o->n_tokens - 1])) o->finish = TR_GEN_STOP;
     else if (o->n_tokens >= r->max_new_tokens) o->finish = TR_GEN_LENGTH;
 }
 

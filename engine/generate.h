@@ -33,6 +33,9 @@ typedef struct tr_gen_request {
     const int32_t *stop_ids;     // a sampled stop id ends the sample (and is part of it)
     int32_t n_stop;
     int32_t max_new_tokens;      // >= 1
+    int32_t min_new_tokens;      // 0..max_new_tokens: a stop id sampled as one of the first
+                                 // min_new_tokens tokens does not end the sample (it stays in
+                                 // the output as any token), so benchmarks can force lengths
 } tr_gen_request;
 
 // How a sample ended. STOP and LENGTH have the values of roles' rollout finish codes.

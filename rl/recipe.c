@@ -642,6 +642,9 @@ static int validate(tr_recipe *r, const tr_ynode *root, tr_err *err) {
         if (r->rollout.overlong_buffer > r->rollout.max_new_tokens)
             return fail_path(root, "rollout.overlong.buffer", err, "%lld is longer than rollout.max_new_tokens (%lld)",
                              (long long)r->rollout.overlong_buffer, (long long)r->rollout.max_new_tokens);
+        if (r->rollout.min_new_tokens > r->rollout.max_new_tokens)
+            return fail_path(root, "rollout.min_new_tokens", err, "%lld is more than rollout.max_new_tokens (%lld)",
+                             (long long)r->rollout.min_new_tokens, (long long)r->rollout.max_new_tokens);
     } else if (r->workflow == TR_RECIPE_SFT) {
         if (!r->data.train[0]) return fail_path(root, "data.train", err, "workflow sft needs conversations (JSONL)");
         if (r->data.chat_format == TR_RECIPE_CHAT_NONE)

@@ -154,6 +154,7 @@ typedef struct tr_recipe_data {
 typedef struct tr_recipe_rollout {
     int64_t n;               // responses per prompt (the group size)
     int64_t max_new_tokens;
+    int64_t min_new_tokens;   // stop ids do not end a response before this many tokens
     double temperature;      // 0 = greedy
     double top_p;
     int64_t top_k;           // 0 = off

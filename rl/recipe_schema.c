@@ -256,6 +256,10 @@ static const tr_rkey rollout_keys[] = {
      .max = 65536, .def = "8", .doc = "responses per prompt (the group)"},
     {.name = "max_new_tokens", .type = TR_RK_INT, .off = offsetof(tr_recipe_rollout, max_new_tokens),
      .flags = UNIT, .min = 1, .max = MAX_TOKENS, .def = "256", .doc = "response length limit"},
+    {.name = "min_new_tokens", .type = TR_RK_INT, .off = offsetof(tr_recipe_rollout, min_new_tokens),
+     .flags = MIN, .min = 0, .max = MAX_TOKENS, .def = "0",
+     .doc = "a stop id sampled among a response's first N tokens does not end it (it stays as any "
+            "token): benchmarks force lengths with it; the logprobs stay the model's"},
     {.name = "temperature", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_rollout, temperature),
      .flags = MIN, .min = 0, .def = "1.0", .doc = "sampling temperature; 0 = greedy"},
     {.name = "top_p", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_rollout, top_p),

@@ -56,6 +56,7 @@ typedef struct tr_gen_report {
 typedef struct tr_sampling {
     int32_t n;                 // samples per prompt
     int32_t max_new_tokens;
+    int32_t min_new_tokens;    // stop ids do not end a sample before this many tokens
     float temperature;         // 0 = greedy
     float top_p;               // 1 = off
     int32_t top_k;             // 0 = off

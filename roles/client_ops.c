@@ -191,9 +191,10 @@ static void build_generate(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer
     }
     const tr_sampling *s = &c->s;
     int64_t ns = s->n_stop;
-    tr_msg_put_map(w, "sampling", 7);
+    tr_msg_put_map(w, "sampling", s->min_new_tokens > 0 ? 8 : 7);
     tr_msg_put_int(w, "n", s->n);
     tr_msg_put_int(w, "max_new_tokens", s->max_new_tokens);
+    if (s->min_new_tokens > 0) tr_msg_put_int(w, "min_new_tokens", s->min_new_tokens);
     tr_msg_put_float(w, "temperature", s->temperature);
     tr_msg_put_float(w, "top_p", s->top_p);
     tr_msg_put_int(w, "top_k", s->top_k);

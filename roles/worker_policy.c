@@ -20,7 +20,7 @@ typedef struct gen_args {
     int64_t *off;              // [k + 1]
     tr_msg_array text, meta;
     bool has_text, has_meta;
-    int32_t n, max_new;
+    int32_t n, max_new, min_new;
     tr_sample_params sp;
     uint64_t seed;
     int32_t stop[64];
@@ -46,8 +46,8 @@ static int get_i32_vec(const tr_msg_map *m, const char *key, int32_t **out, int6
 
 static int parse_generate(tr_role_ctx *rc, const tr_msg_map *a, gen_args *g, tr_err *err) {
     static const char *const keys[] = {"index0", "prompt_len", "prompts", "group", "text", "meta", "sampling", NULL};
-    static const char *const skeys[] = {"n", "max_new_tokens", "temperature", "top_p", "top_k", "seed",
-                                        "stop_ids", NULL};
+    static const char *const skeys[] = {"n", "max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k",
+                                        "seed", "stop_ids", NULL};
     int64_t k, nt, ng;
     if (tr_msg_check_keys(a, keys, err) || tr_msg_get_int(a, "index0", &g->index0, err) ||
         get_i32_vec(a, "prompt_len", &g->plen, &k, err) || get_i32_vec(a, "prompts", &g->ids, &nt, err) ||
@@ -74,22 +74,25 @@ static int parse_generate(tr_role_ctx *rc, const tr_msg_map *a, gen_args *g, tr_
     if ((g->has_text && g->text.n != (uint32_t)k) || (g->has_meta && g->meta.n != (uint32_t)k))
         return tr_errf(err, TR_EINVAL, "generate: text and meta need one entry per prompt (%lld)", (long long)k);
     tr_msg_map s;
-    int64_t n, mnt, top_k;
+    int64_t n, mnt, min_new = 0, top_k;
     double temp, top_p;
     int32_t *stop = NULL;
     int64_t n_stop = 0;
     if (tr_msg_get_map(a, "sampling", &s, err) || tr_msg_check_keys(&s, skeys, err) ||
         tr_msg_get_int(&s, "n", &n, err) || tr_msg_get_int(&s, "max_new_tokens", &mnt, err) ||
+        tr_msg_get_int_opt(&s, "min_new_tokens", &min_new, err) ||
         tr_msg_get_float(&s, "temperature", &temp, err) || tr_msg_get_float(&s, "top_p", &top_p, err) ||
         tr_msg_get_int(&s, "top_k", &top_k, err) || tr_msg_get_uint(&s, "seed", &g->seed, err) ||
         get_i32_vec(&s, "stop_ids", &stop, &n_stop, err)) {
         free(stop);
         return -1;
     }
-    if (n < 1 || n > 65536 || mnt < 1 || top_k < 0 || top_k > INT32_MAX || n_stop > 64) {
+    if (n < 1 || n > 65536 || mnt < 1 || min_new < 0 || min_new > mnt || top_k < 0 || top_k > INT32_MAX ||
+        n_stop > 64) {
         free(stop);
-        return tr_errf(err, TR_EINVAL, "generate: sampling n %lld, max_new_tokens %lld, top_k %lld or %lld stop "
-                       "ids out of range", (long long)n, (long long)mnt, (long long)top_k, (long long)n_stop);
+        return tr_errf(err, TR_EINVAL, "generate: sampling n %lld, max_new_tokens %lld, min_new_tokens %lld, top_k "
+                       "%lld or %lld stop ids out of range", (long long)n, (long long)mnt, (long long)min_new,
+                       (long long)top_k, (long long)n_stop);
     }
     int32_t longest = 0;
     for (int32_t i = 0; i < g->k; i++)
@@ -101,6 +104,7 @@ static int parse_generate(tr_role_ctx *rc, const tr_msg_map *a, gen_args *g, tr_
     }
     g->n = (int32_t)n;
     g->max_new = (int32_t)mnt;
+    g->min_new = (int32_t)min_new;
     g->sp = (tr_sample_params){.temperature = (float)temp, .top_k = (int32_t)top_k, .top_p = (float)top_p};
     if (n_stop > 0) {
         memcpy(g->stop, stop, (size_t)n_stop * sizeof(int32_t));
@@ -155,7 +159,8 @@ int tr_worker_op_generate(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep
     for (int32_t i = 0; i < g.k && !rc2; i++)
         reqs[i] = (tr_gen_request){.prompt = g.ids + g.off[i], .n_prompt = g.plen[i], .n_samples = g.n,
                                    .sampling = g.sp, .seed = tr_rng_derive(g.seed, (uint64_t)(g.index0 + i)),
-                                   .stop_ids = g.stop, .n_stop = g.n_stop, .max_new_tokens = g.max_new};
+                                   .stop_ids = g.stop, .n_stop = g.n_stop, .max_new_tokens = g.max_new,
+                                   .min_new_tokens = g.min_new};
     bool have_outs = false;
     if (!rc2 && g.k > 0) {
         rc2 = tr_generate(&rc->gen, reqs, g.k, outs, err);

@@ -74,6 +74,18 @@ check "samples do not depend on the batch layout or pool size" $?
 "$troupe" generate "${opts[@]}" >"$tmp/s1b.jsonl" 2>/dev/null
 cmp -s "$tmp/s1.jsonl" "$tmp/s1b.jsonl"
 check "the same command gives the same bytes" $?
+# --min-new-tokens 10: a stop id no longer ends a sample, which goes on drawing from the same
+# stream: every sample is 10 tokens and begins with the same run's sample.
+"$troupe" generate "${opts[@]}" --min-new-tokens 10 >"$tmp/s4.jsonl" 2>"$tmp/err" &&
+    python3 - "$tmp/s1.jsonl" "$tmp/s4.jsonl" <<'EOF'
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
+ok = len(a) == len(b) and any(x["finish_reason"] == "stop" for x in a)
+ok = ok and all(len(y["output_ids"]) == 10 and y["finish_reason"] == "length" and
+                y["output_ids"][:len(x["output_ids"])] == x["output_ids"] for x, y in zip(a, b))
+sys.exit(0 if ok else 1)
+EOF
+check "--min-new-tokens: stop ids do not end samples before it" $?
 "$troupe" generate "${opts[@]}" --seed 12 >"$tmp/s3.jsonl" 2>/dev/null
 ! cmp -s "$tmp/s1.jsonl" "$tmp/s3.jsonl"
 check "another seed, other samples" $?
@@ -213,6 +225,7 @@ expect_error 1 'causal LM' --model "$models/score_qwen2" --prompts "$tmp/ids.jso
 expect_error 1 'no-such.jsonl' --model "$fx" --prompts "$tmp/no-such.jsonl"
 expect_error 2 'required' --model "$fx"
 expect_error 2 '\-\-n must' --model "$fx" --prompts "$tmp/ids.jsonl" --n 0
+expect_error 2 'min-new-tokens must' --model "$fx" --prompts "$tmp/ids.jsonl" --max-new-tokens 4 --min-new-tokens 5
 expect_error 2 'top-p' --model "$fx" --prompts "$tmp/ids.jsonl" --top-p 1.5
 expect_error 2 'chat-format' --model "$fx" --prompts "$tmp/ids.jsonl" --chat-format vicuna
 # qwen3 is a known format, but this Qwen2-style tokenizer has no think tokens for it.

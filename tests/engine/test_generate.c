@@ -110,6 +110,25 @@ static void test_greedy_hf(const char *name, tr_backend *be) {
         CHECK(outs[0].tokens[first] == stop);
         tr_gen_outputs_free(outs, 1);
     }
+    // With min_new_tokens past it the stop id is a token like any other: the sample goes on as
+    // the reference's greedy continuation, to the next occurrence or to max_new_tokens.
+    r0.min_new_tokens = first + 1;
+    int32_t next = first + 1;
+    while (next < r0.max_new_tokens && want[0][np[0] + next] != stop) next++;
+    if (run(&m, &opts, &r0, 1, outs, NULL) == 0) {
+        int32_t n_want = next < r0.max_new_tokens ? next + 1 : r0.max_new_tokens;
+        CHECK(outs[0].n_tokens == n_want && outs[0].tokens[first] == stop);
+        CHECK(outs[0].finish == (next < r0.max_new_tokens ? TR_GEN_STOP : TR_GEN_LENGTH));
+        CHECK(memcmp(outs[0].tokens, want[0] + np[0], (size_t)n_want * sizeof(int32_t)) == 0);
+        tr_gen_outputs_free(outs, 1);
+    }
+    r0.min_new_tokens = r0.max_new_tokens + 1;   // past max_new_tokens: refused
+    tr_generator g;
+    tr_err gerr = {0};
+    if (tr_generator_init(&g, &m, &opts, &gerr) == 0) {
+        CHECK(tr_generate(&g, &r0, 1, outs, &gerr) != 0 && strstr(gerr.msg, "min_new_tokens"));
+        tr_generator_free(&g);
+    }
     for (int32_t i = 0; i < n; i++) {
         free(prompts[i]);
         free(want[i]);

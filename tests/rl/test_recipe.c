@@ -247,6 +247,8 @@ static void test_errors(void) {
     expect_error(L1 L2 L3 L4 L5 L6 L7 L8 "  steps: 9223372036854775807\nalgorithm: {mini_batches: 2}\n", NULL, 0,
                  "bad.yaml:9:10: train.steps: train.steps x algorithm.ppo_epochs x algorithm.mini_batches "
                  "optimizer steps overflow");
+    expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "rollout: {max_new_tokens: 8, min_new_tokens: 9}\n", NULL, 0,
+                 "bad.yaml:10:46: rollout.min_new_tokens: 9 is more than rollout.max_new_tokens (8)");
     // Upper bounds are the workers' limits.
     expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "  micro_batch_tokens: 16777217\n", NULL, 0,
                  "bad.yaml:10:23: train.micro_batch_tokens: 16777217 is out of range: must be in [1, 16777216]");
