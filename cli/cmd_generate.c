@@ -290,65 +290,72 @@ static void gen_on_pass(void *ctx, const tr_gen_stats *stats) {
     tr_progress_show(&w->pg, done, w->n_out, tokens, false);
 }
 
-int tr_cmd_generate(int argc, char **argv) {
-    const char *model_dir = NULL, *prompts = NULL, *out_path = NULL, *chat_name = "chatml";
-    long n = 1, max_new = 64, min_new = 0, top_k = 0, seed = 0, threads = 0, kv_tokens = 0, device = 0, tp = 1;
-    long block_size = 16, max_seqs = 0, batch_tokens = 2048;
-    const char *backend = getenv("TROUPE_BACKEND") ? getenv("TROUPE_BACKEND") : "cpu";
-    const char *precision = getenv("TROUPE_PRECISION");
-    double temperature = 1.0, top_p = 1.0;
-    bool progress = false, quiet = false, no_thinking = false, sp = false;
+// The command line, checked.
+typedef struct gen_opts {
+    const char *model_dir, *prompts, *out_path, *chat_name, *backend, *precision;
+    long n, max_new, min_new, top_k, seed, threads, kv_tokens, device, tp;
+    long block_size, max_seqs, batch_tokens;
+    double temperature, top_p;
+    bool progress, quiet, no_thinking, sp;
+} gen_opts;
+
+// Parses and checks the options: 0 to run, else the exit status (2: a usage error; --help
+// printed: *help set and 0 returned).
+static int parse_opts(int argc, char **argv, gen_opts *o, bool *help) {
+    *o = (gen_opts){.chat_name = "chatml", .n = 1, .max_new = 64, .tp = 1, .block_size = 16,
+                    .batch_tokens = 2048, .temperature = 1.0, .top_p = 1.0,
+                    .backend = getenv("TROUPE_BACKEND") ? getenv("TROUPE_BACKEND") : "cpu",
+                    .precision = getenv("TROUPE_PRECISION")};
     tr_arg table[] = {
-        {"model", TR_ARG_STR, &model_dir, "DIR", "Hugging Face model directory (a causal LM)",
+        {"model", TR_ARG_STR, &o->model_dir, "DIR", "Hugging Face model directory (a causal LM)",
          true, false},
-        {"prompts", TR_ARG_STR, &prompts, "FILE",
+        {"prompts", TR_ARG_STR, &o->prompts, "FILE",
          "JSONL with \"input_ids\", \"prompt\" or \"messages\" per line ('-': stdin)", true,
          false},
-        {"out", TR_ARG_STR, &out_path, "FILE", "output JSONL ('-' or default: standard output)",
+        {"out", TR_ARG_STR, &o->out_path, "FILE", "output JSONL ('-' or default: standard output)",
          false, false},
-        {"n", TR_ARG_INT, &n, "N", "samples per prompt (default 1)", false, false},
-        {"max-new-tokens", TR_ARG_INT, &max_new, "N", "tokens per sample at most (default 64)",
+        {"n", TR_ARG_INT, &o->n, "N", "samples per prompt (default 1)", false, false},
+        {"max-new-tokens", TR_ARG_INT, &o->max_new, "N", "tokens per sample at most (default 64)",
          false, false},
-        {"min-new-tokens", TR_ARG_INT, &min_new, "N",
+        {"min-new-tokens", TR_ARG_INT, &o->min_new, "N",
          "a stop id among a sample's first N tokens does not end it (default 0)", false, false},
-        {"temperature", TR_ARG_FLOAT, &temperature, "T", "0 = greedy (default 1)", false, false},
-        {"top-p", TR_ARG_FLOAT, &top_p, "P", "nucleus mass, in (0, 1] (default 1: off)", false,
+        {"temperature", TR_ARG_FLOAT, &o->temperature, "T", "0 = greedy (default 1)", false, false},
+        {"top-p", TR_ARG_FLOAT, &o->top_p, "P", "nucleus mass, in (0, 1] (default 1: off)", false,
          false},
-        {"top-k", TR_ARG_INT, &top_k, "K", "most likely tokens kept (default 0: off)", false,
+        {"top-k", TR_ARG_INT, &o->top_k, "K", "most likely tokens kept (default 0: off)", false,
          false},
-        {"seed", TR_ARG_INT, &seed, "S", "sampling seed (default 0)", false, false},
-        {"chat-format", TR_ARG_STR, &chat_name, "NAME",
+        {"seed", TR_ARG_INT, &o->seed, "S", "sampling seed (default 0)", false, false},
+        {"chat-format", TR_ARG_STR, &o->chat_name, "NAME",
          "format of \"messages\" lines: chatml, llama3 or qwen3 (default chatml)", false, false},
-        {"no-thinking", TR_ARG_FLAG, &no_thinking, NULL,
+        {"no-thinking", TR_ARG_FLAG, &o->no_thinking, NULL,
          "qwen3: close an empty think block in the prompt (enable_thinking=False)", false, false},
-        {"threads", TR_ARG_INT, &threads, "N", "CPU threads (default: all cores)", false, false},
-        {"backend", TR_ARG_STR, &backend, "NAME", "cpu or cuda (default: $TROUPE_BACKEND, else cpu)", false, false},
-        {"device", TR_ARG_INT, &device, "N", "CUDA device index (default 0; tensor-parallel "
+        {"threads", TR_ARG_INT, &o->threads, "N", "CPU threads (default: all cores)", false, false},
+        {"backend", TR_ARG_STR, &o->backend, "NAME", "cpu or cuda (default: $TROUPE_BACKEND, else cpu)", false, false},
+        {"device", TR_ARG_INT, &o->device, "N", "CUDA device index (default 0; tensor-parallel "
          "rank r uses N + r)", false, false},
-        {"tp", TR_ARG_INT, &tp, "N", "tensor-parallel ranks: the model split over N local "
+        {"tp", TR_ARG_INT, &o->tp, "N", "tensor-parallel ranks: the model split over N local "
          "processes, which draw the same tokens (default 1)", false, false},
-        {"sequence-parallel", TR_ARG_FLAG, &sp, NULL, "with --tp: norms and the residual stream "
+        {"sequence-parallel", TR_ARG_FLAG, &o->sp, NULL, "with --tp: norms and the residual stream "
          "split along the sequence (less activation memory; results equal to rounding)", false, false},
-        {"precision", TR_ARG_STR, &precision, "P", TR_CLI_PRECISION_HELP, false, false},
-        {"kv-tokens", TR_ARG_INT, &kv_tokens, "N",
+        {"precision", TR_ARG_STR, &o->precision, "P", TR_CLI_PRECISION_HELP, false, false},
+        {"kv-tokens", TR_ARG_INT, &o->kv_tokens, "N",
          "KV cache size in tokens (default: what every request at once needs, as far as the "
          "device's free memory allows)", false, false},
-        {"block-size", TR_ARG_INT, &block_size, "N", "tokens per KV block (default 16)", false,
+        {"block-size", TR_ARG_INT, &o->block_size, "N", "tokens per KV block (default 16)", false,
          false},
-        {"max-seqs", TR_ARG_INT, &max_seqs, "N",
+        {"max-seqs", TR_ARG_INT, &o->max_seqs, "N",
          "samples decoded together (default: every sample at once)", false, false},
-        {"batch-tokens", TR_ARG_INT, &batch_tokens, "N",
+        {"batch-tokens", TR_ARG_INT, &o->batch_tokens, "N",
          "prompt tokens per prefill pass (default 2048)", false, false},
-        {"progress", TR_ARG_FLAG, &progress, NULL,
+        {"progress", TR_ARG_FLAG, &o->progress, NULL,
          "progress on stderr even when it is not a terminal (a line every 10 s)", false, false},
-        {"quiet", TR_ARG_FLAG, &quiet, NULL, "no progress on stderr, not even on a terminal",
+        {"quiet", TR_ARG_FLAG, &o->quiet, NULL, "no progress on stderr, not even on a terminal",
          false, false},
         {NULL, 0, NULL, NULL, NULL, false, false},
     };
-    bool help;
-    int rc = tr_args_parse(CMD, argc, argv, table, NULL, 0, NULL, &help);
+    int rc = tr_args_parse(CMD, argc, argv, table, NULL, 0, NULL, help);
     if (rc) return rc;
-    if (help) {
+    if (*help) {
         tr_args_usage(CMD, "--model DIR --prompts FILE.jsonl [--out FILE] [--n N] "
                       "[--max-new-tokens N] [--min-new-tokens N] [--temperature T] [--top-p P] [--top-k K] "
                       "[--seed S] [--chat-format NAME [--no-thinking]] [--threads N] "
@@ -368,52 +375,140 @@ int tr_cmd_generate(int argc, char **argv) {
         return 0;
     }
     const char *bad = NULL;
-    if (n < 1 || n > 65536) bad = "--n must be in 1..65536";
-    else if (max_new < 1 || max_new > (1 << 24)) bad = "--max-new-tokens must be in 1..16777216";
-    else if (min_new < 0 || min_new > max_new) bad = "--min-new-tokens must be in 0..--max-new-tokens";
-    else if (!(temperature >= 0 && temperature <= 1e6)) bad = "--temperature must be in [0, 1e6]";
-    else if (!(top_p > 0 && top_p <= 1)) bad = "--top-p must be in (0, 1]";
-    else if (top_k < 0 || top_k > INT32_MAX) bad = "--top-k must be in 0..2147483647";
-    else if (seed < 0) bad = "--seed must be >= 0";
-    else if (threads < 0 || threads > 1024) bad = "--threads must be in 0..1024";
-    else if (kv_tokens < 0 || kv_tokens > ((long)1 << 34)) bad = "--kv-tokens must be in 0..2^34";
-    else if (block_size < 1 || block_size > 4096) bad = "--block-size must be in 1..4096";
-    else if (max_seqs < 0 || max_seqs > 65536) bad = "--max-seqs must be in 0..65536";
-    else if (batch_tokens < 1 || batch_tokens > (1 << 24))
+    if (o->n < 1 || o->n > 65536) bad = "--n must be in 1..65536";
+    else if (o->max_new < 1 || o->max_new > (1 << 24)) bad = "--max-new-tokens must be in 1..16777216";
+    else if (o->min_new < 0 || o->min_new > o->max_new) bad = "--min-new-tokens must be in 0..--max-new-tokens";
+    else if (!(o->temperature >= 0 && o->temperature <= 1e6)) bad = "--temperature must be in [0, 1e6]";
+    else if (!(o->top_p > 0 && o->top_p <= 1)) bad = "--top-p must be in (0, 1]";
+    else if (o->top_k < 0 || o->top_k > INT32_MAX) bad = "--top-k must be in 0..2147483647";
+    else if (o->seed < 0) bad = "--seed must be >= 0";
+    else if (o->threads < 0 || o->threads > 1024) bad = "--threads must be in 0..1024";
+    else if (o->kv_tokens < 0 || o->kv_tokens > ((long)1 << 34)) bad = "--kv-tokens must be in 0..2^34";
+    else if (o->block_size < 1 || o->block_size > 4096) bad = "--block-size must be in 1..4096";
+    else if (o->max_seqs < 0 || o->max_seqs > 65536) bad = "--max-seqs must be in 0..65536";
+    else if (o->batch_tokens < 1 || o->batch_tokens > (1 << 24))
         bad = "--batch-tokens must be in 1..16777216";
-    else if (tp < 1 || tp > 64) bad = "--tp must be in 1..64";
-    else if (sp && tp < 2) bad = "--sequence-parallel needs --tp 2 or more";
-    else if (tr_chat_kind_parse(chat_name) == 0) bad = "--chat-format must be chatml, llama3 or qwen3";
-    else if (no_thinking && tr_chat_kind_parse(chat_name) != TR_CHAT_QWEN3)
+    else if (o->tp < 1 || o->tp > 64) bad = "--tp must be in 1..64";
+    else if (o->sp && o->tp < 2) bad = "--sequence-parallel needs --tp 2 or more";
+    else if (tr_chat_kind_parse(o->chat_name) == 0) bad = "--chat-format must be chatml, llama3 or qwen3";
+    else if (o->no_thinking && tr_chat_kind_parse(o->chat_name) != TR_CHAT_QWEN3)
         bad = "--no-thinking applies to --chat-format qwen3 only";
     if (bad) {
         fprintf(stderr, "troupe %s: %s\n", CMD, bad);
         return 2;
     }
-    if ((rc = tr_cli_backend_check(CMD, backend, device, precision)) != 0) return rc;
-    if (out_path && strcmp(out_path, "-") == 0) out_path = NULL;
+    if ((rc = tr_cli_backend_check(CMD, o->backend, o->device, o->precision)) != 0) return rc;
+    if (o->out_path && strcmp(o->out_path, "-") == 0) o->out_path = NULL;
+    return 0;
+}
+
+// What the requests need of the KV cache and the passes: in blocks, every request at once
+// (its prompt plus n worst-case samples) and the largest one alone; the longest sequence;
+// the prompts' tokens; the samples.
+typedef struct gen_need {
+    int64_t all_blocks, one_blocks, longest, prompt_tokens, n_out;
+} gen_need;
+
+// One request per prompt (stops: the model's, or for chat lines the chat format's too).
+static void make_requests(const gen_opts *o, const gen_input *in, const int32_t *stops, int32_t n_stops,
+                          const int32_t *chat_stops, int32_t n_chat, tr_gen_request *reqs, gen_need *need) {
+    *need = (gen_need){.longest = 1};
+    for (size_t i = 0; i < in->n; i++) {
+        const gen_prompt *p = &in->items[i];
+        tr_gen_request *r = &reqs[i];
+        r->prompt = p->ids;
+        r->n_prompt = p->n;
+        r->n_samples = (int32_t)o->n;
+        r->sampling = (tr_sample_params){.temperature = (float)o->temperature,
+                                         .top_k = (int32_t)o->top_k, .top_p = (float)o->top_p};
+        r->seed = tr_rng_derive((uint64_t)o->seed, (uint64_t)i);
+        r->stop_ids = p->chat ? chat_stops : stops;
+        r->n_stop = p->chat ? n_chat : n_stops;
+        r->max_new_tokens = (int32_t)o->max_new;
+        r->min_new_tokens = (int32_t)o->min_new;
+        int64_t pb = tr_kv_blocks_for(p->n, (int32_t)o->block_size);
+        int64_t sb = tr_gen_sample_blocks(p->n, (int32_t)o->max_new, (int32_t)o->block_size);
+        need->all_blocks += pb + o->n * sb;
+        if (pb + sb > need->one_blocks) need->one_blocks = pb + sb;
+        if (p->n + o->max_new - 1 > need->longest) need->longest = p->n + o->max_new - 1;
+        need->prompt_tokens += p->n;
+        need->n_out += o->n;
+    }
+}
+
+// The rank's memory plan for the passes and the KV cache: a pass holds at most every prompt
+// (prefill) or every sample (decode), beyond which the arena would only cost memory; the
+// cache holds every request at once where the memory allows and at least the longest one
+// (the generator then takes turns). The ranks agree on the smallest pool any has room for,
+// so that they schedule alike. *rows: the pass's rows.
+static int plan_pool(const gen_opts *o, const tr_model_config *cfg, const gen_need *need, tr_backend *be,
+                     tr_tp_ranks *ranks, tr_plan *plan, int64_t *rows, tr_err *err) {
+    int64_t seqs = o->max_seqs > 0 && o->max_seqs < need->n_out ? o->max_seqs : need->n_out;
+    int64_t fit = need->prompt_tokens > seqs ? need->prompt_tokens : seqs;
+    *rows = o->batch_tokens > seqs ? o->batch_tokens : seqs;
+    if (fit < *rows) *rows = fit > 1 ? fit : 1;
+    tr_plan_req pr = {.cfg = cfg, .max_tokens = (int32_t)*rows, .generate = true,
+                      .block_size = (int32_t)o->block_size, .kv_tokens = o->kv_tokens,
+                      .kv_want = need->all_blocks * o->block_size, .max_seqs = (int32_t)seqs,
+                      .max_seqs_want = (int32_t)seqs, .tp_size = (int32_t)o->tp,
+                      .tp_rank = ranks->rank, .sequence_parallel = o->sp};
+    if (tr_plan_make(be, &pr, plan, err) != 0) return -1;
+    int64_t agree[2] = {plan->kv_tokens, plan->max_seqs};
+    if (tr_tp_ranks_min(ranks, agree, 2, err) != 0) return -1;
+    plan->kv_tokens = agree[0];
+    plan->max_seqs = (int32_t)agree[1];
+    if (plan->kv_tokens < need->one_blocks * o->block_size)
+        return tr_errf(err, TR_ENOMEM, "the longest request needs %" PRId64 " tokens of KV cache, the "
+                       "memory left after the weights holds %" PRId64, need->one_blocks * o->block_size,
+                       plan->kv_tokens);
+    return 0;
+}
+
+// The samples as JSON lines, to the writer when open (else standard output), in chunks of
+// about 1 MiB.
+static int write_lines(const tr_gen_output *outs, int64_t n_out, const tr_tokenizer *tok, tr_file_writer *w,
+                       bool to_file, tr_strbuf *buf, tr_err *err) {
+    for (int64_t i = 0; i < n_out; i++) {
+        if (format_line(buf, outs[i].request, &outs[i], tok, err) != 0) return -1;
+        if (buf->len >= (1 << 20) || i + 1 == n_out) {
+            if (to_file) {
+                if (tr_file_writer_write(w, buf->s, buf->len, err) != 0) return -1;
+            } else if (fwrite(buf->s, 1, buf->len, stdout) != buf->len) {
+                return tr_errf(err, TR_EIO, "writing standard output failed");
+            }
+            buf->len = 0;
+        }
+    }
+    return 0;
+}
+
+int tr_cmd_generate(int argc, char **argv) {
+    gen_opts o;
+    bool help;
+    int rc = parse_opts(argc, argv, &o, &help);
+    if (rc || help) return rc;
 
     tr_err err = {0};
     tr_model_config cfg;
     tr_tp tp_shape;
-    if (tr_checkpoint_load_lm_config(model_dir, CMD, &cfg, &err) != 0 ||
-        tr_tp_init(&tp_shape, &cfg, (int32_t)tp, 0, &err) != 0)
+    if (tr_checkpoint_load_lm_config(o.model_dir, CMD, &cfg, &err) != 0 ||
+        tr_tp_init(&tp_shape, &cfg, (int32_t)o.tp, 0, &err) != 0)
         return tr_cli_fail(CMD, &err);
     int32_t stops[MAX_STOPS], n_stops = 0, chat_stops[MAX_STOPS], n_chat = 0;
     const int32_t V = cfg.vocab_size;
     for (int32_t i = 0; i < cfg.n_eos; i++) add_stop(stops, &n_stops, cfg.eos_token_ids[i], V);
-    if (read_generation_eos(model_dir, V, stops, &n_stops, &err) != 0)
+    if (read_generation_eos(o.model_dir, V, stops, &n_stops, &err) != 0)
         return tr_cli_fail(CMD, &err);
 
     tr_tokenizer *tok = NULL;
     char path[4200];
-    snprintf(path, sizeof path, "%s/tokenizer.json", model_dir);
+    snprintf(path, sizeof path, "%s/tokenizer.json", o.model_dir);
     if (tr_file_exists(path) && tr_tokenizer_load(&tok, path, &err) != 0)
         return tr_cli_fail(CMD, &err);
-    gen_input in = {.no_thinking = no_thinking};
+    gen_input in = {.no_thinking = o.no_thinking};
     tr_gen_request *reqs = NULL;
     tr_gen_output *outs = NULL;
-    int64_t n_out = 0;
+    gen_need need = {0};
     tr_backend be;
     bool be_ok = false, model_ok = false, gen_ok = false, writer_open = false;
     tr_model m;
@@ -424,12 +519,12 @@ int tr_cmd_generate(int argc, char **argv) {
     tr_tp_ranks ranks = {.size = 1};
     rc = 1;
     // The output is opened first, so a bad --out fails before the work rather than after it.
-    if (out_path) {
-        if (tr_file_writer_open(&w, out_path, &err) != 0) goto done;
+    if (o.out_path) {
+        if (tr_file_writer_open(&w, o.out_path, &err) != 0) goto done;
         writer_open = true;
         tr_cleanup_add(w.tmp);
     }
-    if (read_prompts(prompts, cfg.vocab_size, tok, chat_name, &in, &err) != 0) goto done;
+    if (read_prompts(o.prompts, cfg.vocab_size, tok, o.chat_name, &in, &err) != 0) goto done;
     if (in.chat_ready) {
         for (int32_t i = 0; i < n_stops; i++) add_stop(chat_stops, &n_chat, stops[i], V);
         for (int32_t i = 0; i < in.chat.n_stop; i++)
@@ -440,116 +535,60 @@ int tr_cmd_generate(int argc, char **argv) {
         tr_errf(&err, TR_ENOMEM, "out of memory for %zu prompts", in.n);
         goto done;
     }
-    // Default pool: every request at once (its prompt plus n worst-case samples).
-    int64_t need_all = 0, need_one = 0, longest = 1, prompt_tokens = 0;
-    for (size_t i = 0; i < in.n; i++) {
-        const gen_prompt *p = &in.items[i];
-        tr_gen_request *r = &reqs[i];
-        r->prompt = p->ids;
-        r->n_prompt = p->n;
-        r->n_samples = (int32_t)n;
-        r->sampling = (tr_sample_params){.temperature = (float)temperature,
-                                         .top_k = (int32_t)top_k, .top_p = (float)top_p};
-        r->seed = tr_rng_derive((uint64_t)seed, (uint64_t)i);
-        r->stop_ids = p->chat ? chat_stops : stops;
-        r->n_stop = p->chat ? n_chat : n_stops;
-        r->max_new_tokens = (int32_t)max_new;
-        r->min_new_tokens = (int32_t)min_new;
-        int64_t pb = tr_kv_blocks_for(p->n, (int32_t)block_size);
-        int64_t sb = tr_gen_sample_blocks(p->n, (int32_t)max_new, (int32_t)block_size);
-        need_all += pb + n * sb;
-        if (pb + sb > need_one) need_one = pb + sb;
-        if (p->n + max_new - 1 > longest) longest = p->n + max_new - 1;
-        prompt_tokens += p->n;
-        n_out += n;
-    }
-    if (kv_tokens > 0 && kv_tokens < need_one * block_size) {
+    make_requests(&o, &in, stops, n_stops, chat_stops, n_chat, reqs, &need);
+    if (o.kv_tokens > 0 && o.kv_tokens < need.one_blocks * o.block_size) {
         tr_errf(&err, TR_EINVAL, "--kv-tokens %ld is too small: the longest request needs %"
                 PRId64 " tokens of KV cache (its prompt and one sample of --max-new-tokens, in "
-                "blocks of %ld)", kv_tokens, need_one * block_size, block_size);
+                "blocks of %ld)", o.kv_tokens, need.one_blocks * o.block_size, o.block_size);
         goto done;
     }
-    if (longest > INT32_MAX) {
+    if (need.longest > INT32_MAX) {
         tr_errf(&err, TR_ERANGE, "prompt + --max-new-tokens is too long");
         goto done;
     }
-    outs = calloc(n_out ? (size_t)n_out : 1, sizeof *outs);
+    outs = calloc(need.n_out ? (size_t)need.n_out : 1, sizeof *outs);
     if (!outs) {
-        tr_errf(&err, TR_ENOMEM, "out of memory for %" PRId64 " samples", n_out);
+        tr_errf(&err, TR_ENOMEM, "out of memory for %" PRId64 " samples", need.n_out);
         goto done;
     }
     // Every rank has the requests from here on; each starts its own backend.
-    if (tr_tp_ranks_fork(&ranks, (int32_t)tp, &err) != 0) goto done;
+    if (tr_tp_ranks_fork(&ranks, (int32_t)o.tp, &err) != 0) goto done;
     const bool writer = ranks.rank == 0;
     if (!writer) writer_open = false;   // rank 0's file, never this rank's to touch
-    if (threads == 0 && tp > 1) {   // the cores shared among the ranks
+    if (o.threads == 0 && o.tp > 1) {   // the cores shared among the ranks
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = cores / tp > 0 ? cores / tp : 1;
+        o.threads = cores / o.tp > 0 ? cores / o.tp : 1;
     }
-    if (tr_cli_backend_start(&be, backend, device + ranks.rank, threads, precision, &err) != 0)
+    if (tr_cli_backend_start(&be, o.backend, o.device + ranks.rank, o.threads, o.precision, &err) != 0)
         goto done;
     be_ok = true;
     if (tr_tp_ranks_comm(&ranks, &be, &err) != 0) goto done;
-    // A pass holds at most every prompt (prefill) or every sample (decode); beyond that the
-    // activation arena would only cost memory.
-    int64_t seqs = max_seqs > 0 && max_seqs < n_out ? max_seqs : n_out;
-    int64_t rows = batch_tokens > seqs ? batch_tokens : seqs;
-    int64_t fit = prompt_tokens > seqs ? prompt_tokens : seqs;
-    if (fit < rows) rows = fit > 1 ? fit : 1;
-    // The KV cache holds every request at once where the memory allows, and at least the
-    // longest request (its prompt and one sample): the generator then takes turns.
     tr_plan plan;
-    tr_plan_req pr = {.cfg = &cfg, .max_tokens = (int32_t)rows, .generate = true,
-                      .block_size = (int32_t)block_size, .kv_tokens = kv_tokens,
-                      .kv_want = need_all * block_size, .max_seqs = (int32_t)seqs,
-                      .max_seqs_want = (int32_t)seqs, .tp_size = (int32_t)tp,
-                      .tp_rank = ranks.rank, .sequence_parallel = sp};
-    if (tr_plan_make(&be, &pr, &plan, &err) != 0) goto done;
-    // The ranks schedule alike only with the same pool: the smallest any rank has room for.
-    int64_t agree[2] = {plan.kv_tokens, plan.max_seqs};
-    if (tr_tp_ranks_min(&ranks, agree, 2, &err) != 0) goto done;
-    plan.kv_tokens = agree[0];
-    plan.max_seqs = (int32_t)agree[1];
-    if (plan.kv_tokens < need_one * block_size) {
-        tr_errf(&err, TR_ENOMEM, "the longest request needs %" PRId64 " tokens of KV cache, the "
-                "memory left after the weights holds %" PRId64, need_one * block_size,
-                plan.kv_tokens);
-        goto done;
-    }
-    tr_model_opts mo = {.max_tokens = (int32_t)rows, .training = false, .tp_size = (int32_t)tp,
+    int64_t rows;
+    if (plan_pool(&o, &cfg, &need, &be, &ranks, &plan, &rows, &err) != 0) goto done;
+    tr_model_opts mo = {.max_tokens = (int32_t)rows, .training = false, .tp_size = (int32_t)o.tp,
                         .tp_rank = ranks.rank, .logit_rows = plan.logit_rows,
-                        .sequence_parallel = sp};
-    if (tr_model_load(&m, model_dir, &be, &mo, &err) != 0) goto done;
+                        .sequence_parallel = o.sp};
+    if (tr_model_load(&m, o.model_dir, &be, &mo, &err) != 0) goto done;
     model_ok = true;
-    if (tp > 1 && tr_model_set_tp_comm(&m, ranks.comm, &err) != 0) goto done;
-    tr_gen_opts go = {.kv_tokens = plan.kv_tokens, .block_size = (int32_t)block_size,
-                      .max_seqs = plan.max_seqs, .max_seq_len = (int32_t)longest};
+    if (o.tp > 1 && tr_model_set_tp_comm(&m, ranks.comm, &err) != 0) goto done;
+    tr_gen_opts go = {.kv_tokens = plan.kv_tokens, .block_size = (int32_t)o.block_size,
+                      .max_seqs = plan.max_seqs, .max_seq_len = (int32_t)need.longest};
     if (tr_generator_init(&g, &m, &go, &err) != 0) goto done;
     gen_ok = true;
     watch.outs = outs;
-    watch.n_out = n_out;
-    tr_progress_init(&watch.pg, CMD, "samples", progress && writer, quiet || !writer);
+    watch.n_out = need.n_out;
+    tr_progress_init(&watch.pg, CMD, "samples", o.progress && writer, o.quiet || !writer);
     g.on_pass = gen_on_pass;
     g.on_pass_ctx = &watch;
     if (tr_generate(&g, reqs, (int32_t)in.n, outs, &err) != 0) {
-        n_out = 0;   // tr_generate freed them
+        need.n_out = 0;   // tr_generate freed them
         goto done;
     }
     int64_t done_n, tokens;
     gen_tokens(&watch, &done_n, &tokens);
-    tr_progress_show(&watch.pg, done_n, n_out, tokens, true);
-    for (int64_t i = 0; writer && i < n_out; i++) {
-        if (format_line(&buf, outs[i].request, &outs[i], tok, &err) != 0) goto done;
-        if (buf.len >= (1 << 20) || i + 1 == n_out) {
-            if (writer_open) {
-                if (tr_file_writer_write(&w, buf.s, buf.len, &err) != 0) goto done;
-            } else if (fwrite(buf.s, 1, buf.len, stdout) != buf.len) {
-                tr_errf(&err, TR_EIO, "writing standard output failed");
-                goto done;
-            }
-            buf.len = 0;
-        }
-    }
+    tr_progress_show(&watch.pg, done_n, need.n_out, tokens, true);
+    if (writer && write_lines(outs, need.n_out, tok, &w, writer_open, &buf, &err) != 0) goto done;
     if (writer_open) {
         writer_open = false;
         if (tr_file_writer_commit(&w, &err) != 0) goto done;
@@ -561,11 +600,11 @@ int tr_cmd_generate(int argc, char **argv) {
 done:
     tr_progress_end(&watch.pg);
     if (writer_open) tr_file_writer_abort(&w);
-    if (out_path && ranks.rank == 0) tr_cleanup_remove(w.tmp);
+    if (o.out_path && ranks.rank == 0) tr_cleanup_remove(w.tmp);
     tr_strbuf_free(&buf);
     // A failing rank aborts the group first, so no other waits in a collective for it.
     if (rc && ranks.comm) tr_comm_abort(ranks.comm, err.msg);
-    if (outs) tr_gen_outputs_free(outs, n_out);
+    if (outs) tr_gen_outputs_free(outs, need.n_out);
     free(outs);
     free(reqs);
     if (gen_ok) tr_generator_free(&g);
