@@ -3,7 +3,8 @@
 // config names no EOS, so every sample runs to the end), as a policy generates in one GRPO
 // step. Prints the wall time, decode tokens/s and the decode steps' memory traffic per
 // second (the generator's decode_bytes over decode_seconds) against an H200's measured
-// 4300 GB/s. A warm-up call first; with TROUPE_CUDA_PROFILE=1 the table of where the timed
+// 4300 GB/s, and the host's scheduling time per decode step (the generator's host_seconds:
+// KV slots, block tables, retiring samples). A warm-up call first; with TROUPE_CUDA_PROFILE=1 the table of where the timed
 // call's device time went goes to stderr at the end.
 // usage: bench_decode_gpu SHAPE [PROMPTS [SAMPLES [PLEN [NEW]]]]   (defaults 64 8 256 256)
 #include <stdio.h>
@@ -114,13 +115,14 @@ int main(int argc, char **argv) {
     printf("%s: %s %s, %d prompts x %d samples, %d + %d tokens\n", sh->name, be.ops->name, tr_dt_name(be.act), P,
            S, plen, new_tokens);
     printf("  %.3f s: %.0f sampled tokens/s; %lld decode steps in %.3f s (%.2f ms a step, %.1f rows), prefill "
-           "%lld tokens; decode traffic %.0f GB/s, %.1f%% of %.0f\n",
+           "%lld tokens; decode traffic %.0f GB/s, %.1f%% of %.0f; host scheduling %.1f us a step\n",
            wall, (double)sampled / wall, (long long)st->decode_steps, st->decode_seconds,
            st->decode_steps ? 1e3 * st->decode_seconds / (double)st->decode_steps : 0.0,
            st->decode_steps ? (double)st->decode_tokens / (double)st->decode_steps : 0.0,
-           (long long)st->prefill_tokens, gbps, 100 * gbps / PEAK_GBPS, PEAK_GBPS);
-    printf("troupe decode shape=%s batch=%d s=%.4f tok/s=%.0f gbps=%.1f\n", sh->name, B, wall,
-           (double)sampled / wall, gbps);
+           (long long)st->prefill_tokens, gbps, 100 * gbps / PEAK_GBPS, PEAK_GBPS,
+           st->decode_steps ? 1e6 * st->host_seconds / (double)st->decode_steps : 0.0);
+    printf("troupe decode shape=%s batch=%d s=%.4f tok/s=%.0f gbps=%.1f host_us=%.1f\n", sh->name, B, wall,
+           (double)sampled / wall, gbps, st->decode_steps ? 1e6 * st->host_seconds / (double)st->decode_steps : 0.0);
     free(prompts);
     free(reqs);
     free(outs);

@@ -434,12 +434,16 @@ static int32_t prefill_round(gen_run *run, tr_err *err) {
     return k;
 }
 
+static double seconds_between(const struct timespec *a, const struct timespec *b) {
+    return (double)(b->tv_sec - a->tv_sec) + 1e-9 * (double)(b->tv_nsec - a->tv_nsec);
+}
+
 // One decode step: every running sample feeds its last token and samples the next.
 static int decode_step(gen_run *run, tr_err *err) {
     tr_generator *g = run->g;
     tr_model *m = g->model;
     const int32_t B = g->n_active, bs = g->cache.block_size;
-    struct timespec t0, t1;
+    struct timespec t0, t_sched, t_retire, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     double ctx = 0;   // keys (and values) the step's rows read
     for (int32_t i = 0; i < B; i++) {
@@ -472,6 +476,7 @@ static int decode_step(gen_run *run, tr_err *err) {
     }
     g->segs[0] = (tr_gen_segment){.r0 = 0, .n = B, .table = g->d_tables, .stride = w, .request = -1};
     g->n_segs = 1;
+    clock_gettime(CLOCK_MONOTONIC, &t_sched);
     m->be->ops->upload(m->be, g->d_tables, g->tables_packed, (size_t)B * w * sizeof(int32_t));
     upload_rows(g, B);
     if (tr_model_forward_rows(m, g->row_ids, g->row_pos, B, gen_attend, g, err) != 0) return -1;
@@ -489,6 +494,7 @@ static int decode_step(gen_run *run, tr_err *err) {
             return -1;
     }
     // Retire finished samples; the last running one moves into the freed slot.
+    clock_gettime(CLOCK_MONOTONIC, &t_retire);
     for (int32_t i = 0; i < g->n_active;) {
         tr_gen_slot *s = &g->slots[i];
         if (run->outs[s->out].finish == TR_GEN_RUNNING) {
@@ -510,7 +516,8 @@ static int decode_step(gen_run *run, tr_err *err) {
         }
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    g->stats.decode_seconds += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    g->stats.decode_seconds += seconds_between(&t0, &t1);
+    g->stats.host_seconds += seconds_between(&t0, &t_sched) + seconds_between(&t_retire, &t1);
     return 0;
 }
 

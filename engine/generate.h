@@ -74,6 +74,8 @@ typedef struct tr_gen_stats {
                                // weights once a step, and each row's keys and values
     double decode_seconds;     // wall time of the decode steps (each ends waiting for its
                                // ids), what decode_bytes is measured against
+    double host_seconds;       // of which the host's scheduling: KV slots, copies on write
+                               // queued, block tables packed, finished samples retired
     int64_t near_draws;        // draws within rounding of a cumulative boundary, where
                                // another summation order (another backend) could pick the
                                // neighbouring id: counted, so that a difference is explained

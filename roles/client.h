@@ -51,6 +51,7 @@ typedef struct tr_gen_report {
     int64_t prefill_tokens, decode_tokens, decode_steps, waits;
     int64_t peak_seqs, peak_blocks;
     double decode_bytes, decode_seconds;   // summed over replicas: their mean rate
+    double host_seconds;                   // the decode steps' host scheduling, summed
 } tr_gen_report;
 
 typedef struct tr_sampling {
