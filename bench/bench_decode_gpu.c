@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/gpu_shape.h"
 #include "engine/config.h"
 #include "engine/generate.h"
 #include "engine/model.h"
@@ -23,17 +24,6 @@
 #include "kernels/cuda/backend_cuda.h"
 #endif
 
-typedef struct shape {
-    const char *name;
-    int hidden, inter, layers, heads, kv_heads;
-} shape;
-
-static const shape SHAPES[] = {
-    {"qwen2.5-0.5b", 896, 4864, 24, 14, 2},
-    {"qwen2.5-1.5b", 1536, 8960, 28, 12, 2},
-};
-
-#define VOCAB 151936
 #define PEAK_GBPS 4300.0
 
 static double now(void) {
@@ -48,35 +38,18 @@ static int fail(const char *what, const tr_err *err) {
 }
 
 int main(int argc, char **argv) {
-    const shape *sh = NULL;
-    for (size_t i = 0; argc > 1 && i < sizeof SHAPES / sizeof SHAPES[0]; i++)
-        if (strcmp(argv[1], SHAPES[i].name) == 0) sh = &SHAPES[i];
+    const bench_shape *sh = bench_shape_find(argc > 1 ? argv[1] : NULL);
     int P = argc > 2 ? atoi(argv[2]) : 64, S = argc > 3 ? atoi(argv[3]) : 8;
     int plen = argc > 4 ? atoi(argv[4]) : 256, new_tokens = argc > 5 ? atoi(argv[5]) : 256;
     if (!sh || P < 1 || S < 1 || plen < 1 || new_tokens < 1) {
         fprintf(stderr, "usage: bench_decode_gpu qwen2.5-0.5b|qwen2.5-1.5b [PROMPTS [SAMPLES [PLEN [NEW]]]]\n");
         return 2;
     }
-    char config[1024];
-    int n = snprintf(config, sizeof config,
-                     "{\"architectures\": [\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\","
-                     " \"vocab_size\": %d, \"hidden_size\": %d, \"intermediate_size\": %d,"
-                     " \"num_hidden_layers\": %d, \"num_attention_heads\": %d,"
-                     " \"num_key_value_heads\": %d, \"max_position_embeddings\": 32768,"
-                     " \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000.0,"
-                     " \"tie_word_embeddings\": true}",
-                     VOCAB, sh->hidden, sh->inter, sh->layers, sh->heads, sh->kv_heads);
     tr_err err = {0};
     tr_model_config cfg;
-    if (tr_config_parse(config, (size_t)n, sh->name, &cfg, &err) != 0) return fail("config", &err);
-    const char *kind = getenv("TROUPE_BACKEND");
-    tr_backend_opts bo = {.kind = kind ? kind : "cuda", .precision = getenv("TROUPE_PRECISION")};
+    if (bench_shape_config(sh, &cfg, &err) != 0) return fail("config", &err);
     tr_backend be;
-    char msg[512];
-    if (tr_backend_init(&be, &bo, msg, sizeof msg) != 0) {
-        fprintf(stderr, "bench_decode_gpu: %s\n", msg);
-        return 1;
-    }
+    if (bench_backend_start(&be, "bench_decode_gpu") != 0) return 1;
     int32_t B = P * S, T = B > 2048 ? B : 2048;
     tr_plan_req pr = {.cfg = &cfg, .max_tokens = T, .training = false};
     tr_plan plan;
@@ -94,7 +67,7 @@ int main(int argc, char **argv) {
     if (!prompts || !reqs || !outs) return 1;
     tr_rng rng;
     tr_rng_init(&rng, 1);
-    for (int32_t i = 0; i < P * plen; i++) prompts[i] = (int32_t)(tr_rng_u32(&rng) % VOCAB);
+    for (int32_t i = 0; i < P * plen; i++) prompts[i] = (int32_t)(tr_rng_u32(&rng) % BENCH_VOCAB);
     for (int32_t i = 0; i < P; i++)
         reqs[i] = (tr_gen_request){.prompt = prompts + (size_t)i * plen, .n_prompt = plen, .n_samples = S,
                                    .sampling = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f},

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/gpu_shape.h"
 #include "engine/config.h"
 #include "engine/device.h"
 #include "engine/model.h"
@@ -27,17 +28,6 @@
 #include "kernels/cuda/backend_cuda.h"
 #endif
 
-typedef struct shape {
-    const char *name;
-    int hidden, inter, layers, heads, kv_heads, mb;
-} shape;
-
-static const shape SHAPES[] = {
-    {"qwen2.5-0.5b", 896, 4864, 24, 14, 2, 8},
-    {"qwen2.5-1.5b", 1536, 8960, 28, 12, 2, 4},
-};
-
-#define VOCAB 151936
 #define PEAK 790e12
 
 static double now(void) {
@@ -83,9 +73,7 @@ static int fail(const char *what, const tr_err *err) {
 }
 
 int main(int argc, char **argv) {
-    const shape *sh = NULL;
-    for (size_t i = 0; argc > 1 && i < sizeof SHAPES / sizeof SHAPES[0]; i++)
-        if (strcmp(argv[1], SHAPES[i].name) == 0) sh = &SHAPES[i];
+    const bench_shape *sh = bench_shape_find(argc > 1 ? argv[1] : NULL);
     int mb = sh && argc > 2 ? atoi(argv[2]) : sh ? sh->mb : 0;
     int seq = argc > 3 ? atoi(argv[3]) : 2048, steps = argc > 4 ? atoi(argv[4]) : 5;
     int logit_rows = argc > 5 ? atoi(argv[5]) : 0;
@@ -94,26 +82,11 @@ int main(int argc, char **argv) {
                 "[LOGIT_ROWS]]]]\n");
         return 2;
     }
-    char config[1024];
-    int n = snprintf(config, sizeof config,
-                     "{\"architectures\": [\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\","
-                     " \"vocab_size\": %d, \"hidden_size\": %d, \"intermediate_size\": %d,"
-                     " \"num_hidden_layers\": %d, \"num_attention_heads\": %d,"
-                     " \"num_key_value_heads\": %d, \"max_position_embeddings\": 32768,"
-                     " \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000.0,"
-                     " \"tie_word_embeddings\": true}",
-                     VOCAB, sh->hidden, sh->inter, sh->layers, sh->heads, sh->kv_heads);
     tr_err err = {0};
     tr_model_config cfg;
-    if (tr_config_parse(config, (size_t)n, sh->name, &cfg, &err) != 0) return fail("config", &err);
-    const char *kind = getenv("TROUPE_BACKEND");
-    tr_backend_opts bo = {.kind = kind ? kind : "cuda", .precision = getenv("TROUPE_PRECISION")};
+    if (bench_shape_config(sh, &cfg, &err) != 0) return fail("config", &err);
     tr_backend be;
-    char msg[512];
-    if (tr_backend_init(&be, &bo, msg, sizeof msg) != 0) {
-        fprintf(stderr, "bench_train_gpu: %s\n", msg);
-        return 1;
-    }
+    if (bench_backend_start(&be, "bench_train_gpu") != 0) return 1;
     size_t free0 = 0, total = 0, free_min;
     be.ops->mem_info(&be, &free0, &total);
     free_min = free0;
@@ -126,7 +99,7 @@ int main(int argc, char **argv) {
     tr_rng rng;
     tr_rng_init(&rng, 1);
     for (int32_t t = 0; t < T; t++) {
-        ids[t] = (int32_t)(tr_rng_u32(&rng) % VOCAB);
+        ids[t] = (int32_t)(tr_rng_u32(&rng) % BENCH_VOCAB);
         pos[t] = t % seq;
     }
     for (int32_t t = 0; t < T; t++) targets[t] = pos[t] + 1 < seq ? ids[t + 1] : -1;
@@ -165,7 +138,7 @@ int main(int argc, char **argv) {
     // Matmul parameters as the peer counts them (tied LM head counted once, as a matmul).
     double d = cfg.hidden_size, L = cfg.n_layers, I = cfg.intermediate_size;
     double hd = d / cfg.n_heads, kv = 2.0 * cfg.n_kv_heads * hd;
-    double N = L * (d * (d + kv) + d * d + 3 * d * I) + d * VOCAB;
+    double N = L * (d * (d + kv) + d * d + 3 * d * I) + d * BENCH_VOCAB;
     double flops = 6 * N + 6 * L * seq * d;
     double tps = T / step_s;
     printf("%s: %s %s, micro-batch %d x %d, %.1fM matmul params, LM head %d rows a chunk\n",
