@@ -7,7 +7,9 @@
 // (defaults: 8 x 2048 for 0.5b, 4 x 2048 for 1.5b, 5 timed steps after 2 warm-up steps, the
 // LM head's rows per chunk from the memory plan, as a worker's)
 // The backend comes from $TROUPE_BACKEND (cuda) and the precision from $TROUPE_PRECISION
-// (default: the backend's, bf16 on CUDA). bench/run_gpu_train.sh runs it beside the peer.
+// (default: the backend's, bf16 on CUDA); TROUPE_RECOMPUTE=on|off (default: the plan's, on
+// only where the micro-batch does not fit otherwise) measures activation recompute's cost.
+// bench/run_gpu_train.sh runs it beside the peer.
 // On CUDA it then measures launch overhead: the trunk's backward queued op by op against the
 // same launches replayed as one CUDA graph.
 #include <stdio.h>
@@ -113,10 +115,14 @@ int main(int argc, char **argv) {
     tr_model m;
     tr_trainer tr;
     // The LM head's chunk as a worker's memory plan sizes it, unless given.
-    tr_plan_req pr = {.cfg = &cfg, .max_tokens = T, .training = true, .logit_rows = logit_rows};
+    const char *rec = getenv("TROUPE_RECOMPUTE");
+    tr_plan_req pr = {.cfg = &cfg, .max_tokens = T, .training = true, .logit_rows = logit_rows,
+                      .recompute = !rec ? TR_RECOMPUTE_AUTO : strcmp(rec, "on") == 0 ? TR_RECOMPUTE_ON
+                                                                                     : TR_RECOMPUTE_OFF};
     tr_plan plan;
     if (tr_plan_make(&be, &pr, &plan, &err) != 0) return fail("memory plan", &err);
-    tr_model_opts mo = {.max_tokens = T, .training = true, .logit_rows = plan.logit_rows};
+    tr_model_opts mo = {.max_tokens = T, .training = true, .logit_rows = plan.logit_rows,
+                        .recompute = plan.recompute};
     if (tr_model_init(&m, &cfg, &be, &mo, &err) != 0) return fail("model", &err);
     if (tr_model_init_weights(&m, 7, 0.02f, &err) != 0) return fail("weights", &err);
     if (tr_trainer_init(&tr, &m, &opt, 1, &err) != 0) return fail("trainer", &err);
@@ -141,8 +147,9 @@ int main(int argc, char **argv) {
     double N = L * (d * (d + kv) + d * d + 3 * d * I) + d * BENCH_VOCAB;
     double flops = 6 * N + 6 * L * seq * d;
     double tps = T / step_s;
-    printf("%s: %s %s, micro-batch %d x %d, %.1fM matmul params, LM head %d rows a chunk\n",
-           sh->name, be.ops->name, tr_dt_name(be.act), mb, seq, N / 1e6, m.logit_rows);
+    printf("%s: %s %s, micro-batch %d x %d, %.1fM matmul params, LM head %d rows a chunk%s\n",
+           sh->name, be.ops->name, tr_dt_name(be.act), mb, seq, N / 1e6, m.logit_rows,
+           m.recompute ? ", activations recomputed" : "");
     printf("  step %.3f s, %.0f tokens/s, MFU %.1f%%, peak memory %.1f GiB, loss %.4f\n", step_s,
            tps, 100 * tps * flops / PEAK, (double)(free0 - free_min) / (1 << 30), res.loss);
     printf("troupe train shape=%s tok/s=%.0f mfu=%.4f peak_gib=%.2f\n", sh->name, tps,

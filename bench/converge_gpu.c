@@ -130,7 +130,8 @@ int main(int argc, char **argv) {
     tr_plan_req pr = {.cfg = &cfg, .max_tokens = T, .training = true, .logit_rows = logit_rows};
     tr_plan plan;
     if (tr_plan_make(&be, &pr, &plan, &err) != 0) return fail("memory plan", &err);
-    tr_model_opts mo = {.max_tokens = T, .training = true, .logit_rows = plan.logit_rows};
+    tr_model_opts mo = {.max_tokens = T, .training = true, .logit_rows = plan.logit_rows,
+                        .recompute = plan.recompute};
     tr_model m;
     if (tr_model_load(&m, model_dir, &be, &mo, &err) != 0) return fail("loading the model", &err);
     // torch's AdamW over two parameter groups: weight decay on matrices, none on norms and

@@ -72,7 +72,7 @@ static size_t act_bytes(const tr_model *m, size_t n) { return n * tr_dt_size(m->
 // the views can never disagree. cfg is the rank's (tr_tp_local_config) and V its vocabulary
 // rows. Returns bytes.
 static size_t layout_arena(const tr_model_config *cfg, const tr_tp *tp, int32_t T, int32_t R,
-                           bool training, tr_dt act, void *base_, tr_acts *a) {
+                           bool training, bool recompute, tr_dt act, void *base_, tr_acts *a) {
     char *base = base_;
     size_t off = 0;
     const size_t C = (size_t)cfg->hidden_size, Q = (size_t)cfg->n_heads * cfg->head_dim;
@@ -102,7 +102,10 @@ static size_t layout_arena(const tr_model_config *cfg, const tr_tp *tp, int32_t 
     }
     if (base && !training)
         for (int32_t l = 0; l <= L; l++) a->residual[l] = res_bufs[l % 2];
-    int32_t n_sets = training ? L : 1;
+    // With recompute, training keeps the residual stream only: the backward of each layer
+    // runs its forward again into the one set first (tr_model_backward).
+    const bool every_layer = training && !recompute;
+    int32_t n_sets = every_layer ? L : 1;
     for (int32_t l = 0; l < n_sets; l++) {
         tr_layer_acts la = {0};
         TAKE(la.ln1, ts * C, A);
@@ -125,7 +128,7 @@ static size_t layout_arena(const tr_model_config *cfg, const tr_tp *tp, int32_t 
             la.q = qk;
             la.k = offset_bytes(qk, Q * A);
             la.v = offset_bytes(la.qkv, (Q + K) * A);
-            if (training) a->layers[l] = la;
+            if (every_layer) a->layers[l] = la;
             else
                 for (int32_t j = 0; j < L; j++) a->layers[j] = la;
         }
@@ -205,13 +208,13 @@ size_t tr_model_arena_bytes(const tr_model_config *cfg, const tr_model_opts *opt
     tr_model_config lc = tr_tp_local_config(cfg, &tp);
     tr_acts a;
     return layout_arena(&lc, &tp, opts->max_tokens, opts_logit_rows(&tp, opts), opts->training,
-                        act, NULL, &a);
+                        opts->recompute, act, NULL, &a);
 }
 
 size_t tr_model_acts_bytes(const tr_model *m, bool training) {
     tr_acts a;
-    return layout_arena(&m->lcfg, &m->tp, m->max_tokens, m->logit_rows, training, m->act, NULL,
-                        &a);
+    return layout_arena(&m->lcfg, &m->tp, m->max_tokens, m->logit_rows, training, m->recompute,
+                        m->act, NULL, &a);
 }
 
 int tr_model_bind_acts(tr_model *m, void *base, size_t bytes, bool training, tr_err *err) {
@@ -231,8 +234,9 @@ int tr_model_bind_acts(tr_model *m, void *base, size_t bytes, bool training, tr_
     m->arena_bytes = bytes;
     m->acts_training = training;
     m->logits_cached = false;
-    layout_arena(&m->lcfg, &m->tp, m->max_tokens, m->logit_rows, training, m->act, base,
-                 &m->acts);
+    layout_arena(&m->lcfg, &m->tp, m->max_tokens, m->logit_rows, training, m->recompute, m->act,
+                 base, &m->acts);
+    m->layer_held = -1;
     return 0;
 }
 
@@ -286,6 +290,8 @@ int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
     m->be = be;
     m->training = opts->training;
     m->max_tokens = opts->max_tokens;
+    m->recompute = opts->training && opts->recompute;
+    m->layer_held = -1;
     m->logit_rows = opts_logit_rows(&m->tp, opts);
     if (tr_param_layout_init_tp(&m->layout, cfg, &m->tp, err) != 0) return tr_err_wrap(err, "model");
 
@@ -294,7 +300,7 @@ int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
     m->wt = be->wt;
     m->qkv_ld = (m->lcfg.n_heads + 2 * m->lcfg.n_kv_heads) * cfg->head_dim;
     m->arena_bytes = layout_arena(&m->lcfg, &m->tp, m->max_tokens, m->logit_rows, m->training,
-                                  m->act, NULL, &m->acts);
+                                  m->recompute, m->act, NULL, &m->acts);
     if (opts->acts && (opts->acts_bytes < m->arena_bytes || ((uintptr_t)opts->acts % 64) != 0)) {
         size_t need = m->arena_bytes;
         tr_param_layout_free(&m->layout);
@@ -375,8 +381,8 @@ int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
         return tr_err_wrap(err, "model");
     }
     m->acts_training = m->training;
-    layout_arena(&m->lcfg, &m->tp, m->max_tokens, m->logit_rows, m->training, m->act, m->arena,
-                 &m->acts);
+    layout_arena(&m->lcfg, &m->tp, m->max_tokens, m->logit_rows, m->training, m->recompute,
+                 m->act, m->arena, &m->acts);
     if ((m->work && tr_params_views(&m->w, &m->layout, cfg, m->work, tr_dt_size(m->wt), err) != 0) ||
         (m->grads &&
          tr_params_views(&m->g, &m->layout, cfg, m->grads, sizeof(float), err) != 0)) {
@@ -737,11 +743,13 @@ static int final_norm_forward(tr_model *m, int32_t T, tr_err *err) {
     return m->tp.sp ? tr_model_sp_gather(m, a->lnf, mine, m->act, T, err) : 0;
 }
 
-// The layer stack over the T rows already copied into m->ids / m->pos. Attention is the only
+// Layer l over the T rows of the current batch, from residual[l]: attention is the only
 // step that differs between training (causal over packed documents) and generation (over the
 // paged KV cache), so it is the callback; everything else is this one code path. Shapes are
-// the rank's (lcfg): its heads and intermediate channels.
-static int trunk_forward(tr_model *m, int32_t T, tr_attend_fn attend, void *ctx, tr_err *err) {
+// the rank's (lcfg): its heads and intermediate channels. Without `out` the down projection
+// into residual[l + 1] is left out: a recompute for the backward needs everything before it.
+static int layer_forward(tr_model *m, int32_t l, int32_t T, tr_attend_fn attend, void *ctx,
+                         bool out, tr_err *err) {
     const tr_ops *op = m->be->ops;
     tr_backend *be = m->be;
     const tr_model_config *c = &m->lcfg;
@@ -749,34 +757,41 @@ static int trunk_forward(tr_model *m, int32_t T, tr_attend_fn attend, void *ctx,
     const int32_t H = c->n_heads, KVH = c->n_kv_heads, D = c->head_dim;
     const int32_t Q = H * D, QKV = m->qkv_ld;
     tr_acts *a = &m->acts;
-    if (embed_forward(m, T, err) != 0) return -1;
-    for (int32_t l = 0; l < c->n_layers; l++) {
-        const tr_layer_params *w = &m->w.layers[l];
-        tr_layer_acts *la = &a->layers[l];
-        const float *x = a->residual[l];
-        const void *in = norm_forward(m, la->ln1, la->ln1_rstd, x, w->attn_norm, T, err);
-        if (!in) return -1;
-        op->matmul_forward(be, la->qkv, in, w->wqkv, w->bqkv, T, C, QKV, 0);
-        // With QK-norm each head's D values of q and k are normed into qkv_n; v stays put.
-        if (c->qk_norm) {
-            op->head_rmsnorm_forward(be, la->q, la->q_rstd, la->qkv, w->q_norm, c->rms_norm_eps,
-                                     T, H, D, QKV);
-            op->head_rmsnorm_forward(be, la->k, la->k_rstd, offset_bytes(la->qkv, act_bytes(m, Q)),
-                                     w->k_norm, c->rms_norm_eps, T, KVH, D, QKV);
-        }
-        // k's heads follow q's in the row: one pass rotates both.
-        op->rope_forward(be, la->q, QKV, m->d_pos, m->inv_freq, T, H + KVH, D);
-        attend(ctx, m, l, la, T);
-        // The projections back into the residual stream add into it in fp32.
-        if (row_parallel(m, la->res_mid, x, la->att, w->wo, w->bo, T, Q, C, err) != 0) return -1;
-        if (!(in = norm_forward(m, la->ln2, la->ln2_rstd, la->res_mid, w->mlp_norm, T, err)))
-            return -1;
-        op->matmul_forward(be, la->gu, in, w->w_gu, NULL, T, C, 2 * I, 0);
-        op->swiglu_forward(be, la->act, la->gu, T, I);
-        if (row_parallel(m, a->residual[l + 1], la->res_mid, la->act, w->w_down, NULL, T, I, C,
-                         err) != 0)
-            return -1;
+    const tr_layer_params *w = &m->w.layers[l];
+    tr_layer_acts *la = &a->layers[l];
+    const float *x = a->residual[l];
+    const void *in = norm_forward(m, la->ln1, la->ln1_rstd, x, w->attn_norm, T, err);
+    if (!in) return -1;
+    op->matmul_forward(be, la->qkv, in, w->wqkv, w->bqkv, T, C, QKV, 0);
+    // With QK-norm each head's D values of q and k are normed into qkv_n; v stays put.
+    if (c->qk_norm) {
+        op->head_rmsnorm_forward(be, la->q, la->q_rstd, la->qkv, w->q_norm, c->rms_norm_eps,
+                                 T, H, D, QKV);
+        op->head_rmsnorm_forward(be, la->k, la->k_rstd, offset_bytes(la->qkv, act_bytes(m, Q)),
+                                 w->k_norm, c->rms_norm_eps, T, KVH, D, QKV);
     }
+    // k's heads follow q's in the row: one pass rotates both.
+    op->rope_forward(be, la->q, QKV, m->d_pos, m->inv_freq, T, H + KVH, D);
+    attend(ctx, m, l, la, T);
+    // The projections back into the residual stream add into it in fp32.
+    if (row_parallel(m, la->res_mid, x, la->att, w->wo, w->bo, T, Q, C, err) != 0) return -1;
+    if (!(in = norm_forward(m, la->ln2, la->ln2_rstd, la->res_mid, w->mlp_norm, T, err)))
+        return -1;
+    op->matmul_forward(be, la->gu, in, w->w_gu, NULL, T, C, 2 * I, 0);
+    op->swiglu_forward(be, la->act, la->gu, T, I);
+    if (!out) return 0;
+    return row_parallel(m, a->residual[l + 1], la->res_mid, la->act, w->w_down, NULL, T, I, C,
+                        err);
+}
+
+// The layer stack over the T rows already copied into m->ids / m->pos.
+static int trunk_forward(tr_model *m, int32_t T, tr_attend_fn attend, void *ctx, tr_err *err) {
+    const int32_t L = m->lcfg.n_layers;
+    if (embed_forward(m, T, err) != 0) return -1;
+    for (int32_t l = 0; l < L; l++)
+        if (layer_forward(m, l, T, attend, ctx, true, err) != 0) return -1;
+    // The one set now holds the top layer: its backward needs no recompute.
+    m->layer_held = m->acts_training && m->recompute ? L - 1 : -1;
     return final_norm_forward(m, T, err);
 }
 
@@ -812,6 +827,7 @@ static void set_batch(tr_model *m, int32_t T, int32_t n_docs, bool shared) {
     m->docs.n_tokens = m->host_docs.n_tokens = T;
     m->docs.n_docs = m->host_docs.n_docs = n_docs;
     m->logits_cached = false;
+    m->layer_held = -1;
 }
 
 // A model on a lent arena runs only inside a phase begun for it: another phase may have
@@ -980,6 +996,10 @@ int tr_model_backward(tr_model *m, tr_err *err) {
     norm_backward(m, m->g.final_norm, a->d_lnf, a->residual[c->n_layers], m->w.final_norm,
                   a->lnf_rstd, T);
     for (int32_t l = c->n_layers - 1; l >= 0; l--) {
+        if (m->recompute && m->layer_held != l) {
+            if (layer_forward(m, l, T, attend_docs, NULL, false, err) != 0) return -1;
+            m->layer_held = l;
+        }
         const tr_layer_params *w = &m->w.layers[l];
         const tr_layer_params *g = &m->g.layers[l];
         const tr_layer_acts *la = &a->layers[l];

@@ -112,7 +112,11 @@ typedef struct tr_model {
     void *arena;                // activations, arena_bytes bytes
     size_t arena_bytes;
     bool owns_arena;            // false: the caller's buffer (opts.acts), never freed here
-    bool acts_training;         // acts is the training layout (every layer kept for backward)
+    bool acts_training;         // acts is the training layout (every layer kept for backward,
+                                // or with recompute the residual stream only)
+    bool recompute;             // training keeps one layer set; backward reruns each layer
+    int32_t layer_held;         // with recompute: the layer whose activations the set holds
+                                // (-1: none, or not known to be the current batch's)
     tr_acts acts;
     // Set once a worker arena holds the activation memory (tr_arena_adopt, tr_arena_begin_*):
     // forwards then run only in the arena phase the views were laid out in.
@@ -165,6 +169,12 @@ typedef struct tr_model_opts {
     // loaded or run (memory another process shares, engine/weight_share.h): none is allocated,
     // and fp32 masters only when training, apart from the working weights even in fp32.
     bool external_work;
+    // Activation recompute (training only): the training layout keeps the residual stream
+    // and one layer's activations; the backward of each layer first runs that layer's
+    // forward again. Costs about one more forward per step and saves about L-1 of the L
+    // layer sets (tr_model_arena_bytes). Gradients are the same bits: every op is
+    // deterministic, so the recomputed activations are the forward's.
+    bool recompute;
 } tr_model_opts;
 
 // Allocates parameters (zeroed: fp32 masters when training or when the backend's working

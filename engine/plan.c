@@ -15,7 +15,8 @@ static size_t kv_bytes(const tr_model_config *cfg, int32_t bs, int64_t tokens, t
     return tokens > 0 ? tr_kvcache_pool_bytes(cfg, bs, tokens, act) : 0;
 }
 
-// The arena's training and forward sizes for mo's logit rows (0: the model's default).
+// The arena's training and forward sizes for mo's tokens, recompute and logit rows (0: the
+// model's default).
 static void arena_sizes(tr_backend *be, const tr_plan_req *r, tr_model_opts *mo, tr_plan *p) {
     mo->training = false;
     p->arena_forward = tr_model_arena_bytes(r->cfg, mo, be->act);
@@ -25,11 +26,48 @@ static void arena_sizes(tr_backend *be, const tr_plan_req *r, tr_model_opts *mo,
     p->logit_rows = tr_model_logit_rows(r->cfg, mo);
 }
 
+static size_t arena_max(const tr_plan *p) {
+    return p->arena_train > p->arena_forward ? p->arena_train : p->arena_forward;
+}
+
+// Sets mo's and p's tokens per forward and recompute (tr_plan.max_tokens says how) within
+// `room` bytes of activations, and the arena sizes that go with them. When nothing fits it
+// leaves the smallest choice, for the caller's check to name the parts.
+static void choose_tokens(tr_backend *be, const tr_plan_req *r, size_t room, tr_model_opts *mo,
+                          tr_plan *p) {
+    int32_t lo = r->min_tokens > 0 ? r->min_tokens : 1, hi = r->max_tokens;
+    if (hi <= 0) {
+        hi = r->max_tokens_want > 0 && r->max_tokens_want < TR_PLAN_MAX_TOKENS
+                 ? r->max_tokens_want : TR_PLAN_MAX_TOKENS;
+        if (hi < lo) hi = lo;
+    } else {
+        lo = hi;
+    }
+    // Recompute costs a forward per step: every size without it is tried first.
+    bool tries[2] = {r->recompute != TR_RECOMPUTE_ON, r->training && r->recompute != TR_RECOMPUTE_OFF};
+    for (int with = 0; with < 2; with++) {
+        if (!tries[with]) continue;
+        mo->recompute = with == 1;
+        for (int32_t t = hi;; t = t / 2 > lo ? t / 2 : lo) {
+            mo->max_tokens = t;
+            arena_sizes(be, r, mo, p);
+            if (arena_max(p) <= room) goto done;
+            if (t == lo) break;
+        }
+    }
+    mo->max_tokens = lo;
+    mo->recompute = tries[1];
+    arena_sizes(be, r, mo, p);
+done:
+    p->max_tokens = mo->max_tokens;
+    p->recompute = mo->recompute;
+}
+
 // Widens the LM head's chunk (tr_plan.logit_rows says why) within `spare` bytes. A row costs
 // the same in every layout, so its price is the difference of two arena sizes.
 static void widen_logit_rows(tr_backend *be, const tr_plan_req *r, tr_model_opts *mo,
                              size_t spare, tr_plan *p) {
-    if (r->logit_rows > 0 || r->cfg->head != TR_HEAD_LM || p->logit_rows >= r->max_tokens) return;
+    if (r->logit_rows > 0 || r->cfg->head != TR_HEAD_LM || p->logit_rows >= p->max_tokens) return;
     // Vocab-parallel ranks must chunk alike, and each plans from its own device's room: they
     // keep the default, which depends on the model alone.
     if (r->tp_size > 1) return;
@@ -42,7 +80,7 @@ static void widen_logit_rows(tr_backend *be, const tr_plan_req *r, tr_model_opts
     if (row == 0) return;
     size_t fit = (spare / 8) / row;
     if (fit <= (size_t)p->logit_rows) return;
-    mo->logit_rows = fit < (size_t)r->max_tokens ? (int32_t)fit : r->max_tokens;
+    mo->logit_rows = fit < (size_t)p->max_tokens ? (int32_t)fit : p->max_tokens;
     arena_sizes(be, r, mo, p);
 }
 
@@ -73,7 +111,6 @@ int tr_plan_make(tr_backend *be, const tr_plan_req *r, tr_plan *p, tr_err *err) 
     tr_model_opts mo = {.max_tokens = r->max_tokens, .training = false, .tp_size = tp.size,
                         .tp_rank = tp.rank, .logit_rows = r->logit_rows,
                         .sequence_parallel = r->sequence_parallel};
-    arena_sizes(be, r, &mo, p);
     size_t free_b = 0, total_b = 0;
     be->ops->mem_info(be, &free_b, &total_b);
     p->budget = r->budget > 0 ? r->budget : free_b;
@@ -81,18 +118,21 @@ int tr_plan_make(tr_backend *be, const tr_plan_req *r, tr_plan *p, tr_err *err) 
     p->reserve = p->budget / 32 > ((size_t)256 << 20) ? p->budget / 32 : (size_t)256 << 20;
     if (p->reserve > p->budget / 4) p->reserve = p->budget / 4;
     size_t fixed = p->weights + p->grads + p->optim;
-    size_t arena_min = p->arena_train > p->arena_forward ? p->arena_train : p->arena_forward;
     size_t usable = p->budget - p->reserve;
+    size_t left = usable > fixed ? usable - fixed : 0;
+    choose_tokens(be, r, r->max_tokens > 0 ? left : left / 2, &mo, p);
+    size_t arena_min = arena_max(p);
     if (fixed + arena_min > usable)
         return tr_errf(err, TR_ENOMEM, "memory plan: weights %.1f MiB + gradients %.1f MiB + "
-                       "optimizer %.1f MiB + activations %.1f MiB (%d tokens per forward) = "
+                       "optimizer %.1f MiB + activations %.1f MiB (%d tokens per forward%s) = "
                        "%.1f MiB, more than the %.1f MiB %s has (%.1f MiB kept back for the "
                        "backend); lower the tokens per micro-batch or use more devices",
                        mib(p->weights), mib(p->grads), mib(p->optim), mib(arena_min),
-                       r->max_tokens, mib(fixed + arena_min), mib(p->budget),
+                       p->max_tokens, p->recompute ? ", with recompute" : "",
+                       mib(fixed + arena_min), mib(p->budget),
                        r->budget > 0 ? "the budget" : "the device", mib(p->reserve));
     widen_logit_rows(be, r, &mo, usable - fixed - arena_min, p);
-    arena_min = p->arena_train > p->arena_forward ? p->arena_train : p->arena_forward;
+    arena_min = arena_max(p);
     int32_t bs = r->block_size > 0 ? r->block_size : 16;
     if (r->generate) {
         if (r->kv_tokens > 0) {
@@ -117,7 +157,7 @@ int tr_plan_make(tr_backend *be, const tr_plan_req *r, tr_plan *p, tr_err *err) 
         }
         p->kv = kv_bytes(cfg, bs, p->kv_tokens, be->act);
         int32_t seqs = r->max_seqs > 0 ? r->max_seqs : r->max_seqs_want > 0 ? r->max_seqs_want : 1;
-        if (seqs > r->max_tokens) seqs = r->max_tokens;
+        if (seqs > p->max_tokens) seqs = p->max_tokens;
         p->max_seqs = seqs;
     }
     size_t fwd_kv = p->arena_forward + p->kv;
@@ -134,6 +174,7 @@ int tr_plan_make(tr_backend *be, const tr_plan_req *r, tr_plan *p, tr_err *err) 
 
 void tr_plan_format(const tr_plan *p, char *buf, size_t cap) {
     snprintf(buf, cap,
+             "  micro-batch    %10d tokens a forward%s\n"
              "  weights        %10.1f MiB  (fp32 masters %.1f, working copy %.1f)\n"
              "  gradients      %10.1f MiB\n"
              "  optimizer      %10.1f MiB  (Adam moments)\n"
@@ -141,6 +182,7 @@ void tr_plan_format(const tr_plan *p, char *buf, size_t cap) {
              "  KV cache       %10lld tokens, %d sequences decoding together\n"
              "  LM head        %10d logit rows a chunk\n"
              "  total          %10.1f MiB of %.1f MiB (%.1f kept back for the backend)\n",
+             p->max_tokens, p->recompute ? ", activations recomputed in backward" : "",
              mib(p->weights), mib(p->masters), mib(p->work), mib(p->grads), mib(p->optim),
              mib(p->arena), mib(p->arena_train),
              mib(p->arena_forward), mib(p->kv), (long long)p->kv_tokens, p->max_seqs,

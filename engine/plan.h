@@ -11,9 +11,22 @@
 #include "engine/err.h"
 #include "kernels/ops.h"
 
+// Activation recompute (tr_model_opts.recompute): auto turns it on only where a training
+// micro-batch's activations would not fit otherwise.
+enum tr_recompute { TR_RECOMPUTE_AUTO, TR_RECOMPUTE_OFF, TR_RECOMPUTE_ON };
+
+// Largest micro-batch the plan chooses: past it the GEMMs are as wide as the device needs,
+// so more tokens per forward only take memory from the KV cache.
+#define TR_PLAN_MAX_TOKENS 16384
+
 typedef struct tr_plan_req {
     const tr_model_config *cfg;
-    int32_t max_tokens;        // rows per forward (a micro-batch or a generation pass)
+    // Rows per forward (a micro-batch or a generation pass); 0: the plan chooses (tr_plan
+    // .max_tokens says how), between min_tokens (a sequence that must fit in one forward)
+    // and max_tokens_want (the tokens there are to take: a step's), both 0 when not known.
+    int32_t max_tokens;
+    int32_t min_tokens, max_tokens_want;
+    int recompute;             // enum tr_recompute
     bool training;             // gradients and Adam moments beside the weights
     int32_t optim_shards;      // ZeRO-1: the moments of 1/optim_shards of the weights (0: 1)
     bool generate;             // a KV cache
@@ -33,6 +46,13 @@ typedef struct tr_plan_req {
 } tr_plan_req;
 
 typedef struct tr_plan {
+    // Tokens per forward: the request's, or when it left them to the plan the largest of
+    // max_tokens_want (at most TR_PLAN_MAX_TOKENS), halved while a training micro-batch's
+    // activations take more than half of the memory left after the fixed parts (the other
+    // half stays for the KV cache and the roles beside this one on the device), first
+    // without recompute and then, when even min_tokens needs it, with.
+    int32_t max_tokens;
+    bool recompute;                 // training activations with recompute (tr_model_opts)
     size_t weights, grads, optim;   // bytes (optim: both Adam moments)
     size_t masters, work;           // weights = fp32 masters + the narrower working copy
     size_t arena_train, arena_forward, kv;
@@ -50,8 +70,8 @@ typedef struct tr_plan {
 } tr_plan;
 
 // Fills p. Fails (TR_ENOMEM, naming every part and the budget) when weights, gradients,
-// optimizer and the activations of one forward exceed the budget less a reserve for the
-// backend's own work, or when an exact kv_tokens does not fit.
+// optimizer and the activations of one forward (with recompute, where allowed) exceed the
+// budget less a reserve for the backend's own work, or when an exact kv_tokens does not fit.
 int tr_plan_make(tr_backend *be, const tr_plan_req *req, tr_plan *p, tr_err *err);
 // One line per part, for `troupe info` and worker logs.
 void tr_plan_format(const tr_plan *p, char *buf, size_t cap);

@@ -486,11 +486,18 @@ int tr_controller_start_opts(tr_controller **out, const tr_recipe *r, const tr_c
     for (int i = 0; i < c->n_procs && !rc && !c->attach; i++)
         rc = spawn(c, &c->procs[i], tr_router_endpoint(c->router), err);
     if (!rc) rc = wait_hellos(c, err);
+    // The policy inits first: when the recipe leaves the micro-batch to its memory plan, every
+    // other role takes the policy's choice, so that reference, critic and policy share one
+    // micro-batch plan.
+    int32_t planned = 0;
     for (int role = 0; role < TR_RECIPE_N_ROLES && !rc; role++) {
         if (!c->has_group[role]) continue;
         tr_role_setup s;
         tr_controller_role_setup(r, (enum tr_recipe_role)role, &s);
+        if (s.a.max_tokens == 0 && planned > 0) s.a.max_tokens = planned;
         rc = tr_role_init(&c->groups[role], &s.a, &c->info[role], err);
+        if (!rc && role == TR_RECIPE_POLICY && r->train.micro_batch_tokens == 0)
+            planned = c->info[role].max_tokens;
     }
     if (!rc) rc = form_comms(c, err);
     if (rc) {

@@ -102,7 +102,16 @@ void tr_controller_role_setup(const tr_recipe *r, enum tr_recipe_role role, tr_r
                                                                  : &r->models[role].devices;
     a->devices = dev->ids;
     a->n_devices = dev->n;
+    // micro_batch_tokens 0: the policy's plan chooses within the longest row and a step's
+    // tokens per rank; the controller hands its choice to the other roles (controller.c).
     a->max_tokens = (int32_t)r->train.micro_batch_tokens;
+    a->min_tokens = (int32_t)r->train.max_len;
+    int64_t rows = r->workflow == TR_RECIPE_GRPO || r->workflow == TR_RECIPE_PPO
+                       ? r->train.prompts_per_step * r->rollout.n : r->train.batch_size;
+    int64_t dp_ranks = par->dp > 0 ? par->dp : 1;
+    a->max_tokens_want = (rows + dp_ranks - 1) / dp_ranks * r->train.max_len;
+    static const char *const recompute[] = {"auto", "off", "on"};
+    a->recompute = r->train.recompute != TR_RECIPE_RECOMPUTE_AUTO ? recompute[r->train.recompute] : NULL;
     a->seed = (uint64_t)r->seed;
     policy_tokenizer(r, s->tokenizer, sizeof s->tokenizer);
     a->tokenizer = s->tokenizer[0] ? s->tokenizer : NULL;
@@ -140,7 +149,7 @@ void tr_controller_role_setup(const tr_recipe *r, enum tr_recipe_role role, tr_r
         int64_t seqs = r->rollout.max_seqs > 0 ? r->rollout.max_seqs
                                                : (r->train.prompts_per_step * r->rollout.n + dp - 1) / dp;
         if (seqs < 1) seqs = 1;
-        if (seqs > a->max_tokens) seqs = a->max_tokens;
+        if (a->max_tokens > 0 && seqs > a->max_tokens) seqs = a->max_tokens;   // else the plan's bound
         a->max_seqs = (int32_t)seqs;
         a->kv_tokens = r->rollout.kv_tokens;
         // Each sequence fills whole KV blocks (16 tokens), and its first decode step may copy

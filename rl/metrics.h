@@ -10,7 +10,8 @@
 #include "engine/err.h"
 #include "rl/tfevents.h"
 
-#define TR_METRICS_MAX_KEYS 64
+// A PPO step logs about 70 (memory and plan per role among them): room to grow.
+#define TR_METRICS_MAX_KEYS 128
 #define TR_METRICS_KEY_MAX 48
 
 typedef struct tr_metrics_opts {

@@ -667,7 +667,7 @@ static int validate(tr_recipe *r, const tr_ynode *root, tr_err *err) {
     if (r->train.max_len < need)
         return fail_path(root, "train.max_len", err, "%lld is shorter than the longest row (%lld)",
                          (long long)r->train.max_len, (long long)need);
-    if (r->train.micro_batch_tokens < r->train.max_len)
+    if (r->train.micro_batch_tokens > 0 && r->train.micro_batch_tokens < r->train.max_len)
         return fail_path(root, "train.micro_batch_tokens", err, "%lld cannot hold one row of train.max_len %lld tokens",
                          (long long)r->train.micro_batch_tokens, (long long)r->train.max_len);
 

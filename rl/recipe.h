@@ -28,6 +28,8 @@ enum tr_recipe_workflow {
 enum tr_recipe_backend { TR_RECIPE_CPU, TR_RECIPE_CUDA };
 enum tr_recipe_precision { TR_RECIPE_PREC_AUTO, TR_RECIPE_FP32, TR_RECIPE_BF16 };
 enum tr_recipe_save_dtype { TR_RECIPE_SAVE_FP32, TR_RECIPE_SAVE_BF16 };
+// Activation recompute of the trained models (engine/plan.h's enum, in its order).
+enum tr_recipe_recompute { TR_RECIPE_RECOMPUTE_AUTO, TR_RECIPE_RECOMPUTE_OFF, TR_RECIPE_RECOMPUTE_ON };
 
 enum tr_recipe_schedule { TR_RECIPE_SCHED_CONSTANT, TR_RECIPE_SCHED_LINEAR, TR_RECIPE_SCHED_COSINE };
 
@@ -198,7 +200,8 @@ typedef struct tr_recipe_train {
     int64_t steps;
     int64_t prompts_per_step;    // grpo/ppo
     int64_t batch_size;          // sft/pretrain: rows per step
-    int64_t micro_batch_tokens;
+    int64_t micro_batch_tokens;  // 0: the policy's memory plan chooses
+    enum tr_recipe_recompute recompute;
     int64_t logit_rows;          // the LM head's chunk; 0 = the memory plan's
     int64_t eval_every;          // 0 = no periodic eval
     int64_t save_every;          // 0 = only the final checkpoint

@@ -14,6 +14,7 @@ static const char *const old_lp_names[] = {"auto", "recompute", "rollout", NULL}
 static const char *const backend_names[] = {"cpu", "cuda", NULL};
 static const char *const precision_names[] = {"auto", "fp32", "bf16", NULL};
 static const char *const save_dtype_names[] = {"fp32", "bf16", NULL};
+static const char *const recompute_names[] = {"auto", "off", "on", NULL};
 static const char *const schedule_names[] = {"constant", "linear", "cosine", NULL};
 static const char *const reward_kind_names[] = {"rule", "model", "service", NULL};
 static const char *const reward_fn_names[] = {"exact_match", "numeric_match", "regex", NULL};
@@ -352,8 +353,18 @@ static const tr_rkey train_keys[] = {
     {.name = "batch_size", .type = TR_RK_INT, .off = offsetof(tr_recipe_train, batch_size),
      .flags = UNIT, .min = 1, .max = MAX_TOKENS, .def = "16", .doc = "sft, pretrain: rows per step"},
     {.name = "micro_batch_tokens", .type = TR_RK_INT,
-     .off = offsetof(tr_recipe_train, micro_batch_tokens), .flags = UNIT, .min = 1, .max = MAX_TOKENS,
-     .def = "4096", .doc = "tokens per forward/backward (gradient accumulation)"},
+     .off = offsetof(tr_recipe_train, micro_batch_tokens), .flags = UNIT, .min = 0, .max = MAX_TOKENS,
+     .def = "0",
+     .doc = "tokens per forward/backward (gradient accumulation), the same for every role; 0 = the "
+            "policy's memory plan chooses: a step's tokens per rank up to 16384, halved while a "
+            "micro-batch's activations would take more than half of the device memory left after "
+            "weights, gradients and optimizer, printed in each worker's log"},
+    {.name = "recompute", .type = TR_RK_ENUM, .off = offsetof(tr_recipe_train, recompute),
+     .names = recompute_names, .def = "auto",
+     .doc = "activation recompute of the trained models: keep only each layer's input and run the "
+            "layer's forward again in backward (about a third more compute for several times less "
+            "activation memory; the same gradients bit for bit); auto = only where a micro-batch "
+            "does not fit otherwise"},
     {.name = "logit_rows", .type = TR_RK_INT, .off = offsetof(tr_recipe_train, logit_rows), .flags = MIN,
      .min = 0, .max = MAX_TOKENS, .def = "0",
      .doc = "rows of LM-head logits the policy's and reference's passes hold at once (the fused "

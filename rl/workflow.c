@@ -45,16 +45,22 @@ int tr_run_checkpoint(tr_run *run, int64_t step, tr_err *err) {
     return 0;
 }
 
-// memory/<role>/<part> in GiB for every role with a model, as its init reported it.
+// memory/<role>/<part> in GiB for every role with a model, as its init reported it, and the
+// plan's choices: plan/<role>/micro_batch_tokens and plan/<role>/recompute (0 or 1).
 static int log_memory(tr_run *run, tr_err *err) {
     char key[TR_METRICS_KEY_MAX];
     for (int role = 0; role < TR_RECIPE_N_ROLES; role++) {
         const tr_role_info *in = tr_controller_role_info(run->ctl, (enum tr_recipe_role)role);
         if (!in || in->n_params == 0) continue;
+        const char *name = tr_recipe_role_names[role];
         for (int i = 0; i < TR_MEM_PARTS; i++) {
-            snprintf(key, sizeof key, "memory/%s/%s", tr_recipe_role_names[role], tr_mem_part_names[i]);
+            snprintf(key, sizeof key, "memory/%s/%s", name, tr_mem_part_names[i]);
             if (tr_metrics_set(&run->m, key, (double)in->memory[i] / (1 << 30), err)) return -1;
         }
+        snprintf(key, sizeof key, "plan/%s/micro_batch_tokens", name);
+        if (tr_metrics_set(&run->m, key, in->max_tokens, err)) return -1;
+        snprintf(key, sizeof key, "plan/%s/recompute", name);
+        if (tr_metrics_set(&run->m, key, in->recompute, err)) return -1;
     }
     return 0;
 }

@@ -165,7 +165,11 @@ typedef struct tr_init_args {
     const int32_t *devices;    // rank r runs on devices[r] (r < n_devices), else on r
     int32_t n_devices;
     int64_t memory_bytes;      // the memory plan's budget per rank; 0 = the device's free memory
-    int32_t max_tokens;        // tokens per forward (a micro-batch); every sequence must fit
+    int32_t max_tokens;        // tokens per forward (a micro-batch); every sequence must fit;
+                               // 0: the worker's memory plan chooses (engine/plan.h), between
+    int32_t min_tokens;        // the longest sequence and
+    int64_t max_tokens_want;   // the tokens there are to take (a step's per rank)
+    const char *recompute;     // training activations recomputed: "auto" (NULL), "off", "on"
     uint64_t seed;             // the trainer's random stream
     const char *tokenizer;     // tokenizer.json: response texts (policy), decoding (reward)
     const char *chat_format;   // "chatml", "llama3": default stop tokens of generate
@@ -194,7 +198,8 @@ extern const char *const tr_mem_part_names[TR_MEM_PARTS];
 typedef struct tr_role_info {
     int64_t n_params;          // 0 for rule and service rewards
     int32_t vocab_size;
-    int32_t max_tokens;
+    int32_t max_tokens;        // tokens per forward, the same on every rank (init fails if not)
+    bool recompute;            // training activations are recomputed in backward
     char architecture[64];
     int64_t memory[TR_MEM_PARTS];
 } tr_role_info;

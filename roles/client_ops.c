@@ -26,7 +26,8 @@ static void build_init(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w,
                  n_str(a->precision) + n_str(a->save_dtype) +
                  n_str(a->chat_format) + (a->init_config && a->init_config[0] ? 1 : 0) + (a->train ? 2 : 0) +
                  (has_gen ? 3 : 0) + (has_reward ? 1 : 0) + 1 + (a->no_generate ? 1 : 0) + (a->share_weights ? 1 : 0) +
-                 (a->no_batch_invariance ? 1 : 0) + (a->no_prompt_sharing ? 1 : 0) + (a->logit_rows > 0 ? 1 : 0);
+                 (a->no_batch_invariance ? 1 : 0) + (a->no_prompt_sharing ? 1 : 0) + (a->logit_rows > 0 ? 1 : 0) +
+                 (a->min_tokens > 0 ? 1 : 0) + (a->max_tokens_want > 0 ? 1 : 0) + n_str(a->recompute);
     tr_msg_begin_request(w, op, id, n);
     put_str_opt(w, "model", a->model);
     put_str_opt(w, "init_config", a->init_config);
@@ -39,6 +40,9 @@ static void build_init(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w,
     tr_msg_put_int(w, "device", rank < a->n_devices ? a->devices[rank] : rank);
     tr_msg_put_int(w, "memory_bytes", a->memory_bytes);
     tr_msg_put_int(w, "max_tokens", a->max_tokens);
+    if (a->min_tokens > 0) tr_msg_put_int(w, "min_tokens", a->min_tokens);
+    if (a->max_tokens_want > 0) tr_msg_put_int(w, "max_tokens_want", a->max_tokens_want);
+    put_str_opt(w, "recompute", a->recompute);
     tr_msg_put_uint(w, "seed", a->seed);
     put_str_opt(w, "tokenizer", a->tokenizer);
     put_str_opt(w, "chat_format", a->chat_format);
@@ -103,6 +107,8 @@ static void build_init(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w,
 typedef struct init_ctx {
     const tr_init_args *a;
     tr_role_info *info;
+    int32_t seen_rank;   // the first rank that replied (-1: none yet) and its max_tokens
+    int64_t seen_tokens;
 } init_ctx;
 
 static void build_init_ctx(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer *w, const char *op, uint64_t id) {
@@ -114,11 +120,20 @@ const char *const tr_mem_part_names[TR_MEM_PARTS] = {"weights", "masters", "grad
 
 static int reply_init(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *err) {
     init_ctx *c = ctx;
-    if (rank != 0 || !c->info) return 0;
     int64_t np = 0, vocab = 0, mt = 0;
+    bool recompute = false;
+    if (tr_msg_get_int_opt(res, "max_tokens", &mt, err) || tr_msg_get_bool_opt(res, "recompute", &recompute, err))
+        return -1;
+    // Ranks plan their micro-batch from their own device's room when init leaves it to them;
+    // they must pack alike, so a difference is an error rather than a silent choice.
+    if (c->seen_rank >= 0 && mt != c->seen_tokens)
+        return tr_errf(err, TR_EINVAL, "init: rank %d planned %lld tokens per micro-batch and rank %d %lld (their "
+                       "devices differ); set train.micro_batch_tokens", rank, (long long)mt, c->seen_rank,
+                       (long long)c->seen_tokens);
+    if (c->seen_rank < 0) c->seen_rank = rank, c->seen_tokens = mt;
+    if (rank != 0 || !c->info) return 0;
     memset(c->info, 0, sizeof *c->info);
-    if (tr_msg_get_int_opt(res, "n_params", &np, err) || tr_msg_get_int_opt(res, "vocab_size", &vocab, err) ||
-        tr_msg_get_int_opt(res, "max_tokens", &mt, err))
+    if (tr_msg_get_int_opt(res, "n_params", &np, err) || tr_msg_get_int_opt(res, "vocab_size", &vocab, err))
         return -1;
     if (tr_msg_has(res, "architecture") &&
         tr_msg_get_str_buf(res, "architecture", c->info->architecture, sizeof c->info->architecture, err))
@@ -132,6 +147,7 @@ static int reply_init(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *er
     c->info->n_params = np;
     c->info->vocab_size = (int32_t)vocab;
     c->info->max_tokens = (int32_t)mt;
+    c->info->recompute = recompute;
     return 0;
 }
 
@@ -142,7 +158,7 @@ int tr_role_init(tr_group *g, const tr_init_args *a, tr_role_info *info, tr_err 
     g->tp = tp;
     g->train = a->train;
     g->mini_batches = a->loss.mini_batches > 0 ? a->loss.mini_batches : 1;
-    init_ctx c = {a, info};
+    init_ctx c = {a, info, -1, 0};
     tr_call call = {.op = "init", .ranks = 0, .build = build_init_ctx, .reply = reply_init, .ctx = &c};
     return tr_group_call(g, &call, err);
 }

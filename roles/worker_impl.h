@@ -82,6 +82,8 @@ typedef struct tr_role_ctx {
                                       // in the arena (not for a policy whose init says generate:
                                       // false: a generator group samples for it)
     int64_t kv_tokens, kv_want;       // init's KV request (exact, or wanted: the plan decides)
+    int32_t min_tokens, max_tokens_want;   // init's bounds when the plan chooses max_tokens
+    int recompute;                    // init's activation recompute (enum tr_recompute)
     int32_t max_seqs;
     int64_t memory_bytes;             // the plan's budget (0: the device's free memory)
     tr_plan plan;                     // this role's memory plan, made at init

@@ -162,7 +162,9 @@ static const char *head_name(enum tr_head h) {
 // budget) holds.
 static int make_plan(tr_role_ctx *rc, const tr_model_config *cfg, int32_t max_tokens, bool train, bool gen,
                      tr_err *err) {
-    tr_plan_req pr = {.cfg = cfg, .max_tokens = max_tokens, .training = train, .optim_shards = rc->dp, .generate = gen,
+    tr_plan_req pr = {.cfg = cfg, .max_tokens = max_tokens, .min_tokens = rc->min_tokens,
+                      .max_tokens_want = rc->max_tokens_want, .recompute = rc->recompute,
+                      .training = train, .optim_shards = rc->dp, .generate = gen,
                       .logit_rows = rc->logit_rows,
                       .kv_tokens = rc->kv_tokens, .kv_want = rc->kv_want > 0 ? rc->kv_want : 16384,
                       .max_seqs = rc->max_seqs, .max_seqs_want = rc->max_seqs,
@@ -211,9 +213,10 @@ static int load_model(tr_role_ctx *rc, const tr_msg_map *a, int32_t max_tokens, 
     // grown here to this role's need if it is the largest so far.
     tr_worker *w = rc->w;
     if (make_plan(rc, &cfg, max_tokens, train, gen, err)) return -1;
+    max_tokens = rc->plan.max_tokens;
     tr_model_opts mo = {.max_tokens = max_tokens, .training = train, .tp_size = rc->tp, .tp_rank = rc->tp_rank,
                         .logit_rows = rc->plan.logit_rows, .sequence_parallel = rc->sp,
-                        .external_work = rc->share_buffers > 0};
+                        .external_work = rc->share_buffers > 0, .recompute = rc->plan.recompute};
     tr_gen_opts go = gen_opts(rc);
     tr_arena_need_init(&rc->need, &cfg, &mo, gen ? &go : NULL, w->be.act);
     if (tr_arena_reserve(&w->arena, tr_arena_need_bytes(&rc->need), err)) return -1;
@@ -352,15 +355,18 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
                                        "chat_format", "train", "optim", "loss", "kv_tokens", "kv_want",
                                        "max_seqs", "reward", "parallel", "generate", "precision",
                                        "save_dtype", "share_weights", "batch_invariant", "share_prompts", "logit_rows",
-                                       NULL};
-    char backend[16], precision[8] = "", save_dtype[8] = "fp32";
+                                       "min_tokens", "max_tokens_want", "recompute", NULL};
+    char backend[16], precision[8] = "", save_dtype[8] = "fp32", recompute[8] = "auto";
     int64_t threads, device = 0, memory = 0, max_tokens, kv_tokens = 0, kv_want = 0, max_seqs = 0, share = 0;
-    int64_t logit_rows = 0;
+    int64_t logit_rows = 0, min_tokens = 0, want_tokens = 0;
     uint64_t seed;
     bool train, generate = true, invariant = true, share_prompts = true;
     if (tr_msg_check_keys(a, keys, err) || tr_msg_get_bool_opt(a, "generate", &generate, err) ||
         tr_msg_get_bool_opt(a, "share_prompts", &share_prompts, err) ||
         tr_msg_get_int_opt(a, "logit_rows", &logit_rows, err) ||
+        tr_msg_get_int_opt(a, "min_tokens", &min_tokens, err) ||
+        tr_msg_get_int_opt(a, "max_tokens_want", &want_tokens, err) ||
+        (tr_msg_has(a, "recompute") && tr_msg_get_str_buf(a, "recompute", recompute, sizeof recompute, err)) ||
         tr_msg_get_bool_opt(a, "batch_invariant", &invariant, err) ||
         tr_msg_get_str_buf(a, "backend", backend, sizeof backend, err) ||
         tr_msg_get_int(a, "threads", &threads, err) || tr_msg_get_int(a, "max_tokens", &max_tokens, err) ||
@@ -375,15 +381,27 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
         return tr_errf(err, TR_EINVAL, "init: save_dtype must be fp32 or bf16, got '%s'", save_dtype);
     rc->save_bf16 = strcmp(save_dtype, "bf16") == 0;
     rc->share_prompts = share_prompts;
-    if (logit_rows < 0 || logit_rows > max_tokens)
+    if (logit_rows < 0 || (max_tokens > 0 && logit_rows > max_tokens))
         return tr_errf(err, TR_EINVAL, "init: logit_rows %lld: 0 (the memory plan's) or 1..max_tokens (%lld)",
                        (long long)logit_rows, (long long)max_tokens);
     rc->logit_rows = (int32_t)logit_rows;
+    static const char *const recompute_names[] = {[TR_RECOMPUTE_AUTO] = "auto", [TR_RECOMPUTE_OFF] = "off",
+                                                  [TR_RECOMPUTE_ON] = "on"};
+    rc->recompute = -1;
+    for (int i = 0; i < 3; i++)
+        if (strcmp(recompute, recompute_names[i]) == 0) rc->recompute = i;
+    if (rc->recompute < 0)
+        return tr_errf(err, TR_EINVAL, "init: recompute must be auto, off or on, got '%s'", recompute);
+    if (min_tokens < 0 || min_tokens > (1 << 24) || want_tokens < 0 || want_tokens > ((int64_t)1 << 40))
+        return tr_errf(err, TR_EINVAL, "init: min_tokens %lld or max_tokens_want %lld out of range",
+                       (long long)min_tokens, (long long)want_tokens);
+    rc->min_tokens = (int32_t)min_tokens;
+    rc->max_tokens_want = want_tokens > INT32_MAX ? INT32_MAX : (int32_t)want_tokens;
     if (!tr_backend_built(backend))
         return tr_errf(err, TR_EUNSUPPORTED, "init: backend '%s' is not in this build of troupe", backend);
     if (parse_parallel(rc, a, err)) return -1;
     if (device < 0 || device > 1024) return tr_errf(err, TR_EINVAL, "init: device %lld out of range", (long long)device);
-    if (threads < 0 || threads > 4096 || max_tokens < 1 || max_tokens > (1 << 24) || kv_tokens < 0 ||
+    if (threads < 0 || threads > 4096 || max_tokens < 0 || max_tokens > (1 << 24) || kv_tokens < 0 ||
         kv_want < 0 || memory < 0 || max_seqs < 0 || max_seqs > (1 << 20))
         return tr_errf(err, TR_EINVAL, "init: threads %lld, max_tokens %lld, kv_tokens %lld or max_seqs %lld out "
                        "of range", (long long)threads, (long long)max_tokens, (long long)kv_tokens,
@@ -444,6 +462,7 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
     bool model_reward = rc->kind == TR_ROLE_REWARD && rc->reward_kind == TR_REWARD_KIND_MODEL;
     if (rc->kind != TR_ROLE_REWARD || model_reward) {
         if (load_model(rc, a, (int32_t)max_tokens, train, gen, err)) return -1;
+        max_tokens = rc->model.max_tokens;   // the plan's, when init left it to the plan
     } else if (tr_msg_has(a, "model") || tr_msg_has(a, "init_config")) {
         return tr_errf(err, TR_EINVAL, "init: a %s reward takes no model", rc->reward_kind == TR_REWARD_KIND_RULE
                                                                              ? "rule" : "service");
@@ -460,9 +479,10 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
         rc->has_trainer = true;
     }
     int64_t n_params = rc->has_model ? (int64_t)tr_model_n_params(&rc->model) : 0;
-    tr_worker_logf(rc, "init: %s%s%s, %lld parameters, %lld tokens per forward%s", role_names[rc->kind],
+    tr_worker_logf(rc, "init: %s%s%s, %lld parameters, %lld tokens per forward%s%s", role_names[rc->kind],
                    rc->has_model ? " " : "", rc->has_model ? rc->model.cfg.architecture : "", (long long)n_params,
-                   (long long)max_tokens, train ? ", training" : "");
+                   (long long)max_tokens, train ? ", training" : "",
+                   rc->has_model && rc->model.recompute ? ", activations recomputed" : "");
     if (rc->has_model) w->separate_bytes += tr_arena_separate_bytes(&rc->need);
     int64_t arena_bytes = (int64_t)w->arena.bytes;
     int64_t separate_bytes = (int64_t)w->separate_bytes;
@@ -471,8 +491,9 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
                        "needs %zu bytes = max(train %zu, forward %zu + kv %zu)", (long long)arena_bytes,
                        (long long)separate_bytes, tr_arena_need_bytes(&rc->need), rc->need.train,
                        rc->need.forward, rc->need.kv);
-    tr_msg_begin_reply(rep, req->id, 7);
+    tr_msg_begin_reply(rep, req->id, 8);
     put_memory(rc, rep);
+    tr_msg_put_bool(rep, "recompute", rc->has_model && rc->model.recompute);
     tr_msg_put_int(rep, "n_params", n_params);
     tr_msg_put_int(rep, "vocab_size", rc->has_model ? rc->model.cfg.vocab_size : 0);
     tr_msg_put_int(rep, "max_tokens", max_tokens);

@@ -7,7 +7,10 @@
 //    up to max_tokens, never below the model's default; a given chunk, a tensor-parallel
 //    rank and a model without an LM head keep theirs;
 //  - a budget that cannot hold the fixed parts is an error naming them; the KV cache of a
-//    generating role is whole blocks and the total stays within the budget.
+//    generating role is whole blocks and the total stays within the budget;
+//  - left to the plan, the tokens per forward are the wanted tokens (at most
+//    TR_PLAN_MAX_TOKENS), halved down to the minimum while the activations take more than
+//    half of what the fixed parts leave, first without recompute and then with it.
 #include <stdio.h>
 #include <string.h>
 
@@ -110,6 +113,89 @@ static void check_errors_and_kv(tr_backend *be, const tr_model_config *cfg) {
     CHECK(p.logit_rows >= 83 && p.logit_rows <= T_MAX);
 }
 
+// Eight layers and a small vocabulary: the layer sets dominate the training arena, so that
+// recompute more than halves it.
+static const char DEEP[] =
+    "{\"architectures\": [\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\", \"vocab_size\": 1000,"
+    " \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 8,"
+    " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"max_position_embeddings\": 4096,"
+    " \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0, \"tie_word_embeddings\": true}";
+
+static size_t train_arena(tr_backend *be, const tr_model_config *cfg, int32_t T, bool recompute) {
+    tr_model_opts mo = {.max_tokens = T, .training = true, .recompute = recompute};
+    return tr_model_arena_bytes(cfg, &mo, be->act);
+}
+
+// The rule of tr_plan.max_tokens, from the plan's budget, reserve and fixed parts (recompute
+// allowed).
+static void expected_tokens(tr_backend *be, const tr_model_config *cfg, const tr_plan *p, int32_t lo,
+                            int32_t want, int32_t *tokens, bool *recompute) {
+    size_t room = (p->budget - p->reserve - (p->weights + p->grads + p->optim)) / 2;
+    int32_t hi = want < TR_PLAN_MAX_TOKENS ? want : TR_PLAN_MAX_TOKENS;
+    for (int with = 0; with < 2; with++)
+        for (int32_t t = hi;; t = t / 2 > lo ? t / 2 : lo) {
+            if (train_arena(be, cfg, t, with) <= room) {
+                *tokens = t;
+                *recompute = with;
+                return;
+            }
+            if (t == lo) break;
+        }
+    // Nothing within half: the least, which may take the rest too.
+    *tokens = lo;
+    *recompute = true;
+}
+
+static void check_tokens(tr_backend *be) {
+    tr_model_config cfg;
+    tr_err err = {0};
+    CHECK(tr_config_parse(DEEP, sizeof DEEP - 1, "deep", &cfg, &err) == 0);
+    const int32_t lo = 300, want = 40000;
+    CHECKF(train_arena(be, &cfg, lo, true) * 2 < train_arena(be, &cfg, lo, false), "%zu vs %zu",
+           train_arena(be, &cfg, lo, true), train_arena(be, &cfg, lo, false));
+    bool seen_full = false, seen_halved = false, seen_recompute = false, seen_error = false;
+    for (size_t budget = (size_t)4 << 20; budget <= ((size_t)4 << 30); budget += budget / 8) {
+        tr_plan_req req = {.cfg = &cfg, .min_tokens = lo, .max_tokens_want = want, .training = true,
+                           .budget = budget};
+        tr_plan p;
+        int rc = tr_plan_make(be, &req, &p, &err);
+        if (rc != 0) {
+            CHECKF(err.code == TR_ENOMEM && strstr(err.msg, "with recompute"), "%s", err.msg);
+            seen_error = true;
+            continue;
+        }
+        int32_t t;
+        bool rec;
+        expected_tokens(be, &cfg, &p, lo, want, &t, &rec);
+        CHECKF(p.max_tokens == t && p.recompute == rec, "budget %zu: %d tokens%s, the rule gives %d%s", budget,
+               p.max_tokens, p.recompute ? " recomputed" : "", t, rec ? " recomputed" : "");
+        CHECK(p.arena_train == train_arena(be, &cfg, p.max_tokens, p.recompute) || p.logit_rows > 0);
+        seen_full |= t == TR_PLAN_MAX_TOKENS && !rec;
+        seen_halved |= t < TR_PLAN_MAX_TOKENS && t > lo && !rec;
+        seen_recompute |= rec;
+    }
+    CHECK(seen_full && seen_halved && seen_recompute && seen_error);
+    // Given tokens are kept; recompute off refuses what only recompute fits, on forces it.
+    tr_plan p;
+    tr_plan_req req = {.cfg = &cfg, .max_tokens = 4096, .training = true, .budget = (size_t)4 << 30};
+    CHECK(tr_plan_make(be, &req, &p, &err) == 0 && p.max_tokens == 4096 && !p.recompute);
+    req.recompute = TR_RECOMPUTE_ON;
+    CHECK(tr_plan_make(be, &req, &p, &err) == 0 && p.max_tokens == 4096 && p.recompute);
+    CHECK(p.arena_train < train_arena(be, &cfg, 4096, false));
+    // A budget where 4096 tokens fit only with recompute.
+    tr_plan probe;
+    req.recompute = TR_RECOMPUTE_OFF;
+    req.budget = (size_t)1 << 40;
+    CHECK(tr_plan_make(be, &req, &probe, &err) == 0);
+    size_t fixed = probe.weights + probe.grads + probe.optim;
+    size_t mid = (train_arena(be, &cfg, 4096, true) + train_arena(be, &cfg, 4096, false)) / 2;
+    req.budget = (fixed + mid) * 4 / 3;   // the reserve is a quarter at most
+    CHECKF(tr_plan_make(be, &req, &p, &err) != 0 && err.code == TR_ENOMEM, "off: %s", err.msg);
+    req.recompute = TR_RECOMPUTE_AUTO;
+    CHECKF(tr_plan_make(be, &req, &p, &err) == 0 && p.recompute, "auto: %s", err.msg);
+    printf("  tokens: the plan's choice matches the rule from 4 MiB to 4 GiB\n");
+}
+
 int main(void) {
     tr_backend be;
     et_backend(&be, 1);
@@ -122,6 +208,7 @@ int main(void) {
     check_widening(&be, &cfg);
     check_kept(&be, &cfg);
     check_errors_and_kv(&be, &cfg);
+    check_tokens(&be);
     tr_backend_free(&be);
     return tr_test_summary("test_plan");
 }

@@ -113,7 +113,7 @@ def main():
             err("steps differ: %s vs %s" % (sorted(a), sorted(b)))
         for s in sorted(set(a) & set(b)):
             for k in sorted(set(a[s]) | set(b[s])):
-                if k.split("/")[0] in ("time", "throughput", "utilization", "memory"):
+                if k.split("/")[0] in ("time", "throughput", "utilization", "memory", "plan"):
                     continue
                 # The end of an earlier, shorter run evaluated where the longer one did not.
                 if k.startswith("eval/") and (k not in a[s] or k not in b[s]):

@@ -147,7 +147,7 @@ static void test_errors(void) {
     expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "  stepz: 3\n",
                  NULL, 0,
                  "bad.yaml:10:3: train.stepz: unknown key; allowed keys: steps, prompts_per_step, batch_size, "
-                 "micro_batch_tokens, logit_rows, eval_every, save_every, save_dtype, max_len (did you mean 'steps'?)");
+                 "micro_batch_tokens, recompute, logit_rows, eval_every, save_every, save_dtype, max_len (did you mean 'steps'?)");
     expect_error(L1 L2 L3 L4 L5 "    optimizer: {lr: 1}\n" L6 L7 L8 L9, NULL, 0,
                  "bad.yaml:6:5: models.policy.optimizer: unknown key; allowed keys: path, init, from, "
                  "parallel, devices, optim (did you mean 'optim'?)");
@@ -251,7 +251,7 @@ static void test_errors(void) {
                  "bad.yaml:10:46: rollout.min_new_tokens: 9 is more than rollout.max_new_tokens (8)");
     // Upper bounds are the workers' limits.
     expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "  micro_batch_tokens: 16777217\n", NULL, 0,
-                 "bad.yaml:10:23: train.micro_batch_tokens: 16777217 is out of range: must be in [1, 16777216]");
+                 "bad.yaml:10:23: train.micro_batch_tokens: 16777217 is out of range: must be in [0, 16777216]");
     expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "threads: 5000\n", NULL, 0,
                  "bad.yaml:10:10: threads: 5000 is out of range: must be in [0, 4096]");
     expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "algorithm: {ppo_epochs: 1001}\n", NULL, 0,

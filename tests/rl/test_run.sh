@@ -102,6 +102,32 @@ ok = ok and all(o["logprob_diff/sequences"] == 16 for o in c)
 sys.exit(0 if ok else 1)
 EOF2
 check "logprob_diff/max measured on 8 recomputed sequences (auto), on all 16 (recompute)" $?
+# Activation recompute reruns each layer's forward in backward with the same deterministic
+# ops: every step is the kept activations' run, bit for bit. The micro-batch and the
+# recompute choice are logged as plan/*.
+"$troupe" run "$tmp/grpo5.yaml" --set run_dir="$tmp/r" --set train.recompute=on 2> "$tmp/r.err" &&
+    python3 "$check_py" same "$tmp/b" "$tmp/r" && grep -q "activations recomputed" "$tmp/r/logs/policy-0.log"
+check "train.recompute=on trains as kept activations do, step for step" $?
+python3 - "$tmp/b/metrics.jsonl" "$tmp/r/metrics.jsonl" <<'EOF2'
+import json, sys
+b, r = ([o for o in map(json.loads, open(p)) if o["step"] >= 1] for p in sys.argv[1:])
+ok = all(o["plan/policy/recompute"] == 0 and o["plan/reference/recompute"] == 0 for o in b)
+ok = ok and all(o["plan/policy/recompute"] == 1 and o["plan/reference/recompute"] == 0 for o in r)
+ok = ok and all(o["plan/policy/micro_batch_tokens"] == o["plan/reference/micro_batch_tokens"] == 256 for o in b + r)
+ok = ok and all(o["memory/policy/activations"] < p["memory/policy/activations"] for o, p in zip(r, b))
+print({k: v for k, v in b[0].items() if k.startswith("plan/")})
+sys.exit(0 if ok else 1)
+EOF2
+check "plan/<role>/micro_batch_tokens and plan/<role>/recompute logged; recompute's arena is smaller" $?
+# Left to the memory plan (micro_batch_tokens 0), the micro-batch is a step's tokens, 4 x 4
+# rows of 32 + 4, when the memory holds them; the reference takes the policy's choice.
+"$troupe" run "$tmp/grpo5.yaml" --set run_dir="$tmp/p" --set train.steps=1 --set train.micro_batch_tokens=0 \
+    2> "$tmp/p.err" && python3 - "$tmp/p/metrics.jsonl" <<'EOF2'
+import json, sys
+o = [o for o in map(json.loads, open(sys.argv[1])) if o["step"] == 1][0]
+sys.exit(0 if o["plan/policy/micro_batch_tokens"] == o["plan/reference/micro_batch_tokens"] == 576 else 1)
+EOF2
+check "micro_batch_tokens 0: the policy's plan takes a step's 576 tokens, the reference the same" $?
 # Samples sharing their prompt's computation (share_prompts, on in every run above) against
 # each computing it: step 1 samples the same tokens, so rewards and logprobs are the same
 # bits; the training numbers add the prompt's gradient once instead of per copy, so they
