@@ -6,8 +6,9 @@
 # tests and the logprobs/generate commands with TROUPE_BACKEND=cuda, two CUDA runs compared
 # byte for byte, and the CPU quickstart's GRPO run on the GPU beside the same run on the CPU.
 # Usage: tools/gpu_suite.sh [PART...]   parts: engine full cuda quickstart quickstart_gpu
-# train_bench profile decode_stages rl_bench (default: the first four; train_bench and rl_bench need the peers'
-# anchors carried in ./anchors, rl_bench TRL's wheels in ./.whl too)
+# train_bench profile decode_stages rl_bench ppo_bench costs (default: the first four;
+# train_bench and rl_bench need the peers' anchors carried in ./anchors, rl_bench TRL's wheels
+# in ./.whl too)
 #
 # The full build needs the upper layers' libraries, which a bare GPU machine lacks: make .debs/
 # on a networked Debian 12 machine with tools/fetch_gpu_deps.sh and carry .debs along (it is
@@ -228,6 +229,25 @@ rl_bench_part() {
     run grpo_bench env WHEELS_DIR=.whl bench/run_grpo_gpu.sh "$build_all" anchors ${GRPO_SHAPES:-qwen2.5-0.5b}
 }
 
+# PPO with a critic (bench/run_grpo_gpu.sh with WORKFLOW=ppo: policy, reference and critic
+# colocated on the GPU; troupe alone, TRL has no PPO anchor here) at the shapes of GRPO_SHAPES.
+ppo_bench_part() {
+    # shellcheck disable=SC2086  # a list of shape names
+    run ppo_bench env WORKFLOW=ppo bench/run_grpo_gpu.sh "$build_all" /nonexistent ${GRPO_SHAPES:-qwen2.5-0.5b}
+}
+
+# What the zero-mismatch mode and activation recompute cost at the 0.5B shape: one GRPO step's
+# generation (bench_decode_gpu) and a training step at the GRPO bench's micro-batch (32 rows of
+# 512) with batch-invariant products on (the default) and off, and training with recompute.
+costs_part() {
+    local d="$build_all/bench/bench_decode_gpu" tb="$build_all/bench/bench_train_gpu"
+    run cost_decode_invariant env TROUPE_CUDA_BATCH_INVARIANT=1 timeout 180 "$d" qwen2.5-0.5b
+    run cost_decode_fastest env TROUPE_CUDA_BATCH_INVARIANT=0 timeout 180 "$d" qwen2.5-0.5b
+    run cost_train_invariant env TROUPE_CUDA_BATCH_INVARIANT=1 timeout 180 "$tb" qwen2.5-0.5b 32 512 3
+    run cost_train_fastest env TROUPE_CUDA_BATCH_INVARIANT=0 timeout 180 "$tb" qwen2.5-0.5b 32 512 3
+    run cost_train_recompute env TROUPE_RECOMPUTE=on timeout 180 "$tb" qwen2.5-0.5b 32 512 3
+}
+
 # Decode attention at each cp.async stage count the launch can pick, for the rule that picks it.
 decode_stages_part() {
     local b="$build_all/bench/bench_cuda"
@@ -246,7 +266,7 @@ if has engine; then engine_part; fi
 if [ -d .debs/dev ]; then
     if has full; then full_part; fi
     if has cuda || has quickstart || has quickstart_gpu || has train_bench || has profile || has rl_bench ||
-        has decode_stages; then
+        has decode_stages || has ppo_bench || has costs; then
         deps_and_build_all
     fi
     if has cuda; then cuda_part; fi
@@ -256,6 +276,8 @@ if [ -d .debs/dev ]; then
     if has profile; then profile_part; fi
     if has decode_stages; then decode_stages_part; fi
     if has rl_bench; then rl_bench_part; fi
+    if has ppo_bench; then ppo_bench_part; fi
+    if has costs; then costs_part; fi
 else
     echo "no .debs/: the full binary is not built (make it with tools/fetch_gpu_deps.sh and carry it)" |
         tee -a "$summary"
