@@ -1,4 +1,4 @@
-// `troupe info --model DIR [--tokens N] [--backend B --device N --precision P] [--tp N
+// `troupe info --model DIR [--tokens N] [--recompute M] [--backend B --device N --precision P] [--tp N
 // [--sequence-parallel]]`: what a Hugging Face checkpoint directory holds (architecture, head,
 // sizes, RoPE, token ids), its parameter count, a check of its weight files without reading
 // the data, and the memory plan of training and generating with it on the chosen backend and
@@ -47,14 +47,18 @@ int tr_cmd_info(int argc, char **argv) {
     const char *model = NULL;
     const char *backend = getenv("TROUPE_BACKEND") ? getenv("TROUPE_BACKEND") : "cpu";
     const char *precision = getenv("TROUPE_PRECISION");
-    long tokens = 4096, device = 0, kv_tokens = 0, tp = 1;
+    long tokens = 0, device = 0, kv_tokens = 0, tp = 1;
+    const char *recompute = "auto";
     double memory_gb = 0;
     bool help = false, sp = false;
     tr_arg args[] = {
         {"model", TR_ARG_STR, &model, "DIR", "Hugging Face checkpoint directory (config.json, "
                                              "safetensors)", true, false},
         {"tokens", TR_ARG_INT, &tokens, "N", "tokens per micro-batch for the activation memory "
-                                             "estimate (default 4096)", false, false},
+                                             "estimate (default 0: the plan's choice, as a run's "
+                                             "train.micro_batch_tokens 0)", false, false},
+        {"recompute", TR_ARG_STR, &recompute, "MODE", "activation recompute: auto (only where the "
+                                                      "micro-batch does not fit otherwise), off, on", false, false},
         {"backend", TR_ARG_STR, &backend, "NAME", "plan for cpu or cuda (default: $TROUPE_BACKEND, else cpu)", false,
          false},
         {"device", TR_ARG_INT, &device, "N", "CUDA device whose free memory bounds the plan "
@@ -73,15 +77,21 @@ int tr_cmd_info(int argc, char **argv) {
     int rc = tr_args_parse(CMD, argc, argv, args, NULL, 0, NULL, &help);
     if (rc) return rc;
     if (help) {
-        tr_args_usage(CMD, "--model DIR [--tokens N] [--backend cpu|cuda] [--device N] [--precision fp32|bf16] "
-                      "[--kv-tokens N] [--memory-gb G] [--tp N [--sequence-parallel]]",
+        tr_args_usage(CMD, "--model DIR [--tokens N] [--recompute auto|off|on] [--backend cpu|cuda] [--device N] "
+                      "[--precision fp32|bf16] [--kv-tokens N] [--memory-gb G] [--tp N [--sequence-parallel]]",
                       "Prints a checkpoint's configuration, parameter count and the memory plan "
                       "of training it (weights, gradients, Adam moments, activations) and "
                       "generating with it (the KV cache the memory left holds).", args);
         return 0;
     }
-    if (tokens < 1 || tokens > INT32_MAX) {
-        fprintf(stderr, "troupe %s: --tokens must be between 1 and %d\n", CMD, INT32_MAX);
+    if (tokens < 0 || tokens > INT32_MAX) {
+        fprintf(stderr, "troupe %s: --tokens must be between 0 and %d\n", CMD, INT32_MAX);
+        return 2;
+    }
+    int rec = strcmp(recompute, "auto") == 0 ? TR_RECOMPUTE_AUTO : strcmp(recompute, "off") == 0 ? TR_RECOMPUTE_OFF
+              : strcmp(recompute, "on") == 0 ? TR_RECOMPUTE_ON : -1;
+    if (rec < 0) {
+        fprintf(stderr, "troupe %s: --recompute must be auto, off or on, got '%s'\n", CMD, recompute);
         return 2;
     }
     if (kv_tokens < 0 || !(memory_gb >= 0) || tp < 1 || tp > 1024) {
@@ -160,9 +170,9 @@ int tr_cmd_info(int argc, char **argv) {
     int prc = tr_tp_init(&shape, &c, (int32_t)tp, 0, &err);
     for (int32_t r = 0; prc == 0 && r < (int32_t)tp; r++) {
         tr_plan p;
-        tr_plan_req pr = {.cfg = &c, .max_tokens = (int32_t)tokens, .training = true,
+        tr_plan_req pr = {.cfg = &c, .max_tokens = (int32_t)tokens, .recompute = rec, .training = true,
                           .generate = c.head == TR_HEAD_LM, .kv_tokens = kv_tokens,
-                          .kv_want = (int64_t)1 << 30, .max_seqs_want = (int32_t)tokens,
+                          .kv_want = (int64_t)1 << 30, .max_seqs_want = tokens > 0 ? (int32_t)tokens : INT32_MAX,
                           .budget = (size_t)(memory_gb * (double)(1 << 30)),
                           .tp_size = (int32_t)tp, .tp_rank = r, .sequence_parallel = sp};
         prc = tr_plan_make(&be, &pr, &p, &err);
@@ -174,8 +184,8 @@ int tr_cmd_info(int argc, char **argv) {
     // That rank's training activations both ways: what sequence parallelism saves.
     size_t acts[2] = {0, 0};
     for (int k = 0; k < 2 && tp > 1; k++) {
-        tr_model_opts mo = {.max_tokens = (int32_t)tokens, .training = true, .tp_size = (int32_t)tp,
-                            .tp_rank = rank, .sequence_parallel = k};
+        tr_model_opts mo = {.max_tokens = plan.max_tokens, .training = true, .tp_size = (int32_t)tp,
+                            .tp_rank = rank, .sequence_parallel = k, .recompute = plan.recompute};
         acts[k] = tr_model_arena_bytes(&c, &mo, be.act);
     }
     tr_dt act = be.act, wt = be.wt;
@@ -202,9 +212,10 @@ int tr_cmd_info(int argc, char **argv) {
                "without (%.1f MiB saved)\n", sp ? "on" : "off (--sequence-parallel)",
                (double)acts[1] / (1 << 20), (double)acts[0] / (1 << 20),
                ((double)acts[0] - (double)acts[1]) / (1 << 20));
-    printf("memory plan to train and generate in %s on %s%s, %ld tokens per micro-batch%s:\n%s",
+    printf("memory plan to train and generate in %s on %s%s, %d tokens per micro-batch%s%s:\n%s",
            tr_dt_name(act), backend, strcmp(backend, "cuda") == 0 ? " (this device's free memory)" : "",
-           tokens, tp > 1 ? ", per tensor-parallel rank" : "", text);
+           plan.max_tokens, tokens == 0 ? " (the plan's choice)" : "", tp > 1 ? ", per tensor-parallel rank" : "",
+           text);
     tr_param_layout_free(&layout);
     return 0;
 }

@@ -121,8 +121,19 @@ rc=$?
 "$troupe" info >/dev/null 2>&1
 rc=$?
 [ $rc = 2 ] || { echo "FAIL: no --model: exit $rc"; fail=1; }
-"$troupe" info --model "$fix/tiny-llama" --tokens 0 >/dev/null 2>&1
+"$troupe" info --model "$fix/tiny-llama" --tokens -1 >/dev/null 2>&1
 rc=$?
-[ $rc = 2 ] || { echo "FAIL: --tokens 0: exit $rc"; fail=1; }
+[ $rc = 2 ] || { echo "FAIL: --tokens -1: exit $rc"; fail=1; }
+"$troupe" info --model "$fix/tiny-llama" --recompute maybe >/dev/null 2>&1
+rc=$?
+[ $rc = 2 ] || { echo "FAIL: --recompute maybe: exit $rc"; fail=1; }
+# Without --tokens the plan chooses, as a run's train.micro_batch_tokens 0 does: with memory
+# to spare, its largest micro-batch (16384 tokens); --recompute on keeps one layer set.
+"$troupe" info --model "$configs/Qwen3-0.6B" --backend cpu --memory-gb 4096 >"$out/plan.txt" 2>&1 &&
+    grep -q "16384 tokens per micro-batch (the plan's choice)" "$out/plan.txt" ||
+    { echo "FAIL: the plan's micro-batch"; cat "$out/plan.txt"; fail=1; }
+"$troupe" info --model "$configs/Qwen3-0.6B" --backend cpu --memory-gb 4096 --recompute on >"$out/rec.txt" 2>&1 &&
+    grep -q "activations recomputed in backward" "$out/rec.txt" ||
+    { echo "FAIL: --recompute on"; cat "$out/rec.txt"; fail=1; }
 [ $fail = 0 ] && rm -rf "$out"
 exit $fail
