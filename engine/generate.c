@@ -44,23 +44,32 @@ int32_t tr_gen_sample_blocks(int32_t n_prompt, int32_t max_new_tokens, int32_t b
     return total > shared ? total - shared : 0;
 }
 
+// Drops every recorded decode step.
+static void free_graphs(tr_generator *g) {
+    for (int32_t i = 0; i < g->n_graphs; i++) g->model->be->ops->graph_free(g->model->be, g->graphs[i].exec);
+    g->n_graphs = 0;
+}
+
 void tr_generator_free(tr_generator *g) {
     if (g->model) {
-        tr_dev_free(g->model->be, g->dev);
-        tr_dev_free(g->model->be, g->sample_scratch);
+        tr_backend *be = g->model->be;
+        free_graphs(g);
+        tr_dev_free(be, g->dev);
+        tr_dev_free(be, g->sample_scratch);
         if (g->vp.model) tr_sample_tp_free(&g->vp);
+        tr_dev_free_host(be, g->row_slot);
+        tr_dev_free_host(be, g->row_len);
+        tr_dev_free_host(be, g->row_target);
+        tr_dev_free_host(be, g->row_lp);
+        tr_dev_free_host(be, g->row_draw);
+        tr_dev_free_host(be, g->tables_packed);
     }
     tr_kvcache_free(&g->cache);
     free(g->row_ids);
     free(g->row_pos);
-    free(g->row_slot);
-    free(g->row_len);
-    free(g->row_target);
-    free(g->row_lp);
-    free(g->row_draw);
+    free(g->row_out);
     free(g->segs);
     free(g->tables);
-    free(g->tables_packed);
     free(g->slots);
     memset(g, 0, sizeof *g);
 }
@@ -105,33 +114,41 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
     // does not become gigabytes of sort storage (and stays in the sort's int range).
     g->logit_rows = m->logit_rows < TR_GEN_LOGIT_ROWS ? m->logit_rows : TR_GEN_LOGIT_ROWS;
     size_t rows = (size_t)g->max_rows, lrows = (size_t)g->logit_rows;
+    size_t tables = (size_t)g->max_seqs * (size_t)g->table_cap;
+    tr_backend *be = m->be;
+    g->pad_block = -1;
+    // Graphs where the backend records them, without tensor parallelism (its sampler and the
+    // vocab-parallel logprob talk to the other ranks between the ops).
+    g->record_steps = opts->graphs == TR_GEN_GRAPHS_AUTO && be->ops->graph_begin && m->tp.size == 1;
+    g->pad_steps = g->record_steps || opts->graphs == TR_GEN_GRAPHS_PAD;
     g->row_ids = malloc(rows * sizeof(int32_t));
     g->row_pos = malloc(rows * sizeof(int32_t));
-    g->row_slot = malloc(rows * sizeof(int32_t));
-    g->row_len = malloc(rows * sizeof(int32_t));
-    g->row_target = malloc(rows * sizeof(int32_t));
-    g->row_lp = malloc(lrows * sizeof(float));
-    g->row_draw = malloc(lrows * sizeof(tr_sample_row));
+    g->row_out = malloc(rows * sizeof(int32_t));
     g->segs = malloc(rows * sizeof(tr_gen_segment));
-    size_t tables = (size_t)g->max_seqs * (size_t)g->table_cap;
     g->tables = malloc(tables * sizeof(int32_t));
-    g->tables_packed = malloc(tables * sizeof(int32_t));
     g->slots = calloc((size_t)g->max_seqs, sizeof(tr_gen_slot));
-    if (!g->row_ids || !g->row_pos || !g->row_slot || !g->row_len || !g->row_target ||
-        !g->row_lp || !g->row_draw || !g->segs || !g->tables || !g->tables_packed || !g->slots) {
+    if (!g->row_ids || !g->row_pos || !g->row_out || !g->segs || !g->tables || !g->slots) {
         tr_generator_free(g);
         return tr_errf(err, TR_ENOMEM, "generate: out of memory for %zu-row passes", rows);
     }
+    if (!(g->row_slot = tr_dev_alloc_host(be, rows * sizeof(int32_t), "generation rows", err)) ||
+        !(g->row_len = tr_dev_alloc_host(be, rows * sizeof(int32_t), "generation rows", err)) ||
+        !(g->row_target = tr_dev_alloc_host(be, rows * sizeof(int32_t), "sampled ids", err)) ||
+        !(g->row_lp = tr_dev_alloc_host(be, rows * sizeof(float), "sampled logprobs", err)) ||
+        !(g->row_draw = tr_dev_alloc_host(be, rows * sizeof(tr_sample_row), "sampling rows", err)) ||
+        !(g->tables_packed = tr_dev_alloc_host(be, tables * sizeof(int32_t), "block tables", err))) {
+        tr_generator_free(g);
+        return tr_err_wrap(err, "generate");
+    }
     // Backend copies, in 4-byte words, each array 64-byte aligned.
     size_t al = 16, off[8], total = 0, draw_words = sizeof(tr_sample_row) / 4;
-    size_t sizes[7] = {rows, rows, tables, tables, lrows, lrows, lrows * draw_words};
+    size_t sizes[7] = {rows, rows, tables, tables, rows, rows, rows * draw_words};
     for (int i = 0; i < 7; i++) {
         off[i] = total;
         total += (sizes[i] + al - 1) / al * al;
     }
     off[7] = total;
     total += al;
-    tr_backend *be = m->be;
     g->dev = tr_dev_alloc(be, total * 4, "generation tables", err);
     // Tensor parallelism: the ranks draw the same ids from their columns of the logits
     // (engine/sample_tp.h), as one rank's sample op would from the whole rows.
@@ -197,10 +214,13 @@ static int check_request(const tr_generator *g, const tr_gen_request *r, int32_t
                            "vocabulary [0, %d)", i, r->stop_ids[t], V);
     int64_t need = (int64_t)tr_kv_blocks_for(r->n_prompt, bs) +
                    tr_gen_sample_blocks(r->n_prompt, r->max_new_tokens, bs);
-    if (need > g->cache.n_blocks)
+    // Padded decode steps keep one block aside for their padding rows.
+    int32_t usable = g->cache.n_blocks - (g->pad_steps ? 1 : 0);
+    if (need > usable)
         return tr_errf(err, TR_ENOMEM, "generate: request %d needs %lld KV blocks of %d tokens "
-                       "for its prompt and one sample, the pool has %d; raise the KV token "
-                       "budget", i, (long long)need, bs, g->cache.n_blocks);
+                       "for its prompt and one sample, the pool has %d%s; raise the KV token "
+                       "budget", i, (long long)need, bs, usable,
+                       g->pad_steps ? " (one more is kept for padding rows)" : "");
     int64_t len = (int64_t)r->n_prompt + r->max_new_tokens - 1;
     if (len > g->max_seq_len)
         return tr_errf(err, TR_ERANGE, "generate: request %d: prompt (%d tokens) + "
@@ -289,53 +309,77 @@ static int start_samples(gen_run *run, tr_err *err) {
     return 0;
 }
 
-// Draws row i's next token for output outs[i] from row i of m->acts.logits (row 0 for every
-// draw when rows_same: the samples of one prompt) with the backend's sample op, which also
-// gives the token's logprob under the unmodified distribution, with logsoftmax_forward's
-// arithmetic: the training path's number. Under tensor parallelism each rank holds its
-// columns of the rows: the ranks draw together (tr_sample_tp_draw) and the logprob is the
-// vocab-parallel log-softmax's. Only ids and logprobs come to the host.
-static int sample_rows(gen_run *run, const int32_t *outs, int32_t n, bool rows_same,
-                       tr_err *err) {
+// Row r0 + i's draw for output outs[i] (i < n): the request's sampling parameters and the
+// output's stream position.
+static void fill_draws(gen_run *run, const int32_t *outs, int32_t n, int32_t r0) {
     tr_generator *g = run->g;
-    tr_model *m = g->model;
-    tr_backend *be = m->be;
-    const int32_t Vl = m->tp.vocab;   // the rank's columns: the whole vocabulary at tp 1
-    const size_t es = tr_dt_size(m->act);
-    const bool tp = m->tp.size > 1;
-    char *logits = m->acts.logits;
-    for (int32_t i = 1; rows_same && i < n; i++)
-        be->ops->copy(be, logits + (size_t)i * Vl * es, logits, (size_t)Vl * es);
     for (int32_t i = 0; i < n; i++) {
         const tr_gen_request *r = &run->reqs[run->outs[outs[i]].request];
         const tr_rng *rng = &run->rngs[outs[i]];
-        g->row_draw[i] = (tr_sample_row){.temperature = r->sampling.temperature,
-                                         .top_k = r->sampling.top_k, .top_p = r->sampling.top_p,
-                                         .seed = rng->seed, .counter = rng->counter,
-                                         .used = rng->used};
+        g->row_draw[r0 + i] = (tr_sample_row){.temperature = r->sampling.temperature,
+                                              .top_k = r->sampling.top_k, .top_p = r->sampling.top_p,
+                                              .seed = rng->seed, .counter = rng->counter,
+                                              .used = rng->used};
     }
-    be->ops->upload(be, g->d_draw, g->row_draw, (size_t)n * sizeof(tr_sample_row));
-    if (!tp) {
-        be->ops->sample(be, g->d_target, g->d_lp, logits, g->d_draw, n, Vl, g->sample_scratch,
-                        g->d_near);
-    } else if (tr_sample_tp_draw(&g->vp, g->d_target, g->d_draw, g->row_draw, n, g->d_near,
-                                 err) != 0 ||
-               tr_lm_head_vp_logprob(m, g->d_target, n, g->d_lp, err) != 0) {
-        return -1;   // the logprob is the training path's vocab-parallel one, its bits too
+}
+
+// Queues the draws of rows [r0, r0 + n) from rows [0, n) of m->acts.logits with the backend's
+// sample op, which also gives each token's logprob under the unmodified distribution, with
+// logsoftmax_forward's arithmetic: the training path's number. Under tensor parallelism each
+// rank holds its columns of the rows: the ranks draw together (tr_sample_tp_draw) and the
+// logprob is the vocab-parallel log-softmax's. Only ids and logprobs come to the host, by
+// download_draws.
+static int queue_draws(tr_generator *g, int32_t r0, int32_t n, tr_err *err) {
+    tr_model *m = g->model;
+    tr_backend *be = m->be;
+    be->ops->upload(be, g->d_draw + r0, g->row_draw + r0, (size_t)n * sizeof(tr_sample_row));
+    if (m->tp.size == 1) {
+        be->ops->sample(be, g->d_target + r0, g->d_lp + r0, m->acts.logits, g->d_draw + r0, n,
+                        m->tp.vocab, g->sample_scratch, g->d_near);
+        return 0;
     }
+    // The logprob is the training path's vocab-parallel one, its bits too.
+    if (tr_sample_tp_draw(&g->vp, g->d_target + r0, g->d_draw + r0, g->row_draw + r0, n, g->d_near,
+                          err) != 0 ||
+        tr_lm_head_vp_logprob(m, g->d_target + r0, n, g->d_lp + r0, err) != 0)
+        return -1;
+    return 0;
+}
+
+static void download_draws(tr_generator *g, int32_t n) {
+    tr_backend *be = g->model->be;
     be->ops->download(be, g->row_target, g->d_target, (size_t)n * sizeof(int32_t));
     be->ops->download(be, g->row_lp, g->d_lp, (size_t)n * sizeof(float));
-    if (tr_dev_sync(be, "generate: sampling", err) != 0) return -1;
+}
+
+// After the sync: output outs[i] takes row r0 + i's id and logprob, and its stream moves past
+// the draw the op made from its position.
+static void take_draws(gen_run *run, const int32_t *outs, int32_t n, int32_t r0) {
+    tr_generator *g = run->g;
     for (int32_t i = 0; i < n; i++) {
-        const tr_gen_request *r = &run->reqs[run->outs[outs[i]].request];
-        // The op drew from the stream's position; the host stream moves past that draw.
-        if (r->sampling.temperature > 0.0f) tr_sample_uniform(&run->rngs[outs[i]]);
         tr_gen_output *o = &run->outs[outs[i]];
-        o->tokens[o->n_tokens] = g->row_target[i];
-        o->logprobs[o->n_tokens] = g->row_lp[i];
+        const tr_gen_request *r = &run->reqs[o->request];
+        if (r->sampling.temperature > 0.0f) tr_sample_uniform(&run->rngs[outs[i]]);
+        o->tokens[o->n_tokens] = g->row_target[r0 + i];
+        o->logprobs[o->n_tokens] = g->row_lp[r0 + i];
         o->n_tokens++;
-        finish_check(&run->reqs[o->request], o);
+        finish_check(r, o);
     }
+}
+
+// Draws the next token of outputs outs[0..n) from the first row of m->acts.logits (the
+// prompt's last row: the samples of one prompt), now.
+static int sample_rows_same(gen_run *run, const int32_t *outs, int32_t n, tr_err *err) {
+    tr_generator *g = run->g;
+    tr_backend *be = g->model->be;
+    const size_t row = (size_t)g->model->tp.vocab * tr_dt_size(g->model->act);
+    char *logits = g->model->acts.logits;
+    for (int32_t i = 1; i < n; i++) be->ops->copy(be, logits + (size_t)i * row, logits, row);
+    fill_draws(run, outs, n, 0);
+    if (queue_draws(g, 0, n, err) != 0) return -1;
+    download_draws(g, n);
+    if (tr_dev_sync(be, "generate: sampling", err) != 0) return -1;
+    take_draws(run, outs, n, 0);
     return 0;
 }
 
@@ -354,8 +398,8 @@ static int sample_first(gen_run *run, int32_t req, tr_err *err) {
     const int32_t R = g->logit_rows;
     for (int32_t j0 = 0; j0 < r->n_samples; j0 += R) {
         int32_t n = r->n_samples - j0 < R ? r->n_samples - j0 : R;
-        for (int32_t i = 0; i < n; i++) g->row_ids[i] = grp->out0 + j0 + i;
-        if (sample_rows(run, g->row_ids, n, true, err) != 0) return -1;
+        for (int32_t i = 0; i < n; i++) g->row_out[i] = grp->out0 + j0 + i;
+        if (sample_rows_same(run, g->row_out, n, err) != 0) return -1;
     }
     return 0;
 }
@@ -438,6 +482,92 @@ static double seconds_between(const struct timespec *a, const struct timespec *b
     return (double)(b->tv_sec - a->tv_sec) + 1e-9 * (double)(b->tv_nsec - a->tv_nsec);
 }
 
+// The bucket of n: the next power of two, at most cap.
+static int32_t bucket(int32_t n, int32_t cap) {
+    int32_t b = 1;
+    while (b < n && b < cap) b *= 2;
+    return b < cap ? b : cap;
+}
+
+// The device half of a decode step over the rows and tables the host prepared (B rows with
+// tables w entries wide): uploads, the trunk, the LM head and the draws chunk by chunk, and
+// the downloads of ids and logprobs. What a recorded step replays.
+static int queue_decode(tr_generator *g, int32_t B, int32_t w, tr_err *err) {
+    tr_model *m = g->model;
+    m->be->ops->upload(m->be, g->d_tables, g->tables_packed, (size_t)B * w * sizeof(int32_t));
+    upload_rows(g, B);
+    if (tr_model_rows_queue(m, B, gen_attend, g, err) != 0) return -1;
+    for (int32_t r0 = 0, R = g->logit_rows; r0 < B; r0 += R) {
+        int32_t n = B - r0 < R ? B - r0 : R;
+        if (pass_logits(g, r0, n, err) != 0 || queue_draws(g, r0, n, err) != 0) return -1;
+    }
+    download_draws(g, B);
+    return 0;
+}
+
+// A failed graph call: the backend's recorded failure, or a plain one if it kept none.
+static int graph_failed(tr_backend *be, const char *what, tr_err *err) {
+    if (tr_dev_sync(be, what, err) == 0) tr_errf(err, TR_EDEVICE, "%s failed", what);
+    return -1;
+}
+
+// The recorded step for B rows of width w, recorded now if it is new; NULL when the backend
+// declines to record (a debugging mode): the caller then queues the step itself.
+static int decode_graph(tr_generator *g, int32_t B, int32_t w, void **exec, tr_err *err) {
+    tr_model *m = g->model;
+    tr_backend *be = m->be;
+    *exec = NULL;
+    // Recorded pointers go stale when the arena or the KV pool moved.
+    if (g->graph_acts != m->arena || g->graph_kv != g->cache.k) {
+        free_graphs(g);
+        g->graph_acts = m->arena;
+        g->graph_kv = g->cache.k;
+    }
+    for (int32_t i = 0; i < g->n_graphs; i++) {
+        const tr_gen_graph *gr = &g->graphs[i];
+        if (gr->rows == B && gr->width == w && gr->weights == m->work) {
+            *exec = gr->exec;
+            return 0;
+        }
+    }
+    int rc = be->ops->graph_begin(be);
+    if (rc == 1) {   // not now, nor later in this process: steps run op by op
+        g->record_steps = false;
+        return 0;
+    }
+    if (rc != 0) return graph_failed(be, "generate: recording a decode step", err);
+    rc = queue_decode(g, B, w, err);
+    void *x = NULL;
+    // The recording ends whatever happened, so that the queue runs ops again.
+    if (be->ops->graph_end(be, &x) != 0 && rc == 0)
+        rc = graph_failed(be, "generate: recording a decode step", err);
+    if (rc != 0) {
+        if (x) be->ops->graph_free(be, x);
+        return -1;
+    }
+    if (g->n_graphs == TR_GEN_GRAPHS) {
+        be->ops->graph_free(be, g->graphs[0].exec);
+        memmove(g->graphs, g->graphs + 1, (size_t)(TR_GEN_GRAPHS - 1) * sizeof(tr_gen_graph));
+        g->n_graphs--;
+    }
+    g->graphs[g->n_graphs++] = (tr_gen_graph){.rows = B, .width = w, .weights = m->work, .exec = x};
+    g->stats.graphs_recorded++;
+    *exec = x;
+    return 0;
+}
+
+// Row i of a step as padding: token 0 at position 0, writing and reading the block kept
+// aside, drawn greedily.
+static void pad_row(tr_generator *g, int32_t i, int32_t w) {
+    const int32_t bs = g->cache.block_size;
+    g->row_ids[i] = 0;
+    g->row_pos[i] = 0;
+    g->row_slot[i] = g->pad_block * bs;
+    g->row_len[i] = 1;
+    for (int32_t j = 0; j < w; j++) g->tables_packed[(size_t)i * w + j] = g->pad_block;
+    g->row_draw[i] = (tr_sample_row){.temperature = 0.0f, .top_p = 1.0f};
+}
+
 // One decode step: every running sample feeds its last token and samples the next.
 static int decode_step(gen_run *run, tr_err *err) {
     tr_generator *g = run->g;
@@ -459,40 +589,52 @@ static int decode_step(gen_run *run, tr_err *err) {
         g->row_pos[i] = pos;
         g->row_slot[i] = tr_kv_seq_slot(&s->kv, pos, bs);
         g->row_len[i] = pos + 1;
+        g->row_out[i] = s->out;
         ctx += pos + 1;
     }
     tr_kvcache_flush(&g->cache);
     note_blocks(g);
-    // The block tables go up packed to the widest row of this step: a row's capacity
-    // (table_cap) covers the longest sequence the pool could hold, and is mostly unused.
+    // The block tables go up packed to the widest row of this step (or its bucket): a row's
+    // capacity (table_cap) covers the longest sequence the pool could hold, and is mostly
+    // unused.
     int32_t w = 1;
     for (int32_t i = 0; i < B; i++)
         if (g->slots[i].kv.n_blocks > w) w = g->slots[i].kv.n_blocks;
+    int32_t Bp = B;
+    if (g->pad_steps) {
+        Bp = bucket(B, g->max_seqs);
+        w = bucket(w, g->table_cap);
+    }
     for (int32_t i = 0; i < B; i++) {
         const tr_kv_seq *kv = &g->slots[i].kv;
         int32_t *row = g->tables_packed + (size_t)i * w;
         memcpy(row, kv->blocks, (size_t)kv->n_blocks * sizeof(int32_t));
         for (int32_t j = kv->n_blocks; j < w; j++) row[j] = 0;
     }
-    g->segs[0] = (tr_gen_segment){.r0 = 0, .n = B, .table = g->d_tables, .stride = w, .request = -1};
+    fill_draws(run, g->row_out, B, 0);
+    for (int32_t i = B; i < Bp; i++) pad_row(g, i, w);
+    if (tr_model_rows_prepare(m, g->row_ids, g->row_pos, Bp, err) != 0) return -1;
+    g->segs[0] = (tr_gen_segment){.r0 = 0, .n = Bp, .table = g->d_tables, .stride = w, .request = -1};
     g->n_segs = 1;
     clock_gettime(CLOCK_MONOTONIC, &t_sched);
-    m->be->ops->upload(m->be, g->d_tables, g->tables_packed, (size_t)B * w * sizeof(int32_t));
-    upload_rows(g, B);
-    if (tr_model_forward_rows(m, g->row_ids, g->row_pos, B, gen_attend, g, err) != 0) return -1;
+    void *exec = NULL;
+    if (g->record_steps && decode_graph(g, Bp, w, &exec, err) != 0) return -1;
+    if (exec) {
+        if (m->be->ops->graph_launch(m->be, exec) != 0)
+            return graph_failed(m->be, "generate: replaying a decode step", err);
+        g->stats.graph_steps++;
+    } else if (queue_decode(g, Bp, w, err) != 0) {
+        return -1;
+    }
+    if (tr_dev_sync(m->be, "generate: decode step", err) != 0) return -1;
     g->stats.passes++;
     g->stats.decode_steps++;
     g->stats.decode_tokens += B;
+    g->stats.padded_rows += Bp - B;
     const tr_kvcache *c = &g->cache;
     g->stats.decode_bytes += (double)m->layout.total * tr_dt_size(m->wt) +
                              ctx * 2.0 * c->n_layers * c->n_kv_heads * c->head_dim * tr_dt_size(c->dt);
-    const int32_t R = g->logit_rows;
-    for (int32_t r0 = 0; r0 < B; r0 += R) {
-        int32_t n = B - r0 < R ? B - r0 : R;
-        for (int32_t i = 0; i < n; i++) g->row_ids[i] = g->slots[r0 + i].out;
-        if (pass_logits(g, r0, n, err) != 0 || sample_rows(run, g->row_ids, n, false, err) != 0)
-            return -1;
-    }
+    take_draws(run, g->row_out, B, 0);
     // Retire finished samples; the last running one moves into the freed slot.
     clock_gettime(CLOCK_MONOTONIC, &t_retire);
     for (int32_t i = 0; i < g->n_active;) {
@@ -599,6 +741,7 @@ int tr_generate(tr_generator *g, const tr_gen_request *reqs, int32_t n_reqs,
     }
     // Fresh block tables every call: the pool holds nothing between calls.
     tr_kvcache_reset(&g->cache);
+    g->pad_block = g->pad_steps ? tr_kvcache_alloc(&g->cache) : -1;
     int32_t zero = 0, near = 0;
     g->model->be->ops->upload(g->model->be, g->d_near, &zero, sizeof zero);
     g->n_active = 0;
@@ -626,6 +769,8 @@ int tr_generate(tr_generator *g, const tr_gen_request *reqs, int32_t n_reqs,
         rc = decode_step(&run, err);
         if (rc == 0 && g->on_pass) g->on_pass(g->on_pass_ctx, &g->stats);
     }
+    if (g->pad_block >= 0) tr_kvcache_release(&g->cache, g->pad_block);
+    g->pad_block = -1;
     if (rc == 0) {
         g->model->be->ops->download(g->model->be, &near, g->d_near, sizeof near);
         rc = tr_dev_sync(g->model->be, "generate", err);

@@ -51,6 +51,25 @@ typedef struct tr_gen_output {
     enum tr_gen_finish finish;
 } tr_gen_output;
 
+// Decode steps as graphs (kernels/ops.h graph_*): each step's rows are padded to a bucket
+// (the next power of two, at most max_seqs) and its block tables to a bucket width, so that
+// one step recorded per shape is replayed for every later step of that shape, one launch
+// instead of hundreds. Padding rows write and read a KV block kept aside and sample
+// greedily; their results are dropped, and in batch-invariant arithmetic they change no bit
+// of the others. AUTO: where the backend records graphs (not with tensor parallelism, whose
+// sampler talks to the other ranks); OFF: steps run op by op, unpadded; PAD: padded but not
+// recorded (what the CPU backend, which has no graphs, can check of the padding).
+enum tr_gen_graphs { TR_GEN_GRAPHS_AUTO, TR_GEN_GRAPHS_OFF, TR_GEN_GRAPHS_PAD };
+
+// Recorded decode steps kept; past this the oldest is dropped.
+#define TR_GEN_GRAPHS 48
+
+typedef struct tr_gen_graph {
+    int32_t rows, width;   // the bucket: rows and block-table entries per row
+    const void *weights;   // the working weights it read (double-buffered shared weights)
+    void *exec;
+} tr_gen_graph;
+
 typedef struct tr_gen_opts {
     int64_t kv_tokens;     // KV pool capacity in tokens, rounded up to whole blocks (0: 16384)
     int32_t block_size;    // tokens per KV block (0: 16)
@@ -60,6 +79,7 @@ typedef struct tr_gen_opts {
     // tr_generator_kv_bytes), never freed by the generator; NULL: it allocates its own.
     void *kv_buf;
     size_t kv_buf_bytes;
+    int graphs;            // enum tr_gen_graphs
 } tr_gen_opts;
 
 typedef struct tr_gen_stats {
@@ -76,6 +96,9 @@ typedef struct tr_gen_stats {
                                // ids), what decode_bytes is measured against
     double host_seconds;       // of which the host's scheduling: KV slots, copies on write
                                // queued, block tables packed, finished samples retired
+    int64_t graph_steps;       // decode steps replayed from a recorded graph
+    int64_t graphs_recorded;   // graphs recorded (new shapes) during the call
+    int64_t padded_rows;       // padding rows the decode steps ran
     int64_t near_draws;        // draws within rounding of a cumulative boundary, where
                                // another summation order (another backend) could pick the
                                // neighbouring id: counted, so that a difference is explained
@@ -106,10 +129,12 @@ typedef struct tr_generator {
     int32_t logit_rows;         // rows of logits sampled at a time (TR_GEN_LOGIT_ROWS at most)
     int32_t table_cap;          // block-table entries per sequence
     int32_t max_seq_len;
-    // Buffers of one pass, sized at init: host bookkeeping ...
+    // Buffers of one pass, sized at init: host bookkeeping (pinned where a recorded decode
+    // step copies from or to them: slot, len, target, lp, draw, tables_packed) ...
     int32_t *row_ids, *row_pos, *row_slot, *row_len, *row_target;   // [max_rows]
-    float *row_lp;              // [logit_rows]
-    tr_sample_row *row_draw;    // [logit_rows] each sampled row's parameters and stream
+    int32_t *row_out;           // [max_rows] the output each sampled row draws for
+    float *row_lp;              // [max_rows]
+    tr_sample_row *row_draw;    // [max_rows] each sampled row's parameters and stream
     tr_gen_segment *segs;       // [max_rows]
     int32_t n_segs;
     int32_t *tables;            // [max_seqs][table_cap]: slot i's block table
@@ -119,9 +144,9 @@ typedef struct tr_generator {
     int32_t *d_slot, *d_len;    // [max_rows] cache slot and attended length of each row
     int32_t *d_tables;          // [max_seqs][table_cap] decode block tables
     int32_t *d_seg_tables;      // [max_seqs][table_cap] a prefill pass's prompt tables
-    int32_t *d_target;          // [logit_rows] sampled ids
-    float *d_lp;                // [logit_rows] their logprobs
-    tr_sample_row *d_draw;      // [logit_rows]
+    int32_t *d_target;          // [max_rows] sampled ids
+    float *d_lp;                // [max_rows] their logprobs
+    tr_sample_row *d_draw;      // [max_rows]
     int32_t *d_near;            // near-boundary draws of the current call
     void *sample_scratch;       // the sample op's (NULL under tensor parallelism)
     tr_sample_tp vp;            // tensor parallelism: the vocab-parallel sampler (else unset)
@@ -129,6 +154,14 @@ typedef struct tr_generator {
     int32_t n_active;
     int32_t reserved;           // blocks promised to admitted samples, not yet taken
     tr_gen_stats stats;         // of the last tr_generate
+    // Decode graphs (enum tr_gen_graphs): whether steps are padded to buckets and recorded,
+    // the block the padding rows use in the current call (-1: none), the recorded steps and
+    // the memory they were recorded over (activations, KV pool): a move drops them all.
+    bool pad_steps, record_steps;
+    int32_t pad_block;
+    tr_gen_graph graphs[TR_GEN_GRAPHS];
+    int32_t n_graphs;
+    const void *graph_acts, *graph_kv;
     // Set after init to hear of every trunk pass (e.g. to report progress); the outputs of
     // the running tr_generate tell which samples have finished so far.
     void (*on_pass)(void *ctx, const tr_gen_stats *stats);

@@ -123,7 +123,7 @@ typedef struct tr_model {
     const struct tr_arena *shared;
     uint64_t shared_epoch;
     // The current batch. Host copies for bookkeeping (checks, score-head rows) ...
-    int32_t *ids;               // [max_tokens]
+    int32_t *ids;               // [max_tokens] pinned (alloc_host), as pos and doc_start
     int32_t *pos;               // [max_tokens]
     int32_t *doc_start;         // [max_tokens + 1]
     int32_t *prefix;            // [max_tokens] each document's shared prefix (-1: none)
@@ -248,6 +248,14 @@ typedef void (*tr_attend_fn)(void *ctx, tr_model *m, int32_t layer, tr_layer_act
                              int32_t T);
 int tr_model_forward_rows(tr_model *m, const int32_t *ids, const int32_t *pos, int32_t T,
                           tr_attend_fn attend, void *ctx, tr_err *err);
+// The same in two halves, so that the device half can be recorded once and replayed (a CUDA
+// graph of a decode step, engine/generate.c): prepare checks the rows and fills the host
+// arrays (pinned) that the uploads read and the sizes the heads use; queue queues the uploads
+// and the trunk for the T rows prepared. A replay of a recorded queue for T rows reads what
+// the last prepare of T rows wrote.
+int tr_model_rows_prepare(tr_model *m, const int32_t *ids, const int32_t *pos, int32_t T,
+                          tr_err *err);
+int tr_model_rows_queue(tr_model *m, int32_t T, tr_attend_fn attend, void *ctx, tr_err *err);
 // Back-propagates acts.d_lnf (written by a head's backward) through the trunk of the last
 // forward, accumulating into the gradient buffer. Only for models set up with training whose
 // views are in the training layout (acts_training). Fails only on a tensor-parallel

@@ -165,6 +165,17 @@ typedef struct tr_ops {
     int (*sync)(tr_backend *be, const char *where, char *msg, size_t cap);
     // Free and total device memory in bytes (cpu: the host's available and total memory).
     void (*mem_info)(tr_backend *be, size_t *free_bytes, size_t *total_bytes);
+    // Graphs of the queue (NULL where a backend has none; the CPU runs ops as they are
+    // called): between graph_begin and graph_end the ops are recorded, not run, and end makes
+    // *exec of them; graph_launch replays it in queue order, reading then whatever the device
+    // memory and the pinned host memory (alloc_host) the recorded copies name hold. Kernel
+    // arguments (shapes, pointers) are fixed at recording. begin returns 1, recording
+    // nothing, where it cannot record now (a debugging mode that acts between launches, or
+    // TROUPE_CUDA_GRAPHS=0); otherwise 0, or -1 on a failure, which sync reports.
+    int (*graph_begin)(tr_backend *be);
+    int (*graph_end)(tr_backend *be, void **exec);
+    int (*graph_launch)(tr_backend *be, void *exec);
+    void (*graph_free)(tr_backend *be, void *exec);
 
     // out[T,OC] = in[T,IC] @ w[OC,IC]^T (+ bias[OC] if not NULL). in: A; w, bias: W.
     // out is A, or F with TR_MM_OUT_F32; TR_MM_ACCUMULATE (with OUT_F32) adds into out,

@@ -52,6 +52,7 @@ typedef struct tr_gen_report {
     int64_t peak_seqs, peak_blocks;
     double decode_bytes, decode_seconds;   // summed over replicas: their mean rate
     double host_seconds;                   // the decode steps' host scheduling, summed
+    int64_t graph_steps, padded_rows;      // steps replayed from recorded graphs, their padding
 } tr_gen_report;
 
 typedef struct tr_sampling {

@@ -190,7 +190,7 @@ int tr_worker_op_generate(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep
         const tr_gen_stats *st = &rc->gen.stats;
         tr_msg_begin_reply(rep, req->id, 2);
         tr_rollouts_put(rep, "rollouts", &r, 0, r.n, TR_RO_ALL);
-        tr_msg_put_map(rep, "stats", 9);
+        tr_msg_put_map(rep, "stats", 11);
         tr_msg_put_int(rep, "prefill_tokens", st->prefill_tokens);
         tr_msg_put_int(rep, "decode_tokens", st->decode_tokens);
         tr_msg_put_int(rep, "decode_steps", st->decode_steps);
@@ -200,6 +200,8 @@ int tr_worker_op_generate(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep
         tr_msg_put_float(rep, "decode_bytes", st->decode_bytes);
         tr_msg_put_float(rep, "decode_seconds", st->decode_seconds);
         tr_msg_put_float(rep, "host_seconds", st->host_seconds);
+        tr_msg_put_int(rep, "graph_steps", st->graph_steps);
+        tr_msg_put_int(rep, "padded_rows", st->padded_rows);
         tr_worker_logf(rc, "generate: %d prompts x %d samples, %lld new tokens, weights of step %lld", g.k, g.n,
                        (long long)new_tokens, (long long)version);
     }

@@ -104,6 +104,10 @@ static const tr_ops cuda_ops = {
     .copy_2d = cuda_copy_2d,
     .sync = cuda_sync,
     .mem_info = cuda_mem_info,
+    .graph_begin = tr_cuda_graph_begin,
+    .graph_end = tr_cuda_graph_end,
+    .graph_launch = tr_cuda_graph_launch,
+    .graph_free = tr_cuda_graph_free,
     .matmul_forward = tr_cuda_matmul_forward,
     .matmul_backward = tr_cuda_matmul_backward,
     .embedding_forward = tr_cuda_embedding_forward,
@@ -171,6 +175,8 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
     ctx->device = device;
     const char *each = getenv("TROUPE_SYNC_EACH_OP");
     ctx->sync_each_op = each && strcmp(each, "1") == 0;
+    const char *graphs = getenv("TROUPE_CUDA_GRAPHS");
+    ctx->no_graphs = graphs && strcmp(graphs, "0") == 0;
     const char *any_n = getenv("TROUPE_CUDA_ANY_N");
     ctx->any_n_at = any_n && atoi(any_n) > 0 ? atoi(any_n) : TR_CUDA_ANY_N;
     const char *flash = getenv("TROUPE_CUDA_FLASH_ATTENTION");

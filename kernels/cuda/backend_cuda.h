@@ -38,14 +38,6 @@ void tr_backend_cuda_profile_reset(tr_backend *be);
 // D[m,n] = op(A)[m,k] op(B)[k,n] (ta, tb: 0 N, 1 T; D fp32 or bf16, added into or not, with a
 // bias epilogue or not), one printed line each, the backend's choice marked. For
 // studying the backend's fixed choice (bench_cuda gemm). Returns 0, or -1 (bf16 backends only).
-// CUDA graphs of the backend's stream (graph.cu): between begin and end the ops are recorded,
-// not run; end instantiates them (*exec); launch replays them on the stream. Not with
-// TROUPE_CUDA_PROFILE or TROUPE_SYNC_EACH_OP, which act between launches. Return 0 or -1.
-int tr_backend_cuda_graph_begin(tr_backend *be);
-int tr_backend_cuda_graph_end(tr_backend *be, void **exec);
-int tr_backend_cuda_graph_launch(tr_backend *be, void *exec);
-void tr_backend_cuda_graph_free(void *exec);
-
 int tr_backend_cuda_gemm_probe(tr_backend *be, int ta, int tb, int64_t m, int64_t n, int64_t k,
                                int d_f32, int accumulate, int bias, const char *label);
 

@@ -86,6 +86,7 @@ typedef struct tr_cuda_ctx {
     double *partial;        // device, TR_CUDA_SUMSQ_BLOCKS doubles
     double *norm_partial;   // device, TR_CUDA_NORM_PARTIALS doubles
     int sync_each_op;       // TROUPE_SYNC_EACH_OP=1: every op waits and names itself on failure
+    int no_graphs;          // TROUPE_CUDA_GRAPHS=0: graph_begin declines (ops run as queued)
     int32_t any_n_at;       // the n whose algorithm batch-invariant products take (gemm_lt.cu;
                             // TROUPE_CUDA_ANY_N for measuring another)
     int flash_attention;    // the tensor-core attention kernels; TROUPE_CUDA_FLASH_ATTENTION=0
@@ -117,6 +118,12 @@ static inline int tr_cuda_check_blas(tr_backend *be, cublasStatus_t s, const cha
 }
 #define TR_CUDA_CHECK(be, call) tr_cuda_check_rt((be), (call), __FILE__, __LINE__, #call)
 #define TR_CUBLAS_CHECK(be, call) tr_cuda_check_blas((be), (call), __FILE__, __LINE__, #call)
+// graph.cu: the graph_* ops.
+int tr_cuda_graph_begin(tr_backend *be);
+int tr_cuda_graph_end(tr_backend *be, void **exec);
+int tr_cuda_graph_launch(tr_backend *be, void *exec);
+void tr_cuda_graph_free(tr_backend *be, void *exec);
+
 int tr_cuda_prof_init(tr_cuda_ctx *ctx);
 void tr_cuda_prof_mark(tr_cuda_ctx *ctx, const char *name, int64_t m, int64_t n, int64_t k);
 void tr_cuda_prof_free(tr_cuda_ctx *ctx);   // prints the table

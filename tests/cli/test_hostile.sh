@@ -199,7 +199,7 @@ done
 expect 2 "\-\-model needs a non-empty value" info --model ""
 expect 2 "\-\-out needs a non-empty value" logprobs --model "$models/qwen2" --data "$lp_in" --out=
 expect 2 "threads" logprobs --model "$models/qwen2" --data "$lp_in" --threads 100000
-expect 2 "tokens" info --model "$models/qwen2" --tokens 0
+expect 2 "tokens" info --model "$models/qwen2" --tokens -1
 expect 2 "output-prefix must end in a file name" preprocess --input "$lp_in" --tokenizer "$tok" \
     --output-prefix "$tmp/outdir/"
 [ -z "$(ls -A "$tmp/outdir")" ]
