@@ -5,17 +5,28 @@
 #include <stdio.h>
 
 static int no_memory(tr_backend *be, size_t bytes, const char *what, const char *kind,
-                     tr_err *err) {
+                     bool injected, tr_err *err) {
     size_t free_b = 0, total_b = 0;
     be->ops->mem_info(be, &free_b, &total_b);
     return tr_errf(err, TR_ENOMEM, "%s: cannot allocate %.1f MiB of %s memory (%s backend: "
-                   "%.1f of %.1f MiB free)", what, (double)bytes / (1 << 20), kind,
-                   be->ops->name, (double)free_b / (1 << 20), (double)total_b / (1 << 20));
+                   "%.1f of %.1f MiB free%s%s)", what, (double)bytes / (1 << 20), kind,
+                   be->ops->name, (double)free_b / (1 << 20), (double)total_b / (1 << 20),
+                   injected ? "; injected by TROUPE_DEVICE_FAULT=" : "",
+                   injected ? be->fault.spec : "");
+}
+
+// TROUPE_DEVICE_FAULT=oom:WHAT (kernels/fault.h): only here is an allocation's purpose known,
+// so this is where one is picked; the backend's allocator then fails it (for real on CUDA)
+// and it comes back as any shortage does, with the figures and a note that it was asked for.
+static bool inject_oom(tr_backend *be, const char *what) {
+    be->fault.fail_alloc = tr_fault_hit(&be->fault, TR_FAULT_OOM, what);
+    return be->fault.fail_alloc;
 }
 
 void *tr_dev_alloc(tr_backend *be, size_t bytes, const char *what, tr_err *err) {
+    bool injected = inject_oom(be, what);
     void *p = be->ops->alloc(be, bytes);
-    if (!p) no_memory(be, bytes, what, "device", err);
+    if (!p) no_memory(be, bytes, what, "device", injected, err);
     return p;
 }
 
@@ -30,8 +41,9 @@ void tr_dev_free(tr_backend *be, void *p) {
 }
 
 void *tr_dev_alloc_host(tr_backend *be, size_t bytes, const char *what, tr_err *err) {
+    bool injected = inject_oom(be, what);
     void *p = be->ops->alloc_host(be, bytes);
-    if (!p) no_memory(be, bytes, what, "pinned host", err);
+    if (!p) no_memory(be, bytes, what, "pinned host", injected, err);
     return p;
 }
 

@@ -8,7 +8,8 @@
 #include "kernels/ops.h"
 
 // bytes of backend memory (device memory on a GPU) for `what`; NULL with err set (TR_ENOMEM,
-// naming the bytes asked for and free) when there is not enough.
+// naming the bytes asked for and free) when there is not enough, or when
+// TROUPE_DEVICE_FAULT=oom:... names this allocation (kernels/fault.h; pinned host ones too).
 void *tr_dev_alloc(tr_backend *be, size_t bytes, const char *what, tr_err *err);
 // The same, zero-filled (floats: bytes must be a multiple of 4).
 void *tr_dev_zalloc(tr_backend *be, size_t bytes, const char *what, tr_err *err);

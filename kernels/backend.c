@@ -2,6 +2,7 @@
 #include "kernels/backend.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tr_build_config.h"
@@ -23,6 +24,15 @@ int32_t tr_backend_cuda_devices(void) {
 #endif
 }
 
+// Reads TROUPE_DEVICE_FAULT into a started backend; a malformed value stops it, since a test
+// that meant to inject a failure must not pass because nothing was injected.
+static int read_fault(tr_backend *be, char *msg, size_t cap) {
+    if (tr_fault_parse(&be->fault, getenv("TROUPE_DEVICE_FAULT"), msg, cap) == 0) return 0;
+    tr_backend_free(be);
+    memset(be, 0, sizeof *be);
+    return -1;
+}
+
 int tr_backend_init(tr_backend *be, const tr_backend_opts *opts, char *msg, size_t cap) {
     memset(be, 0, sizeof *be);
     const char *kind = opts->kind ? opts->kind : "cpu";
@@ -37,7 +47,7 @@ int tr_backend_init(tr_backend *be, const tr_backend_opts *opts, char *msg, size
             snprintf(msg, cap, "cpu backend: cannot start %d threads", opts->threads);
             return -1;
         }
-        return 0;
+        return read_fault(be, msg, cap);
     }
     if (strcmp(kind, "cuda") != 0) {
         snprintf(msg, cap, "unknown backend '%s' (cpu or cuda)", kind);
@@ -59,7 +69,7 @@ int tr_backend_init(tr_backend *be, const tr_backend_opts *opts, char *msg, size
         memset(be, 0, sizeof *be);
         return -1;
     }
-    return 0;
+    return read_fault(be, msg, cap);
 #else
     snprintf(msg, cap, "cuda backend: this troupe was built without CUDA (meson -Dcuda=enabled)");
     return -1;

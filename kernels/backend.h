@@ -23,7 +23,8 @@ typedef struct tr_backend_opts {
 } tr_backend_opts;
 
 // Returns 0, or -1 with msg saying why (unknown kind or precision, a build without CUDA, no
-// such device, no memory for the thread pool); nothing is left to free then.
+// such device, no memory for the thread pool, a malformed TROUPE_DEVICE_FAULT); nothing is
+// left to free then. TROUPE_DEVICE_FAULT (kernels/fault.h) is read here, into be->fault.
 int tr_backend_init(tr_backend *be, const tr_backend_opts *opts, char *msg, size_t cap);
 void tr_backend_free(tr_backend *be);
 // Whether this build contains the backend (a CUDA build may still find no device).

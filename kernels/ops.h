@@ -33,6 +33,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/fault.h"
+
 // Element types of backend buffers. F16 appears only as the source of convert (checkpoint
 // files); the model never computes in it.
 typedef enum tr_dt { TR_F32 = 0, TR_BF16 = 1, TR_F16 = 2 } tr_dt;
@@ -142,7 +144,8 @@ typedef struct tr_ops {
     const char *name;
 
     // ---- memory: every buffer an op reads or writes comes from here ----
-    // Device memory (host memory on cpu), 256-byte aligned; NULL when there is not enough.
+    // Device memory (host memory on cpu), 256-byte aligned; NULL when there is not enough,
+    // and when TROUPE_DEVICE_FAULT picked this allocation (tr_fault.fail_alloc; alloc_host too).
     void *(*alloc)(tr_backend *be, size_t bytes);
     void (*free)(tr_backend *be, void *p);
     // Pinned host memory for staging transfers (plain host memory on cpu).
@@ -161,7 +164,8 @@ typedef struct tr_ops {
     // Waits for everything queued. Returns 0, or -1 with the first failure since init in msg
     // (ops return void, so a failed launch or a fault is kept until here); `where` names this
     // sync point in the message. In the debug mode (TROUPE_SYNC_EACH_OP=1) every op syncs and
-    // the message names the op itself.
+    // the message names the op itself. The CPU backend fails only where TROUPE_DEVICE_FAULT
+    // injects a failure (kernels/fault.h).
     int (*sync)(tr_backend *be, const char *where, char *msg, size_t cap);
     // Free and total device memory in bytes (cpu: the host's available and total memory).
     void (*mem_info)(tr_backend *be, size_t *free_bytes, size_t *total_bytes);
@@ -405,6 +409,9 @@ struct tr_backend {
     // products then taking one kernel per shape without regard to T. 0: CUDA in fp32 (cuBLAS
     // sgemm picks by the whole shape) or with it off.
     int batch_invariant;
+    // TROUPE_DEVICE_FAULT (kernels/fault.h), read by tr_backend_init; zeroed by the backends'
+    // own inits, so a backend started directly injects nothing.
+    tr_fault fault;
 };
 
 // CPU backend with n_threads worker threads (0 = number of cores), fp32 (bf16: the emulated

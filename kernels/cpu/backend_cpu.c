@@ -71,6 +71,7 @@ int tr_backend_cpu_init(tr_backend *be, int32_t n_threads, tr_dt precision) {
     be->ctx = NULL;
     be->n_threads = 0;
     be->act = be->wt = TR_F32;
+    memset(&be->fault, 0, sizeof be->fault);
     if (n_threads < 0 || (precision != TR_F32 && precision != TR_BF16)) return -1;
     if (n_threads == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);

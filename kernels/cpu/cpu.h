@@ -36,6 +36,10 @@ typedef struct tr_cpu_ctx {
     int32_t n_regions, cap_regions;
     tr_cpu_shared *shared;       // mapped shared-memory segments
     int32_t n_shared, cap_shared;
+    // A device failure injected by TROUPE_DEVICE_FAULT, the CPU's only kind: kept, as CUDA
+    // keeps its first failure, so every later sync reports it too.
+    bool failed;
+    char msg[256];
 } tr_cpu_ctx;
 
 static inline tr_pool *tr_cpu_pool(tr_backend *be) { return ((tr_cpu_ctx *)be->ctx)->pool; }

@@ -1,9 +1,11 @@
 // The CPU backend's memory half: "device" memory is host memory, copies are memcpy and sync
-// has nothing to wait for. In guarded mode (TROUPE_CPU_GUARD=1) every allocation is its own
-// mapping, kept PROT_NONE except while an op runs (kernels/cpu/guard.c), so any host code
-// that reads or writes engine memory outside a backend call faults at once, as it would be
-// wrong on a GPU; the ops also check that every pointer they get is such memory.
+// has nothing to wait for (it fails only where TROUPE_DEVICE_FAULT injects a failure). In
+// guarded mode (TROUPE_CPU_GUARD=1) every allocation is its own mapping, kept PROT_NONE
+// except while an op runs (kernels/cpu/guard.c), so any host code that reads or writes engine
+// memory outside a backend call faults at once, as it would be wrong on a GPU; the ops also
+// check that every pointer they get is such memory.
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -35,6 +37,9 @@ int tr_cpu_region_add(tr_cpu_ctx *ctx, void *p, size_t bytes) {
 
 void *tr_cpu_alloc(tr_backend *be, size_t bytes) {
     tr_cpu_ctx *ctx = be->ctx;
+    // TROUPE_DEVICE_FAULT=oom: a simulated shortage (asking the C library for an impossible
+    // size instead would be an error of its own under AddressSanitizer).
+    if (tr_fault_take_alloc(&be->fault)) return NULL;
     if (!ctx->guard) {
         size_t n = (bytes + MEM_ALIGN - 1) / MEM_ALIGN * MEM_ALIGN;
         return aligned_alloc(MEM_ALIGN, n ? n : MEM_ALIGN);
@@ -83,7 +88,7 @@ void tr_cpu_free(tr_backend *be, void *p) {
 }
 
 void *tr_cpu_alloc_host(tr_backend *be, size_t bytes) {
-    (void)be;
+    if (tr_fault_take_alloc(&be->fault)) return NULL;   // as in tr_cpu_alloc
     size_t n = (bytes + MEM_ALIGN - 1) / MEM_ALIGN * MEM_ALIGN;
     return aligned_alloc(MEM_ALIGN, n ? n : MEM_ALIGN);
 }
@@ -106,9 +111,18 @@ void tr_cpu_copy_2d(tr_backend *be, void *dst, size_t dst_pitch, const void *src
 }
 
 int tr_cpu_sync(tr_backend *be, const char *where, char *msg, size_t cap) {
-    (void)be, (void)where;
-    if (cap) msg[0] = '\0';
-    return 0;
+    tr_cpu_ctx *ctx = be->ctx;
+    if (!ctx->failed && tr_fault_hit(&be->fault, TR_FAULT_ERROR, where)) {
+        ctx->failed = true;
+        snprintf(ctx->msg, sizeof ctx->msg, "simulated device failure, injected by "
+                 "TROUPE_DEVICE_FAULT=%s", be->fault.spec);
+    }
+    if (!ctx->failed) {
+        if (cap) msg[0] = '\0';
+        return 0;
+    }
+    if (cap) snprintf(msg, cap, "cpu backend, failure before the sync point '%s': %s", where, ctx->msg);
+    return -1;
 }
 
 void tr_cpu_mem_info(tr_backend *be, size_t *free_bytes, size_t *total_bytes) {

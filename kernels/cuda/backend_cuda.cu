@@ -2,6 +2,7 @@
 // on the backend's stream), the context behind it (stream, cuBLAS and cuBLASLt handles, the
 // Lt workspace and plans, reduction scratch) and the first-error record that stands in for
 // return codes, since ops return void.
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,15 +12,19 @@
 
 // ---- memory half ----
 
+// TROUPE_DEVICE_FAULT=oom picked this allocation (engine/device.c): it asks for more than any
+// device holds, so that it fails in cudaMalloc itself, as a real shortage does.
+#define FAULT_BYTES ((size_t)1 << 62)
+
 // A failed cudaMalloc is an answer (not enough memory), not a fault of the stream: the error
 // is cleared so that the next launch check does not report it as its own.
 static void *cuda_alloc(tr_backend *be, size_t bytes) {
     void *p = NULL;
+    if (tr_fault_take_alloc(&be->fault)) bytes = FAULT_BYTES;
     if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
         cudaGetLastError();
         return NULL;
     }
-    (void)be;
     return p;
 }
 
@@ -29,11 +34,11 @@ static void cuda_free(tr_backend *be, void *p) {
 
 static void *cuda_alloc_host(tr_backend *be, size_t bytes) {
     void *p = NULL;
+    if (tr_fault_take_alloc(&be->fault)) bytes = FAULT_BYTES;
     if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
         cudaGetLastError();
         return NULL;
     }
-    (void)be;
     return p;
 }
 
@@ -71,19 +76,32 @@ static void cuda_copy_2d(tr_backend *be, void *dst, size_t dst_pitch, const void
     if (ctx->prof) tr_cuda_prof_mark(ctx, "copy_2d", 0, 0, 0);
 }
 
+// TROUPE_DEVICE_FAULT=error:WHERE at this sync point: a kernel writes where no allocation is,
+// as a kernel bug would. The device faults for real, the context is lost as it is then, and
+// the synchronize reports the fault like any other (tests/kernels/test_cuda_fault makes the
+// same one); the message only adds that it was asked for.
+static void inject_fault(tr_backend *be) {
+    tr_cuda_fill(be, (float *)(uintptr_t)0x1000, 0.0f, (size_t)1 << 20);
+}
+
 static int cuda_sync(tr_backend *be, const char *where, char *msg, size_t cap) {
     tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
+    if (!ctx->failed && tr_fault_hit(&be->fault, TR_FAULT_ERROR, where)) inject_fault(be);
     if (!ctx->failed) TR_CUDA_CHECK(be, cudaStreamSynchronize(ctx->stream));
     if (!ctx->failed) {
         if (cap) msg[0] = '\0';
         return 0;
     }
+    const tr_fault *f = &be->fault;
+    char note[sizeof f->spec + 64] = "";
+    if (f->kind == TR_FAULT_ERROR && f->seen == f->n)
+        snprintf(note, sizeof note, "; injected by TROUPE_DEVICE_FAULT=%s", f->spec);
     if (cap && ctx->sync_each_op)
-        snprintf(msg, cap, "CUDA device %d, failing op: %s (reported at '%s')", ctx->device,
-                 ctx->msg, where);
+        snprintf(msg, cap, "CUDA device %d, failing op: %s (reported at '%s'%s)", ctx->device,
+                 ctx->msg, where, note);
     else if (cap)
         snprintf(msg, cap, "CUDA device %d, failure before the sync point '%s': %s (run with "
-                 "TROUPE_SYNC_EACH_OP=1 to name the op)", ctx->device, where, ctx->msg);
+                 "TROUPE_SYNC_EACH_OP=1 to name the op%s)", ctx->device, where, ctx->msg, note);
     return -1;
 }
 
@@ -164,6 +182,7 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
     be->n_threads = 1;
     be->act = be->wt = precision;
     be->batch_invariant = 0;
+    memset(&be->fault, 0, sizeof be->fault);
     tr_cuda_ctx *ctx = (tr_cuda_ctx *)calloc(1, sizeof *ctx);
     if (!ctx) return -1;
     be->ctx = ctx;
