@@ -3,6 +3,10 @@
 #   check_run.py grpo|ppo|sft|pretrain RUN_DIR STEPS EVAL_EVERY [EXTRA_EVAL_STEPS]
 #                                                                   metrics, schedule, checkpoints
 #   check_run.py same RUN_A RUN_B                                   equal metrics step by step
+#   check_run.py checkpoints RUN_DIR LAST                           the complete checkpoints
+#                                                                   end at step LAST, each whole
+#                                                                   (a failed run's: temporaries
+#                                                                   of a failed save allowed)
 #   check_run.py learns RUN_DIR KEY MIN_GAIN                         last eval - first eval >= gain
 #   check_run.py rises RUN_DIR KEY                                   mean of KEY over the last
 #                                                                   quarter of steps > first quarter
@@ -79,15 +83,37 @@ def check_keys(ms, keys):
                 err("step %d: %s missing or not finite (%r)" % (o["step"], k, o.get(k)))
 
 
-def check_checkpoints(run, steps, roles, tokenizer=True):
+def check_safetensors(path):
+    # Whole: the header parses and the last tensor ends where the file does.
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        n = int.from_bytes(raw, "little") if len(raw) == 8 else -1
+        try:
+            header = json.loads(f.read(n)) if 0 < n <= size - 8 else None
+        except ValueError:
+            header = None
+    if not isinstance(header, dict):
+        err("%s: no readable header" % path)
+        return
+    end = max([v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"] + [0])
+    if 8 + n + end != size:
+        err("%s: %d bytes, its header describes %d" % (path, size, 8 + n + end))
+
+
+def check_checkpoints(run, steps, roles, tokenizer=True, temporaries=False):
     root = os.path.join(run, "checkpoints")
     names = sorted(os.listdir(root)) if os.path.isdir(root) else []
     if "step_%d" % steps not in names:
         err("no checkpoint of the last step %d (have %s)" % (steps, names))
     for n in names:
+        if temporaries and n.endswith(".tmp"):
+            continue
         if not n.startswith("step_") or not n[5:].isdigit():
             err("unexpected entry checkpoints/%s (a temporary left behind?)" % n)
             continue
+        if int(n[5:]) > steps:
+            err("checkpoints/%s is later than step %d" % (n, steps))
         d = os.path.join(root, n)
         st = json.load(open(os.path.join(d, "run_state.json")))
         if st.get("step") != int(n[5:]):
@@ -96,6 +122,11 @@ def check_checkpoints(run, steps, roles, tokenizer=True):
             for f in CKPT_FILES + (["tokenizer.json"] if tokenizer and role == "policy" else []):
                 if not os.path.isfile(os.path.join(d, role, f)):
                     err("%s/%s/%s missing" % (d, role, f))
+            if not os.path.isdir(os.path.join(d, role)):
+                continue
+            for f in sorted(os.listdir(os.path.join(d, role))):
+                if f.endswith(".safetensors"):
+                    check_safetensors(os.path.join(d, role, f))
             ts = json.load(open(os.path.join(d, role, "trainer_state.json")))
             if not isinstance(ts.get("step"), int) or ts["step"] < int(n[5:]):
                 err("%s/%s/trainer_state.json: optimizer step %r for run step %s"
@@ -120,6 +151,8 @@ def main():
                     continue
                 if a[s].get(k) != b[s].get(k):
                     err("step %d %s: %r vs %r" % (s, k, a[s].get(k), b[s].get(k)))
+    elif mode == "checkpoints":
+        check_checkpoints(sys.argv[2], int(sys.argv[3]), ["policy"], temporaries=True)
     elif mode == "learns":
         ms = metrics(sys.argv[2])
         key, gain = sys.argv[3], float(sys.argv[4])
