@@ -4,9 +4,10 @@
 # unit tests and the CUDA benchmark; then builds the full troupe binary with CUDA, runs the
 # unit and e2e suites, and runs the engine on the GPU: the model, training and generation
 # tests and the logprobs/generate commands with TROUPE_BACKEND=cuda, two CUDA runs compared
-# byte for byte, and the CPU quickstart's GRPO run on the GPU beside the same run on the CPU.
-# Usage: tools/gpu_suite.sh [PART...]   parts: engine full cuda quickstart quickstart_gpu
-# train_bench profile decode_stages rl_bench ppo_bench costs (default: the first four;
+# byte for byte, the CPU quickstart's GRPO run on the GPU beside the same run on the CPU, and
+# device faults and shortages injected into a GRPO run on the GPU.
+# Usage: tools/gpu_suite.sh [PART...]   parts: engine full cuda quickstart fault quickstart_gpu
+# train_bench profile decode_stages rl_bench ppo_bench costs (default: the first five;
 # train_bench and rl_bench need the peers' anchors carried in ./anchors, rl_bench TRL's wheels
 # in ./.whl too)
 #
@@ -183,6 +184,19 @@ sys.exit(0 if abs(gpu - cpu) <= 0.03 else 1)
 EOF
 }
 
+# Device failures injected into a GRPO run on the GPU (TROUPE_DEVICE_FAULT, kernels/fault.h):
+# the unit test, then tests/rl/test_device_fault.sh with the CUDA backend: a real device fault
+# in step 2's optimizer step, cudaMallocHost and cudaMalloc asked for more than the device
+# holds. Each run's error must name role, rank and op, every worker must exit, and step 1's
+# checkpoint must resume to the uninterrupted run's numbers. Its log also goes to $OUT loose.
+fault_part() {
+    run fault_unit env TROUPE_BACKEND=cuda "$build_all/tests/engine/test_device_fault"
+    run fault env TROUPE_BACKEND=cuda TROUPE_SOURCE_ROOT="$PWD" OPENBLAS_NUM_THREADS=1 \
+        tests/rl/test_device_fault.sh "$build_all/cli/troupe"
+    cp "$logs/fault_unit.log" "$logs/fault.log" "$out/" 2>/dev/null
+    echo "fault: $(grep -c '^ok:' "$logs/fault.log") ok, $(grep -c '^FAIL:' "$logs/fault.log") failed" >>"$summary"
+}
+
 # The GPU quickstart (tools/quickstart_gpu.sh): SFT from scratch of a 113M-parameter model,
 # then GRPO with a verifier; its held-out accuracy must rise by 15 points or more.
 quickstart_gpu_part() {
@@ -256,7 +270,7 @@ decode_stages_part() {
     done
 }
 
-parts="${*:-engine full cuda quickstart}"
+parts="${*:-engine full cuda quickstart fault}"
 has() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
 run nvidia-smi nvidia-smi || true
 commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
@@ -265,12 +279,13 @@ if [ -d .debs/dev ]; then build=$build_all; fi
 if has engine; then engine_part; fi
 if [ -d .debs/dev ]; then
     if has full; then full_part; fi
-    if has cuda || has quickstart || has quickstart_gpu || has train_bench || has profile || has rl_bench ||
-        has decode_stages || has ppo_bench || has costs; then
+    if has cuda || has quickstart || has fault || has quickstart_gpu || has train_bench || has profile ||
+        has rl_bench || has decode_stages || has ppo_bench || has costs; then
         deps_and_build_all
     fi
     if has cuda; then cuda_part; fi
     if has quickstart; then quickstart_part; fi
+    if has fault; then fault_part; fi
     if has quickstart_gpu; then quickstart_gpu_part; fi
     if has train_bench; then train_bench_part; fi
     if has profile; then profile_part; fi
