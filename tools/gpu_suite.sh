@@ -252,10 +252,12 @@ ppo_bench_part() {
 
 # What the zero-mismatch mode and activation recompute cost at the 0.5B shape: one GRPO step's
 # generation (bench_decode_gpu) and a training step at the GRPO bench's micro-batch (32 rows of
-# 512) with batch-invariant products on (the default) and off, and training with recompute.
+# 512) with batch-invariant products on (the default) and off, and training with recompute;
+# and what recorded decode steps gain (the same generation with TROUPE_CUDA_GRAPHS=0).
 costs_part() {
     local d="$build_all/bench/bench_decode_gpu" tb="$build_all/bench/bench_train_gpu"
     run cost_decode_invariant env TROUPE_CUDA_BATCH_INVARIANT=1 timeout 180 "$d" qwen2.5-0.5b
+    run cost_decode_no_graphs env TROUPE_CUDA_GRAPHS=0 timeout 180 "$d" qwen2.5-0.5b
     run cost_decode_fastest env TROUPE_CUDA_BATCH_INVARIANT=0 timeout 180 "$d" qwen2.5-0.5b
     run cost_train_invariant env TROUPE_CUDA_BATCH_INVARIANT=1 timeout 180 "$tb" qwen2.5-0.5b 32 512 3
     run cost_train_fastest env TROUPE_CUDA_BATCH_INVARIANT=0 timeout 180 "$tb" qwen2.5-0.5b 32 512 3
