@@ -57,8 +57,8 @@ void tr_generator_free(tr_generator *g) {
         tr_dev_free(be, g->dev);
         tr_dev_free(be, g->sample_scratch);
         if (g->vp.model) tr_sample_tp_free(&g->vp);
-        tr_dev_free_host(be, g->row_slot);
-        tr_dev_free_host(be, g->row_len);
+        tr_dev_free_host(be, g->step_slot);
+        tr_dev_free_host(be, g->step_len);
         tr_dev_free_host(be, g->row_target);
         tr_dev_free_host(be, g->row_lp);
         tr_dev_free_host(be, g->row_draw);
@@ -67,6 +67,8 @@ void tr_generator_free(tr_generator *g) {
     tr_kvcache_free(&g->cache);
     free(g->row_ids);
     free(g->row_pos);
+    free(g->row_slot);
+    free(g->row_len);
     free(g->row_out);
     free(g->segs);
     free(g->tables);
@@ -116,7 +118,6 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
     size_t rows = (size_t)g->max_rows, lrows = (size_t)g->logit_rows;
     size_t tables = (size_t)g->max_seqs * (size_t)g->table_cap;
     tr_backend *be = m->be;
-    g->pad_block = -1;
     // Graphs where the backend records them, without tensor parallelism (its sampler and the
     // vocab-parallel logprob talk to the other ranks between the ops).
     g->record_steps = opts->graphs == TR_GEN_GRAPHS_AUTO && be->ops->graph_begin && m->tp.size == 1;
@@ -124,15 +125,18 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
     g->row_ids = malloc(rows * sizeof(int32_t));
     g->row_pos = malloc(rows * sizeof(int32_t));
     g->row_out = malloc(rows * sizeof(int32_t));
+    g->row_slot = malloc(rows * sizeof(int32_t));
+    g->row_len = malloc(rows * sizeof(int32_t));
     g->segs = malloc(rows * sizeof(tr_gen_segment));
     g->tables = malloc(tables * sizeof(int32_t));
     g->slots = calloc((size_t)g->max_seqs, sizeof(tr_gen_slot));
-    if (!g->row_ids || !g->row_pos || !g->row_out || !g->segs || !g->tables || !g->slots) {
+    if (!g->row_ids || !g->row_pos || !g->row_out || !g->row_slot || !g->row_len || !g->segs || !g->tables ||
+        !g->slots) {
         tr_generator_free(g);
         return tr_errf(err, TR_ENOMEM, "generate: out of memory for %zu-row passes", rows);
     }
-    if (!(g->row_slot = tr_dev_alloc_host(be, rows * sizeof(int32_t), "generation rows", err)) ||
-        !(g->row_len = tr_dev_alloc_host(be, rows * sizeof(int32_t), "generation rows", err)) ||
+    if (!(g->step_slot = tr_dev_alloc_host(be, rows * sizeof(int32_t), "decode rows", err)) ||
+        !(g->step_len = tr_dev_alloc_host(be, rows * sizeof(int32_t), "decode rows", err)) ||
         !(g->row_target = tr_dev_alloc_host(be, rows * sizeof(int32_t), "sampled ids", err)) ||
         !(g->row_lp = tr_dev_alloc_host(be, rows * sizeof(float), "sampled logprobs", err)) ||
         !(g->row_draw = tr_dev_alloc_host(be, rows * sizeof(tr_sample_row), "sampling rows", err)) ||
@@ -214,13 +218,10 @@ static int check_request(const tr_generator *g, const tr_gen_request *r, int32_t
                            "vocabulary [0, %d)", i, r->stop_ids[t], V);
     int64_t need = (int64_t)tr_kv_blocks_for(r->n_prompt, bs) +
                    tr_gen_sample_blocks(r->n_prompt, r->max_new_tokens, bs);
-    // Padded decode steps keep one block aside for their padding rows.
-    int32_t usable = g->cache.n_blocks - (g->pad_steps ? 1 : 0);
-    if (need > usable)
+    if (need > g->cache.n_blocks)
         return tr_errf(err, TR_ENOMEM, "generate: request %d needs %lld KV blocks of %d tokens "
-                       "for its prompt and one sample, the pool has %d%s; raise the KV token "
-                       "budget", i, (long long)need, bs, usable,
-                       g->pad_steps ? " (one more is kept for padding rows)" : "");
+                       "for its prompt and one sample, the pool has %d; raise the KV token "
+                       "budget", i, (long long)need, bs, g->cache.n_blocks);
     int64_t len = (int64_t)r->n_prompt + r->max_new_tokens - 1;
     if (len > g->max_seq_len)
         return tr_errf(err, TR_ERANGE, "generate: request %d: prompt (%d tokens) + "
@@ -248,10 +249,10 @@ static void gen_attend(void *ctx, tr_model *m, int32_t layer, tr_layer_acts *la,
 }
 
 // The pass's cache slots and attended lengths, for the attention callback's ops.
-static void upload_rows(tr_generator *g, int32_t n) {
+static void upload_rows(tr_generator *g, const int32_t *slot, const int32_t *len, int32_t n) {
     tr_backend *be = g->model->be;
-    be->ops->upload(be, g->d_slot, g->row_slot, (size_t)n * sizeof(int32_t));
-    be->ops->upload(be, g->d_len, g->row_len, (size_t)n * sizeof(int32_t));
+    be->ops->upload(be, g->d_slot, slot, (size_t)n * sizeof(int32_t));
+    be->ops->upload(be, g->d_len, len, (size_t)n * sizeof(int32_t));
 }
 
 static bool is_stop(const tr_gen_request *r, int32_t tok) {
@@ -456,7 +457,7 @@ static int32_t prefill_round(gen_run *run, tr_err *err) {
                 g->row_len[n] = p + 1;
             }
         }
-        upload_rows(g, n);
+        upload_rows(g, g->row_slot, g->row_len, n);
         if (tr_model_forward_rows(m, g->row_ids, g->row_pos, n, gen_attend, g, err) != 0)
             return -1;
         g->stats.passes++;
@@ -495,7 +496,7 @@ static int32_t bucket(int32_t n, int32_t cap) {
 static int queue_decode(tr_generator *g, int32_t B, int32_t w, tr_err *err) {
     tr_model *m = g->model;
     m->be->ops->upload(m->be, g->d_tables, g->tables_packed, (size_t)B * w * sizeof(int32_t));
-    upload_rows(g, B);
+    upload_rows(g, g->step_slot, g->step_len, B);
     if (tr_model_rows_queue(m, B, gen_attend, g, err) != 0) return -1;
     for (int32_t r0 = 0, R = g->logit_rows; r0 < B; r0 += R) {
         int32_t n = B - r0 < R ? B - r0 : R;
@@ -556,15 +557,14 @@ static int decode_graph(tr_generator *g, int32_t B, int32_t w, void **exec, tr_e
     return 0;
 }
 
-// Row i of a step as padding: token 0 at position 0, writing and reading the block kept
-// aside, drawn greedily.
+// Row i of a step as padding: token 0 at position 0, writing nothing into the cache (slot
+// -1) and reading one slot of block 0 (whatever it holds), drawn greedily.
 static void pad_row(tr_generator *g, int32_t i, int32_t w) {
-    const int32_t bs = g->cache.block_size;
     g->row_ids[i] = 0;
     g->row_pos[i] = 0;
-    g->row_slot[i] = g->pad_block * bs;
-    g->row_len[i] = 1;
-    for (int32_t j = 0; j < w; j++) g->tables_packed[(size_t)i * w + j] = g->pad_block;
+    g->step_slot[i] = -1;
+    g->step_len[i] = 1;
+    for (int32_t j = 0; j < w; j++) g->tables_packed[(size_t)i * w + j] = 0;
     g->row_draw[i] = (tr_sample_row){.temperature = 0.0f, .top_p = 1.0f};
 }
 
@@ -587,8 +587,8 @@ static int decode_step(gen_run *run, tr_err *err) {
         s->kv.len = pos + 1;
         g->row_ids[i] = o->tokens[o->n_tokens - 1];
         g->row_pos[i] = pos;
-        g->row_slot[i] = tr_kv_seq_slot(&s->kv, pos, bs);
-        g->row_len[i] = pos + 1;
+        g->step_slot[i] = tr_kv_seq_slot(&s->kv, pos, bs);
+        g->step_len[i] = pos + 1;
         g->row_out[i] = s->out;
         ctx += pos + 1;
     }
@@ -741,7 +741,6 @@ int tr_generate(tr_generator *g, const tr_gen_request *reqs, int32_t n_reqs,
     }
     // Fresh block tables every call: the pool holds nothing between calls.
     tr_kvcache_reset(&g->cache);
-    g->pad_block = g->pad_steps ? tr_kvcache_alloc(&g->cache) : -1;
     int32_t zero = 0, near = 0;
     g->model->be->ops->upload(g->model->be, g->d_near, &zero, sizeof zero);
     g->n_active = 0;
@@ -769,8 +768,6 @@ int tr_generate(tr_generator *g, const tr_gen_request *reqs, int32_t n_reqs,
         rc = decode_step(&run, err);
         if (rc == 0 && g->on_pass) g->on_pass(g->on_pass_ctx, &g->stats);
     }
-    if (g->pad_block >= 0) tr_kvcache_release(&g->cache, g->pad_block);
-    g->pad_block = -1;
     if (rc == 0) {
         g->model->be->ops->download(g->model->be, &near, g->d_near, sizeof near);
         rc = tr_dev_sync(g->model->be, "generate", err);

@@ -54,9 +54,9 @@ typedef struct tr_gen_output {
 // Decode steps as graphs (kernels/ops.h graph_*): each step's rows are padded to a bucket
 // (the next power of two, at most max_seqs) and its block tables to a bucket width, so that
 // one step recorded per shape is replayed for every later step of that shape, one launch
-// instead of hundreds. Padding rows write and read a KV block kept aside and sample
-// greedily; their results are dropped, and in batch-invariant arithmetic they change no bit
-// of the others. AUTO: where the backend records graphs (not with tensor parallelism, whose
+// instead of hundreds. Padding rows write nothing into the KV cache (slot -1), read one slot
+// of block 0 and sample greedily; their results are dropped, and in batch-invariant
+// arithmetic they change no bit of the others. AUTO: where the backend records graphs (not with tensor parallelism, whose
 // sampler talks to the other ranks); OFF: steps run op by op, unpadded; PAD: padded but not
 // recorded (what the CPU backend, which has no graphs, can check of the padding).
 enum tr_gen_graphs { TR_GEN_GRAPHS_AUTO, TR_GEN_GRAPHS_OFF, TR_GEN_GRAPHS_PAD };
@@ -130,8 +130,11 @@ typedef struct tr_generator {
     int32_t table_cap;          // block-table entries per sequence
     int32_t max_seq_len;
     // Buffers of one pass, sized at init: host bookkeeping (pinned where a recorded decode
-    // step copies from or to them: slot, len, target, lp, draw, tables_packed) ...
+    // step copies from or to them: step_*, target, lp, draw, tables_packed; a decode step ends
+    // with a sync, so the host never writes them while a copy from them waits; prefill passes
+    // follow each other without one, and read the pageable row_slot, row_len) ...
     int32_t *row_ids, *row_pos, *row_slot, *row_len, *row_target;   // [max_rows]
+    int32_t *step_slot, *step_len;   // [max_rows] a decode step's slots and lengths
     int32_t *row_out;           // [max_rows] the output each sampled row draws for
     float *row_lp;              // [max_rows]
     tr_sample_row *row_draw;    // [max_rows] each sampled row's parameters and stream
@@ -155,10 +158,9 @@ typedef struct tr_generator {
     int32_t reserved;           // blocks promised to admitted samples, not yet taken
     tr_gen_stats stats;         // of the last tr_generate
     // Decode graphs (enum tr_gen_graphs): whether steps are padded to buckets and recorded,
-    // the block the padding rows use in the current call (-1: none), the recorded steps and
-    // the memory they were recorded over (activations, KV pool): a move drops them all.
+    // the recorded steps and the memory they were recorded over (activations, KV pool): a
+    // move drops them all.
     bool pad_steps, record_steps;
-    int32_t pad_block;
     tr_gen_graph graphs[TR_GEN_GRAPHS];
     int32_t n_graphs;
     const void *graph_acts, *graph_kv;

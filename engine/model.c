@@ -313,13 +313,16 @@ int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
     // Host bookkeeping first, then backend memory: the failure message names the buffer.
     m->acts.residual = calloc((size_t)L + 1, sizeof(float *));
     m->acts.layers = calloc((size_t)(L > 0 ? L : 1), sizeof(tr_layer_acts));
+    m->ids = malloc((size_t)m->max_tokens * sizeof(int32_t));
+    m->pos = malloc((size_t)m->max_tokens * sizeof(int32_t));
+    m->doc_start = malloc(((size_t)m->max_tokens + 1) * sizeof(int32_t));
     m->prefix = malloc((size_t)m->max_tokens * sizeof(int32_t));
     m->host_rows = malloc((size_t)m->max_tokens * sizeof(int32_t));
     m->emb_ids = malloc((size_t)m->max_tokens * sizeof(int32_t));
     double *inv = malloc((size_t)cfg->head_dim / 2 * sizeof(double));
     float *inv_f = malloc((size_t)cfg->head_dim / 2 * sizeof(float));
-    if (!m->acts.residual || !m->acts.layers || !m->prefix || !m->host_rows || !m->emb_ids || !inv ||
-        !inv_f) {
+    if (!m->acts.residual || !m->acts.layers || !m->ids || !m->pos || !m->doc_start ||
+        !m->prefix || !m->host_rows || !m->emb_ids || !inv || !inv_f) {
         free(inv);
         free(inv_f);
         tr_model_free(m);
@@ -349,13 +352,15 @@ int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
                                             "RoPE frequencies", err)))
         rc = -1;
     if (!rc && !(m->io = tr_dev_alloc(be, layout_io(m, NULL), "batch arrays", err))) rc = -1;
-    // The rows' host arrays are pinned: a decode step's uploads from them can be recorded in a
-    // CUDA graph (engine/generate.c), which reads them when it is replayed.
+    // Pinned copies for the two-half rows (tr_model_rows_prepare): a decode step's uploads from
+    // them can be recorded in a CUDA graph (engine/generate.c), which reads them when it is
+    // replayed. The other arrays stay pageable: an upload from pageable memory is taken when
+    // it is queued, so a caller may fill them again before the device has run the last batch.
     size_t rows_bytes = (size_t)m->max_tokens * sizeof(int32_t);
-    if (!rc && (!(m->ids = tr_dev_alloc_host(be, rows_bytes, "batch token ids", err)) ||
-                !(m->pos = tr_dev_alloc_host(be, rows_bytes, "batch positions", err)) ||
-                !(m->doc_start = tr_dev_alloc_host(be, rows_bytes + sizeof(int32_t),
-                                                   "batch document starts", err))))
+    if (!rc && (!(m->rows_ids = tr_dev_alloc_host(be, rows_bytes, "decode token ids", err)) ||
+                !(m->rows_pos = tr_dev_alloc_host(be, rows_bytes, "decode positions", err)) ||
+                !(m->rows_doc_start = tr_dev_alloc_host(be, rows_bytes + sizeof(int32_t),
+                                                        "decode document starts", err))))
         rc = -1;
     size_t emb_bytes = m->training ? be->ops->embedding_scratch_bytes(be, m->max_tokens) : 0;
     if (!rc && emb_bytes > 0 &&
@@ -414,12 +419,15 @@ void tr_model_free(tr_model *m) {
         tr_dev_free(m->be, m->emb_scratch);
         tr_dev_free(m->be, m->grad_sum);
         if (m->owns_arena) tr_dev_free(m->be, m->arena);
-        tr_dev_free_host(m->be, m->ids);
-        tr_dev_free_host(m->be, m->pos);
-        tr_dev_free_host(m->be, m->doc_start);
+        tr_dev_free_host(m->be, m->rows_ids);
+        tr_dev_free_host(m->be, m->rows_pos);
+        tr_dev_free_host(m->be, m->rows_doc_start);
     }
     free(m->acts.residual);
     free(m->acts.layers);
+    free(m->ids);
+    free(m->pos);
+    free(m->doc_start);
     free(m->prefix);
     free(m->host_rows);
     free(m->emb_ids);
@@ -809,11 +817,12 @@ static void attend_docs(void *ctx, tr_model *m, int32_t layer, tr_layer_acts *la
                                   &m->docs, c->n_heads, c->n_kv_heads, c->head_dim);
 }
 
-// The batch the host arrays hold becomes the current one: sizes and the host side ...
-static void batch_host(tr_model *m, int32_t T, int32_t n_docs, bool shared) {
+// The batch the host arrays hold (ids, and m->pos, m->doc_start or their pinned copies)
+// becomes the current one: sizes and the host side ...
+static void batch_host(tr_model *m, const int32_t *ids, int32_t T, int32_t n_docs, bool shared) {
     if (m->tp.size > 1) {   // the ids as rows of this rank's embedding
         for (int32_t t = 0; t < T; t++) {
-            int32_t r = m->ids[t] - m->tp.vocab0;
+            int32_t r = ids[t] - m->tp.vocab0;
             m->emb_ids[t] = r >= 0 && r < m->tp.vocab ? r : -1;
         }
     }
@@ -830,18 +839,19 @@ static void batch_host(tr_model *m, int32_t T, int32_t n_docs, bool shared) {
 }
 
 // ... and the copies the ops read, queued.
-static void batch_upload(tr_model *m, int32_t T, int32_t n_docs, bool shared) {
+static void batch_upload(tr_model *m, const int32_t *ids, const int32_t *pos, const int32_t *doc_start,
+                         int32_t T, int32_t n_docs, bool shared) {
     const tr_ops *op = m->be->ops;
-    op->upload(m->be, m->d_ids, m->ids, (size_t)T * sizeof(int32_t));
+    op->upload(m->be, m->d_ids, ids, (size_t)T * sizeof(int32_t));
     if (m->tp.size > 1) op->upload(m->be, m->d_emb_ids, m->emb_ids, (size_t)T * sizeof(int32_t));
-    op->upload(m->be, m->d_pos, m->pos, (size_t)T * sizeof(int32_t));
-    op->upload(m->be, m->d_doc_start, m->doc_start, ((size_t)n_docs + 1) * sizeof(int32_t));
+    op->upload(m->be, m->d_pos, pos, (size_t)T * sizeof(int32_t));
+    op->upload(m->be, m->d_doc_start, doc_start, ((size_t)n_docs + 1) * sizeof(int32_t));
     if (shared) op->upload(m->be, m->d_prefix, m->prefix, (size_t)n_docs * sizeof(int32_t));
 }
 
 static void set_batch(tr_model *m, int32_t T, int32_t n_docs, bool shared) {
-    batch_host(m, T, n_docs, shared);
-    batch_upload(m, T, n_docs, shared);
+    batch_host(m, m->ids, T, n_docs, shared);
+    batch_upload(m, m->ids, m->pos, m->doc_start, T, n_docs, shared);
 }
 
 // A model on a lent arena runs only inside a phase begun for it: another phase may have
@@ -865,8 +875,9 @@ int tr_model_forward(tr_model *m, const int32_t *ids, const tr_doc_layout *docs,
     return trunk_forward(m, T, attend_docs, NULL, err);
 }
 
-int tr_model_rows_prepare(tr_model *m, const int32_t *ids, const int32_t *pos, int32_t T,
-                          tr_err *err) {
+// Checks generation's rows and copies them into ids, pos (each row its own document).
+static int rows_fill(tr_model *m, const int32_t *ids, const int32_t *pos, int32_t T, int32_t *d_ids,
+                     int32_t *d_pos, int32_t *d_doc_start, tr_err *err) {
     if (check_phase(m, err) != 0) return -1;
     if (T < 1 || T > m->max_tokens)
         return tr_errf(err, TR_ERANGE, "model forward: %d rows, the model was set up for "
@@ -878,26 +889,32 @@ int tr_model_rows_prepare(tr_model *m, const int32_t *ids, const int32_t *pos, i
         if (pos[t] < 0)
             return tr_errf(err, TR_EINVAL, "model forward: row %d has position %d", t, pos[t]);
     }
-    memcpy(m->ids, ids, (size_t)T * sizeof(int32_t));
-    memcpy(m->pos, pos, (size_t)T * sizeof(int32_t));
+    memcpy(d_ids, ids, (size_t)T * sizeof(int32_t));
+    memcpy(d_pos, pos, (size_t)T * sizeof(int32_t));
     // Every row is its own document to the heads (a score per row); backward has no meaning.
-    for (int32_t t = 0; t <= T; t++) m->doc_start[t] = t;
-    batch_host(m, T, T, false);
+    for (int32_t t = 0; t <= T; t++) d_doc_start[t] = t;
+    batch_host(m, d_ids, T, T, false);
     return 0;
+}
+
+int tr_model_rows_prepare(tr_model *m, const int32_t *ids, const int32_t *pos, int32_t T,
+                          tr_err *err) {
+    return rows_fill(m, ids, pos, T, m->rows_ids, m->rows_pos, m->rows_doc_start, err);
 }
 
 int tr_model_rows_queue(tr_model *m, int32_t T, tr_attend_fn attend, void *ctx, tr_err *err) {
     if (T != m->docs.n_tokens)
         return tr_errf(err, TR_EINVAL, "model forward: %d rows queued, %d prepared", T,
                        m->docs.n_tokens);
-    batch_upload(m, T, T, false);
+    batch_upload(m, m->rows_ids, m->rows_pos, m->rows_doc_start, T, T, false);
     return trunk_forward(m, T, attend, ctx, err);
 }
 
 int tr_model_forward_rows(tr_model *m, const int32_t *ids, const int32_t *pos, int32_t T,
                           tr_attend_fn attend, void *ctx, tr_err *err) {
-    if (tr_model_rows_prepare(m, ids, pos, T, err) != 0) return -1;
-    return tr_model_rows_queue(m, T, attend, ctx, err);
+    if (rows_fill(m, ids, pos, T, m->ids, m->pos, m->doc_start, err) != 0) return -1;
+    batch_upload(m, m->ids, m->pos, m->doc_start, T, T, false);
+    return trunk_forward(m, T, attend, ctx, err);
 }
 
 // d_res (fp32) as the activation-dtype input of a GEMM backward over all T rows: d_res_a,

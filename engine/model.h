@@ -123,9 +123,11 @@ typedef struct tr_model {
     const struct tr_arena *shared;
     uint64_t shared_epoch;
     // The current batch. Host copies for bookkeeping (checks, score-head rows) ...
-    int32_t *ids;               // [max_tokens] pinned (alloc_host), as pos and doc_start
+    int32_t *ids;               // [max_tokens]
     int32_t *pos;               // [max_tokens]
     int32_t *doc_start;         // [max_tokens + 1]
+    int32_t *rows_ids, *rows_pos, *rows_doc_start;   // pinned (alloc_host) copies of the three
+                                // for tr_model_rows_prepare / _queue: what recorded steps read
     int32_t *prefix;            // [max_tokens] each document's shared prefix (-1: none)
     tr_doc_layout host_docs;    // over the host arrays; n_tokens 0 before forward
     int32_t *host_rows;         // [max_tokens] row indices on their way to the backend
@@ -249,10 +251,11 @@ typedef void (*tr_attend_fn)(void *ctx, tr_model *m, int32_t layer, tr_layer_act
 int tr_model_forward_rows(tr_model *m, const int32_t *ids, const int32_t *pos, int32_t T,
                           tr_attend_fn attend, void *ctx, tr_err *err);
 // The same in two halves, so that the device half can be recorded once and replayed (a CUDA
-// graph of a decode step, engine/generate.c): prepare checks the rows and fills the host
-// arrays (pinned) that the uploads read and the sizes the heads use; queue queues the uploads
+// graph of a decode step, engine/generate.c): prepare checks the rows and fills the pinned
+// host arrays that the uploads read and the sizes the heads use; queue queues the uploads
 // and the trunk for the T rows prepared. A replay of a recorded queue for T rows reads what
-// the last prepare of T rows wrote.
+// the last prepare of T rows wrote. Pinned memory is read when the device runs the copy: the
+// caller must not prepare again before the last queued (or replayed) rows have run.
 int tr_model_rows_prepare(tr_model *m, const int32_t *ids, const int32_t *pos, int32_t T,
                           tr_err *err);
 int tr_model_rows_queue(tr_model *m, int32_t T, tr_attend_fn attend, void *ctx, tr_err *err);

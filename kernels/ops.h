@@ -257,7 +257,8 @@ typedef struct tr_ops {
                              const tr_kv_pages *kv, const int32_t *block_table,
                              int32_t max_blocks, const int32_t *seq_len, int32_t B, int32_t H);
     // Row t of k and of v (n_kv_heads*head_dim values, rows of stride ld, A) into slot slot[t]
-    // (block * block_size + offset) of kv's pools, t < T; slots distinct.
+    // (block * block_size + offset) of kv's pools, t < T; slots distinct, except that a
+    // negative slot writes nothing (a padding row of a recorded decode step).
     void (*kv_write)(tr_backend *be, const tr_kv_pages *kv, const int32_t *slot, const void *k,
                      const void *v, int32_t ld, int32_t T);
 

@@ -372,14 +372,18 @@ static void g_kv_write(tr_backend *be, const tr_kv_pages *kv, const int32_t *slo
     dev(be, v, A_(be, strided(T, ld, width)), T <= 0, op, "v");
     open_mem(be);
     int64_t n_slots = (int64_t)kv->n_blocks * kv->block_size;
-    for (int32_t t = 0; t < T; t++)
-        if (slot[t] < 0 || slot[t] >= n_slots) {
+    int32_t padding = 0;
+    for (int32_t t = 0; t < T; t++) {
+        if (slot[t] < 0) padding++;   // writes nothing
+        if (slot[t] < -1 || slot[t] >= n_slots) {
             char what[160];
             snprintf(what, sizeof what, "slot[%d] = %d is outside a pool of %lld slots", t,
                      slot[t], (long long)n_slots);
             tr_cpu_guard_fail(op, what, slot);
         }
-    if (T > 1) distinct(slot, T, op);
+    }
+    // Padding rows (-1) may repeat; written slots may not.
+    if (T > 1 && padding < 2) distinct(slot, T, op);
     tr_cpu_kv_write(be, kv, slot, k, v, ld, T);
     close_mem(be);
 }

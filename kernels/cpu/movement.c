@@ -106,6 +106,7 @@ static void kv_write_task(void *arg, int32_t task) {
     const move_job *j = arg;
     const tr_kv_pages *kv = j->kv;
     size_t row = (size_t)kv->n_kv_heads * kv->head_dim * j->elem;
+    if (j->idx[task] < 0) return;   // a padding row
     size_t src = (size_t)task * j->ld * j->elem, dst = (size_t)j->idx[task] * row;
     memcpy((char *)kv->k_pool + dst, j->src + src, row);
     memcpy((char *)kv->v_pool + dst, j->src2 + src, row);

@@ -115,12 +115,14 @@ void tr_cuda_kv_copy_blocks(tr_backend *be, const tr_kv_pool *pool, const int32_
 }
 
 // One block per token (grid-stride): row t of k and of v, rows of stride ld elements, into
-// slot slot[t] of the pools, whose slots are `width` elements apart. Elements are moved as
-// bits (E is a same-size integer type): the KV cache holds the A dtype unchanged.
+// slot slot[t] of the pools, whose slots are `width` elements apart (a negative slot: a
+// padding row, nothing written). Elements are moved as bits (E is a same-size integer type):
+// the KV cache holds the A dtype unchanged.
 template <typename E>
 __global__ void kv_write_kernel(E *k_pool, E *v_pool, const int32_t *slot, const E *k,
                                 const E *v, int32_t ld, int32_t width, int32_t T) {
     for (int32_t t = blockIdx.x; t < T; t += gridDim.x) {
+        if (slot[t] < 0) continue;
         size_t to = (size_t)slot[t] * (size_t)width, from = (size_t)t * (size_t)ld;
         for (int32_t i = threadIdx.x; i < width; i += blockDim.x) {
             k_pool[to + i] = k[from + i];
