@@ -80,8 +80,10 @@ static void cuda_copy_2d(tr_backend *be, void *dst, size_t dst_pitch, const void
 // as a kernel bug would. The device faults for real, the context is lost as it is then, and
 // the synchronize reports the fault like any other (tests/kernels/test_cuda_fault makes the
 // same one); the message only adds that it was asked for.
+// A nonzero value: zero would go to cudaMemsetAsync, which refuses the pointer at once
+// ("invalid argument") instead of letting a kernel fault.
 static void inject_fault(tr_backend *be) {
-    tr_cuda_fill(be, (float *)(uintptr_t)0x1000, 0.0f, (size_t)1 << 20);
+    tr_cuda_fill(be, (float *)(uintptr_t)0x1000, 1.0f, (size_t)1 << 20);
 }
 
 static int cuda_sync(tr_backend *be, const char *where, char *msg, size_t cap) {
