@@ -23,6 +23,8 @@ typedef struct gen_group {
     int32_t sample_res;  // worst-case blocks of one sample
     int32_t done;        // prompt tokens prefilled
     bool holding;        // kv holds the prompt's blocks
+    const int32_t *stop; // the request's stop ids sorted and without repeats (the run's copy)
+    int32_t n_stop;
 } gen_group;
 
 typedef struct gen_run {
@@ -34,6 +36,7 @@ typedef struct gen_run {
     gen_group *groups;
     int32_t next_req;    // requests before it have been admitted
     int32_t head;        // groups before it have started every sample
+    int32_t *stop_buf;   // the groups' sorted stop lists
 } gen_run;
 
 int32_t tr_gen_sample_blocks(int32_t n_prompt, int32_t max_new_tokens, int32_t block_size) {
@@ -255,15 +258,59 @@ static void upload_rows(tr_generator *g, const int32_t *slot, const int32_t *len
     be->ops->upload(be, g->d_len, len, (size_t)n * sizeof(int32_t));
 }
 
-static bool is_stop(const tr_gen_request *r, int32_t tok) {
-    for (int32_t i = 0; i < r->n_stop; i++)
-        if (r->stop_ids[i] == tok) return true;
-    return false;
+// Binary search of the group's sorted stop ids: a stop set can be hundreds of ids (a
+// benchmark's geometric lengths, every id of a family of end markers), tested for every
+// sampled token of every running sample on the host between decode steps.
+static bool is_stop(const gen_group *grp, int32_t tok) {
+    int32_t lo = 0, hi = grp->n_stop;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (grp->stop[mid] < tok) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < grp->n_stop && grp->stop[lo] == tok;
 }
 
-static void finish_check(const tr_gen_request *r, tr_gen_output *o) {
-    if (o->n_tokens > r->min_new_tokens && is_stop(r, o->tokens[o->n_tokens - 1])) o->finish = TR_GEN_STOP;
+static void finish_check(const tr_gen_request *r, const gen_group *grp, tr_gen_output *o) {
+    if (o->n_tokens > r->min_new_tokens && is_stop(grp, o->tokens[o->n_tokens - 1])) o->finish = TR_GEN_STOP;
     else if (o->n_tokens >= r->max_new_tokens) o->finish = TR_GEN_LENGTH;
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+// Gives every group its request's stop ids sorted and without repeats, in one buffer; the
+// requests of one call usually share one list (the same pointer), which is sorted once.
+static int sort_stops(gen_run *run, tr_err *err) {
+    int64_t total = 0;
+    for (int32_t i = 0; i < run->n_reqs; i++) {
+        const tr_gen_request *r = &run->reqs[i];
+        bool same = i > 0 && r->stop_ids == run->reqs[i - 1].stop_ids && r->n_stop == run->reqs[i - 1].n_stop;
+        if (!same) total += r->n_stop;
+    }
+    run->stop_buf = malloc((size_t)(total > 0 ? total : 1) * sizeof(int32_t));
+    if (!run->stop_buf) return tr_errf(err, TR_ENOMEM, "generate: out of memory for %lld stop ids", (long long)total);
+    int64_t off = 0;
+    for (int32_t i = 0; i < run->n_reqs; i++) {
+        const tr_gen_request *r = &run->reqs[i];
+        gen_group *grp = &run->groups[i];
+        if (i > 0 && r->stop_ids == run->reqs[i - 1].stop_ids && r->n_stop == run->reqs[i - 1].n_stop) {
+            grp->stop = run->groups[i - 1].stop;
+            grp->n_stop = run->groups[i - 1].n_stop;
+            continue;
+        }
+        int32_t *s = run->stop_buf + off, n = 0;
+        if (r->n_stop > 0) memcpy(s, r->stop_ids, (size_t)r->n_stop * sizeof(int32_t));
+        qsort(s, (size_t)r->n_stop, sizeof(int32_t), cmp_i32);
+        for (int32_t j = 0; j < r->n_stop; j++)
+            if (n == 0 || s[j] != s[n - 1]) s[n++] = s[j];
+        grp->stop = s;
+        grp->n_stop = n;
+        off += r->n_stop;
+    }
+    return 0;
 }
 
 static void note_blocks(tr_generator *g) {
@@ -364,7 +411,7 @@ static void take_draws(gen_run *run, const int32_t *outs, int32_t n, int32_t r0)
         o->tokens[o->n_tokens] = g->row_target[r0 + i];
         o->logprobs[o->n_tokens] = g->row_lp[r0 + i];
         o->n_tokens++;
-        finish_check(r, o);
+        finish_check(r, &run->groups[o->request], o);
     }
 }
 
@@ -712,6 +759,10 @@ int tr_generate(tr_generator *g, const tr_gen_request *reqs, int32_t n_reqs,
                      (long long)n_out);
         goto done;
     }
+    if (sort_stops(&run, err) != 0) {
+        rc = -1;
+        goto done;
+    }
     int32_t o = 0;
     int64_t t_off = 0;
     for (int32_t i = 0; i < n_reqs && rc == 0; i++) {
@@ -780,6 +831,7 @@ done:
     }
     free(run.rngs);
     free(run.groups);
+    free(run.stop_buf);
     free(group_tables);
     return rc;
 }

@@ -30,8 +30,9 @@ typedef struct tr_gen_request {
     int32_t n_samples;           // >= 1, all continuing the same prompt
     tr_sample_params sampling;
     uint64_t seed;               // sample j draws from tr_rng_derive(seed, j)
-    const int32_t *stop_ids;     // a sampled stop id ends the sample (and is part of it)
-    int32_t n_stop;
+    const int32_t *stop_ids;     // a sampled stop id ends the sample (and is part of it);
+    int32_t n_stop;              // any number, any order, repeats allowed (a sorted copy is
+                                 // searched per token)
     int32_t max_new_tokens;      // >= 1
     int32_t min_new_tokens;      // 0..max_new_tokens: a stop id sampled as one of the first
                                  // min_new_tokens tokens does not end the sample (it stays in

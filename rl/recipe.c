@@ -196,6 +196,48 @@ static int fill_map(const tr_rkey *keys, char *base, const tr_ynode *n, const tr
                     const char *path, tr_err *err);
 static int apply_defaults(const tr_rkey *keys, char *base, tr_err *err);
 
+typedef struct id_at {
+    int32_t id, at;
+} id_at;
+
+static int cmp_id_at(const void *a, const void *b) {
+    const id_at *x = a, *y = b;
+    return x->id != y->id ? (x->id > y->id) - (x->id < y->id) : (x->at > y->at) - (x->at < y->at);
+}
+
+// A list of distinct token ids; repeats are found by sorting a copy (lists run to thousands).
+static int set_token_ids(const tr_rkey *k, tr_recipe_token_ids *d, const tr_ynode *n, const char *path,
+                         tr_err *err) {
+    if (n->kind != TR_YNODE_SEQ) return fail_type(n, path, "a list of token ids", err);
+    if ((size_t)n->n > k->size) return fail_node(n, path, err, "%d ids, at most %zu", (int)n->n, k->size);
+    id_at *s = malloc((size_t)(n->n > 0 ? n->n : 1) * sizeof *s);
+    if (!s) return tr_errf(err, TR_ENOMEM, "%s: out of memory for %d ids", path, (int)n->n);
+    for (int32_t i = 0; i < n->n; i++) {
+        char ipath[PATH_CAP];
+        snprintf(ipath, sizeof ipath, "%s[%d]", path, (int)i);
+        int64_t v;
+        if (parse_int(n->kids[i], ipath, &v, err) || check_range(k, n->kids[i], ipath, (double)v, err)) {
+            free(s);
+            return -1;
+        }
+        s[i] = (id_at){(int32_t)v, i};
+        d->ids[i] = (int32_t)v;   // a recipe that fails to parse is thrown away whole
+    }
+    qsort(s, (size_t)n->n, sizeof *s, cmp_id_at);
+    for (int32_t i = 1; i < n->n; i++)
+        if (s[i].id == s[i - 1].id) {
+            char ipath[PATH_CAP];
+            snprintf(ipath, sizeof ipath, "%s[%d]", path, (int)s[i].at);
+            int32_t id = s[i].id, first = s[i - 1].at;
+            const tr_ynode *at = n->kids[s[i].at];
+            free(s);
+            return fail_node(at, ipath, err, "id %d is listed twice (first at [%d])", (int)id, (int)first);
+        }
+    free(s);
+    d->n = n->n;
+    return 0;
+}
+
 // Stores one value of key k (found at node n) into base + k->off.
 static int set_value(const tr_rkey *k, char *base, const tr_ynode *n, const char *path, tr_err *err) {
     char *dst = base + k->off;
@@ -269,6 +311,8 @@ static int set_value(const tr_rkey *k, char *base, const tr_ynode *n, const char
         *d = tmp;
         return 0;
     }
+    case TR_RK_TOKEN_IDS:
+        return set_token_ids(k, (tr_recipe_token_ids *)dst, n, path, err);
     case TR_RK_ROLE_GROUPS: {
         tr_recipe_placement *p = (tr_recipe_placement *)dst;
         if (n->kind != TR_YNODE_SEQ) return fail_type(n, path, "a list of role lists, e.g. [[policy, reference]]", err);

@@ -17,6 +17,9 @@
 #define TR_RECIPE_MAX_PREFIXES 64
 #define TR_RECIPE_MAX_GROUPS 4
 #define TR_RECIPE_MAX_SETS 256
+// rollout.stop_ids' room: 32 KiB of the recipe, thousands of ids (a benchmark's stop set of one
+// id in 256 of a 152K vocabulary is 594).
+#define TR_RECIPE_MAX_STOP_IDS 8192
 
 enum tr_recipe_workflow {
     TR_RECIPE_GRPO,
@@ -75,6 +78,12 @@ typedef struct tr_recipe_devices {
     int32_t ids[TR_RECIPE_MAX_DEVICES];  // empty: the launcher assigns devices in order
     int32_t n;
 } tr_recipe_devices;
+
+// Token ids, each listed once, in the recipe's order.
+typedef struct tr_recipe_token_ids {
+    int32_t ids[TR_RECIPE_MAX_STOP_IDS];
+    int32_t n;
+} tr_recipe_token_ids;
 
 // policy, reference, critic: a transformer loaded from a Hugging Face directory, freshly
 // initialised from a config.json, or (reference, critic) started from the policy's checkpoint.
@@ -157,6 +166,9 @@ typedef struct tr_recipe_rollout {
     int64_t n;               // responses per prompt (the group size)
     int64_t max_new_tokens;
     int64_t min_new_tokens;   // stop ids do not end a response before this many tokens
+    tr_recipe_token_ids stop_ids;  // end a response too, besides the chat format's stop tokens
+                                   // (else the model's eos ids); below the policy's vocabulary
+                                   // size, checked once its workers report it
     double temperature;      // 0 = greedy
     double top_p;
     int64_t top_k;           // 0 = off

@@ -101,6 +101,13 @@ static void emit_leaf(strbuf *b, const tr_rkey *k, const char *base) {
         sb_printf(b, "]");
         break;
     }
+    case TR_RK_TOKEN_IDS: {
+        const tr_recipe_token_ids *d = (const tr_recipe_token_ids *)src;
+        sb_printf(b, "[");
+        for (int32_t i = 0; i < d->n; i++) sb_printf(b, "%s%d", i ? ", " : "", (int)d->ids[i]);
+        sb_printf(b, "]");
+        break;
+    }
     case TR_RK_ROLE_GROUPS: {
         const tr_recipe_placement *p = (const tr_recipe_placement *)src;
         sb_printf(b, "[");
@@ -232,6 +239,12 @@ static int diff_map(const tr_rkey *keys, const char *a, const char *b, const cha
                 return differs(key, cap, path, k->name);
             break;
         }
+        case TR_RK_TOKEN_IDS: {
+            const tr_recipe_token_ids *ta = (const tr_recipe_token_ids *)pa, *tb = (const tr_recipe_token_ids *)pb;
+            if (ta->n != tb->n || memcmp(ta->ids, tb->ids, (size_t)ta->n * sizeof ta->ids[0]))
+                return differs(key, cap, path, k->name);
+            break;
+        }
         case TR_RK_ROLE_GROUPS: {
             const tr_recipe_placement *x = (const tr_recipe_placement *)pa, *y = (const tr_recipe_placement *)pb;
             if (x->n_colocate != y->n_colocate) return differs(key, cap, path, k->name);
@@ -273,6 +286,7 @@ static const char *type_name(const tr_rkey *k) {
     case TR_RK_ENUM: return "enum";
     case TR_RK_FLOATS: return "numbers";
     case TR_RK_DEVICES: return "integers";
+    case TR_RK_TOKEN_IDS: return "integers";
     case TR_RK_ROLE_GROUPS: return "role lists";
     case TR_RK_LIST: return "list of mappings";
     }
@@ -286,6 +300,10 @@ static void doc_allowed(strbuf *b, const tr_rkey *k) {
     }
     if (k->type == TR_RK_ROLE_GROUPS) {
         for (size_t i = 0; tr_recipe_role_names[i]; i++) sb_printf(b, "%s`%s`", i ? ", " : "", tr_recipe_role_names[i]);
+        return;
+    }
+    if (k->type == TR_RK_TOKEN_IDS) {
+        sb_printf(b, "distinct, %zu at most, each below the vocabulary size", k->size);
         return;
     }
     if (k->type == TR_RK_FLOATS) sb_printf(b, "%zu items", k->size);

@@ -261,6 +261,11 @@ static const tr_rkey rollout_keys[] = {
      .flags = MIN, .min = 0, .max = MAX_TOKENS, .def = "0",
      .doc = "a stop id sampled among a response's first N tokens does not end it (it stays as any "
             "token): benchmarks force lengths with it; the logprobs stay the model's"},
+    {.name = "stop_ids", .type = TR_RK_TOKEN_IDS, .off = offsetof(tr_recipe_rollout, stop_ids),
+     .size = TR_RECIPE_MAX_STOP_IDS, .flags = UNIT, .min = 0, .max = INT32_MAX, .def = "[]",
+     .doc = "token ids that end a response too (and are part of it), besides the chat format's stop "
+            "tokens, else the model's eos ids; checked against the vocabulary once the policy's workers "
+            "have loaded it"},
     {.name = "temperature", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_rollout, temperature),
      .flags = MIN, .min = 0, .def = "1.0", .doc = "sampling temperature; 0 = greedy"},
     {.name = "top_p", .type = TR_RK_FLOAT, .off = offsetof(tr_recipe_rollout, top_p),

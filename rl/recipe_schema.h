@@ -16,6 +16,7 @@ enum tr_rkey_type {
     TR_RK_DEVICES,      // tr_recipe_devices: a list of device ids
     TR_RK_ROLE_GROUPS,  // placement.colocate (off: the tr_recipe_placement): lists of roles
     TR_RK_LIST,         // a list of mappings (sub): size items at most, stride bytes apart
+    TR_RK_TOKEN_IDS,    // tr_recipe_token_ids: a list of distinct token ids (each in min..max)
 };
 
 #define TR_RK_REQUIRED 1u   // must appear (within its mapping, when that mapping is present)

@@ -126,6 +126,8 @@ tr_sampling tr_rl_sampling(const tr_recipe *r, int64_t step, int32_t round) {
     s.n = (int32_t)r->rollout.n;
     s.max_new_tokens = (int32_t)r->rollout.max_new_tokens;
     s.min_new_tokens = (int32_t)r->rollout.min_new_tokens;
+    s.extra_stop_ids = r->rollout.stop_ids.ids;
+    s.n_extra_stop = r->rollout.stop_ids.n;
     s.temperature = (float)r->rollout.temperature;
     s.top_p = (float)r->rollout.top_p;
     s.top_k = (int32_t)r->rollout.top_k;

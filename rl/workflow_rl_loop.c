@@ -12,6 +12,7 @@
 #include "engine/loss.h"
 #include "rl/advantage.h"
 #include "rl/advantage_shaping.h"
+#include "rl/controller.h"
 #include "rl/phase_timer.h"
 #include "rl/rollout_select.h"
 #include "rl/workflow_rl.h"
@@ -152,8 +153,22 @@ static int rl_step(tr_run *run, tr_rl_step *s, tr_prompt_loader *train, int64_t 
     return tr_phase_log(&pt, &run->m, err);
 }
 
+// rollout.stop_ids against the vocabulary the policy loaded: its config is the workers' to
+// read, so the recipe could only check the ids' form.
+static int check_stop_ids(const tr_run *run, tr_err *err) {
+    const tr_recipe_token_ids *s = &run->rc->rollout.stop_ids;
+    const tr_role_info *in = tr_controller_role_info(run->ctl, TR_RECIPE_POLICY);
+    if (!in || in->vocab_size <= 0) return 0;
+    for (int32_t i = 0; i < s->n; i++)
+        if (s->ids[i] >= in->vocab_size)
+            return tr_errf(err, TR_ERANGE, "rollout.stop_ids[%d]: %d is outside the policy's vocabulary [0, %d)",
+                           (int)i, (int)s->ids[i], (int)in->vocab_size);
+    return 0;
+}
+
 int tr_workflow_rl(tr_run *run, tr_err *err) {
     const tr_recipe *rc = run->rc;
+    if (check_stop_ids(run, err)) return -1;
     tr_prompt_loader train = {0}, eval = {0};
     bool has_eval = rc->data.eval[0] != '\0';
     tr_rl_step s;

@@ -67,6 +67,8 @@ typedef struct tr_sampling {
                                // tr_rng_derive(that, j), whatever the DP split
     int32_t stop_ids[8];       // n_stop 0: the worker's default (chat format's stops, else
     int32_t n_stop;            // the model config's eos ids)
+    const int32_t *extra_stop_ids;  // not owned: ids that end a sample besides those (any
+    int32_t n_extra_stop;           // number: a recipe's rollout.stop_ids)
     tr_gen_report *report;     // NULL, or where the call's generation statistics are added
 } tr_sampling;
 

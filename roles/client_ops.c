@@ -206,8 +206,8 @@ static void build_generate(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer
         for (int64_t i = first; i < first + count; i++) tr_msg_put_str(w, NULL, p->meta[i] ? p->meta[i] : "{}");
     }
     const tr_sampling *s = &c->s;
-    int64_t ns = s->n_stop;
-    tr_msg_put_map(w, "sampling", s->min_new_tokens > 0 ? 8 : 7);
+    int64_t ns = s->n_stop, ne = s->n_extra_stop;
+    tr_msg_put_map(w, "sampling", 7 + (s->min_new_tokens > 0) + (ne > 0));
     tr_msg_put_int(w, "n", s->n);
     tr_msg_put_int(w, "max_new_tokens", s->max_new_tokens);
     if (s->min_new_tokens > 0) tr_msg_put_int(w, "min_new_tokens", s->min_new_tokens);
@@ -216,6 +216,7 @@ static void build_generate(void *ctx, int32_t rank, int32_t ranks, tr_msg_writer
     tr_msg_put_int(w, "top_k", s->top_k);
     tr_msg_put_uint(w, "seed", s->seed);
     tr_msg_put_tensor(w, "stop_ids", TR_DTYPE_I32, 1, &ns, ns ? s->stop_ids : NULL);
+    if (ne > 0) tr_msg_put_tensor(w, "extra_stop_ids", TR_DTYPE_I32, 1, &ne, s->extra_stop_ids);
 }
 
 static int reply_generate(void *ctx, int32_t rank, const tr_msg_map *res, tr_err *err) {
@@ -267,9 +268,10 @@ static void gen_ctx_free(gen_ctx *c) {
 static int gen_ctx_init(gen_ctx *c, tr_group *g, const tr_prompt_batch *prompts, const tr_sampling *s,
                         tr_rollouts *out, tr_err *err) {
     memset(c, 0, sizeof *c);
-    if (prompts->n < 0 || s->n < 1 || s->n_stop < 0 || s->n_stop > 8)
-        return tr_errf(err, TR_EINVAL, "%s.generate: %d prompts x %d samples, %d stop ids", g->role, prompts->n,
-                       s->n, s->n_stop);
+    if (prompts->n < 0 || s->n < 1 || s->n_stop < 0 || s->n_stop > 8 || s->n_extra_stop < 0 ||
+        (s->n_extra_stop > 0 && !s->extra_stop_ids))
+        return tr_errf(err, TR_EINVAL, "%s.generate: %d prompts x %d samples, %d stop ids, %d extra", g->role,
+                       prompts->n, s->n, s->n_stop, s->n_extra_stop);
     size_t n = prompts->n ? (size_t)prompts->n : 1;
     *c = (gen_ctx){prompts, prompts->n, *s, malloc(n * sizeof(int32_t)), malloc(n * sizeof(int32_t)), out, g->world,
                    g->tp > 0 ? g->tp : 1};

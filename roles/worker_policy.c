@@ -23,7 +23,7 @@ typedef struct gen_args {
     int32_t n, max_new, min_new;
     tr_sample_params sp;
     uint64_t seed;
-    int32_t stop[64];
+    int32_t *stop;             // stop_ids (or the role's default), then extra_stop_ids
     int32_t n_stop;
 } gen_args;
 
@@ -32,6 +32,7 @@ static void gen_args_free(gen_args *g) {
     free(g->group);
     free(g->ids);
     free(g->off);
+    free(g->stop);
 }
 
 static int get_i32_vec(const tr_msg_map *m, const char *key, int32_t **out, int64_t *n, tr_err *err) {
@@ -47,7 +48,7 @@ static int get_i32_vec(const tr_msg_map *m, const char *key, int32_t **out, int6
 static int parse_generate(tr_role_ctx *rc, const tr_msg_map *a, gen_args *g, tr_err *err) {
     static const char *const keys[] = {"index0", "prompt_len", "prompts", "group", "text", "meta", "sampling", NULL};
     static const char *const skeys[] = {"n", "max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k",
-                                        "seed", "stop_ids", NULL};
+                                        "seed", "stop_ids", "extra_stop_ids", NULL};
     int64_t k, nt, ng;
     if (tr_msg_check_keys(a, keys, err) || tr_msg_get_int(a, "index0", &g->index0, err) ||
         get_i32_vec(a, "prompt_len", &g->plen, &k, err) || get_i32_vec(a, "prompts", &g->ids, &nt, err) ||
@@ -76,23 +77,29 @@ static int parse_generate(tr_role_ctx *rc, const tr_msg_map *a, gen_args *g, tr_
     tr_msg_map s;
     int64_t n, mnt, min_new = 0, top_k;
     double temp, top_p;
-    int32_t *stop = NULL;
-    int64_t n_stop = 0;
+    int32_t *stop = NULL, *extra = NULL;
+    int64_t n_stop = 0, n_extra = 0;
     if (tr_msg_get_map(a, "sampling", &s, err) || tr_msg_check_keys(&s, skeys, err) ||
         tr_msg_get_int(&s, "n", &n, err) || tr_msg_get_int(&s, "max_new_tokens", &mnt, err) ||
         tr_msg_get_int_opt(&s, "min_new_tokens", &min_new, err) ||
         tr_msg_get_float(&s, "temperature", &temp, err) || tr_msg_get_float(&s, "top_p", &top_p, err) ||
         tr_msg_get_int(&s, "top_k", &top_k, err) || tr_msg_get_uint(&s, "seed", &g->seed, err) ||
-        get_i32_vec(&s, "stop_ids", &stop, &n_stop, err)) {
+        get_i32_vec(&s, "stop_ids", &stop, &n_stop, err) ||
+        (tr_msg_has(&s, "extra_stop_ids") && get_i32_vec(&s, "extra_stop_ids", &extra, &n_extra, err))) {
         free(stop);
+        free(extra);
         return -1;
     }
+    // Stop lists of any length up to the vocabulary (the generator checks each id against it
+    // and searches a sorted copy).
+    const int64_t V = rc->has_model ? rc->model.cfg.vocab_size : 0;
     if (n < 1 || n > 65536 || mnt < 1 || min_new < 0 || min_new > mnt || top_k < 0 || top_k > INT32_MAX ||
-        n_stop > 64) {
+        n_stop > V || n_extra > V) {
         free(stop);
+        free(extra);
         return tr_errf(err, TR_EINVAL, "generate: sampling n %lld, max_new_tokens %lld, min_new_tokens %lld, top_k "
-                       "%lld or %lld stop ids out of range", (long long)n, (long long)mnt, (long long)min_new,
-                       (long long)top_k, (long long)n_stop);
+                       "%lld, %lld stop ids or %lld extra stop ids out of range", (long long)n, (long long)mnt,
+                       (long long)min_new, (long long)top_k, (long long)n_stop, (long long)n_extra);
     }
     int32_t longest = 0;
     for (int32_t i = 0; i < g->k; i++)
@@ -106,14 +113,18 @@ static int parse_generate(tr_role_ctx *rc, const tr_msg_map *a, gen_args *g, tr_
     g->max_new = (int32_t)mnt;
     g->min_new = (int32_t)min_new;
     g->sp = (tr_sample_params){.temperature = (float)temp, .top_k = (int32_t)top_k, .top_p = (float)top_p};
-    if (n_stop > 0) {
-        memcpy(g->stop, stop, (size_t)n_stop * sizeof(int32_t));
-        g->n_stop = (int32_t)n_stop;
-    } else {
-        memcpy(g->stop, rc->stop_ids, (size_t)rc->n_stop * sizeof(int32_t));
-        g->n_stop = rc->n_stop;
+    // The call's stop ids, else the role's default; the extra ids after them.
+    const int32_t *base = n_stop > 0 ? stop : rc->stop_ids;
+    int64_t n_base = n_stop > 0 ? n_stop : rc->n_stop;
+    g->stop = malloc((size_t)(n_base + n_extra > 0 ? n_base + n_extra : 1) * sizeof(int32_t));
+    if (g->stop) {
+        if (n_base > 0) memcpy(g->stop, base, (size_t)n_base * sizeof(int32_t));
+        if (n_extra > 0) memcpy(g->stop + n_base, extra, (size_t)n_extra * sizeof(int32_t));
+        g->n_stop = (int32_t)(n_base + n_extra);
     }
     free(stop);
+    free(extra);
+    if (!g->stop) return tr_errf(err, TR_ENOMEM, "generate: out of memory for %lld stop ids", (long long)(n_base + n_extra));
     return tr_sample_params_check(&g->sp, err);
 }
 

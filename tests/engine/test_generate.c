@@ -6,7 +6,9 @@
 //  - a request's tokens do not depend on what else is in the batch, the block size or how
 //    many sequences decode together;
 //  - KV accounting: a short pool makes requests wait (same results), nothing leaks, and a
-//    request that cannot fit at all is an error naming it.
+//    request that cannot fit at all is an error naming it;
+//  - stop ids: one, or hundreds in any order with repeats, end a sample at the first one
+//    sampled after min_new_tokens.
 #include <stdio.h>
 
 #include "engine/generate.h"
@@ -110,6 +112,52 @@ static void test_greedy_hf(const char *name, tr_backend *be) {
         CHECK(outs[0].tokens[first] == stop);
         tr_gen_outputs_free(outs, 1);
     }
+    // A stop set of hundreds of ids, unsorted and with repeats: every id but those the greedy
+    // continuation takes before `first`, so the sample ends at `first` again.
+    int32_t V = m.cfg.vocab_size, many[2 * 300], n_many = 0;
+    CHECKF(V <= 300, "the fixture's vocabulary is %d ids", V);   // many's room
+    for (int32_t id = (V <= 300 ? V : 0) - 1; id >= 0; id--) {
+        bool before = false;
+        for (int32_t t = 0; t < first; t++) before |= want[0][np[0] + t] == id;
+        if (!before) many[n_many++] = id;
+        if (!before && id % 3 == 0) many[n_many++] = id;
+    }
+    CHECKF(n_many > 200, "%d stop ids", n_many);
+    r0.stop_ids = many;
+    r0.n_stop = n_many;
+    if (run(&m, &opts, &r0, 1, outs, NULL) == 0) {
+        CHECK(outs[0].n_tokens == first + 1 && outs[0].finish == TR_GEN_STOP && outs[0].tokens[first] == stop);
+        tr_gen_outputs_free(outs, 1);
+    }
+    // Sampled: with the even ids as stops (listed backwards), every sample ends at its first
+    // even id after min_new_tokens, or runs to max_new_tokens.
+    int32_t even[150], n_even = 0;
+    for (int32_t id = V - 1; id >= 0 && n_even < 150; id--)
+        if (id % 2 == 0) even[n_even++] = id;
+    tr_gen_request rs = reqs[0];
+    rs.sampling = (tr_sample_params){.temperature = 1.0f, .top_p = 1.0f};
+    rs.n_samples = 8;
+    rs.stop_ids = even;
+    rs.n_stop = n_even;
+    rs.min_new_tokens = 2;
+    if (run(&m, &opts, &rs, 1, outs, NULL) == 0) {
+        int32_t stopped = 0;
+        for (int32_t i = 0; i < 8; i++) {
+            const tr_gen_output *o = &outs[i];
+            bool ok = o->n_tokens >= 1;
+            for (int32_t t = rs.min_new_tokens; ok && t < o->n_tokens - 1; t++) ok = o->tokens[t] % 2 != 0;
+            if (o->finish == TR_GEN_STOP)
+                ok = ok && o->n_tokens > rs.min_new_tokens && o->tokens[o->n_tokens - 1] % 2 == 0;
+            else
+                ok = ok && o->finish == TR_GEN_LENGTH && o->n_tokens == rs.max_new_tokens;
+            CHECKF(ok, "sample %d: %d tokens, finish %d", i, o->n_tokens, (int)o->finish);
+            stopped += o->finish == TR_GEN_STOP;
+        }
+        CHECKF(stopped > 0, "no sample of 8 met one of %d stop ids", n_even);
+        tr_gen_outputs_free(outs, 8);
+    }
+    r0.stop_ids = &stop;
+    r0.n_stop = 1;
     // With min_new_tokens past it the stop id is a token like any other: the sample goes on as
     // the reference's greedy continuation, to the next occurrence or to max_new_tokens.
     r0.min_new_tokens = first + 1;

@@ -6,6 +6,7 @@
 
 #include "engine/file.h"
 #include "rl/recipe.h"
+#include "rl/workflow_rl.h"
 #include "tests/test.h"
 
 // Lines are numbered in the comments; errors below refer to them.
@@ -41,7 +42,7 @@ static const char *full =
     "  prompt_key: question\n"                                // 29
     "  max_prompt_len: 100\n"                                 // 30
     "rollout: {n: 4, max_new_tokens: 50, temperature: 0.7, top_p: 0.9, top_k: 20,\n"
-    "          dynamic_sampling: true, max_resample: 2, overlong: {buffer: 10, penalty: 0.5}}\n"
+    "          dynamic_sampling: true, max_resample: 2, overlong: {buffer: 10, penalty: 0.5}, stop_ids: [9, 4]}\n"
     "algorithm:\n"                                            // 33
     "  gamma: 0.99\n"                                         // 34
     "  lam: 0.95\n"                                           // 35
@@ -93,6 +94,7 @@ static void test_full(void) {
     CHECK(r.rollout.n == 4 && r.rollout.max_new_tokens == 50 && r.rollout.temperature == 0.7);
     CHECK(r.rollout.top_p == 0.9 && r.rollout.top_k == 20 && r.rollout.dynamic_sampling);
     CHECK(r.rollout.max_resample == 2 && r.rollout.overlong_buffer == 10 && r.rollout.overlong_penalty == 0.5);
+    CHECK(r.rollout.stop_ids.n == 2 && r.rollout.stop_ids.ids[0] == 9 && r.rollout.stop_ids.ids[1] == 4);
     const tr_recipe_algorithm *a = &r.algorithm;
     CHECK(a->advantage == TR_ADV_GAE);  // not written: the ppo default
     CHECK(a->norm_by_std && a->gamma == 0.99 && a->lam == 0.95);
@@ -490,6 +492,61 @@ static void test_generator(void) {
                  "--set algorithm.tis_cap=0.5: algorithm.tis_cap: 0.5 is out of range: must be >= 1");
 }
 
+// rollout.stop_ids: distinct ids kept in the recipe's order, hundreds of them through --set,
+// reaching the sampling settings every generate call sends; repeats, negative ids, a scalar
+// and more ids than the recipe holds are errors naming the item.
+static void test_stop_ids(void) {
+    const char *ok = L1 L2 L3 L4 L5 L6 L7 L8 L9;
+    tr_recipe r;
+    tr_err err = {0};
+    CHECK(tr_recipe_parse(ok, strlen(ok), "ok.yaml", NULL, 0, &r, &err) == 0 && r.rollout.stop_ids.n == 0);
+    CHECK(tr_rl_sampling(&r, 1, 0).n_extra_stop == 0);
+    // One id in 256 of a 151,936-id vocabulary (the GPU benchmark's realistic lengths), listed
+    // from the top down.
+    enum { N = 594 };
+    char *set = malloc(32 + (size_t)N * 8);
+    CHECK(set != NULL);
+    if (!set) return;
+    size_t len = (size_t)sprintf(set, "rollout.stop_ids=[");
+    for (int i = N - 1; i >= 0; i--) len += (size_t)sprintf(set + len, "%d%s", 91 + 256 * i, i ? ", " : "]");
+    const char *sets[] = {set};
+    int rc = tr_recipe_parse(ok, strlen(ok), "ok.yaml", sets, 1, &r, &err);
+    CHECKF(rc == 0, "%s", err.msg);
+    CHECK(r.rollout.stop_ids.n == N && r.rollout.stop_ids.ids[0] == 91 + 256 * (N - 1) &&
+          r.rollout.stop_ids.ids[N - 1] == 91);
+    tr_sampling s = tr_rl_sampling(&r, 1, 0);
+    CHECK(s.n_extra_stop == N && s.extra_stop_ids == r.rollout.stop_ids.ids);
+    // The resolved recipe keeps them.
+    char *y;
+    size_t ny;
+    tr_recipe b;
+    CHECK(tr_recipe_emit(&r, &y, &ny, &err) == 0);
+    CHECK(tr_recipe_parse(y, ny, "resolved.yaml", NULL, 0, &b, &err) == 0 && tr_recipe_diff(&r, &b, NULL, 0) == 0);
+    free(y);
+    // More than the recipe holds.
+    free(set);
+    set = malloc(32 + (size_t)(TR_RECIPE_MAX_STOP_IDS + 1) * 8);
+    CHECK(set != NULL);
+    if (!set) return;
+    len = (size_t)sprintf(set, "rollout.stop_ids=[");
+    for (int i = 0; i <= TR_RECIPE_MAX_STOP_IDS; i++)
+        len += (size_t)sprintf(set + len, "%d%s", i, i < TR_RECIPE_MAX_STOP_IDS ? ", " : "]");
+    sets[0] = set;
+    CHECK(tr_recipe_parse(ok, strlen(ok), "ok.yaml", sets, 1, &r, &err) == -1 &&
+          strstr(err.msg, "rollout.stop_ids: 8193 ids, at most 8192") != NULL);
+    free(set);
+    const char *twice[] = {"rollout.stop_ids=[5, 7, 5]"};
+    expect_error(ok, twice, 1, "--set rollout.stop_ids=[5, 7, 5]: rollout.stop_ids[2]: id 5 is listed twice "
+                               "(first at [0])");
+    const char *neg[] = {"rollout.stop_ids=[3, -1]"};
+    expect_error(ok, neg, 1, "--set rollout.stop_ids=[3, -1]: rollout.stop_ids[1]: -1 is out of range: must be in "
+                             "[0, 2147483647]");
+    const char *scalar[] = {"rollout.stop_ids=7"};
+    expect_error(ok, scalar, 1, "--set rollout.stop_ids=7: rollout.stop_ids: expected a list of token ids, got '7'");
+    expect_error(L1 L2 L3 L4 L5 L6 L7 L8 L9 "rollout:\n  stop_ids: [1, x]\n", NULL, 0,
+                 "bad.yaml:11:17: rollout.stop_ids[1]: expected an integer, got 'x'");
+}
+
 static void test_defaults(void) {
     tr_recipe r;
     tr_err err = {0};
@@ -509,6 +566,7 @@ int main(void) {
     test_round_trip();
     test_old_logprobs();
     test_generator();
+    test_stop_ids();
     test_defaults();
     return tr_test_summary("test_recipe");
 }
