@@ -5,14 +5,25 @@
 # -1.5B shape, 64 prompts x 8 samples, prompts of 256 tokens, exactly 256 new tokens per
 # completion (no stop token: the model config names no EOS and the prompts take no chat
 # format), KL to a reference with coefficient (TRL: beta) 0.04, one AdamW step per GRPO step.
+# LENGTHS=realistic (environment) makes the lengths realistic instead: completions end by a stop
+# token, spread from 16 to 1,024 new tokens. A random-weight model samples nearly uniformly over
+# the 151,936-id vocabulary, so a stop set of 594 ids (one in 256: every id congruent to 151643,
+# TRL's EOS, modulo 256) ends a completion after each token with probability 1/256: with
+# min_new_tokens 16 and max_new_tokens 1024 the lengths are 16 plus a geometric count, mean
+# about 267, about 2% cut at 1,024. troupe lists the set as rollout.stop_ids; TRL runs through
+# bench/trl_realistic.py, which gives the anchor's model the set as its eos ids and
+# min_new_tokens 16 (see there for how TRL masks after a stop). There continuous batching
+# (troupe) against padded batches that run to the longest completion (HF generate), and
+# token-balanced micro-batches against padded ones, show.
 # 4 steps each, the first a warm-up; the table gives the mean of the other 3: s/step, with
 # generation, reference logprobs and training (troupe: the forward/backward passes, the
 # optimizer step and the old-logprob check: the ratio's old logprobs are generation's, as TRL's
 # single-iteration GRPO takes the policy's own, and 8 sequences are recomputed to measure the
 # difference, printed as logprob_diff/max; OLD_LOGPROBS=recompute in the environment makes it a
 # pass over the whole batch instead; TRL: everything after the rollout) and the
-# rest (rewards, troupe's weight sync, bookkeeping), and the ratio TRL / troupe (above 1:
-# troupe is faster).
+# rest (rewards, troupe's weight sync, bookkeeping), the ratio TRL / troupe (above 1:
+# troupe is faster) and each side's mean completion length over the measured steps, stop token
+# included (troupe's response_len/mean, TRL's completions/mean_length), which must agree.
 #
 # usage: bench/run_grpo_gpu.sh [--tiny | --check] BUILD_DIR ANCHOR_DIR [SHAPE...]
 #   SHAPE: qwen2.5-0.5b, qwen2.5-1.5b (default: both).
@@ -23,15 +34,21 @@
 #   WORKFLOW=ppo (environment): PPO with a critic instead (the policy's body under a value
 #     head, colocated with policy and reference; GAE, one epoch, one mini-batch); TRL has no
 #     such anchor here, so troupe runs alone and its critic phase is printed too.
+#   LENGTHS=realistic (environment): completions end by stop tokens (above): rollout.stop_ids,
+#     min_new_tokens 16, max_new_tokens 1024; with --tiny 19 stop ids of the 300 (one in 16),
+#     min_new_tokens 4, max_new_tokens 64 (TRL's tiny model keeps the full vocabulary: one id in
+#     16 of it).
+#   TRL_MB (environment): completions per TRL micro-batch (default 32 as the anchor's; 16 with
+#     LENGTHS=realistic, whose micro-batches pad to nearly 1,280 tokens a row; 8 with --tiny).
 #   KEEP=1 (environment): leave the temporary folder (model config, tokenizer, prompts,
 #     recipes, runs) in place; by default only the checkpoints the runs end with are removed.
 #   --tiny: a CPU smoke test of the whole path (width 64, 2 layers, a 300-id vocabulary,
 #     8 prompts x 4 samples, 16 + 16 tokens, backend cpu); the anchor runs with --tiny when
 #     TRL imports, and is skipped with a note otherwise.
 #   --check: the real shapes' files and recipe, run on the CPU with the batch and lengths cut
-#     down by --set (1 prompt x 2 samples, 4 new tokens, 1 step; qwen2.5-0.5b unless shapes
-#     are named): proves the GPU recipe loads and its files work, without a GPU (0.5B: about
-#     13 GB of memory and a few minutes on 2 cores).
+#     down by --set (1 prompt x 2 samples, 4 new tokens, 1 step, with LENGTHS=realistic
+#     min_new_tokens 2; qwen2.5-0.5b unless shapes are named): proves the GPU recipe loads and
+#     its files work, without a GPU (0.5B: about 13 GB of memory and a few minutes on 2 cores).
 #
 # On the GPU machine, from the repository root with .debs/ (tools/fetch_gpu_deps.sh: the upper
 # layers' libraries), the anchors in shared/anchors and the wheels in .whl carried:
@@ -39,8 +56,9 @@
 #   { [ -d build-cuda ] || meson setup build-cuda -Dcuda=enabled -Dwerror=false; } &&
 #   ninja -C build-cuda cli/troupe &&
 #   WHEELS_DIR=.whl bench/run_grpo_gpu.sh build-cuda shared/anchors qwen2.5-0.5b qwen2.5-1.5b
-# (/tmp holds each run's final checkpoint until its shape is done: about 15 GiB at 1.5B; one
-# shape per command if both do not fit in the time limit).
+# and the realistic table the same with LENGTHS=realistic in front of the last line (/tmp holds
+# each run's final checkpoint until its shape is done: about 15 GiB at 1.5B; one shape per
+# command if both do not fit in the time limit).
 set -u
 usage="usage: run_grpo_gpu.sh [--tiny | --check] BUILD_DIR ANCHOR_DIR [SHAPE...]"
 mode=gpu
@@ -48,6 +66,12 @@ case "${1:-}" in
 --tiny) mode=tiny; shift ;;
 --check) mode=check; shift ;;
 esac
+lengths=${LENGTHS:-full}
+case "$lengths" in
+full | realistic) ;;
+*) echo "run_grpo_gpu.sh: LENGTHS is full or realistic, not '$lengths'" >&2; exit 2 ;;
+esac
+here=$(cd "$(dirname "$0")" && pwd)
 build=${1:?$usage}
 anchors=${2:?$usage}
 shift 2
@@ -87,17 +111,33 @@ else
     echo "run_grpo_gpu.sh: note: TRL anchor skipped (not importable: $(tail -n 1 "$tmp/trl_import.err" 2>/dev/null))"
 fi
 
-# Writes SHAPE's config.json, tokenizer.json, prompts and recipe into DIR.
+# Lengths of the completions: CLEN new tokens each (full), or ended by the stop set (every id
+# congruent to 151643 modulo STOP_EVERY) after at least MIN_NEW and at most CLEN (realistic).
+if [ "$lengths" = realistic ]; then
+    if [ "$mode" = tiny ]; then clen=64 min_new=4 stop_every=16; else clen=1024 min_new=16 stop_every=256; fi
+else
+    if [ "$mode" = tiny ]; then clen=16; else clen=256; fi
+    min_new=0 stop_every=0
+fi
+# TRL's micro-batch (completions, padded to the longest): 32 as the anchor's at full length, 16
+# with realistic lengths, whose micro-batches pad to nearly 1,024 new tokens (16 x 1,280 tokens,
+# about troupe's 16,384-token micro-batches), 8 with --tiny.
+if [ "$mode" = tiny ]; then trl_mb=8; elif [ "$lengths" = realistic ]; then trl_mb=16; else trl_mb=32; fi
+trl_mb=${TRL_MB:-$trl_mb}
+
+# write_inputs SHAPE DIR BACKEND STEPS CLEN MIN_NEW STOP_EVERY: writes SHAPE's config.json,
+# tokenizer.json, prompts and recipe into DIR.
 #   config.json: Qwen2 at the shape, eos_token_id null (no stop token), random init by troupe.
 #   tokenizer.json: BPE over whole words with ignore_merges: id 0..10 are "t" and the digits,
 #     id 11 + i is the word "t<i>", so every id of the vocabulary decodes, and a prompt of
 #     words "t<i>" separated by spaces is exactly one token per word (as the anchor's).
 #   prompts.jsonl: enough prompts of exactly PLEN tokens for every step.
-#   recipe.yaml: grpo with the anchor's settings.
+#   recipe.yaml: grpo with the anchor's settings (realistic: and the stop set as rollout.stop_ids).
 write_inputs() {
     python3 - "$@" <<'PY'
 import json, os, random, sys
 shape, d, backend, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+clen, min_new, stop_every = int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
 old_lp = os.environ.get("OLD_LOGPROBS", "rollout")
 ppo = os.environ.get("WORKFLOW", "grpo") == "ppo"
 dims = {  # hidden, intermediate, layers, heads, kv heads, vocab
@@ -107,7 +147,13 @@ dims = {  # hidden, intermediate, layers, heads, kv heads, vocab
 }[shape]
 hidden, inter, layers, heads, kv, vocab = dims
 tiny = shape == "tiny"
-prompts, n, plen, clen, mb = (8, 4, 16, 16, 8) if tiny else (64, 8, 256, 256, 32)
+# mb: sequences of the full-length shape per micro-batch (its tokens bound troupe's micro-batches
+# whatever the lengths: realistic rows of up to 1,280 tokens are packed by tokens).
+prompts, n, plen, mb = (8, 4, 16, 8) if tiny else (64, 8, 256, 32)
+# The stop set: ids congruent to TRL's EOS (151643) modulo stop_every, so that on the full
+# vocabulary the two sides stop on the same ids (trl_realistic.py's rule).
+stops = list(range(151643 % stop_every, vocab, stop_every)) if stop_every else []
+stop_line = f"  stop_ids: [{', '.join(map(str, stops))}]\n" if stops else ""
 os.makedirs(os.path.join(d, "model"), exist_ok=True)
 cfg = {
     "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": vocab,
@@ -170,7 +216,8 @@ data:
 rollout:
   n: {n}
   max_new_tokens: {clen}
-  temperature: 1.0
+  min_new_tokens: {min_new}
+{stop_line}  temperature: 1.0
   top_p: 1.0
 algorithm:
   advantage: {"gae" if ppo else "grpo"}
@@ -184,7 +231,7 @@ algorithm:
 train:
   steps: {steps}
   prompts_per_step: {prompts}
-  micro_batch_tokens: {mb * (plen + clen)}
+  micro_batch_tokens: {mb * (plen + (16 if tiny else 256))}
   save_dtype: bf16
 placement:
   colocate: [[policy, reference{", critic" if ppo else ""}]]
@@ -197,7 +244,8 @@ with open(os.path.join(d, "recipe.yaml"), "w") as f:
 PY
 }
 
-# Mean over the steps after the first of metrics.jsonl's time/* keys: "step gen ref train".
+# Means over the steps after the first of metrics.jsonl's time/* keys, response length and clip
+# ratio: "step gen ref train steps length diff sequences critic clip".
 troupe_times() {
     python3 - "$1" <<'PY'
 import json, sys
@@ -207,11 +255,11 @@ meas = rows[1:] or rows
 if not meas:
     sys.exit("no step with time/step in " + sys.argv[1])
 mean = lambda k: sum(r.get(k) or 0.0 for r in meas) / len(meas)
-lens = sorted({r.get("response_len/mean") for r in meas})
 diff = max(r.get("logprob_diff/max") or 0.0 for r in rows)
 seqs = min(r.get("logprob_diff/sequences") or 0 for r in rows)
 print(f"{mean('time/step'):.3f} {mean('time/generate'):.3f} {mean('time/reference'):.3f} "
-      f"{mean('time/train'):.3f} {len(meas)} {lens[0]} {diff:.3g} {seqs} {mean('time/critic'):.3f}")
+      f"{mean('time/train'):.3f} {len(meas)} {mean('response_len/mean'):.1f} {diff:.3g} {seqs} "
+      f"{mean('time/critic'):.3f} {mean('response_len/clip_ratio'):.4f}")
 PY
 }
 
@@ -222,7 +270,7 @@ backend=cuda
 for s in "${shapes[@]}"; do
     d=$tmp/$s
     mkdir -p "$d" || { echo "run_grpo_gpu.sh: $s: cannot make $d" >&2; exit 1; }
-    if ! write_inputs "$s" "$d" "$backend" "$steps"; then
+    if ! write_inputs "$s" "$d" "$backend" "$steps" "$clen" "$min_new" "$stop_every"; then
         echo "run_grpo_gpu.sh: $s: writing the model config, tokenizer, prompts and recipe failed" >&2
         exit 1
     fi
@@ -230,6 +278,7 @@ for s in "${shapes[@]}"; do
     if [ "$mode" = check ]; then
         sets=(--set train.prompts_per_step=1 --set rollout.n=2 --set rollout.max_new_tokens=4
               --set train.micro_batch_tokens=520)
+        [ "$lengths" != realistic ] || sets+=(--set rollout.min_new_tokens=2)
     fi
     echo "== troupe $s ($backend)"
     if ! "$troupe" run "$d/recipe.yaml" "${sets[@]}"; then
@@ -242,47 +291,68 @@ for s in "${shapes[@]}"; do
         KEEP=1
         exit 1
     fi
-    read -r t_step t_gen t_ref t_train t_n t_len t_diff t_seqs t_critic <"$d/troupe.txt"
-    echo "troupe ${WORKFLOW:-grpo} $s: $t_step s/step (generate $t_gen, reference $t_ref, train $t_train, critic $t_critic; mean of $t_n steps, response length $t_len; logprob_diff/max $t_diff over $t_seqs sequences a step)"
+    read -r t_step t_gen t_ref t_train t_n t_len t_diff t_seqs t_critic t_clip <"$d/troupe.txt"
+    echo "troupe ${WORKFLOW:-grpo} $s: $t_step s/step (generate $t_gen, reference $t_ref, train $t_train, critic $t_critic; mean of $t_n steps, mean response length $t_len, cut at max_new_tokens $t_clip; logprob_diff/max $t_diff over $t_seqs sequences a step)"
     rm -rf "$d/run/checkpoints"
     [ "$mode" != check ] || continue
     [ "$have_trl" = 1 ] && [ "${WORKFLOW:-grpo}" = grpo ] || continue
     echo "== TRL $s"
-    targs=(--steps "$steps" --outdir "$d/trl")
+    targs=(--steps "$steps" --outdir "$d/trl" --clen "$clen" --mb "$trl_mb")
     if [ "$mode" = tiny ]; then
-        targs+=(--tiny --prompts 8 --gens 4 --plen 16 --clen 16 --mb 8)
+        targs+=(--tiny --prompts 8 --gens 4 --plen 16)
     else
         targs+=(--shape "$s")
     fi
-    if ! PYTHONPATH=$pypath python3 "$anchors/trl_grpo_anchor.py" "${targs[@]}" >"$d/trl.out" 2>"$d/trl.err"; then
+    tcmd=(python3 "$anchors/trl_grpo_anchor.py")
+    if [ "$lengths" = realistic ]; then
+        tcmd=(python3 "$here/trl_realistic.py" --min-new-tokens "$min_new" --stop-every "$stop_every"
+              "$anchors/trl_grpo_anchor.py")
+    fi
+    if ! PYTHONPATH=$pypath "${tcmd[@]}" "${targs[@]}" >"$d/trl.out" 2>"$d/trl.err"; then
         echo "run_grpo_gpu.sh: $s: the TRL anchor failed; the end of $d/trl.err:" >&2
         tail -n 20 "$d/trl.err" >&2
         KEEP=1
         continue
     fi
     grep '^SUMMARY ' "$d/trl.out" | tail -n 1 | cut -d' ' -f2- >"$d/trl.json"
+    grep '^LOGS ' "$d/trl.out" | tail -n 1 | cut -d' ' -f2- >"$d/trl_logs.json"
+    grep '^LENGTHS ' "$d/trl.out" || true
 done
 
 # The table: one row per shape, TRL n/a where it did not run.
 [ "$mode" != check ] || { echo "run_grpo_gpu.sh: check passed for ${shapes[*]}"; exit 0; }
-python3 - "$tmp" "${shapes[@]}" <<'PY'
+python3 - "$tmp" "$lengths" "${shapes[@]}" <<'PY'
 import json, os, sys
-tmp, shapes = sys.argv[1], sys.argv[2:]
+tmp, lengths, shapes = sys.argv[1], sys.argv[2], sys.argv[3:]
 
 def split(step, gen, ref, train):
     return f"{step:.2f} ({gen:.2f}, {ref:.2f}, {train:.2f}, {step - gen - ref - train:.2f})"
 
 
-print("\n| shape | troupe s/step (gen, ref, train, other) | TRL s/step (gen, ref, train, other) | TRL / troupe |")
-print("|---|---|---|---|")
+# TRL's mean completion length over the steps after the first, from its logged metrics.
+def trl_length(path):
+    if not os.path.exists(path) or not os.path.getsize(path):
+        return None
+    logs = [l for l in json.load(open(path)) if "completions/mean_length" in l]
+    meas = [l for l in logs if l["step"] > 1] or logs
+    return sum(l["completions/mean_length"] for l in meas) / len(meas) if meas else None
+
+
+print(f"\nGRPO step, {lengths} lengths")
+print("\n| shape | troupe s/step (gen, ref, train, other) | TRL s/step (gen, ref, train, other) | TRL / troupe "
+      "| mean completion tokens troupe / TRL |")
+print("|---|---|---|---|---|")
 for s in shapes:
-    step, gen, ref, train = map(float, open(os.path.join(tmp, s, "troupe.txt")).read().split()[:4])
+    f = open(os.path.join(tmp, s, "troupe.txt")).read().split()
+    step, gen, ref, train = map(float, f[:4])
     t = split(step, gen, ref, train)
-    p, ratio = "n/a (not run)", "n/a"
+    p, ratio, tl = "n/a (not run)", "n/a", "n/a"
     path = os.path.join(tmp, s, "trl.json")
     if os.path.exists(path) and os.path.getsize(path):
         r = json.load(open(path))
         p = split(r["mean_step_s"], r["mean_generate_s"], r["mean_ref_logprobs_s"], r["mean_train_s"])
         ratio = f"{r['mean_step_s'] / step:.2f}x"
-    print(f"| {s} | {t} | {p} | {ratio} |")
+        n = trl_length(os.path.join(tmp, s, "trl_logs.json"))
+        tl = f"{n:.1f}" if n is not None else "n/a"
+    print(f"| {s} | {t} | {p} | {ratio} | {float(f[5]):.1f} / {tl} |")
 PY
