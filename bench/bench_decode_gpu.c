@@ -6,7 +6,9 @@
 // 4300 GB/s, and the host's scheduling time per decode step (the generator's host_seconds:
 // KV slots, block tables, retiring samples). A warm-up call first; with TROUPE_CUDA_PROFILE=1 the table of where the timed
 // call's device time went goes to stderr at the end.
+// Last, one machine-readable line: "troupe decode shape=... batch=... s=... tok/s=... ...".
 // usage: bench_decode_gpu SHAPE [PROMPTS [SAMPLES [PLEN [NEW]]]]   (defaults 64 8 256 256)
+//   SHAPE: qwen2.5-0.5b, qwen2.5-1.5b, or tiny (a CPU smoke test's, with TROUPE_BACKEND=cpu)
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,7 +44,7 @@ int main(int argc, char **argv) {
     int P = argc > 2 ? atoi(argv[2]) : 64, S = argc > 3 ? atoi(argv[3]) : 8;
     int plen = argc > 4 ? atoi(argv[4]) : 256, new_tokens = argc > 5 ? atoi(argv[5]) : 256;
     if (!sh || P < 1 || S < 1 || plen < 1 || new_tokens < 1) {
-        fprintf(stderr, "usage: bench_decode_gpu qwen2.5-0.5b|qwen2.5-1.5b [PROMPTS [SAMPLES [PLEN [NEW]]]]\n");
+        fprintf(stderr, "usage: bench_decode_gpu qwen2.5-0.5b|qwen2.5-1.5b|tiny [PROMPTS [SAMPLES [PLEN [NEW]]]]\n");
         return 2;
     }
     tr_err err = {0};
@@ -94,8 +96,13 @@ int main(int argc, char **argv) {
            st->decode_steps ? (double)st->decode_tokens / (double)st->decode_steps : 0.0,
            (long long)st->prefill_tokens, gbps, 100 * gbps / PEAK_GBPS, PEAK_GBPS,
            st->decode_steps ? 1e6 * st->host_seconds / (double)st->decode_steps : 0.0);
-    printf("troupe decode shape=%s batch=%d s=%.4f tok/s=%.0f gbps=%.1f host_us=%.1f\n", sh->name, B, wall,
-           (double)sampled / wall, gbps, st->decode_steps ? 1e6 * st->host_seconds / (double)st->decode_steps : 0.0);
+    // One line for scripts (bench/run_decode_gpu.sh): the timed call's wall time and rate, and its
+    // decode steps alone (prefill excluded) for a per-step view.
+    printf("troupe decode shape=%s batch=%d s=%.4f tok/s=%.0f gbps=%.1f host_us=%.1f plen=%d new=%d tokens=%lld "
+           "decode_steps=%lld decode_s=%.4f\n",
+           sh->name, B, wall, (double)sampled / wall, gbps,
+           st->decode_steps ? 1e6 * st->host_seconds / (double)st->decode_steps : 0.0, plen, new_tokens,
+           (long long)sampled, (long long)st->decode_steps, st->decode_seconds);
     free(prompts);
     free(reqs);
     free(outs);

@@ -3,7 +3,7 @@
 // ((6N + 6*L*S*d) FLOPs a token against 790 TFLOP/s, ../shared/anchors/torch_anchor.py) and
 // the peak device memory the run took. Random weights and tokens; micro-batches of `mb`
 // sequences of `seq` tokens packed as documents, as troupe trains them.
-// usage: bench_train_gpu SHAPE [MB [SEQ [STEPS [LOGIT_ROWS]]]]   SHAPE: qwen2.5-0.5b | qwen2.5-1.5b
+// usage: bench_train_gpu SHAPE [MB [SEQ [STEPS [LOGIT_ROWS]]]]   SHAPE: qwen2.5-0.5b | qwen2.5-1.5b | tiny
 // (defaults: 8 x 2048 for 0.5b, 4 x 2048 for 1.5b, 5 timed steps after 2 warm-up steps, the
 // LM head's rows per chunk from the memory plan, as a worker's)
 // The backend comes from $TROUPE_BACKEND (cuda) and the precision from $TROUPE_PRECISION
@@ -86,7 +86,7 @@ int main(int argc, char **argv) {
     int seq = argc > 3 ? atoi(argv[3]) : 2048, steps = argc > 4 ? atoi(argv[4]) : 5;
     int logit_rows = argc > 5 ? atoi(argv[5]) : 0;
     if (!sh || mb < 1 || seq < 2 || steps < 1 || logit_rows < 0) {
-        fprintf(stderr, "usage: bench_train_gpu qwen2.5-0.5b|qwen2.5-1.5b [MB [SEQ [STEPS "
+        fprintf(stderr, "usage: bench_train_gpu qwen2.5-0.5b|qwen2.5-1.5b|tiny [MB [SEQ [STEPS "
                 "[LOGIT_ROWS]]]]\n");
         return 2;
     }

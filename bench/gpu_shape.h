@@ -1,7 +1,8 @@
 // The Qwen2.5 shapes the GPU benchmarks measure against the peers (bench_train_gpu,
 // bench_decode_gpu): their config (random weights, tied embeddings, the 151,936-token
 // vocabulary) and the backend they run on, from $TROUPE_BACKEND (default cuda) and
-// $TROUPE_PRECISION (default: the backend's).
+// $TROUPE_PRECISION (default: the backend's). "tiny" (width 64, 2 layers, the same vocabulary)
+// is for the scripts' CPU smoke tests (bench/run_decode_gpu.sh --tiny).
 #pragma once
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,7 @@ typedef struct bench_shape {
 static const bench_shape BENCH_SHAPES[] = {
     {"qwen2.5-0.5b", 896, 4864, 24, 14, 2, 8},
     {"qwen2.5-1.5b", 1536, 8960, 28, 12, 2, 4},
+    {"tiny", 64, 128, 2, 4, 2, 8},
 };
 
 // The shape called name, or NULL.

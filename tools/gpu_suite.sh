@@ -7,9 +7,9 @@
 # byte for byte, the CPU quickstart's GRPO run on the GPU beside the same run on the CPU, and
 # device faults and shortages injected into a GRPO run on the GPU.
 # Usage: tools/gpu_suite.sh [PART...]   parts: engine full cuda quickstart fault quickstart_gpu
-# train_bench profile decode_stages rl_bench ppo_bench costs (default: the first five;
-# train_bench and rl_bench need the peers' anchors carried in ./anchors, rl_bench TRL's wheels
-# in ./.whl too)
+# train_bench profile decode_stages rl_bench ppo_bench costs decode_bench (default: the first
+# five; train_bench, rl_bench and decode_bench need the peers' anchors carried in ./anchors,
+# rl_bench TRL's wheels in ./.whl too; decode_bench needs no .debs)
 #
 # The full build needs the upper layers' libraries, which a bare GPU machine lacks: make .debs/
 # on a networked Debian 12 machine with tools/fetch_gpu_deps.sh and carry .debs along (it is
@@ -264,6 +264,22 @@ costs_part() {
     run cost_train_recompute env TROUPE_RECOMPUTE=on timeout 180 "$tb" qwen2.5-0.5b 32 512 3
 }
 
+# Decode throughput beside HF generate with a static KV cache + torch.compile
+# (bench/run_decode_gpu.sh: tokens/s, the ratio, troupe's fraction of the roofline) at the shapes
+# of DECODE_SHAPES (default both) and batch 64 and 256 (BATCHES), when the anchors are carried in
+# ./anchors (without them troupe runs alone). Needs only the engine layer; each run's output is
+# kept in $logs/decode_bench, packed with the logs.
+decode_bench_part() {
+    if [ "$build" = "$build_all" ]; then
+        deps_and_build_all || return 1
+    else
+        run setup_decode configure "$build" -Dcuda=enabled -Dlayers=engine || return 1
+    fi
+    run build_decode ninja -C "$build" bench/bench_decode_gpu || return 1
+    # shellcheck disable=SC2086  # a list of shape names
+    run decode_bench env OUT="$logs" bench/run_decode_gpu.sh "$build" anchors ${DECODE_SHAPES:-}
+}
+
 # Decode attention at each cp.async stage count the launch can pick, for the rule that picks it.
 decode_stages_part() {
     local b="$build_all/bench/bench_cuda"
@@ -279,6 +295,7 @@ commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 echo "commit: $commit" | tee -a "$summary"
 if [ -d .debs/dev ]; then build=$build_all; fi
 if has engine; then engine_part; fi
+if has decode_bench; then decode_bench_part; fi
 if [ -d .debs/dev ]; then
     if has full; then full_part; fi
     if has cuda || has quickstart || has fault || has quickstart_gpu || has train_bench || has profile ||
