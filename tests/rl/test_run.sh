@@ -86,22 +86,29 @@ grpo_recipe "$tmp/b" 5 > "$tmp/grpo5.yaml"
 check "uninterrupted 5-step run exits 0" $?
 python3 "$check_py" same "$tmp/a" "$tmp/b"
 check "resumed run equals the uninterrupted one at every step" $?
-# Old logprobs: the CPU backend's generation reports the training path's bits, so taking them
-# from the rollout (auto's choice here) trains exactly as a recomputing pass does; with every
-# sequence recomputed for the check, every metric is equal too. By default 8 of the 16 are.
-"$troupe" run "$tmp/grpo5.yaml" --set run_dir="$tmp/c" --set algorithm.old_logprobs=recompute 2> "$tmp/c.err" &&
-    "$troupe" run "$tmp/grpo5.yaml" --set run_dir="$tmp/d" --set algorithm.old_logprobs=rollout \
-        --set log.logprob_diff_sequences=1000 2> "$tmp/d.err" &&
-    python3 "$check_py" same "$tmp/c" "$tmp/d"
-check "old logprobs from the rollout train as recomputed ones, step for step" $?
-python3 - "$tmp/b/metrics.jsonl" "$tmp/c/metrics.jsonl" <<'EOF2'
+# Old logprobs: the CPU backend's generation reports the training path's bits (as CUDA's does
+# in bf16 with batch-invariant products, the GPU's default), so taking them from the rollout
+# (auto's choice there) trains exactly as a recomputing pass does; with every sequence
+# recomputed for the check, every metric is equal too. By default 8 of the 16 are. In fp32 on
+# CUDA (cuBLAS picks its kernel by the whole shape) the two agree only to rounding, auto
+# recomputes, and the equalities below do not hold by design.
+if [ "${TROUPE_BACKEND:-cpu}" = cuda ] && [ "${TROUPE_PRECISION:-auto}" = fp32 ]; then
+    echo "skipped: old logprobs from the rollout equal to recomputed ones (fp32 on CUDA is not batch-invariant)"
+else
+    "$troupe" run "$tmp/grpo5.yaml" --set run_dir="$tmp/c" --set algorithm.old_logprobs=recompute 2> "$tmp/c.err" &&
+        "$troupe" run "$tmp/grpo5.yaml" --set run_dir="$tmp/d" --set algorithm.old_logprobs=rollout \
+            --set log.logprob_diff_sequences=1000 2> "$tmp/d.err" &&
+        python3 "$check_py" same "$tmp/c" "$tmp/d"
+    check "old logprobs from the rollout train as recomputed ones, step for step" $?
+    python3 - "$tmp/b/metrics.jsonl" "$tmp/c/metrics.jsonl" <<'EOF2'
 import json, sys
 b, c = ([json.loads(l) for l in open(p)][1:] for p in sys.argv[1:])
 ok = all(o["logprob_diff/sequences"] == 8 and o["logprob_diff/max"] == 0 for o in b)
 ok = ok and all(o["logprob_diff/sequences"] == 16 for o in c)
 sys.exit(0 if ok else 1)
 EOF2
-check "logprob_diff/max measured on 8 recomputed sequences (auto), on all 16 (recompute)" $?
+    check "logprob_diff/max measured on 8 recomputed sequences (auto), on all 16 (recompute)" $?
+fi
 # Activation recompute reruns each layer's forward in backward with the same deterministic
 # ops: every step is the kept activations' run, bit for bit. The micro-batch and the
 # recompute choice are logged as plan/*.
