@@ -231,7 +231,7 @@ algorithm:
 train:
   steps: {steps}
   prompts_per_step: {prompts}
-  micro_batch_tokens: {mb * (plen + (16 if tiny else 256))}
+  micro_batch_tokens: {mb * (plen + 16) if tiny else 0}
   save_dtype: bf16
 placement:
   colocate: [[policy, reference{", critic" if ppo else ""}]]
