@@ -147,8 +147,9 @@ dims = {  # hidden, intermediate, layers, heads, kv heads, vocab
 }[shape]
 hidden, inter, layers, heads, kv, vocab = dims
 tiny = shape == "tiny"
-# mb: sequences of the full-length shape per micro-batch (its tokens bound troupe's micro-batches
-# whatever the lengths: realistic rows of up to 1,280 tokens are packed by tokens).
+# mb (--tiny): sequences of 16 + 16 tokens per micro-batch. The real shapes leave the micro-batch
+# to the policy's memory plan (16,384 tokens on an H200 at both shapes: 32 full-length
+# sequences), which packs realistic rows of up to 1,280 tokens by tokens.
 prompts, n, plen, mb = (8, 4, 16, 8) if tiny else (64, 8, 256, 32)
 # The stop set: ids congruent to TRL's EOS (151643) modulo stop_every, so that on the full
 # vocabulary the two sides stop on the same ids (trl_realistic.py's rule).
