@@ -25,6 +25,18 @@ uint32_t tr_rng_u32(tr_rng *rng) {
     return rng->buf[rng->used++];
 }
 
+uint64_t tr_rng_position(const tr_rng *rng) {
+    return rng->used >= 4 ? rng->counter * 4 : (rng->counter - 1) * 4 + (uint64_t)rng->used;
+}
+
+void tr_rng_seek(tr_rng *rng, uint64_t word) {
+    rng->counter = word / 4;
+    rng->used = 4;
+    if (word % 4 == 0) return;
+    tr_philox4x32(rng->counter++, 0, rng->seed, rng->buf);
+    rng->used = (int32_t)(word % 4);
+}
+
 float tr_rng_uniform(tr_rng *rng) {
     return (float)(tr_rng_u32(rng) >> 8) * (1.0f / 16777216.0f);
 }

@@ -19,5 +19,9 @@ uint32_t tr_rng_u32(tr_rng *rng);
 float tr_rng_uniform(tr_rng *rng);
 // Standard normal (Box-Muller over two uniforms in (0, 1]).
 float tr_rng_normal(tr_rng *rng);
+// The stream's position in words handed out, and a jump to any position: a stream can be
+// split into pieces drawn apart (tr_rng_normal takes two words) and give the same values.
+uint64_t tr_rng_position(const tr_rng *rng);
+void tr_rng_seek(tr_rng *rng, uint64_t word);
 // Derives an independent seed for stream `index` (e.g. one per prompt sample).
 uint64_t tr_rng_derive(uint64_t seed, uint64_t index);

@@ -4,7 +4,8 @@
 // norm weights included). Also what the HF fixtures
 // do not cover: the entropy gradient, a chunked LM head, a 3-label score head, packed
 // documents equal to separate forwards, samples sharing their prompt equal to each computing
-// it, activation recompute equal to kept activations, and bad token ids as clean errors.
+// it, activation recompute equal to kept activations, weights drawn on several threads equal
+// to one sequential stream, and bad token ids as clean errors.
 #include <stdio.h>
 
 #include "engine/config.h"
@@ -422,6 +423,45 @@ static void check_recompute(tr_backend *be, const char *arch, int tied, int bias
     tr_model_free(&r);
 }
 
+// tr_model_init_weights draws large tensors in pieces on threads; the weights must be one
+// sequential stream's: norms 1, biases 0, every other tensor std * normal draws in order.
+static void check_init(tr_backend *be) {
+    static const char cfg_json[] =
+        "{\"architectures\": [\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\", \"vocab_size\": 9000,"
+        " \"hidden_size\": 256, \"intermediate_size\": 512, \"num_hidden_layers\": 1,"
+        " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"max_position_embeddings\": 64,"
+        " \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0, \"tie_word_embeddings\": false}";
+    tr_err err = {0};
+    tr_model_config cfg;
+    CHECK(tr_config_parse(cfg_json, sizeof cfg_json - 1, "init", &cfg, &err) == 0);
+    tr_model m;
+    tr_model_opts opts = {.max_tokens = 8, .training = true};
+    CHECK(tr_model_init(&m, &cfg, be, &opts, &err) == 0);
+    CHECK(tr_model_init_weights(&m, 31, 0.02f, &err) == 0);
+    float *got = malloc(m.layout.total * sizeof(float)), *want = calloc(m.layout.total, sizeof(float));
+    CHECK(got && want && tr_model_read_params(&m, got, &err) == 0);
+    tr_rng rng;
+    tr_rng_init(&rng, 31);
+    size_t big = 0;
+    for (int32_t i = 0; i < m.layout.n_tensors; i++) {
+        const tr_tensor_desc *t = &m.layout.tensors[i];
+        size_t len = strlen(t->name);
+        bool norm = len >= 11 && strcmp(t->name + len - 11, "norm.weight") == 0;
+        bool bias = len >= 5 && strcmp(t->name + len - 5, ".bias") == 0;
+        for (size_t j = 0; j < t->numel; j++)
+            want[t->offset + j] = norm ? 1.0f : bias ? 0.0f : 0.02f * tr_rng_normal(&rng);
+        if (t->numel > big) big = t->numel;
+    }
+    size_t diff = 0;
+    for (size_t i = 0; i < m.layout.total; i++) diff += memcmp(&got[i], &want[i], sizeof(float)) != 0;
+    printf("init: %zu of %zu weights differ from one sequential stream (largest tensor %zu)\n", diff,
+           m.layout.total, big);
+    CHECK(diff == 0 && big >= ((size_t)2 << 20));
+    free(got);
+    free(want);
+    tr_model_free(&m);
+}
+
 static void check_errors(tr_backend *be) {
     tr_err err = {0};
     tr_model_config cfg;
@@ -483,6 +523,7 @@ int main(void) {
     check_chunking(&be);
     check_recompute(&be, "Qwen3ForCausalLM", 1, 1);
     check_recompute(&be, "LlamaForTokenClassification", 0, 0);
+    check_init(&be);
     check_errors(&be);
     tr_backend_free(&be);
     return tr_test_summary("test_model_grad");

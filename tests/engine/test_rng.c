@@ -1,7 +1,8 @@
 // Philox4x32-10 against the published known-answer vectors (Random123 kat_vectors), plus
 // the statistics of the uniform and normal draws, exact resumption from (seed, counter), and
 // kernels/philox.h's stream step (what GPU kernels use) continuing tr_rng's stream from any
-// (seed, counter, used) position.
+// (seed, counter, used) position, and seeking to any word of a stream (how weights are drawn
+// in pieces on several threads) continuing it as drawing up to there does.
 #include "engine/rng.h"
 #include "kernels/philox.h"
 #include "tests/test.h"
@@ -60,5 +61,25 @@ int main(void) {
     }
     CHECK(tr_rng_derive(1, 0) != tr_rng_derive(1, 1));
     CHECK(tr_rng_derive(1, 5) == tr_rng_derive(1, 5));
+    // Seek: from every position in the first few blocks, and far away, the words that follow
+    // are the sequential stream's, and the position reads back.
+    tr_rng seq, jump;
+    tr_rng_init(&seq, 99);
+    uint32_t words[64];
+    for (int i = 0; i < 64; i++) words[i] = tr_rng_u32(&seq);
+    CHECK(tr_rng_position(&seq) == 64);
+    for (uint64_t w = 0; w < 48; w++) {
+        tr_rng_init(&jump, 99);
+        tr_rng_seek(&jump, w);
+        CHECK(tr_rng_position(&jump) == w);
+        int same = 1;
+        for (uint64_t i = w; i < 64; i++) same &= tr_rng_u32(&jump) == words[i];
+        CHECKF(same, "seek to word %llu", (unsigned long long)w);
+    }
+    tr_rng_init(&seq, 5);
+    for (int i = 0; i < 1001; i++) tr_rng_normal(&seq);   // 2002 words
+    tr_rng_init(&jump, 5);
+    tr_rng_seek(&jump, 2002);
+    CHECK(tr_rng_position(&seq) == 2002 && tr_rng_normal(&seq) == tr_rng_normal(&jump));
     return tr_test_summary("test_rng");
 }
