@@ -35,8 +35,12 @@ int tr_run_checkpoint(tr_run *run, int64_t step, tr_err *err) {
     int n = trained_roles(run, groups, names);
     for (int i = 0; i < n; i++) {
         snprintf(dir, sizeof dir, "%s/%s", tmp, names[i]);
-        if (tr_role_save(groups[i], dir, err))
+        if (tr_role_save(groups[i], dir, err)) {
+            // The half-written step goes; the previous checkpoint is what a resume takes.
+            tr_err ignore;
+            tr_remove_tree(tmp, &ignore);
             return tr_err_wrap(err, "checkpoint of step %" PRId64 ", %s", step, names[i]);
+        }
     }
     tr_run_state st = {step, run->data_cursor, ""};
     snprintf(st.workflow, sizeof st.workflow, "%s", tr_recipe_workflow_names[run->rc->workflow]);

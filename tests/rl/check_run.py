@@ -4,9 +4,9 @@
 #                                                                   metrics, schedule, checkpoints
 #   check_run.py same RUN_A RUN_B                                   equal metrics step by step
 #   check_run.py checkpoints RUN_DIR LAST                           the complete checkpoints
-#                                                                   end at step LAST, each whole
-#                                                                   (a failed run's: temporaries
-#                                                                   of a failed save allowed)
+#                                                                   end at step LAST, each whole,
+#                                                                   no temporary left (a failed
+#                                                                   save removes its own)
 #   check_run.py learns RUN_DIR KEY MIN_GAIN                         last eval - first eval >= gain
 #   check_run.py rises RUN_DIR KEY                                   mean of KEY over the last
 #                                                                   quarter of steps > first quarter
@@ -101,14 +101,12 @@ def check_safetensors(path):
         err("%s: %d bytes, its header describes %d" % (path, size, 8 + n + end))
 
 
-def check_checkpoints(run, steps, roles, tokenizer=True, temporaries=False):
+def check_checkpoints(run, steps, roles, tokenizer=True):
     root = os.path.join(run, "checkpoints")
     names = sorted(os.listdir(root)) if os.path.isdir(root) else []
     if "step_%d" % steps not in names:
         err("no checkpoint of the last step %d (have %s)" % (steps, names))
     for n in names:
-        if temporaries and n.endswith(".tmp"):
-            continue
         if not n.startswith("step_") or not n[5:].isdigit():
             err("unexpected entry checkpoints/%s (a temporary left behind?)" % n)
             continue
@@ -152,7 +150,7 @@ def main():
                 if a[s].get(k) != b[s].get(k):
                     err("step %d %s: %r vs %r" % (s, k, a[s].get(k), b[s].get(k)))
     elif mode == "checkpoints":
-        check_checkpoints(sys.argv[2], int(sys.argv[3]), ["policy"], temporaries=True)
+        check_checkpoints(sys.argv[2], int(sys.argv[3]), ["policy"])
     elif mode == "learns":
         ms = metrics(sys.argv[2])
         key, gain = sys.argv[3], float(sys.argv[4])
