@@ -245,7 +245,7 @@ int tr_worker_op_save(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
     if (rc2 && comm) tr_comm_abort(comm, err->msg);
     if (!rc2 && comm) rc2 = tr_comm_barrier(comm, err);
     if (!rc2 && rc->has_trainer) rc2 = tr_train_state_save(&rc->trainer, dir, err);
-    if (rc2) return tr_err_wrap(err, "save %s", dir);
+    if (rc2) return tr_err_wrap(err, "%s", dir);   // the op's name comes before it
     tr_worker_logf(rc, "saved %s", dir);
     tr_msg_begin_reply(rep, req->id, 2);
     tr_msg_put_str(rep, "dir", dir);
