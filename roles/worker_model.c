@@ -348,136 +348,134 @@ static void put_memory(tr_role_ctx *rc, tr_msg_writer *rep) {
     for (int i = 0; i < TR_MEM_PARTS; i++) tr_msg_put_int(rep, tr_mem_part_names[i], v[i]);
 }
 
-int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
-    const tr_msg_map *a = &req->args;
+// init's scalar arguments, read and range-checked before anything is set up.
+typedef struct init_args {
+    char backend[16], precision[8], save_dtype[8], recompute[8];
+    int64_t threads, device, memory, max_tokens, kv_tokens, kv_want, max_seqs, share;
+    int64_t logit_rows, min_tokens, want_tokens;
+    uint64_t seed;
+    bool train, generate, invariant, share_prompts;
+} init_args;
+
+static int init_read(const tr_msg_map *a, init_args *x, tr_err *err) {
     static const char *const keys[] = {"model", "init_config", "init_seed", "head", "backend", "threads",
                                        "device", "memory_bytes", "max_tokens", "seed", "tokenizer",
                                        "chat_format", "train", "optim", "loss", "kv_tokens", "kv_want",
                                        "max_seqs", "reward", "parallel", "generate", "precision",
                                        "save_dtype", "share_weights", "batch_invariant", "share_prompts", "logit_rows",
                                        "min_tokens", "max_tokens_want", "recompute", NULL};
-    char backend[16], precision[8] = "", save_dtype[8] = "fp32", recompute[8] = "auto";
-    int64_t threads, device = 0, memory = 0, max_tokens, kv_tokens = 0, kv_want = 0, max_seqs = 0, share = 0;
-    int64_t logit_rows = 0, min_tokens = 0, want_tokens = 0;
-    uint64_t seed;
-    bool train, generate = true, invariant = true, share_prompts = true;
-    if (tr_msg_check_keys(a, keys, err) || tr_msg_get_bool_opt(a, "generate", &generate, err) ||
-        tr_msg_get_bool_opt(a, "share_prompts", &share_prompts, err) ||
-        tr_msg_get_int_opt(a, "logit_rows", &logit_rows, err) ||
-        tr_msg_get_int_opt(a, "min_tokens", &min_tokens, err) ||
-        tr_msg_get_int_opt(a, "max_tokens_want", &want_tokens, err) ||
-        (tr_msg_has(a, "recompute") && tr_msg_get_str_buf(a, "recompute", recompute, sizeof recompute, err)) ||
-        tr_msg_get_bool_opt(a, "batch_invariant", &invariant, err) ||
-        tr_msg_get_str_buf(a, "backend", backend, sizeof backend, err) ||
-        tr_msg_get_int(a, "threads", &threads, err) || tr_msg_get_int(a, "max_tokens", &max_tokens, err) ||
-        tr_msg_get_uint(a, "seed", &seed, err) || tr_msg_get_bool(a, "train", &train, err) ||
-        tr_msg_get_int_opt(a, "kv_tokens", &kv_tokens, err) || tr_msg_get_int_opt(a, "max_seqs", &max_seqs, err) ||
-        tr_msg_get_int_opt(a, "device", &device, err) || tr_msg_get_int_opt(a, "memory_bytes", &memory, err) ||
-        tr_msg_get_int_opt(a, "kv_want", &kv_want, err) || tr_msg_get_int_opt(a, "share_weights", &share, err) ||
-        (tr_msg_has(a, "precision") && tr_msg_get_str_buf(a, "precision", precision, sizeof precision, err)) ||
-        (tr_msg_has(a, "save_dtype") && tr_msg_get_str_buf(a, "save_dtype", save_dtype, sizeof save_dtype, err)))
+    *x = (init_args){.save_dtype = "fp32", .recompute = "auto", .generate = true, .invariant = true,
+                     .share_prompts = true};
+    if (tr_msg_check_keys(a, keys, err) || tr_msg_get_bool_opt(a, "generate", &x->generate, err) ||
+        tr_msg_get_bool_opt(a, "share_prompts", &x->share_prompts, err) ||
+        tr_msg_get_int_opt(a, "logit_rows", &x->logit_rows, err) ||
+        tr_msg_get_int_opt(a, "min_tokens", &x->min_tokens, err) ||
+        tr_msg_get_int_opt(a, "max_tokens_want", &x->want_tokens, err) ||
+        (tr_msg_has(a, "recompute") && tr_msg_get_str_buf(a, "recompute", x->recompute, sizeof x->recompute, err)) ||
+        tr_msg_get_bool_opt(a, "batch_invariant", &x->invariant, err) ||
+        tr_msg_get_str_buf(a, "backend", x->backend, sizeof x->backend, err) ||
+        tr_msg_get_int(a, "threads", &x->threads, err) || tr_msg_get_int(a, "max_tokens", &x->max_tokens, err) ||
+        tr_msg_get_uint(a, "seed", &x->seed, err) || tr_msg_get_bool(a, "train", &x->train, err) ||
+        tr_msg_get_int_opt(a, "kv_tokens", &x->kv_tokens, err) || tr_msg_get_int_opt(a, "max_seqs", &x->max_seqs, err) ||
+        tr_msg_get_int_opt(a, "device", &x->device, err) || tr_msg_get_int_opt(a, "memory_bytes", &x->memory, err) ||
+        tr_msg_get_int_opt(a, "kv_want", &x->kv_want, err) || tr_msg_get_int_opt(a, "share_weights", &x->share, err) ||
+        (tr_msg_has(a, "precision") && tr_msg_get_str_buf(a, "precision", x->precision, sizeof x->precision, err)) ||
+        (tr_msg_has(a, "save_dtype") && tr_msg_get_str_buf(a, "save_dtype", x->save_dtype, sizeof x->save_dtype, err)))
         return -1;
-    if (strcmp(save_dtype, "fp32") != 0 && strcmp(save_dtype, "bf16") != 0)
-        return tr_errf(err, TR_EINVAL, "init: save_dtype must be fp32 or bf16, got '%s'", save_dtype);
-    rc->save_bf16 = strcmp(save_dtype, "bf16") == 0;
-    rc->share_prompts = share_prompts;
-    if (logit_rows < 0 || (max_tokens > 0 && logit_rows > max_tokens))
+    if (strcmp(x->save_dtype, "fp32") != 0 && strcmp(x->save_dtype, "bf16") != 0)
+        return tr_errf(err, TR_EINVAL, "init: save_dtype must be fp32 or bf16, got '%s'", x->save_dtype);
+    if (x->logit_rows < 0 || (x->max_tokens > 0 && x->logit_rows > x->max_tokens))
         return tr_errf(err, TR_EINVAL, "init: logit_rows %lld: 0 (the memory plan's) or 1..max_tokens (%lld)",
-                       (long long)logit_rows, (long long)max_tokens);
-    rc->logit_rows = (int32_t)logit_rows;
+                       (long long)x->logit_rows, (long long)x->max_tokens);
+    if (x->min_tokens < 0 || x->min_tokens > (1 << 24) || x->want_tokens < 0 || x->want_tokens > ((int64_t)1 << 40))
+        return tr_errf(err, TR_EINVAL, "init: min_tokens %lld or max_tokens_want %lld out of range",
+                       (long long)x->min_tokens, (long long)x->want_tokens);
+    if (!tr_backend_built(x->backend))
+        return tr_errf(err, TR_EUNSUPPORTED, "init: backend '%s' is not in this build of troupe", x->backend);
+    if (x->device < 0 || x->device > 1024)
+        return tr_errf(err, TR_EINVAL, "init: device %lld out of range", (long long)x->device);
+    if (x->threads < 0 || x->threads > 4096 || x->max_tokens < 0 || x->max_tokens > (1 << 24) || x->kv_tokens < 0 ||
+        x->kv_want < 0 || x->memory < 0 || x->max_seqs < 0 || x->max_seqs > (1 << 20))
+        return tr_errf(err, TR_EINVAL, "init: threads %lld, max_tokens %lld, kv_tokens %lld or max_seqs %lld out "
+                       "of range", (long long)x->threads, (long long)x->max_tokens, (long long)x->kv_tokens,
+                       (long long)x->max_seqs);
+    return 0;
+}
+
+// The role's settings from init's arguments, checked against the role's kind.
+static int init_settings(tr_role_ctx *rc, const tr_msg_map *a, const init_args *x, tr_err *err) {
+    rc->save_bf16 = strcmp(x->save_dtype, "bf16") == 0;
+    rc->share_prompts = x->share_prompts;
+    rc->logit_rows = (int32_t)x->logit_rows;
     static const char *const recompute_names[] = {[TR_RECOMPUTE_AUTO] = "auto", [TR_RECOMPUTE_OFF] = "off",
                                                   [TR_RECOMPUTE_ON] = "on"};
     rc->recompute = -1;
     for (int i = 0; i < 3; i++)
-        if (strcmp(recompute, recompute_names[i]) == 0) rc->recompute = i;
+        if (strcmp(x->recompute, recompute_names[i]) == 0) rc->recompute = i;
     if (rc->recompute < 0)
-        return tr_errf(err, TR_EINVAL, "init: recompute must be auto, off or on, got '%s'", recompute);
-    if (min_tokens < 0 || min_tokens > (1 << 24) || want_tokens < 0 || want_tokens > ((int64_t)1 << 40))
-        return tr_errf(err, TR_EINVAL, "init: min_tokens %lld or max_tokens_want %lld out of range",
-                       (long long)min_tokens, (long long)want_tokens);
-    rc->min_tokens = (int32_t)min_tokens;
-    rc->max_tokens_want = want_tokens > INT32_MAX ? INT32_MAX : (int32_t)want_tokens;
-    if (!tr_backend_built(backend))
-        return tr_errf(err, TR_EUNSUPPORTED, "init: backend '%s' is not in this build of troupe", backend);
+        return tr_errf(err, TR_EINVAL, "init: recompute must be auto, off or on, got '%s'", x->recompute);
+    rc->min_tokens = (int32_t)x->min_tokens;
+    rc->max_tokens_want = x->want_tokens > INT32_MAX ? INT32_MAX : (int32_t)x->want_tokens;
     if (parse_parallel(rc, a, err)) return -1;
-    if (device < 0 || device > 1024) return tr_errf(err, TR_EINVAL, "init: device %lld out of range", (long long)device);
-    if (threads < 0 || threads > 4096 || max_tokens < 0 || max_tokens > (1 << 24) || kv_tokens < 0 ||
-        kv_want < 0 || memory < 0 || max_seqs < 0 || max_seqs > (1 << 20))
-        return tr_errf(err, TR_EINVAL, "init: threads %lld, max_tokens %lld, kv_tokens %lld or max_seqs %lld out "
-                       "of range", (long long)threads, (long long)max_tokens, (long long)kv_tokens,
-                       (long long)max_seqs);
-    if (train && rc->kind != TR_ROLE_POLICY && rc->kind != TR_ROLE_CRITIC)
+    if (x->train && rc->kind != TR_ROLE_POLICY && rc->kind != TR_ROLE_CRITIC)
         return tr_errf(err, TR_EINVAL, "init: the %s role does not train", rc->name);
     if (tr_msg_has(a, "generate") && rc->kind != TR_ROLE_POLICY)
         return tr_errf(err, TR_EINVAL, "init: generate is a policy setting (the %s role %s)", rc->name,
                        rc->kind == TR_ROLE_GENERATOR ? "always generates" : "never does");
     // Shared working weights: the policy's buffers (it trains and leaves sampling to the
     // generator), or the generator's mapping of them.
-    if (share < 0 || share > 2 || (share && rc->kind != TR_ROLE_GENERATOR && (rc->kind != TR_ROLE_POLICY ||
-                                                                                !train || generate)))
+    if (x->share < 0 || x->share > 2 ||
+        (x->share && rc->kind != TR_ROLE_GENERATOR && (rc->kind != TR_ROLE_POLICY || !x->train || x->generate)))
         return tr_errf(err, TR_EINVAL, "init: share_weights %lld: 1 or 2 buffers, for a policy that trains with "
-                       "generate: false and for the generator", (long long)share);
-    rc->share_buffers = (int32_t)share;
+                       "generate: false and for the generator", (long long)x->share);
+    rc->share_buffers = (int32_t)x->share;
     bool has_reward = tr_msg_has(a, "reward");
     if (has_reward != (rc->kind == TR_ROLE_REWARD))
         return tr_errf(err, TR_EINVAL, "init: %s", has_reward ? "reward settings are for the reward role"
                                                               : "the reward role needs reward settings");
-    if (train != (tr_msg_has(a, "optim") && tr_msg_has(a, "loss")))
+    if (x->train != (tr_msg_has(a, "optim") && tr_msg_has(a, "loss")))
         return tr_errf(err, TR_EINVAL, "init: train needs optim and loss settings, and only it takes them");
+    rc->kv_tokens = x->kv_tokens;
+    rc->kv_want = x->kv_want;
+    rc->max_seqs = (int32_t)x->max_seqs;
+    rc->memory_bytes = x->memory;
+    rc->weight_version = -1;
+    rc->prev_train_step = -1;
+    return 0;
+}
+
+// The worker's one backend: started by the first role that needs a model; later roles must
+// ask for the same kind, device and precision.
+static int init_backend(tr_role_ctx *rc, const init_args *x, tr_err *err) {
     tr_worker *w = rc->w;
-    bool needs_model = rc->kind != TR_ROLE_REWARD || tr_msg_has(a, "model") || tr_msg_has(a, "init_config");
-    if (needs_model && !w->has_backend) {
+    if (!w->has_backend) {
         char why[512];
-        tr_backend_opts bo = {.kind = backend, .threads = (int32_t)threads, .device = (int32_t)device,
-                              .precision = precision[0] ? precision : NULL,
-                              .batch_invariant = invariant ? 1 : -1};
+        tr_backend_opts bo = {.kind = x->backend, .threads = (int32_t)x->threads, .device = (int32_t)x->device,
+                              .precision = x->precision[0] ? x->precision : NULL,
+                              .batch_invariant = x->invariant ? 1 : -1};
         if (tr_backend_init(&w->be, &bo, why, sizeof why))
             return tr_errf(err, TR_EDEVICE, "init: %s", why);
         w->has_backend = true;
-        w->threads = (int32_t)threads;
-        w->device = (int32_t)device;
+        w->threads = (int32_t)x->threads;
+        w->device = (int32_t)x->device;
         w->arena.be = &w->be;
-    } else if (needs_model && (strcmp(backend, w->be.ops->name) != 0 ||
-                               (strcmp(backend, "cuda") == 0 && device != w->device))) {
+    } else if (strcmp(x->backend, w->be.ops->name) != 0 ||
+               (strcmp(x->backend, "cuda") == 0 && x->device != w->device)) {
         return tr_errf(err, TR_EINVAL, "init: colocated roles share one backend: %s device %d, not %s device %lld",
-                       w->be.ops->name, w->device, backend, (long long)device);
-    } else if (needs_model && precision[0] && strcmp(precision, tr_dt_name(w->be.act)) != 0) {
+                       w->be.ops->name, w->device, x->backend, (long long)x->device);
+    } else if (x->precision[0] && strcmp(x->precision, tr_dt_name(w->be.act)) != 0) {
         return tr_errf(err, TR_EINVAL, "init: colocated roles share one backend in %s, not %s",
-                       tr_dt_name(w->be.act), precision);
-    } else if (needs_model && threads != w->threads) {
+                       tr_dt_name(w->be.act), x->precision);
+    } else if (x->threads != w->threads) {
         tr_worker_logf(rc, "init: sharing the colocated roles' %d-thread pool (asked for %lld)", w->threads,
-                       (long long)threads);
+                       (long long)x->threads);
     }
-    if (has_reward) {
-        tr_msg_map rm;
-        if (tr_msg_get_map(a, "reward", &rm, err) || tr_worker_reward_init(rc, &rm, err)) return -1;
-    }
-    rc->kv_tokens = kv_tokens;
-    rc->kv_want = kv_want;
-    rc->max_seqs = (int32_t)max_seqs;
-    rc->memory_bytes = memory;
-    rc->weight_version = -1;
-    rc->prev_train_step = -1;
-    bool gen = (rc->kind == TR_ROLE_POLICY && generate) || rc->kind == TR_ROLE_GENERATOR;
-    bool model_reward = rc->kind == TR_ROLE_REWARD && rc->reward_kind == TR_REWARD_KIND_MODEL;
-    if (rc->kind != TR_ROLE_REWARD || model_reward) {
-        if (load_model(rc, a, (int32_t)max_tokens, train, gen, err)) return -1;
-        max_tokens = rc->model.max_tokens;   // the plan's, when init left it to the plan
-    } else if (tr_msg_has(a, "model") || tr_msg_has(a, "init_config")) {
-        return tr_errf(err, TR_EINVAL, "init: a %s reward takes no model", rc->reward_kind == TR_REWARD_KIND_RULE
-                                                                             ? "rule" : "service");
-    }
-    if (load_tokenizer(rc, a, err)) return -1;
-    if (train) {
-        tr_msg_map om, lm;
-        tr_optim_cfg opt;
-        if (tr_msg_get_map(a, "optim", &om, err) || parse_optim(&om, &opt, err) ||
-            tr_msg_get_map(a, "loss", &lm, err) || parse_loss(rc, &lm, err))
-            return -1;
-        // ZeRO-1: each data-parallel rank keeps the Adam moments of its shard only.
-        if (tr_trainer_init_sharded(&rc->trainer, &rc->model, &opt, seed, rc->dp, rc->dp_rank, err)) return -1;
-        rc->has_trainer = true;
-    }
+    return 0;
+}
+
+// init's reply: the role's memory, its shape and the worker arena, also logged.
+static void init_reply(tr_role_ctx *rc, const tr_msg *req, int64_t max_tokens, bool train, tr_msg_writer *rep) {
+    tr_worker *w = rc->w;
     int64_t n_params = rc->has_model ? (int64_t)tr_model_n_params(&rc->model) : 0;
     tr_worker_logf(rc, "init: %s%s%s, %lld parameters, %lld tokens per forward%s%s", role_names[rc->kind],
                    rc->has_model ? " " : "", rc->has_model ? rc->model.cfg.architecture : "", (long long)n_params,
@@ -500,6 +498,40 @@ int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
     tr_msg_put_str(rep, "architecture", rc->has_model ? rc->model.cfg.architecture : "");
     tr_msg_put_int(rep, "arena_bytes", arena_bytes);
     tr_msg_put_int(rep, "arena_separate_bytes", separate_bytes);
+}
+
+int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
+    const tr_msg_map *a = &req->args;
+    init_args x;
+    if (init_read(a, &x, err) || init_settings(rc, a, &x, err)) return -1;
+    bool needs_model = rc->kind != TR_ROLE_REWARD || tr_msg_has(a, "model") || tr_msg_has(a, "init_config");
+    if (needs_model && init_backend(rc, &x, err)) return -1;
+    if (tr_msg_has(a, "reward")) {
+        tr_msg_map rm;
+        if (tr_msg_get_map(a, "reward", &rm, err) || tr_worker_reward_init(rc, &rm, err)) return -1;
+    }
+    int64_t max_tokens = x.max_tokens;
+    bool gen = (rc->kind == TR_ROLE_POLICY && x.generate) || rc->kind == TR_ROLE_GENERATOR;
+    bool model_reward = rc->kind == TR_ROLE_REWARD && rc->reward_kind == TR_REWARD_KIND_MODEL;
+    if (rc->kind != TR_ROLE_REWARD || model_reward) {
+        if (load_model(rc, a, (int32_t)max_tokens, x.train, gen, err)) return -1;
+        max_tokens = rc->model.max_tokens;   // the plan's, when init left it to the plan
+    } else if (tr_msg_has(a, "model") || tr_msg_has(a, "init_config")) {
+        return tr_errf(err, TR_EINVAL, "init: a %s reward takes no model", rc->reward_kind == TR_REWARD_KIND_RULE
+                                                                             ? "rule" : "service");
+    }
+    if (load_tokenizer(rc, a, err)) return -1;
+    if (x.train) {
+        tr_msg_map om, lm;
+        tr_optim_cfg opt;
+        if (tr_msg_get_map(a, "optim", &om, err) || parse_optim(&om, &opt, err) ||
+            tr_msg_get_map(a, "loss", &lm, err) || parse_loss(rc, &lm, err))
+            return -1;
+        // ZeRO-1: each data-parallel rank keeps the Adam moments of its shard only.
+        if (tr_trainer_init_sharded(&rc->trainer, &rc->model, &opt, x.seed, rc->dp, rc->dp_rank, err)) return -1;
+        rc->has_trainer = true;
+    }
+    init_reply(rc, req, max_tokens, x.train, rep);
     return 0;
 }
 
