@@ -281,22 +281,25 @@ static int cmp_i32(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+// Request i stops on the same list as request i - 1 (the same pointer and length).
+static bool same_stops(const gen_run *run, int32_t i) {
+    return i > 0 && run->reqs[i].stop_ids == run->reqs[i - 1].stop_ids &&
+           run->reqs[i].n_stop == run->reqs[i - 1].n_stop;
+}
+
 // Gives every group its request's stop ids sorted and without repeats, in one buffer; the
 // requests of one call usually share one list (the same pointer), which is sorted once.
 static int sort_stops(gen_run *run, tr_err *err) {
     int64_t total = 0;
-    for (int32_t i = 0; i < run->n_reqs; i++) {
-        const tr_gen_request *r = &run->reqs[i];
-        bool same = i > 0 && r->stop_ids == run->reqs[i - 1].stop_ids && r->n_stop == run->reqs[i - 1].n_stop;
-        if (!same) total += r->n_stop;
-    }
+    for (int32_t i = 0; i < run->n_reqs; i++)
+        if (!same_stops(run, i)) total += run->reqs[i].n_stop;
     run->stop_buf = malloc((size_t)(total > 0 ? total : 1) * sizeof(int32_t));
     if (!run->stop_buf) return tr_errf(err, TR_ENOMEM, "generate: out of memory for %lld stop ids", (long long)total);
     int64_t off = 0;
     for (int32_t i = 0; i < run->n_reqs; i++) {
         const tr_gen_request *r = &run->reqs[i];
         gen_group *grp = &run->groups[i];
-        if (i > 0 && r->stop_ids == run->reqs[i - 1].stop_ids && r->n_stop == run->reqs[i - 1].n_stop) {
+        if (same_stops(run, i)) {
             grp->stop = run->groups[i - 1].stop;
             grp->n_stop = run->groups[i - 1].n_stop;
             continue;
