@@ -88,8 +88,7 @@ int tr_cmd_info(int argc, char **argv) {
         fprintf(stderr, "troupe %s: --tokens must be between 0 and %d\n", CMD, INT32_MAX);
         return 2;
     }
-    int rec = strcmp(recompute, "auto") == 0 ? TR_RECOMPUTE_AUTO : strcmp(recompute, "off") == 0 ? TR_RECOMPUTE_OFF
-              : strcmp(recompute, "on") == 0 ? TR_RECOMPUTE_ON : -1;
+    int rec = tr_recompute_parse(recompute);
     if (rec < 0) {
         fprintf(stderr, "troupe %s: --recompute must be auto, off or on, got '%s'\n", CMD, recompute);
         return 2;

@@ -3,10 +3,20 @@
 #include "engine/plan.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "engine/kvcache.h"
 #include "engine/model.h"
 #include "engine/params.h"
+
+const char *const tr_recompute_names[] = {[TR_RECOMPUTE_AUTO] = "auto", [TR_RECOMPUTE_OFF] = "off",
+                                           [TR_RECOMPUTE_ON] = "on", NULL};
+
+int tr_recompute_parse(const char *name) {
+    for (int i = 0; tr_recompute_names[i]; i++)
+        if (strcmp(name, tr_recompute_names[i]) == 0) return i;
+    return -1;
+}
 
 static double mib(size_t b) { return (double)b / (1 << 20); }
 

@@ -14,6 +14,10 @@
 // Activation recompute (tr_model_opts.recompute): auto turns it on only where a training
 // micro-batch's activations would not fit otherwise.
 enum tr_recompute { TR_RECOMPUTE_AUTO, TR_RECOMPUTE_OFF, TR_RECOMPUTE_ON };
+// Their names in that order, NULL-terminated ("auto", "off", "on"), and a name's value
+// (-1: none of them), for recipes, init messages and the command line alike.
+extern const char *const tr_recompute_names[];
+int tr_recompute_parse(const char *name);
 
 // Largest micro-batch the plan chooses: past it the GEMMs are as wide as the device needs,
 // so more tokens per forward only take memory from the KV cache.

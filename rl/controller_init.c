@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "engine/file.h"
+#include "engine/plan.h"
 
 static const char *schedule_name(enum tr_recipe_schedule s) {
     return s == TR_RECIPE_SCHED_LINEAR ? "linear" : s == TR_RECIPE_SCHED_COSINE ? "cosine" : "constant";
@@ -110,8 +111,7 @@ void tr_controller_role_setup(const tr_recipe *r, enum tr_recipe_role role, tr_r
                        ? r->train.prompts_per_step * r->rollout.n : r->train.batch_size;
     int64_t dp_ranks = par->dp > 0 ? par->dp : 1;
     a->max_tokens_want = (rows + dp_ranks - 1) / dp_ranks * r->train.max_len;
-    static const char *const recompute[] = {"auto", "off", "on"};
-    a->recompute = r->train.recompute != TR_RECIPE_RECOMPUTE_AUTO ? recompute[r->train.recompute] : NULL;
+    a->recompute = r->train.recompute != TR_RECIPE_RECOMPUTE_AUTO ? tr_recompute_names[r->train.recompute] : NULL;
     a->seed = (uint64_t)r->seed;
     policy_tokenizer(r, s->tokenizer, sizeof s->tokenizer);
     a->tokenizer = s->tokenizer[0] ? s->tokenizer : NULL;

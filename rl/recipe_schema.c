@@ -3,6 +3,7 @@
 // test keeps the two identical.
 #include <stdbool.h>
 
+#include "engine/plan.h"
 #include "rl/recipe.h"
 #include "rl/recipe_schema.h"
 
@@ -14,7 +15,6 @@ static const char *const old_lp_names[] = {"auto", "recompute", "rollout", NULL}
 static const char *const backend_names[] = {"cpu", "cuda", NULL};
 static const char *const precision_names[] = {"auto", "fp32", "bf16", NULL};
 static const char *const save_dtype_names[] = {"fp32", "bf16", NULL};
-static const char *const recompute_names[] = {"auto", "off", "on", NULL};
 static const char *const schedule_names[] = {"constant", "linear", "cosine", NULL};
 static const char *const reward_kind_names[] = {"rule", "model", "service", NULL};
 static const char *const reward_fn_names[] = {"exact_match", "numeric_match", "regex", NULL};
@@ -365,7 +365,7 @@ static const tr_rkey train_keys[] = {
             "micro-batch's activations would take more than half of the device memory left after "
             "weights, gradients and optimizer, printed in each worker's log"},
     {.name = "recompute", .type = TR_RK_ENUM, .off = offsetof(tr_recipe_train, recompute),
-     .names = recompute_names, .def = "auto",
+     .names = tr_recompute_names, .def = "auto",
      .doc = "activation recompute of the trained models: keep only each layer's input and run the "
             "layer's forward again in backward (about a third more compute for several times less "
             "activation memory; the same gradients bit for bit); auto = only where a micro-batch "

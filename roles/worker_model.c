@@ -407,12 +407,7 @@ static int init_settings(tr_role_ctx *rc, const tr_msg_map *a, const init_args *
     rc->save_bf16 = strcmp(x->save_dtype, "bf16") == 0;
     rc->share_prompts = x->share_prompts;
     rc->logit_rows = (int32_t)x->logit_rows;
-    static const char *const recompute_names[] = {[TR_RECOMPUTE_AUTO] = "auto", [TR_RECOMPUTE_OFF] = "off",
-                                                  [TR_RECOMPUTE_ON] = "on"};
-    rc->recompute = -1;
-    for (int i = 0; i < 3; i++)
-        if (strcmp(x->recompute, recompute_names[i]) == 0) rc->recompute = i;
-    if (rc->recompute < 0)
+    if ((rc->recompute = tr_recompute_parse(x->recompute)) < 0)
         return tr_errf(err, TR_EINVAL, "init: recompute must be auto, off or on, got '%s'", x->recompute);
     rc->min_tokens = (int32_t)x->min_tokens;
     rc->max_tokens_want = x->want_tokens > INT32_MAX ? INT32_MAX : (int32_t)x->want_tokens;
