@@ -51,7 +51,7 @@ int tr_run_checkpoint(tr_run *run, int64_t step, tr_err *err) {
 
 // memory/<role>/<part> in GiB for every role with a model, as its init reported it, and the
 // plan's choices: plan/<role>/micro_batch_tokens and plan/<role>/recompute (0 or 1).
-static int log_memory(tr_run *run, tr_err *err) {
+static int log_role_setup(tr_run *run, tr_err *err) {
     char key[TR_METRICS_KEY_MAX];
     for (int role = 0; role < TR_RECIPE_N_ROLES; role++) {
         const tr_role_info *in = tr_controller_role_info(run->ctl, (enum tr_recipe_role)role);
@@ -71,7 +71,7 @@ static int log_memory(tr_run *run, tr_err *err) {
 
 int tr_run_step_end(tr_run *run, int64_t step, double tokens, double t_step, tr_err *err) {
     double dt = tr_metrics_now() - t_step;
-    if (log_memory(run, err) || tr_metrics_set(&run->m, "throughput/tokens_per_s", tokens / dt, err) ||
+    if (log_role_setup(run, err) || tr_metrics_set(&run->m, "throughput/tokens_per_s", tokens / dt, err) ||
         tr_metrics_set(&run->m, "time/step", dt, err) || tr_metrics_commit(&run->m, err))
         return -1;
     run->step = step;
