@@ -54,6 +54,14 @@ static void draw_weights(tr_model *m, uint64_t seed) {
     free(p);
 }
 
+// dst's weights become src's (two set-ups of one model compared).
+static void copy_weights(tr_model *dst, tr_model *src) {
+    tr_err err = {0};
+    float *p = malloc(src->layout.total * sizeof(float));
+    CHECK(p && tr_model_read_params(src, p, &err) == 0 && tr_model_write_params(dst, p, &err) == 0);
+    free(p);
+}
+
 // The model's gradients in a malloc'd host array.
 static float *grads_of(tr_model *m) {
     tr_err err = {0};
@@ -356,9 +364,7 @@ static void check_chunking(tr_backend *be) {
     CHECK(tr_model_init(&c, &cfg, be, &oc, &err) == 0);
     CHECK(a.logit_rows == 32 && c.logit_rows == 4);
     draw_weights(&a, 5);
-    float *pa = malloc(a.layout.total * sizeof(float));
-    CHECK(tr_model_read_params(&a, pa, &err) == 0 && tr_model_write_params(&c, pa, &err) == 0);
-    free(pa);
+    copy_weights(&c, &a);
     packed_batch b;
     pack_batch(&b, IDS, LENS, 3);
     float c1[64], c2[64];
@@ -394,9 +400,7 @@ static void check_recompute(tr_backend *be, const char *arch, int tied, int bias
     CHECK(tr_model_init(&r, &cfg, be, &orc, &err) == 0);
     CHECK(!a.recompute && r.recompute);
     draw_weights(&a, 9);
-    float *pa = malloc(a.layout.total * sizeof(float));
-    CHECK(pa && tr_model_read_params(&a, pa, &err) == 0 && tr_model_write_params(&r, pa, &err) == 0);
-    free(pa);
+    copy_weights(&r, &a);
     packed_batch b;
     pack_batch(&b, IDS, LENS, 3);
     float c1[64], c2[64];
