@@ -73,6 +73,7 @@ void tr_generator_free(tr_generator *g) {
     free(g->row_slot);
     free(g->row_len);
     free(g->row_out);
+    free(g->fin_reqs);
     free(g->segs);
     free(g->tables);
     free(g->slots);
@@ -128,13 +129,14 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
     g->row_ids = malloc(rows * sizeof(int32_t));
     g->row_pos = malloc(rows * sizeof(int32_t));
     g->row_out = malloc(rows * sizeof(int32_t));
+    g->fin_reqs = malloc(rows * sizeof(int32_t));
     g->row_slot = malloc(rows * sizeof(int32_t));
     g->row_len = malloc(rows * sizeof(int32_t));
     g->segs = malloc(rows * sizeof(tr_gen_segment));
     g->tables = malloc(tables * sizeof(int32_t));
     g->slots = calloc((size_t)g->max_seqs, sizeof(tr_gen_slot));
-    if (!g->row_ids || !g->row_pos || !g->row_out || !g->row_slot || !g->row_len || !g->segs || !g->tables ||
-        !g->slots) {
+    if (!g->row_ids || !g->row_pos || !g->row_out || !g->fin_reqs || !g->row_slot || !g->row_len ||
+        !g->segs || !g->tables || !g->slots) {
         tr_generator_free(g);
         return tr_errf(err, TR_ENOMEM, "generate: out of memory for %zu-row passes", rows);
     }
@@ -455,6 +457,71 @@ static int sample_first(gen_run *run, int32_t req, tr_err *err) {
     return 0;
 }
 
+// Logits rows [0, n) (one a request) expanded in place into one row a sample: request i's
+// row to rows [off_i, off_i + S_i), off_i = S_0 + .. + S_(i-1) >= i. In reverse order, so
+// that no row is overwritten before it is copied.
+static void expand_rows(gen_run *run, const int32_t *reqs, int32_t n, int32_t total) {
+    tr_backend *be = run->g->model->be;
+    const size_t row = (size_t)run->g->model->tp.vocab * tr_dt_size(run->g->model->act);
+    char *logits = run->g->model->acts.logits;
+    int32_t off = total;
+    for (int32_t i = n - 1; i >= 0; i--) {
+        off -= run->reqs[reqs[i]].n_samples;
+        for (int32_t j = 0; j < run->reqs[reqs[i]].n_samples; j++)
+            if (off + j != i)
+                be->ops->copy(be, logits + (size_t)(off + j) * row, logits + (size_t)i * row, row);
+    }
+}
+
+// The requests whose last prompt row ran in this pass sample their first tokens: their last
+// rows gathered to the front of lnf (row j from a row >= j, in order: nothing still needed is
+// overwritten), then as many requests at a time as the logit rows hold all their samples,
+// with one LM-head product, one draw and one wait each. A request with more samples than
+// that draws alone, in slices.
+static int first_draws(gen_run *run, tr_err *err) {
+    tr_generator *g = run->g;
+    tr_model *m = g->model;
+    const size_t row = (size_t)m->cfg.hidden_size * tr_dt_size(m->act);
+    int32_t *fin = g->fin_reqs;
+    int32_t k = 0;
+    for (int32_t s = 0; s < g->n_segs; s++) {
+        const tr_gen_segment *sg = &g->segs[s];
+        gen_group *grp = &run->groups[sg->request];
+        grp->done += sg->n;
+        grp->kv.len = grp->done;
+        if (grp->done < run->reqs[sg->request].n_prompt) continue;
+        int32_t src = sg->r0 + sg->n - 1;
+        if (src != k)
+            m->be->ops->copy(m->be, (char *)m->acts.lnf + (size_t)k * row,
+                             (char *)m->acts.lnf + (size_t)src * row, row);
+        fin[k++] = sg->request;
+    }
+    const int32_t R = g->logit_rows;
+    for (int32_t i0 = 0; i0 < k;) {
+        int32_t i1 = i0, rows = 0;
+        while (i1 < k && rows + run->reqs[fin[i1]].n_samples <= R)
+            rows += run->reqs[fin[i1++]].n_samples;
+        if (i1 == i0) {
+            if (pass_logits(g, i0, 1, err) != 0 || sample_first(run, fin[i0], err) != 0) return -1;
+            i0++;
+            continue;
+        }
+        if (pass_logits(g, i0, i1 - i0, err) != 0) return -1;
+        expand_rows(run, fin + i0, i1 - i0, rows);
+        int32_t n = 0;
+        for (int32_t i = i0; i < i1; i++)
+            for (int32_t j = 0; j < run->reqs[fin[i]].n_samples; j++)
+                g->row_out[n++] = run->groups[fin[i]].out0 + j;
+        fill_draws(run, g->row_out, n, 0);
+        if (queue_draws(g, 0, n, err) != 0) return -1;
+        download_draws(g, n);
+        if (tr_dev_sync(m->be, "generate: sampling", err) != 0) return -1;
+        take_draws(run, g->row_out, n, 0);
+        i0 = i1;
+    }
+    return 0;
+}
+
 // Admits requests in order while the pool can hold each one's prompt plus one sample, and
 // prefills them in passes of up to max_rows rows. Returns the number admitted, or -1.
 static int32_t prefill_round(gen_run *run, tr_err *err) {
@@ -512,17 +579,7 @@ static int32_t prefill_round(gen_run *run, tr_err *err) {
             return -1;
         g->stats.passes++;
         g->stats.prefill_tokens += n;
-        // Requests whose last prompt row ran in this pass sample their first tokens.
-        for (int32_t s = 0; s < g->n_segs; s++) {
-            const tr_gen_segment *sg = &g->segs[s];
-            int32_t q = sg->request;
-            gen_group *grp = &run->groups[q];
-            grp->done += sg->n;
-            grp->kv.len = grp->done;
-            if (grp->done < run->reqs[q].n_prompt) continue;
-            if (pass_logits(g, sg->r0 + sg->n - 1, 1, err) != 0 || sample_first(run, q, err) != 0)
-                return -1;
-        }
+        if (first_draws(run, err) != 0) return -1;
         while (cur < first + k && run->groups[cur].done == run->reqs[cur].n_prompt) cur++;
     }
     run->next_req = first + k;

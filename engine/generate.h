@@ -137,6 +137,7 @@ typedef struct tr_generator {
     int32_t *row_ids, *row_pos, *row_slot, *row_len, *row_target;   // [max_rows]
     int32_t *step_slot, *step_len;   // [max_rows] a decode step's slots and lengths
     int32_t *row_out;           // [max_rows] the output each sampled row draws for
+    int32_t *fin_reqs;          // [max_rows] the requests a prefill pass finished, in order
     float *row_lp;              // [max_rows]
     tr_sample_row *row_draw;    // [max_rows] each sampled row's parameters and stream
     tr_gen_segment *segs;       // [max_rows]

@@ -23,8 +23,10 @@
 // QKV = Q + 2K, H = n_heads, G = n_kv_heads, I = intermediate, L = n_layers, V = vocab,
 // R = logit_rows, N = head outputs per token (num_labels; 1 for the value head)), in
 // elements of A (the activation dtype) or F (fp32), every region rounded up to 64 bytes:
-//   residual   F (L+1) x T*C        training; inference keeps only 2 and alternates
+//   residual   F (L+1) x T*C        training; inference keeps one, updated in place (two,
+//                                   alternating, under sequence parallelism)
 //   per layer  A T*(2C + QKV + Q + 3I)  F T*(C + H + 2)   training: L sets; inference: one
+//              (whose res_mid is the residual buffer, F T*C less, without sequence parallelism)
 //              + A T*QKV, F T*(H + G) with QK-norm (Qwen3): q and k after the per-head norm
 //              next to the projection's raw rows, and each head's rstd
 //   lnf A T*C, lnf_rstd F T
@@ -92,7 +94,11 @@ static size_t layout_arena(const tr_model_config *cfg, const tr_tp *tp, int32_t 
         if (base) (ptr) = (void *)(base + off);            \
         off += round_up((n) * (es));                       \
     } while (0)
-    int32_t n_res = training ? L + 1 : 2;
+    // Inference updates the residual stream in place: every residual[l] and res_mid are one
+    // buffer, and the projections add into it (row_parallel skips its copy). Under sequence
+    // parallelism a rank's rows move between buffers, so it keeps two and alternates.
+    const bool in_place = !training && !tp->sp;
+    int32_t n_res = training ? L + 1 : in_place ? 1 : 2;
     float *res_bufs[2] = {NULL, NULL};
     for (int32_t l = 0; l < n_res; l++) {
         float *p = NULL;
@@ -103,7 +109,7 @@ static size_t layout_arena(const tr_model_config *cfg, const tr_tp *tp, int32_t 
         }
     }
     if (base && !training)
-        for (int32_t l = 0; l <= L; l++) a->residual[l] = res_bufs[l % 2];
+        for (int32_t l = 0; l <= L; l++) a->residual[l] = res_bufs[in_place ? 0 : l % 2];
     // With recompute, training keeps the residual stream only: the backward of each layer
     // runs its forward again into the one set first (tr_model_backward).
     const bool every_layer = training && !recompute;
@@ -115,7 +121,8 @@ static size_t layout_arena(const tr_model_config *cfg, const tr_tp *tp, int32_t 
         TAKE(la.qkv, t * QKV, A);
         TAKE(la.att, t * Q, A);
         TAKE(la.att_lse, t * H, F);
-        TAKE(la.res_mid, ts * C, F);
+        if (!in_place) TAKE(la.res_mid, ts * C, F);
+        else if (base) la.res_mid = res_bufs[0];
         TAKE(la.ln2, ts * C, A);
         TAKE(la.ln2_rstd, ts, F);
         TAKE(la.gu, t * 2 * I, A);
@@ -752,7 +759,7 @@ static int row_parallel(tr_model *m, float *out, const float *x, const void *in,
     const tr_ops *op = m->be->ops;
     if (m->tp.sp) return row_parallel_sp(m, out, x, in, w, bias, T, IC, OC, err);
     if (m->tp.rank == 0) {
-        op->copy(m->be, out, x, (size_t)T * OC * sizeof(float));
+        if (out != x) op->copy(m->be, out, x, (size_t)T * OC * sizeof(float));
         op->matmul_forward(m->be, out, in, w, bias, T, IC, OC, TR_MM_OUT_F32 | TR_MM_ACCUMULATE);
     } else {
         op->matmul_forward(m->be, out, in, w, NULL, T, IC, OC, TR_MM_OUT_F32);

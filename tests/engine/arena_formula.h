@@ -21,8 +21,9 @@ static inline size_t af_logit_rows(const tr_model_config *c, size_t T) {
 // every region rounded up to 64 bytes (QKV = Q + 2K), of one tensor-parallel rank of tp (c is
 // its config: its heads and intermediate size; V its vocabulary rows), with sequence
 // parallelism when sp; tp 1 is the whole model. Ts = ceil(T / tp) under sp, else T:
-//   residual f (L+1 or 2) x TsC; per layer set (L or 1): ln1 a TsC, rstd f Ts, qkv a T*QKV,
-//   att a TQ, lse f TH, res_mid f TsC, ln2 a TsC, rstd f Ts, gu a 2TI, act a TI, and with
+//   residual f (L+1 training, 2 inference with sp, else 1) x TsC; per layer set (L or 1):
+//   ln1 a TsC, rstd f Ts, qkv a T*QKV, att a TQ, lse f TH, res_mid f TsC (inference without
+//   sp: the residual buffer itself), ln2 a TsC, rstd f Ts, gu a 2TI, act a TI, and with
 //   QK-norm qkv_n a T*QKV, q_rstd f TH, k_rstd f TG; lnf a TC, rstd f Ts; LM logits a RV, lse
 //   f T (else head_out f TN); training: d_res f TsC, d_res_a a TC unless a = f without sp,
 //   d_ln a TC, d_qkv a T*QKV, d_att a TQ, d_gu a 2TI, d_act a TI, d_qkv_n a T*QKV with
@@ -47,7 +48,10 @@ static inline size_t af_acts_bytes_tp(const tr_model_config *c, size_t V, size_t
                    af_r64(a * T * Q) + af_r64(f * T * H) + af_r64(f * Ts * C) +
                    af_r64(a * 2 * T * I) + af_r64(a * T * I);
     if (c->qk_norm) layer += af_r64(a * T * QKV) + af_r64(f * T * H) + af_r64(f * T * G);
-    size_t n = (training ? L + 1 : 2) * af_r64(f * Ts * C) + (training ? L : 1) * layer;
+    // inference without sp: the one residual buffer is the layer set's res_mid (in layer)
+    size_t n = training ? (L + 1) * af_r64(f * Ts * C) + L * layer
+               : sp     ? 2 * af_r64(f * Ts * C) + layer
+                        : layer;
     n += af_r64(a * T * C) + af_r64(f * Ts);
     n += lm ? af_r64(a * R * V) + af_r64(f * T) : af_r64(f * T * N);
     if (training)
