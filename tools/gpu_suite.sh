@@ -7,8 +7,8 @@
 # byte for byte, the CPU quickstart's GRPO run on the GPU beside the same run on the CPU, and
 # device faults and shortages injected into a GRPO run on the GPU.
 # Usage: tools/gpu_suite.sh [PART...]   parts: engine full cuda quickstart fault quickstart_gpu
-# train_bench profile decode_stages rl_bench ppo_bench costs decode_bench (default: the first
-# five; train_bench, rl_bench and decode_bench need the peers' anchors carried in ./anchors,
+# train_bench profile decode_stages rl_bench ppo_bench costs decode_bench decode_kernels
+# (default: the first five; train_bench, rl_bench and decode_bench need the peers' anchors carried in ./anchors,
 # rl_bench TRL's wheels in ./.whl too; decode_bench needs no .debs)
 #
 # The full build needs the upper layers' libraries, which a bare GPU machine lacks: make .debs/
@@ -280,6 +280,28 @@ decode_bench_part() {
     run decode_bench env OUT="$logs" bench/run_decode_gpu.sh "$build" anchors ${DECODE_SHAPES:-}
 }
 
+# The decode step's kernels: the op tests of its products, attention and sampler (bits against
+# cuBLASLt, the forward and the CPU), their benchmarks, the generator at batch 64 and 256
+# (profiled at 64), generation's logprobs against the training forward, and a training step
+# (what the forward's softmax chunks cost it).
+decode_kernels_part() {
+    local t="$build_all/tests/kernels/test_cuda_ops" bc="$build_all/bench/bench_cuda"
+    local d="$build_all/bench/bench_decode_gpu"
+    for s in matmul attention sample logsoftmax; do
+        run "ops_$s" env OPENBLAS_NUM_THREADS=1 "$t" "$s"
+    done
+    run bench_gemm_small "$bc" gemm_small
+    run bench_attention "$bc" attention
+    for b in 64 256; do
+        run "decode_$b" timeout 120 "$d" qwen2.5-0.5b "$b" 1 256 256
+    done
+    run decode_profile_64 env TROUPE_CUDA_PROFILE=1 timeout 120 "$d" qwen2.5-0.5b 64 1 256 256
+    run decode_15b_64 timeout 120 "$d" qwen2.5-1.5b 64 1 256 256
+    run decode_grpo timeout 120 "$d" qwen2.5-0.5b
+    run model_bf16 env TROUPE_BACKEND=cuda meson test -C "$build_all" --print-errorlogs test_model_bf16
+    run train_05b timeout 120 "$build_all/bench/bench_train_gpu" qwen2.5-0.5b 8 2048 3
+}
+
 # Decode attention at each cp.async stage count the launch can pick, for the rule that picks it.
 decode_stages_part() {
     local b="$build_all/bench/bench_cuda"
@@ -299,7 +321,7 @@ if has decode_bench; then decode_bench_part; fi
 if [ -d .debs/dev ]; then
     if has full; then full_part; fi
     if has cuda || has quickstart || has fault || has quickstart_gpu || has train_bench || has profile ||
-        has rl_bench || has decode_stages || has ppo_bench || has costs; then
+        has rl_bench || has decode_stages || has ppo_bench || has costs || has decode_kernels; then
         deps_and_build_all
     fi
     if has cuda; then cuda_part; fi
@@ -309,6 +331,7 @@ if [ -d .debs/dev ]; then
     if has train_bench; then train_bench_part; fi
     if has profile; then profile_part; fi
     if has decode_stages; then decode_stages_part; fi
+    if has decode_kernels; then decode_kernels_part; fi
     if has rl_bench; then rl_bench_part; fi
     if has ppo_bench; then ppo_bench_part; fi
     if has costs; then costs_part; fi
