@@ -8,8 +8,7 @@
 // Run by hand or by tools/gpu_suite.sh: build-*/bench/bench_cuda [cpu_threads], or
 // build-*/bench/bench_cuda attention for that section alone. Best of a few repetitions after
 // one warm-up. `bench_cuda gemm` times every cuBLASLt candidate (no split-K) of the products
-// of a Qwen2.5-0.5B/1.5B training step at 16K tokens, the backend's choice marked;
-// `bench_cuda gemm_small` the decode step's products by cuBLASLt and by the small-row kernel.
+// of a Qwen2.5-0.5B/1.5B training step at 16K tokens, the backend's choice marked.
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -562,31 +561,10 @@ static void bench_gemm_model(const char *name, int64_t C, int64_t QKV, int64_t I
     tr_backend_cuda_gemm_probe(&gpu, N, Tr, C, V, R, 1, 1, 0, "lm_head wgrad");
 }
 
-// The forward products of a decode step of the same models at a few batch sizes: the
-// cuBLASLt path and the small-row kernel in each launch shape, timed, with the outputs whose
-// bits differ from the cuBLASLt path's counted.
-static void bench_gemm_small(const char *name, int32_t C, int32_t QKV, int32_t I, int32_t V) {
-    const struct { const char *n; int32_t ic, oc; int f32, acc, bias; } L[] = {
-        {"qkv", C, QKV, 0, 0, 1}, {"o", C, C, 1, 1, 0}, {"gate/up", C, 2 * I, 0, 0, 0},
-        {"down", I, C, 1, 1, 0}, {"lm_head", C, V, 0, 0, 0},
-    };
-    const int32_t Ts[] = {16, 64, 128, 256};
-    for (size_t t = 0; t < sizeof Ts / sizeof Ts[0]; t++) {
-        printf("%s, decode products at %d rows:\n", name, Ts[t]);
-        for (size_t i = 0; i < sizeof L / sizeof L[0]; i++) {
-            int64_t bad = 0;
-            tr_backend_cuda_small_gemm_probe(&gpu, Ts[t], L[i].ic, L[i].oc, L[i].f32, L[i].acc,
-                                             L[i].bias, L[i].n, 1, &bad);
-        }
-    }
-}
-
 int main(int argc, char **argv) {
     int attention_only = argc > 1 && strcmp(argv[1], "attention") == 0;
     int gemm_only = argc > 1 && strcmp(argv[1], "gemm") == 0;
-    int small_only = argc > 1 && strcmp(argv[1], "gemm_small") == 0;
-    int32_t cpu_threads =
-        argc > 1 && !attention_only && !gemm_only && !small_only ? atoi(argv[1]) : 0;
+    int32_t cpu_threads = argc > 1 && !attention_only && !gemm_only ? atoi(argv[1]) : 0;
     if (tr_cuda_device_count() == 0) {
         printf("bench_cuda: no CUDA device\n");
         return 1;
@@ -601,15 +579,6 @@ int main(int argc, char **argv) {
     if (tr_backend_cuda_init(&gpu32, 0, TR_F32, -1) != 0) {
         tr_backend_cuda_status(&gpu32, msg, sizeof msg);
         fail("tr_backend_cuda_init fp32", msg);
-    }
-    if (small_only) {
-        bench_gemm_small("qwen2.5-0.5b", 896, 1152, 4864, 151936);
-        bench_gemm_small("qwen2.5-1.5b", 1536, 2048, 8960, 151936);
-        int rc = tr_backend_cuda_status(&gpu, msg, sizeof msg);
-        if (rc) fprintf(stderr, "bench_cuda gemm_small: %s\n", msg);
-        tr_backend_cuda_free(&gpu32);
-        tr_backend_cuda_free(&gpu);
-        return rc ? 1 : 0;
     }
     if (gemm_only) {
         bench_gemm_model("qwen2.5-0.5b", 896, 1152, 4864, 151936, 16384, 16384);

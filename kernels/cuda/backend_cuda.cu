@@ -200,8 +200,6 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
     ctx->no_graphs = graphs && strcmp(graphs, "0") == 0;
     const char *any_n = getenv("TROUPE_CUDA_ANY_N");
     ctx->any_n_at = any_n && atoi(any_n) > 0 ? atoi(any_n) : TR_CUDA_ANY_N;
-    const char *small = getenv("TROUPE_CUDA_SMALL_GEMM");
-    ctx->small_gemm = !(small && strcmp(small, "0") == 0);
     const char *flash = getenv("TROUPE_CUDA_FLASH_ATTENTION");
     ctx->flash_attention = !(flash && strcmp(flash, "0") == 0);
     // The bf16 forward products pick their kernel without regard to T (gemm_lt.cu); sgemm

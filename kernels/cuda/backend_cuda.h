@@ -11,13 +11,6 @@
 extern "C" {
 #endif
 
-// The tensor-core attention's softmax restarts every TR_CUDA_SOFTMAX_CHUNK positions of a
-// row's context, the chunks folded in position order (attention_tile.cuh): a decode step
-// splits its context at the same positions over its warps, and so equals the forward bit for
-// bit. Short chunks give a decode step of a few hundred positions several warps; each edge
-// costs the forward one fold.
-#define TR_CUDA_SOFTMAX_CHUNK 128
-
 // Makes `device` current for the calling thread and creates the backend's stream and cuBLAS
 // handle. precision sets be->act = be->wt: TR_BF16 (bf16 activations and working weights,
 // cuBLASLt products with fp32 accumulation) or TR_F32 (fp32 everywhere, sgemm with pedantic
@@ -47,15 +40,6 @@ void tr_backend_cuda_profile_reset(tr_backend *be);
 // studying the backend's fixed choice (bench_cuda gemm). Returns 0, or -1 (bf16 backends only).
 int tr_backend_cuda_gemm_probe(tr_backend *be, int ta, int tb, int64_t m, int64_t n, int64_t k,
                                int d_f32, int accumulate, int bias, const char *label);
-
-// Runs one bf16 forward product out[T, OC] = x[T, IC] w[OC, IC]^T (+ bias) (fp32 out, added
-// into, or bf16) on random data by the cuBLASLt path and by the small-row kernel in each launch
-// shape (kernels/cuda/gemm_small.cu), and counts the outputs of the backend's default shape
-// whose bits differ from the cuBLASLt path's into *mismatches. verbose prints each one's time,
-// bandwidth and differing outputs (bench_cuda gemm_small). Returns 0, or -1 (bf16 backends only).
-int tr_backend_cuda_small_gemm_probe(tr_backend *be, int32_t T, int32_t IC, int32_t OC,
-                                     int out_f32, int acc, int bias, const char *label,
-                                     int verbose, int64_t *mismatches);
 
 #ifdef __cplusplus
 }

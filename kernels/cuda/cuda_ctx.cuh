@@ -89,8 +89,6 @@ typedef struct tr_cuda_ctx {
     int no_graphs;          // TROUPE_CUDA_GRAPHS=0: graph_begin declines (ops run as queued)
     int32_t any_n_at;       // the n whose algorithm batch-invariant products take (gemm_lt.cu;
                             // TROUPE_CUDA_ANY_N for measuring another)
-    int small_gemm;         // forward products of few rows by gemm_small.cu (same bits);
-                            // TROUPE_CUDA_SMALL_GEMM=0 keeps cuBLASLt for every product
     int flash_attention;    // the tensor-core attention kernels; TROUPE_CUDA_FLASH_ATTENTION=0
                             // keeps the row kernels (attention.cu) for every head size
     tr_cuda_prof *prof;     // TROUPE_CUDA_PROFILE=1, else NULL

@@ -7,7 +7,6 @@
 #include "kernels/cuda/colsum.cuh"
 #include "kernels/cuda/dtype.cuh"
 #include "kernels/cuda/gemm_lt.cuh"
-#include "kernels/cuda/gemm_small.h"
 
 #define MM_THREADS 256
 
@@ -114,11 +113,6 @@ static void forward_bf16(tr_backend *be, void *out, const void *in, const void *
     }
     if (be->batch_invariant && OC <= MM_NARROW) {
         narrow_forward(be, out, in, w, bias, T, IC, OC, out_f32, acc);
-        return;
-    }
-    // Few rows (a decode step): a kernel that spreads them over the device, same bits.
-    if (OC > MM_NARROW && tr_cuda_gemm_small_fits(be, out, in, w, T, IC, OC, out_f32, acc)) {
-        tr_cuda_gemm_small(be, out, in, w, bias, T, IC, OC, out_f32, acc, tr_gs_shape{0, 0});
         return;
     }
     tr_lt_gemm g = {.ta = CUBLAS_OP_T, .tb = CUBLAS_OP_N, .m = OC, .n = T, .k = IC,
