@@ -290,7 +290,6 @@ decode_kernels_part() {
     for s in matmul attention sample logsoftmax; do
         run "ops_$s" env OPENBLAS_NUM_THREADS=1 "$t" "$s"
     done
-    run bench_gemm_small "$bc" gemm_small
     run bench_attention "$bc" attention
     for b in 64 256; do
         run "decode_$b" timeout 120 "$d" qwen2.5-0.5b "$b" 1 256 256
