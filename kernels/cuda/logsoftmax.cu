@@ -31,20 +31,18 @@ __global__ void logsoftmax_forward_kernel(float *logprob, float *entropy, float 
 // cancels; in double because x - E_p[x] cancels for peaked rows. Every thread calls.
 template <typename A>
 __device__ double lsm_mean(const A *x, int32_t V, float l) {
-    const bool vec = tr_lsm_aligned(x);
-    float v[TR_LSM_CHUNK];
     double sp = 0.0, spx = 0.0;
-    for (int32_t c = threadIdx.x; c < tr_lsm_chunks(V); c += blockDim.x) {
-        int32_t n = tr_lsm_load(x, V, c, vec, v);
+    tr_lsm_each(tr_lsm_row_src(x, V), threadIdx.x, blockDim.x, tr_lsm_chunks(V),
+                [&](int32_t, int32_t n, const float *v) {
 #pragma unroll
-        for (int32_t k = 0; k < TR_LSM_CHUNK; k++) {
-            if (k < n) {
-                double p = expf(v[k] - l);
-                sp += p;
-                spx += p * v[k];
-            }
-        }
-    }
+                    for (int32_t k = 0; k < TR_LSM_CHUNK; k++) {
+                        if (k < n) {
+                            double p = expf(v[k] - l);
+                            sp += p;
+                            spx += p * v[k];
+                        }
+                    }
+                });
     sp = tr_block_sum(sp);
     spx = tr_block_sum(spx);
     return spx / sp;
@@ -52,23 +50,23 @@ __device__ double lsm_mean(const A *x, int32_t V, float l) {
 
 // dlogits of one row: d_i = -glp p_i - gent p_i (x_i - mean), plus glp at column tg (added to
 // the fp32 value before the one rounding). Thread by thread, chunk c is loaded before chunk c
-// is stored, so dx may be x.
+// is stored (the loads ahead are of the thread's later chunks), so dx may be x.
 template <typename A>
 __device__ void lsm_write_row(A *dx, const A *x, int32_t V, float l, float glp, float gent,
                               double mean, int32_t tg) {
-    const bool vec_x = tr_lsm_aligned(x), vec_d = tr_lsm_aligned(dx);
-    float v[TR_LSM_CHUNK];
-    for (int32_t c = threadIdx.x; c < tr_lsm_chunks(V); c += blockDim.x) {
-        int32_t n = tr_lsm_load(x, V, c, vec_x, v);
+    const bool vec_d = tr_lsm_aligned(dx);
+    tr_lsm_each(tr_lsm_row_src(x, V), threadIdx.x, blockDim.x, tr_lsm_chunks(V),
+                [&](int32_t c, int32_t n, const float *v) {
+                    float g[TR_LSM_CHUNK];
 #pragma unroll
-        for (int32_t k = 0; k < TR_LSM_CHUNK; k++) {
-            float p = expf(v[k] - l);
-            float d = -glp * p - gent * p * (float)((double)v[k] - mean);
-            if (c * TR_LSM_CHUNK + k == tg && glp != 0.0f) d += glp;
-            v[k] = d;
-        }
-        tr_lsm_store(dx, c, n, vec_d, v);
-    }
+                    for (int32_t k = 0; k < TR_LSM_CHUNK; k++) {
+                        float p = expf(v[k] - l);
+                        float d = -glp * p - gent * p * (float)((double)v[k] - mean);
+                        if (c * TR_LSM_CHUNK + k == tg && glp != 0.0f) d += glp;
+                        g[k] = d;
+                    }
+                    tr_lsm_store(dx, c, n, vec_d, g);
+                });
 }
 
 // With p = exp(x - lse): d logprob/dx = onehot - p; dH/dx_i = -p_i (x_i - sum_k p_k x_k).

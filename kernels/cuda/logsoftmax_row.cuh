@@ -2,7 +2,8 @@
 // run it in blocks of TR_LSM_THREADS threads over logits of the activation dtype (float or
 // bf16, widened exactly), so the reductions have the same shape and the sample op's logprobs
 // are the forward's bits. Rows are read in chunks of TR_LSM_CHUNK columns with 16-byte loads
-// where the row's start allows, else element by element in the same order.
+// where the row's start allows, else element by element in the same order, each thread's
+// next few chunks loading while it works on one (tr_lsm_each).
 #pragma once
 #include <stdint.h>
 
@@ -28,41 +29,110 @@ __device__ __forceinline__ int32_t tr_lsm_chunks(int32_t V) {
     return (V + TR_LSM_CHUNK - 1) / TR_LSM_CHUNK;
 }
 
-// Columns in chunk c; fills v[0, n) with them as fp32 (exact). Loops run the whole chunk
-// with a guard, unrolled, so that v stays in registers.
-__device__ __forceinline__ int32_t tr_lsm_load(const float *x, int32_t V, int32_t c, bool vec,
-                                               float v[TR_LSM_CHUNK]) {
+// A chunk as loaded: its columns' bits, widened to fp32 only where they are used, so that a
+// thread can have several chunks' loads in flight before it waits on the first (a row's pass
+// is latency-bound: one block reads a few hundred kilobytes). fp32 takes w[0, 8), a column a
+// word; bf16 takes w[0, 4), two columns a word, the lower column in the low half.
+struct tr_lsm_raw {
+    uint32_t w[TR_LSM_CHUNK];
+};
+
+// Loads chunk c of a row of V columns into r and returns its column count n; columns past n
+// are 0, and so is a chunk at or past end (n = 0).
+__device__ __forceinline__ int32_t tr_lsm_fetch(const float *x, int32_t V, int32_t c,
+                                                int32_t end, bool vec, tr_lsm_raw &r) {
     int32_t i0 = c * TR_LSM_CHUNK, n = V - i0 < TR_LSM_CHUNK ? V - i0 : TR_LSM_CHUNK;
+    if (c >= end) n = 0;
     if (vec && n == TR_LSM_CHUNK) {
-        float4 a = reinterpret_cast<const float4 *>(x + i0)[0];
-        float4 b = reinterpret_cast<const float4 *>(x + i0)[1];
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-        v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        uint4 a = reinterpret_cast<const uint4 *>(x + i0)[0];
+        uint4 b = reinterpret_cast<const uint4 *>(x + i0)[1];
+        r.w[0] = a.x, r.w[1] = a.y, r.w[2] = a.z, r.w[3] = a.w;
+        r.w[4] = b.x, r.w[5] = b.y, r.w[6] = b.z, r.w[7] = b.w;
         return n;
     }
 #pragma unroll
-    for (int32_t k = 0; k < TR_LSM_CHUNK; k++) v[k] = k < n ? x[i0 + k] : 0.0f;
+    for (int32_t k = 0; k < TR_LSM_CHUNK; k++) r.w[k] = k < n ? __float_as_uint(x[i0 + k]) : 0u;
     return n;
 }
 
-__device__ __forceinline__ int32_t tr_lsm_load(const tr_bf16 *x, int32_t V, int32_t c, bool vec,
-                                               float v[TR_LSM_CHUNK]) {
+__device__ __forceinline__ int32_t tr_lsm_fetch(const tr_bf16 *x, int32_t V, int32_t c,
+                                                int32_t end, bool vec, tr_lsm_raw &r) {
     int32_t i0 = c * TR_LSM_CHUNK, n = V - i0 < TR_LSM_CHUNK ? V - i0 : TR_LSM_CHUNK;
+    if (c >= end) n = 0;
     if (vec && n == TR_LSM_CHUNK) {
-        // Little-endian pairs: the low half of each word is the lower column; a bf16 is the
-        // top half of its fp32.
         uint4 q = *reinterpret_cast<const uint4 *>(x + i0);
-        uint32_t w[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            v[2 * k] = __uint_as_float(w[k] << 16);
-            v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
-        }
+        r.w[0] = q.x, r.w[1] = q.y, r.w[2] = q.z, r.w[3] = q.w;
         return n;
     }
 #pragma unroll
-    for (int32_t k = 0; k < TR_LSM_CHUNK; k++) v[k] = k < n ? tr_f32(x[i0 + k]) : 0.0f;
+    for (int32_t k = 0; k < TR_LSM_CHUNK / 2; k++) {
+        uint32_t lo = 2 * k < n ? __bfloat16_as_ushort(x[i0 + 2 * k]) : 0u;
+        uint32_t hi = 2 * k + 1 < n ? __bfloat16_as_ushort(x[i0 + 2 * k + 1]) : 0u;
+        r.w[k] = lo | hi << 16;
+    }
     return n;
+}
+
+// The chunk's columns as fp32, exactly (a bf16 is the top half of its fp32).
+__device__ __forceinline__ void tr_lsm_widen(const float *, const tr_lsm_raw &r,
+                                             float v[TR_LSM_CHUNK]) {
+#pragma unroll
+    for (int32_t k = 0; k < TR_LSM_CHUNK; k++) v[k] = __uint_as_float(r.w[k]);
+}
+
+__device__ __forceinline__ void tr_lsm_widen(const tr_bf16 *, const tr_lsm_raw &r,
+                                             float v[TR_LSM_CHUNK]) {
+#pragma unroll
+    for (int32_t k = 0; k < TR_LSM_CHUNK / 2; k++) {
+        v[2 * k] = __uint_as_float(r.w[k] << 16);
+        v[2 * k + 1] = __uint_as_float(r.w[k] & 0xffff0000u);
+    }
+}
+
+// A row as a source of chunks for tr_lsm_each.
+template <typename T>
+struct tr_lsm_src {
+    const T *x;
+    int32_t V;
+    bool vec;
+    __device__ __forceinline__ int32_t fetch(int32_t c, int32_t end, tr_lsm_raw &r) const {
+        return tr_lsm_fetch(x, V, c, end, vec, r);
+    }
+    __device__ __forceinline__ void widen(const tr_lsm_raw &r, float v[TR_LSM_CHUNK]) const {
+        tr_lsm_widen(x, r, v);
+    }
+};
+
+template <typename T>
+__device__ __forceinline__ tr_lsm_src<T> tr_lsm_row_src(const T *x, int32_t V) {
+    return {x, V, tr_lsm_aligned(x)};
+}
+
+// Chunks a thread keeps loading ahead of the one it works on.
+#define TR_LSM_AHEAD 4
+
+// Calls f(c, n, v) for the chunks c = first, first + step, ... below end, in that order, v
+// the chunk's n columns as fp32 (0 past n), with the loads of the next TR_LSM_AHEAD chunks
+// in flight meanwhile. The chunks and their order are the plain loop's, so every sum comes
+// out the same. src: fetch(c, end, raw) -> n and widen(raw, v), as tr_lsm_src.
+template <typename Src, typename F>
+__device__ __forceinline__ void tr_lsm_each(const Src &src, int32_t first, int32_t step,
+                                            int32_t end, F f) {
+    tr_lsm_raw r[TR_LSM_AHEAD];
+    int32_t n[TR_LSM_AHEAD];
+#pragma unroll
+    for (int u = 0; u < TR_LSM_AHEAD; u++) n[u] = src.fetch(first + u * step, end, r[u]);
+    for (int32_t c = first; c < end; c += TR_LSM_AHEAD * step) {
+#pragma unroll
+        for (int u = 0; u < TR_LSM_AHEAD; u++) {
+            int32_t cu = c + u * step, nu = n[u];
+            float v[TR_LSM_CHUNK];
+            src.widen(r[u], v);
+            // r[u] is free again: its next chunk loads while this one is worked on
+            n[u] = src.fetch(cu + TR_LSM_AHEAD * step, end, r[u]);
+            if (cu < end) f(cu, nu, v);
+        }
+    }
 }
 
 // Stores g[0, n) as chunk c of a row, each rounded once (tr_store's rounding).
@@ -105,20 +175,17 @@ struct tr_lsm_stats {
 // Every thread of the block calls; every thread gets the statistics.
 template <typename T>
 __device__ inline tr_lsm_stats tr_lsm_row(const T *x, int32_t V) {
-    const bool vec = tr_lsm_aligned(x);
+    const tr_lsm_src<T> src = tr_lsm_row_src(x, V);
     const int32_t nc = tr_lsm_chunks(V);
-    float v[TR_LSM_CHUNK];
     float m = -INFINITY;
-    for (int32_t c = threadIdx.x; c < nc; c += blockDim.x) {
-        int32_t n = tr_lsm_load(x, V, c, vec, v);
+    tr_lsm_each(src, threadIdx.x, blockDim.x, nc, [&](int32_t, int32_t n, const float *v) {
 #pragma unroll
         for (int32_t k = 0; k < TR_LSM_CHUNK; k++)
             if (k < n) m = fmaxf(m, v[k]);
-    }
+    });
     m = tr_block_max(m);
     double s = 0.0, sx = 0.0;
-    for (int32_t c = threadIdx.x; c < nc; c += blockDim.x) {
-        int32_t n = tr_lsm_load(x, V, c, vec, v);
+    tr_lsm_each(src, threadIdx.x, blockDim.x, nc, [&](int32_t, int32_t n, const float *v) {
 #pragma unroll
         for (int32_t k = 0; k < TR_LSM_CHUNK; k++) {
             if (k < n) {
@@ -128,7 +195,7 @@ __device__ inline tr_lsm_stats tr_lsm_row(const T *x, int32_t V) {
                 sx += e * z;
             }
         }
-    }
+    });
     tr_lsm_stats st;
     st.m = m;
     st.s = tr_block_sum(s);

@@ -78,14 +78,12 @@ __device__ int32_t smp_argmax(const A *x, int32_t V) {
     __shared__ int32_t wi[32];
     float bv = -INFINITY;
     int32_t bi = INT_MAX;
-    const bool vec = tr_lsm_aligned(x);
-    float chunk[TR_LSM_CHUNK];
-    for (int32_t c = threadIdx.x; c < tr_lsm_chunks(V); c += blockDim.x) {
-        int32_t n = tr_lsm_load(x, V, c, vec, chunk);
+    tr_lsm_each(tr_lsm_row_src(x, V), threadIdx.x, blockDim.x, tr_lsm_chunks(V),
+                [&](int32_t c, int32_t n, const float *v) {
 #pragma unroll
-        for (int32_t k = 0; k < TR_LSM_CHUNK; k++)
-            if (k < n) smp_better(bv, bi, chunk[k], c * TR_LSM_CHUNK + k);
-    }
+                    for (int32_t k = 0; k < TR_LSM_CHUNK; k++)
+                        if (k < n) smp_better(bv, bi, v[k], c * TR_LSM_CHUNK + k);
+                });
     for (int o = 16; o > 0; o >>= 1) {
         float v = __shfl_xor_sync(0xffffffffu, bv, o);
         int32_t i = __shfl_xor_sync(0xffffffffu, bi, o);
@@ -157,41 +155,44 @@ __device__ inline double smp_exp(double d) {
 
 // ---- the walk order: a row's weights in segments ----
 
+// The logit a sorted key holds (tr_rank_key inverted; -0 came back as +0, of equal weight).
+__device__ __forceinline__ float smp_key_value(uint32_t k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
 // The weights of a row in walk order: id order from the logits, or rank order from the
-// sorted keys (which hold the logits' values: no gather through the sorted ids).
+// sorted keys (which hold the logits' values: no gather through the sorted ids). A source of
+// chunks for tr_lsm_each: chunk c is walk positions [8c, 8c + 8) below n.
 template <typename A>
 struct smp_src {
     const A *x;             // id order, when keys is NULL
     const uint32_t *keys;   // rank order
     bool vec;               // 16-byte loads allowed
     double mx, inv_t;
-};
+    int32_t n;              // walk positions
 
-// The logit a sorted key holds (tr_rank_key inverted; -0 came back as +0, of equal weight).
-__device__ __forceinline__ float smp_key_value(uint32_t k) {
-    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
-}
-
-// Chunk c (walk positions [8c, 8c + 8) below n) as fp32 values; returns how many.
-template <typename A>
-__device__ __forceinline__ int32_t smp_load(const smp_src<A> &s, int32_t n, int32_t c,
-                                            float v[TR_LSM_CHUNK]) {
-    if (!s.keys) return tr_lsm_load(s.x, n, c, s.vec, v);
-    int32_t i0 = c * TR_LSM_CHUNK, cnt = n - i0 < TR_LSM_CHUNK ? n - i0 : TR_LSM_CHUNK;
-    uint32_t u[TR_LSM_CHUNK];
-    if (s.vec && cnt == TR_LSM_CHUNK) {
-        uint4 a = reinterpret_cast<const uint4 *>(s.keys + i0)[0];
-        uint4 b = reinterpret_cast<const uint4 *>(s.keys + i0)[1];
-        u[0] = a.x, u[1] = a.y, u[2] = a.z, u[3] = a.w;
-        u[4] = b.x, u[5] = b.y, u[6] = b.z, u[7] = b.w;
-    } else {
+    // A key chunk's raw words are its keys (0 past the count).
+    __device__ __forceinline__ int32_t fetch(int32_t c, int32_t end, tr_lsm_raw &r) const {
+        if (!keys) return tr_lsm_fetch(x, n, c, end, vec, r);
+        int32_t i0 = c * TR_LSM_CHUNK, cnt = n - i0 < TR_LSM_CHUNK ? n - i0 : TR_LSM_CHUNK;
+        if (c >= end) cnt = 0;
+        if (vec && cnt == TR_LSM_CHUNK) {
+            uint4 a = reinterpret_cast<const uint4 *>(keys + i0)[0];
+            uint4 b = reinterpret_cast<const uint4 *>(keys + i0)[1];
+            r.w[0] = a.x, r.w[1] = a.y, r.w[2] = a.z, r.w[3] = a.w;
+            r.w[4] = b.x, r.w[5] = b.y, r.w[6] = b.z, r.w[7] = b.w;
+            return cnt;
+        }
 #pragma unroll
-        for (int32_t k = 0; k < TR_LSM_CHUNK; k++) u[k] = k < cnt ? s.keys[i0 + k] : 0u;
+        for (int32_t k = 0; k < TR_LSM_CHUNK; k++) r.w[k] = k < cnt ? keys[i0 + k] : 0u;
+        return cnt;
     }
+    __device__ __forceinline__ void widen(const tr_lsm_raw &r, float v[TR_LSM_CHUNK]) const {
+        if (!keys) return tr_lsm_widen(x, r, v);
 #pragma unroll
-    for (int32_t k = 0; k < TR_LSM_CHUNK; k++) v[k] = smp_key_value(u[k]);
-    return cnt;
-}
+        for (int32_t k = 0; k < TR_LSM_CHUNK; k++) v[k] = smp_key_value(r.w[k]);
+    }
+};
 
 // The weights w[0, cnt) of loaded values (0 past cnt) and their sum, added one by one from
 // 0: the chunk sum, the same bits wherever a chunk is weighed.
@@ -241,17 +242,17 @@ struct smp_shared {
 };
 
 // Pass 1: each thread sums its segment (chunk sums added one by one from 0), then warp 0
-// lays out p, q and c. Returns the total of positions [0, n). Every thread calls.
+// lays out p, q and c. Returns the total of positions [0, s.n). Every thread calls.
 template <typename A>
-__device__ double smp_sums(smp_shared &sh, const smp_src<A> &s, int32_t n) {
+__device__ double smp_sums(smp_shared &sh, const smp_src<A> &s) {
+    const int32_t n = s.n;
     int32_t c0, c1;
     smp_chunks(n, (int32_t)threadIdx.x, &c0, &c1);
-    double sum = 0.0, w[TR_LSM_CHUNK];
-    float v[TR_LSM_CHUNK];
-    for (int32_t c = c0; c < c1; c++) {
-        int32_t cnt = smp_load(s, n, c, v);
+    double sum = 0.0;
+    tr_lsm_each(s, c0, 1, c1, [&](int32_t, int32_t cnt, const float *v) {
+        double w[TR_LSM_CHUNK];
         sum = sum + smp_weigh(s, v, cnt, w);
-    }
+    });
     __syncthreads();   // the previous walk may still read sh
     sh.v[threadIdx.x] = sum;
     __syncthreads();
@@ -284,22 +285,22 @@ __device__ double smp_sums(smp_shared &sh, const smp_src<A> &s, int32_t n) {
 // value, true from it on), when B at the segment's end does. The warp weighs 32 chunks at a
 // time, chains their sums in order, and the lane whose chunk's end passes first walks it.
 template <typename A, typename Pred>
-__device__ smp_hit smp_walk(const smp_shared &sh, const smp_src<A> &s, int32_t n, int32_t t,
-                            Pred pred) {
+__device__ smp_hit smp_walk(const smp_shared &sh, const smp_src<A> &s, int32_t t, Pred pred) {
+    const int32_t n = s.n;
     int lane = threadIdx.x & 31;
     int32_t c0, c1;
     smp_chunks(n, t, &c0, &c1);
     double cg = sh.c[t / SMP_GROUP], pt = sh.p[t];
     double chain = 0.0;   // the segment's chunk sums before this round's, every lane alike
+    tr_lsm_raw raw;
+    int32_t next = s.fetch(c0 + lane, c1, raw);
     for (int32_t r0 = c0; r0 < c1; r0 += 32) {
-        int32_t c = r0 + lane;
+        int32_t c = r0 + lane, cnt = next;
         double w[TR_LSM_CHUNK], sum = 0.0;
         float v[TR_LSM_CHUNK];
-        int32_t cnt = 0;
-        if (c < c1) {
-            cnt = smp_load(s, n, c, v);
-            sum = smp_weigh(s, v, cnt, w);
-        }
+        s.widen(raw, v);
+        next = s.fetch(c + 32, c1, raw);   // the next round's chunk loads meanwhile
+        if (c < c1) sum = smp_weigh(s, v, cnt, w);
         double start = 0.0;   // the chunk sums before this lane's
 #pragma unroll
         for (int i = 0; i < 32; i++) {
@@ -336,16 +337,17 @@ __device__ smp_hit smp_walk(const smp_shared &sh, const smp_src<A> &s, int32_t n
     return {n, 0.0, 0.0};   // not reached: B at the segment's end passes
 }
 
-// The first position r < n whose B(r) satisfies pred (r = n when none), for every thread:
+// The first position r < s.n whose B(r) satisfies pred (r = s.n when none), for every thread:
 // the segments whose end fails precede the one that holds it, so counting them finds it.
 template <typename A, typename Pred>
-__device__ smp_hit smp_find(smp_shared &sh, const smp_src<A> &s, int32_t n, Pred pred) {
+__device__ smp_hit smp_find(smp_shared &sh, const smp_src<A> &s, Pred pred) {
+    const int32_t n = s.n;
     int32_t t = threadIdx.x;
     double end = sh.c[t / SMP_GROUP] + sh.q[t];
     int32_t seg = __syncthreads_count(!pred(end));
     if (seg >= SMP_THREADS) return {n, 0.0, 0.0};
     if (t < 32) {
-        smp_hit h = smp_walk(sh, s, n, seg, pred);
+        smp_hit h = smp_walk(sh, s, seg, pred);
         if (t == 0) sh.hit = h;
     }
     __syncthreads();
@@ -362,13 +364,13 @@ __device__ int32_t smp_draw(smp_shared &sh, const A *x, const uint32_t *keys,
                             float mx, bool *near) {
     bool use_k = smp_use_k(row, V), use_p = row.top_p < 1.0f, ranked = use_k || use_p;
     double inv_t = 1.0 / (double)row.temperature;
-    smp_src<A> by_id = {x, NULL, tr_lsm_aligned(x), (double)mx, inv_t};
-    smp_src<A> w = {x, keys, tr_lsm_aligned(keys), (double)mx, inv_t};
-    if (!ranked) w = by_id;
     int32_t n = use_k ? row.top_k : V;
+    smp_src<A> by_id = {x, NULL, tr_lsm_aligned(x), (double)mx, inv_t, V};
+    smp_src<A> w = {x, keys, tr_lsm_aligned(keys), (double)mx, inv_t, n};
+    if (!ranked) w = by_id;
     // the nucleus is measured against top-k's mass, else the whole row's (id order)
-    double mass = use_p && !use_k ? smp_sums(sh, by_id, V) : 0.0;
-    double total = smp_sums(sh, w, n);   // sh now holds w's sums over [0, n)
+    double mass = use_p && !use_k ? smp_sums(sh, by_id) : 0.0;
+    double total = smp_sums(sh, w);   // sh now holds w's sums over [0, n)
     bool cut_near = false;
     int32_t kept = n;
     if (use_p) {
@@ -378,7 +380,7 @@ __device__ int32_t smp_draw(smp_shared &sh, const A *x, const uint32_t *keys,
             *near = true;
             return sorted[0];
         }
-        smp_hit h = smp_find(sh, w, n, [limit](double cum) { return cum >= limit; });
+        smp_hit h = smp_find(sh, w, [limit](double cum) { return cum >= limit; });
         if (h.r < n) {
             kept = h.r + 1;
             total = h.cum;   // B(kept - 1): the walk below ends there
@@ -393,7 +395,7 @@ __device__ int32_t smp_draw(smp_shared &sh, const A *x, const uint32_t *keys,
     uint32_t b = tr_philox_next(row.seed, &counter, &used);
     double target = tr_philox_uniform53(a, b) * total, tol = TR_SAMPLE_NEAR * total;
     if (target < total) {   // then a position below kept holds it
-        smp_hit d = smp_find(sh, w, n, [target](double cum) { return target < cum; });
+        smp_hit d = smp_find(sh, w, [target](double cum) { return target < cum; });
         if (d.r < kept) {
             *near = cut_near || d.cum - target <= tol || (d.r > 0 && target - d.before <= tol);
             return ranked ? sorted[d.r] : d.r;
@@ -403,17 +405,15 @@ __device__ int32_t smp_draw(smp_shared &sh, const A *x, const uint32_t *keys,
     *near = true;
     int32_t c0, c1, last = 0;
     smp_chunks(n, (int32_t)threadIdx.x, &c0, &c1);
-    for (int32_t c = c0; c < c1; c++) {
+    tr_lsm_each(w, c0, 1, c1, [&](int32_t c, int32_t cnt, const float *v) {
         double wt[TR_LSM_CHUNK];
-        float v[TR_LSM_CHUNK];
-        int32_t cnt = smp_load(w, n, c, v);
         smp_weigh(w, v, cnt, wt);
 #pragma unroll
         for (int32_t k = 0; k < TR_LSM_CHUNK; k++) {
             int32_t r = c * TR_LSM_CHUNK + k;
             if (k < cnt && r >= 1 && r < kept && wt[k] > 0.0) last = r;
         }
-    }
+    });
     last = tr_block_reduce(last, smp_op_max(), (int32_t)0);
     return ranked ? sorted[last] : last;
 }
