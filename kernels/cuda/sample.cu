@@ -452,8 +452,10 @@ static void sample_run(tr_backend *be, tr_rank_sort &s, int32_t *ids, float *log
     sample_keys_kernel<A><<<grid, SMP_THREADS, 0, st>>>(s.keys_in, s.ids_in, s.begin, s.end,
                                                         logits, rows, B, V);
     if (TR_CUDA_LAUNCHED(be, "sample keys")) return;
-    // Stable: equal keys keep the id order they came in.
-    if (tr_rank_sort_run(be, &s, B, V)) return;
+    // Stable: equal keys keep the id order they came in. With no row ranked every segment is
+    // empty, and CUB still launches its six digit passes of B blocks that find nothing to do:
+    // a profile row of their own keeps them out of the draw's time.
+    if (tr_rank_sort_run(be, &s, B, V) || TR_CUDA_LAUNCHED(be, "sample sort")) return;
     sample_draw_kernel<A><<<grid, SMP_THREADS, 0, st>>>(ids, logprob, n_near, logits, rows,
                                                         s.keys_out, s.ids_out, B, V);
     TR_CUDA_LAUNCHED(be, "sample");
