@@ -37,6 +37,7 @@ typedef struct tr_lt_key {
     int32_t a_type, b_type, d_type;   // cudaDataType_t; C has D's type and layout
     int32_t bias;                  // 1: bias epilogue (bias of D's type)
     int32_t any_n;                 // 1: the algorithm is the one chosen at n = TR_CUDA_ANY_N
+    int32_t split_k;               // 1: the reduction may be split (tr_lt_gemm.split_k)
     int32_t align_a, align_b, align_d, align_bias;   // bytes, powers of two up to 16
 } tr_lt_key;
 

@@ -1,7 +1,8 @@
 // cuBLASLt products of the bf16 path. Each shape's algorithm is chosen by a fixed rule
 // (plan_choose) among those the heuristic offers that reduce every dot product in one
 // sequence (reduction scheme NONE: no split-K, nothing summed in a second pass or by
-// atomics), once, and kept with the shape's descriptors in the backend context. So one shape always runs one kernel: the same
+// atomics), once, and kept with the shape's descriptors in the backend context (the one
+// exception: tr_lt_gemm.split_k, decode-sized forward products with batch invariance off). So one shape always runs one kernel: the same
 // bits on every run, and no timing-driven choice. Pointer alignments are part of the shape
 // because the heuristic's choice depends on them; they are counted up to 16 bytes (what the
 // tensor-core kernels' vector loads need), so that the same product on buffers at different
@@ -60,7 +61,7 @@ static int plan_candidates(tr_backend *be, const tr_lt_plan *p, cublasLtMatmulAl
     cublasLtMatmulPreference_t pref = NULL;
     if (LT_CHECK(be, cublasLtMatmulPreferenceCreate(&pref))) return -1;
     uint64_t ws = TR_CUDA_LT_WORKSPACE;
-    uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+    uint32_t scheme = key->split_k ? CUBLASLT_REDUCTION_SCHEME_MASK : CUBLASLT_REDUCTION_SCHEME_NONE;
     uint32_t aa = (uint32_t)key->align_a, ab = (uint32_t)key->align_b;
     uint32_t ad = (uint32_t)key->align_d;
     cublasLtMatmulHeuristicResult_t res[16];
@@ -87,7 +88,8 @@ static int plan_candidates(tr_backend *be, const tr_lt_plan *p, cublasLtMatmulAl
                                  &res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
                                  sizeof splits, &got)))
                 break;
-            if (splits > 1) continue;   // the mask should have excluded it; never rely on it
+            // the mask should have excluded it; never rely on it
+            if (splits > 1 && !key->split_k) continue;
             out[n++] = res[i].algo;
         }
         if (ctx->failed) n = -1;
@@ -122,7 +124,7 @@ static int plan_choose(tr_backend *be, tr_lt_plan *p) {
     int n = plan_candidates(be, p, algos, 16);
     if (n > 0) {
         int pick = 0;
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n && !key->split_k; i++)
             if (algo_attr(&algos[i], CUBLASLT_ALGO_CONFIG_ID) == LT_HOPPER_ALGO_ID) {
                 pick = i;
                 break;
@@ -253,6 +255,7 @@ static void key_of(const tr_lt_gemm *g, tr_lt_key *key) {
     key->align_d = align_of(g->d);
     key->align_bias = g->bias ? align_of(g->bias) : 0;
     key->any_n = g->any_n;
+    key->split_k = g->split_k && !g->any_n;
 }
 
 int tr_lt_matmul(tr_backend *be, const tr_lt_gemm *g) {

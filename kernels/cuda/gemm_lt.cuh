@@ -7,6 +7,8 @@
 // D[m,n] = op(A)[m,k] · op(B)[k,n] (+ D when accumulate) (+ bias[m] broadcast over columns),
 // column-major with leading dimensions lda, ldb, ldd. The products and sums are fp32; D is
 // rounded once to d_type. bias has D's type.
+#define TR_LT_SPLIT_MAX_N 256
+
 typedef struct tr_lt_gemm {
     cublasOperation_t ta, tb;
     int64_t m, n, k;
@@ -25,6 +27,11 @@ typedef struct tr_lt_gemm {
     // one the rule picks for n = TR_CUDA_ANY_N, whatever n is, so every output element is reduced
     // by the same kernel in the same order for any batch (the batch-invariant mode).
     bool any_n;
+    // The reduction may be split over blocks whose parts cuBLASLt adds in a fixed order (the
+    // same bits run to run for one algorithm on one device, but not the unsplit chain's): for
+    // forward products of at most TR_LT_SPLIT_MAX_N rows when batch invariance is off, where
+    // a decode step's few rows leave most SMs idle otherwise.
+    bool split_k;
     const char *name;   // a string literal naming the product in TROUPE_CUDA_PROFILE's table
 } tr_lt_gemm;
 

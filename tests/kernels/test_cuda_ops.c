@@ -383,6 +383,27 @@ static void test_matmul_batch_invariance(int32_t IC, int32_t OC) {
     free(in); free(w); free(bias); free(full); free(part);
 }
 
+// With batch invariance off, forward products of few rows may split their reduction
+// (cuBLASLt adds the parts in a fixed order): against the CPU, and two runs bitwise.
+static void test_matmul_split(void) {
+    tr_backend keep = gpu_be;
+    char msg[512];
+    if (tr_backend_cuda_init(&gpu_be, 0, TR_BF16, 0) != 0) {
+        tr_backend_cuda_status(&gpu_be, msg, sizeof msg);
+        CHECKF(0, "a backend without batch invariance: %s", msg);
+        tr_backend_cuda_free(&gpu_be);
+        gpu_be = keep;
+        return;
+    }
+    printf("  batch invariance off:\n");
+    test_matmul(64, 4864, 896);    // a decode step's down projection: a long reduction
+    test_matmul(16, 896, 1152);
+    test_matmul(256, 1024, 200);
+    CHECKF(tr_backend_cuda_status(&gpu_be, msg, sizeof msg) == 0, "cuda backend: %s", msg);
+    tr_backend_cuda_free(&gpu_be);
+    gpu_be = keep;
+}
+
 // --- embedding ------------------------------------------------------------------------------
 
 typedef struct emb_arg {
@@ -2117,6 +2138,7 @@ static void run_pass(const char *only) {
         test_matmul(70, 96, 3);
         test_matmul_batch_invariance(896, 1);
         test_matmul_batch_invariance(96, 3);
+        if (prec == TR_BF16) test_matmul_split();
     }
     if (section(only, "embedding")) {
         test_embedding(300, 96, 50, 0);
