@@ -8,7 +8,8 @@
 // Run by hand or by tools/gpu_suite.sh: build-*/bench/bench_cuda [cpu_threads], or
 // build-*/bench/bench_cuda attention for that section alone. Best of a few repetitions after
 // one warm-up. `bench_cuda gemm` times every cuBLASLt candidate (no split-K) of the products
-// of a Qwen2.5-0.5B/1.5B training step at 16K tokens, the backend's choice marked.
+// of a Qwen2.5-0.5B/1.5B training step at 16K tokens, the backend's choice marked;
+// `bench_cuda sample` the sampler and the log-softmax at decode batches of the Qwen vocabulary.
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -564,7 +565,9 @@ static void bench_gemm_model(const char *name, int64_t C, int64_t QKV, int64_t I
 int main(int argc, char **argv) {
     int attention_only = argc > 1 && strcmp(argv[1], "attention") == 0;
     int gemm_only = argc > 1 && strcmp(argv[1], "gemm") == 0;
-    int32_t cpu_threads = argc > 1 && !attention_only && !gemm_only ? atoi(argv[1]) : 0;
+    int sample_only = argc > 1 && strcmp(argv[1], "sample") == 0;
+    int32_t cpu_threads =
+        argc > 1 && !attention_only && !gemm_only && !sample_only ? atoi(argv[1]) : 0;
     if (tr_cuda_device_count() == 0) {
         printf("bench_cuda: no CUDA device\n");
         return 1;
@@ -579,6 +582,21 @@ int main(int argc, char **argv) {
     if (tr_backend_cuda_init(&gpu32, 0, TR_F32, -1) != 0) {
         tr_backend_cuda_status(&gpu32, msg, sizeof msg);
         fail("tr_backend_cuda_init fp32", msg);
+    }
+    if (sample_only) {   // a decode step's draw at the Qwen vocabulary, by parameters
+        const int32_t Bs[] = {64, 256};
+        for (int i = 0; i < 2; i++) {
+            bench_sample(Bs[i], 151936, 0.0f, 0, 1.0f);
+            bench_sample(Bs[i], 151936, 1.0f, 0, 1.0f);
+            bench_sample(Bs[i], 151936, 1.0f, 50, 1.0f);
+            bench_sample(Bs[i], 151936, 1.0f, 0, 0.9f);
+            bench_logsoftmax(&gpu, Bs[i], 151936);
+        }
+        int rc = tr_backend_cuda_status(&gpu, msg, sizeof msg);
+        if (rc) fprintf(stderr, "bench_cuda sample: %s\n", msg);
+        tr_backend_cuda_free(&gpu32);
+        tr_backend_cuda_free(&gpu);
+        return rc ? 1 : 0;
     }
     if (gemm_only) {
         bench_gemm_model("qwen2.5-0.5b", 896, 1152, 4864, 151936, 16384, 16384);

@@ -291,6 +291,7 @@ decode_kernels_part() {
         run "ops_$s" env OPENBLAS_NUM_THREADS=1 "$t" "$s"
     done
     run bench_attention "$bc" attention
+    run bench_sample "$bc" sample
     # both modes: batch-invariant (the default) and fastest (split reductions at decode sizes)
     for inv in 1 0; do
         for b in 64 256; do

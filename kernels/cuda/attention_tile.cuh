@@ -12,12 +12,14 @@
 #include <math.h>
 
 #include "kernels/cuda/attention_mma.cuh"
+#include "kernels/cuda/backend_cuda.h"
 
 // Keys per online-softmax step (one tile): 64, or 32 at D = 128, where a warp's 32 rows of
 // fp32 output take 128 registers and 64 scores more would not fit beside them.
 template <int D>
 constexpr int fa_bn() { return D > 64 ? 32 : 64; }
-#define FA_CHUNK 1024   // positions per softmax chunk (a multiple of every fa_bn)
+#define FA_CHUNK TR_CUDA_SOFTMAX_CHUNK   // a multiple of every fa_bn
+static_assert(FA_CHUNK % 64 == 0, "a softmax chunk is whole tiles");
 
 // The running softmax of MT m16 tiles of rows. Thread (g, t) holds rows g ([mt][0]) and g+8
 // ([mt][1]) of each m-tile, and channels 8n + 2t, 8n + 2t + 1 of each in o[mt][n][2 hi + c].

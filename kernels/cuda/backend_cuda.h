@@ -11,6 +11,14 @@
 extern "C" {
 #endif
 
+// The tensor-core attention's softmax restarts every TR_CUDA_SOFTMAX_CHUNK positions of a
+// row's context, the chunks folded in position order (attention_tile.cuh): a decode step
+// splits its context at the same positions over its warps, and so equals the forward bit for
+// bit. Shorter chunks give a decode step more warps; each edge costs the forward a fold (on
+// an H200 at 128 positions: decode at batch 64, context 512, 26.8 -> 13.1 us; the 0.5B
+// training forward's attention 0.417 -> 0.547 ms). 256 takes about half of each.
+#define TR_CUDA_SOFTMAX_CHUNK 256
+
 // Makes `device` current for the calling thread and creates the backend's stream and cuBLAS
 // handle. precision sets be->act = be->wt: TR_BF16 (bf16 activations and working weights,
 // cuBLASLt products with fp32 accumulation) or TR_F32 (fp32 everywhere, sgemm with pedantic
