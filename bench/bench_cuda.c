@@ -523,7 +523,8 @@ static void bench_sample(int32_t B, int32_t V, float temperature, int32_t top_k,
     double best = 1e30;
     for (int r = 0; r <= REPS; r++) {
         double t0 = now_s();
-        gpu.ops->sample(&gpu, ids, lp, logits, drows, B, V, scratch, n_near);
+        gpu.ops->sample(&gpu, ids, lp, logits, drows, B, V, tr_sample_rows_ranked(rows, B, V),
+                        scratch, n_near);
         gpu_sync(&gpu);
         double t1 = now_s();
         if (r > 0 && t1 - t0 < best) best = t1 - t0;

@@ -376,6 +376,14 @@ static void fill_draws(gen_run *run, const int32_t *outs, int32_t n, int32_t r0)
     }
 }
 
+// Whether a draw among rows [r0, r0 + n) (filled in row_draw) ranks its logits: the sample
+// op sorts only then.
+static bool draws_ranked(const tr_generator *g, int32_t r0, int32_t n) {
+    for (int32_t i = r0; i < r0 + n; i++)
+        if (tr_sample_row_ranked(&g->row_draw[i], g->model->tp.vocab)) return true;
+    return false;
+}
+
 // Queues the draws of rows [r0, r0 + n) from rows [0, n) of m->acts.logits with the backend's
 // sample op, which also gives each token's logprob under the unmodified distribution, with
 // logsoftmax_forward's arithmetic: the training path's number. Under tensor parallelism each
@@ -388,7 +396,7 @@ static int queue_draws(tr_generator *g, int32_t r0, int32_t n, tr_err *err) {
     be->ops->upload(be, g->d_draw + r0, g->row_draw + r0, (size_t)n * sizeof(tr_sample_row));
     if (m->tp.size == 1) {
         be->ops->sample(be, g->d_target + r0, g->d_lp + r0, m->acts.logits, g->d_draw + r0, n,
-                        m->tp.vocab, g->sample_scratch, g->d_near);
+                        m->tp.vocab, draws_ranked(g, r0, n), g->sample_scratch, g->d_near);
         return 0;
     }
     // The logprob is the training path's vocab-parallel one, its bits too.
@@ -631,9 +639,11 @@ static int decode_graph(tr_generator *g, int32_t B, int32_t w, void **exec, tr_e
         g->graph_acts = m->arena;
         g->graph_kv = g->cache.k;
     }
+    // the sort is recorded or not by the draws' parameters (queue_draws), so they key it too
+    const bool ranked = draws_ranked(g, 0, B);
     for (int32_t i = 0; i < g->n_graphs; i++) {
         const tr_gen_graph *gr = &g->graphs[i];
-        if (gr->rows == B && gr->width == w && gr->weights == m->work) {
+        if (gr->rows == B && gr->width == w && gr->ranked == ranked && gr->weights == m->work) {
             *exec = gr->exec;
             return 0;
         }
@@ -658,7 +668,8 @@ static int decode_graph(tr_generator *g, int32_t B, int32_t w, void **exec, tr_e
         memmove(g->graphs, g->graphs + 1, (size_t)(TR_GEN_GRAPHS - 1) * sizeof(tr_gen_graph));
         g->n_graphs--;
     }
-    g->graphs[g->n_graphs++] = (tr_gen_graph){.rows = B, .width = w, .weights = m->work, .exec = x};
+    g->graphs[g->n_graphs++] =
+        (tr_gen_graph){.rows = B, .width = w, .ranked = ranked, .weights = m->work, .exec = x};
     g->stats.graphs_recorded++;
     *exec = x;
     return 0;

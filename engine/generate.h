@@ -67,6 +67,7 @@ enum tr_gen_graphs { TR_GEN_GRAPHS_AUTO, TR_GEN_GRAPHS_OFF, TR_GEN_GRAPHS_PAD };
 
 typedef struct tr_gen_graph {
     int32_t rows, width;   // the bucket: rows and block-table entries per row
+    bool ranked;           // some row ranks its logits (top-k/top-p): the draw sorts
     const void *weights;   // the working weights it read (double-buffered shared weights)
     void *exec;
 } tr_gen_graph;

@@ -93,6 +93,16 @@ typedef struct tr_sample_row {   // one row of logits' draw
     int32_t used;        // tr_rng's used: words of block counter-1 handed out (4: none left)
 } tr_sample_row;
 
+// Whether the row's draw ranks the logits (top-k or top-p applies): the sample op's `ranked`.
+static inline bool tr_sample_row_ranked(const tr_sample_row *r, int32_t V) {
+    return r->temperature != 0.0f && ((r->top_k > 0 && r->top_k < V) || r->top_p < 1.0f);
+}
+static inline bool tr_sample_rows_ranked(const tr_sample_row *rows, int32_t B, int32_t V) {
+    for (int32_t b = 0; b < B; b++)
+        if (tr_sample_row_ranked(&rows[b], V)) return true;
+    return false;
+}
+
 // A draw is "near" when its uniform target lies within TR_SAMPLE_NEAR of the kept weight
 // of a cumulative boundary, or top-p's cut within TR_SAMPLE_NEAR of the nucleus mass of its
 // limit: only there can another summation order pick a neighbouring id.
@@ -353,9 +363,11 @@ typedef struct tr_ops {
     // logsoftmax_forward gives for that target. *n_near += the near draws (TR_SAMPLE_NEAR):
     // on another backend only those may differ. Every pointer is backend memory; scratch is
     // sample_scratch_bytes(B, V) bytes (sized for B rows, it serves fewer); the op allocates
-    // nothing and waits for nothing.
+    // nothing and waits for nothing. ranked: whether some row ranks its logits (temperature
+    // > 0 with 0 < top_k < V or top_p < 1; tr_sample_row_ranked), which the caller knows from
+    // the rows it filled: false lets a backend skip the ranking sort.
     void (*sample)(tr_backend *be, int32_t *ids, float *logprob, const void *logits,
-                   const tr_sample_row *rows, int32_t B, int32_t V, void *scratch,
+                   const tr_sample_row *rows, int32_t B, int32_t V, bool ranked, void *scratch,
                    int32_t *n_near);
     size_t (*sample_scratch_bytes)(tr_backend *be, int32_t B, int32_t V);
 

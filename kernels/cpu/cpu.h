@@ -172,7 +172,7 @@ void tr_cpu_convert(tr_backend *be, void *out, tr_dt out_t, const void *in, tr_d
 
 // Sampling (sample.c; the per-row arithmetic is kernels/cpu/sample.h's).
 void tr_cpu_sample(tr_backend *be, int32_t *ids, float *logprob, const void *logits,
-                   const tr_sample_row *rows, int32_t B, int32_t V, void *scratch,
+                   const tr_sample_row *rows, int32_t B, int32_t V, bool ranked, void *scratch,
                    int32_t *n_near);
 size_t tr_cpu_sample_scratch_bytes(tr_backend *be, int32_t B, int32_t V);
 void tr_cpu_sample_vp_top(tr_backend *be, tr_sample_cand *cand, const float *logits, int32_t v0,

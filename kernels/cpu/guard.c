@@ -655,7 +655,7 @@ static void g_convert(tr_backend *be, void *out, tr_dt out_t, const void *in,
 }
 
 static void g_sample(tr_backend *be, int32_t *ids, float *logprob, const void *logits,
-                     const tr_sample_row *rows, int32_t B, int32_t V, void *scratch,
+                     const tr_sample_row *rows, int32_t B, int32_t V, bool ranked, void *scratch,
                      int32_t *n_near) {
     const char *op = "sample";
     size_t nb = (size_t)(B > 0 ? B : 0);
@@ -665,8 +665,12 @@ static void g_sample(tr_backend *be, int32_t *ids, float *logprob, const void *l
     dev(be, rows, nb * sizeof(tr_sample_row), 0, op, "rows");
     dev(be, scratch, tr_cpu_sample_scratch_bytes(be, B, V), 0, op, "scratch");
     dev(be, n_near, I, 0, op, "n_near");
+    // a backend that trusts the hint would skip a row's ranking
+    for (int32_t b = 0; b < B && !ranked; b++)
+        if (tr_sample_row_ranked(&rows[b], V))
+            tr_cpu_guard_fail(op, "ranked false for a ranked row", rows + b);
     open_mem(be);
-    tr_cpu_sample(be, ids, logprob, logits, rows, B, V, scratch, n_near);
+    tr_cpu_sample(be, ids, logprob, logits, rows, B, V, ranked, scratch, n_near);
     close_mem(be);
 }
 

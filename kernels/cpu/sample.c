@@ -216,8 +216,9 @@ static void sample_task(void *arg, int32_t task) {
 }
 
 void tr_cpu_sample(tr_backend *be, int32_t *ids, float *logprob, const void *logits,
-                   const tr_sample_row *rows, int32_t B, int32_t V, void *scratch,
+                   const tr_sample_row *rows, int32_t B, int32_t V, bool ranked, void *scratch,
                    int32_t *n_near) {
+    (void)ranked;   // each task ranks its own rows as they need
     if (B <= 0 || V <= 0) return;
     sample_job j = {.ids = ids, .logprob = logprob, .logits = logits, .t = be->act,
                     .rows = rows, .B = B, .V = V, .n_tasks = sample_tasks(B)};

@@ -248,7 +248,7 @@ void tr_cuda_kv_copy_blocks(tr_backend *be, const tr_kv_pool *pool, const int32_
 void tr_cuda_convert(tr_backend *be, void *out, tr_dt out_t, const void *in, tr_dt in_t,
                      size_t n);
 void tr_cuda_sample(tr_backend *be, int32_t *ids, float *logprob, const void *logits,
-                    const tr_sample_row *rows, int32_t B, int32_t V, void *scratch,
+                    const tr_sample_row *rows, int32_t B, int32_t V, bool ranked, void *scratch,
                     int32_t *n_near);
 size_t tr_cuda_sample_scratch_bytes(tr_backend *be, int32_t B, int32_t V);
 void tr_cuda_sample_vp_top(tr_backend *be, tr_sample_cand *cand, const float *logits, int32_t v0,

@@ -442,13 +442,20 @@ sample_draw_kernel(int32_t *ids, float *logprob, int32_t *n_near, const A *logit
     }
 }
 
-// The two launches around the sort, for logits of type A.
+// The two launches around the sort, for logits of type A; without a ranked row the draw
+// alone (it reads neither keys nor sorted ids then).
 template <typename A>
 static void sample_run(tr_backend *be, tr_rank_sort &s, int32_t *ids, float *logprob,
                        const A *logits, const tr_sample_row *rows, int32_t B, int32_t V,
-                       int32_t *n_near) {
+                       bool ranked, int32_t *n_near) {
     cudaStream_t st = tr_cuda_stream(be);
     unsigned grid = tr_cuda_grid((size_t)B, 1);
+    if (!ranked) {
+        sample_draw_kernel<A><<<grid, SMP_THREADS, 0, st>>>(ids, logprob, n_near, logits, rows,
+                                                            s.keys_out, s.ids_out, B, V);
+        TR_CUDA_LAUNCHED(be, "sample");
+        return;
+    }
     sample_keys_kernel<A><<<grid, SMP_THREADS, 0, st>>>(s.keys_in, s.ids_in, s.begin, s.end,
                                                         logits, rows, B, V);
     if (TR_CUDA_LAUNCHED(be, "sample keys")) return;
@@ -462,7 +469,7 @@ static void sample_run(tr_backend *be, tr_rank_sort &s, int32_t *ids, float *log
 }
 
 void tr_cuda_sample(tr_backend *be, int32_t *ids, float *logprob, const void *logits,
-                    const tr_sample_row *rows, int32_t B, int32_t V, void *scratch,
+                    const tr_sample_row *rows, int32_t B, int32_t V, bool ranked, void *scratch,
                     int32_t *n_near) {
     if (B <= 0 || V <= 0) return;
     if (!scratch) {   // CUB would only size its storage and sort nothing
@@ -472,7 +479,7 @@ void tr_cuda_sample(tr_backend *be, int32_t *ids, float *logprob, const void *lo
     tr_rank_sort s;
     if (tr_rank_sort_layout(be, "sample", B, V, scratch, &s) != 0) return;
     if (tr_cuda_bf16(be))
-        sample_run(be, s, ids, logprob, (const tr_bf16 *)logits, rows, B, V, n_near);
+        sample_run(be, s, ids, logprob, (const tr_bf16 *)logits, rows, B, V, ranked, n_near);
     else
-        sample_run(be, s, ids, logprob, (const float *)logits, rows, B, V, n_near);
+        sample_run(be, s, ids, logprob, (const float *)logits, rows, B, V, ranked, n_near);
 }

@@ -248,7 +248,8 @@ static void test_backend_op(void) {
     int32_t *d_ids = dev_put(&be, NULL, sizeof ids), *d_near = dev_put(&be, &zero, sizeof zero);
     float *d_lp = dev_put(&be, NULL, B * sizeof(float));
     void *d_scratch = dev_put(&be, NULL, be.ops->sample_scratch_bytes(&be, B, V));
-    be.ops->sample(&be, d_ids, d_lp, d_lg, d_rows, B, V, d_scratch, d_near);
+    be.ops->sample(&be, d_ids, d_lp, d_lg, d_rows, B, V, tr_sample_rows_ranked(rows, B, V),
+                   d_scratch, d_near);
     be.ops->download(&be, ids, d_ids, sizeof ids);
     be.ops->download(&be, &n_near, d_near, sizeof n_near);
     char msg[256];

@@ -1805,7 +1805,8 @@ static void smp_run(int gpu, const smp_arg *s, int32_t b0, int32_t nb, smp_out *
     int32_t zero = 0, *ids = puti(gpu, NULL, nb), *n_near = puti(gpu, &zero, 1);
     float *lp = putf(gpu, NULL, nb), *lp_lsm = putf(gpu, NULL, nb), *lse = putf(gpu, NULL, nb);
     void *scratch = put(gpu, NULL, be->ops->sample_scratch_bytes(be, nb, s->V));
-    be->ops->sample(be, ids, lp, x, rows, nb, s->V, scratch, n_near);
+    be->ops->sample(be, ids, lp, x, rows, nb, s->V, tr_sample_rows_ranked(s->rows + b0, nb, s->V),
+                    scratch, n_near);
     be->ops->logsoftmax_forward(be, lp_lsm, NULL, lse, x, ids, nb, s->V);
     get(gpu, o->ids, ids, (size_t)nb * sizeof(int32_t));
     get(gpu, &o->n_near, n_near, sizeof(int32_t));

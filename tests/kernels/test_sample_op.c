@@ -137,7 +137,8 @@ static void check_batch(int32_t B, int32_t V, int kind, uint64_t salt) {
     float *d_lp = et_dev(&be, NULL, (size_t)B * sizeof(float));
     int32_t *d_near = et_dev(&be, &near0, sizeof near0);
     void *d_scratch = et_dev(&be, NULL, scratch_bytes);
-    be.ops->sample(&be, d_ids, d_lp, d_lg, d_rows, B, V, d_scratch, d_near);
+    be.ops->sample(&be, d_ids, d_lp, d_lg, d_rows, B, V, tr_sample_rows_ranked(rows, B, V),
+                   d_scratch, d_near);
 
     int32_t *ids = kt_malloc((size_t)B * sizeof(int32_t)), n_near;
     float *lp = kt_floats(B), *lp_want = kt_floats(B), *lse = kt_floats(B);
@@ -177,8 +178,8 @@ static void check_batch(int32_t B, int32_t V, int kind, uint64_t salt) {
     for (int32_t b = 0; b < B; b++) {
         int32_t id1;
         float lp1;
-        be.ops->sample(&be, d_ids, d_lp, d_lg + (size_t)b * V, d_rows + b, 1, V, d_scratch,
-                       d_near);
+        be.ops->sample(&be, d_ids, d_lp, d_lg + (size_t)b * V, d_rows + b, 1, V,
+                       tr_sample_row_ranked(&rows[b], V), d_scratch, d_near);
         et_get(&be, &id1, d_ids, sizeof id1);
         et_get(&be, &lp1, d_lp, sizeof lp1);
         same &= id1 == ids[b] && memcmp(&lp1, &lp[b], sizeof lp1) == 0;
@@ -222,13 +223,14 @@ static void check_near_cut(void) {
     int32_t *d_ids = et_dev(&be, NULL, sizeof ids), *d_near = et_dev(&be, &zero, sizeof zero);
     float *d_lp = et_dev(&be, NULL, B * sizeof(float));
     void *d_scratch = et_dev(&be, NULL, be.ops->sample_scratch_bytes(&be, B, V));
-    be.ops->sample(&be, d_ids, d_lp, d_lg, d_rows, B, V, d_scratch, d_near);
+    be.ops->sample(&be, d_ids, d_lp, d_lg, d_rows, B, V, tr_sample_rows_ranked(rows, B, V),
+                   d_scratch, d_near);
     et_get(&be, &n_near, d_near, sizeof n_near);
     et_get(&be, ids, d_ids, sizeof ids);
     CHECKF(n_near == 3, "near cuts counted: %d, want 3", n_near);
     for (int32_t b = 0; b < B; b++)   // the nucleus: the lowest 5 (top_p 0.3: 4) ids
         CHECKF(ids[b] >= 0 && ids[b] < (b < 3 ? 5 : 4), "row %d drew %d", b, ids[b]);
-    be.ops->sample(&be, d_ids, d_lp, d_lg, d_rows, 0, V, d_scratch, d_near);   // B = 0
+    be.ops->sample(&be, d_ids, d_lp, d_lg, d_rows, 0, V, false, d_scratch, d_near);   // B = 0
     et_get(&be, &n_near, d_near, sizeof n_near);
     CHECK(n_near == 3);
     be.ops->free(&be, d_lg);
@@ -252,7 +254,8 @@ static void sample_on(tr_backend *b, const void *lg, const tr_sample_row *rows, 
     float *d_lp = et_dev(b, NULL, (size_t)B * sizeof(float));
     float *d_lsm = et_dev(b, NULL, (size_t)B * sizeof(float)), *d_lse = et_dev(b, NULL, (size_t)B * sizeof(float));
     void *d_scratch = et_dev(b, NULL, b->ops->sample_scratch_bytes(b, B, V));
-    b->ops->sample(b, d_ids, d_lp, d_lg, d_rows, B, V, d_scratch, d_near);
+    b->ops->sample(b, d_ids, d_lp, d_lg, d_rows, B, V, tr_sample_rows_ranked(rows, B, V),
+                   d_scratch, d_near);
     b->ops->logsoftmax_forward(b, d_lsm, NULL, d_lse, d_lg, d_ids, B, V);
     et_get(b, ids, d_ids, (size_t)B * sizeof(int32_t));
     et_get(b, lp, d_lp, (size_t)B * sizeof(float));

@@ -76,7 +76,8 @@ static void check_batch(int32_t B, int32_t V, int32_t R, int kind, uint64_t salt
     int32_t *d_ids = et_dev(&be, NULL, (size_t)B * sizeof(int32_t)), *d_near = et_dev(&be, &zero, 4);
     float *d_lp = et_dev(&be, NULL, (size_t)B * sizeof(float));
     void *d_scr = et_dev(&be, NULL, be.ops->sample_scratch_bytes(&be, B, V));
-    be.ops->sample(&be, d_ids, d_lp, d_lg, d_rows, B, V, d_scr, d_near);
+    be.ops->sample(&be, d_ids, d_lp, d_lg, d_rows, B, V, tr_sample_rows_ranked(rows, B, V), d_scr,
+                   d_near);
     int32_t *want = kt_malloc((size_t)B * sizeof(int32_t)), want_near;
     et_get(&be, want, d_ids, (size_t)B * sizeof(int32_t));
     et_get(&be, &want_near, d_near, sizeof want_near);
