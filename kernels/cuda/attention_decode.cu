@@ -218,13 +218,13 @@ static void fa_decode_dispatch(tr_backend *be, const fa_dec_args &a, int32_t B, 
 }
 
 // Warps per block: one per chunk of the longest context, up to FA_DEC_MAX_WARPS, but no more
-// than it takes for the grid to hold four warps an SM: a block's warps each keep their own
+// than it takes for the grid to hold two warps an SM: a block's warps each keep their own
 // stages in shared memory, so at a batch of hundreds, where blocks alone fill the device,
 // more warps a block would only leave fewer blocks resident (0.5B shape, batch 256, context
-// 512: 48 us with four warps against 28.6 with one).
+// 512, on an H200: 48 us with four warps, 34.2 with two, 28.2 with one).
 static int fa_dec_warps(tr_backend *be, const fa_dec_args &a, int32_t B, int32_t max_ctx) {
     const int nch = (max_ctx + FA_CHUNK - 1) / FA_CHUNK;
-    const long blocks = (long)a.KVH * a.n_hg * B, want = 4L * tr_cuda_ctx_of(be)->sms;
+    const long blocks = (long)a.KVH * a.n_hg * B, want = 2L * tr_cuda_ctx_of(be)->sms;
     long w = (want + blocks - 1) / blocks;
     if (w > nch) w = nch;
     if (w > FA_DEC_MAX_WARPS) w = FA_DEC_MAX_WARPS;
