@@ -1,6 +1,6 @@
-// Strict JSON parser (recursive descent into arena-allocated nodes that never move) and the
-// buffer-based writer. The parser reads hostile bytes (safetensors headers of any file), so
-// every read is bounds-checked against len and nesting is limited.
+// Strict JSON parser: recursive descent into arena-allocated nodes that never move. It reads
+// hostile bytes (safetensors headers of any file, data files), so every read is
+// bounds-checked against len and nesting is limited.
 #include "engine/json.h"
 
 #include <errno.h>
@@ -58,10 +58,12 @@ void tr_json_free(tr_json_doc *doc) {
 typedef struct parser {
     const char *s;
     size_t len, pos;
-    int32_t line;
+    int64_t line;
     size_t line_start;
     const char *name;
+    const char *what;     // before syntax error messages
     int max_depth;
+    unsigned flags;
     tr_json_doc *doc;
     tr_err *err;
 } parser;
@@ -78,7 +80,8 @@ __attribute__((format(printf, 4, 5))) static int fail_at(parser *p, size_t pos, 
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return tr_errf(p->err, code, "%s:%d:%d: %s", p->name, p->line, col_at(p, pos), msg);
+    return tr_errf(p->err, code, "%s:%lld:%d: %s%s", p->name, (long long)p->line, col_at(p, pos),
+                   p->what, msg);
 }
 
 static const char *describe_byte(unsigned char c, char *buf, size_t n) {
@@ -112,7 +115,7 @@ static tr_json *new_node(parser *p, enum tr_json_type type, size_t pos) {
     }
     memset(v, 0, sizeof *v);
     v->type = type;
-    v->line = p->line;
+    v->line = p->line > INT32_MAX ? INT32_MAX : (int32_t)p->line;
     v->col = col_at(p, pos);
     return v;
 }
@@ -158,9 +161,7 @@ static size_t put_utf8(char *o, uint32_t cp) {
     return 4;
 }
 
-// Length of the valid UTF-8 sequence at s[0..n), or 0 when invalid (overlong forms,
-// surrogates and code points above U+10FFFF are invalid).
-static size_t utf8_seq(const unsigned char *s, size_t n) {
+size_t tr_json_utf8_len(const unsigned char *s, size_t n) {
     unsigned char c = s[0];
     if (c < 0x80) return 1;
     size_t need;
@@ -190,7 +191,8 @@ static size_t utf8_seq(const unsigned char *s, size_t n) {
 }
 
 // Parses the string starting at the opening quote; the unescaped text goes to the arena.
-static int parse_string(parser *p, const char **out, size_t *out_len) {
+static int parse_string(parser *p, bool is_key, const char **out, size_t *out_len) {
+    bool no_nul = (p->flags & TR_JSON_NO_NUL) || (is_key && (p->flags & TR_JSON_NO_NUL_KEY));
     size_t start = p->pos;  // at '"'
     size_t i = start + 1;
     // First pass: find the closing quote so the output can be sized (escapes only shrink).
@@ -239,6 +241,9 @@ static int parse_string(parser *p, const char **out, size_t *out_len) {
                     i += 6;
                     cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
                 }
+                if (cp == 0 && no_nul)
+                    return fail_at(p, i - 6, TR_EFORMAT, "\\u0000 is not allowed in %s",
+                                   is_key ? "a key" : "a string");
                 n += put_utf8(o + n, cp);
                 break;
             }
@@ -250,9 +255,9 @@ static int parse_string(parser *p, const char **out, size_t *out_len) {
             }
             continue;
         }
-        size_t k = utf8_seq((const unsigned char *)p->s + i, p->len - i);
+        size_t k = tr_json_utf8_len((const unsigned char *)p->s + i, p->len - i);
         // A sequence may not swallow the closing quote: quote bytes are ASCII, never
-        // continuation bytes, so utf8_seq already stops there.
+        // continuation bytes, so tr_json_utf8_len already stops there.
         if (k == 0) return fail_at(p, i, TR_EFORMAT, "invalid UTF-8 in string");
         memcpy(o + n, p->s + i, k);
         n += k;
@@ -323,6 +328,8 @@ static int parse_number(parser *p, tr_json *v) {
         if (ok) {
             v->is_int = true;
             v->inum = neg ? acc : -acc;
+        } else if (p->flags & TR_JSON_INT64) {
+            return fail_at(p, start, TR_ERANGE, "integer %s outside the 64-bit range", buf);
         }
     }
     p->pos = i;
@@ -342,39 +349,73 @@ static uint64_t hash_bytes(const char *s, size_t n) {
     return h;
 }
 
-// Finds a repeated key in an object; large objects use a temporary hash table so hostile
-// headers with many keys stay linear.
-static int check_duplicates(parser *p, const tr_json *obj) {
-    const tr_json *dup = NULL;
-    if (obj->count <= 16) {
-        for (const tr_json *a = obj->child; a && !dup; a = a->next)
-            for (const tr_json *b = a->next; b; b = b->next)
-                if (key_eq(a, b)) {
-                    dup = b;
-                    break;
-                }
-    } else {
-        size_t cap = 32;
-        while (cap < (size_t)obj->count * 2) cap *= 2;
-        const tr_json **tab = calloc(cap, sizeof *tab);
-        if (!tab) return tr_errf(p->err, TR_ENOMEM, "%s: out of memory parsing JSON", p->name);
-        for (const tr_json *a = obj->child; a && !dup; a = a->next) {
-            size_t h = (size_t)hash_bytes(a->key, a->key_len) & (cap - 1);
-            while (tab[h]) {
-                if (key_eq(tab[h], a)) {
-                    dup = a;
-                    break;
-                }
-                h = (h + 1) & (cap - 1);
+// A repeated key under TR_JSON_DUP_LAST: the first member takes the later member's value
+// (keeping its own key and place) and the later one leaves the list after prev.
+static void take_value(tr_json *obj, tr_json *first, tr_json *prev, tr_json *later) {
+    tr_json *next = first->next;
+    const char *key = first->key;
+    size_t key_len = first->key_len;
+    *first = *later;
+    first->next = next;
+    first->key = key;
+    first->key_len = key_len;
+    prev->next = later->next;
+    obj->count--;
+}
+
+static int dup_error(parser *p, const tr_json *dup) {
+    return tr_errf(p->err, TR_EFORMAT, "%s:%d:%d: %sduplicate key '%s'", p->name, dup->line,
+                   dup->col, p->what, dup->key);
+}
+
+// Finds repeated keys in an object: an error, or under TR_JSON_DUP_LAST the last value wins.
+static int dups_small(parser *p, tr_json *obj) {
+    bool last_wins = p->flags & TR_JSON_DUP_LAST;
+    for (tr_json *a = obj->child; a; a = a->next) {
+        tr_json *prev = a;
+        for (tr_json *b = a->next; b;) {
+            if (!key_eq(a, b)) {
+                prev = b;
+                b = b->next;
+                continue;
             }
-            tab[h] = a;
+            if (!last_wins) return dup_error(p, b);
+            take_value(obj, a, prev, b);
+            b = prev->next;
         }
-        free(tab);
     }
-    if (dup)
-        return tr_errf(p->err, TR_EFORMAT, "%s:%d:%d: duplicate key '%s'", p->name, dup->line,
-                       dup->col, dup->key);
     return 0;
+}
+
+// As dups_small, through a temporary hash table so hostile objects with many keys stay linear.
+static int dups_hashed(parser *p, tr_json *obj) {
+    size_t cap = 32;
+    while (cap < (size_t)obj->count * 2) cap *= 2;
+    tr_json **tab = calloc(cap, sizeof *tab);
+    if (!tab) return tr_errf(p->err, TR_ENOMEM, "%s: out of memory parsing JSON", p->name);
+    tr_json *prev = NULL;
+    for (tr_json *a = obj->child; a;) {
+        size_t h = (size_t)hash_bytes(a->key, a->key_len) & (cap - 1);
+        while (tab[h] && !key_eq(tab[h], a)) h = (h + 1) & (cap - 1);
+        if (!tab[h]) {
+            tab[h] = a;
+            prev = a;
+            a = a->next;
+            continue;
+        }
+        if (!(p->flags & TR_JSON_DUP_LAST)) {
+            free(tab);
+            return dup_error(p, a);
+        }
+        take_value(obj, tab[h], prev, a);  // prev is set: the first member is never a repeat
+        a = prev->next;
+    }
+    free(tab);
+    return 0;
+}
+
+static int check_duplicates(parser *p, tr_json *obj) {
+    return obj->count <= 16 ? dups_small(p, obj) : dups_hashed(p, obj);
 }
 
 static int parse_value(parser *p, int depth, tr_json **out);
@@ -401,7 +442,7 @@ static int parse_container(parser *p, int depth, tr_json *v, bool is_obj) {
                 return fail_at(p, p->pos, TR_EFORMAT, "expected a string key, got %s",
                                describe_byte((unsigned char)p->s[p->pos], d, sizeof d));
             }
-            if (parse_string(p, &key, &key_len)) return -1;
+            if (parse_string(p, true, &key, &key_len)) return -1;
             skip_ws(p);
             if (p->pos >= p->len || p->s[p->pos] != ':')
                 return fail_at(p, p->pos, TR_EFORMAT, "expected ':' after key '%s'", key);
@@ -450,6 +491,8 @@ static int parse_value(parser *p, int depth, tr_json **out) {
     skip_ws(p);
     if (p->pos >= p->len) return fail_at(p, p->pos, TR_EFORMAT, "unexpected end of input");
     char c = p->s[p->pos];
+    if ((p->flags & TR_JSON_DEPTH_ALL) && depth >= p->max_depth && c != '{' && c != '[')
+        return fail_at(p, p->pos, TR_EFORMAT, "nesting deeper than %d levels", p->max_depth);
     tr_json *v;
     switch (c) {
     case '{':
@@ -459,7 +502,7 @@ static int parse_value(parser *p, int depth, tr_json **out) {
         break;
     case '"':
         if (!(v = new_node(p, TR_JSON_STRING, p->pos))) return -1;
-        if (parse_string(p, &v->str, &v->len)) return -1;
+        if (parse_string(p, false, &v->str, &v->len)) return -1;
         break;
     case 't':
     case 'f':
@@ -485,12 +528,14 @@ static int parse_value(parser *p, int depth, tr_json **out) {
     return 0;
 }
 
-int tr_json_parse_depth(tr_json_doc *doc, const char *text, size_t len, const char *name,
-                        int max_depth, tr_err *err) {
+int tr_json_parse_opts(tr_json_doc *doc, const char *text, size_t len, const tr_json_opts *o,
+                       tr_err *err) {
     doc->root = NULL;
     doc->blocks = NULL;
-    parser p = {.s = text, .len = len, .line = 1, .name = name ? name : "<json>",
-                .max_depth = max_depth, .doc = doc, .err = err};
+    parser p = {.s = text, .len = len, .line = o->line > 0 ? o->line : 1,
+                .name = o->name ? o->name : "<json>", .what = o->what ? o->what : "",
+                .max_depth = o->max_depth > 0 ? o->max_depth : TR_JSON_MAX_DEPTH,
+                .flags = o->flags, .doc = doc, .err = err};
     if (len && !text) return tr_errf(err, TR_EINVAL, "%s: no text", p.name);
     tr_json *root;
     if (parse_value(&p, 0, &root)) {
@@ -511,7 +556,8 @@ int tr_json_parse_depth(tr_json_doc *doc, const char *text, size_t len, const ch
 
 int tr_json_parse(tr_json_doc *doc, const char *text, size_t len, const char *name,
                   tr_err *err) {
-    return tr_json_parse_depth(doc, text, len, name, TR_JSON_MAX_DEPTH, err);
+    tr_json_opts o = {.name = name};
+    return tr_json_parse_opts(doc, text, len, &o, err);
 }
 
 const tr_json *tr_json_get(const tr_json *obj, const char *key) {
@@ -539,246 +585,4 @@ const char *tr_json_type_name(enum tr_json_type type) {
     case TR_JSON_OBJECT: return "object";
     }
     return "unknown";
-}
-
-// ---------------------------------------------------------------------------------------
-// Writer
-
-void tr_json_writer_init(tr_json_writer *w, int32_t indent) {
-    memset(w, 0, sizeof *w);
-    w->indent = indent < 0 ? 0 : indent;
-    w->first[0] = true;
-}
-
-void tr_json_writer_free(tr_json_writer *w) {
-    free(w->buf);
-    w->buf = NULL;
-    w->len = w->cap = 0;
-}
-
-static void put(tr_json_writer *w, const char *s, size_t n) {
-    if (w->failed) return;
-    if (w->cap - w->len < n + 1) {
-        size_t cap = w->cap ? w->cap : 256;
-        while (cap - w->len < n + 1) {
-            if (cap > SIZE_MAX / 2) {
-                w->failed = TR_ENOMEM;
-                return;
-            }
-            cap *= 2;
-        }
-        char *nb = realloc(w->buf, cap);
-        if (!nb) {
-            w->failed = TR_ENOMEM;
-            return;
-        }
-        w->buf = nb;
-        w->cap = cap;
-    }
-    memcpy(w->buf + w->len, s, n);
-    w->len += n;
-    w->buf[w->len] = '\0';
-}
-
-static void newline_indent(tr_json_writer *w) {
-    if (!w->indent) return;
-    put(w, "\n", 1);
-    for (int32_t i = 0; i < w->depth * w->indent; i++) put(w, " ", 1);
-}
-
-// Everything a value needs before it: a comma, a newline, or nothing after a key.
-static void before_value(tr_json_writer *w) {
-    if (w->failed) return;
-    if (w->after_key) {
-        w->after_key = false;
-        return;
-    }
-    if (w->depth == 0) {
-        if (w->done) w->failed = TR_EINVAL;  // a second top-level value
-        return;
-    }
-    if (w->is_obj[w->depth]) {
-        w->failed = TR_EINVAL;  // object member without a key
-        return;
-    }
-    if (!w->first[w->depth]) put(w, ",", 1);
-    w->first[w->depth] = false;
-    newline_indent(w);
-}
-
-static void after_value(tr_json_writer *w) {
-    if (w->depth == 0) w->done = true;
-}
-
-static void begin(tr_json_writer *w, bool obj) {
-    before_value(w);
-    if (w->failed) return;
-    if (w->depth >= TR_JSON_MAX_DEPTH) {
-        w->failed = TR_ERANGE;
-        return;
-    }
-    put(w, obj ? "{" : "[", 1);
-    w->depth++;
-    w->first[w->depth] = true;
-    w->is_obj[w->depth] = obj;
-}
-
-static void end(tr_json_writer *w, bool obj) {
-    if (w->failed) return;
-    if (w->depth == 0 || w->is_obj[w->depth] != obj || w->after_key) {
-        w->failed = TR_EINVAL;
-        return;
-    }
-    bool empty = w->first[w->depth];
-    w->depth--;
-    if (!empty) newline_indent(w);
-    put(w, obj ? "}" : "]", 1);
-    after_value(w);
-}
-
-void tr_json_begin_object(tr_json_writer *w) { begin(w, true); }
-void tr_json_end_object(tr_json_writer *w) { end(w, true); }
-void tr_json_begin_array(tr_json_writer *w) { begin(w, false); }
-void tr_json_end_array(tr_json_writer *w) { end(w, false); }
-
-static void put_quoted(tr_json_writer *w, const char *s, size_t n) {
-    put(w, "\"", 1);
-    size_t run = 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c >= 0x20 && c != '"' && c != '\\') continue;
-        put(w, s + run, i - run);
-        run = i + 1;
-        char esc[8];
-        switch (c) {
-        case '"': put(w, "\\\"", 2); break;
-        case '\\': put(w, "\\\\", 2); break;
-        case '\n': put(w, "\\n", 2); break;
-        case '\r': put(w, "\\r", 2); break;
-        case '\t': put(w, "\\t", 2); break;
-        case '\b': put(w, "\\b", 2); break;
-        case '\f': put(w, "\\f", 2); break;
-        default:
-            snprintf(esc, sizeof esc, "\\u%04x", c);
-            put(w, esc, 6);
-        }
-    }
-    put(w, s + run, n - run);
-    put(w, "\"", 1);
-}
-
-void tr_json_key(tr_json_writer *w, const char *key) {
-    if (w->failed) return;
-    if (w->depth == 0 || !w->is_obj[w->depth] || w->after_key) {
-        w->failed = TR_EINVAL;
-        return;
-    }
-    if (!w->first[w->depth]) put(w, ",", 1);
-    w->first[w->depth] = false;
-    newline_indent(w);
-    put_quoted(w, key, strlen(key));
-    put(w, w->indent ? ": " : ":", w->indent ? 2 : 1);
-    w->after_key = true;
-}
-
-void tr_json_string_n(tr_json_writer *w, const char *s, size_t n) {
-    before_value(w);
-    put_quoted(w, s, n);
-    after_value(w);
-}
-
-void tr_json_string(tr_json_writer *w, const char *s) { tr_json_string_n(w, s, strlen(s)); }
-
-void tr_json_int(tr_json_writer *w, int64_t v) {
-    char b[32];
-    int n = snprintf(b, sizeof b, "%lld", (long long)v);
-    before_value(w);
-    put(w, b, (size_t)n);
-    after_value(w);
-}
-
-void tr_json_uint(tr_json_writer *w, uint64_t v) {
-    char b[32];
-    int n = snprintf(b, sizeof b, "%llu", (unsigned long long)v);
-    before_value(w);
-    put(w, b, (size_t)n);
-    after_value(w);
-}
-
-// Python's repr layout for the shortest digits: fixed notation for exponents in [-4, 16),
-// scientific otherwise, and always a '.' or an exponent so the value reads back as a float.
-static void put_real(tr_json_writer *w, double v, int digits) {
-    char b[48];
-    snprintf(b, sizeof b, "%.*e", digits - 1, v);
-    int e = atoi(strchr(b, 'e') + 1);
-    if (e >= -4 && e < 16) snprintf(b, sizeof b, "%.*f", digits - 1 - e > 0 ? digits - 1 - e : 0, v);
-    before_value(w);
-    put(w, b, strlen(b));
-    if (!strpbrk(b, ".e")) put(w, ".0", 2);
-    after_value(w);
-}
-
-void tr_json_double(tr_json_writer *w, double v) {
-    if (!isfinite(v)) {
-        if (!w->failed) w->failed = TR_EINVAL;
-        return;
-    }
-    char b[48];
-    int digits = 17;
-    for (int p = 1; p < 17; p++) {
-        snprintf(b, sizeof b, "%.*e", p - 1, v);
-        if (strtod(b, NULL) == v) {
-            digits = p;
-            break;
-        }
-    }
-    put_real(w, v, digits);
-}
-
-void tr_json_float(tr_json_writer *w, float v) {
-    if (!isfinite(v)) {
-        if (!w->failed) w->failed = TR_EINVAL;
-        return;
-    }
-    char b[48];
-    int digits = 9;
-    for (int p = 1; p < 9; p++) {
-        snprintf(b, sizeof b, "%.*e", p - 1, (double)v);
-        if ((float)strtod(b, NULL) == v) {
-            digits = p;
-            break;
-        }
-    }
-    // Print the short decimal, not the float's exact binary value widened to double.
-    snprintf(b, sizeof b, "%.*e", digits - 1, (double)v);
-    put_real(w, strtod(b, NULL), digits);
-}
-
-void tr_json_bool(tr_json_writer *w, bool v) {
-    before_value(w);
-    put(w, v ? "true" : "false", v ? 4 : 5);
-    after_value(w);
-}
-
-void tr_json_null(tr_json_writer *w) {
-    before_value(w);
-    put(w, "null", 4);
-    after_value(w);
-}
-
-void tr_json_raw(tr_json_writer *w, const char *s, size_t n) { put(w, s, n); }
-
-int tr_json_writer_finish(tr_json_writer *w, const char **out, size_t *len, tr_err *err) {
-    if (w->failed == TR_ENOMEM) return tr_errf(err, TR_ENOMEM, "out of memory writing JSON");
-    if (w->failed == TR_EINVAL)
-        return tr_errf(err, TR_EINVAL, "JSON writer misused (non-finite number, missing key or "
-                                       "unbalanced nesting)");
-    if (w->failed) return tr_errf(err, w->failed, "JSON writer: nesting too deep");
-    if (w->depth != 0 || !w->done || w->after_key)
-        return tr_errf(err, TR_EINVAL, "JSON writer: document not complete");
-    put(w, "", 0);  // makes sure buf exists and is terminated
-    if (w->failed) return tr_errf(err, TR_ENOMEM, "out of memory writing JSON");
-    *out = w->buf;
-    *len = w->len;
-    return 0;
 }

@@ -1,7 +1,8 @@
 // JSON reader and writer against RFC 8259: accepted and rejected inputs in the style of
 // JSONTestSuite (y_/n_ cases), exact number readings, \u escapes and surrogate pairs as the
 // RFC defines them (U+1F600 is F0 9F 98 80 in UTF-8), positions, and writer round trips
-// whose float texts match Python's repr (the shortest round-tripping form).
+// whose float texts match Python's repr (the shortest round-tripping form); the data-file
+// rules (repeated keys, \u0000, 64-bit integers, depth) and the data-layer output style.
 #include "engine/json.h"
 #include "tests/test.h"
 
@@ -86,7 +87,7 @@ static void test_depth(void) {
     tr_json_free(&doc);
     CHECK(tr_json_parse(&doc, deep + 150 - 65, 130, "t.json", &err) == -1);
     CHECK(strstr(err.msg, "nesting deeper than 64") != NULL);
-    CHECK(tr_json_parse_depth(&doc, deep + 150 - 3, 6, "t.json", 2, &err) == -1);
+    CHECK(tr_json_parse_opts(&doc, deep + 150 - 3, 6, &(tr_json_opts){.name = "t.json", .max_depth = 2}, &err) == -1);
     // 100k nested arrays: rejected without recursing that deep.
     size_t n = 100000;
     char *big = malloc(n);
@@ -221,8 +222,127 @@ static void test_writer(void) {
     tr_json_writer_free(&w);
 }
 
+// Parses with opts; returns 1 when accepted (the doc is left for the caller, who frees it).
+static int parses_opts(tr_json_doc *doc, const char *text, unsigned flags, int max_depth,
+                       tr_err *err) {
+    tr_json_opts o = {.name = "d.jsonl", .line = 7, .max_depth = max_depth, .flags = flags,
+                      .what = "invalid JSON: "};
+    return tr_json_parse_opts(doc, text, strlen(text), &o, err) == 0;
+}
+
+static void test_data_rules(void) {
+    tr_json_doc doc;
+    tr_err err = {0};
+    // Repeated keys: the last value in the first key's place, small and hashed objects alike.
+    CHECK(parses_opts(&doc, "{\"a\":1,\"b\":2,\"a\":3,\"a\":[4]}", TR_JSON_DUP_LAST, 0, &err));
+    const tr_json *r = doc.root;
+    CHECK(r->count == 2 && strcmp(r->child->key, "a") == 0 && r->child->type == TR_JSON_ARRAY);
+    CHECK(r->child->next == tr_json_get(r, "b") && tr_json_get(r, "b")->next == NULL);
+    CHECK(tr_json_get(r, "a")->child->inum == 4);
+    tr_json_free(&doc);
+    char buf[8192];
+    size_t n = (size_t)snprintf(buf, sizeof buf, "{");
+    for (int i = 0; i < 40; i++) n += (size_t)snprintf(buf + n, sizeof buf - n, "\"k%d\":%d,", i % 20, i);
+    snprintf(buf + n - 1, sizeof buf - n + 1, "}");
+    CHECK(parses_opts(&doc, buf, TR_JSON_DUP_LAST, 0, &err) && doc.root->count == 20);
+    int k = 0, ok = 1;
+    for (const tr_json *m = doc.root->child; m; m = m->next, k++) ok &= m->inum == k + 20;
+    CHECK(ok && k == 20);
+    tr_json_free(&doc);
+    CHECK(!parses_opts(&doc, "{\"a\":1,\"a\":2}", 0, 0, &err));
+    CHECKF(strstr(err.msg, "d.jsonl:7:12: invalid JSON: duplicate key 'a'"), "%s", err.msg);
+
+    // \u0000: in values unless NO_NUL, in keys unless NO_NUL_KEY (or NO_NUL).
+    CHECK(parses_opts(&doc, "{\"a\":\"x\\u0000\"}", TR_JSON_NO_NUL_KEY, 0, &err));
+    tr_json_free(&doc);
+    CHECK(!parses_opts(&doc, "{\"a\":\"x\\u0000\"}", TR_JSON_NO_NUL, 0, &err));
+    CHECK(!parses_opts(&doc, "{\"a\\u0000\":1}", TR_JSON_NO_NUL_KEY, 0, &err));
+    CHECKF(strstr(err.msg, "d.jsonl:7:4: invalid JSON: \\u0000 is not allowed in a key"), "%s", err.msg);
+
+    // Integers beyond int64 are errors under TR_JSON_INT64, doubles otherwise.
+    CHECK(parses_opts(&doc, "[-9223372036854775808, 9223372036854775807]", TR_JSON_INT64, 0, &err));
+    tr_json_free(&doc);
+    CHECK(!parses_opts(&doc, "[9223372036854775808]", TR_JSON_INT64, 0, &err));
+    CHECK(!parses_opts(&doc, "[-9223372036854775809]", TR_JSON_INT64, 0, &err));
+    CHECK(parses_opts(&doc, "[9223372036854775808.0, 1e19]", TR_JSON_INT64, 0, &err));
+    tr_json_free(&doc);
+
+    // Depth: containers only by default; with DEPTH_ALL a scalar is a level too.
+    CHECK(parses_opts(&doc, "[[1]]", 0, 2, &err));
+    tr_json_free(&doc);
+    CHECK(parses_opts(&doc, "[[]]", TR_JSON_DEPTH_ALL, 2, &err));
+    tr_json_free(&doc);
+    CHECK(!parses_opts(&doc, "[[1]]", TR_JSON_DEPTH_ALL, 2, &err));
+    CHECKF(strstr(err.msg, "d.jsonl:7:3: invalid JSON: nesting deeper than 2 levels"), "%s", err.msg);
+    CHECK(parses_opts(&doc, "1", TR_JSON_DEPTH_ALL, 1, &err));
+    tr_json_free(&doc);
+    // A deep document at the data limit: 2047 arrays around a scalar pass, 2048 do not.
+    char *deep = malloc(2 * 2048 + 2);
+    for (int depth = 2047; depth <= 2048 && deep; depth++) {
+        memset(deep, '[', (size_t)depth);
+        deep[depth] = '1';
+        memset(deep + depth + 1, ']', (size_t)depth);
+        deep[2 * depth + 1] = '\0';
+        int got = parses_opts(&doc, deep, TR_JSON_DATA, TR_JSON_DATA_DEPTH, &err);
+        CHECKF(got == (depth == 2047), "depth %d", depth);
+        if (got) tr_json_free(&doc);
+    }
+    free(deep);
+}
+
+// The document w holds, checked against want.
+static void check_out(tr_json_writer *w, const char *want) {
+    const char *out;
+    size_t len;
+    tr_err err = {0};
+    CHECKF(tr_json_writer_finish(w, &out, &len, &err) == 0, "%s", err.msg);
+    if (!err.code) CHECKF(strcmp(out, want) == 0, "got %s, wanted %s", out, want);
+}
+
+static void test_writer_styles(void) {
+    // A parsed document written back in the data style with Python's separators.
+    const char *text = "{\"x\":0.1,\"y\":1e20,\"z\":1e-5,\"w\":100.0,\"v\":-0.0,"
+                       "\"n\":[1,-0,true,null,{},[]],\"s\":\"\\u001b\\u007f\\u00e9\\ud83d\\ude00/\\u0000\"}";
+    tr_json_doc doc;
+    tr_err err = {0};
+    CHECK(tr_json_parse(&doc, text, strlen(text), "t.json", &err) == 0);
+    tr_json_writer w;
+    tr_json_writer_init(&w, 0);
+    w.flags = TR_JSON_W_DATA | TR_JSON_W_SPACED;
+    tr_json_value(&w, doc.root);
+    check_out(&w, "{\"x\": 0.10000000000000001, \"y\": 1e20, \"z\": 1.0000000000000001e-5, "
+                  "\"w\": 100.0, \"v\": -0.0, \"n\": [1, 0, true, null, {}, []], "
+                  "\"s\": \"\\u001B\x7f\xc3\xa9\xf0\x9f\x98\x80/\\u0000\"}");
+    // The same, compact and ASCII-only, after a reset.
+    tr_json_writer_reset(&w);
+    w.flags = TR_JSON_W_DATA | TR_JSON_W_ASCII;
+    tr_json_value(&w, tr_json_get(doc.root, "s"));
+    check_out(&w, "\"\\u001B\x7f\\u00E9\\uD83D\\uDE00/\\u0000\"");
+    tr_json_writer_reset(&w);
+    tr_json_begin_object(&w);
+    tr_json_key_n(&w, "k\0z", 3);
+    tr_json_float(&w, 0.1f);
+    tr_json_key(&w, "e");
+    tr_json_double(&w, 1.5e-300);
+    tr_json_end_object(&w);
+    check_out(&w, "{\"k\\u0000z\":0.10000000149011612,\"e\":1.5000000000000001e-300}");
+    // Invalid UTF-8 fails the document under TR_JSON_W_UTF8 (and only there).
+    tr_json_writer_reset(&w);
+    tr_json_string(&w, "a\xff");
+    CHECK(tr_json_writer_finish(&w, &(const char *){0}, &(size_t){0}, &err) == -1 &&
+          err.code == TR_EFORMAT);
+    tr_json_writer_reset(&w);
+    w.flags = 0;
+    tr_json_string(&w, "a\xff\x1b");
+    check_out(&w, "\"a\xff\\u001b\"");
+    tr_json_writer_free(&w);
+    tr_json_free(&doc);
+}
+
 int main(void) {
     test_accept_reject();
+    test_data_rules();
+    test_writer_styles();
     test_depth();
     test_values();
     test_writer();
