@@ -3,7 +3,6 @@
 // turn; prints MB/s over the best of a few passes and the token count (to compare with HF).
 //
 // usage: bench_tokenize TOKENIZER_JSON CORPUS_JSONL [PASSES]
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +10,7 @@
 
 #include "data/tokenizer.h"
 #include "engine/file.h"
+#include "engine/json.h"
 
 static double now(void) {
     struct timespec ts;
@@ -44,10 +44,10 @@ int main(int argc, char **argv) {
     for (char *p = data; p < data + len;) {
         char *nl = memchr(p, '\n', (size_t)(data + len - p));
         size_t n = nl ? (size_t)(nl - p) : (size_t)(data + len - p);
-        json_error_t je;
-        json_t *j = json_loadb(p, n, JSON_ALLOW_NUL, &je);
-        const json_t *t = json_object_get(j, "text");
-        if (!json_is_string(t)) {
+        tr_json_doc j;
+        tr_json_opts o = {.name = argv[2], .line = (int64_t)n_docs + 1, .flags = TR_JSON_DATA};
+        const tr_json *t = tr_json_parse_opts(&j, p, n, &o, &err) ? NULL : tr_json_get(j.root, "text");
+        if (!tr_json_is(t, TR_JSON_STRING)) {
             fprintf(stderr, "bench_tokenize: %s: line %zu has no \"text\"\n", argv[2], n_docs + 1);
             return 1;
         }
@@ -57,13 +57,13 @@ int main(int argc, char **argv) {
             lens = realloc(lens, cap * sizeof *lens);
             if (!docs || !lens) return 1;
         }
-        lens[n_docs] = json_string_length(t);
+        lens[n_docs] = t->len;
         docs[n_docs] = malloc(lens[n_docs] + 1);
         if (!docs[n_docs]) return 1;
-        memcpy(docs[n_docs], json_string_value(t), lens[n_docs]);
+        memcpy(docs[n_docs], t->str, lens[n_docs]);
         bytes += lens[n_docs];
         n_docs++;
-        json_decref(j);
+        tr_json_free(&j);
         p += n + 1;
     }
     free(data);

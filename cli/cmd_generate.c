@@ -5,7 +5,6 @@
 // the model is split over N local rank processes (cli/tp_ranks.h) that draw the same tokens.
 #include <errno.h>
 #include <inttypes.h>
-#include <jansson.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -28,6 +27,7 @@
 #include "engine/strbuf.h"
 #include "engine/file.h"
 #include "engine/generate.h"
+#include "engine/json.h"
 #include "engine/plan.h"
 #include "kernels/backend.h"
 #include "engine/model.h"
@@ -55,9 +55,9 @@ static void gen_input_free(gen_input *in) {
     free(in->items);
 }
 
-static int parse_ids(const char *path, int64_t line, const json_t *arr, int32_t vocab,
+static int parse_ids(const char *path, int64_t line, const tr_json *arr, int32_t vocab,
                      gen_prompt *p, tr_err *err) {
-    size_t n = json_array_size(arr);
+    size_t n = (size_t)arr->count;
     if (n == 0)
         return tr_errf(err, TR_EFORMAT, "%s:%lld: 'input_ids' is empty", path, (long long)line);
     if (n > INT32_MAX / 2)
@@ -65,14 +65,14 @@ static int parse_ids(const char *path, int64_t line, const json_t *arr, int32_t 
                        (long long)line, n);
     if (!(p->ids = malloc(n * sizeof(int32_t))))
         return tr_errf(err, TR_ENOMEM, "%s:%lld: out of memory", path, (long long)line);
-    for (size_t i = 0; i < n; i++) {
-        json_t *v = json_array_get(arr, i);
-        if (!json_is_integer(v))
+    size_t i = 0;
+    for (const tr_json *v = arr->child; v; v = v->next, i++) {
+        if (!tr_json_is_int(v))
             return tr_errf(err, TR_EFORMAT, "%s:%lld: input_ids[%zu] must be an integer, got %s",
                            path, (long long)line, i, tr_jsonl_type_name(v));
-        json_int_t x = json_integer_value(v);
+        int64_t x = v->inum;
         if (x < 0 || x >= vocab)
-            return tr_errf(err, TR_ERANGE, "%s:%lld: input_ids[%zu] = %" JSON_INTEGER_FORMAT
+            return tr_errf(err, TR_ERANGE, "%s:%lld: input_ids[%zu] = %" PRId64
                            " is outside the model's vocabulary [0, %d)", path, (long long)line,
                            i, x, vocab);
         p->ids[i] = (int32_t)x;
@@ -99,12 +99,12 @@ static int take_ids(const char *path, int64_t line, int32_t *ids, size_t n, int3
     return 0;
 }
 
-static int parse_line(const char *path, int64_t line, const json_t *obj, int32_t vocab,
+static int parse_line(const char *path, int64_t line, const tr_json *obj, int32_t vocab,
                       const tr_tokenizer *tok, const char *chat_name, gen_input *in,
                       gen_prompt *p, tr_err *err) {
-    json_t *ids = json_object_get(obj, "input_ids");
-    json_t *text = json_object_get(obj, "prompt");
-    json_t *msgs = json_object_get(obj, "messages");
+    const tr_json *ids = tr_json_get(obj, "input_ids");
+    const tr_json *text = tr_json_get(obj, "prompt");
+    const tr_json *msgs = tr_json_get(obj, "messages");
     int given = (ids != NULL) + (text != NULL) + (msgs != NULL);
     if (given == 0)
         return tr_errf(err, TR_EFORMAT, "%s:%lld: a line needs 'input_ids', 'prompt' or "
@@ -113,7 +113,7 @@ static int parse_line(const char *path, int64_t line, const json_t *obj, int32_t
         return tr_errf(err, TR_EFORMAT, "%s:%lld: give only one of 'input_ids', 'prompt' and "
                        "'messages'", path, (long long)line);
     if (ids) {
-        if (!json_is_array(ids))
+        if (ids->type != TR_JSON_ARRAY)
             return tr_errf(err, TR_EFORMAT, "%s:%lld: field 'input_ids' must be an array, got "
                            "%s", path, (long long)line, tr_jsonl_type_name(ids));
         return parse_ids(path, line, ids, vocab, p, err);
@@ -159,14 +159,14 @@ static int read_prompts(const char *path, int32_t vocab, const tr_tokenizer *tok
     if (tr_jsonl_open(&r, path, err) != 0) return -1;
     int rc;
     for (;;) {
-        json_t *obj;
-        rc = tr_jsonl_next(&r, &obj, err);
+        tr_json_doc doc;
+        rc = tr_jsonl_next(&r, &doc, err);
         if (rc <= 0) break;
         if (in->n == in->cap) {
             size_t c = in->cap ? in->cap * 2 : 64;
             gen_prompt *g = realloc(in->items, c * sizeof *g);
             if (!g) {
-                json_decref(obj);
+                tr_json_free(&doc);
                 rc = tr_errf(err, TR_ENOMEM, "%s:%lld: out of memory", path, (long long)r.line);
                 break;
             }
@@ -175,8 +175,8 @@ static int read_prompts(const char *path, int32_t vocab, const tr_tokenizer *tok
         }
         gen_prompt *p = &in->items[in->n++];
         memset(p, 0, sizeof *p);
-        rc = parse_line(path, r.line, obj, vocab, tok, chat_name, in, p, err);
-        json_decref(obj);
+        rc = parse_line(path, r.line, doc.root, vocab, tok, chat_name, in, p, err);
+        tr_json_free(&doc);
         if (rc != 0) break;
     }
     tr_jsonl_close(&r);
@@ -198,26 +198,33 @@ static int read_generation_eos(const char *dir, int32_t vocab, int32_t *stops, i
     char path[4200];
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
     if (!tr_file_exists(path)) return 0;
-    json_error_t jerr;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root)
-        return tr_errf(err, TR_EFORMAT, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
-    json_t *eos = json_is_object(root) ? json_object_get(root, "eos_token_id") : NULL;
-    int rc = 0;
-    if (eos && json_is_integer(eos)) {
-        add_stop(stops, n, (int32_t)json_integer_value(eos), vocab);
-    } else if (eos && json_is_array(eos)) {
-        for (size_t i = 0; i < json_array_size(eos) && rc == 0; i++) {
-            json_t *v = json_array_get(eos, i);
-            if (!json_is_integer(v))
+    char *text;
+    size_t len;
+    if (tr_file_read(path, &text, &len, err)) return -1;
+    tr_json_opts o = {.name = path, .max_depth = TR_JSON_DATA_DEPTH,
+                      .flags = TR_JSON_DATA | TR_JSON_NO_NUL};
+    tr_json_doc doc;
+    int rc = tr_json_parse_opts(&doc, text, len, &o, err);
+    free(text);
+    if (rc) return -1;
+    const tr_json *eos = tr_json_get(doc.root, "eos_token_id");
+    if (doc.root->type != TR_JSON_OBJECT && doc.root->type != TR_JSON_ARRAY) {
+        rc = tr_errf(err, TR_EFORMAT, "%s:%d:%d: expected a JSON object, got %s", path,
+                     doc.root->line, doc.root->col, tr_jsonl_type_name(doc.root));
+    } else if (tr_json_is_int(eos)) {
+        add_stop(stops, n, (int32_t)eos->inum, vocab);
+    } else if (tr_json_is(eos, TR_JSON_ARRAY)) {
+        size_t i = 0;
+        for (const tr_json *v = eos->child; v && rc == 0; v = v->next, i++) {
+            if (!tr_json_is_int(v))
                 rc = tr_errf(err, TR_EFORMAT, "%s: eos_token_id[%zu] must be an integer", path, i);
-            else add_stop(stops, n, (int32_t)json_integer_value(v), vocab);
+            else add_stop(stops, n, (int32_t)v->inum, vocab);
         }
-    } else if (eos && !json_is_null(eos)) {
+    } else if (eos && eos->type != TR_JSON_NULL) {
         rc = tr_errf(err, TR_EFORMAT, "%s: eos_token_id must be an integer or a list, got %s",
                      path, tr_jsonl_type_name(eos));
     }
-    json_decref(root);
+    tr_json_free(&doc);
     return rc;
 }
 
@@ -253,11 +260,15 @@ static int format_line(tr_strbuf *b, int64_t index, const tr_gen_output *o,
         char *text = NULL;
         if (tr_tokenizer_decode(tok, o->tokens, n, &text, &len, err) != 0)
             return tr_err_wrap(err, "decoding prompt %" PRId64 " sample %d", index, o->sample);
-        json_t *js = json_stringn(text, len);
-        char *enc = js ? json_dumps(js, JSON_ENCODE_ANY) : NULL;
-        bad = !enc || tr_strbuf_str(b, ", \"text\": ") || tr_strbuf_str(b, enc);
-        free(enc);
-        json_decref(js);
+        tr_json_writer w;
+        tr_json_writer_init(&w, 0);
+        w.flags = TR_JSON_W_DATA;
+        tr_json_string_n(&w, text, len);
+        const char *enc;
+        size_t enc_len;
+        bad = tr_json_writer_finish(&w, &enc, &enc_len, NULL) ||
+              tr_strbuf_str(b, ", \"text\": ") || tr_strbuf_put(b, enc, enc_len);
+        tr_json_writer_free(&w);
         free(text);
         if (bad) return tr_errf(err, TR_ENOMEM, "out of memory formatting output");
     }

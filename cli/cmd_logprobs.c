@@ -6,7 +6,6 @@
 // With --tp N the model is split over N local rank processes (cli/tp_ranks.h).
 #include <errno.h>
 #include <inttypes.h>
-#include <jansson.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -25,6 +24,7 @@
 #include "engine/strbuf.h"
 #include "engine/file.h"
 #include "engine/heads.h"
+#include "engine/json.h"
 #include "engine/model.h"
 #include "engine/pack.h"
 #include "kernels/backend.h"
@@ -47,18 +47,9 @@ static void seq_list_free(seq_list *l) {
     free(l->items);
 }
 
-static const char *type_name(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "object";
-    case JSON_ARRAY: return "array";
-    case JSON_STRING: return "string";
-    case JSON_INTEGER: return "integer";
-    case JSON_REAL: return "number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "boolean";
-    case JSON_NULL: return "null";
-    }
-    return "?";
+static const char *type_name(const tr_json *v) {
+    if (v->type == TR_JSON_NUMBER) return v->is_int ? "integer" : "number";
+    return tr_json_type_name(v->type);
 }
 
 // Takes n ids (malloc'd, owned by s afterwards) after checking them against the vocabulary.
@@ -78,15 +69,15 @@ static int take_ids(const char *path, long long line, int32_t *ids, size_t n, in
 // One line's input_ids (or encoded text) into s, each id checked against the vocabulary.
 static int parse_line(const char *path, long long line, const char *text, size_t len,
                       int32_t vocab, const tr_tokenizer *tok, seq *s, tr_err *err) {
-    json_error_t jerr;
-    json_t *obj = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!obj)
-        return tr_errf(err, TR_EFORMAT, "%s:%lld:%d: %s", path, line, jerr.column, jerr.text);
+    tr_json_opts o = {.name = path, .line = line, .max_depth = TR_JSON_DATA_DEPTH,
+                      .flags = TR_JSON_DATA | TR_JSON_NO_NUL};
+    tr_json_doc doc;
+    if (tr_json_parse_opts(&doc, text, len, &o, err)) return -1;
+    const tr_json *obj = doc.root;
     int rc = -1;
-    json_t *arr = json_is_object(obj) ? json_object_get(obj, "input_ids") : NULL;
-    json_t *txt = json_is_object(obj) ? json_object_get(obj, "text") : NULL;
-    size_t n = arr ? json_array_size(arr) : 0;
-    if (!json_is_object(obj)) {
+    const tr_json *arr = tr_json_get(obj, "input_ids"), *txt = tr_json_get(obj, "text");
+    size_t n = tr_json_is(arr, TR_JSON_ARRAY) ? (size_t)arr->count : 0;
+    if (obj->type != TR_JSON_OBJECT) {
         tr_errf(err, TR_EFORMAT, "%s:%lld: a line must be a JSON object, got %s", path, line,
                 type_name(obj));
     } else if (arr && txt) {
@@ -95,22 +86,21 @@ static int parse_line(const char *path, long long line, const char *text, size_t
     } else if (txt) {
         int32_t *ids = NULL;
         size_t k = 0;
-        if (!json_is_string(txt))
+        if (txt->type != TR_JSON_STRING)
             tr_errf(err, TR_EFORMAT, "%s:%lld: field 'text' must be a string, got %s", path,
                     line, type_name(txt));
         else if (!tok)
             tr_errf(err, TR_EINVAL, "%s:%lld: 'text' needs the model's tokenizer.json, which "
                     "the model directory lacks; give 'input_ids'", path, line);
-        else if (tr_tokenizer_encode(tok, json_string_value(txt), json_string_length(txt), &ids,
-                                     &k, err) != 0)
+        else if (tr_tokenizer_encode(tok, txt->str, txt->len, &ids, &k, err) != 0)
             tr_err_wrap(err, "%s:%lld", path, line);
         else
             rc = take_ids(path, line, ids, k, vocab, s, err);
-        json_decref(obj);
+        tr_json_free(&doc);
         return rc;
     } else if (!arr) {
         tr_errf(err, TR_EFORMAT, "%s:%lld: missing field 'input_ids' (or 'text')", path, line);
-    } else if (!json_is_array(arr)) {
+    } else if (arr->type != TR_JSON_ARRAY) {
         tr_errf(err, TR_EFORMAT, "%s:%lld: field 'input_ids' must be an array, got %s", path,
                 line, type_name(arr));
     } else if (n == 0) {
@@ -122,20 +112,20 @@ static int parse_line(const char *path, long long line, const char *text, size_t
     } else {
         rc = 0;
     }
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        json_t *v = json_array_get(arr, i);
-        if (!json_is_integer(v))
+    size_t i = 0;
+    for (const tr_json *v = rc == 0 ? arr->child : NULL; v && rc == 0; v = v->next, i++) {
+        if (!tr_json_is_int(v))
             rc = tr_errf(err, TR_EFORMAT, "%s:%lld: input_ids[%zu] must be an integer, got %s",
                          path, line, i, type_name(v));
-        else if (json_integer_value(v) < 0 || json_integer_value(v) >= vocab)
-            rc = tr_errf(err, TR_ERANGE, "%s:%lld: input_ids[%zu] = %" JSON_INTEGER_FORMAT
-                         " is outside the model's vocabulary [0, %d)", path, line, i,
-                         json_integer_value(v), vocab);
+        else if (v->inum < 0 || v->inum >= vocab)
+            rc = tr_errf(err, TR_ERANGE, "%s:%lld: input_ids[%zu] = %" PRId64
+                         " is outside the model's vocabulary [0, %d)", path, line, i, v->inum,
+                         vocab);
         else
-            s->ids[i] = (int32_t)json_integer_value(v);
+            s->ids[i] = (int32_t)v->inum;
     }
     s->n = (int32_t)n;
-    json_decref(obj);
+    tr_json_free(&doc);
     return rc;
 }
 

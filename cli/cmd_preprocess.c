@@ -56,16 +56,16 @@ typedef struct pool {
 
 static void encode_line(pool *p, batch *b, int i) {
     slot *s = &b->out[i];
-    json_t *obj = NULL;
+    tr_json_doc doc = {0};
     const char *text;
     size_t len;
     s->failed = 0;
     s->ids = NULL;
     s->n = 0;
-    if (tr_jsonl_parse(p->path, b->line[i], b->text + b->off[i], b->tlen[i], &obj, &s->err) ||
-        tr_jsonl_get_string(p->path, b->line[i], obj, p->key, true, &text, &len, &s->err)) {
+    if (tr_jsonl_parse(p->path, b->line[i], b->text + b->off[i], b->tlen[i], &doc, &s->err) ||
+        tr_jsonl_get_string(p->path, b->line[i], doc.root, p->key, true, &text, &len, &s->err)) {
         s->failed = 1;
-        json_decref(obj);
+        tr_json_free(&doc);
         return;
     }
     if (tr_tokenizer_encode(p->tok, text, len, &s->ids, &s->n, &s->err)) {
@@ -82,7 +82,7 @@ static void encode_line(pool *p, batch *b, int i) {
             s->ids[s->n++] = p->eod;
         }
     }
-    json_decref(obj);
+    tr_json_free(&doc);
 }
 
 static void *worker(void *arg) {

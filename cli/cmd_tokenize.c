@@ -45,7 +45,7 @@ static void write_text(FILE *out, const char *s, size_t n) {
     fputs("\"}\n", out);
 }
 
-static int encode_line(const tr_tokenizer *tok, int64_t line, const json_t *obj, FILE *out,
+static int encode_line(const tr_tokenizer *tok, int64_t line, const tr_json *obj, FILE *out,
                        tr_err *err) {
     const char *text;
     size_t len;
@@ -59,21 +59,21 @@ static int encode_line(const tr_tokenizer *tok, int64_t line, const json_t *obj,
     return 0;
 }
 
-static int decode_line(const tr_tokenizer *tok, int64_t line, const json_t *obj, FILE *out,
+static int decode_line(const tr_tokenizer *tok, int64_t line, const tr_json *obj, FILE *out,
                        tr_err *err) {
-    json_t *arr;
+    const tr_json *arr;
     if (tr_jsonl_get_array(NAME, line, obj, "ids", true, &arr, err)) return -1;
-    size_t n = json_array_size(arr);
+    size_t n = (size_t)arr->count;
     int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
     if (!ids) return tr_errf(err, TR_ENOMEM, "%s:%" PRId64 ": out of memory for %zu ids", NAME, line, n);
-    for (size_t i = 0; i < n; i++) {
-        const json_t *v = json_array_get(arr, i);
-        if (!json_is_integer(v) || json_integer_value(v) < INT32_MIN || json_integer_value(v) > INT32_MAX) {
+    size_t i = 0;
+    for (const tr_json *v = arr->child; v; v = v->next, i++) {
+        if (!tr_json_is_int(v) || v->inum < INT32_MIN || v->inum > INT32_MAX) {
             free(ids);
             return tr_errf(err, TR_EINVAL, "%s:%" PRId64 ": ids[%zu] must be a 32-bit integer, got %s",
-                           NAME, line, i, json_is_integer(v) ? "a larger number" : tr_jsonl_type_name(v));
+                           NAME, line, i, tr_json_is_int(v) ? "a larger number" : tr_jsonl_type_name(v));
         }
-        ids[i] = (int32_t)json_integer_value(v);
+        ids[i] = (int32_t)v->inum;
     }
     char *text;
     size_t len;
@@ -113,20 +113,19 @@ int tr_cmd_tokenize(int argc, char **argv) {
         tr_tokenizer_free(tok);
         return tr_cli_fail("tokenize", &err);
     }
-    json_t *obj = NULL;
+    tr_json_doc doc = {0};
     int status = 0;
     for (;;) {
-        int got = tr_jsonl_next(&r, &obj, &err);
+        int got = tr_jsonl_next(&r, &doc, &err);
         if (got == 0) break;
-        if (got < 0 ||
-            (decode ? decode_line(tok, r.line, obj, stdout, &err) : encode_line(tok, r.line, obj, stdout, &err))) {
+        if (got < 0 || (decode ? decode_line(tok, r.line, doc.root, stdout, &err)
+                               : encode_line(tok, r.line, doc.root, stdout, &err))) {
             status = 1;
             break;
         }
-        json_decref(obj);
-        obj = NULL;
+        tr_json_free(&doc);
     }
-    json_decref(obj);
+    tr_json_free(&doc);
     tr_jsonl_close(&r);
     tr_tokenizer_free(tok);
     if (fflush(stdout) != 0 || ferror(stdout)) {

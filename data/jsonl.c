@@ -1,4 +1,4 @@
-// JSON Lines reader on top of getdelim (no line-length limit) and jansson (one object per
+// JSON Lines reader on top of getdelim (no line-length limit) and engine/json (one object per
 // line). Line numbers count every physical line, blank ones included, so FILE:LINE in an
 // error is what an editor shows.
 #include "data/jsonl.h"
@@ -78,75 +78,65 @@ int tr_jsonl_next_line(tr_jsonl *r, const char **text, size_t *len, tr_err *err)
     }
 }
 
-const char *tr_jsonl_type_name(const json_t *v) {
-    if (!v) return "nothing";
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "object";
-    case JSON_ARRAY: return "array";
-    case JSON_STRING: return "string";
-    case JSON_INTEGER:
-    case JSON_REAL: return "number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "boolean";
-    case JSON_NULL: return "null";
-    }
-    return "unknown";
+const char *tr_jsonl_type_name(const tr_json *v) {
+    return v ? tr_json_type_name(v->type) : "nothing";
 }
 
-int tr_jsonl_parse(const char *path, int64_t line, const char *text, size_t len, json_t **obj,
-                   tr_err *err) {
-    *obj = NULL;
-    json_error_t je;
-    json_t *v = json_loadb(text, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
-    if (!v)
-        return tr_errf(err, TR_EFORMAT, "%s:%lld:%d: invalid JSON: %s", path, (long long)line,
-                       je.column, je.text);
-    if (!json_is_object(v)) {
-        const char *t = tr_jsonl_type_name(v);
-        json_decref(v);
+int tr_jsonl_parse(const char *path, int64_t line, const char *text, size_t len,
+                   tr_json_doc *doc, tr_err *err) {
+    tr_json_opts o = {.name = path, .line = line, .max_depth = TR_JSON_DATA_DEPTH,
+                      .flags = TR_JSON_DATA | TR_JSON_DUP_LAST, .what = "invalid JSON: "};
+    if (tr_json_parse_opts(doc, text, len, &o, err)) return -1;
+    if (doc->root->type != TR_JSON_OBJECT) {
+        const char *t = tr_jsonl_type_name(doc->root);
+        tr_json_free(doc);
         return tr_errf(err, TR_EFORMAT, "%s:%lld: expected a JSON object, got %s", path,
                        (long long)line, t);
     }
-    *obj = v;
     return 0;
 }
 
-int tr_jsonl_next(tr_jsonl *r, json_t **obj, tr_err *err) {
-    *obj = NULL;
+int tr_jsonl_next(tr_jsonl *r, tr_json_doc *doc, tr_err *err) {
+    doc->root = NULL;
+    doc->blocks = NULL;
     const char *text;
     size_t len;
     int rc = tr_jsonl_next_line(r, &text, &len, err);
     if (rc <= 0) return rc;
-    if (tr_jsonl_parse(r->path, r->line, text, len, obj, err)) return -1;
+    if (tr_jsonl_parse(r->path, r->line, text, len, doc, err)) return -1;
     return 1;
 }
 
-int tr_jsonl_get_string(const char *path, int64_t line, const json_t *obj, const char *key,
+// The member key of obj, or a located error when a required one is missing.
+static int get_field(const char *path, int64_t line, const tr_json *obj, const char *key,
+                     bool required, const tr_json **v, tr_err *err) {
+    *v = tr_json_get(obj, key);
+    if (*v || !required) return 0;
+    return tr_errf(err, TR_EFORMAT, "%s:%lld: missing field '%s'", path, (long long)line, key);
+}
+
+int tr_jsonl_get_string(const char *path, int64_t line, const tr_json *obj, const char *key,
                         bool required, const char **s, size_t *len, tr_err *err) {
     *s = NULL;
     if (len) *len = 0;
-    json_t *v = json_object_get(obj, key);
-    if (!v) {
-        if (!required) return 0;
-        return tr_errf(err, TR_EFORMAT, "%s:%lld: missing field '%s'", path, (long long)line, key);
-    }
-    if (!json_is_string(v))
+    const tr_json *v;
+    if (get_field(path, line, obj, key, required, &v, err)) return -1;
+    if (!v) return 0;
+    if (v->type != TR_JSON_STRING)
         return tr_errf(err, TR_EFORMAT, "%s:%lld: field '%s' must be a string, got %s", path,
                        (long long)line, key, tr_jsonl_type_name(v));
-    *s = json_string_value(v);
-    if (len) *len = json_string_length(v);
+    *s = v->str;
+    if (len) *len = v->len;
     return 0;
 }
 
-int tr_jsonl_get_array(const char *path, int64_t line, const json_t *obj, const char *key,
-                       bool required, json_t **arr, tr_err *err) {
+int tr_jsonl_get_array(const char *path, int64_t line, const tr_json *obj, const char *key,
+                       bool required, const tr_json **arr, tr_err *err) {
     *arr = NULL;
-    json_t *v = json_object_get(obj, key);
-    if (!v) {
-        if (!required) return 0;
-        return tr_errf(err, TR_EFORMAT, "%s:%lld: missing field '%s'", path, (long long)line, key);
-    }
-    if (!json_is_array(v))
+    const tr_json *v;
+    if (get_field(path, line, obj, key, required, &v, err)) return -1;
+    if (!v) return 0;
+    if (v->type != TR_JSON_ARRAY)
         return tr_errf(err, TR_EFORMAT, "%s:%lld: field '%s' must be an array, got %s", path,
                        (long long)line, key, tr_jsonl_type_name(v));
     *arr = v;

@@ -93,11 +93,19 @@ static const char *sharegpt_role(const char *from) {
     return NULL;
 }
 
-int tr_sft_parse_messages(const char *path, int64_t line, const json_t *obj, tr_chat_msg **msgs,
+// The role of a `messages` entry as a static string (it outlives the parsed record).
+static const char *chat_role(const char *role) {
+    static const char *roles[] = {"system", "user", "assistant"};
+    for (int i = 0; i < 3; i++)
+        if (strcmp(role, roles[i]) == 0) return roles[i];
+    return NULL;
+}
+
+int tr_sft_parse_messages(const char *path, int64_t line, const tr_json *obj, tr_chat_msg **msgs,
                           size_t *n, tr_err *err) {
     *msgs = NULL;
     *n = 0;
-    json_t *arr;
+    const tr_json *arr;
     bool share = false;
     if (tr_jsonl_get_array(path, line, obj, "messages", false, &arr, err)) return -1;
     if (!arr) {
@@ -109,21 +117,23 @@ int tr_sft_parse_messages(const char *path, int64_t line, const json_t *obj, tr_
                        "'conversations')", path, (long long)line);
     const char *field = share ? "conversations" : "messages";
     const char *rk = share ? "from" : "role", *ck = share ? "value" : "content";
-    size_t m = json_array_size(arr);
+    size_t m = (size_t)arr->count;
     if (m == 0) return tr_errf(err, TR_EFORMAT, "%s:%lld: '%s' is empty", path, (long long)line, field);
     tr_chat_msg *out = calloc(m, sizeof *out);
     if (!out) return tr_errf(err, TR_ENOMEM, "%s:%lld: out of memory", path, (long long)line);
-    for (size_t i = 0; i < m; i++) {
-        json_t *e = json_array_get(arr, i);
-        if (!json_is_object(e)) {
+    size_t i = 0;
+    for (const tr_json *e = arr->child; e; e = e->next, i++) {
+        if (e->type != TR_JSON_OBJECT) {
             free(out);
             return tr_errf(err, TR_EFORMAT, "%s:%lld: %s[%zu] must be an object, got %s", path,
                            (long long)line, field, i, tr_jsonl_type_name(e));
         }
-        json_t *rv = json_object_get(e, rk), *cv = json_object_get(e, ck);
-        const char *bad = !rv ? rk : !cv ? ck : !json_is_string(rv) ? rk : !json_is_string(cv) ? ck : NULL;
+        const tr_json *rv = tr_json_get(e, rk), *cv = tr_json_get(e, ck);
+        // A missing field is named before a mistyped one.
+        const char *bad = !rv ? rk : !cv ? ck : rv->type != TR_JSON_STRING ? rk
+                        : cv->type != TR_JSON_STRING ? ck : NULL;
         if (bad) {
-            json_t *bv = json_object_get(e, bad);
+            const tr_json *bv = tr_json_get(e, bad);
             free(out);
             if (!bv)
                 return tr_errf(err, TR_EFORMAT, "%s:%lld: %s[%zu]: missing field '%s'", path,
@@ -131,8 +141,8 @@ int tr_sft_parse_messages(const char *path, int64_t line, const json_t *obj, tr_
             return tr_errf(err, TR_EFORMAT, "%s:%lld: %s[%zu].%s must be a string, got %s", path,
                            (long long)line, field, i, bad, tr_jsonl_type_name(bv));
         }
-        const char *role = json_string_value(rv), *content = json_string_value(cv);
-        size_t clen = json_string_length(cv);
+        const char *role = rv->str, *content = cv->str;
+        size_t clen = cv->len;
         if (share) {
             const char *r = sharegpt_role(role);
             if (!r) {
@@ -141,11 +151,12 @@ int tr_sft_parse_messages(const char *path, int64_t line, const json_t *obj, tr_
                                "human, gpt or system", path, (long long)line, i, role);
             }
             role = r;
-        } else if (strcmp(role, "system") != 0 && strcmp(role, "user") != 0 &&
-                   strcmp(role, "assistant") != 0) {
+        } else if (!chat_role(role)) {
             free(out);
             return tr_errf(err, TR_EFORMAT, "%s:%lld: messages[%zu].role '%s' is not system, user "
                            "or assistant", path, (long long)line, i, role);
+        } else {
+            role = chat_role(role);
         }
         out[i].role = role;
         out[i].content = content;
@@ -165,21 +176,21 @@ int tr_sft_load(tr_sft_dataset *d, const char *path, const tr_chat_format *chat,
     if (tr_jsonl_open(&r, path, err)) return -1;
     int rc = 0;
     for (;;) {
-        json_t *obj;
-        int got = tr_jsonl_next(&r, &obj, err);
+        tr_json_doc doc;
+        int got = tr_jsonl_next(&r, &doc, err);
         if (got <= 0) {
             rc = got;
             break;
         }
         tr_chat_msg *msgs;
         size_t n;
-        rc = tr_sft_parse_messages(path, r.line, obj, &msgs, &n, err);
+        rc = tr_sft_parse_messages(path, r.line, doc.root, &msgs, &n, err);
         if (!rc) {
             rc = tr_sft_add(d, chat, msgs, n, max_len, policy, r.line, err);
             if (rc) tr_err_wrap(err, "%s:%lld", path, (long long)r.line);
             free(msgs);
         }
-        json_decref(obj);
+        tr_json_free(&doc);
         if (rc) break;
     }
     tr_jsonl_close(&r);

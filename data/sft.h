@@ -11,12 +11,12 @@
 // pad ids that is never trained. targets[t] is the id the model should predict after token t
 // (the next token of the same document when that token is trained, else -1).
 #pragma once
-#include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "data/chat.h"
 #include "engine/err.h"
+#include "engine/json.h"
 
 enum tr_sft_policy { TR_SFT_DROP = 0, TR_SFT_TRUNCATE = 1 };
 
@@ -40,9 +40,9 @@ int tr_sft_add(tr_sft_dataset *d, const tr_chat_format *chat, const tr_chat_msg 
                int32_t max_len, int policy, int64_t line, tr_err *err);
 void tr_sft_free(tr_sft_dataset *d);
 
-// Messages of one JSONL record (`messages` or `conversations`); *msgs is malloc'd and points
-// into obj's strings (valid while obj lives).
-int tr_sft_parse_messages(const char *path, int64_t line, const json_t *obj, tr_chat_msg **msgs,
+// Messages of one JSONL record (`messages` or `conversations`); *msgs is malloc'd, its roles
+// are static strings and its contents point into obj's strings (valid while obj lives).
+int tr_sft_parse_messages(const char *path, int64_t line, const tr_json *obj, tr_chat_msg **msgs,
                           size_t *n, tr_err *err);
 
 typedef struct tr_sft_packing {

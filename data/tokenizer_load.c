@@ -1,7 +1,6 @@
-// Reads a Hugging Face tokenizer.json (jansson) into a tr_tokenizer: the BPE model (vocab,
+// Reads a Hugging Face tokenizer.json (engine/json) into a tr_tokenizer: the BPE model (vocab,
 // merges in either serialized form), added tokens with HF's id assignment, normalizer,
 // pre-tokenizer and decoder. Anything troupe does not implement is an error naming its key.
-#include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +8,7 @@
 
 #include "data/tokenizer_impl.h"
 #include "engine/file.h"
+#include "engine/json.h"
 
 typedef struct lctx {
     const char *name;
@@ -25,64 +25,62 @@ __attribute__((format(printf, 4, 5))) static int kerr(lctx *L, int code, const c
     return tr_errf(L->err, code, "%s: %s: %s", L->name, key, msg);
 }
 
-static const char *jtype(const json_t *v) {
+static const char *jtype(const tr_json *v) {
     if (!v) return "nothing";
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
+    switch (v->type) {
+    case TR_JSON_OBJECT: return "an object";
+    case TR_JSON_ARRAY: return "an array";
+    case TR_JSON_STRING: return "a string";
+    case TR_JSON_NUMBER: return v->is_int ? "an integer" : "a number";
+    case TR_JSON_BOOL: return "a boolean";
+    case TR_JSON_NULL: return "null";
     }
     return "something else";
 }
 
-static int type_err(lctx *L, const char *key, const char *want, const json_t *v) {
+static int type_err(lctx *L, const char *key, const char *want, const tr_json *v) {
     return kerr(L, TR_EFORMAT, key, "expected %s, got %s", want, jtype(v));
 }
 
 // Optional boolean: missing or null gives def.
-static int opt_bool(lctx *L, const json_t *obj, const char *name, const char *prefix, bool def,
+static int opt_bool(lctx *L, const tr_json *obj, const char *name, const char *prefix, bool def,
                     bool *out) {
-    const json_t *v = json_object_get(obj, name);
+    const tr_json *v = tr_json_get(obj, name);
     *out = def;
-    if (!v || json_is_null(v)) return 0;
-    if (!json_is_boolean(v)) {
+    if (tr_json_is_none(v)) return 0;
+    if (!tr_json_is(v, TR_JSON_BOOL)) {
         char key[256];
         snprintf(key, sizeof key, "%s.%s", prefix, name);
         return type_err(L, key, "a boolean", v);
     }
-    *out = json_is_true(v);
+    *out = v->boolean;
     return 0;
 }
 
 // Optional string: missing or null gives NULL.
-static int opt_string(lctx *L, const json_t *obj, const char *name, const char *prefix,
+static int opt_string(lctx *L, const tr_json *obj, const char *name, const char *prefix,
                       const char **s, size_t *len) {
-    const json_t *v = json_object_get(obj, name);
+    const tr_json *v = tr_json_get(obj, name);
     *s = NULL;
     *len = 0;
-    if (!v || json_is_null(v)) return 0;
-    if (!json_is_string(v)) {
+    if (tr_json_is_none(v)) return 0;
+    if (!tr_json_is(v, TR_JSON_STRING)) {
         char key[256];
         snprintf(key, sizeof key, "%s.%s", prefix, name);
         return type_err(L, key, "a string", v);
     }
-    *s = json_string_value(v);
-    *len = json_string_length(v);
+    *s = v->str;
+    *len = v->len;
     return 0;
 }
 
-static int req_string(lctx *L, const json_t *obj, const char *name, const char *prefix,
+static int req_string(lctx *L, const tr_json *obj, const char *name, const char *prefix,
                       const char **s, size_t *len) {
     if (opt_string(L, obj, name, prefix, s, len)) return -1;
     if (!*s) {
         char key[256];
         snprintf(key, sizeof key, "%s.%s", prefix, name);
-        return type_err(L, key, "a string", json_object_get(obj, name));
+        return type_err(L, key, "a string", tr_json_get(obj, name));
     }
     return 0;
 }
@@ -106,20 +104,21 @@ static int pool_add(tr_tokenizer *t, const char *s, size_t len, uint64_t *ref, t
 
 // ---- normalizer ----
 
-static int parse_normalizer(lctx *L, tr_tokenizer *t, const json_t *v, const char *key) {
-    if (!v || json_is_null(v)) return 0;
-    if (!json_is_object(v)) return type_err(L, key, "an object or null", v);
+static int parse_normalizer(lctx *L, tr_tokenizer *t, const tr_json *v, const char *key) {
+    if (tr_json_is_none(v)) return 0;
+    if (!tr_json_is(v, TR_JSON_OBJECT)) return type_err(L, key, "an object or null", v);
     const char *type;
     size_t tlen;
     if (req_string(L, v, "type", key, &type, &tlen)) return -1;
     if (strcmp(type, "Sequence") == 0) {
-        const json_t *arr = json_object_get(v, "normalizers");
+        const tr_json *arr = tr_json_get(v, "normalizers");
         char k[256];
         snprintf(k, sizeof k, "%s.normalizers", key);
-        if (!json_is_array(arr)) return type_err(L, k, "an array", arr);
-        for (size_t i = 0; i < json_array_size(arr); i++) {
+        if (!tr_json_is(arr, TR_JSON_ARRAY)) return type_err(L, k, "an array", arr);
+        size_t i = 0;
+        for (const tr_json *e = arr->child; e; e = e->next, i++) {
             snprintf(k, sizeof k, "%s.normalizers[%zu]", key, i);
-            if (parse_normalizer(L, t, json_array_get(arr, i), k)) return -1;
+            if (parse_normalizer(L, t, e, k)) return -1;
         }
         return 0;
     }
@@ -143,19 +142,20 @@ static int parse_normalizer(lctx *L, tr_tokenizer *t, const json_t *v, const cha
 static const char GPT2_PATTERN[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-static int parse_pretok(lctx *L, tr_tokenizer *t, const json_t *v, const char *key) {
-    if (!json_is_object(v)) return type_err(L, key, "an object", v);
+static int parse_pretok(lctx *L, tr_tokenizer *t, const tr_json *v, const char *key) {
+    if (!tr_json_is(v, TR_JSON_OBJECT)) return type_err(L, key, "an object", v);
     const char *type;
     size_t tlen;
     if (req_string(L, v, "type", key, &type, &tlen)) return -1;
     char k[256];
     if (strcmp(type, "Sequence") == 0) {
-        const json_t *arr = json_object_get(v, "pretokenizers");
+        const tr_json *arr = tr_json_get(v, "pretokenizers");
         snprintf(k, sizeof k, "%s.pretokenizers", key);
-        if (!json_is_array(arr)) return type_err(L, k, "an array", arr);
-        for (size_t i = 0; i < json_array_size(arr); i++) {
+        if (!tr_json_is(arr, TR_JSON_ARRAY)) return type_err(L, k, "an array", arr);
+        size_t i = 0;
+        for (const tr_json *e = arr->child; e; e = e->next, i++) {
             snprintf(k, sizeof k, "%s.pretokenizers[%zu]", key, i);
-            if (parse_pretok(L, t, json_array_get(arr, i), k)) return -1;
+            if (parse_pretok(L, t, e, k)) return -1;
         }
         return 0;
     }
@@ -181,16 +181,16 @@ static int parse_pretok(lctx *L, tr_tokenizer *t, const json_t *v, const char *k
         return 0;
     }
     p->kind = TR_TOK_SPLIT;
-    const json_t *pat = json_object_get(v, "pattern");
+    const tr_json *pat = tr_json_get(v, "pattern");
     snprintf(k, sizeof k, "%s.pattern", key);
-    if (!json_is_object(pat)) return type_err(L, k, "an object {\"Regex\": ...} or {\"String\": ...}", pat);
-    const json_t *re = json_object_get(pat, "Regex"), *lit = json_object_get(pat, "String");
+    if (!tr_json_is(pat, TR_JSON_OBJECT)) return type_err(L, k, "an object {\"Regex\": ...} or {\"String\": ...}", pat);
+    const tr_json *re = tr_json_get(pat, "Regex"), *lit = tr_json_get(pat, "String");
     if ((re != NULL) == (lit != NULL))
         return kerr(L, TR_EFORMAT, k, "expected exactly one of \"Regex\" and \"String\"");
     snprintf(k, sizeof k, "%s.pattern.%s", key, re ? "Regex" : "String");
-    const json_t *ps = re ? re : lit;
-    if (!json_is_string(ps)) return type_err(L, k, "a string", ps);
-    if (tr_tok_regex_compile(p, json_string_value(ps), json_string_length(ps), lit != NULL, k,
+    const tr_json *ps = re ? re : lit;
+    if (!tr_json_is(ps, TR_JSON_STRING)) return type_err(L, k, "a string", ps);
+    if (tr_tok_regex_compile(p, ps->str, ps->len, lit != NULL, k,
                              L->err))
         return tr_err_wrap(L->err, "%s", L->name);
     const char *beh;
@@ -215,8 +215,8 @@ static int parse_pretok(lctx *L, tr_tokenizer *t, const json_t *v, const char *k
 
 // ---- model ----
 
-static int parse_vocab(lctx *L, tr_tokenizer *t, const json_t *vocab, int32_t *max_id) {
-    size_t n = json_object_size(vocab);
+static int parse_vocab(lctx *L, tr_tokenizer *t, const tr_json *vocab, int32_t *max_id) {
+    size_t n = (size_t)vocab->count;
     if (n > TR_TOK_MAX_ID)
         return kerr(L, TR_ERANGE, "model.vocab", "%zu entries (at most %d)", n, TR_TOK_MAX_ID);
     t->model_vocab_count = (uint32_t)n;
@@ -225,26 +225,18 @@ static int parse_vocab(lctx *L, tr_tokenizer *t, const json_t *vocab, int32_t *m
         return -1;
     uint8_t *bytes = NULL;
     size_t bytes_cap = 0;
-    const char *tok;
-    json_t *v;
-    void *iter = json_object_iter((json_t *)vocab);
-    while (iter) {
-        tok = json_object_iter_key(iter);
-        v = json_object_iter_value(iter);
-        size_t tlen = strlen(tok);
-#if JANSSON_VERSION_HEX >= 0x020e00
-        tlen = json_object_iter_key_len(iter);
-#endif
-        if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-            json_integer_value(v) >= TR_TOK_MAX_ID) {
+    for (const tr_json *v = vocab->child; v; v = v->next) {
+        const char *tok = v->key;
+        size_t tlen = v->key_len;
+        if (!tr_json_is_int(v) || v->inum < 0 || v->inum >= TR_TOK_MAX_ID) {
             free(bytes);
             char key[300];
             snprintf(key, sizeof key, "model.vocab[\"%.200s\"]", tok);
-            if (!json_is_integer(v)) return type_err(L, key, "an integer id", v);
-            return kerr(L, TR_ERANGE, key, "id %lld out of range [0, %d)",
-                        (long long)json_integer_value(v), TR_TOK_MAX_ID);
+            if (!tr_json_is_int(v)) return type_err(L, key, "an integer id", v);
+            return kerr(L, TR_ERANGE, key, "id %lld out of range [0, %d)", (long long)v->inum,
+                        TR_TOK_MAX_ID);
         }
-        int32_t id = (int32_t)json_integer_value(v);
+        int32_t id = (int32_t)v->inum;
         if (id > *max_id) *max_id = id;
         if (tr_tok_strmap_put(&t->model_vocab, tok, tlen, id, L->err)) {
             free(bytes);
@@ -264,7 +256,6 @@ static int parse_vocab(lctx *L, tr_tokenizer *t, const json_t *vocab, int32_t *m
             free(bytes);
             return -1;
         }
-        iter = json_object_iter_next((json_t *)vocab, iter);
     }
     free(bytes);
     for (int b = 0; b < 256; b++) {
@@ -286,22 +277,24 @@ static int merge_part_id(lctx *L, tr_tokenizer *t, const char *s, size_t len, si
     return 0;
 }
 
-static int parse_merges(lctx *L, tr_tokenizer *t, const json_t *merges) {
-    size_t n = json_array_size(merges);
+static int parse_merges(lctx *L, tr_tokenizer *t, const tr_json *merges) {
+    size_t n = (size_t)merges->count;
     if (tr_tok_pairmap_init(&t->merges, n, L->err)) return -1;
     char *cat = NULL;
     size_t cat_cap = 0;
     int rc = 0;
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        const json_t *m = json_array_get(merges, i);
+    size_t i = 0;
+    for (const tr_json *m = merges->child; m && rc == 0; m = m->next, i++) {
         char key[64];
         snprintf(key, sizeof key, "model.merges[%zu]", i);
         const char *a, *b;
         size_t alen, blen;
-        if (json_is_string(m)) {
+        const tr_json *m0 = tr_json_is(m, TR_JSON_ARRAY) ? m->child : NULL;
+        const tr_json *m1 = m0 ? m0->next : NULL;
+        if (m->type == TR_JSON_STRING) {
             // "a b": exactly one space, as HF's legacy merges format.
-            const char *s = json_string_value(m);
-            size_t len = json_string_length(m);
+            const char *s = m->str;
+            size_t len = m->len;
             if (len >= 8 && memcmp(s, "#version", 8) == 0) continue;
             const char *sp = memchr(s, ' ', len);
             if (!sp || memchr(sp + 1, ' ', len - (size_t)(sp + 1 - s))) {
@@ -313,12 +306,12 @@ static int parse_merges(lctx *L, tr_tokenizer *t, const json_t *merges) {
             alen = (size_t)(sp - s);
             b = sp + 1;
             blen = len - alen - 1;
-        } else if (json_is_array(m) && json_array_size(m) == 2 &&
-                   json_is_string(json_array_get(m, 0)) && json_is_string(json_array_get(m, 1))) {
-            a = json_string_value(json_array_get(m, 0));
-            alen = json_string_length(json_array_get(m, 0));
-            b = json_string_value(json_array_get(m, 1));
-            blen = json_string_length(json_array_get(m, 1));
+        } else if (m0 && m->count == 2 && tr_json_is(m0, TR_JSON_STRING) &&
+                   tr_json_is(m1, TR_JSON_STRING)) {
+            a = m0->str;
+            alen = m0->len;
+            b = m1->str;
+            blen = m1->len;
         } else {
             rc = type_err(L, key, "a string \"left right\" or a pair [left, right]", m);
             break;
@@ -350,28 +343,29 @@ static int parse_merges(lctx *L, tr_tokenizer *t, const json_t *merges) {
     return rc;
 }
 
-static int parse_model(lctx *L, tr_tokenizer *t, const json_t *model, int32_t *max_id) {
-    if (!json_is_object(model)) return type_err(L, "model", "an object", model);
+static int parse_model(lctx *L, tr_tokenizer *t, const tr_json *model, int32_t *max_id) {
+    if (!tr_json_is(model, TR_JSON_OBJECT)) return type_err(L, "model", "an object", model);
     const char *type;
     size_t tlen;
     if (opt_string(L, model, "type", "model", &type, &tlen)) return -1;
-    const json_t *vocab = json_object_get(model, "vocab");
-    const json_t *merges = json_object_get(model, "merges");
+    const tr_json *vocab = tr_json_get(model, "vocab");
+    const tr_json *merges = tr_json_get(model, "merges");
     if (type && strcmp(type, "BPE") != 0)
         return kerr(L, TR_EUNSUPPORTED, "model.type",
                     "unsupported model type '%s' (only BPE is supported)", type);
     if (!type && !merges)
         return kerr(L, TR_EUNSUPPORTED, "model.type",
                     "missing, and no model.merges: only BPE models are supported");
-    if (!json_is_object(vocab)) return type_err(L, "model.vocab", "an object", vocab);
-    if (!json_is_array(merges)) return type_err(L, "model.merges", "an array", merges);
+    if (!tr_json_is(vocab, TR_JSON_OBJECT)) return type_err(L, "model.vocab", "an object", vocab);
+    if (!tr_json_is(merges, TR_JSON_ARRAY)) return type_err(L, "model.merges", "an array", merges);
 
-    const json_t *dropout = json_object_get(model, "dropout");
-    if (dropout && !json_is_null(dropout)) {
-        if (!json_is_number(dropout)) return type_err(L, "model.dropout", "a number or null", dropout);
-        if (json_number_value(dropout) != 0.0)
+    const tr_json *dropout = tr_json_get(model, "dropout");
+    if (dropout && dropout->type != TR_JSON_NULL) {
+        if (dropout->type != TR_JSON_NUMBER)
+            return type_err(L, "model.dropout", "a number or null", dropout);
+        if (dropout->num != 0.0)
             return kerr(L, TR_EUNSUPPORTED, "model.dropout",
-                        "BPE dropout %g is not supported (random merges)", json_number_value(dropout));
+                        "BPE dropout %g is not supported (random merges)", dropout->num);
     }
     const char *s;
     size_t slen;
@@ -413,10 +407,10 @@ static bool same_added(const tr_tok_added *a, const char *content, size_t len, c
 // Follows HF's AddedVocabulary::add_tokens, one token at a time in file order: a token
 // already in the vocabulary keeps that id, a new one gets the next id after the model's
 // vocabulary; the "id" written in the file is only checked for type, as HF only warns.
-static int parse_added(lctx *L, tr_tokenizer *t, const json_t *arr, int32_t *max_id) {
-    if (!arr || json_is_null(arr)) return 0;
-    if (!json_is_array(arr)) return type_err(L, "added_tokens", "an array", arr);
-    size_t n = json_array_size(arr);
+static int parse_added(lctx *L, tr_tokenizer *t, const tr_json *arr, int32_t *max_id) {
+    if (tr_json_is_none(arr)) return 0;
+    if (!tr_json_is(arr, TR_JSON_ARRAY)) return type_err(L, "added_tokens", "an array", arr);
+    size_t n = (size_t)arr->count;
     if (n > TR_TOK_MAX_ID) return kerr(L, TR_ERANGE, "added_tokens", "too many entries (%zu)", n);
     if (tr_tok_strmap_init(&t->added_vocab, (uint32_t)n, L->err)) return -1;
     tr_tok_strmap special_set, rec_of_id;
@@ -435,16 +429,16 @@ static int parse_added(lctx *L, tr_tokenizer *t, const json_t *arr, int32_t *max
     if (!special_list || !added_list || !flags || !t->added)
         rc = tr_errf(L->err, TR_ENOMEM, "out of memory for %zu added tokens", n);
     int64_t max_added = -1;
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        const json_t *e = json_array_get(arr, i);
+    size_t i = 0;
+    for (const tr_json *e = arr->child; e && rc == 0; e = e->next, i++) {
         char key[64];
         snprintf(key, sizeof key, "added_tokens[%zu]", i);
-        if (!json_is_object(e)) {
+        if (!tr_json_is(e, TR_JSON_OBJECT)) {
             rc = type_err(L, key, "an object", e);
             break;
         }
-        const json_t *idv = json_object_get(e, "id");
-        if (!json_is_integer(idv)) {
+        const tr_json *idv = tr_json_get(e, "id");
+        if (!tr_json_is_int(idv)) {
             char k2[80];
             snprintf(k2, sizeof k2, "%s.id", key);
             rc = type_err(L, k2, "an integer", idv);
@@ -589,8 +583,8 @@ static int build_id_tables(lctx *L, tr_tokenizer *t, int32_t max_id) {
 
 // ---- top level ----
 
-static int parse_root(lctx *L, tr_tokenizer *t, const json_t *root) {
-    if (!json_is_object(root)) return type_err(L, "(top level)", "an object", root);
+static int parse_root(lctx *L, tr_tokenizer *t, const tr_json *root) {
+    if (!tr_json_is(root, TR_JSON_OBJECT)) return type_err(L, "(top level)", "an object", root);
     const char *ver;
     size_t vlen;
     if (opt_string(L, root, "version", "tokenizer", &ver, &vlen)) return -1;
@@ -598,17 +592,17 @@ static int parse_root(lctx *L, tr_tokenizer *t, const json_t *root) {
         return kerr(L, TR_EUNSUPPORTED, "version", "unknown tokenizer version '%s'", ver);
     static const char *unsupported_if_set[] = {"truncation", "padding"};
     for (int i = 0; i < 2; i++) {
-        const json_t *v = json_object_get(root, unsupported_if_set[i]);
-        if (v && !json_is_null(v))
+        const tr_json *v = tr_json_get(root, unsupported_if_set[i]);
+        if (v && v->type != TR_JSON_NULL)
             return kerr(L, TR_EUNSUPPORTED, unsupported_if_set[i],
                         "must be null (troupe cuts and pads sequences itself)");
     }
     int32_t max_id = -1;
-    if (parse_model(L, t, json_object_get(root, "model"), &max_id)) return -1;
-    if (parse_normalizer(L, t, json_object_get(root, "normalizer"), "normalizer")) return -1;
+    if (parse_model(L, t, tr_json_get(root, "model"), &max_id)) return -1;
+    if (parse_normalizer(L, t, tr_json_get(root, "normalizer"), "normalizer")) return -1;
 
-    const json_t *pt = json_object_get(root, "pre_tokenizer");
-    if (!pt || json_is_null(pt))
+    const tr_json *pt = tr_json_get(root, "pre_tokenizer");
+    if (tr_json_is_none(pt))
         return kerr(L, TR_EUNSUPPORTED, "pre_tokenizer",
                     "missing; troupe supports byte-level BPE, which needs a ByteLevel pre-tokenizer");
     if (parse_pretok(L, t, pt, "pre_tokenizer")) return -1;
@@ -617,9 +611,9 @@ static int parse_root(lctx *L, tr_tokenizer *t, const json_t *root) {
             return kerr(L, TR_EUNSUPPORTED, "pre_tokenizer",
                         "troupe supports byte-level BPE: exactly one ByteLevel step, as the last step");
 
-    const json_t *dec = json_object_get(root, "decoder");
-    if (dec && !json_is_null(dec)) {
-        if (!json_is_object(dec)) return type_err(L, "decoder", "an object or null", dec);
+    const tr_json *dec = tr_json_get(root, "decoder");
+    if (dec && dec->type != TR_JSON_NULL) {
+        if (!tr_json_is(dec, TR_JSON_OBJECT)) return type_err(L, "decoder", "an object or null", dec);
         const char *type;
         size_t tlen;
         if (req_string(L, dec, "type", "decoder", &type, &tlen)) return -1;
@@ -630,10 +624,10 @@ static int parse_root(lctx *L, tr_tokenizer *t, const json_t *root) {
     }
     // The post-processor only adds tokens when add_special_tokens is true, which encode
     // never asks for, and trims offsets, which troupe does not report.
-    const json_t *pp = json_object_get(root, "post_processor");
-    if (pp && !json_is_null(pp) && !json_is_object(pp))
+    const tr_json *pp = tr_json_get(root, "post_processor");
+    if (pp && pp->type != TR_JSON_NULL && !tr_json_is(pp, TR_JSON_OBJECT))
         return type_err(L, "post_processor", "an object or null", pp);
-    if (parse_added(L, t, json_object_get(root, "added_tokens"), &max_id)) return -1;
+    if (parse_added(L, t, tr_json_get(root, "added_tokens"), &max_id)) return -1;
     if (!t->trie_raw.nodes && (tr_tok_trie_init(&t->trie_raw, L->err) ||
                                tr_tok_trie_init(&t->trie_norm, L->err)))
         return -1;
@@ -646,19 +640,19 @@ int tr_tokenizer_load_json(tr_tokenizer **out, const char *json, size_t len, con
     *out = NULL;
     tr_tok_unicode_init();
     lctx L = {.name = name ? name : "tokenizer.json", .err = err};
-    json_error_t je;
-    json_t *root = json_loadb(json, len, JSON_ALLOW_NUL, &je);
-    if (!root)
-        return tr_errf(err, TR_EFORMAT, "%s:%d:%d: invalid JSON: %s", L.name, je.line, je.column,
-                       je.text);
+    // tokenizer.json files have always been read with repeated keys keeping the last value.
+    tr_json_opts o = {.name = L.name, .max_depth = TR_JSON_DATA_DEPTH,
+                      .flags = TR_JSON_DATA | TR_JSON_DUP_LAST, .what = "invalid JSON: "};
+    tr_json_doc doc;
+    if (tr_json_parse_opts(&doc, json, len, &o, err)) return -1;
     tr_tokenizer *t = calloc(1, sizeof *t);
     if (!t) {
-        json_decref(root);
+        tr_json_free(&doc);
         return tr_errf(err, TR_ENOMEM, "out of memory loading %s", L.name);
     }
     t->unk_id = -1;
-    int rc = parse_root(&L, t, root);
-    json_decref(root);
+    int rc = parse_root(&L, t, doc.root);
+    tr_json_free(&doc);
     if (rc) {
         tr_tokenizer_free(t);
         return -1;

@@ -2,7 +2,6 @@
 // filter that trims records past the checkpoint, TensorBoard scalars and the progress line.
 #include <errno.h>
 #include <inttypes.h>
-#include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +9,7 @@
 #include <unistd.h>
 
 #include "engine/file.h"
+#include "engine/json.h"
 #include "rl/metrics.h"
 
 double tr_metrics_now(void) {
@@ -36,18 +36,22 @@ static int trim_log(const char *path, int64_t last, tr_err *err) {
         return tr_errf(err, TR_ENOMEM, "%s: out of memory", path);
     }
     size_t n_out = 0;
+    tr_json_opts opts = {.name = path, .max_depth = TR_JSON_DATA_DEPTH,
+                         .flags = TR_JSON_DATA | TR_JSON_NO_NUL | TR_JSON_DUP_LAST};
     for (size_t i = 0; i < len;) {
         size_t j = i;
         while (j < len && data[j] != '\n') j++;
         // A line without its newline was torn by a crash: drop it.
         if (j < len) {
-            json_t *o = json_loadb(data + i, j - i, 0, NULL);
-            json_t *s = o && json_is_object(o) ? json_object_get(o, "step") : NULL;
-            if (s && json_is_integer(s) && json_integer_value(s) <= last) {
-                memcpy(out + n_out, data + i, j - i + 1);
-                n_out += j - i + 1;
+            tr_json_doc doc;
+            if (tr_json_parse_opts(&doc, data + i, j - i, &opts, NULL) == 0) {
+                const tr_json *s = tr_json_get(doc.root, "step");
+                if (tr_json_is_int(s) && s->inum <= last) {
+                    memcpy(out + n_out, data + i, j - i + 1);
+                    n_out += j - i + 1;
+                }
+                tr_json_free(&doc);
             }
-            json_decref(o);
         }
         i = j + 1;
     }

@@ -5,7 +5,6 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <inttypes.h>
-#include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +13,7 @@
 #include <unistd.h>
 
 #include "engine/file.h"
+#include "engine/json.h"
 #include "rl/run_ckpt.h"
 
 static int path_fmt(char *out, size_t cap, tr_err *err, const char *fmt, const char *a, int64_t n) {
@@ -98,24 +98,29 @@ int tr_run_ckpt_commit(const char *run_dir, const char *tmp, const tr_run_state 
 int tr_run_state_read(const char *dir, tr_run_state *st, tr_err *err) {
     char path[4200];
     snprintf(path, sizeof path, "%s/" TR_RUN_STATE_FILE, dir);
-    json_error_t je;
-    json_t *o = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!o) return tr_errf(err, TR_EFORMAT, "%s:%d:%d: %s", path, je.line, je.column, je.text);
-    json_t *s = json_object_get(o, "step"), *c = json_object_get(o, "data_cursor");
-    json_t *w = json_object_get(o, "workflow");
-    int rc = 0;
-    if (!json_is_integer(s) || json_integer_value(s) < 0)
+    char *text;
+    size_t len;
+    if (tr_file_read(path, &text, &len, err)) return -1;
+    tr_json_opts opts = {.name = path, .max_depth = TR_JSON_DATA_DEPTH,
+                         .flags = TR_JSON_DATA | TR_JSON_NO_NUL};
+    tr_json_doc doc;
+    int rc = tr_json_parse_opts(&doc, text, len, &opts, err);
+    free(text);
+    if (rc) return -1;
+    const tr_json *o = doc.root, *w = tr_json_get(o, "workflow");
+    const tr_json *s = tr_json_get(o, "step"), *c = tr_json_get(o, "data_cursor");
+    if (!tr_json_is_int(s) || s->inum < 0)
         rc = tr_errf(err, TR_EFORMAT, "%s: 'step' must be a non-negative integer", path);
-    else if (!json_is_integer(c) || json_integer_value(c) < 0)
+    else if (!tr_json_is_int(c) || c->inum < 0)
         rc = tr_errf(err, TR_EFORMAT, "%s: 'data_cursor' must be a non-negative integer", path);
-    else if (!json_is_string(w) || json_string_length(w) >= sizeof st->workflow)
+    else if (!tr_json_is(w, TR_JSON_STRING) || w->len >= sizeof st->workflow)
         rc = tr_errf(err, TR_EFORMAT, "%s: 'workflow' must be a workflow name", path);
     else {
-        st->step = json_integer_value(s);
-        st->data_cursor = json_integer_value(c);
-        snprintf(st->workflow, sizeof st->workflow, "%s", json_string_value(w));
+        st->step = s->inum;
+        st->data_cursor = c->inum;
+        snprintf(st->workflow, sizeof st->workflow, "%s", w->str);
     }
-    json_decref(o);
+    tr_json_free(&doc);
     return rc;
 }
 

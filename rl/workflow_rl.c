@@ -2,11 +2,11 @@
 // padded layout, rollout and training metrics, and evaluation on the held-out prompts.
 #include <ctype.h>
 #include <inttypes.h>
-#include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/json.h"
 #include "engine/rng.h"
 #include "rl/advantage_shaping.h"
 #include "rl/workflow_rl.h"
@@ -428,7 +428,11 @@ int tr_rl_log_samples(tr_run *run, int64_t step, const tr_rl_step *s, tr_err *er
     int64_t every = run->rc->log.samples_every;
     if (!run->samples || every <= 0 || step % every != 0) return 0;
     int32_t shown = 0, last_group = -1;
-    for (int32_t i = 0; i < s->batch.n && shown < 4; i++) {
+    tr_json_writer w;
+    tr_json_writer_init(&w, 0);
+    w.flags = TR_JSON_W_DATA | TR_JSON_W_ASCII;
+    int rc = 0;
+    for (int32_t i = 0; i < s->batch.n && shown < 4 && rc == 0; i++) {
         if (s->batch.group[i] == last_group) continue;
         last_group = s->batch.group[i];
         const tr_rollouts *r = &s->batch;
@@ -436,22 +440,37 @@ int tr_rl_log_samples(tr_run *run, int64_t step, const tr_rl_step *s, tr_err *er
         size_t len;
         if (!resp) {
             if (tr_tokenizer_decode(run->tok, r->tokens + r->offset[i] + r->prompt_len[i],
-                                    (size_t)r->response_len[i], &decoded, &len, err))
-                return -1;
+                                    (size_t)r->response_len[i], &decoded, &len, err)) {
+                rc = -1;
+                break;
+            }
             resp = decoded;
         }
-        json_t *o = json_pack("{s:I, s:s, s:s, s:f, s:f}", "step", (json_int_t)step, "prompt",
-                              r->prompt_text && r->prompt_text[i] ? r->prompt_text[i] : "",
-                              "response", resp, "reward", (double)s->reward[i], "score",
-                              (double)s->score[i]);
+        tr_json_writer_reset(&w);
+        tr_json_begin_object(&w);
+        tr_json_key(&w, "step");
+        tr_json_int(&w, step);
+        tr_json_key(&w, "prompt");
+        tr_json_string(&w, r->prompt_text && r->prompt_text[i] ? r->prompt_text[i] : "");
+        tr_json_key(&w, "response");
+        tr_json_string(&w, resp);
+        tr_json_key(&w, "reward");
+        tr_json_double(&w, (double)s->reward[i]);
+        tr_json_key(&w, "score");
+        tr_json_double(&w, (double)s->score[i]);
+        tr_json_end_object(&w);
         free(decoded);
-        if (!o) continue;  // invalid UTF-8 in a cut-off response: not worth failing the step
-        int w = json_dumpf(o, run->samples, JSON_COMPACT | JSON_ENSURE_ASCII);
-        json_decref(o);
-        if (w != 0 || fputc('\n', run->samples) == EOF)
-            return tr_errf(err, TR_EIO, "samples.jsonl: write failed");
+        const char *out;
+        size_t n;
+        // Invalid UTF-8 in a cut-off response (or a non-finite reward): not worth failing
+        // the step.
+        if (tr_json_writer_finish(&w, &out, &n, NULL)) continue;
+        if (fwrite(out, 1, n, run->samples) != n || fputc('\n', run->samples) == EOF)
+            rc = tr_errf(err, TR_EIO, "samples.jsonl: write failed");
         shown++;
     }
+    tr_json_writer_free(&w);
+    if (rc) return -1;
     fflush(run->samples);
     return 0;
 }

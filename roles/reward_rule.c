@@ -4,13 +4,15 @@
 #include "roles/reward_rule.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
-#include <jansson.h>
+#include <inttypes.h>
 #include <math.h>
 #include <pcre2.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "engine/json.h"
 
 #define MATCH_LIMIT 1000000u
 #define NUMBER_MAX_CHARS 400  // longer digit runs are not answers; they parse as infinity
@@ -254,26 +256,27 @@ int tr_reward_rule_score(tr_reward_rule *r, const char *resp, size_t len, const 
     *score = 0.0f;
     if (r->kind == TR_REWARD_RULE_REGEX) return score_regex(r, resp, len, score, err);
     if (!meta_json) return tr_errf(err, TR_EINVAL, "reward rule: no meta (the prompt record needs an 'answer')");
-    json_error_t je;
-    json_t *meta = json_loads(meta_json, JSON_REJECT_DUPLICATES, &je);
-    if (!meta) return tr_errf(err, TR_EFORMAT, "reward rule: meta JSON at line %d column %d: %s", je.line, je.column, je.text);
+    tr_json_opts o = {.name = "reward rule: meta JSON", .max_depth = TR_JSON_DATA_DEPTH,
+                      .flags = TR_JSON_DATA | TR_JSON_NO_NUL};
+    tr_json_doc doc;
+    if (tr_json_parse_opts(&doc, meta_json, strlen(meta_json), &o, err)) return -1;
     int rc;
-    json_t *a = json_is_object(meta) ? json_object_get(meta, "answer") : NULL;
+    const tr_json *meta = doc.root, *a = tr_json_get(meta, "answer");
     char num[64];
-    if (!json_is_object(meta)) {
+    if (meta->type != TR_JSON_OBJECT) {
         rc = tr_errf(err, TR_EINVAL, "reward rule: meta is not a JSON object");
-    } else if (json_is_string(a)) {
-        rc = tr_reward_rule_score_answer(r, resp, len, json_string_value(a), json_string_length(a), score, err);
-    } else if (json_is_integer(a)) {
-        snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(a));
-        rc = tr_reward_rule_score_answer(r, resp, len, num, strlen(num), score, err);
-    } else if (json_is_real(a)) {
-        shortest_real(json_real_value(a), num, sizeof num);
+    } else if (tr_json_is(a, TR_JSON_STRING)) {
+        rc = tr_reward_rule_score_answer(r, resp, len, a->str, a->len, score, err);
+    } else if (tr_json_is(a, TR_JSON_NUMBER)) {
+        if (a->is_int)
+            snprintf(num, sizeof num, "%" PRId64, a->inum);
+        else
+            shortest_real(a->num, num, sizeof num);
         rc = tr_reward_rule_score_answer(r, resp, len, num, strlen(num), score, err);
     } else {
         rc = tr_errf(err, TR_EINVAL, "reward rule: meta.answer is %s (a string or number is needed)",
                      a ? "neither a string nor a number" : "missing");
     }
-    json_decref(meta);
+    tr_json_free(&doc);
     return rc;
 }

@@ -9,7 +9,7 @@ command -v clang >/dev/null || { echo "clang not found: no libFuzzer build" >&2;
 mkdir -p "$out"
 flags=(-g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -I"$root" -I"$build")
 clang "${flags[@]}" "$root/tests/data/fuzz_jsonl.c" "$root/data/jsonl.c" "$root/engine/err.c" \
-    -ljansson -o "$out/fuzz_jsonl"
+    "$root/engine/json.c" -o "$out/fuzz_jsonl"
 clang "${flags[@]}" "$root/tests/data/fuzz_idx.c" "$root/data/indexed.c" "$root/engine/err.c" \
     "$root/engine/file.c" -o "$out/fuzz_idx"
 echo "built $out/fuzz_jsonl $out/fuzz_idx"

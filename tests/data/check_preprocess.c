@@ -1,8 +1,6 @@
 // Checker for the preprocess end-to-end test: check_preprocess PREFIX REF.jsonl REPEAT DTYPE
 // reads PREFIX.bin/.idx with tr_indexed and compares document by document with the HF
 // reference ids (tools/preprocess_fixtures.py) repeated REPEAT times.
-#include <jansson.h>
-
 #include "data/indexed.h"
 #include "data/jsonl.h"
 #include "tests/test.h"
@@ -24,10 +22,10 @@ int main(int argc, char **argv) {
     for (int k = 0; k < repeat; k++) {
         tr_jsonl r;
         CHECK(tr_jsonl_open(&r, tr_test_src(argv[2]), &err) == 0);
-        json_t *o;
+        tr_json_doc o;
         while (tr_jsonl_next(&r, &o, &err) == 1) {
-            json_t *ids = json_object_get(o, "ids");
-            size_t n = json_array_size(ids);
+            const tr_json *ids = tr_json_get(o.root, "ids");
+            size_t n = (size_t)ids->count;
             if (doc >= d.n_docs) {
                 bad++;
             } else {
@@ -39,11 +37,12 @@ int main(int argc, char **argv) {
                            tr_indexed_read(&d, s0, 0, (int64_t)n, buf, &err) != 0) {
                     bad++;
                 } else {
-                    for (size_t i = 0; i < n; i++) bad += buf[i] != json_integer_value(json_array_get(ids, i));
+                    size_t i = 0;
+                    for (const tr_json *v = ids->child; v; v = v->next, i++) bad += buf[i] != v->inum;
                 }
             }
             doc++;
-            json_decref(o);
+            tr_json_free(&o);
         }
         tr_jsonl_close(&r);
     }

@@ -14,16 +14,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     tr_jsonl r;
     tr_err err;
     if (tr_jsonl_open_stream(&r, f, "fuzz.jsonl", &err) == 0) {
-        json_t *o;
+        tr_json_doc doc;
         int rc;
-        while ((rc = tr_jsonl_next(&r, &o, &err)) == 1) {
+        while ((rc = tr_jsonl_next(&r, &doc, &err)) == 1) {
             const char *s;
             size_t n;
-            json_t *arr;
+            const tr_json *o = doc.root, *arr;
             tr_jsonl_get_string(r.path, r.line, o, "text", false, &s, &n, &err);
             tr_jsonl_get_string(r.path, r.line, o, "prompt", true, &s, &n, &err);
             tr_jsonl_get_array(r.path, r.line, o, "messages", false, &arr, &err);
-            json_decref(o);
+            tr_json_free(&doc);
         }
         tr_jsonl_close(&r);
     }

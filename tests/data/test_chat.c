@@ -4,40 +4,46 @@
 // content + end-of-turn); qwen3_cases.jsonl the same for Qwen3's template as transformers'
 // apply_chat_template renders it (think blocks, enable_thinking). tools/chat_fixtures.py
 // made them.
-#include <jansson.h>
-
 #include "data/chat.h"
 #include "data/jsonl.h"
 #include "data/tokenizer.h"
 #include "tests/test.h"
 
+// Integer element i of an array (-1 when missing).
+static long long int_at(const tr_json *arr, size_t i) {
+    const tr_json *v = tr_json_at(arr, (int32_t)i);
+    return tr_json_is_int(v) ? v->inum : -1;
+}
+
 // toks: the fixture tokenizer of each format, indexed by TR_CHAT_* kind.
-static void run_case(json_t *c, const tr_tokenizer *const *toks, int64_t line) {
-    const char *fmt = json_string_value(json_object_get(c, "format"));
-    json_t *ds = json_object_get(c, "default_system");
-    bool gen = json_is_true(json_object_get(c, "add_generation_prompt"));
-    bool thinking = !json_is_false(json_object_get(c, "enable_thinking"));
-    json_t *msgs = json_object_get(c, "messages");
-    size_t n = json_array_size(msgs);
+static void run_case(const tr_json *c, const tr_tokenizer *const *toks, int64_t line) {
+    const char *fmt = tr_json_get(c, "format")->str;
+    const tr_json *ds = tr_json_get(c, "default_system");
+    const tr_json *gv = tr_json_get(c, "add_generation_prompt");
+    const tr_json *tv = tr_json_get(c, "enable_thinking");
+    bool gen = tr_json_is(gv, TR_JSON_BOOL) && gv->boolean;
+    bool thinking = !(tr_json_is(tv, TR_JSON_BOOL) && !tv->boolean);
+    const tr_json *msgs = tr_json_get(c, "messages");
+    size_t n = (size_t)msgs->count;
     tr_chat_msg m[8];
-    for (size_t i = 0; i < n && i < 8; i++) {
-        json_t *o = json_array_get(msgs, i);
-        m[i].role = json_string_value(json_object_get(o, "role"));
-        m[i].content = json_string_value(json_object_get(o, "content"));
-        m[i].content_len = json_string_length(json_object_get(o, "content"));
+    size_t k = 0;
+    for (const tr_json *o = msgs->child; o && k < 8; o = o->next, k++) {
+        const tr_json *content = tr_json_get(o, "content");
+        m[k].role = tr_json_get(o, "role")->str;
+        m[k].content = content->str;
+        m[k].content_len = content->len;
     }
     tr_err err = {0};
     char *text = NULL;
     size_t len = 0;
-    const char *sys = json_is_string(ds) ? json_string_value(ds) : NULL;
+    const char *sys = tr_json_is(ds, TR_JSON_STRING) ? ds->str : NULL;
     int kind = tr_chat_kind_parse(fmt);
     CHECKF(tr_chat_render_text(kind, sys, m, n, gen, thinking, &text, &len, &err) == 0, "%s",
            err.msg);
-    json_t *want_text = json_object_get(c, "text");
-    CHECKF(text && len == json_string_length(want_text) &&
-               memcmp(text, json_string_value(want_text), len) == 0,
+    const tr_json *want_text = tr_json_get(c, "text");
+    CHECKF(text && len == want_text->len && memcmp(text, want_text->str, len) == 0,
            "case line %lld: text\n%s\nwanted\n%s", (long long)line, text ? text : "",
-           json_string_value(want_text));
+           want_text->str);
     free(text);
 
     tr_chat_format f;
@@ -46,17 +52,15 @@ static void run_case(json_t *c, const tr_tokenizer *const *toks, int64_t line) {
     f.enable_thinking = thinking;
     tr_chat_tokens t = {0};
     CHECKF(tr_chat_render(&f, m, n, gen, &t, &err) == 0, "%s", err.msg);
-    json_t *ids = json_object_get(c, "ids"), *mask = json_object_get(c, "mask");
-    int same = t.n == json_array_size(ids);
+    const tr_json *ids = tr_json_get(c, "ids"), *mask = tr_json_get(c, "mask");
+    int same = t.n == (size_t)ids->count;
     for (size_t i = 0; same && i < t.n; i++)
-        same = t.ids[i] == json_integer_value(json_array_get(ids, i)) &&
-               t.mask[i] == json_integer_value(json_array_get(mask, i));
+        same = t.ids[i] == int_at(ids, i) && t.mask[i] == int_at(mask, i);
     CHECKF(same, "case line %lld (%s): ids/mask differ from the reference", (long long)line, fmt);
     if (!same)
-        for (size_t i = 0; i < t.n || i < json_array_size(ids); i++)
+        for (size_t i = 0; i < t.n || i < (size_t)ids->count; i++)
             fprintf(stderr, "  %zu: %d/%d  want %lld/%lld\n", i, i < t.n ? t.ids[i] : -1,
-                    i < t.n ? t.mask[i] : -1, (long long)json_integer_value(json_array_get(ids, i)),
-                    (long long)json_integer_value(json_array_get(mask, i)));
+                    i < t.n ? t.mask[i] : -1, int_at(ids, i), int_at(mask, i));
     tr_chat_tokens_free(&t);
 }
 
@@ -65,11 +69,11 @@ static int run_cases(const char *rel, const tr_tokenizer *const *toks) {
     tr_err err = {0};
     tr_jsonl r;
     CHECKF(tr_jsonl_open(&r, tr_test_src(rel), &err) == 0, "%s", err.msg);
-    json_t *c;
+    tr_json_doc doc;
     int cases = 0;
-    while (tr_jsonl_next(&r, &c, &err) == 1) {
-        run_case(c, toks, r.line);
-        json_decref(c);
+    while (tr_jsonl_next(&r, &doc, &err) == 1) {
+        run_case(doc.root, toks, r.line);
+        tr_json_free(&doc);
         cases++;
     }
     tr_jsonl_close(&r);

@@ -1,8 +1,6 @@
 // JSONL reading: blank lines, CRLF, a BOM, a final line without newline and a 3 MB line all
 // read back exactly; malformed JSON, non-object lines, wrong field types and missing fields
-// fail with FILE:LINE (and the column jansson reports) in the message.
-#include <jansson.h>
-
+// fail with FILE:LINE (and the column of the culprit) in the message.
 #include "data/jsonl.h"
 #include "engine/file.h"
 #include "tests/test.h"
@@ -21,11 +19,11 @@ static void expect_error(const char *path, const char *want) {
     tr_jsonl r;
     tr_err err = {0};
     int rc = tr_jsonl_open(&r, path, &err);
-    json_t *o;
+    tr_json_doc doc;
     while (rc == 0) {
-        rc = tr_jsonl_next(&r, &o, &err);
+        rc = tr_jsonl_next(&r, &doc, &err);
         if (rc != 1) break;
-        json_decref(o);
+        tr_json_free(&doc);
         rc = 0;
     }
     CHECKF(rc == -1, "%s: no error", path);
@@ -58,9 +56,10 @@ int main(void) {
     CHECK(r.size == n);
     const char *want[5] = {"bom", "crlf", NULL, "nul", "last"};
     int64_t want_line[5] = {1, 4, 5, 7, 8};
-    json_t *o;
+    tr_json_doc doc;
     int k = 0;
-    while (tr_jsonl_next(&r, &o, &err) == 1) {
+    while (tr_jsonl_next(&r, &doc, &err) == 1) {
+        const tr_json *o = doc.root;
         const char *s;
         size_t len;
         CHECKF(tr_jsonl_get_string(good, r.line, o, "text", true, &s, &len, &err) == 0, "%s", err.msg);
@@ -80,13 +79,13 @@ int main(void) {
         if (k == 4) {
             CHECK(tr_jsonl_get_string(good, r.line, o, "n", false, &none, NULL, &err) == -1);
             CHECKF(strstr(err.msg, "good.jsonl:8: field 'n' must be a string, got number"), "%s", err.msg);
-            json_t *arr;
+            const tr_json *arr;
             CHECK(tr_jsonl_get_array(good, r.line, o, "text", true, &arr, &err) == -1);
             CHECKF(strstr(err.msg, ":8: field 'text' must be an array, got string"), "%s", err.msg);
             CHECK(tr_jsonl_get_string(good, r.line, o, "prompt", true, &none, NULL, &err) == -1);
             CHECKF(strstr(err.msg, ":8: missing field 'prompt'"), "%s", err.msg);
         }
-        json_decref(o);
+        tr_json_free(&doc);
         k++;
     }
     CHECK(k == 5);
@@ -107,7 +106,7 @@ int main(void) {
     // Reading from a memory stream (as the fuzz target does) reports the given name.
     FILE *f = fmemopen((void *)"\n\n{\"x\":}\n", 8, "r");
     CHECK(tr_jsonl_open_stream(&r, f, "mem.jsonl", &err) == 0);
-    CHECK(tr_jsonl_next(&r, &o, &err) == -1 && strstr(err.msg, "mem.jsonl:3:"));
+    CHECK(tr_jsonl_next(&r, &doc, &err) == -1 && strstr(err.msg, "mem.jsonl:3:"));
     tr_jsonl_close(&r);
     fclose(f);
     return tr_test_summary("test_jsonl");

@@ -2,13 +2,13 @@
 // Python json.dumps separators; a prompt rendered with chatml's generation prompt equals the
 // reference ids of the published template (tests/fixtures/chat, case 4); raw prompts are
 // plain encodings; bad records name file:line.
-#include <jansson.h>
 
 #include "data/chat.h"
 #include "data/jsonl.h"
 #include "data/prompts.h"
 #include "data/tokenizer.h"
 #include "engine/file.h"
+#include "tests/json_get.h"
 #include "tests/test.h"
 
 int main(void) {
@@ -34,27 +34,33 @@ int main(void) {
         CHECK(s.items[0].line == 1 && s.items[1].line == 3 && s.items[2].line == 4);
         CHECK(strcmp(s.items[1].text, "What is 6*7?") == 0);
         // Meta is valid JSON that parses back to the record's other fields.
-        json_t *m = json_loads(s.items[1].meta, 0, NULL);
-        CHECK(m && json_integer_value(json_object_get(m, "id")) == 7 && json_object_size(m) == 4);
-        json_decref(m);
+        tr_json_doc m;
+        CHECK(tj_parse(&m, s.items[1].meta, strlen(s.items[1].meta), "meta", &err) == 0);
+        CHECK(tj_int(tr_json_get(m.root, "id")) == 7 && tj_size(m.root) == 4);
+        tr_json_free(&m);
 
         // The rendered prompt equals HF's ids for the published template (case 4 of the chat
         // fixture has the same user message and add_generation_prompt).
         tr_jsonl r;
-        json_t *c = NULL, *ref = NULL;
+        tr_json_doc c, ref_doc = {0};
+        const tr_json *ref = NULL;
         CHECK(tr_jsonl_open(&r, tr_test_src("tests/fixtures/chat/cases.jsonl"), &err) == 0);
         while (tr_jsonl_next(&r, &c, &err) == 1) {
-            if (r.line == 4) ref = json_incref(json_object_get(c, "ids"));
-            json_decref(c);
+            if (r.line == 4) {
+                ref_doc = c;  // kept: ref points into it
+                ref = tr_json_get(c.root, "ids");
+            } else {
+                tr_json_free(&c);
+            }
         }
         tr_jsonl_close(&r);
         tr_chat_tokens t = {0};
         CHECK(tr_prompts_encode(&s, 0, &chat, tok, &t, &err) == 0);
-        int same = ref && t.n == json_array_size(ref);
+        int same = ref && t.n == tj_size(ref);
         for (size_t i = 0; same && i < t.n; i++)
-            same = t.ids[i] == json_integer_value(json_array_get(ref, i)) && t.mask[i] == 0;
+            same = t.ids[i] == tj_int(tj_at(ref, i)) && t.mask[i] == 0;
         CHECK(same);
-        json_decref(ref);
+        tr_json_free(&ref_doc);
         // The chat record renders system + user + generation prompt: three turn starts, and
         // the text the template gives.
         tr_chat_tokens_free(&t);

@@ -3,8 +3,6 @@
 // truncation and dropping follow the documented policy; packing keeps every sample once,
 // whole, with positions and targets as tr_doc_layout and the loss expect; bad records fail
 // with file:line.
-#include <jansson.h>
-
 #include "data/chat.h"
 #include "data/jsonl.h"
 #include "data/sft.h"
@@ -44,37 +42,53 @@ int main(void) {
     FILE *fm = fopen(pm, "w"), *fs = fopen(ps, "w");
     tr_jsonl r;
     CHECK(tr_jsonl_open(&r, tr_test_src("tests/fixtures/chat/cases.jsonl"), &err) == 0);
-    json_t *c;
-    while (tr_jsonl_next(&r, &c, &err) == 1) {
-        if (strcmp(json_string_value(json_object_get(c, "format")), "chatml") == 0 &&
-            !json_is_true(json_object_get(c, "add_generation_prompt")) &&
-            json_is_null(json_object_get(c, "default_system")) && nref < MAX_CASES) {
-            json_t *msgs = json_object_get(c, "messages"), *conv = json_array();
-            size_t i;
-            json_t *m;
-            json_array_foreach(msgs, i, m) {
-                json_array_append_new(conv, json_pack("{s:s, s:O}", "from",
-                    share_role(json_string_value(json_object_get(m, "role"))), "value",
-                    json_object_get(m, "content")));
+    tr_json_doc doc;
+    while (tr_jsonl_next(&r, &doc, &err) == 1) {
+        const tr_json *c = doc.root, *gen = tr_json_get(c, "add_generation_prompt");
+        if (strcmp(tr_json_get(c, "format")->str, "chatml") == 0 &&
+            !(tr_json_is(gen, TR_JSON_BOOL) && gen->boolean) &&
+            tr_json_is(tr_json_get(c, "default_system"), TR_JSON_NULL) && nref < MAX_CASES) {
+            const tr_json *msgs = tr_json_get(c, "messages");
+            tr_json_writer a, b;
+            tr_json_writer_init(&a, 0);
+            tr_json_writer_init(&b, 0);
+            tr_json_begin_object(&a);
+            tr_json_key(&a, "messages");
+            tr_json_value(&a, msgs);
+            tr_json_end_object(&a);
+            tr_json_begin_object(&b);
+            tr_json_key(&b, "conversations");
+            tr_json_begin_array(&b);
+            for (const tr_json *m = msgs->child; m; m = m->next) {
+                tr_json_begin_object(&b);
+                tr_json_key(&b, "from");
+                tr_json_string(&b, share_role(tr_json_get(m, "role")->str));
+                tr_json_key(&b, "value");
+                tr_json_value(&b, tr_json_get(m, "content"));
+                tr_json_end_object(&b);
             }
-            json_t *a = json_pack("{s:O}", "messages", msgs), *b = json_pack("{s:o, s:s}",
-                                  "conversations", conv, "id", "extra fields are ignored");
-            char *sa = json_dumps(a, JSON_COMPACT), *sb = json_dumps(b, JSON_COMPACT);
+            tr_json_end_array(&b);
+            tr_json_key(&b, "id");
+            tr_json_string(&b, "extra fields are ignored");
+            tr_json_end_object(&b);
+            const char *sa, *sb;
+            size_t la, lb;
+            CHECK(tr_json_writer_finish(&a, &sa, &la, &err) == 0 &&
+                  tr_json_writer_finish(&b, &sb, &lb, &err) == 0);
             fprintf(fm, "%s\n\n", sa);  // blank lines between records are skipped
             fprintf(fs, "%s\r\n", sb);
-            free(sa);
-            free(sb);
-            json_decref(a);
-            json_decref(b);
+            tr_json_writer_free(&a);
+            tr_json_writer_free(&b);
             ref *rf = &refs[nref++];
-            json_t *ids = json_object_get(c, "ids"), *mask = json_object_get(c, "mask");
-            rf->n = json_array_size(ids);
-            for (size_t k = 0; k < rf->n && k < 128; k++) {
-                rf->ids[k] = (int32_t)json_integer_value(json_array_get(ids, k));
-                rf->mask[k] = (uint8_t)json_integer_value(json_array_get(mask, k));
+            const tr_json *ids = tr_json_get(c, "ids"), *mask = tr_json_get(c, "mask");
+            rf->n = (size_t)ids->count;
+            const tr_json *iv = ids->child, *mv = mask->child;
+            for (size_t k = 0; iv && mv && k < 128; k++, iv = iv->next, mv = mv->next) {
+                rf->ids[k] = (int32_t)iv->inum;
+                rf->mask[k] = (uint8_t)mv->inum;
             }
         }
-        json_decref(c);
+        tr_json_free(&doc);
     }
     tr_jsonl_close(&r);
     fclose(fm);

@@ -3,12 +3,12 @@
 // encode(text, add_special_tokens=False).ids, decode must equal HF's decode (lossy UTF-8
 // included), added-token ids must be the ones HF wrote, and encoding from several threads at
 // once must give the same ids.
-#include <jansson.h>
 #include <pthread.h>
 #include <stdint.h>
 
 #include "data/tokenizer.h"
 #include "engine/file.h"
+#include "tests/json_get.h"
 #include "tests/test.h"
 
 static const char *NAMES[] = {"qwen2",      "llama3",           "gpt2",         "split_removed",
@@ -17,7 +17,8 @@ static const char *NAMES[] = {"qwen2",      "llama3",           "gpt2",         
                               "onig_classes"};
 
 typedef struct lines {
-    json_t **v;
+    tr_json_doc *docs;
+    const tr_json **v;
     size_t n;
 } lines;
 
@@ -35,14 +36,15 @@ static lines read_jsonl(const char *rel) {
     while (p < data + len) {
         char *nl = memchr(p, '\n', (size_t)(data + len - p));
         size_t n = nl ? (size_t)(nl - p) : (size_t)(data + len - p);
-        json_error_t je;
-        json_t *j = json_loadb(p, n, JSON_ALLOW_NUL, &je);
-        if (!j) fprintf(stderr, "%s: bad line %zu: %s\n", rel, L.n + 1, je.text);
         if (L.n == cap) {
             cap = cap ? cap * 2 : 256;
             L.v = realloc(L.v, cap * sizeof *L.v);
+            L.docs = realloc(L.docs, cap * sizeof *L.docs);
         }
-        L.v[L.n++] = j;
+        if (tj_parse(&L.docs[L.n], p, n, rel, &err))
+            fprintf(stderr, "%s: bad line %zu: %s\n", rel, L.n + 1, err.msg);
+        L.v[L.n] = L.docs[L.n].root;
+        L.n++;
         p += n + 1;
     }
     free(data);
@@ -50,14 +52,16 @@ static lines read_jsonl(const char *rel) {
 }
 
 static void free_lines(lines *L) {
-    for (size_t i = 0; i < L->n; i++) json_decref(L->v[i]);
+    for (size_t i = 0; i < L->n; i++) tr_json_free(&L->docs[i]);
+    free(L->docs);
     free(L->v);
 }
 
-static size_t ids_of(const json_t *arr, int32_t **out) {
-    size_t n = json_array_size(arr);
+static size_t ids_of(const tr_json *arr, int32_t **out) {
+    size_t n = tj_size(arr);
     *out = malloc((n + 1) * sizeof **out);
-    for (size_t i = 0; i < n; i++) (*out)[i] = (int32_t)json_integer_value(json_array_get(arr, i));
+    size_t i = 0;
+    for (const tr_json *v = n ? arr->child : NULL; v; v = v->next) (*out)[i++] = (int32_t)tj_int(v);
     return n;
 }
 
@@ -79,12 +83,12 @@ static void *encode_all(void *arg) {
     job *j = arg;
     for (int round = 0; round < 3; round++) {
         for (size_t i = (size_t)j->start; i < j->texts->n; i++) {
-            const json_t *t = json_object_get(j->texts->v[i], "text");
+            const tr_json *t = tr_json_get(j->texts->v[i], "text");
             int32_t *got, *want;
             size_t n;
             tr_err err = {0};
-            size_t nw = ids_of(json_object_get(j->ids->v[i], "ids"), &want);
-            if (tr_tokenizer_encode(j->tok, json_string_value(t), json_string_length(t), &got, &n, &err) ||
+            size_t nw = ids_of(tr_json_get(j->ids->v[i], "ids"), &want);
+            if (tr_tokenizer_encode(j->tok, tj_str(t), tj_len(t), &got, &n, &err) ||
                 n != nw || memcmp(got, want, n * sizeof *got) != 0)
                 j->mismatches++;
             free(got);
@@ -114,26 +118,26 @@ static void check_tokenizer(const char *name, const lines *texts) {
     const char **want_text = calloc(texts->n, sizeof *want_text);
     size_t *want_len = calloc(texts->n, sizeof *want_len);
     for (size_t i = 0; i < texts->n; i++) {
-        const json_t *t = json_object_get(texts->v[i], "text");
-        want_text[i] = json_string_value(t);
-        want_len[i] = json_string_length(t);
+        const tr_json *t = tr_json_get(texts->v[i], "text");
+        want_text[i] = tj_str(t);
+        want_len[i] = tj_len(t);
     }
     for (size_t k = 0; k < dec.n; k++) {
-        const json_t *line = json_object_get(dec.v[k], "line");
-        const json_t *t = json_object_get(dec.v[k], "text");
-        if (line && (size_t)json_integer_value(line) < texts->n) {
-            want_text[json_integer_value(line)] = json_string_value(t);
-            want_len[json_integer_value(line)] = json_string_length(t);
+        const tr_json *line = tr_json_get(dec.v[k], "line");
+        const tr_json *t = tr_json_get(dec.v[k], "text");
+        if (line && (size_t)tj_int(line) < texts->n) {
+            want_text[tj_int(line)] = tj_str(t);
+            want_len[tj_int(line)] = tj_len(t);
         }
     }
 
     int enc_bad = 0, dec_bad = 0, roundtrips = 0;
     for (size_t i = 0; i < texts->n && i < ids.n; i++) {
-        const json_t *t = json_object_get(texts->v[i], "text");
-        const char *s = json_string_value(t);
-        size_t slen = json_string_length(t);
+        const tr_json *t = tr_json_get(texts->v[i], "text");
+        const char *s = tj_str(t);
+        size_t slen = tj_len(t);
         int32_t *want, *got = NULL;
-        size_t nw = ids_of(json_object_get(ids.v[i], "ids"), &want), n = 0;
+        size_t nw = ids_of(tr_json_get(ids.v[i], "ids"), &want), n = 0;
         rc = tr_tokenizer_encode(tok, s, slen, &got, &n, &err);
         if (rc || n != nw || memcmp(got, want, n * sizeof *got) != 0) {
             if (enc_bad++ < 5) {
@@ -171,19 +175,19 @@ static void check_tokenizer(const char *name, const lines *texts) {
     // Random id sequences (invalid UTF-8 in the middle included).
     int rand_bad = 0, n_rand = 0;
     for (size_t k = 0; k < dec.n; k++) {
-        const json_t *arr = json_object_get(dec.v[k], "ids");
+        const tr_json *arr = tr_json_get(dec.v[k], "ids");
         if (!arr) continue;
         n_rand++;
-        const json_t *t = json_object_get(dec.v[k], "text");
+        const tr_json *t = tr_json_get(dec.v[k], "text");
         int32_t *ids_r;
         size_t n = ids_of(arr, &ids_r);
         char *back = NULL;
         size_t blen = 0;
         rc = tr_tokenizer_decode(tok, ids_r, n, &back, &blen, &err);
-        if (rc || blen != json_string_length(t) || memcmp(back, json_string_value(t), blen) != 0) {
+        if (rc || blen != tj_len(t) || memcmp(back, tj_str(t), blen) != 0) {
             if (rand_bad++ < 3)
                 fprintf(stderr, "%s: random decode %zu: want '%s' got '%s'\n", name, k,
-                        json_string_value(t), rc ? err.msg : back);
+                        tj_str(t), rc ? err.msg : back);
         }
         free(back);
         free(ids_r);
@@ -191,37 +195,38 @@ static void check_tokenizer(const char *name, const lines *texts) {
     CHECKF(n_rand >= 40 && rand_bad == 0, "%s: %d of %d random decodes differ", name, rand_bad, n_rand);
 
     // Added-token ids as HF wrote them, through token_id and id_to_token.
-    json_error_t je;
     snprintf(rel, sizeof rel, "tests/fixtures/tokenizer/%s.json", name);
-    json_t *root = json_load_file(tr_test_src(rel), 0, &je);
-    CHECK(root != NULL);
-    const json_t *added = json_object_get(root, "added_tokens");
+    tr_json_doc doc;
+    CHECKF(tj_load(&doc, tr_test_src(rel), &err) == 0, "%s", err.msg);
+    const tr_json *root = doc.root;
+    const tr_json *added = tr_json_get(root, "added_tokens");
     int32_t max_id = -1;
-    for (size_t k = 0; k < json_array_size(added); k++) {
-        const json_t *a = json_array_get(added, k);
-        const char *content = json_string_value(json_object_get(a, "content"));
-        int32_t id = (int32_t)json_integer_value(json_object_get(a, "id"));
+    for (size_t k = 0; k < tj_size(added); k++) {
+        const tr_json *a = tj_at(added, k);
+        const char *content = tj_str(tr_json_get(a, "content"));
+        int32_t id = (int32_t)tj_int(tr_json_get(a, "id"));
         if (id > max_id) max_id = id;
         CHECKF(tr_tokenizer_token_id(tok, content) == id, "%s: id of '%s'", name, content);
         size_t len = 0;
         const char *s = tr_tokenizer_id_to_token(tok, id, &len);
         // A normalized added token reads back normalized (HF's id_to_token does the same).
-        if (!json_is_true(json_object_get(a, "normalized")))
+        if (!tj_true(tr_json_get(a, "normalized")))
             CHECKF(s && len == strlen(content) && memcmp(s, content, len) == 0, "%s: token %d", name, id);
-        CHECK(tr_tokenizer_is_special(tok, id) == json_is_true(json_object_get(a, "special")));
+        CHECK(tr_tokenizer_is_special(tok, id) == tj_true(tr_json_get(a, "special")));
     }
-    const json_t *vocab = json_object_get(json_object_get(root, "model"), "vocab");
+    const tr_json *vocab = tr_json_get(tr_json_get(root, "model"), "vocab");
     const char *key;
-    const json_t *val;
+    const tr_json *val;
     int vocab_bad = 0;
-    json_object_foreach((json_t *)vocab, key, val) {
-        if (json_integer_value(val) > max_id) max_id = (int32_t)json_integer_value(val);
-        if (tr_tokenizer_token_id(tok, key) != json_integer_value(val)) vocab_bad++;
+    for (val = vocab ? vocab->child : NULL; val; val = val->next) {
+        key = val->key;
+        if (tj_int(val) > max_id) max_id = (int32_t)tj_int(val);
+        if (tr_tokenizer_token_id(tok, key) != tj_int(val)) vocab_bad++;
     }
     CHECKF(vocab_bad == 0, "%s: %d vocab entries with a different id", name, vocab_bad);
     CHECK(tr_tokenizer_vocab_size(tok) == max_id + 1);
     CHECK(tr_tokenizer_token_id(tok, "surely-not-a-token-\xe2\x82\xac") == -1);
-    json_decref(root);
+    tr_json_free(&doc);
 
     // The same tokenizer from four threads at once.
     if (strcmp(name, "qwen2") == 0 || strcmp(name, "llama3") == 0) {
@@ -260,15 +265,15 @@ static void check_decode_only(const char *name) {
     lines dec = read_jsonl(rel);
     int bad = 0;
     for (size_t k = 0; k < dec.n; k++) {
-        const json_t *t = json_object_get(dec.v[k], "text");
+        const tr_json *t = tr_json_get(dec.v[k], "text");
         int32_t *ids;
-        size_t n = ids_of(json_object_get(dec.v[k], "ids"), &ids);
+        size_t n = ids_of(tr_json_get(dec.v[k], "ids"), &ids);
         char *back = NULL;
         size_t blen = 0;
         rc = tr_tokenizer_decode(tok, ids, n, &back, &blen, &err);
-        if (rc || blen != json_string_length(t) || memcmp(back, json_string_value(t), blen) != 0) {
+        if (rc || blen != tj_len(t) || memcmp(back, tj_str(t), blen) != 0) {
             if (bad++ < 3)
-                fprintf(stderr, "%s: decode %zu: want '%s' got '%s'\n", name, k, json_string_value(t),
+                fprintf(stderr, "%s: decode %zu: want '%s' got '%s'\n", name, k, tj_str(t),
                         rc ? err.msg : back);
         }
         free(back);

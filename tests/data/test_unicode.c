@@ -8,7 +8,6 @@
 // ids must be HF's: per block of 4096 code points their CRC-32 must match, and a list of code
 // points whose properties differ between Unicode versions must give HF's ids exactly. Also
 // checks the run-time kind lookup against the generated runs.
-#include <jansson.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -16,6 +15,7 @@
 #include "data/tokenizer.h"
 #include "data/tokenizer_impl.h"
 #include "engine/file.h"
+#include "tests/json_get.h"
 #include "tests/test.h"
 
 static uint32_t crc_table[4][256];
@@ -46,7 +46,7 @@ static uint32_t ids_crc(const int32_t *ids, size_t n) {
 typedef struct job {
     const tr_tokenizer *tok;
     const char *name;
-    const json_t *ctx;
+    const tr_json *ctx;
     const char *sep;
     uint32_t block;
     int bad_blocks, bad_samples, checks;
@@ -65,12 +65,12 @@ typedef struct context {
     size_t n;
 } context;
 
-static bool context_of(const json_t *parts, context *x) {
-    x->n = json_array_size(parts);
+static bool context_of(const tr_json *parts, context *x) {
+    x->n = tj_size(parts);
     if (x->n < 2 || x->n > 8) return false;
     for (size_t k = 0; k < x->n; k++) {
-        x->part[k] = json_string_value(json_array_get(parts, k));
-        x->len[k] = json_string_length(json_array_get(parts, k));
+        x->part[k] = tj_str(tj_at(parts, k));
+        x->len[k] = tj_len(tj_at(parts, k));
         if (!x->part[k] || x->len[k] > 32) return false;
     }
     return true;
@@ -87,23 +87,23 @@ static size_t put_context(const context *x, uint32_t c, char *o) {
 }
 
 // The context as text for messages: its parts joined by "<c>".
-static void context_name(const json_t *parts, char *o, size_t cap) {
+static void context_name(const tr_json *parts, char *o, size_t cap) {
     size_t len = 0;
     o[0] = '\0';
-    for (size_t k = 0; k < json_array_size(parts) && len < cap; k++)
+    for (size_t k = 0; k < tj_size(parts) && len < cap; k++)
         len += (size_t)snprintf(o + len, cap - len, "%s%s", k ? "<c>" : "",
-                                json_string_value(json_array_get(parts, k)));
+                                tj_str(tj_at(parts, k)));
 }
 
 // One context of one tokenizer: all blocks, then the samples.
 static void *run_context(void *arg) {
     job *j = arg;
-    const json_t *parts = json_object_get(j->ctx, "parts");
-    const char *hashes = json_string_value(json_object_get(j->ctx, "hashes"));
+    const tr_json *parts = tr_json_get(j->ctx, "parts");
+    const char *hashes = tj_str(tr_json_get(j->ctx, "hashes"));
     char name[128];
     context_name(parts, name, sizeof name);
     // Contexts of the released configurations run to U+10FFFF, the others stop earlier.
-    size_t end = (size_t)json_integer_value(json_object_get(j->ctx, "end"));
+    size_t end = (size_t)tj_int(tr_json_get(j->ctx, "end"));
     size_t nsep = strlen(j->sep), n_blocks = end / j->block, per = nsep + 8 * (32 + 4);
     context x;
     bool released = strcmp(j->name, "llama32") == 0 || strcmp(j->name, "qwen3") == 0;
@@ -144,25 +144,25 @@ static void *run_context(void *arg) {
         free(ids);
     }
 
-    const char *key;
-    const json_t *want;
-    json_object_foreach((json_t *)json_object_get(j->ctx, "samples"), key, want) {
+    const tr_json *samples = tr_json_get(j->ctx, "samples");
+    for (const tr_json *want = samples ? samples->child : NULL; want; want = want->next) {
+        const char *key = want->key;
         uint32_t c = (uint32_t)strtoul(key, NULL, 16);
         size_t len = put_context(&x, c, text);
         int32_t *ids = NULL;
         size_t n = 0;
         tr_err err = {0};
         int rc = tr_tokenizer_encode(j->tok, text, len, &ids, &n, &err);
-        bool same = rc == 0 && n == json_array_size(want);
+        bool same = rc == 0 && n == tj_size(want);
         for (size_t i = 0; same && i < n; i++)
-            same = ids[i] == json_integer_value(json_array_get(want, i));
+            same = ids[i] == tj_int(tj_at(want, i));
         j->checks++;
         if (!same && j->bad_samples++ < 8) {
             fprintf(stderr, "%s, context '%s', c = U+%04X:\n", j->name, name, (unsigned)c);
             int32_t w[64];
-            size_t nw = json_array_size(want) < 64 ? json_array_size(want) : 64;
+            size_t nw = tj_size(want) < 64 ? tj_size(want) : 64;
             for (size_t i = 0; i < nw; i++)
-                w[i] = (int32_t)json_integer_value(json_array_get(want, i));
+                w[i] = (int32_t)tj_int(tj_at(want, i));
             print_ids("HF    ", w, nw);
             if (rc == 0) print_ids("troupe", ids, n);
             else fprintf(stderr, "    troupe: %s\n", err.msg);
@@ -174,16 +174,16 @@ static void *run_context(void *arg) {
 }
 
 // Loads every fixture tokenizer and lists one job per context.
-static size_t load_jobs(const json_t *toks, uint32_t block, tr_tokenizer **loaded, job *jobs,
+static size_t load_jobs(const tr_json *toks, uint32_t block, tr_tokenizer **loaded, job *jobs,
                         size_t cap) {
     size_t n = 0;
-    for (size_t i = 0; i < json_array_size(toks); i++) {
-        const json_t *entry = json_array_get(toks, i);
-        const char *name = json_string_value(json_object_get(entry, "name"));
-        const char *file = json_string_value(json_object_get(entry, "file"));
-        const char *sep = json_string_value(json_object_get(entry, "separator"));
-        const json_t *ctxs = json_object_get(entry, "contexts");
-        CHECK(name && file && sep && json_array_size(ctxs) > 0);
+    for (size_t i = 0; i < tj_size(toks); i++) {
+        const tr_json *entry = tj_at(toks, i);
+        const char *name = tj_str(tr_json_get(entry, "name"));
+        const char *file = tj_str(tr_json_get(entry, "file"));
+        const char *sep = tj_str(tr_json_get(entry, "separator"));
+        const tr_json *ctxs = tr_json_get(entry, "contexts");
+        CHECK(name && file && sep && tj_size(ctxs) > 0);
         if (!name || !file || !sep) continue;
         char rel[256];
         snprintf(rel, sizeof rel, "tests/fixtures/unicode/%s", file);
@@ -192,8 +192,8 @@ static size_t load_jobs(const json_t *toks, uint32_t block, tr_tokenizer **loade
         CHECKF(rc == 0, "%s: %s", name, err.msg);
         if (rc) continue;
         CHECKF(tr_tokenizer_token_id(loaded[i], sep) >= 0, "%s: no separator token %s", name, sep);
-        for (size_t k = 0; k < json_array_size(ctxs) && n < cap; k++)
-            jobs[n++] = (job){.tok = loaded[i], .name = name, .ctx = json_array_get(ctxs, k),
+        for (size_t k = 0; k < tj_size(ctxs) && n < cap; k++)
+            jobs[n++] = (job){.tok = loaded[i], .name = name, .ctx = tj_at(ctxs, k),
                               .sep = sep, .block = block};
     }
     return n;
@@ -214,12 +214,12 @@ static void *worker(void *arg) {
 
 // The contexts are independent and a loaded tokenizer is shared read-only: up to four
 // threads.
-static void check_all(const json_t *toks, uint32_t block) {
+static void check_all(const tr_json *toks, uint32_t block) {
     enum { MAX_JOBS = 64, MAX_TOKS = 16 };
     tr_tokenizer *loaded[MAX_TOKS] = {0};
     job jobs[MAX_JOBS];
-    CHECK(json_array_size(toks) <= MAX_TOKS);
-    if (json_array_size(toks) > MAX_TOKS) return;
+    CHECK(tj_size(toks) <= MAX_TOKS);
+    if (tj_size(toks) > MAX_TOKS) return;
     pool p = {.jobs = jobs, .n = load_jobs(toks, block, loaded, jobs, MAX_JOBS)};
     atomic_init(&p.next, 0);
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -232,12 +232,12 @@ static void check_all(const json_t *toks, uint32_t block) {
     for (size_t k = 0; k < p.n; k++) {
         char cname[128];
         const char *name = jobs[k].name;
-        context_name(json_object_get(jobs[k].ctx, "parts"), cname, sizeof cname);
+        context_name(tr_json_get(jobs[k].ctx, "parts"), cname, sizeof cname);
         CHECKF(jobs[k].bad_blocks == 0, "%s, context '%s': %d blocks differ", name, cname,
                jobs[k].bad_blocks);
         CHECKF(jobs[k].bad_samples == 0, "%s, context '%s': %d samples differ", name, cname,
                jobs[k].bad_samples);
-        size_t end = (size_t)json_integer_value(json_object_get(jobs[k].ctx, "end"));
+        size_t end = (size_t)tj_int(tr_json_get(jobs[k].ctx, "end"));
         CHECKF(jobs[k].checks > (int)(end / block), "%s, context '%s': only %d checks", name,
                cname, jobs[k].checks);
         released += strcmp(name, "llama32") == 0 || strcmp(name, "qwen3") == 0;
@@ -265,15 +265,17 @@ static void check_kind_table(void) {
 int main(void) {
     crc_init();
     check_kind_table();
-    json_error_t je;
-    json_t *root = json_load_file(tr_test_src("tests/fixtures/unicode/expected.json"), 0, &je);
-    CHECKF(root != NULL, "expected.json: %s", je.text);
+    tr_err err = {0};
+    tr_json_doc doc;
+    CHECKF(tj_load(&doc, tr_test_src("tests/fixtures/unicode/expected.json"), &err) == 0, "%s",
+           err.msg);
+    const tr_json *root = doc.root;
     if (root) {
-        uint32_t block = (uint32_t)json_integer_value(json_object_get(root, "block"));
+        uint32_t block = (uint32_t)tj_int(tr_json_get(root, "block"));
         CHECK(block > 0 && 0x110000 % block == 0);
-        const json_t *toks = json_object_get(root, "tokenizers");
+        const tr_json *toks = tr_json_get(root, "tokenizers");
         if (block > 0 && 0x110000 % block == 0) check_all(toks, block);
-        json_decref(root);
+        tr_json_free(&doc);
     }
     return tr_test_summary("test_unicode");
 }

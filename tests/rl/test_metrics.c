@@ -1,18 +1,18 @@
-// The metrics log read back by an independent JSON parser (jansson): one object per line,
+// The metrics log read back by the JSON parser under the data-file rules: one object per line,
 // "step" first, values as set, null for non-finite; the resume trim drops later steps and a
 // torn line; the progress line; the TensorBoard file beside it.
 #include <dirent.h>
-#include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/file.h"
 #include "rl/metrics.h"
+#include "tests/json_get.h"
 #include "tests/test.h"
 
 // Parses every line of path; returns the number of lines and stores up to max objects.
-static int read_lines(const char *path, json_t **objs, int max) {
+static int read_lines(const char *path, tr_json_doc *objs, int max) {
     char *data;
     size_t len;
     tr_err err = {0};
@@ -20,15 +20,15 @@ static int read_lines(const char *path, json_t **objs, int max) {
     int n = 0;
     char *save = NULL;
     for (char *line = strtok_r(data, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-        json_error_t je;
-        json_t *o = json_loads(line, JSON_REJECT_DUPLICATES, &je);
-        CHECKF(o && json_is_object(o), "line %d not a JSON object: %s", n + 1, line);
+        tr_json_doc o;
+        int bad = tj_parse(&o, line, strlen(line), path, &err);
+        CHECKF(!bad && o.root->type == TR_JSON_OBJECT, "line %d not a JSON object: %s", n + 1, line);
         // "step" is the first key as written.
         CHECKF(strncmp(line, "{\"step\": ", 9) == 0, "line %d: %s", n + 1, line);
-        if (n < max)
+        if (n < max && !bad)
             objs[n] = o;
-        else
-            json_decref(o);
+        else if (!bad)
+            tr_json_free(&o);
         n++;
     }
     CHECK(len == 0 || data[len - 1] == '\n' || data[len - 1] == '\0');
@@ -36,10 +36,7 @@ static int read_lines(const char *path, json_t **objs, int max) {
     return n;
 }
 
-static double num(json_t *o, const char *key) {
-    json_t *v = json_object_get(o, key);
-    return v && json_is_number(v) ? json_number_value(v) : NAN;
-}
+static double num(const tr_json_doc *o, const char *key) { return tj_num(tr_json_get(o->root, key)); }
 
 static int count_files(const char *dir, const char *prefix) {
     DIR *d = opendir(dir);
@@ -93,17 +90,17 @@ int main(void) {
     tr_metrics_close(&m);
     fclose(pf);
 
-    json_t *objs[16] = {0};
+    tr_json_doc objs[16] = {0};
     int n = read_lines(path, objs, 16);
     CHECK(n == 5);
     for (int i = 0; i < n && i < 16; i++) {
-        CHECK(num(objs[i], "step") == i);
-        CHECK_NEAR(num(objs[i], "reward/mean"), 0.1 * i, 1e-12);
-        CHECK_NEAR(num(objs[i], "lr"), 1e-4, 1e-16);
-        CHECK(json_is_null(json_object_get(objs[i], "kl")));
-        CHECK(json_object_size(objs[i]) == (size_t)(i % 2 == 0 ? 5 : 4));
-        if (i % 2 == 0) CHECK_NEAR(num(objs[i], "eval/accuracy"), 0.5 + 0.01 * i, 1e-12);
-        json_decref(objs[i]);
+        CHECK(num(&objs[i], "step") == i);
+        CHECK_NEAR(num(&objs[i], "reward/mean"), 0.1 * i, 1e-12);
+        CHECK_NEAR(num(&objs[i], "lr"), 1e-4, 1e-16);
+        CHECK(tr_json_is(tr_json_get(objs[i].root, "kl"), TR_JSON_NULL));
+        CHECK(tj_size(objs[i].root) == (size_t)(i % 2 == 0 ? 5 : 4));
+        if (i % 2 == 0) CHECK_NEAR(num(&objs[i], "eval/accuracy"), 0.5 + 0.01 * i, 1e-12);
+        tr_json_free(&objs[i]);
     }
 
     // Progress lines: one per commit, step/total, reward, the latest eval and an ETA.
@@ -131,9 +128,9 @@ int main(void) {
     n = read_lines(path, objs, 16);
     CHECK(n == 4);
     for (int i = 0; i < n && i < 16; i++) {
-        CHECK(num(objs[i], "step") == i);
-        CHECK_NEAR(num(objs[i], "reward/mean"), i == 3 ? 0.9 : 0.1 * i, 1e-12);
-        json_decref(objs[i]);
+        CHECK(num(&objs[i], "step") == i);
+        CHECK_NEAR(num(&objs[i], "reward/mean"), i == 3 ? 0.9 : 0.1 * i, 1e-12);
+        tr_json_free(&objs[i]);
     }
 
     // ETA arithmetic: 4 steps done in 8 s since open at step 2 -> 2 s/step, 4 steps left.
