@@ -11,7 +11,7 @@ dest=.debs
 # dependency() of meson.build's upper layers. libpcre2-dev also links the 16/32-bit and POSIX
 # PCRE2 libraries; troupe uses only libpcre2-8, so those stay out and their links dangle.
 dev=(libzmq3-dev libzmq5 libmsgpack-dev libmsgpackc2 libyaml-dev libyaml-0-2
-     libjansson-dev libjansson4 libpcre2-dev libpcre2-8-0)
+     libpcre2-dev libpcre2-8-0)
 # What libzmq5 needs at run time beyond the image: gpu_deps.sh keeps each one only where the
 # machine lacks its libraries. The -dev packages of these are left out on purpose: they only
 # serve libzmq.pc's Requires.private (static linking), which gpu_deps.sh drops.

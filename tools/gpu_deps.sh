@@ -122,7 +122,7 @@ fi
     # shellcheck source=/dev/null
     . "$env_file"
     pc=${PKG_CONFIG:-$(command -v pkg-config || command -v pkgconf)}
-    for m in libzmq msgpack yaml-0.1 jansson libpcre2-8; do
+    for m in libzmq msgpack yaml-0.1 libpcre2-8; do
         version=$("$pc" --modversion "$m")
         libs=$("$pc" --libs "$m")
         case $libs in *"-L$root/"*) ;; *) echo "$m does not resolve into $root" >&2; exit 1 ;; esac

@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build-gpu-all}"
-if ! pkg-config --exists libzmq msgpack yaml-0.1 jansson libpcre2-8 2>/dev/null; then
+if ! pkg-config --exists libzmq msgpack yaml-0.1 libpcre2-8 2>/dev/null; then
     tools/gpu_deps.sh
     # shellcheck source=/dev/null
     . .deps-root/env.sh

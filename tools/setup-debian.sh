@@ -4,7 +4,7 @@
 # builds too, without it meson's `cuda` option (auto) leaves it out.
 set -euo pipefail
 pkgs=(build-essential pkg-config meson ninja-build git python3
-      libzmq3-dev libmsgpack-dev libyaml-dev libjansson-dev libpcre2-dev
+      libzmq3-dev libmsgpack-dev libyaml-dev libpcre2-dev
       libopenblas-dev python3-zmq python3-msgpack)
 missing=()
 for p in "${pkgs[@]}"; do
