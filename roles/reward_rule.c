@@ -263,7 +263,10 @@ int tr_reward_rule_score(tr_reward_rule *r, const char *resp, size_t len, const 
     int rc;
     const tr_json *meta = doc.root, *a = tr_json_get(meta, "answer");
     char num[64];
-    if (meta->type != TR_JSON_OBJECT) {
+    if (meta->type != TR_JSON_OBJECT && meta->type != TR_JSON_ARRAY) {
+        rc = tr_errf(err, TR_EFORMAT, "reward rule: meta JSON:%d:%d: expected an object, got %s",
+                     meta->line, meta->col, tr_json_type_name(meta->type));
+    } else if (meta->type != TR_JSON_OBJECT) {
         rc = tr_errf(err, TR_EINVAL, "reward rule: meta is not a JSON object");
     } else if (tr_json_is(a, TR_JSON_STRING)) {
         rc = tr_reward_rule_score_answer(r, resp, len, a->str, a->len, score, err);

@@ -110,6 +110,8 @@ static void test_rules(void) {
     CHECKF(rc == -1 && e.code == TR_EFORMAT && strstr(e.msg, "meta JSON:1:13:"), "%s", e.msg);
     score(num, "5", "[5]", &rc, &e);
     CHECK(rc == -1 && strstr(e.msg, "not a JSON object"));
+    score(num, "5", "5", &rc, &e);  // a bare scalar is malformed meta, as before
+    CHECK(rc == -1 && e.code == TR_EFORMAT && strstr(e.msg, "meta JSON:1:1:"));
     score(num, "5", NULL, &rc, &e);
     CHECK(rc == -1);
 
