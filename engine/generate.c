@@ -75,6 +75,7 @@ void tr_generator_free(tr_generator *g) {
     free(g->row_out);
     free(g->fin_reqs);
     free(g->segs);
+    free(g->seg_docs);
     free(g->tables);
     free(g->slots);
     memset(g, 0, sizeof *g);
@@ -133,10 +134,11 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
     g->row_slot = malloc(rows * sizeof(int32_t));
     g->row_len = malloc(rows * sizeof(int32_t));
     g->segs = malloc(rows * sizeof(tr_gen_segment));
+    g->seg_docs = malloc((rows + 1) * sizeof(int32_t));
     g->tables = malloc(tables * sizeof(int32_t));
     g->slots = calloc((size_t)g->max_seqs, sizeof(tr_gen_slot));
     if (!g->row_ids || !g->row_pos || !g->row_out || !g->fin_reqs || !g->row_slot || !g->row_len ||
-        !g->segs || !g->tables || !g->slots) {
+        !g->segs || !g->seg_docs || !g->tables || !g->slots) {
         tr_generator_free(g);
         return tr_errf(err, TR_ENOMEM, "generate: out of memory for %zu-row passes", rows);
     }
@@ -150,13 +152,13 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
         return tr_err_wrap(err, "generate");
     }
     // Backend copies, in 4-byte words, each array 64-byte aligned.
-    size_t al = 16, off[8], total = 0, draw_words = sizeof(tr_sample_row) / 4;
-    size_t sizes[7] = {rows, rows, tables, tables, rows, rows, rows * draw_words};
-    for (int i = 0; i < 7; i++) {
+    size_t al = 16, off[9], total = 0, draw_words = sizeof(tr_sample_row) / 4;
+    size_t sizes[8] = {rows, rows, tables, tables, rows, rows, rows * draw_words, rows + 1};
+    for (int i = 0; i < 8; i++) {
         off[i] = total;
         total += (sizes[i] + al - 1) / al * al;
     }
-    off[7] = total;
+    off[8] = total;
     total += al;
     g->dev = tr_dev_alloc(be, total * 4, "generation tables", err);
     // Tensor parallelism: the ranks draw the same ids from their columns of the logits
@@ -181,7 +183,8 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
     g->d_target = d + off[4];
     g->d_lp = (float *)(d + off[5]);
     g->d_draw = (tr_sample_row *)(d + off[6]);
-    g->d_near = d + off[7];
+    g->d_seg_docs = d + off[7];
+    g->d_near = d + off[8];
     return 0;
 }
 
@@ -237,15 +240,23 @@ static int check_request(const tr_generator *g, const tr_gen_request *r, int32_t
 }
 
 // Attention of one pass: this pass's keys and values go into the cache first, then every
-// row reads its sequence's first row_len slots, its own included.
+// row reads its sequence's first row_len slots, its own included; in a prefill pass the
+// segments that start a prompt attend within the pass by the training forward's kernel
+// (pass_docs), the same bits, without reading their keys back from the cache.
 static void gen_attend(void *ctx, tr_model *m, int32_t layer, tr_layer_acts *la, int32_t T) {
     tr_generator *g = ctx;
     const tr_model_config *c = &m->lcfg;   // this tensor-parallel rank's heads
     const size_t es = tr_dt_size(m->act), Q = (size_t)c->n_heads * c->head_dim;
     tr_kvcache_write(&g->cache, layer, la->k, la->v, m->qkv_ld, g->d_slot, T);
     tr_kv_pages pages = tr_kvcache_layer(&g->cache, layer);
+    const bool docs = g->pass_docs.n_docs > 0;
+    if (docs)   // every row as a document's; the decode below redoes those that continue one
+        m->be->ops->attention_forward(m->be, la->att, la->att_lse, la->q, la->k, la->v,
+                                      m->qkv_ld, &g->pass_docs, c->n_heads, c->n_kv_heads,
+                                      c->head_dim);
     for (int32_t s = 0; s < g->n_segs; s++) {
         const tr_gen_segment *sg = &g->segs[s];
+        if (docs && sg->start == 0) continue;
         m->be->ops->attention_decode(m->be, (char *)la->att + (size_t)sg->r0 * Q * es,
                                      (const char *)la->q + (size_t)sg->r0 * m->qkv_ld * es,
                                      m->qkv_ld, &pages, sg->table, sg->stride,
@@ -530,6 +541,23 @@ static int first_draws(gen_run *run, tr_err *err) {
     return 0;
 }
 
+// The pass's segments as documents for gen_attend when one of them starts a prompt (its
+// rows' positions are the model's, uploaded with the pass).
+static void pass_docs_set(tr_generator *g, int32_t n) {
+    g->pass_docs.n_docs = 0;
+    bool any = false;
+    for (int32_t s = 0; s < g->n_segs; s++) {
+        g->seg_docs[s] = g->segs[s].r0;
+        any = any || g->segs[s].start == 0;
+    }
+    if (!any) return;
+    g->seg_docs[g->n_segs] = n;
+    tr_model *m = g->model;
+    m->be->ops->upload(m->be, g->d_seg_docs, g->seg_docs, ((size_t)g->n_segs + 1) * sizeof(int32_t));
+    g->pass_docs = (tr_doc_layout){.n_tokens = n, .n_docs = g->n_segs, .doc_start = g->d_seg_docs,
+                                   .pos = m->d_pos, .prefix = NULL};
+}
+
 // Admits requests in order while the pool can hold each one's prompt plus one sample, and
 // prefills them in passes of up to max_rows rows. Returns the number admitted, or -1.
 static int32_t prefill_round(gen_run *run, tr_err *err) {
@@ -573,7 +601,8 @@ static int32_t prefill_round(gen_run *run, tr_err *err) {
             m->be->ops->upload(m->be, table, grp->kv.blocks,
                                (size_t)grp->kv.n_blocks * sizeof(int32_t));
             g->segs[g->n_segs++] = (tr_gen_segment){.r0 = n, .n = take, .table = table,
-                                                    .stride = 0, .request = q};
+                                                    .stride = 0, .request = q,
+                                                    .start = grp->done};
             for (int32_t t = 0; t < take; t++, n++) {
                 int32_t p = grp->done + t;
                 g->row_ids[n] = r->prompt[p];
@@ -583,8 +612,10 @@ static int32_t prefill_round(gen_run *run, tr_err *err) {
             }
         }
         upload_rows(g, g->row_slot, g->row_len, n);
-        if (tr_model_forward_rows(m, g->row_ids, g->row_pos, n, gen_attend, g, err) != 0)
-            return -1;
+        pass_docs_set(g, n);
+        int rc = tr_model_forward_rows(m, g->row_ids, g->row_pos, n, gen_attend, g, err);
+        g->pass_docs.n_docs = 0;   // decode steps read every row from the cache
+        if (rc != 0) return -1;
         g->stats.passes++;
         g->stats.prefill_tokens += n;
         if (first_draws(run, err) != 0) return -1;

@@ -121,6 +121,8 @@ typedef struct tr_gen_segment {
     const int32_t *table;
     int32_t stride;
     int32_t request;        // the request a prefill segment belongs to; -1 in decode steps
+    int32_t start;          // the position of its first row (a prefill segment from 0 attends
+                            // within the pass: pass_docs)
 } tr_gen_segment;
 
 typedef struct tr_generator {
@@ -143,6 +145,11 @@ typedef struct tr_generator {
     tr_sample_row *row_draw;    // [max_rows] each sampled row's parameters and stream
     tr_gen_segment *segs;       // [max_rows]
     int32_t n_segs;
+    // A prefill pass's segments as documents (n_docs 0: none, a decode step): those that
+    // start at position 0 have all their keys in the pass and take attention_forward, the
+    // training path's kernel, instead of reading them back from the cache.
+    tr_doc_layout pass_docs;
+    int32_t *seg_docs;          // [max_rows + 1] its document starts, on the host
     int32_t *tables;            // [max_seqs][table_cap]: slot i's block table
     int32_t *tables_packed;     // a decode step's tables, rows as wide as its widest
     // ... and the backend copies the ops read (one allocation, dev).
@@ -150,6 +157,7 @@ typedef struct tr_generator {
     int32_t *d_slot, *d_len;    // [max_rows] cache slot and attended length of each row
     int32_t *d_tables;          // [max_seqs][table_cap] decode block tables
     int32_t *d_seg_tables;      // [max_seqs][table_cap] a prefill pass's prompt tables
+    int32_t *d_seg_docs;        // [max_rows + 1] pass_docs.doc_start
     int32_t *d_target;          // [max_rows] sampled ids
     float *d_lp;                // [max_rows] their logprobs
     tr_sample_row *d_draw;      // [max_rows]
