@@ -665,11 +665,11 @@ static void g_sample(tr_backend *be, int32_t *ids, float *logprob, const void *l
     dev(be, rows, nb * sizeof(tr_sample_row), 0, op, "rows");
     dev(be, scratch, tr_cpu_sample_scratch_bytes(be, B, V), 0, op, "scratch");
     dev(be, n_near, I, 0, op, "n_near");
-    // a backend that trusts the hint would skip a row's ranking
+    open_mem(be);
+    // a backend that trusts the hint would skip a row's ranking (rows is readable only now)
     for (int32_t b = 0; b < B && !ranked; b++)
         if (tr_sample_row_ranked(&rows[b], V))
             tr_cpu_guard_fail(op, "ranked false for a ranked row", rows + b);
-    open_mem(be);
     tr_cpu_sample(be, ids, logprob, logits, rows, B, V, ranked, scratch, n_near);
     close_mem(be);
 }

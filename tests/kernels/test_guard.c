@@ -458,6 +458,17 @@ static void bad_accumulate(void) {   // adding into an A output
     gb.ops->matmul_forward(&gb, out, in, w, NULL, 4, 8, 8, TR_MM_ACCUMULATE);
 }
 
+static void bad_ranked(void) {   // a top-k row drawn as if no row ranked
+    const int32_t V = 16;
+    tr_sample_row row = {.temperature = 1.0f, .top_k = 4, .top_p = 1.0f, .seed = 1};
+    tr_sample_row *rows = gb.ops->alloc(&gb, sizeof row);
+    gb.ops->upload(&gb, rows, &row, sizeof row);
+    void *logits = gb.ops->alloc(&gb, V * 4), *ids = gb.ops->alloc(&gb, 4);
+    void *lp = gb.ops->alloc(&gb, 4), *near = gb.ops->alloc(&gb, 4);
+    void *scratch = gb.ops->alloc(&gb, gb.ops->sample_scratch_bytes(&gb, 1, V));
+    gb.ops->sample(&gb, ids, lp, logits, rows, 1, V, false, scratch, near);
+}
+
 static void kv_write_slots(const int32_t *slots) {
     tr_kv_pages kv = {.k_pool = gb.ops->alloc(&gb, 64 * 8), .v_pool = gb.ops->alloc(&gb, 64 * 8),
                       .block_size = 4, .n_blocks = 4, .n_kv_heads = 1, .head_dim = 2};
@@ -535,6 +546,7 @@ int main(void) {
         CHECKF(aborts(bad_segments), "%s: AdamW segments with a hole passed", p);
         CHECKF(aborts(bad_ld), "%s: a row stride below the row width passed", p);
         CHECKF(aborts(bad_copy_2d), "%s: copy_2d past the end of its destination passed", p);
+        CHECKF(aborts(bad_ranked), "%s: a ranked row drawn with ranked false passed", p);
         tr_backend_cpu_free(&hb);
         tr_backend_cpu_free(&gb);
     }
