@@ -441,7 +441,8 @@ const tr_rkey tr_recipe_schema[] = {
      .doc = "cuda in bf16: every product picks its kernel without regard to the batch, so a row's "
             "bits do not depend on the rows beside it and generation reports the training path's "
             "logprobs exactly (what algorithm.old_logprobs auto relies on); false: the fastest kernel per "
-            "shape. fp32 on cuda is never batch-invariant; the cpu backend always is"},
+            "shape, decode steps' products split over the device. fp32 on cuda is never "
+            "batch-invariant; the cpu backend always is"},
     {.name = "share_prompts", .type = TR_RK_BOOL, .off = offsetof(tr_recipe, share_prompts),
      .def = "true",
      .doc = "the reference's and the policy's logprobs, the critic's values and the train passes "
