@@ -32,6 +32,10 @@
 #     part of this tree). The peer is skipped (n/a in the table) when they are missing or torch
 #     does not import; a peer run that fails is n/a too, and makes the exit status 1.
 #   BATCHES (environment): the batch sizes (default "64 256").
+#   MODES (environment): troupe's modes, each a column (default "invariant fastest"):
+#     invariant is the default batch-invariant arithmetic (generation's logprobs are the
+#     training forward's bits); fastest is TROUPE_CUDA_BATCH_INVARIANT=0 (decode products may
+#     split their reduction).
 #   PEER_TIMEOUT (environment): seconds one peer run may take, compiling included (default 420).
 #   OUT (environment): each run's output is kept in $OUT/decode_bench (else a temporary folder,
 #     removed at the end).
@@ -59,6 +63,13 @@ shift 2
 shapes=("$@")
 [ ${#shapes[@]} -gt 0 ] || shapes=(qwen2.5-0.5b qwen2.5-1.5b)
 read -r -a batches <<<"${BATCHES:-64 256}"
+read -r -a modes <<<"${MODES:-invariant fastest}"
+for md in "${modes[@]}"; do
+    case "$md" in
+    invariant | fastest) ;;
+    *) echo "run_decode_gpu.sh: unknown mode '$md' in MODES (invariant, fastest)" >&2; exit 2 ;;
+    esac
+done
 plen=256 new=256   # the peer's, fixed in its script
 if [ "$mode" = tiny ]; then
     shapes=(tiny)
@@ -101,13 +112,19 @@ fi
 status=0
 for s in "${shapes[@]}"; do
     for b in "${batches[@]}"; do
-        echo "== troupe $s batch $b ($backend)"
-        if ! TROUPE_BACKEND=$backend "$bench" "$s" "$b" 1 "$plen" "$new" >"$logs/troupe_${s}_$b.txt" 2>&1; then
-            echo "run_decode_gpu.sh: $s batch $b: bench_decode_gpu failed; the end of its output:" >&2
-            tail -n 5 "$logs/troupe_${s}_$b.txt" >&2
-            status=1
-        fi
-        cat "$logs/troupe_${s}_$b.txt"
+        for md in "${modes[@]}"; do
+            inv=1
+            [ "$md" = fastest ] && inv=0
+            f="$logs/troupe_${s}_${b}_$md.txt"
+            echo "== troupe $s batch $b ($backend, $md)"
+            if ! TROUPE_BACKEND=$backend TROUPE_CUDA_BATCH_INVARIANT=$inv "$bench" "$s" "$b" 1 \
+                "$plen" "$new" >"$f" 2>&1; then
+                echo "run_decode_gpu.sh: $s batch $b ($md): bench_decode_gpu failed; the end of its output:" >&2
+                tail -n 5 "$f" >&2
+                status=1
+            fi
+            cat "$f"
+        done
         [ "$have_peer" = 1 ] || continue
         echo "== peer $s batch $b"
         if [ "$mode" = tiny ]; then
@@ -125,11 +142,11 @@ for s in "${shapes[@]}"; do
 done
 
 # The per-run lines and the table, from the outputs kept in $logs.
-python3 - "$logs" "$mode" "${#shapes[@]}" "${shapes[@]}" "${batches[@]}" <<'PY' || status=1
+python3 - "$logs" "$mode" "${modes[*]}" "${#shapes[@]}" "${shapes[@]}" "${batches[@]}" <<'PY' || status=1
 import json, os, sys
 
-logs, mode, ns = sys.argv[1], sys.argv[2], int(sys.argv[3])
-shapes, batches = sys.argv[4:4 + ns], [int(b) for b in sys.argv[4 + ns:]]
+logs, mode, modes, ns = sys.argv[1], sys.argv[2], sys.argv[3].split(), int(sys.argv[4])
+shapes, batches = sys.argv[5:5 + ns], [int(b) for b in sys.argv[5 + ns:]]
 BW, PEAK = 4.3e12, 790e12
 DIMS = {  # hidden, intermediate, layers, heads, kv heads, vocabulary (bench/gpu_shape.h)
     "qwen2.5-0.5b": (896, 4864, 24, 14, 2, 151936),
@@ -179,37 +196,53 @@ def peer(path):
 rows, failed = [], False
 for s in shapes:
     for b in batches:
-        t = troupe(os.path.join(logs, f"troupe_{s}_{b}.txt"))
         p = peer(os.path.join(logs, f"peer_{s}_{b}.txt"))
-        if t is None:
-            failed = True
-        step = roofline_step(s, b, int(t["plen"]) if t else 256, int(t["new"]) if t else 256)
-        roof = b / step
-        tt = float(t["tok/s"]) if t else None
         pt = float(p["gen_tokens_per_s"]) if p else None
-        frac = tt / roof if tt else None
-        if t:
+        ts = {md: troupe(os.path.join(logs, f"troupe_{s}_{b}_{md}.txt")) for md in modes}
+        failed = failed or any(t is None for t in ts.values())
+        any_t = next((t for t in ts.values() if t), None)
+        step = roofline_step(s, b, int(any_t["plen"]) if any_t else 256,
+                             int(any_t["new"]) if any_t else 256)
+        roof = b / step
+        cells = {}
+        for md, t in ts.items():
+            if not t:
+                cells[md] = None
+                continue
+            tt = float(t["tok/s"])
             steps, ds = int(t["decode_steps"]), float(t["decode_s"])
             dfrac = step / (ds / steps) if steps and ds > 0 else 0.0
-            print(f"{s} batch {b}: troupe {tt:,.0f} tok/s ({float(t['s']):.3f} s), decode steps "
-                  f"{1e3 * ds / max(steps, 1):.3f} ms each; roofline {1e3 * step:.3f} ms a step, "
-                  f"{roof:,.0f} tok/s (weights {2 * params(s) / 1e9:.2f} GB); fraction {100 * frac:.1f}% "
-                  f"(decode steps alone {100 * dfrac:.1f}%)")
+            print(f"{s} batch {b} {md}: troupe {tt:,.0f} tok/s ({float(t['s']):.3f} s, prefill "
+                  f"{float(t['s']) - ds:.3f} s), decode steps {1e3 * ds / max(steps, 1):.3f} ms each; "
+                  f"roofline {1e3 * step:.3f} ms a step, {roof:,.0f} tok/s (weights "
+                  f"{2 * params(s) / 1e9:.2f} GB); fraction {100 * tt / roof:.1f}% (decode steps "
+                  f"alone {100 * dfrac:.1f}%)")
+            cells[md] = (tt, tt / roof, dfrac)
         if p:
             print(f"{s} batch {b}: peer {pt:,.0f} tok/s ({p['s']} s timed, first call {p['first_call_s']} s)")
-        rows.append((s, b, tt, pt, frac))
+        rows.append((s, b, cells, pt))
 
 fmt = lambda v: f"{v:,.0f}" if v is not None else "n/a"
 title = "decode, prompt 256 + 256 new, random weights"
 if mode == "tiny":
     title += " (CPU smoke test: the figures measure nothing)"
 print(f"\n{title}\n")
-print("| shape | batch | troupe tok/s | peer tok/s (HF static cache + compile) | troupe / peer | troupe % of roofline |")
-print("|---|---|---|---|---|---|")
-for s, b, tt, pt, frac in rows:
-    ratio = f"{tt / pt:.2f}x" if tt and pt else "n/a"
-    fr = f"{100 * frac:.1f}%" if frac is not None else "n/a"
-    print(f"| {s} | {b} | {fmt(tt)} | {fmt(pt)} | {ratio} | {fr} |")
+head = "| shape | batch | peer tok/s (HF static cache + compile) |"
+for md in modes:
+    head += f" troupe {md} tok/s | / peer | % of roofline (decode steps) |"
+print(head)
+print("|---|---|---|" + "---|---|---|" * len(modes))
+for s, b, cells, pt in rows:
+    line = f"| {s} | {b} | {fmt(pt)} |"
+    for md in modes:
+        c = cells.get(md)
+        if not c:
+            line += " n/a | n/a | n/a |"
+            continue
+        tt, frac, dfrac = c
+        ratio = f"{tt / pt:.2f}x" if pt else "n/a"
+        line += f" {fmt(tt)} | {ratio} | {100 * frac:.1f}% ({100 * dfrac:.1f}%) |"
+    print(line)
 sys.exit(1 if failed else 0)
 PY
 exit "$status"
