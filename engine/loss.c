@@ -16,8 +16,8 @@ typedef struct surrogate {
 static surrogate surrogate_eval(const tr_policy_loss_cfg *cfg, double r, double a) {
     surrogate s = {0};
     double lo = 1.0 - (double)cfg->clip_low, hi = 1.0 + (double)cfg->clip_high;
-    double rc = r < lo ? lo : (r > hi ? hi : r);
-    double l1 = -a * r, l2 = -a * rc;
+    double r_clip = r < lo ? lo : (r > hi ? hi : r);
+    double l1 = -a * r, l2 = -a * r_clip;
     // max(l1, l2): the pessimistic bound; at a tie the unclipped branch carries the gradient.
     if (l2 > l1) {
         s.loss = l2;

@@ -19,7 +19,7 @@ static int trained_roles(const tr_run *run, tr_group **groups, const char **name
     int n = 0;
     groups[n] = run->policy;
     names[n++] = "policy";
-    if (run->rc->workflow == TR_RECIPE_PPO && run->critic) {
+    if (run->recipe->workflow == TR_RECIPE_PPO && run->critic) {
         groups[n] = run->critic;
         names[n++] = "critic";
     }
@@ -27,7 +27,7 @@ static int trained_roles(const tr_run *run, tr_group **groups, const char **name
 }
 
 int tr_run_checkpoint(tr_run *run, int64_t step, tr_err *err) {
-    const char *run_dir = run->rc->run_dir;
+    const char *run_dir = run->recipe->run_dir;
     char tmp[4096], dir[4200];
     if (tr_run_ckpt_begin(run_dir, step, tmp, sizeof tmp, err)) return -1;
     tr_group *groups[TR_RECIPE_N_ROLES];
@@ -43,7 +43,7 @@ int tr_run_checkpoint(tr_run *run, int64_t step, tr_err *err) {
         }
     }
     tr_run_state st = {step, run->data_cursor, ""};
-    snprintf(st.workflow, sizeof st.workflow, "%s", tr_recipe_workflow_names[run->rc->workflow]);
+    snprintf(st.workflow, sizeof st.workflow, "%s", tr_recipe_workflow_names[run->recipe->workflow]);
     if (tr_run_ckpt_commit(run_dir, tmp, &st, err))
         return tr_err_wrap(err, "checkpoint of step %" PRId64, step);
     return 0;
@@ -75,7 +75,7 @@ int tr_run_step_end(tr_run *run, int64_t step, double tokens, double t_step, tr_
         tr_metrics_set(&run->m, "time/step", dt, err) || tr_metrics_commit(&run->m, err))
         return -1;
     run->step = step;
-    if (tr_run_save_due(step, run->rc->train.steps, run->rc->train.save_every) &&
+    if (tr_run_save_due(step, run->recipe->train.steps, run->recipe->train.save_every) &&
         tr_run_checkpoint(run, step, err))
         return -1;
     return 0;
@@ -141,7 +141,7 @@ static int check_resume_recipe(const tr_recipe *r, tr_err *err) {
 int tr_workflow_run(const tr_recipe *r, const tr_workflow_opts *o, tr_err *err) {
     tr_run run;
     memset(&run, 0, sizeof run);
-    run.rc = r;
+    run.recipe = r;
     const char *run_dir = r->run_dir;
     char path[TR_RECIPE_PATH_MAX + 64];
     int rc = -1;

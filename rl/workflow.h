@@ -29,7 +29,7 @@ int tr_workflow_run(const tr_recipe *r, const tr_workflow_opts *o, tr_err *err);
 
 // A run in progress, as the workflows see it.
 typedef struct tr_run {
-    const tr_recipe *rc;
+    const tr_recipe *recipe;
     struct tr_controller *ctl;
     tr_group *policy, *reference, *critic, *reward;   // NULL when the recipe has no such role
     tr_group *generator;           // models.generator: generation on processes of its own

@@ -55,6 +55,6 @@ int tr_eval_nll(tr_run *run, int64_t n, const int64_t *off, const int32_t *ids,
 int tr_eval_sft_loss(tr_run *run, const tr_sft_dataset *d, tr_err *err) {
     double nll;
     if (tr_eval_nll(run, d->n, d->off, d->ids, d->mask, &nll, err))
-        return tr_err_wrap(err, "evaluation at step %" PRId64 " on %s", run->m.step, run->rc->data.eval);
+        return tr_err_wrap(err, "evaluation at step %" PRId64 " on %s", run->m.step, run->recipe->data.eval);
     return tr_metrics_set(&run->m, "eval/loss", nll, err);
 }

@@ -33,7 +33,7 @@ static int finish_ahead(tr_rl_step *s, tr_err *err) {
 
 int tr_rl_generate(tr_run *run, tr_rl_step *s, tr_prompt_loader *train, int64_t step, int32_t round,
                    tr_err *err) {
-    const int32_t P = (int32_t)run->rc->train.prompts_per_step;
+    const int32_t P = (int32_t)run->recipe->train.prompts_per_step;
     double t0 = tr_metrics_now();
     tr_rollouts_clear(&s->gen);
     int32_t lag = 0;
@@ -47,7 +47,7 @@ int tr_rl_generate(tr_run *run, tr_rl_step *s, tr_prompt_loader *train, int64_t 
         lag = 1;
         s->gen_report = s->ahead_report;
     } else {
-        tr_sampling smp = tr_rl_sampling(run->rc, step, round);
+        tr_sampling smp = tr_rl_sampling(run->recipe, step, round);
         smp.report = &s->gen_report;
         if (tr_prompt_loader_draw(train, run->data_cursor, P, &s->draw, err) ||
             tr_policy_generate(run->sampler, &s->draw.batch, &smp, &s->gen, err))
@@ -68,14 +68,14 @@ int tr_rl_generate(tr_run *run, tr_rl_step *s, tr_prompt_loader *train, int64_t 
 }
 
 int tr_rl_sample_ahead(tr_run *run, tr_rl_step *s, tr_prompt_loader *train, int64_t step, tr_err *err) {
-    const tr_recipe *rc = run->rc;
-    if (!run->generator || !rc->generator.one_step_off || step >= rc->train.steps) return 0;
+    const tr_recipe *recipe = run->recipe;
+    if (!run->generator || !recipe->generator.one_step_off || step >= recipe->train.steps) return 0;
     // The prompts the next step would draw: this step's were drawn already.
-    tr_sampling smp = tr_rl_sampling(rc, step + 1, 0);
+    tr_sampling smp = tr_rl_sampling(recipe, step + 1, 0);
     memset(&s->ahead_report, 0, sizeof s->ahead_report);
     smp.report = &s->ahead_report;
     tr_rollouts_clear(&s->ahead_gen);
-    if (tr_prompt_loader_draw(train, run->data_cursor, (int32_t)rc->train.prompts_per_step, &s->ahead_draw, err) ||
+    if (tr_prompt_loader_draw(train, run->data_cursor, (int32_t)recipe->train.prompts_per_step, &s->ahead_draw, err) ||
         tr_generate_start(run->generator, &s->ahead_draw.batch, &smp, &s->ahead_gen, &s->ahead, err))
         return tr_err_wrap(err, "sampling step %lld ahead", (long long)(step + 1));
     s->ahead_step = step + 1;
@@ -96,11 +96,11 @@ int tr_rl_sync(tr_run *run, tr_rl_step *s, bool log, tr_err *err) {
         if (tr_policy_sync_weights(run->policy, &synced, err)) return -1;
         return log ? tr_metrics_set(m, "time/sync", tr_metrics_now() - t0, err) : 0;
     }
-    const tr_recipe_generator *g = &run->rc->generator;
+    const tr_recipe_generator *g = &run->recipe->generator;
     tr_sync_stats st;
-    if (tr_recipe_generator_shares(run->rc) ? tr_weights_share_sync(run->policy, run->generator, g->verify_sync, &st, err)
-                                            : tr_weights_sync(run->policy, run->generator, g->sync_bucket_mb << 20,
-                                                              g->verify_sync, &st, err))
+    bool shares = tr_recipe_generator_shares(run->recipe);
+    if (shares ? tr_weights_share_sync(run->policy, run->generator, g->verify_sync, &st, err)
+               : tr_weights_sync(run->policy, run->generator, g->sync_bucket_mb << 20, g->verify_sync, &st, err))
         return tr_err_wrap(err, "weight sync to the generator");
     if (!log) return 0;
     return tr_metrics_set(m, "time/sync", tr_metrics_now() - t0, err) ||
@@ -113,10 +113,10 @@ int tr_rl_sync(tr_run *run, tr_rl_step *s, bool log, tr_err *err) {
 }
 
 int tr_rl_off_policy(tr_run *run, tr_rl_step *s, tr_err *err) {
-    const tr_recipe *rc = run->rc;
-    if (!run->generator || !rc->generator.one_step_off) return 0;
+    const tr_recipe *recipe = run->recipe;
+    if (!run->generator || !recipe->generator.one_step_off) return 0;
     tr_tis_stats st;
-    tr_tis_weight(&s->batch, s->old_lp, s->batch.gen_logprobs, rc->algorithm.tis_cap, s->adv, &st);
+    tr_tis_weight(&s->batch, s->old_lp, s->batch.gen_logprobs, recipe->algorithm.tis_cap, s->adv, &st);
     return tr_metrics_set(&run->m, "tis/weight_mean", st.weight_mean, err) ||
                    tr_metrics_set(&run->m, "tis/clip_frac", st.clip_frac, err) ||
                    tr_metrics_set(&run->m, "tis/ratio_max", st.ratio_max, err)

@@ -15,16 +15,16 @@
 // Rows evaluated on the validation split (a fixed set, the same at every eval).
 #define EVAL_ROWS 64
 
-static int sampler_open(const tr_recipe *rc, int32_t split, int64_t n_samples, tr_sampler *s,
+static int sampler_open(const tr_recipe *recipe, int32_t split, int64_t n_samples, tr_sampler *s,
                         tr_err *err) {
     const char *paths[TR_RECIPE_MAX_PREFIXES];
     double weights[TR_RECIPE_MAX_PREFIXES];
-    for (int32_t i = 0; i < rc->data.n_prefixes; i++) {
-        paths[i] = rc->data.prefixes[i].path;
-        weights[i] = rc->data.prefixes[i].weight;
+    for (int32_t i = 0; i < recipe->data.n_prefixes; i++) {
+        paths[i] = recipe->data.prefixes[i].path;
+        weights[i] = recipe->data.prefixes[i].weight;
     }
-    tr_sampler_config cfg = {paths, weights, rc->data.n_prefixes, rc->data.split, split,
-                             (int32_t)rc->data.seq_len, (uint64_t)rc->seed, n_samples};
+    tr_sampler_config cfg = {paths, weights, recipe->data.n_prefixes, recipe->data.split, split,
+                             (int32_t)recipe->data.seq_len, (uint64_t)recipe->seed, n_samples};
     return tr_sampler_init(s, &cfg, err);
 }
 
@@ -53,8 +53,8 @@ static int eval_loss(tr_run *run, int64_t n, const int64_t *off, const int32_t *
 }
 
 int tr_workflow_pretrain(tr_run *run, tr_err *err) {
-    const tr_recipe *rc = run->rc;
-    const int32_t R = (int32_t)rc->train.batch_size, L = (int32_t)rc->data.seq_len;
+    const tr_recipe *recipe = run->recipe;
+    const int32_t R = (int32_t)recipe->train.batch_size, L = (int32_t)recipe->data.seq_len;
     tr_sampler train = {0}, valid = {0};
     bool valid_open = false;
     int32_t *w = malloc((size_t)(L + 1) * sizeof *w);
@@ -70,12 +70,12 @@ int tr_workflow_pretrain(tr_run *run, tr_err *err) {
         tr_errf(err, TR_ENOMEM, "pretrain: out of memory for %d rows of %d tokens", R, L);
         goto done;
     }
-    if (sampler_open(rc, TR_SPLIT_TRAIN, rc->train.steps * R, &train, err))
+    if (sampler_open(recipe, TR_SPLIT_TRAIN, recipe->train.steps * R, &train, err))
         goto done;
     // The validation windows: taken once, evaluated as whole sequences (no document resets).
     {
         tr_err verr = {0};
-        if (sampler_open(rc, TR_SPLIT_VALID, EVAL_ROWS, &valid, &verr) == 0) {
+        if (sampler_open(recipe, TR_SPLIT_VALID, EVAL_ROWS, &valid, &verr) == 0) {
             valid_open = true;
             n_eval = valid.n_samples < EVAL_ROWS ? valid.n_samples : EVAL_ROWS;
             ev_ids = malloc((size_t)(n_eval ? n_eval : 1) * (L + 1) * sizeof *ev_ids);
@@ -98,7 +98,7 @@ int tr_workflow_pretrain(tr_run *run, tr_err *err) {
         if (eval_loss(run, n_eval, ev_off, ev_ids, err) || tr_metrics_commit(&run->m, err)) goto done;
     }
 
-    for (int64_t step = run->step + 1; step <= rc->train.steps; step++) {
+    for (int64_t step = run->step + 1; step <= recipe->train.steps; step++) {
         double t_step = tr_metrics_now();
         tr_metrics_begin(&run->m, step);
         // batch_size windows from the sampler at the cursor.
@@ -122,7 +122,7 @@ int tr_workflow_pretrain(tr_run *run, tr_err *err) {
             tr_metrics_set(&run->m, "lr", tm.lr, err) ||
             tr_metrics_set(&run->m, "time/train", t_train, err))
             goto done;
-        if (tr_run_eval_due(step, rc->train.steps, rc->train.eval_every) && n_eval > 0 &&
+        if (tr_run_eval_due(step, recipe->train.steps, recipe->train.eval_every) && n_eval > 0 &&
             eval_loss(run, n_eval, ev_off, ev_ids, err))
             goto done;
         if (tr_run_step_end(run, step, (double)R * L, t_step, err)) goto done;

@@ -154,9 +154,9 @@ static bool answer_missing(enum tr_recipe_reward_fn fn, const char *text) {
     return true;
 }
 
-double tr_rl_shape_reward(const tr_recipe *rc, float score, const char *text, int32_t response_len) {
-    const tr_recipe_reward *rw = &rc->reward;
-    const tr_recipe_rollout *ro = &rc->rollout;
+double tr_rl_shape_reward(const tr_recipe *recipe, float score, const char *text, int32_t response_len) {
+    const tr_recipe_reward *rw = &recipe->reward;
+    const tr_recipe_rollout *ro = &recipe->rollout;
     double v;
     if (rw->kind == TR_RECIPE_REWARD_RULE)
         v = score >= 0.5f                        ? rw->curve.correct
@@ -178,14 +178,14 @@ int tr_rl_score(tr_run *run, const tr_rollouts *r, int64_t first, float *score, 
             return tr_errf(err, TR_EPEER, "reward: sequence %d scored %g", i, (double)score[i]);
         // The response text tells a wrong answer from a missing one (rule rewards only).
         char *text = r->response_text ? r->response_text[i] : NULL, *decoded = NULL;
-        if (!text && score[i] < 0.5f && run->rc->reward.kind == TR_RECIPE_REWARD_RULE) {
+        if (!text && score[i] < 0.5f && run->recipe->reward.kind == TR_RECIPE_REWARD_RULE) {
             size_t len;
             const int32_t *resp = r->tokens + r->offset[i] + r->prompt_len[i];
             if (tr_tokenizer_decode(run->tok, resp, (size_t)r->response_len[i], &decoded, &len, err))
                 return tr_err_wrap(err, "reward: decoding response %d", i);
             text = decoded;
         }
-        double v = tr_rl_shape_reward(run->rc, score[i], text, r->response_len[i]);
+        double v = tr_rl_shape_reward(run->recipe, score[i], text, r->response_len[i]);
         free(decoded);
         reward[i] = (float)v;
         if (s) {
@@ -276,7 +276,7 @@ static int pick_check(tr_rl_step *s, int32_t k, tr_err *err) {
 
 int tr_rl_old_logprobs(tr_run *run, tr_rl_step *s, tr_err *err) {
     const tr_rollouts *r = &s->batch;
-    if (!tr_recipe_old_lp_from_rollout(run->rc)) {
+    if (!tr_recipe_old_lp_from_rollout(run->recipe)) {
         if (tr_model_logprobs(run->policy, r, s->old_lp, s->entropy, err)) return -1;
         s->lp_diff = tr_rl_max_abs_diff(r, r->gen_logprobs, s->old_lp);
         s->lp_diff_seqs = r->n;
@@ -285,7 +285,7 @@ int tr_rl_old_logprobs(tr_run *run, tr_rl_step *s, tr_err *err) {
     }
     // Prompt entries are 0 in both.
     memcpy(s->old_lp, r->gen_logprobs, (size_t)r->n_tokens * sizeof(float));
-    int64_t want = run->rc->log.logprob_diff_sequences;
+    int64_t want = run->recipe->log.logprob_diff_sequences;
     int32_t k = want < r->n ? (int32_t)want : r->n;
     s->lp_diff = s->entropy_mean = NAN;
     s->lp_diff_seqs = k;
@@ -306,7 +306,7 @@ int tr_rl_eval(tr_run *run, tr_prompt_loader *eval, tr_err *err) {
     float *score = NULL, *reward = NULL;
     double acc = 0, rew = 0, len = 0;
     int rc = 0;
-    tr_sampling smp = tr_rl_sampling(run->rc, 0, 0);
+    tr_sampling smp = tr_rl_sampling(run->recipe, 0, 0);
     smp.n = 1;
     smp.temperature = 0.0f;
     smp.top_p = 1.0f;
@@ -333,7 +333,7 @@ int tr_rl_eval(tr_run *run, tr_prompt_loader *eval, tr_err *err) {
              tr_metrics_set(&run->m, "eval/reward", rew / n, err) ||
              tr_metrics_set(&run->m, "eval/response_len", len / n, err);
     } else {
-        tr_err_wrap(err, "evaluation at step %" PRId64 " on %s", run->m.step, run->rc->data.eval);
+        tr_err_wrap(err, "evaluation at step %" PRId64 " on %s", run->m.step, run->recipe->data.eval);
     }
     free(score);
     free(reward);
@@ -342,10 +342,10 @@ int tr_rl_eval(tr_run *run, tr_prompt_loader *eval, tr_err *err) {
     return rc ? -1 : 0;
 }
 
-double tr_rl_peak(const tr_recipe *rc, bool flops) {
-    double set = flops ? rc->log.peak_tflops : rc->log.peak_gbps;
+double tr_rl_peak(const tr_recipe *recipe, bool flops) {
+    double set = flops ? recipe->log.peak_tflops : recipe->log.peak_gbps;
     if (set > 0) return set;
-    return rc->backend == TR_RECIPE_CUDA ? (flops ? 790.0 : 4300.0) : 0.0;
+    return recipe->backend == TR_RECIPE_CUDA ? (flops ? 790.0 : 4300.0) : 0.0;
 }
 
 // value / seconds under key, when the phase ran.
@@ -357,11 +357,11 @@ int tr_rl_log_rates(tr_run *run, const tr_rl_step *s, const tr_phase_timer *pt, 
                     tr_err *err) {
     tr_metrics *m = &run->m;
     double tokens = (double)s->batch.n_tokens, t_train = tr_phase_seconds(pt, "train");
-    double peak = tr_rl_peak(run->rc, true);
+    double peak = tr_rl_peak(run->recipe, true);
     return log_rate(m, "throughput/generate_tokens_per_s", (double)s->gen_tokens, tr_phase_seconds(pt, "generate"),
                     err) ||
                    log_rate(m, "throughput/reference_tokens_per_s", tokens, tr_phase_seconds(pt, "reference"), err) ||
-                   log_rate(m, "throughput/train_tokens_per_s", tokens * (double)run->rc->algorithm.ppo_epochs,
+                   log_rate(m, "throughput/train_tokens_per_s", tokens * (double)run->recipe->algorithm.ppo_epochs,
                             t_train, err) ||
                    log_rate(m, "throughput/train_tflops", tm->flops / 1e12, t_train, err) ||
                    (peak > 0 && log_rate(m, "utilization/train_mfu", tm->flops / 1e12 / peak, t_train, err))
@@ -391,7 +391,7 @@ int tr_rl_log_rollouts(tr_run *run, const tr_rl_step *s, tr_err *err) {
         tr_metrics_set(m, "throughput/decode_gbps", g->decode_seconds > 0 ? g->decode_bytes / g->decode_seconds / 1e9 : NAN,
                        err))
         return -1;
-    double peak = tr_rl_peak(run->rc, false);
+    double peak = tr_rl_peak(run->recipe, false);
     if (peak > 0 && g->decode_seconds > 0 &&
         tr_metrics_set(m, "utilization/decode_roofline", g->decode_bytes / g->decode_seconds / 1e9 / peak, err))
         return -1;
@@ -425,7 +425,7 @@ int tr_rl_log_train(tr_run *run, const tr_rl_step *s, const tr_train_metrics *tm
 }
 
 int tr_rl_log_samples(tr_run *run, int64_t step, const tr_rl_step *s, tr_err *err) {
-    int64_t every = run->rc->log.samples_every;
+    int64_t every = run->recipe->log.samples_every;
     if (!run->samples || every <= 0 || step % every != 0) return 0;
     int32_t shown = 0, last_group = -1;
     tr_json_writer w;

@@ -94,7 +94,7 @@ int tr_rl_log_staleness(tr_run *run, const tr_rl_step *s, int64_t tm_step, int64
 // The reward of one response: a rule's score through the curve (1 -> correct; 0 -> missing
 // when text holds nothing the rule could read as an answer, else wrong), a model's or
 // service's through scale * score + shift; plus the DAPO overlong penalty of its length.
-double tr_rl_shape_reward(const tr_recipe *rc, float score, const char *text, int32_t response_len);
+double tr_rl_shape_reward(const tr_recipe *recipe, float score, const char *text, int32_t response_len);
 // Scores r with the reward role: score[i] the role's score, reward[i] the recipe's curve of
 // it (rule: correct / wrong / missing; model, service: scale * score + shift) plus the
 // overlong penalty. Counts the round into the step's statistics when s is not NULL, and adds
@@ -131,7 +131,7 @@ int tr_rl_eval(tr_run *run, tr_prompt_loader *eval, tr_err *err);
 int tr_rl_log_rollouts(tr_run *run, const tr_rl_step *s, tr_err *err);
 // The device peak the rates are measured against: dense bf16 TFLOP/s (flops) or memory GB/s;
 // log.peak_* when set, else the backend's (cuda: an H200's as measured), 0 for none.
-double tr_rl_peak(const tr_recipe *rc, bool flops);
+double tr_rl_peak(const tr_recipe *recipe, bool flops);
 // Tokens per second of each phase the step ran (generate: the sampled tokens; reference and
 // train: every token of the batch, train once per epoch), the policy's training TFLOP/s and,
 // against the device's peak, utilization/train_mfu.

@@ -21,7 +21,7 @@
 // over the padded layout, with the KL penalty folded into the rewards when the recipe places
 // it there. *kl_reward gets that penalty's mean KL (NAN when the KL is not in the reward).
 static int advantages(tr_run *run, tr_rl_step *s, bool critic, double *kl_reward, tr_err *err) {
-    const tr_recipe_algorithm *al = &run->rc->algorithm;
+    const tr_recipe_algorithm *al = &run->recipe->algorithm;
     const tr_rollouts *r = &s->batch;
     int32_t B = s->B, T = s->T;
     float *token_rewards = NULL, *values = NULL, *returns = NULL;
@@ -52,7 +52,7 @@ static int advantages(tr_run *run, tr_rl_step *s, bool critic, double *kl_reward
 // rounds are spent; *rounds gets the rounds generated.
 static int collect(tr_run *run, tr_rl_step *s, tr_prompt_loader *train, int64_t step, bool dynamic,
                    tr_phase_timer *pt, int32_t *rounds, tr_err *err) {
-    const int32_t P = (int32_t)run->rc->train.prompts_per_step;
+    const int32_t P = (int32_t)run->recipe->train.prompts_per_step;
     int32_t round = 0;
     do {
         if (tr_rl_generate(run, s, train, step, round, err) ||
@@ -75,7 +75,7 @@ static int collect(tr_run *run, tr_rl_step *s, tr_prompt_loader *train, int64_t 
                                     s->gen_reward, s->gen_score, s->keep, err))
             return -1;
         round++;
-    } while (dynamic && s->n_groups < P && round <= run->rc->rollout.max_resample);
+    } while (dynamic && s->n_groups < P && round <= run->recipe->rollout.max_resample);
     tr_phase_add(pt, "generate", s->t_gen);
     *rounds = round;
     return 0;
@@ -97,8 +97,8 @@ static int log_critic(tr_run *run, const tr_train_metrics *cm, tr_err *err) {
 // (values at rollout as the clip centre), the weight sync, and the training metrics.
 static int update(tr_run *run, tr_rl_step *s, int64_t step, bool critic, tr_phase_timer *pt,
                   tr_err *err) {
-    const tr_recipe *rc = run->rc;
-    const bool kl = rc->algorithm.kl_coef > 0;
+    const tr_recipe *recipe = run->recipe;
+    const bool kl = recipe->algorithm.kl_coef > 0;
     if (tr_rl_step_layout(s, err)) return -1;
     if (kl) {
         tr_phase_start(pt, "reference");
@@ -117,7 +117,7 @@ static int update(tr_run *run, tr_rl_step *s, int64_t step, bool critic, tr_phas
     if (advantages(run, s, critic, &kl_reward, err) || tr_rl_off_policy(run, s, err)) return -1;
 
     tr_train_batch tb = {&s->batch, s->adv, s->old_lp,
-                         kl && rc->algorithm.kl_placement == TR_KL_IN_LOSS ? s->ref_lp : NULL,
+                         kl && recipe->algorithm.kl_placement == TR_KL_IN_LOSS ? s->ref_lp : NULL,
                          critic ? s->returns : NULL, critic ? s->values : NULL, s->lag};
     tr_train_metrics tm, cm;
     tr_phase_start(pt, "train");
@@ -137,14 +137,14 @@ static int update(tr_run *run, tr_rl_step *s, int64_t step, bool critic, tr_phas
 
 // One step: collect, log the rollouts, update (skipped when dynamic sampling kept no group).
 static int rl_step(tr_run *run, tr_rl_step *s, tr_prompt_loader *train, int64_t step, tr_err *err) {
-    const tr_recipe *rc = run->rc;
-    const bool critic = rc->workflow == TR_RECIPE_PPO;
-    const bool dynamic = !critic && rc->rollout.dynamic_sampling;
+    const tr_recipe *recipe = run->recipe;
+    const bool critic = recipe->workflow == TR_RECIPE_PPO;
+    const bool dynamic = !critic && recipe->rollout.dynamic_sampling;
     tr_phase_timer pt;
     tr_phase_init(&pt);
     tr_rl_step_reset(s);
     int32_t rounds;
-    if (tr_rl_step_reserve_batch(s, (int32_t)(rc->train.prompts_per_step * rc->rollout.n), err) ||
+    if (tr_rl_step_reserve_batch(s, (int32_t)(recipe->train.prompts_per_step * recipe->rollout.n), err) ||
         collect(run, s, train, step, dynamic, &pt, &rounds, err) || tr_rl_log_rollouts(run, s, err) ||
         (dynamic && (tr_metrics_set(&run->m, "dynamic/groups", s->n_groups, err) ||
                      tr_metrics_set(&run->m, "dynamic/rounds", rounds, err))))
@@ -156,7 +156,7 @@ static int rl_step(tr_run *run, tr_rl_step *s, tr_prompt_loader *train, int64_t 
 // rollout.stop_ids against the vocabulary the policy loaded: its config is the workers' to
 // read, so the recipe could only check the ids' form.
 static int check_stop_ids(const tr_run *run, tr_err *err) {
-    const tr_recipe_token_ids *s = &run->rc->rollout.stop_ids;
+    const tr_recipe_token_ids *s = &run->recipe->rollout.stop_ids;
     const tr_role_info *in = tr_controller_role_info(run->ctl, TR_RECIPE_POLICY);
     if (!in || in->vocab_size <= 0) return 0;
     for (int32_t i = 0; i < s->n; i++)
@@ -167,17 +167,17 @@ static int check_stop_ids(const tr_run *run, tr_err *err) {
 }
 
 int tr_workflow_rl(tr_run *run, tr_err *err) {
-    const tr_recipe *rc = run->rc;
+    const tr_recipe *recipe = run->recipe;
     if (check_stop_ids(run, err)) return -1;
     tr_prompt_loader train = {0}, eval = {0};
-    bool has_eval = rc->data.eval[0] != '\0';
+    bool has_eval = recipe->data.eval[0] != '\0';
     tr_rl_step s;
     tr_rl_step_init(&s);
     int rc_ = -1;
-    int32_t max_prompt = (int32_t)rc->data.max_prompt_len;
-    if (tr_prompt_loader_init(&train, rc->data.train, run->chatp, run->tok, max_prompt, true,
-                              (uint64_t)rc->seed, err) ||
-        (has_eval && tr_prompt_loader_init(&eval, rc->data.eval, run->chatp, run->tok, max_prompt,
+    int32_t max_prompt = (int32_t)recipe->data.max_prompt_len;
+    if (tr_prompt_loader_init(&train, recipe->data.train, run->chatp, run->tok, max_prompt, true,
+                              (uint64_t)recipe->seed, err) ||
+        (has_eval && tr_prompt_loader_init(&eval, recipe->data.eval, run->chatp, run->tok, max_prompt,
                                            false, 0, err)))
         goto done;
 
@@ -187,11 +187,11 @@ int tr_workflow_rl(tr_run *run, tr_err *err) {
         tr_metrics_begin(&run->m, 0);
         if (tr_rl_eval(run, &eval, err) || tr_metrics_commit(&run->m, err)) goto done;
     }
-    for (int64_t step = run->step + 1; step <= rc->train.steps; step++) {
+    for (int64_t step = run->step + 1; step <= recipe->train.steps; step++) {
         double t_step = tr_metrics_now();
         tr_metrics_begin(&run->m, step);
         if (rl_step(run, &s, &train, step, err)) goto done;
-        if (tr_run_eval_due(step, rc->train.steps, rc->train.eval_every) && has_eval &&
+        if (tr_run_eval_due(step, recipe->train.steps, recipe->train.eval_every) && has_eval &&
             tr_rl_eval(run, &eval, err))
             goto done;
         if (tr_run_step_end(run, step, (double)s.batch.n_tokens, t_step, err)) goto done;

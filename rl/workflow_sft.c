@@ -43,13 +43,13 @@ static int64_t row_of(sft_rows *s, uint64_t seed, int64_t k) {
 }
 
 int tr_workflow_sft(tr_run *run, tr_err *err) {
-    const tr_recipe *rc = run->rc;
-    const int32_t R = (int32_t)rc->train.batch_size, L = (int32_t)rc->data.max_len;
-    const uint64_t seed = (uint64_t)rc->seed;
+    const tr_recipe *recipe = run->recipe;
+    const int32_t R = (int32_t)recipe->train.batch_size, L = (int32_t)recipe->data.max_len;
+    const uint64_t seed = (uint64_t)recipe->seed;
     tr_sft_dataset train = {0}, eval = {0};
     sft_rows s = {0};
     s.order_epoch = -1;
-    bool has_eval = rc->data.eval[0] != '\0';
+    bool has_eval = recipe->data.eval[0] != '\0';
     int rc_ = -1;
     if (!run->chatp) {
         tr_errf(err, TR_EINVAL, "data.chat_format: sft renders conversations through a chat "
@@ -57,13 +57,13 @@ int tr_workflow_sft(tr_run *run, tr_err *err) {
         goto done;
     }
     int32_t pad = run->chat.eos >= 0 ? run->chat.eos : 0;
-    if (tr_sft_load(&train, rc->data.train, run->chatp, L, TR_SFT_TRUNCATE, err) ||
-        (has_eval && tr_sft_load(&eval, rc->data.eval, run->chatp, L, TR_SFT_TRUNCATE, err)) ||
-        tr_sft_pack(&s.pack, &train, L, rc->data.pack, seed, err) ||
+    if (tr_sft_load(&train, recipe->data.train, run->chatp, L, TR_SFT_TRUNCATE, err) ||
+        (has_eval && tr_sft_load(&eval, recipe->data.eval, run->chatp, L, TR_SFT_TRUNCATE, err)) ||
+        tr_sft_pack(&s.pack, &train, L, recipe->data.pack, seed, err) ||
         tr_sft_row_init(&s.row, L, err))
         goto done;
     if (s.pack.n_rows == 0) {
-        tr_errf(err, TR_EINVAL, "%s: no conversation with a trained token", rc->data.train);
+        tr_errf(err, TR_EINVAL, "%s: no conversation with a trained token", recipe->data.train);
         goto done;
     }
     s.order = malloc((size_t)s.pack.n_rows * sizeof *s.order);
@@ -81,7 +81,7 @@ int tr_workflow_sft(tr_run *run, tr_err *err) {
         if (tr_eval_sft_loss(run, &eval, err) || tr_metrics_commit(&run->m, err)) goto done;
     }
 
-    for (int64_t step = run->step + 1; step <= rc->train.steps; step++) {
+    for (int64_t step = run->step + 1; step <= recipe->train.steps; step++) {
         double t_step = tr_metrics_now();
         tr_metrics_begin(&run->m, step);
         // batch_size packed rows, each with its documents.
@@ -112,7 +112,7 @@ int tr_workflow_sft(tr_run *run, tr_err *err) {
             tr_metrics_set(&run->m, "epoch", (double)(run->data_cursor - 1) / (double)s.pack.n_rows, err) ||
             tr_metrics_set(&run->m, "time/train", t_train, err))
             goto done;
-        if (tr_run_eval_due(step, rc->train.steps, rc->train.eval_every) && has_eval &&
+        if (tr_run_eval_due(step, recipe->train.steps, recipe->train.eval_every) && has_eval &&
             tr_eval_sft_loss(run, &eval, err))
             goto done;
         if (tr_run_step_end(run, step, (double)R * L, t_step, err)) goto done;

@@ -17,11 +17,11 @@
 #define HELLO_ATTEMPT_MS 2000
 #define POLL_MS 200   // how often a quiet worker checks that the controller is alive
 
-void tr_worker_logf(tr_role_ctx *rc, const char *fmt, ...) {
-    tr_worker *w = rc->w;
+void tr_worker_logf(tr_role_ctx *role, const char *fmt, ...) {
+    tr_worker *w = role->w;
     if (!w->log) return;
     char line[TR_ERR_MSG_MAX + 128];
-    int n = snprintf(line, sizeof line, "[%s] ", rc->id);
+    int n = snprintf(line, sizeof line, "[%s] ", role->id);
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
@@ -44,23 +44,23 @@ static bool stopped(const tr_worker_opts *o) {
 }
 
 // Says hello until the controller answers or the connect timeout passes.
-static int connect_role(tr_role_ctx *rc, const tr_worker_opts *o, tr_err *err) {
+static int connect_role(tr_role_ctx *role, const tr_worker_opts *o, tr_err *err) {
     int total = o->connect_timeout_ms > 0 ? o->connect_timeout_ms : 60000;
     int64_t deadline = tr_now_ms() + total;
     bool logged = false;
     for (;;) {
         int64_t left = deadline - tr_now_ms();
-        tr_dealer_opts d = {.endpoint = o->endpoint, .role = rc->name, .rank = o->rank, .world = o->world,
+        tr_dealer_opts d = {.endpoint = o->endpoint, .role = role->name, .rank = o->rank, .world = o->world,
                             .hello_timeout_ms = (int)(left < HELLO_ATTEMPT_MS ? (left > 100 ? left : 100)
                                                                                 : HELLO_ATTEMPT_MS),
                             .curve = o->curve};
-        if (tr_dealer_init(&rc->dealer, &d, err) == 0) return 0;
+        if (tr_dealer_init(&role->dealer, &d, err) == 0) return 0;
         if (stopped(o)) return 0;  // the serve loop sees the flag and exits cleanly
         if (err->code != TR_ETIMEOUT && err->code != TR_ECANCELED) return -1;
         if (tr_now_ms() >= deadline)
-            return tr_errf(err, TR_ETIMEOUT, "%s: no controller answered at %s within %d ms", rc->id, o->endpoint,
+            return tr_errf(err, TR_ETIMEOUT, "%s: no controller answered at %s within %d ms", role->id, o->endpoint,
                            total);
-        if (!logged) tr_worker_logf(rc, "waiting for the controller at %s", o->endpoint);
+        if (!logged) tr_worker_logf(role, "waiting for the controller at %s", o->endpoint);
         logged = true;
     }
 }
@@ -82,20 +82,20 @@ static bool op_allowed(enum tr_role_kind k, const char *op) {
     return false;
 }
 
-static int run_op(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
+static int run_op(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
     const char *op = req->op;
-    if (strcmp(op, "generate") == 0) return tr_worker_op_generate(rc, req, rep, err);
-    if (strcmp(op, "logprobs") == 0) return tr_worker_op_logprobs(rc, req, rep, err);
-    if (strcmp(op, "values") == 0) return tr_worker_op_values(rc, req, rep, err);
-    if (strcmp(op, "train") == 0) return tr_worker_op_train(rc, req, rep, err);
-    if (strcmp(op, "train_sft") == 0) return tr_worker_op_train_sft(rc, req, rep, err);
-    if (strcmp(op, "save") == 0) return tr_worker_op_save(rc, req, rep, err);
-    if (strcmp(op, "load") == 0) return tr_worker_op_load(rc, req, rep, err);
-    if (strcmp(op, "sync_weights") == 0) return tr_worker_op_sync_weights(rc, req, rep, err);
-    if (strcmp(op, "score") == 0) return tr_worker_op_score(rc, req, rep, err);
-    if (strcmp(op, "comm_id") == 0) return tr_worker_op_comm_id(rc, req, rep, err);
-    if (strcmp(op, "comm_join") == 0) return tr_worker_op_comm_join(rc, req, rep, err);
-    if (strcmp(op, "comm_ready") == 0) return tr_worker_op_comm_ready(rc, req, rep, err);
+    if (strcmp(op, "generate") == 0) return tr_worker_op_generate(role, req, rep, err);
+    if (strcmp(op, "logprobs") == 0) return tr_worker_op_logprobs(role, req, rep, err);
+    if (strcmp(op, "values") == 0) return tr_worker_op_values(role, req, rep, err);
+    if (strcmp(op, "train") == 0) return tr_worker_op_train(role, req, rep, err);
+    if (strcmp(op, "train_sft") == 0) return tr_worker_op_train_sft(role, req, rep, err);
+    if (strcmp(op, "save") == 0) return tr_worker_op_save(role, req, rep, err);
+    if (strcmp(op, "load") == 0) return tr_worker_op_load(role, req, rep, err);
+    if (strcmp(op, "sync_weights") == 0) return tr_worker_op_sync_weights(role, req, rep, err);
+    if (strcmp(op, "score") == 0) return tr_worker_op_score(role, req, rep, err);
+    if (strcmp(op, "comm_id") == 0) return tr_worker_op_comm_id(role, req, rep, err);
+    if (strcmp(op, "comm_join") == 0) return tr_worker_op_comm_join(role, req, rep, err);
+    if (strcmp(op, "comm_ready") == 0) return tr_worker_op_comm_ready(role, req, rep, err);
     return tr_errf(err, TR_EUNSUPPORTED, "unknown op '%s'", op);
 }
 
@@ -103,17 +103,17 @@ static int run_op(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err
 // policy's inference activations and KV blocks (fresh block tables), train/train_sft the
 // training activations, logprobs/values/score the inference activations. One op at a time
 // runs in a worker, so each phase finds the region idle and owns all of it.
-static int begin_phase(tr_role_ctx *rc, const char *op, bool *lent, tr_err *err) {
-    tr_arena *a = &rc->w->arena;
+static int begin_phase(tr_role_ctx *role, const char *op, bool *lent, tr_err *err) {
+    tr_arena *a = &role->w->arena;
     int r;
     *lent = false;
-    if (strcmp(op, "generate") == 0 && rc->has_gen)
-        r = tr_arena_begin_generate(a, &rc->gen, err);
-    else if ((strcmp(op, "train") == 0 || strcmp(op, "train_sft") == 0) && rc->has_trainer)
-        r = tr_arena_begin_train(a, &rc->model, err);
+    if (strcmp(op, "generate") == 0 && role->has_gen)
+        r = tr_arena_begin_generate(a, &role->gen, err);
+    else if ((strcmp(op, "train") == 0 || strcmp(op, "train_sft") == 0) && role->has_trainer)
+        r = tr_arena_begin_train(a, &role->model, err);
     else if ((strcmp(op, "logprobs") == 0 || strcmp(op, "values") == 0 || strcmp(op, "score") == 0) &&
-             rc->has_model)
-        r = tr_arena_begin_forward(a, &rc->model, err);
+             role->has_model)
+        r = tr_arena_begin_forward(a, &role->model, err);
     else
         return 0;
     if (r) return tr_err_wrap(err, "%s", op);
@@ -121,7 +121,7 @@ static int begin_phase(tr_role_ctx *rc, const char *op, bool *lent, tr_err *err)
     return 0;
 }
 
-static int dispatch(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, bool *shutdown, tr_err *err) {
+static int dispatch(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *rep, bool *shutdown, tr_err *err) {
     const char *op = req->op;
     if (strcmp(op, "shutdown") == 0) {
         *shutdown = true;
@@ -129,20 +129,20 @@ static int dispatch(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, bool
         return 0;
     }
     if (strcmp(op, "init") == 0) {
-        if (rc->ready) return tr_errf(err, TR_EINVAL, "init: %s is already initialized", rc->id);
-        if (tr_worker_op_init(rc, req, rep, err)) {
-            tr_role_ctx_free(rc);
+        if (role->ready) return tr_errf(err, TR_EINVAL, "init: %s is already initialized", role->id);
+        if (tr_worker_op_init(role, req, rep, err)) {
+            tr_role_ctx_free(role);
             return -1;
         }
-        rc->ready = true;
+        role->ready = true;
         return 0;
     }
-    if (!op_allowed(rc->kind, op)) return tr_errf(err, TR_EUNSUPPORTED, "the %s role has no op '%s'", rc->name, op);
-    if (!rc->ready) return tr_errf(err, TR_EINVAL, "%s before init", op);
+    if (!op_allowed(role->kind, op)) return tr_errf(err, TR_EUNSUPPORTED, "the %s role has no op '%s'", role->name, op);
+    if (!role->ready) return tr_errf(err, TR_EINVAL, "%s before init", op);
     bool lent = false;
-    if (begin_phase(rc, op, &lent, err)) return -1;
-    int r = run_op(rc, req, rep, err);
-    if (lent) tr_arena_end(&rc->w->arena);
+    if (begin_phase(role, op, &lent, err)) return -1;
+    int r = run_op(role, req, rep, err);
+    if (lent) tr_arena_end(&role->w->arena);
     return r;
 }
 

@@ -122,56 +122,56 @@ struct tr_worker {
     void *log_ctx;
 };
 
-void tr_worker_logf(tr_role_ctx *rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void tr_worker_logf(tr_role_ctx *role, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 // worker_model.c: init (model, tokenizer, trainer), the shared forward ops, and teardown.
-int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
-int tr_worker_op_logprobs(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
-int tr_worker_op_values(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
-void tr_role_ctx_free(tr_role_ctx *rc);
+int tr_worker_op_init(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+int tr_worker_op_logprobs(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+int tr_worker_op_values(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+void tr_role_ctx_free(tr_role_ctx *role);
 // Sequences [s0, s1) of r into mb.pack as documents, as many as fit max_tokens starting at
 // s0; returns the number taken (>= 1), or -1 when sequence s0 alone is longer than max_tokens.
-int32_t tr_mb_fill(tr_role_ctx *rc, const tr_rollouts *r, int32_t s0, int32_t s1, tr_err *err);
+int32_t tr_mb_fill(tr_role_ctx *role, const tr_rollouts *r, int32_t s0, int32_t s1, tr_err *err);
 // Reads rollouts (lengths and tokens, ids checked against the vocabulary) from args.
-int tr_worker_get_rollouts(tr_role_ctx *rc, const tr_msg_map *args, tr_rollouts *r, tr_err *err);
+int tr_worker_get_rollouts(tr_role_ctx *role, const tr_msg_map *args, tr_rollouts *r, tr_err *err);
 // The head output row that predicts token t of a sequence starting at row o: o + t - 1.
 // Tokens with t < max(prompt_len, 1) have no prediction in the sequence (0 is reported).
 static inline int32_t tr_first_scored(int32_t prompt_len) { return prompt_len > 1 ? prompt_len : 1; }
 
 // worker_policy.c
-int tr_worker_op_generate(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
-int tr_worker_op_save(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
-int tr_worker_op_load(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+int tr_worker_op_generate(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+int tr_worker_op_save(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+int tr_worker_op_load(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
 
 // worker_train.c: policy train (RL), train_sft, critic train.
-int tr_worker_op_train(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
-int tr_worker_op_train_sft(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+int tr_worker_op_train(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+int tr_worker_op_train_sft(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
 
 // worker_model.c: the tensor-parallel group's agreement on the generator's KV pool and batch,
 // once its communicator is ready.
-int tr_worker_tp_agree(tr_role_ctx *rc, tr_err *err);
+int tr_worker_tp_agree(tr_role_ctx *role, tr_err *err);
 
 // worker_comm.c: the communicators' bootstrap.
-int tr_worker_op_comm_id(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
-int tr_worker_op_comm_join(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
-int tr_worker_op_comm_ready(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+int tr_worker_op_comm_id(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+int tr_worker_op_comm_join(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+int tr_worker_op_comm_ready(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
 
 // worker_sync.c: sync_weights, the policy sending its weights to the generator's ranks.
-int tr_worker_op_sync_weights(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+int tr_worker_op_sync_weights(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
 
 // worker_share.c: weights shared with a generator on the same device. After the model is made
 // (with external_work when share_buffers > 0): the policy's buffers, or the generator's reader.
-int tr_worker_share_init(tr_role_ctx *rc, tr_err *err);
-void tr_worker_share_free(tr_role_ctx *rc);
+int tr_worker_share_init(tr_role_ctx *role, tr_err *err);
+void tr_worker_share_free(tr_role_ctx *role);
 // Before an op writes the policy's working weights (train, train_sft, load): with two
 // buffers, the one generation may be reading is left alone.
-int tr_worker_begin_write(tr_role_ctx *rc, tr_err *err);
+int tr_worker_begin_write(tr_role_ctx *role, tr_err *err);
 // sync_weights when the weights are shared: the policy publishes its buffer, the generator
 // maps the one the controller forwards from it.
-int tr_worker_share_sync(tr_role_ctx *rc, const tr_msg *req, bool verify, tr_msg_writer *rep, tr_err *err);
+int tr_worker_share_sync(tr_role_ctx *role, const tr_msg *req, bool verify, tr_msg_writer *rep, tr_err *err);
 // The version generate stamps on its rollouts.
-int64_t tr_worker_weight_version(const tr_role_ctx *rc);
+int64_t tr_worker_weight_version(const tr_role_ctx *role);
 
 // worker_reward.c
-int tr_worker_reward_init(tr_role_ctx *rc, const tr_msg_map *reward, tr_err *err);
-int tr_worker_op_score(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err);
+int tr_worker_reward_init(tr_role_ctx *role, const tr_msg_map *reward, tr_err *err);
+int tr_worker_op_score(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *rep, tr_err *err);

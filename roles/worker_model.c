@@ -59,7 +59,7 @@ static int parse_optim(const tr_msg_map *m, tr_optim_cfg *o, tr_err *err) {
     return 0;
 }
 
-static int parse_loss(tr_role_ctx *rc, const tr_msg_map *m, tr_err *err) {
+static int parse_loss(tr_role_ctx *role, const tr_msg_map *m, tr_err *err) {
     static const char *const keys[] = {"clip_low", "clip_high", "clip_dual", "ratio", "agg", "kl_coef",
                                        "kl_estimator", "entropy_coef", "value_clip", "ppo_epochs",
                                        "mini_batches", "max_len", NULL};
@@ -83,14 +83,14 @@ static int parse_loss(tr_role_ctx *rc, const tr_msg_map *m, tr_err *err) {
         epochs < 1 || epochs > 1000 || mbs < 1 || mbs > 1000000 || max_len < 0 || max_len > INT32_MAX)
         return tr_errf(err, TR_EINVAL, "init: loss settings out of range (clips >= 0, clip_dual 0 or > 1, "
                        "coefficients >= 0, ppo_epochs and mini_batches >= 1, max_len >= 0)");
-    rc->loss = (tr_policy_loss_cfg){.clip_low = (float)lo, .clip_high = (float)hi, .clip_dual = (float)dual,
-                                    .ratio = (enum tr_ratio_mode)r, .agg = (enum tr_loss_agg)a,
-                                    .kl_coef = (float)kl, .kl_est = (enum tr_kl_est)e,
-                                    .entropy_coef = (float)ent};
-    rc->value_clip = (float)vclip;
-    rc->ppo_epochs = (int32_t)epochs;
-    rc->mini_batches = (int32_t)mbs;
-    rc->max_len = (int32_t)max_len;
+    role->loss = (tr_policy_loss_cfg){.clip_low = (float)lo, .clip_high = (float)hi, .clip_dual = (float)dual,
+                                      .ratio = (enum tr_ratio_mode)r, .agg = (enum tr_loss_agg)a,
+                                      .kl_coef = (float)kl, .kl_est = (enum tr_kl_est)e,
+                                      .entropy_coef = (float)ent};
+    role->value_clip = (float)vclip;
+    role->ppo_epochs = (int32_t)epochs;
+    role->mini_batches = (int32_t)mbs;
+    role->max_len = (int32_t)max_len;
     return 0;
 }
 
@@ -116,27 +116,27 @@ static void mb_free(tr_mb_buf *b) {
     memset(b, 0, sizeof *b);
 }
 
-void tr_role_ctx_free(tr_role_ctx *rc) {
-    tr_comm_free(rc->comm);
-    rc->comm = NULL;
-    tr_comm_free(rc->tp_comm);
-    rc->tp_comm = NULL;
-    tr_comm_free(rc->sync_comm);
-    rc->sync_comm = NULL;
-    if (rc->has_gen) tr_generator_free(&rc->gen);
-    if (rc->has_trainer) tr_trainer_free(&rc->trainer);
-    if (rc->has_model) tr_model_free(&rc->model);
-    tr_worker_share_free(rc);   // the model never frees shared working weights
-    rc->has_gen = rc->has_trainer = rc->has_model = false;
-    mb_free(&rc->mb);
-    tr_tokenizer_free(rc->tok);
-    rc->tok = NULL;
-    rc->has_chat = false;
-    tr_reward_rule_free(rc->rule);
-    rc->rule = NULL;
-    tr_reward_service_free(rc->service);
-    rc->service = NULL;
-    rc->ready = false;
+void tr_role_ctx_free(tr_role_ctx *role) {
+    tr_comm_free(role->comm);
+    role->comm = NULL;
+    tr_comm_free(role->tp_comm);
+    role->tp_comm = NULL;
+    tr_comm_free(role->sync_comm);
+    role->sync_comm = NULL;
+    if (role->has_gen) tr_generator_free(&role->gen);
+    if (role->has_trainer) tr_trainer_free(&role->trainer);
+    if (role->has_model) tr_model_free(&role->model);
+    tr_worker_share_free(role);   // the model never frees shared working weights
+    role->has_gen = role->has_trainer = role->has_model = false;
+    mb_free(&role->mb);
+    tr_tokenizer_free(role->tok);
+    role->tok = NULL;
+    role->has_chat = false;
+    tr_reward_rule_free(role->rule);
+    role->rule = NULL;
+    tr_reward_service_free(role->service);
+    role->service = NULL;
+    role->ready = false;
 }
 
 // An LM checkpoint's config turned into a critic's: same body, one value per token.
@@ -160,33 +160,33 @@ static const char *head_name(enum tr_head h) {
 // The role's memory plan: weights, gradients and optimizer, the arena, and for a role that
 // generates the KV cache and the samples decoding together, from what the device (or the
 // budget) holds.
-static int make_plan(tr_role_ctx *rc, const tr_model_config *cfg, int32_t max_tokens, bool train, bool gen,
+static int make_plan(tr_role_ctx *role, const tr_model_config *cfg, int32_t max_tokens, bool train, bool gen,
                      tr_err *err) {
-    tr_plan_req pr = {.cfg = cfg, .max_tokens = max_tokens, .min_tokens = rc->min_tokens,
-                      .max_tokens_want = rc->max_tokens_want, .recompute = rc->recompute,
-                      .training = train, .optim_shards = rc->dp, .generate = gen,
-                      .logit_rows = rc->logit_rows,
-                      .kv_tokens = rc->kv_tokens, .kv_want = rc->kv_want > 0 ? rc->kv_want : 16384,
-                      .max_seqs = rc->max_seqs, .max_seqs_want = rc->max_seqs,
-                      .budget = (size_t)rc->memory_bytes, .tp_size = rc->tp, .tp_rank = rc->tp_rank,
-                      .sequence_parallel = rc->sp,
-                      .share_buffers = rc->kind == TR_ROLE_POLICY ? rc->share_buffers : 0,
-                      .share_reader = rc->kind == TR_ROLE_GENERATOR && rc->share_buffers > 0};
-    if (tr_plan_make(&rc->w->be, &pr, &rc->plan, err)) return tr_err_wrap(err, "init");
+    tr_plan_req pr = {.cfg = cfg, .max_tokens = max_tokens, .min_tokens = role->min_tokens,
+                      .max_tokens_want = role->max_tokens_want, .recompute = role->recompute,
+                      .training = train, .optim_shards = role->dp, .generate = gen,
+                      .logit_rows = role->logit_rows,
+                      .kv_tokens = role->kv_tokens, .kv_want = role->kv_want > 0 ? role->kv_want : 16384,
+                      .max_seqs = role->max_seqs, .max_seqs_want = role->max_seqs,
+                      .budget = (size_t)role->memory_bytes, .tp_size = role->tp, .tp_rank = role->tp_rank,
+                      .sequence_parallel = role->sp,
+                      .share_buffers = role->kind == TR_ROLE_POLICY ? role->share_buffers : 0,
+                      .share_reader = role->kind == TR_ROLE_GENERATOR && role->share_buffers > 0};
+    if (tr_plan_make(&role->w->be, &pr, &role->plan, err)) return tr_err_wrap(err, "init");
     char text[1024];
-    tr_plan_format(&rc->plan, text, sizeof text);
-    tr_worker_logf(rc, "memory plan on %s device %d:\n%s", rc->w->be.ops->name, rc->w->device, text);
+    tr_plan_format(&role->plan, text, sizeof text);
+    tr_worker_logf(role, "memory plan on %s device %d:\n%s", role->w->be.ops->name, role->w->device, text);
     return 0;
 }
 
 // The policy's generator, sized by the plan.
-static tr_gen_opts gen_opts(const tr_role_ctx *rc) {
-    return (tr_gen_opts){.kv_tokens = rc->plan.kv_tokens, .max_seqs = rc->plan.max_seqs};
+static tr_gen_opts gen_opts(const tr_role_ctx *role) {
+    return (tr_gen_opts){.kv_tokens = role->plan.kv_tokens, .max_seqs = role->plan.max_seqs};
 }
 
 // A generator holds weights only for generation: no gradients, no optimizer, and its weights
 // come from the policy's first sync_weights, so none are read or drawn here.
-static int load_model(tr_role_ctx *rc, const tr_msg_map *a, int32_t max_tokens, bool train, bool gen,
+static int load_model(tr_role_ctx *role, const tr_msg_map *a, int32_t max_tokens, bool train, bool gen,
                       tr_err *err) {
     char model[1024] = "", init_cfg[1024] = "", head[16] = "";
     int64_t init_seed = 0;
@@ -203,102 +203,104 @@ static int load_model(tr_role_ctx *rc, const tr_msg_map *a, int32_t max_tokens, 
     if (model[0] ? tr_checkpoint_load_config(model, &cfg, err) : tr_config_load(init_cfg, &cfg, err)) return -1;
     bool convert = head[0] && cfg.head == TR_HEAD_LM;
     if (convert) to_value_head(&cfg);
-    enum tr_head want = role_head(rc->kind);
+    enum tr_head want = role_head(role->kind);
     if (cfg.head != want)
         return tr_errf(err, TR_EINVAL, "init: %s is a %s (%s); the %s role needs a %s", model[0] ? model : init_cfg,
-                       head_name(cfg.head), cfg.architecture, rc->name, head_name(want));
+                       head_name(cfg.head), cfg.architecture, role->name, head_name(want));
     if (want == TR_HEAD_SCORE && cfg.num_labels != 1)
         return tr_errf(err, TR_EINVAL, "init: %s has %d labels; a reward model has 1", model, cfg.num_labels);
     // The model's activations (and a generating role's KV pool) come from the worker's one arena,
     // grown here to this role's need if it is the largest so far.
-    tr_worker *w = rc->w;
-    if (make_plan(rc, &cfg, max_tokens, train, gen, err)) return -1;
-    max_tokens = rc->plan.max_tokens;
-    tr_model_opts mo = {.max_tokens = max_tokens, .training = train, .tp_size = rc->tp, .tp_rank = rc->tp_rank,
-                        .logit_rows = rc->plan.logit_rows, .sequence_parallel = rc->sp,
-                        .external_work = rc->share_buffers > 0, .recompute = rc->plan.recompute};
-    tr_gen_opts go = gen_opts(rc);
-    tr_arena_need_init(&rc->need, &cfg, &mo, gen ? &go : NULL, w->be.act);
-    if (tr_arena_reserve(&w->arena, tr_arena_need_bytes(&rc->need), err)) return -1;
+    tr_worker *w = role->w;
+    if (make_plan(role, &cfg, max_tokens, train, gen, err)) return -1;
+    max_tokens = role->plan.max_tokens;
+    tr_model_opts mo = {.max_tokens = max_tokens, .training = train, .tp_size = role->tp, .tp_rank = role->tp_rank,
+                        .logit_rows = role->plan.logit_rows, .sequence_parallel = role->sp,
+                        .external_work = role->share_buffers > 0, .recompute = role->plan.recompute};
+    tr_gen_opts go = gen_opts(role);
+    tr_arena_need_init(&role->need, &cfg, &mo, gen ? &go : NULL, w->be.act);
+    if (tr_arena_reserve(&w->arena, tr_arena_need_bytes(&role->need), err)) return -1;
     mo.acts = w->arena.base;
     mo.acts_bytes = w->arena.bytes;
-    if (tr_model_init(&rc->model, &cfg, &w->be, &mo, err)) return -1;
-    rc->has_model = true;
-    if (tr_worker_share_init(rc, err)) return -1;   // before any weight is written
-    tr_arena_adopt(&w->arena, &rc->model);
+    if (tr_model_init(&role->model, &cfg, &w->be, &mo, err)) return -1;
+    role->has_model = true;
+    if (tr_worker_share_init(role, err)) return -1;   // before any weight is written
+    tr_arena_adopt(&w->arena, &role->model);
     if (gen) {
-        size_t off = tr_arena_kv_offset(&rc->model);
+        size_t off = tr_arena_kv_offset(&role->model);
         go.kv_buf = (char *)w->arena.base + off;
         go.kv_buf_bytes = w->arena.bytes - off;
-        if (tr_generator_init(&rc->gen, &rc->model, &go, err)) return -1;
-        rc->has_gen = true;
+        if (tr_generator_init(&role->gen, &role->model, &go, err)) return -1;
+        role->has_gen = true;
     }
-    int rc2 = 0;
-    if (rc->kind == TR_ROLE_GENERATOR) {
+    int rc = 0;
+    if (role->kind == TR_ROLE_GENERATOR) {
         // Zero until the policy's first sync_weights; generate is refused before it.
     } else if (!model[0]) {
-        rc2 = tr_model_init_weights(&rc->model, (uint64_t)init_seed, 0.02f, err);
+        rc = tr_model_init_weights(&role->model, (uint64_t)init_seed, 0.02f, err);
     } else if (convert) {
         // The value head is new: drawn as transformers' init would, the body from the checkpoint.
-        rc2 = tr_model_init_weights(&rc->model, (uint64_t)init_seed, 0.02f, err);
-        if (!rc2) rc2 = tr_model_load_weights(&rc->model, model, true, err);
+        rc = tr_model_init_weights(&role->model, (uint64_t)init_seed, 0.02f, err);
+        if (!rc) rc = tr_model_load_weights(&role->model, model, true, err);
     } else {
-        rc2 = tr_model_load_weights(&rc->model, model, false, err);
+        rc = tr_model_load_weights(&role->model, model, false, err);
     }
-    if (rc2) return -1;
-    return mb_alloc(&rc->mb, max_tokens, err);
+    if (rc) return -1;
+    return mb_alloc(&role->mb, max_tokens, err);
 }
 
 // The ranks of a tensor-parallel group schedule generation alike only with the same KV pool
 // and batch: each planned its own from its device's room, and all take the smallest. A
 // smaller pool fits where the larger was laid out, so the generator is made again in place.
-int tr_worker_tp_agree(tr_role_ctx *rc, tr_err *err) {
-    if (!rc->has_gen) return 0;
-    int64_t v[2] = {rc->plan.kv_tokens, rc->plan.max_seqs};
-    if (tr_comm_min_i64(rc->tp_comm, v, 2, err)) return -1;
-    if (v[0] == rc->plan.kv_tokens && v[1] == rc->plan.max_seqs) return 0;
-    tr_worker_logf(rc, "tensor parallel: KV cache %lld tokens and %lld sequences, the group's smallest (planned "
-                   "%lld and %d)", (long long)v[0], (long long)v[1], (long long)rc->plan.kv_tokens, rc->plan.max_seqs);
-    rc->plan.kv_tokens = v[0];
-    rc->plan.max_seqs = (int32_t)v[1];
-    tr_gen_opts go = gen_opts(rc);
-    size_t off = tr_arena_kv_offset(&rc->model);
-    go.kv_buf = (char *)rc->w->arena.base + off;
-    go.kv_buf_bytes = rc->w->arena.bytes - off;
-    tr_generator_free(&rc->gen);
-    rc->has_gen = false;
-    if (tr_generator_init(&rc->gen, &rc->model, &go, err)) return -1;
-    rc->has_gen = true;
+int tr_worker_tp_agree(tr_role_ctx *role, tr_err *err) {
+    if (!role->has_gen) return 0;
+    int64_t v[2] = {role->plan.kv_tokens, role->plan.max_seqs};
+    if (tr_comm_min_i64(role->tp_comm, v, 2, err)) return -1;
+    if (v[0] == role->plan.kv_tokens && v[1] == role->plan.max_seqs) return 0;
+    tr_worker_logf(role, "tensor parallel: KV cache %lld tokens and %lld sequences, the group's smallest (planned "
+                   "%lld and %d)", (long long)v[0], (long long)v[1], (long long)role->plan.kv_tokens,
+                   role->plan.max_seqs);
+    role->plan.kv_tokens = v[0];
+    role->plan.max_seqs = (int32_t)v[1];
+    tr_gen_opts go = gen_opts(role);
+    size_t off = tr_arena_kv_offset(&role->model);
+    go.kv_buf = (char *)role->w->arena.base + off;
+    go.kv_buf_bytes = role->w->arena.bytes - off;
+    tr_generator_free(&role->gen);
+    role->has_gen = false;
+    if (tr_generator_init(&role->gen, &role->model, &go, err)) return -1;
+    role->has_gen = true;
     return 0;
 }
 
-static int load_tokenizer(tr_role_ctx *rc, const tr_msg_map *a, tr_err *err) {
+static int load_tokenizer(tr_role_ctx *role, const tr_msg_map *a, tr_err *err) {
     char path[1024] = "", chat[16] = "";
     if (tr_msg_has(a, "tokenizer") && tr_msg_get_str_buf(a, "tokenizer", path, sizeof path, err)) return -1;
     if (tr_msg_has(a, "chat_format") && tr_msg_get_str_buf(a, "chat_format", chat, sizeof chat, err)) return -1;
     if (path[0]) {
-        if (tr_tokenizer_load(&rc->tok, path, err)) return -1;
+        if (tr_tokenizer_load(&role->tok, path, err)) return -1;
         char copy[1024];
         snprintf(copy, sizeof copy, "%s", path);
-        snprintf(rc->tokenizer_dir, sizeof rc->tokenizer_dir, "%s", dirname(copy));
+        snprintf(role->tokenizer_dir, sizeof role->tokenizer_dir, "%s", dirname(copy));
     }
-    rc->n_stop = 0;
+    role->n_stop = 0;
     if (chat[0] && strcmp(chat, "none") != 0) {
-        if (!rc->tok) return tr_errf(err, TR_EINVAL, "init: chat_format %s needs a tokenizer", chat);
-        if (tr_chat_format_init(&rc->chat, chat, rc->tok, err)) return -1;
-        rc->has_chat = true;
-        for (int32_t i = 0; i < rc->chat.n_stop; i++) rc->stop_ids[rc->n_stop++] = rc->chat.stop[i];
-    } else if (rc->has_model) {
-        for (int32_t i = 0; i < rc->model.cfg.n_eos; i++) rc->stop_ids[rc->n_stop++] = rc->model.cfg.eos_token_ids[i];
+        if (!role->tok) return tr_errf(err, TR_EINVAL, "init: chat_format %s needs a tokenizer", chat);
+        if (tr_chat_format_init(&role->chat, chat, role->tok, err)) return -1;
+        role->has_chat = true;
+        for (int32_t i = 0; i < role->chat.n_stop; i++) role->stop_ids[role->n_stop++] = role->chat.stop[i];
+    } else if (role->has_model) {
+        for (int32_t i = 0; i < role->model.cfg.n_eos; i++)
+            role->stop_ids[role->n_stop++] = role->model.cfg.eos_token_ids[i];
     }
     return 0;
 }
 
 // The group's layout: tp x dp = world, this rank's place in it (rank = dp_rank * tp + tp_rank),
 // and whether the model is sequence-parallel.
-static int parse_parallel(tr_role_ctx *rc, const tr_msg_map *a, tr_err *err) {
+static int parse_parallel(tr_role_ctx *role, const tr_msg_map *a, tr_err *err) {
     static const char *const keys[] = {"tp", "dp", "sequence_parallel", NULL};
-    int64_t tp = 1, dp = rc->w->world;
+    int64_t tp = 1, dp = role->w->world;
     bool sp = false;
     if (tr_msg_has(a, "parallel")) {
         tr_msg_map p;
@@ -307,17 +309,17 @@ static int parse_parallel(tr_role_ctx *rc, const tr_msg_map *a, tr_err *err) {
             tr_msg_get_bool_opt(&p, "sequence_parallel", &sp, err))
             return -1;
     }
-    if (tp < 1 || dp < 1 || tp * dp != rc->w->world)
+    if (tp < 1 || dp < 1 || tp * dp != role->w->world)
         return tr_errf(err, TR_EINVAL, "init: parallel tp %lld x dp %lld does not make the group's %d ranks",
-                       (long long)tp, (long long)dp, rc->w->world);
+                       (long long)tp, (long long)dp, role->w->world);
     if (sp && tp < 2)
         return tr_errf(err, TR_EINVAL, "init: parallel.sequence_parallel needs tp 2 or more (tp %lld)",
                        (long long)tp);
-    rc->sp = sp;
-    rc->tp = (int32_t)tp;
-    rc->dp = (int32_t)dp;
-    rc->dp_rank = rc->w->rank / rc->tp;
-    rc->tp_rank = rc->w->rank % rc->tp;
+    role->sp = sp;
+    role->tp = (int32_t)tp;
+    role->dp = (int32_t)dp;
+    role->dp_rank = role->w->rank / role->tp;
+    role->tp_rank = role->w->rank % role->tp;
     return 0;
 }
 
@@ -325,24 +327,24 @@ static int parse_parallel(tr_role_ctx *rc, const tr_msg_map *a, tr_err *err) {
 // moments (this rank's shard) of its model, its share of the worker's activation arena and KV
 // cache (what the arena's sizing rule asks for the role), and the device's memory in use
 // once the role is set up (0 on the CPU): a worker allocates nothing per step after init.
-static void put_memory(tr_role_ctx *rc, tr_msg_writer *rep) {
-    const tr_model *m = &rc->model;
-    bool own = rc->has_model;
+static void put_memory(tr_role_ctx *role, tr_msg_writer *rep) {
+    const tr_model *m = &role->model;
+    bool own = role->has_model;
     size_t n = own ? m->layout.total : 0;
     size_t work = own && m->work && (void *)m->work != (void *)m->params && !m->external_work
                       ? n * tr_dt_size(m->wt)
                       : 0;
-    size_t moments = rc->has_trainer ? 2 * (rc->trainer.shard_end - rc->trainer.shard_begin) * sizeof(float) : 0;
+    size_t moments = role->has_trainer ? 2 * (role->trainer.shard_end - role->trainer.shard_begin) * sizeof(float) : 0;
     size_t free_b = 0, total_b = 0;
-    tr_backend *be = &rc->w->be;
-    if (rc->w->has_backend && strcmp(be->ops->name, "cpu") != 0) be->ops->mem_info(be, &free_b, &total_b);
+    tr_backend *be = &role->w->be;
+    if (role->w->has_backend && strcmp(be->ops->name, "cpu") != 0) be->ops->mem_info(be, &free_b, &total_b);
     int64_t v[TR_MEM_PARTS] = {
         [TR_MEM_WEIGHTS] = (int64_t)(own && m->params && m->wt == TR_F32 ? n * sizeof(float) : work),
         [TR_MEM_MASTERS] = (int64_t)(own && m->params && m->wt != TR_F32 ? n * sizeof(float) : 0),
         [TR_MEM_GRADS] = (int64_t)(own && m->grads ? n * sizeof(float) : 0),
         [TR_MEM_OPTIMIZER] = (int64_t)moments,
-        [TR_MEM_ACTIVATIONS] = (int64_t)(rc->need.train > rc->need.forward ? rc->need.train : rc->need.forward),
-        [TR_MEM_KV] = (int64_t)rc->need.kv,
+        [TR_MEM_ACTIVATIONS] = (int64_t)(role->need.train > role->need.forward ? role->need.train : role->need.forward),
+        [TR_MEM_KV] = (int64_t)role->need.kv,
         [TR_MEM_DEVICE_USED] = (int64_t)(total_b - free_b)};
     tr_msg_put_map(rep, "memory", TR_MEM_PARTS);
     for (int i = 0; i < TR_MEM_PARTS; i++) tr_msg_put_int(rep, tr_mem_part_names[i], v[i]);
@@ -403,46 +405,46 @@ static int init_read(const tr_msg_map *a, init_args *x, tr_err *err) {
 }
 
 // The role's settings from init's arguments, checked against the role's kind.
-static int init_settings(tr_role_ctx *rc, const tr_msg_map *a, const init_args *x, tr_err *err) {
-    rc->save_bf16 = strcmp(x->save_dtype, "bf16") == 0;
-    rc->share_prompts = x->share_prompts;
-    rc->logit_rows = (int32_t)x->logit_rows;
-    if ((rc->recompute = tr_recompute_parse(x->recompute)) < 0)
+static int init_settings(tr_role_ctx *role, const tr_msg_map *a, const init_args *x, tr_err *err) {
+    role->save_bf16 = strcmp(x->save_dtype, "bf16") == 0;
+    role->share_prompts = x->share_prompts;
+    role->logit_rows = (int32_t)x->logit_rows;
+    if ((role->recompute = tr_recompute_parse(x->recompute)) < 0)
         return tr_errf(err, TR_EINVAL, "init: recompute must be auto, off or on, got '%s'", x->recompute);
-    rc->min_tokens = (int32_t)x->min_tokens;
-    rc->max_tokens_want = x->want_tokens > INT32_MAX ? INT32_MAX : (int32_t)x->want_tokens;
-    if (parse_parallel(rc, a, err)) return -1;
-    if (x->train && rc->kind != TR_ROLE_POLICY && rc->kind != TR_ROLE_CRITIC)
-        return tr_errf(err, TR_EINVAL, "init: the %s role does not train", rc->name);
-    if (tr_msg_has(a, "generate") && rc->kind != TR_ROLE_POLICY)
-        return tr_errf(err, TR_EINVAL, "init: generate is a policy setting (the %s role %s)", rc->name,
-                       rc->kind == TR_ROLE_GENERATOR ? "always generates" : "never does");
+    role->min_tokens = (int32_t)x->min_tokens;
+    role->max_tokens_want = x->want_tokens > INT32_MAX ? INT32_MAX : (int32_t)x->want_tokens;
+    if (parse_parallel(role, a, err)) return -1;
+    if (x->train && role->kind != TR_ROLE_POLICY && role->kind != TR_ROLE_CRITIC)
+        return tr_errf(err, TR_EINVAL, "init: the %s role does not train", role->name);
+    if (tr_msg_has(a, "generate") && role->kind != TR_ROLE_POLICY)
+        return tr_errf(err, TR_EINVAL, "init: generate is a policy setting (the %s role %s)", role->name,
+                       role->kind == TR_ROLE_GENERATOR ? "always generates" : "never does");
     // Shared working weights: the policy's buffers (it trains and leaves sampling to the
     // generator), or the generator's mapping of them.
     if (x->share < 0 || x->share > 2 ||
-        (x->share && rc->kind != TR_ROLE_GENERATOR && (rc->kind != TR_ROLE_POLICY || !x->train || x->generate)))
+        (x->share && role->kind != TR_ROLE_GENERATOR && (role->kind != TR_ROLE_POLICY || !x->train || x->generate)))
         return tr_errf(err, TR_EINVAL, "init: share_weights %lld: 1 or 2 buffers, for a policy that trains with "
                        "generate: false and for the generator", (long long)x->share);
-    rc->share_buffers = (int32_t)x->share;
+    role->share_buffers = (int32_t)x->share;
     bool has_reward = tr_msg_has(a, "reward");
-    if (has_reward != (rc->kind == TR_ROLE_REWARD))
+    if (has_reward != (role->kind == TR_ROLE_REWARD))
         return tr_errf(err, TR_EINVAL, "init: %s", has_reward ? "reward settings are for the reward role"
                                                               : "the reward role needs reward settings");
     if (x->train != (tr_msg_has(a, "optim") && tr_msg_has(a, "loss")))
         return tr_errf(err, TR_EINVAL, "init: train needs optim and loss settings, and only it takes them");
-    rc->kv_tokens = x->kv_tokens;
-    rc->kv_want = x->kv_want;
-    rc->max_seqs = (int32_t)x->max_seqs;
-    rc->memory_bytes = x->memory;
-    rc->weight_version = -1;
-    rc->prev_train_step = -1;
+    role->kv_tokens = x->kv_tokens;
+    role->kv_want = x->kv_want;
+    role->max_seqs = (int32_t)x->max_seqs;
+    role->memory_bytes = x->memory;
+    role->weight_version = -1;
+    role->prev_train_step = -1;
     return 0;
 }
 
 // The worker's one backend: started by the first role that needs a model; later roles must
 // ask for the same kind, device and precision.
-static int init_backend(tr_role_ctx *rc, const init_args *x, tr_err *err) {
-    tr_worker *w = rc->w;
+static int init_backend(tr_role_ctx *role, const init_args *x, tr_err *err) {
+    tr_worker *w = role->w;
     if (!w->has_backend) {
         char why[512];
         tr_backend_opts bo = {.kind = x->backend, .threads = (int32_t)x->threads, .device = (int32_t)x->device,
@@ -462,81 +464,82 @@ static int init_backend(tr_role_ctx *rc, const init_args *x, tr_err *err) {
         return tr_errf(err, TR_EINVAL, "init: colocated roles share one backend in %s, not %s",
                        tr_dt_name(w->be.act), x->precision);
     } else if (x->threads != w->threads) {
-        tr_worker_logf(rc, "init: sharing the colocated roles' %d-thread pool (asked for %lld)", w->threads,
+        tr_worker_logf(role, "init: sharing the colocated roles' %d-thread pool (asked for %lld)", w->threads,
                        (long long)x->threads);
     }
     return 0;
 }
 
 // init's reply: the role's memory, its shape and the worker arena, also logged.
-static void init_reply(tr_role_ctx *rc, const tr_msg *req, int64_t max_tokens, bool train, tr_msg_writer *rep) {
-    tr_worker *w = rc->w;
-    int64_t n_params = rc->has_model ? (int64_t)tr_model_n_params(&rc->model) : 0;
-    tr_worker_logf(rc, "init: %s%s%s, %lld parameters, %lld tokens per forward%s%s", role_names[rc->kind],
-                   rc->has_model ? " " : "", rc->has_model ? rc->model.cfg.architecture : "", (long long)n_params,
+static void init_reply(tr_role_ctx *role, const tr_msg *req, int64_t max_tokens, bool train, tr_msg_writer *rep) {
+    tr_worker *w = role->w;
+    int64_t n_params = role->has_model ? (int64_t)tr_model_n_params(&role->model) : 0;
+    tr_worker_logf(role, "init: %s%s%s, %lld parameters, %lld tokens per forward%s%s", role_names[role->kind],
+                   role->has_model ? " " : "", role->has_model ? role->model.cfg.architecture : "", (long long)n_params,
                    (long long)max_tokens, train ? ", training" : "",
-                   rc->has_model && rc->model.recompute ? ", activations recomputed" : "");
-    if (rc->has_model) w->separate_bytes += tr_arena_separate_bytes(&rc->need);
+                   role->has_model && role->model.recompute ? ", activations recomputed" : "");
+    if (role->has_model) w->separate_bytes += tr_arena_separate_bytes(&role->need);
     int64_t arena_bytes = (int64_t)w->arena.bytes;
     int64_t separate_bytes = (int64_t)w->separate_bytes;
-    if (rc->has_model)
-        tr_worker_logf(rc, "arena: %lld bytes for the hosted roles, separate buffers would take %lld; this role "
+    if (role->has_model)
+        tr_worker_logf(role, "arena: %lld bytes for the hosted roles, separate buffers would take %lld; this role "
                        "needs %zu bytes = max(train %zu, forward %zu + kv %zu)", (long long)arena_bytes,
-                       (long long)separate_bytes, tr_arena_need_bytes(&rc->need), rc->need.train,
-                       rc->need.forward, rc->need.kv);
+                       (long long)separate_bytes, tr_arena_need_bytes(&role->need), role->need.train,
+                       role->need.forward, role->need.kv);
     tr_msg_begin_reply(rep, req->id, 8);
-    put_memory(rc, rep);
-    tr_msg_put_bool(rep, "recompute", rc->has_model && rc->model.recompute);
+    put_memory(role, rep);
+    tr_msg_put_bool(rep, "recompute", role->has_model && role->model.recompute);
     tr_msg_put_int(rep, "n_params", n_params);
-    tr_msg_put_int(rep, "vocab_size", rc->has_model ? rc->model.cfg.vocab_size : 0);
+    tr_msg_put_int(rep, "vocab_size", role->has_model ? role->model.cfg.vocab_size : 0);
     tr_msg_put_int(rep, "max_tokens", max_tokens);
-    tr_msg_put_str(rep, "architecture", rc->has_model ? rc->model.cfg.architecture : "");
+    tr_msg_put_str(rep, "architecture", role->has_model ? role->model.cfg.architecture : "");
     tr_msg_put_int(rep, "arena_bytes", arena_bytes);
     tr_msg_put_int(rep, "arena_separate_bytes", separate_bytes);
 }
 
-int tr_worker_op_init(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
+int tr_worker_op_init(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
     const tr_msg_map *a = &req->args;
     init_args x;
-    if (init_read(a, &x, err) || init_settings(rc, a, &x, err)) return -1;
-    bool needs_model = rc->kind != TR_ROLE_REWARD || tr_msg_has(a, "model") || tr_msg_has(a, "init_config");
-    if (needs_model && init_backend(rc, &x, err)) return -1;
+    if (init_read(a, &x, err) || init_settings(role, a, &x, err)) return -1;
+    bool needs_model = role->kind != TR_ROLE_REWARD || tr_msg_has(a, "model") || tr_msg_has(a, "init_config");
+    if (needs_model && init_backend(role, &x, err)) return -1;
     if (tr_msg_has(a, "reward")) {
         tr_msg_map rm;
-        if (tr_msg_get_map(a, "reward", &rm, err) || tr_worker_reward_init(rc, &rm, err)) return -1;
+        if (tr_msg_get_map(a, "reward", &rm, err) || tr_worker_reward_init(role, &rm, err)) return -1;
     }
     int64_t max_tokens = x.max_tokens;
-    bool gen = (rc->kind == TR_ROLE_POLICY && x.generate) || rc->kind == TR_ROLE_GENERATOR;
-    bool model_reward = rc->kind == TR_ROLE_REWARD && rc->reward_kind == TR_REWARD_KIND_MODEL;
-    if (rc->kind != TR_ROLE_REWARD || model_reward) {
-        if (load_model(rc, a, (int32_t)max_tokens, x.train, gen, err)) return -1;
-        max_tokens = rc->model.max_tokens;   // the plan's, when init left it to the plan
+    bool gen = (role->kind == TR_ROLE_POLICY && x.generate) || role->kind == TR_ROLE_GENERATOR;
+    bool model_reward = role->kind == TR_ROLE_REWARD && role->reward_kind == TR_REWARD_KIND_MODEL;
+    if (role->kind != TR_ROLE_REWARD || model_reward) {
+        if (load_model(role, a, (int32_t)max_tokens, x.train, gen, err)) return -1;
+        max_tokens = role->model.max_tokens;   // the plan's, when init left it to the plan
     } else if (tr_msg_has(a, "model") || tr_msg_has(a, "init_config")) {
-        return tr_errf(err, TR_EINVAL, "init: a %s reward takes no model", rc->reward_kind == TR_REWARD_KIND_RULE
-                                                                             ? "rule" : "service");
+        return tr_errf(err, TR_EINVAL, "init: a %s reward takes no model", role->reward_kind == TR_REWARD_KIND_RULE
+                                                                               ? "rule" : "service");
     }
-    if (load_tokenizer(rc, a, err)) return -1;
+    if (load_tokenizer(role, a, err)) return -1;
     if (x.train) {
         tr_msg_map om, lm;
         tr_optim_cfg opt;
         if (tr_msg_get_map(a, "optim", &om, err) || parse_optim(&om, &opt, err) ||
-            tr_msg_get_map(a, "loss", &lm, err) || parse_loss(rc, &lm, err))
+            tr_msg_get_map(a, "loss", &lm, err) || parse_loss(role, &lm, err))
             return -1;
         // ZeRO-1: each data-parallel rank keeps the Adam moments of its shard only.
-        if (tr_trainer_init_sharded(&rc->trainer, &rc->model, &opt, x.seed, rc->dp, rc->dp_rank, err)) return -1;
-        rc->has_trainer = true;
+        if (tr_trainer_init_sharded(&role->trainer, &role->model, &opt, x.seed, role->dp, role->dp_rank, err))
+            return -1;
+        role->has_trainer = true;
     }
-    init_reply(rc, req, max_tokens, x.train, rep);
+    init_reply(role, req, max_tokens, x.train, rep);
     return 0;
 }
 
 // ---- micro-batches of sequences ----
 
-int tr_worker_get_rollouts(tr_role_ctx *rc, const tr_msg_map *args, tr_rollouts *r, tr_err *err) {
-    int64_t max_len = rc->has_model ? rc->model.max_tokens : 0;
+int tr_worker_get_rollouts(tr_role_ctx *role, const tr_msg_map *args, tr_rollouts *r, tr_err *err) {
+    int64_t max_len = role->has_model ? role->model.max_tokens : 0;
     if (tr_rollouts_get(args, "rollouts", max_len, r, err)) return -1;
-    if (!rc->has_model) return 0;
-    int32_t V = rc->model.cfg.vocab_size;
+    if (!role->has_model) return 0;
+    int32_t V = role->model.cfg.vocab_size;
     for (int64_t t = 0; t < r->n_tokens; t++)
         if (r->tokens[t] < 0 || r->tokens[t] >= V) {
             int32_t s = 0;
@@ -547,8 +550,8 @@ int tr_worker_get_rollouts(tr_role_ctx *rc, const tr_msg_map *args, tr_rollouts 
     return 0;
 }
 
-int32_t tr_mb_fill(tr_role_ctx *rc, const tr_rollouts *r, int32_t s0, int32_t s1, tr_err *err) {
-    tr_mb_buf *b = &rc->mb;
+int32_t tr_mb_fill(tr_role_ctx *role, const tr_rollouts *r, int32_t s0, int32_t s1, tr_err *err) {
+    tr_mb_buf *b = &role->mb;
     tr_pack_clear(&b->pack);
     int32_t s = s0;
     for (; s < s1; s++) {
@@ -558,7 +561,7 @@ int32_t tr_mb_fill(tr_role_ctx *rc, const tr_rollouts *r, int32_t s0, int32_t s1
     }
     if (s == s0)
         return tr_errf(err, TR_ERANGE, "sequence %d has %lld tokens; this worker's forward takes %d", s0,
-                       (long long)(r->offset[s0 + 1] - r->offset[s0]), rc->model.max_tokens);
+                       (long long)(r->offset[s0 + 1] - r->offset[s0]), role->model.max_tokens);
     return s - s0;
 }
 
@@ -566,23 +569,23 @@ int32_t tr_mb_fill(tr_role_ctx *rc, const tr_rollouts *r, int32_t s0, int32_t s1
 
 // Runs the trunk and head over every sequence, in the train op's micro-batch plan;
 // per-token outputs aligned with r->tokens.
-static int forward_all(tr_role_ctx *rc, const tr_rollouts *r, float *out, float *entropy, int64_t *packed,
+static int forward_all(tr_role_ctx *role, const tr_rollouts *r, float *out, float *entropy, int64_t *packed,
                        tr_err *err) {
-    tr_model *m = &rc->model;
-    tr_mb_buf *b = &rc->mb;
+    tr_model *m = &role->model;
+    tr_mb_buf *b = &role->mb;
     memset(out, 0, (size_t)r->n_tokens * sizeof(float));
     if (entropy) memset(entropy, 0, (size_t)r->n_tokens * sizeof(float));
     tr_mb_plan p;
-    if (tr_mb_plan_build(r, 0, r->n, m->max_tokens, rc->share_prompts, &p, err)) return -1;
+    if (tr_mb_plan_build(r, 0, r->n, m->max_tokens, role->share_prompts, &p, err)) return -1;
     *packed = p.tokens;
-    int rc2 = 0;
-    for (int32_t i = 0; i < p.n && !rc2; i++) {
+    int rc = 0;
+    for (int32_t i = 0; i < p.n && !rc; i++) {
         const tr_pack *pk = &p.packs[i];
         int32_t k0 = p.first[i], k1 = p.first[i + 1];
-        rc2 = tr_model_forward(m, pk->ids, &pk->docs, err);
-        if (!rc2) rc2 = m->cfg.head == TR_HEAD_LM ? tr_lm_head_forward(m, pk->targets, b->out, entropy ? b->entropy : NULL, err)
-                                                  : tr_value_head_forward(m, b->out, err);
-        if (rc2) {
+        rc = tr_model_forward(m, pk->ids, &pk->docs, err);
+        if (!rc) rc = m->cfg.head == TR_HEAD_LM ? tr_lm_head_forward(m, pk->targets, b->out, entropy ? b->entropy : NULL, err)
+                                                 : tr_value_head_forward(m, b->out, err);
+        if (rc) {
             tr_err_wrap(err, "micro-batch %d of %d (%d sequences from sequence %d)", i + 1, p.n, k1 - k0,
                         p.seqs[k0]);
             break;
@@ -597,10 +600,10 @@ static int forward_all(tr_role_ctx *rc, const tr_rollouts *r, float *out, float 
         }
     }
     tr_mb_plan_free(&p);
-    return rc2;
+    return rc;
 }
 
-static int op_forward(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, bool values, tr_err *err) {
+static int op_forward(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *rep, bool values, tr_err *err) {
     static const char *const lp_keys[] = {"rollouts", "entropy", NULL};
     static const char *const v_keys[] = {"rollouts", NULL};
     bool want_ent = false;
@@ -610,32 +613,32 @@ static int op_forward(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, bo
     tr_rollouts r;
     tr_rollouts_init(&r);
     float *out = NULL, *ent = NULL;
-    int rc2 = tr_worker_get_rollouts(rc, &req->args, &r, err);
+    int rc = tr_worker_get_rollouts(role, &req->args, &r, err);
     size_t nt = (size_t)(r.n_tokens ? r.n_tokens : 1);
-    if (!rc2 && (!(out = malloc(nt * sizeof(float))) || (want_ent && !(ent = malloc(nt * sizeof(float))))))
-        rc2 = tr_errf(err, TR_ENOMEM, "out of memory for %lld tokens", (long long)r.n_tokens);
+    if (!rc && (!(out = malloc(nt * sizeof(float))) || (want_ent && !(ent = malloc(nt * sizeof(float))))))
+        rc = tr_errf(err, TR_ENOMEM, "out of memory for %lld tokens", (long long)r.n_tokens);
     int64_t packed = 0;
-    if (!rc2) rc2 = forward_all(rc, &r, out, ent, &packed, err);
-    if (!rc2 && rc->tp_rank != 0) {
+    if (!rc) rc = forward_all(role, &r, out, ent, &packed, err);
+    if (!rc && role->tp_rank != 0) {
         tr_msg_begin_reply(rep, req->id, 0);   // its tensor-parallel group's rank 0 answers
-    } else if (!rc2) {
+    } else if (!rc) {
         int64_t n = r.n_tokens;
         tr_msg_begin_reply(rep, req->id, want_ent ? 2 : 1);
         tr_msg_put_tensor(rep, values ? "values" : "logprobs", TR_DTYPE_F32, 1, &n, out);
         if (want_ent) tr_msg_put_tensor(rep, "entropy", TR_DTYPE_F32, 1, &n, ent);
-        tr_worker_logf(rc, "%s: %d sequences, %lld tokens (%lld packed)", values ? "values" : "logprobs", r.n,
+        tr_worker_logf(role, "%s: %d sequences, %lld tokens (%lld packed)", values ? "values" : "logprobs", r.n,
                        (long long)n, (long long)packed);
     }
     free(out);
     free(ent);
     tr_rollouts_free(&r);
-    return rc2;
+    return rc;
 }
 
-int tr_worker_op_logprobs(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
-    return op_forward(rc, req, rep, false, err);
+int tr_worker_op_logprobs(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
+    return op_forward(role, req, rep, false, err);
 }
 
-int tr_worker_op_values(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
-    return op_forward(rc, req, rep, true, err);
+int tr_worker_op_values(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
+    return op_forward(role, req, rep, true, err);
 }

@@ -45,7 +45,7 @@ static int get_i32_vec(const tr_msg_map *m, const char *key, int32_t **out, int6
     return tr_tensor_view_copy(&t, TR_DTYPE_I32, *out, (size_t)t.numel * sizeof(int32_t), key, err);
 }
 
-static int parse_generate(tr_role_ctx *rc, const tr_msg_map *a, gen_args *g, tr_err *err) {
+static int parse_generate(tr_role_ctx *role, const tr_msg_map *a, gen_args *g, tr_err *err) {
     static const char *const keys[] = {"index0", "prompt_len", "prompts", "group", "text", "meta", "sampling", NULL};
     static const char *const skeys[] = {"n", "max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k",
                                         "seed", "stop_ids", "extra_stop_ids", NULL};
@@ -92,7 +92,7 @@ static int parse_generate(tr_role_ctx *rc, const tr_msg_map *a, gen_args *g, tr_
     }
     // Stop lists of any length up to the vocabulary (the generator checks each id against it
     // and searches a sorted copy).
-    const int64_t V = rc->has_model ? rc->model.cfg.vocab_size : 0;
+    const int64_t V = role->has_model ? role->model.cfg.vocab_size : 0;
     if (n < 1 || n > 65536 || mnt < 1 || min_new < 0 || min_new > mnt || top_k < 0 || top_k > INT32_MAX ||
         n_stop > V || n_extra > V) {
         free(stop);
@@ -104,18 +104,18 @@ static int parse_generate(tr_role_ctx *rc, const tr_msg_map *a, gen_args *g, tr_
     int32_t longest = 0;
     for (int32_t i = 0; i < g->k; i++)
         if (g->plen[i] > longest) longest = g->plen[i];
-    if ((int64_t)longest + mnt > rc->model.max_tokens) {
+    if ((int64_t)longest + mnt > role->model.max_tokens) {
         free(stop);
         return tr_errf(err, TR_EINVAL, "generate: a %d-token prompt plus %lld new tokens would not fit the %d "
-                       "tokens this policy trains on per forward", longest, (long long)mnt, rc->model.max_tokens);
+                       "tokens this policy trains on per forward", longest, (long long)mnt, role->model.max_tokens);
     }
     g->n = (int32_t)n;
     g->max_new = (int32_t)mnt;
     g->min_new = (int32_t)min_new;
     g->sp = (tr_sample_params){.temperature = (float)temp, .top_k = (int32_t)top_k, .top_p = (float)top_p};
     // The call's stop ids, else the role's default; the extra ids after them.
-    const int32_t *base = n_stop > 0 ? stop : rc->stop_ids;
-    int64_t n_base = n_stop > 0 ? n_stop : rc->n_stop;
+    const int32_t *base = n_stop > 0 ? stop : role->stop_ids;
+    int64_t n_base = n_stop > 0 ? n_stop : role->n_stop;
     g->stop = malloc((size_t)(n_base + n_extra > 0 ? n_base + n_extra : 1) * sizeof(int32_t));
     if (g->stop) {
         if (n_base > 0) memcpy(g->stop, base, (size_t)n_base * sizeof(int32_t));
@@ -138,25 +138,26 @@ static int text_of(const tr_msg_array *a, uint32_t i, char **out, tr_err *err) {
 }
 
 // The response as text for rewards and logs, without the stop token that ended it.
-static int response_text(tr_role_ctx *rc, const tr_gen_output *o, char **text, tr_err *err) {
+static int response_text(tr_role_ctx *role, const tr_gen_output *o, char **text, tr_err *err) {
     *text = NULL;
-    if (!rc->tok) return 0;
+    if (!role->tok) return 0;
     int32_t n = o->n_tokens;
     if (o->finish == TR_GEN_STOP && n > 0) n--;
     size_t len;
-    return tr_tokenizer_decode(rc->tok, o->tokens, (size_t)n, text, &len, err);
+    return tr_tokenizer_decode(role->tok, o->tokens, (size_t)n, text, &len, err);
 }
 
-int tr_worker_op_generate(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
-    if (!rc->has_gen)
+int tr_worker_op_generate(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
+    if (!role->has_gen)
         return tr_errf(err, TR_EINVAL, "generate: %s was initialized with generate: false (a generator samples for "
-                       "it)", rc->id);
-    int64_t version = tr_worker_weight_version(rc);
-    if (rc->kind == TR_ROLE_GENERATOR && version < 0)
-        return tr_errf(err, TR_EINVAL, "generate: %s has no weights yet: the policy's sync_weights sends them", rc->id);
+                       "it)", role->id);
+    int64_t version = tr_worker_weight_version(role);
+    if (role->kind == TR_ROLE_GENERATOR && version < 0)
+        return tr_errf(err, TR_EINVAL, "generate: %s has no weights yet: the policy's sync_weights sends them",
+                       role->id);
     gen_args g;
     memset(&g, 0, sizeof g);
-    if (parse_generate(rc, &req->args, &g, err)) {
+    if (parse_generate(role, &req->args, &g, err)) {
         gen_args_free(&g);
         return -1;
     }
@@ -165,40 +166,40 @@ int tr_worker_op_generate(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep
     tr_gen_output *outs = calloc((size_t)(n_out ? n_out : 1), sizeof *outs);
     tr_rollouts r;
     tr_rollouts_init(&r);
-    int rc2 = 0;
-    if (!reqs || !outs) rc2 = tr_errf(err, TR_ENOMEM, "generate: out of memory for %lld samples", (long long)n_out);
-    for (int32_t i = 0; i < g.k && !rc2; i++)
+    int rc = 0;
+    if (!reqs || !outs) rc = tr_errf(err, TR_ENOMEM, "generate: out of memory for %lld samples", (long long)n_out);
+    for (int32_t i = 0; i < g.k && !rc; i++)
         reqs[i] = (tr_gen_request){.prompt = g.ids + g.off[i], .n_prompt = g.plen[i], .n_samples = g.n,
                                    .sampling = g.sp, .seed = tr_rng_derive(g.seed, (uint64_t)(g.index0 + i)),
                                    .stop_ids = g.stop, .n_stop = g.n_stop, .max_new_tokens = g.max_new,
                                    .min_new_tokens = g.min_new};
     bool have_outs = false;
-    if (!rc2 && g.k > 0) {
-        rc2 = tr_generate(&rc->gen, reqs, g.k, outs, err);
-        have_outs = rc2 == 0;
+    if (!rc && g.k > 0) {
+        rc = tr_generate(&role->gen, reqs, g.k, outs, err);
+        have_outs = rc == 0;
     }
     int64_t new_tokens = 0;
     // Every rank of a tensor-parallel group drew the same tokens; its rank 0 answers.
-    for (int64_t j = 0; j < n_out && !rc2 && rc->tp_rank == 0; j++) {
+    for (int64_t j = 0; j < n_out && !rc && role->tp_rank == 0; j++) {
         const tr_gen_output *o = &outs[j];
         int32_t i = o->request;
         char *pt = NULL, *mt = NULL, *rt = NULL;
-        rc2 = (g.has_text && text_of(&g.text, (uint32_t)i, &pt, err)) ||
-              (g.has_meta && text_of(&g.meta, (uint32_t)i, &mt, err)) || response_text(rc, o, &rt, err);
-        if (!rc2)
-            rc2 = tr_rollouts_append(&r, g.group[i], o->sample, g.ids + g.off[i], g.plen[i], o->tokens, o->logprobs,
-                                     o->n_tokens, o->finish == TR_GEN_LENGTH ? TR_FINISH_LENGTH : TR_FINISH_STOP,
-                                     pt, rt, mt, err);
-        if (!rc2) r.version[r.n - 1] = version;
+        rc = (g.has_text && text_of(&g.text, (uint32_t)i, &pt, err)) ||
+             (g.has_meta && text_of(&g.meta, (uint32_t)i, &mt, err)) || response_text(role, o, &rt, err);
+        if (!rc)
+            rc = tr_rollouts_append(&r, g.group[i], o->sample, g.ids + g.off[i], g.plen[i], o->tokens, o->logprobs,
+                                    o->n_tokens, o->finish == TR_GEN_LENGTH ? TR_FINISH_LENGTH : TR_FINISH_STOP,
+                                    pt, rt, mt, err);
+        if (!rc) r.version[r.n - 1] = version;
         new_tokens += o->n_tokens;
         free(pt);
         free(mt);
         free(rt);
     }
-    if (!rc2 && rc->tp_rank != 0) {
+    if (!rc && role->tp_rank != 0) {
         tr_msg_begin_reply(rep, req->id, 0);
-    } else if (!rc2) {
-        const tr_gen_stats *st = &rc->gen.stats;
+    } else if (!rc) {
+        const tr_gen_stats *st = &role->gen.stats;
         tr_msg_begin_reply(rep, req->id, 2);
         tr_rollouts_put(rep, "rollouts", &r, 0, r.n, TR_RO_ALL);
         tr_msg_put_map(rep, "stats", 11);
@@ -213,7 +214,7 @@ int tr_worker_op_generate(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep
         tr_msg_put_float(rep, "host_seconds", st->host_seconds);
         tr_msg_put_int(rep, "graph_steps", st->graph_steps);
         tr_msg_put_int(rep, "padded_rows", st->padded_rows);
-        tr_worker_logf(rc, "generate: %d prompts x %d samples, %lld new tokens, weights of step %lld", g.k, g.n,
+        tr_worker_logf(role, "generate: %d prompts x %d samples, %lld new tokens, weights of step %lld", g.k, g.n,
                        (long long)new_tokens, (long long)version);
     }
     if (have_outs) tr_gen_outputs_free(outs, n_out);
@@ -221,12 +222,12 @@ int tr_worker_op_generate(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep
     free(reqs);
     tr_rollouts_free(&r);
     gen_args_free(&g);
-    return rc2 ? -1 : 0;
+    return rc ? -1 : 0;
 }
 
 // ---- save, load ----
 
-int tr_worker_op_save(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
+int tr_worker_op_save(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
     static const char *const keys[] = {"dir", NULL};
     char dir[1024];
     if (tr_msg_check_keys(&req->args, keys, err) || tr_msg_get_str_buf(&req->args, "dir", dir, sizeof dir, err))
@@ -234,49 +235,49 @@ int tr_worker_op_save(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr
     // The weights are the same on every data-parallel rank: rank 0 writes them (making dir;
     // the ranks of its tensor-parallel group gather their shards to it), then every rank its
     // shard of the optimizer state (gathered into whole tensors under tensor parallelism).
-    tr_comm *comm = rc->has_trainer ? rc->trainer.comm : NULL;
-    if (rc->dp > 1 && rc->has_trainer && !comm)
-        return tr_errf(err, TR_EINVAL, "save: %s is one of %d data-parallel ranks but has no communicator", rc->id,
-                       rc->dp);
-    tr_ckpt_save_opts so = {.dtype = rc->save_bf16 ? TR_ST_BF16 : TR_ST_F32,
-                            .tokenizer_dir = rc->tokenizer_dir[0] ? rc->tokenizer_dir : NULL};
-    int rc2 = rc->dp_rank == 0 ? tr_model_save(&rc->model, dir, &so, err) : 0;
-    if (rc2 && rc->tp_comm) tr_comm_abort(rc->tp_comm, err->msg);
-    if (rc2 && comm) tr_comm_abort(comm, err->msg);
-    if (!rc2 && comm) rc2 = tr_comm_barrier(comm, err);
-    if (!rc2 && rc->has_trainer) rc2 = tr_train_state_save(&rc->trainer, dir, err);
-    if (rc2) return tr_err_wrap(err, "%s", dir);   // the op's name comes before it
-    tr_worker_logf(rc, "saved %s", dir);
+    tr_comm *comm = role->has_trainer ? role->trainer.comm : NULL;
+    if (role->dp > 1 && role->has_trainer && !comm)
+        return tr_errf(err, TR_EINVAL, "save: %s is one of %d data-parallel ranks but has no communicator", role->id,
+                       role->dp);
+    tr_ckpt_save_opts so = {.dtype = role->save_bf16 ? TR_ST_BF16 : TR_ST_F32,
+                            .tokenizer_dir = role->tokenizer_dir[0] ? role->tokenizer_dir : NULL};
+    int rc = role->dp_rank == 0 ? tr_model_save(&role->model, dir, &so, err) : 0;
+    if (rc && role->tp_comm) tr_comm_abort(role->tp_comm, err->msg);
+    if (rc && comm) tr_comm_abort(comm, err->msg);
+    if (!rc && comm) rc = tr_comm_barrier(comm, err);
+    if (!rc && role->has_trainer) rc = tr_train_state_save(&role->trainer, dir, err);
+    if (rc) return tr_err_wrap(err, "%s", dir);   // the op's name comes before it
+    tr_worker_logf(role, "saved %s", dir);
     tr_msg_begin_reply(rep, req->id, 2);
     tr_msg_put_str(rep, "dir", dir);
-    tr_msg_put_int(rep, "step", rc->has_trainer ? rc->trainer.step : 0);
+    tr_msg_put_int(rep, "step", role->has_trainer ? role->trainer.step : 0);
     return 0;
 }
 
-int tr_worker_op_load(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
+int tr_worker_op_load(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
     static const char *const keys[] = {"dir", NULL};
     char dir[1024], path[1100];
     if (tr_msg_check_keys(&req->args, keys, err) || tr_msg_get_str_buf(&req->args, "dir", dir, sizeof dir, err))
         return -1;
     tr_model_config cfg;
-    const tr_model_config *c = &rc->model.cfg;
+    const tr_model_config *c = &role->model.cfg;
     if (tr_checkpoint_load_config(dir, &cfg, err)) return -1;
     if (cfg.head != c->head || cfg.vocab_size != c->vocab_size || cfg.hidden_size != c->hidden_size ||
         cfg.n_layers != c->n_layers || cfg.n_heads != c->n_heads || cfg.n_kv_heads != c->n_kv_heads ||
         cfg.intermediate_size != c->intermediate_size)
         return tr_errf(err, TR_EINVAL, "load: %s (%s) is not the shape of the running %s model", dir,
                        cfg.architecture, c->architecture);
-    if (tr_worker_begin_write(rc, err) || tr_model_load_weights(&rc->model, dir, false, err)) return -1;
-    rc->prev_train_step = -1;  // the weights before the loaded ones are not known
+    if (tr_worker_begin_write(role, err) || tr_model_load_weights(&role->model, dir, false, err)) return -1;
+    role->prev_train_step = -1;  // the weights before the loaded ones are not known
     bool state = false;
     snprintf(path, sizeof path, "%s/%s", dir, TR_TRAIN_STATE_JSON);
-    if (rc->has_trainer && tr_file_exists(path)) {
-        if (tr_train_state_load(&rc->trainer, dir, err)) return -1;
+    if (role->has_trainer && tr_file_exists(path)) {
+        if (tr_train_state_load(&role->trainer, dir, err)) return -1;
         state = true;
     }
-    tr_worker_logf(rc, "loaded %s%s", dir, state ? " with its training state" : "");
+    tr_worker_logf(role, "loaded %s%s", dir, state ? " with its training state" : "");
     tr_msg_begin_reply(rep, req->id, 2);
     tr_msg_put_bool(rep, "state_loaded", state);
-    tr_msg_put_int(rep, "step", rc->has_trainer ? rc->trainer.step : 0);
+    tr_msg_put_int(rep, "step", role->has_trainer ? role->trainer.step : 0);
     return 0;
 }

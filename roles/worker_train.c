@@ -19,7 +19,7 @@ typedef struct plan {
 } plan;
 
 typedef struct rl_ctx {
-    tr_role_ctx *rc;
+    tr_role_ctx *role;
     const tr_rollouts *r;
     const float *adv, *old, *ref;        // policy
     const float *ret, *old_v;            // critic
@@ -43,14 +43,14 @@ static void plan_free(plan *p) {
 }
 
 // Packs sequences [s0, s1) into micro-batches of at most the model's max_tokens, in order.
-static int plan_build(tr_role_ctx *rc, const tr_rollouts *r, int32_t s0, int32_t s1, plan *p, tr_err *err) {
-    if (tr_mb_plan_build(r, s0, s1, rc->model.max_tokens, rc->share_prompts, &p->mp, err))
+static int plan_build(tr_role_ctx *role, const tr_rollouts *r, int32_t s0, int32_t s1, plan *p, tr_err *err) {
+    if (tr_mb_plan_build(r, s0, s1, role->model.max_tokens, role->share_prompts, &p->mp, err))
         return tr_err_wrap(err, "train");
     if (!(p->mbs = calloc((size_t)p->mp.n + 1, sizeof *p->mbs))) return tr_errf(err, TR_ENOMEM, "train: out of memory");
     for (int32_t i = 0; i < p->mp.n; i++) {
         const tr_pack *pk = &p->mp.packs[i];
         // ones: the loss callback carries every weight
-        p->mbs[i] = (tr_micro_batch){.ids = pk->ids, .targets = pk->targets, .weights = rc->mb.weights,
+        p->mbs[i] = (tr_micro_batch){.ids = pk->ids, .targets = pk->targets, .weights = role->mb.weights,
                                      .docs = pk->docs};
     }
     return 0;
@@ -96,7 +96,7 @@ static int rl_loss(void *user, int32_t index, const tr_micro_batch *mb, int32_t 
     memset(c->c, 0, nn * sizeof(float));
     memset(c->d, 0, nn * sizeof(float));
     memset(c->e, 0, nn * sizeof(float));
-    bool critic = c->rc->kind == TR_ROLE_CRITIC;
+    bool critic = c->role->kind == TR_ROLE_CRITIC;
     for (int32_t q = 0; q < ns; q++) {
         int32_t t0, len, i = seqs[q];
         int64_t off = r->offset[i];
@@ -125,7 +125,7 @@ static int rl_loss(void *user, int32_t index, const tr_micro_batch *mb, int32_t 
         tr_value_loss_in in = {.B = B, .T = T, .mask = c->mask, .values = c->a, .old_values = c->b,
                                .returns = c->c, .norm = c->norm};
         tr_value_loss_out vo;
-        rc = tr_value_loss(c->rc->value_clip, c->rc->loss.agg, &in, &vo, c->ga, err);
+        rc = tr_value_loss(c->role->value_clip, c->role->loss.agg, &in, &vo, c->ga, err);
         if (rc) return -1;
         loss[0] = (float)vo.loss;
         c->loss += vo.loss;
@@ -137,8 +137,8 @@ static int rl_loss(void *user, int32_t index, const tr_micro_batch *mb, int32_t 
                                 .ref_logp = c->ref ? c->d : NULL, .entropy = entropy ? c->e : NULL,
                                 .norm = c->norm};
         tr_policy_loss_out po;
-        bool ent_grad = c->rc->loss.entropy_coef != 0 && entropy;
-        rc = tr_policy_loss(&c->rc->loss, &in, &po, c->ga, ent_grad ? c->ge : NULL, err);
+        bool ent_grad = c->role->loss.entropy_coef != 0 && entropy;
+        rc = tr_policy_loss(&c->role->loss, &in, &po, c->ga, ent_grad ? c->ge : NULL, err);
         if (rc) return -1;
         loss[0] = (float)po.loss;
         c->loss += po.loss;
@@ -187,15 +187,15 @@ static void mini_counts(const tr_rollouts *r, int32_t s0, int32_t s1, double out
 
 // Each mini-batch's denominators over every data-parallel rank's share of it, so that the
 // ranks' losses add up to the mini-batch's and every rank normalizes alike.
-static int mini_norms(tr_role_ctx *rc, const tr_rollouts *r, const plan *plans, int32_t M, tr_loss_norm *norms,
+static int mini_norms(tr_role_ctx *role, const tr_rollouts *r, const plan *plans, int32_t M, tr_loss_norm *norms,
                       tr_err *err) {
-    int32_t world = rc->trainer.comm ? tr_comm_world(rc->trainer.comm) : 1;
+    int32_t world = role->trainer.comm ? tr_comm_world(role->trainer.comm) : 1;
     double *mine = malloc((size_t)M * 3 * sizeof(double)), *all = malloc((size_t)M * 3 * (size_t)world * sizeof(double));
-    int rc2 = !mine || !all ? tr_errf(err, TR_ENOMEM, "train: out of memory") : 0;
-    for (int32_t m = 0; m < M && !rc2; m++)
+    int rc = !mine || !all ? tr_errf(err, TR_ENOMEM, "train: out of memory") : 0;
+    for (int32_t m = 0; m < M && !rc; m++)
         mini_counts(r, plans[m].mp.s0, plans[m].mp.s1, mine + 3 * m);
-    if (!rc2) rc2 = tr_trainer_all_gather(&rc->trainer, mine, M * 3, all, err);
-    for (int32_t m = 0; m < M && !rc2; m++) {
+    if (!rc) rc = tr_trainer_all_gather(&role->trainer, mine, M * 3, all, err);
+    for (int32_t m = 0; m < M && !rc; m++) {
         tr_loss_norm *nm = &norms[m];
         memset(nm, 0, sizeof *nm);
         for (int32_t k = 0; k < world; k++) {
@@ -204,11 +204,11 @@ static int mini_norms(tr_role_ctx *rc, const tr_rollouts *r, const plan *plans, 
             nm->n_seqs += x[1];
             if (x[2] > nm->max_len) nm->max_len = x[2];
         }
-        if (rc->max_len > 0) nm->max_len = rc->max_len;
+        if (role->max_len > 0) nm->max_len = role->max_len;
     }
     free(mine);
     free(all);
-    return rc2;
+    return rc;
 }
 
 static int scratch_alloc(rl_ctx *c, int64_t cap, tr_err *err) {
@@ -276,13 +276,13 @@ static void rl_in_free(rl_in *in) {
 
 // The mini-batch split: as the controller gives it (each data-parallel rank's share of every
 // mini-batch), or min(mini_batches, n) near-equal contiguous parts of this call's sequences.
-static int get_split(tr_role_ctx *rc, const tr_msg_map *a, rl_in *in, tr_err *err) {
+static int get_split(tr_role_ctx *role, const tr_msg_map *a, rl_in *in, tr_err *err) {
     const tr_rollouts *r = &in->r;
     if (!tr_msg_has(a, "mini_batch_seqs")) {
-        if (rc->dp > 1)
-            return tr_errf(err, TR_EINVAL, "train: %d data-parallel ranks need mini_batch_seqs", rc->dp);
+        if (role->dp > 1)
+            return tr_errf(err, TR_EINVAL, "train: %d data-parallel ranks need mini_batch_seqs", role->dp);
         if (r->n < 1) return tr_errf(err, TR_EINVAL, "train: no sequences");
-        in->M = rc->mini_batches < r->n ? rc->mini_batches : r->n;
+        in->M = role->mini_batches < r->n ? role->mini_batches : r->n;
         if (!(in->mb_seqs = malloc((size_t)in->M * sizeof *in->mb_seqs)))
             return tr_errf(err, TR_ENOMEM, "train: out of memory");
         for (int32_t m = 0; m < in->M; m++)
@@ -291,9 +291,9 @@ static int get_split(tr_role_ctx *rc, const tr_msg_map *a, rl_in *in, tr_err *er
     }
     tr_tensor_view t;
     if (tr_msg_get_tensor(a, "mini_batch_seqs", &t, err)) return -1;
-    if (t.ndim != 1 || t.numel < 1 || t.numel > rc->mini_batches)
+    if (t.ndim != 1 || t.numel < 1 || t.numel > role->mini_batches)
         return tr_errf(err, TR_EINVAL, "train: args.mini_batch_seqs: %lld mini-batches (1..%d)", (long long)t.numel,
-                       rc->mini_batches);
+                       role->mini_batches);
     in->M = (int32_t)t.numel;
     if (!(in->mb_seqs = malloc((size_t)in->M * sizeof *in->mb_seqs)))
         return tr_errf(err, TR_ENOMEM, "train: out of memory");
@@ -307,40 +307,40 @@ static int get_split(tr_role_ctx *rc, const tr_msg_map *a, rl_in *in, tr_err *er
     if (sum != r->n)
         return tr_errf(err, TR_EINVAL, "train: args.mini_batch_seqs adds up to %lld, %d sequences were sent",
                        (long long)sum, r->n);
-    if (r->n < 1 && rc->dp < 2) return tr_errf(err, TR_EINVAL, "train: no sequences");
+    if (r->n < 1 && role->dp < 2) return tr_errf(err, TR_EINVAL, "train: no sequences");
     return 0;
 }
 
 // The weights that sampled the rollouts must be the ones the controller says: the trainer's
 // current weights (weight_lag 0), or those it had before its previous train call (1, the
 // one-step-off pipeline). A sequence of unknown version (-1) is not checked.
-static int check_versions(tr_role_ctx *rc, const tr_msg_map *a, const tr_rollouts *r, tr_err *err) {
+static int check_versions(tr_role_ctx *role, const tr_msg_map *a, const tr_rollouts *r, tr_err *err) {
     if (!tr_msg_has(a, "weight_lag")) return 0;
     int64_t lag;
     if (tr_msg_get_int(a, "weight_lag", &lag, err)) return -1;
     if (lag < 0 || lag > 1)
         return tr_errf(err, TR_EINVAL, "train: weight_lag %lld (0: the current weights, 1: the previous ones)",
                        (long long)lag);
-    int64_t want = lag == 0 ? rc->trainer.step : rc->prev_train_step;
+    int64_t want = lag == 0 ? role->trainer.step : role->prev_train_step;
     for (int32_t i = 0; i < r->n; i++) {
         if (r->version[i] < 0 || r->version[i] == want) continue;
         if (want < 0)
             return tr_errf(err, TR_EINVAL, "train: sequence %d was sampled with the weights of step %lld, but %s has "
                            "taken no train step since it started or loaded, so it has no previous weights "
-                           "(weight_lag 1)", i, (long long)r->version[i], rc->id);
+                           "(weight_lag 1)", i, (long long)r->version[i], role->id);
         return tr_errf(err, TR_EINVAL, "train: sequence %d was sampled with the weights of step %lld; with weight_lag "
                        "%lld %s expects step %lld (stale or mixed-up rollouts)", i, (long long)r->version[i],
-                       (long long)lag, rc->id, (long long)want);
+                       (long long)lag, role->id, (long long)want);
     }
     return 0;
 }
 
-static int rl_in_get(tr_role_ctx *rc, const tr_msg_map *a, rl_in *in, tr_err *err) {
-    bool critic = rc->kind == TR_ROLE_CRITIC;
+static int rl_in_get(tr_role_ctx *role, const tr_msg_map *a, rl_in *in, tr_err *err) {
+    bool critic = role->kind == TR_ROLE_CRITIC;
     static const char *const pkeys[] = {"rollouts", "advantages", "old_logprobs", "ref_logprobs", "mini_batch_seqs",
                                         "weight_lag", NULL};
     static const char *const ckeys[] = {"rollouts", "returns", "old_values", "mini_batch_seqs", NULL};
-    if (tr_msg_check_keys(a, critic ? ckeys : pkeys, err) || tr_worker_get_rollouts(rc, a, &in->r, err)) return -1;
+    if (tr_msg_check_keys(a, critic ? ckeys : pkeys, err) || tr_worker_get_rollouts(role, a, &in->r, err)) return -1;
     const tr_rollouts *r = &in->r;
     size_t n = (size_t)r->n_tokens;
     bool has_ref = !critic && tr_msg_has(a, "ref_logprobs");
@@ -353,18 +353,18 @@ static int rl_in_get(tr_role_ctx *rc, const tr_msg_map *a, rl_in *in, tr_err *er
         tr_token_floats_get(a, critic ? "old_values" : "old_logprobs", r->n_tokens, in->y, err) ||
         (has_ref && tr_token_floats_get(a, "ref_logprobs", r->n_tokens, in->z, err)))
         return -1;
-    if (!critic && rc->loss.kl_coef != 0 && !has_ref)
-        return tr_errf(err, TR_EINVAL, "train: the KL loss (kl_coef %g) needs ref_logprobs", rc->loss.kl_coef);
-    if (!critic && check_versions(rc, a, r, err)) return -1;
-    return get_split(rc, a, in, err);
+    if (!critic && role->loss.kl_coef != 0 && !has_ref)
+        return tr_errf(err, TR_EINVAL, "train: the KL loss (kl_coef %g) needs ref_logprobs", role->loss.kl_coef);
+    if (!critic && check_versions(role, a, r, err)) return -1;
+    return get_split(role, a, in, err);
 }
 
 // Micro-batch plans of every mini-batch and the largest padded loss layout among them.
-static int build_plans(tr_role_ctx *rc, const rl_in *in, plan *plans, int64_t *cap, tr_err *err) {
+static int build_plans(tr_role_ctx *role, const rl_in *in, plan *plans, int64_t *cap, tr_err *err) {
     int32_t s0 = 0;
     *cap = 0;
     for (int32_t m = 0; m < in->M; m++) {
-        if (plan_build(rc, &in->r, s0, s0 + in->mb_seqs[m], &plans[m], err)) return -1;
+        if (plan_build(role, &in->r, s0, s0 + in->mb_seqs[m], &plans[m], err)) return -1;
         s0 += in->mb_seqs[m];
         for (int32_t i = 0; i < plans[m].mp.n; i++) {
             int32_t B, T;
@@ -377,17 +377,17 @@ static int build_plans(tr_role_ctx *rc, const rl_in *in, plan *plans, int64_t *c
 }
 
 // ppo_epochs passes, one optimizer step per mini-batch (on every rank, with or without data).
-static int run_epochs(tr_role_ctx *rc, const rl_in *in, const plan *plans, const tr_loss_norm *norms, rl_ctx *c,
+static int run_epochs(tr_role_ctx *role, const rl_in *in, const plan *plans, const tr_loss_norm *norms, rl_ctx *c,
                       tr_train_metrics *mt, double *gn, tr_err *err) {
-    for (int32_t e = 0; e < rc->ppo_epochs; e++)
+    for (int32_t e = 0; e < role->ppo_epochs; e++)
         for (int32_t m = 0; m < in->M; m++) {
             c->norm = &norms[m];
             c->p = &plans[m];
             for (int32_t i = 0; i < plans[m].mp.n; i++)
-                c->flops += 3 * tr_model_forward_flops(&rc->model.cfg, &plans[m].mp.packs[i].docs);
+                c->flops += 3 * tr_model_forward_flops(&role->model.cfg, &plans[m].mp.packs[i].docs);
             tr_step_args sa = {.loss = TR_LOSS_CALLBACK, .norm = TR_NORM_SUM, .loss_fn = rl_loss, .user = c};
             tr_step_result res;
-            if (tr_train_step(&rc->trainer, plans[m].mbs, plans[m].mp.n, &sa, &res, err))
+            if (tr_train_step(&role->trainer, plans[m].mbs, plans[m].mp.n, &sa, &res, err))
                 return tr_err_wrap(err, "train: epoch %d mini-batch %d", e, m);
             mt->steps++;
             *gn += res.grad_norm;
@@ -398,16 +398,16 @@ static int run_epochs(tr_role_ctx *rc, const rl_in *in, const plan *plans, const
 }
 
 // The call's metrics over every data-parallel rank: sums of the per-rank parts, then means.
-static int finish_metrics(tr_role_ctx *rc, const rl_ctx *c, double gn, tr_train_metrics *mt, tr_err *err) {
+static int finish_metrics(tr_role_ctx *role, const rl_ctx *c, double gn, tr_train_metrics *mt, tr_err *err) {
     double v[] = {c->loss, c->pg_loss, c->kl, c->entropy, c->tok_clip, c->tok_clip_lo, c->tok_clip_hi, c->tok_dual,
                   c->tok_akl, c->tok_ratio, c->v_clip, c->v_mean, (double)c->tokens, c->flops};
-    if (tr_trainer_all_sum(&rc->trainer, v, (int32_t)(sizeof v / sizeof v[0]), err)) return -1;
+    if (tr_trainer_all_sum(&role->trainer, v, (int32_t)(sizeof v / sizeof v[0]), err)) return -1;
     double steps = mt->steps > 0 ? (double)mt->steps : 1, tok = v[12] > 0 ? v[12] : 1;
     mt->loss = v[0] / steps;
     mt->grad_norm = gn / steps;
     mt->tokens = (int64_t)v[12];
     mt->flops = v[13];
-    if (rc->kind == TR_ROLE_CRITIC) {
+    if (role->kind == TR_ROLE_CRITIC) {
         mt->value_loss = v[0] / steps;
         mt->value_clip_frac = v[10] / tok;
         mt->value_mean = v[11] / tok;
@@ -425,26 +425,26 @@ static int finish_metrics(tr_role_ctx *rc, const rl_ctx *c, double gn, tr_train_
     return 0;
 }
 
-int tr_worker_op_train(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
-    if (!rc->has_trainer) return tr_errf(err, TR_EINVAL, "train: %s was initialized without train", rc->id);
-    if (rc->dp > 1 && !rc->trainer.comm)
+int tr_worker_op_train(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
+    if (!role->has_trainer) return tr_errf(err, TR_EINVAL, "train: %s was initialized without train", role->id);
+    if (role->dp > 1 && !role->trainer.comm)
         return tr_errf(err, TR_EINVAL, "train: %s is one of %d data-parallel ranks but has no communicator (comm_ready)",
-                       rc->id, rc->dp);
-    bool critic = rc->kind == TR_ROLE_CRITIC;
+                       role->id, role->dp);
+    bool critic = role->kind == TR_ROLE_CRITIC;
     rl_in in;
     memset(&in, 0, sizeof in);
     tr_rollouts_init(&in.r);
     rl_ctx c;
     memset(&c, 0, sizeof c);
-    int rc2 = rl_in_get(rc, &req->args, &in, err);
-    plan *plans = rc2 ? NULL : calloc((size_t)(uint32_t)in.M, sizeof *plans);
-    tr_loss_norm *norms = rc2 ? NULL : calloc((size_t)(uint32_t)in.M, sizeof *norms);
-    if (!rc2 && (!plans || !norms)) rc2 = tr_errf(err, TR_ENOMEM, "train: out of memory");
+    int rc = rl_in_get(role, &req->args, &in, err);
+    plan *plans = rc ? NULL : calloc((size_t)(uint32_t)in.M, sizeof *plans);
+    tr_loss_norm *norms = rc ? NULL : calloc((size_t)(uint32_t)in.M, sizeof *norms);
+    if (!rc && (!plans || !norms)) rc = tr_errf(err, TR_ENOMEM, "train: out of memory");
     int64_t cap = 0;
-    if (!rc2) rc2 = build_plans(rc, &in, plans, &cap, err);
-    if (!rc2) rc2 = scratch_alloc(&c, cap, err);
-    if (!rc2) rc2 = mini_norms(rc, &in.r, plans, in.M, norms, err);
-    c.rc = rc;
+    if (!rc) rc = build_plans(role, &in, plans, &cap, err);
+    if (!rc) rc = scratch_alloc(&c, cap, err);
+    if (!rc) rc = mini_norms(role, &in.r, plans, in.M, norms, err);
+    c.role = role;
     c.r = &in.r;
     c.adv = critic ? NULL : in.x;
     c.old = critic ? NULL : in.y;
@@ -454,29 +454,29 @@ int tr_worker_op_train(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, t
     tr_train_metrics mt;
     memset(&mt, 0, sizeof mt);
     double gn = 0;
-    int64_t step_before = rc->trainer.step;
-    if (!rc2) rc2 = tr_worker_begin_write(rc, err);
-    if (!rc2) rc2 = run_epochs(rc, &in, plans, norms, &c, &mt, &gn, err);
-    if (!rc2) rc->prev_train_step = step_before;
-    if (!rc2) rc2 = finish_metrics(rc, &c, gn, &mt, err);
-    if (!rc2) {
+    int64_t step_before = role->trainer.step;
+    if (!rc) rc = tr_worker_begin_write(role, err);
+    if (!rc) rc = run_epochs(role, &in, plans, norms, &c, &mt, &gn, err);
+    if (!rc) role->prev_train_step = step_before;
+    if (!rc) rc = finish_metrics(role, &c, gn, &mt, err);
+    if (!rc) {
         tr_msg_begin_reply(rep, req->id, 1);
         put_metrics(rep, &mt, critic);
         int64_t packed = 0;
         for (int32_t m = 0; m < in.M; m++) packed += plans[m].mp.tokens;
-        tr_worker_logf(rc, "train: %d sequences here, %lld steps, loss %.6g, grad norm %.4g, lr %.3g; %lld tokens "
+        tr_worker_logf(role, "train: %d sequences here, %lld steps, loss %.6g, grad norm %.4g, lr %.3g; %lld tokens "
                        "packed as %lld", in.r.n, (long long)mt.steps, mt.loss, mt.grad_norm, mt.lr,
                        (long long)in.r.n_tokens, (long long)packed);
-    } else if (rc->trainer.comm) {
+    } else if (role->trainer.comm) {
         // The other ranks may be waiting in a collective this rank will never reach.
-        tr_comm_abort(rc->trainer.comm, err->msg);
+        tr_comm_abort(role->trainer.comm, err->msg);
     }
     for (int32_t m = 0; plans && m < in.M; m++) plan_free(&plans[m]);
     free(plans);
     free(norms);
     scratch_free(&c);
     rl_in_free(&in);
-    return rc2;
+    return rc;
 }
 
 // ---- SFT ----
@@ -515,20 +515,20 @@ static int check_rows(int64_t nr, int32_t rl, int32_t V, const int32_t *ids, con
     return 0;
 }
 
-int tr_worker_op_train_sft(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
+int tr_worker_op_train_sft(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *rep, tr_err *err) {
     static const char *const keys[] = {"n_rows", "row_len", "ids", "targets", "doc_start", "n_docs", NULL};
     const tr_msg_map *a = &req->args;
-    if (!rc->has_trainer) return tr_errf(err, TR_EINVAL, "train_sft: %s was initialized without train", rc->id);
-    if (rc->dp > 1 && !rc->trainer.comm)
+    if (!role->has_trainer) return tr_errf(err, TR_EINVAL, "train_sft: %s was initialized without train", role->id);
+    if (role->dp > 1 && !role->trainer.comm)
         return tr_errf(err, TR_EINVAL, "train_sft: %s is one of %d data-parallel ranks but has no communicator "
-                       "(comm_ready)", rc->id, rc->dp);
+                       "(comm_ready)", role->id, role->dp);
     int64_t nr, rl;
     if (tr_msg_check_keys(a, keys, err) || tr_msg_get_int(a, "n_rows", &nr, err) ||
         tr_msg_get_int(a, "row_len", &rl, err))
         return -1;
-    int32_t T = rc->model.max_tokens;
+    int32_t T = role->model.max_tokens;
     // A data-parallel rank may get no rows; it still takes part in the step.
-    if (nr < (rc->dp > 1 ? 0 : 1) || rl < 1 || rl > T || nr > (1 << 24))
+    if (nr < (role->dp > 1 ? 0 : 1) || rl < 1 || rl > T || nr > (1 << 24))
         return tr_errf(err, TR_EINVAL, "train_sft: %lld rows of %lld tokens (a row must fit the %d-token forward)",
                        (long long)nr, (long long)rl, T);
     size_t n = (size_t)(nr * rl);
@@ -537,34 +537,34 @@ int tr_worker_op_train_sft(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *re
     tr_micro_batch *mbs = calloc((size_t)nr + 1, sizeof *mbs);
     tr_pack *packs = calloc((size_t)nr + 1, sizeof *packs);
     tr_tensor_view dv;
-    int rc2 = 0;
-    if (!ids || !tg || !nd || !mbs || !packs) rc2 = tr_errf(err, TR_ENOMEM, "train_sft: out of memory");
-    if (!rc2 && (get_i32(a, "ids", (int64_t)n, ids, err) || get_i32(a, "targets", (int64_t)n, tg, err) ||
-                 get_i32(a, "n_docs", nr, nd, err) || tr_msg_get_tensor(a, "doc_start", &dv, err)))
-        rc2 = -1;
+    int rc = 0;
+    if (!ids || !tg || !nd || !mbs || !packs) rc = tr_errf(err, TR_ENOMEM, "train_sft: out of memory");
+    if (!rc && (get_i32(a, "ids", (int64_t)n, ids, err) || get_i32(a, "targets", (int64_t)n, tg, err) ||
+                get_i32(a, "n_docs", nr, nd, err) || tr_msg_get_tensor(a, "doc_start", &dv, err)))
+        rc = -1;
     int64_t total_docs = 0;
-    for (int64_t i = 0; i < nr && !rc2; i++) {
-        if (nd[i] < 1 || nd[i] > rl) rc2 = tr_errf(err, TR_EINVAL, "train_sft: row %lld has %d documents", (long long)i, nd[i]);
+    for (int64_t i = 0; i < nr && !rc; i++) {
+        if (nd[i] < 1 || nd[i] > rl) rc = tr_errf(err, TR_EINVAL, "train_sft: row %lld has %d documents", (long long)i, nd[i]);
         total_docs += nd[i] + 1;
     }
-    if (!rc2 && dv.numel != total_docs)
-        rc2 = tr_errf(err, TR_EINVAL, "train_sft: doc_start has %lld entries, n_docs needs %lld", (long long)dv.numel,
-                      (long long)total_docs);
-    if (!rc2 && !(ds = malloc((size_t)(total_docs + 1) * sizeof *ds)))
-        rc2 = tr_errf(err, TR_ENOMEM, "train_sft: out of memory");
-    if (!rc2) rc2 = tr_tensor_view_copy(&dv, TR_DTYPE_I32, ds, (size_t)total_docs * sizeof *ds, "doc_start", err);
+    if (!rc && dv.numel != total_docs)
+        rc = tr_errf(err, TR_EINVAL, "train_sft: doc_start has %lld entries, n_docs needs %lld", (long long)dv.numel,
+                     (long long)total_docs);
+    if (!rc && !(ds = malloc((size_t)(total_docs + 1) * sizeof *ds)))
+        rc = tr_errf(err, TR_ENOMEM, "train_sft: out of memory");
+    if (!rc) rc = tr_tensor_view_copy(&dv, TR_DTYPE_I32, ds, (size_t)total_docs * sizeof *ds, "doc_start", err);
     int64_t trained = 0;
-    if (!rc2) rc2 = check_rows(nr, (int32_t)rl, rc->model.cfg.vocab_size, ids, tg, nd, ds, &trained, err);
+    if (!rc) rc = check_rows(nr, (int32_t)rl, role->model.cfg.vocab_size, ids, tg, nd, ds, &trained, err);
     const int32_t *d;
     // Whole rows per micro-batch, as many as fit the forward, their documents (each with the
     // targets the data gave: the loss mask) packed end to end.
     int32_t per = T / (int32_t)rl, n_mb = 0;
     d = ds;
-    for (int64_t r0 = 0; r0 < nr && !rc2; r0 += per) {
+    for (int64_t r0 = 0; r0 < nr && !rc; r0 += per) {
         int64_t r1 = r0 + per < nr ? r0 + per : nr;
         tr_pack *pk = &packs[n_mb];
         if (tr_pack_init(pk, (int32_t)((r1 - r0) * rl), err)) {
-            rc2 = tr_err_wrap(err, "train_sft");
+            rc = tr_err_wrap(err, "train_sft");
             break;
         }
         for (int64_t i = r0; i < r1; i++) {
@@ -576,12 +576,12 @@ int tr_worker_op_train_sft(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *re
     }
     tr_step_result res;
     tr_step_args sa = {.loss = TR_LOSS_CROSS_ENTROPY, .norm = TR_NORM_TOKEN_MEAN};
-    if (!rc2 && (tr_worker_begin_write(rc, err) || tr_train_step(&rc->trainer, mbs, n_mb, &sa, &res, err)))
-        rc2 = tr_err_wrap(err, "train_sft");
+    if (!rc && (tr_worker_begin_write(role, err) || tr_train_step(&role->trainer, mbs, n_mb, &sa, &res, err)))
+        rc = tr_err_wrap(err, "train_sft");
     double all_trained = (double)trained;
-    if (!rc2) rc2 = tr_trainer_all_sum(&rc->trainer, &all_trained, 1, err);
-    if (rc2 && rc->trainer.comm) tr_comm_abort(rc->trainer.comm, err->msg);
-    if (!rc2) {
+    if (!rc) rc = tr_trainer_all_sum(&role->trainer, &all_trained, 1, err);
+    if (rc && role->trainer.comm) tr_comm_abort(role->trainer.comm, err->msg);
+    if (!rc) {
         tr_train_metrics m = {.loss = res.loss, .grad_norm = res.grad_norm, .lr = res.lr,
                               .tokens = (int64_t)all_trained, .steps = 1, .step = res.step};
         tr_msg_begin_reply(rep, req->id, 1);
@@ -592,7 +592,7 @@ int tr_worker_op_train_sft(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *re
         tr_msg_put_int(rep, "tokens", m.tokens);
         tr_msg_put_int(rep, "steps", m.steps);
         tr_msg_put_int(rep, "step", m.step);
-        tr_worker_logf(rc, "train_sft: %lld rows here, %lld trained tokens in all, loss %.6g", (long long)nr,
+        tr_worker_logf(role, "train_sft: %lld rows here, %lld trained tokens in all, loss %.6g", (long long)nr,
                        (long long)m.tokens, m.loss);
     }
     for (int64_t i = 0; packs && i < nr; i++) tr_pack_free(&packs[i]);
@@ -602,5 +602,5 @@ int tr_worker_op_train_sft(tr_role_ctx *rc, const tr_msg *req, tr_msg_writer *re
     free(nd);
     free(ds);
     free(mbs);
-    return rc2;
+    return rc;
 }

@@ -151,35 +151,35 @@ static void test_padded_layout(void) {
 
 static void test_reward_shaping(void) {
     tr_err err = {0};
-    tr_recipe *rc = malloc(sizeof *rc);
-    CHECK(rc && tr_recipe_defaults(rc, &err) == 0);
-    rc->reward.kind = TR_RECIPE_REWARD_RULE;
-    rc->reward.function = TR_RECIPE_FN_NUMERIC_MATCH;
-    rc->reward.curve = (tr_recipe_curve){.correct = 1.0, .wrong = -0.5, .missing = -1.0,
-                                         .scale = 2.0, .shift = -1.0};
-    rc->rollout.max_new_tokens = 10;
-    rc->rollout.overlong_buffer = 0;
-    CHECK_NEAR(tr_rl_shape_reward(rc, 1.0f, "so 41", 3), 1.0, 0);
-    CHECK_NEAR(tr_rl_shape_reward(rc, 0.0f, "so 41", 3), -0.5, 0);     // an answer, wrong
-    CHECK_NEAR(tr_rl_shape_reward(rc, 0.0f, "no idea", 3), -1.0, 0);   // no number at all
-    CHECK_NEAR(tr_rl_shape_reward(rc, 0.0f, NULL, 0), -1.0, 0);
-    rc->reward.function = TR_RECIPE_FN_EXACT_MATCH;
-    CHECK_NEAR(tr_rl_shape_reward(rc, 0.0f, " \n\t", 3), -1.0, 0);
-    CHECK_NEAR(tr_rl_shape_reward(rc, 0.0f, "x", 1), -0.5, 0);
-    rc->reward.function = TR_RECIPE_FN_REGEX;                            // no match: missing
-    CHECK_NEAR(tr_rl_shape_reward(rc, 0.0f, "x", 1), -1.0, 0);
+    tr_recipe *recipe = malloc(sizeof *recipe);
+    CHECK(recipe && tr_recipe_defaults(recipe, &err) == 0);
+    recipe->reward.kind = TR_RECIPE_REWARD_RULE;
+    recipe->reward.function = TR_RECIPE_FN_NUMERIC_MATCH;
+    recipe->reward.curve = (tr_recipe_curve){.correct = 1.0, .wrong = -0.5, .missing = -1.0,
+                                             .scale = 2.0, .shift = -1.0};
+    recipe->rollout.max_new_tokens = 10;
+    recipe->rollout.overlong_buffer = 0;
+    CHECK_NEAR(tr_rl_shape_reward(recipe, 1.0f, "so 41", 3), 1.0, 0);
+    CHECK_NEAR(tr_rl_shape_reward(recipe, 0.0f, "so 41", 3), -0.5, 0);     // an answer, wrong
+    CHECK_NEAR(tr_rl_shape_reward(recipe, 0.0f, "no idea", 3), -1.0, 0);   // no number at all
+    CHECK_NEAR(tr_rl_shape_reward(recipe, 0.0f, NULL, 0), -1.0, 0);
+    recipe->reward.function = TR_RECIPE_FN_EXACT_MATCH;
+    CHECK_NEAR(tr_rl_shape_reward(recipe, 0.0f, " \n\t", 3), -1.0, 0);
+    CHECK_NEAR(tr_rl_shape_reward(recipe, 0.0f, "x", 1), -0.5, 0);
+    recipe->reward.function = TR_RECIPE_FN_REGEX;                            // no match: missing
+    CHECK_NEAR(tr_rl_shape_reward(recipe, 0.0f, "x", 1), -1.0, 0);
     // DAPO soft overlong punishment: zone of 4 before 10 tokens, full penalty 1.
-    rc->reward.function = TR_RECIPE_FN_NUMERIC_MATCH;
-    rc->rollout.overlong_buffer = 4;
-    rc->rollout.overlong_penalty = 1.0;
-    CHECK_NEAR(tr_rl_shape_reward(rc, 1.0f, "1", 6), 1.0, 1e-9);
-    CHECK_NEAR(tr_rl_shape_reward(rc, 1.0f, "1", 8), 1.0 - 0.5, 1e-6);
-    CHECK_NEAR(tr_rl_shape_reward(rc, 1.0f, "1", 10), 0.0, 1e-6);
+    recipe->reward.function = TR_RECIPE_FN_NUMERIC_MATCH;
+    recipe->rollout.overlong_buffer = 4;
+    recipe->rollout.overlong_penalty = 1.0;
+    CHECK_NEAR(tr_rl_shape_reward(recipe, 1.0f, "1", 6), 1.0, 1e-9);
+    CHECK_NEAR(tr_rl_shape_reward(recipe, 1.0f, "1", 8), 1.0 - 0.5, 1e-6);
+    CHECK_NEAR(tr_rl_shape_reward(recipe, 1.0f, "1", 10), 0.0, 1e-6);
     // Reward models and services: scale * score + shift.
-    rc->reward.kind = TR_RECIPE_REWARD_MODEL;
-    rc->rollout.overlong_buffer = 0;
-    CHECK_NEAR(tr_rl_shape_reward(rc, 0.25f, NULL, 3), -0.5, 1e-9);
-    free(rc);
+    recipe->reward.kind = TR_RECIPE_REWARD_MODEL;
+    recipe->rollout.overlong_buffer = 0;
+    CHECK_NEAR(tr_rl_shape_reward(recipe, 0.25f, NULL, 3), -0.5, 1e-9);
+    free(recipe);
 }
 
 static int is_dir(const char *p) {
