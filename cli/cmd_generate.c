@@ -493,136 +493,159 @@ static int write_lines(const tr_gen_output *outs, int64_t n_out, const tr_tokeni
     return 0;
 }
 
+// A run's state from the model's files to the output, freed by gen_run_end whatever stage
+// the run reached.
+typedef struct gen_run {
+    tr_model_config cfg;
+    int32_t stops[MAX_STOPS], n_stops, chat_stops[MAX_STOPS], n_chat;
+    tr_tokenizer *tok;
+    gen_input in;
+    tr_gen_request *reqs;
+    tr_gen_output *outs;
+    gen_need need;
+    tr_tp_ranks ranks;
+    tr_backend be;
+    tr_model m;
+    tr_generator g;
+    tr_file_writer w;
+    tr_strbuf buf;
+    gen_watch watch;
+    bool be_ok, model_ok, gen_ok, writer_open;
+    bool writer;   // rank 0, the one that writes the output
+} gen_run;
+
+// The model's config (checked against --tp), its stop ids (config.json's and
+// generation_config.json's eos) and its tokenizer when it has one.
+static int load_model_info(const gen_opts *o, gen_run *r, tr_err *err) {
+    tr_tp tp_shape;
+    if (tr_checkpoint_load_lm_config(o->model_dir, CMD, &r->cfg, err) != 0 ||
+        tr_tp_init(&tp_shape, &r->cfg, (int32_t)o->tp, 0, err) != 0)
+        return -1;
+    const int32_t V = r->cfg.vocab_size;
+    for (int32_t i = 0; i < r->cfg.n_eos; i++) add_stop(r->stops, &r->n_stops, r->cfg.eos_token_ids[i], V);
+    if (read_generation_eos(o->model_dir, V, r->stops, &r->n_stops, err) != 0) return -1;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
+    if (tr_file_exists(path) && tr_tokenizer_load(&r->tok, path, err) != 0) return -1;
+    return 0;
+}
+
+// Reads the prompts into one request each and sizes the outputs, after opening the output
+// first, so a bad --out fails before the work rather than after it.
+static int prepare_requests(const gen_opts *o, gen_run *r, tr_err *err) {
+    if (o->out_path) {
+        if (tr_file_writer_open(&r->w, o->out_path, err) != 0) return -1;
+        r->writer_open = true;
+        tr_cleanup_add(r->w.tmp);
+    }
+    const int32_t V = r->cfg.vocab_size;
+    if (read_prompts(o->prompts, V, r->tok, o->chat_name, &r->in, err) != 0) return -1;
+    if (r->in.chat_ready) {
+        for (int32_t i = 0; i < r->n_stops; i++) add_stop(r->chat_stops, &r->n_chat, r->stops[i], V);
+        for (int32_t i = 0; i < r->in.chat.n_stop; i++) add_stop(r->chat_stops, &r->n_chat, r->in.chat.stop[i], V);
+    }
+    if (!(r->reqs = calloc(r->in.n ? r->in.n : 1, sizeof *r->reqs)))
+        return tr_errf(err, TR_ENOMEM, "out of memory for %zu prompts", r->in.n);
+    make_requests(o, &r->in, r->stops, r->n_stops, r->chat_stops, r->n_chat, r->reqs, &r->need);
+    if (o->kv_tokens > 0 && o->kv_tokens < r->need.one_blocks * o->block_size)
+        return tr_errf(err, TR_EINVAL, "--kv-tokens %ld is too small: the longest request needs %"
+                       PRId64 " tokens of KV cache (its prompt and one sample of --max-new-tokens, in "
+                       "blocks of %ld)", o->kv_tokens, r->need.one_blocks * o->block_size, o->block_size);
+    if (r->need.longest > INT32_MAX) return tr_errf(err, TR_ERANGE, "prompt + --max-new-tokens is too long");
+    if (!(r->outs = calloc(r->need.n_out ? (size_t)r->need.n_out : 1, sizeof *r->outs)))
+        return tr_errf(err, TR_ENOMEM, "out of memory for %" PRId64 " samples", r->need.n_out);
+    return 0;
+}
+
+// Forks the tensor-parallel ranks (every rank has the requests from here on) and starts each
+// rank's own backend, then the model and the generator on the rank's memory plan.
+static int start_engine(gen_opts *o, gen_run *r, tr_err *err) {
+    if (tr_tp_ranks_fork(&r->ranks, (int32_t)o->tp, err) != 0) return -1;
+    r->writer = r->ranks.rank == 0;
+    if (!r->writer) r->writer_open = false;   // rank 0's file, never this rank's to touch
+    if (o->threads == 0 && o->tp > 1) {       // the cores shared among the ranks
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        o->threads = cores / o->tp > 0 ? cores / o->tp : 1;
+    }
+    if (tr_cli_backend_start(&r->be, o->backend, o->device + r->ranks.rank, o->threads, o->precision, err) != 0)
+        return -1;
+    r->be_ok = true;
+    if (tr_tp_ranks_comm(&r->ranks, &r->be, err) != 0) return -1;
+    tr_plan plan;
+    int64_t rows;
+    if (plan_pool(o, &r->cfg, &r->need, &r->be, &r->ranks, &plan, &rows, err) != 0) return -1;
+    tr_model_opts mo = {.max_tokens = (int32_t)rows, .training = false, .tp_size = (int32_t)o->tp,
+                        .tp_rank = r->ranks.rank, .logit_rows = plan.logit_rows,
+                        .sequence_parallel = o->sp};
+    if (tr_model_load(&r->m, o->model_dir, &r->be, &mo, err) != 0) return -1;
+    r->model_ok = true;
+    if (o->tp > 1 && tr_model_set_tp_comm(&r->m, r->ranks.comm, err) != 0) return -1;
+    tr_gen_opts go = {.kv_tokens = plan.kv_tokens, .block_size = (int32_t)o->block_size,
+                      .max_seqs = plan.max_seqs, .max_seq_len = (int32_t)r->need.longest};
+    if (tr_generator_init(&r->g, &r->m, &go, err) != 0) return -1;
+    r->gen_ok = true;
+    return 0;
+}
+
+// Samples every request, with progress on rank 0's stderr after each pass.
+static int sample_all(const gen_opts *o, gen_run *r, tr_err *err) {
+    r->watch.outs = r->outs;
+    r->watch.n_out = r->need.n_out;
+    tr_progress_init(&r->watch.pg, CMD, "samples", o->progress && r->writer, o->quiet || !r->writer);
+    r->g.on_pass = gen_on_pass;
+    r->g.on_pass_ctx = &r->watch;
+    if (tr_generate(&r->g, r->reqs, (int32_t)r->in.n, r->outs, err) != 0) {
+        r->need.n_out = 0;   // tr_generate freed them
+        return -1;
+    }
+    int64_t done_n, tokens;
+    gen_tokens(&r->watch, &done_n, &tokens);
+    tr_progress_show(&r->watch.pg, done_n, r->need.n_out, tokens, true);
+    return 0;
+}
+
+// Rank 0 writes the samples and commits the output file (or flushes standard output).
+static int write_output(gen_run *r, tr_err *err) {
+    if (!r->writer) return 0;
+    if (write_lines(r->outs, r->need.n_out, r->tok, &r->w, r->writer_open, &r->buf, err) != 0) return -1;
+    if (r->writer_open) {
+        r->writer_open = false;
+        return tr_file_writer_commit(&r->w, err) != 0 ? -1 : 0;
+    }
+    if (fflush(stdout) != 0) return tr_errf(err, TR_EIO, "writing standard output failed");
+    return 0;
+}
+
+// Frees what the run reached (an unfinished output file is dropped) and ends the ranks;
+// rc: the run's status. Returns the command's exit status.
+static int gen_run_end(const gen_opts *o, gen_run *r, int rc, tr_err *err) {
+    tr_progress_end(&r->watch.pg);
+    if (r->writer_open) tr_file_writer_abort(&r->w);
+    if (o->out_path && r->ranks.rank == 0) tr_cleanup_remove(r->w.tmp);
+    tr_strbuf_free(&r->buf);
+    // A failing rank aborts the group first, so no other waits in a collective for it.
+    if (rc && r->ranks.comm) tr_comm_abort(r->ranks.comm, err->msg);
+    if (r->outs) tr_gen_outputs_free(r->outs, r->need.n_out);
+    free(r->outs);
+    free(r->reqs);
+    if (r->gen_ok) tr_generator_free(&r->g);
+    if (r->model_ok) tr_model_free(&r->m);
+    if (r->be_ok) tr_backend_free(&r->be);
+    gen_input_free(&r->in);
+    tr_tokenizer_free(r->tok);
+    rc = tr_tp_ranks_end(&r->ranks, CMD, rc, err);
+    return rc == 0 ? 0 : tr_cli_fail(CMD, err);
+}
+
 int tr_cmd_generate(int argc, char **argv) {
     gen_opts o;
     bool help;
     int rc = parse_opts(argc, argv, &o, &help);
     if (rc || help) return rc;
-
     tr_err err = {0};
-    tr_model_config cfg;
-    tr_tp tp_shape;
-    if (tr_checkpoint_load_lm_config(o.model_dir, CMD, &cfg, &err) != 0 ||
-        tr_tp_init(&tp_shape, &cfg, (int32_t)o.tp, 0, &err) != 0)
-        return tr_cli_fail(CMD, &err);
-    int32_t stops[MAX_STOPS], n_stops = 0, chat_stops[MAX_STOPS], n_chat = 0;
-    const int32_t V = cfg.vocab_size;
-    for (int32_t i = 0; i < cfg.n_eos; i++) add_stop(stops, &n_stops, cfg.eos_token_ids[i], V);
-    if (read_generation_eos(o.model_dir, V, stops, &n_stops, &err) != 0)
-        return tr_cli_fail(CMD, &err);
-
-    tr_tokenizer *tok = NULL;
-    char path[4200];
-    snprintf(path, sizeof path, "%s/tokenizer.json", o.model_dir);
-    if (tr_file_exists(path) && tr_tokenizer_load(&tok, path, &err) != 0)
-        return tr_cli_fail(CMD, &err);
-    gen_input in = {.no_thinking = o.no_thinking};
-    tr_gen_request *reqs = NULL;
-    tr_gen_output *outs = NULL;
-    gen_need need = {0};
-    tr_backend be;
-    bool be_ok = false, model_ok = false, gen_ok = false, writer_open = false;
-    tr_model m;
-    tr_generator g;
-    tr_file_writer w;
-    tr_strbuf buf = {0};
-    gen_watch watch = {0};
-    tr_tp_ranks ranks = {.size = 1};
-    rc = 1;
-    // The output is opened first, so a bad --out fails before the work rather than after it.
-    if (o.out_path) {
-        if (tr_file_writer_open(&w, o.out_path, &err) != 0) goto done;
-        writer_open = true;
-        tr_cleanup_add(w.tmp);
-    }
-    if (read_prompts(o.prompts, cfg.vocab_size, tok, o.chat_name, &in, &err) != 0) goto done;
-    if (in.chat_ready) {
-        for (int32_t i = 0; i < n_stops; i++) add_stop(chat_stops, &n_chat, stops[i], V);
-        for (int32_t i = 0; i < in.chat.n_stop; i++)
-            add_stop(chat_stops, &n_chat, in.chat.stop[i], V);
-    }
-    reqs = calloc(in.n ? in.n : 1, sizeof *reqs);
-    if (!reqs) {
-        tr_errf(&err, TR_ENOMEM, "out of memory for %zu prompts", in.n);
-        goto done;
-    }
-    make_requests(&o, &in, stops, n_stops, chat_stops, n_chat, reqs, &need);
-    if (o.kv_tokens > 0 && o.kv_tokens < need.one_blocks * o.block_size) {
-        tr_errf(&err, TR_EINVAL, "--kv-tokens %ld is too small: the longest request needs %"
-                PRId64 " tokens of KV cache (its prompt and one sample of --max-new-tokens, in "
-                "blocks of %ld)", o.kv_tokens, need.one_blocks * o.block_size, o.block_size);
-        goto done;
-    }
-    if (need.longest > INT32_MAX) {
-        tr_errf(&err, TR_ERANGE, "prompt + --max-new-tokens is too long");
-        goto done;
-    }
-    outs = calloc(need.n_out ? (size_t)need.n_out : 1, sizeof *outs);
-    if (!outs) {
-        tr_errf(&err, TR_ENOMEM, "out of memory for %" PRId64 " samples", need.n_out);
-        goto done;
-    }
-    // Every rank has the requests from here on; each starts its own backend.
-    if (tr_tp_ranks_fork(&ranks, (int32_t)o.tp, &err) != 0) goto done;
-    const bool writer = ranks.rank == 0;
-    if (!writer) writer_open = false;   // rank 0's file, never this rank's to touch
-    if (o.threads == 0 && o.tp > 1) {   // the cores shared among the ranks
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        o.threads = cores / o.tp > 0 ? cores / o.tp : 1;
-    }
-    if (tr_cli_backend_start(&be, o.backend, o.device + ranks.rank, o.threads, o.precision, &err) != 0)
-        goto done;
-    be_ok = true;
-    if (tr_tp_ranks_comm(&ranks, &be, &err) != 0) goto done;
-    tr_plan plan;
-    int64_t rows;
-    if (plan_pool(&o, &cfg, &need, &be, &ranks, &plan, &rows, &err) != 0) goto done;
-    tr_model_opts mo = {.max_tokens = (int32_t)rows, .training = false, .tp_size = (int32_t)o.tp,
-                        .tp_rank = ranks.rank, .logit_rows = plan.logit_rows,
-                        .sequence_parallel = o.sp};
-    if (tr_model_load(&m, o.model_dir, &be, &mo, &err) != 0) goto done;
-    model_ok = true;
-    if (o.tp > 1 && tr_model_set_tp_comm(&m, ranks.comm, &err) != 0) goto done;
-    tr_gen_opts go = {.kv_tokens = plan.kv_tokens, .block_size = (int32_t)o.block_size,
-                      .max_seqs = plan.max_seqs, .max_seq_len = (int32_t)need.longest};
-    if (tr_generator_init(&g, &m, &go, &err) != 0) goto done;
-    gen_ok = true;
-    watch.outs = outs;
-    watch.n_out = need.n_out;
-    tr_progress_init(&watch.pg, CMD, "samples", o.progress && writer, o.quiet || !writer);
-    g.on_pass = gen_on_pass;
-    g.on_pass_ctx = &watch;
-    if (tr_generate(&g, reqs, (int32_t)in.n, outs, &err) != 0) {
-        need.n_out = 0;   // tr_generate freed them
-        goto done;
-    }
-    int64_t done_n, tokens;
-    gen_tokens(&watch, &done_n, &tokens);
-    tr_progress_show(&watch.pg, done_n, need.n_out, tokens, true);
-    if (writer && write_lines(outs, need.n_out, tok, &w, writer_open, &buf, &err) != 0) goto done;
-    if (writer_open) {
-        writer_open = false;
-        if (tr_file_writer_commit(&w, &err) != 0) goto done;
-    } else if (writer && fflush(stdout) != 0) {
-        tr_errf(&err, TR_EIO, "writing standard output failed");
-        goto done;
-    }
-    rc = 0;
-done:
-    tr_progress_end(&watch.pg);
-    if (writer_open) tr_file_writer_abort(&w);
-    if (o.out_path && ranks.rank == 0) tr_cleanup_remove(w.tmp);
-    tr_strbuf_free(&buf);
-    // A failing rank aborts the group first, so no other waits in a collective for it.
-    if (rc && ranks.comm) tr_comm_abort(ranks.comm, err.msg);
-    if (outs) tr_gen_outputs_free(outs, need.n_out);
-    free(outs);
-    free(reqs);
-    if (gen_ok) tr_generator_free(&g);
-    if (model_ok) tr_model_free(&m);
-    if (be_ok) tr_backend_free(&be);
-    gen_input_free(&in);
-    tr_tokenizer_free(tok);
-    rc = tr_tp_ranks_end(&ranks, CMD, rc, &err);
-    return rc == 0 ? 0 : tr_cli_fail(CMD, &err);
+    gen_run r = {.in = {.no_thinking = o.no_thinking}, .ranks = {.size = 1}};
+    if (load_model_info(&o, &r, &err) != 0) return tr_cli_fail(CMD, &err);
+    rc = prepare_requests(&o, &r, &err) || start_engine(&o, &r, &err) || sample_all(&o, &r, &err) ||
+         write_output(&r, &err);
+    return gen_run_end(&o, &r, rc, &err);
 }

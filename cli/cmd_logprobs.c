@@ -223,42 +223,49 @@ static int run_batch(tr_model *m, const char *path, const seq_list *seqs, size_t
     return flush_output(o, err);
 }
 
-int tr_cmd_logprobs(int argc, char **argv) {
-    const char *model_dir = NULL, *data = NULL, *out_path = NULL;
-    long threads = 0, batch_tokens = 4096, device = 0, tp = 1;
-    const char *backend = getenv("TROUPE_BACKEND") ? getenv("TROUPE_BACKEND") : "cpu";
-    const char *precision = getenv("TROUPE_PRECISION");
-    bool progress = false, quiet = false, sp = false;
+// The command line, checked.
+typedef struct lp_opts {
+    const char *model_dir, *data, *out_path, *backend, *precision;
+    long threads, batch_tokens, device, tp;
+    bool progress, quiet, sp;
+} lp_opts;
+
+// Parses and checks the options: 0 to run, else the exit status (2: a usage error; --help
+// printed: *help set and 0 returned).
+static int parse_opts(int argc, char **argv, lp_opts *o, bool *help) {
+    *o = (lp_opts){.batch_tokens = 4096, .tp = 1,
+                   .backend = getenv("TROUPE_BACKEND") ? getenv("TROUPE_BACKEND") : "cpu",
+                   .precision = getenv("TROUPE_PRECISION")};
     tr_arg table[] = {
-        {"model", TR_ARG_STR, &model_dir, "DIR", "Hugging Face model directory (a causal LM)",
+        {"model", TR_ARG_STR, &o->model_dir, "DIR", "Hugging Face model directory (a causal LM)",
          true, false},
-        {"data", TR_ARG_STR, &data, "FILE",
+        {"data", TR_ARG_STR, &o->data, "FILE",
          "JSONL with \"input_ids\" (or \"text\", with the model's tokenizer.json) per line "
          "('-': stdin)", true, false},
-        {"out", TR_ARG_STR, &out_path, "FILE", "output JSONL ('-' or default: standard output)",
+        {"out", TR_ARG_STR, &o->out_path, "FILE", "output JSONL ('-' or default: standard output)",
          false, false},
-        {"threads", TR_ARG_INT, &threads, "N", "CPU threads (default: all cores)", false, false},
-        {"backend", TR_ARG_STR, &backend, "NAME", "cpu or cuda (default: $TROUPE_BACKEND, else cpu)", false, false},
-        {"device", TR_ARG_INT, &device, "N", "CUDA device index (default 0; tensor-parallel "
+        {"threads", TR_ARG_INT, &o->threads, "N", "CPU threads (default: all cores)", false, false},
+        {"backend", TR_ARG_STR, &o->backend, "NAME", "cpu or cuda (default: $TROUPE_BACKEND, else cpu)", false,
+         false},
+        {"device", TR_ARG_INT, &o->device, "N", "CUDA device index (default 0; tensor-parallel "
          "rank r uses N + r)", false, false},
-        {"tp", TR_ARG_INT, &tp, "N", "tensor-parallel ranks: the model split over N local "
+        {"tp", TR_ARG_INT, &o->tp, "N", "tensor-parallel ranks: the model split over N local "
          "processes (default 1)", false, false},
-        {"sequence-parallel", TR_ARG_FLAG, &sp, NULL, "with --tp: norms and the residual stream "
+        {"sequence-parallel", TR_ARG_FLAG, &o->sp, NULL, "with --tp: norms and the residual stream "
          "split along the sequence (less activation memory; results equal to rounding)", false, false},
-        {"precision", TR_ARG_STR, &precision, "P", TR_CLI_PRECISION_HELP, false, false},
-        {"batch-tokens", TR_ARG_INT, &batch_tokens, "N",
+        {"precision", TR_ARG_STR, &o->precision, "P", TR_CLI_PRECISION_HELP, false, false},
+        {"batch-tokens", TR_ARG_INT, &o->batch_tokens, "N",
          "tokens per forward pass; longer sequences get a pass of their own (default 4096)",
          false, false},
-        {"progress", TR_ARG_FLAG, &progress, NULL,
+        {"progress", TR_ARG_FLAG, &o->progress, NULL,
          "progress on stderr even when it is not a terminal (a line every 10 s)", false, false},
-        {"quiet", TR_ARG_FLAG, &quiet, NULL, "no progress on stderr, not even on a terminal",
+        {"quiet", TR_ARG_FLAG, &o->quiet, NULL, "no progress on stderr, not even on a terminal",
          false, false},
         {NULL, 0, NULL, NULL, NULL, false, false},
     };
-    bool help;
-    int rc = tr_args_parse(CMD, argc, argv, table, NULL, 0, NULL, &help);
+    int rc = tr_args_parse(CMD, argc, argv, table, NULL, 0, NULL, help);
     if (rc) return rc;
-    if (help) {
+    if (*help) {
         tr_args_usage(CMD, "--model DIR --data FILE.jsonl [--out FILE] [--threads N] "
                       "[--backend cpu|cuda] [--device N] [--precision fp32|bf16] [--tp N [--sequence-parallel]] "
                       "[--batch-tokens N] [--progress | --quiet]",
@@ -269,70 +276,117 @@ int tr_cmd_logprobs(int argc, char **argv) {
                       table);
         return 0;
     }
-    if (threads < 0 || threads > 1024 || batch_tokens < 1 || batch_tokens > (1 << 24) ||
-        tp < 1 || tp > 64) {
+    if (o->threads < 0 || o->threads > 1024 || o->batch_tokens < 1 || o->batch_tokens > (1 << 24) ||
+        o->tp < 1 || o->tp > 64) {
         fprintf(stderr, "troupe %s: --threads must be in 0..1024, --batch-tokens in "
                 "1..16777216 and --tp in 1..64\n", CMD);
         return 2;
     }
-    if (sp && tp < 2) {
+    if (o->sp && o->tp < 2) {
         fprintf(stderr, "troupe %s: --sequence-parallel needs --tp 2 or more\n", CMD);
         return 2;
     }
-    if ((rc = tr_cli_backend_check(CMD, backend, device, precision)) != 0) return rc;
-    if (out_path && strcmp(out_path, "-") == 0) out_path = NULL;
+    if ((rc = tr_cli_backend_check(CMD, o->backend, o->device, o->precision)) != 0) return rc;
+    if (o->out_path && strcmp(o->out_path, "-") == 0) o->out_path = NULL;
+    return 0;
+}
 
-    tr_err err = {0};
+// Reads the sequences (checked against the model's config, text encoded with its tokenizer
+// when it has one); *max_tokens: the tokens of the largest pass.
+static int load_input(const lp_opts *o, seq_list *seqs, int32_t *max_tokens, tr_err *err) {
     tr_model_config cfg;
     tr_tp tp_shape;
-    if (tr_checkpoint_load_lm_config(model_dir, CMD, &cfg, &err) != 0 ||
-        tr_tp_init(&tp_shape, &cfg, (int32_t)tp, 0, &err) != 0)
-        return tr_cli_fail(CMD, &err);
+    if (tr_checkpoint_load_lm_config(o->model_dir, CMD, &cfg, err) != 0 ||
+        tr_tp_init(&tp_shape, &cfg, (int32_t)o->tp, 0, err) != 0)
+        return -1;
     tr_tokenizer *tok = NULL;
     char tok_path[4200];
-    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", model_dir);
-    if (tr_file_exists(tok_path) && tr_tokenizer_load(&tok, tok_path, &err) != 0)
-        return tr_cli_fail(CMD, &err);
-    seq_list seqs = {0};
-    int read_rc = read_sequences(data, cfg.vocab_size, tok, &seqs, &err);
+    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", o->model_dir);
+    if (tr_file_exists(tok_path) && tr_tokenizer_load(&tok, tok_path, err) != 0) return -1;
+    int rc = read_sequences(o->data, cfg.vocab_size, tok, seqs, err);
     tr_tokenizer_free(tok);
-    if (read_rc != 0) {
-        seq_list_free(&seqs);
-        return tr_cli_fail(CMD, &err);
-    }
+    if (rc != 0) return -1;
     int32_t longest = 1;
     int64_t total = 0;
-    for (size_t i = 0; i < seqs.n; i++) {
-        if (seqs.items[i].n > longest) longest = seqs.items[i].n;
-        total += seqs.items[i].n;
+    for (size_t i = 0; i < seqs->n; i++) {
+        if (seqs->items[i].n > longest) longest = seqs->items[i].n;
+        total += seqs->items[i].n;
     }
     // No pass holds more than the whole input: a small input needs no arena for
     // --batch-tokens tokens (which is zeroed, so it would cost time and memory).
-    int32_t max_tokens = longest > batch_tokens ? longest : (int32_t)batch_tokens;
-    if (total < max_tokens) max_tokens = total > longest ? (int32_t)total : longest;
+    *max_tokens = longest > o->batch_tokens ? longest : (int32_t)o->batch_tokens;
+    if (total < *max_tokens) *max_tokens = total > longest ? (int32_t)total : longest;
+    return 0;
+}
 
+// Rank 0's output: the file (*open set; removed at exit unless committed), or standard output.
+static int open_output(const char *out_path, output *out, bool *open, tr_err *err) {
+    if (!out_path) {
+        out->stdout_f = stdout;
+        return 0;
+    }
+    if (tr_file_writer_open(&out->w, out_path, err) != 0) return -1;
+    *open = true;
+    tr_cleanup_add(out->w.tmp);
+    return 0;
+}
+
+// Runs every sequence through passes packed into pk, appending the lines to out (NULL on a
+// rank that only computes), with progress after each pass; *tokens_done: the tokens run.
+static int run_passes(tr_model *m, const char *path, const seq_list *seqs, tr_pack *pk, float *lp,
+                      output *out, tr_progress *pg, int64_t *tokens_done, tr_err *err) {
+    size_t first = 0;
+    *tokens_done = 0;
+    for (size_t i = 0; i <= seqs->n; i++) {
+        // A sequence goes into the current pass if it fits; the pass runs when one does not.
+        if (i < seqs->n && tr_pack_add(pk, seqs->items[i].ids, NULL, seqs->items[i].n)) continue;
+        if (i > first) {
+            if (run_batch(m, path, seqs, first, i, pk, lp, out, err) != 0) return -1;
+            *tokens_done += pk->docs.n_tokens;
+            tr_progress_show(pg, (int64_t)i, (int64_t)seqs->n, *tokens_done, false);
+            first = i;
+            tr_pack_clear(pk);
+        }
+        if (i < seqs->n) tr_pack_add(pk, seqs->items[i].ids, NULL, seqs->items[i].n);
+    }
+    return 0;
+}
+
+int tr_cmd_logprobs(int argc, char **argv) {
+    lp_opts o;
+    bool help;
+    int rc = parse_opts(argc, argv, &o, &help);
+    if (rc || help) return rc;
+
+    tr_err err = {0};
+    seq_list seqs = {0};
+    int32_t max_tokens;
+    if (load_input(&o, &seqs, &max_tokens, &err) != 0) {
+        seq_list_free(&seqs);
+        return tr_cli_fail(CMD, &err);
+    }
     // Every rank has the input from here on; each starts its own backend.
     tr_tp_ranks ranks;
-    if (tr_tp_ranks_fork(&ranks, (int32_t)tp, &err) != 0) {
+    if (tr_tp_ranks_fork(&ranks, (int32_t)o.tp, &err) != 0) {
         seq_list_free(&seqs);
         return tr_cli_fail(CMD, &err);
     }
     const bool writer = ranks.rank == 0;
-    if (threads == 0 && tp > 1) {   // the cores shared among the ranks
+    if (o.threads == 0 && o.tp > 1) {   // the cores shared among the ranks
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = cores / tp > 0 ? cores / tp : 1;
+        o.threads = cores / o.tp > 0 ? cores / o.tp : 1;
     }
     tr_backend be;
-    if (tr_cli_backend_start(&be, backend, device + ranks.rank, threads, precision, &err) != 0) {
+    if (tr_cli_backend_start(&be, o.backend, o.device + ranks.rank, o.threads, o.precision, &err) != 0) {
         seq_list_free(&seqs);
         return tr_tp_ranks_end(&ranks, CMD, 1, &err) ? tr_cli_fail(CMD, &err) : 0;
     }
     tr_model m;
-    tr_model_opts opts = {.max_tokens = max_tokens, .training = false, .tp_size = (int32_t)tp,
-                          .tp_rank = ranks.rank, .sequence_parallel = sp};
+    tr_model_opts opts = {.max_tokens = max_tokens, .training = false, .tp_size = (int32_t)o.tp,
+                          .tp_rank = ranks.rank, .sequence_parallel = o.sp};
     tr_pack pk = {0};
     float *lp = malloc((size_t)max_tokens * sizeof(float));
-    output o = {0};
+    output out = {0};
     tr_progress pg = {0};
     bool model_ok = false, writer_open = false;
     rc = 1;
@@ -341,39 +395,18 @@ int tr_cmd_logprobs(int argc, char **argv) {
         goto done;
     }
     if (tr_pack_init(&pk, max_tokens, &err) != 0) goto done;
-    if (tr_model_load(&m, model_dir, &be, &opts, &err) != 0) goto done;
+    if (tr_model_load(&m, o.model_dir, &be, &opts, &err) != 0) goto done;
     model_ok = true;
-    if (tp > 1 && (tr_tp_ranks_comm(&ranks, &be, &err) != 0 ||
-                   tr_model_set_tp_comm(&m, ranks.comm, &err) != 0))
+    if (o.tp > 1 && (tr_tp_ranks_comm(&ranks, &be, &err) != 0 ||
+                     tr_model_set_tp_comm(&m, ranks.comm, &err) != 0))
         goto done;
-    if (!writer) {
-        // nothing to write
-    } else if (out_path) {
-        if (tr_file_writer_open(&o.w, out_path, &err) != 0) goto done;
-        writer_open = true;
-        tr_cleanup_add(o.w.tmp);
-    } else {
-        o.stdout_f = stdout;
-    }
-    tr_progress_init(&pg, CMD, "sequences", progress && writer, quiet || !writer);
-    size_t first = 0;
-    int64_t tokens_done = 0;
-    for (size_t i = 0; i <= seqs.n; i++) {
-        // A sequence goes into the current pass if it fits; the pass runs when one does not.
-        if (i < seqs.n && tr_pack_add(&pk, seqs.items[i].ids, NULL, seqs.items[i].n)) continue;
-        if (i > first) {
-            if (run_batch(&m, data, &seqs, first, i, &pk, lp, writer ? &o : NULL, &err) != 0)
-                goto done;
-            tokens_done += pk.docs.n_tokens;
-            tr_progress_show(&pg, (int64_t)i, (int64_t)seqs.n, tokens_done, false);
-            first = i;
-            tr_pack_clear(&pk);
-        }
-        if (i < seqs.n) tr_pack_add(&pk, seqs.items[i].ids, NULL, seqs.items[i].n);
-    }
+    if (writer && open_output(o.out_path, &out, &writer_open, &err) != 0) goto done;
+    tr_progress_init(&pg, CMD, "sequences", o.progress && writer, o.quiet || !writer);
+    int64_t tokens_done;
+    if (run_passes(&m, o.data, &seqs, &pk, lp, writer ? &out : NULL, &pg, &tokens_done, &err) != 0) goto done;
     if (writer_open) {
         writer_open = false;
-        if (tr_file_writer_commit(&o.w, &err) != 0) goto done;
+        if (tr_file_writer_commit(&out.w, &err) != 0) goto done;
     } else if (writer && fflush(stdout) != 0) {
         tr_errf(&err, TR_EIO, "writing standard output failed");
         goto done;
@@ -382,9 +415,9 @@ int tr_cmd_logprobs(int argc, char **argv) {
     rc = 0;
 done:
     tr_progress_end(&pg);
-    if (writer_open) tr_file_writer_abort(&o.w);
-    if (out_path && writer) tr_cleanup_remove(o.w.tmp);
-    tr_strbuf_free(&o.buf);
+    if (writer_open) tr_file_writer_abort(&out.w);
+    if (o.out_path && writer) tr_cleanup_remove(out.w.tmp);
+    tr_strbuf_free(&out.buf);
     // A failing rank aborts the group first, so no other waits in a collective for it.
     if (rc && ranks.comm) tr_comm_abort(ranks.comm, err.msg);
     if (model_ok) tr_model_free(&m);

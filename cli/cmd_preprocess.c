@@ -177,24 +177,33 @@ static void progress_show(progress *pg, const tr_jsonl *r, int64_t docs, bool fi
     fflush(stderr);
 }
 
-int tr_cmd_preprocess(int argc, char **argv) {
-    const char *input = NULL, *key = "text", *tok_path = NULL, *prefix = NULL, *eod_tok = NULL;
-    bool append_eod = false, help = false, quiet = false;
-    long workers = 1;
+// The command line, checked.
+typedef struct pre_opts {
+    const char *input, *key, *tok_path, *prefix, *eod_tok;
+    bool append_eod, quiet;
+    long workers;
+} pre_opts;
+
+// Parses and checks the options: 0 to run, else the exit status (2: a usage error; --help
+// printed: *help set and 0 returned).
+static int parse_opts(int argc, char **argv, pre_opts *o, bool *help) {
+    *o = (pre_opts){.key = "text", .workers = 1};
+    *help = false;
     tr_arg table[] = {
-        {"input", TR_ARG_STR, &input, "FILE", "JSONL input, one document per line ('-' = stdin)", true, false},
-        {"json-key", TR_ARG_STR, &key, "KEY", "field holding the text (default: text)", false, false},
-        {"tokenizer", TR_ARG_STR, &tok_path, "FILE", "Hugging Face tokenizer.json", true, false},
-        {"output-prefix", TR_ARG_STR, &prefix, "PREFIX", "writes PREFIX.bin and PREFIX.idx", true, false},
-        {"append-eod", TR_ARG_FLAG, &append_eod, NULL, "end every document with the EOD token", false, false},
-        {"eod-token", TR_ARG_STR, &eod_tok, "TOKEN", "EOD token (default: <|endoftext|> or <|end_of_text|>)", false, false},
-        {"workers", TR_ARG_INT, &workers, "N", "tokenizing threads (default: 1)", false, false},
-        {"quiet", TR_ARG_FLAG, &quiet, NULL, "no progress on stderr", false, false},
+        {"input", TR_ARG_STR, &o->input, "FILE", "JSONL input, one document per line ('-' = stdin)", true, false},
+        {"json-key", TR_ARG_STR, &o->key, "KEY", "field holding the text (default: text)", false, false},
+        {"tokenizer", TR_ARG_STR, &o->tok_path, "FILE", "Hugging Face tokenizer.json", true, false},
+        {"output-prefix", TR_ARG_STR, &o->prefix, "PREFIX", "writes PREFIX.bin and PREFIX.idx", true, false},
+        {"append-eod", TR_ARG_FLAG, &o->append_eod, NULL, "end every document with the EOD token", false, false},
+        {"eod-token", TR_ARG_STR, &o->eod_tok, "TOKEN", "EOD token (default: <|endoftext|> or <|end_of_text|>)",
+         false, false},
+        {"workers", TR_ARG_INT, &o->workers, "N", "tokenizing threads (default: 1)", false, false},
+        {"quiet", TR_ARG_FLAG, &o->quiet, NULL, "no progress on stderr", false, false},
         {NULL, 0, NULL, NULL, NULL, false, false},
     };
-    int rc = tr_args_parse("preprocess", argc, argv, table, NULL, 0, NULL, &help);
+    int rc = tr_args_parse("preprocess", argc, argv, table, NULL, 0, NULL, help);
     if (rc) return rc;
-    if (help) {
+    if (*help) {
         tr_args_usage("preprocess", "--input FILE.jsonl --tokenizer tokenizer.json --output-prefix P [options]",
                       "Tokenizes one JSON field of every line into a Megatron indexed dataset\n"
                       "(P.bin/P.idx; uint16 tokens when the vocabulary has fewer than 65500 ids,\n"
@@ -202,99 +211,131 @@ int tr_cmd_preprocess(int argc, char **argv) {
                       table);
         return 0;
     }
-    size_t plen = strlen(prefix);
-    if (plen == 0 || prefix[plen - 1] == '/') {
+    size_t plen = strlen(o->prefix);
+    if (plen == 0 || o->prefix[plen - 1] == '/') {
         fprintf(stderr, "troupe preprocess: --output-prefix must end in a file name (it writes "
-                        "PREFIX.bin and PREFIX.idx), got '%s'\n", prefix);
+                        "PREFIX.bin and PREFIX.idx), got '%s'\n", o->prefix);
         return 2;
     }
-    if (workers < 1 || workers > 256) {
-        fprintf(stderr, "troupe preprocess: --workers must be 1..256, got %ld\n", workers);
+    if (o->workers < 1 || o->workers > 256) {
+        fprintf(stderr, "troupe preprocess: --workers must be 1..256, got %ld\n", o->workers);
         return 2;
     }
-    tr_err err = {0};
-    tr_tokenizer *tok = NULL;
-    if (tr_tokenizer_load(&tok, tok_path, &err)) return tr_cli_fail("preprocess", &err);
-    int32_t eod = -1;
-    if (eod_tok) {
-        eod = tr_tokenizer_token_id(tok, eod_tok);
-        if (eod < 0) {
-            tr_tokenizer_free(tok);
-            fprintf(stderr, "troupe preprocess: --eod-token '%s' is not a token of %s\n", eod_tok, tok_path);
+    return 0;
+}
+
+// The EOD token's id into *eod: --eod-token's, else <|endoftext|> or <|end_of_text|> (-1:
+// neither). Returns 0, or 2 (a usage error, printed) when --eod-token is not a token or
+// --append-eod finds none.
+static int find_eod(const pre_opts *o, const tr_tokenizer *tok, int32_t *eod) {
+    if (o->eod_tok) {
+        *eod = tr_tokenizer_token_id(tok, o->eod_tok);
+        if (*eod < 0) {
+            fprintf(stderr, "troupe preprocess: --eod-token '%s' is not a token of %s\n", o->eod_tok, o->tok_path);
             return 2;
         }
     } else {
-        eod = tr_tokenizer_token_id(tok, "<|endoftext|>");
-        if (eod < 0) eod = tr_tokenizer_token_id(tok, "<|end_of_text|>");
+        *eod = tr_tokenizer_token_id(tok, "<|endoftext|>");
+        if (*eod < 0) *eod = tr_tokenizer_token_id(tok, "<|end_of_text|>");
     }
-    if (append_eod && eod < 0) {
-        tr_tokenizer_free(tok);
+    if (o->append_eod && *eod < 0) {
         fprintf(stderr, "troupe preprocess: %s has no <|endoftext|> or <|end_of_text|>; name the EOD "
-                        "token with --eod-token\n", tok_path);
+                        "token with --eod-token\n", o->tok_path);
         return 2;
+    }
+    return 0;
+}
+
+// Adds a tokenized batch's documents to the dataset in input order; the first failed line
+// stops it with that line's error (the ids of it and the lines after it freed).
+static int write_batch(tr_indexed_builder *bld, batch *a, int64_t *docs, int64_t *tokens, tr_err *err) {
+    for (int i = 0; i < a->n; i++) {
+        slot *s = &a->out[i];
+        if (!s->failed) {
+            if (s->n && tr_indexed_builder_add(bld, s->ids, (int64_t)s->n, &s->err)) s->failed = 1;
+            else if (tr_indexed_builder_end_document(bld, &s->err)) s->failed = 1;
+        }
+        if (s->failed) {
+            *err = s->err;
+            for (int j = i; j < a->n; j++) free(a->out[j].ids);
+            return -1;
+        }
+        (*docs)++;
+        *tokens += (int64_t)s->n;
+        free(s->ids);
+        s->ids = NULL;
+    }
+    return 0;
+}
+
+// The input batch by batch through the two buffers: the pool tokenizes one while the next
+// is read, then it is written; progress after each batch unless pg is NULL.
+static int run_batches(pool *p, tr_jsonl *r, batch *bufs, tr_indexed_builder *bld, progress *pg, int64_t *docs,
+                       int64_t *tokens, tr_err *err) {
+    batch *a = &bufs[0], *b = &bufs[1];
+    if (read_batch(r, a, err) < 0) return -1;
+    while (a->n > 0) {
+        pool_start(p, a);
+        int got = read_batch(r, b, err);
+        pool_wait(p);
+        if (write_batch(bld, a, docs, tokens, err) != 0) return -1;
+        if (got < 0) return -1;
+        if (pg) progress_show(pg, r, *docs, false);
+        batch *t = a;
+        a = b;
+        b = t;
+    }
+    return 0;
+}
+
+int tr_cmd_preprocess(int argc, char **argv) {
+    pre_opts o;
+    bool help;
+    int rc = parse_opts(argc, argv, &o, &help);
+    if (rc || help) return rc;
+    tr_err err = {0};
+    tr_tokenizer *tok = NULL;
+    if (tr_tokenizer_load(&tok, o.tok_path, &err)) return tr_cli_fail("preprocess", &err);
+    int32_t eod = -1;
+    if ((rc = find_eod(&o, tok, &eod)) != 0) {
+        tr_tokenizer_free(tok);
+        return rc;
     }
     int dtype = tr_indexed_dtype_for_vocab(tr_tokenizer_vocab_size(tok));
     tr_jsonl r;
-    if (tr_jsonl_open(&r, input, &err)) {
+    if (tr_jsonl_open(&r, o.input, &err)) {
         tr_tokenizer_free(tok);
         return tr_cli_fail("preprocess", &err);
     }
     tr_indexed_builder bld;
     batch *bufs = calloc(2, sizeof *bufs);
-    pool p = {.tok = tok, .path = input, .key = key, .append_eod = append_eod, .eod = eod};
+    pool p = {.tok = tok, .path = o.input, .key = o.key, .append_eod = o.append_eod, .eod = eod};
     pthread_t th[256];
     int n_th = 0, status = 1;
     int64_t docs = 0, tokens = 0;
-    progress pg = {now_s(), now_s(), !quiet && isatty(2)};
+    progress pg = {now_s(), now_s(), !o.quiet && isatty(2)};
     if (!bufs) {
         tr_errf(&err, TR_ENOMEM, "out of memory");
         goto out_nobuilder;
     }
-    if (tr_indexed_builder_init(&bld, prefix, dtype, &err)) goto out_nobuilder;
+    if (tr_indexed_builder_init(&bld, o.prefix, dtype, &err)) goto out_nobuilder;
     tr_cleanup_add(bld.bin.tmp);
     pthread_mutex_init(&p.mu, NULL);
     pthread_cond_init(&p.work, NULL);
     pthread_cond_init(&p.done, NULL);
-    for (; n_th < workers; n_th++)
+    for (; n_th < o.workers; n_th++)
         if (pthread_create(&th[n_th], NULL, worker, &p) != 0) {
             tr_errf(&err, TR_EIO, "cannot start worker thread %d: %s", n_th, strerror(errno));
             goto out;
         }
-    batch *a = &bufs[0], *b = &bufs[1];
-    if (read_batch(&r, a, &err) < 0) goto out;
-    while (a->n > 0) {
-        pool_start(&p, a);
-        int got = read_batch(&r, b, &err);
-        pool_wait(&p);
-        for (int i = 0; i < a->n; i++) {
-            slot *s = &a->out[i];
-            if (!s->failed) {
-                if (s->n && tr_indexed_builder_add(&bld, s->ids, (int64_t)s->n, &s->err)) s->failed = 1;
-                else if (tr_indexed_builder_end_document(&bld, &s->err)) s->failed = 1;
-            }
-            if (s->failed) {
-                err = s->err;
-                for (int j = i; j < a->n; j++) free(a->out[j].ids);
-                goto out;
-            }
-            docs++;
-            tokens += (int64_t)s->n;
-            free(s->ids);
-            s->ids = NULL;
-        }
-        if (got < 0) goto out;
-        if (!quiet) progress_show(&pg, &r, docs, false);
-        batch *t = a;
-        a = b;
-        b = t;
-    }
+    if (run_batches(&p, &r, bufs, &bld, o.quiet ? NULL : &pg, &docs, &tokens, &err) != 0) goto out;
     if (tr_indexed_builder_finish(&bld, &err)) goto out;
     status = 0;
-    if (!quiet) {
+    if (!o.quiet) {
         progress_show(&pg, &r, docs, true);
         fprintf(stderr, "troupe preprocess: %" PRId64 " documents, %" PRId64 " tokens (%s) -> %s.bin, "
-                        "%s.idx in %.1f s\n", docs, tokens, tr_indexed_dtype_name(dtype), prefix,
-                prefix, now_s() - pg.start);
+                        "%s.idx in %.1f s\n", docs, tokens, tr_indexed_dtype_name(dtype), o.prefix,
+                o.prefix, now_s() - pg.start);
     }
 out:
     pthread_mutex_lock(&p.mu);
