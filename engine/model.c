@@ -279,9 +279,8 @@ static size_t layout_io(tr_model *m, char *base) {
     return off;
 }
 
-int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
-                  const tr_model_opts *opts, tr_err *err) {
-    memset(m, 0, sizeof *m);
+// What the model's shapes and batch must satisfy on any backend.
+static int check_shapes(const tr_model_config *cfg, const tr_model_opts *opts, tr_err *err) {
     if (opts->max_tokens < 1)
         return tr_errf(err, TR_EINVAL, "model: max_tokens must be >= 1, got %d",
                        opts->max_tokens);
@@ -293,6 +292,67 @@ int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
     if (cfg->head != TR_HEAD_LM && head_width(cfg) < 1)
         return tr_errf(err, TR_EINVAL, "model: num_labels must be >= 1, got %d",
                        cfg->num_labels);
+    return 0;
+}
+
+// The model's backend memory (weights, gradients, batch arrays, pinned decode rows, scratch
+// and the activation arena unless the caller lends one); -1 with err naming the buffer.
+static int alloc_device(tr_model *m, tr_backend *be, const tr_model_opts *opts, tr_err *err) {
+    size_t pbytes = float_bytes(m->layout.total);
+    int rc = 0;
+    // fp32 masters for a model that trains, or when they are the working weights; a bf16
+    // working copy beside them (or alone, for a model that never trains), unless the caller
+    // binds its own.
+    m->external_work = opts->external_work;
+    if ((m->training || (m->wt == TR_F32 && !m->external_work)) &&
+        !(m->params = tr_dev_zalloc(be, pbytes, "model parameters (fp32 masters)", err)))
+        rc = -1;
+    if (!rc && m->external_work) m->work = NULL;
+    else if (!rc && m->wt == TR_F32) m->work = m->params;
+    else if (!rc && !(m->work = tr_dev_zalloc(be, round_up(m->layout.total * tr_dt_size(m->wt)),
+                                              "model working weights", err)))
+        rc = -1;
+    if (!rc && m->training && !(m->grads = tr_dev_zalloc(be, pbytes, "model gradients", err)))
+        rc = -1;
+    if (!rc && !(m->inv_freq = tr_dev_alloc(be, float_bytes((size_t)m->cfg.head_dim / 2),
+                                            "RoPE frequencies", err)))
+        rc = -1;
+    if (!rc && !(m->io = tr_dev_alloc(be, layout_io(m, NULL), "batch arrays", err))) rc = -1;
+    // Pinned copies for the two-half rows (tr_model_rows_prepare): a decode step's uploads from
+    // them can be recorded in a CUDA graph (engine/generate.c), which reads them when it is
+    // replayed. The other arrays stay pageable: an upload from pageable memory is taken when
+    // it is queued, so a caller may fill them again before the device has run the last batch.
+    size_t rows_bytes = (size_t)m->max_tokens * sizeof(int32_t);
+    if (!rc && (!(m->rows_ids = tr_dev_alloc_host(be, rows_bytes, "decode token ids", err)) ||
+                !(m->rows_pos = tr_dev_alloc_host(be, rows_bytes, "decode positions", err)) ||
+                !(m->rows_doc_start = tr_dev_alloc_host(be, rows_bytes + sizeof(int32_t),
+                                                        "decode document starts", err))))
+        rc = -1;
+    size_t emb_bytes = m->training ? be->ops->embedding_scratch_bytes(be, m->max_tokens) : 0;
+    if (!rc && emb_bytes > 0 &&
+        !(m->emb_scratch = tr_dev_alloc(be, emb_bytes, "embedding backward scratch", err)))
+        rc = -1;
+    for (int32_t i = 0; m->training && i < m->layout.n_tensors; i++)
+        m->grad_sum_n += (size_t)m->layout.tensors[i].grad_slots * m->layout.tensors[i].numel;
+    if (!rc && m->grad_sum_n > 0 &&
+        !(m->grad_sum = tr_dev_alloc(be, float_bytes(m->grad_sum_n), "tensor-parallel gradient "
+                                     "sums", err)))
+        rc = -1;
+    if (!rc && opts->acts) {
+        m->arena = opts->acts;
+        m->arena_bytes = opts->acts_bytes;
+    } else if (!rc) {
+        m->arena = tr_dev_alloc(be, m->arena_bytes ? m->arena_bytes : 64, "activation arena", err);
+        m->owns_arena = m->arena != NULL;
+        if (!m->arena) rc = -1;
+    }
+    return rc;
+}
+
+int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
+                  const tr_model_opts *opts, tr_err *err) {
+    memset(m, 0, sizeof *m);
+    if (check_shapes(cfg, opts, err) != 0) return -1;
     if (opts_tp(cfg, opts, &m->tp, err) != 0) return tr_err_wrap(err, "model");
     m->cfg = *cfg;
     m->lcfg = tr_tp_local_config(cfg, &m->tp);
@@ -341,54 +401,7 @@ int tr_model_init(tr_model *m, const tr_model_config *cfg, tr_backend *be,
     tr_config_rope_inv_freq(cfg, inv);
     for (int32_t i = 0; i < cfg->head_dim / 2; i++) inv_f[i] = (float)inv[i];
     free(inv);
-    size_t pbytes = float_bytes(m->layout.total);
-    int rc = 0;
-    // fp32 masters for a model that trains, or when they are the working weights; a bf16
-    // working copy beside them (or alone, for a model that never trains), unless the caller
-    // binds its own.
-    m->external_work = opts->external_work;
-    if ((m->training || (m->wt == TR_F32 && !m->external_work)) &&
-        !(m->params = tr_dev_zalloc(be, pbytes, "model parameters (fp32 masters)", err)))
-        rc = -1;
-    if (!rc && m->external_work) m->work = NULL;
-    else if (!rc && m->wt == TR_F32) m->work = m->params;
-    else if (!rc && !(m->work = tr_dev_zalloc(be, round_up(m->layout.total * tr_dt_size(m->wt)),
-                                              "model working weights", err)))
-        rc = -1;
-    if (!rc && m->training && !(m->grads = tr_dev_zalloc(be, pbytes, "model gradients", err)))
-        rc = -1;
-    if (!rc && !(m->inv_freq = tr_dev_alloc(be, float_bytes((size_t)cfg->head_dim / 2),
-                                            "RoPE frequencies", err)))
-        rc = -1;
-    if (!rc && !(m->io = tr_dev_alloc(be, layout_io(m, NULL), "batch arrays", err))) rc = -1;
-    // Pinned copies for the two-half rows (tr_model_rows_prepare): a decode step's uploads from
-    // them can be recorded in a CUDA graph (engine/generate.c), which reads them when it is
-    // replayed. The other arrays stay pageable: an upload from pageable memory is taken when
-    // it is queued, so a caller may fill them again before the device has run the last batch.
-    size_t rows_bytes = (size_t)m->max_tokens * sizeof(int32_t);
-    if (!rc && (!(m->rows_ids = tr_dev_alloc_host(be, rows_bytes, "decode token ids", err)) ||
-                !(m->rows_pos = tr_dev_alloc_host(be, rows_bytes, "decode positions", err)) ||
-                !(m->rows_doc_start = tr_dev_alloc_host(be, rows_bytes + sizeof(int32_t),
-                                                        "decode document starts", err))))
-        rc = -1;
-    size_t emb_bytes = m->training ? be->ops->embedding_scratch_bytes(be, m->max_tokens) : 0;
-    if (!rc && emb_bytes > 0 &&
-        !(m->emb_scratch = tr_dev_alloc(be, emb_bytes, "embedding backward scratch", err)))
-        rc = -1;
-    for (int32_t i = 0; m->training && i < m->layout.n_tensors; i++)
-        m->grad_sum_n += (size_t)m->layout.tensors[i].grad_slots * m->layout.tensors[i].numel;
-    if (!rc && m->grad_sum_n > 0 &&
-        !(m->grad_sum = tr_dev_alloc(be, float_bytes(m->grad_sum_n), "tensor-parallel gradient "
-                                     "sums", err)))
-        rc = -1;
-    if (!rc && opts->acts) {
-        m->arena = opts->acts;
-        m->arena_bytes = opts->acts_bytes;
-    } else if (!rc) {
-        m->arena = tr_dev_alloc(be, m->arena_bytes ? m->arena_bytes : 64, "activation arena", err);
-        m->owns_arena = m->arena != NULL;
-        if (!m->arena) rc = -1;
-    }
+    int rc = alloc_device(m, be, opts, err);
     if (!rc) {
         layout_io(m, m->io);
         be->ops->upload(be, m->inv_freq, inv_f, (size_t)cfg->head_dim / 2 * sizeof(float));

@@ -602,94 +602,76 @@ static int check_pattern(const tr_recipe_reward *rw, const tr_ynode *root, tr_er
     return 0;
 }
 
-// Rules across keys, and values resolved from others.
-static int validate(tr_recipe *r, const tr_ynode *root, tr_err *err) {
-    bool rl = r->workflow == TR_RECIPE_GRPO || r->workflow == TR_RECIPE_PPO;
+// A reward's settings that hang together: what its kind needs, its endpoint, devices and
+// regex.
+static int check_reward(const tr_recipe_reward *rw, const tr_ynode *root, tr_err *err) {
+    if (!rw->present) return 0;
+    if (rw->kind == TR_RECIPE_REWARD_RULE && rw->function == TR_RECIPE_FN_REGEX && !rw->pattern[0])
+        return fail_path(root, "models.reward.pattern", err, "function regex needs a pattern");
+    if (rw->kind == TR_RECIPE_REWARD_MODEL && !rw->path[0])
+        return fail_path(root, "models.reward.path", err, "kind model needs the reward model's path");
+    if (rw->kind == TR_RECIPE_REWARD_SERVICE && !rw->endpoint[0])
+        return fail_path(root, "models.reward.endpoint", err, "kind service needs an endpoint (tcp://HOST:PORT or ipc://PATH)");
+    if (rw->endpoint[0] && !valid_endpoint(rw->endpoint))
+        return fail_path(root, "models.reward.endpoint", err, "'%s' is not a ZeroMQ endpoint (tcp://, ipc://, inproc://)", rw->endpoint);
+    if ((rw->kind == TR_RECIPE_REWARD_MODEL || rw->parallel.tp != 1) &&
+        check_devices(&rw->devices, &rw->parallel, "reward", root, err))
+        return -1;
+    if (check_sequence_parallel(&rw->parallel, "reward", root, err)) return -1;
+    if (rw->kind == TR_RECIPE_REWARD_RULE && rw->function == TR_RECIPE_FN_REGEX && check_pattern(rw, root, err))
+        return -1;
+    return 0;
+}
+
+// GRPO and PPO: a reward and prompts, an advantage estimator with what it needs, and a step
+// whose responses split into the mini-batches.
+static int check_rl(const tr_recipe *r, const tr_ynode *root, tr_err *err) {
     const char *wf = tr_recipe_workflow_names[r->workflow];
-
-    if (!tr_ynode_path(root, "algorithm.advantage"))
-        r->algorithm.advantage = r->workflow == TR_RECIPE_PPO ? TR_ADV_GAE : TR_ADV_GRPO;
-
-    for (int role = 0; role < TR_RECIPE_REWARD; role++) {
-        const tr_recipe_model *m = &r->models[role];
-        if (!m->present) continue;
-        if (check_model_source(m, tr_recipe_role_names[role], root, err)) return -1;
-        if (check_devices(&m->devices, &m->parallel, tr_recipe_role_names[role], root, err) ||
-            check_sequence_parallel(&m->parallel, tr_recipe_role_names[role], root, err))
-            return -1;
-    }
-    // Only Qwen3's template has think blocks: elsewhere the switch would be silently ignored.
-    if (!r->data.enable_thinking && r->data.chat_format != TR_RECIPE_CHAT_QWEN3)
-        return fail_path(root, "data.enable_thinking", err, "false applies to chat_format qwen3 only "
-                         "(%s has no think blocks)", tr_recipe_chat_names[r->data.chat_format]);
-
-    if (check_generator(r, root, rl, err)) return -1;
     const tr_recipe_reward *rw = &r->reward;
-    if (rw->present) {
-        if (rw->kind == TR_RECIPE_REWARD_RULE && rw->function == TR_RECIPE_FN_REGEX && !rw->pattern[0])
-            return fail_path(root, "models.reward.pattern", err, "function regex needs a pattern");
-        if (rw->kind == TR_RECIPE_REWARD_MODEL && !rw->path[0])
-            return fail_path(root, "models.reward.path", err, "kind model needs the reward model's path");
-        if (rw->kind == TR_RECIPE_REWARD_SERVICE && !rw->endpoint[0])
-            return fail_path(root, "models.reward.endpoint", err, "kind service needs an endpoint (tcp://HOST:PORT or ipc://PATH)");
-        if (rw->endpoint[0] && !valid_endpoint(rw->endpoint))
-            return fail_path(root, "models.reward.endpoint", err, "'%s' is not a ZeroMQ endpoint (tcp://, ipc://, inproc://)", rw->endpoint);
-        if ((rw->kind == TR_RECIPE_REWARD_MODEL || rw->parallel.tp != 1) &&
-            check_devices(&rw->devices, &rw->parallel, "reward", root, err))
-            return -1;
-        if (check_sequence_parallel(&rw->parallel, "reward", root, err)) return -1;
-        if (rw->kind == TR_RECIPE_REWARD_RULE && rw->function == TR_RECIPE_FN_REGEX && check_pattern(rw, root, err))
-            return -1;
+    if (!rw->present) return fail_path(root, "models.reward", err, "workflow %s needs a reward", wf);
+    if (!r->data.train[0]) return fail_path(root, "data.train", err, "workflow %s needs a prompt set (JSONL)", wf);
+    enum tr_adv_kind adv = r->algorithm.advantage;
+    if (adv == TR_ADV_GAE && !r->models[TR_RECIPE_CRITIC].present) {
+        if (tr_ynode_path(root, "algorithm.advantage"))
+            return fail_path(root, "algorithm.advantage", err, "gae needs models.critic (e.g. critic: {from: policy})");
+        return fail_path(root, "models.critic", err, "workflow ppo estimates advantages with gae, which needs a critic (e.g. critic: {from: policy})");
     }
-    if (r->placement.endpoint[0] && !valid_endpoint(r->placement.endpoint))
-        return fail_path(root, "placement.endpoint", err, "'%s' is not a ZeroMQ endpoint (tcp://, ipc://, inproc://)",
-                         r->placement.endpoint);
-    if (r->placement.attach && !r->placement.endpoint[0])
-        return fail_path(root, "placement.attach", err, "needs placement.endpoint: the address workers started "
-                         "elsewhere connect to");
-    // Every trainer gets the loss settings, whatever the workflow.
-    if (r->algorithm.clip_dual != 0.0 && !(r->algorithm.clip_dual > 1.0))
-        return fail_path(root, "algorithm.clip.dual", err, "%g: the dual clip must be 0 (off) or > 1", r->algorithm.clip_dual);
+    bool grouped = adv == TR_ADV_GRPO || adv == TR_ADV_RLOO || adv == TR_ADV_REINFORCE_PP_BASELINE;
+    if (grouped && r->rollout.n < 2)
+        return fail_path(root, "rollout.n", err, "advantage %s compares responses within a group: needs n >= 2, got %lld",
+                         tr_adv_kind_names[adv], (long long)r->rollout.n);
+    if (r->algorithm.kl_coef > 0 && !r->models[TR_RECIPE_REFERENCE].present)
+        return fail_path(root, "algorithm.kl.coef", err, "a KL term needs models.reference (e.g. reference: {from: policy})");
+    int64_t seqs;
+    if (__builtin_mul_overflow(r->train.prompts_per_step, r->rollout.n, &seqs) || seqs > INT32_MAX)
+        return fail_path(root, "train.prompts_per_step", err, "prompts_per_step x rollout.n is more than %d "
+                         "responses per step", INT32_MAX);
+    // The optimizer steps of the run: the length of the learning-rate schedule.
+    int64_t updates;
+    if (__builtin_mul_overflow(r->train.steps, r->algorithm.ppo_epochs * r->algorithm.mini_batches, &updates))
+        return fail_path(root, "train.steps", err, "train.steps x algorithm.ppo_epochs x algorithm.mini_batches "
+                         "optimizer steps overflow");
+    if (r->algorithm.old_logprobs == TR_RECIPE_OLD_LP_ROLLOUT && r->generator.one_step_off)
+        return fail_path(root, "algorithm.old_logprobs", err, "rollout cannot go with "
+                         "models.generator.one_step_off: those rollouts come from the previous step's "
+                         "weights, and the ratio's old logprobs must be the current policy's");
+    if (seqs % r->algorithm.mini_batches)
+        return fail_path(root, "algorithm.mini_batches", err,
+                         "%lld responses per step (prompts_per_step x rollout.n) do not split into %lld mini-batches",
+                         (long long)seqs, (long long)r->algorithm.mini_batches);
+    if (r->rollout.overlong_buffer > r->rollout.max_new_tokens)
+        return fail_path(root, "rollout.overlong.buffer", err, "%lld is longer than rollout.max_new_tokens (%lld)",
+                         (long long)r->rollout.overlong_buffer, (long long)r->rollout.max_new_tokens);
+    if (r->rollout.min_new_tokens > r->rollout.max_new_tokens)
+        return fail_path(root, "rollout.min_new_tokens", err, "%lld is more than rollout.max_new_tokens (%lld)",
+                         (long long)r->rollout.min_new_tokens, (long long)r->rollout.max_new_tokens);
+    return 0;
+}
 
-    if (rl) {
-        if (!rw->present) return fail_path(root, "models.reward", err, "workflow %s needs a reward", wf);
-        if (!r->data.train[0]) return fail_path(root, "data.train", err, "workflow %s needs a prompt set (JSONL)", wf);
-        enum tr_adv_kind adv = r->algorithm.advantage;
-        if (adv == TR_ADV_GAE && !r->models[TR_RECIPE_CRITIC].present) {
-            if (tr_ynode_path(root, "algorithm.advantage"))
-                return fail_path(root, "algorithm.advantage", err, "gae needs models.critic (e.g. critic: {from: policy})");
-            return fail_path(root, "models.critic", err, "workflow ppo estimates advantages with gae, which needs a critic (e.g. critic: {from: policy})");
-        }
-        bool grouped = adv == TR_ADV_GRPO || adv == TR_ADV_RLOO || adv == TR_ADV_REINFORCE_PP_BASELINE;
-        if (grouped && r->rollout.n < 2)
-            return fail_path(root, "rollout.n", err, "advantage %s compares responses within a group: needs n >= 2, got %lld",
-                             tr_adv_kind_names[adv], (long long)r->rollout.n);
-        if (r->algorithm.kl_coef > 0 && !r->models[TR_RECIPE_REFERENCE].present)
-            return fail_path(root, "algorithm.kl.coef", err, "a KL term needs models.reference (e.g. reference: {from: policy})");
-        int64_t seqs;
-        if (__builtin_mul_overflow(r->train.prompts_per_step, r->rollout.n, &seqs) || seqs > INT32_MAX)
-            return fail_path(root, "train.prompts_per_step", err, "prompts_per_step x rollout.n is more than %d "
-                             "responses per step", INT32_MAX);
-        // The optimizer steps of the run: the length of the learning-rate schedule.
-        int64_t updates;
-        if (__builtin_mul_overflow(r->train.steps, r->algorithm.ppo_epochs * r->algorithm.mini_batches, &updates))
-            return fail_path(root, "train.steps", err, "train.steps x algorithm.ppo_epochs x algorithm.mini_batches "
-                             "optimizer steps overflow");
-        if (r->algorithm.old_logprobs == TR_RECIPE_OLD_LP_ROLLOUT && r->generator.one_step_off)
-            return fail_path(root, "algorithm.old_logprobs", err, "rollout cannot go with "
-                             "models.generator.one_step_off: those rollouts come from the previous step's "
-                             "weights, and the ratio's old logprobs must be the current policy's");
-        if (seqs % r->algorithm.mini_batches)
-            return fail_path(root, "algorithm.mini_batches", err,
-                             "%lld responses per step (prompts_per_step x rollout.n) do not split into %lld mini-batches",
-                             (long long)seqs, (long long)r->algorithm.mini_batches);
-        if (r->rollout.overlong_buffer > r->rollout.max_new_tokens)
-            return fail_path(root, "rollout.overlong.buffer", err, "%lld is longer than rollout.max_new_tokens (%lld)",
-                             (long long)r->rollout.overlong_buffer, (long long)r->rollout.max_new_tokens);
-        if (r->rollout.min_new_tokens > r->rollout.max_new_tokens)
-            return fail_path(root, "rollout.min_new_tokens", err, "%lld is more than rollout.max_new_tokens (%lld)",
-                             (long long)r->rollout.min_new_tokens, (long long)r->rollout.max_new_tokens);
-    } else if (r->workflow == TR_RECIPE_SFT) {
+// What each workflow needs of the data.
+static int check_workflow(const tr_recipe *r, const tr_ynode *root, bool rl, tr_err *err) {
+    if (rl) return check_rl(r, root, err);
+    if (r->workflow == TR_RECIPE_SFT) {
         if (!r->data.train[0]) return fail_path(root, "data.train", err, "workflow sft needs conversations (JSONL)");
         if (r->data.chat_format == TR_RECIPE_CHAT_NONE)
             return fail_path(root, "data.chat_format", err, "workflow sft renders conversations through a chat "
@@ -698,12 +680,12 @@ static int validate(tr_recipe *r, const tr_ynode *root, tr_err *err) {
         if (r->data.n_prefixes == 0)
             return fail_path(root, "data.prefixes", err, "workflow pretrain needs indexed datasets: [{path: PREFIX, weight: 1.0}]");
     }
-    if (!valid_split(r->data.split))
-        return fail_path(root, "data.split", err, "'%s' is not three proportions like \"969,30,1\"", r->data.split);
-    if (r->train.eval_every > 0 && r->workflow != TR_RECIPE_PRETRAIN && !r->data.eval[0])
-        return fail_path(root, "train.eval_every", err, "periodic eval needs data.eval (or eval_every: 0)");
+    return 0;
+}
 
-    // The longest row a trainer must hold.
+// train.max_len, resolved from the longest row a trainer must hold when 0, and the
+// micro-batches that must hold one such row.
+static int check_max_len(tr_recipe *r, const tr_ynode *root, bool rl, tr_err *err) {
     int64_t need = r->workflow == TR_RECIPE_SFT ? r->data.max_len : r->data.seq_len;
     if (rl && __builtin_add_overflow(r->data.max_prompt_len, r->rollout.max_new_tokens, &need))
         return fail_path(root, "rollout.max_new_tokens", err, "max_prompt_len + max_new_tokens overflows");
@@ -714,7 +696,12 @@ static int validate(tr_recipe *r, const tr_ynode *root, tr_err *err) {
     if (r->train.micro_batch_tokens > 0 && r->train.micro_batch_tokens < r->train.max_len)
         return fail_path(root, "train.micro_batch_tokens", err, "%lld cannot hold one row of train.max_len %lld tokens",
                          (long long)r->train.micro_batch_tokens, (long long)r->train.max_len);
+    return 0;
+}
 
+// placement.colocate: groups of two or more roles with workers, each role once, all of a
+// group's roles with the same data- and tensor-parallel sizes.
+static int check_colocation(const tr_recipe *r, const tr_ynode *root, tr_err *err) {
     bool seen[TR_RECIPE_N_ROLES] = {false};
     for (int32_t g = 0; g < r->placement.n_colocate; g++) {
         char gpath[64];
@@ -747,6 +734,47 @@ static int validate(tr_recipe *r, const tr_ynode *root, tr_err *err) {
                                  (long long)role_tp(r, first), name, (long long)role_tp(r, role));
         }
     }
+    return 0;
+}
+
+// Rules across keys, and values resolved from others.
+static int validate(tr_recipe *r, const tr_ynode *root, tr_err *err) {
+    bool rl = r->workflow == TR_RECIPE_GRPO || r->workflow == TR_RECIPE_PPO;
+
+    if (!tr_ynode_path(root, "algorithm.advantage"))
+        r->algorithm.advantage = r->workflow == TR_RECIPE_PPO ? TR_ADV_GAE : TR_ADV_GRPO;
+
+    for (int role = 0; role < TR_RECIPE_REWARD; role++) {
+        const tr_recipe_model *m = &r->models[role];
+        if (!m->present) continue;
+        if (check_model_source(m, tr_recipe_role_names[role], root, err)) return -1;
+        if (check_devices(&m->devices, &m->parallel, tr_recipe_role_names[role], root, err) ||
+            check_sequence_parallel(&m->parallel, tr_recipe_role_names[role], root, err))
+            return -1;
+    }
+    // Only Qwen3's template has think blocks: elsewhere the switch would be silently ignored.
+    if (!r->data.enable_thinking && r->data.chat_format != TR_RECIPE_CHAT_QWEN3)
+        return fail_path(root, "data.enable_thinking", err, "false applies to chat_format qwen3 only "
+                         "(%s has no think blocks)", tr_recipe_chat_names[r->data.chat_format]);
+
+    if (check_generator(r, root, rl, err) || check_reward(&r->reward, root, err)) return -1;
+    if (r->placement.endpoint[0] && !valid_endpoint(r->placement.endpoint))
+        return fail_path(root, "placement.endpoint", err, "'%s' is not a ZeroMQ endpoint (tcp://, ipc://, inproc://)",
+                         r->placement.endpoint);
+    if (r->placement.attach && !r->placement.endpoint[0])
+        return fail_path(root, "placement.attach", err, "needs placement.endpoint: the address workers started "
+                         "elsewhere connect to");
+    // Every trainer gets the loss settings, whatever the workflow.
+    if (r->algorithm.clip_dual != 0.0 && !(r->algorithm.clip_dual > 1.0))
+        return fail_path(root, "algorithm.clip.dual", err, "%g: the dual clip must be 0 (off) or > 1", r->algorithm.clip_dual);
+
+    if (check_workflow(r, root, rl, err)) return -1;
+    if (!valid_split(r->data.split))
+        return fail_path(root, "data.split", err, "'%s' is not three proportions like \"969,30,1\"", r->data.split);
+    if (r->train.eval_every > 0 && r->workflow != TR_RECIPE_PRETRAIN && !r->data.eval[0])
+        return fail_path(root, "train.eval_every", err, "periodic eval needs data.eval (or eval_every: 0)");
+
+    if (check_max_len(r, root, rl, err) || check_colocation(r, root, err)) return -1;
     return 0;
 }
 
