@@ -16,14 +16,28 @@ int tr_cmd_tokenize(int argc, char **argv);
 int tr_cmd_worker(int argc, char **argv);
 
 static const tr_command commands[] = {
-    {"generate", "sample continuations of prompts (batched, paged KV cache, exact logprobs)", tr_cmd_generate},
-    {"info", "a checkpoint's configuration, parameter count and training memory", tr_cmd_info},
-    {"logprobs", "per-token log-probabilities of token sequences under a model", tr_cmd_logprobs},
-    {"preprocess", "tokenize JSONL into a Megatron indexed dataset (.bin/.idx)", tr_cmd_preprocess},
-    {"run", "run a recipe: GRPO, PPO, SFT or pretraining with its role workers", tr_cmd_run},
-    {"tokenize", "JSONL text to token ids and back with a Hugging Face tokenizer.json", tr_cmd_tokenize},
-    {"worker", "host role workers (policy, reference, critic, reward, generator) for a controller", tr_cmd_worker},
-    {NULL, NULL, NULL},
+    {.name = "generate",
+     .summary = "sample continuations of prompts (batched, paged KV cache, exact logprobs)",
+     .run = tr_cmd_generate},
+    {.name = "info",
+     .summary = "a checkpoint's configuration, parameter count and training memory",
+     .run = tr_cmd_info},
+    {.name = "logprobs",
+     .summary = "per-token log-probabilities of token sequences under a model",
+     .run = tr_cmd_logprobs},
+    {.name = "preprocess",
+     .summary = "tokenize JSONL into a Megatron indexed dataset (.bin/.idx)",
+     .run = tr_cmd_preprocess},
+    {.name = "run",
+     .summary = "run a recipe: GRPO, PPO, SFT or pretraining with its role workers",
+     .run = tr_cmd_run},
+    {.name = "tokenize",
+     .summary = "JSONL text to token ids and back with a Hugging Face tokenizer.json",
+     .run = tr_cmd_tokenize},
+    {.name = "worker",
+     .summary = "host role workers (policy, reference, critic, reward, generator) for a controller",
+     .run = tr_cmd_worker},
+    {.name = NULL},   // the end of the table
 };
 
 int tr_cli_fail(const char *cmd, const tr_err *err) {
