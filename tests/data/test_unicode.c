@@ -68,7 +68,7 @@ typedef struct context {
 static bool context_of(const tr_json *parts, context *x) {
     x->n = tj_size(parts);
     if (x->n < 2 || x->n > 8) return false;
-    for (size_t k = 0; k < x->n; k++) {
+    for (size_t k = 0; k < x->n && k < 8; k++) {   // k < 8 spelled out for gcc's bounds check
         x->part[k] = tj_str(tj_at(parts, k));
         x->len[k] = tj_len(tj_at(parts, k));
         if (!x->part[k] || x->len[k] > 32) return false;
