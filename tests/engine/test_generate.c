@@ -418,6 +418,49 @@ static void test_pool_pressure(const char *name, tr_backend *be) {
     tr_model_free(&m);
 }
 
+// A prefill pass's finished requests draw their first tokens together, as many samples at a
+// time as the logit rows hold, and a request with more samples than that draws alone in
+// slices (engine/generate.c first_draws): with 3 logit rows, requests of 2, 1, 4, 2 and 3
+// samples take every path, and every output equals the one drawn with 64 logit rows, bit for
+// bit (on a batch-invariant backend; tokens on any).
+static void test_first_draws(const char *name, tr_backend *be) {
+    printf("%s: first tokens drawn in groups of the logit rows\n", name);
+    tr_model narrow, wide;
+    char path[256];
+    snprintf(path, sizeof path, "tests/fixtures/models/%s", name);
+    tr_model_opts on = {.max_tokens = 64, .training = false, .logit_rows = 3};
+    tr_model_opts ow = {.max_tokens = 64, .training = false, .logit_rows = 64};
+    tr_err err = {0};
+    if (tr_model_load(&narrow, tr_test_src(path), be, &on, &err) != 0 ||
+        tr_model_load(&wide, tr_test_src(path), be, &ow, &err) != 0) {
+        CHECKF(0, "%s", err.msg);
+        return;
+    }
+    CHECK(narrow.logit_rows == 3 && wide.logit_rows == 64);
+    int32_t prompts[5][40], lens[5];
+    make_prompts(prompts, lens, 5, narrow.cfg.vocab_size);
+    const int32_t samples[5] = {2, 1, 4, 2, 3};
+    tr_gen_request reqs[5];
+    for (int32_t i = 0; i < 5; i++)
+        reqs[i] = (tr_gen_request){.prompt = prompts[i], .n_prompt = lens[i] < 12 ? lens[i] : 12,
+                                   .n_samples = samples[i], .sampling = {1.0f, 0, 1.0f},
+                                   .seed = 11 + (uint64_t)i, .max_new_tokens = 6};
+    tr_gen_opts o = {.kv_tokens = 1024, .block_size = 8, .max_seqs = 12};
+    tr_gen_output a[12], b[12];
+    if (run(&narrow, &o, reqs, 5, a, NULL) != 0 || run(&wide, &o, reqs, 5, b, NULL) != 0) return;
+    int32_t lp_same = 0;
+    for (int32_t i = 0; i < 12; i++) {
+        CHECKF(same_output(&a[i], &b[i]), "output %d differs with 3 logit rows", i);
+        lp_same += same_logprobs(&a[i], &b[i]);
+    }
+    printf("  tokens identical; logprobs bitwise identical in %d of 12 outputs\n", lp_same);
+    if (et_batch_invariant(be)) CHECK(lp_same == 12);
+    tr_gen_outputs_free(a, 12);
+    tr_gen_outputs_free(b, 12);
+    tr_model_free(&narrow);
+    tr_model_free(&wide);
+}
+
 int main(void) {
     tr_backend be;
     et_backend(&be, 2);
@@ -427,6 +470,7 @@ int main(void) {
         test_logprobs(models[i], &be);
         test_batch_independence(models[i], &be);
         test_pool_pressure(models[i], &be);
+        test_first_draws(models[i], &be);
     }
     // Llama with attention_bias: the o_proj bias reaches generation through the shared trunk.
     test_greedy_hf("llama_bias", &be);
