@@ -198,15 +198,11 @@ static int read_generation_eos(const char *dir, int32_t vocab, int32_t *stops, i
     char path[4200];
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
     if (!tr_file_exists(path)) return 0;
-    char *text;
-    size_t len;
-    if (tr_file_read(path, &text, &len, err)) return -1;
     tr_json_opts o = {.name = path, .max_depth = TR_JSON_DATA_DEPTH,
                       .flags = TR_JSON_DATA | TR_JSON_NO_NUL};
     tr_json_doc doc;
-    int rc = tr_json_parse_opts(&doc, text, len, &o, err);
-    free(text);
-    if (rc) return -1;
+    if (tr_json_parse_file(&doc, path, &o, err)) return -1;
+    int rc = 0;
     const tr_json *eos = tr_json_get(doc.root, "eos_token_id");
     if (doc.root->type != TR_JSON_OBJECT && doc.root->type != TR_JSON_ARRAY) {
         rc = tr_errf(err, TR_EFORMAT, "%s:%d:%d: expected a JSON object, got %s", path,

@@ -119,12 +119,7 @@ static int open_files(loader *L) {
                        tr_file_exists(path) ? " (pytorch_model.bin is not supported; convert to "
                                               "safetensors)" : "");
     }
-    char *text;
-    size_t len;
-    if (tr_file_read(L->index_path, &text, &len, L->err)) return -1;
-    int rc = tr_json_parse(&L->index, text, len, L->index_path, L->err);
-    free(text);
-    if (rc) return -1;
+    if (tr_json_parse_file(&L->index, L->index_path, NULL, L->err)) return -1;
     const tr_json *wm = tr_json_get(L->index.root, "weight_map");
     if (!wm || wm->type != TR_JSON_OBJECT)
         return tr_errf(L->err, TR_EFORMAT, "%s: 'weight_map' must be an object of tensor name "

@@ -83,6 +83,11 @@ typedef struct tr_json_opts {
 int tr_json_parse_opts(tr_json_doc *doc, const char *text, size_t len, const tr_json_opts *opts,
                        tr_err *err);
 
+// The file at path read whole and parsed (json_file.c): by opts, or with opts NULL by
+// tr_json_parse's rules with the path as the name.
+int tr_json_parse_file(tr_json_doc *doc, const char *path, const tr_json_opts *opts,
+                       tr_err *err);
+
 // Member of an object by key (NULL when absent or when obj is not an object).
 const tr_json *tr_json_get(const tr_json *obj, const char *key);
 // Element i of an array (NULL when out of range or not an array); O(i): loops over all

@@ -156,12 +156,7 @@ typedef struct manifest {
 } manifest;
 
 static int read_manifest(manifest *mf, const char *path, int64_t step, tr_err *err) {
-    char *text;
-    size_t len;
-    if (tr_file_read(path, &text, &len, err)) return -1;
-    int rc = tr_json_parse(&mf->doc, text, len, path, err);
-    free(text);
-    if (rc) return -1;
+    if (tr_json_parse_file(&mf->doc, path, NULL, err)) return -1;
     const tr_json *root = mf->doc.root, *f = tr_json_get(root, "format"), *v = tr_json_get(root, "version");
     const tr_json *s = tr_json_get(root, "step");
     mf->shards = tr_json_get(root, "shards");

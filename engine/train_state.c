@@ -186,14 +186,9 @@ static int json_int(const tr_json *obj, const char *key, const char *path, int64
 }
 
 static int parse_state(const char *path, int64_t *step, tr_rng *rng, tr_err *err) {
-    char *text;
-    size_t len;
-    if (tr_file_read(path, &text, &len, err) != 0) return -1;
     tr_json_doc doc;
-    int rc = tr_json_parse(&doc, text, len, path, err);
-    free(text);
-    if (rc != 0) return -1;
-    rc = -1;
+    if (tr_json_parse_file(&doc, path, NULL, err) != 0) return -1;
+    int rc = -1;
     const tr_json *root = doc.root, *fmt = tr_json_get(root, "format");
     const tr_json *r = tr_json_get(root, "rng"), *seed = r ? tr_json_get(r, "seed") : NULL;
     int64_t version = 0, counter = 0, used = 0;   // set by json_int before any use

@@ -98,15 +98,11 @@ int tr_run_ckpt_commit(const char *run_dir, const char *tmp, const tr_run_state 
 int tr_run_state_read(const char *dir, tr_run_state *st, tr_err *err) {
     char path[4200];
     snprintf(path, sizeof path, "%s/" TR_RUN_STATE_FILE, dir);
-    char *text;
-    size_t len;
-    if (tr_file_read(path, &text, &len, err)) return -1;
     tr_json_opts opts = {.name = path, .max_depth = TR_JSON_DATA_DEPTH,
                          .flags = TR_JSON_DATA | TR_JSON_NO_NUL};
     tr_json_doc doc;
-    int rc = tr_json_parse_opts(&doc, text, len, &opts, err);
-    free(text);
-    if (rc) return -1;
+    if (tr_json_parse_file(&doc, path, &opts, err)) return -1;
+    int rc = 0;
     const tr_json *o = doc.root, *w = tr_json_get(o, "workflow");
     const tr_json *s = tr_json_get(o, "step"), *c = tr_json_get(o, "data_cursor");
     if (!tr_json_is_int(s) || s->inum < 0)
