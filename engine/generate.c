@@ -390,9 +390,7 @@ static void fill_draws(gen_run *run, const int32_t *outs, int32_t n, int32_t r0)
 // Whether a draw among rows [r0, r0 + n) (filled in row_draw) ranks its logits: the sample
 // op sorts only then.
 static bool draws_ranked(const tr_generator *g, int32_t r0, int32_t n) {
-    for (int32_t i = r0; i < r0 + n; i++)
-        if (tr_sample_row_ranked(&g->row_draw[i], g->model->tp.vocab)) return true;
-    return false;
+    return tr_sample_rows_ranked(g->row_draw + r0, n, g->model->tp.vocab);
 }
 
 // Queues the draws of rows [r0, r0 + n) from rows [0, n) of m->acts.logits with the backend's
@@ -439,20 +437,25 @@ static void take_draws(gen_run *run, const int32_t *outs, int32_t n, int32_t r0)
     }
 }
 
-// Draws the next token of outputs outs[0..n) from the first row of m->acts.logits (the
-// prompt's last row: the samples of one prompt), now.
-static int sample_rows_same(gen_run *run, const int32_t *outs, int32_t n, tr_err *err) {
+// Draws the next token of outputs outs[0..n) from rows [0, n) of m->acts.logits, now.
+static int draw_rows_now(gen_run *run, const int32_t *outs, int32_t n, tr_err *err) {
     tr_generator *g = run->g;
-    tr_backend *be = g->model->be;
-    const size_t row = (size_t)g->model->tp.vocab * tr_dt_size(g->model->act);
-    char *logits = g->model->acts.logits;
-    for (int32_t i = 1; i < n; i++) be->ops->copy(be, logits + (size_t)i * row, logits, row);
     fill_draws(run, outs, n, 0);
     if (queue_draws(g, 0, n, err) != 0) return -1;
     download_draws(g, n);
-    if (tr_dev_sync(be, "generate: sampling", err) != 0) return -1;
+    if (tr_dev_sync(g->model->be, "generate: sampling", err) != 0) return -1;
     take_draws(run, outs, n, 0);
     return 0;
+}
+
+// Draws the next token of outputs outs[0..n) from the first row of m->acts.logits (the
+// prompt's last row: the samples of one prompt), now.
+static int sample_rows_same(gen_run *run, const int32_t *outs, int32_t n, tr_err *err) {
+    tr_backend *be = run->g->model->be;
+    const size_t row = (size_t)run->g->model->tp.vocab * tr_dt_size(run->g->model->act);
+    char *logits = run->g->model->acts.logits;
+    for (int32_t i = 1; i < n; i++) be->ops->copy(be, logits + (size_t)i * row, logits, row);
+    return draw_rows_now(run, outs, n, err);
 }
 
 // Logits of rows [r0, r0 + n) of the pass into acts.logits (this rank's columns), in the
@@ -531,11 +534,7 @@ static int first_draws(gen_run *run, tr_err *err) {
         for (int32_t i = i0; i < i1; i++)
             for (int32_t j = 0; j < run->reqs[fin[i]].n_samples; j++)
                 g->row_out[n++] = run->groups[fin[i]].out0 + j;
-        fill_draws(run, g->row_out, n, 0);
-        if (queue_draws(g, 0, n, err) != 0) return -1;
-        download_draws(g, n);
-        if (tr_dev_sync(m->be, "generate: sampling", err) != 0) return -1;
-        take_draws(run, g->row_out, n, 0);
+        if (draw_rows_now(run, g->row_out, n, err) != 0) return -1;
         i0 = i1;
     }
     return 0;
