@@ -37,9 +37,10 @@ struct tr_lsm_raw {
     uint32_t w[TR_LSM_CHUNK];
 };
 
-// Loads chunk c of a row of V columns into r and returns its column count n; columns past n
-// are 0, and so is a chunk at or past end (n = 0).
-__device__ __forceinline__ int32_t tr_lsm_fetch(const float *x, int32_t V, int32_t c,
+// Loads chunk c of a row of V 32-bit words (fp32 columns, or the sampler's sort keys) into r
+// and returns its column count n; columns past n are 0, and so is a chunk at or past end
+// (n = 0).
+__device__ __forceinline__ int32_t tr_lsm_fetch(const uint32_t *x, int32_t V, int32_t c,
                                                 int32_t end, bool vec, tr_lsm_raw &r) {
     int32_t i0 = c * TR_LSM_CHUNK, n = V - i0 < TR_LSM_CHUNK ? V - i0 : TR_LSM_CHUNK;
     if (c >= end) n = 0;
@@ -51,8 +52,13 @@ __device__ __forceinline__ int32_t tr_lsm_fetch(const float *x, int32_t V, int32
         return n;
     }
 #pragma unroll
-    for (int32_t k = 0; k < TR_LSM_CHUNK; k++) r.w[k] = k < n ? __float_as_uint(x[i0 + k]) : 0u;
+    for (int32_t k = 0; k < TR_LSM_CHUNK; k++) r.w[k] = k < n ? x[i0 + k] : 0u;
     return n;
+}
+
+__device__ __forceinline__ int32_t tr_lsm_fetch(const float *x, int32_t V, int32_t c,
+                                                int32_t end, bool vec, tr_lsm_raw &r) {
+    return tr_lsm_fetch(reinterpret_cast<const uint32_t *>(x), V, c, end, vec, r);
 }
 
 __device__ __forceinline__ int32_t tr_lsm_fetch(const tr_bf16 *x, int32_t V, int32_t c,

@@ -173,19 +173,7 @@ struct smp_src {
 
     // A key chunk's raw words are its keys (0 past the count).
     __device__ __forceinline__ int32_t fetch(int32_t c, int32_t end, tr_lsm_raw &r) const {
-        if (!keys) return tr_lsm_fetch(x, n, c, end, vec, r);
-        int32_t i0 = c * TR_LSM_CHUNK, cnt = n - i0 < TR_LSM_CHUNK ? n - i0 : TR_LSM_CHUNK;
-        if (c >= end) cnt = 0;
-        if (vec && cnt == TR_LSM_CHUNK) {
-            uint4 a = reinterpret_cast<const uint4 *>(keys + i0)[0];
-            uint4 b = reinterpret_cast<const uint4 *>(keys + i0)[1];
-            r.w[0] = a.x, r.w[1] = a.y, r.w[2] = a.z, r.w[3] = a.w;
-            r.w[4] = b.x, r.w[5] = b.y, r.w[6] = b.z, r.w[7] = b.w;
-            return cnt;
-        }
-#pragma unroll
-        for (int32_t k = 0; k < TR_LSM_CHUNK; k++) r.w[k] = k < cnt ? keys[i0 + k] : 0u;
-        return cnt;
+        return keys ? tr_lsm_fetch(keys, n, c, end, vec, r) : tr_lsm_fetch(x, n, c, end, vec, r);
     }
     __device__ __forceinline__ void widen(const tr_lsm_raw &r, float v[TR_LSM_CHUNK]) const {
         if (!keys) return tr_lsm_widen(x, r, v);
