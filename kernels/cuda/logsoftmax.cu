@@ -85,17 +85,28 @@ __global__ void logsoftmax_backward_kernel(A *dlogits, const float *dlogprob,
     lsm_write_row(dlogits + (size_t)t * V, x, V, l, glp, gent, mean, tg);
 }
 
+// T blocks of a row kernel, staged through dynamic shared memory when they are few
+// (tr_lsm_stage_bytes).
+template <typename... P, typename... A>
+static void lsm_launch(tr_backend *be, void (*kernel)(P...), int32_t T, A... args) {
+    const size_t dyn = tr_lsm_stage_bytes(T, tr_cuda_ctx_of(be)->sms);
+    if (dyn && TR_CUDA_CHECK(be, cudaFuncSetAttribute(kernel,
+                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                      (int)dyn)))
+        return;
+    kernel<<<T, LSM_THREADS, dyn, tr_cuda_stream(be)>>>(args...);
+}
+
 void tr_cuda_logsoftmax_forward(tr_backend *be, float *logprob, float *entropy, float *lse,
                                 const void *logits, const int32_t *target, int32_t T,
                                 int32_t V) {
     if (T <= 0 || V <= 0) return;
-    cudaStream_t st = tr_cuda_stream(be);
     if (tr_cuda_bf16(be))
-        logsoftmax_forward_kernel<tr_bf16><<<T, LSM_THREADS, 0, st>>>(
-            logprob, entropy, lse, (const tr_bf16 *)logits, target, V);
+        lsm_launch(be, logsoftmax_forward_kernel<tr_bf16>, T, logprob, entropy, lse,
+                   (const tr_bf16 *)logits, target, V);
     else
-        logsoftmax_forward_kernel<float><<<T, LSM_THREADS, 0, st>>>(
-            logprob, entropy, lse, (const float *)logits, target, V);
+        lsm_launch(be, logsoftmax_forward_kernel<float>, T, logprob, entropy, lse,
+                   (const float *)logits, target, V);
     TR_CUDA_LAUNCHED(be, "logsoftmax_forward");
 }
 
@@ -103,13 +114,12 @@ void tr_cuda_logsoftmax_backward(tr_backend *be, void *dlogits, const float *dlo
                                  const float *dentropy, const void *logits, const float *lse,
                                  const int32_t *target, int32_t T, int32_t V) {
     if (T <= 0 || V <= 0) return;
-    cudaStream_t st = tr_cuda_stream(be);
     if (tr_cuda_bf16(be))
-        logsoftmax_backward_kernel<tr_bf16><<<T, LSM_THREADS, 0, st>>>(
-            (tr_bf16 *)dlogits, dlogprob, dentropy, (const tr_bf16 *)logits, lse, target, V);
+        lsm_launch(be, logsoftmax_backward_kernel<tr_bf16>, T, (tr_bf16 *)dlogits, dlogprob,
+                   dentropy, (const tr_bf16 *)logits, lse, target, V);
     else
-        logsoftmax_backward_kernel<float><<<T, LSM_THREADS, 0, st>>>(
-            (float *)dlogits, dlogprob, dentropy, (const float *)logits, lse, target, V);
+        lsm_launch(be, logsoftmax_backward_kernel<float>, T, (float *)dlogits, dlogprob,
+                   dentropy, (const float *)logits, lse, target, V);
     TR_CUDA_LAUNCHED(be, "logsoftmax_backward");
 }
 

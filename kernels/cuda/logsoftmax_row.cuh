@@ -7,6 +7,7 @@
 #pragma once
 #include <stdint.h>
 
+#include "kernels/cuda/attention_ptx.cuh"
 #include "kernels/cuda/cuda_ctx.cuh"
 #include "kernels/cuda/dtype.cuh"
 
@@ -95,6 +96,26 @@ __device__ __forceinline__ void tr_lsm_widen(const tr_bf16 *, const tr_lsm_raw &
     }
 }
 
+// Columns of chunk c of a walk of V columns, 0 at or past end.
+__device__ __forceinline__ int32_t tr_lsm_count(int32_t V, int32_t c, int32_t end) {
+    int32_t i0 = c * TR_LSM_CHUNK;
+    return c >= end ? 0 : V - i0 < TR_LSM_CHUNK ? V - i0 : TR_LSM_CHUNK;
+}
+
+// Chunk c's raw words into a shared-memory slot of `bytes` (16 or 32): asynchronously where
+// it is whole and 16-byte aligned (the caller commits and waits), else loaded and stored now.
+// src: a global address of the chunk's first column (valid whenever the copy is async).
+__device__ __forceinline__ void tr_lsm_stage_raw(unsigned char *slot, const void *src,
+                                                 int bytes, bool async, const tr_lsm_raw &r) {
+    if (async) {
+        fa_cp16(slot, src, true);
+        if (bytes > 16) fa_cp16(slot + 16, (const unsigned char *)src + 16, true);
+        return;
+    }
+    uint32_t *w = reinterpret_cast<uint32_t *>(slot);
+    for (int k = 0; k < bytes / 4; k++) w[k] = r.w[k];
+}
+
 // A row as a source of chunks for tr_lsm_each.
 template <typename T>
 struct tr_lsm_src {
@@ -103,6 +124,17 @@ struct tr_lsm_src {
     bool vec;
     __device__ __forceinline__ int32_t fetch(int32_t c, int32_t end, tr_lsm_raw &r) const {
         return tr_lsm_fetch(x, V, c, end, vec, r);
+    }
+    __device__ __forceinline__ int32_t count(int32_t c, int32_t end) const {
+        return tr_lsm_count(V, c, end);
+    }
+    // bytes of a chunk's raw words
+    __device__ __forceinline__ int raw_bytes() const { return (int)sizeof(T) * TR_LSM_CHUNK; }
+    __device__ __forceinline__ void stage(int32_t c, int32_t end, unsigned char *slot) const {
+        const bool async = vec && count(c, end) == TR_LSM_CHUNK;
+        tr_lsm_raw r;
+        if (!async) fetch(c, end, r);
+        tr_lsm_stage_raw(slot, x + (size_t)c * TR_LSM_CHUNK, raw_bytes(), async, r);
     }
     __device__ __forceinline__ void widen(const tr_lsm_raw &r, float v[TR_LSM_CHUNK]) const {
         tr_lsm_widen(x, r, v);
@@ -117,13 +149,95 @@ __device__ __forceinline__ tr_lsm_src<T> tr_lsm_row_src(const T *x, int32_t V) {
 // Chunks a thread keeps loading ahead of the one it works on.
 #define TR_LSM_AHEAD 4
 
+// Chunks a thread stages at a time in shared memory, at most (tr_lsm_each).
+#define TR_LSM_STAGE_MAX 16
+
+// Dynamic shared memory a row kernel is launched with, for tr_lsm_each's staging: rows few
+// enough that their blocks leave SMs idle read deeper through it; many rows keep the
+// registers' loads ahead (0), so that more blocks fit an SM.
+#define TR_LSM_STAGE_BYTES (96 << 10)
+static inline size_t tr_lsm_stage_bytes(long rows, int sms) {
+    return rows < 2L * sms ? TR_LSM_STAGE_BYTES : 0;
+}
+
+__device__ __forceinline__ uint32_t tr_lsm_dyn_bytes() {
+    uint32_t b;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(b));
+    return b;
+}
+
+// tr_lsm_each through shared memory: each thread's chunks in batches of H, the next batch's
+// copies in flight while it works on one, in two halves of the block's dynamic shared memory
+// (H per thread and half, as many as it holds up to TR_LSM_STAGE_MAX). A thread reads only
+// the slots it filled, so no barrier is needed. Returns false, doing nothing, when the
+// kernel has too little dynamic shared memory for two chunks a half.
+template <typename Src, typename F>
+__device__ __forceinline__ bool tr_lsm_each_staged(const Src &src, int32_t first, int32_t step,
+                                                   int32_t end, F f) {
+    const int RB = src.raw_bytes();
+    extern __shared__ __align__(16) unsigned char tr_lsm_dyn[];
+    const int32_t fit = (int32_t)(tr_lsm_dyn_bytes() / (2u * blockDim.x * RB));
+    if (fit < 2) return false;
+    const int32_t H = fit < TR_LSM_STAGE_MAX ? fit : TR_LSM_STAGE_MAX;
+    const int32_t total = end > first ? (end - first + step - 1) / step : 0;
+    const int32_t batches = (total + H - 1) / H;
+    auto slot = [&](int32_t b, int32_t j) {
+        return tr_lsm_dyn + ((size_t)((b & 1) * H + j) * blockDim.x + threadIdx.x) * RB;
+    };
+    auto issue = [&](int32_t b) {
+#pragma unroll 1
+        for (int32_t j = 0; j < H; j++) {
+            const int32_t c = first + (b * H + j) * step;
+            if (c >= end) break;
+            src.stage(c, end, slot(b, j));
+        }
+    };
+    if (batches > 0) issue(0);
+    fa_cp_commit();
+#pragma unroll 1
+    for (int32_t b = 0; b < batches; b++) {
+        // the half batch b + 1 fills was read by batch b - 1, whose chunks f has used
+        if (b + 1 < batches) issue(b + 1);
+        fa_cp_commit();
+        fa_cp_wait<1>();   // batch b's copies have landed
+#pragma unroll 1
+        for (int32_t j = 0; j < H; j++) {
+            const int32_t c = first + (b * H + j) * step;
+            if (c >= end) break;
+            tr_lsm_raw r;
+            const uint32_t *w = reinterpret_cast<const uint32_t *>(slot(b, j));
+#pragma unroll
+            for (int k = 0; k < TR_LSM_CHUNK; k++) r.w[k] = 4 * k < RB ? w[k] : 0u;
+            float v[TR_LSM_CHUNK];
+            src.widen(r, v);
+            f(c, src.count(c, end), v);
+        }
+    }
+    fa_cp_wait<0>();
+    return true;
+}
+
 // Calls f(c, n, v) for the chunks c = first, first + step, ... below end, in that order, v
-// the chunk's n columns as fp32 (0 past n), with the loads of the next TR_LSM_AHEAD chunks
-// in flight meanwhile. The chunks and their order are the plain loop's, so every sum comes
-// out the same. src: fetch(c, end, raw) -> n and widen(raw, v), as tr_lsm_src.
+// the chunk's n columns as fp32 (0 past n), with later chunks' loads in flight meanwhile:
+// staged through the kernel's dynamic shared memory when it has some (tr_lsm_each_staged),
+// else the next TR_LSM_AHEAD in registers. The chunks and their order are the plain loop's,
+// so every sum comes out the same. src: fetch(c, end, raw) -> n, widen(raw, v), count(c, end)
+// and stage(c, end, slot), as tr_lsm_src.
 template <typename Src, typename F>
 __device__ __forceinline__ void tr_lsm_each(const Src &src, int32_t first, int32_t step,
                                             int32_t end, F f) {
+    if (tr_lsm_each_staged(src, first, step, end, f)) return;
+#ifdef TR_LSM_STAGED_ONLY
+    // A file whose kernels always launch with staging keeps only a plain loop besides it
+    // (registers for the staged path, not for a second copy of every pass).
+    for (int32_t c = first; c < end; c += step) {
+        tr_lsm_raw r;
+        const int32_t n = src.fetch(c, end, r);
+        float v[TR_LSM_CHUNK];
+        src.widen(r, v);
+        f(c, n, v);
+    }
+#else
     tr_lsm_raw r[TR_LSM_AHEAD];
     int32_t n[TR_LSM_AHEAD];
 #pragma unroll
@@ -139,6 +253,7 @@ __device__ __forceinline__ void tr_lsm_each(const Src &src, int32_t first, int32
             if (cu < end) f(cu, nu, v);
         }
     }
+#endif
 }
 
 // Stores g[0, n) as chunk c of a row, each rounded once (tr_store's rounding).

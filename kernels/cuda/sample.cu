@@ -11,6 +11,9 @@
 // widened exactly where they are read; the rank order reads the sorted keys, which hold them.
 #include <limits.h>
 
+// Every draw launches with staging memory (sample_run): the passes need no register copy.
+#define TR_LSM_STAGED_ONLY 1
+
 #include "kernels/cuda/cuda_ctx.cuh"
 #include "kernels/cuda/dtype.cuh"
 #include "kernels/cuda/logsoftmax_row.cuh"
@@ -174,6 +177,20 @@ struct smp_src {
     // A key chunk's raw words are its keys (0 past the count).
     __device__ __forceinline__ int32_t fetch(int32_t c, int32_t end, tr_lsm_raw &r) const {
         return keys ? tr_lsm_fetch(keys, n, c, end, vec, r) : tr_lsm_fetch(x, n, c, end, vec, r);
+    }
+    __device__ __forceinline__ int32_t count(int32_t c, int32_t end) const {
+        return tr_lsm_count(n, c, end);
+    }
+    __device__ __forceinline__ int raw_bytes() const {
+        return keys ? 4 * TR_LSM_CHUNK : (int)sizeof(A) * TR_LSM_CHUNK;
+    }
+    __device__ __forceinline__ void stage(int32_t c, int32_t end, unsigned char *slot) const {
+        const bool async = vec && count(c, end) == TR_LSM_CHUNK;
+        tr_lsm_raw r;
+        if (!async) fetch(c, end, r);
+        const size_t i0 = (size_t)c * TR_LSM_CHUNK;
+        if (keys) tr_lsm_stage_raw(slot, keys + i0, raw_bytes(), async, r);
+        else tr_lsm_stage_raw(slot, x + i0, raw_bytes(), async, r);
     }
     __device__ __forceinline__ void widen(const tr_lsm_raw &r, float v[TR_LSM_CHUNK]) const {
         if (!keys) return tr_lsm_widen(x, r, v);
@@ -408,7 +425,7 @@ __device__ int32_t smp_draw(smp_shared &sh, const A *x, const uint32_t *keys,
 
 // One block of SMP_THREADS per row (grid-stride over rows).
 template <typename A>
-__global__ void __launch_bounds__(SMP_THREADS)
+__global__ void __launch_bounds__(SMP_THREADS, 2)
 sample_draw_kernel(int32_t *ids, float *logprob, int32_t *n_near, const A *logits,
                    const tr_sample_row *rows, const uint32_t *keys, const int32_t *sorted,
                    int32_t B, int32_t V) {
@@ -431,28 +448,28 @@ sample_draw_kernel(int32_t *ids, float *logprob, int32_t *n_near, const A *logit
 }
 
 // The two launches around the sort, for logits of type A; without a ranked row the draw
-// alone (it reads neither keys nor sorted ids then).
+// alone (it reads neither keys nor sorted ids then). Each row is one block's work, its passes
+// staged through dynamic shared memory (logsoftmax_row.cuh), two blocks an SM.
 template <typename A>
 static void sample_run(tr_backend *be, tr_rank_sort &s, int32_t *ids, float *logprob,
                        const A *logits, const tr_sample_row *rows, int32_t B, int32_t V,
                        bool ranked, int32_t *n_near) {
     cudaStream_t st = tr_cuda_stream(be);
     unsigned grid = tr_cuda_grid((size_t)B, 1);
-    if (!ranked) {
-        sample_draw_kernel<A><<<grid, SMP_THREADS, 0, st>>>(ids, logprob, n_near, logits, rows,
-                                                            s.keys_out, s.ids_out, B, V);
-        TR_CUDA_LAUNCHED(be, "sample");
+    const size_t dyn = TR_LSM_STAGE_BYTES;   // TR_LSM_STAGED_ONLY
+    if (TR_CUDA_CHECK(be, cudaFuncSetAttribute(sample_draw_kernel<A>,
+                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                      (int)dyn)))
         return;
+    if (ranked) {
+        sample_keys_kernel<A><<<grid, SMP_THREADS, 0, st>>>(s.keys_in, s.ids_in, s.begin, s.end,
+                                                            logits, rows, B, V);
+        if (TR_CUDA_LAUNCHED(be, "sample keys")) return;
+        // Stable: equal keys keep the id order they came in.
+        if (tr_rank_sort_run(be, &s, B, V) || TR_CUDA_LAUNCHED(be, "sample sort")) return;
     }
-    sample_keys_kernel<A><<<grid, SMP_THREADS, 0, st>>>(s.keys_in, s.ids_in, s.begin, s.end,
-                                                        logits, rows, B, V);
-    if (TR_CUDA_LAUNCHED(be, "sample keys")) return;
-    // Stable: equal keys keep the id order they came in. With no row ranked every segment is
-    // empty, and CUB still launches its six digit passes of B blocks that find nothing to do:
-    // a profile row of their own keeps them out of the draw's time.
-    if (tr_rank_sort_run(be, &s, B, V) || TR_CUDA_LAUNCHED(be, "sample sort")) return;
-    sample_draw_kernel<A><<<grid, SMP_THREADS, 0, st>>>(ids, logprob, n_near, logits, rows,
-                                                        s.keys_out, s.ids_out, B, V);
+    sample_draw_kernel<A><<<grid, SMP_THREADS, dyn, st>>>(ids, logprob, n_near, logits, rows,
+                                                          s.keys_out, s.ids_out, B, V);
     TR_CUDA_LAUNCHED(be, "sample");
 }
 
