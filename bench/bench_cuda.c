@@ -9,7 +9,9 @@
 // build-*/bench/bench_cuda attention for that section alone. Best of a few repetitions after
 // one warm-up. `bench_cuda gemm` times every cuBLASLt candidate (no split-K) of the products
 // of a Qwen2.5-0.5B/1.5B training step at 16K tokens, the backend's choice marked;
-// `bench_cuda sample` the sampler and the log-softmax at decode batches of the Qwen vocabulary.
+// `bench_cuda sample` the sampler and the log-softmax at decode batches of the Qwen vocabulary;
+// `bench_cuda gemm_decode` every candidate of a decode step's products, whole and split, with
+// its bits against the batch-invariant plan's.
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -563,12 +565,30 @@ static void bench_gemm_model(const char *name, int64_t C, int64_t QKV, int64_t I
     tr_backend_cuda_gemm_probe(&gpu, N, Tr, C, V, R, 1, 1, 0, "lm_head wgrad");
 }
 
+// The forward products of a decode step of the same models at 64 and 256 rows: every
+// algorithm the heuristic offers, timed, with its outputs' bits against the batch-invariant
+// plan's (whose algorithm is the training forward's).
+static void bench_gemm_decode(const char *name, int64_t C, int64_t QKV, int64_t I, int64_t V) {
+    const struct { const char *n; int64_t ic, oc; int bias, res; } L[] = {
+        {"qkv", C, QKV, 1, 0}, {"o", C, C, 0, 1}, {"gate/up", C, 2 * I, 0, 0},
+        {"down", I, C, 0, 1}, {"lm_head", C, V, 0, 0},
+    };
+    const int64_t Ts[] = {64, 256};
+    for (size_t t = 0; t < sizeof Ts / sizeof Ts[0]; t++) {
+        printf("%s, decode products at %lld rows:\n", name, (long long)Ts[t]);
+        for (size_t i = 0; i < sizeof L / sizeof L[0]; i++)
+            tr_backend_cuda_gemm_decode_probe(&gpu, Ts[t], L[i].ic, L[i].oc, L[i].res, L[i].res,
+                                              L[i].bias, L[i].n);
+    }
+}
+
 int main(int argc, char **argv) {
     int attention_only = argc > 1 && strcmp(argv[1], "attention") == 0;
     int gemm_only = argc > 1 && strcmp(argv[1], "gemm") == 0;
     int sample_only = argc > 1 && strcmp(argv[1], "sample") == 0;
-    int32_t cpu_threads =
-        argc > 1 && !attention_only && !gemm_only && !sample_only ? atoi(argv[1]) : 0;
+    int decode_only = argc > 1 && strcmp(argv[1], "gemm_decode") == 0;
+    int32_t cpu_threads = argc > 1 && !attention_only && !gemm_only && !sample_only &&
+                                  !decode_only ? atoi(argv[1]) : 0;
     if (tr_cuda_device_count() == 0) {
         printf("bench_cuda: no CUDA device\n");
         return 1;
@@ -595,6 +615,15 @@ int main(int argc, char **argv) {
         }
         int rc = tr_backend_cuda_status(&gpu, msg, sizeof msg);
         if (rc) fprintf(stderr, "bench_cuda sample: %s\n", msg);
+        tr_backend_cuda_free(&gpu32);
+        tr_backend_cuda_free(&gpu);
+        return rc ? 1 : 0;
+    }
+    if (decode_only) {
+        bench_gemm_decode("qwen2.5-0.5b", 896, 1152, 4864, 151936);
+        bench_gemm_decode("qwen2.5-1.5b", 1536, 2048, 8960, 151936);
+        int rc = tr_backend_cuda_status(&gpu, msg, sizeof msg);
+        if (rc) fprintf(stderr, "bench_cuda gemm_decode: %s\n", msg);
         tr_backend_cuda_free(&gpu32);
         tr_backend_cuda_free(&gpu);
         return rc ? 1 : 0;

@@ -287,10 +287,17 @@ decode_bench_part() {
 decode_kernels_part() {
     local t="$build_all/tests/kernels/test_cuda_ops" bc="$build_all/bench/bench_cuda"
     local d="$build_all/bench/bench_decode_gpu"
-    for s in attention sample rope matmul; do
+    echo "profilers: $(command -v nsys ncu || echo none)" | tee "$logs/profilers.log"
+    for s in attention sample logsoftmax rope kv_write matmul; do
         run "ops_$s" env OPENBLAS_NUM_THREADS=1 "$t" "$s"
     done
+    # generation on the GPU: fp32 against the CPU's tokens, bf16 against its own forward
+    run generate_f32 env TROUPE_BACKEND=cuda TROUPE_PRECISION=fp32 meson test -C "$build_all" \
+        --print-errorlogs test_generate
+    run generate_bf16 env TROUPE_BACKEND=cuda meson test -C "$build_all" --print-errorlogs \
+        test_generate
     run bench_sample "$bc" sample
+    run bench_gemm_decode "$bc" gemm_decode
     run bench_attention "$bc" attention
     # both modes: batch-invariant (the default) and fastest (split reductions at decode sizes)
     for inv in 1 0; do

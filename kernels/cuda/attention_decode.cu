@@ -29,8 +29,8 @@ __global__ void __launch_bounds__(FA_DEC_MAX_WARPS * 32) fa_decode_kernel(const 
     tr_bf16 *qs = reinterpret_cast<tr_bf16 *>(fa_sm);
     tr_bf16 *wst = qs + (16 + warp * NST * 2 * BN) * LDS;   // this warp's stages: K then V
     float *slots = reinterpret_cast<float *>(qs + (16 + W * NST * 2 * BN) * LDS);
-    long long *offs = reinterpret_cast<long long *>(slots + W * fa_dec_slot_floats<D>()) +
-                      warp * BN;   // this warp's slot offsets of the tile being loaded
+    int32_t *cslot = reinterpret_cast<int32_t *>(slots + W * fa_dec_slot_floats<D>()) +
+                     warp * FA_CHUNK;   // the cache slot of each position of this warp's chunk
     const int b = blockIdx.y, kvh = blockIdx.x / a.n_hg, hg = blockIdx.x % a.n_hg;
     const int G = a.H / a.KVH, h0 = kvh * G + hg * 16, nrows = min(16, G - hg * 16);
     const tr_bf16 *qrow = a.q + (size_t)b * (size_t)a.ld;
@@ -71,30 +71,27 @@ __global__ void __launch_bounds__(FA_DEC_MAX_WARPS * 32) fa_decode_kernel(const 
             fa_reset(st);
             const int pb = c * FA_CHUNK, pe = min(n, pb + FA_CHUNK);
             const int nt = (pe - pb + BN - 1) / BN;
+            // Every slot of the chunk looked up at once: the table reads are in flight
+            // together, and no tile's copies wait on a lookup of their own.
+            __syncwarp();   // the previous chunk's copies have been issued from cslot
+            for (int r = lane; r < pe - pb; r += 32) {
+                const int p = pb + r;
+                cslot[r] = __ldg(tbl + p / bs) * bs + p % bs;
+            }
+            __syncwarp();
             auto load = [&](int kt) {
                 tr_bf16 *ks = wst + (kt % NST) * 2 * BN * LDS;
-                const int p0 = pb + kt * BN;
-                // element offsets of the tile's slots, one table lookup per row (-1: past n)
-                __syncwarp();   // the previous tile's copies have read offs
-                for (int r = lane; r < BN; r += 32) {
-                    const int p = p0 + r;
-                    offs[r] = p < n ? ((long long)__ldg(tbl + p / bs) * bs + p % bs) *
-                                          (long long)sstride
-                                    : -1;
-                }
-                __syncwarp();
+                const int r0 = kt * BN, rn = pe - pb - r0;   // rows at and past rn: past n
                 fa_load_rows<D>(
                     ks, BN,
                     [&](int r) -> const tr_bf16 * {
-                        const long long o = offs[r];
-                        return o < 0 ? nullptr : kb + o;
+                        return r < rn ? kb + (size_t)cslot[r0 + r] * sstride : nullptr;
                     },
                     lane, 32, veckv, a.kp);
                 fa_load_rows<D>(
                     ks + BN * LDS, BN,
                     [&](int r) -> const tr_bf16 * {
-                        const long long o = offs[r];
-                        return o < 0 ? nullptr : vb + o;
+                        return r < rn ? vb + (size_t)cslot[r0 + r] * sstride : nullptr;
                     },
                     lane, 32, veckv, a.vp);
             };
@@ -182,7 +179,7 @@ static size_t fa_dec_shared(int W) {
     constexpr int BN = fa_bn<D>(), LDS = D + FA_PAD;
     return (size_t)(16 + W * NST * 2 * BN) * LDS * sizeof(tr_bf16) +
            (size_t)W * fa_dec_slot_floats<D>() * sizeof(float) +
-           (size_t)W * BN * sizeof(long long);
+           (size_t)W * FA_CHUNK * sizeof(int32_t);
 }
 
 template <int D, int NST>

@@ -49,6 +49,13 @@ void tr_backend_cuda_profile_reset(tr_backend *be);
 int tr_backend_cuda_gemm_probe(tr_backend *be, int ta, int tb, int64_t m, int64_t n, int64_t k,
                                int d_f32, int accumulate, int bias, const char *label);
 
+// A decode step's forward product out[T, OC] = x[T, IC] w[OC, IC]^T (+ bias) (bf16 out, or
+// fp32 added into) on random data: the batch-invariant mode's plan timed, then every cuBLASLt
+// candidate of the shape itself, whole and split, each timed with the count of outputs whose
+// bits differ from the batch-invariant plan's (bench_cuda gemm_decode). Returns 0 or -1.
+int tr_backend_cuda_gemm_decode_probe(tr_backend *be, int64_t T, int64_t IC, int64_t OC,
+                                      int out_f32, int accumulate, int bias, const char *label);
+
 #ifdef __cplusplus
 }
 #endif

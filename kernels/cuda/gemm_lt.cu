@@ -349,3 +349,147 @@ out:
     cudaFree(bv);
     return ctx->failed ? -1 : 0;
 }
+
+// ---- a decode step's forward products: each candidate against the batch-invariant plan ----
+
+// Uniform bf16 values in [-1, 1) from a fixed LCG (the same data on every run).
+static void probe_fill_bf16(uint16_t *h, size_t n, uint32_t seed) {
+    uint32_t s = seed * 2654435761u + 1u;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        float v = (float)(s >> 8) * (2.0f / 16777216.0f) - 1.0f;
+        uint32_t u;
+        memcpy(&u, &v, 4);
+        h[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+}
+
+// One run of plan p with algo into d, reset from d0 first when accumulating.
+static int probe_run(tr_backend *be, tr_lt_plan *p, const cublasLtMatmulAlgo_t *algo,
+                     const tr_lt_gemm *g, const void *d0, size_t dbytes, int reset) {
+    tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
+    if (reset && g->accumulate &&
+        TR_CUDA_CHECK(be, cudaMemcpyAsync(g->d, d0, dbytes, cudaMemcpyDeviceToDevice, ctx->stream)))
+        return -1;
+    const float one = 1.0f, zero = 0.0f;
+    return LT_CHECK(be, cublasLtMatmul(ctx->lt, p->op, &one, g->a, p->a, g->b, p->b,
+                                       g->accumulate ? &one : &zero, g->d, p->d, g->d, p->d,
+                                       algo, ctx->lt_ws, TR_CUDA_LT_WORKSPACE, ctx->stream));
+}
+
+// Microseconds a run of algo takes, the best of three batches of ten after warm-up runs.
+static double probe_time(tr_backend *be, tr_lt_plan *p, const cublasLtMatmulAlgo_t *algo,
+                         const tr_lt_gemm *g, cudaEvent_t e0, cudaEvent_t e1) {
+    tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
+    double best = -1.0;
+    for (int r = 0; r < 3; r++) {
+        if (probe_run(be, p, algo, g, NULL, 0, 0) ||
+            TR_CUDA_CHECK(be, cudaEventRecord(e0, ctx->stream)))
+            return -1.0;
+        for (int i = 0; i < 10; i++)
+            if (probe_run(be, p, algo, g, NULL, 0, 0)) return -1.0;
+        float ms = 0.0f;
+        if (TR_CUDA_CHECK(be, cudaEventRecord(e1, ctx->stream)) ||
+            TR_CUDA_CHECK(be, cudaEventSynchronize(e1)) ||
+            TR_CUDA_CHECK(be, cudaEventElapsedTime(&ms, e0, e1)))
+            return -1.0;
+        if (best < 0 || 100.0 * ms < best) best = 100.0 * ms;
+    }
+    return best;
+}
+
+// Outputs of d whose bits differ from ref (dbytes bytes, elements of esize).
+static int64_t probe_diff(tr_backend *be, const void *d, const unsigned char *ref,
+                          unsigned char *got, size_t dbytes, size_t esize) {
+    if (TR_CUDA_CHECK(be, cudaMemcpy(got, d, dbytes, cudaMemcpyDeviceToHost))) return -1;
+    int64_t bad = 0;
+    for (size_t i = 0; i < dbytes; i += esize) bad += memcmp(got + i, ref + i, esize) != 0;
+    return bad;
+}
+
+extern "C" int tr_backend_cuda_gemm_decode_probe(tr_backend *be, int64_t T, int64_t IC,
+                                                 int64_t OC, int out_f32, int accumulate,
+                                                 int bias, const char *label) {
+    tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
+    if (!ctx->lt || T <= 0 || IC <= 0 || OC <= 0) return -1;
+    const size_t esize = out_f32 ? 4 : 2, dbytes = (size_t)(T * OC) * esize;
+    const size_t nx = (size_t)(T * IC), nw = (size_t)(OC * IC);
+    const size_t nh = (nx > nw ? nx : nw) > dbytes / 2 ? (nx > nw ? nx : nw) : dbytes / 2;
+    uint16_t *h = (uint16_t *)malloc(nh * sizeof(uint16_t));
+    unsigned char *ref = (unsigned char *)malloc(dbytes), *got = (unsigned char *)malloc(dbytes);
+    void *x = NULL, *w = NULL, *bv = NULL, *d = NULL, *d0 = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    tr_lt_plan own;
+    memset(&own, 0, sizeof own);
+    if (!h || !ref || !got) goto out;
+    if (TR_CUDA_CHECK(be, cudaMalloc(&x, nx * 2)) || TR_CUDA_CHECK(be, cudaMalloc(&w, nw * 2)) ||
+        TR_CUDA_CHECK(be, cudaMalloc(&bv, (size_t)OC * 2)) ||
+        TR_CUDA_CHECK(be, cudaMalloc(&d, dbytes)) || TR_CUDA_CHECK(be, cudaMalloc(&d0, dbytes)) ||
+        TR_CUDA_CHECK(be, cudaEventCreate(&e0)) || TR_CUDA_CHECK(be, cudaEventCreate(&e1)))
+        goto out;
+    probe_fill_bf16(h, nx, 1);
+    if (TR_CUDA_CHECK(be, cudaMemcpy(x, h, nx * 2, cudaMemcpyHostToDevice))) goto out;
+    probe_fill_bf16(h, nw, 2);
+    if (TR_CUDA_CHECK(be, cudaMemcpy(w, h, nw * 2, cudaMemcpyHostToDevice))) goto out;
+    probe_fill_bf16(h, (size_t)OC, 3);
+    if (TR_CUDA_CHECK(be, cudaMemcpy(bv, h, (size_t)OC * 2, cudaMemcpyHostToDevice))) goto out;
+    probe_fill_bf16(h, dbytes / 2, 4);   // any bits: the accumulated output's start
+    if (TR_CUDA_CHECK(be, cudaMemcpy(d0, h, dbytes, cudaMemcpyHostToDevice))) goto out;
+    {
+        // as matmul.cu issues a forward product: out^T[OC, T] = w[OC, IC] . in^T[IC, T]
+        tr_lt_gemm g = {.ta = CUBLAS_OP_T, .tb = CUBLAS_OP_N, .m = OC, .n = T, .k = IC,
+                        .a = w, .lda = IC, .a_type = CUDA_R_16BF,
+                        .b = x, .ldb = IC, .b_type = CUDA_R_16BF,
+                        .d = d, .ldd = OC, .d_type = out_f32 ? CUDA_R_32F : CUDA_R_16BF,
+                        .accumulate = accumulate != 0, .bias = bias && !out_f32 ? bv : NULL,
+                        .any_n = true, .name = label};
+        tr_lt_key key;
+        key_of(&g, &key);
+        tr_lt_plan *inv = plan_get(be, &key, g.bias);   // the batch-invariant mode's plan
+        if (!inv || probe_run(be, inv, &inv->algo, &g, d0, dbytes, 1) ||
+            TR_CUDA_CHECK(be, cudaMemcpy(ref, d, dbytes, cudaMemcpyDeviceToHost)))
+            goto out;
+        printf("  %-8s T=%-4lld %5lld x %-6lld batch-invariant plan (algo %d tile %d): %7.1f us\n",
+               label, (long long)T, (long long)OC, (long long)IC,
+               algo_attr(&inv->algo, CUBLASLT_ALGO_CONFIG_ID),
+               algo_attr(&inv->algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
+               probe_time(be, inv, &inv->algo, &g, e0, e1));
+        for (int split = 0; split < 2; split++) {
+            g.any_n = false;
+            g.split_k = split != 0;
+            key_of(&g, &key);
+            if (plan_make(be, &key, g.bias, &own) != 0) goto out;
+            cublasLtMatmulAlgo_t algos[16];
+            int na = plan_candidates(be, &own, algos, 16);
+            for (int i = 0; i < na; i++) {
+                int64_t bad = -1;
+                if (probe_run(be, &own, &algos[i], &g, d0, dbytes, 1) == 0)
+                    bad = probe_diff(be, d, ref, got, dbytes, esize);
+                int32_t splits = algo_attr(&algos[i], CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
+                printf("    %s #%-2d algo %3d tile %3d stages %3d splits %2d cluster %2d: "
+                       "%7.1f us, %lld of %lld outputs differ%s\n",
+                       split ? "split" : "whole", i, algo_attr(&algos[i], CUBLASLT_ALGO_CONFIG_ID),
+                       algo_attr(&algos[i], CUBLASLT_ALGO_CONFIG_TILE_ID),
+                       algo_attr(&algos[i], CUBLASLT_ALGO_CONFIG_STAGES_ID), splits,
+                       algo_attr(&algos[i], CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
+                       probe_time(be, &own, &algos[i], &g, e0, e1), (long long)bad,
+                       (long long)(T * OC),
+                       memcmp(&algos[i], &own.algo, sizeof own.algo) == 0 ? "  <- rule" : "");
+            }
+            plan_release(&own);
+        }
+    }
+out:
+    plan_release(&own);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(x);
+    cudaFree(w);
+    cudaFree(bv);
+    cudaFree(d);
+    cudaFree(d0);
+    free(h);
+    free(ref);
+    free(got);
+    return ctx->failed ? -1 : 0;
+}
