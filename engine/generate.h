@@ -69,7 +69,7 @@ typedef struct tr_gen_graph {
     int32_t rows, width;   // the bucket: rows and block-table entries per row
     bool ranked;           // some row ranks its logits (top-k/top-p): the draw sorts
     const void *weights;   // the working weights it read (double-buffered shared weights)
-    void *exec;
+    void *exec;            // NULL until the shape's second step records it
 } tr_gen_graph;
 
 typedef struct tr_gen_opts {

@@ -47,6 +47,7 @@ typedef struct tr_lt_plan {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulAlgo_t algo;
+    bool settled;   // a decode-sized product's algorithm was timed (gemm_lt.cu: plan_settle)
 } tr_lt_plan;
 
 // TROUPE_CUDA_PROFILE=1 (profile.cu): events queued after each launch, summed per op name

@@ -258,6 +258,8 @@ static void key_of(const tr_lt_gemm *g, tr_lt_key *key) {
     key->split_k = g->split_k && !g->any_n;
 }
 
+static int plan_settle(tr_backend *be, tr_lt_plan *p, const tr_lt_gemm *g);
+
 int tr_lt_matmul(tr_backend *be, const tr_lt_gemm *g) {
     tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
     tr_lt_key key;
@@ -267,6 +269,7 @@ int tr_lt_matmul(tr_backend *be, const tr_lt_gemm *g) {
     if (g->bias && set_desc(be, p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
                             sizeof g->bias))
         return -1;
+    if (g->timed && !p->settled && plan_settle(be, p, g) != 0) return -1;
     const float one = 1.0f, zero = 0.0f;
     if (LT_CHECK(be, cublasLtMatmul(ctx->lt, p->op, &one, g->a, p->a, g->b, p->b,
                                     g->accumulate ? &one : &zero, g->d, p->d, g->d, p->d,
@@ -492,4 +495,102 @@ out:
     free(ref);
     free(got);
     return ctx->failed ? -1 : 0;
+}
+
+// ---- decode-sized products: the fastest algorithm of the plan's bits ----
+//
+// A decode step's products have few rows, and which kernel serves them best is not what the
+// rule picks for the shape (bench_cuda gemm_decode: at 64 rows the 0.5B shape's gate/up ran
+// 14.7 us by the batch-invariant plan and 9.4 by another kernel; its down projection 15.1
+// against 25.8 the other way). Every cuBLASLt Hopper kernel without split-K reduces each
+// output in one chain over ascending k16 blocks, so they give the same bits (0 differing
+// outputs at every decode product of both models there). So the first time such a product
+// runs outside a recording, each algorithm the heuristic offers is run once on the product's
+// own operands into scratch memory, those whose outputs differ from the plan's algorithm in
+// any bit are dropped, and the fastest of the rest (the plan's own unless another is 3%
+// faster) is kept. Timing decides which kernel runs, never a bit of what it computes: the
+// batch-invariant mode keeps training's bits, the fastest mode its rule's.
+
+// Counts the 16-bit words in which a and b differ into *bad.
+__global__ void lt_count_diff(const uint16_t *a, const uint16_t *b, size_t n,
+                              unsigned long long *bad) {
+    unsigned long long c = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        c += a[i] != b[i];
+    if (c) atomicAdd(bad, c);
+}
+
+// Words of ref and d that differ, or -1 with the failure recorded.
+static long long settle_diff(tr_backend *be, const void *ref, const void *d, size_t bytes,
+                             unsigned long long *bad) {
+    tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
+    unsigned long long h = 0;
+    if (TR_CUDA_CHECK(be, cudaMemsetAsync(bad, 0, sizeof *bad, ctx->stream))) return -1;
+    lt_count_diff<<<tr_cuda_grid(bytes / 2, 256), 256, 0, ctx->stream>>>(
+        (const uint16_t *)ref, (const uint16_t *)d, bytes / 2, bad);
+    if (TR_CUDA_CHECK(be, cudaGetLastError()) ||
+        TR_CUDA_CHECK(be, cudaMemcpyAsync(&h, bad, sizeof h, cudaMemcpyDeviceToHost, ctx->stream)) ||
+        TR_CUDA_CHECK(be, cudaStreamSynchronize(ctx->stream)))
+        return -1;
+    return (long long)h;
+}
+
+// Settles p's algorithm as above. A product queued into a recording is left unsettled (a
+// recording can neither allocate nor wait), as is one whose scratch memory is not to be had;
+// both keep the plan's algorithm. Returns 0, or -1 with the failure recorded.
+static int plan_settle(tr_backend *be, tr_lt_plan *p, const tr_lt_gemm *g) {
+    tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (TR_CUDA_CHECK(be, cudaStreamIsCapturing(ctx->stream, &cs))) return -1;
+    if (cs != cudaStreamCaptureStatusNone) return 0;
+    p->settled = true;
+    cublasLtMatmulAlgo_t algos[16];
+    const int na = plan_candidates(be, p, algos, 16);
+    if (na <= 0) return na < 0 ? -1 : 0;
+    const size_t bytes = (size_t)(g->ldd * g->n) * (g->d_type == CUDA_R_32F ? 4 : 2);
+    void *ref = NULL, *d = NULL;
+    unsigned long long *bad = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    // Scratch is optional: where it is short, the plan keeps its algorithm.
+    if (cudaMalloc(&ref, bytes) != cudaSuccess || cudaMalloc(&d, bytes) != cudaSuccess ||
+        cudaMalloc((void **)&bad, sizeof *bad) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(ref);
+        cudaFree(d);
+        return 0;
+    }
+    int rc = -1;
+    tr_lt_gemm r = *g, t = *g;
+    r.d = ref;
+    t.d = d;
+    double best_us = -1.0;
+    cublasLtMatmulAlgo_t best = p->algo;
+    // the reference from the output's present contents (what an accumulating product adds to)
+    if (TR_CUDA_CHECK(be, cudaEventCreate(&e0)) || TR_CUDA_CHECK(be, cudaEventCreate(&e1)) ||
+        probe_run(be, p, &p->algo, &r, g->d, bytes, 1) ||
+        (best_us = probe_time(be, p, &p->algo, &t, e0, e1)) < 0)
+        goto out;
+    for (int i = 0; i < na; i++) {
+        if (memcmp(&algos[i], &p->algo, sizeof algos[i]) == 0) continue;
+        if (probe_run(be, p, &algos[i], &t, g->d, bytes, 1)) goto out;
+        long long diff = settle_diff(be, ref, d, bytes, bad);
+        if (diff < 0) goto out;
+        if (diff > 0) continue;
+        double us = probe_time(be, p, &algos[i], &t, e0, e1);
+        if (us < 0) goto out;
+        if (us < 0.97 * best_us) {
+            best_us = us;
+            best = algos[i];
+        }
+    }
+    p->algo = best;
+    rc = 0;
+out:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(ref);
+    cudaFree(d);
+    cudaFree(bad);
+    return rc;
 }

@@ -8,6 +8,8 @@
 // column-major with leading dimensions lda, ldb, ldd. The products and sums are fp32; D is
 // rounded once to d_type. bias has D's type.
 #define TR_LT_SPLIT_MAX_N 256
+// Forward products of at most this many rows are timed among their equal-bit algorithms.
+#define TR_LT_TIMED_MAX_N 512
 
 typedef struct tr_lt_gemm {
     cublasOperation_t ta, tb;
@@ -32,6 +34,9 @@ typedef struct tr_lt_gemm {
     // forward products of at most TR_LT_SPLIT_MAX_N rows when batch invariance is off, where
     // a decode step's few rows leave most SMs idle otherwise.
     bool split_k;
+    // A decode-sized forward product: on its first use outside a recording it may take the
+    // fastest of the algorithms whose outputs equal the plan's own bit for bit (plan_settle).
+    bool timed;
     const char *name;   // a string literal naming the product in TROUPE_CUDA_PROFILE's table
 } tr_lt_gemm;
 

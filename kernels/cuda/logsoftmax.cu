@@ -1,9 +1,9 @@
 // Fused log-softmax over vocabulary rows on the GPU, one block per row over logits of the
-// activation dtype: the maximum, then sum e and sum e*(x - m) in double (fixed-order block
-// reductions, logsoftmax_row.cuh) give lse, entropy and the target's log-probability. The
-// backward writes dlogits (A: rounded once) from dlogprob and dentropy, possibly over the
-// logits themselves: each thread reads a chunk before it writes that chunk, and a pass that
-// reads the whole row first (the entropy term's mean) ends at a block barrier.
+// activation dtype: the maximum, then sum e and sum e*(x - m) in double over each chunk's fp32
+// sums (fixed-order block reductions, logsoftmax_row.cuh) give lse, entropy and the target's
+// log-probability. The backward writes dlogits (A: rounded once) from dlogprob and dentropy,
+// possibly over the logits themselves: each thread reads a chunk before it writes that chunk,
+// and a pass that reads the whole row first (the entropy term's mean) ends at a block barrier.
 #include "kernels/cuda/cuda_ctx.cuh"
 #include "kernels/cuda/dtype.cuh"
 #include "kernels/cuda/logsoftmax_row.cuh"

@@ -287,7 +287,8 @@ __device__ __forceinline__ void tr_lsm_store(tr_bf16 *d, int32_t c, int32_t n, b
         if (k < n) tr_store(d + i0 + k, g[k]);
 }
 
-// The row's maximum m, S = sum e and Sx = sum e (x - m) with e = exp(x - m), sums in double.
+// The row's maximum m, S = sum e and Sx = sum e (x - m) with e = exp(x - m), each thread's
+// sums in double over its chunks' fp32 sums.
 struct tr_lsm_stats {
     float m;
     double s, sx;
@@ -305,17 +306,23 @@ __device__ inline tr_lsm_stats tr_lsm_row(const T *x, int32_t V) {
             if (k < n) m = fmaxf(m, v[k]);
     });
     m = tr_block_max(m);
+    // A chunk's terms add in fp32 (at most TR_LSM_CHUNK of them, each e <= 1), its sums into
+    // the thread's double ones: two widenings a chunk instead of two a column, which ran at
+    // the device's 16 conversions a clock and an SM and bounded a decode row's pass.
     double s = 0.0, sx = 0.0;
     tr_lsm_each(src, threadIdx.x, blockDim.x, nc, [&](int32_t, int32_t n, const float *v) {
+        float cs = 0.0f, csx = 0.0f;
 #pragma unroll
         for (int32_t k = 0; k < TR_LSM_CHUNK; k++) {
             if (k < n) {
                 float z = v[k] - m;
-                double e = expf(z);
-                s += e;
-                sx += e * z;
+                float e = expf(z);
+                cs = __fadd_rn(cs, e);
+                csx = __fmaf_rn(e, z, csx);
             }
         }
+        s += (double)cs;
+        sx += (double)csx;
     });
     tr_lsm_stats st;
     st.m = m;

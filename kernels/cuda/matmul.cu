@@ -122,7 +122,7 @@ static void forward_bf16(tr_backend *be, void *out, const void *in, const void *
                     .accumulate = acc != 0, .bias = out_f32 ? NULL : bias,
                     .any_n = be->batch_invariant != 0,
                     .split_k = !be->batch_invariant && T <= TR_LT_SPLIT_MAX_N,
-                    .name = "gemm fwd"};
+                    .timed = T <= TR_LT_TIMED_MAX_N, .name = "gemm fwd"};
     if (tr_lt_matmul(be, &g)) return;
     if (out_f32 && bias) bias_run<float, tr_bf16>(be, out, bias, T, OC, 0);
 }
