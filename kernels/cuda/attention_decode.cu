@@ -15,9 +15,6 @@
 #include "kernels/cuda/attention_tile.cuh"
 
 #define FA_DEC_MAX_WARPS 4
-// Block-table entries a chunk can span: one a position at block size 1, and one more where
-// the chunk starts inside a block; rounded up to whole rounds of a warp's lanes.
-#define FA_DEC_ENTRIES (((FA_CHUNK + 1) + 31) / 32 * 32)
 
 // One published chunk: m[16], l[16] (full row sums), o[16][D] fp32.
 template <int D>
@@ -32,9 +29,8 @@ __global__ void __launch_bounds__(FA_DEC_MAX_WARPS * 32) fa_decode_kernel(const 
     tr_bf16 *qs = reinterpret_cast<tr_bf16 *>(fa_sm);
     tr_bf16 *wst = qs + (16 + warp * NST * 2 * BN) * LDS;   // this warp's stages: K then V
     float *slots = reinterpret_cast<float *>(qs + (16 + W * NST * 2 * BN) * LDS);
-    // the cache slot of each position of this warp's chunk, then the chunk's table entries
-    int32_t *cslot = reinterpret_cast<int32_t *>(slots + W * fa_dec_slot_floats<D>()) +
-                     warp * (FA_CHUNK + FA_DEC_ENTRIES);
+    long long *offs = reinterpret_cast<long long *>(slots + W * fa_dec_slot_floats<D>()) +
+                      warp * BN;   // this warp's slot offsets of the tile being loaded
     const int b = blockIdx.y, kvh = blockIdx.x / a.n_hg, hg = blockIdx.x % a.n_hg;
     const int G = a.H / a.KVH, h0 = kvh * G + hg * 16, nrows = min(16, G - hg * 16);
     const tr_bf16 *qrow = a.q + (size_t)b * (size_t)a.ld;
@@ -75,38 +71,30 @@ __global__ void __launch_bounds__(FA_DEC_MAX_WARPS * 32) fa_decode_kernel(const 
             fa_reset(st);
             const int pb = c * FA_CHUNK, pe = min(n, pb + FA_CHUNK);
             const int nt = (pe - pb + BN - 1) / BN;
-            // Every slot of the chunk looked up at once: the chunk's table entries in one
-            // round of loads (lane j the j-th, 32 apart), kept in cslot's tail, then each
-            // position's slot from them; no tile's copies wait on a lookup of their own.
-            const int e0 = pb / bs, ne = (pe - 1) / bs - e0 + 1;
-            int32_t *cblk = cslot + FA_CHUNK;
-            int32_t ent[FA_DEC_ENTRIES / 32];
-            __syncwarp();   // the previous chunk's copies have been issued from cslot
-#pragma unroll
-            for (int i = 0; i < FA_DEC_ENTRIES / 32; i++)
-                ent[i] = lane + 32 * i < ne ? __ldg(tbl + e0 + lane + 32 * i) : 0;
-#pragma unroll
-            for (int i = 0; i < FA_DEC_ENTRIES / 32; i++)
-                if (lane + 32 * i < ne) cblk[lane + 32 * i] = ent[i];
-            __syncwarp();
-            for (int r = lane; r < pe - pb; r += 32) {
-                const int p = pb + r;
-                cslot[r] = cblk[p / bs - e0] * bs + p % bs;
-            }
-            __syncwarp();
             auto load = [&](int kt) {
                 tr_bf16 *ks = wst + (kt % NST) * 2 * BN * LDS;
-                const int r0 = kt * BN, rn = pe - pb - r0;   // rows at and past rn: past n
+                const int p0 = pb + kt * BN;
+                // element offsets of the tile's slots, one table lookup per row (-1: past n)
+                __syncwarp();   // the previous tile's copies have read offs
+                for (int r = lane; r < BN; r += 32) {
+                    const int p = p0 + r;
+                    offs[r] = p < n ? ((long long)__ldg(tbl + p / bs) * bs + p % bs) *
+                                          (long long)sstride
+                                    : -1;
+                }
+                __syncwarp();
                 fa_load_rows<D>(
                     ks, BN,
                     [&](int r) -> const tr_bf16 * {
-                        return r < rn ? kb + (size_t)cslot[r0 + r] * sstride : nullptr;
+                        const long long o = offs[r];
+                        return o < 0 ? nullptr : kb + o;
                     },
                     lane, 32, veckv, a.kp);
                 fa_load_rows<D>(
                     ks + BN * LDS, BN,
                     [&](int r) -> const tr_bf16 * {
-                        return r < rn ? vb + (size_t)cslot[r0 + r] * sstride : nullptr;
+                        const long long o = offs[r];
+                        return o < 0 ? nullptr : vb + o;
                     },
                     lane, 32, veckv, a.vp);
             };
@@ -194,7 +182,7 @@ static size_t fa_dec_shared(int W) {
     constexpr int BN = fa_bn<D>(), LDS = D + FA_PAD;
     return (size_t)(16 + W * NST * 2 * BN) * LDS * sizeof(tr_bf16) +
            (size_t)W * fa_dec_slot_floats<D>() * sizeof(float) +
-           (size_t)W * (FA_CHUNK + FA_DEC_ENTRIES) * sizeof(int32_t);
+           (size_t)W * BN * sizeof(long long);
 }
 
 template <int D, int NST>
