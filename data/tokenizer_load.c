@@ -404,6 +404,159 @@ static bool same_added(const tr_tok_added *a, const char *content, size_t len, c
            a->normalized == f->normalized && a->special == f->special;
 }
 
+// What parse_added keeps while it reads the list; freed when it returns.
+typedef struct added_scratch {
+    tr_tok_strmap special_set;  // contents of the entries marked special
+    tr_tok_strmap rec_of_id;    // id -> index into t->added
+    // Entries of HF's special_tokens and added_tokens lists, in order; they feed the tries.
+    size_t *special_list, *added_list;
+    size_t n_special, n_plain;
+    tr_tok_added *flags;  // each entry as written in the file
+    int64_t max_added;    // highest id given to an added token so far, or -1
+} added_scratch;
+
+static void added_scratch_free(added_scratch *s) {
+    free(s->special_list);
+    free(s->added_list);
+    free(s->flags);
+    tr_tok_strmap_free(&s->special_set);
+    tr_tok_strmap_free(&s->rec_of_id);
+}
+
+// The maps and lists for n entries, and t->added to hold the records.
+static int added_scratch_init(lctx *L, tr_tokenizer *t, added_scratch *s, size_t n) {
+    memset(s, 0, sizeof *s);
+    s->max_added = -1;
+    if (tr_tok_strmap_init(&s->special_set, (uint32_t)n, L->err)) return -1;
+    if (tr_tok_strmap_init(&s->rec_of_id, (uint32_t)n, L->err)) return -1;
+    s->special_list = malloc((n + 1) * sizeof *s->special_list);
+    s->added_list = malloc((n + 1) * sizeof *s->added_list);
+    s->flags = calloc(n + 1, sizeof *s->flags);
+    t->added = calloc(n + 1, sizeof *t->added);
+    if (!s->special_list || !s->added_list || !s->flags || !t->added)
+        return tr_errf(L->err, TR_ENOMEM, "out of memory for %zu added tokens", n);
+    return 0;
+}
+
+// One entry's content and flags into f; its "id" only has to be an integer.
+static int read_added(lctx *L, const tr_json *e, const char *key, tr_tok_added *f) {
+    if (!tr_json_is(e, TR_JSON_OBJECT)) return type_err(L, key, "an object", e);
+    const tr_json *idv = tr_json_get(e, "id");
+    if (!tr_json_is_int(idv)) {
+        char k2[80];
+        snprintf(k2, sizeof k2, "%s.id", key);
+        return type_err(L, k2, "an integer", idv);
+    }
+    const char *content;
+    size_t clen;
+    if (req_string(L, e, "content", key, &content, &clen) ||
+        opt_bool(L, e, "special", key, false, &f->special) ||
+        opt_bool(L, e, "single_word", key, false, &f->single_word) ||
+        opt_bool(L, e, "lstrip", key, false, &f->lstrip) ||
+        opt_bool(L, e, "rstrip", key, false, &f->rstrip) ||
+        opt_bool(L, e, "normalized", key, !f->special, &f->normalized))
+        return -1;
+    f->content = (char *)content;
+    f->len = clen;
+    return 0;
+}
+
+// The id HF gives entry f: the one its content already has as an added token or in the
+// model's vocabulary, else the next after the vocabulary. *repeat: the same entry (content
+// and flags) came before and changes nothing.
+static int added_id(lctx *L, const tr_tokenizer *t, const added_scratch *s, const tr_tok_added *f,
+                    const char *key, int32_t *id, bool *repeat) {
+    *repeat = false;
+    *id = tr_tok_strmap_get(&t->added_vocab, f->content, f->len);
+    if (*id >= 0) {
+        int32_t r = tr_tok_strmap_get(&s->rec_of_id, id, sizeof *id);
+        if (r >= 0 && same_added(&t->added[r], f->content, f->len, f)) {
+            *repeat = true;
+            return 0;
+        }
+    }
+    if (*id < 0) *id = tr_tok_strmap_get(&t->model_vocab, f->content, f->len);
+    if (*id < 0) {
+        int64_t vs = t->model_vocab_count;
+        int64_t max_added = s->max_added;
+        int64_t nid = max_added < 0 ? vs : (max_added >= vs || vs == 0 ? max_added + 1 : vs);
+        if (nid >= TR_TOK_MAX_ID)
+            return kerr(L, TR_ERANGE, key, "id %lld out of range", (long long)nid);
+        *id = (int32_t)nid;
+    }
+    return 0;
+}
+
+// Entry i (f) as the record of id: a new record, or the one of an earlier entry with the
+// same id, overwritten as HF's later entry wins.
+static int store_added(lctx *L, tr_tokenizer *t, added_scratch *s, const tr_tok_added *f,
+                       int32_t id, size_t i) {
+    if (tr_tok_strmap_put(&t->added_vocab, f->content, f->len, id, L->err)) return -1;
+    int32_t r = tr_tok_strmap_get(&s->rec_of_id, &id, sizeof id);
+    if (r < 0) {
+        r = t->n_added++;
+        if (tr_tok_strmap_put(&s->rec_of_id, &id, sizeof id, r, L->err)) return -1;
+    } else {
+        free(t->added[r].content);
+    }
+    tr_tok_added *a = &t->added[r];
+    *a = *f;
+    a->id = id;
+    a->content = malloc(f->len + 1);
+    if (!a->content) return tr_errf(L->err, TR_ENOMEM, "out of memory");
+    memcpy(a->content, f->content, f->len);
+    a->content[f->len] = '\0';
+    if (tr_tok_strmap_get(&s->special_set, f->content, f->len) < 0) s->added_list[s->n_plain++] = i;
+    return 0;
+}
+
+// Entry e, the i-th of the list: read, noted as special, given its id and stored.
+static int add_entry(lctx *L, tr_tokenizer *t, added_scratch *s, const tr_json *e, size_t i,
+                     int32_t *max_id) {
+    char key[64];
+    snprintf(key, sizeof key, "added_tokens[%zu]", i);
+    tr_tok_added *f = &s->flags[i];
+    if (read_added(L, e, key, f)) return -1;
+    if (f->len == 0) return 0;
+    if (f->special && tr_tok_strmap_get(&s->special_set, f->content, f->len) < 0) {
+        s->special_list[s->n_special++] = i;
+        if (tr_tok_strmap_put(&s->special_set, f->content, f->len, 1, L->err)) return -1;
+    }
+    int32_t id;
+    bool repeat;
+    if (added_id(L, t, s, f, key, &id, &repeat)) return -1;
+    if (repeat) return 0;
+    if (id > s->max_added) s->max_added = id;
+    if (id > *max_id) *max_id = id;
+    return store_added(L, t, s, f, id, i);
+}
+
+// Fills the tries encode finds added tokens with: special entries first, then the others,
+// each in file order; a normalized token goes in by its normalized text.
+static int build_added_tries(lctx *L, tr_tokenizer *t, const added_scratch *s) {
+    if (tr_tok_trie_init(&t->trie_raw, L->err) || tr_tok_trie_init(&t->trie_norm, L->err))
+        return -1;
+    for (size_t k = 0; k < s->n_special + s->n_plain; k++) {
+        const tr_tok_added *f =
+            &s->flags[k < s->n_special ? s->special_list[k] : s->added_list[k - s->n_special]];
+        int32_t id = tr_tok_strmap_get(&t->added_vocab, f->content, f->len);
+        int32_t r = tr_tok_strmap_get(&s->rec_of_id, &id, sizeof id);
+        if (!f->normalized) {
+            if (tr_tok_trie_add(&t->trie_raw, f->content, f->len, r, L->err)) return -1;
+            continue;
+        }
+        char *norm;
+        size_t nlen;
+        bool owned;
+        if (tr_tok_normalize(t->norm, t->n_norm, f->content, f->len, &norm, &nlen, &owned, L->err))
+            return -1;
+        int rc = tr_tok_trie_add(&t->trie_norm, norm, nlen, r, L->err);
+        if (owned) free(norm);
+        if (rc) return -1;
+    }
+    return 0;
+}
+
 // Follows HF's AddedVocabulary::add_tokens, one token at a time in file order: a token
 // already in the vocabulary keeps that id, a new one gets the next id after the model's
 // vocabulary; the "id" written in the file is only checked for type, as HF only warns.
@@ -413,121 +566,18 @@ static int parse_added(lctx *L, tr_tokenizer *t, const tr_json *arr, int32_t *ma
     size_t n = (size_t)arr->count;
     if (n > TR_TOK_MAX_ID) return kerr(L, TR_ERANGE, "added_tokens", "too many entries (%zu)", n);
     if (tr_tok_strmap_init(&t->added_vocab, (uint32_t)n, L->err)) return -1;
-    tr_tok_strmap special_set, rec_of_id;
-    if (tr_tok_strmap_init(&special_set, (uint32_t)n, L->err)) return -1;
-    if (tr_tok_strmap_init(&rec_of_id, (uint32_t)n, L->err)) {
-        tr_tok_strmap_free(&special_set);
-        return -1;
-    }
-    // Entries of HF's special_tokens and added_tokens lists, in order; they feed the tries.
-    size_t *special_list = malloc((n + 1) * sizeof *special_list);
-    size_t *added_list = malloc((n + 1) * sizeof *added_list);
-    tr_tok_added *flags = calloc(n + 1, sizeof *flags);
-    t->added = calloc(n + 1, sizeof *t->added);
-    size_t n_special = 0, n_plain = 0;
-    int rc = 0;
-    if (!special_list || !added_list || !flags || !t->added)
-        rc = tr_errf(L->err, TR_ENOMEM, "out of memory for %zu added tokens", n);
-    int64_t max_added = -1;
+    added_scratch s;
+    int rc = added_scratch_init(L, t, &s, n);
     size_t i = 0;
-    for (const tr_json *e = arr->child; e && rc == 0; e = e->next, i++) {
-        char key[64];
-        snprintf(key, sizeof key, "added_tokens[%zu]", i);
-        if (!tr_json_is(e, TR_JSON_OBJECT)) {
-            rc = type_err(L, key, "an object", e);
-            break;
-        }
-        const tr_json *idv = tr_json_get(e, "id");
-        if (!tr_json_is_int(idv)) {
-            char k2[80];
-            snprintf(k2, sizeof k2, "%s.id", key);
-            rc = type_err(L, k2, "an integer", idv);
-            break;
-        }
-        const char *content;
-        size_t clen;
-        tr_tok_added *f = &flags[i];
-        if (req_string(L, e, "content", key, &content, &clen) ||
-            opt_bool(L, e, "special", key, false, &f->special) ||
-            opt_bool(L, e, "single_word", key, false, &f->single_word) ||
-            opt_bool(L, e, "lstrip", key, false, &f->lstrip) ||
-            opt_bool(L, e, "rstrip", key, false, &f->rstrip) ||
-            opt_bool(L, e, "normalized", key, !f->special, &f->normalized)) {
-            rc = -1;
-            break;
-        }
-        f->content = (char *)content;
-        f->len = clen;
-        if (clen == 0) continue;
-        if (f->special && tr_tok_strmap_get(&special_set, content, clen) < 0) {
-            special_list[n_special++] = i;
-            if ((rc = tr_tok_strmap_put(&special_set, content, clen, 1, L->err))) break;
-        }
-        int32_t id = tr_tok_strmap_get(&t->added_vocab, content, clen);
-        if (id >= 0) {
-            int32_t r = tr_tok_strmap_get(&rec_of_id, &id, sizeof id);
-            if (r >= 0 && same_added(&t->added[r], content, clen, f)) continue;
-        }
-        if (id < 0) id = tr_tok_strmap_get(&t->model_vocab, content, clen);
-        if (id < 0) {
-            int64_t vs = t->model_vocab_count;
-            int64_t nid = max_added < 0 ? vs : (max_added >= vs || vs == 0 ? max_added + 1 : vs);
-            if (nid >= TR_TOK_MAX_ID) {
-                rc = kerr(L, TR_ERANGE, key, "id %lld out of range", (long long)nid);
-                break;
-            }
-            id = (int32_t)nid;
-        }
-        if (id > max_added) max_added = id;
-        if (id > *max_id) *max_id = id;
-        if ((rc = tr_tok_strmap_put(&t->added_vocab, content, clen, id, L->err))) break;
-        int32_t r = tr_tok_strmap_get(&rec_of_id, &id, sizeof id);
-        if (r < 0) {
-            r = t->n_added++;
-            if ((rc = tr_tok_strmap_put(&rec_of_id, &id, sizeof id, r, L->err))) break;
-        } else {
-            free(t->added[r].content);
-        }
-        tr_tok_added *a = &t->added[r];
-        *a = *f;
-        a->id = id;
-        a->content = malloc(clen + 1);
-        if (!a->content) {
-            rc = tr_errf(L->err, TR_ENOMEM, "out of memory");
-            break;
-        }
-        memcpy(a->content, content, clen);
-        a->content[clen] = '\0';
-        if (tr_tok_strmap_get(&special_set, content, clen) < 0) added_list[n_plain++] = i;
-    }
+    for (const tr_json *e = arr->child; e && rc == 0; e = e->next, i++)
+        rc = add_entry(L, t, &s, e, i, max_id);
     // Special-ness is by content, as HF's special_tokens_set.
-    for (int32_t r = 0; rc == 0 && r < t->n_added; r++)
-        t->added[r].special = tr_tok_strmap_get(&special_set, t->added[r].content, t->added[r].len) >= 0;
-
-    if (rc == 0) rc = tr_tok_trie_init(&t->trie_raw, L->err);
-    if (rc == 0) rc = tr_tok_trie_init(&t->trie_norm, L->err);
-    for (size_t k = 0; rc == 0 && k < n_special + n_plain; k++) {
-        const tr_tok_added *f = &flags[k < n_special ? special_list[k] : added_list[k - n_special]];
-        int32_t id = tr_tok_strmap_get(&t->added_vocab, f->content, f->len);
-        int32_t r = tr_tok_strmap_get(&rec_of_id, &id, sizeof id);
-        if (!f->normalized) {
-            rc = tr_tok_trie_add(&t->trie_raw, f->content, f->len, r, L->err);
-            continue;
-        }
-        char *norm;
-        size_t nlen;
-        bool owned;
-        if ((rc = tr_tok_normalize(t->norm, t->n_norm, f->content, f->len, &norm, &nlen, &owned,
-                                   L->err)))
-            break;
-        rc = tr_tok_trie_add(&t->trie_norm, norm, nlen, r, L->err);
-        if (owned) free(norm);
+    for (int32_t r = 0; rc == 0 && r < t->n_added; r++) {
+        tr_tok_added *a = &t->added[r];
+        a->special = tr_tok_strmap_get(&s.special_set, a->content, a->len) >= 0;
     }
-    free(special_list);
-    free(added_list);
-    free(flags);
-    tr_tok_strmap_free(&special_set);
-    tr_tok_strmap_free(&rec_of_id);
+    if (rc == 0) rc = build_added_tries(L, t, &s);
+    added_scratch_free(&s);
     return rc;
 }
 

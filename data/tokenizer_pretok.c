@@ -242,44 +242,113 @@ static int hexval(char h) {
                                           : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
 }
 
-// One escape at pat[i] == '\\'; returns the index of its last character.
-static size_t rw_escape(rw *r, size_t i, bool in_class, bool caseless) {
+// \p{name}, \P{name}, \p{^name} at pat[i]: a class from the tables when Oniguruma knows the
+// name, else copied for PCRE2 to read; *last is the index of its '}'. false for \pL and the
+// like, which stay PCRE2's.
+static bool rw_prop_escape(rw *r, size_t i, bool in_class, bool caseless, size_t *last) {
     const char *p = r->pat;
     size_t n = r->len;
     char e = p[i + 1];
+    const char *close = i + 2 < n && p[i + 2] == '{' ? memchr(p + i + 3, '}', n - i - 3) : NULL;
+    if (!close) {
+        r->foreign = true;  // \pL and the like: PCRE2's reading
+        return false;
+    }
+    size_t a = i + 3, b = (size_t)(close - p);
+    bool neg = e == 'P';
+    if (a < b && p[a] == '^') {
+        neg = !neg;
+        a++;
+    }
+    *last = b;
     uclass u = {0, 0};
-    bool neg = false, is_class = true;
+    if (!prop_lookup(p + a, b - a, &u)) {
+        r->foreign = true;
+        emit(r, p + i, b - i + 1);
+        return true;
+    }
+    emit_class(r, u, neg, in_class, caseless);
+    return true;
+}
+
+// \s \w \d, their negations and \p{..} at pat[i]: a Unicode class, scanned or written;
+// *last is the index of the escape's last character. false for any other escape.
+static bool rw_class_escape(rw *r, size_t i, bool in_class, bool caseless, size_t *last) {
+    char e = r->pat[i + 1];
+    uclass u = {0, 0};
+    bool neg = false;
     switch (e) {
     case 's': case 'S': u.flags = TR_UNI_SPACE; neg = e == 'S'; break;
     case 'w': case 'W': u.flags = TR_UNI_WORD_ONIG; neg = e == 'W'; break;
     case 'd': case 'D': u.gc = GC(ND); neg = e == 'D'; break;
-    case 'p': case 'P': {
-        const char *close = i + 2 < n && p[i + 2] == '{' ? memchr(p + i + 3, '}', n - i - 3) : NULL;
-        if (!close) {
-            r->foreign = true;  // \pL and the like: PCRE2's reading
-            is_class = false;
-            break;
-        }
-        size_t a = i + 3, b = (size_t)(close - p);
-        neg = e == 'P';
-        if (a < b && p[a] == '^') {
-            neg = !neg;
-            a++;
-        }
-        if (!prop_lookup(p + a, b - a, &u)) {
-            r->foreign = true;
-            emit(r, p + i, b - i + 1);
-            return b;
-        }
-        emit_class(r, u, neg, in_class, caseless);
-        return b;
+    case 'p': case 'P': return rw_prop_escape(r, i, in_class, caseless, last);
+    default: return false;
     }
-    default: is_class = false;
+    emit_class(r, u, neg, in_class, caseless);
+    *last = i + 1;
+    return true;
+}
+
+// \b or \B (e) outside a class: a word boundary by Oniguruma's \w, written as lookarounds.
+static void rw_word_boundary(rw *r, char e) {
+    if (!r->out) {
+        atom_use(r, (uclass){0, TR_UNI_WORD_ONIG});
+        return;
     }
-    if (is_class) {
-        emit_class(r, u, neg, in_class, caseless);
-        return i + 1;
+    buf w = {0};
+    puts_(&w, "[");
+    class_items(r, (uclass){0, TR_UNI_WORD_ONIG}, false, &w);
+    puts_(&w, "]");
+    if (w.oom) r->out->oom = true;
+    const char *parts[] = {"(?:(?<=", "", e == 'b' ? ")(?!" : ")(?=", "",
+                           e == 'b' ? ")|(?<!" : ")|(?<!", "", e == 'b' ? ")(?=" : ")(?!",
+                           "", "))"};
+    for (int k = 0; k < 9; k++) puts_(r->out, k % 2 ? (w.p ? w.p : "") : parts[k]);
+    free(w.p);
+}
+
+// \uHHHH (Ruby) at pat[i] becomes \x{HHHH}; false when four hex digits do not follow.
+static bool rw_ruby_u(rw *r, size_t i) {
+    const char *p = r->pat;
+    if (i + 6 > r->len) return false;
+    int v = 0;
+    bool hex = true;
+    for (size_t k = 2; hex && k < 6; k++) {
+        int h = hexval(p[i + k]);
+        hex = h >= 0;
+        v = v * 16 + h;
     }
+    if (!hex) return false;
+    if (v >= 0x80) r->non_ascii = true;
+    emit(r, "\\x{", 3);
+    emit(r, p + i + 2, 4);
+    emit(r, "}", 1);
+    return true;
+}
+
+// \xHH or \x{H..} at pat[i] is copied as it is; its value only says whether the pattern
+// names a character above ASCII.
+static void rw_note_hex(rw *r, size_t i) {
+    const char *p = r->pat;
+    size_t n = r->len;
+    size_t k = i + 2;
+    uint32_t v = 0;
+    if (k < n && p[k] == '{') {
+        for (k++; k < n && hexval(p[k]) >= 0; k++)
+            if (v < 0x110000) v = v * 16 + (uint32_t)hexval(p[k]);
+    } else {
+        for (int d = 0; d < 2 && k < n && hexval(p[k]) >= 0; d++, k++)
+            v = v * 16 + (uint32_t)hexval(p[k]);
+    }
+    if (v >= 0x80) r->non_ascii = true;
+}
+
+// One escape at pat[i] == '\\'; returns the index of its last character.
+static size_t rw_escape(rw *r, size_t i, bool in_class, bool caseless) {
+    const char *p = r->pat;
+    char e = p[i + 1];
+    size_t last;
+    if (rw_class_escape(r, i, in_class, caseless, &last)) return last;
     switch (e) {
     case 'h': case 'H':  // Oniguruma's \h is a hex digit (PCRE2's is horizontal space)
         if (!in_class) emit(r, e == 'h' ? "[0-9a-fA-F]" : "[^0-9a-fA-F]", e == 'h' ? 11 : 12);
@@ -291,55 +360,14 @@ static size_t rw_escape(rw *r, size_t i, bool in_class, bool caseless) {
         return i + 1;
     case 'b': case 'B':
         if (in_class) break;  // backspace
-        if (!r->out) {
-            atom_use(r, (uclass){0, TR_UNI_WORD_ONIG});
-            return i + 1;
-        }
-        {
-            // Word boundaries by Oniguruma's \w.
-            buf w = {0};
-            puts_(&w, "[");
-            class_items(r, (uclass){0, TR_UNI_WORD_ONIG}, false, &w);
-            puts_(&w, "]");
-            if (w.oom) r->out->oom = true;
-            const char *parts[] = {"(?:(?<=", "", e == 'b' ? ")(?!" : ")(?=", "",
-                                   e == 'b' ? ")|(?<!" : ")|(?<!", "", e == 'b' ? ")(?=" : ")(?!",
-                                   "", "))"};
-            for (int k = 0; k < 9; k++) puts_(r->out, k % 2 ? (w.p ? w.p : "") : parts[k]);
-            free(w.p);
-        }
+        rw_word_boundary(r, e);
         return i + 1;
-    case 'u':  // \uHHHH (Ruby) -> \x{HHHH}
-        if (i + 6 <= n) {
-            int v = 0;
-            bool hex = true;
-            for (size_t k = 2; hex && k < 6; k++) {
-                int h = hexval(p[i + k]);
-                hex = h >= 0;
-                v = v * 16 + h;
-            }
-            if (hex) {
-                if (v >= 0x80) r->non_ascii = true;
-                emit(r, "\\x{", 3);
-                emit(r, p + i + 2, 4);
-                emit(r, "}", 1);
-                return i + 5;
-            }
-        }
+    case 'u':
+        if (rw_ruby_u(r, i)) return i + 5;
         break;
-    case 'x': {
-        size_t k = i + 2;
-        uint32_t v = 0;
-        if (k < n && p[k] == '{') {
-            for (k++; k < n && hexval(p[k]) >= 0; k++)
-                if (v < 0x110000) v = v * 16 + (uint32_t)hexval(p[k]);
-        } else {
-            for (int d = 0; d < 2 && k < n && hexval(p[k]) >= 0; d++, k++)
-                v = v * 16 + (uint32_t)hexval(p[k]);
-        }
-        if (v >= 0x80) r->non_ascii = true;
+    case 'x':
+        rw_note_hex(r, i);
         break;
-    }
     case '0':
         r->non_ascii = true;  // an octal code, possibly above ASCII: not worth decoding
         break;

@@ -581,104 +581,123 @@ static int check_savable(const char *path, const tr_model_config *cfg, tr_err *e
     return 0;
 }
 
-int tr_config_save(const char *path, const tr_model_config *cfg, tr_err *err) {
-    const char *prefix = arch_prefix(cfg->arch);
+// The class transformers instantiates, and the sizes that shape the model.
+static void write_shape(tr_json_writer *w, const tr_model_config *cfg) {
     const char *suffix = cfg->head == TR_HEAD_SCORE   ? "ForSequenceClassification"
                          : cfg->head == TR_HEAD_VALUE ? "ForTokenClassification"
                                                       : "ForCausalLM";
-    const char *model_type = arch_model_type(cfg->arch);
-    if (check_savable(path, cfg, err)) return -1;
     char arch[96];
-    snprintf(arch, sizeof arch, "%s%s", prefix, suffix);
-    tr_json_writer w;
-    tr_json_writer_init(&w, 2);
-    tr_json_begin_object(&w);
-    tr_json_key(&w, "architectures");
-    tr_json_begin_array(&w);
-    tr_json_string(&w, arch);
-    tr_json_end_array(&w);
-    tr_json_key(&w, "model_type");
-    tr_json_string(&w, model_type);
-    tr_json_key(&w, "vocab_size");
-    tr_json_int(&w, cfg->vocab_size);
-    tr_json_key(&w, "hidden_size");
-    tr_json_int(&w, cfg->hidden_size);
-    tr_json_key(&w, "intermediate_size");
-    tr_json_int(&w, cfg->intermediate_size);
-    tr_json_key(&w, "num_hidden_layers");
-    tr_json_int(&w, cfg->n_layers);
-    tr_json_key(&w, "num_attention_heads");
-    tr_json_int(&w, cfg->n_heads);
-    tr_json_key(&w, "num_key_value_heads");
-    tr_json_int(&w, cfg->n_kv_heads);
-    tr_json_key(&w, "head_dim");
-    tr_json_int(&w, cfg->head_dim);
-    tr_json_key(&w, "hidden_act");
-    tr_json_string(&w, "silu");
-    tr_json_key(&w, "max_position_embeddings");
-    tr_json_int(&w, cfg->max_position_embeddings);
-    tr_json_key(&w, "rms_norm_eps");
-    tr_json_float(&w, cfg->rms_norm_eps);
+    snprintf(arch, sizeof arch, "%s%s", arch_prefix(cfg->arch), suffix);
+    tr_json_key(w, "architectures");
+    tr_json_begin_array(w);
+    tr_json_string(w, arch);
+    tr_json_end_array(w);
+    tr_json_key(w, "model_type");
+    tr_json_string(w, arch_model_type(cfg->arch));
+    tr_json_key(w, "vocab_size");
+    tr_json_int(w, cfg->vocab_size);
+    tr_json_key(w, "hidden_size");
+    tr_json_int(w, cfg->hidden_size);
+    tr_json_key(w, "intermediate_size");
+    tr_json_int(w, cfg->intermediate_size);
+    tr_json_key(w, "num_hidden_layers");
+    tr_json_int(w, cfg->n_layers);
+    tr_json_key(w, "num_attention_heads");
+    tr_json_int(w, cfg->n_heads);
+    tr_json_key(w, "num_key_value_heads");
+    tr_json_int(w, cfg->n_kv_heads);
+    tr_json_key(w, "head_dim");
+    tr_json_int(w, cfg->head_dim);
+    tr_json_key(w, "hidden_act");
+    tr_json_string(w, "silu");
+    tr_json_key(w, "max_position_embeddings");
+    tr_json_int(w, cfg->max_position_embeddings);
+    tr_json_key(w, "rms_norm_eps");
+    tr_json_float(w, cfg->rms_norm_eps);
+}
+
+// The switches each architecture's config class has, set to what troupe's model computes.
+static void write_arch_switches(tr_json_writer *w, const tr_model_config *cfg) {
     if (cfg->arch == TR_ARCH_LLAMA || cfg->arch == TR_ARCH_QWEN3) {
-        tr_json_key(&w, "attention_bias");
-        tr_json_bool(&w, cfg->attention_bias);
+        tr_json_key(w, "attention_bias");
+        tr_json_bool(w, cfg->attention_bias);
     }
     if (cfg->arch == TR_ARCH_LLAMA) {
-        tr_json_key(&w, "mlp_bias");
-        tr_json_bool(&w, false);
+        tr_json_key(w, "mlp_bias");
+        tr_json_bool(w, false);
     }
     if (cfg->arch == TR_ARCH_QWEN2 || cfg->arch == TR_ARCH_QWEN3) {
-        tr_json_key(&w, "use_sliding_window");
-        tr_json_bool(&w, false);
+        tr_json_key(w, "use_sliding_window");
+        tr_json_bool(w, false);
     }
     if (cfg->arch == TR_ARCH_MISTRAL) {
         // Absent, MistralConfig would give the model a 4096-token window.
-        tr_json_key(&w, "sliding_window");
-        tr_json_null(&w);
+        tr_json_key(w, "sliding_window");
+        tr_json_null(w);
     }
+}
+
+// transformers 5.x reads rope_parameters; rope_theta at the top level keeps older readers
+// (transformers 4.x, conversion scripts) on the right base frequency.
+static void write_rope(tr_json_writer *w, const tr_model_config *cfg) {
+    tr_json_key(w, "rope_theta");
+    tr_json_double(w, cfg->rope_theta);
+    tr_json_key(w, "rope_parameters");
+    tr_json_begin_object(w);
+    write_rope_fields(w, cfg);
+    tr_json_end_object(w);
+}
+
+// num_labels is derived from id2label by transformers; write both maps.
+static void write_labels(tr_json_writer *w, int32_t num_labels) {
+    char k[24], l[32];
+    tr_json_key(w, "id2label");
+    tr_json_begin_object(w);
+    for (int32_t i = 0; i < num_labels; i++) {
+        snprintf(k, sizeof k, "%d", i);
+        snprintf(l, sizeof l, "LABEL_%d", i);
+        tr_json_key(w, k);
+        tr_json_string(w, l);
+    }
+    tr_json_end_object(w);
+    tr_json_key(w, "label2id");
+    tr_json_begin_object(w);
+    for (int32_t i = 0; i < num_labels; i++) {
+        snprintf(l, sizeof l, "LABEL_%d", i);
+        tr_json_key(w, l);
+        tr_json_int(w, i);
+    }
+    tr_json_end_object(w);
+}
+
+// bos, pad and eos ids: null when absent, eos a list when there are several.
+static void write_special_tokens(tr_json_writer *w, const tr_model_config *cfg) {
+    write_token(w, "bos_token_id", cfg->bos_token_id);
+    write_token(w, "pad_token_id", cfg->pad_token_id);
+    tr_json_key(w, "eos_token_id");
+    if (cfg->n_eos == 0)
+        tr_json_null(w);
+    else if (cfg->n_eos == 1)
+        tr_json_int(w, cfg->eos_token_ids[0]);
+    else {
+        tr_json_begin_array(w);
+        for (int32_t i = 0; i < cfg->n_eos; i++) tr_json_int(w, cfg->eos_token_ids[i]);
+        tr_json_end_array(w);
+    }
+}
+
+int tr_config_save(const char *path, const tr_model_config *cfg, tr_err *err) {
+    if (check_savable(path, cfg, err)) return -1;
+    tr_json_writer w;
+    tr_json_writer_init(&w, 2);
+    tr_json_begin_object(&w);
+    write_shape(&w, cfg);
+    write_arch_switches(&w, cfg);
     tr_json_key(&w, "tie_word_embeddings");
     tr_json_bool(&w, cfg->tie_word_embeddings);
-    // transformers 5.x reads rope_parameters; rope_theta at the top level keeps older readers
-    // (transformers 4.x, conversion scripts) on the right base frequency.
-    tr_json_key(&w, "rope_theta");
-    tr_json_double(&w, cfg->rope_theta);
-    tr_json_key(&w, "rope_parameters");
-    tr_json_begin_object(&w);
-    write_rope_fields(&w, cfg);
-    tr_json_end_object(&w);
-    if (cfg->head != TR_HEAD_LM) {
-        // num_labels is derived from id2label by transformers; write both maps.
-        char k[24], l[32];
-        tr_json_key(&w, "id2label");
-        tr_json_begin_object(&w);
-        for (int32_t i = 0; i < cfg->num_labels; i++) {
-            snprintf(k, sizeof k, "%d", i);
-            snprintf(l, sizeof l, "LABEL_%d", i);
-            tr_json_key(&w, k);
-            tr_json_string(&w, l);
-        }
-        tr_json_end_object(&w);
-        tr_json_key(&w, "label2id");
-        tr_json_begin_object(&w);
-        for (int32_t i = 0; i < cfg->num_labels; i++) {
-            snprintf(l, sizeof l, "LABEL_%d", i);
-            tr_json_key(&w, l);
-            tr_json_int(&w, i);
-        }
-        tr_json_end_object(&w);
-    }
-    write_token(&w, "bos_token_id", cfg->bos_token_id);
-    write_token(&w, "pad_token_id", cfg->pad_token_id);
-    tr_json_key(&w, "eos_token_id");
-    if (cfg->n_eos == 0)
-        tr_json_null(&w);
-    else if (cfg->n_eos == 1)
-        tr_json_int(&w, cfg->eos_token_ids[0]);
-    else {
-        tr_json_begin_array(&w);
-        for (int32_t i = 0; i < cfg->n_eos; i++) tr_json_int(&w, cfg->eos_token_ids[i]);
-        tr_json_end_array(&w);
-    }
+    write_rope(&w, cfg);
+    if (cfg->head != TR_HEAD_LM) write_labels(&w, cfg->num_labels);
+    write_special_tokens(&w, cfg);
     if (cfg->torch_dtype[0]) {
         // transformers 5.x reads "dtype"; 4.x and other readers (vLLM) read "torch_dtype".
         tr_json_key(&w, "dtype");

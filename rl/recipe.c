@@ -215,7 +215,7 @@ static int set_token_ids(const tr_rkey *k, tr_recipe_token_ids *d, const tr_ynod
     for (int32_t i = 0; i < n->n; i++) {
         char ipath[PATH_CAP];
         snprintf(ipath, sizeof ipath, "%s[%d]", path, (int)i);
-        int64_t v;
+        int64_t v = 0;  // parse_int sets it; gcc -O3 cannot tell once set_value is inlined
         if (parse_int(n->kids[i], ipath, &v, err) || check_range(k, n->kids[i], ipath, (double)v, err)) {
             free(s);
             return -1;
@@ -235,6 +235,106 @@ static int set_token_ids(const tr_rkey *k, tr_recipe_token_ids *d, const tr_ynod
         }
     free(s);
     d->n = n->n;
+    return 0;
+}
+
+// A string key: null reads as "", and the text must fit the fixed-size field.
+static int set_str(const tr_rkey *k, char *dst, const tr_ynode *n, const char *path, tr_err *err) {
+    if (n->kind != TR_YNODE_SCALAR) return fail_type(n, path, "a string", err);
+    const char *s = is_null(n) ? "" : n->text;
+    size_t len = strlen(s);
+    if (len >= k->size) return fail_node(n, path, err, "longer than %zu bytes", k->size - 1);
+    memset(dst, 0, k->size);
+    memcpy(dst, s, len);
+    return 0;
+}
+
+// A list of exactly k->size numbers, each in the key's range.
+static int set_floats(const tr_rkey *k, char *dst, const tr_ynode *n, const char *path,
+                      tr_err *err) {
+    if (n->kind != TR_YNODE_SEQ || (size_t)n->n != k->size) {
+        char want[64];
+        snprintf(want, sizeof want, "a list of %zu numbers", k->size);
+        if (n->kind == TR_YNODE_SEQ)
+            return fail_node(n, path, err, "expected %s, got %d items", want, (int)n->n);
+        return fail_type(n, path, want, err);
+    }
+    double v[8];
+    for (int32_t i = 0; i < n->n; i++) {
+        char ipath[PATH_CAP];
+        snprintf(ipath, sizeof ipath, "%s[%d]", path, (int)i);
+        if (parse_float(n->kids[i], ipath, &v[i], err) || check_range(k, n->kids[i], ipath, v[i], err))
+            return -1;
+    }
+    memcpy(dst, v, k->size * sizeof(double));
+    return 0;
+}
+
+// A list of distinct device ids; *d changes only when the whole list is good.
+static int set_devices(const tr_rkey *k, tr_recipe_devices *d, const tr_ynode *n, const char *path,
+                       tr_err *err) {
+    if (n->kind != TR_YNODE_SEQ) return fail_type(n, path, "a list of device ids", err);
+    if (n->n > TR_RECIPE_MAX_DEVICES)
+        return fail_node(n, path, err, "%d devices, at most %d", (int)n->n, TR_RECIPE_MAX_DEVICES);
+    tr_recipe_devices tmp = {0};
+    for (int32_t i = 0; i < n->n; i++) {
+        char ipath[PATH_CAP];
+        snprintf(ipath, sizeof ipath, "%s[%d]", path, (int)i);
+        int64_t v;
+        if (parse_int(n->kids[i], ipath, &v, err) || check_range(k, n->kids[i], ipath, (double)v, err))
+            return -1;
+        if (v > INT32_MAX) return fail_node(n->kids[i], ipath, err, "device id %lld is too large", (long long)v);
+        for (int32_t j = 0; j < i; j++)
+            if (tmp.ids[j] == (int32_t)v)
+                return fail_node(n->kids[i], ipath, err, "device %lld is listed twice", (long long)v);
+        tmp.ids[i] = (int32_t)v;
+    }
+    tmp.n = n->n;
+    *d = tmp;
+    return 0;
+}
+
+// placement.colocate: a list of groups, each a list of role names.
+static int set_role_groups(tr_recipe_placement *p, const tr_ynode *n, const char *path, tr_err *err) {
+    if (n->kind != TR_YNODE_SEQ) return fail_type(n, path, "a list of role lists, e.g. [[policy, reference]]", err);
+    if (n->n > TR_RECIPE_MAX_GROUPS)
+        return fail_node(n, path, err, "%d groups, at most %d", (int)n->n, TR_RECIPE_MAX_GROUPS);
+    for (int32_t g = 0; g < n->n; g++) {
+        const tr_ynode *grp = n->kids[g];
+        char gpath[PATH_CAP];
+        snprintf(gpath, sizeof gpath, "%s[%d]", path, (int)g);
+        if (grp->kind != TR_YNODE_SEQ) return fail_type(grp, gpath, "a list of roles", err);
+        if (grp->n > TR_RECIPE_N_ROLES)
+            return fail_node(grp, gpath, err, "%d roles, there are only %d", (int)grp->n, TR_RECIPE_N_ROLES);
+        for (int32_t i = 0; i < grp->n; i++) {
+            char ipath[PATH_CAP + 32];
+            snprintf(ipath, sizeof ipath, "%s[%d]", gpath, (int)i);
+            int role;
+            if (parse_enum(tr_recipe_role_names, grp->kids[i], ipath, &role, err)) return -1;
+            p->colocate[g][i] = role;
+        }
+        p->colocate_len[g] = grp->n;
+    }
+    p->n_colocate = n->n;
+    return 0;
+}
+
+// A list of mappings of schema k->sub: each item starts from its defaults, then takes what
+// the recipe writes; the count goes to base + k->aux_off.
+static int set_list(const tr_rkey *k, char *base, const tr_ynode *n, const char *path, tr_err *err) {
+    char *dst = base + k->off;
+    if (n->kind != TR_YNODE_SEQ) return fail_type(n, path, "a list", err);
+    if ((size_t)n->n > k->size) return fail_node(n, path, err, "%d items, at most %zu", (int)n->n, k->size);
+    for (int32_t i = 0; i < n->n; i++) {
+        char ipath[PATH_CAP];
+        snprintf(ipath, sizeof ipath, "%s[%d]", path, (int)i);
+        char *item = dst + (size_t)i * k->stride;
+        memset(item, 0, k->stride);
+        if (apply_defaults(k->sub, item, err)) return -1;
+        if (n->kids[i]->kind != TR_YNODE_MAP) return fail_type(n->kids[i], ipath, "a mapping", err);
+        if (fill_map(k->sub, item, n->kids[i], n->kids[i], ipath, err)) return -1;
+    }
+    *(int32_t *)(base + k->aux_off) = n->n;
     return 0;
 }
 
@@ -260,98 +360,20 @@ static int set_value(const tr_rkey *k, char *base, const tr_ynode *n, const char
     }
     case TR_RK_BOOL:
         return parse_bool(n, path, (bool *)dst, err);
-    case TR_RK_STR: {
-        if (n->kind != TR_YNODE_SCALAR) return fail_type(n, path, "a string", err);
-        const char *s = is_null(n) ? "" : n->text;
-        size_t len = strlen(s);
-        if (len >= k->size) return fail_node(n, path, err, "longer than %zu bytes", k->size - 1);
-        memset(dst, 0, k->size);
-        memcpy(dst, s, len);
-        return 0;
-    }
+    case TR_RK_STR:
+        return set_str(k, dst, n, path, err);
     case TR_RK_ENUM:
         return parse_enum(k->names, n, path, (int *)dst, err);
-    case TR_RK_FLOATS: {
-        if (n->kind != TR_YNODE_SEQ || (size_t)n->n != k->size) {
-            char want[64];
-            snprintf(want, sizeof want, "a list of %zu numbers", k->size);
-            if (n->kind == TR_YNODE_SEQ)
-                return fail_node(n, path, err, "expected %s, got %d items", want, (int)n->n);
-            return fail_type(n, path, want, err);
-        }
-        double v[8];
-        for (int32_t i = 0; i < n->n; i++) {
-            char ipath[PATH_CAP];
-            snprintf(ipath, sizeof ipath, "%s[%d]", path, (int)i);
-            if (parse_float(n->kids[i], ipath, &v[i], err) || check_range(k, n->kids[i], ipath, v[i], err))
-                return -1;
-        }
-        memcpy(dst, v, k->size * sizeof(double));
-        return 0;
-    }
-    case TR_RK_DEVICES: {
-        tr_recipe_devices *d = (tr_recipe_devices *)dst;
-        if (n->kind != TR_YNODE_SEQ) return fail_type(n, path, "a list of device ids", err);
-        if (n->n > TR_RECIPE_MAX_DEVICES)
-            return fail_node(n, path, err, "%d devices, at most %d", (int)n->n, TR_RECIPE_MAX_DEVICES);
-        tr_recipe_devices tmp = {0};
-        for (int32_t i = 0; i < n->n; i++) {
-            char ipath[PATH_CAP];
-            snprintf(ipath, sizeof ipath, "%s[%d]", path, (int)i);
-            int64_t v;
-            if (parse_int(n->kids[i], ipath, &v, err) || check_range(k, n->kids[i], ipath, (double)v, err))
-                return -1;
-            if (v > INT32_MAX) return fail_node(n->kids[i], ipath, err, "device id %lld is too large", (long long)v);
-            for (int32_t j = 0; j < i; j++)
-                if (tmp.ids[j] == (int32_t)v)
-                    return fail_node(n->kids[i], ipath, err, "device %lld is listed twice", (long long)v);
-            tmp.ids[i] = (int32_t)v;
-        }
-        tmp.n = n->n;
-        *d = tmp;
-        return 0;
-    }
+    case TR_RK_FLOATS:
+        return set_floats(k, dst, n, path, err);
+    case TR_RK_DEVICES:
+        return set_devices(k, (tr_recipe_devices *)dst, n, path, err);
     case TR_RK_TOKEN_IDS:
         return set_token_ids(k, (tr_recipe_token_ids *)dst, n, path, err);
-    case TR_RK_ROLE_GROUPS: {
-        tr_recipe_placement *p = (tr_recipe_placement *)dst;
-        if (n->kind != TR_YNODE_SEQ) return fail_type(n, path, "a list of role lists, e.g. [[policy, reference]]", err);
-        if (n->n > TR_RECIPE_MAX_GROUPS)
-            return fail_node(n, path, err, "%d groups, at most %d", (int)n->n, TR_RECIPE_MAX_GROUPS);
-        for (int32_t g = 0; g < n->n; g++) {
-            const tr_ynode *grp = n->kids[g];
-            char gpath[PATH_CAP];
-            snprintf(gpath, sizeof gpath, "%s[%d]", path, (int)g);
-            if (grp->kind != TR_YNODE_SEQ) return fail_type(grp, gpath, "a list of roles", err);
-            if (grp->n > TR_RECIPE_N_ROLES)
-                return fail_node(grp, gpath, err, "%d roles, there are only %d", (int)grp->n, TR_RECIPE_N_ROLES);
-            for (int32_t i = 0; i < grp->n; i++) {
-                char ipath[PATH_CAP + 32];
-                snprintf(ipath, sizeof ipath, "%s[%d]", gpath, (int)i);
-                int role;
-                if (parse_enum(tr_recipe_role_names, grp->kids[i], ipath, &role, err)) return -1;
-                p->colocate[g][i] = role;
-            }
-            p->colocate_len[g] = grp->n;
-        }
-        p->n_colocate = n->n;
-        return 0;
-    }
-    case TR_RK_LIST: {
-        if (n->kind != TR_YNODE_SEQ) return fail_type(n, path, "a list", err);
-        if ((size_t)n->n > k->size) return fail_node(n, path, err, "%d items, at most %zu", (int)n->n, k->size);
-        for (int32_t i = 0; i < n->n; i++) {
-            char ipath[PATH_CAP];
-            snprintf(ipath, sizeof ipath, "%s[%d]", path, (int)i);
-            char *item = dst + (size_t)i * k->stride;
-            memset(item, 0, k->stride);
-            if (apply_defaults(k->sub, item, err)) return -1;
-            if (n->kids[i]->kind != TR_YNODE_MAP) return fail_type(n->kids[i], ipath, "a mapping", err);
-            if (fill_map(k->sub, item, n->kids[i], n->kids[i], ipath, err)) return -1;
-        }
-        *(int32_t *)(base + k->aux_off) = n->n;
-        return 0;
-    }
+    case TR_RK_ROLE_GROUPS:
+        return set_role_groups((tr_recipe_placement *)dst, n, path, err);
+    case TR_RK_LIST:
+        return set_list(k, base, n, path, err);
     }
     return tr_errf(err, TR_EINVAL, "%s: unknown schema type %d", path, (int)k->type);
 }

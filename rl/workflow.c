@@ -138,16 +138,11 @@ static int check_resume_recipe(const tr_recipe *r, tr_err *err) {
     return 0;
 }
 
-int tr_workflow_run(const tr_recipe *r, const tr_workflow_opts *o, tr_err *err) {
-    tr_run run;
-    memset(&run, 0, sizeof run);
-    run.recipe = r;
+// Fresh or resumed: a fresh run never writes over an earlier one; a resumed one starts after
+// the step of its last checkpoint, with the same workflow and a compatible recipe.
+static int prepare_run_dir(tr_run *run, const tr_workflow_opts *o, tr_err *err) {
+    const tr_recipe *r = run->recipe;
     const char *run_dir = r->run_dir;
-    char path[TR_RECIPE_PATH_MAX + 64];
-    int rc = -1;
-    bool metrics_open = false;
-
-    // Fresh or resumed: a fresh run never writes over an earlier one.
     tr_run_state st;
     if (tr_run_ckpt_find_last(run_dir, &st, err)) return -1;
     if (o->resume) {
@@ -156,75 +151,97 @@ int tr_workflow_run(const tr_recipe *r, const tr_workflow_opts *o, tr_err *err) 
                            st.workflow, tr_recipe_workflow_names[r->workflow]);
         if (check_resume_recipe(r, err) || tr_run_ckpt_clean(run_dir, err)) return -1;
         if (st.step >= 0) {
-            run.step = st.step;
-            run.data_cursor = st.data_cursor;
-            run.resumed = true;
+            run->step = st.step;
+            run->data_cursor = st.data_cursor;
+            run->resumed = true;
         }
     } else {
         // An earlier run that logged a step or saved a checkpoint is kept; one that failed
         // before its first record (a wrong path in the recipe) may be started over.
+        char path[TR_RECIPE_PATH_MAX + 64];
         snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
         struct stat sb;
         if (st.step >= 0 || (stat(path, &sb) == 0 && sb.st_size > 0))
             return tr_errf(err, TR_EINVAL, "%s holds an earlier run: continue it with --resume, or "
                            "choose another run_dir (--set run_dir=...)", run_dir);
     }
-    if (run.resumed && run.step >= r->train.steps)
+    if (run->resumed && run->step >= r->train.steps)
         return tr_errf(err, TR_EINVAL, "--resume: the run already completed step %" PRId64 " of %"
-                       PRId64 " (raise train.steps to continue)", run.step, r->train.steps);
-    // Tokenizer and chat format (pretraining works on ids and may have none).
+                       PRId64 " (raise train.steps to continue)", run->step, r->train.steps);
+    return 0;
+}
+
+// Tokenizer and chat format (pretraining works on ids and may have none).
+static int load_tokenizer(tr_run *run, tr_err *err) {
+    const tr_recipe *r = run->recipe;
+    char path[TR_RECIPE_PATH_MAX + 64];
     if (tokenizer_path(r, path, sizeof path)) {
-        if (tr_tokenizer_load(&run.tok, path, err)) return -1;
+        if (tr_tokenizer_load(&run->tok, path, err)) return -1;
     } else if (r->workflow != TR_RECIPE_PRETRAIN) {
         return tr_errf(err, TR_EINVAL, "%s: not found (the policy's tokenizer.json is needed to "
                        "encode prompts and conversations)", path);
     }
-    if (run.tok && r->data.chat_format != TR_RECIPE_CHAT_NONE) {
-        if (tr_chat_format_init(&run.chat, tr_recipe_chat_names[r->data.chat_format], run.tok,
+    if (run->tok && r->data.chat_format != TR_RECIPE_CHAT_NONE) {
+        if (tr_chat_format_init(&run->chat, tr_recipe_chat_names[r->data.chat_format], run->tok,
                                 err))
-            goto done;
-        run.chat.enable_thinking = r->data.enable_thinking;
-        run.chatp = &run.chat;
+            return -1;
+        run->chat.enable_thinking = r->data.enable_thinking;
+        run->chatp = &run->chat;
     }
+    return 0;
+}
 
-    if (tr_recipe_write_resolved(r, err)) goto done;
-
-    tr_metrics_opts mo = {run_dir, tr_recipe_workflow_names[r->workflow], r->train.steps,
-                          run.resumed ? run.step : -1, r->log.tensorboard, r->log.progress,
+// The metrics log, and samples.jsonl (appended to on resume) when samples are logged.
+// *metrics_open says whether the log needs closing, also when this fails.
+static int open_logs(tr_run *run, const tr_workflow_opts *o, bool *metrics_open, tr_err *err) {
+    const tr_recipe *r = run->recipe;
+    tr_metrics_opts mo = {r->run_dir, tr_recipe_workflow_names[r->workflow], r->train.steps,
+                          run->resumed ? run->step : -1, r->log.tensorboard, r->log.progress,
                           o->progress_out};
-    if (tr_metrics_open(&run.m, &mo, err)) goto done;
-    metrics_open = true;
+    if (tr_metrics_open(&run->m, &mo, err)) return -1;
+    *metrics_open = true;
     if (r->log.samples_every > 0) {
-        snprintf(path, sizeof path, "%s/samples.jsonl", run_dir);
-        run.samples = fopen(path, run.resumed ? "a" : "w");
-        if (!run.samples) {
-            tr_errf(err, TR_EIO, "%s: cannot open: %s", path, strerror(errno));
-            goto done;
-        }
+        char path[TR_RECIPE_PATH_MAX + 64];
+        snprintf(path, sizeof path, "%s/samples.jsonl", r->run_dir);
+        run->samples = fopen(path, run->resumed ? "a" : "w");
+        if (!run->samples)
+            return tr_errf(err, TR_EIO, "%s: cannot open: %s", path, strerror(errno));
     }
+    return 0;
+}
 
-    // The role workers; a resumed run loads its trained roles from the checkpoint.
-    if (tr_controller_start(&run.ctl, r, err)) goto done;
-    run.policy = tr_controller_group(run.ctl, TR_RECIPE_POLICY);
-    run.reference = tr_controller_group(run.ctl, TR_RECIPE_REFERENCE);
-    run.critic = tr_controller_group(run.ctl, TR_RECIPE_CRITIC);
-    run.reward = tr_controller_group(run.ctl, TR_RECIPE_REWARD);
-    run.generator = tr_controller_group(run.ctl, TR_RECIPE_GENERATOR);
-    run.sampler = run.generator ? run.generator : run.policy;
-    if (run.resumed) {
-        char ck[4096], dir[4200];
-        if (tr_run_ckpt_path(run_dir, run.step, ck, sizeof ck, err)) goto done;
-        tr_group *groups[TR_RECIPE_N_ROLES];
-        const char *names[TR_RECIPE_N_ROLES];
-        int n = trained_roles(&run, groups, names);
-        for (int i = 0; i < n; i++) {
-            snprintf(dir, sizeof dir, "%s/%s", ck, names[i]);
-            if (tr_role_load(groups[i], dir, err)) {
-                tr_err_wrap(err, "--resume: loading %s", dir);
-                goto done;
-            }
-        }
+// The role workers; a resumed run loads its trained roles from the checkpoint.
+static int start_roles(tr_run *run, tr_err *err) {
+    if (tr_controller_start(&run->ctl, run->recipe, err)) return -1;
+    run->policy = tr_controller_group(run->ctl, TR_RECIPE_POLICY);
+    run->reference = tr_controller_group(run->ctl, TR_RECIPE_REFERENCE);
+    run->critic = tr_controller_group(run->ctl, TR_RECIPE_CRITIC);
+    run->reward = tr_controller_group(run->ctl, TR_RECIPE_REWARD);
+    run->generator = tr_controller_group(run->ctl, TR_RECIPE_GENERATOR);
+    run->sampler = run->generator ? run->generator : run->policy;
+    if (!run->resumed) return 0;
+    char ck[4096], dir[4200];
+    if (tr_run_ckpt_path(run->recipe->run_dir, run->step, ck, sizeof ck, err)) return -1;
+    tr_group *groups[TR_RECIPE_N_ROLES];
+    const char *names[TR_RECIPE_N_ROLES];
+    int n = trained_roles(run, groups, names);
+    for (int i = 0; i < n; i++) {
+        snprintf(dir, sizeof dir, "%s/%s", ck, names[i]);
+        if (tr_role_load(groups[i], dir, err)) return tr_err_wrap(err, "--resume: loading %s", dir);
     }
+    return 0;
+}
+
+int tr_workflow_run(const tr_recipe *r, const tr_workflow_opts *o, tr_err *err) {
+    tr_run run;
+    memset(&run, 0, sizeof run);
+    run.recipe = r;
+    if (prepare_run_dir(&run, o, err)) return -1;
+    int rc = -1;
+    bool metrics_open = false;
+    if (load_tokenizer(&run, err) || tr_recipe_write_resolved(r, err) ||
+        open_logs(&run, o, &metrics_open, err) || start_roles(&run, err))
+        goto done;
 
     switch (r->workflow) {
     case TR_RECIPE_GRPO:
