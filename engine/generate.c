@@ -239,16 +239,18 @@ static int check_request(const tr_generator *g, const tr_gen_request *r, int32_t
     return 0;
 }
 
-// Attention of one pass: this pass's keys and values go into the cache first, then every
-// row reads its sequence's first row_len slots, its own included; in a prefill pass the
-// segments that start a prompt attend within the pass by the training forward's kernel
-// (pass_docs), the same bits, without reading their keys back from the cache.
+// Attention of one pass: q and k are rotated and this pass's keys and values go into the
+// cache in one op, then every row reads its sequence's first row_len slots, its own
+// included; in a prefill pass the segments that start a prompt attend within the pass by the
+// training forward's kernel (pass_docs), the same bits, without reading their keys back from
+// the cache.
 static void gen_attend(void *ctx, tr_model *m, int32_t layer, tr_layer_acts *la, int32_t T) {
     tr_generator *g = ctx;
     const tr_model_config *c = &m->lcfg;   // this tensor-parallel rank's heads
     const size_t es = tr_dt_size(m->act), Q = (size_t)c->n_heads * c->head_dim;
-    tr_kvcache_write(&g->cache, layer, la->k, la->v, m->qkv_ld, g->d_slot, T);
     tr_kv_pages pages = tr_kvcache_layer(&g->cache, layer);
+    m->be->ops->rope_kv_write(m->be, la->q, la->v, m->qkv_ld, m->d_pos, m->inv_freq, T,
+                              c->n_heads, &pages, g->d_slot);
     const bool docs = g->pass_docs.n_docs > 0;
     if (docs)   // every row as a document's; the decode below redoes those that continue one
         m->be->ops->attention_forward(m->be, la->att, la->att_lse, la->q, la->k, la->v,

@@ -852,9 +852,7 @@ static int layer_forward(tr_model *m, int32_t l, int32_t T, tr_attend_fn attend,
         op->head_rmsnorm_forward(be, la->k, la->k_rstd, offset_bytes(la->qkv, act_bytes(m, Q)),
                                  w->k_norm, c->rms_norm_eps, T, KVH, D, QKV);
     }
-    // k's heads follow q's in the row: one pass rotates both.
-    op->rope_forward(be, la->q, QKV, m->d_pos, m->inv_freq, T, H + KVH, D);
-    attend(ctx, m, l, la, T);
+    attend(ctx, m, l, la, T);   // RoPE included (generation fuses it with the cache write)
     // The projections back into the residual stream add into it in fp32.
     if (row_parallel(m, la->res_mid, x, la->att, w->wo, w->bo, T, Q, C, err) != 0) return -1;
     if (!(in = norm_forward(m, la->ln2, la->ln2_rstd, la->res_mid, w->mlp_norm, T, err)))
@@ -880,8 +878,10 @@ static int trunk_forward(tr_model *m, int32_t T, tr_attend_fn attend, void *ctx,
 static void attend_docs(void *ctx, tr_model *m, int32_t layer, tr_layer_acts *la, int32_t T) {
     (void)ctx;
     (void)layer;
-    (void)T;
     const tr_model_config *c = &m->lcfg;
+    // k's heads follow q's in the row: one pass rotates both.
+    m->be->ops->rope_forward(m->be, la->q, m->qkv_ld, m->d_pos, m->inv_freq, T,
+                             c->n_heads + c->n_kv_heads, c->head_dim);
     m->be->ops->attention_forward(m->be, la->att, la->att_lse, la->q, la->k, la->v, m->qkv_ld,
                                   &m->docs, c->n_heads, c->n_kv_heads, c->head_dim);
 }

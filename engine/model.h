@@ -242,8 +242,9 @@ int tr_model_init_weights(tr_model *m, uint64_t seed, float std, tr_err *err);
 // against the vocabulary and the layout's consistency; errors name the token index.
 int tr_model_forward(tr_model *m, const int32_t *ids, const tr_doc_layout *docs, tr_err *err);
 // Generation's entry into the same trunk: T rows, row t being token ids[t] at RoPE position
-// pos[t], with attention left to attend(), which runs once per layer after la->q, la->k (RoPE
-// applied) and la->v hold the layer's rows (stride m->qkv_ld) and must fill la->att. tr_model_forward is this
+// pos[t], with attention left to attend(), which runs once per layer after la->q, la->k and
+// la->v hold the layer's rows (stride m->qkv_ld; k's heads follow q's), and must apply RoPE
+// to q and k (at m->d_pos, by m->inv_freq) and fill la->att. tr_model_forward is this
 // with causal attention over packed documents, so both paths share every other step. The
 // heads then read rows [0, T); there is no backward for such a pass.
 typedef void (*tr_attend_fn)(void *ctx, tr_model *m, int32_t layer, tr_layer_acts *la,

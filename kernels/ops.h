@@ -271,6 +271,12 @@ typedef struct tr_ops {
     // negative slot writes nothing (a padding row of a recorded decode step).
     void (*kv_write)(tr_backend *be, const tr_kv_pages *kv, const int32_t *slot, const void *k,
                      const void *v, int32_t ld, int32_t T);
+    // Generation's RoPE and cache write in one pass: rope_forward on the H + KVH heads of q and
+    // k in x (k's heads follow q's in each row), then kv_write of each row's rotated k and its
+    // v into slot[t] (KVH, D: kv's), rows of stride ld; the bits of those two ops in turn.
+    void (*rope_kv_write)(tr_backend *be, void *x, const void *v, int32_t ld,
+                          const int32_t *pos, const float *inv_freq, int32_t T, int32_t H,
+                          const tr_kv_pages *kv, const int32_t *slot);
 
     // SwiGLU over the fused [gate; up] projection: gu[T, 2I] (A) holds gate in columns
     // [0, I) and up in [I, 2I); out[T, I] (A) = silu(gate) * up.

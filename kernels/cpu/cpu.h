@@ -117,6 +117,9 @@ void tr_cpu_rope_forward(tr_backend *be, void *x, int32_t ld, const int32_t *pos
                          const float *inv_freq, int32_t T, int32_t H, int32_t D);
 void tr_cpu_rope_backward(tr_backend *be, void *dx, int32_t ld, const int32_t *pos,
                           const float *inv_freq, int32_t T, int32_t H, int32_t D);
+void tr_cpu_rope_kv_write(tr_backend *be, void *x, const void *v, int32_t ld, const int32_t *pos,
+                          const float *inv_freq, int32_t T, int32_t H, const tr_kv_pages *kv,
+                          const int32_t *slot);
 
 void tr_cpu_attention_forward(tr_backend *be, void *out, float *lse, const void *q,
                               const void *k, const void *v, int32_t ld,

@@ -388,6 +388,15 @@ static void g_kv_write(tr_backend *be, const tr_kv_pages *kv, const int32_t *slo
     close_mem(be);
 }
 
+// Checked as the two ops it equals, each under its own name.
+static void g_rope_kv_write(tr_backend *be, void *x, const void *v, int32_t ld,
+                            const int32_t *pos, const float *inv_freq, int32_t T, int32_t H,
+                            const tr_kv_pages *kv, const int32_t *slot) {
+    const int32_t D = kv->head_dim;
+    g_rope(be, x, ld, pos, inv_freq, T, H + kv->n_kv_heads, D, 0);
+    g_kv_write(be, kv, slot, (const char *)x + (size_t)H * D * tr_dt_size(be->act), v, ld, T);
+}
+
 static void g_swiglu_forward(tr_backend *be, void *out, const void *gu, int32_t T, int32_t n) {
     const char *op = "swiglu_forward";
     dev(be, out, A_(be, (size_t)T * n), 0, op, "out");
@@ -755,6 +764,7 @@ const tr_ops tr_cpu_guarded_ops = {
     .attention_backward = g_attention_backward,
     .attention_decode = g_attention_decode,
     .kv_write = g_kv_write,
+    .rope_kv_write = g_rope_kv_write,
     .swiglu_forward = g_swiglu_forward,
     .swiglu_backward = g_swiglu_backward,
     .add = g_add,

@@ -63,3 +63,13 @@ void tr_cpu_rope_backward(tr_backend *be, void *dx, int32_t ld, const int32_t *p
                           const float *inv_freq, int32_t T, int32_t H, int32_t D) {
     rope_run(be, dx, ld, pos, inv_freq, T, H, D, -1.0f);
 }
+
+// The two ops in turn: one pass buys the CPU nothing.
+void tr_cpu_rope_kv_write(tr_backend *be, void *x, const void *v, int32_t ld, const int32_t *pos,
+                          const float *inv_freq, int32_t T, int32_t H, const tr_kv_pages *kv,
+                          const int32_t *slot) {
+    const int32_t D = kv->head_dim;
+    tr_cpu_rope_forward(be, x, ld, pos, inv_freq, T, H + kv->n_kv_heads, D);
+    const char *k = (const char *)x + (size_t)H * D * tr_dt_size(be->act);
+    tr_cpu_kv_write(be, kv, slot, k, v, ld, T);
+}

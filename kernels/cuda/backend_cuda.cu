@@ -143,6 +143,7 @@ static const tr_ops cuda_ops = {
     .attention_backward = tr_cuda_attention_backward,
     .attention_decode = tr_cuda_attention_decode,
     .kv_write = tr_cuda_kv_write,
+    .rope_kv_write = tr_cuda_rope_kv_write,
     .swiglu_forward = tr_cuda_swiglu_forward,
     .swiglu_backward = tr_cuda_swiglu_backward,
     .add = tr_cuda_add,

@@ -206,6 +206,9 @@ void tr_cuda_rope_forward(tr_backend *be, void *x, int32_t ld, const int32_t *po
                           const float *inv_freq, int32_t T, int32_t H, int32_t D);
 void tr_cuda_rope_backward(tr_backend *be, void *dx, int32_t ld, const int32_t *pos,
                            const float *inv_freq, int32_t T, int32_t H, int32_t D);
+void tr_cuda_rope_kv_write(tr_backend *be, void *x, const void *v, int32_t ld,
+                           const int32_t *pos, const float *inv_freq, int32_t T, int32_t H,
+                           const tr_kv_pages *kv, const int32_t *slot);
 void tr_cuda_attention_forward(tr_backend *be, void *out, float *lse, const void *q,
                                const void *k, const void *v, int32_t ld,
                                const tr_doc_layout *docs, int32_t H, int32_t KVH, int32_t D);

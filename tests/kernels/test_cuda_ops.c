@@ -636,6 +636,82 @@ static void test_rope(int32_t T, int32_t H, int32_t KVH, int32_t D) {
     free(r.x); free(r.inv_freq); free(r.pos);
 }
 
+// --- rope_kv_write: generation's rotation and cache write in one pass ------------------------
+
+typedef struct rkv_arg {
+    int32_t T, H, KVH, D, ld, n_blocks, block_size;
+    int32_t *slot, *pos;
+    float *rows, *k0, *v0, *inv_freq;   // rows: [T, ld] fused; k0, v0: the pools before
+    int split;                          // rope_forward, then kv_write, instead of the one op
+} rkv_arg;
+
+// Outputs: the rows after (q and k rotated in place), then the k and v pools.
+static void rkv_run(int gpu, float **out, void *arg) {
+    rkv_arg *w = arg;
+    tr_backend *be = be_of(gpu);
+    size_t pool = (size_t)w->n_blocks * w->block_size * w->KVH * w->D, n = (size_t)w->T * w->ld;
+    tr_kv_pages kv = {.k_pool = put_act(gpu, w->k0, pool), .v_pool = put_act(gpu, w->v0, pool),
+                      .block_size = w->block_size, .n_blocks = w->n_blocks,
+                      .n_kv_heads = w->KVH, .head_dim = w->D};
+    void *rows = put_act(gpu, w->rows, n);
+    int32_t *slot = puti(gpu, w->slot, w->T), *pos = puti(gpu, w->pos, w->T);
+    float *f = putf(gpu, w->inv_freq, w->D / 2);
+    void *v = elem(rows, (size_t)(w->H + w->KVH) * w->D, be->act);
+    if (w->split) {
+        be->ops->rope_forward(be, rows, w->ld, pos, f, w->T, w->H + w->KVH, w->D);
+        be->ops->kv_write(be, &kv, slot, elem(rows, (size_t)w->H * w->D, be->act), v, w->ld,
+                          w->T);
+    } else {
+        be->ops->rope_kv_write(be, rows, v, w->ld, pos, f, w->T, w->H, &kv, slot);
+    }
+    get_act(gpu, out[0], rows, n);
+    get_act(gpu, out[1], kv.k_pool, pool);
+    get_act(gpu, out[2], kv.v_pool, pool);
+    bufs_free(gpu);
+}
+
+// T rows at positions past 1000 too, into scattered distinct slots of a noisy pool, one row a
+// padding row (slot -1: nothing written): against the CPU, and on the GPU bit for bit the two
+// ops it replaces. T = 40 runs the decode-sized launch (a thread a head), T = 2100 the other.
+static void test_rope_kv_write(int32_t T, int32_t H, int32_t KVH, int32_t D) {
+    rkv_arg w = {.T = T, .H = H, .KVH = KVH, .D = D, .ld = (H + 2 * KVH) * D + 8,
+                 .block_size = 16};
+    w.n_blocks = (T + 15) / 16 + 4;
+    int32_t n_slots = w.n_blocks * w.block_size;
+    size_t pool = (size_t)n_slots * KVH * D, n = (size_t)T * w.ld;
+    int32_t *perm = kt_malloc((size_t)n_slots * sizeof(int32_t));
+    for (int32_t i = 0; i < n_slots; i++) perm[i] = (int32_t)(((int64_t)i * 7919) % n_slots);
+    perm[T / 2] = -1;
+    w.slot = perm;   // distinct (7919 is prime to every n_slots here), one padding row
+    w.pos = kt_malloc((size_t)T * sizeof(int32_t));
+    for (int32_t t = 0; t < T; t++) w.pos[t] = t < 20 ? t : 1000 + 37 * t;
+    w.inv_freq = kt_floats(D / 2);
+    for (int32_t i = 0; i < D / 2; i++) w.inv_freq[i] = (float)pow(10000.0, -2.0 * i / D);
+    w.rows = rand_act(n, 1.0);
+    w.k0 = rand_act(pool, 1.0);
+    w.v0 = rand_act(pool, 1.0);
+    size_t l[3] = {n, pool, pool};
+    compare("rope_kv_write", rkv_run, &w, "AAA", l);
+    float *one[3], *two[3];
+    for (int i = 0; i < 3; i++) {
+        one[i] = kt_floats(l[i]);
+        two[i] = kt_floats(l[i]);
+    }
+    rkv_run(1, one, &w);
+    w.split = 1;
+    rkv_run(1, two, &w);
+    int same = 1;
+    for (int i = 0; i < 3; i++) same &= kt_same_bits(one[i], two[i], l[i]);
+    CHECKF(same, "rope_kv_write T=%d: differs from rope_forward then kv_write", T);
+    printf("  %-5s rope_kv_write T=%d = rope_forward + kv_write: %s\n", tr_dt_name(prec), T,
+           same ? "bitwise" : "NO");
+    for (int i = 0; i < 3; i++) {
+        free(one[i]);
+        free(two[i]);
+    }
+    free(perm); free(w.pos); free(w.inv_freq); free(w.rows); free(w.k0); free(w.v0);
+}
+
 // --- attention over a fused [q;k;v] buffer ---------------------------------------------------
 
 // In the bf16 pass the tensor-core kernels (head dimensions 64 and 128) round P, and in the
@@ -2196,6 +2272,10 @@ static void run_pass(const char *only) {
                        (const int32_t[]){-1, 0, 0, -1}, 3, 3, 24, 1, 16);
     }
     if (section(only, "kv_write")) test_kv_write(40, 4, 2, 64);
+    if (section(only, "rope_kv_write")) {
+        test_rope_kv_write(40, 14, 2, 64);
+        test_rope_kv_write(2100, 4, 2, 64);
+    }
     if (section(only, "swiglu")) {
         test_swiglu(37, 1001);
         test_swiglu(37, 1024);   // bf16: 16-byte groups of 8 columns

@@ -219,6 +219,17 @@ static void each_op(void) {
         be->ops->kv_write(be, &kv, p[2], r + kat, r + vat, qkv_ld, T);
     }
     done("kv_write");
+    // the same rows rotated and written in one op (pos and inv_freq: rope's above)
+    x[0] = mk_vals(pool, A, 1.0), x[1] = mk_vals(pool, A, 1.0), x[2] = mk(slots, sizeof slots);
+    x[3] = mk_vals(nf, A, 1.0), x[4] = mk(pos, sizeof pos), x[5] = mk(inv, sizeof inv);
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        tr_kv_pages kv = {.k_pool = p[0], .v_pool = p[1], .block_size = bs,
+                          .n_blocks = nb, .n_kv_heads = KVH, .head_dim = D};
+        char *r = p[3];
+        be->ops->rope_kv_write(be, r, r + vat, qkv_ld, p[4], p[5], T, H, &kv, p[2]);
+    }
+    done("rope_kv_write");
     int32_t qld = H * D + 3;
     x[0] = mk_vals(pool, A, 1.0), x[1] = mk_vals(pool, A, 1.0), x[2] = mk(table, sizeof table);
     x[3] = mk(seq_len, sizeof seq_len), x[4] = mk_vals((size_t)qld + (size_t)H * D, A, 1.0);
