@@ -65,7 +65,8 @@ void tr_generator_free(tr_generator *g) {
         tr_dev_free_host(be, g->row_target);
         tr_dev_free_host(be, g->row_lp);
         tr_dev_free_host(be, g->row_draw);
-        tr_dev_free_host(be, g->tables_packed);
+        tr_dev_free_host(be, g->tables_dev);
+        tr_dev_free_host(be, g->table_upd);
     }
     tr_kvcache_free(&g->cache);
     free(g->row_ids);
@@ -122,6 +123,10 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
     g->logit_rows = m->logit_rows < TR_GEN_LOGIT_ROWS ? m->logit_rows : TR_GEN_LOGIT_ROWS;
     size_t rows = (size_t)g->max_rows, lrows = (size_t)g->logit_rows;
     size_t tables = (size_t)g->max_seqs * (size_t)g->table_cap;
+    // A decode step changes a row's table by a new last block or its copy on write: two
+    // entries a row cover a step; a row moved into a freed slot may take a whole rewrite.
+    g->n_table_upd = 2 * g->max_seqs;
+    g->table_w = 0;   // nothing on the device yet: the first step rewrites
     tr_backend *be = m->be;
     // Graphs where the backend records them, without tensor parallelism (its sampler and the
     // vocab-parallel logprob talk to the other ranks between the ops).
@@ -147,18 +152,22 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
         !(g->row_target = tr_dev_alloc_host(be, rows * sizeof(int32_t), "sampled ids", err)) ||
         !(g->row_lp = tr_dev_alloc_host(be, rows * sizeof(float), "sampled logprobs", err)) ||
         !(g->row_draw = tr_dev_alloc_host(be, rows * sizeof(tr_sample_row), "sampling rows", err)) ||
-        !(g->tables_packed = tr_dev_alloc_host(be, tables * sizeof(int32_t), "block tables", err))) {
+        !(g->tables_dev = tr_dev_alloc_host(be, tables * sizeof(int32_t), "block tables", err)) ||
+        !(g->table_upd = tr_dev_alloc_host(be, 2 * (size_t)g->n_table_upd * sizeof(int32_t),
+                                           "block table updates", err))) {
         tr_generator_free(g);
         return tr_err_wrap(err, "generate");
     }
     // Backend copies, in 4-byte words, each array 64-byte aligned.
-    size_t al = 16, off[9], total = 0, draw_words = sizeof(tr_sample_row) / 4;
-    size_t sizes[8] = {rows, rows, tables, tables, rows, rows, rows * draw_words, rows + 1};
-    for (int i = 0; i < 8; i++) {
+    size_t al = 16, off[10], total = 0, draw_words = sizeof(tr_sample_row) / 4;
+    size_t upd = (size_t)g->n_table_upd;
+    size_t sizes[9] = {rows, rows, tables + upd, tables, rows, rows, rows * draw_words, rows + 1,
+                       2 * upd};
+    for (int i = 0; i < 9; i++) {
         off[i] = total;
         total += (sizes[i] + al - 1) / al * al;
     }
-    off[8] = total;
+    off[9] = total;
     total += al;
     g->dev = tr_dev_alloc(be, total * 4, "generation tables", err);
     // Tensor parallelism: the ranks draw the same ids from their columns of the logits
@@ -184,7 +193,8 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
     g->d_lp = (float *)(d + off[5]);
     g->d_draw = (tr_sample_row *)(d + off[6]);
     g->d_seg_docs = d + off[7];
-    g->d_near = d + off[8];
+    g->d_table_upd = d + off[8];
+    g->d_near = d + off[9];
     return 0;
 }
 
@@ -642,7 +652,11 @@ static int32_t bucket(int32_t n, int32_t cap) {
 // the downloads of ids and logprobs. What a recorded step replays.
 static int queue_decode(tr_generator *g, int32_t B, int32_t w, tr_err *err) {
     tr_model *m = g->model;
-    m->be->ops->upload(m->be, g->d_tables, g->tables_packed, (size_t)B * w * sizeof(int32_t));
+    (void)w;   // the tables' width: d_tables holds rows table_w apart (tables_update)
+    const int32_t U = g->n_table_upd;
+    m->be->ops->upload(m->be, g->d_table_upd, g->table_upd, 2 * (size_t)U * sizeof(int32_t));
+    m->be->ops->scatter_rows(m->be, g->d_tables, g->d_table_upd + U, g->d_table_upd, U,
+                             sizeof(int32_t));
     upload_rows(g, g->step_slot, g->step_len, B);
     if (tr_model_rows_queue(m, B, gen_attend, g, err) != 0) return -1;
     for (int32_t r0 = 0, R = g->logit_rows; r0 < B; r0 += R) {
@@ -721,14 +735,63 @@ static int decode_graph(tr_generator *g, int32_t B, int32_t w, void **exec, tr_e
 }
 
 // Row i of a step as padding: token 0 at position 0, writing nothing into the cache (slot
-// -1) and reading one slot of block 0 (whatever it holds), drawn greedily.
-static void pad_row(tr_generator *g, int32_t i, int32_t w) {
+// -1) and reading one slot of the first block its device table row names (a block of the
+// pool, whatever it holds: rows past the last rewrite's are zeros, or a retired sample's),
+// drawn greedily.
+static void pad_row(tr_generator *g, int32_t i) {
     g->row_ids[i] = 0;
     g->row_pos[i] = 0;
     g->step_slot[i] = -1;
     g->step_len[i] = 1;
-    for (int32_t j = 0; j < w; j++) g->tables_packed[(size_t)i * w + j] = 0;
     g->row_draw[i] = (tr_sample_row){.temperature = 0.0f, .top_p = 1.0f};
+}
+
+// The device's block tables for a step of B rows at width w (see tr_generator.tables_dev):
+// the entries of the running samples' tables that differ from what the device holds go into
+// table_upd for the step to scatter; a new width, or more changes than table_upd holds,
+// rewrites every row now instead (rows past B as zeros), and the step's pairs all write the
+// dummy area.
+static void tables_update(tr_generator *g, int32_t B, int32_t w) {
+    const int32_t U = g->n_table_upd;
+    int32_t *idx = g->table_upd, *blk = g->table_upd + U, n = 0;
+    bool whole = w != g->table_w;
+    for (int32_t i = 0; i < B && !whole; i++) {
+        const tr_kv_seq *kv = &g->slots[i].kv;
+        int32_t *dev = g->tables_dev + (size_t)i * w;
+        for (int32_t j = 0; j < kv->n_blocks && !whole; j++) {
+            if (dev[j] == kv->blocks[j]) continue;
+            if (n == U) {
+                whole = true;
+                break;
+            }
+            idx[n] = i * w + j;
+            blk[n++] = kv->blocks[j];
+            dev[j] = kv->blocks[j];
+        }
+    }
+    if (whole) {
+        tr_backend *be = g->model->be;
+        for (int32_t i = 0; i < g->max_seqs; i++) {
+            int32_t *dev = g->tables_dev + (size_t)i * w, nb = 0;
+            if (i < B) {
+                nb = g->slots[i].kv.n_blocks;
+                memcpy(dev, g->slots[i].kv.blocks, (size_t)nb * sizeof(int32_t));
+            }
+            for (int32_t j = nb; j < w; j++) dev[j] = 0;
+        }
+        be->ops->upload(be, g->d_tables, g->tables_dev,
+                        (size_t)g->max_seqs * w * sizeof(int32_t));
+        g->table_w = w;
+        g->stats.table_rewrites++;
+        n = 0;
+    }
+    g->stats.table_entries += n;
+    // distinct dummies past the tables, as the scatter needs
+    const int32_t dummy = g->max_seqs * g->table_cap;
+    for (int32_t k = n; k < U; k++) {
+        idx[k] = dummy + k;
+        blk[k] = 0;
+    }
 }
 
 // One decode step: every running sample feeds its last token and samples the next.
@@ -757,7 +820,7 @@ static int decode_step(gen_run *run, tr_err *err) {
     }
     tr_kvcache_flush(&g->cache);
     note_blocks(g);
-    // The block tables go up packed to the widest row of this step (or its bucket): a row's
+    // The block tables are rows as wide as the widest of this step (or its bucket): a row's
     // capacity (table_cap) covers the longest sequence the pool could hold, and is mostly
     // unused.
     int32_t w = 1;
@@ -768,14 +831,9 @@ static int decode_step(gen_run *run, tr_err *err) {
         Bp = bucket(B, g->max_seqs);
         w = bucket(w, g->table_cap);
     }
-    for (int32_t i = 0; i < B; i++) {
-        const tr_kv_seq *kv = &g->slots[i].kv;
-        int32_t *row = g->tables_packed + (size_t)i * w;
-        memcpy(row, kv->blocks, (size_t)kv->n_blocks * sizeof(int32_t));
-        for (int32_t j = kv->n_blocks; j < w; j++) row[j] = 0;
-    }
+    tables_update(g, B, w);
     fill_draws(run, g->row_out, B, 0);
-    for (int32_t i = B; i < Bp; i++) pad_row(g, i, w);
+    for (int32_t i = B; i < Bp; i++) pad_row(g, i);
     if (tr_model_rows_prepare(m, g->row_ids, g->row_pos, Bp, err) != 0) return -1;
     g->segs[0] = (tr_gen_segment){.r0 = 0, .n = Bp, .table = g->d_tables, .stride = w, .request = -1};
     g->n_segs = 1;
@@ -906,8 +964,10 @@ int tr_generate(tr_generator *g, const tr_gen_request *reqs, int32_t n_reqs,
             tr_rng_init(&run.rngs[o], tr_rng_derive(r->seed, (uint64_t)j));
         }
     }
-    // Fresh block tables every call: the pool holds nothing between calls.
+    // Fresh block tables every call: the pool holds nothing between calls, and the device's
+    // copy is rewritten at the first step (so a call's statistics do not depend on the last).
     tr_kvcache_reset(&g->cache);
+    g->table_w = 0;
     int32_t zero = 0, near = 0;
     g->model->be->ops->upload(g->model->be, g->d_near, &zero, sizeof zero);
     g->n_active = 0;

@@ -100,6 +100,8 @@ typedef struct tr_gen_stats {
                                // queued, block tables packed, finished samples retired
     int64_t graph_steps;       // decode steps replayed from a recorded graph
     int64_t graphs_recorded;   // graphs recorded (new shapes) during the call
+    int64_t table_entries;     // block-table entries a decode step sent to the device
+    int64_t table_rewrites;    // steps that rewrote the device's tables whole
     int64_t padded_rows;       // padding rows the decode steps ran
     int64_t near_draws;        // draws within rounding of a cumulative boundary, where
                                // another summation order (another backend) could pick the
@@ -134,7 +136,7 @@ typedef struct tr_generator {
     int32_t table_cap;          // block-table entries per sequence
     int32_t max_seq_len;
     // Buffers of one pass, sized at init: host bookkeeping (pinned where a recorded decode
-    // step copies from or to them: step_*, target, lp, draw, tables_packed; a decode step ends
+    // step copies from or to them: step_*, target, lp, draw, table_upd; a decode step ends
     // with a sync, so the host never writes them while a copy from them waits; prefill passes
     // follow each other without one, and read the pageable row_slot, row_len) ...
     int32_t *row_ids, *row_pos, *row_slot, *row_len, *row_target;   // [max_rows]
@@ -151,11 +153,20 @@ typedef struct tr_generator {
     tr_doc_layout pass_docs;
     int32_t *seg_docs;          // [max_rows + 1] its document starts, on the host
     int32_t *tables;            // [max_seqs][table_cap]: slot i's block table
-    int32_t *tables_packed;     // a decode step's tables, rows as wide as its widest
+    // A decode step's tables on the device are rows table_w entries apart (the step's width
+    // bucket), kept there between steps: tables_dev mirrors what d_tables holds, and a step
+    // sends only the entries that changed, as table_upd's (index, block) pairs (the first
+    // n_table_upd of them; the rest write a dummy area past the tables), or rewrites them all
+    // when the width changes or more changed than the pairs hold.
+    int32_t *tables_dev;        // [max_seqs][table_cap] capacity
+    int32_t *table_upd;         // [2 n_table_upd]: indices, then blocks
+    int32_t n_table_upd, table_w;
     // ... and the backend copies the ops read (one allocation, dev).
     void *dev;
     int32_t *d_slot, *d_len;    // [max_rows] cache slot and attended length of each row
-    int32_t *d_tables;          // [max_seqs][table_cap] decode block tables
+    int32_t *d_tables;          // [max_seqs][table_cap] decode block tables, then
+                                // [n_table_upd] the dummy area
+    int32_t *d_table_upd;       // [2 n_table_upd] table_upd's copy
     int32_t *d_seg_tables;      // [max_seqs][table_cap] a prefill pass's prompt tables
     int32_t *d_seg_docs;        // [max_rows + 1] pass_docs.doc_start
     int32_t *d_target;          // [max_rows] sampled ids

@@ -53,6 +53,7 @@ typedef struct tr_gen_report {
     double decode_bytes, decode_seconds;   // summed over replicas: their mean rate
     double host_seconds;                   // the decode steps' host scheduling, summed
     int64_t graph_steps, padded_rows;      // steps replayed from recorded graphs, their padding
+    int64_t table_entries, table_rewrites; // block-table entries sent, whole rewrites
 } tr_gen_report;
 
 typedef struct tr_sampling {

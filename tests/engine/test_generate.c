@@ -318,6 +318,11 @@ static void test_batch_independence(const char *name, tr_backend *be) {
     printf("  padded steps: %lld padding rows, %d of 16 outputs bitwise identical\n",
            (long long)st.padded_rows, pad_same);
     CHECK(st.padded_rows > 0 && st.graph_steps == 0);
+    // The device's block tables: rewritten whole when the width bucket changes, otherwise
+    // sent as the entries that changed (samples admitted into freed slots, new blocks).
+    printf("  block tables: %lld of %lld decode steps rewrote them, %lld entries sent\n",
+           (long long)st.table_rewrites, (long long)st.decode_steps, (long long)st.table_entries);
+    CHECK(st.table_rewrites > 0 && st.table_rewrites < st.decode_steps && st.table_entries > 0);
     if (et_batch_invariant(be)) CHECK(pad_same == 16);
     for (int32_t i = 0; i < 16; i++) CHECKF(same_output(&exact[i], &padded[i]), "padded output %d", i);
     tr_gen_outputs_free(exact, 16);
