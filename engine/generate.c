@@ -94,6 +94,41 @@ size_t tr_generator_kv_bytes(const tr_model_config *cfg, const tr_gen_opts *opts
     return tr_kvcache_pool_bytes(cfg, opts_block_size(opts), opts_kv_tokens(opts), act);
 }
 
+// The backend copies the ops read (one allocation, in 4-byte words, each array 64-byte
+// aligned) and the sampler's scratch (or, under tensor parallelism, its vocab-parallel state).
+static int alloc_dev(tr_generator *g, size_t rows, size_t tables, tr_err *err) {
+    tr_model *m = g->model;
+    tr_backend *be = m->be;
+    size_t al = 16, off[10], total = 0, draw_words = sizeof(tr_sample_row) / 4;
+    size_t upd = (size_t)g->n_table_upd;
+    size_t sizes[9] = {rows, rows, tables + upd, tables, rows, rows, rows * draw_words, rows + 1,
+                       2 * upd};
+    for (int i = 0; i < 9; i++) {
+        off[i] = total;
+        total += (sizes[i] + al - 1) / al * al;
+    }
+    off[9] = total;
+    total += al;
+    if (!(g->dev = tr_dev_alloc(be, total * 4, "generation tables", err))) return -1;
+    int32_t *d = g->dev;
+    g->d_slot = d + off[0];
+    g->d_len = d + off[1];
+    g->d_tables = d + off[2];
+    g->d_seg_tables = d + off[3];
+    g->d_target = d + off[4];
+    g->d_lp = (float *)(d + off[5]);
+    g->d_draw = (tr_sample_row *)(d + off[6]);
+    g->d_seg_docs = d + off[7];
+    g->d_table_upd = d + off[8];
+    g->d_near = d + off[9];
+    // Tensor parallelism: the ranks draw the same ids from their columns of the logits
+    // (engine/sample_tp.h), as one rank's sample op would from the whole rows.
+    if (m->tp.size > 1) return tr_sample_tp_init(&g->vp, m, g->logit_rows, err);
+    size_t scratch = be->ops->sample_scratch_bytes(be, g->logit_rows, m->cfg.vocab_size);
+    g->sample_scratch = tr_dev_alloc(be, scratch ? scratch : 4, "sampling scratch", err);
+    return g->sample_scratch ? 0 : -1;
+}
+
 int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_err *err) {
     memset(g, 0, sizeof *g);
     if (m->cfg.head != TR_HEAD_LM)
@@ -121,7 +156,7 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
     // rows are capped so that a memory plan's chunk of thousands of LM-head rows (training's)
     // does not become gigabytes of sort storage (and stays in the sort's int range).
     g->logit_rows = m->logit_rows < TR_GEN_LOGIT_ROWS ? m->logit_rows : TR_GEN_LOGIT_ROWS;
-    size_t rows = (size_t)g->max_rows, lrows = (size_t)g->logit_rows;
+    size_t rows = (size_t)g->max_rows;
     size_t tables = (size_t)g->max_seqs * (size_t)g->table_cap;
     // A decode step changes a row's table by a new last block or its copy on write: two
     // entries a row cover a step; a row moved into a freed slot may take a whole rewrite.
@@ -158,43 +193,10 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
         tr_generator_free(g);
         return tr_err_wrap(err, "generate");
     }
-    // Backend copies, in 4-byte words, each array 64-byte aligned.
-    size_t al = 16, off[10], total = 0, draw_words = sizeof(tr_sample_row) / 4;
-    size_t upd = (size_t)g->n_table_upd;
-    size_t sizes[9] = {rows, rows, tables + upd, tables, rows, rows, rows * draw_words, rows + 1,
-                       2 * upd};
-    for (int i = 0; i < 9; i++) {
-        off[i] = total;
-        total += (sizes[i] + al - 1) / al * al;
-    }
-    off[9] = total;
-    total += al;
-    g->dev = tr_dev_alloc(be, total * 4, "generation tables", err);
-    // Tensor parallelism: the ranks draw the same ids from their columns of the logits
-    // (engine/sample_tp.h), as one rank's sample op would from the whole rows.
-    rc = g->dev ? 0 : -1;
-    if (!rc && m->tp.size > 1) {
-        rc = tr_sample_tp_init(&g->vp, m, (int32_t)lrows, err);
-    } else if (!rc) {
-        size_t scratch = be->ops->sample_scratch_bytes(be, (int32_t)lrows, m->cfg.vocab_size);
-        g->sample_scratch = tr_dev_alloc(be, scratch ? scratch : 4, "sampling scratch", err);
-        rc = g->sample_scratch ? 0 : -1;
-    }
-    if (rc != 0) {
+    if (alloc_dev(g, rows, tables, err) != 0) {
         tr_generator_free(g);
         return tr_err_wrap(err, "generate");
     }
-    int32_t *d = g->dev;
-    g->d_slot = d + off[0];
-    g->d_len = d + off[1];
-    g->d_tables = d + off[2];
-    g->d_seg_tables = d + off[3];
-    g->d_target = d + off[4];
-    g->d_lp = (float *)(d + off[5]);
-    g->d_draw = (tr_sample_row *)(d + off[6]);
-    g->d_seg_docs = d + off[7];
-    g->d_table_upd = d + off[8];
-    g->d_near = d + off[9];
     return 0;
 }
 
