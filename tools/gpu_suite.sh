@@ -7,7 +7,7 @@
 # byte for byte, the CPU quickstart's GRPO run on the GPU beside the same run on the CPU, and
 # device faults and shortages injected into a GRPO run on the GPU.
 # Usage: tools/gpu_suite.sh [PART...]   parts: engine full cuda quickstart fault quickstart_gpu
-# train_bench profile decode_stages rl_bench ppo_bench costs decode_bench decode_kernels
+# train_bench profile decode_stages rl_bench ppo_bench costs decode_bench decode_kernels ncu
 # (default: the first five; train_bench, rl_bench and decode_bench need the peers' anchors carried in ./anchors,
 # rl_bench TRL's wheels in ./.whl too; decode_bench needs no .debs)
 #
@@ -288,7 +288,7 @@ decode_kernels_part() {
     local t="$build_all/tests/kernels/test_cuda_ops" bc="$build_all/bench/bench_cuda"
     local d="$build_all/bench/bench_decode_gpu"
     echo "profilers: $(command -v nsys ncu || echo none)" | tee "$logs/profilers.log"
-    for s in attention sample logsoftmax rope kv_write matmul; do
+    for s in attention sample logsoftmax rope kv_write rope_kv_write matmul; do
         run "ops_$s" env OPENBLAS_NUM_THREADS=1 "$t" "$s"
     done
     # generation on the GPU: fp32 against the CPU's tokens, bf16 against its own forward
@@ -316,6 +316,26 @@ decode_kernels_part() {
     fi
 }
 
+# Kernel counters of a decode step (Nsight Compute, where the image has it): for each kernel
+# family of a 64-row decode step of the 0.5B shape, a few instances' duration, DRAM and
+# compute throughput, achieved occupancy, warp stall reasons and launch shape, one log each.
+# What bounds a latency-bound kernel (too few warps, a dependent load, a barrier) shows here,
+# where a timing alone does not. NCU_KERNELS (environment): the name patterns.
+ncu_part() {
+    local ncu d="$build_all/bench/bench_decode_gpu" k
+    ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    if [ ! -x "$ncu" ]; then
+        echo "ncu: not on this machine" | tee -a "$summary"
+        return 0
+    fi
+    for k in ${NCU_KERNELS:-fa_decode rmsnorm_forward sample_draw rope swiglu_forward gemm}; do
+        run "ncu_$k" timeout 240 "$ncu" --kernel-name "regex:$k" --launch-skip 200 \
+            --launch-count 3 --section SpeedOfLight --section Occupancy --section WarpStateStats \
+            --section LaunchStats --section MemoryWorkloadAnalysis \
+            "$d" qwen2.5-0.5b 64 1 256 32
+    done
+}
+
 # Decode attention at each cp.async stage count the launch can pick, for the rule that picks it.
 decode_stages_part() {
     local b="$build_all/bench/bench_cuda"
@@ -335,7 +355,8 @@ if has decode_bench; then decode_bench_part; fi
 if [ -d .debs/dev ]; then
     if has full; then full_part; fi
     if has cuda || has quickstart || has fault || has quickstart_gpu || has train_bench || has profile ||
-        has rl_bench || has decode_stages || has ppo_bench || has costs || has decode_kernels; then
+        has rl_bench || has decode_stages || has ppo_bench || has costs || has decode_kernels ||
+        has ncu; then
         deps_and_build_all
     fi
     if has cuda; then cuda_part; fi
@@ -346,6 +367,7 @@ if [ -d .debs/dev ]; then
     if has profile; then profile_part; fi
     if has decode_stages; then decode_stages_part; fi
     if has decode_kernels; then decode_kernels_part; fi
+    if has ncu; then ncu_part; fi
     if has rl_bench; then rl_bench_part; fi
     if has ppo_bench; then ppo_bench_part; fi
     if has costs; then costs_part; fi
