@@ -2,8 +2,10 @@
 // (plan_choose) among those the heuristic offers that reduce every dot product in one
 // sequence (reduction scheme NONE: no split-K, nothing summed in a second pass or by
 // atomics), once, and kept with the shape's descriptors in the backend context (the one
-// exception: tr_lt_gemm.split_k, decode-sized forward products with batch invariance off). So one shape always runs one kernel: the same
-// bits on every run, and no timing-driven choice. Pointer alignments are part of the shape
+// exception: tr_lt_gemm.split_k, decode-sized forward products with batch invariance off). So
+// one shape always computes the same bits on every run, and no timing decides a bit: a
+// decode-sized product may settle on a faster kernel, but only among those whose outputs equal
+// its plan's (plan_settle, at the end of this file). Pointer alignments are part of the shape
 // because the heuristic's choice depends on them; they are counted up to 16 bytes (what the
 // tensor-core kernels' vector loads need), so that the same product on buffers at different
 // offsets, as every layer's are, is one plan and not one for each power of two. In the
