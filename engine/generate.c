@@ -908,6 +908,64 @@ static int check_phase(const tr_generator *g, tr_err *err) {
                    "phase begun for this generator", tr_arena_phase_name(a->phase));
 }
 
+// Each request's group (its prompt's blocks from group_tables, its samples' reservation) and
+// its samples' outputs and streams. Returns 0, or -1 with err set (out of memory).
+static int start_groups(gen_run *run, int32_t *group_tables, tr_err *err) {
+    tr_generator *g = run->g;
+    int32_t o = 0;
+    int64_t t_off = 0;
+    for (int32_t i = 0; i < run->n_reqs; i++) {
+        const tr_gen_request *r = &run->reqs[i];
+        gen_group *grp = &run->groups[i];
+        int32_t pb = tr_kv_blocks_for(r->n_prompt, g->cache.block_size);
+        tr_kv_seq_init(&grp->kv, group_tables + t_off, pb);
+        t_off += pb;
+        grp->out0 = o;
+        grp->sample_res = tr_gen_sample_blocks(r->n_prompt, r->max_new_tokens,
+                                               g->cache.block_size);
+        for (int32_t j = 0; j < r->n_samples; j++, o++) {
+            tr_gen_output *out = &run->outs[o];
+            memset(out, 0, sizeof *out);
+            out->request = i;
+            out->sample = j;
+            out->finish = TR_GEN_RUNNING;
+            out->tokens = malloc((size_t)r->max_new_tokens * sizeof(int32_t));
+            out->logprobs = malloc((size_t)r->max_new_tokens * sizeof(float));
+            if (!out->tokens || !out->logprobs)
+                return tr_errf(err, TR_ENOMEM, "generate: out of memory for the outputs of "
+                               "request %d", i);
+            tr_rng_init(&run->rngs[o], tr_rng_derive(r->seed, (uint64_t)j));
+        }
+    }
+    return 0;
+}
+
+// Prefill rounds and decode steps until every sample has finished. Returns 0, or -1 with err
+// set.
+static int run_passes(gen_run *run, tr_err *err) {
+    tr_generator *g = run->g;
+    for (;;) {
+        if (start_samples(run, err) != 0) return -1;
+        if (run->head == run->next_req && run->next_req < run->n_reqs) {
+            int32_t k = prefill_round(run, err);
+            if (k < 0) return -1;
+            if (k > 0) {
+                if (g->on_pass) g->on_pass(g->on_pass_ctx, &g->stats);
+                continue;
+            }
+        }
+        if (g->n_active == 0) {
+            if (run->next_req == run->n_reqs && run->head == run->n_reqs) return 0;
+            // Unreachable when admission works: nothing runs, so the whole pool is free.
+            return tr_errf(err, TR_EINVAL, "generate: no request can start (%d of %d KV "
+                           "blocks free, %d reserved)", g->cache.n_free, g->cache.n_blocks,
+                           g->reserved);
+        }
+        if (decode_step(run, err) != 0) return -1;
+        if (g->on_pass) g->on_pass(g->on_pass_ctx, &g->stats);
+    }
+}
+
 int tr_generate(tr_generator *g, const tr_gen_request *reqs, int32_t n_reqs,
                 tr_gen_output *outs, tr_err *err) {
     memset(&g->stats, 0, sizeof g->stats);
@@ -939,33 +997,7 @@ int tr_generate(tr_generator *g, const tr_gen_request *reqs, int32_t n_reqs,
         rc = -1;
         goto done;
     }
-    int32_t o = 0;
-    int64_t t_off = 0;
-    for (int32_t i = 0; i < n_reqs && rc == 0; i++) {
-        const tr_gen_request *r = &reqs[i];
-        gen_group *grp = &run.groups[i];
-        int32_t pb = tr_kv_blocks_for(r->n_prompt, g->cache.block_size);
-        tr_kv_seq_init(&grp->kv, group_tables + t_off, pb);
-        t_off += pb;
-        grp->out0 = o;
-        grp->sample_res = tr_gen_sample_blocks(r->n_prompt, r->max_new_tokens,
-                                               g->cache.block_size);
-        for (int32_t j = 0; j < r->n_samples; j++, o++) {
-            tr_gen_output *out = &outs[o];
-            memset(out, 0, sizeof *out);
-            out->request = i;
-            out->sample = j;
-            out->finish = TR_GEN_RUNNING;
-            out->tokens = malloc((size_t)r->max_new_tokens * sizeof(int32_t));
-            out->logprobs = malloc((size_t)r->max_new_tokens * sizeof(float));
-            if (!out->tokens || !out->logprobs) {
-                rc = tr_errf(err, TR_ENOMEM, "generate: out of memory for the outputs of "
-                             "request %d", i);
-                break;
-            }
-            tr_rng_init(&run.rngs[o], tr_rng_derive(r->seed, (uint64_t)j));
-        }
-    }
+    rc = start_groups(&run, group_tables, err);
     // Fresh block tables every call: the pool holds nothing between calls, and the device's
     // copy is rewritten at the first step (so a call's statistics do not depend on the last).
     tr_kvcache_reset(&g->cache);
@@ -974,29 +1006,7 @@ int tr_generate(tr_generator *g, const tr_gen_request *reqs, int32_t n_reqs,
     g->model->be->ops->upload(g->model->be, g->d_near, &zero, sizeof zero);
     g->n_active = 0;
     g->reserved = 0;
-    while (rc == 0) {
-        if ((rc = start_samples(&run, err)) != 0) break;
-        if (run.head == run.next_req && run.next_req < n_reqs) {
-            int32_t k = prefill_round(&run, err);
-            if (k < 0) {
-                rc = -1;
-                break;
-            }
-            if (k > 0) {
-                if (g->on_pass) g->on_pass(g->on_pass_ctx, &g->stats);
-                continue;
-            }
-        }
-        if (g->n_active == 0) {
-            if (run.next_req == n_reqs && run.head == n_reqs) break;
-            // Unreachable when admission works: nothing runs, so the whole pool is free.
-            rc = tr_errf(err, TR_EINVAL, "generate: no request can start (%d of %d KV blocks "
-                         "free, %d reserved)", g->cache.n_free, g->cache.n_blocks, g->reserved);
-            break;
-        }
-        rc = decode_step(&run, err);
-        if (rc == 0 && g->on_pass) g->on_pass(g->on_pass_ctx, &g->stats);
-    }
+    if (rc == 0) rc = run_passes(&run, err);
     if (rc == 0) {
         g->model->be->ops->download(g->model->be, &near, g->d_near, sizeof near);
         rc = tr_dev_sync(g->model->be, "generate", err);
