@@ -525,22 +525,37 @@ void tr_config_rope_inv_freq(const tr_model_config *cfg, double *inv_freq) {
     }
 }
 
+// One key and its value: config.json is mostly these.
+static void put_int(tr_json_writer *w, const char *key, int64_t v) {
+    tr_json_key(w, key);
+    tr_json_int(w, v);
+}
+
+static void put_str(tr_json_writer *w, const char *key, const char *v) {
+    tr_json_key(w, key);
+    tr_json_string(w, v);
+}
+
+static void put_double(tr_json_writer *w, const char *key, double v) {
+    tr_json_key(w, key);
+    tr_json_double(w, v);
+}
+
+static void put_bool(tr_json_writer *w, const char *key, bool v) {
+    tr_json_key(w, key);
+    tr_json_bool(w, v);
+}
+
 static void write_rope_fields(tr_json_writer *w, const tr_model_config *cfg) {
     static const char *names[] = {"default", "llama3", "linear"};
-    tr_json_key(w, "rope_type");
-    tr_json_string(w, names[cfg->rope_type]);
-    tr_json_key(w, "rope_theta");
-    tr_json_double(w, cfg->rope_theta);
+    put_str(w, "rope_type", names[cfg->rope_type]);
+    put_double(w, "rope_theta", cfg->rope_theta);
     if (cfg->rope_type == TR_ROPE_DEFAULT) return;
-    tr_json_key(w, "factor");
-    tr_json_double(w, cfg->rope_factor);
+    put_double(w, "factor", cfg->rope_factor);
     if (cfg->rope_type != TR_ROPE_LLAMA3) return;
-    tr_json_key(w, "low_freq_factor");
-    tr_json_double(w, cfg->rope_low_freq_factor);
-    tr_json_key(w, "high_freq_factor");
-    tr_json_double(w, cfg->rope_high_freq_factor);
-    tr_json_key(w, "original_max_position_embeddings");
-    tr_json_int(w, cfg->rope_original_max_pos);
+    put_double(w, "low_freq_factor", cfg->rope_low_freq_factor);
+    put_double(w, "high_freq_factor", cfg->rope_high_freq_factor);
+    put_int(w, "original_max_position_embeddings", cfg->rope_original_max_pos);
 }
 
 static void write_token(tr_json_writer *w, const char *key, int32_t id) {
@@ -592,44 +607,27 @@ static void write_shape(tr_json_writer *w, const tr_model_config *cfg) {
     tr_json_begin_array(w);
     tr_json_string(w, arch);
     tr_json_end_array(w);
-    tr_json_key(w, "model_type");
-    tr_json_string(w, arch_model_type(cfg->arch));
-    tr_json_key(w, "vocab_size");
-    tr_json_int(w, cfg->vocab_size);
-    tr_json_key(w, "hidden_size");
-    tr_json_int(w, cfg->hidden_size);
-    tr_json_key(w, "intermediate_size");
-    tr_json_int(w, cfg->intermediate_size);
-    tr_json_key(w, "num_hidden_layers");
-    tr_json_int(w, cfg->n_layers);
-    tr_json_key(w, "num_attention_heads");
-    tr_json_int(w, cfg->n_heads);
-    tr_json_key(w, "num_key_value_heads");
-    tr_json_int(w, cfg->n_kv_heads);
-    tr_json_key(w, "head_dim");
-    tr_json_int(w, cfg->head_dim);
-    tr_json_key(w, "hidden_act");
-    tr_json_string(w, "silu");
-    tr_json_key(w, "max_position_embeddings");
-    tr_json_int(w, cfg->max_position_embeddings);
+    put_str(w, "model_type", arch_model_type(cfg->arch));
+    put_int(w, "vocab_size", cfg->vocab_size);
+    put_int(w, "hidden_size", cfg->hidden_size);
+    put_int(w, "intermediate_size", cfg->intermediate_size);
+    put_int(w, "num_hidden_layers", cfg->n_layers);
+    put_int(w, "num_attention_heads", cfg->n_heads);
+    put_int(w, "num_key_value_heads", cfg->n_kv_heads);
+    put_int(w, "head_dim", cfg->head_dim);
+    put_str(w, "hidden_act", "silu");
+    put_int(w, "max_position_embeddings", cfg->max_position_embeddings);
     tr_json_key(w, "rms_norm_eps");
     tr_json_float(w, cfg->rms_norm_eps);
 }
 
 // The switches each architecture's config class has, set to what troupe's model computes.
 static void write_arch_switches(tr_json_writer *w, const tr_model_config *cfg) {
-    if (cfg->arch == TR_ARCH_LLAMA || cfg->arch == TR_ARCH_QWEN3) {
-        tr_json_key(w, "attention_bias");
-        tr_json_bool(w, cfg->attention_bias);
-    }
-    if (cfg->arch == TR_ARCH_LLAMA) {
-        tr_json_key(w, "mlp_bias");
-        tr_json_bool(w, false);
-    }
-    if (cfg->arch == TR_ARCH_QWEN2 || cfg->arch == TR_ARCH_QWEN3) {
-        tr_json_key(w, "use_sliding_window");
-        tr_json_bool(w, false);
-    }
+    if (cfg->arch == TR_ARCH_LLAMA || cfg->arch == TR_ARCH_QWEN3)
+        put_bool(w, "attention_bias", cfg->attention_bias);
+    if (cfg->arch == TR_ARCH_LLAMA) put_bool(w, "mlp_bias", false);
+    if (cfg->arch == TR_ARCH_QWEN2 || cfg->arch == TR_ARCH_QWEN3)
+        put_bool(w, "use_sliding_window", false);
     if (cfg->arch == TR_ARCH_MISTRAL) {
         // Absent, MistralConfig would give the model a 4096-token window.
         tr_json_key(w, "sliding_window");
@@ -640,8 +638,7 @@ static void write_arch_switches(tr_json_writer *w, const tr_model_config *cfg) {
 // transformers 5.x reads rope_parameters; rope_theta at the top level keeps older readers
 // (transformers 4.x, conversion scripts) on the right base frequency.
 static void write_rope(tr_json_writer *w, const tr_model_config *cfg) {
-    tr_json_key(w, "rope_theta");
-    tr_json_double(w, cfg->rope_theta);
+    put_double(w, "rope_theta", cfg->rope_theta);
     tr_json_key(w, "rope_parameters");
     tr_json_begin_object(w);
     write_rope_fields(w, cfg);
@@ -656,16 +653,14 @@ static void write_labels(tr_json_writer *w, int32_t num_labels) {
     for (int32_t i = 0; i < num_labels; i++) {
         snprintf(k, sizeof k, "%d", i);
         snprintf(l, sizeof l, "LABEL_%d", i);
-        tr_json_key(w, k);
-        tr_json_string(w, l);
+        put_str(w, k, l);
     }
     tr_json_end_object(w);
     tr_json_key(w, "label2id");
     tr_json_begin_object(w);
     for (int32_t i = 0; i < num_labels; i++) {
         snprintf(l, sizeof l, "LABEL_%d", i);
-        tr_json_key(w, l);
-        tr_json_int(w, i);
+        put_int(w, l, i);
     }
     tr_json_end_object(w);
 }
@@ -693,17 +688,14 @@ int tr_config_save(const char *path, const tr_model_config *cfg, tr_err *err) {
     tr_json_begin_object(&w);
     write_shape(&w, cfg);
     write_arch_switches(&w, cfg);
-    tr_json_key(&w, "tie_word_embeddings");
-    tr_json_bool(&w, cfg->tie_word_embeddings);
+    put_bool(&w, "tie_word_embeddings", cfg->tie_word_embeddings);
     write_rope(&w, cfg);
     if (cfg->head != TR_HEAD_LM) write_labels(&w, cfg->num_labels);
     write_special_tokens(&w, cfg);
     if (cfg->torch_dtype[0]) {
         // transformers 5.x reads "dtype"; 4.x and other readers (vLLM) read "torch_dtype".
-        tr_json_key(&w, "dtype");
-        tr_json_string(&w, cfg->torch_dtype);
-        tr_json_key(&w, "torch_dtype");
-        tr_json_string(&w, cfg->torch_dtype);
+        put_str(&w, "dtype", cfg->torch_dtype);
+        put_str(&w, "torch_dtype", cfg->torch_dtype);
     }
     tr_json_end_object(&w);
     tr_json_raw(&w, "\n", 1);
