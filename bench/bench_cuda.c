@@ -582,6 +582,17 @@ static void bench_gemm_decode(const char *name, int64_t C, int64_t QKV, int64_t 
     }
 }
 
+// The end of a section run alone: the bf16 backend's failure, if one was recorded, and both
+// backends freed. Returns main's exit status.
+static int section_end(const char *section) {
+    char msg[512];
+    int rc = tr_backend_cuda_status(&gpu, msg, sizeof msg);
+    if (rc) fprintf(stderr, "bench_cuda %s: %s\n", section, msg);
+    tr_backend_cuda_free(&gpu32);
+    tr_backend_cuda_free(&gpu);
+    return rc ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
     int attention_only = argc > 1 && strcmp(argv[1], "attention") == 0;
     int gemm_only = argc > 1 && strcmp(argv[1], "gemm") == 0;
@@ -613,29 +624,17 @@ int main(int argc, char **argv) {
             bench_sample(Bs[i], 151936, 1.0f, 0, 0.9f);
             bench_logsoftmax(&gpu, Bs[i], 151936);
         }
-        int rc = tr_backend_cuda_status(&gpu, msg, sizeof msg);
-        if (rc) fprintf(stderr, "bench_cuda sample: %s\n", msg);
-        tr_backend_cuda_free(&gpu32);
-        tr_backend_cuda_free(&gpu);
-        return rc ? 1 : 0;
+        return section_end("sample");
     }
     if (decode_only) {
         bench_gemm_decode("qwen2.5-0.5b", 896, 1152, 4864, 151936);
         bench_gemm_decode("qwen2.5-1.5b", 1536, 2048, 8960, 151936);
-        int rc = tr_backend_cuda_status(&gpu, msg, sizeof msg);
-        if (rc) fprintf(stderr, "bench_cuda gemm_decode: %s\n", msg);
-        tr_backend_cuda_free(&gpu32);
-        tr_backend_cuda_free(&gpu);
-        return rc ? 1 : 0;
+        return section_end("gemm_decode");
     }
     if (gemm_only) {
         bench_gemm_model("qwen2.5-0.5b", 896, 1152, 4864, 151936, 16384, 16384);
         bench_gemm_model("qwen2.5-1.5b", 1536, 2048, 8960, 151936, 8192, 8192);
-        int rc = tr_backend_cuda_status(&gpu, msg, sizeof msg);
-        if (rc) fprintf(stderr, "bench_cuda gemm: %s\n", msg);
-        tr_backend_cuda_free(&gpu32);
-        tr_backend_cuda_free(&gpu);
-        return rc ? 1 : 0;
+        return section_end("gemm");
     }
     if (attention_only) {
         printf("cuda backend on %s, sm_%d%d, %d SMs\n", info.name, info.major, info.minor,
