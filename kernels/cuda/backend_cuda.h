@@ -44,7 +44,8 @@ void tr_backend_cuda_profile_reset(tr_backend *be);
 
 // Times every algorithm the cuBLASLt heuristic offers without split-K for one bf16 product
 // D[m,n] = op(A)[m,k] op(B)[k,n] (ta, tb: 0 N, 1 T; D fp32 or bf16, added into or not, with a
-// bias epilogue or not), one printed line each, the backend's choice marked. For
+// bias epilogue or not), each from a cold L2, one printed line each, the backend's choice
+// marked. For
 // studying the backend's fixed choice (bench_cuda gemm). Returns 0, or -1 (bf16 backends only).
 int tr_backend_cuda_gemm_probe(tr_backend *be, int ta, int tb, int64_t m, int64_t n, int64_t k,
                                int d_f32, int accumulate, int bias, const char *label);

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kernels/cuda/dtype.cuh"
 #include "kernels/cuda/gemm_lt.cuh"
 
 // Largest power of two up to 16 that divides the address.
@@ -281,6 +282,49 @@ int tr_lt_matmul(tr_backend *be, const tr_lt_gemm *g) {
     return 0;
 }
 
+// ---- one candidate run and timed (the probes below, plan_settle) ----
+
+// One run of plan p with algo into g->d, reset from d0 first when accumulating. Returns 0, 1
+// when cuBLASLt refuses the algorithm (not recorded: a candidate that does not run is only
+// left out), or -1 with a failure recorded.
+static int probe_run(tr_backend *be, tr_lt_plan *p, const cublasLtMatmulAlgo_t *algo,
+                     const tr_lt_gemm *g, const void *d0, size_t dbytes, int reset) {
+    tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
+    if (reset && g->accumulate &&
+        TR_CUDA_CHECK(be, cudaMemcpyAsync(g->d, d0, dbytes, cudaMemcpyDeviceToDevice, ctx->stream)))
+        return -1;
+    const float one = 1.0f, zero = 0.0f;
+    return cublasLtMatmul(ctx->lt, p->op, &one, g->a, p->a, g->b, p->b,
+                          g->accumulate ? &one : &zero, g->d, p->d, g->d, p->d, algo,
+                          ctx->lt_ws, TR_CUDA_LT_WORKSPACE, ctx->stream) == CUBLAS_STATUS_SUCCESS
+               ? 0 : 1;
+}
+
+// L2 flushed before each timed run: bytes written over to evict the operands (twice the
+// H200's 50 MB L2), so that a product is timed as a decode step runs it, its weights read
+// from HBM; timed hot, a kernel that reuses L2 better looks faster than it is there.
+#define LT_FLUSH_BYTES ((size_t)128 << 20)
+
+// Microseconds a run of algo takes from cold L2 (flush: LT_FLUSH_BYTES of scratch), the
+// least of five after one warm-up; -1 when a run fails (recorded only if not the algorithm's).
+static double probe_time(tr_backend *be, tr_lt_plan *p, const cublasLtMatmulAlgo_t *algo,
+                         const tr_lt_gemm *g, void *flush, cudaEvent_t e0, cudaEvent_t e1) {
+    tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
+    double best = -1.0;
+    for (int r = 0; r < 6; r++) {
+        float ms = 0.0f;
+        if (TR_CUDA_CHECK(be, cudaMemsetAsync(flush, r, LT_FLUSH_BYTES, ctx->stream)) ||
+            TR_CUDA_CHECK(be, cudaEventRecord(e0, ctx->stream)) ||
+            probe_run(be, p, algo, g, NULL, 0, 0) != 0 ||
+            TR_CUDA_CHECK(be, cudaEventRecord(e1, ctx->stream)) ||
+            TR_CUDA_CHECK(be, cudaEventSynchronize(e1)) ||
+            TR_CUDA_CHECK(be, cudaEventElapsedTime(&ms, e0, e1)))
+            return -1.0;
+        if (r > 0 && (best < 0 || 1e3 * ms < best)) best = 1e3 * ms;
+    }
+    return best;
+}
+
 // ---- the candidates of one shape, timed (bench_cuda gemm) ----
 
 extern "C" int tr_backend_cuda_gemm_probe(tr_backend *be, int ta, int tb, int64_t m, int64_t n,
@@ -288,9 +332,10 @@ extern "C" int tr_backend_cuda_gemm_probe(tr_backend *be, int ta, int tb, int64_
                                           const char *label) {
     tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
     if (!ctx->lt) return -1;
-    void *a = NULL, *b = NULL, *d = NULL, *bv = NULL;
+    void *a = NULL, *b = NULL, *d = NULL, *bv = NULL, *flush = NULL;
     size_t db = d_f32 ? 4 : 2;
-    if (TR_CUDA_CHECK(be, cudaMalloc(&a, (size_t)(m * k) * 2)) ||
+    if (TR_CUDA_CHECK(be, cudaMalloc(&flush, LT_FLUSH_BYTES)) ||
+        TR_CUDA_CHECK(be, cudaMalloc(&a, (size_t)(m * k) * 2)) ||
         TR_CUDA_CHECK(be, cudaMalloc(&b, (size_t)(k * n) * 2)) ||
         TR_CUDA_CHECK(be, cudaMalloc(&d, (size_t)(m * n) * db)) ||
         TR_CUDA_CHECK(be, cudaMalloc(&bv, (size_t)m * db)) ||
@@ -316,21 +361,8 @@ extern "C" int tr_backend_cuda_gemm_probe(tr_backend *be, int ta, int tb, int64_
         if (na < 0 || TR_CUDA_CHECK(be, cudaEventCreate(&e0)) ||
             TR_CUDA_CHECK(be, cudaEventCreate(&e1)))
             na = 0;
-        const float one = 1.0f, zero = 0.0f;
-        for (int i = 0; i < na; i++) {
-            float ms = 0.0f;
-            int ok = 1;
-            for (int r = 0; r < 13 && ok; r++) {
-                if (r == 3) ok = !TR_CUDA_CHECK(be, cudaEventRecord(e0, ctx->stream));
-                ok = cublasLtMatmul(ctx->lt, p.op, &one, a, p.a, b, p.b, accumulate ? &one : &zero,
-                                    d, p.d, d, p.d, &algos[i], ctx->lt_ws, TR_CUDA_LT_WORKSPACE,
-                                    ctx->stream) == CUBLAS_STATUS_SUCCESS;
-            }
-            if (TR_CUDA_CHECK(be, cudaEventRecord(e1, ctx->stream)) ||
-                TR_CUDA_CHECK(be, cudaEventSynchronize(e1)) ||
-                TR_CUDA_CHECK(be, cudaEventElapsedTime(&ms, e0, e1)))
-                break;
-            ms /= 10.0f;
+        for (int i = 0; i < na && !ctx->failed; i++) {
+            const double us = probe_time(be, &p, &algos[i], &g, flush, e0, e1);
             printf("  %-12s m=%-6lld n=%-6lld k=%-6lld #%-2d algo %3d tile %3d stages %3d "
                    "swizzle %d cluster %2d: %8.1f us %6.0f TFLOP/s%s\n",
                    label, (long long)m, (long long)n, (long long)k, i,
@@ -338,10 +370,10 @@ extern "C" int tr_backend_cuda_gemm_probe(tr_backend *be, int ta, int tb, int64_
                    algo_attr(&algos[i], CUBLASLT_ALGO_CONFIG_TILE_ID),
                    algo_attr(&algos[i], CUBLASLT_ALGO_CONFIG_STAGES_ID),
                    algo_attr(&algos[i], CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
-                   algo_attr(&algos[i], CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID), 1e3 * ms,
-                   ok ? 2e-9 * (double)m * (double)n * (double)k / ms : 0.0,
-                   ok ? (memcmp(&algos[i], &p.algo, sizeof p.algo) == 0 ? "  <- used" : "")
-                      : "  (failed)");
+                   algo_attr(&algos[i], CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID), us,
+                   us > 0 ? 2e-6 * (double)m * (double)n * (double)k / us : 0.0,
+                   us < 0 ? "  (failed)"
+                   : memcmp(&algos[i], &p.algo, sizeof p.algo) == 0 ? "  <- used" : "");
         }
         if (e0) cudaEventDestroy(e0);
         if (e1) cudaEventDestroy(e1);
@@ -352,59 +384,19 @@ out:
     cudaFree(b);
     cudaFree(d);
     cudaFree(bv);
+    cudaFree(flush);
     return ctx->failed ? -1 : 0;
 }
 
 // ---- a decode step's forward products: each candidate against the batch-invariant plan ----
 
 // Uniform bf16 values in [-1, 1) from a fixed LCG (the same data on every run).
-static void probe_fill_bf16(uint16_t *h, size_t n, uint32_t seed) {
+static void probe_fill_bf16(tr_bf16 *h, size_t n, uint32_t seed) {
     uint32_t s = seed * 2654435761u + 1u;
     for (size_t i = 0; i < n; i++) {
         s = s * 1664525u + 1013904223u;
-        float v = (float)(s >> 8) * (2.0f / 16777216.0f) - 1.0f;
-        uint32_t u;
-        memcpy(&u, &v, 4);
-        h[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+        h[i] = __float2bfloat16_rn((float)(s >> 8) * (2.0f / 16777216.0f) - 1.0f);
     }
-}
-
-// One run of plan p with algo into d, reset from d0 first when accumulating.
-static int probe_run(tr_backend *be, tr_lt_plan *p, const cublasLtMatmulAlgo_t *algo,
-                     const tr_lt_gemm *g, const void *d0, size_t dbytes, int reset) {
-    tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
-    if (reset && g->accumulate &&
-        TR_CUDA_CHECK(be, cudaMemcpyAsync(g->d, d0, dbytes, cudaMemcpyDeviceToDevice, ctx->stream)))
-        return -1;
-    const float one = 1.0f, zero = 0.0f;
-    return LT_CHECK(be, cublasLtMatmul(ctx->lt, p->op, &one, g->a, p->a, g->b, p->b,
-                                       g->accumulate ? &one : &zero, g->d, p->d, g->d, p->d,
-                                       algo, ctx->lt_ws, TR_CUDA_LT_WORKSPACE, ctx->stream));
-}
-
-// L2 flushed before each timed run: bytes written over to evict the operands (twice the
-// H200's 50 MB L2), so that a product is timed as a decode step runs it, its weights read
-// from HBM; timed hot, a kernel that reuses L2 better looks faster than it is there.
-#define LT_FLUSH_BYTES ((size_t)128 << 20)
-
-// Microseconds a run of algo takes from cold L2 (flush: LT_FLUSH_BYTES of scratch), the
-// least of five after one warm-up.
-static double probe_time(tr_backend *be, tr_lt_plan *p, const cublasLtMatmulAlgo_t *algo,
-                         const tr_lt_gemm *g, void *flush, cudaEvent_t e0, cudaEvent_t e1) {
-    tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
-    double best = -1.0;
-    for (int r = 0; r < 6; r++) {
-        float ms = 0.0f;
-        if (TR_CUDA_CHECK(be, cudaMemsetAsync(flush, r, LT_FLUSH_BYTES, ctx->stream)) ||
-            TR_CUDA_CHECK(be, cudaEventRecord(e0, ctx->stream)) ||
-            probe_run(be, p, algo, g, NULL, 0, 0) ||
-            TR_CUDA_CHECK(be, cudaEventRecord(e1, ctx->stream)) ||
-            TR_CUDA_CHECK(be, cudaEventSynchronize(e1)) ||
-            TR_CUDA_CHECK(be, cudaEventElapsedTime(&ms, e0, e1)))
-            return -1.0;
-        if (r > 0 && (best < 0 || 1e3 * ms < best)) best = 1e3 * ms;
-    }
-    return best;
 }
 
 // Outputs of d whose bits differ from ref (dbytes bytes, elements of esize).
@@ -424,7 +416,7 @@ extern "C" int tr_backend_cuda_gemm_decode_probe(tr_backend *be, int64_t T, int6
     const size_t esize = out_f32 ? 4 : 2, dbytes = (size_t)(T * OC) * esize;
     const size_t nx = (size_t)(T * IC), nw = (size_t)(OC * IC);
     const size_t nh = (nx > nw ? nx : nw) > dbytes / 2 ? (nx > nw ? nx : nw) : dbytes / 2;
-    uint16_t *h = (uint16_t *)malloc(nh * sizeof(uint16_t));
+    tr_bf16 *h = (tr_bf16 *)malloc(nh * sizeof(tr_bf16));
     unsigned char *ref = (unsigned char *)malloc(dbytes), *got = (unsigned char *)malloc(dbytes);
     void *x = NULL, *w = NULL, *bv = NULL, *d = NULL, *d0 = NULL, *flush = NULL;
     cudaEvent_t e0 = NULL, e1 = NULL;
@@ -546,7 +538,8 @@ static long long settle_diff(tr_backend *be, const void *ref, const void *d, siz
 
 // Settles p's algorithm as above. A product queued into a recording is left unsettled (a
 // recording can neither allocate nor wait), as is one whose scratch memory is not to be had;
-// both keep the plan's algorithm. Returns 0, or -1 with the failure recorded.
+// both keep the plan's algorithm, as a failed settling does. Returns 0, or -1 with the
+// failure recorded.
 static int plan_settle(tr_backend *be, tr_lt_plan *p, const tr_lt_gemm *g) {
     tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
@@ -570,7 +563,6 @@ static int plan_settle(tr_backend *be, tr_lt_plan *p, const tr_lt_gemm *g) {
         cudaFree(flush);
         return 0;
     }
-    int rc = -1;
     tr_lt_gemm r = *g, t = *g;
     r.d = ref;
     t.d = d;
@@ -578,24 +570,25 @@ static int plan_settle(tr_backend *be, tr_lt_plan *p, const tr_lt_gemm *g) {
     cublasLtMatmulAlgo_t best = p->algo;
     // the reference from the output's present contents (what an accumulating product adds to)
     if (TR_CUDA_CHECK(be, cudaEventCreate(&e0)) || TR_CUDA_CHECK(be, cudaEventCreate(&e1)) ||
-        probe_run(be, p, &p->algo, &r, g->d, bytes, 1) ||
+        probe_run(be, p, &p->algo, &r, g->d, bytes, 1) != 0 ||
         (best_us = probe_time(be, p, &p->algo, &t, flush, e0, e1)) < 0)
         goto out;
     for (int i = 0; i < na; i++) {
         if (memcmp(&algos[i], &p->algo, sizeof algos[i]) == 0) continue;
-        if (probe_run(be, p, &algos[i], &t, g->d, bytes, 1)) goto out;
+        int run = probe_run(be, p, &algos[i], &t, g->d, bytes, 1);
+        if (run < 0) goto out;
+        if (run > 0) continue;
         long long diff = settle_diff(be, ref, d, bytes, bad);
         if (diff < 0) goto out;
-        if (diff > 0) continue;
+        if (diff > 0) continue;   // other bits: never this product's kernel
         double us = probe_time(be, p, &algos[i], &t, flush, e0, e1);
-        if (us < 0) goto out;
-        if (us < 0.97 * best_us) {
+        if (us < 0 && ctx->failed) goto out;
+        if (us >= 0 && us < 0.97 * best_us) {
             best_us = us;
             best = algos[i];
         }
     }
     p->algo = best;
-    rc = 0;
 out:
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
@@ -603,5 +596,5 @@ out:
     cudaFree(d);
     cudaFree(flush);
     cudaFree(bad);
-    return rc;
+    return ctx->failed ? -1 : 0;
 }
