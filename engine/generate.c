@@ -161,7 +161,6 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
     // A decode step changes a row's table by a new last block or its copy on write: two
     // entries a row cover a step; a row moved into a freed slot may take a whole rewrite.
     g->n_table_upd = 2 * g->max_seqs;
-    g->table_w = 0;   // nothing on the device yet: the first step rewrites
     tr_backend *be = m->be;
     // Graphs where the backend records them, without tensor parallelism (its sampler and the
     // vocab-parallel logprob talk to the other ranks between the ops).
@@ -649,12 +648,11 @@ static int32_t bucket(int32_t n, int32_t cap) {
     return b < cap ? b : cap;
 }
 
-// The device half of a decode step over the rows and tables the host prepared (B rows with
-// tables w entries wide): uploads, the trunk, the LM head and the draws chunk by chunk, and
-// the downloads of ids and logprobs. What a recorded step replays.
-static int queue_decode(tr_generator *g, int32_t B, int32_t w, tr_err *err) {
+// The device half of a decode step over the B rows the host prepared: the block-table
+// entries that changed (tables_update) and the rows' uploads, the trunk, the LM head and the
+// draws chunk by chunk, and the downloads of ids and logprobs. What a recorded step replays.
+static int queue_decode(tr_generator *g, int32_t B, tr_err *err) {
     tr_model *m = g->model;
-    (void)w;   // the tables' width: d_tables holds rows table_w apart (tables_update)
     const int32_t U = g->n_table_upd;
     m->be->ops->upload(m->be, g->d_table_upd, g->table_upd, 2 * (size_t)U * sizeof(int32_t));
     m->be->ops->scatter_rows(m->be, g->d_tables, g->d_table_upd + U, g->d_table_upd, U,
@@ -721,7 +719,7 @@ static int decode_graph(tr_generator *g, int32_t B, int32_t w, void **exec, tr_e
         return 0;
     }
     if (rc != 0) return graph_failed(be, "generate: recording a decode step", err);
-    rc = queue_decode(g, B, w, err);
+    rc = queue_decode(g, B, err);
     void *x = NULL;
     // The recording ends whatever happened, so that the queue runs ops again.
     if (be->ops->graph_end(be, &x) != 0 && rc == 0)
@@ -759,27 +757,27 @@ static void tables_update(tr_generator *g, int32_t B, int32_t w) {
     bool whole = w != g->table_w;
     for (int32_t i = 0; i < B && !whole; i++) {
         const tr_kv_seq *kv = &g->slots[i].kv;
-        int32_t *dev = g->tables_dev + (size_t)i * w;
-        for (int32_t j = 0; j < kv->n_blocks && !whole; j++) {
-            if (dev[j] == kv->blocks[j]) continue;
+        int32_t *row = g->tables_dev + (size_t)i * w;
+        for (int32_t j = 0; j < kv->n_blocks; j++) {
+            if (row[j] == kv->blocks[j]) continue;
             if (n == U) {
                 whole = true;
                 break;
             }
             idx[n] = i * w + j;
             blk[n++] = kv->blocks[j];
-            dev[j] = kv->blocks[j];
+            row[j] = kv->blocks[j];
         }
     }
     if (whole) {
         tr_backend *be = g->model->be;
         for (int32_t i = 0; i < g->max_seqs; i++) {
-            int32_t *dev = g->tables_dev + (size_t)i * w, nb = 0;
+            int32_t *row = g->tables_dev + (size_t)i * w, nb = 0;
             if (i < B) {
                 nb = g->slots[i].kv.n_blocks;
-                memcpy(dev, g->slots[i].kv.blocks, (size_t)nb * sizeof(int32_t));
+                memcpy(row, g->slots[i].kv.blocks, (size_t)nb * sizeof(int32_t));
             }
-            for (int32_t j = nb; j < w; j++) dev[j] = 0;
+            for (int32_t j = nb; j < w; j++) row[j] = 0;
         }
         be->ops->upload(be, g->d_tables, g->tables_dev,
                         (size_t)g->max_seqs * w * sizeof(int32_t));
@@ -846,7 +844,7 @@ static int decode_step(gen_run *run, tr_err *err) {
         if (m->be->ops->graph_launch(m->be, exec) != 0)
             return graph_failed(m->be, "generate: replaying a decode step", err);
         g->stats.graph_steps++;
-    } else if (queue_decode(g, Bp, w, err) != 0) {
+    } else if (queue_decode(g, Bp, err) != 0) {
         return -1;
     }
     if (tr_dev_sync(m->be, "generate: decode step", err) != 0) return -1;

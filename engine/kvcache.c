@@ -232,9 +232,3 @@ void tr_kv_seq_release(tr_kvcache *c, tr_kv_seq *s) {
     s->n_blocks = 0;
     s->len = 0;
 }
-
-void tr_kvcache_write(tr_kvcache *c, int32_t layer, const void *k, const void *v, int32_t ld,
-                      const int32_t *slots, int32_t n) {
-    tr_kv_pages p = tr_kvcache_layer(c, layer);
-    c->be->ops->kv_write(c->be, &p, slots, k, v, ld, n);
-}

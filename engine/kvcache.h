@@ -102,8 +102,3 @@ static inline int32_t tr_kv_seq_slot(const tr_kv_seq *s, int32_t pos, int32_t bl
     return s->blocks[pos / block_size] * block_size + pos % block_size;
 }
 
-// Copies n rows of keys and values (KVH*D values each, rows of stride ld, backend memory) of
-// layer into the given slots (backend memory: the generator uploads a pass's slots once for
-// all layers).
-void tr_kvcache_write(tr_kvcache *c, int32_t layer, const void *k, const void *v, int32_t ld,
-                      const int32_t *slots, int32_t n);

@@ -39,7 +39,8 @@ static void write_pos(tr_kvcache *c, const tr_kv_seq *s, int32_t tag, int32_t po
         et_put(&be, dev_k, k, sizeof k);
         et_put(&be, dev_v, v, sizeof v);
         et_put(&be, dev_slot, &slot, sizeof slot);
-        tr_kvcache_write(c, l, dev_k, dev_v, 8, dev_slot, 1);
+        tr_kv_pages p = tr_kvcache_layer(c, l);
+        be.ops->kv_write(&be, &p, dev_slot, dev_k, dev_v, 8, 1);
     }
 }
 
