@@ -1,8 +1,9 @@
 // Rotary position embedding (HF rotate_half layout) on the GPU, in place on H heads of D
-// values in rows of stride ld (a fused [q;k;v] row is rotated where it lies): one thread per
-// (token, frequency) pair, over every head, so that each cos and sin (taken in double) is
-// computed once for all of a token's heads; at decode sizes one per head. The angle is the
-// fp32 product pos * inv_freq as transformers computes it; cos and sin are taken in double and
+// values in rows of stride ld (a fused [q;k;v] row is rotated where it lies). A block takes a
+// few tokens: its threads first compute each (token, frequency) pair's cos and sin once into
+// shared memory, then rotate every head's pair from there, so the trigonometry is done once
+// a pair (not once a head) and no thread waits on it more than once. The angle is the fp32
+// product pos * inv_freq as transformers computes it; cos and sin are taken in double and
 // rounded, as kernels/cpu does, and the rotation is fp32 with explicit roundings (no fused
 // multiply-add), rounded once to x's type. Generation's rope_kv_write is the same pass, whose
 // threads of k's heads also store the rotated values and v's same columns into the KV cache:
@@ -11,7 +12,9 @@
 #include "kernels/cuda/dtype.cuh"
 
 #define ROPE_THREADS 256
-#define ROPE_PAIRS_SPLIT 65536   // (token, frequency) pairs below which heads split too
+#define ROPE_MAX_HALF 256   // D / 2 at most (head dims to 512)
+#define ROPE_TOKENS 8       // tokens a block, where the batch has enough of them
+#define ROPE_FEW 2048       // fewer tokens than this: one a block, for more blocks
 
 // Where rope_kv_write puts a row's rotated k and its v: heads at and past hq are k's, written
 // with v's to slot[t] of the pools (rows of (H - hq) * D), nothing for a negative slot.
@@ -23,34 +26,40 @@ struct rope_kv {
     int32_t hq;
 };
 
-// Thread i takes pair (token, frequency) i / HG and heads [h0, h1) of group i % HG.
+// Tokens [blockIdx.x * TT, + TT): their pairs' cos and sin, then every (token, head,
+// frequency) rotation, consecutive threads on consecutive frequencies of a head.
 template <typename A, bool KV>
-__global__ void rope_kernel(A *x, int32_t ld, const int32_t *pos, const float *inv_freq,
-                            int32_t T, int32_t H, int32_t D, int32_t HG, float sign,
-                            rope_kv<A> kv) {
-    int32_t half = D / 2, per = (H + HG - 1) / HG;
-    size_t n = (size_t)T * half * HG;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        int32_t g = (int32_t)(i % HG), f = (int32_t)(i / HG % half), t = (int32_t)(i / HG / half);
-        float angle = __fmul_rn((float)pos[t], inv_freq[f]);
-        float cs = (float)cos((double)angle), sn = sign * (float)sin((double)angle);
-        A *row = x + (size_t)t * ld + f;
-        int32_t h1 = (g + 1) * per < H ? (g + 1) * per : H;
-        int32_t s = KV ? kv.slot[t] : -1;
-        for (int32_t h = g * per; h < h1; h++) {
-            A *x1 = row + (size_t)h * D, *x2 = x1 + half;
-            float a = tr_f32(*x1), b = tr_f32(*x2);
-            tr_store(x1, __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn)));
-            tr_store(x2, __fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn)));
-            if (KV && h >= kv.hq && s >= 0) {   // the values as stored, moved as they are
-                size_t to = ((size_t)s * (H - kv.hq) + (h - kv.hq)) * D + f;
-                const A *vr = kv.v + (size_t)t * ld + (size_t)(h - kv.hq) * D + f;
-                kv.k_pool[to] = *x1;
-                kv.k_pool[to + half] = *x2;
-                kv.v_pool[to] = vr[0];
-                kv.v_pool[to + half] = vr[half];
-            }
+__global__ void __launch_bounds__(ROPE_THREADS)
+rope_kernel(A *x, int32_t ld, const int32_t *pos, const float *inv_freq, int32_t T, int32_t H,
+            int32_t D, int32_t TT, float sign, rope_kv<A> kv) {
+    extern __shared__ float rope_cs[];   // [TT][half] cos, then [TT][half] sin
+    const int32_t half = D / 2, t0 = (int32_t)blockIdx.x * TT;
+    const int32_t nt = T - t0 < TT ? T - t0 : TT;
+    float *cs = rope_cs, *sn = rope_cs + TT * half;
+    for (int32_t i = threadIdx.x; i < nt * half; i += blockDim.x) {
+        const int32_t t = i / half, f = i % half;
+        float angle = __fmul_rn((float)pos[t0 + t], inv_freq[f]);
+        cs[i] = (float)cos((double)angle);
+        sn[i] = sign * (float)sin((double)angle);
+    }
+    __syncthreads();
+    const int32_t per_t = H * half;
+    for (int32_t i = threadIdx.x; i < nt * per_t; i += blockDim.x) {
+        const int32_t t = i / per_t, h = i % per_t / half, f = i % half;
+        const float c = cs[t * half + f], s = sn[t * half + f];
+        A *x1 = x + (size_t)(t0 + t) * ld + (size_t)h * D + f, *x2 = x1 + half;
+        float a = tr_f32(*x1), b = tr_f32(*x2);
+        tr_store(x1, __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
+        tr_store(x2, __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
+        if (KV && h >= kv.hq) {   // the values as stored, moved as they are
+            const int32_t sl = kv.slot[t0 + t];
+            if (sl < 0) continue;
+            size_t to = ((size_t)sl * (H - kv.hq) + (h - kv.hq)) * D + f;
+            const A *vr = kv.v + (size_t)(t0 + t) * ld + (size_t)(h - kv.hq) * D + f;
+            kv.k_pool[to] = *x1;
+            kv.k_pool[to + half] = *x2;
+            kv.v_pool[to] = vr[0];
+            kv.v_pool[to + half] = vr[half];
         }
     }
 }
@@ -60,23 +69,25 @@ static void rope_launch(tr_backend *be, void *x, int32_t ld, const int32_t *pos,
                         const float *inv_freq, int32_t T, int32_t H, int32_t D, float sign,
                         const tr_kv_pages *pages, const void *v, const int32_t *slot,
                         int32_t hq) {
-    size_t n = (size_t)T * (D / 2);
-    // A decode step's few rows give too few (token, frequency) pairs to fill the device: a
-    // thread a head then (each recomputes the pair's cos and sin; the values are the same).
-    int32_t HG = n < ROPE_PAIRS_SPLIT ? H : 1;
-    n *= (size_t)HG;
-    unsigned grid = tr_cuda_grid(n, ROPE_THREADS);
+    if (D / 2 > ROPE_MAX_HALF) {
+        tr_cuda_record(tr_cuda_ctx_of(be), __FILE__, __LINE__, "rope", "head dim over 512");
+        return;
+    }
+    // A decode step's few tokens take a block each, so that they spread over the device.
+    const int32_t TT = T < ROPE_FEW ? 1 : ROPE_TOKENS;
+    const unsigned grid = (unsigned)((T + TT - 1) / TT);
+    const size_t shm = (size_t)2 * TT * (D / 2) * sizeof(float);
     cudaStream_t st = tr_cuda_stream(be);
     rope_kv<A> kv = {NULL, NULL, NULL, NULL, H};
     if (pages) {
         kv = {(A *)pages->k_pool, (A *)pages->v_pool, (const A *)v, slot, hq};
-        rope_kernel<A, true><<<grid, ROPE_THREADS, 0, st>>>((A *)x, ld, pos, inv_freq, T, H, D,
-                                                             HG, sign, kv);
+        rope_kernel<A, true><<<grid, ROPE_THREADS, shm, st>>>((A *)x, ld, pos, inv_freq, T, H, D,
+                                                               TT, sign, kv);
         TR_CUDA_LAUNCHED(be, "rope_kv_write");
         return;
     }
-    rope_kernel<A, false><<<grid, ROPE_THREADS, 0, st>>>((A *)x, ld, pos, inv_freq, T, H, D, HG,
-                                                          sign, kv);
+    rope_kernel<A, false><<<grid, ROPE_THREADS, shm, st>>>((A *)x, ld, pos, inv_freq, T, H, D, TT,
+                                                            sign, kv);
     TR_CUDA_LAUNCHED(be, "rope");
 }
 
