@@ -193,7 +193,8 @@ void tr_cuda_attention_forward(tr_backend *be, void *out, float *lse, const void
     if (attn_flash(be, D)) {
         fa_fwd_args a = {(tr_bf16 *)out, lse, (const tr_bf16 *)q, (const tr_bf16 *)k,
                          (const tr_bf16 *)v, docs->doc_start, docs->prefix, docs->n_docs,
-                         docs->n_tokens, H, KVH, ld, tr_fa_scale_log2(D), 0, 0};
+                         docs->n_tokens, H, KVH, ld, tr_fa_scale_log2(D), 0, 0,
+                         tr_cuda_ctx_of(be)->softmax_chunk};
         a.vec = ld % 8 == 0 && attn_aligned(q, 16) && attn_aligned(k, 16) && attn_aligned(v, 16);
         a.out4 = attn_aligned(out, 4);
         tr_fa_forward(be, a, D);
@@ -227,7 +228,7 @@ void tr_cuda_attention_decode(tr_backend *be, void *out, const void *q, int32_t 
         fa_dec_args a = {(tr_bf16 *)out, (const tr_bf16 *)q, (const tr_bf16 *)kv->k_pool,
                          (const tr_bf16 *)kv->v_pool, block_table, seq_len, ld,
                          kv->block_size, kv->n_kv_heads, H, D, max_blocks, (G + 15) / 16,
-                         tr_fa_scale_log2(D), 0, 0, 0};
+                         tr_fa_scale_log2(D), 0, 0, 0, tr_cuda_ctx_of(be)->softmax_chunk};
         a.vecq = ld % 8 == 0 && attn_aligned(q, 16);
         a.veckv = attn_aligned(kv->k_pool, 16) && attn_aligned(kv->v_pool, 16);
         a.out4 = attn_aligned(out, 4);

@@ -1,8 +1,8 @@
 // Decode attention over the paged KV cache, bf16 path, on the flash forward's arithmetic: one
 // block per (sequence, kv head, group of up to 16 of its query heads), whose query heads are
 // the rows of the forward's MMA tile, so each KV block is read once for the whole group. The
-// context is split into FA_CHUNK-position chunks, fixed by the position in the sequence and
-// not by the batch; the block's warps take chunks in turn, each streaming its tiles through
+// context is split into softmax chunks (a.chunk positions), fixed by the position in the
+// sequence and not by the batch; the block's warps take chunks in turn, each streaming its tiles through
 // its own cp.async stages, and warp 0 folds the finished chunks in position order, exactly as
 // the forward folds a long row's chunks. So out row b is bitwise attention_forward's row of
 // the same token (attention_tile.cuh says why). Positions at and past seq_len[b] are zeros in
@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(FA_DEC_MAX_WARPS * 32) fa_decode_kernel(const 
         fa_cp_wait<0>();
         return;
     }
-    const int nch = (n + FA_CHUNK - 1) / FA_CHUNK;
+    const int nch = (n + a.chunk - 1) / a.chunk;
     const int32_t *tbl = a.table + (size_t)b * a.max_blocks;
     const size_t sstride = (size_t)a.KVH * D;
     const tr_bf16 *kb = a.kp + (size_t)kvh * D, *vb = a.vp + (size_t)kvh * D;
@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(FA_DEC_MAX_WARPS * 32) fa_decode_kernel(const 
         const int c = c0 + warp;
         if (c < nch) {
             fa_reset(st);
-            const int pb = c * FA_CHUNK, pe = min(n, pb + FA_CHUNK);
+            const int pb = c * a.chunk, pe = min(n, pb + a.chunk);
             const int nt = (pe - pb + BN - 1) / BN;
             auto load = [&](int kt) {
                 tr_bf16 *ks = wst + (kt % NST) * 2 * BN * LDS;
@@ -223,7 +223,7 @@ static void fa_decode_dispatch(tr_backend *be, const fa_dec_args &a, int32_t B, 
 // more warps a block would only leave fewer blocks resident (0.5B shape, batch 256, context
 // 512, on an H200: 48 us with four warps, 34.2 with two, 28.2 with one).
 static int fa_dec_warps(tr_backend *be, const fa_dec_args &a, int32_t B, int32_t max_ctx) {
-    const int nch = (max_ctx + FA_CHUNK - 1) / FA_CHUNK;
+    const int nch = (max_ctx + a.chunk - 1) / a.chunk;
     const long blocks = (long)a.KVH * a.n_hg * B, want = 2L * tr_cuda_ctx_of(be)->sms;
     long w = (want + blocks - 1) / blocks;
     if (w > nch) w = nch;

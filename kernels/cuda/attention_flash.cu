@@ -6,7 +6,7 @@
 // documents walks each document's keys in turn (rows of the others see nothing there, which
 // leaves them unchanged). A document with a shared prefix walks its context: the prefix's keys,
 // then its own, tiles and masks by context position (attention_tile.cuh), so its rows have
-// the bits of the unshared document's. Where a row's context passes a multiple of FA_CHUNK,
+// the bits of the unshared document's. Where a row's context passes a multiple of a.chunk,
 // the finished chunk is folded into an accumulator kept in local memory (touched once per
 // chunk), as the decode step folds its split chunks. out [T, H D] and lse [T, H] are written,
 // every row.
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(FA_FWD_WARPS * 32, 2) fa_forward_kernel(const 
         // the warp's rows in this document: lo..hi, seeing positions up to hi - s + pl
         const int lo = max(w0, it.s), hi = min(w0 + 16 * MT, it.lim) - 1;
         if (lo <= hi && it.p0 <= hi - it.s + it.pl) {
-            if (it.p0 > 0 && it.p0 % FA_CHUNK == 0) {
+            if (it.p0 > 0 && it.p0 % a.chunk == 0) {
                 fa_fold_acc<D, MT>(am, al, acc + z, st, false);
                 acc_used = true;
             }

@@ -28,6 +28,7 @@ struct fa_fwd_args {
     float sl2;
     int32_t vec;    // q, k, v rows 16-byte aligned (ld a multiple of 8, aligned bases)
     int32_t out4;   // out 4-byte aligned
+    int32_t chunk;  // softmax chunk positions (tr_cuda_ctx.softmax_chunk)
 };
 
 struct fa_bwd_args {
@@ -50,6 +51,7 @@ struct fa_dec_args {
     float sl2;
     int32_t vecq, veckv;   // q rows, K/V pool slots 16-byte aligned
     int32_t out4;          // out 4-byte aligned
+    int32_t chunk;         // softmax chunk positions (tr_cuda_ctx.softmax_chunk)
 };
 
 void tr_fa_forward(tr_backend *be, const fa_fwd_args &a, int32_t D);

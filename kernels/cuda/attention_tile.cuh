@@ -3,8 +3,9 @@
 // tile of FA_BN keys (scores by MMA, fp32 max and sums, P rounded to bf16 for the P V MMA),
 // the fold of softmax chunks, and the final normalisation. A row's keys are its document's,
 // tiled from the document's first token (position 0), never from where the document sits in
-// a packed batch, and the softmax restarts every FA_CHUNK positions, chunks then being folded
-// in position order: decode splits a long context at the same positions and folds the same way.
+// a packed batch, and the softmax restarts every softmax chunk (the backend's, a multiple of 64
+// positions), chunks then being folded in position order: decode splits a long context at the
+// same positions and folds the same way.
 // A document with a shared prefix (tr_doc_layout.prefix) has the prefix's tokens at positions
 // 0..L-1 of its context and its own from L on: its tiles gather rows from the two ranges, so
 // positions, tiles, masks and folds are those of the unshared document [prefix; own tokens].
@@ -18,8 +19,7 @@
 // fp32 output take 128 registers and 64 scores more would not fit beside them.
 template <int D>
 constexpr int fa_bn() { return D > 64 ? 32 : 64; }
-#define FA_CHUNK TR_CUDA_SOFTMAX_CHUNK   // a multiple of every fa_bn
-static_assert(FA_CHUNK % 64 == 0, "a softmax chunk is whole tiles");
+static_assert(TR_CUDA_SOFTMAX_CHUNK % 64 == 0, "a softmax chunk is whole tiles");
 
 // The running softmax of MT m16 tiles of rows. Thread (g, t) holds rows g ([mt][0]) and g+8
 // ([mt][1]) of each m-tile, and channels 8n + 2t, 8n + 2t + 1 of each in o[mt][n][2 hi + c].

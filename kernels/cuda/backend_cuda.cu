@@ -203,6 +203,18 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
     ctx->any_n_at = any_n && atoi(any_n) > 0 ? atoi(any_n) : TR_CUDA_ANY_N;
     const char *flash = getenv("TROUPE_CUDA_FLASH_ATTENTION");
     ctx->flash_attention = !(flash && strcmp(flash, "0") == 0);
+    const char *chunk = getenv("TROUPE_CUDA_SOFTMAX_CHUNK");
+    ctx->softmax_chunk = TR_CUDA_SOFTMAX_CHUNK;
+    if (chunk) {
+        char *end = NULL;
+        long c = strtol(chunk, &end, 10);
+        if (end == chunk || *end || c < 64 || c > 4096 || c % 64) {
+            tr_cuda_record(ctx, __FILE__, __LINE__, "TROUPE_CUDA_SOFTMAX_CHUNK",
+                           "must be a multiple of 64 from 64 to 4096");
+            return -1;
+        }
+        ctx->softmax_chunk = (int32_t)c;
+    }
     // The bf16 forward products pick their kernel without regard to T (gemm_lt.cu); sgemm
     // cannot be told to, so fp32 is not batch-invariant. -1: TROUPE_CUDA_BATCH_INVARIANT's
     // say, on unless it is 0.
@@ -274,4 +286,8 @@ extern "C" void *tr_backend_cuda_stream(tr_backend *be) {
 
 extern "C" int tr_backend_cuda_device(tr_backend *be) {
     return be && be->ctx ? tr_cuda_ctx_of(be)->device : -1;
+}
+
+extern "C" int tr_backend_cuda_softmax_chunk(tr_backend *be) {
+    return be && be->ctx ? tr_cuda_ctx_of(be)->softmax_chunk : TR_CUDA_SOFTMAX_CHUNK;
 }

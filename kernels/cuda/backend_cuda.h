@@ -17,6 +17,8 @@ extern "C" {
 // bit. Shorter chunks give a decode step more warps; each edge costs the forward a fold (on
 // an H200 at 128 positions: decode at batch 64, context 512, 26.8 -> 13.1 us; the 0.5B
 // training forward's attention 0.417 -> 0.547 ms). 256 takes about half of each.
+// TROUPE_CUDA_SOFTMAX_CHUNK (a multiple of 64 up to 4096) sets another for a process, whose
+// training and generation then share it.
 #define TR_CUDA_SOFTMAX_CHUNK 256
 
 // Makes `device` current for the calling thread and creates the backend's stream and cuBLAS
@@ -37,6 +39,10 @@ int tr_backend_cuda_status(tr_backend *be, char *msg, size_t cap);
 // the op table: NCCL collectives (engine/comm_nccl.c).
 void *tr_backend_cuda_stream(tr_backend *be);
 int tr_backend_cuda_device(tr_backend *be);
+
+// The positions of a softmax chunk this backend's attention uses (TR_CUDA_SOFTMAX_CHUNK or
+// the environment's).
+int tr_backend_cuda_softmax_chunk(tr_backend *be);
 
 // With TROUPE_CUDA_PROFILE=1: forgets what the profile has summed so far (a benchmark calls it
 // after its warm-up, so the table shows the steady state). Without it: nothing.

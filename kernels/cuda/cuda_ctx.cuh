@@ -93,6 +93,7 @@ typedef struct tr_cuda_ctx {
                             // TROUPE_CUDA_ANY_N for measuring another)
     int flash_attention;    // the tensor-core attention kernels; TROUPE_CUDA_FLASH_ATTENTION=0
                             // keeps the row kernels (attention.cu) for every head size
+    int32_t softmax_chunk;  // TR_CUDA_SOFTMAX_CHUNK, or TROUPE_CUDA_SOFTMAX_CHUNK's
     tr_cuda_prof *prof;     // TROUPE_CUDA_PROFILE=1, else NULL
     int failed;
     char msg[512];

@@ -994,10 +994,12 @@ static void dec_run(int gpu, float **out, void *arg) {
 
 // Decoded tokens: every document's last token, the middle of the last document, the first
 // token of documents with a prefix (the context's first position past it), and in documents
-// whose context is longer than a softmax chunk (TR_CUDA_SOFTMAX_CHUNK positions) the tokens
-// on either side of each chunk edge, so the decode's split and fold are exercised; at most 16.
+// whose context is longer than a softmax chunk (the backend's, TR_CUDA_SOFTMAX_CHUNK unless
+// the environment sets another) the tokens on either side of each chunk edge, so the decode's
+// split and fold are exercised; at most 16.
 static int32_t att_decode_tokens(const att_arg *a, int32_t *tok) {
     int32_t n = 0, last = a->doc_start[a->n_docs - 1];
+    const int32_t chunk = tr_backend_cuda_softmax_chunk(&gpu_be);
     for (int32_t d = 0; d < a->n_docs && n < 8; d++)
         if (a->doc_start[d + 1] > a->doc_start[d]) tok[n++] = a->doc_start[d + 1] - 1;
     tok[n++] = last + (a->T - last) / 2;
@@ -1005,8 +1007,7 @@ static int32_t att_decode_tokens(const att_arg *a, int32_t *tok) {
         if (a->prefix && a->prefix[d] >= 0 && a->doc_start[d + 1] > a->doc_start[d])
             tok[n++] = a->doc_start[d];
     for (int32_t t = 0; t < a->T && n < 16; t++)
-        if (a->pos[t] % TR_CUDA_SOFTMAX_CHUNK == TR_CUDA_SOFTMAX_CHUNK - 1 ||
-            (a->pos[t] > 0 && a->pos[t] % TR_CUDA_SOFTMAX_CHUNK == 0))
+        if (a->pos[t] % chunk == chunk - 1 || (a->pos[t] > 0 && a->pos[t] % chunk == 0))
             tok[n++] = t;
     return n;
 }
