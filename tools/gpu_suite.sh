@@ -310,17 +310,31 @@ decode_kernels_part() {
     run decode_profile_64 env TROUPE_CUDA_PROFILE=1 timeout 120 "$d" qwen2.5-0.5b 64 1 256 256
     run model_bf16 env TROUPE_BACKEND=cuda meson test -C "$build_all" --print-errorlogs test_model_bf16
     run train_05b timeout 120 "$build_all/bench/bench_train_gpu" qwen2.5-0.5b 8 2048 3
+    # DECODE_CHUNKS="128 ...": the softmax chunk's trade (decode attention against the training
+    # forward's folds) at other lengths, every part of it that the chunk touches
+    for c in ${DECODE_CHUNKS:-}; do
+        run "ops_attention_chunk$c" env TROUPE_CUDA_SOFTMAX_CHUNK="$c" OPENBLAS_NUM_THREADS=1 "$t" attention
+        run "bench_attention_chunk$c" env TROUPE_CUDA_SOFTMAX_CHUNK="$c" "$bc" attention
+        for b in 64 256; do
+            run "decode_${b}_chunk$c" env TROUPE_CUDA_SOFTMAX_CHUNK="$c" timeout 120 \
+                "$d" qwen2.5-0.5b "$b" 1 256 256
+        done
+        run "train_05b_chunk$c" env TROUPE_CUDA_SOFTMAX_CHUNK="$c" timeout 120 \
+            "$build_all/bench/bench_train_gpu" qwen2.5-0.5b 8 2048 3
+    done
     # DECODE_15B=1: the 1.5B shape at batch 64 and 256 too
     if [ "${DECODE_15B:-0}" = 1 ]; then
         for b in 64 256; do run "decode_15b_$b" timeout 120 "$d" qwen2.5-1.5b "$b" 1 256 256; done
     fi
 }
 
-# Kernel counters of a decode step (Nsight Compute, where the image has it): for each kernel
-# family of a 64-row decode step of the 0.5B shape, a few instances' duration, DRAM and
-# compute throughput, achieved occupancy, warp stall reasons and launch shape, one log each.
-# What bounds a latency-bound kernel (too few warps, a dependent load, a barrier) shows here,
-# where a timing alone does not. NCU_KERNELS (environment): the name patterns.
+# Kernel counters of a decode step (Nsight Compute, where the image has it). First every kernel
+# of one steady decode step of the 0.5B shape at 64 rows (a replayed graph's nodes, well past the
+# warm-up's first steps) with its duration and DRAM bytes, summed by kernel name in
+# ncu_step_summary.txt: the step's true device time, which the event profile inflates. Then for
+# each kernel family in NCU_KERNELS (environment; name patterns) a few instances' speed of light,
+# occupancy, warp stall reasons and launch shape, one log each: what bounds a latency-bound
+# kernel (too few warps, a dependent load, a barrier) shows there, where a timing alone does not.
 ncu_part() {
     local ncu d="$build_all/bench/bench_decode_gpu" k
     ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
@@ -328,9 +342,15 @@ ncu_part() {
         echo "ncu: not on this machine" | tee -a "$summary"
         return 0
     fi
-    for k in ${NCU_KERNELS:-fa_decode rmsnorm_forward sample_draw rope swiglu_forward gemm}; do
-        run "ncu_$k" timeout 240 "$ncu" --kernel-name "regex:$k" --launch-skip 200 \
-            --launch-count 3 --section SpeedOfLight --section Occupancy --section WarpStateStats \
+    run ncu_step timeout "${NCU_STEP_TIMEOUT:-200}" "$ncu" --csv --page raw --clock-control none \
+        --cache-control none \
+        --metrics gpu__time_duration.sum,dram__bytes.sum --launch-skip "${NCU_SKIP:-4000}" \
+        --launch-count "${NCU_COUNT:-300}" --log-file "$logs/ncu_step.csv" \
+        "$d" qwen2.5-0.5b 64 1 256 64
+    run ncu_step_summary python3 tools/ncu_summary.py "$logs/ncu_step.csv"
+    for k in ${NCU_KERNELS:-fa_decode rmsnorm sample_draw swiglu}; do
+        run "ncu_$k" timeout 90 "$ncu" --kernel-name "regex:$k" --launch-skip 200 \
+            --launch-count 2 --section SpeedOfLight --section Occupancy --section WarpStateStats \
             --section LaunchStats --section MemoryWorkloadAnalysis \
             "$d" qwen2.5-0.5b 64 1 256 32
     done
