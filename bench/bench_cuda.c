@@ -10,8 +10,9 @@
 // one warm-up. `bench_cuda gemm` times every cuBLASLt candidate (no split-K) of the products
 // of a Qwen2.5-0.5B/1.5B training step at 16K tokens, the backend's choice marked;
 // `bench_cuda sample` the sampler and the log-softmax at decode batches of the Qwen vocabulary;
-// `bench_cuda gemm_decode` every candidate of a decode step's products, whole and split, with
-// its bits against the batch-invariant plan's.
+// `bench_cuda gemm_decode` every candidate of a decode step's products (cuBLASLt's, whole and
+// split, and the sequential-k kernel's configurations, "seqk"), with its bits against the
+// batch-invariant plan's.
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -566,8 +567,9 @@ static void bench_gemm_model(const char *name, int64_t C, int64_t QKV, int64_t I
 }
 
 // The forward products of a decode step of the same models at 64 and 256 rows: every
-// algorithm the heuristic offers, timed, with its outputs' bits against the batch-invariant
-// plan's (whose algorithm is the training forward's).
+// algorithm the heuristic offers and every configuration of the sequential-k kernel, timed,
+// with its outputs' bits against the batch-invariant plan's (whose algorithm is the training
+// forward's).
 static void bench_gemm_decode(const char *name, int64_t C, int64_t QKV, int64_t I, int64_t V) {
     const struct { const char *n; int64_t ic, oc; int bias, res; } L[] = {
         {"qkv", C, QKV, 1, 0}, {"o", C, C, 0, 1}, {"gate/up", C, 2 * I, 0, 0},

@@ -57,11 +57,29 @@ int tr_backend_cuda_gemm_probe(tr_backend *be, int ta, int tb, int64_t m, int64_
                                int d_f32, int accumulate, int bias, const char *label);
 
 // A decode step's forward product out[T, OC] = x[T, IC] w[OC, IC]^T (+ bias) (bf16 out, or
-// fp32 added into) on random data: the batch-invariant mode's plan timed, then every cuBLASLt
-// candidate of the shape itself, whole and split, each timed with the count of outputs whose
-// bits differ from the batch-invariant plan's (bench_cuda gemm_decode). Returns 0 or -1.
+// fp32 added into) on random data: the batch-invariant mode's plan timed, then each
+// configuration of the sequential-k kernel (kernels/cuda/gemm_seqk.cu) that takes the shape
+// and every cuBLASLt candidate of the shape itself, whole and split, each timed with the count
+// of outputs whose bits differ from the batch-invariant plan's (bench_cuda gemm_decode).
+// Returns 0 or -1.
 int tr_backend_cuda_gemm_decode_probe(tr_backend *be, int64_t T, int64_t IC, int64_t OC,
                                       int out_f32, int accumulate, int bias, const char *label);
+
+// The sequential-k kernel (kernels/cuda/gemm_seqk.cu) on one forward product out[T, OC] =
+// x[T, IC] w[OC, IC]^T (+ bias, bf16 out only) (+ out when accumulate; not with bias), on
+// device buffers (x, w bf16; out, ref, bias bf16, or fp32 with out_f32): ref by the batch-
+// invariant mode's cuBLASLt plan (the training forward's algorithm), then out by the kernel
+// in configuration cfg (0 .. tr_backend_cuda_seqk_configs() - 1; -1: its default for the
+// shape). Both hold what is added to on entry. Returns 0, 1 when the kernel does not take the
+// product or the configuration (out untouched, ref written), or -1 with the failure recorded
+// (bf16 backends only). For test_cuda_ops, which compares both with a float64 reference and
+// counts the outputs whose bits differ.
+int tr_backend_cuda_seqk_check(tr_backend *be, void *out, void *ref, const void *x,
+                               const void *w, const void *bias, int64_t T, int64_t IC,
+                               int64_t OC, int out_f32, int accumulate, int cfg);
+int tr_backend_cuda_seqk_configs(void);
+// The configuration's tile, warps and stages in words (a string literal).
+const char *tr_backend_cuda_seqk_name(int cfg);
 
 #ifdef __cplusplus
 }

@@ -48,6 +48,8 @@ typedef struct tr_lt_plan {
     cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulAlgo_t algo;
     bool settled;   // a decode-sized product's algorithm was timed (gemm_lt.cu: plan_settle)
+    int32_t seqk;   // 0: algo runs the product; c > 0: the sequential-k kernel (gemm_seqk.cu) in
+                    // its configuration c - 1, settled on as of algo's bits (plan_settle)
 } tr_lt_plan;
 
 // TROUPE_CUDA_PROFILE=1 (profile.cu): events queued after each launch, summed per op name

@@ -4,19 +4,21 @@
 // atomics), once, and kept with the shape's descriptors in the backend context (the one
 // exception: tr_lt_gemm.split_k, decode-sized forward products with batch invariance off). So
 // one shape always computes the same bits on every run, and no timing decides a bit: a
-// decode-sized product may settle on a faster kernel, but only among those whose outputs equal
-// its plan's (plan_settle, at the end of this file). Pointer alignments are part of the shape
-// because the heuristic's choice depends on them; they are counted up to 16 bytes (what the
-// tensor-core kernels' vector loads need), so that the same product on buffers at different
-// offsets, as every layer's are, is one plan and not one for each power of two. In the
-// batch-invariant mode a forward product's algorithm ignores its token count n as well
-// (plan_choose_any_n), so that a row's bits do not depend on the batch around it.
+// decode-sized product may settle on a faster kernel (another algorithm, or the sequential-k
+// kernel of gemm_seqk.cu), but only among those whose outputs equal its plan's (plan_settle,
+// at the end of this file). Pointer alignments are part of the shape because the heuristic's
+// choice depends on them; they are counted up to 16 bytes (what the tensor-core kernels'
+// vector loads need), so that the same product on buffers at different offsets, as every
+// layer's are, is one plan and not one for each power of two. In the batch-invariant mode a
+// forward product's algorithm ignores its token count n as well (plan_choose_any_n), so that
+// a row's bits do not depend on the batch around it.
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
 #include "kernels/cuda/dtype.cuh"
 #include "kernels/cuda/gemm_lt.cuh"
+#include "kernels/cuda/gemm_seqk.cuh"
 
 // Largest power of two up to 16 that divides the address.
 static int32_t align_of(const void *p) {
@@ -273,10 +275,15 @@ int tr_lt_matmul(tr_backend *be, const tr_lt_gemm *g) {
                             sizeof g->bias))
         return -1;
     if (g->timed && !p->settled && plan_settle(be, p, g) != 0) return -1;
+    // The settled kernel takes every product of the plan's key (shape, types, alignments);
+    // were it to refuse one (1: nothing queued), algo, whose bits it has, runs it.
+    const int sq = p->seqk ? tr_gemm_seqk_cfg(be, g, p->seqk - 1) : 1;
+    if (sq < 0) return -1;
     const float one = 1.0f, zero = 0.0f;
-    if (LT_CHECK(be, cublasLtMatmul(ctx->lt, p->op, &one, g->a, p->a, g->b, p->b,
-                                    g->accumulate ? &one : &zero, g->d, p->d, g->d, p->d,
-                                    &p->algo, ctx->lt_ws, TR_CUDA_LT_WORKSPACE, ctx->stream)))
+    if (sq > 0 && LT_CHECK(be, cublasLtMatmul(ctx->lt, p->op, &one, g->a, p->a, g->b, p->b,
+                                              g->accumulate ? &one : &zero, g->d, p->d, g->d,
+                                              p->d, &p->algo, ctx->lt_ws, TR_CUDA_LT_WORKSPACE,
+                                              ctx->stream)))
         return -1;
     if (ctx->prof) tr_cuda_prof_mark(ctx, g->name ? g->name : "gemm", g->m, g->n, g->k);
     return 0;
@@ -284,15 +291,22 @@ int tr_lt_matmul(tr_backend *be, const tr_lt_gemm *g) {
 
 // ---- one candidate run and timed (the probes below, plan_settle) ----
 
-// One run of plan p with algo into g->d, reset from d0 first when accumulating. Returns 0, 1
-// when cuBLASLt refuses the algorithm (not recorded: a candidate that does not run is only
-// left out), or -1 with a failure recorded.
-static int probe_run(tr_backend *be, tr_lt_plan *p, const cublasLtMatmulAlgo_t *algo,
+// A candidate is a cuBLASLt algorithm of the plan, or (seqk >= 0) the sequential-k kernel in
+// its configuration seqk (gemm_seqk.cu; algo is then not read): both are run and timed the
+// same way.
+#define LT_ALGO -1
+
+// One run of plan p's product g into g->d by the candidate (algo, seqk), reset from d0 first
+// when accumulating. Returns 0, 1 when cuBLASLt refuses the algorithm or the sequential-k
+// kernel the product (not recorded: a candidate that does not run is only left out), or -1
+// with a failure recorded.
+static int probe_run(tr_backend *be, tr_lt_plan *p, const cublasLtMatmulAlgo_t *algo, int seqk,
                      const tr_lt_gemm *g, const void *d0, size_t dbytes, int reset) {
     tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
     if (reset && g->accumulate &&
         TR_CUDA_CHECK(be, cudaMemcpyAsync(g->d, d0, dbytes, cudaMemcpyDeviceToDevice, ctx->stream)))
         return -1;
+    if (seqk >= 0) return tr_gemm_seqk_cfg(be, g, seqk);
     const float one = 1.0f, zero = 0.0f;
     return cublasLtMatmul(ctx->lt, p->op, &one, g->a, p->a, g->b, p->b,
                           g->accumulate ? &one : &zero, g->d, p->d, g->d, p->d, algo,
@@ -305,17 +319,19 @@ static int probe_run(tr_backend *be, tr_lt_plan *p, const cublasLtMatmulAlgo_t *
 // from HBM; timed hot, a kernel that reuses L2 better looks faster than it is there.
 #define LT_FLUSH_BYTES ((size_t)128 << 20)
 
-// Microseconds a run of algo takes from cold L2 (flush: LT_FLUSH_BYTES of scratch), the
-// least of five after one warm-up; -1 when a run fails (recorded only if not the algorithm's).
+// Microseconds a run of the candidate (algo, seqk) takes from cold L2 (flush: LT_FLUSH_BYTES
+// of scratch), the least of five after one warm-up; -1 when a run fails (recorded only if not
+// the candidate's).
 static double probe_time(tr_backend *be, tr_lt_plan *p, const cublasLtMatmulAlgo_t *algo,
-                         const tr_lt_gemm *g, void *flush, cudaEvent_t e0, cudaEvent_t e1) {
+                         int seqk, const tr_lt_gemm *g, void *flush, cudaEvent_t e0,
+                         cudaEvent_t e1) {
     tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
     double best = -1.0;
     for (int r = 0; r < 6; r++) {
         float ms = 0.0f;
         if (TR_CUDA_CHECK(be, cudaMemsetAsync(flush, r, LT_FLUSH_BYTES, ctx->stream)) ||
             TR_CUDA_CHECK(be, cudaEventRecord(e0, ctx->stream)) ||
-            probe_run(be, p, algo, g, NULL, 0, 0) != 0 ||
+            probe_run(be, p, algo, seqk, g, NULL, 0, 0) != 0 ||
             TR_CUDA_CHECK(be, cudaEventRecord(e1, ctx->stream)) ||
             TR_CUDA_CHECK(be, cudaEventSynchronize(e1)) ||
             TR_CUDA_CHECK(be, cudaEventElapsedTime(&ms, e0, e1)))
@@ -362,7 +378,7 @@ extern "C" int tr_backend_cuda_gemm_probe(tr_backend *be, int ta, int tb, int64_
             TR_CUDA_CHECK(be, cudaEventCreate(&e1)))
             na = 0;
         for (int i = 0; i < na && !ctx->failed; i++) {
-            const double us = probe_time(be, &p, &algos[i], &g, flush, e0, e1);
+            const double us = probe_time(be, &p, &algos[i], LT_ALGO, &g, flush, e0, e1);
             printf("  %-12s m=%-6lld n=%-6lld k=%-6lld #%-2d algo %3d tile %3d stages %3d "
                    "swizzle %d cluster %2d: %8.1f us %6.0f TFLOP/s%s\n",
                    label, (long long)m, (long long)n, (long long)k, i,
@@ -448,14 +464,24 @@ extern "C" int tr_backend_cuda_gemm_decode_probe(tr_backend *be, int64_t T, int6
         tr_lt_key key;
         key_of(&g, &key);
         tr_lt_plan *inv = plan_get(be, &key, g.bias);   // the batch-invariant mode's plan
-        if (!inv || probe_run(be, inv, &inv->algo, &g, d0, dbytes, 1) ||
+        if (!inv || probe_run(be, inv, &inv->algo, LT_ALGO, &g, d0, dbytes, 1) ||
             TR_CUDA_CHECK(be, cudaMemcpy(ref, d, dbytes, cudaMemcpyDeviceToHost)))
             goto out;
         printf("  %-8s T=%-4lld %5lld x %-6lld batch-invariant plan (algo %d tile %d): %7.1f us\n",
                label, (long long)T, (long long)OC, (long long)IC,
                algo_attr(&inv->algo, CUBLASLT_ALGO_CONFIG_ID),
                algo_attr(&inv->algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
-               probe_time(be, inv, &inv->algo, &g, flush, e0, e1));
+               probe_time(be, inv, &inv->algo, LT_ALGO, &g, flush, e0, e1));
+        // the sequential-k kernel's configurations (those it refuses for the shape left out)
+        for (int c = 0; c < TR_SEQK_CONFIGS; c++) {
+            const int run = probe_run(be, inv, NULL, c, &g, d0, dbytes, 1);
+            if (run < 0) goto out;
+            if (run > 0) continue;
+            const int64_t bad = probe_diff(be, d, ref, got, dbytes, esize);
+            printf("    seqk  #%-2d %s: %7.1f us, %lld of %lld outputs differ\n", c,
+                   tr_gemm_seqk_name(c), probe_time(be, inv, NULL, c, &g, flush, e0, e1),
+                   (long long)bad, (long long)(T * OC));
+        }
         for (int split = 0; split < 2; split++) {
             g.any_n = false;
             g.split_k = split != 0;
@@ -465,7 +491,7 @@ extern "C" int tr_backend_cuda_gemm_decode_probe(tr_backend *be, int64_t T, int6
             int na = plan_candidates(be, &own, algos, 16);
             for (int i = 0; i < na; i++) {
                 int64_t bad = -1;
-                if (probe_run(be, &own, &algos[i], &g, d0, dbytes, 1) == 0)
+                if (probe_run(be, &own, &algos[i], LT_ALGO, &g, d0, dbytes, 1) == 0)
                     bad = probe_diff(be, d, ref, got, dbytes, esize);
                 int32_t splits = algo_attr(&algos[i], CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
                 printf("    %s #%-2d algo %3d tile %3d stages %3d splits %2d cluster %2d: "
@@ -474,8 +500,8 @@ extern "C" int tr_backend_cuda_gemm_decode_probe(tr_backend *be, int64_t T, int6
                        algo_attr(&algos[i], CUBLASLT_ALGO_CONFIG_TILE_ID),
                        algo_attr(&algos[i], CUBLASLT_ALGO_CONFIG_STAGES_ID), splits,
                        algo_attr(&algos[i], CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
-                       probe_time(be, &own, &algos[i], &g, flush, e0, e1), (long long)bad,
-                       (long long)(T * OC),
+                       probe_time(be, &own, &algos[i], LT_ALGO, &g, flush, e0, e1),
+                       (long long)bad, (long long)(T * OC),
                        memcmp(&algos[i], &own.algo, sizeof own.algo) == 0 ? "  <- rule" : "");
             }
             plan_release(&own);
@@ -497,19 +523,58 @@ out:
     return ctx->failed ? -1 : 0;
 }
 
-// ---- decode-sized products: the fastest algorithm of the plan's bits ----
+// ---- the sequential-k kernel against the batch-invariant plan (test_cuda_ops) ----
+
+extern "C" int tr_backend_cuda_seqk_check(tr_backend *be, void *out, void *ref, const void *x,
+                                          const void *w, const void *bias, int64_t T,
+                                          int64_t IC, int64_t OC, int out_f32, int accumulate,
+                                          int cfg) {
+    tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
+    if (!ctx->lt || T <= 0 || IC <= 0 || OC <= 0) return -1;
+    // as matmul.cu issues a forward product, in the batch-invariant mode, never settled
+    tr_lt_gemm g = {.ta = CUBLAS_OP_T, .tb = CUBLAS_OP_N, .m = OC, .n = T, .k = IC,
+                    .a = w, .lda = IC, .a_type = CUDA_R_16BF,
+                    .b = x, .ldb = IC, .b_type = CUDA_R_16BF,
+                    .d = ref, .ldd = OC, .d_type = out_f32 ? CUDA_R_32F : CUDA_R_16BF,
+                    .accumulate = accumulate != 0, .bias = bias, .any_n = true,
+                    .name = "gemm seqk check"};
+    tr_lt_key key;
+    key_of(&g, &key);
+    tr_lt_plan *inv = plan_get(be, &key, g.bias);
+    if (!inv) return -1;
+    // a plan kept from an earlier call holds that call's bias pointer
+    if (g.bias && set_desc(be, inv->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias))
+        return -1;
+    const int run = probe_run(be, inv, &inv->algo, LT_ALGO, &g, NULL, 0, 0);
+    if (run > 0)
+        tr_cuda_record(ctx, __FILE__, __LINE__, "cublasLtMatmul",
+                       "the batch-invariant plan's algorithm refused its product");
+    if (run != 0) return -1;
+    g.d = out;
+    return tr_gemm_seqk_cfg(be, &g, cfg);
+}
+
+extern "C" int tr_backend_cuda_seqk_configs(void) { return TR_SEQK_CONFIGS; }
+
+extern "C" const char *tr_backend_cuda_seqk_name(int cfg) { return tr_gemm_seqk_name(cfg); }
+
+// ---- decode-sized products: the fastest kernel of the plan's bits ----
 //
 // A decode step's products have few rows, and which kernel serves them best is not what the
 // rule picks for the shape (bench_cuda gemm_decode: at 64 rows the 0.5B shape's gate/up ran
 // 14.7 us by the batch-invariant plan and 9.4 by another kernel; its down projection 15.1
 // against 25.8 the other way). Every cuBLASLt Hopper kernel without split-K reduces each
 // output in one chain over ascending k16 blocks, so they give the same bits (0 differing
-// outputs at every decode product of both models there). So the first time such a product
-// runs outside a recording, each algorithm the heuristic offers is run once on the product's
-// own operands into scratch memory, those whose outputs differ from the plan's algorithm in
-// any bit are dropped, and the fastest of the rest from a cold L2 (the plan's own unless
-// another is 3% faster) is kept. Timing decides which kernel runs, never a bit of what it computes: the
-// batch-invariant mode keeps training's bits, the fastest mode its rule's.
+// outputs at every decode product of both models there). The sequential-k kernel
+// (gemm_seqk.cu) reduces in that chain too, on output tiles small enough to fill the device.
+// So the first time such a product runs outside a recording, each algorithm the heuristic
+// offers and each configuration of the sequential-k kernel that takes the product is run once
+// on the product's own operands into scratch memory, those whose outputs differ from the
+// plan's algorithm in any bit are dropped, and the fastest of the rest from a cold L2 (the
+// plan's own unless another is 3% faster, each later candidate against the best so far) is
+// kept: an algorithm in p->algo, the sequential-k kernel in p->seqk. Timing decides which
+// kernel runs, never a bit of what it computes: the batch-invariant mode keeps training's
+// bits, the fastest mode its rule's.
 
 // Counts the 16-bit words in which a and b differ into *bad.
 __global__ void lt_count_diff(const uint16_t *a, const uint16_t *b, size_t n,
@@ -536,7 +601,7 @@ static long long settle_diff(tr_backend *be, const void *ref, const void *d, siz
     return (long long)h;
 }
 
-// Settles p's algorithm as above. A product queued into a recording is left unsettled (a
+// Settles p's kernel as above. A product queued into a recording is left unsettled (a
 // recording can neither allocate nor wait), as is one whose scratch memory is not to be had;
 // both keep the plan's algorithm, as a failed settling does. Returns 0, or -1 with the
 // failure recorded.
@@ -548,7 +613,7 @@ static int plan_settle(tr_backend *be, tr_lt_plan *p, const tr_lt_gemm *g) {
     p->settled = true;
     cublasLtMatmulAlgo_t algos[16];
     const int na = plan_candidates(be, p, algos, 16);
-    if (na <= 0) return na < 0 ? -1 : 0;
+    if (na < 0) return -1;
     const size_t bytes = (size_t)(g->ldd * g->n) * (g->d_type == CUDA_R_32F ? 4 : 2);
     void *ref = NULL, *d = NULL, *flush = NULL;
     unsigned long long *bad = NULL;
@@ -568,27 +633,33 @@ static int plan_settle(tr_backend *be, tr_lt_plan *p, const tr_lt_gemm *g) {
     t.d = d;
     double best_us = -1.0;
     cublasLtMatmulAlgo_t best = p->algo;
+    int best_seqk = LT_ALGO;
     // the reference from the output's present contents (what an accumulating product adds to)
     if (TR_CUDA_CHECK(be, cudaEventCreate(&e0)) || TR_CUDA_CHECK(be, cudaEventCreate(&e1)) ||
-        probe_run(be, p, &p->algo, &r, g->d, bytes, 1) != 0 ||
-        (best_us = probe_time(be, p, &p->algo, &t, flush, e0, e1)) < 0)
+        probe_run(be, p, &p->algo, LT_ALGO, &r, g->d, bytes, 1) != 0 ||
+        (best_us = probe_time(be, p, &p->algo, LT_ALGO, &t, flush, e0, e1)) < 0)
         goto out;
-    for (int i = 0; i < na; i++) {
-        if (memcmp(&algos[i], &p->algo, sizeof algos[i]) == 0) continue;
-        int run = probe_run(be, p, &algos[i], &t, g->d, bytes, 1);
+    // the heuristic's algorithms (i < na), then the sequential-k kernel's configurations
+    for (int i = 0; i < na + TR_SEQK_CONFIGS; i++) {
+        const cublasLtMatmulAlgo_t *algo = i < na ? &algos[i] : NULL;
+        const int seqk = i < na ? LT_ALGO : i - na;
+        if (algo && memcmp(algo, &p->algo, sizeof *algo) == 0) continue;
+        int run = probe_run(be, p, algo, seqk, &t, g->d, bytes, 1);
         if (run < 0) goto out;
         if (run > 0) continue;
         long long diff = settle_diff(be, ref, d, bytes, bad);
         if (diff < 0) goto out;
         if (diff > 0) continue;   // other bits: never this product's kernel
-        double us = probe_time(be, p, &algos[i], &t, flush, e0, e1);
+        double us = probe_time(be, p, algo, seqk, &t, flush, e0, e1);
         if (us < 0 && ctx->failed) goto out;
         if (us >= 0 && us < 0.97 * best_us) {
             best_us = us;
-            best = algos[i];
+            if (algo) best = *algo;
+            best_seqk = seqk;
         }
     }
     p->algo = best;
+    p->seqk = best_seqk + 1;   // 0 (LT_ALGO + 1): the algorithm
 out:
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);

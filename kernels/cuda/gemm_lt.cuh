@@ -35,7 +35,8 @@ typedef struct tr_lt_gemm {
     // a decode step's few rows leave most SMs idle otherwise.
     bool split_k;
     // A decode-sized forward product: on its first use outside a recording it may take the
-    // fastest of the algorithms whose outputs equal the plan's own bit for bit (plan_settle).
+    // fastest of the kernels (cuBLASLt's algorithms, gemm_seqk.cu's configurations) whose
+    // outputs equal the plan's own bit for bit (plan_settle).
     bool timed;
     const char *name;   // a string literal naming the product in TROUPE_CUDA_PROFILE's table
 } tr_lt_gemm;

@@ -172,13 +172,15 @@ static void get_act(int gpu, float *host, const void *p, size_t n) {
     gett(gpu, host, p, n, be_of(gpu)->act);
 }
 
-static void bufs_free(int gpu) {
-    for (int i = 0; i < n_bufs; i++) {
+// Frees the buffers put after the first keep.
+static void bufs_pop(int gpu, int keep) {
+    for (int i = keep; i < n_bufs; i++) {
         if (gpu) tr_cuda_free(bufs[i]);
         else free(bufs[i]);
     }
-    n_bufs = 0;
+    n_bufs = keep;
 }
+static void bufs_free(int gpu) { bufs_pop(gpu, 0); }
 
 // ---- strided rows ----
 
@@ -402,6 +404,115 @@ static void test_matmul_split(void) {
     CHECKF(tr_backend_cuda_status(&gpu_be, msg, sizeof msg) == 0, "cuda backend: %s", msg);
     tr_backend_cuda_free(&gpu_be);
     gpu_be = keep;
+}
+
+// --- the sequential-k kernel (kernels/cuda/gemm_seqk.cu) ---------------------------------
+// Every configuration (and the default) on forward products as matmul.cu issues them, bf16
+// out with and without the bias, fp32 out with and without accumulation: each output within
+// the bound below of the float64 result (asserted), and the outputs whose bits differ from the
+// batch-invariant cuBLASLt plan's counted (printed: whether the kernel's chains are cuBLASLt's
+// is what a GPU run answers; plan_settle only ever runs it where they are). The cuBLASLt
+// plan's own error against the bound is printed beside, as a check of the bound.
+//
+// The bound: bf16 products are exact in fp32, and each k16 block adds its 16 to the fp32
+// accumulator with an error of a few fp32 units of the block's magnitude (the tensor core
+// aligns the terms and rounds once or truncates), so after IC/16 blocks an output is within
+// (IC/16 + 1) 2^-21 sum_k |x_k w_k|; the bias or the start adds one fp32 rounding (2^-24 of
+// the result), a bf16 output half an ulp (BF16_REL of it). A wrong fragment, tile or stage
+// would be off by whole terms, far past it.
+
+typedef struct sqk_case {
+    const char *name;
+    int out_f32, acc, bias;
+} sqk_case;
+
+static void test_matmul_seqk(int32_t T, int32_t IC, int32_t OC) {
+    static const sqk_case cases[] = {
+        {"bf16", 0, 0, 0}, {"bf16+b", 0, 0, 1}, {"f32", 1, 0, 0}, {"f32+=", 1, 1, 0}};
+    const size_t nx = (size_t)T * IC, nw = (size_t)OC * IC, no = (size_t)T * OC;
+    float *x = rand_act(nx, 1.0), *w = rand_act(nw, 0.1), *bias = rand_act(OC, 1.0);
+    float *start = kt_rand(no, 1.0);
+    double *sum = kt_malloc(no * sizeof(double)), *mag = kt_malloc(no * sizeof(double));
+    for (int32_t t = 0; t < T; t++)
+        for (int32_t o = 0; o < OC; o++) {
+            const float *xr = x + (size_t)t * IC, *wr = w + (size_t)o * IC;
+            double s_ = 0.0, m_ = 0.0;
+            for (int32_t k = 0; k < IC; k++) {
+                double p = (double)xr[k] * (double)wr[k];
+                s_ += p;
+                m_ += fabs(p);
+            }
+            sum[(size_t)t * OC + o] = s_;
+            mag[(size_t)t * OC + o] = m_;
+        }
+    float *got = kt_floats(no), *ref = kt_floats(no);
+    void *dx = put_act(1, x, nx), *dw = put_wt(1, w, nw);
+    void *db = put_wt(1, bias, OC);   // bf16: the bias of a bf16 output
+    const int keep = n_bufs, nc = tr_backend_cuda_seqk_configs();
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const sqk_case *q = &cases[c];
+        const tr_dt ot = q->out_f32 ? TR_F32 : TR_BF16;
+        double worst = 0.0, worst_ref = 0.0;
+        char differ[256] = "";
+        size_t used = 0;
+        for (int cfg = -1; cfg < nc; cfg++) {
+            void *dout = putt(1, q->acc ? start : NULL, no, ot);   // NULL: NaN, all written
+            void *dref = putt(1, q->acc ? start : NULL, no, ot);
+            int r = tr_backend_cuda_seqk_check(&gpu_be, dout, dref, dx, dw, q->bias ? db : NULL,
+                                               T, IC, OC, q->out_f32, q->acc, cfg);
+            char msg[512];
+            if (r < 0) {
+                tr_backend_cuda_status(&gpu_be, msg, sizeof msg);
+                CHECKF(0, "seqk %dx%dx%d %s config %d: %s", T, IC, OC, q->name, cfg, msg);
+                bufs_pop(1, keep);
+                break;
+            }
+            if (r > 0) {   // a tile wider than the tokens: refused
+                CHECKF(cfg >= 0, "seqk %dx%dx%d %s: the default configuration refused", T, IC,
+                       OC, q->name);
+                if (used < sizeof differ)
+                    used += (size_t)snprintf(differ + used, sizeof differ - used, " -");
+                bufs_pop(1, keep);
+                continue;
+            }
+            gett(1, got, dout, no, ot);
+            gett(1, ref, dref, no, ot);
+            bufs_pop(1, keep);
+            size_t bad = 0, nd = 0;
+            for (size_t i = 0; i < no; i++) {
+                const int32_t o = (int32_t)(i % (size_t)OC);
+                const double e =
+                    sum[i] + (q->bias ? (double)bias[o] : q->acc ? (double)start[i] : 0.0);
+                const double chain = (IC / 16 + 1) * 0x1p-21 * mag[i];
+                const double tol = chain + 0x1p-23 * fabs(e) +
+                                   (q->out_f32 ? 0.0 : BF16_REL * (fabs(e) + chain)) + 1e-30;
+                const double d = fabs((double)got[i] - e), dr = fabs((double)ref[i] - e);
+                if (!(d <= tol)) bad++;   // NaN (an output not written) included
+                worst = fmax(worst, isnan(d) ? INFINITY : d / tol);
+                worst_ref = fmax(worst_ref, isnan(dr) ? INFINITY : dr / tol);
+                nd += memcmp(&got[i], &ref[i], sizeof(float)) != 0;
+            }
+            CHECKF(bad == 0, "seqk %dx%dx%d %s config %d (%s): %zu of %zu outputs past the bound",
+                   T, IC, OC, q->name, cfg, tr_backend_cuda_seqk_name(cfg), bad, no);
+            if (used < sizeof differ)
+                used += (size_t)snprintf(differ + used, sizeof differ - used, " %zu", nd);
+        }
+        printf("  %-5s seqk %dx%dx%d %-6s err / bound %.3f (cuBLASLt %.3f); outputs of %zu "
+               "differing from the batch-invariant plan, default then configs 0..%d:%s\n",
+               tr_dt_name(prec), T, IC, OC, q->name, worst, worst_ref, no, nc - 1, differ);
+    }
+    bufs_free(1);
+    free(x); free(w); free(bias); free(start); free(sum); free(mag); free(got); free(ref);
+}
+
+// The decode products of Qwen2.5-0.5B (qkv, down, gate/up) and an odd shape (a k-tile and
+// output tiles cut short) at 1, 7, 64 and 200 tokens.
+static void test_matmul_seqk_all(void) {
+    const int32_t Ts[] = {1, 7, 64, 200};
+    const int32_t shapes[][2] = {{896, 1152}, {4864, 896}, {896, 9728}, {96, 208}};
+    for (size_t t = 0; t < sizeof Ts / sizeof Ts[0]; t++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            test_matmul_seqk(Ts[t], shapes[s][0], shapes[s][1]);
 }
 
 // --- embedding ------------------------------------------------------------------------------
@@ -2219,6 +2330,7 @@ static void run_pass(const char *only) {
         test_matmul_batch_invariance(896, 1);
         test_matmul_batch_invariance(96, 3);
         if (prec == TR_BF16) test_matmul_split();
+        if (prec == TR_BF16) test_matmul_seqk_all();
     }
     if (section(only, "embedding")) {
         test_embedding(300, 96, 50, 0);
