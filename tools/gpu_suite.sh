@@ -349,6 +349,7 @@ ncu_part() {
         "$d" qwen2.5-0.5b 64 1 256 64
     run ncu_step_summary python3 tools/ncu_summary.py "$logs/ncu_step.csv"
     for k in ${NCU_KERNELS:-fa_decode rmsnorm sample_draw swiglu}; do
+        [ "$k" = - ] && continue   # NCU_KERNELS=-: the step's sums alone
         run "ncu_$k" timeout 90 "$ncu" --kernel-name "regex:$k" --launch-skip 200 \
             --launch-count 2 --section SpeedOfLight --section Occupancy --section WarpStateStats \
             --section LaunchStats --section MemoryWorkloadAnalysis \

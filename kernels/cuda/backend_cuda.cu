@@ -288,6 +288,10 @@ extern "C" int tr_backend_cuda_device(tr_backend *be) {
     return be && be->ctx ? tr_cuda_ctx_of(be)->device : -1;
 }
 
+extern "C" void tr_backend_cuda_force_row_ctas(tr_backend *be, int ctas) {
+    if (be && be->ctx) tr_cuda_ctx_of(be)->row_ctas = ctas == 1 || ctas == 2 || ctas == 4 ? ctas : 0;
+}
+
 extern "C" int tr_backend_cuda_softmax_chunk(tr_backend *be) {
     return be && be->ctx ? tr_cuda_ctx_of(be)->softmax_chunk : TR_CUDA_SOFTMAX_CHUNK;
 }

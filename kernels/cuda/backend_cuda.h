@@ -44,6 +44,10 @@ int tr_backend_cuda_device(tr_backend *be);
 // the environment's).
 int tr_backend_cuda_softmax_chunk(tr_backend *be);
 
+// Makes every log-softmax and sample row take `ctas` blocks (1, 2 or 4; 0: as many as the
+// launch's rows leave room for), for tests: the bits must not depend on it.
+void tr_backend_cuda_force_row_ctas(tr_backend *be, int ctas);
+
 // With TROUPE_CUDA_PROFILE=1: forgets what the profile has summed so far (a benchmark calls it
 // after its warm-up, so the table shows the steady state). Without it: nothing.
 void tr_backend_cuda_profile_reset(tr_backend *be);

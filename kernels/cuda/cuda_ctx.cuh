@@ -96,6 +96,8 @@ typedef struct tr_cuda_ctx {
     int flash_attention;    // the tensor-core attention kernels; TROUPE_CUDA_FLASH_ATTENTION=0
                             // keeps the row kernels (attention.cu) for every head size
     int32_t softmax_chunk;  // TR_CUDA_SOFTMAX_CHUNK, or TROUPE_CUDA_SOFTMAX_CHUNK's
+    int32_t row_ctas;       // blocks a log-softmax row takes; 0: by the launch's rows (tests
+                            // force 1, 2 or 4: logsoftmax_row.cuh)
     tr_cuda_prof *prof;     // TROUPE_CUDA_PROFILE=1, else NULL
     int failed;
     char msg[512];

@@ -1,10 +1,16 @@
 // One row of the fused log-softmax on the GPU, shared by logsoftmax_forward and sample: both
-// run it in blocks of TR_LSM_THREADS threads over logits of the activation dtype (float or
-// bf16, widened exactly), so the reductions have the same shape and the sample op's logprobs
-// are the forward's bits. Rows are read in chunks of TR_LSM_CHUNK columns with 16-byte loads
-// where the row's start allows, else element by element in the same order, each thread's
-// next few chunks loading while it works on one (tr_lsm_each).
+// run it over logits of the activation dtype (float or bf16, widened exactly) in the order of
+// TR_LSM_VT virtual threads, so the reductions have the same shape and the sample op's
+// logprobs are the forward's bits. Who plays the virtual threads is the launch's choice and
+// changes no bit: a row takes a cluster of C = 1, 2 or 4 blocks of TR_LSM_THREADS threads,
+// each thread playing 4 / C virtual threads, so that a decode step's 64 rows run on 256 blocks
+// (one row's pass, a few hundred kilobytes, is latency-bound in one block) and a batch of
+// hundreds of rows on one block a row (tr_lsm_ctas_for). Rows are read in chunks of
+// TR_LSM_CHUNK columns with 16-byte loads where the row's start allows, else element by
+// element in the same order, each thread's next few chunks loading while it works on one
+// (tr_lsm_each).
 #pragma once
+#include <cooperative_groups.h>
 #include <stdint.h>
 
 #include "kernels/cuda/attention_ptx.cuh"
@@ -12,10 +18,134 @@
 #include "kernels/cuda/dtype.cuh"
 
 #define TR_LSM_THREADS 256
+#define TR_LSM_VT 1024                              // a row's virtual threads
+#define TR_LSM_UMAX (TR_LSM_VT / TR_LSM_THREADS)    // virtual threads a thread plays, at most
+#define TR_LSM_WARPS (TR_LSM_THREADS / 32)          // a block's warps
+static_assert(TR_LSM_VT == 32 * 32, "a row's warps must be one warp's lanes (tr_lsm_reduce)");
 
-// Chunk c of a row is columns [8c, 8c + 8) (the last one may be short); thread c % blockDim.x
-// owns it, and each thread goes through its chunks, and each chunk's columns, in order. That
-// order depends on V alone: whether a chunk arrives by 16-byte loads (a 16-byte aligned row
+// Blocks a row for a launch of `rows` rows: as many as keep the grid within two blocks an SM
+// (unless a test forced a count: tr_backend_cuda_force_row_ctas).
+static inline int tr_lsm_ctas_for(const tr_cuda_ctx *ctx, long rows) {
+    if (ctx->row_ctas) return ctx->row_ctas;
+    return rows * 4 <= 2L * ctx->sms ? 4 : rows * 2 <= 2L * ctx->sms ? 2 : 1;
+}
+
+// Launches a row kernel over `rows` rows in clusters of C blocks (rows in blockIdx.x / C
+// order).
+template <typename... P, typename... A>
+static cudaError_t tr_lsm_launch(void (*kernel)(P...), long rows, int C, size_t dyn,
+                                 cudaStream_t st, A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)(rows * C));
+    cfg.blockDim = dim3(TR_LSM_THREADS);
+    cfg.dynamicSmemBytes = dyn;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = (unsigned)C;
+    at[0].val.clusterDim.y = at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = C > 1 ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, (P)args...);
+}
+
+// The row's cluster: C blocks; block r's thread t plays virtual threads r * TR_LSM_THREADS + t
+// + u * C * TR_LSM_THREADS for u < U = TR_LSM_UMAX / C (C = 4: r * 256 + t; C = 1: t, t + 256,
+// t + 512, t + 768).
+__device__ __forceinline__ int32_t tr_lsm_ctas() {
+    return (int32_t)cooperative_groups::this_cluster().dim_blocks().x;
+}
+__device__ __forceinline__ int32_t tr_lsm_rank() {
+    return (int32_t)cooperative_groups::this_cluster().block_rank();
+}
+__device__ __forceinline__ int32_t tr_lsm_uses() { return TR_LSM_UMAX / tr_lsm_ctas(); }
+__device__ __forceinline__ int32_t tr_lsm_vt(int32_t u) {
+    return (tr_lsm_rank() + u * tr_lsm_ctas()) * TR_LSM_THREADS + (int32_t)threadIdx.x;
+}
+// The cluster's row, and the rows the grid strides by.
+__device__ __forceinline__ int32_t tr_lsm_row_first() {
+    return (int32_t)blockIdx.x / tr_lsm_ctas();
+}
+__device__ __forceinline__ int32_t tr_lsm_row_step() {
+    return (int32_t)gridDim.x / tr_lsm_ctas();
+}
+// A barrier of the row's blocks (the block's alone when it has the row to itself).
+__device__ __forceinline__ void tr_lsm_sync() {
+    if (tr_lsm_ctas() > 1) cooperative_groups::this_cluster().sync();
+    else __syncthreads();
+}
+
+// A pair of sums reduced together (each in the order of one sum).
+struct tr_lsm_pair {
+    double a, b;
+};
+struct tr_lsm_op_pair {
+    __device__ tr_lsm_pair operator()(tr_lsm_pair x, tr_lsm_pair y) const {
+        return {x.a + y.a, x.b + y.b};
+    }
+};
+
+__device__ __forceinline__ float tr_lsm_shfl(float v, int o) {
+    return __shfl_xor_sync(0xffffffffu, v, o);
+}
+__device__ __forceinline__ double tr_lsm_shfl(double v, int o) {
+    return __shfl_xor_sync(0xffffffffu, v, o);
+}
+__device__ __forceinline__ int32_t tr_lsm_shfl(int32_t v, int o) {
+    return __shfl_xor_sync(0xffffffffu, v, o);
+}
+__device__ __forceinline__ tr_lsm_pair tr_lsm_shfl(tr_lsm_pair v, int o) {
+    return {tr_lsm_shfl(v.a, o), tr_lsm_shfl(v.b, o)};
+}
+
+// A row-wide reduction in a fixed order: a butterfly over each virtual warp's lanes, then one
+// over the row's 32 virtual warp results in virtual warp order, which every block's warp 0
+// reads from the blocks' shared memory; so it is tr_block_reduce of one 1024-thread block,
+// whoever played the threads. v[u]: the thread's value as virtual thread u (u < U). Every
+// thread of the row calls; every thread gets the result. The second barrier ends the remote
+// reads, so the next call (or the kernel's end) may reuse the buffers.
+template <typename T, typename Op>
+__device__ T tr_lsm_reduce(const T (&v)[TR_LSM_UMAX], Op op) {
+    __shared__ T part[32];   // virtual warp w + 8 u of this block's threads at [w + 8 u]
+    __shared__ T res;
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    const int C = tr_lsm_ctas(), U = TR_LSM_UMAX / C;
+#pragma unroll
+    for (int u = 0; u < TR_LSM_UMAX; u++) {
+        if (u >= U) break;
+        T x = v[u];
+        for (int o = 16; o > 0; o >>= 1) x = op(x, tr_lsm_shfl(x, o));
+        if (lane == 0) part[warp + TR_LSM_WARPS * u] = x;
+    }
+    tr_lsm_sync();
+    if (warp == 0) {
+        // virtual warp `lane` is block (lane / 8) % C's warp lane % 8, as its virtual thread
+        // lane / (8 C)
+        const int r = lane / TR_LSM_WARPS % C;
+        const int slot = lane % TR_LSM_WARPS + lane / (TR_LSM_WARPS * C) * TR_LSM_WARPS;
+        T x = C > 1 ? cooperative_groups::this_cluster().map_shared_rank(part, (unsigned)r)[slot]
+                    : part[slot];
+        for (int o = 16; o > 0; o >>= 1) x = op(x, tr_lsm_shfl(x, o));
+        if (lane == 0) res = x;
+    }
+    tr_lsm_sync();
+    return res;
+}
+
+// The same for an order-free operation (maximum, a total order's best), whose thread value
+// covers all of its virtual threads: the others are the identity.
+template <typename T, typename Op>
+__device__ T tr_lsm_reduce1(T v, Op op, T identity) {
+    T vs[TR_LSM_UMAX];
+    vs[0] = v;
+#pragma unroll
+    for (int u = 1; u < TR_LSM_UMAX; u++) vs[u] = identity;
+    return tr_lsm_reduce(vs, op);
+}
+
+// Chunk c of a row is columns [8c, 8c + 8) (the last one may be short); virtual thread
+// c % TR_LSM_VT owns it, and each virtual thread goes through its chunks, and each chunk's
+// columns, in order. That order depends on V alone: whether a chunk arrives by 16-byte loads (a 16-byte aligned row
 // and a whole chunk) or one element at a time changes no sum, so a row gives the same bits
 // wherever it lies (a decode row, a training chunk, one rank's columns). Eight columns are
 // one 16-byte load of bf16 or two of fp32, and both dtypes sum in the same order.
@@ -154,10 +284,11 @@ __device__ __forceinline__ tr_lsm_src<T> tr_lsm_row_src(const T *x, int32_t V) {
 
 // Dynamic shared memory a row kernel is launched with, for tr_lsm_each's staging: rows few
 // enough that their blocks leave SMs idle read deeper through it; many rows keep the
-// registers' loads ahead (0), so that more blocks fit an SM.
-#define TR_LSM_STAGE_BYTES (96 << 10)
-static inline size_t tr_lsm_stage_bytes(long rows, int sms) {
-    return rows < 2L * sms ? TR_LSM_STAGE_BYTES : 0;
+// registers' loads ahead (0), so that more blocks fit an SM. 64 KiB leaves two blocks an SM
+// room for the sampler's 25 KiB of its own. blocks: the launch's (rows times C).
+#define TR_LSM_STAGE_BYTES (64 << 10)
+static inline size_t tr_lsm_stage_bytes(long blocks, int sms) {
+    return blocks < 2L * sms ? TR_LSM_STAGE_BYTES : 0;
 }
 
 __device__ __forceinline__ uint32_t tr_lsm_dyn_bytes() {
@@ -294,40 +425,48 @@ struct tr_lsm_stats {
     double s, sx;
 };
 
-// Every thread of the block calls; every thread gets the statistics.
+// Every thread of the row calls; every thread gets the statistics.
 template <typename T>
 __device__ inline tr_lsm_stats tr_lsm_row(const T *x, int32_t V) {
     const tr_lsm_src<T> src = tr_lsm_row_src(x, V);
-    const int32_t nc = tr_lsm_chunks(V);
+    const int32_t nc = tr_lsm_chunks(V), U = tr_lsm_uses();
     float m = -INFINITY;
-    tr_lsm_each(src, threadIdx.x, blockDim.x, nc, [&](int32_t, int32_t n, const float *v) {
+#pragma unroll 1
+    for (int32_t u = 0; u < U; u++)
+        tr_lsm_each(src, tr_lsm_vt(u), TR_LSM_VT, nc, [&](int32_t, int32_t n, const float *v) {
 #pragma unroll
-        for (int32_t k = 0; k < TR_LSM_CHUNK; k++)
-            if (k < n) m = fmaxf(m, v[k]);
-    });
-    m = tr_block_max(m);
+            for (int32_t k = 0; k < TR_LSM_CHUNK; k++)
+                if (k < n) m = fmaxf(m, v[k]);
+        });
+    m = tr_lsm_reduce1(m, tr_op_max(), -INFINITY);
     // A chunk's terms add in fp32 (at most TR_LSM_CHUNK of them, each e <= 1), its sums into
-    // the thread's double ones: two widenings a chunk instead of two a column, which ran at
-    // the device's 16 conversions a clock and an SM and bounded a decode row's pass.
-    double s = 0.0, sx = 0.0;
-    tr_lsm_each(src, threadIdx.x, blockDim.x, nc, [&](int32_t, int32_t n, const float *v) {
-        float cs = 0.0f, csx = 0.0f;
+    // the virtual thread's double ones: two widenings a chunk instead of two a column, which
+    // ran at the device's 16 conversions a clock and an SM and bounded a decode row's pass.
+    tr_lsm_pair s[TR_LSM_UMAX] = {};
+#pragma unroll 1
+    for (int32_t u = 0; u < U; u++) {
+        tr_lsm_pair acc = {0.0, 0.0};
+        tr_lsm_each(src, tr_lsm_vt(u), TR_LSM_VT, nc, [&](int32_t, int32_t n, const float *v) {
+            float cs = 0.0f, csx = 0.0f;
 #pragma unroll
-        for (int32_t k = 0; k < TR_LSM_CHUNK; k++) {
-            if (k < n) {
-                float z = v[k] - m;
-                float e = expf(z);
-                cs = __fadd_rn(cs, e);
-                csx = __fmaf_rn(e, z, csx);
+            for (int32_t k = 0; k < TR_LSM_CHUNK; k++) {
+                if (k < n) {
+                    float z = v[k] - m;
+                    float e = expf(z);
+                    cs = __fadd_rn(cs, e);
+                    csx = __fmaf_rn(e, z, csx);
+                }
             }
-        }
-        s += (double)cs;
-        sx += (double)csx;
-    });
+            acc.a += (double)cs;
+            acc.b += (double)csx;
+        });
+        s[u] = acc;
+    }
+    const tr_lsm_pair r = tr_lsm_reduce(s, tr_lsm_op_pair());
     tr_lsm_stats st;
     st.m = m;
-    st.s = tr_block_sum(s);
-    st.sx = tr_block_sum(sx);
+    st.s = r.a;
+    st.sx = r.b;
     return st;
 }
 

@@ -9,6 +9,10 @@
 // from the host's sequential ones, so a draw within TR_SAMPLE_NEAR of a boundary may pick a
 // neighbouring id; those are counted. Logits are the activation dtype (float or bf16),
 // widened exactly where they are read; the rank order reads the sorted keys, which hold them.
+// A row's "block" is a cluster of 1 to 4 blocks (logsoftmax_row.cuh): its TR_LSM_VT virtual
+// threads own the segments, the blocks exchange their segment sums through distributed shared
+// memory, and each then holds the whole row's layout and walks the one segment a search needs
+// itself, so that only the row's reductions cross blocks.
 #include <limits.h>
 
 // Every draw launches with staging memory (sample_run): the passes need no register copy.
@@ -20,8 +24,10 @@
 #include "kernels/cuda/rank_sort.cuh"
 #include "kernels/philox.h"
 
-// The block shape of logsoftmax_forward, so that the logprobs are its bits.
+// The block shape of logsoftmax_forward, so that the logprobs are its bits; a row's segments
+// are its virtual threads'.
 #define SMP_THREADS TR_LSM_THREADS
+#define SMP_SEGS TR_LSM_VT
 
 size_t tr_cuda_sample_scratch_bytes(tr_backend *be, int32_t B, int32_t V) {
     tr_rank_sort s;
@@ -60,7 +66,7 @@ __global__ void sample_keys_kernel(uint32_t *keys, int32_t *ids, int32_t *begin,
     }
 }
 
-// ---- block-wide steps of one row (every thread of the block calls each) ----
+// ---- row-wide steps (every thread of the row's cluster calls each) ----
 
 struct smp_op_max {
     __device__ int32_t operator()(int32_t a, int32_t b) const { return a > b ? a : b; }
@@ -75,44 +81,32 @@ __device__ inline void smp_better(float &bv, int32_t &bi, float v, int32_t i) {
     }
 }
 
+struct smp_best {
+    float v;
+    int32_t i;
+};
+__device__ __forceinline__ smp_best tr_lsm_shfl(smp_best b, int o) {
+    return {tr_lsm_shfl(b.v, o), tr_lsm_shfl(b.i, o)};
+}
+struct smp_op_better {
+    __device__ smp_best operator()(smp_best a, smp_best b) const {
+        smp_better(a.v, a.i, b.v, b.i);
+        return a;
+    }
+};
+
 template <typename A>
 __device__ int32_t smp_argmax(const A *x, int32_t V) {
-    __shared__ float wv[32];
-    __shared__ int32_t wi[32];
-    float bv = -INFINITY;
-    int32_t bi = INT_MAX;
-    tr_lsm_each(tr_lsm_row_src(x, V), threadIdx.x, blockDim.x, tr_lsm_chunks(V),
-                [&](int32_t c, int32_t n, const float *v) {
+    smp_best b = {-INFINITY, INT_MAX};
+#pragma unroll 1
+    for (int32_t u = 0; u < tr_lsm_uses(); u++)
+        tr_lsm_each(tr_lsm_row_src(x, V), tr_lsm_vt(u), TR_LSM_VT, tr_lsm_chunks(V),
+                    [&](int32_t c, int32_t n, const float *v) {
 #pragma unroll
-                    for (int32_t k = 0; k < TR_LSM_CHUNK; k++)
-                        if (k < n) smp_better(bv, bi, v[k], c * TR_LSM_CHUNK + k);
-                });
-    for (int o = 16; o > 0; o >>= 1) {
-        float v = __shfl_xor_sync(0xffffffffu, bv, o);
-        int32_t i = __shfl_xor_sync(0xffffffffu, bi, o);
-        smp_better(bv, bi, v, i);
-    }
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (int)(blockDim.x >> 5);
-    __syncthreads();
-    if (lane == 0) {
-        wv[warp] = bv;
-        wi[warp] = bi;
-    }
-    __syncthreads();
-    if (warp == 0) {
-        bv = lane < nw ? wv[lane] : -INFINITY;
-        bi = lane < nw ? wi[lane] : INT_MAX;
-        for (int o = 16; o > 0; o >>= 1) {
-            float v = __shfl_xor_sync(0xffffffffu, bv, o);
-            int32_t i = __shfl_xor_sync(0xffffffffu, bi, o);
-            smp_better(bv, bi, v, i);
-        }
-        if (lane == 0) wi[0] = bi;
-    }
-    __syncthreads();
-    int32_t best = wi[0];
-    __syncthreads();   // wi is reused by the next call
-    return best;
+                        for (int32_t k = 0; k < TR_LSM_CHUNK; k++)
+                            if (k < n) smp_better(b.v, b.i, v[k], c * TR_LSM_CHUNK + k);
+                    });
+    return tr_lsm_reduce1(b, smp_op_better(), smp_best{-INFINITY, INT_MAX}).i;
 }
 
 // ---- weights ----
@@ -213,11 +207,11 @@ __device__ __forceinline__ double smp_weigh(const smp_src<A> &s, const float v[T
     return sum;
 }
 
-// Walk positions [0, n) in chunks of TR_LSM_CHUNK; thread t's segment is the chunks
-// [c0, c1), ceil(chunks / SMP_THREADS) of them per thread from thread 0 on (the last ones may
-// be short or empty). The shape depends on n alone.
+// Walk positions [0, n) in chunks of TR_LSM_CHUNK; segment t (virtual thread t's) is the
+// chunks [c0, c1), ceil(chunks / SMP_SEGS) of them a segment from segment 0 on (the last ones
+// may be short or empty). The shape depends on n alone.
 __device__ __forceinline__ void smp_chunks(int32_t n, int32_t t, int32_t *c0, int32_t *c1) {
-    int32_t nc = tr_lsm_chunks(n), per = (nc + SMP_THREADS - 1) / SMP_THREADS;
+    int32_t nc = tr_lsm_chunks(n), per = (nc + SMP_SEGS - 1) / SMP_SEGS;
     int32_t a = t * per < nc ? t * per : nc;
     *c0 = a;
     *c1 = nc - a < per ? nc : a + per;
@@ -231,7 +225,7 @@ __device__ __forceinline__ void smp_chunks(int32_t n, int32_t t, int32_t *c0, in
 // segment sum in q[t] = p[t] + sum; a group's to C[g + 1] = C[g] + q), so B never
 // decreases, ends at the total C[32] and stays put at a weight 0: a target in [0, total)
 // lies in exactly one position's [B(r - 1), B(r)), whatever rounding did.
-#define SMP_GROUP (SMP_THREADS / 32)
+#define SMP_GROUP (SMP_SEGS / 32)
 
 struct smp_hit {
     int32_t r;              // the position found (n: none)
@@ -239,28 +233,42 @@ struct smp_hit {
 };
 
 struct smp_shared {
-    double v[SMP_THREADS];      // segment sums
-    double p[SMP_THREADS];      // the group's segments before t, added one by one
-    double q[SMP_THREADS];      // ... through t
+    double v[SMP_SEGS];         // segment sums
+    double p[SMP_SEGS];         // the group's segments before t, added one by one
+    double q[SMP_SEGS];         // ... through t
     double c[33];               // group carries, added one by one; c[32] is the total
     smp_hit hit;
 };
 
-// Pass 1: each thread sums its segment (chunk sums added one by one from 0), then warp 0
-// lays out p, q and c. Returns the total of positions [0, s.n). Every thread calls.
+// Pass 1: each thread sums its segment (chunk sums added one by one from 0), each block takes
+// the other blocks' sums, then its warp 0 lays out p, q and c: every block of the row holds
+// the same layout. Returns the total of positions [0, s.n). Every thread of the cluster calls.
 template <typename A>
 __device__ double smp_sums(smp_shared &sh, const smp_src<A> &s) {
-    const int32_t n = s.n;
-    int32_t c0, c1;
-    smp_chunks(n, (int32_t)threadIdx.x, &c0, &c1);
-    double sum = 0.0;
-    tr_lsm_each(s, c0, 1, c1, [&](int32_t, int32_t cnt, const float *v) {
-        double w[TR_LSM_CHUNK];
-        sum = sum + smp_weigh(s, v, cnt, w);
-    });
+    const int32_t n = s.n, C = tr_lsm_ctas(), rank = tr_lsm_rank();
     __syncthreads();   // the previous walk may still read sh
-    sh.v[threadIdx.x] = sum;
-    __syncthreads();
+#pragma unroll 1
+    for (int32_t u = 0; u < tr_lsm_uses(); u++) {
+        int32_t c0, c1;
+        smp_chunks(n, tr_lsm_vt(u), &c0, &c1);
+        double sum = 0.0;
+        tr_lsm_each(s, c0, 1, c1, [&](int32_t, int32_t cnt, const float *v) {
+            double w[TR_LSM_CHUNK];
+            sum = sum + smp_weigh(s, v, cnt, w);
+        });
+        sh.v[tr_lsm_vt(u)] = sum;
+    }
+    if (C > 1) {   // the other blocks' segments
+        cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+        cl.sync();
+        for (int32_t i = (int32_t)threadIdx.x; i < SMP_SEGS; i += SMP_THREADS) {
+            const int32_t r = i / SMP_THREADS % C;   // virtual thread i's block
+            if (r != rank) sh.v[i] = cl.map_shared_rank(&sh, (unsigned)r)->v[i];
+        }
+        cl.sync();   // the remote reads are done before any block writes v again
+    } else {
+        __syncthreads();
+    }
     int lane = threadIdx.x & 31;
     if (threadIdx.x < 32) {
         double acc = 0.0;
@@ -344,13 +352,14 @@ __device__ smp_hit smp_walk(const smp_shared &sh, const smp_src<A> &s, int32_t t
 
 // The first position r < s.n whose B(r) satisfies pred (r = s.n when none), for every thread:
 // the segments whose end fails precede the one that holds it, so counting them finds it.
+// Each block has the whole layout, so each finds it alone (the same hit).
 template <typename A, typename Pred>
 __device__ smp_hit smp_find(smp_shared &sh, const smp_src<A> &s, Pred pred) {
     const int32_t n = s.n;
-    int32_t t = threadIdx.x;
-    double end = sh.c[t / SMP_GROUP] + sh.q[t];
-    int32_t seg = __syncthreads_count(!pred(end));
-    if (seg >= SMP_THREADS) return {n, 0.0, 0.0};
+    int32_t t = threadIdx.x, seg = 0;
+    for (int32_t i = t; i < SMP_SEGS; i += SMP_THREADS)
+        seg += __syncthreads_count(!pred(sh.c[i / SMP_GROUP] + sh.q[i]));
+    if (seg >= SMP_SEGS) return {n, 0.0, 0.0};
     if (t < 32) {
         smp_hit h = smp_walk(sh, s, seg, pred);
         if (t == 0) sh.hit = h;
@@ -408,29 +417,33 @@ __device__ int32_t smp_draw(smp_shared &sh, const A *x, const uint32_t *keys,
     }
     // Rounding left the target at the very top: the last kept position with weight, else 0.
     *near = true;
-    int32_t c0, c1, last = 0;
-    smp_chunks(n, (int32_t)threadIdx.x, &c0, &c1);
-    tr_lsm_each(w, c0, 1, c1, [&](int32_t c, int32_t cnt, const float *v) {
-        double wt[TR_LSM_CHUNK];
-        smp_weigh(w, v, cnt, wt);
+    int32_t last = 0;
+#pragma unroll 1
+    for (int32_t u = 0; u < tr_lsm_uses(); u++) {
+        int32_t c0, c1;
+        smp_chunks(n, tr_lsm_vt(u), &c0, &c1);
+        tr_lsm_each(w, c0, 1, c1, [&](int32_t c, int32_t cnt, const float *v) {
+            double wt[TR_LSM_CHUNK];
+            smp_weigh(w, v, cnt, wt);
 #pragma unroll
-        for (int32_t k = 0; k < TR_LSM_CHUNK; k++) {
-            int32_t r = c * TR_LSM_CHUNK + k;
-            if (k < cnt && r >= 1 && r < kept && wt[k] > 0.0) last = r;
-        }
-    });
-    last = tr_block_reduce(last, smp_op_max(), (int32_t)0);
+            for (int32_t k = 0; k < TR_LSM_CHUNK; k++) {
+                int32_t r = c * TR_LSM_CHUNK + k;
+                if (k < cnt && r >= 1 && r < kept && wt[k] > 0.0) last = r;
+            }
+        });
+    }
+    last = tr_lsm_reduce1(last, smp_op_max(), (int32_t)0);
     return ranked ? sorted[last] : last;
 }
 
-// One block of SMP_THREADS per row (grid-stride over rows).
+// One cluster of blocks of SMP_THREADS per row (grid-stride over rows).
 template <typename A>
 __global__ void __launch_bounds__(SMP_THREADS, 2)
 sample_draw_kernel(int32_t *ids, float *logprob, int32_t *n_near, const A *logits,
                    const tr_sample_row *rows, const uint32_t *keys, const int32_t *sorted,
                    int32_t B, int32_t V) {
     __shared__ smp_shared sh;
-    for (int32_t b = blockIdx.x; b < B; b += gridDim.x) {
+    for (int32_t b = tr_lsm_row_first(); b < B; b += tr_lsm_row_step()) {
         const A *x = logits + (size_t)b * V;
         tr_sample_row row = rows[b];
         tr_lsm_stats st = tr_lsm_row(x, V);
@@ -439,7 +452,7 @@ sample_draw_kernel(int32_t *ids, float *logprob, int32_t *n_near, const A *logit
                          ? smp_argmax(x, V)
                          : smp_draw(sh, x, keys + (size_t)b * V, sorted + (size_t)b * V, V,
                                     row, st.m, &near);
-        if (threadIdx.x == 0) {
+        if (tr_lsm_vt(0) == 0) {
             ids[b] = id;
             logprob[b] = tr_lsm_logprob(x, id, tr_lsm_lse(st));
             if (near) atomicAdd((int *)n_near, 1);   // an integer count: order-free
@@ -448,8 +461,8 @@ sample_draw_kernel(int32_t *ids, float *logprob, int32_t *n_near, const A *logit
 }
 
 // The two launches around the sort, for logits of type A; without a ranked row the draw
-// alone (it reads neither keys nor sorted ids then). Each row is one block's work, its passes
-// staged through dynamic shared memory (logsoftmax_row.cuh), two blocks an SM.
+// alone (it reads neither keys nor sorted ids then). Each row is one cluster's work, its
+// passes staged through dynamic shared memory (logsoftmax_row.cuh), two blocks an SM.
 template <typename A>
 static void sample_run(tr_backend *be, tr_rank_sort &s, int32_t *ids, float *logprob,
                        const A *logits, const tr_sample_row *rows, int32_t B, int32_t V,
@@ -468,8 +481,11 @@ static void sample_run(tr_backend *be, tr_rank_sort &s, int32_t *ids, float *log
         // Stable: equal keys keep the id order they came in.
         if (tr_rank_sort_run(be, &s, B, V) || TR_CUDA_LAUNCHED(be, "sample sort")) return;
     }
-    sample_draw_kernel<A><<<grid, SMP_THREADS, dyn, st>>>(ids, logprob, n_near, logits, rows,
-                                                          s.keys_out, s.ids_out, B, V);
+    const int C = tr_lsm_ctas_for(tr_cuda_ctx_of(be), grid);
+    if (TR_CUDA_CHECK(be, tr_lsm_launch(sample_draw_kernel<A>, grid, C, dyn, st, ids, logprob,
+                                        n_near, logits, rows, (const uint32_t *)s.keys_out,
+                                        (const int32_t *)s.ids_out, B, V)))
+        return;
     TR_CUDA_LAUNCHED(be, "sample");
 }
 

@@ -1727,6 +1727,41 @@ static void lsm_layout(const lsm_arg *l) {
     free(xa); free(h0); free(h1); free(g0); free(g1); free(g2);
 }
 
+// A row's 1024 virtual threads played by 1, 2 or 4 blocks: the forward's three outputs and the
+// backward's gradient have the same bits whichever the launch picks.
+static void lsm_row_ctas(const lsm_arg *l) {
+    size_t n = (size_t)l->T * l->V, as = tr_dt_size(prec);
+    int32_t T = l->T;
+    tr_backend *be = &gpu_be;
+    float *h[4];
+    char *g[4];
+    int same = 1;
+    for (int i = 0; i < 4; i++) {   // auto, then 1, 2 and 4 blocks a row
+        int ctas = i == 0 ? 0 : 1 << (i - 1);
+        tr_backend_cuda_force_row_ctas(be, ctas);
+        void *x = put_act(1, l->logits, n), *d = put_act(1, NULL, n);
+        int32_t *tg = puti(1, l->target, T);
+        float *f = putf(1, NULL, 3 * (size_t)T), *lse = putf(1, l->lse, T);
+        float *glp = putf(1, l->dlogprob, T), *gent = putf(1, l->dentropy, T);
+        be->ops->logsoftmax_forward(be, f, f + T, f + 2 * T, x, tg, T, l->V);
+        be->ops->logsoftmax_backward(be, d, glp, gent, x, lse, tg, T, l->V);
+        h[i] = kt_floats(3 * (size_t)T);
+        g[i] = kt_malloc(n * as);
+        getf(1, h[i], f, 3 * (size_t)T);
+        get(1, g[i], d, n * as);
+        bufs_free(1);
+        if (i > 0) same &= kt_same_bits(h[0], h[i], 3 * (size_t)T) && memcmp(g[0], g[i], n * as) == 0;
+    }
+    tr_backend_cuda_force_row_ctas(be, 0);
+    CHECKF(same, "logsoftmax T=%d V=%d: 1, 2 or 4 blocks a row give other bits", T, l->V);
+    printf("  %-5s logsoftmax T=%d V=%d rows on 1, 2, 4 blocks: %s\n", tr_dt_name(prec), T, l->V,
+           same ? "bitwise equal" : "NO");
+    for (int i = 0; i < 4; i++) {
+        free(h[i]);
+        free(g[i]);
+    }
+}
+
 // Logits of this pass's activation dtype on both backends.
 static void test_logsoftmax(int32_t T, int32_t V) {
     lsm_arg l = {.T = T, .V = V, .v0 = 7};
@@ -1751,6 +1786,7 @@ static void test_logsoftmax(int32_t T, int32_t V) {
     compare("logsoftmax_backward", lsm_bwd, &l, "AAA", lb);
     compare("logsoftmax_vp", lsm_vp, &l, "FFFFAA", lv);
     lsm_layout(&l);
+    lsm_row_ctas(&l);
     free(l.logits); free(l.target); free(l.dlogprob); free(l.dentropy); free(l.lse);
     free(l.mean); free(xa); free(st);
 }
