@@ -69,12 +69,25 @@ typedef struct sq_args {
     int32_t accumulate;
 } sq_args;
 
+// The PTX of the main loop on 32-bit shared addresses, computed once a thread and advanced,
+// so that a k-tile costs its copies and MMAs and little else (Nsight Compute: a version that
+// recomputed every address issued 165 instructions a k-tile for a warp's 4 MMAs, and with one
+// warp a scheduler that issue was the whole kernel's time).
+__device__ __forceinline__ void sq_cp16(uint32_t dst, const void *src, uint32_t bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(bytes));
+}
+__device__ __forceinline__ void sq_ldsm4(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
 // Two 8x8 b16 matrices: lanes 0..7 give the rows of matrix 0, lanes 8..15 those of matrix 1
 // (the other lanes' addresses are not read, but are kept valid).
-__device__ __forceinline__ void sq_ldsm2(uint32_t &r0, uint32_t &r1, const void *p) {
+__device__ __forceinline__ void sq_ldsm2(uint32_t &r0, uint32_t &r1, uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
                  : "=r"(r0), "=r"(r1)
-                 : "r"(fa_smem(p)));
+                 : "r"(addr));
 }
 
 template <int BM, int BN, int ST>
@@ -87,37 +100,51 @@ __global__ void __launch_bounds__(WM * WN * 32) sq_kernel(const sq_args a) {
     constexpr int NTH = WM * WN * 32, CPR = SQ_BK / 8;   // threads; 16-byte pieces a row
     constexpr int MT = BM / WM / 16, NT = BN / WN / 8;   // m16 and n8 tiles a warp
     constexpr int ROWS = BM + BN, LOADS = ROWS * CPR / NTH;
+    constexpr uint32_t ROWB = SQ_LDS * sizeof(tr_bf16);             // a shared row's bytes
+    constexpr uint32_t STAGEB = ROWS * ROWB, ALLB = ST * STAGEB;    // a stage's, all stages'
     static_assert(MT >= 1 && NT >= 1 && BM == WM * MT * 16 && BN == WN * NT * 8, "warp tiles");
     static_assert(NT == 1 || NT % 2 == 0, "n8 tiles are loaded in pairs");
     static_assert(ROWS * CPR % NTH == 0 && ST >= 2, "copies");
     extern __shared__ __align__(16) unsigned char sq_sm[];
     // ST stages, each [BM weight rows + BN token rows][SQ_LDS]
-    tr_bf16 *sm = reinterpret_cast<tr_bf16 *>(sq_sm);
+    const uint32_t sm0 = fa_smem(sq_sm);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int wm = warp / WN, wn = warp % WN;
     const int n0 = (int)blockIdx.x * BN, m0 = (int)blockIdx.y * BM;
     const int KT = (a.k + SQ_BK - 1) / SQ_BK;
 
-    // k-tile kt into its stage: rows 0..BM-1 weights m0.., rows BM.. tokens n0..; each group of
+    // The thread's copies of a k-tile: piece j is row r (weights m0.. for r < BM, then tokens
+    // n0..), columns c..c+7 of the tile, the same for every k-tile but for k0. Each group of
     // eight threads copies one row's 128 bytes (coalesced), and a warp's four rows are all
-    // weights or all tokens (BM is a multiple of 16).
-    auto load = [&](int kt) {
-        tr_bf16 *s = sm + (size_t)(kt % ST) * ROWS * SQ_LDS;
+    // weights or all tokens (BM is a multiple of 16). Rows past m or n copy nothing (zeros).
+    const tr_bf16 *src[LOADS];
+    uint32_t dst[LOADS], bytes[LOADS];
+    int col[LOADS];
+#pragma unroll
+    for (int j = 0; j < LOADS; j++) {
+        const int i = tid + j * NTH, r = i / CPR, c = (i % CPR) * 8;
+        const bool ok = r < BM ? m0 + r < a.m : n0 + r - BM < a.n;
+        src[j] = !ok ? a.w
+                 : r < BM ? a.w + (size_t)(m0 + r) * (size_t)a.lda + c
+                          : a.x + (size_t)(n0 + r - BM) * (size_t)a.ldb + c;
+        dst[j] = sm0 + (uint32_t)r * ROWB + (uint32_t)c * sizeof(tr_bf16);
+        bytes[j] = ok ? 16u : 0u;
+        col[j] = c;
+    }
+    // k-tile kt into the stage at byte offset off (a row that copies nothing reads from w's
+    // first row, always an address: k0 < k <= lda); in the last, partial k-tile a piece past k
+    // copies nothing either (k % 16 == 0: a piece is all in or all out)
+    auto load = [&](int kt, uint32_t off) {
         const int k0 = kt * SQ_BK;
+        if (k0 + SQ_BK <= a.k) {
+#pragma unroll
+            for (int j = 0; j < LOADS; j++) sq_cp16(dst[j] + off, src[j] + k0, bytes[j]);
+            return;
+        }
 #pragma unroll
         for (int j = 0; j < LOADS; j++) {
-            const int i = tid + j * NTH, r = i / CPR, c = (i % CPR) * 8;
-            const bool in_k = k0 + c < a.k;   // k % 16 == 0: a piece is all in or all out
-            const tr_bf16 *src = a.w;
-            bool ok;
-            if (r < BM) {
-                ok = in_k && m0 + r < a.m;
-                if (ok) src = a.w + (size_t)(m0 + r) * (size_t)a.lda + k0 + c;
-            } else {
-                ok = in_k && n0 + r - BM < a.n;
-                if (ok) src = a.x + (size_t)(n0 + r - BM) * (size_t)a.ldb + k0 + c;
-            }
-            fa_cp16(s + r * SQ_LDS + c, src, ok);
+            const bool in = k0 + col[j] < a.k;
+            sq_cp16(dst[j] + off, in ? src[j] + k0 : a.w, in ? bytes[j] : 0u);
         }
     };
 
@@ -131,22 +158,40 @@ __global__ void __launch_bounds__(WM * WN * 32) sq_kernel(const sq_args a) {
     // a warp whose rows are all past m or whose tokens are all past n multiplies nothing
     const bool live = m0 + wm * MT * 16 < a.m && n0 + wn * NT * 8 < a.n;
 
-    // k16 block kb of the stage at s: every accumulator's next link
-    auto mma_block = [&](const tr_bf16 *s, int kb) {
-        const tr_bf16 *sa = s + wm * MT * 16 * SQ_LDS, *sb = s + (BM + wn * NT * 8) * SQ_LDS;
+    // The warp's fragment addresses in stage 0 at k 0: A (fa_lda's rows and halves) for each
+    // m16 tile, B (fa_ldb's, or sq_ldsm2's for a single n8 tile) for each pair of n8 tiles.
+    uint32_t a_at[MT], b_at[NT == 1 ? 1 : NT / 2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+        a_at[mt] = sm0 + (uint32_t)((wm * MT + mt) * 16 + (lane & 15)) * ROWB +
+                   (uint32_t)(lane >> 4) * 16u;
+    if constexpr (NT == 1) {
+        b_at[0] = sm0 + (uint32_t)(BM + wn * 8 + (lane & 7)) * ROWB +
+                  (uint32_t)((lane >> 3) & 1) * 16u;
+    } else {
+        const int mi = lane >> 3;
+#pragma unroll
+        for (int np = 0; np < NT / 2; np++)
+            b_at[np] = sm0 + (uint32_t)(BM + wn * NT * 8 + np * 16 + (mi >> 1) * 8 + (lane & 7)) *
+                                 ROWB +
+                       (uint32_t)(mi & 1) * 16u;
+    }
+    // k16 block kb of the stage at byte offset off: every accumulator's next link
+    auto mma_block = [&](uint32_t off, int kb) {
+        const uint32_t ko = off + (uint32_t)kb * 32u;   // 16 bf16 columns
         uint32_t af[MT][4];
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) fa_lda(af[mt], sa + mt * 16 * SQ_LDS, SQ_LDS, kb * 16);
+        for (int mt = 0; mt < MT; mt++) sq_ldsm4(af[mt], a_at[mt] + ko);
         if constexpr (NT == 1) {
             uint32_t b0, b1;
-            sq_ldsm2(b0, b1, sb + (lane & 7) * SQ_LDS + kb * 16 + ((lane >> 3) & 1) * 8);
+            sq_ldsm2(b0, b1, b_at[0] + ko);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) fa_mma(acc[mt][0], af[mt], b0, b1);
         } else {
 #pragma unroll
             for (int np = 0; np < NT / 2; np++) {
                 uint32_t bf[4];
-                fa_ldb(bf, sb, SQ_LDS, np * 16, kb * 16);
+                sq_ldsm4(bf, b_at[np] + ko);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     fa_mma(acc[mt][2 * np], af[mt], bf[0], bf[1]);
@@ -158,31 +203,41 @@ __global__ void __launch_bounds__(WM * WN * 32) sq_kernel(const sq_args a) {
 
     // One group committed per stage, empty ones included, so that group kt is k-tile kt and
     // waiting until ST - 2 are pending means k-tile kt has landed.
+    uint32_t rd = 0, wr = 0;   // byte offsets of the stage read next and the one filled next
 #pragma unroll
     for (int s = 0; s < ST - 1; s++) {
-        if (s < KT) load(s);
+        if (s < KT) load(s, wr);
         fa_cp_commit();
+        wr += STAGEB;
     }
+#pragma unroll 1
     for (int kt = 0; kt < KT; kt++) {
         fa_cp_wait<ST - 2>();
         // k-tile kt is visible to all warps, and all are done with kt - 1, whose stage the
         // copies below reuse
         __syncthreads();
-        const tr_bf16 *s = sm + (size_t)(kt % ST) * ROWS * SQ_LDS;
-        const int nkb = min(SQ_BK / 16, (a.k - kt * SQ_BK) / 16);   // at least 1
         // The first block's links go out before the copies are issued: the chains, not the
         // copies, are the critical path, and an MMA in flight hides the copies' issue.
-        if (live) mma_block(s, 0);
-        if (kt + ST - 1 < KT) load(kt + ST - 1);
+        if (live) mma_block(rd, 0);
+        if (kt + ST - 1 < KT) load(kt + ST - 1, wr);
         fa_cp_commit();
-        if (!live) continue;
+        wr = wr + STAGEB == ALLB ? 0u : wr + STAGEB;
+        if (live) {
+            if (kt * SQ_BK + SQ_BK <= a.k) {
 #pragma unroll
-        for (int kb = 1; kb < SQ_BK / 16; kb++)
-            if (kb < nkb) mma_block(s, kb);
+                for (int kb = 1; kb < SQ_BK / 16; kb++) mma_block(rd, kb);
+            } else {   // the last, partial k-tile: its k16 blocks below k
+                const int nkb = (a.k - kt * SQ_BK) / 16;   // at least 1
+#pragma unroll
+                for (int kb = 1; kb < SQ_BK / 16; kb++)
+                    if (kb < nkb) mma_block(rd, kb);
+            }
+        }
+        rd = rd + STAGEB == ALLB ? 0u : rd + STAGEB;
     }
     fa_cp_wait<0>();   // only empty groups remain; none is left behind at exit
 
-    // Epilogue: c[e] is output channel g (+8 for e >= 2), token 2t (+1 for odd e) of the
+// Epilogue: c[e] is output channel g (+8 for e >= 2), token 2t (+1 for odd e) of the
     // accumulator's tile; out is [token][ldd], so the eight lanes of one t write eight
     // consecutive channels of one token (a 32-byte sector in fp32).
     const int g = lane >> 2, t = lane & 3;
