@@ -8,6 +8,7 @@
 # device faults and shortages injected into a GRPO run on the GPU.
 # Usage: tools/gpu_suite.sh [PART...]   parts: engine full cuda quickstart fault quickstart_gpu
 # train_bench profile decode_stages rl_bench ppo_bench costs decode_bench decode_kernels ncu
+# ncu_seqk
 # (default: the first five; train_bench, rl_bench and decode_bench need the peers' anchors carried in ./anchors,
 # rl_bench TRL's wheels in ./.whl too; decode_bench needs no .debs)
 #
@@ -357,6 +358,18 @@ ncu_part() {
     done
 }
 
+# The sequential-k GEMM (kernels/cuda/gemm_seqk.cu) under Nsight Compute: `bench_cuda
+# gemm_decode` runs its ten configurations seven times each (a check, then six timed runs) for
+# the 0.5B model's qkv, o, gate/up and down at 64 rows, in that order; SEQK_SKIP picks one
+# launch (default: the down projection's tile 16x32, a timed run), profiled in full.
+ncu_seqk_part() {
+    local ncu
+    ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    [ -x "$ncu" ] || { echo "ncu: not on this machine" | tee -a "$summary"; return 0; }
+    run ncu_seqk timeout 120 "$ncu" --kernel-name sq_kernel --launch-skip "${SEQK_SKIP:-260}" \
+        --launch-count 1 --set full "$build_all/bench/bench_cuda" gemm_decode
+}
+
 # Decode attention at each cp.async stage count the launch can pick, for the rule that picks it.
 decode_stages_part() {
     local b="$build_all/bench/bench_cuda"
@@ -377,7 +390,7 @@ if [ -d .debs/dev ]; then
     if has full; then full_part; fi
     if has cuda || has quickstart || has fault || has quickstart_gpu || has train_bench || has profile ||
         has rl_bench || has decode_stages || has ppo_bench || has costs || has decode_kernels ||
-        has ncu; then
+        has ncu || has ncu_seqk; then
         deps_and_build_all
     fi
     if has cuda; then cuda_part; fi
@@ -389,6 +402,7 @@ if [ -d .debs/dev ]; then
     if has decode_stages; then decode_stages_part; fi
     if has decode_kernels; then decode_kernels_part; fi
     if has ncu; then ncu_part; fi
+    if has ncu_seqk; then ncu_seqk_part; fi
     if has rl_bench; then rl_bench_part; fi
     if has ppo_bench; then ppo_bench_part; fi
     if has costs; then costs_part; fi
