@@ -203,6 +203,8 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
     ctx->any_n_at = any_n && atoi(any_n) > 0 ? atoi(any_n) : TR_CUDA_ANY_N;
     const char *flash = getenv("TROUPE_CUDA_FLASH_ATTENTION");
     ctx->flash_attention = !(flash && strcmp(flash, "0") == 0);
+    const char *topk = getenv("TROUPE_CUDA_TOPK_SELECT");
+    ctx->topk_select = topk && strcmp(topk, "1") == 0;
     const char *chunk = getenv("TROUPE_CUDA_SOFTMAX_CHUNK");
     ctx->softmax_chunk = TR_CUDA_SOFTMAX_CHUNK;
     if (chunk) {
@@ -290,6 +292,10 @@ extern "C" int tr_backend_cuda_device(tr_backend *be) {
 
 extern "C" void tr_backend_cuda_force_row_ctas(tr_backend *be, int ctas) {
     if (be && be->ctx) tr_cuda_ctx_of(be)->row_ctas = ctas == 1 || ctas == 2 || ctas == 4 ? ctas : 0;
+}
+
+extern "C" void tr_backend_cuda_topk_select(tr_backend *be, int on) {
+    if (be && be->ctx) tr_cuda_ctx_of(be)->topk_select = on != 0;
 }
 
 extern "C" int tr_backend_cuda_softmax_chunk(tr_backend *be) {

@@ -98,6 +98,8 @@ typedef struct tr_cuda_ctx {
     int32_t softmax_chunk;  // TR_CUDA_SOFTMAX_CHUNK, or TROUPE_CUDA_SOFTMAX_CHUNK's
     int32_t row_ctas;       // blocks a log-softmax row takes; 0: by the launch's rows (tests
                             // force 1, 2 or 4: logsoftmax_row.cuh)
+    int topk_select;        // top-k rows ranked by a select, not the sort (sample_topk.cuh):
+                            // TROUPE_CUDA_TOPK_SELECT=1, or a test
     tr_cuda_prof *prof;     // TROUPE_CUDA_PROFILE=1, else NULL
     int failed;
     char msg[512];

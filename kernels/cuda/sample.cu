@@ -22,6 +22,7 @@
 #include "kernels/cuda/dtype.cuh"
 #include "kernels/cuda/logsoftmax_row.cuh"
 #include "kernels/cuda/rank_sort.cuh"
+#include "kernels/cuda/sample_topk.cuh"
 #include "kernels/philox.h"
 
 // The block shape of logsoftmax_forward, so that the logprobs are its bits; a row's segments
@@ -46,13 +47,14 @@ __device__ inline bool smp_ranked(const tr_sample_row &r, int32_t V) {
 }
 
 // Keys and ids (0..V-1, so the stable descending sort leaves ties in id order) of the ranked
-// rows, and every row's segment.
+// rows the sort ranks, and every row's segment (empty for the rest: rows drawn unranked, and
+// top-k rows that sample_topk_kernel ranks when select is on).
 template <typename A>
 __global__ void sample_keys_kernel(uint32_t *keys, int32_t *ids, int32_t *begin, int32_t *end,
                                    const A *logits, const tr_sample_row *rows, int32_t B,
-                                   int32_t V) {
+                                   int32_t V, bool select) {
     for (int32_t b = blockIdx.x; b < B; b += gridDim.x) {
-        bool ranked = smp_ranked(rows[b], V);
+        bool ranked = smp_ranked(rows[b], V) && !tr_topk_selected(rows[b], V, select);
         size_t base = (size_t)b * V;
         if (threadIdx.x == 0) {
             begin[b] = (int32_t)base;
@@ -460,8 +462,8 @@ sample_draw_kernel(int32_t *ids, float *logprob, int32_t *n_near, const A *logit
     }
 }
 
-// The two launches around the sort, for logits of type A; without a ranked row the draw
-// alone (it reads neither keys nor sorted ids then). Each row is one cluster's work, its
+// The launches around the sort, for logits of type A; without a ranked row the draw alone (it
+// reads neither keys nor sorted ids then). Each row is one cluster's work, its
 // passes staged through dynamic shared memory (logsoftmax_row.cuh), two blocks an SM.
 template <typename A>
 static void sample_run(tr_backend *be, tr_rank_sort &s, int32_t *ids, float *logprob,
@@ -475,9 +477,15 @@ static void sample_run(tr_backend *be, tr_rank_sort &s, int32_t *ids, float *log
                                                       (int)dyn)))
         return;
     if (ranked) {
+        const bool select = tr_cuda_ctx_of(be)->topk_select != 0;
         sample_keys_kernel<A><<<grid, SMP_THREADS, 0, st>>>(s.keys_in, s.ids_in, s.begin, s.end,
-                                                            logits, rows, B, V);
+                                                            logits, rows, B, V, select);
         if (TR_CUDA_LAUNCHED(be, "sample keys")) return;
+        if (select) {
+            sample_topk_kernel<A><<<grid, TR_TOPK_THREADS, 0, st>>>(s.keys_out, s.ids_out, logits,
+                                                                    rows, B, V);
+            if (TR_CUDA_LAUNCHED(be, "sample top-k")) return;
+        }
         // Stable: equal keys keep the id order they came in.
         if (tr_rank_sort_run(be, &s, B, V) || TR_CUDA_LAUNCHED(be, "sample sort")) return;
     }

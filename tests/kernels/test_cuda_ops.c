@@ -2089,10 +2089,11 @@ static void test_sample(int32_t B, int32_t V, int kind, uint64_t salt, float top
             s.rows[b].top_p = top_p_all;
         }
     }
-    smp_out cpu, g1, g2, alone;
+    smp_out cpu, g1, g2, sel, alone;
     smp_out_alloc(&cpu, B);
     smp_out_alloc(&g1, B);
     smp_out_alloc(&g2, B);
+    smp_out_alloc(&sel, B);
     smp_out_alloc(&alone, 1);
     smp_run(0, &s, 0, B, &cpu);
     smp_run(1, &s, 0, B, &g1);
@@ -2100,6 +2101,13 @@ static void test_sample(int32_t B, int32_t V, int kind, uint64_t salt, float top
     CHECKF(memcmp(g1.ids, g2.ids, (size_t)B * sizeof(int32_t)) == 0 &&
            kt_same_bits(g1.lp, g2.lp, B) && g1.n_near == g2.n_near,
            "sample B=%d V=%d: two cuda runs differ", B, V);
+    // top-k rows ranked by the select instead of the sort: the same draws
+    tr_backend_cuda_topk_select(&gpu_be, 1);
+    smp_run(1, &s, 0, B, &sel);
+    tr_backend_cuda_topk_select(&gpu_be, 0);
+    CHECKF(memcmp(g1.ids, sel.ids, (size_t)B * sizeof(int32_t)) == 0 &&
+           kt_same_bits(g1.lp, sel.lp, B) && g1.n_near == sel.n_near,
+           "sample B=%d V=%d: top-k rows selected draw otherwise than sorted", B, V);
     CHECKF(kt_same_bits(g1.lp, g1.lp_lsm, B),
            "sample B=%d V=%d: logprobs are not cuda logsoftmax_forward's", B, V);
     int32_t mismatched = 0, uncounted = 0, batch_alone = 1;
@@ -2135,7 +2143,8 @@ static void test_sample(int32_t B, int32_t V, int kind, uint64_t salt, float top
     printf("  sample B=%-3d V=%-6d ids differing %d, near cpu %d cuda %d, logprob err %.2e\n",
            B, V, mismatched, cpu.n_near, g1.n_near, e);
     free(lc); free(lg);
-    smp_out_free(&cpu); smp_out_free(&g1); smp_out_free(&g2); smp_out_free(&alone);
+    smp_out_free(&cpu); smp_out_free(&g1); smp_out_free(&g2);
+    smp_out_free(&sel); smp_out_free(&alone);
     free(s.logits); free(s.rows);
 }
 
