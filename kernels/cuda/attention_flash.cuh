@@ -52,6 +52,7 @@ struct fa_dec_args {
     int32_t vecq, veckv;   // q rows, K/V pool slots 16-byte aligned
     int32_t out4;          // out 4-byte aligned
     int32_t chunk;         // softmax chunk positions (tr_cuda_ctx.softmax_chunk)
+    int32_t bs_log2;       // log2(block_size) when it is a power of two, else -1
 };
 
 void tr_fa_forward(tr_backend *be, const fa_fwd_args &a, int32_t D);

@@ -19,6 +19,12 @@ __device__ __forceinline__ void fa_cp16(void *dst, const void *src, bool valid) 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(fa_smem(dst)),
                  "l"(src), "r"(valid ? 16 : 0));
 }
+// The same to a 32-bit shared address, bytes 16 or 0 (0: 16 zero bytes, src not read): for
+// loops that keep their shared addresses as offsets rather than pointers.
+__device__ __forceinline__ void fa_cp16_at(uint32_t dst, const void *src, uint32_t bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(bytes));
+}
 // 4 bytes (an fp32 statistic) global -> shared; !valid writes zero.
 __device__ __forceinline__ void fa_cp4(void *dst, const void *src, bool valid) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(fa_smem(dst)),

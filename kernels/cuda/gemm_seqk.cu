@@ -73,10 +73,6 @@ typedef struct sq_args {
 // so that a k-tile costs its copies and MMAs and little else (Nsight Compute: a version that
 // recomputed every address issued 165 instructions a k-tile for a warp's 4 MMAs, and with one
 // warp a scheduler that issue was the whole kernel's time).
-__device__ __forceinline__ void sq_cp16(uint32_t dst, const void *src, uint32_t bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(bytes));
-}
 __device__ __forceinline__ void sq_ldsm4(uint32_t r[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -138,13 +134,13 @@ __global__ void __launch_bounds__(WM * WN * 32) sq_kernel(const sq_args a) {
         const int k0 = kt * SQ_BK;
         if (k0 + SQ_BK <= a.k) {
 #pragma unroll
-            for (int j = 0; j < LOADS; j++) sq_cp16(dst[j] + off, src[j] + k0, bytes[j]);
+            for (int j = 0; j < LOADS; j++) fa_cp16_at(dst[j] + off, src[j] + k0, bytes[j]);
             return;
         }
 #pragma unroll
         for (int j = 0; j < LOADS; j++) {
             const bool in = k0 + col[j] < a.k;
-            sq_cp16(dst[j] + off, in ? src[j] + k0 : a.w, in ? bytes[j] : 0u);
+            fa_cp16_at(dst[j] + off, in ? src[j] + k0 : a.w, in ? bytes[j] : 0u);
         }
     };
 

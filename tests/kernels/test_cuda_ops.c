@@ -2404,6 +2404,8 @@ static void run_pass(const char *only) {
         test_attention(200, 4, (const int32_t[]){0, 5, 6, 130, 200}, NULL, 14, 2, 64, 8, 16);
         // one kv head for 4, edges on and just past a tile edge, T no multiple of a tile
         test_attention(260, 4, (const int32_t[]){0, 64, 65, 200, 260}, NULL, 4, 1, 128, 8, 32);
+        // blocks of 24 slots: decode's copies look slots up by division (powers of two shift)
+        test_attention(260, 4, (const int32_t[]){0, 64, 65, 200, 260}, NULL, 4, 1, 128, 8, 24);
         // rows past one and two softmax chunks (the forward's fold, the decode's split)
         test_attention(1300, 2, (const int32_t[]){0, 100, 1300}, NULL, 2, 1, 64, 8, 16);
         test_attention(2400, 2, (const int32_t[]){0, 2300, 2400}, NULL, 2, 2, 128, 0, 64);
