@@ -311,6 +311,15 @@ decode_kernels_part() {
     run decode_profile_64 env TROUPE_CUDA_PROFILE=1 timeout 120 "$d" qwen2.5-0.5b 64 1 256 256
     run model_bf16 env TROUPE_BACKEND=cuda meson test -C "$build_all" --print-errorlogs test_model_bf16
     run train_05b timeout 120 "$build_all/bench/bench_train_gpu" qwen2.5-0.5b 8 2048 3
+    # What the knobs of unmeasured kernels change: decode products without the backend's own
+    # GEMM (TROUPE_CUDA_SEQK=0), decode attention's copies through the slot-offset table
+    # (TROUPE_CUDA_DECODE_LEAN=0)
+    for knob in TROUPE_CUDA_SEQK=0 TROUPE_CUDA_DECODE_LEAN=0; do
+        for b in 64 256; do
+            run "decode_${b}_${knob#TROUPE_CUDA_}" env "$knob" timeout 120 "$d" qwen2.5-0.5b "$b" 1 256 256
+        done
+    done
+    run bench_attention_DECODE_LEAN=0 env TROUPE_CUDA_DECODE_LEAN=0 "$bc" attention
     # DECODE_CHUNKS="128 ...": the softmax chunk's trade (decode attention against the training
     # forward's folds) at other lengths, every part of it that the chunk touches
     for c in ${DECODE_CHUNKS:-}; do

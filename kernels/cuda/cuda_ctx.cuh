@@ -100,6 +100,9 @@ typedef struct tr_cuda_ctx {
                             // force 1, 2 or 4: logsoftmax_row.cuh)
     int topk_select;        // top-k rows ranked by a select, not the sort (sample_topk.cuh):
                             // TROUPE_CUDA_TOPK_SELECT=1, or a test
+    int no_seqk;            // TROUPE_CUDA_SEQK=0: plan_settle leaves gemm_seqk.cu out
+    int no_lean_copies;     // TROUPE_CUDA_DECODE_LEAN=0: decode attention copies through its
+                            // table of slot offsets at every block size (attention_decode.cu)
     tr_cuda_prof *prof;     // TROUPE_CUDA_PROFILE=1, else NULL
     int failed;
     char msg[512];

@@ -640,7 +640,8 @@ static int plan_settle(tr_backend *be, tr_lt_plan *p, const tr_lt_gemm *g) {
         (best_us = probe_time(be, p, &p->algo, LT_ALGO, &t, flush, e0, e1)) < 0)
         goto out;
     // the heuristic's algorithms (i < na), then the sequential-k kernel's configurations
-    for (int i = 0; i < na + TR_SEQK_CONFIGS; i++) {
+    // (TROUPE_CUDA_SEQK=0 leaves them out, for measuring what they add)
+    for (int i = 0; i < na + (ctx->no_seqk ? 0 : TR_SEQK_CONFIGS); i++) {
         const cublasLtMatmulAlgo_t *algo = i < na ? &algos[i] : NULL;
         const int seqk = i < na ? LT_ALGO : i - na;
         if (algo && memcmp(algo, &p->algo, sizeof *algo) == 0) continue;
