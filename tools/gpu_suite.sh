@@ -316,10 +316,11 @@ decode_kernels_part() {
     # (TROUPE_CUDA_DECODE_LEAN=0)
     for knob in TROUPE_CUDA_SEQK=0 TROUPE_CUDA_DECODE_LEAN=0; do
         for b in 64 256; do
-            run "decode_${b}_${knob#TROUPE_CUDA_}" env "$knob" timeout 120 "$d" qwen2.5-0.5b "$b" 1 256 256
+            local tag=${knob#TROUPE_CUDA_}
+            run "decode_${b}_${tag%=0}_off" env "$knob" timeout 120 "$d" qwen2.5-0.5b "$b" 1 256 256
         done
     done
-    run bench_attention_DECODE_LEAN=0 env TROUPE_CUDA_DECODE_LEAN=0 "$bc" attention
+    run bench_attention_lean_off env TROUPE_CUDA_DECODE_LEAN=0 "$bc" attention
     # DECODE_CHUNKS="128 ...": the softmax chunk's trade (decode attention against the training
     # forward's folds) at other lengths, every part of it that the chunk touches
     for c in ${DECODE_CHUNKS:-}; do
