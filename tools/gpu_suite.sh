@@ -321,6 +321,13 @@ decode_kernels_part() {
         done
     done
     run bench_attention_lean_off env TROUPE_CUDA_DECODE_LEAN=0 "$bc" attention
+    # ... and what the early starts of a decode step's small kernels add (TROUPE_CUDA_PDL=1),
+    # with generation's bf16 equalities checked under them
+    run generate_bf16_pdl env TROUPE_BACKEND=cuda TROUPE_CUDA_PDL=1 meson test -C "$build_all" \
+        --print-errorlogs test_generate
+    for b in 64 256; do
+        run "decode_${b}_pdl_on" env TROUPE_CUDA_PDL=1 timeout 120 "$d" qwen2.5-0.5b "$b" 1 256 256
+    done
     # DECODE_CHUNKS="128 ...": the softmax chunk's trade (decode attention against the training
     # forward's folds) at other lengths, every part of it that the chunk touches
     for c in ${DECODE_CHUNKS:-}; do

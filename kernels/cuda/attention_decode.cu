@@ -31,6 +31,8 @@ __global__ void __launch_bounds__(FA_DEC_MAX_WARPS * 32) fa_decode_kernel(const 
     float *slots = reinterpret_cast<float *>(qs + (16 + W * NST * 2 * BN) * LDS);
     long long *offs = reinterpret_cast<long long *>(slots + W * fa_dec_slot_floats<D>()) +
                       warp * BN;   // this warp's slot offsets of the tile being loaded
+    tr_pdl_wait();
+    tr_pdl_release();
     const int b = blockIdx.y, kvh = blockIdx.x / a.n_hg, hg = blockIdx.x % a.n_hg;
     const int G = a.H / a.KVH, h0 = kvh * G + hg * 16, nrows = min(16, G - hg * 16);
     const tr_bf16 *qrow = a.q + (size_t)b * (size_t)a.ld;
@@ -217,7 +219,9 @@ static void fa_decode_run(tr_backend *be, const fa_dec_args &a, int32_t B, int W
                                                (int)shm)))
         return;
     dim3 grid((unsigned)(a.KVH * a.n_hg), (unsigned)B);
-    fa_decode_kernel<D, NST><<<grid, (unsigned)(32 * W), shm, tr_cuda_stream(be)>>>(a);
+    if (TR_CUDA_CHECK(be, tr_cuda_launch(be, true, fa_decode_kernel<D, NST>, grid,
+                                         dim3((unsigned)(32 * W)), shm, a)))
+        return;
     TR_CUDA_LAUNCHED(be, "attention_decode");
 }
 

@@ -203,6 +203,8 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
     ctx->any_n_at = any_n && atoi(any_n) > 0 ? atoi(any_n) : TR_CUDA_ANY_N;
     const char *flash = getenv("TROUPE_CUDA_FLASH_ATTENTION");
     ctx->flash_attention = !(flash && strcmp(flash, "0") == 0);
+    const char *pdl = getenv("TROUPE_CUDA_PDL");
+    ctx->pdl = pdl && strcmp(pdl, "1") == 0;
     const char *seqk = getenv("TROUPE_CUDA_SEQK");
     ctx->no_seqk = seqk && strcmp(seqk, "0") == 0;
     const char *lean = getenv("TROUPE_CUDA_DECODE_LEAN");

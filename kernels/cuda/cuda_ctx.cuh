@@ -101,6 +101,7 @@ typedef struct tr_cuda_ctx {
     int topk_select;        // top-k rows ranked by a select, not the sort (sample_topk.cuh):
                             // TROUPE_CUDA_TOPK_SELECT=1, or a test
     int no_seqk;            // TROUPE_CUDA_SEQK=0: plan_settle leaves gemm_seqk.cu out
+    int pdl;                // TROUPE_CUDA_PDL=1: tr_cuda_launch's early starts
     int no_lean_copies;     // TROUPE_CUDA_DECODE_LEAN=0: decode attention copies through its
                             // table of slot offsets at every block size (attention_decode.cu)
     tr_cuda_prof *prof;     // TROUPE_CUDA_PROFILE=1, else NULL
@@ -149,6 +150,37 @@ static inline int tr_cuda_launched(tr_backend *be, const char *file, int line, c
     return tr_cuda_check_rt(be, cudaStreamSynchronize(tr_cuda_stream(be)), file, line, name);
 }
 #define TR_CUDA_LAUNCHED(be, name) tr_cuda_launched((be), __FILE__, __LINE__, "launch " name)
+
+// Programmatic dependent launch, for a decode step's chain of small kernels: a kernel launched
+// with `early` (tr_cuda_launch, when the backend has it on) may be scheduled while the kernel
+// before it still runs, and its blocks wait in tr_pdl_wait, at their very start, until that
+// kernel has finished and its writes are visible; so it reads nothing early, and only the
+// launch's latency overlaps. tr_pdl_release lets the next kernel do the same as soon as this
+// one starts. Both are no-ops in a kernel launched plainly. Off unless TROUPE_CUDA_PDL=1
+// until measured on a GPU.
+__device__ __forceinline__ void tr_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void tr_pdl_release() {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+template <typename... P, typename... A>
+static cudaError_t tr_cuda_launch(tr_backend *be, bool early, void (*kernel)(P...), dim3 grid,
+                                  dim3 block, size_t shm, A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = shm;
+    cfg.stream = tr_cuda_stream(be);
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = early && tr_cuda_ctx_of(be)->pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, (P)args...);
+}
+
+// Rows up to which a launch counts as a decode step's (the early start, tr_cuda_launch).
+#define TR_CUDA_DECODE_ROWS 512
 
 // Grid size for elementwise kernels over n items with a grid-stride loop.
 static inline unsigned tr_cuda_grid(size_t n, unsigned threads) {

@@ -54,6 +54,8 @@ union ew_bf16x8 {
 
 // n8 = T * I / 8 groups of 8 columns; I8 = I / 8.
 __global__ void swiglu_forward_x8_kernel(uint4 *out, const uint4 *gu, int32_t I8, size_t n8) {
+    tr_pdl_wait();
+    tr_pdl_release();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n8;
          i += (size_t)gridDim.x * blockDim.x) {
         size_t t = i / (size_t)I8, c = i % (size_t)I8;
@@ -100,10 +102,13 @@ void tr_cuda_swiglu_forward(tr_backend *be, void *out, const void *gu, int32_t T
     if (n == 0) return;
     unsigned grid = tr_cuda_grid(n, EW_THREADS);
     cudaStream_t st = tr_cuda_stream(be);
-    if (ew_x8(be, I, out, gu, gu))
-        swiglu_forward_x8_kernel<<<tr_cuda_grid(n / 8, EW_THREADS), EW_THREADS, 0, st>>>(
-            (uint4 *)out, (const uint4 *)gu, I / 8, n / 8);
-    else if (tr_cuda_bf16(be))
+    if (ew_x8(be, I, out, gu, gu)) {   // a decode step's path (bf16), which may start early
+        if (TR_CUDA_CHECK(be, tr_cuda_launch(be, T <= TR_CUDA_DECODE_ROWS, swiglu_forward_x8_kernel,
+                                             dim3(tr_cuda_grid(n / 8, EW_THREADS)),
+                                             dim3(EW_THREADS), 0, (uint4 *)out,
+                                             (const uint4 *)gu, I / 8, n / 8)))
+            return;
+    } else if (tr_cuda_bf16(be))
         swiglu_forward_kernel<tr_bf16><<<grid, EW_THREADS, 0, st>>>(
             (tr_bf16 *)out, (const tr_bf16 *)gu, I, n);
     else

@@ -50,6 +50,8 @@ __device__ void rms_row_backward(X *dx, const G *g, const X *x, const A *w, floa
 template <typename A>
 __global__ void rmsnorm_forward_kernel(A *out, float *rstd, const float *in, const A *w,
                                        float eps, int32_t C) {
+    tr_pdl_wait();
+    tr_pdl_release();
     size_t row = (size_t)blockIdx.x * C;
     rms_row(out + row, rstd + blockIdx.x, in + row, w, eps, C);
 }
@@ -105,8 +107,10 @@ static void norm_dw(tr_backend *be, float *dw, const G *dout, const X *in, const
 template <typename A>
 static void rmsnorm_forward_run(tr_backend *be, void *out, float *rstd, const float *in,
                                 const void *w, float eps, int32_t T, int32_t C) {
-    rmsnorm_forward_kernel<A><<<T, RMS_THREADS, 0, tr_cuda_stream(be)>>>(
-        (A *)out, rstd, in, (const A *)w, eps, C);
+    if (TR_CUDA_CHECK(be, tr_cuda_launch(be, T <= TR_CUDA_DECODE_ROWS, rmsnorm_forward_kernel<A>,
+                                         dim3((unsigned)T), dim3(RMS_THREADS), 0, (A *)out, rstd,
+                                         in, (const A *)w, eps, C)))
+        return;
     TR_CUDA_LAUNCHED(be, "rmsnorm_forward");
 }
 

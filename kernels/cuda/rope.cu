@@ -33,6 +33,8 @@ __global__ void __launch_bounds__(ROPE_THREADS)
 rope_kernel(A *x, int32_t ld, const int32_t *pos, const float *inv_freq, int32_t T, int32_t H,
             int32_t D, int32_t TT, float sign, rope_kv<A> kv) {
     extern __shared__ float rope_cs[];   // [TT][half] cos, then [TT][half] sin
+    tr_pdl_wait();
+    tr_pdl_release();
     const int32_t half = D / 2, t0 = (int32_t)blockIdx.x * TT;
     const int32_t nt = T - t0 < TT ? T - t0 : TT;
     float *cs = rope_cs, *sn = rope_cs + TT * half;
@@ -77,17 +79,20 @@ static void rope_launch(tr_backend *be, void *x, int32_t ld, const int32_t *pos,
     const int32_t TT = T < ROPE_FEW ? 1 : ROPE_TOKENS;
     const unsigned grid = (unsigned)((T + TT - 1) / TT);
     const size_t shm = (size_t)2 * TT * (D / 2) * sizeof(float);
-    cudaStream_t st = tr_cuda_stream(be);
     rope_kv<A> kv = {NULL, NULL, NULL, NULL, H};
     if (pages) {
         kv = {(A *)pages->k_pool, (A *)pages->v_pool, (const A *)v, slot, hq};
-        rope_kernel<A, true><<<grid, ROPE_THREADS, shm, st>>>((A *)x, ld, pos, inv_freq, T, H, D,
-                                                               TT, sign, kv);
+        if (TR_CUDA_CHECK(be, tr_cuda_launch(be, T <= TR_CUDA_DECODE_ROWS, rope_kernel<A, true>,
+                                             dim3(grid), dim3(ROPE_THREADS), shm, (A *)x, ld, pos,
+                                             inv_freq, T, H, D, TT, sign, kv)))
+            return;
         TR_CUDA_LAUNCHED(be, "rope_kv_write");
         return;
     }
-    rope_kernel<A, false><<<grid, ROPE_THREADS, shm, st>>>((A *)x, ld, pos, inv_freq, T, H, D, TT,
-                                                            sign, kv);
+    if (TR_CUDA_CHECK(be, tr_cuda_launch(be, T <= TR_CUDA_DECODE_ROWS, rope_kernel<A, false>,
+                                         dim3(grid), dim3(ROPE_THREADS), shm, (A *)x, ld, pos,
+                                         inv_freq, T, H, D, TT, sign, kv)))
+        return;
     TR_CUDA_LAUNCHED(be, "rope");
 }
 
