@@ -229,8 +229,9 @@ void tr_cuda_attention_decode(tr_backend *be, void *out, const void *q, int32_t 
                          (const tr_bf16 *)kv->v_pool, block_table, seq_len, ld,
                          kv->block_size, kv->n_kv_heads, H, D, max_blocks, (G + 15) / 16,
                          tr_fa_scale_log2(D), 0, 0, 0, tr_cuda_ctx_of(be)->softmax_chunk, -1};
-        for (int32_t l = 0; l < 31 && !tr_cuda_ctx_of(be)->no_lean_copies; l++)
-            if (kv->block_size == 1 << l) a.bs_log2 = l;
+        const int32_t bs = kv->block_size;
+        if (bs > 0 && (bs & (bs - 1)) == 0 && !tr_cuda_ctx_of(be)->no_lean_copies)
+            a.bs_log2 = __builtin_ctz((unsigned)bs);
         a.vecq = ld % 8 == 0 && attn_aligned(q, 16);
         a.veckv = attn_aligned(kv->k_pool, 16) && attn_aligned(kv->v_pool, 16);
         a.out4 = attn_aligned(out, 4);

@@ -2,8 +2,8 @@
 // block per (sequence, kv head, group of up to 16 of its query heads), whose query heads are
 // the rows of the forward's MMA tile, so each KV block is read once for the whole group. The
 // context is split into softmax chunks (a.chunk positions), fixed by the position in the
-// sequence and not by the batch; the block's warps take chunks in turn, each streaming its tiles through
-// its own cp.async stages, and warp 0 folds the finished chunks in position order, exactly as
+// sequence and not by the batch; the block's warps take chunks in turn, each streaming its
+// tiles through its own cp.async stages, and warp 0 folds the finished chunks in position order, exactly as
 // the forward folds a long row's chunks. So out row b is bitwise attention_forward's row of
 // the same token (attention_tile.cuh says why). Positions at and past seq_len[b] are zeros in
 // shared memory, whatever the cache holds there. A block holds all of its chunks because the

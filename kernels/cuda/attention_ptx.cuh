@@ -41,10 +41,21 @@ __device__ __forceinline__ void fa_cp_wait() {
 
 // Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, and register i
 // receives matrix i (transposed with _t).
-__device__ __forceinline__ void fa_ldsm4(uint32_t r[4], const void *p) {
+// The _at forms take 32-bit shared addresses (loops that keep offsets, not pointers).
+__device__ __forceinline__ void fa_ldsm4_at(uint32_t r[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(fa_smem(p)));
+                 : "r"(addr));
+}
+__device__ __forceinline__ void fa_ldsm4(uint32_t r[4], const void *p) {
+    fa_ldsm4_at(r, fa_smem(p));
+}
+// Two 8x8 b16 matrices: lanes 0..7 give the rows of matrix 0, lanes 8..15 those of matrix 1
+// (the other lanes' addresses are not read, but are kept valid).
+__device__ __forceinline__ void fa_ldsm2_at(uint32_t &r0, uint32_t &r1, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r0), "=r"(r1)
+                 : "r"(addr));
 }
 __device__ __forceinline__ void fa_ldsm4_t(uint32_t r[4], const void *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"

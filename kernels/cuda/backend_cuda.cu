@@ -177,7 +177,14 @@ int tr_cuda_record(tr_cuda_ctx *ctx, const char *file, int line, const char *wha
     return -1;
 }
 
+// Whether the environment sets name to exactly value (the knobs' on or off).
+static bool env_is(const char *name, const char *value) {
+    const char *e = getenv(name);
+    return e && strcmp(e, value) == 0;
+}
+
 // The context is kept even when init fails, so that status can tell why.
+
 extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
                                     int batch_invariant) {
     be->ops = NULL;
@@ -195,22 +202,15 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
         return -1;
     }
     ctx->device = device;
-    const char *each = getenv("TROUPE_SYNC_EACH_OP");
-    ctx->sync_each_op = each && strcmp(each, "1") == 0;
-    const char *graphs = getenv("TROUPE_CUDA_GRAPHS");
-    ctx->no_graphs = graphs && strcmp(graphs, "0") == 0;
+    ctx->sync_each_op = env_is("TROUPE_SYNC_EACH_OP", "1");
+    ctx->no_graphs = env_is("TROUPE_CUDA_GRAPHS", "0");
     const char *any_n = getenv("TROUPE_CUDA_ANY_N");
     ctx->any_n_at = any_n && atoi(any_n) > 0 ? atoi(any_n) : TR_CUDA_ANY_N;
-    const char *flash = getenv("TROUPE_CUDA_FLASH_ATTENTION");
-    ctx->flash_attention = !(flash && strcmp(flash, "0") == 0);
-    const char *pdl = getenv("TROUPE_CUDA_PDL");
-    ctx->pdl = pdl && strcmp(pdl, "1") == 0;
-    const char *seqk = getenv("TROUPE_CUDA_SEQK");
-    ctx->no_seqk = seqk && strcmp(seqk, "0") == 0;
-    const char *lean = getenv("TROUPE_CUDA_DECODE_LEAN");
-    ctx->no_lean_copies = lean && strcmp(lean, "0") == 0;
-    const char *topk = getenv("TROUPE_CUDA_TOPK_SELECT");
-    ctx->topk_select = topk && strcmp(topk, "1") == 0;
+    ctx->flash_attention = !env_is("TROUPE_CUDA_FLASH_ATTENTION", "0");
+    ctx->pdl = env_is("TROUPE_CUDA_PDL", "1");
+    ctx->no_seqk = env_is("TROUPE_CUDA_SEQK", "0");
+    ctx->no_lean_copies = env_is("TROUPE_CUDA_DECODE_LEAN", "0");
+    ctx->topk_select = env_is("TROUPE_CUDA_TOPK_SELECT", "1");
     const char *chunk = getenv("TROUPE_CUDA_SOFTMAX_CHUNK");
     ctx->softmax_chunk = TR_CUDA_SOFTMAX_CHUNK;
     if (chunk) {
@@ -227,16 +227,14 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
     // cannot be told to, so fp32 is not batch-invariant. -1: TROUPE_CUDA_BATCH_INVARIANT's
     // say, on unless it is 0.
     if (batch_invariant < 0) {
-        const char *inv = getenv("TROUPE_CUDA_BATCH_INVARIANT");
-        batch_invariant = !(inv && strcmp(inv, "0") == 0);
+        batch_invariant = !env_is("TROUPE_CUDA_BATCH_INVARIANT", "0");
     }
     be->batch_invariant = precision == TR_BF16 && batch_invariant;
     if (TR_CUDA_CHECK(be, cudaSetDevice(device))) return -1;
     if (TR_CUDA_CHECK(be, cudaDeviceGetAttribute(&ctx->sms, cudaDevAttrMultiProcessorCount, device)))
         return -1;
     if (TR_CUDA_CHECK(be, cudaStreamCreate(&ctx->stream))) return -1;
-    const char *prof = getenv("TROUPE_CUDA_PROFILE");
-    if (prof && strcmp(prof, "1") == 0 && tr_cuda_prof_init(ctx)) {
+    if (env_is("TROUPE_CUDA_PROFILE", "1") && tr_cuda_prof_init(ctx)) {
         tr_cuda_record(ctx, __FILE__, __LINE__, "TROUPE_CUDA_PROFILE", "no memory for events");
         return -1;
     }
@@ -297,7 +295,8 @@ extern "C" int tr_backend_cuda_device(tr_backend *be) {
 }
 
 extern "C" void tr_backend_cuda_force_row_ctas(tr_backend *be, int ctas) {
-    if (be && be->ctx) tr_cuda_ctx_of(be)->row_ctas = ctas == 1 || ctas == 2 || ctas == 4 ? ctas : 0;
+    if (be && be->ctx)
+        tr_cuda_ctx_of(be)->row_ctas = ctas == 1 || ctas == 2 || ctas == 4 ? ctas : 0;
 }
 
 extern "C" void tr_backend_cuda_topk_select(tr_backend *be, int on) {

@@ -163,20 +163,41 @@ __device__ __forceinline__ void tr_pdl_release() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
+// A launch with what <<<>>> cannot say: blocks in clusters of `cluster` (1: none), and the
+// early start above.
 template <typename... P, typename... A>
-static cudaError_t tr_cuda_launch(tr_backend *be, bool early, void (*kernel)(P...), dim3 grid,
-                                  dim3 block, size_t shm, A... args) {
+static cudaError_t tr_cuda_launch_ex(cudaStream_t st, int cluster, bool early,
+                                     void (*kernel)(P...), dim3 grid, dim3 block, size_t shm,
+                                     A... args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = shm;
-    cfg.stream = tr_cuda_stream(be);
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.stream = st;
+    cudaLaunchAttribute at[2];
+    unsigned n = 0;
+    if (cluster > 1) {
+        at[n].id = cudaLaunchAttributeClusterDimension;
+        at[n].val.clusterDim.x = (unsigned)cluster;
+        at[n].val.clusterDim.y = at[n].val.clusterDim.z = 1;
+        n++;
+    }
+    if (early) {
+        at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[n].val.programmaticStreamSerializationAllowed = 1;
+        n++;
+    }
     cfg.attrs = at;
-    cfg.numAttrs = early && tr_cuda_ctx_of(be)->pdl ? 1 : 0;
+    cfg.numAttrs = n;
     return cudaLaunchKernelEx(&cfg, kernel, (P)args...);
+}
+
+// On the backend's stream, starting early where asked and the backend has it on.
+template <typename... P, typename... A>
+static cudaError_t tr_cuda_launch(tr_backend *be, bool early, void (*kernel)(P...), dim3 grid,
+                                  dim3 block, size_t shm, A... args) {
+    return tr_cuda_launch_ex(tr_cuda_stream(be), 1, early && tr_cuda_ctx_of(be)->pdl, kernel,
+                             grid, block, shm, args...);
 }
 
 // Rows up to which a launch counts as a decode step's (the early start, tr_cuda_launch).

@@ -69,27 +69,15 @@ typedef struct sq_args {
     int32_t accumulate;
 } sq_args;
 
-// The PTX of the main loop on 32-bit shared addresses, computed once a thread and advanced,
-// so that a k-tile costs its copies and MMAs and little else (Nsight Compute: a version that
-// recomputed every address issued 165 instructions a k-tile for a warp's 4 MMAs, and with one
-// warp a scheduler that issue was the whole kernel's time).
-__device__ __forceinline__ void sq_ldsm4(uint32_t r[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-// Two 8x8 b16 matrices: lanes 0..7 give the rows of matrix 0, lanes 8..15 those of matrix 1
-// (the other lanes' addresses are not read, but are kept valid).
-__device__ __forceinline__ void sq_ldsm2(uint32_t &r0, uint32_t &r1, uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
-                 : "=r"(r0), "=r"(r1)
-                 : "r"(addr));
-}
-
 template <int BM, int BN, int ST>
 constexpr size_t sq_shared_bytes() {
     return (size_t)ST * (BM + BN) * SQ_LDS * sizeof(tr_bf16);
 }
+
+// The main loop works on 32-bit shared addresses (fa_cp16_at, fa_ldsm4_at) computed once a
+// thread and advanced, so that a k-tile costs its copies and MMAs and little else (Nsight
+// Compute: a version that recomputed every address issued 165 instructions a k-tile for a
+// warp's 4 MMAs, and with one warp a scheduler that issue was the whole kernel's time).
 
 template <int BM, int BN, int WM, int WN, int ST, typename O>
 __global__ void __launch_bounds__(WM * WN * 32) sq_kernel(const sq_args a) {
@@ -155,7 +143,7 @@ __global__ void __launch_bounds__(WM * WN * 32) sq_kernel(const sq_args a) {
     const bool live = m0 + wm * MT * 16 < a.m && n0 + wn * NT * 8 < a.n;
 
     // The warp's fragment addresses in stage 0 at k 0: A (fa_lda's rows and halves) for each
-    // m16 tile, B (fa_ldb's, or sq_ldsm2's for a single n8 tile) for each pair of n8 tiles.
+    // m16 tile, B (fa_ldb's, or fa_ldsm2_at's for a single n8 tile) for each pair of n8 tiles.
     uint32_t a_at[MT], b_at[NT == 1 ? 1 : NT / 2];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
@@ -177,17 +165,17 @@ __global__ void __launch_bounds__(WM * WN * 32) sq_kernel(const sq_args a) {
         const uint32_t ko = off + (uint32_t)kb * 32u;   // 16 bf16 columns
         uint32_t af[MT][4];
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) sq_ldsm4(af[mt], a_at[mt] + ko);
+        for (int mt = 0; mt < MT; mt++) fa_ldsm4_at(af[mt], a_at[mt] + ko);
         if constexpr (NT == 1) {
             uint32_t b0, b1;
-            sq_ldsm2(b0, b1, b_at[0] + ko);
+            fa_ldsm2_at(b0, b1, b_at[0] + ko);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) fa_mma(acc[mt][0], af[mt], b0, b1);
         } else {
 #pragma unroll
             for (int np = 0; np < NT / 2; np++) {
                 uint32_t bf[4];
-                sq_ldsm4(bf, b_at[np] + ko);
+                fa_ldsm4_at(bf, b_at[np] + ko);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     fa_mma(acc[mt][2 * np], af[mt], bf[0], bf[1]);

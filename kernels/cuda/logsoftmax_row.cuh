@@ -35,18 +35,8 @@ static inline int tr_lsm_ctas_for(const tr_cuda_ctx *ctx, long rows) {
 template <typename... P, typename... A>
 static cudaError_t tr_lsm_launch(void (*kernel)(P...), long rows, int C, size_t dyn,
                                  cudaStream_t st, A... args) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)(rows * C));
-    cfg.blockDim = dim3(TR_LSM_THREADS);
-    cfg.dynamicSmemBytes = dyn;
-    cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = (unsigned)C;
-    at[0].val.clusterDim.y = at[0].val.clusterDim.z = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = C > 1 ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kernel, (P)args...);
+    return tr_cuda_launch_ex(st, C, false, kernel, dim3((unsigned)(rows * C)),
+                             dim3(TR_LSM_THREADS), dyn, args...);
 }
 
 // The row's cluster: C blocks; block r's thread t plays virtual threads r * TR_LSM_THREADS + t

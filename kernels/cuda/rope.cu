@@ -80,20 +80,14 @@ static void rope_launch(tr_backend *be, void *x, int32_t ld, const int32_t *pos,
     const unsigned grid = (unsigned)((T + TT - 1) / TT);
     const size_t shm = (size_t)2 * TT * (D / 2) * sizeof(float);
     rope_kv<A> kv = {NULL, NULL, NULL, NULL, H};
-    if (pages) {
-        kv = {(A *)pages->k_pool, (A *)pages->v_pool, (const A *)v, slot, hq};
-        if (TR_CUDA_CHECK(be, tr_cuda_launch(be, T <= TR_CUDA_DECODE_ROWS, rope_kernel<A, true>,
-                                             dim3(grid), dim3(ROPE_THREADS), shm, (A *)x, ld, pos,
-                                             inv_freq, T, H, D, TT, sign, kv)))
-            return;
-        TR_CUDA_LAUNCHED(be, "rope_kv_write");
-        return;
-    }
-    if (TR_CUDA_CHECK(be, tr_cuda_launch(be, T <= TR_CUDA_DECODE_ROWS, rope_kernel<A, false>,
+    if (pages) kv = {(A *)pages->k_pool, (A *)pages->v_pool, (const A *)v, slot, hq};
+    if (TR_CUDA_CHECK(be, tr_cuda_launch(be, T <= TR_CUDA_DECODE_ROWS,
+                                         pages ? rope_kernel<A, true> : rope_kernel<A, false>,
                                          dim3(grid), dim3(ROPE_THREADS), shm, (A *)x, ld, pos,
                                          inv_freq, T, H, D, TT, sign, kv)))
         return;
-    TR_CUDA_LAUNCHED(be, "rope");
+    if (pages) TR_CUDA_LAUNCHED(be, "rope_kv_write");
+    else TR_CUDA_LAUNCHED(be, "rope");
 }
 
 // pages NULL: the rotation alone; else rope_kv_write's (H counts q's heads and k's, hq q's).
