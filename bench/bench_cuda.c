@@ -622,15 +622,16 @@ int main(int argc, char **argv) {
         for (int i = 0; i < 2; i++) {
             bench_sample(Bs[i], 151936, 0.0f, 0, 1.0f);
             bench_sample(Bs[i], 151936, 1.0f, 0, 1.0f);
-            bench_sample(Bs[i], 151936, 1.0f, 50, 1.0f);
             bench_sample(Bs[i], 151936, 1.0f, 0, 0.9f);
-            // top-k ranked by the select instead of the sort (sample_topk.cuh), k 50 and 20
-            // with top-p 0.8 (Qwen2.5-Instruct's generation settings)
+            // top-k ranked by a sort of the whole row, then by the select (sample_topk.cuh, the
+            // default), k 50 and 20 with top-p 0.8 (Qwen2.5-Instruct's generation settings)
+            tr_backend_cuda_topk_select(&gpu, 0);
+            printf("  (top-k by sort)\n");
+            bench_sample(Bs[i], 151936, 1.0f, 50, 1.0f);
+            bench_sample(Bs[i], 151936, 0.7f, 20, 0.8f);
             tr_backend_cuda_topk_select(&gpu, 1);
             printf("  (top-k by select)\n");
             bench_sample(Bs[i], 151936, 1.0f, 50, 1.0f);
-            bench_sample(Bs[i], 151936, 0.7f, 20, 0.8f);
-            tr_backend_cuda_topk_select(&gpu, 0);
             bench_sample(Bs[i], 151936, 0.7f, 20, 0.8f);
             bench_logsoftmax(&gpu, Bs[i], 151936);
         }

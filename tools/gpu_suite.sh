@@ -311,7 +311,7 @@ decode_kernels_part() {
     run decode_profile_64 env TROUPE_CUDA_PROFILE=1 timeout 120 "$d" qwen2.5-0.5b 64 1 256 256
     run model_bf16 env TROUPE_BACKEND=cuda meson test -C "$build_all" --print-errorlogs test_model_bf16
     run train_05b timeout 120 "$build_all/bench/bench_train_gpu" qwen2.5-0.5b 8 2048 3
-    # What the knobs of unmeasured kernels change: decode products without the backend's own
+    # What the knobs of newer kernels change: decode products without the backend's own
     # GEMM (TROUPE_CUDA_SEQK=0), decode attention's copies through the slot-offset table
     # (TROUPE_CUDA_DECODE_LEAN=0)
     for knob in TROUPE_CUDA_SEQK=0 TROUPE_CUDA_DECODE_LEAN=0; do

@@ -49,7 +49,7 @@ int tr_backend_cuda_softmax_chunk(tr_backend *be);
 void tr_backend_cuda_force_row_ctas(tr_backend *be, int ctas);
 
 // Ranks the sampler's top-k rows (k up to 1,024) by a select instead of sorting whole rows
-// (TROUPE_CUDA_TOPK_SELECT=1 sets it at start); the draws are the same either way.
+// (the default; TROUPE_CUDA_TOPK_SELECT=0 clears it at start); the draws are the same either way.
 void tr_backend_cuda_topk_select(tr_backend *be, int on);
 
 // With TROUPE_CUDA_PROFILE=1: forgets what the profile has summed so far (a benchmark calls it

@@ -2101,13 +2101,13 @@ static void test_sample(int32_t B, int32_t V, int kind, uint64_t salt, float top
     CHECKF(memcmp(g1.ids, g2.ids, (size_t)B * sizeof(int32_t)) == 0 &&
            kt_same_bits(g1.lp, g2.lp, B) && g1.n_near == g2.n_near,
            "sample B=%d V=%d: two cuda runs differ", B, V);
-    // top-k rows ranked by the select instead of the sort: the same draws
-    tr_backend_cuda_topk_select(&gpu_be, 1);
-    smp_run(1, &s, 0, B, &sel);
+    // top-k rows ranked by a sort of the whole row instead of the select: the same draws
     tr_backend_cuda_topk_select(&gpu_be, 0);
+    smp_run(1, &s, 0, B, &sel);
+    tr_backend_cuda_topk_select(&gpu_be, 1);
     CHECKF(memcmp(g1.ids, sel.ids, (size_t)B * sizeof(int32_t)) == 0 &&
            kt_same_bits(g1.lp, sel.lp, B) && g1.n_near == sel.n_near,
-           "sample B=%d V=%d: top-k rows selected draw otherwise than sorted", B, V);
+           "sample B=%d V=%d: top-k rows sorted draw otherwise than selected", B, V);
     CHECKF(kt_same_bits(g1.lp, g1.lp_lsm, B),
            "sample B=%d V=%d: logprobs are not cuda logsoftmax_forward's", B, V);
     int32_t mismatched = 0, uncounted = 0, batch_alone = 1;
