@@ -6,7 +6,8 @@
 // model shapes, dense and packed into documents (TFLOP/s counted per document, causal), and
 // decode's HBM bandwidth; bench/attention_peer.py runs torch on the same shapes beside it.
 // Run by hand or by tools/gpu_suite.sh: build-*/bench/bench_cuda [cpu_threads], or
-// build-*/bench/bench_cuda attention for that section alone. Best of a few repetitions after
+// build-*/bench/bench_cuda attention [SHAPE] for that section alone (with SHAPE, say
+// qwen05b_dense, only that training shape: for a profiler). Best of a few repetitions after
 // one warm-up. `bench_cuda gemm` times every cuBLASLt candidate (no split-K) of the products
 // of a Qwen2.5-0.5B/1.5B training step at 16K tokens, the backend's choice marked;
 // `bench_cuda sample` the sampler and the log-softmax at decode batches of the Qwen vocabulary;
@@ -417,14 +418,28 @@ static void bench_decode_bw(const char *shape, int32_t B, int32_t ctx, int32_t H
 // The shapes of issue 13 (7B layer at T = 4096; Qwen2.5-0.5B and -1.5B at sequence 2048 x
 // micro-batch, dense and packed into RL documents of 256..2048 tokens in 16K rows) and the
 // decode shapes of issue 14.
-static void bench_attention_section(void) {
+// only: one training shape's name, or NULL for every shape and decode.
+static void bench_attention_section(const char *only) {
+    static const struct {
+        const char *name;
+        int32_t T, dense, H, KVH, D;
+    } shapes[] = {
+        {"7b_dense", 4096, 4096, 32, 8, 128},       {"7b_packed", 16384, 0, 32, 8, 128},
+        {"qwen05b_dense", 16384, 2048, 14, 2, 64},  {"qwen05b_packed", 16384, 0, 14, 2, 64},
+        {"qwen15b_dense", 8192, 2048, 12, 2, 128},  {"qwen15b_packed", 16384, 0, 12, 2, 128},
+    };
     printf("attention, bf16 tensor-core kernels (ms per call; TFLOP/s per document, causal):\n");
-    bench_flash("7b_dense", 4096, 4096, 32, 8, 128);
-    bench_flash("7b_packed", 16384, 0, 32, 8, 128);
-    bench_flash("qwen05b_dense", 16384, 2048, 14, 2, 64);
-    bench_flash("qwen05b_packed", 16384, 0, 14, 2, 64);
-    bench_flash("qwen15b_dense", 8192, 2048, 12, 2, 128);
-    bench_flash("qwen15b_packed", 16384, 0, 12, 2, 128);
+    int ran = 0;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        if (only && strcmp(only, shapes[i].name) != 0) continue;
+        bench_flash(shapes[i].name, shapes[i].T, shapes[i].dense, shapes[i].H, shapes[i].KVH,
+                    shapes[i].D);
+        ran++;
+    }
+    if (only) {
+        if (!ran) fail("bench_cuda attention", "no such shape");
+        return;
+    }
     printf("decode attention, bf16 (K and V bytes read per second):\n");
     double bw = bench_copy_bandwidth();
     for (int32_t ctx = 512; ctx <= 4096; ctx *= 2)
@@ -650,7 +665,7 @@ int main(int argc, char **argv) {
     if (attention_only) {
         printf("cuda backend on %s, sm_%d%d, %d SMs\n", info.name, info.major, info.minor,
                info.n_sms);
-        bench_attention_section();
+        bench_attention_section(argc > 2 ? argv[2] : NULL);
         tr_backend_cuda_free(&gpu32);
         tr_backend_cuda_free(&gpu);
         return 0;
@@ -682,7 +697,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) bench_matmul(&big[i], NULL);
     bench_attention(4096, 1, 32, 8, 128, NULL);
     bench_decode(16, 4096, 32, 8, 128);
-    bench_attention_section();
+    bench_attention_section(NULL);
     bench_embedding(4096, 4096, 32000);
     bench_embedding(32768, 4096, 128256);
     bench_sumsq((size_t)1 << 28);   // the gradients of 268M parameters (1 GiB)

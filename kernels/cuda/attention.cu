@@ -391,6 +391,10 @@ void tr_cuda_attention_backward(tr_backend *be, void *dq, void *dk, void *dv,
         a.vec = ld % 8 == 0 && attn_aligned(q, 16) && attn_aligned(k, 16) &&
                 attn_aligned(v, 16) && attn_aligned(dout, 16) && attn_aligned(out, 16);
         a.st4 = ld % 2 == 0 && attn_aligned(dq, 4) && attn_aligned(dk, 4) && attn_aligned(dv, 4);
+        const size_t rows = (size_t)docs->n_tokens * (size_t)H;
+        a.delta = tr_cuda_rows(be, 2 * rows);
+        if (!a.delta) return;
+        a.lse2 = a.delta + rows;
         tr_fa_backward(be, a, D);
         return;
     }

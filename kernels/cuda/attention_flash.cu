@@ -1,5 +1,6 @@
 // Flash-attention forward on tensor cores, the bf16 path: one block of four warps per (tile of
-// 16 MT rows per warp, head), K and V tiles double-buffered through cp.async, each warp's rows
+// 16 MT rows per warp, head), K and V tiles in FA_FWD_STAGES shared stages filled by cp.async
+// (each refilled an iteration after its use, so an iteration waits at one barrier), each warp's rows
 // advanced by fa_tile (attention_tile.cuh) over the keys of their documents. Never holds more
 // than one tile of scores. Key tiles start at each document's first token, so a row's bits
 // do not depend on where its document sits in the batch, and a query tile that straddles
@@ -14,6 +15,7 @@
 #include "kernels/cuda/attention_tile.cuh"
 
 #define FA_FWD_WARPS 4
+#define FA_FWD_STAGES 3   // K/V tiles in shared memory at once (two blocks an SM fit either D)
 
 // Folds the warp's state st (the current chunk) into the finished chunks (am, al, acc):
 // to_state false stores the result in the accumulator and empties st (a chunk boundary);
@@ -52,11 +54,11 @@ __device__ __forceinline__ void fa_fold_acc(float (&am)[MT][2], float (&al)[MT][
 template <int D, int MT>
 __global__ void __launch_bounds__(FA_FWD_WARPS * 32, 2) fa_forward_kernel(const fa_fwd_args a) {
     constexpr int BM = FA_FWD_WARPS * 16 * MT, BN = fa_bn<D>(), LDS = D + FA_PAD;
-    constexpr int NTH = FA_FWD_WARPS * 32;
+    constexpr int NTH = FA_FWD_WARPS * 32, ST = FA_FWD_STAGES;
     extern __shared__ __align__(16) unsigned char fa_sm[];
     tr_bf16 *qs = reinterpret_cast<tr_bf16 *>(fa_sm);
-    tr_bf16 *ks = qs + BM * LDS;   // two stages of BN rows each
-    tr_bf16 *vs = ks + 2 * BN * LDS;
+    tr_bf16 *ks = qs + BM * LDS;   // ST stages of BN rows each
+    tr_bf16 *vs = ks + ST * BN * LDS;
     const int h = blockIdx.x, kvh = h / (a.H / a.KVH);
     const int t0 = (int)(gridDim.y - 1 - blockIdx.y) * BM;   // the longest rows start first
     const int t1 = min(t0 + BM, a.T);
@@ -87,10 +89,21 @@ __global__ void __launch_bounds__(FA_FWD_WARPS * 32, 2) fa_forward_kernel(const 
             },
             tid, NTH, vec, a.v);
     };
-    fa_kv_iter it;
+    // it: the key tile taken next; ahead: the last one loaded. Group 0 holds the rows and the
+    // first tile, group j the tile j; tile j goes to stage j % ST.
+    fa_kv_iter it, ahead;
     fa_iter_first(it, a.doc_start, a.prefix, a.n_docs, t0, t1);
-    if (it.e >= 0) load_kv(it, 0);
+    ahead = it;
+    if (ahead.e >= 0) load_kv(ahead, 0);
     fa_cp_commit();
+#pragma unroll
+    for (int s = 1; s < ST - 1; s++) {
+        if (ahead.e >= 0) {
+            fa_iter_next<BN>(ahead, a.doc_start, a.prefix, a.n_docs, t1);
+            if (ahead.e >= 0) load_kv(ahead, s);
+        }
+        fa_cp_commit();
+    }
 
     fa_state<D, MT> st;
     fa_reset(st);
@@ -108,12 +121,13 @@ __global__ void __launch_bounds__(FA_FWD_WARPS * 32, 2) fa_forward_kernel(const 
     const int w0 = t0 + warp * 16 * MT;   // the warp's first row
     int stage = 0;
     while (it.e >= 0) {
-        fa_kv_iter nx = it;
-        fa_iter_next<BN>(nx, a.doc_start, a.prefix, a.n_docs, t1);
-        if (nx.e >= 0) load_kv(nx, stage ^ 1);
+        fa_cp_wait<ST - 2>();
+        __syncthreads();   // tile `stage` landed; every warp is done with the previous stage
+        if (ahead.e >= 0) {
+            fa_iter_next<BN>(ahead, a.doc_start, a.prefix, a.n_docs, t1);
+            if (ahead.e >= 0) load_kv(ahead, (stage + ST - 1) % ST);
+        }
         fa_cp_commit();
-        fa_cp_wait<1>();
-        __syncthreads();
         // the warp's rows in this document: lo..hi, seeing positions up to hi - s + pl
         const int lo = max(w0, it.s), hi = min(w0 + 16 * MT, it.lim) - 1;
         if (lo <= hi && it.p0 <= hi - it.s + it.pl) {
@@ -132,10 +146,10 @@ __global__ void __launch_bounds__(FA_FWD_WARPS * 32, 2) fa_forward_kernel(const 
             fa_tile<D, MT>(st, qs + warp * 16 * MT * LDS, ks + stage * BN * LDS,
                            vs + stage * BN * LDS, it.p0, last, a.sl2, true);
         }
-        __syncthreads();   // the stage is refilled next
-        it = nx;
-        stage ^= 1;
+        fa_iter_next<BN>(it, a.doc_start, a.prefix, a.n_docs, t1);
+        stage = stage + 1 == ST ? 0 : stage + 1;
     }
+    fa_cp_wait<0>();
 
     if (acc_used) {
         fa_fold_acc<D, MT>(am, al, acc + z, st, true);
@@ -166,7 +180,8 @@ __global__ void __launch_bounds__(FA_FWD_WARPS * 32, 2) fa_forward_kernel(const 
 template <int D, int MT>
 static void fa_forward_run(tr_backend *be, const fa_fwd_args &a) {
     constexpr int BM = FA_FWD_WARPS * 16 * MT;
-    const size_t shm = (size_t)(BM + 4 * fa_bn<D>()) * (D + FA_PAD) * sizeof(tr_bf16);
+    const size_t shm =
+        (size_t)(BM + 2 * FA_FWD_STAGES * fa_bn<D>()) * (D + FA_PAD) * sizeof(tr_bf16);
     if (TR_CUDA_CHECK(be, cudaFuncSetAttribute(fa_forward_kernel<D, MT>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)shm)))

@@ -41,6 +41,8 @@ struct fa_bwd_args {
     float scale, sl2;
     int32_t vec;      // every row read is 16-byte aligned
     int32_t st4;      // dq, dk, dv rows 4-byte aligned (even ld)
+    float *delta;     // [T, H] rowsum(dO * O), written by the backward's first pass
+    float *lse2;      // [T, H] lse log2(e), the same
 };
 
 struct fa_dec_args {

@@ -1,21 +1,25 @@
 // Flash-attention backward on tensor cores, the bf16 path, deterministic without atomics: a
-// dK/dV pass (one block per 128-key tile of a document and kv head, looping over the group's
-// query heads and then the query tiles that see the keys, in a fixed order, both sums in
-// registers; tiles with the most queries of their document start first) and a separate dQ
-// pass (one block per 128-row query tile and head, looping over its documents' key tiles).
-// With shared prefixes the dQ pass walks a row's context as the forward does (the prefix's
-// keys, then its own), and a prefix's key tiles take the queries of the documents naming it
-// after its own, so each key's sums stay in one block. Both recompute
-// S = Q K^T and dP = dO V^T and take P = exp(S scale - lse) from the saved lse, so nothing
-// T x T is ever stored. delta = rowsum(dO * O) comes from one function both passes call, so
-// they agree on it bit for bit. P and dS = P (dP - delta) scale are rounded to bf16 for the
-// P^T dO, dS^T Q and dS K products (the forward's one extra rounding, once more); everything
-// else is fp32. dq, dk, dv are written, dk and dv summing the group.
+// pass over the rows for delta = rowsum(dO * O) and lse in log2 units, into the backend's row
+// scratch, so that neither main pass reads O or sums a row again; a dK/dV pass (one block per
+// 128-key tile of a document and kv head, looping over the group's query heads and then the
+// query tiles that see the keys, in a fixed order, both sums in registers; tiles with the
+// most queries of their document start first); and a separate dQ pass (one block per 128-row
+// query tile and head, looping over its documents' key tiles). With shared prefixes the dQ
+// pass walks a row's context as the forward does (the prefix's keys, then its own), and a
+// prefix's key tiles take the queries of the documents naming it after its own, so each key's
+// sums stay in one block. Both recompute S = Q K^T and dP = dO V^T and take
+// P = exp(S scale - lse) from the saved lse, so nothing T x T is ever stored; both read delta
+// from the rows pass, so they agree on it bit for bit. Their operands stream through
+// FA_BWD_STAGES shared stages, each refilled an iteration after its use, so an iteration
+// waits at one barrier. P and dS = P (dP - delta) scale are rounded to bf16 for the P^T dO,
+// dS^T Q and dS K products (the forward's one extra rounding, once more); everything else is
+// fp32. dq, dk, dv are written, dk and dv summing the group.
 #include "kernels/cuda/attention_flash.cuh"
 #include "kernels/cuda/attention_tile.cuh"
 
 #define FA_BWD_WARPS 8   // 16 rows (dq) or keys (dk/dv) per warp
 #define FA_BWD_BN 64     // keys per dq step, queries per dk/dv step
+#define FA_BWD_STAGES 3  // K/V tiles (dq) or Q/dO tiles (dk/dv) in shared memory at once
 
 // sum_d dO[d] O[d] of one row, by the 32 lanes of a warp: lane l takes D/32 consecutive
 // channels in order, then a butterfly over the lanes (every lane gets the same bits).
@@ -42,6 +46,21 @@ __device__ __forceinline__ float fa_prob(float s, float sl2, float lse2) {
 // dS = P (dP - delta) scale.
 __device__ __forceinline__ float fa_dscore(float p, float dp, float delta, float scale) {
     return __fmul_rn(__fmul_rn(p, __fsub_rn(dp, delta)), scale);
+}
+
+// The rows pass: a warp per (token, head) pair w = t H + h writes delta[w] = sum_d dO O and
+// lse2[w] = lse log2(e), the two row statistics both main passes use.
+template <int D>
+__global__ void __launch_bounds__(256) fa_rows_kernel(const fa_bwd_args a) {
+    const int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (w >= (int64_t)a.T * a.H) return;
+    const int lane = threadIdx.x & 31;
+    const size_t at = (size_t)w * D;   // dout and out are contiguous [T, H D]
+    const float d = fa_row_delta<D>(a.dout + at, a.out + at, lane);
+    if (lane == 0) {
+        a.delta[w] = d;
+        a.lse2[w] = __fmul_rn(a.lse[w], FA_LOG2E);
+    }
 }
 
 // Tile y of the document-aligned tiles of BT tokens, in the order of the dK/dV pass: every
@@ -78,11 +97,10 @@ __device__ __forceinline__ bool fa_tile_by_level(const int32_t *ds, int n_docs, 
 template <int D>
 __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dq_kernel(const fa_bwd_args a) {
     constexpr int BQ = FA_BWD_WARPS * 16, BN = FA_BWD_BN, LDS = D + FA_PAD;
-    constexpr int NTH = FA_BWD_WARPS * 32, NT = BN / 8;
+    constexpr int NTH = FA_BWD_WARPS * 32, NT = BN / 8, ST = FA_BWD_STAGES;
     extern __shared__ __align__(16) unsigned char fa_sm[];
-    tr_bf16 *qs = reinterpret_cast<tr_bf16 *>(fa_sm), *dos = qs + BQ * LDS, *os = dos + BQ * LDS;
-    tr_bf16 *ks = os + BQ * LDS, *vs = ks + 2 * BN * LDS;   // two stages each
-    float *lse_s = reinterpret_cast<float *>(vs + 2 * BN * LDS);
+    tr_bf16 *qs = reinterpret_cast<tr_bf16 *>(fa_sm), *dos = qs + BQ * LDS;
+    tr_bf16 *ks = dos + BQ * LDS, *vs = ks + ST * BN * LDS;   // ST stages each
     const int h = blockIdx.x, kvh = h / (a.H / a.KVH);
     const int t0 = (int)(gridDim.y - 1 - blockIdx.y) * BQ, t1 = min(t0 + BQ, a.T);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -102,14 +120,6 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dq_kernel(const fa_bw
             return t0 + r < t1 ? a.dout + (size_t)(t0 + r) * HD + (size_t)h * D : nullptr;
         },
         tid, NTH, vec, a.dout);
-    fa_load_rows<D>(
-        os, BQ,
-        [&](int r) -> const tr_bf16 * {
-            return t0 + r < t1 ? a.out + (size_t)(t0 + r) * HD + (size_t)h * D : nullptr;
-        },
-        tid, NTH, vec, a.out);
-    for (int r = tid; r < BQ; r += NTH)
-        fa_cp4(lse_s + r, t0 + r < t1 ? a.lse + (size_t)(t0 + r) * a.H + h : a.lse, t0 + r < t1);
     auto load_kv = [&](const fa_kv_iter &x, int stage) {
         fa_load_rows<D>(
             ks + stage * BN * LDS, BN,
@@ -126,36 +136,45 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dq_kernel(const fa_bw
             },
             tid, NTH, vec, a.v);
     };
-    fa_kv_iter it;
+    // it: the key tile multiplied next; ahead: the last one loaded. Group 0 holds the rows and
+    // the first tile, group j the tile j; tile j goes to stage j % ST.
+    fa_kv_iter it, ahead;
     fa_iter_first(it, a.doc_start, a.prefix, a.n_docs, t0, t1);
-    if (it.e >= 0) load_kv(it, 0);
+    ahead = it;
+    if (ahead.e >= 0) load_kv(ahead, 0);
     fa_cp_commit();
-    fa_cp_wait<0>();
-    __syncthreads();
+#pragma unroll
+    for (int s = 1; s < ST - 1; s++) {
+        if (ahead.e >= 0) {
+            fa_iter_next<BN>(ahead, a.doc_start, a.prefix, a.n_docs, t1);
+            if (ahead.e >= 0) load_kv(ahead, s);
+        }
+        fa_cp_commit();
+    }
 
-    // the warp's rows: delta and lse in log2 units, two rows per thread
+    // the thread's two rows: delta and lse in log2 units, from the rows pass
     const int w0 = t0 + warp * 16;
     float delta[2], lse2[2];
-    for (int r = 0; r < 16; r++) {
-        const int row = warp * 16 + r;
-        const float d = fa_row_delta<D>(dos + row * LDS, os + row * LDS, lane);
-        if (r == g) delta[0] = d;
-        if (r == g + 8) delta[1] = d;
-    }
 #pragma unroll
-    for (int r = 0; r < 2; r++) lse2[r] = __fmul_rn(lse_s[warp * 16 + g + 8 * r], FA_LOG2E);
+    for (int r = 0; r < 2; r++) {
+        const int i = w0 + g + 8 * r;
+        const size_t at = (size_t)min(i, a.T - 1) * a.H + h;
+        delta[r] = a.delta[at];
+        lse2[r] = a.lse2[at];
+    }
 
     float dq[D / 8][4];
 #pragma unroll
     for (int i = 0; i < D / 8; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
     int stage = 0;
     while (it.e >= 0) {
-        fa_kv_iter nx = it;
-        fa_iter_next<BN>(nx, a.doc_start, a.prefix, a.n_docs, t1);
-        if (nx.e >= 0) load_kv(nx, stage ^ 1);
+        fa_cp_wait<ST - 2>();
+        __syncthreads();   // tile `stage` landed; every warp is done with the previous stage
+        if (ahead.e >= 0) {
+            fa_iter_next<BN>(ahead, a.doc_start, a.prefix, a.n_docs, t1);
+            if (ahead.e >= 0) load_kv(ahead, (stage + ST - 1) % ST);
+        }
         fa_cp_commit();
-        fa_cp_wait<1>();
-        __syncthreads();
         const int lo = max(w0, it.s), hi = min(w0 + 16, it.lim) - 1;
         if (lo <= hi && it.p0 <= hi - it.s + it.pl) {
             const tr_bf16 *kt = ks + stage * BN * LDS, *vt = vs + stage * BN * LDS;
@@ -184,10 +203,10 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dq_kernel(const fa_bw
             for (int kk = 0; kk < BN / 16; kk++) fa_acc_to_a(da[0][kk], dp[0], kk);
             fa_gemm_pv<D, 1, BN / 16>(reinterpret_cast<float(&)[1][D / 8][4]>(dq), da, kt, LDS);
         }
-        __syncthreads();
-        it = nx;
-        stage ^= 1;
+        fa_iter_next<BN>(it, a.doc_start, a.prefix, a.n_docs, t1);
+        stage = stage + 1 == ST ? 0 : stage + 1;
     }
+    fa_cp_wait<0>();
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int i = w0 + g + 8 * r;
@@ -206,13 +225,13 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dq_kernel(const fa_bw
 template <int D>
 __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_kernel(const fa_bwd_args a) {
     constexpr int BK = FA_BWD_WARPS * 16, BQ = FA_BWD_BN, LDS = D + FA_PAD;
-    constexpr int NTH = FA_BWD_WARPS * 32, NT = BQ / 8;
-    constexpr int STAGE = 3 * BQ * LDS;   // Q, dO, O rows of one query tile
+    constexpr int NTH = FA_BWD_WARPS * 32, NT = BQ / 8, ST = FA_BWD_STAGES;
+    constexpr int STAGE = 2 * BQ * LDS;   // Q and dO rows of one query tile
     extern __shared__ __align__(16) unsigned char fa_sm[];
     tr_bf16 *ks = reinterpret_cast<tr_bf16 *>(fa_sm), *vs = ks + BK * LDS;
-    tr_bf16 *stg = vs + BK * LDS;                                      // two stages
-    float *lse_s = reinterpret_cast<float *>(stg + 2 * STAGE);         // [2][BQ], log2 units
-    float *delta_s = lse_s + 2 * BQ;                                   // [2][BQ]
+    tr_bf16 *stg = vs + BK * LDS;                                      // ST stages
+    float *lse_s = reinterpret_cast<float *>(stg + ST * STAGE);        // [ST][BQ], log2 units
+    float *delta_s = lse_s + ST * BQ;                                  // [ST][BQ]
     int doc, lvl;
     if (!fa_tile_by_level(a.doc_start, a.n_docs, BK, (int)blockIdx.y, doc, lvl)) return;
     const int kvh = blockIdx.x, G = a.H / a.KVH;
@@ -252,18 +271,19 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_kernel(const fa_b
                 return i0 + r < q_end ? a.dout + (size_t)(i0 + r) * HD + (size_t)h * D : nullptr;
             },
             tid, NTH, vec, a.dout);
-        fa_load_rows<D>(
-            sq + 2 * BQ * LDS, BQ,
-            [&](int r) -> const tr_bf16 * {
-                return i0 + r < q_end ? a.out + (size_t)(i0 + r) * HD + (size_t)h * D : nullptr;
-            },
-            tid, NTH, vec, a.out);
-        for (int r = tid; r < BQ; r += NTH)
-            fa_cp4(lse_s + stage * BQ + r,
-                   i0 + r < q_end ? a.lse + (size_t)(i0 + r) * a.H + h : a.lse, i0 + r < q_end);
+        for (int r = tid; r < 2 * BQ; r += NTH) {   // lse2 then delta, from the rows pass
+            const int i = i0 + r % BQ;
+            const float *src = r < BQ ? a.lse2 : a.delta;
+            fa_cp4((r < BQ ? lse_s : delta_s) + stage * BQ + r % BQ,
+                   i < q_end ? src + (size_t)i * a.H + h : src, i < q_end);
+        }
     };
-    if (total > 0) load_q(0, 0);
-    fa_cp_commit();
+    // Group 0 holds K, V and item 0, group j item j; item j goes to stage j % ST.
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) {
+        if (s < total) load_q(s, s);
+        fa_cp_commit();
+    }
 
     // this thread's keys: rows g, g+8 of the warp's 16 (rows past k1 are zeros, never stored)
     const int wk0 = k0 + warp * 16;
@@ -277,20 +297,12 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_kernel(const fa_b
     }
     int stage = 0;
     for (int item = 0; item < total; item++) {
-        if (item + 1 < total) load_q(item + 1, stage ^ 1);
+        fa_cp_wait<ST - 2>();
+        __syncthreads();   // item's stage landed; every warp is done with the previous stage
+        if (item + ST - 1 < total) load_q(item + ST - 1, (stage + ST - 1) % ST);
         fa_cp_commit();
-        fa_cp_wait<1>();
-        __syncthreads();
-        const tr_bf16 *sq = stg + stage * STAGE, *sdo = sq + BQ * LDS, *so = sq + 2 * BQ * LDS;
-        float *lse2 = lse_s + stage * BQ, *dl = delta_s + stage * BQ;
-        for (int r = warp; r < BQ; r += FA_BWD_WARPS) {   // the tile's rows, 8 per warp
-            const float d = fa_row_delta<D>(sdo + r * LDS, so + r * LDS, lane);
-            if (lane == 0) {
-                dl[r] = d;
-                lse2[r] = __fmul_rn(lse2[r], FA_LOG2E);
-            }
-        }
-        __syncthreads();
+        const tr_bf16 *sq = stg + stage * STAGE, *sdo = sq + BQ * LDS;
+        const float *lse2 = lse_s + stage * BQ, *dl = delta_s + stage * BQ;
         const int i0 = k0 + (item % nq) * BQ;
         if (wk0 < k1 && i0 + BQ - 1 >= wk0) {
             float s[1][NT][4], dp[1][NT][4];   // S^T and dP^T: keys by queries
@@ -324,8 +336,7 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_kernel(const fa_b
                 fa_gemm_pv<D, 1, BQ / 16>(reinterpret_cast<float(&)[1][D / 8][4]>(dk), fr, sq, LDS);
             }
         }
-        __syncthreads();   // the stage is refilled next
-        stage ^= 1;
+        stage = stage + 1 == ST ? 0 : stage + 1;
     }
     fa_cp_wait<0>();
 #pragma unroll
@@ -344,11 +355,14 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_kernel(const fa_b
 
 template <int D>
 static void fa_backward_run(tr_backend *be, const fa_bwd_args &a) {
-    constexpr int LDS = D + FA_PAD, B16 = FA_BWD_WARPS * 16;
+    constexpr int LDS = D + FA_PAD, B16 = FA_BWD_WARPS * 16, ST = FA_BWD_STAGES;
     cudaStream_t st = tr_cuda_stream(be);
+    const int64_t rows = (int64_t)a.T * a.H;   // a warp each
+    fa_rows_kernel<D><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(a);
+    if (TR_CUDA_LAUNCHED(be, "attention_backward rows")) return;
     if (a.dk || a.dv) {
-        const size_t shm = (size_t)(2 * B16 + 2 * 3 * FA_BWD_BN) * LDS * sizeof(tr_bf16) +
-                           (size_t)4 * FA_BWD_BN * sizeof(float);
+        const size_t shm = (size_t)(2 * B16 + ST * 2 * FA_BWD_BN) * LDS * sizeof(tr_bf16) +
+                           (size_t)2 * ST * FA_BWD_BN * sizeof(float);
         if (TR_CUDA_CHECK(be, cudaFuncSetAttribute(fa_dkv_kernel<D>,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    (int)shm)))
@@ -359,8 +373,7 @@ static void fa_backward_run(tr_backend *be, const fa_bwd_args &a) {
         if (TR_CUDA_LAUNCHED(be, "attention_backward dk/dv")) return;
     }
     if (a.dq) {
-        const size_t shm = (size_t)(3 * B16 + 4 * FA_BWD_BN) * LDS * sizeof(tr_bf16) +
-                           (size_t)B16 * sizeof(float);
+        const size_t shm = (size_t)(2 * B16 + ST * 2 * FA_BWD_BN) * LDS * sizeof(tr_bf16);
         if (TR_CUDA_CHECK(be, cudaFuncSetAttribute(fa_dq_kernel<D>,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    (int)shm)))

@@ -252,8 +252,25 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
     if (TR_CUDA_CHECK(be, cudaMalloc((void **)&ctx->norm_partial,
                                      TR_CUDA_NORM_PARTIALS * sizeof(double))))
         return -1;
+    // only the bf16 attention backward takes row scratch; made here so that a recorded graph
+    // never has to
+    if (precision == TR_BF16 && !tr_cuda_rows(be, TR_CUDA_ROW_SCRATCH)) return -1;
     be->ops = &cuda_ops;
     return 0;
+}
+
+float *tr_cuda_rows(tr_backend *be, size_t n) {
+    tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
+    if (n <= ctx->n_rows) return ctx->rows;
+    if (ctx->rows) {   // queued kernels may still read the old scratch
+        if (TR_CUDA_CHECK(be, cudaStreamSynchronize(ctx->stream))) return NULL;
+        if (TR_CUDA_CHECK(be, cudaFree(ctx->rows))) return NULL;
+        ctx->rows = NULL;
+        ctx->n_rows = 0;
+    }
+    if (TR_CUDA_CHECK(be, cudaMalloc((void **)&ctx->rows, n * sizeof(float)))) return NULL;
+    ctx->n_rows = n;
+    return ctx->rows;
 }
 
 extern "C" void tr_backend_cuda_free(tr_backend *be) {
@@ -264,6 +281,7 @@ extern "C" void tr_backend_cuda_free(tr_backend *be) {
     tr_cuda_prof_free(ctx);
     if (ctx->partial) cudaFree(ctx->partial);
     if (ctx->norm_partial) cudaFree(ctx->norm_partial);
+    if (ctx->rows) cudaFree(ctx->rows);
     tr_cuda_lt_plans_free(ctx);
     if (ctx->lt_ws) cudaFree(ctx->lt_ws);
     if (ctx->lt) cublasLtDestroy(ctx->lt);

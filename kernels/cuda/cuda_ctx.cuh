@@ -14,6 +14,9 @@
 #define TR_CUDA_SUMSQ_BLOCKS 1024
 // Per-chunk partial sums of the norms' weight gradients (rmsnorm.cu), in the context.
 #define TR_CUDA_NORM_PARTIALS ((size_t)1 << 19)
+// Floats of row scratch made at init (bf16): the attention backward's two statistics of
+// 524,288 (token, head) rows, 16K tokens of 32 heads; a larger batch grows it (tr_cuda_rows).
+#define TR_CUDA_ROW_SCRATCH ((size_t)1 << 20)
 // cuBLASLt plans kept (one per GEMM shape); past this the oldest is replaced. A replaced plan
 // is remade by the heuristic on its next use, which costs host time, so this is well above
 // the shapes a model's step uses (about 12 a layer kind, the LM head's chunks, the decode
@@ -89,6 +92,8 @@ typedef struct tr_cuda_ctx {
     int32_t n_plans, next_plan;   // next_plan: the slot replaced when all are taken
     double *partial;        // device, TR_CUDA_SUMSQ_BLOCKS doubles
     double *norm_partial;   // device, TR_CUDA_NORM_PARTIALS doubles
+    float *rows;            // device, n_rows floats of row scratch (tr_cuda_rows)
+    size_t n_rows;
     int sync_each_op;       // TROUPE_SYNC_EACH_OP=1: every op waits and names itself on failure
     int no_graphs;          // TROUPE_CUDA_GRAPHS=0: graph_begin declines (ops run as queued)
     int32_t any_n_at;       // the n whose algorithm batch-invariant products take (gemm_lt.cu;
@@ -131,6 +136,10 @@ static inline int tr_cuda_check_blas(tr_backend *be, cublasStatus_t s, const cha
 }
 #define TR_CUDA_CHECK(be, call) tr_cuda_check_rt((be), (call), __FILE__, __LINE__, #call)
 #define TR_CUBLAS_CHECK(be, call) tr_cuda_check_blas((be), (call), __FILE__, __LINE__, #call)
+// At least n floats of the context's row scratch, grown (after the stream's queued work) when
+// it holds fewer; NULL, with the failure recorded, when there is no memory. The memory is the
+// caller's until its next op: ops on the stream take it in turn.
+float *tr_cuda_rows(tr_backend *be, size_t n);
 // graph.cu: the graph_* ops.
 int tr_cuda_graph_begin(tr_backend *be);
 int tr_cuda_graph_end(tr_backend *be, void **exec);
