@@ -8,7 +8,7 @@
 # device faults and shortages injected into a GRPO run on the GPU.
 # Usage: tools/gpu_suite.sh [PART...]   parts: engine full cuda quickstart fault quickstart_gpu
 # train_bench profile decode_stages rl_bench ppo_bench costs decode_bench decode_kernels ncu
-# ncu_seqk attn
+# ncu_seqk train_kernels
 # (default: the first five; train_bench, rl_bench and decode_bench need the peers' anchors carried in ./anchors,
 # rl_bench TRL's wheels in ./.whl too; decode_bench needs no .debs)
 #
@@ -387,14 +387,16 @@ ncu_seqk_part() {
         --launch-count 1 --set full "$build_all/bench/bench_cuda" gemm_decode
 }
 
-# The training attention kernels: the op test (forward, backward and decode against the CPU,
-# run to run), the attention section of bench_cuda, the device time of each of the backward's
+# The training step's own kernels: the op tests of attention (forward, backward and decode
+# against the CPU, run to run) and RMSNorm (rows alone against the batch's too), the attention
+# section of bench_cuda, the device time of each of the backward's
 # passes at the 0.5B shape (TROUPE_CUDA_PROFILE's table), the 0.5B training step, and with
 # ATTN_NCU=1 a full Nsight Compute report of one launch of each kernel at that shape
 # (ncu_attn_*.log: occupancy, stall reasons, pipe use).
-attn_part() {
+train_kernels_part() {
     local t="$build_all/tests/kernels/test_cuda_ops" bc="$build_all/bench/bench_cuda" k ncu
     run attn_ops env OPENBLAS_NUM_THREADS=1 "$t" attention
+    run rmsnorm_ops env OPENBLAS_NUM_THREADS=1 "$t" rmsnorm
     run attn_bench "$bc" attention
     run attn_profile env TROUPE_CUDA_PROFILE=1 "$bc" attention qwen05b_dense
     run attn_train_05b timeout 120 "$build_all/bench/bench_train_gpu" qwen2.5-0.5b 8 2048 3
@@ -427,7 +429,7 @@ if [ -d .debs/dev ]; then
     if has full; then full_part; fi
     if has cuda || has quickstart || has fault || has quickstart_gpu || has train_bench || has profile ||
         has rl_bench || has decode_stages || has ppo_bench || has costs || has decode_kernels ||
-        has ncu || has ncu_seqk || has attn; then
+        has ncu || has ncu_seqk || has train_kernels; then
         deps_and_build_all
     fi
     if has cuda; then cuda_part; fi
@@ -437,7 +439,7 @@ if [ -d .debs/dev ]; then
     if has train_bench; then train_bench_part; fi
     if has profile; then profile_part; fi
     if has decode_stages; then decode_stages_part; fi
-    if has attn; then attn_part; fi
+    if has train_kernels; then train_kernels_part; fi
     if has decode_kernels; then decode_kernels_part; fi
     if has ncu; then ncu_part; fi
     if has ncu_seqk; then ncu_seqk_part; fi

@@ -48,18 +48,30 @@ __device__ __forceinline__ float fa_dscore(float p, float dp, float delta, float
     return __fmul_rn(__fmul_rn(p, __fsub_rn(dp, delta)), scale);
 }
 
-// The rows pass: a warp per (token, head) pair w = t H + h writes delta[w] = sum_d dO O and
-// lse2[w] = lse log2(e), the two row statistics both main passes use.
+// The rows pass: a warp per FA_ROWS_PER_WARP (token, head) pairs w = t H + h, each row's
+// loads issued before any sum (a lone row's two loads a warp left the copies latency-bound),
+// writes delta[w] = sum_d dO O and lse2[w] = lse log2(e), the two row statistics both main
+// passes use.
+#define FA_ROWS_PER_WARP 4
 template <int D>
 __global__ void __launch_bounds__(256) fa_rows_kernel(const fa_bwd_args a) {
-    const int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    if (w >= (int64_t)a.T * a.H) return;
+    const int64_t n = (int64_t)a.T * a.H;
+    const int64_t w0 = (((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5) * FA_ROWS_PER_WARP;
+    if (w0 >= n) return;
     const int lane = threadIdx.x & 31;
-    const size_t at = (size_t)w * D;   // dout and out are contiguous [T, H D]
-    const float d = fa_row_delta<D>(a.dout + at, a.out + at, lane);
-    if (lane == 0) {
-        a.delta[w] = d;
-        a.lse2[w] = __fmul_rn(a.lse[w], FA_LOG2E);
+    float d[FA_ROWS_PER_WARP];
+#pragma unroll
+    for (int i = 0; i < FA_ROWS_PER_WARP; i++) {
+        const size_t at = (size_t)min(w0 + i, n - 1) * D;   // dout, out contiguous [T, H D]
+        d[i] = fa_row_delta<D>(a.dout + at, a.out + at, lane);
+    }
+    if (lane < FA_ROWS_PER_WARP && w0 + lane < n) {
+        float mine = d[0];
+#pragma unroll
+        for (int i = 1; i < FA_ROWS_PER_WARP; i++)
+            if (lane == i) mine = d[i];
+        a.delta[w0 + lane] = mine;
+        a.lse2[w0 + lane] = __fmul_rn(a.lse[w0 + lane], FA_LOG2E);
     }
 }
 
@@ -357,8 +369,8 @@ template <int D>
 static void fa_backward_run(tr_backend *be, const fa_bwd_args &a) {
     constexpr int LDS = D + FA_PAD, B16 = FA_BWD_WARPS * 16, ST = FA_BWD_STAGES;
     cudaStream_t st = tr_cuda_stream(be);
-    const int64_t rows = (int64_t)a.T * a.H;   // a warp each
-    fa_rows_kernel<D><<<(unsigned)((rows + 7) / 8), 256, 0, st>>>(a);
+    const int64_t warps = ((int64_t)a.T * a.H + FA_ROWS_PER_WARP - 1) / FA_ROWS_PER_WARP;
+    fa_rows_kernel<D><<<(unsigned)((warps + 7) / 8), 256, 0, st>>>(a);
     if (TR_CUDA_LAUNCHED(be, "attention_backward rows")) return;
     if (a.dk || a.dv) {
         const size_t shm = (size_t)(2 * B16 + ST * 2 * FA_BWD_BN) * LDS * sizeof(tr_bf16) +

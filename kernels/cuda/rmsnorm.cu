@@ -1,6 +1,10 @@
 // RMSNorm on the GPU: the residual stream's norm (fp32 rows in, A rows out) and Qwen3's
-// per-head norm over strided q/k rows (A in and out). One block per normalized row, its
-// statistic summed in double by a fixed-order block reduction. The weight gradient sums
+// per-head norm over strided q/k rows (A in and out). A row's statistic is summed in double
+// by RMS_THREADS virtual threads (thread v takes columns v, v + RMS_THREADS, ... in order)
+// and tr_block_sum's fixed tree over them. At decode sizes a block plays a row's virtual
+// threads, one each; over many rows a warp plays them, eight a lane, and repeats the tree
+// warp by warp (rms_warp_sum), so a row's bits do not depend on which, nor on T
+// (test_cuda_ops rmsnorm compares rows normalized alone and in a batch). The weight gradient sums
 // every row of a column in double over fixed chunks of rows (the chunking depends on the
 // shape only), then the chunks in order: no atomics, and many blocks even for short rows.
 // Formulas are written with explicit _rn operations, so the compiler fuses nothing that
@@ -9,42 +13,131 @@
 #include "kernels/cuda/cuda_ctx.cuh"
 #include "kernels/cuda/dtype.cuh"
 
-#define RMS_THREADS 256
+#define RMS_THREADS 256                 // a row's virtual threads
+#define RMS_LANE_VTS (RMS_THREADS / 32)   // of them a lane plays in the warp-per-row kernels
 #define HEAD_THREADS 128
 
-// out = (x * r) * w, r = 1/sqrt(mean(x^2) + eps) with the mean in double. X: in's type,
-// A: out's and w's.
-template <typename X, typename A>
-__device__ void rms_row(A *y, float *rstd, const X *x, const A *w, float eps, int32_t C) {
-    double ss = 0.0;
-    for (int32_t c = threadIdx.x; c < C; c += blockDim.x) {
-        double xc = tr_f32(x[c]);
-        ss += xc * xc;
+// The terms of the two row sums, each one rounding (the same in every kernel).
+template <typename X>
+__device__ __forceinline__ double rms_sq_term(double acc, X x) {
+    const double xc = tr_f32(x);
+    return __fma_rn(xc, xc, acc);
+}
+template <typename X, typename G, typename A>
+__device__ __forceinline__ double rms_dot_term(double acc, G g, A w, X x) {
+    return __fma_rn(__dmul_rn((double)tr_f32(g), (double)tr_f32(w)), (double)tr_f32(x), acc);
+}
+
+// tr_block_sum over RMS_THREADS virtual threads, played by one warp: v[j] is virtual thread
+// 32 j + lane's sum. Each virtual warp j takes the butterfly a real warp would, then the eight
+// results the butterfly warp 0 takes over them (lanes past them adding 0.0), so the sum has
+// tr_block_sum's bits; every lane gets it.
+__device__ __forceinline__ double rms_warp_sum(double (&v)[RMS_LANE_VTS]) {
+    const int lane = threadIdx.x & 31;
+    double w0 = 0.0;
+#pragma unroll
+    for (int j = 0; j < RMS_LANE_VTS; j++) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v[j] += __shfl_xor_sync(0xffffffffu, v[j], o);
+        if (lane == j) w0 = v[j];
     }
-    ss = tr_block_sum(ss);
-    float r = (float)(1.0 / sqrt(ss / C + (double)eps));
-    if (threadIdx.x == 0) *rstd = r;
-    for (int32_t c = threadIdx.x; c < C; c += blockDim.x)
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) w0 += __shfl_xor_sync(0xffffffffu, w0, o);
+    return w0;
+}
+
+// r = 1/sqrt(mean(x^2) + eps), the mean in double.
+__device__ __forceinline__ float rms_rstd(double ss, int32_t C, float eps) {
+    return (float)(1.0 / sqrt(ss / C + (double)eps));
+}
+// dx's coefficient of x: r^3 / C * sum_k g_k w_k x_k.
+__device__ __forceinline__ float rms_coef(float rstd, double dot, int32_t C) {
+    const double r = rstd;
+    return (float)(r * r * r * dot / C);
+}
+
+// out = (x * r) * w. X: in's type, A: out's and w's. Columns c0, c0 + step, ...
+template <typename X, typename A>
+__device__ __forceinline__ void rms_scale(A *y, const X *x, const A *w, float r, int32_t C,
+                                          int32_t c0, int32_t step) {
+    for (int32_t c = c0; c < C; c += step)
         tr_store(y + c, __fmul_rn(__fmul_rn(tr_f32(x[c]), r), tr_f32(w[c])));
 }
 
-// dx = r w g - x r^3 / C * sum_k g_k w_k x_k (g = dout), added into dx (F) when X is float
-// and accumulate, else written (rounded once to dx's type).
+// dx = r w g - coef x (g = dout), added into dx (F) when accumulate, else written (rounded once
+// to dx's type). Columns c0, c0 + step, ...
+template <typename X, typename G, typename A>
+__device__ __forceinline__ void rms_dx(X *dx, const G *g, const X *x, const A *w, float rstd,
+                                       float coef, int32_t C, bool accumulate, int32_t c0,
+                                       int32_t step) {
+    for (int32_t c = c0; c < C; c += step) {
+        float a = __fmul_rn(__fmul_rn(rstd, tr_f32(w[c])), tr_f32(g[c]));
+        float d = __fsub_rn(a, __fmul_rn(coef, tr_f32(x[c])));
+        tr_store(dx + c, accumulate ? __fadd_rn(tr_f32(dx[c]), d) : d);
+    }
+}
+
+// A row by a block of RMS_THREADS (HEAD_THREADS for the head norm: their own tree).
+template <typename X, typename A>
+__device__ void rms_row(A *y, float *rstd, const X *x, const A *w, float eps, int32_t C) {
+    double ss = 0.0;
+    for (int32_t c = threadIdx.x; c < C; c += blockDim.x) ss = rms_sq_term(ss, x[c]);
+    float r = rms_rstd(tr_block_sum(ss), C, eps);
+    if (threadIdx.x == 0) *rstd = r;
+    rms_scale(y, x, w, r, C, threadIdx.x, blockDim.x);
+}
+
 template <typename X, typename G, typename A>
 __device__ void rms_row_backward(X *dx, const G *g, const X *x, const A *w, float rstd,
                                  int32_t C, bool accumulate) {
     double dot = 0.0;
-    for (int32_t c = threadIdx.x; c < C; c += blockDim.x)
-        dot += (double)tr_f32(g[c]) * tr_f32(w[c]) * tr_f32(x[c]);
-    dot = tr_block_sum(dot);
-    double r = rstd;
-    float coef = (float)(r * r * r * dot / C);
-    float rf = rstd;
-    for (int32_t c = threadIdx.x; c < C; c += blockDim.x) {
-        float a = __fmul_rn(__fmul_rn(rf, tr_f32(w[c])), tr_f32(g[c]));
-        float d = __fsub_rn(a, __fmul_rn(coef, tr_f32(x[c])));
-        tr_store(dx + c, accumulate ? __fadd_rn(tr_f32(dx[c]), d) : d);
-    }
+    for (int32_t c = threadIdx.x; c < C; c += blockDim.x) dot = rms_dot_term(dot, g[c], w[c], x[c]);
+    const float coef = rms_coef(rstd, tr_block_sum(dot), C);
+    rms_dx(dx, g, x, w, rstd, coef, C, accumulate, threadIdx.x, blockDim.x);
+}
+
+// Rows by warps, RMS_THREADS / 32 a block: lane l plays virtual threads 32 j + l, so column
+// c = l + 32 m goes to j = m % 8, in ascending m (each virtual thread's columns in order).
+template <typename A>
+__global__ void __launch_bounds__(RMS_THREADS)
+    rmsnorm_forward_warp_kernel(A *out, float *rstd, const float *in, const A *w, float eps,
+                                int32_t T, int32_t C) {
+    const int64_t row = ((int64_t)blockIdx.x * RMS_THREADS + threadIdx.x) >> 5;
+    if (row >= T) return;
+    const int lane = threadIdx.x & 31;
+    const float *x = in + row * C;
+    double v[RMS_LANE_VTS];
+#pragma unroll
+    for (int j = 0; j < RMS_LANE_VTS; j++) v[j] = 0.0;
+    for (int32_t c0 = lane; c0 < C; c0 += RMS_THREADS)
+#pragma unroll
+        for (int j = 0; j < RMS_LANE_VTS; j++)
+            if (c0 + 32 * j < C) v[j] = rms_sq_term(v[j], x[c0 + 32 * j]);
+    const float r = rms_rstd(rms_warp_sum(v), C, eps);
+    if (lane == 0) rstd[row] = r;
+    rms_scale(out + row * C, x, w, r, C, lane, 32);
+}
+
+template <typename A>
+__global__ void __launch_bounds__(RMS_THREADS)
+    rmsnorm_backward_din_warp_kernel(float *din, const A *dout, const float *in, const A *w,
+                                     const float *rstd, int32_t T, int32_t C) {
+    const int64_t row = ((int64_t)blockIdx.x * RMS_THREADS + threadIdx.x) >> 5;
+    if (row >= T) return;
+    const int lane = threadIdx.x & 31;
+    const float *x = in + row * C;
+    const A *g = dout + row * C;
+    double v[RMS_LANE_VTS];
+#pragma unroll
+    for (int j = 0; j < RMS_LANE_VTS; j++) v[j] = 0.0;
+    for (int32_t c0 = lane; c0 < C; c0 += RMS_THREADS)
+#pragma unroll
+        for (int j = 0; j < RMS_LANE_VTS; j++) {
+            const int32_t c = c0 + 32 * j;
+            if (c < C) v[j] = rms_dot_term(v[j], g[c], w[c], x[c]);
+        }
+    const float r = rstd[row];
+    rms_dx(din + row * C, g, x, w, r, rms_coef(r, rms_warp_sum(v), C), C, true, lane, 32);
 }
 
 template <typename A>
@@ -104,9 +197,20 @@ static void norm_dw(tr_backend *be, float *dw, const G *dout, const X *in, const
     tr_colsum(be, dw, f, rows, width, "launch rmsnorm dw", "launch rmsnorm dw total");
 }
 
+// Rows per warp-per-row block; below TR_CUDA_DECODE_ROWS rows a block takes each row, so that
+// a decode step's few rows still spread over the device.
+#define RMS_WARP_ROWS (RMS_THREADS / 32)
+
 template <typename A>
 static void rmsnorm_forward_run(tr_backend *be, void *out, float *rstd, const float *in,
                                 const void *w, float eps, int32_t T, int32_t C) {
+    if (T > TR_CUDA_DECODE_ROWS) {
+        rmsnorm_forward_warp_kernel<A>
+            <<<(unsigned)((T + RMS_WARP_ROWS - 1) / RMS_WARP_ROWS), RMS_THREADS, 0,
+               tr_cuda_stream(be)>>>((A *)out, rstd, in, (const A *)w, eps, T, C);
+        TR_CUDA_LAUNCHED(be, "rmsnorm_forward");
+        return;
+    }
     if (TR_CUDA_CHECK(be, tr_cuda_launch(be, T <= TR_CUDA_DECODE_ROWS, rmsnorm_forward_kernel<A>,
                                          dim3((unsigned)T), dim3(RMS_THREADS), 0, (A *)out, rstd,
                                          in, (const A *)w, eps, C)))
@@ -125,7 +229,12 @@ template <typename A>
 static void rmsnorm_backward_run(tr_backend *be, float *din, float *dw, const void *dout,
                                  const float *in, const void *w, const float *rstd, int32_t T,
                                  int32_t C) {
-    if (din) {
+    if (din && T > TR_CUDA_DECODE_ROWS) {
+        rmsnorm_backward_din_warp_kernel<A>
+            <<<(unsigned)((T + RMS_WARP_ROWS - 1) / RMS_WARP_ROWS), RMS_THREADS, 0,
+               tr_cuda_stream(be)>>>(din, (const A *)dout, in, (const A *)w, rstd, T, C);
+        if (TR_CUDA_LAUNCHED(be, "rmsnorm_backward din")) return;
+    } else if (din) {
         rmsnorm_backward_din_kernel<A><<<T, RMS_THREADS, 0, tr_cuda_stream(be)>>>(
             din, (const A *)dout, in, (const A *)w, rstd, C);
         if (TR_CUDA_LAUNCHED(be, "rmsnorm_backward din")) return;

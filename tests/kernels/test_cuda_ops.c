@@ -631,6 +631,36 @@ static void test_rmsnorm(int32_t T, int32_t C) {
     free(r.in); free(r.w); free(r.dout); free(r.din0); free(r.dw0); free(r.rstd);
 }
 
+// Rows normalized in a batch of T (past TR_CUDA_DECODE_ROWS: a warp a row) have the bits of the
+// same rows normalized alone (a block a row, as in a decode step), forward and input gradient.
+static void test_rmsnorm_rows(int32_t T, int32_t C, int32_t alone) {
+    rms_arg r = {.T = T, .C = C};
+    size_t n = (size_t)T * C, na = (size_t)alone * C;
+    r.in = kt_rand(n, 2.0);
+    r.w = rand_act(C, 1.0);
+    r.dout = rand_act(n, 1.0);
+    r.din0 = kt_rand(n, 1.0);
+    r.dw0 = kt_rand(C, 1.0);
+    r.rstd = kt_floats(T);
+    float *all[2] = {kt_floats(n), r.rstd}, *one[2] = {kt_floats(na), kt_floats(alone)};
+    rms_forward(1, all, &r);
+    r.T = alone;
+    rms_forward(1, one, &r);
+    CHECKF(kt_same_bits(all[0], one[0], na) && kt_same_bits(all[1], one[1], (size_t)alone),
+           "rmsnorm_forward T=%d C=%d: %d rows alone differ from the batch's", T, C, alone);
+    float *dw = kt_floats(C), *dall = kt_floats(n), *done = kt_floats(na);
+    float *ball[2] = {dall, dw}, *bone[2] = {done, dw};
+    r.T = T;
+    rms_backward(1, ball, &r);
+    r.T = alone;
+    rms_backward(1, bone, &r);
+    CHECKF(kt_same_bits(dall, done, na),
+           "rmsnorm_backward T=%d C=%d: %d rows alone differ from the batch's", T, C, alone);
+    printf("rmsnorm T=%d C=%d: %d rows alone have the batch's bits\n", T, C, alone);
+    free(all[0]); free(one[0]); free(one[1]); free(dw); free(dall); free(done);
+    free(r.in); free(r.w); free(r.dout); free(r.din0); free(r.dw0); free(r.rstd);
+}
+
 // --- head_rmsnorm: heads [off, off + H*D) of rows of stride ld --------------------------------
 
 typedef struct hrms_arg {
@@ -2392,6 +2422,9 @@ static void run_pass(const char *only) {
     if (section(only, "rmsnorm")) {
         test_rmsnorm(70, 300);
         test_rmsnorm(700, 96);                  // several chunks in the weight gradient
+        test_rmsnorm(600, 896);                 // a warp a row, columns past a lane's 8 slots
+        test_rmsnorm_rows(600, 896, 64);
+        test_rmsnorm_rows(530, 300, 7);         // a ragged last column block
         test_head_rmsnorm(90, 4, 2, 64);
         test_head_rmsnorm(33, 3, 1, 128);
     }
