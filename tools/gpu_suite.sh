@@ -392,7 +392,7 @@ ncu_seqk_part() {
 # section of bench_cuda, the device time of each of the backward's
 # passes at the 0.5B shape (TROUPE_CUDA_PROFILE's table), the 0.5B training step, and with
 # ATTN_NCU=1 a full Nsight Compute report of one launch of each kernel at that shape
-# (ncu_attn_*.log: occupancy, stall reasons, pipe use).
+# (ncu_attn_*.log: occupancy, stall reasons, pipe use; ATTN_NCU_KERNELS narrows the kernels).
 train_kernels_part() {
     local t="$build_all/tests/kernels/test_cuda_ops" bc="$build_all/bench/bench_cuda" k ncu
     run attn_ops env OPENBLAS_NUM_THREADS=1 "$t" attention
@@ -402,7 +402,7 @@ train_kernels_part() {
     run attn_train_05b timeout 120 "$build_all/bench/bench_train_gpu" qwen2.5-0.5b 8 2048 3
     ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
     if [ "${ATTN_NCU:-0}" = 1 ] && [ -x "$ncu" ]; then
-        for k in fa_forward fa_dkv fa_dq fa_rows; do
+        for k in ${ATTN_NCU_KERNELS:-fa_forward fa_dkv fa_dq fa_rows}; do
             run "ncu_attn_$k" timeout 120 "$ncu" --kernel-name "regex:$k" --launch-skip 3 \
                 --launch-count 1 --set full "$bc" attention qwen05b_dense
         done

@@ -74,20 +74,8 @@ __global__ void __launch_bounds__(FA_FWD_WARPS * 32, 2) fa_forward_kernel(const 
         },
         tid, NTH, vec, a.q);
     auto load_kv = [&](const fa_kv_iter &x, int stage) {
-        fa_load_rows<D>(
-            ks + stage * BN * LDS, BN,
-            [&](int r) -> const tr_bf16 * {
-                const int key = fa_kv_row(x, x.p0 + r);
-                return key >= 0 ? kb + (size_t)key * ld : nullptr;
-            },
-            tid, NTH, vec, a.k);
-        fa_load_rows<D>(
-            vs + stage * BN * LDS, BN,
-            [&](int r) -> const tr_bf16 * {
-                const int key = fa_kv_row(x, x.p0 + r);
-                return key >= 0 ? vb + (size_t)key * ld : nullptr;
-            },
-            tid, NTH, vec, a.v);
+        fa_load_kv_tile<D, BN, NTH>(ks + stage * BN * LDS, vs + stage * BN * LDS, x, kb, vb, ld,
+                                    vec, a.k, tid);
     };
     // it: the key tile taken next; ahead: the last one loaded. Group 0 holds the rows and the
     // first tile, group j the tile j; tile j goes to stage j % ST.

@@ -48,6 +48,57 @@ __device__ __forceinline__ float fa_dscore(float p, float dp, float delta, float
     return __fmul_rn(__fmul_rn(p, __fsub_rn(dp, delta)), scale);
 }
 
+// P and dS of a dK/dV tile, 16 keys by NT n8 tiles of queries (S^T, dP^T): s becomes P
+// (rounded to bf16 later), dp becomes dS. lse2 and dl: the tile's queries' statistics (shared);
+// with MASK, a query i the thread's key row r does not see (i < key[r] or i >= q_end) gets
+// P = +0. The probability is computed either way and selected, so no lane branches.
+template <int NT, bool MASK>
+__device__ __forceinline__ void fa_dkv_probs(float (&s)[NT][4], float (&dp)[NT][4],
+                                             const float *lse2, const float *dl, float sl2,
+                                             float scale, int i0, const int (&key)[2],
+                                             int q_end) {
+    const int t = threadIdx.x & 3;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        const float2 l2 = *reinterpret_cast<const float2 *>(lse2 + n * 8 + 2 * t);
+        const float2 d2 = *reinterpret_cast<const float2 *>(dl + n * 8 + 2 * t);
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int e = 2 * r + c;
+                float p = fa_prob(s[n][e], sl2, c ? l2.y : l2.x);
+                if (MASK) {
+                    const int i = i0 + n * 8 + 2 * t + c;
+                    p = i >= key[r] && i < q_end ? p : 0.0f;
+                }
+                s[n][e] = p;
+                dp[n][e] = fa_dscore(p, dp[n][e], c ? d2.y : d2.x, scale);
+            }
+    }
+}
+
+// P and dS of a dQ tile, 16 query rows by NT n8 tiles of keys: dp becomes dS. lse2, delta:
+// the thread's two rows' statistics; with MASK, row r sees the tile's columns <= lim[r] (the
+// others get P = +0, computed and not selected, so that no lane branches).
+template <int NT, bool MASK>
+__device__ __forceinline__ void fa_dq_probs(const float (&s)[NT][4], float (&dp)[NT][4],
+                                            const float (&lse2)[2], const float (&delta)[2],
+                                            const int (&lim)[2], float sl2, float scale) {
+    const int t = threadIdx.x & 3;
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int e = 2 * r + c;
+                float p = fa_prob(s[n][e], sl2, lse2[r]);
+                if (MASK) p = n * 8 + 2 * t + c <= lim[r] ? p : 0.0f;
+                dp[n][e] = fa_dscore(p, dp[n][e], delta[r], scale);
+            }
+}
+
 // The rows pass: a warp per FA_ROWS_PER_WARP (token, head) pairs w = t H + h, each row's
 // loads issued before any sum (a lone row's two loads a warp left the copies latency-bound),
 // writes delta[w] = sum_d dO O and lse2[w] = lse log2(e), the two row statistics both main
@@ -133,20 +184,8 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dq_kernel(const fa_bw
         },
         tid, NTH, vec, a.dout);
     auto load_kv = [&](const fa_kv_iter &x, int stage) {
-        fa_load_rows<D>(
-            ks + stage * BN * LDS, BN,
-            [&](int r) -> const tr_bf16 * {
-                const int key = fa_kv_row(x, x.p0 + r);
-                return key >= 0 ? kb + (size_t)key * ld : nullptr;
-            },
-            tid, NTH, vec, a.k);
-        fa_load_rows<D>(
-            vs + stage * BN * LDS, BN,
-            [&](int r) -> const tr_bf16 * {
-                const int key = fa_kv_row(x, x.p0 + r);
-                return key >= 0 ? vb + (size_t)key * ld : nullptr;
-            },
-            tid, NTH, vec, a.v);
+        fa_load_kv_tile<D, BN, NTH>(ks + stage * BN * LDS, vs + stage * BN * LDS, x, kb, vb, ld,
+                                    vec, a.k, tid);
     };
     // it: the key tile multiplied next; ahead: the last one loaded. Group 0 holds the rows and
     // the first tile, group j the tile j; tile j goes to stage j % ST.
@@ -194,21 +233,17 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dq_kernel(const fa_bw
             fa_gemm_abt<D, 1, NT>(s, qs + warp * 16 * LDS, kt, LDS);
             fa_gemm_abt<D, 1, NT>(dp, dos + warp * 16 * LDS, vt, LDS);
             // tiles every row of the warp sees whole need no mask
-            const bool whole = lo == w0 && hi == w0 + 15 && it.p0 + BN - 1 <= w0 - it.s + it.pl;
+            if (lo == w0 && hi == w0 + 15 && it.p0 + BN - 1 <= w0 - it.s + it.pl) {
+                const int lim[2] = {BN, BN};
+                fa_dq_probs<NT, false>(s[0], dp[0], lse2, delta, lim, a.sl2, a.scale);
+            } else {
+                int lim[2];
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int i = w0 + g + 8 * r;
-                const int lim =
-                    whole ? BN : (i >= it.s && i < it.lim ? i - it.s + it.pl : -1) - it.p0;
-#pragma unroll
-                for (int n = 0; n < NT; n++)
-#pragma unroll
-                    for (int c = 0; c < 2; c++) {
-                        const int e = 2 * r + c;
-                        const float p =
-                            n * 8 + 2 * t + c <= lim ? fa_prob(s[0][n][e], a.sl2, lse2[r]) : 0.0f;
-                        dp[0][n][e] = fa_dscore(p, dp[0][n][e], delta[r], a.scale);
-                    }
+                for (int r = 0; r < 2; r++) {
+                    const int i = w0 + g + 8 * r;
+                    lim[r] = (i >= it.s && i < it.lim ? i - it.s + it.pl : -1) - it.p0;
+                }
+                fa_dq_probs<NT, true>(s[0], dp[0], lse2, delta, lim, a.sl2, a.scale);
             }
             uint32_t da[1][BN / 16][4];
 #pragma unroll
@@ -268,21 +303,39 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_kernel(const fa_b
         },
         tid, NTH, vec, a.v);
     const int nq = (q_end - k0 + BQ - 1) / BQ, total = G * nq;
-    auto load_q = [&](int item, int stage) {
-        const int h = kvh * G + item / nq, i0 = k0 + (item % nq) * BQ;
+    // Item j is head kvh G + j / nq and query tile j % nq; the loads take them in order, each
+    // (head, tile) counted on from the last rather than divided out.
+    int ld_h = kvh * G, ld_q = 0;
+    auto load_q = [&](int stage) {
+        const int h = ld_h, i0 = k0 + ld_q * BQ;
+        if (++ld_q == nq) {
+            ld_q = 0;
+            ld_h++;
+        }
         tr_bf16 *sq = stg + stage * STAGE;
-        fa_load_rows<D>(
-            sq, BQ,
-            [&](int r) -> const tr_bf16 * {
-                return i0 + r < q_end ? a.q + (size_t)(i0 + r) * ld + (size_t)h * D : nullptr;
-            },
-            tid, NTH, vec, a.q);
-        fa_load_rows<D>(
-            sq + BQ * LDS, BQ,
-            [&](int r) -> const tr_bf16 * {
-                return i0 + r < q_end ? a.dout + (size_t)(i0 + r) * HD + (size_t)h * D : nullptr;
-            },
-            tid, NTH, vec, a.dout);
+        if (vec) {
+            const uint32_t at = fa_smem(sq);
+            fa_cp_tile<D, BQ, NTH>(at, a.q + (size_t)i0 * ld + (size_t)h * D, ld, q_end - i0,
+                                   a.q, tid);
+            fa_cp_tile<D, BQ, NTH>(at + BQ * LDS * (uint32_t)sizeof(tr_bf16),
+                                   a.dout + (size_t)i0 * HD + (size_t)h * D, HD, q_end - i0,
+                                   a.dout, tid);
+        } else {
+            fa_load_rows<D>(
+                sq, BQ,
+                [&](int r) -> const tr_bf16 * {
+                    return i0 + r < q_end ? a.q + (size_t)(i0 + r) * ld + (size_t)h * D
+                                          : nullptr;
+                },
+                tid, NTH, false, a.q);
+            fa_load_rows<D>(
+                sq + BQ * LDS, BQ,
+                [&](int r) -> const tr_bf16 * {
+                    return i0 + r < q_end ? a.dout + (size_t)(i0 + r) * HD + (size_t)h * D
+                                          : nullptr;
+                },
+                tid, NTH, false, a.dout);
+        }
         for (int r = tid; r < 2 * BQ; r += NTH) {   // lse2 then delta, from the rows pass
             const int i = i0 + r % BQ;
             const float *src = r < BQ ? a.lse2 : a.delta;
@@ -293,7 +346,7 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_kernel(const fa_b
     // Group 0 holds K, V and item 0, group j item j; item j goes to stage j % ST.
 #pragma unroll
     for (int s = 0; s < ST - 1; s++) {
-        if (s < total) load_q(s, s);
+        if (s < total) load_q(s);
         fa_cp_commit();
     }
 
@@ -307,34 +360,25 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_kernel(const fa_b
         dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.0f;
         dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
     }
-    int stage = 0;
+    int stage = 0, qt = 0;   // qt: the item's query tile
     for (int item = 0; item < total; item++) {
         fa_cp_wait<ST - 2>();
         __syncthreads();   // item's stage landed; every warp is done with the previous stage
-        if (item + ST - 1 < total) load_q(item + ST - 1, (stage + ST - 1) % ST);
+        if (item + ST - 1 < total) load_q((stage + ST - 1) % ST);
         fa_cp_commit();
         const tr_bf16 *sq = stg + stage * STAGE, *sdo = sq + BQ * LDS;
         const float *lse2 = lse_s + stage * BQ, *dl = delta_s + stage * BQ;
-        const int i0 = k0 + (item % nq) * BQ;
+        const int i0 = k0 + qt * BQ;
+        qt = qt + 1 == nq ? 0 : qt + 1;
         if (wk0 < k1 && i0 + BQ - 1 >= wk0) {
             float s[1][NT][4], dp[1][NT][4];   // S^T and dP^T: keys by queries
             fa_gemm_abt<D, 1, NT>(s, ks + warp * 16 * LDS, sq, LDS);
             fa_gemm_abt<D, 1, NT>(dp, vs + warp * 16 * LDS, sdo, LDS);
             // query tiles every key of the warp sees whole need no mask
-            const bool whole = i0 >= wk0 + 15 && i0 + BQ <= q_end;
-#pragma unroll
-            for (int r = 0; r < 2; r++)
-#pragma unroll
-                for (int n = 0; n < NT; n++)
-#pragma unroll
-                    for (int c = 0; c < 2; c++) {
-                        const int col = n * 8 + 2 * t + c, i = i0 + col, e = 2 * r + c;
-                        const float p = whole || (i >= key[r] && i < q_end)
-                                            ? fa_prob(s[0][n][e], a.sl2, lse2[col])
-                                            : 0.0f;
-                        s[0][n][e] = p;
-                        dp[0][n][e] = fa_dscore(p, dp[0][n][e], dl[col], a.scale);
-                    }
+            if (i0 >= wk0 + 15 && i0 + BQ <= q_end)
+                fa_dkv_probs<NT, false>(s[0], dp[0], lse2, dl, a.sl2, a.scale, i0, key, q_end);
+            else
+                fa_dkv_probs<NT, true>(s[0], dp[0], lse2, dl, a.sl2, a.scale, i0, key, q_end);
             uint32_t fr[1][BQ / 16][4];
             if (want_v) {
 #pragma unroll

@@ -244,3 +244,54 @@ __device__ __forceinline__ void fa_iter_next(fa_kv_iter &it, const int32_t *ds,
     it.e++;
     fa_iter_doc(it, ds, pre, n_docs, t1);
 }
+
+// ROWS rows of D bf16 values, rows src, src + stride, ... (the first `valid` of them; the
+// rest zeros) into shared rows of D + FA_PAD at the 32-bit address dst, by NTH threads: the
+// 16-byte aligned case of fa_load_rows, each thread's pieces at addresses it computes from
+// its own row and column, without a per-row callback.
+template <int D, int ROWS, int NTH>
+__device__ __forceinline__ void fa_cp_tile(uint32_t dst, const tr_bf16 *src, size_t stride,
+                                           int valid, const void *any, int tid) {
+    constexpr int CPR = D / 8, RP = NTH / CPR;   // pieces a row, rows a pass
+    static_assert(NTH % CPR == 0 && ROWS % RP == 0, "whole passes");
+    const int r0 = tid / CPR, c = (tid % CPR) * 8;
+#pragma unroll
+    for (int j = 0; j < ROWS / RP; j++) {
+        const int r = r0 + j * RP;
+        const bool ok = r < valid;
+        fa_cp16_at(dst + (uint32_t)((r * (D + FA_PAD) + c) * (int)sizeof(tr_bf16)),
+                   ok ? (const void *)(src + (size_t)r * stride + c) : any, ok ? 16u : 0u);
+    }
+}
+
+// The K and V rows of the iterator's tile x (BN context positions from x.p0; keys past the
+// document's are zeros) into shared ks and vs, by NTH threads. A tile wholly in the prefix or
+// wholly in the document's own keys is a run of rows: fa_cp_tile's copies when rows are
+// 16-byte aligned (vec); a tile across the two, or unaligned rows, takes fa_load_rows's.
+template <int D, int BN, int NTH>
+__device__ __forceinline__ void fa_load_kv_tile(tr_bf16 *ks, tr_bf16 *vs, const fa_kv_iter &x,
+                                                const tr_bf16 *kb, const tr_bf16 *vb, size_t ld,
+                                                bool vec, const void *any, int tid) {
+    const bool own = x.p0 >= x.pl;
+    if (vec && (own || x.p0 + BN <= x.pl)) {
+        const int key0 = fa_key_row(x.p0, x.ps, x.pl, x.s);
+        const int valid = own ? x.lim - key0 : BN;
+        fa_cp_tile<D, BN, NTH>(fa_smem(ks), kb + (size_t)key0 * ld, ld, valid, any, tid);
+        fa_cp_tile<D, BN, NTH>(fa_smem(vs), vb + (size_t)key0 * ld, ld, valid, any, tid);
+        return;
+    }
+    fa_load_rows<D>(
+        ks, BN,
+        [&](int r) -> const tr_bf16 * {
+            const int key = fa_kv_row(x, x.p0 + r);
+            return key >= 0 ? kb + (size_t)key * ld : nullptr;
+        },
+        tid, NTH, vec, any);
+    fa_load_rows<D>(
+        vs, BN,
+        [&](int r) -> const tr_bf16 * {
+            const int key = fa_kv_row(x, x.p0 + r);
+            return key >= 0 ? vb + (size_t)key * ld : nullptr;
+        },
+        tid, NTH, vec, any);
+}
