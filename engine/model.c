@@ -986,16 +986,21 @@ int tr_model_forward_rows(tr_model *m, const int32_t *ids, const int32_t *pos, i
     return trunk_forward(m, T, attend, ctx, err);
 }
 
-// d_res (fp32) as the activation-dtype input of a GEMM backward over all T rows: d_res_a,
-// which is d_res itself with fp32 activations; under sequence parallelism each rank
-// converts its rows and every rank's are gathered.
+// Where the norms' backward writes d_res (fp32) in the activation dtype, the input of the
+// next block's GEMM backward: this rank's rows of d_res_a; NULL where d_res_a is d_res itself
+// (fp32 activations without sequence parallelism).
+static void *res_grad_act_rows(tr_model *m) {
+    tr_acts *a = &m->acts;
+    if (a->d_res_a == (void *)a->d_res) return NULL;
+    return m->tp.sp ? act_row(m, a->d_res_a, m->sp_row0) : a->d_res_a;
+}
+
+// d_res_a over all T rows, as a block's GEMM backward reads it: the last norm's backward wrote
+// this rank's rows (res_grad_act_rows); under sequence parallelism every rank's are gathered.
 static int res_grad_to_act(tr_model *m, int32_t T, tr_err *err) {
     tr_acts *a = &m->acts;
-    const int32_t n = seq_rows(m, T);
-    void *mine = m->tp.sp ? act_row(m, a->d_res_a, m->sp_row0) : a->d_res_a;
-    if (mine != (void *)a->d_res && n > 0)
-        m->be->ops->convert(m->be, mine, m->act, a->d_res, TR_F32, (size_t)n * m->cfg.hidden_size);
-    return m->tp.sp ? tr_model_sp_gather(m, a->d_res_a, mine, m->act, T, err) : 0;
+    if (!m->tp.sp) return 0;
+    return tr_model_sp_gather(m, a->d_res_a, res_grad_act_rows(m), m->act, T, err);
 }
 
 // The input a column-parallel projection's weight gradient needs: the norm output ln over
@@ -1015,13 +1020,16 @@ static int input_grad_sum(tr_model *m, void *buf, int32_t T, tr_err *err) {
 }
 
 // A norm's backward over the rank's rows: dout is the gradient of its output over all T rows
-// (A), x its input and rstd its statistics (the rank's rows); adds into d_res.
+// (A), x its input and rstd its statistics (the rank's rows); adds into d_res, and with
+// for_gemm writes the result in the activation dtype too (res_grad_act_rows), for the block
+// whose backward comes next.
 static void norm_backward(tr_model *m, float *dw, const void *dout, const float *x,
-                          const void *w, const float *rstd, int32_t T) {
+                          const void *w, const float *rstd, int32_t T, bool for_gemm) {
     const int32_t n = seq_rows(m, T);
     if (n == 0) return;
-    m->be->ops->rmsnorm_backward(m->be, m->acts.d_res, dw, act_row(m, (void *)dout,
-                                 m->tp.sp ? m->sp_row0 : 0), x, w, rstd, n, m->cfg.hidden_size);
+    m->be->ops->rmsnorm_backward(m->be, m->acts.d_res, for_gemm ? res_grad_act_rows(m) : NULL,
+                                 dw, act_row(m, (void *)dout, m->tp.sp ? m->sp_row0 : 0), x, w,
+                                 rstd, n, m->cfg.hidden_size);
 }
 
 // The backward of the attention block of layer l from d_res (the gradient of res_mid),
@@ -1108,7 +1116,7 @@ int tr_model_backward(tr_model *m, tr_err *err) {
     const int32_t n = seq_rows(m, T);
     if (n > 0) m->be->ops->fill(m->be, a->d_res, 0.0f, (size_t)n * c->hidden_size);
     norm_backward(m, m->g.final_norm, a->d_lnf, a->residual[c->n_layers], m->w.final_norm,
-                  a->lnf_rstd, T);
+                  a->lnf_rstd, T, c->n_layers > 0);
     for (int32_t l = c->n_layers - 1; l >= 0; l--) {
         if (m->recompute && m->layer_held != l) {
             if (layer_forward(m, l, T, attend_docs, NULL, false, err) != 0) return -1;
@@ -1119,11 +1127,13 @@ int tr_model_backward(tr_model *m, tr_err *err) {
         const tr_layer_acts *la = &a->layers[l];
         // MLP block: d_res is the gradient of residual[l + 1] and also flows straight on.
         if (mlp_backward(m, l, err) != 0 || input_grad_sum(m, a->d_ln, T, err) != 0) return -1;
-        norm_backward(m, g->mlp_norm, a->d_ln, la->res_mid, w->mlp_norm, la->ln2_rstd, T);
+        norm_backward(m, g->mlp_norm, a->d_ln, la->res_mid, w->mlp_norm, la->ln2_rstd, T, true);
         // Attention block: d_res is now the gradient of res_mid.
         if (attention_backward(m, l, err) != 0 || input_grad_sum(m, a->d_ln, T, err) != 0)
             return -1;
-        norm_backward(m, g->attn_norm, a->d_ln, a->residual[l], w->attn_norm, la->ln1_rstd, T);
+        // layer 0's is the embedding's gradient, read in fp32
+        norm_backward(m, g->attn_norm, a->d_ln, a->residual[l], w->attn_norm, la->ln1_rstd, T,
+                      l > 0);
     }
     return embed_backward(m, err);
 }

@@ -220,10 +220,12 @@ typedef struct tr_ops {
     // rstd[t] = 1/sqrt(mean(in[t]^2) + eps) (F), saved for backward.
     void (*rmsnorm_forward)(tr_backend *be, void *out, float *rstd, const float *in,
                             const void *w, float eps, int32_t T, int32_t C);
-    // din += (F: the residual gradient flows past the norm); dw += (F); dout: A.
-    void (*rmsnorm_backward)(tr_backend *be, float *din, float *dw, const void *dout,
-                             const float *in, const void *w, const float *rstd,
-                             int32_t T, int32_t C);
+    // din += (F: the residual gradient flows past the norm); dw += (F); dout: A. din_act
+    // (A, or NULL): the updated din rounded to A as convert rounds it, the residual
+    // gradient's copy that the next projections' backward GEMMs read (one pass, not two).
+    void (*rmsnorm_backward)(tr_backend *be, float *din, void *din_act, float *dw,
+                             const void *dout, const float *in, const void *w,
+                             const float *rstd, int32_t T, int32_t C);
     // Per-head norm (Qwen3's q_norm/k_norm) over H heads of D values in each of T rows of
     // stride ld (A in and out, same ld): head h of row t is at t*ld + h*D. rstd[t*H + h] (F).
     void (*head_rmsnorm_forward)(tr_backend *be, void *out, float *rstd, const void *in,

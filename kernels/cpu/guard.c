@@ -194,18 +194,19 @@ static void g_rmsnorm_forward(tr_backend *be, void *out, float *rstd, const floa
     close_mem(be);
 }
 
-static void g_rmsnorm_backward(tr_backend *be, float *din, float *dw, const void *dout,
-                               const float *in, const void *w, const float *rstd, int32_t T,
-                               int32_t C) {
+static void g_rmsnorm_backward(tr_backend *be, float *din, void *din_act, float *dw,
+                               const void *dout, const float *in, const void *w,
+                               const float *rstd, int32_t T, int32_t C) {
     const char *op = "rmsnorm_backward";
     dev(be, din, (size_t)T * C * F, 0, op, "din");
+    dev(be, din_act, A_(be, (size_t)T * C), 1, op, "din_act");
     dev(be, dw, (size_t)C * F, 1, op, "dw");
     dev(be, dout, A_(be, (size_t)T * C), 0, op, "dout");
     dev(be, in, (size_t)T * C * F, 0, op, "in");
     dev(be, w, W_(be, (size_t)C), 0, op, "w");
     dev(be, rstd, (size_t)T * F, 0, op, "rstd");
     open_mem(be);
-    tr_cpu_rmsnorm_backward(be, din, dw, dout, in, w, rstd, T, C);
+    tr_cpu_rmsnorm_backward(be, din, din_act, dw, dout, in, w, rstd, T, C);
     close_mem(be);
 }
 

@@ -14,6 +14,7 @@
 // Rows (t, h), t < T, h < H, of D values at t*ld + h*D; statistics at rstd[t*H + h].
 typedef struct rms_job {
     void *out, *din;
+    void *din_act;   // with din_add, or NULL: the updated din rounded to out_t as well
     float *rstd, *dw;
     const void *in, *w, *dout;
     const float *rstd_in;
@@ -86,8 +87,13 @@ static void rms_backward_din_task(void *arg, int32_t task) {
             for (int32_t c = 0; c < j->D; c++) {
                 float g = tr_ld(j->dout, o + c, j->dout_t), x = tr_ld(j->in, o + c, j->in_t);
                 float d = rf * tr_ld(j->w, (size_t)c, j->w_t) * g - coef * x;
-                if (j->din_add) ((float *)j->din)[o + c] += d;
-                else tr_st(j->din, o + c, d, j->out_t);
+                if (!j->din_add) {
+                    tr_st(j->din, o + c, d, j->out_t);
+                    continue;
+                }
+                float *dr = (float *)j->din + o + c;
+                *dr += d;
+                if (j->din_act) tr_st(j->din_act, o + c, *dr, j->out_t);
             }
         }
 }
@@ -120,12 +126,12 @@ static void rms_backward(tr_backend *be, rms_job *j) {
                    work);
 }
 
-void tr_cpu_rmsnorm_backward(tr_backend *be, float *din, float *dw, const void *dout,
-                             const float *in, const void *w, const float *rstd, int32_t T,
-                             int32_t C) {
-    rms_job j = {.din = din, .dw = dw, .dout = dout, .in = in, .w = w, .rstd_in = rstd,
-                 .in_t = TR_F32, .out_t = TR_F32, .w_t = be->wt, .dout_t = be->act,
-                 .din_add = true, .T = T, .H = 1, .D = C, .ld = C};
+void tr_cpu_rmsnorm_backward(tr_backend *be, float *din, void *din_act, float *dw,
+                             const void *dout, const float *in, const void *w,
+                             const float *rstd, int32_t T, int32_t C) {
+    rms_job j = {.din = din, .din_act = din_act, .dw = dw, .dout = dout, .in = in, .w = w,
+                 .rstd_in = rstd, .in_t = TR_F32, .out_t = be->act, .w_t = be->wt,
+                 .dout_t = be->act, .din_add = true, .T = T, .H = 1, .D = C, .ld = C};
     rms_backward(be, &j);
 }
 

@@ -266,9 +266,9 @@ void tr_cuda_embedding_backward(tr_backend *be, float *dtable, const float *dout
 size_t tr_cuda_embedding_scratch_bytes(tr_backend *be, int32_t T);
 void tr_cuda_rmsnorm_forward(tr_backend *be, void *out, float *rstd, const float *in,
                              const void *w, float eps, int32_t T, int32_t C);
-void tr_cuda_rmsnorm_backward(tr_backend *be, float *din, float *dw, const void *dout,
-                              const float *in, const void *w, const float *rstd, int32_t T,
-                              int32_t C);
+void tr_cuda_rmsnorm_backward(tr_backend *be, float *din, void *din_act, float *dw,
+                              const void *dout, const float *in, const void *w,
+                              const float *rstd, int32_t T, int32_t C);
 void tr_cuda_head_rmsnorm_forward(tr_backend *be, void *out, float *rstd, const void *in,
                                   const void *w, float eps, int32_t T, int32_t H, int32_t D,
                                   int32_t ld);

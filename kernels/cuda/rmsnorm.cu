@@ -64,16 +64,25 @@ __device__ __forceinline__ void rms_scale(A *y, const X *x, const A *w, float r,
         tr_store(y + c, __fmul_rn(__fmul_rn(tr_f32(x[c]), r), tr_f32(w[c])));
 }
 
+// x as convert stores it (the bits tr_cuda_convert gives an fp32 value).
+__device__ __forceinline__ void rms_store_converted(float *p, float x) { *p = x; }
+__device__ __forceinline__ void rms_store_converted(tr_bf16 *p, float x) {
+    *reinterpret_cast<uint16_t *>(p) = tr_bf16_bits(x);
+}
+
 // dx = r w g - coef x (g = dout), added into dx (F) when accumulate, else written (rounded once
-// to dx's type). Columns c0, c0 + step, ...
+// to dx's type); dx_act (accumulating only, or NULL) gets the new dx converted to A as well.
+// Columns c0, c0 + step, ...
 template <typename X, typename G, typename A>
-__device__ __forceinline__ void rms_dx(X *dx, const G *g, const X *x, const A *w, float rstd,
-                                       float coef, int32_t C, bool accumulate, int32_t c0,
-                                       int32_t step) {
+__device__ __forceinline__ void rms_dx(X *dx, A *dx_act, const G *g, const X *x, const A *w,
+                                       float rstd, float coef, int32_t C, bool accumulate,
+                                       int32_t c0, int32_t step) {
     for (int32_t c = c0; c < C; c += step) {
         float a = __fmul_rn(__fmul_rn(rstd, tr_f32(w[c])), tr_f32(g[c]));
         float d = __fsub_rn(a, __fmul_rn(coef, tr_f32(x[c])));
-        tr_store(dx + c, accumulate ? __fadd_rn(tr_f32(dx[c]), d) : d);
+        const float v = accumulate ? __fadd_rn(tr_f32(dx[c]), d) : d;
+        tr_store(dx + c, v);
+        if (dx_act) rms_store_converted(dx_act + c, v);
     }
 }
 
@@ -88,12 +97,12 @@ __device__ void rms_row(A *y, float *rstd, const X *x, const A *w, float eps, in
 }
 
 template <typename X, typename G, typename A>
-__device__ void rms_row_backward(X *dx, const G *g, const X *x, const A *w, float rstd,
-                                 int32_t C, bool accumulate) {
+__device__ void rms_row_backward(X *dx, A *dx_act, const G *g, const X *x, const A *w,
+                                 float rstd, int32_t C, bool accumulate) {
     double dot = 0.0;
     for (int32_t c = threadIdx.x; c < C; c += blockDim.x) dot = rms_dot_term(dot, g[c], w[c], x[c]);
     const float coef = rms_coef(rstd, tr_block_sum(dot), C);
-    rms_dx(dx, g, x, w, rstd, coef, C, accumulate, threadIdx.x, blockDim.x);
+    rms_dx(dx, dx_act, g, x, w, rstd, coef, C, accumulate, threadIdx.x, blockDim.x);
 }
 
 // Rows by warps, RMS_THREADS / 32 a block: lane l plays virtual threads 32 j + l, so column
@@ -120,8 +129,8 @@ __global__ void __launch_bounds__(RMS_THREADS)
 
 template <typename A>
 __global__ void __launch_bounds__(RMS_THREADS)
-    rmsnorm_backward_din_warp_kernel(float *din, const A *dout, const float *in, const A *w,
-                                     const float *rstd, int32_t T, int32_t C) {
+    rmsnorm_backward_din_warp_kernel(float *din, A *din_act, const A *dout, const float *in,
+                                     const A *w, const float *rstd, int32_t T, int32_t C) {
     const int64_t row = ((int64_t)blockIdx.x * RMS_THREADS + threadIdx.x) >> 5;
     if (row >= T) return;
     const int lane = threadIdx.x & 31;
@@ -137,7 +146,8 @@ __global__ void __launch_bounds__(RMS_THREADS)
             if (c < C) v[j] = rms_dot_term(v[j], g[c], w[c], x[c]);
         }
     const float r = rstd[row];
-    rms_dx(din + row * C, g, x, w, r, rms_coef(r, rms_warp_sum(v), C), C, true, lane, 32);
+    rms_dx(din + row * C, din_act ? din_act + row * C : din_act, g, x, w, r,
+           rms_coef(r, rms_warp_sum(v), C), C, true, lane, 32);
 }
 
 template <typename A>
@@ -150,10 +160,12 @@ __global__ void rmsnorm_forward_kernel(A *out, float *rstd, const float *in, con
 }
 
 template <typename A>
-__global__ void rmsnorm_backward_din_kernel(float *din, const A *dout, const float *in,
-                                            const A *w, const float *rstd, int32_t C) {
+__global__ void rmsnorm_backward_din_kernel(float *din, A *din_act, const A *dout,
+                                            const float *in, const A *w, const float *rstd,
+                                            int32_t C) {
     size_t row = (size_t)blockIdx.x * C;
-    rms_row_backward(din + row, dout + row, in + row, w, rstd[blockIdx.x], C, true);
+    rms_row_backward(din + row, din_act ? din_act + row : din_act, dout + row, in + row, w,
+                     rstd[blockIdx.x], C, true);
 }
 
 // Row r of T*H rows of `width` values: token r / H, head r % H, at (r / H) * ld + (r % H) *
@@ -174,7 +186,7 @@ __global__ void head_rmsnorm_backward_din_kernel(A *din, const A *dout, const A 
                                                  const float *rstd, int32_t H, int32_t D,
                                                  int32_t ld) {
     size_t at = norm_row_at(blockIdx.x, H, ld, D);
-    rms_row_backward(din + at, dout + at, in + at, w, rstd[blockIdx.x], D, false);
+    rms_row_backward(din + at, (A *)NULL, dout + at, in + at, w, rstd[blockIdx.x], D, false);
 }
 
 // The weight gradient's term: g * (x * r) of row r's column c.
@@ -226,28 +238,31 @@ void tr_cuda_rmsnorm_forward(tr_backend *be, void *out, float *rstd, const float
 }
 
 template <typename A>
-static void rmsnorm_backward_run(tr_backend *be, float *din, float *dw, const void *dout,
-                                 const float *in, const void *w, const float *rstd, int32_t T,
-                                 int32_t C) {
+static void rmsnorm_backward_run(tr_backend *be, float *din, void *din_act, float *dw,
+                                 const void *dout, const float *in, const void *w,
+                                 const float *rstd, int32_t T, int32_t C) {
     if (din && T > TR_CUDA_DECODE_ROWS) {
         rmsnorm_backward_din_warp_kernel<A>
             <<<(unsigned)((T + RMS_WARP_ROWS - 1) / RMS_WARP_ROWS), RMS_THREADS, 0,
-               tr_cuda_stream(be)>>>(din, (const A *)dout, in, (const A *)w, rstd, T, C);
+               tr_cuda_stream(be)>>>(din, (A *)din_act, (const A *)dout, in, (const A *)w,
+                                     rstd, T, C);
         if (TR_CUDA_LAUNCHED(be, "rmsnorm_backward din")) return;
     } else if (din) {
         rmsnorm_backward_din_kernel<A><<<T, RMS_THREADS, 0, tr_cuda_stream(be)>>>(
-            din, (const A *)dout, in, (const A *)w, rstd, C);
+            din, (A *)din_act, (const A *)dout, in, (const A *)w, rstd, C);
         if (TR_CUDA_LAUNCHED(be, "rmsnorm_backward din")) return;
     }
     if (dw) norm_dw<A, float>(be, dw, (const A *)dout, in, rstd, T, 1, C, C);
 }
 
-void tr_cuda_rmsnorm_backward(tr_backend *be, float *din, float *dw, const void *dout,
-                              const float *in, const void *w, const float *rstd, int32_t T,
-                              int32_t C) {
+void tr_cuda_rmsnorm_backward(tr_backend *be, float *din, void *din_act, float *dw,
+                              const void *dout, const float *in, const void *w,
+                              const float *rstd, int32_t T, int32_t C) {
     if (T <= 0 || C <= 0) return;
-    if (tr_cuda_bf16(be)) rmsnorm_backward_run<tr_bf16>(be, din, dw, dout, in, w, rstd, T, C);
-    else rmsnorm_backward_run<float>(be, din, dw, dout, in, w, rstd, T, C);
+    if (tr_cuda_bf16(be))
+        rmsnorm_backward_run<tr_bf16>(be, din, din_act, dw, dout, in, w, rstd, T, C);
+    else
+        rmsnorm_backward_run<float>(be, din, din_act, dw, dout, in, w, rstd, T, C);
 }
 
 template <typename A>

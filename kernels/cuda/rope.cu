@@ -26,16 +26,18 @@ struct rope_kv {
     int32_t hq;
 };
 
-// Tokens [blockIdx.x * TT, + TT): their pairs' cos and sin, then every (token, head,
-// frequency) rotation, consecutive threads on consecutive frequencies of a head.
-template <typename A, bool KV>
+// Tokens [blockIdx.x * TT, + TT): their pairs' cos and sin, then token by token every
+// (head, frequency) rotation, consecutive threads on consecutive frequencies of a head. HALF
+// is D / 2 where the launch knows it (32 and 64: the division by it a shift), else 0 (read
+// from D); a flat index over tokens, heads and frequencies cost three divisions an element.
+template <typename A, bool KV, int HALF>
 __global__ void __launch_bounds__(ROPE_THREADS)
 rope_kernel(A *x, int32_t ld, const int32_t *pos, const float *inv_freq, int32_t T, int32_t H,
             int32_t D, int32_t TT, float sign, rope_kv<A> kv) {
     extern __shared__ float rope_cs[];   // [TT][half] cos, then [TT][half] sin
     tr_pdl_wait();
     tr_pdl_release();
-    const int32_t half = D / 2, t0 = (int32_t)blockIdx.x * TT;
+    const int32_t half = HALF ? HALF : D / 2, t0 = (int32_t)blockIdx.x * TT;
     const int32_t nt = T - t0 < TT ? T - t0 : TT;
     float *cs = rope_cs, *sn = rope_cs + TT * half;
     for (int32_t i = threadIdx.x; i < nt * half; i += blockDim.x) {
@@ -46,22 +48,24 @@ rope_kernel(A *x, int32_t ld, const int32_t *pos, const float *inv_freq, int32_t
     }
     __syncthreads();
     const int32_t per_t = H * half;
-    for (int32_t i = threadIdx.x; i < nt * per_t; i += blockDim.x) {
-        const int32_t t = i / per_t, h = i % per_t / half, f = i % half;
-        const float c = cs[t * half + f], s = sn[t * half + f];
-        A *x1 = x + (size_t)(t0 + t) * ld + (size_t)h * D + f, *x2 = x1 + half;
-        float a = tr_f32(*x1), b = tr_f32(*x2);
-        tr_store(x1, __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
-        tr_store(x2, __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
-        if (KV && h >= kv.hq) {   // the values as stored, moved as they are
-            const int32_t sl = kv.slot[t0 + t];
-            if (sl < 0) continue;
-            size_t to = ((size_t)sl * (H - kv.hq) + (h - kv.hq)) * D + f;
-            const A *vr = kv.v + (size_t)(t0 + t) * ld + (size_t)(h - kv.hq) * D + f;
-            kv.k_pool[to] = *x1;
-            kv.k_pool[to + half] = *x2;
-            kv.v_pool[to] = vr[0];
-            kv.v_pool[to + half] = vr[half];
+    for (int32_t t = 0; t < nt; t++) {
+        A *xt = x + (size_t)(t0 + t) * ld;
+        const int32_t sl = KV ? kv.slot[t0 + t] : -1;
+        for (int32_t j = threadIdx.x; j < per_t; j += blockDim.x) {
+            const int32_t h = j / half, f = j % half;
+            const float c = cs[t * half + f], s = sn[t * half + f];
+            A *x1 = xt + (size_t)h * D + f, *x2 = x1 + half;
+            float a = tr_f32(*x1), b = tr_f32(*x2);
+            tr_store(x1, __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
+            tr_store(x2, __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
+            if (KV && h >= kv.hq && sl >= 0) {   // the values as stored, moved as they are
+                size_t to = ((size_t)sl * (H - kv.hq) + (h - kv.hq)) * D + f;
+                const A *vr = kv.v + (size_t)(t0 + t) * ld + (size_t)(h - kv.hq) * D + f;
+                kv.k_pool[to] = *x1;
+                kv.k_pool[to + half] = *x2;
+                kv.v_pool[to] = vr[0];
+                kv.v_pool[to + half] = vr[half];
+            }
         }
     }
 }
@@ -81,10 +85,14 @@ static void rope_launch(tr_backend *be, void *x, int32_t ld, const int32_t *pos,
     const size_t shm = (size_t)2 * TT * (D / 2) * sizeof(float);
     rope_kv<A> kv = {NULL, NULL, NULL, NULL, H};
     if (pages) kv = {(A *)pages->k_pool, (A *)pages->v_pool, (const A *)v, slot, hq};
-    if (TR_CUDA_CHECK(be, tr_cuda_launch(be, T <= TR_CUDA_DECODE_ROWS,
-                                         pages ? rope_kernel<A, true> : rope_kernel<A, false>,
-                                         dim3(grid), dim3(ROPE_THREADS), shm, (A *)x, ld, pos,
-                                         inv_freq, T, H, D, TT, sign, kv)))
+    void (*kernel)(A *, int32_t, const int32_t *, const float *, int32_t, int32_t, int32_t,
+                   int32_t, float, rope_kv<A>) =
+        D == 64    ? (pages ? rope_kernel<A, true, 32> : rope_kernel<A, false, 32>)
+        : D == 128 ? (pages ? rope_kernel<A, true, 64> : rope_kernel<A, false, 64>)
+                   : (pages ? rope_kernel<A, true, 0> : rope_kernel<A, false, 0>);
+    if (TR_CUDA_CHECK(be, tr_cuda_launch(be, T <= TR_CUDA_DECODE_ROWS, kernel, dim3(grid),
+                                         dim3(ROPE_THREADS), shm, (A *)x, ld, pos, inv_freq, T,
+                                         H, D, TT, sign, kv)))
         return;
     if (pages) TR_CUDA_LAUNCHED(be, "rope_kv_write");
     else TR_CUDA_LAUNCHED(be, "rope");

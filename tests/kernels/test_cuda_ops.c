@@ -607,9 +607,11 @@ static void rms_backward(int gpu, float **out, void *arg) {
     float *in = putf(gpu, r->in, n);
     void *w = put_wt(gpu, r->w, r->C), *dout = put_act(gpu, r->dout, n);
     float *din = putf(gpu, r->din0, n), *dw = putf(gpu, r->dw0, r->C);
-    be_of(gpu)->ops->rmsnorm_backward(be_of(gpu), din, dw, dout, in, w, rstd, r->T, r->C);
+    void *dact = put_act(gpu, NULL, n);
+    be_of(gpu)->ops->rmsnorm_backward(be_of(gpu), din, dact, dw, dout, in, w, rstd, r->T, r->C);
     getf(gpu, out[0], din, n);
     getf(gpu, out[1], dw, r->C);
+    get_act(gpu, out[2], dact, n);
     bufs_free(gpu);
 }
 
@@ -625,9 +627,9 @@ static void test_rmsnorm(int32_t T, int32_t C) {
     float *tmp[2] = {kt_floats(n), r.rstd};
     rms_forward(0, tmp, &r);
     free(tmp[0]);
-    size_t lf[2] = {n, (size_t)r.T}, lb[2] = {n, (size_t)r.C};
+    size_t lf[2] = {n, (size_t)r.T}, lb[3] = {n, (size_t)r.C, n};
     compare("rmsnorm_forward", rms_forward, &r, "AF", lf);
-    compare("rmsnorm_backward", rms_backward, &r, "FF", lb);
+    compare("rmsnorm_backward", rms_backward, &r, "FFA", lb);
     free(r.in); free(r.w); free(r.dout); free(r.din0); free(r.dw0); free(r.rstd);
 }
 
@@ -649,13 +651,22 @@ static void test_rmsnorm_rows(int32_t T, int32_t C, int32_t alone) {
     CHECKF(kt_same_bits(all[0], one[0], na) && kt_same_bits(all[1], one[1], (size_t)alone),
            "rmsnorm_forward T=%d C=%d: %d rows alone differ from the batch's", T, C, alone);
     float *dw = kt_floats(C), *dall = kt_floats(n), *done = kt_floats(na);
-    float *ball[2] = {dall, dw}, *bone[2] = {done, dw};
+    float *aall = kt_floats(n), *aone = kt_floats(na);
+    float *ball[3] = {dall, dw, aall}, *bone[3] = {done, dw, aone};
     r.T = T;
     rms_backward(1, ball, &r);
     r.T = alone;
     rms_backward(1, bone, &r);
-    CHECKF(kt_same_bits(dall, done, na),
+    CHECKF(kt_same_bits(dall, done, na) && kt_same_bits(aall, aone, na),
            "rmsnorm_backward T=%d C=%d: %d rows alone differ from the batch's", T, C, alone);
+    // din_act is the updated din as convert rounds it
+    size_t off = 0;
+    for (size_t i = 0; i < n; i++)
+        off += !kt_same_bits(&aall[i], prec == TR_BF16 ? &(float){kt_round_bf16(dall[i])}
+                                                        : &dall[i], 1);
+    CHECKF(off == 0, "rmsnorm_backward T=%d C=%d: %zu of din_act are not din rounded", T, C, off);
+    free(aall);
+    free(aone);
     printf("rmsnorm T=%d C=%d: %d rows alone have the batch's bits\n", T, C, alone);
     free(all[0]); free(one[0]); free(one[1]); free(dw); free(dall); free(done);
     free(r.in); free(r.w); free(r.dout); free(r.din0); free(r.dw0); free(r.rstd);

@@ -140,7 +140,7 @@ static void each_op(void) {
     x[3] = mk_f((size_t)T * C, 1.0), x[4] = mk_vals(C, A, 1.0), x[5] = mk(rstd, T * 4);
     for (tr_backend *be = &hb; be; be = next_be(be)) {
         void **p = ptrs(be);
-        be->ops->rmsnorm_backward(be, p[0], p[1], p[2], p[3], p[4], p[5], T, C);
+        be->ops->rmsnorm_backward(be, p[0], NULL, p[1], p[2], p[3], p[4], p[5], T, C);
     }
     done("rmsnorm_backward");
     int32_t ld = H * D + 5;

@@ -3,7 +3,8 @@
 // equal results for 1, 2 and 3 threads. head_rmsnorm (per head of strided rows) likewise,
 // with din written, the gaps between rows untouched, and fp32 bits equal to rmsnorm over the
 // heads as rows. The bf16 mode is the fp32 op on bf16-valued A/W inputs with each A output
-// rounded once, bit for bit.
+// rounded once, bit for bit; the backward's copy of the updated din in A (din_act) is din
+// itself in fp32 and convert's rounding of it in bf16.
 #include "tests/kernels/kernels_test.h"
 
 typedef struct rms_ref {
@@ -52,7 +53,7 @@ static void check_case(int32_t T, int32_t C, double in_scale, float eps) {
     CHECKF(e < 1e-6, "rstd T=%d C=%d: %.3g", T, C, e);
 
     float *din = kt_fill(n, 0), *dw = kt_fill(C, 0);
-    be.ops->rmsnorm_backward(&be, din, dw, dout, in, w, rstd, T, C);
+    be.ops->rmsnorm_backward(&be, din, NULL, dw, dout, in, w, rstd, T, C);
     rms_ref r = {.in = ind, .w = wd, .dout = dd, .eps = eps, .T = T, .C = C};
     e = kt_fd_rel_err(ind, n, din, rms_loss, &r, 3000);
     CHECKF(e < 1e-5, "din vs finite differences T=%d C=%d: %.3g", T, C, e);
@@ -60,17 +61,19 @@ static void check_case(int32_t T, int32_t C, double in_scale, float eps) {
     CHECKF(e < 1e-5, "dw vs finite differences T=%d C=%d: %.3g", T, C, e);
 
     float *din0 = kt_rand(n, 1.0), *dw0 = kt_rand(C, 1.0);
-    float *din2 = kt_copy(din0, n), *dw2 = kt_copy(dw0, C);
-    be.ops->rmsnorm_backward(&be, din2, dw2, dout, in, w, rstd, T, C);
+    float *din2 = kt_copy(din0, n), *dw2 = kt_copy(dw0, C), *dact = kt_fill(n, -7.0f);
+    be.ops->rmsnorm_backward(&be, din2, dact, dw2, dout, in, w, rstd, T, C);
     CHECK(kt_accum_err(din2, din0, din, n) < 1e-5);
     CHECK(kt_accum_err(dw2, dw0, dw, C) < 1e-5);
+    CHECKF(kt_same_bits(dact, din2, n), "fp32 din_act is not the updated din T=%d C=%d", T, C);
+    free(dact);
     tr_backend_cpu_free(&be);
 
     for (int32_t k = 1; k <= 3; k++) {
         float *o = kt_floats(n), *rs = kt_floats(T), *di = kt_copy(din0, n), *dwk = kt_copy(dw0, C);
         kt_backend(&be, k, TR_F32);
         be.ops->rmsnorm_forward(&be, o, rs, in, w, eps, T, C);
-        be.ops->rmsnorm_backward(&be, di, dwk, dout, in, w, rs, T, C);
+        be.ops->rmsnorm_backward(&be, di, NULL, dwk, dout, in, w, rs, T, C);
         tr_backend_cpu_free(&be);
         CHECKF(kt_same_bits(o, out, n) && kt_same_bits(rs, rstd, T), "forward bits, %d threads", k);
         CHECKF(kt_same_bits(di, din2, n) && kt_same_bits(dwk, dw2, C), "backward bits, %d threads", k);
@@ -142,7 +145,7 @@ static void check_head(int32_t T, int32_t H, int32_t D, int32_t ld, float eps) {
     float *o2 = kt_floats(nh), *r2 = kt_floats((size_t)T * H), *di2 = kt_fill(nh, 0);
     float *dw3 = kt_copy(dw0, D);
     be.ops->rmsnorm_forward(&be, o2, r2, inh, w, eps, T * H, D);
-    be.ops->rmsnorm_backward(&be, di2, dw3, douth, inh, w, r2, T * H, D);
+    be.ops->rmsnorm_backward(&be, di2, NULL, dw3, douth, inh, w, r2, T * H, D);
     CHECKF(kt_same_bits(o2, outh, nh) && kt_same_bits(r2, rstd, (size_t)T * H) &&
                kt_same_bits(di2, dinh, nh) && kt_same_bits(dw3, dw, D),
            "head_rmsnorm differs from rmsnorm over the heads T=%d H=%d D=%d", T, H, D);
@@ -188,15 +191,22 @@ static void check_bf16(int32_t T, int32_t C, float eps) {
     kt_backend(&be, 2, TR_F32);
     float *out = kt_floats(n), *rstd = kt_floats(T), *din = kt_copy(din0, n), *dw = kt_copy(dw0, C);
     be.ops->rmsnorm_forward(&be, out, rstd, in, w, eps, T, C);
-    be.ops->rmsnorm_backward(&be, din, dw, dout, in, w, rstd, T, C);
+    be.ops->rmsnorm_backward(&be, din, NULL, dw, dout, in, w, rstd, T, C);
     tr_backend_cpu_free(&be);
     uint16_t *w16 = kt_to(w, C, TR_BF16), *dout16 = kt_to(dout, n, TR_BF16);
     uint16_t *out16 = kt_poison(n, TR_BF16);
     float *rstd16 = kt_floats(T), *din16 = kt_copy(din0, n), *dw16 = kt_copy(dw0, C);
     kt_backend(&be, 3, TR_BF16);
     be.ops->rmsnorm_forward(&be, out16, rstd16, in, w16, eps, T, C);
-    be.ops->rmsnorm_backward(&be, din16, dw16, dout16, in, w16, rstd16, T, C);
+    // the updated din also in bf16, as convert would round it (the next GEMMs' input)
+    uint16_t *dact16 = kt_poison(n, TR_BF16), *conv16 = kt_poison(n, TR_BF16);
+    be.ops->rmsnorm_backward(&be, din16, dact16, dw16, dout16, in, w16, rstd16, T, C);
+    be.ops->convert(&be, conv16, TR_BF16, din16, TR_F32, n);
     tr_backend_cpu_free(&be);
+    CHECKF(memcmp(dact16, conv16, n * sizeof(uint16_t)) == 0,
+           "bf16 rmsnorm din_act is not convert's din T=%d C=%d", T, C);
+    free(dact16);
+    free(conv16);
     CHECKF(kt_is_rounded(out16, out, n, "out"), "bf16 rmsnorm out T=%d C=%d", T, C);
     CHECKF(kt_same_bits(rstd16, rstd, T), "bf16 rmsnorm rstd T=%d C=%d", T, C);
     CHECKF(kt_same_bits(din16, din, n), "bf16 rmsnorm din T=%d C=%d", T, C);
