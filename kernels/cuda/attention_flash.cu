@@ -73,25 +73,12 @@ __global__ void __launch_bounds__(FA_FWD_WARPS * 32, 2) fa_forward_kernel(const 
             return t0 + r < t1 ? a.q + (size_t)(t0 + r) * ld + (size_t)h * D : nullptr;
         },
         tid, NTH, vec, a.q);
-    auto load_kv = [&](const fa_kv_iter &x, int stage) {
-        fa_load_kv_tile<D, BN, NTH>(ks + stage * BN * LDS, vs + stage * BN * LDS, x, kb, vb, ld,
-                                    vec, a.k, tid);
-    };
-    // it: the key tile taken next; ahead: the last one loaded. Group 0 holds the rows and the
-    // first tile, group j the tile j; tile j goes to stage j % ST.
-    fa_kv_iter it, ahead;
+    // it: the key tile taken next; group 0 holds the rows and the first tile
+    fa_kv_stages<D, BN, NTH, ST> kv = {ks, vs, kb, vb, ld, vec, a.k, a.doc_start, a.prefix,
+                                       a.n_docs, t1, tid, {}};
+    fa_kv_iter it;
     fa_iter_first(it, a.doc_start, a.prefix, a.n_docs, t0, t1);
-    ahead = it;
-    if (ahead.e >= 0) load_kv(ahead, 0);
-    fa_cp_commit();
-#pragma unroll
-    for (int s = 1; s < ST - 1; s++) {
-        if (ahead.e >= 0) {
-            fa_iter_next<BN>(ahead, a.doc_start, a.prefix, a.n_docs, t1);
-            if (ahead.e >= 0) load_kv(ahead, s);
-        }
-        fa_cp_commit();
-    }
+    kv.start(it);
 
     fa_state<D, MT> st;
     fa_reset(st);
@@ -111,11 +98,7 @@ __global__ void __launch_bounds__(FA_FWD_WARPS * 32, 2) fa_forward_kernel(const 
     while (it.e >= 0) {
         fa_cp_wait<ST - 2>();
         __syncthreads();   // tile `stage` landed; every warp is done with the previous stage
-        if (ahead.e >= 0) {
-            fa_iter_next<BN>(ahead, a.doc_start, a.prefix, a.n_docs, t1);
-            if (ahead.e >= 0) load_kv(ahead, (stage + ST - 1) % ST);
-        }
-        fa_cp_commit();
+        kv.refill((stage + ST - 1) % ST);
         // the warp's rows in this document: lo..hi, seeing positions up to hi - s + pl
         const int lo = max(w0, it.s), hi = min(w0 + 16 * MT, it.lim) - 1;
         if (lo <= hi && it.p0 <= hi - it.s + it.pl) {

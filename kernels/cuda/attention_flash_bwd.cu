@@ -183,25 +183,12 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dq_kernel(const fa_bw
             return t0 + r < t1 ? a.dout + (size_t)(t0 + r) * HD + (size_t)h * D : nullptr;
         },
         tid, NTH, vec, a.dout);
-    auto load_kv = [&](const fa_kv_iter &x, int stage) {
-        fa_load_kv_tile<D, BN, NTH>(ks + stage * BN * LDS, vs + stage * BN * LDS, x, kb, vb, ld,
-                                    vec, a.k, tid);
-    };
-    // it: the key tile multiplied next; ahead: the last one loaded. Group 0 holds the rows and
-    // the first tile, group j the tile j; tile j goes to stage j % ST.
-    fa_kv_iter it, ahead;
+    // it: the key tile multiplied next; group 0 holds the rows and the first tile
+    fa_kv_stages<D, BN, NTH, ST> kv = {ks, vs, kb, vb, ld, vec, a.k, a.doc_start, a.prefix,
+                                       a.n_docs, t1, tid, {}};
+    fa_kv_iter it;
     fa_iter_first(it, a.doc_start, a.prefix, a.n_docs, t0, t1);
-    ahead = it;
-    if (ahead.e >= 0) load_kv(ahead, 0);
-    fa_cp_commit();
-#pragma unroll
-    for (int s = 1; s < ST - 1; s++) {
-        if (ahead.e >= 0) {
-            fa_iter_next<BN>(ahead, a.doc_start, a.prefix, a.n_docs, t1);
-            if (ahead.e >= 0) load_kv(ahead, s);
-        }
-        fa_cp_commit();
-    }
+    kv.start(it);
 
     // the thread's two rows: delta and lse in log2 units, from the rows pass
     const int w0 = t0 + warp * 16;
@@ -221,11 +208,7 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dq_kernel(const fa_bw
     while (it.e >= 0) {
         fa_cp_wait<ST - 2>();
         __syncthreads();   // tile `stage` landed; every warp is done with the previous stage
-        if (ahead.e >= 0) {
-            fa_iter_next<BN>(ahead, a.doc_start, a.prefix, a.n_docs, t1);
-            if (ahead.e >= 0) load_kv(ahead, (stage + ST - 1) % ST);
-        }
-        fa_cp_commit();
+        kv.refill((stage + ST - 1) % ST);
         const int lo = max(w0, it.s), hi = min(w0 + 16, it.lim) - 1;
         if (lo <= hi && it.p0 <= hi - it.s + it.pl) {
             const tr_bf16 *kt = ks + stage * BN * LDS, *vt = vs + stage * BN * LDS;

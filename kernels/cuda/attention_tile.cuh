@@ -295,3 +295,40 @@ __device__ __forceinline__ void fa_load_kv_tile(tr_bf16 *ks, tr_bf16 *vs, const 
         },
         tid, NTH, vec, any);
 }
+
+// The K/V tiles of a query tile's walk through ST shared stages (ks, vs: ST stages of BN rows
+// each), as the forward and the dQ pass stream them: ahead is the last tile loaded, tile j of
+// the walk going to stage j % ST in cp.async group j (group 0 also holds what the caller
+// queued before start). Each iteration refills the stage used an iteration before.
+template <int D, int BN, int NTH, int ST>
+struct fa_kv_stages {
+    tr_bf16 *ks, *vs;
+    const tr_bf16 *kb, *vb;   // the kv head's first K and V columns
+    size_t ld;
+    bool vec;
+    const void *any;          // any global address (zero-filled copies read none)
+    const int32_t *ds, *pre;  // tr_doc_layout's doc_start and prefix
+    int n_docs, t1, tid;
+    fa_kv_iter ahead;
+
+    __device__ __forceinline__ void load(int stage) {
+        fa_load_kv_tile<D, BN, NTH>(ks + stage * BN * (D + FA_PAD), vs + stage * BN * (D + FA_PAD),
+                                    ahead, kb, vb, ld, vec, any, tid);
+    }
+    // The tile after ahead (if any) into stage, and a group for it, empty or not.
+    __device__ __forceinline__ void refill(int stage) {
+        if (ahead.e >= 0) {
+            fa_iter_next<BN>(ahead, ds, pre, n_docs, t1);
+            if (ahead.e >= 0) load(stage);
+        }
+        fa_cp_commit();
+    }
+    // The walk's first ST - 1 tiles from its first, first.
+    __device__ __forceinline__ void start(const fa_kv_iter &first) {
+        ahead = first;
+        if (ahead.e >= 0) load(0);
+        fa_cp_commit();
+#pragma unroll
+        for (int s = 1; s < ST - 1; s++) refill(s);
+    }
+};
