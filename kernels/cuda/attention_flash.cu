@@ -1,16 +1,16 @@
 // Flash-attention forward on tensor cores, the bf16 path: one block of four warps per (tile of
 // 16 MT rows per warp, head), K and V tiles in FA_FWD_STAGES shared stages filled by cp.async
-// (each refilled an iteration after its use, so an iteration waits at one barrier), each warp's rows
-// advanced by fa_tile (attention_tile.cuh) over the keys of their documents. Never holds more
-// than one tile of scores. Key tiles start at each document's first token, so a row's bits
-// do not depend on where its document sits in the batch, and a query tile that straddles
-// documents walks each document's keys in turn (rows of the others see nothing there, which
-// leaves them unchanged). A document with a shared prefix walks its context: the prefix's keys,
-// then its own, tiles and masks by context position (attention_tile.cuh), so its rows have
-// the bits of the unshared document's. Where a row's context passes a multiple of a.chunk,
-// the finished chunk is folded into an accumulator kept in local memory (touched once per
-// chunk), as the decode step folds its split chunks. out [T, H D] and lse [T, H] are written,
-// every row.
+// (each refilled an iteration after its use, so an iteration waits at one barrier), each
+// warp's rows advanced by fa_tile (attention_tile.cuh) over the keys of their documents. Never
+// holds more than one tile of scores. Key tiles start at each document's first token, so a
+// row's bits do not depend on where its document sits in the batch, and a query tile that
+// straddles documents walks each document's keys in turn (rows of the others see nothing
+// there, which leaves them unchanged). A document with a shared prefix walks its context: the
+// prefix's keys, then its own, tiles and masks by context position (attention_tile.cuh), so
+// its rows have the bits of the unshared document's. Where a row's context passes a multiple
+// of a.chunk, the finished chunk is folded into an accumulator kept in local memory (touched
+// once per chunk), as the decode step folds its split chunks. out [T, H D] and lse [T, H] are
+// written, every row.
 #include "kernels/cuda/attention_flash.cuh"
 #include "kernels/cuda/attention_tile.cuh"
 

@@ -223,9 +223,10 @@ static void rmsnorm_forward_run(tr_backend *be, void *out, float *rstd, const fl
         TR_CUDA_LAUNCHED(be, "rmsnorm_forward");
         return;
     }
-    if (TR_CUDA_CHECK(be, tr_cuda_launch(be, T <= TR_CUDA_DECODE_ROWS, rmsnorm_forward_kernel<A>,
-                                         dim3((unsigned)T), dim3(RMS_THREADS), 0, (A *)out, rstd,
-                                         in, (const A *)w, eps, C)))
+    // a decode step's: it may start early (TROUPE_CUDA_PDL)
+    if (TR_CUDA_CHECK(be, tr_cuda_launch(be, true, rmsnorm_forward_kernel<A>, dim3((unsigned)T),
+                                         dim3(RMS_THREADS), 0, (A *)out, rstd, in, (const A *)w,
+                                         eps, C)))
         return;
     TR_CUDA_LAUNCHED(be, "rmsnorm_forward");
 }
