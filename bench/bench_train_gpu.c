@@ -9,6 +9,9 @@
 // The backend comes from $TROUPE_BACKEND (cuda) and the precision from $TROUPE_PRECISION
 // (default: the backend's, bf16 on CUDA); TROUPE_RECOMPUTE=on|off (default: the plan's, on
 // only where the micro-batch does not fit otherwise) measures activation recompute's cost.
+// BENCH_PACKED=1 packs each micro-batch's MB x SEQ tokens as RL rollouts come instead:
+// documents of 256 to 2,048 tokens (uniform, a fixed seed; the last one cut to fit), MFU then
+// counting each document's attention over its own length (6 L S d a token of a document of S).
 // bench/run_gpu_train.sh runs it beside the peer.
 // On CUDA it then measures launch overhead: the trunk's backward queued op by op against the
 // same launches replayed as one CUDA graph.
@@ -75,6 +78,26 @@ static int launch_overhead(tr_backend *be, tr_model *m, double step_s) {
 }
 #endif
 
+// The micro-batch's document starts (n + 1 of them, n returned): mb documents of seq tokens,
+// or with packed lengths of 256 to 2,048 tokens over the same T = mb * seq.
+#define PACKED_MIN 256
+#define PACKED_MAX 2048
+static int32_t doc_layout(int32_t *starts, int32_t mb, int32_t seq, bool packed, tr_rng *rng) {
+    const int32_t T = mb * seq;
+    if (!packed) {
+        for (int32_t d = 0; d <= mb; d++) starts[d] = d * seq;
+        return mb;
+    }
+    int32_t n = 0;
+    starts[0] = 0;
+    while (starts[n] < T) {
+        int32_t len = PACKED_MIN + (int32_t)(tr_rng_u32(rng) % (PACKED_MAX - PACKED_MIN + 1));
+        starts[n + 1] = starts[n] + len < T ? starts[n] + len : T;
+        n++;
+    }
+    return n;
+}
+
 static int fail(const char *what, const tr_err *err) {
     fprintf(stderr, "bench_train_gpu: %s: %s\n", what, err->msg);
     return 1;
@@ -99,21 +122,31 @@ int main(int argc, char **argv) {
     be.ops->mem_info(&be, &free0, &total);
     free_min = free0;
 
-    // One micro-batch of mb documents of seq tokens: the step the peer takes on [mb, seq].
-    int32_t T = mb * seq;
+    // One micro-batch of mb documents of seq tokens: the step the peer takes on [mb, seq]
+    // (or, with BENCH_PACKED=1, the same tokens in documents of rollouts' lengths).
+    const char *pk = getenv("BENCH_PACKED");
+    const bool packed = pk && strcmp(pk, "1") == 0;
+    int32_t T = mb * seq, max_docs = packed ? T / PACKED_MIN + 2 : mb + 1;
     int32_t *ids = malloc((size_t)T * sizeof *ids), *targets = malloc((size_t)T * sizeof *targets);
-    int32_t *pos = malloc((size_t)T * sizeof *pos), *starts = malloc(((size_t)mb + 1) * sizeof *starts);
+    int32_t *pos = malloc((size_t)T * sizeof *pos);
+    int32_t *starts = malloc((size_t)max_docs * sizeof *starts);
     if (!ids || !targets || !pos || !starts) return 1;
     tr_rng rng;
     tr_rng_init(&rng, 1);
-    for (int32_t t = 0; t < T; t++) {
-        ids[t] = (int32_t)(tr_rng_u32(&rng) % BENCH_VOCAB);
-        pos[t] = t % seq;
+    for (int32_t t = 0; t < T; t++) ids[t] = (int32_t)(tr_rng_u32(&rng) % BENCH_VOCAB);
+    const int32_t n_docs = doc_layout(starts, mb, seq, packed, &rng);
+    double sq_sum = 0;   // sum over documents of S^2: attention's work
+    for (int32_t d = 0; d < n_docs; d++) {
+        const int32_t s = starts[d], e = starts[d + 1];
+        sq_sum += (double)(e - s) * (double)(e - s);
+        for (int32_t t = s; t < e; t++) {
+            pos[t] = t - s;
+            targets[t] = t + 1 < e ? ids[t + 1] : -1;
+        }
     }
-    for (int32_t t = 0; t < T; t++) targets[t] = pos[t] + 1 < seq ? ids[t + 1] : -1;
-    for (int32_t d = 0; d <= mb; d++) starts[d] = d * seq;
     tr_micro_batch batch = {.ids = ids, .targets = targets,
-                            .docs = {.n_tokens = T, .n_docs = mb, .doc_start = starts, .pos = pos}};
+                            .docs = {.n_tokens = T, .n_docs = n_docs, .doc_start = starts,
+                                     .pos = pos}};
     tr_step_args args = {.loss = TR_LOSS_CROSS_ENTROPY};
     tr_optim_cfg opt = {.lr = 1e-5, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
                         .weight_decay = 0.01f, .max_grad_norm = 1.0f,
@@ -151,15 +184,20 @@ int main(int argc, char **argv) {
     double d = cfg.hidden_size, L = cfg.n_layers, I = cfg.intermediate_size;
     double hd = d / cfg.n_heads, kv = 2.0 * cfg.n_kv_heads * hd;
     double N = L * (d * (d + kv) + d * d + 3 * d * I) + d * BENCH_VOCAB;
-    double flops = 6 * N + 6 * L * seq * d;
+    // attention's term per token: 6 L S d for a document of S, averaged over the tokens
+    double flops = 6 * N + 6 * L * d * (sq_sum / T);
     double tps = T / step_s;
     printf("%s: %s %s, micro-batch %d x %d, %.1fM matmul params, LM head %d rows a chunk%s\n",
            sh->name, be.ops->name, tr_dt_name(be.act), mb, seq, N / 1e6, m.logit_rows,
            m.recompute ? ", activations recomputed" : "");
+    if (packed)
+        printf("  packed: %d documents of %d to %d tokens (mean %.0f)\n", n_docs, PACKED_MIN,
+               PACKED_MAX, (double)T / n_docs);
     printf("  step %.3f s, %.0f tokens/s, MFU %.1f%%, peak memory %.1f GiB, loss %.4f\n", step_s,
            tps, 100 * tps * flops / PEAK, (double)(free0 - free_min) / (1 << 30), res.loss);
-    printf("troupe train shape=%s tok/s=%.0f mfu=%.4f peak_gib=%.2f\n", sh->name, tps,
-           tps * flops / PEAK, (double)(free0 - free_min) / (1 << 30));
+    printf("troupe train shape=%s%s tok/s=%.0f mfu=%.4f peak_gib=%.2f\n", sh->name,
+           packed ? " packed=1" : "", tps, tps * flops / PEAK,
+           (double)(free0 - free_min) / (1 << 30));
 #if TR_HAVE_CUDA
     const char *prof = getenv("TROUPE_CUDA_PROFILE");
     if (strcmp(be.ops->name, "cuda") == 0 && !(prof && strcmp(prof, "1") == 0) &&
