@@ -389,10 +389,9 @@ ncu_seqk_part() {
 
 # The training step's own kernels: the op tests of attention (forward, backward and decode
 # against the CPU, run to run) and RMSNorm (rows alone against the batch's too), the attention
-# section of bench_cuda, the device time of each of the backward's
-# passes at the 0.5B shape (TROUPE_CUDA_PROFILE's table), the 0.5B training step dense and
-# packed (BENCH_PACKED=1), and with
-# ATTN_NCU=1 a full Nsight Compute report of one launch of each kernel at that shape
+# section of bench_cuda, the device time of each of the backward's passes at the 0.5B shape
+# (TROUPE_CUDA_PROFILE's table), the 0.5B training step dense and packed (BENCH_PACKED=1),
+# and with ATTN_NCU=1 a full Nsight Compute report of one launch of each kernel at that shape
 # (ncu_attn_*.log: occupancy, stall reasons, pipe use; ATTN_NCU_KERNELS narrows the kernels).
 train_kernels_part() {
     local t="$build_all/tests/kernels/test_cuda_ops" bc="$build_all/bench/bench_cuda" k ncu
