@@ -107,47 +107,54 @@ __device__ void rms_row_backward(X *dx, A *dx_act, const G *g, const X *x, const
 
 // Rows by warps, RMS_THREADS / 32 a block: lane l plays virtual threads 32 j + l, so column
 // c = l + 32 m goes to j = m % 8, in ascending m (each virtual thread's columns in order).
-template <typename A>
-__global__ void __launch_bounds__(RMS_THREADS)
-    rmsnorm_forward_warp_kernel(A *out, float *rstd, const float *in, const A *w, float eps,
-                                int32_t T, int32_t C) {
-    const int64_t row = ((int64_t)blockIdx.x * RMS_THREADS + threadIdx.x) >> 5;
-    if (row >= T) return;
+// The row's sum of term(acc, c) over its C columns, tr_block_sum's bits; every lane gets it.
+template <typename F>
+__device__ __forceinline__ double rms_warp_row_sum(int32_t C, const F &term) {
     const int lane = threadIdx.x & 31;
-    const float *x = in + row * C;
     double v[RMS_LANE_VTS];
 #pragma unroll
     for (int j = 0; j < RMS_LANE_VTS; j++) v[j] = 0.0;
     for (int32_t c0 = lane; c0 < C; c0 += RMS_THREADS)
 #pragma unroll
         for (int j = 0; j < RMS_LANE_VTS; j++)
-            if (c0 + 32 * j < C) v[j] = rms_sq_term(v[j], x[c0 + 32 * j]);
-    const float r = rms_rstd(rms_warp_sum(v), C, eps);
-    if (lane == 0) rstd[row] = r;
-    rms_scale(out + row * C, x, w, r, C, lane, 32);
+            if (c0 + 32 * j < C) v[j] = term(v[j], c0 + 32 * j);
+    return rms_warp_sum(v);
+}
+
+// The warp's row of the launch (rows past T return at once, a whole warp at a time).
+__device__ __forceinline__ int64_t rms_warp_row() {
+    return ((int64_t)blockIdx.x * RMS_THREADS + threadIdx.x) >> 5;
+}
+
+template <typename A>
+__global__ void __launch_bounds__(RMS_THREADS)
+    rmsnorm_forward_warp_kernel(A *out, float *rstd, const float *in, const A *w, float eps,
+                                int32_t T, int32_t C) {
+    const int64_t row = rms_warp_row();
+    if (row >= T) return;
+    const float *x = in + row * C;
+    const double ss = rms_warp_row_sum(C, [&](double acc, int32_t c) {
+        return rms_sq_term(acc, x[c]);
+    });
+    const float r = rms_rstd(ss, C, eps);
+    if ((threadIdx.x & 31) == 0) rstd[row] = r;
+    rms_scale(out + row * C, x, w, r, C, threadIdx.x & 31, 32);
 }
 
 template <typename A>
 __global__ void __launch_bounds__(RMS_THREADS)
     rmsnorm_backward_din_warp_kernel(float *din, A *din_act, const A *dout, const float *in,
                                      const A *w, const float *rstd, int32_t T, int32_t C) {
-    const int64_t row = ((int64_t)blockIdx.x * RMS_THREADS + threadIdx.x) >> 5;
+    const int64_t row = rms_warp_row();
     if (row >= T) return;
-    const int lane = threadIdx.x & 31;
     const float *x = in + row * C;
     const A *g = dout + row * C;
-    double v[RMS_LANE_VTS];
-#pragma unroll
-    for (int j = 0; j < RMS_LANE_VTS; j++) v[j] = 0.0;
-    for (int32_t c0 = lane; c0 < C; c0 += RMS_THREADS)
-#pragma unroll
-        for (int j = 0; j < RMS_LANE_VTS; j++) {
-            const int32_t c = c0 + 32 * j;
-            if (c < C) v[j] = rms_dot_term(v[j], g[c], w[c], x[c]);
-        }
+    const double dot = rms_warp_row_sum(C, [&](double acc, int32_t c) {
+        return rms_dot_term(acc, g[c], w[c], x[c]);
+    });
     const float r = rstd[row];
     rms_dx(din + row * C, din_act ? din_act + row * C : din_act, g, x, w, r,
-           rms_coef(r, rms_warp_sum(v), C), C, true, lane, 32);
+           rms_coef(r, dot, C), C, true, threadIdx.x & 31, 32);
 }
 
 template <typename A>
