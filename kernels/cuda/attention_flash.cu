@@ -13,9 +13,11 @@
 // written, every row.
 #include "kernels/cuda/attention_flash.cuh"
 #include "kernels/cuda/attention_tile.cuh"
+#include "kernels/cuda/attention_wgmma.cuh"
 
 #define FA_FWD_WARPS 4
 #define FA_FWD_STAGES 3   // K/V tiles in shared memory at once (two blocks an SM fit either D)
+#define FA_WG_GROUPS 2    // warpgroups a block in the wgmma forward (64 query rows each)
 
 // Folds the warp's state st (the current chunk) into the finished chunks (am, al, acc):
 // to_state false stores the result in the accumulator and empties st (a chunk boundary);
@@ -49,6 +51,37 @@ __device__ __forceinline__ void fa_fold_acc(float (&am)[MT][2], float (&al)[MT][
             }
         }
     if (!to_state) fa_reset(st);
+}
+
+// The end of a warp's rows (from w0; rows from t1 on are not the block's): the last chunk
+// folded in (or the row sums completed), then out and lse written.
+template <int D, int MT>
+__device__ __forceinline__ void fa_forward_finish(const fa_fwd_args &a, fa_state<D, MT> &st,
+                                                  float (&am)[MT][2], float (&al)[MT][2],
+                                                  float *acc, bool acc_used, int w0, int t1,
+                                                  int h, int g, int t) {
+    if (acc_used) {
+        fa_fold_acc<D, MT>(am, al, acc, st, true);
+    } else {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) st.l[mt][r] = fa_quad_sum(st.l[mt][r]);
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int i = w0 + mt * 16 + g + 8 * r;
+            if (i >= t1) continue;
+            const float inv = fa_inv(st.l[mt][r]);
+            tr_bf16 *o = a.out + ((size_t)i * a.H + h) * D + 2 * t;
+#pragma unroll
+            for (int n = 0; n < D / 8; n++)
+                fa_store2(o + n * 8, fa_out(st.o[mt][n][2 * r], inv),
+                          fa_out(st.o[mt][n][2 * r + 1], inv), a.out4 != 0);
+            if (t == 0) a.lse[(size_t)i * a.H + h] = fa_lse(st.m[mt][r], st.l[mt][r]);
+        }
 }
 
 template <int D, int MT>
@@ -121,29 +154,86 @@ __global__ void __launch_bounds__(FA_FWD_WARPS * 32, 2) fa_forward_kernel(const 
         stage = stage + 1 == ST ? 0 : stage + 1;
     }
     fa_cp_wait<0>();
+    fa_forward_finish<D, MT>(a, st, am, al, acc + z, acc_used, w0, t1, h, g, t);
+}
 
-    if (acc_used) {
-        fa_fold_acc<D, MT>(am, al, acc + z, st, true);
-    } else {
+// The same walk on Hopper's warpgroup MMA (attention_wgmma.cuh): FA_WG_GROUPS warpgroups a
+// block, each over 64 query rows (a warp's 16 as fa_tile's MT = 1), Q and the K/V stages in
+// 128-byte-swizzled shared tiles. Scores and P V come from wgmma; the softmax between them is
+// fa_tile_softmax, the chunk folds and the row ends are the kernel's above, so the output and
+// lse are written in the same arithmetic. A warpgroup's product is all or nothing for its four
+// warps: the group multiplies a tile when any of its rows sees it, and rows that see none of
+// it keep their state bit for bit (fa_tile).
+template <int D>
+__global__ void __launch_bounds__(FA_WG_GROUPS * 128, D == 64 ? 2 : 1)
+    fa_forward_wg_kernel(const fa_fwd_args a) {
+    constexpr int BM = FA_WG_GROUPS * 64, BN = fa_bn<D>(), NTH = FA_WG_GROUPS * 128;
+    constexpr int ST = FA_FWD_STAGES, NT = BN / 8;
+    extern __shared__ __align__(16) unsigned char fa_sm[];
+    // swizzled tiles start on 1024-byte boundaries (the launch adds the slack)
+    const uint32_t sm0 = (fa_smem(fa_sm) + 1023u) & ~1023u;
+    tr_bf16 *qs = reinterpret_cast<tr_bf16 *>(fa_sm + (sm0 - fa_smem(fa_sm)));
+    tr_bf16 *ks = qs + BM * D;   // ST stages of BN rows each
+    tr_bf16 *vs = ks + ST * BN * D;
+    const int h = blockIdx.x, kvh = h / (a.H / a.KVH);
+    const int t0 = (int)(gridDim.y - 1 - blockIdx.y) * BM;   // the longest rows start first
+    const int t1 = min(t0 + BM, a.T);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int wg = warp >> 2;
+    const size_t ld = (size_t)a.ld;
+    const tr_bf16 *kb = a.k + (size_t)kvh * D, *vb = a.v + (size_t)kvh * D;
+    const bool vec = a.vec != 0;
+
+    fa_load_rows<D, true>(
+        qs, BM,
+        [&](int r) -> const tr_bf16 * {
+            return t0 + r < t1 ? a.q + (size_t)(t0 + r) * ld + (size_t)h * D : nullptr;
+        },
+        tid, NTH, vec, a.q);
+    fa_kv_stages<D, BN, NTH, ST, true> kv = {ks, vs, kb, vb, ld, vec, a.k, a.doc_start, a.prefix,
+                                             a.n_docs, t1, tid, {}};
+    fa_kv_iter it;
+    fa_iter_first(it, a.doc_start, a.prefix, a.n_docs, t0, t1);
+    kv.start(it);
+
+    fa_state<D, 1> st;
+    fa_reset(st);
+    float am[1][2] = {{-INFINITY, -INFINITY}}, al[1][2] = {{0.0f, 0.0f}};
+    float acc[(D / 8) * 4];   // local memory: see fa_opaque_zero
+    const int z = fa_opaque_zero();
+    bool acc_used = false;
+    const int w0 = t0 + warp * 16, g0 = t0 + wg * 64;   // the warp's and the group's first rows
+    const uint32_t q_at = fa_smem(qs) + (uint32_t)wg * 64 * 128;
+    int stage = 0;
+    while (it.e >= 0) {
+        fa_cp_wait<ST - 2>();
+        wg_proxy_fence();
+        __syncthreads();   // tile `stage` landed; every warp is done with the previous stage
+        kv.refill((stage + ST - 1) % ST);
+        // the group's rows in this document: lo..hi, seeing positions up to hi - s + pl
+        const int lo = max(g0, it.s), hi = min(g0 + 64, it.lim) - 1;
+        if (lo <= hi && it.p0 <= hi - it.s + it.pl) {
+            if (it.p0 > 0 && it.p0 % a.chunk == 0) {
+                fa_fold_acc<D, 1>(am, al, acc + z, st, false);
+                acc_used = true;
+            }
+            int last[1][2];
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int r = 0; r < 2; r++) st.l[mt][r] = fa_quad_sum(st.l[mt][r]);
-    }
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int i = w0 + mt * 16 + g + 8 * r;
-            if (i >= t1) continue;
-            const float inv = fa_inv(st.l[mt][r]);
-            tr_bf16 *o = a.out + ((size_t)i * a.H + h) * D + 2 * t;
-#pragma unroll
-            for (int n = 0; n < D / 8; n++)
-                fa_store2(o + n * 8, fa_out(st.o[mt][n][2 * r], inv),
-                          fa_out(st.o[mt][n][2 * r + 1], inv), a.out4 != 0);
-            if (t == 0) a.lse[(size_t)i * a.H + h] = fa_lse(st.m[mt][r], st.l[mt][r]);
+            for (int r = 0; r < 2; r++) {
+                const int i = w0 + g + 8 * r;
+                last[0][r] = i >= it.s && i < it.lim ? i - it.s + it.pl : -1;
+            }
+            float s[1][NT][4];
+            uint32_t p[1][BN / 16][4];
+            wg_qk<D, BM, BN>(s[0], q_at, fa_smem(ks + stage * BN * D));
+            fa_tile_softmax<D, 1>(st, s, p, it.p0, last, a.sl2, true);
+            wg_pv<D, BN>(st.o[0], p[0], fa_smem(vs + stage * BN * D));
         }
+        fa_iter_next<BN>(it, a.doc_start, a.prefix, a.n_docs, t1);
+        stage = stage + 1 == ST ? 0 : stage + 1;
+    }
+    fa_cp_wait<0>();
+    fa_forward_finish<D, 1>(a, st, am, al, acc + z, acc_used, w0, t1, h, g, t);
 }
 
 // ---- launch (host) ----
@@ -162,7 +252,27 @@ static void fa_forward_run(tr_backend *be, const fa_fwd_args &a) {
     TR_CUDA_LAUNCHED(be, "attention_forward");
 }
 
+template <int D>
+static void fa_forward_wg_run(tr_backend *be, const fa_fwd_args &a) {
+    constexpr int BM = FA_WG_GROUPS * 64;
+    const size_t shm = 1024 + (size_t)(BM + 2 * FA_FWD_STAGES * fa_bn<D>()) * D * sizeof(tr_bf16);
+    if (TR_CUDA_CHECK(be, cudaFuncSetAttribute(fa_forward_wg_kernel<D>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)shm)))
+        return;
+    dim3 grid((unsigned)a.H, (unsigned)((a.T + BM - 1) / BM));
+    fa_forward_wg_kernel<D><<<grid, FA_WG_GROUPS * 128, shm, tr_cuda_stream(be)>>>(a);
+    TR_CUDA_LAUNCHED(be, "attention_forward");
+}
+
 void tr_fa_forward(tr_backend *be, const fa_fwd_args &a, int32_t D) {
+#if TR_CUDA_WGMMA
+    if (tr_cuda_ctx_of(be)->wgmma) {
+        if (D == 64) fa_forward_wg_run<64>(be, a);
+        else fa_forward_wg_run<128>(be, a);
+        return;
+    }
+#endif
     if (D == 64) fa_forward_run<64, 2>(be, a);
     else fa_forward_run<128, 2>(be, a);
 }

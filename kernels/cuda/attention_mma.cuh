@@ -105,11 +105,22 @@ __device__ __forceinline__ void fa_gemm_pv(float (&o)[MT][D / 8][4],
         }
 }
 
-// Copies `rows` rows of D bf16 values into shared rows of D + FA_PAD, threads tid..
-// (stride nthr) sharing the work; src(r) gives row r's first element, NULL for a row of zeros.
-// With vec (16-byte aligned rows) the copies are asynchronous (the caller commits and waits);
-// without, plain loads that are done on return (an odd row stride).
-template <int D, typename Src>
+// Byte offset of element (r, c), c a multiple of 8, in a shared tile of `rows` rows of D bf16
+// values. SW false: padded rows of D + FA_PAD elements. SW true: the 128-byte swizzle the
+// Hopper warpgroup MMA reads (attention_wgmma.cuh): D / 64 blocks of 64 columns, each `rows`
+// rows of 128 bytes, the 16-byte piece j of row r stored at piece j ^ (r mod 8); the tile
+// starts on a 1024-byte boundary.
+template <int D, bool SW>
+__device__ __forceinline__ int fa_sm_off(int r, int c, int rows) {
+    if (SW) return (c >> 6) * rows * 128 + r * 128 + ((((c >> 3) & 7) ^ (r & 7)) << 4);
+    return (r * (D + FA_PAD) + c) * (int)sizeof(tr_bf16);
+}
+
+// Copies `rows` rows of D bf16 values into a shared tile laid out as fa_sm_off<D, SW> says,
+// threads tid.. (stride nthr) sharing the work; src(r) gives row r's first element, NULL for
+// a row of zeros. With vec (16-byte aligned rows) the copies are asynchronous (the caller
+// commits and waits); without, plain loads that are done on return (an odd row stride).
+template <int D, bool SW = false, typename Src>
 __device__ __forceinline__ void fa_load_rows(tr_bf16 *sm, int rows, const Src &src, int tid,
                                              int nthr, bool vec, const void *any_global) {
     constexpr int CPR = D / 8;   // 16-byte pieces per row
@@ -117,7 +128,8 @@ __device__ __forceinline__ void fa_load_rows(tr_bf16 *sm, int rows, const Src &s
     for (int i = tid; i < rows * CPR; i += nthr) {
         int r = i / CPR, c = (i % CPR) * 8;
         const tr_bf16 *p = src(r);
-        tr_bf16 *d = sm + r * (D + FA_PAD) + c;
+        tr_bf16 *d = reinterpret_cast<tr_bf16 *>(reinterpret_cast<unsigned char *>(sm) +
+                                                 fa_sm_off<D, SW>(r, c, rows));
         if (vec) {
             fa_cp16(d, p ? (const void *)(p + c) : any_global, p != nullptr);
         } else {

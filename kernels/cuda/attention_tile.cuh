@@ -47,21 +47,18 @@ __device__ __forceinline__ void fa_reset(fa_state<D, MT> &st) {
     }
 }
 
-// One tile: keys at positions p0 .. p0 + fa_bn<D>() - 1 (ks, vs: their K and V rows in shared
-// memory, rows of D + FA_PAD; rows past the sequence are zeros) against the warp's query rows
-// (qs: 16 MT rows). Row (mt, hi) sees the positions <= last[mt][hi] (-1: none). hi_rows false
-// leaves rows 8..15 of every m-tile out of the softmax (padding rows, whose results nobody
-// reads). A row that sees no key of the tile keeps its state bit for bit: its scale factor is
-// exactly 1 (or 0 on an empty state), its probabilities +0, and the MMA adds only zeros.
+// The softmax step of fa_tile between its two products, for kernels that form the scores and
+// multiply by V another way (attention_wgmma.cuh): s holds the tile's raw scores Q K^T in
+// accumulator layout and leaves as probabilities; p receives them rounded to bf16 as the A
+// fragments of P V; the running state st is updated and its output rescaled.
 template <int D, int MT>
-__device__ __forceinline__ void fa_tile(fa_state<D, MT> &st, const tr_bf16 *qs,
-                                        const tr_bf16 *ks, const tr_bf16 *vs, int p0,
-                                        const int (&last)[MT][2], float sl2, bool hi_rows) {
-    constexpr int BN = fa_bn<D>(), LDS = D + FA_PAD, NT = BN / 8;
+__device__ __forceinline__ void fa_tile_softmax(fa_state<D, MT> &st,
+                                                float (&s)[MT][fa_bn<D>() / 8][4],
+                                                uint32_t (&p)[MT][fa_bn<D>() / 16][4], int p0,
+                                                const int (&last)[MT][2], float sl2,
+                                                bool hi_rows) {
+    constexpr int BN = fa_bn<D>(), NT = BN / 8;
     const int t = threadIdx.x & 3;
-    float s[MT][NT][4];
-    fa_gemm_abt<D, MT, NT>(s, qs, ks, LDS);
-    uint32_t p[MT][BN / 16][4];
     // Most tiles are seen whole by every row of the warp: no mask to apply there.
     int seen = p0 + BN - 1;
 #pragma unroll
@@ -142,6 +139,23 @@ __device__ __forceinline__ void fa_tile(fa_state<D, MT> &st, const tr_bf16 *qs,
                 }
             }
     }
+}
+
+// One tile: keys at positions p0 .. p0 + fa_bn<D>() - 1 (ks, vs: their K and V rows in shared
+// memory, rows of D + FA_PAD; rows past the sequence are zeros) against the warp's query rows
+// (qs: 16 MT rows). Row (mt, hi) sees the positions <= last[mt][hi] (-1: none). hi_rows false
+// leaves rows 8..15 of every m-tile out of the softmax (padding rows, whose results nobody
+// reads). A row that sees no key of the tile keeps its state bit for bit: its scale factor is
+// exactly 1 (or 0 on an empty state), its probabilities +0, and the MMA adds only zeros.
+template <int D, int MT>
+__device__ __forceinline__ void fa_tile(fa_state<D, MT> &st, const tr_bf16 *qs,
+                                        const tr_bf16 *ks, const tr_bf16 *vs, int p0,
+                                        const int (&last)[MT][2], float sl2, bool hi_rows) {
+    constexpr int BN = fa_bn<D>(), LDS = D + FA_PAD, NT = BN / 8;
+    float s[MT][NT][4];
+    fa_gemm_abt<D, MT, NT>(s, qs, ks, LDS);
+    uint32_t p[MT][BN / 16][4];
+    fa_tile_softmax<D, MT>(st, s, p, p0, last, sl2, hi_rows);
     fa_gemm_pv<D, MT, BN / 16>(st.o, p, vs, LDS);
 }
 
@@ -246,10 +260,10 @@ __device__ __forceinline__ void fa_iter_next(fa_kv_iter &it, const int32_t *ds,
 }
 
 // ROWS rows of D bf16 values, rows src, src + stride, ... (the first `valid` of them; the
-// rest zeros) into shared rows of D + FA_PAD at the 32-bit address dst, by NTH threads: the
-// 16-byte aligned case of fa_load_rows, each thread's pieces at addresses it computes from
-// its own row and column, without a per-row callback.
-template <int D, int ROWS, int NTH>
+// rest zeros) into the shared tile at the 32-bit address dst (laid out as fa_sm_off<D, SW>),
+// by NTH threads: the 16-byte aligned case of fa_load_rows, each thread's pieces at addresses
+// it computes from its own row and column, without a per-row callback.
+template <int D, int ROWS, int NTH, bool SW = false>
 __device__ __forceinline__ void fa_cp_tile(uint32_t dst, const tr_bf16 *src, size_t stride,
                                            int valid, const void *any, int tid) {
     constexpr int CPR = D / 8, RP = NTH / CPR;   // pieces a row, rows a pass
@@ -259,7 +273,7 @@ __device__ __forceinline__ void fa_cp_tile(uint32_t dst, const tr_bf16 *src, siz
     for (int j = 0; j < ROWS / RP; j++) {
         const int r = r0 + j * RP;
         const bool ok = r < valid;
-        fa_cp16_at(dst + (uint32_t)((r * (D + FA_PAD) + c) * (int)sizeof(tr_bf16)),
+        fa_cp16_at(dst + (uint32_t)fa_sm_off<D, SW>(r, c, ROWS),
                    ok ? (const void *)(src + (size_t)r * stride + c) : any, ok ? 16u : 0u);
     }
 }
@@ -268,7 +282,7 @@ __device__ __forceinline__ void fa_cp_tile(uint32_t dst, const tr_bf16 *src, siz
 // document's are zeros) into shared ks and vs, by NTH threads. A tile wholly in the prefix or
 // wholly in the document's own keys is a run of rows: fa_cp_tile's copies when rows are
 // 16-byte aligned (vec); a tile across the two, or unaligned rows, takes fa_load_rows's.
-template <int D, int BN, int NTH>
+template <int D, int BN, int NTH, bool SW = false>
 __device__ __forceinline__ void fa_load_kv_tile(tr_bf16 *ks, tr_bf16 *vs, const fa_kv_iter &x,
                                                 const tr_bf16 *kb, const tr_bf16 *vb, size_t ld,
                                                 bool vec, const void *any, int tid) {
@@ -276,18 +290,18 @@ __device__ __forceinline__ void fa_load_kv_tile(tr_bf16 *ks, tr_bf16 *vs, const 
     if (vec && (own || x.p0 + BN <= x.pl)) {
         const int key0 = fa_key_row(x.p0, x.ps, x.pl, x.s);
         const int valid = own ? x.lim - key0 : BN;
-        fa_cp_tile<D, BN, NTH>(fa_smem(ks), kb + (size_t)key0 * ld, ld, valid, any, tid);
-        fa_cp_tile<D, BN, NTH>(fa_smem(vs), vb + (size_t)key0 * ld, ld, valid, any, tid);
+        fa_cp_tile<D, BN, NTH, SW>(fa_smem(ks), kb + (size_t)key0 * ld, ld, valid, any, tid);
+        fa_cp_tile<D, BN, NTH, SW>(fa_smem(vs), vb + (size_t)key0 * ld, ld, valid, any, tid);
         return;
     }
-    fa_load_rows<D>(
+    fa_load_rows<D, SW>(
         ks, BN,
         [&](int r) -> const tr_bf16 * {
             const int key = fa_kv_row(x, x.p0 + r);
             return key >= 0 ? kb + (size_t)key * ld : nullptr;
         },
         tid, NTH, vec, any);
-    fa_load_rows<D>(
+    fa_load_rows<D, SW>(
         vs, BN,
         [&](int r) -> const tr_bf16 * {
             const int key = fa_kv_row(x, x.p0 + r);
@@ -300,8 +314,9 @@ __device__ __forceinline__ void fa_load_kv_tile(tr_bf16 *ks, tr_bf16 *vs, const 
 // each), as the forward and the dQ pass stream them: ahead is the last tile loaded, tile j of
 // the walk going to stage j % ST in cp.async group j (group 0 also holds what the caller
 // queued before start). Each iteration refills the stage used an iteration before.
-template <int D, int BN, int NTH, int ST>
+template <int D, int BN, int NTH, int ST, bool SW = false>
 struct fa_kv_stages {
+    static constexpr int STAGE = BN * (SW ? D : D + FA_PAD);   // elements a stage
     tr_bf16 *ks, *vs;
     const tr_bf16 *kb, *vb;   // the kv head's first K and V columns
     size_t ld;
@@ -312,8 +327,8 @@ struct fa_kv_stages {
     fa_kv_iter ahead;
 
     __device__ __forceinline__ void load(int stage) {
-        fa_load_kv_tile<D, BN, NTH>(ks + stage * BN * (D + FA_PAD), vs + stage * BN * (D + FA_PAD),
-                                    ahead, kb, vb, ld, vec, any, tid);
+        fa_load_kv_tile<D, BN, NTH, SW>(ks + stage * STAGE, vs + stage * STAGE, ahead, kb, vb, ld,
+                                        vec, any, tid);
     }
     // The tile after ahead (if any) into stage, and a group for it, empty or not.
     __device__ __forceinline__ void refill(int stage) {

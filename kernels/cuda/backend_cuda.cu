@@ -209,6 +209,7 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
     ctx->flash_attention = !env_is("TROUPE_CUDA_FLASH_ATTENTION", "0");
     ctx->pdl = env_is("TROUPE_CUDA_PDL", "1");
     ctx->no_seqk = env_is("TROUPE_CUDA_SEQK", "0");
+    ctx->wgmma = !env_is("TROUPE_CUDA_WGMMA", "0");
     ctx->no_lean_copies = env_is("TROUPE_CUDA_DECODE_LEAN", "0");
     ctx->topk_select = !env_is("TROUPE_CUDA_TOPK_SELECT", "0");
     const char *chunk = getenv("TROUPE_CUDA_SOFTMAX_CHUNK");
