@@ -11,6 +11,8 @@
 // of a.chunk, the finished chunk is folded into an accumulator kept in local memory (touched
 // once per chunk), as the decode step folds its split chunks. out [T, H D] and lse [T, H] are
 // written, every row.
+#include <stdlib.h>
+
 #include "kernels/cuda/attention_flash.cuh"
 #include "kernels/cuda/attention_tile.cuh"
 #include "kernels/cuda/attention_wgmma.cuh"
@@ -164,10 +166,9 @@ __global__ void __launch_bounds__(FA_FWD_WARPS * 32, 2) fa_forward_kernel(const 
 // lse are written in the same arithmetic. A warpgroup's product is all or nothing for its four
 // warps: the group multiplies a tile when any of its rows sees it, and rows that see none of
 // it keep their state bit for bit (fa_tile).
-template <int D>
-__global__ void __launch_bounds__(FA_WG_GROUPS * 128, D == 64 ? 2 : 1)
-    fa_forward_wg_kernel(const fa_fwd_args a) {
-    constexpr int BM = FA_WG_GROUPS * 64, BN = fa_bn<D>(), NTH = FA_WG_GROUPS * 128;
+template <int D, int NWG, bool QREG, int MINB>
+__global__ void __launch_bounds__(NWG * 128, MINB) fa_forward_wg_kernel(const fa_fwd_args a) {
+    constexpr int BM = NWG * 64, BN = fa_bn<D>(), NTH = NWG * 128;
     constexpr int ST = FA_FWD_STAGES, NT = BN / 8;
     extern __shared__ __align__(16) unsigned char fa_sm[];
     // swizzled tiles start on 1024-byte boundaries (the launch adds the slack)
@@ -204,6 +205,8 @@ __global__ void __launch_bounds__(FA_WG_GROUPS * 128, D == 64 ? 2 : 1)
     bool acc_used = false;
     const int w0 = t0 + warp * 16, g0 = t0 + wg * 64;   // the warp's and the group's first rows
     const uint32_t q_at = fa_smem(qs) + (uint32_t)wg * 64 * 128;
+    uint32_t qf[QREG ? D / 16 : 1][4];   // Q's A fragments (QREG)
+    bool q_loaded = false;
     int stage = 0;
     while (it.e >= 0) {
         fa_cp_wait<ST - 2>();
@@ -225,7 +228,13 @@ __global__ void __launch_bounds__(FA_WG_GROUPS * 128, D == 64 ? 2 : 1)
             }
             float s[1][NT][4];
             uint32_t p[1][BN / 16][4];
-            wg_qk<D, BM, BN>(s[0], q_at, fa_smem(ks + stage * BN * D));
+            if constexpr (QREG) {
+                if (!q_loaded) wg_load_a<D, BM>(qf, fa_smem(qs), warp * 16);
+                q_loaded = true;
+                wg_qk_rs<D, BN>(s[0], qf, fa_smem(ks + stage * BN * D));
+            } else {
+                wg_qk<D, BM, BN>(s[0], q_at, fa_smem(ks + stage * BN * D));
+            }
             fa_tile_softmax<D, 1>(st, s, p, it.p0, last, a.sl2, true);
             wg_pv<D, BN>(st.o[0], p[0], fa_smem(vs + stage * BN * D));
         }
@@ -252,24 +261,36 @@ static void fa_forward_run(tr_backend *be, const fa_fwd_args &a) {
     TR_CUDA_LAUNCHED(be, "attention_forward");
 }
 
-template <int D>
+template <int D, int NWG, bool QREG, int MINB>
 static void fa_forward_wg_run(tr_backend *be, const fa_fwd_args &a) {
-    constexpr int BM = FA_WG_GROUPS * 64;
+    constexpr int BM = NWG * 64;
     const size_t shm = 1024 + (size_t)(BM + 2 * FA_FWD_STAGES * fa_bn<D>()) * D * sizeof(tr_bf16);
-    if (TR_CUDA_CHECK(be, cudaFuncSetAttribute(fa_forward_wg_kernel<D>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+    auto kernel = fa_forward_wg_kernel<D, NWG, QREG, MINB>;
+    if (TR_CUDA_CHECK(be, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)shm)))
         return;
     dim3 grid((unsigned)a.H, (unsigned)((a.T + BM - 1) / BM));
-    fa_forward_wg_kernel<D><<<grid, FA_WG_GROUPS * 128, shm, tr_cuda_stream(be)>>>(a);
+    kernel<<<grid, NWG * 128, shm, tr_cuda_stream(be)>>>(a);
     TR_CUDA_LAUNCHED(be, "attention_forward");
+}
+
+template <int D>
+static void fa_forward_wg_pick(tr_backend *be, const fa_fwd_args &a) {
+    const char *e = getenv("TROUPE_CUDA_FA_WG_CFG");
+    switch (e ? atoi(e) : 0) {
+    case 1: fa_forward_wg_run<D, 2, true, D == 64 ? 2 : 1>(be, a); break;
+    case 2: fa_forward_wg_run<D, 3, true, 1>(be, a); break;
+    case 3: fa_forward_wg_run<D, 4, false, 1>(be, a); break;
+    case 4: fa_forward_wg_run<D, 3, false, 1>(be, a); break;
+    default: fa_forward_wg_run<D, 2, false, D == 64 ? 2 : 1>(be, a); break;
+    }
 }
 
 void tr_fa_forward(tr_backend *be, const fa_fwd_args &a, int32_t D) {
 #if TR_CUDA_WGMMA
     if (tr_cuda_ctx_of(be)->wgmma) {
-        if (D == 64) fa_forward_wg_run<64>(be, a);
-        else fa_forward_wg_run<128>(be, a);
+        if (D == 64) fa_forward_wg_pick<64>(be, a);
+        else fa_forward_wg_pick<128>(be, a);
         return;
     }
 #endif

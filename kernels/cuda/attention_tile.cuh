@@ -79,39 +79,38 @@ __device__ __forceinline__ void fa_tile_softmax(fa_state<D, MT> &st,
                 continue;
             }
             const int lim = last[mt][hi] - p0;   // columns <= lim are visible
+            // The maximum of the raw scores, scaled once: sl2 > 0 and rounding is monotonic,
+            // so it is the maximum of the scaled scores, bit for bit.
             float mx = -INFINITY;
             if (whole) {
 #pragma unroll
                 for (int n = 0; n < NT; n++)
 #pragma unroll
-                    for (int c = 0; c < 2; c++) {
-                        const float x = __fmul_rn(s[mt][n][2 * hi + c], sl2);
-                        s[mt][n][2 * hi + c] = x;
-                        mx = fmaxf(mx, x);
-                    }
+                    for (int c = 0; c < 2; c++) mx = fmaxf(mx, s[mt][n][2 * hi + c]);
             } else {
 #pragma unroll
                 for (int n = 0; n < NT; n++)
 #pragma unroll
                     for (int c = 0; c < 2; c++) {
-                        const float x = n * 8 + 2 * t + c <= lim
-                                            ? __fmul_rn(s[mt][n][2 * hi + c], sl2)
-                                            : -INFINITY;
+                        const float x =
+                            n * 8 + 2 * t + c <= lim ? s[mt][n][2 * hi + c] : -INFINITY;
                         s[mt][n][2 * hi + c] = x;
                         mx = fmaxf(mx, x);
                     }
             }
-            mx = fa_quad_max(mx);
+            mx = __fmul_rn(fa_quad_max(mx), sl2);
             const float mnew = fmaxf(st.m[mt][hi], mx);
             const float mu = mnew == -INFINITY ? 0.0f : mnew;
             const float alpha = fa_ex2(__fsub_rn(st.m[mt][hi], mu));
             st.m[mt][hi] = mnew;
             float rs = 0.0f;
+            // 2^(score sl2 - mu) with the product and difference rounded once (a masked score,
+            // -inf, gives +0)
 #pragma unroll
             for (int n = 0; n < NT; n++)
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
-                    float e = fa_ex2(__fsub_rn(s[mt][n][2 * hi + c], mu));
+                    float e = fa_ex2(__fmaf_rn(s[mt][n][2 * hi + c], sl2, -mu));
                     s[mt][n][2 * hi + c] = e;
                     rs = __fadd_rn(rs, e);
                 }
@@ -267,11 +266,12 @@ template <int D, int ROWS, int NTH, bool SW = false>
 __device__ __forceinline__ void fa_cp_tile(uint32_t dst, const tr_bf16 *src, size_t stride,
                                            int valid, const void *any, int tid) {
     constexpr int CPR = D / 8, RP = NTH / CPR;   // pieces a row, rows a pass
-    static_assert(NTH % CPR == 0 && ROWS % RP == 0, "whole passes");
+    static_assert(NTH % CPR == 0, "whole rows a pass");
     const int r0 = tid / CPR, c = (tid % CPR) * 8;
 #pragma unroll
-    for (int j = 0; j < ROWS / RP; j++) {
+    for (int j = 0; j < (ROWS + RP - 1) / RP; j++) {
         const int r = r0 + j * RP;
+        if (ROWS % RP != 0 && r >= ROWS) break;   // the last pass's threads past the tile
         const bool ok = r < valid;
         fa_cp16_at(dst + (uint32_t)fa_sm_off<D, SW>(r, c, ROWS),
                    ok ? (const void *)(src + (size_t)r * stride + c) : any, ok ? 16u : 0u);

@@ -23,7 +23,7 @@
 #pragma once
 #include <stdint.h>
 
-#include "kernels/cuda/attention_ptx.cuh"
+#include "kernels/cuda/attention_mma.cuh"
 
 // The descriptor of a 128-byte-swizzled operand at shared address addr (byte offsets lbo and
 // sbo as above).
@@ -97,23 +97,44 @@ __device__ __forceinline__ void wg_mma_ss(float (&d)[8][4], uint64_t da, uint64_
            : WG_D16(0), WG_D16(4)
            : "l"(da), "l"(db), "r"(acc));
 }
-// d += A B, m64 x n(8 NT) x k16, A from registers (m16n8k16 A fragments, a warp's 16 rows), B
-// from shared memory MN-major (transposed).
-__device__ __forceinline__ void wg_mma_rs(float (&d)[8][4], const uint32_t (&a)[4],
-                                          uint64_t db) {
+// d (+)= A B, m64 x n(8 NT) x k16, A from registers (m16n8k16 A fragments, a warp's 16 rows),
+// B from shared memory, K-major (TB 0) or MN-major (TB 1: transposed); acc 0 writes d = A B.
+template <int TB>
+__device__ __forceinline__ void wg_mma_rs(float (&d)[4][4], const uint32_t (&a)[4], uint64_t db,
+                                          int acc) {
+    WG_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+           "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {" WG_R16
+           "}, {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
+           : WG_D16(0)
+           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB));
+}
+template <int TB>
+__device__ __forceinline__ void wg_mma_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t db,
+                                          int acc) {
     WG_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" WG_R32
-           "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+           "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
            : WG_D16(0), WG_D16(4)
-           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB));
 }
+template <int TB>
 __device__ __forceinline__ void wg_mma_rs(float (&d)[16][4], const uint32_t (&a)[4],
-                                          uint64_t db) {
+                                          uint64_t db, int acc) {
     WG_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" WG_R64
-           "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+           "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
            : WG_D16(0), WG_D16(4), WG_D16(8), WG_D16(12)
-           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB));
+}
+
+// The A fragments of the warp's 16 rows of a swizzled tile of QR rows at shared address q (the
+// warpgroup's rows from row 64 wg), all D / 16 k16 blocks: Q held in registers for wg_qk_rs.
+template <int D, int QR>
+__device__ __forceinline__ void wg_load_a(uint32_t (&a)[D / 16][4], uint32_t q, int row0) {
+    const int lane = threadIdx.x & 31, r = row0 + (lane & 15);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+        fa_ldsm4_at(a[kk], q + (uint32_t)fa_sm_off<D, true>(r, kk * 16 + (lane >> 4) * 8, QR));
 }
 
 // s = Q K^T for the warpgroup's 64 query rows: q, the shared address of their first row in a
@@ -133,6 +154,22 @@ __device__ __forceinline__ void wg_qk(float (&s)[BN / 8][4], uint32_t q, uint32_
     wg_keep(s);
 }
 
+// The same with Q's A fragments in registers (wg_load_a): the tensor cores read only K from
+// shared memory, half the bytes an instruction at 64 keys and a third at 32.
+template <int D, int BN>
+__device__ __forceinline__ void wg_qk_rs(float (&s)[BN / 8][4], uint32_t (&q)[D / 16][4],
+                                         uint32_t k) {
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+        wg_mma_rs<0>(s, q[kk],
+                     wg_desc(k + (uint32_t)(kk >> 2) * BN * 128 + (uint32_t)(kk & 3) * 32, 16, 1024),
+                     kk > 0);
+    wg_commit();
+    wg_wait<0>();
+    wg_keep(s);
+}
+
 // o += P V for the warpgroup's rows: p, the bf16 probabilities as A fragments (BN / 16 k16
 // blocks of keys), and v, a swizzled tile of BN keys by D channels; keys ascending.
 template <int D, int BN>
@@ -141,7 +178,7 @@ __device__ __forceinline__ void wg_pv(float (&o)[D / 8][4], uint32_t (&p)[BN / 1
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++)
-        wg_mma_rs(o, p[kk], wg_desc(v + (uint32_t)kk * 16 * 128, BN * 128, 1024));
+        wg_mma_rs<1>(o, p[kk], wg_desc(v + (uint32_t)kk * 16 * 128, BN * 128, 1024), 1);
     wg_commit();
     wg_wait<0>();
     wg_keep(o);
