@@ -11,15 +11,12 @@
 // of a.chunk, the finished chunk is folded into an accumulator kept in local memory (touched
 // once per chunk), as the decode step folds its split chunks. out [T, H D] and lse [T, H] are
 // written, every row.
-#include <stdlib.h>
-
 #include "kernels/cuda/attention_flash.cuh"
 #include "kernels/cuda/attention_tile.cuh"
 #include "kernels/cuda/attention_wgmma.cuh"
 
 #define FA_FWD_WARPS 4
 #define FA_FWD_STAGES 3   // K/V tiles in shared memory at once (two blocks an SM fit either D)
-#define FA_WG_GROUPS 2    // warpgroups a block in the wgmma forward (64 query rows each)
 
 // Folds the warp's state st (the current chunk) into the finished chunks (am, al, acc):
 // to_state false stores the result in the accumulator and empties st (a chunk boundary);
@@ -159,14 +156,15 @@ __global__ void __launch_bounds__(FA_FWD_WARPS * 32, 2) fa_forward_kernel(const 
     fa_forward_finish<D, MT>(a, st, am, al, acc + z, acc_used, w0, t1, h, g, t);
 }
 
-// The same walk on Hopper's warpgroup MMA (attention_wgmma.cuh): FA_WG_GROUPS warpgroups a
-// block, each over 64 query rows (a warp's 16 as fa_tile's MT = 1), Q and the K/V stages in
-// 128-byte-swizzled shared tiles. Scores and P V come from wgmma; the softmax between them is
-// fa_tile_softmax, the chunk folds and the row ends are the kernel's above, so the output and
-// lse are written in the same arithmetic. A warpgroup's product is all or nothing for its four
-// warps: the group multiplies a tile when any of its rows sees it, and rows that see none of
-// it keep their state bit for bit (fa_tile).
-template <int D, int NWG, bool QREG, int MINB>
+// The same walk on Hopper's warpgroup MMA (attention_wgmma.cuh): NWG warpgroups a block, each
+// over 64 query rows (a warp's 16 as fa_tile's MT = 1), Q and the K/V stages in
+// 128-byte-swizzled shared tiles, Q's fragments held in registers once landed. Scores and P V
+// come from wgmma, bit for bit mma.sync's (test_wgmma); the softmax between them is
+// fa_tile_softmax, the chunk folds and the row ends are the kernel's above, so out and lse
+// are the mma.sync kernel's bits. A warpgroup's product is all or nothing for its four warps:
+// the group multiplies a tile when any of its rows sees it, and rows that see none of it keep
+// their state bit for bit (fa_tile).
+template <int D, int NWG, int MINB>
 __global__ void __launch_bounds__(NWG * 128, MINB) fa_forward_wg_kernel(const fa_fwd_args a) {
     constexpr int BM = NWG * 64, BN = fa_bn<D>(), NTH = NWG * 128;
     constexpr int ST = FA_FWD_STAGES, NT = BN / 8;
@@ -204,8 +202,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) fa_forward_wg_kernel(const fa
     const int z = fa_opaque_zero();
     bool acc_used = false;
     const int w0 = t0 + warp * 16, g0 = t0 + wg * 64;   // the warp's and the group's first rows
-    const uint32_t q_at = fa_smem(qs) + (uint32_t)wg * 64 * 128;
-    uint32_t qf[QREG ? D / 16 : 1][4];   // Q's A fragments (QREG)
+    uint32_t qf[D / 16][4];   // the warp's rows of Q as A fragments, once they have landed
     bool q_loaded = false;
     int stage = 0;
     while (it.e >= 0) {
@@ -228,13 +225,9 @@ __global__ void __launch_bounds__(NWG * 128, MINB) fa_forward_wg_kernel(const fa
             }
             float s[1][NT][4];
             uint32_t p[1][BN / 16][4];
-            if constexpr (QREG) {
-                if (!q_loaded) wg_load_a<D, BM>(qf, fa_smem(qs), warp * 16);
-                q_loaded = true;
-                wg_qk_rs<D, BN>(s[0], qf, fa_smem(ks + stage * BN * D));
-            } else {
-                wg_qk<D, BM, BN>(s[0], q_at, fa_smem(ks + stage * BN * D));
-            }
+            if (!q_loaded) wg_load_a<D, BM>(qf, fa_smem(qs), warp * 16);
+            q_loaded = true;
+            wg_qk<D, BN>(s[0], qf, fa_smem(ks + stage * BN * D));
             fa_tile_softmax<D, 1>(st, s, p, it.p0, last, a.sl2, true);
             wg_pv<D, BN>(st.o[0], p[0], fa_smem(vs + stage * BN * D));
         }
@@ -261,11 +254,11 @@ static void fa_forward_run(tr_backend *be, const fa_fwd_args &a) {
     TR_CUDA_LAUNCHED(be, "attention_forward");
 }
 
-template <int D, int NWG, bool QREG, int MINB>
+template <int D, int NWG, int MINB>
 static void fa_forward_wg_run(tr_backend *be, const fa_fwd_args &a) {
     constexpr int BM = NWG * 64;
     const size_t shm = 1024 + (size_t)(BM + 2 * FA_FWD_STAGES * fa_bn<D>()) * D * sizeof(tr_bf16);
-    auto kernel = fa_forward_wg_kernel<D, NWG, QREG, MINB>;
+    auto kernel = fa_forward_wg_kernel<D, NWG, MINB>;
     if (TR_CUDA_CHECK(be, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)shm)))
         return;
@@ -274,23 +267,14 @@ static void fa_forward_wg_run(tr_backend *be, const fa_fwd_args &a) {
     TR_CUDA_LAUNCHED(be, "attention_forward");
 }
 
-template <int D>
-static void fa_forward_wg_pick(tr_backend *be, const fa_fwd_args &a) {
-    const char *e = getenv("TROUPE_CUDA_FA_WG_CFG");
-    switch (e ? atoi(e) : 0) {
-    case 1: fa_forward_wg_run<D, 2, true, D == 64 ? 2 : 1>(be, a); break;
-    case 2: fa_forward_wg_run<D, 3, true, 1>(be, a); break;
-    case 3: fa_forward_wg_run<D, 4, false, 1>(be, a); break;
-    case 4: fa_forward_wg_run<D, 3, false, 1>(be, a); break;
-    default: fa_forward_wg_run<D, 2, false, D == 64 ? 2 : 1>(be, a); break;
-    }
-}
-
 void tr_fa_forward(tr_backend *be, const fa_fwd_args &a, int32_t D) {
 #if TR_CUDA_WGMMA
     if (tr_cuda_ctx_of(be)->wgmma) {
-        if (D == 64) fa_forward_wg_pick<64>(be, a);
-        else fa_forward_wg_pick<128>(be, a);
+        // measured on an H200 (bench_cuda attention) against 2 to 4 warpgroups a block, with
+        // Q in registers and in shared memory: at D = 64 two blocks an SM of two warpgroups,
+        // at D = 128 one of three (its output takes 64 registers a thread)
+        if (D == 64) fa_forward_wg_run<64, 2, 2>(be, a);
+        else fa_forward_wg_run<128, 3, 1>(be, a);
         return;
     }
 #endif

@@ -4,15 +4,16 @@
 //
 // Why: mma.sync issues a 16x8x16 product per warp instruction, and the forward at D = 64 spent
 // its issue slots on them, their operand loads and the softmax, latency-bound at 8 warps an
-// SM. One wgmma multiplies 64 rows by up to 128 columns over k16, its operands read from
+// SM. One wgmma multiplies 64 rows by up to 128 columns over k16, its B operand read from
 // shared memory by the tensor cores themselves.
 //
 // Layouts (PTX ISA, "asynchronous warpgroup level matrix shared memory layout"): operands in
 // shared memory use the 128-byte swizzle (fa_sm_off<D, true>): blocks of 64 columns, rows of
-// 128 bytes, 16-byte piece j of row r at j ^ (r mod 8), every block 1024-byte aligned. Q and K
-// are K-major (the reduction runs along their rows): the descriptor's stride byte offset is
-// 1024 (eight rows), the leading one unused, and the k16 step kk starts 32 bytes further into
-// the row (the swizzle applies to the address the hardware forms). V is MN-major for P V (its
+// 128 bytes, 16-byte piece j of row r at j ^ (r mod 8), every block 1024-byte aligned. Q's
+// fragments come from registers (ldmatrix from that layout). K is K-major (the reduction runs
+// along its rows): the descriptor's stride byte offset is 1024 (eight rows), the leading one
+// unused, and the k16 step kk starts 32 bytes further into the row (the swizzle applies to
+// the address the hardware forms). V is MN-major for P V (its
 // rows run along the reduction, keys): transposed B, stride 1024 bytes between groups of eight
 // keys, leading offset the distance between blocks of 64 channels. The accumulator of an
 // m64nN product gives warp w of the group rows 16w..16w+15 in the m16n8 C layout of mma.sync
@@ -81,22 +82,6 @@ __device__ __forceinline__ void wg_keep(uint32_t (&a)[N][4]) {
            "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, " \
            "%63"
 
-// d (+)= A B, m64 x n(8 NT) x k16, A and B from shared memory, both K-major; acc 0 writes
-// d = A B (no addition).
-__device__ __forceinline__ void wg_mma_ss(float (&d)[4][4], uint64_t da, uint64_t db, int acc) {
-    WG_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-           "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {" WG_R16
-           "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-           : WG_D16(0)
-           : "l"(da), "l"(db), "r"(acc));
-}
-__device__ __forceinline__ void wg_mma_ss(float (&d)[8][4], uint64_t da, uint64_t db, int acc) {
-    WG_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-           "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" WG_R32
-           "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-           : WG_D16(0), WG_D16(4)
-           : "l"(da), "l"(db), "r"(acc));
-}
 // d (+)= A B, m64 x n(8 NT) x k16, A from registers (m16n8k16 A fragments, a warp's 16 rows),
 // B from shared memory, K-major (TB 0) or MN-major (TB 1: transposed); acc 0 writes d = A B.
 template <int TB>
@@ -128,7 +113,7 @@ __device__ __forceinline__ void wg_mma_rs(float (&d)[16][4], const uint32_t (&a)
 }
 
 // The A fragments of the warp's 16 rows of a swizzled tile of QR rows at shared address q (the
-// warpgroup's rows from row 64 wg), all D / 16 k16 blocks: Q held in registers for wg_qk_rs.
+// warpgroup's rows from row 64 wg), all D / 16 k16 blocks: Q held in registers for wg_qk.
 template <int D, int QR>
 __device__ __forceinline__ void wg_load_a(uint32_t (&a)[D / 16][4], uint32_t q, int row0) {
     const int lane = threadIdx.x & 31, r = row0 + (lane & 15);
@@ -137,27 +122,11 @@ __device__ __forceinline__ void wg_load_a(uint32_t (&a)[D / 16][4], uint32_t q, 
         fa_ldsm4_at(a[kk], q + (uint32_t)fa_sm_off<D, true>(r, kk * 16 + (lane >> 4) * 8, QR));
 }
 
-// s = Q K^T for the warpgroup's 64 query rows: q, the shared address of their first row in a
-// swizzled tile of QR rows, and k, a swizzled tile of BN keys; D channels in D / 16 k16
-// steps, ascending.
-template <int D, int QR, int BN>
-__device__ __forceinline__ void wg_qk(float (&s)[BN / 8][4], uint32_t q, uint32_t k) {
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
-        const uint32_t col = (uint32_t)(kk & 3) * 32;   // bytes into the 128-byte rows
-        wg_mma_ss(s, wg_desc(q + (uint32_t)(kk >> 2) * QR * 128 + col, 16, 1024),
-                  wg_desc(k + (uint32_t)(kk >> 2) * BN * 128 + col, 16, 1024), kk > 0);
-    }
-    wg_commit();
-    wg_wait<0>();
-    wg_keep(s);
-}
-
-// The same with Q's A fragments in registers (wg_load_a): the tensor cores read only K from
-// shared memory, half the bytes an instruction at 64 keys and a third at 32.
+// s = Q K^T for the warpgroup's 64 query rows: q, the warp's rows of Q as A fragments
+// (wg_load_a; the tensor cores then read only K from shared memory), and k, the shared address
+// of a swizzled tile of BN keys; D channels in D / 16 k16 steps, ascending.
 template <int D, int BN>
-__device__ __forceinline__ void wg_qk_rs(float (&s)[BN / 8][4], uint32_t (&q)[D / 16][4],
+__device__ __forceinline__ void wg_qk(float (&s)[BN / 8][4], uint32_t (&q)[D / 16][4],
                                          uint32_t k) {
     wg_fence();
 #pragma unroll
