@@ -14,8 +14,11 @@
 // waits at one barrier. P and dS = P (dP - delta) scale are rounded to bf16 for the P^T dO,
 // dS^T Q and dS K products (the forward's one extra rounding, once more); everything else is
 // fp32. dq, dk, dv are written, dk and dv summing the group.
+#include <stdlib.h>
+
 #include "kernels/cuda/attention_flash.cuh"
 #include "kernels/cuda/attention_tile.cuh"
+#include "kernels/cuda/attention_wgmma.cuh"
 
 #define FA_BWD_WARPS 8   // 16 rows (dq) or keys (dk/dv) per warp
 #define FA_BWD_BN 64     // keys per dq step, queries per dk/dv step
@@ -156,6 +159,21 @@ __device__ __forceinline__ bool fa_tile_by_level(const int32_t *ds, int n_docs, 
     }
 }
 
+// A warp's 16 rows of dQ (from w0; rows from t1 on are not the block's) into a.dq.
+template <int D>
+__device__ __forceinline__ void fa_dq_store(const fa_bwd_args &a, const float (&dq)[D / 8][4],
+                                            int w0, int t1, int h, int g, int t) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int i = w0 + g + 8 * r;
+        if (i >= t1) continue;
+        tr_bf16 *o = a.dq + (size_t)i * a.ld + (size_t)h * D + 2 * t;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++)
+            fa_store2(o + n * 8, dq[n][2 * r], dq[n][2 * r + 1], a.st4 != 0);
+    }
+}
+
 // dQ for 16 query rows per warp, FA_BWD_WARPS warps, one head.
 template <int D>
 __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dq_kernel(const fa_bwd_args a) {
@@ -237,15 +255,106 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dq_kernel(const fa_bw
         stage = stage + 1 == ST ? 0 : stage + 1;
     }
     fa_cp_wait<0>();
+    fa_dq_store<D>(a, dq, w0, t1, h, g, t);
+}
+
+// The dQ pass on Hopper's warpgroup MMA (attention_wgmma.cuh): NWG warpgroups of 64 query rows
+// a block, Q, dO and the K/V stages in 128-byte-swizzled shared tiles; S = Q K^T and
+// dP = dO V^T issued together, dQ += dS K with dS's fragments from registers. The products are
+// mma.sync's bit for bit (test_wgmma) and every step is fa_dq_kernel's, in its order, so dq is
+// that kernel's. A warpgroup multiplies a tile when any of its rows sees it; a warp whose rows
+// see none of it takes the masked path, where every P is +0 and dQ gains only zeros.
+template <int D, int NWG, int MINB>
+__global__ void __launch_bounds__(NWG * 128, MINB) fa_dq_wg_kernel(const fa_bwd_args a) {
+    constexpr int BQ = NWG * 64, BN = FA_BWD_BN, NTH = NWG * 128, NT = BN / 8;
+    constexpr int ST = FA_BWD_STAGES;
+    extern __shared__ __align__(16) unsigned char fa_sm[];
+    // swizzled tiles start on 1024-byte boundaries (the launch adds the slack)
+    const uint32_t sm0 = (fa_smem(fa_sm) + 1023u) & ~1023u;
+    tr_bf16 *qs = reinterpret_cast<tr_bf16 *>(fa_sm + (sm0 - fa_smem(fa_sm)));
+    tr_bf16 *dos = qs + BQ * D, *ks = dos + BQ * D, *vs = ks + ST * BN * D;   // ST stages each
+    const int h = blockIdx.x, kvh = h / (a.H / a.KVH);
+    const int t0 = (int)(gridDim.y - 1 - blockIdx.y) * BQ, t1 = min(t0 + BQ, a.T);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int wg = warp >> 2;
+    const size_t ld = (size_t)a.ld, HD = (size_t)a.H * D;
+    const bool vec = a.vec != 0;
+    const tr_bf16 *kb = a.k + (size_t)kvh * D, *vb = a.v + (size_t)kvh * D;
+
+    fa_load_rows<D, true>(
+        qs, BQ,
+        [&](int r) -> const tr_bf16 * {
+            return t0 + r < t1 ? a.q + (size_t)(t0 + r) * ld + (size_t)h * D : nullptr;
+        },
+        tid, NTH, vec, a.q);
+    fa_load_rows<D, true>(
+        dos, BQ,
+        [&](int r) -> const tr_bf16 * {
+            return t0 + r < t1 ? a.dout + (size_t)(t0 + r) * HD + (size_t)h * D : nullptr;
+        },
+        tid, NTH, vec, a.dout);
+    fa_kv_stages<D, BN, NTH, ST, true> kv = {ks, vs, kb, vb, ld, vec, a.k, a.doc_start,
+                                             a.prefix, a.n_docs, t1, tid, {}};
+    fa_kv_iter it;
+    fa_iter_first(it, a.doc_start, a.prefix, a.n_docs, t0, t1);
+    kv.start(it);
+
+    const int w0 = t0 + warp * 16, g0 = t0 + wg * 64;   // the warp's and the group's first rows
+    float delta[2], lse2[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int i = w0 + g + 8 * r;
-        if (i >= t1) continue;
-        tr_bf16 *o = a.dq + (size_t)i * ld + (size_t)h * D + 2 * t;
-#pragma unroll
-        for (int n = 0; n < D / 8; n++)
-            fa_store2(o + n * 8, dq[n][2 * r], dq[n][2 * r + 1], a.st4 != 0);
+        const size_t at = (size_t)min(i, a.T - 1) * a.H + h;
+        delta[r] = a.delta[at];
+        lse2[r] = a.lse2[at];
     }
+    const uint32_t q_at = fa_smem(qs) + (uint32_t)wg * 64 * 128;
+    const uint32_t do_at = fa_smem(dos) + (uint32_t)wg * 64 * 128;
+
+    float dq[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+    int stage = 0;
+    while (it.e >= 0) {
+        fa_cp_wait<ST - 2>();
+        wg_proxy_fence();
+        __syncthreads();   // tile `stage` landed; every warp is done with the previous stage
+        kv.refill((stage + ST - 1) % ST);
+        const int glo = max(g0, it.s), ghi = min(g0 + 64, it.lim) - 1;
+        if (glo <= ghi && it.p0 <= ghi - it.s + it.pl) {
+            const uint32_t kt = fa_smem(ks + stage * BN * D), vt = fa_smem(vs + stage * BN * D);
+            float s[1][NT][4], dp[1][NT][4];
+            wg_fence();
+            wg_abt_issue<D, BQ>(s[0], q_at, kt);
+            wg_abt_issue<D, BQ>(dp[0], do_at, vt);
+            wg_commit();
+            wg_wait<0>();
+            wg_keep(s[0]);
+            wg_keep(dp[0]);
+            // the warp's rows: tiles every one of them sees whole need no mask
+            const int lo = max(w0, it.s), hi = min(w0 + 16, it.lim) - 1;
+            if (lo == w0 && hi == w0 + 15 && it.p0 + BN - 1 <= w0 - it.s + it.pl) {
+                const int lim[2] = {BN, BN};
+                fa_dq_probs<NT, false>(s[0], dp[0], lse2, delta, lim, a.sl2, a.scale);
+            } else {
+                int lim[2];
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const int i = w0 + g + 8 * r;
+                    lim[r] = (i >= it.s && i < it.lim ? i - it.s + it.pl : -1) - it.p0;
+                }
+                fa_dq_probs<NT, true>(s[0], dp[0], lse2, delta, lim, a.sl2, a.scale);
+            }
+            uint32_t da[BN / 16][4];
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) fa_acc_to_a(da[kk], dp[0], kk);
+            wg_pv<D, BN>(dq, da, kt);
+        }
+        fa_iter_next<BN>(it, a.doc_start, a.prefix, a.n_docs, t1);
+        stage = stage + 1 == ST ? 0 : stage + 1;
+    }
+    fa_cp_wait<0>();
+    fa_dq_store<D>(a, dq, w0, t1, h, g, t);
 }
 
 // dK and dV for 16 keys per warp, FA_BWD_WARPS warps, one kv head: a tile of one document's
@@ -392,6 +501,21 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_kernel(const fa_b
 
 // ---- launch (host) ----
 
+template <int D, int NWG, int MINB>
+static void fa_dq_wg_run(tr_backend *be, const fa_bwd_args &a) {
+    constexpr int BQ = NWG * 64;
+    const size_t shm =
+        1024 + (size_t)(2 * BQ + 2 * FA_BWD_STAGES * FA_BWD_BN) * D * sizeof(tr_bf16);
+    auto kernel = fa_dq_wg_kernel<D, NWG, MINB>;
+    if (TR_CUDA_CHECK(be, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)shm)))
+        return;
+    // tiles in reverse: the last rows (most keys) first
+    dim3 grid((unsigned)a.H, (unsigned)((a.T + BQ - 1) / BQ));
+    kernel<<<grid, NWG * 128, shm, tr_cuda_stream(be)>>>(a);
+    TR_CUDA_LAUNCHED(be, "attention_backward dq");
+}
+
 template <int D>
 static void fa_backward_run(tr_backend *be, const fa_bwd_args &a) {
     constexpr int LDS = D + FA_PAD, B16 = FA_BWD_WARPS * 16, ST = FA_BWD_STAGES;
@@ -411,6 +535,21 @@ static void fa_backward_run(tr_backend *be, const fa_bwd_args &a) {
         fa_dkv_kernel<D><<<grid, FA_BWD_WARPS * 32, shm, st>>>(a);
         if (TR_CUDA_LAUNCHED(be, "attention_backward dk/dv")) return;
     }
+#if TR_CUDA_WGMMA
+    if (a.dq && tr_cuda_ctx_of(be)->wgmma) {
+        const char *e = getenv("TROUPE_CUDA_FA_WG_CFG");
+        const int c = e ? atoi(e) : 0;
+        if constexpr (D == 64) {
+            if (c == 1) fa_dq_wg_run<D, 2, 1>(be, a);
+            else if (c == 2) fa_dq_wg_run<D, 3, 1>(be, a);
+            else fa_dq_wg_run<D, 2, 2>(be, a);
+        } else {
+            if (c == 1) fa_dq_wg_run<D, 2, 1>(be, a);
+            else fa_dq_wg_run<D, 3, 1>(be, a);
+        }
+        return;
+    }
+#endif
     if (a.dq) {
         const size_t shm = (size_t)(2 * B16 + ST * 2 * FA_BWD_BN) * LDS * sizeof(tr_bf16);
         if (TR_CUDA_CHECK(be, cudaFuncSetAttribute(fa_dq_kernel<D>,

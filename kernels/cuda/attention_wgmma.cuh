@@ -1,6 +1,7 @@
-// Hopper's warpgroup MMA (wgmma, sm_90a) for the flash forward (.cu files only): shared-memory
+// Hopper's warpgroup MMA (wgmma, sm_90a) for flash attention (.cu files only): shared-memory
 // matrix descriptors, the asynchronous products with their fences, and the two tile products
-// of attention, S = Q K^T and O += P V, for the 64 query rows of one warpgroup (four warps).
+// of attention, S = Q K^T and O += P V, for the 64 query rows of one warpgroup (four warps);
+// the dQ pass of the backward takes the same two shapes (S and dP = dO V^T, dQ += dS K).
 //
 // Why: mma.sync issues a 16x8x16 product per warp instruction, and the forward at D = 64 spent
 // its issue slots on them, their operand loads and the softmax, latency-bound at 8 warps an
@@ -9,9 +10,9 @@
 //
 // Layouts (PTX ISA, "asynchronous warpgroup level matrix shared memory layout"): operands in
 // shared memory use the 128-byte swizzle (fa_sm_off<D, true>): blocks of 64 columns, rows of
-// 128 bytes, 16-byte piece j of row r at j ^ (r mod 8), every block 1024-byte aligned. Q's
-// fragments come from registers (ldmatrix from that layout). K is K-major (the reduction runs
-// along its rows): the descriptor's stride byte offset is 1024 (eight rows), the leading one
+// 128 bytes, 16-byte piece j of row r at j ^ (r mod 8), every block 1024-byte aligned. The
+// forward takes Q's fragments into registers (ldmatrix from that layout); the dQ pass reads Q
+// and dO from shared memory, K-major as K. K is K-major (the reduction runs along its rows): the descriptor's stride byte offset is 1024 (eight rows), the leading one
 // unused, and the k16 step kk starts 32 bytes further into the row (the swizzle applies to
 // the address the hardware forms). V is MN-major for P V (its
 // rows run along the reduction, keys): transposed B, stride 1024 bytes between groups of eight
@@ -82,6 +83,14 @@ __device__ __forceinline__ void wg_keep(uint32_t (&a)[N][4]) {
            "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, " \
            "%63"
 
+// d (+)= A B, m64 x n64 x k16, A and B from shared memory, both K-major; acc 0 writes d = A B.
+__device__ __forceinline__ void wg_mma_ss(float (&d)[8][4], uint64_t da, uint64_t db, int acc) {
+    WG_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+           "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" WG_R32
+           "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+           : WG_D16(0), WG_D16(4)
+           : "l"(da), "l"(db), "r"(acc));
+}
 // d (+)= A B, m64 x n(8 NT) x k16, A from registers (m16n8k16 A fragments, a warp's 16 rows),
 // B from shared memory, K-major (TB 0) or MN-major (TB 1: transposed); acc 0 writes d = A B.
 template <int TB>
@@ -137,6 +146,20 @@ __device__ __forceinline__ void wg_qk(float (&s)[BN / 8][4], uint32_t (&q)[D / 1
     wg_commit();
     wg_wait<0>();
     wg_keep(s);
+}
+
+// Issues d = A B^T for the warpgroup's 64 rows, A and B both swizzled in shared memory: a, the
+// address of the group's first row in a tile of AR rows, b, a tile of 64 rows; D channels in
+// D / 16 k16 steps, ascending. The caller fences, commits and waits (two products can share
+// one wait).
+template <int D, int AR>
+__device__ __forceinline__ void wg_abt_issue(float (&d)[8][4], uint32_t a, uint32_t b) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        const uint32_t col = (uint32_t)(kk & 3) * 32;   // bytes into the 128-byte rows
+        wg_mma_ss(d, wg_desc(a + (uint32_t)(kk >> 2) * AR * 128 + col, 16, 1024),
+                  wg_desc(b + (uint32_t)(kk >> 2) * 64 * 128 + col, 16, 1024), kk > 0);
+    }
 }
 
 // o += P V for the warpgroup's rows: p, the bf16 probabilities as A fragments (BN / 16 k16

@@ -322,6 +322,13 @@ extern "C" void tr_backend_cuda_topk_select(tr_backend *be, int on) {
     if (be && be->ctx) tr_cuda_ctx_of(be)->topk_select = on != 0;
 }
 
+extern "C" int tr_backend_cuda_wgmma(tr_backend *be, int on) {
+    if (!be || !be->ctx) return 0;
+    const int was = TR_CUDA_WGMMA && tr_cuda_ctx_of(be)->wgmma;
+    tr_cuda_ctx_of(be)->wgmma = on != 0;
+    return was;
+}
+
 extern "C" int tr_backend_cuda_softmax_chunk(tr_backend *be) {
     return be && be->ctx ? tr_cuda_ctx_of(be)->softmax_chunk : TR_CUDA_SOFTMAX_CHUNK;
 }

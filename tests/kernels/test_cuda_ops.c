@@ -989,8 +989,9 @@ static size_t att_check(const float *g, const float *c, const double *m, size_t 
     return bad;
 }
 
-// compare() for attention: the CPU once, the GPU twice (bitwise equal); output i is 'A' (an
-// A-dtype output: the ATT_P_REL rule against mag[i] in the bf16 pass) or 'F' (TOL).
+// compare() for attention: the CPU once, the GPU twice (bitwise equal; in bf16 the second run
+// on the mma.sync kernels where the first took the wgmma ones); output i is 'A' (an A-dtype
+// output: the ATT_P_REL rule against mag[i] in the bf16 pass) or 'F' (TOL).
 static void att_compare(const char *name, op_fn op, void *arg, const char *kinds,
                         const size_t *len, double *const *mag) {
     int n_out = (int)strlen(kinds);
@@ -1002,10 +1003,14 @@ static void att_compare(const char *name, op_fn op, void *arg, const char *kinds
     }
     op(0, ref, arg);
     op(1, a, arg);
+    // the second run on the mma.sync kernels where the wgmma ones ran first: the same bits
+    const int was = tr_backend_cuda_wgmma(&gpu_be, 0), wg = was && prec == TR_BF16;
     op(1, b, arg);
+    tr_backend_cuda_wgmma(&gpu_be, was);
     for (int i = 0; i < n_out; i++) {
         double e = tr_test_rel_err(a[i], ref[i], len[i]);
-        CHECKF(kt_same_bits(a[i], b[i], len[i]), "%s output %d: two cuda runs differ", name, i);
+        CHECKF(kt_same_bits(a[i], b[i], len[i]), "%s output %d: two cuda runs differ%s", name, i,
+               wg ? " (wgmma, then mma.sync)" : "");
         printf("  %-5s %-34s out %d (%c): max err / scale %.2e", tr_dt_name(prec), name, i,
                kinds[i], e);
         if (kinds[i] == 'A' && prec == TR_BF16) {
