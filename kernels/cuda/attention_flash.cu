@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(FA_FWD_WARPS * 32, 2) fa_forward_kernel(const 
 
 // The same walk on Hopper's warpgroup MMA (attention_wgmma.cuh): NWG warpgroups a block, each
 // over 64 query rows (a warp's 16 as fa_tile's MT = 1), Q and the K/V stages in
-// 128-byte-swizzled shared tiles, Q's fragments held in registers once landed. Scores and P V
+// 128-byte-swizzled shared tiles, Q's fragments taken into registers for each tile. Scores and P V
 // come from wgmma, bit for bit mma.sync's (test_wgmma); the softmax between them is
 // fa_tile_softmax, the chunk folds and the row ends are the kernel's above, so out and lse
 // are the mma.sync kernel's bits. A warpgroup's product is all or nothing for its four warps:
@@ -202,8 +202,6 @@ __global__ void __launch_bounds__(NWG * 128, MINB) fa_forward_wg_kernel(const fa
     const int z = fa_opaque_zero();
     bool acc_used = false;
     const int w0 = t0 + warp * 16, g0 = t0 + wg * 64;   // the warp's and the group's first rows
-    uint32_t qf[D / 16][4];   // the warp's rows of Q as A fragments, once they have landed
-    bool q_loaded = false;
     int stage = 0;
     while (it.e >= 0) {
         fa_cp_wait<ST - 2>();
@@ -225,8 +223,11 @@ __global__ void __launch_bounds__(NWG * 128, MINB) fa_forward_wg_kernel(const fa
             }
             float s[1][NT][4];
             uint32_t p[1][BN / 16][4];
-            if (!q_loaded) wg_load_a<D, BM>(qf, fa_smem(qs), warp * 16);
-            q_loaded = true;
+            // The warp's rows of Q as A fragments, loaded for every tile: held across the
+            // loop, ptxas (CUDA 13.0) gave P their registers at D = 64 and the next tile read P
+            // as Q (the PTX kept them apart).
+            uint32_t qf[D / 16][4];
+            wg_load_a<D, BM>(qf, fa_smem(qs), warp * 16);
             wg_qk<D, BN>(s[0], qf, fa_smem(ks + stage * BN * D));
             fa_tile_softmax<D, 1>(st, s, p, it.p0, last, a.sl2, true);
             wg_pv<D, BN>(st.o[0], p[0], fa_smem(vs + stage * BN * D));
