@@ -355,6 +355,24 @@ __global__ void __launch_bounds__(NWG * 128, MINB) fa_dq_wg_kernel(const fa_bwd_
     fa_dq_store<D>(a, dq, w0, t1, h, g, t);
 }
 
+// A warp's keys' rows of dK and dV (keys from k1 on are not the block's) into a.dk and a.dv,
+// those asked for.
+template <int D>
+__device__ __forceinline__ void fa_dkv_store(const fa_bwd_args &a, const float (&dk)[D / 8][4],
+                                             const float (&dv)[D / 8][4], const int (&key)[2],
+                                             int k1, int kvh, int t) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (key[r] >= k1) continue;
+        const size_t at = (size_t)key[r] * a.ld + (size_t)kvh * D + 2 * t;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            if (a.dk) fa_store2(a.dk + at + n * 8, dk[n][2 * r], dk[n][2 * r + 1], a.st4 != 0);
+            if (a.dv) fa_store2(a.dv + at + n * 8, dv[n][2 * r], dv[n][2 * r + 1], a.st4 != 0);
+        }
+    }
+}
+
 // dK and dV for 16 keys per warp, FA_BWD_WARPS warps, one kv head: a tile of one document's
 // keys, the group's heads in order, and for each the query tiles from the tile's first key to
 // the document's end, in order; for a prefix document, on to the end of the documents naming
@@ -485,16 +503,148 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_kernel(const fa_b
         stage = stage + 1 == ST ? 0 : stage + 1;
     }
     fa_cp_wait<0>();
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (key[r] >= k1) continue;
-        const size_t at = (size_t)key[r] * ld + (size_t)kvh * D + 2 * t;
-#pragma unroll
-        for (int n = 0; n < D / 8; n++) {
-            if (want_k) fa_store2(a.dk + at + n * 8, dk[n][2 * r], dk[n][2 * r + 1], a.st4 != 0);
-            if (want_v) fa_store2(a.dv + at + n * 8, dv[n][2 * r], dv[n][2 * r + 1], a.st4 != 0);
+    fa_dkv_store<D>(a, dk, dv, key, k1, kvh, t);
+}
+
+// The dK/dV pass on Hopper's warpgroup MMA (attention_wgmma.cuh): two warpgroups a block of
+// FA_BWD_WARPS * 16 keys, 64 each, K, V and the Q/dO stages in 128-byte-swizzled shared
+// tiles; S^T = K Q^T and dP^T = V dO^T issued together, dV += P^T dO and dK += dS^T Q with P
+// and dS from registers. The products are mma.sync's bit for bit (test_wgmma) and every step
+// is fa_dkv_kernel's, in its order, so dk and dv are that kernel's. A warpgroup multiplies an
+// item when any of its keys is seen by the tile's queries; a warp whose keys are not takes the
+// masked path, where every P and dS is +0 and its sums gain only zeros.
+template <int D>
+__global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_wg_kernel(const fa_bwd_args a) {
+    constexpr int BK = FA_BWD_WARPS * 16, BQ = FA_BWD_BN;
+    constexpr int NTH = FA_BWD_WARPS * 32, NT = BQ / 8, ST = FA_BWD_STAGES;
+    constexpr int STAGE = 2 * BQ * D;   // Q and dO rows of one query tile
+    static_assert(BK == 128 && BQ == 64, "two warpgroups of keys, a query tile of 64");
+    extern __shared__ __align__(16) unsigned char fa_sm[];
+    // swizzled tiles start on 1024-byte boundaries (the launch adds the slack)
+    const uint32_t sm0 = (fa_smem(fa_sm) + 1023u) & ~1023u;
+    tr_bf16 *ks = reinterpret_cast<tr_bf16 *>(fa_sm + (sm0 - fa_smem(fa_sm))), *vs = ks + BK * D;
+    tr_bf16 *stg = vs + BK * D;                                        // ST stages
+    float *lse_s = reinterpret_cast<float *>(stg + ST * STAGE);        // [ST][BQ], log2 units
+    float *delta_s = lse_s + ST * BQ;                                  // [ST][BQ]
+    int doc, lvl;
+    if (!fa_tile_by_level(a.doc_start, a.n_docs, BK, (int)blockIdx.y, doc, lvl)) return;
+    const int kvh = blockIdx.x, G = a.H / a.KVH;
+    const int q_end = fa_query_end(a.doc_start, a.prefix, a.n_docs, doc);
+    const int k0 = a.doc_start[doc] + lvl * BK, k1 = min(k0 + BK, a.doc_start[doc + 1]);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int wg = warp >> 2;
+    const size_t ld = (size_t)a.ld, HD = (size_t)a.H * D;
+    const bool vec = a.vec != 0;
+
+    fa_load_rows<D, true>(
+        ks, BK,
+        [&](int r) -> const tr_bf16 * {
+            return k0 + r < k1 ? a.k + (size_t)(k0 + r) * ld + (size_t)kvh * D : nullptr;
+        },
+        tid, NTH, vec, a.k);
+    fa_load_rows<D, true>(
+        vs, BK,
+        [&](int r) -> const tr_bf16 * {
+            return k0 + r < k1 ? a.v + (size_t)(k0 + r) * ld + (size_t)kvh * D : nullptr;
+        },
+        tid, NTH, vec, a.v);
+    const int nq = (q_end - k0 + BQ - 1) / BQ, total = G * nq;
+    int ld_h = kvh * G, ld_q = 0;   // the next item to load, as fa_dkv_kernel counts them
+    auto load_q = [&](int stage) {
+        const int h = ld_h, i0 = k0 + ld_q * BQ;
+        if (++ld_q == nq) {
+            ld_q = 0;
+            ld_h++;
         }
+        tr_bf16 *sq = stg + stage * STAGE;
+        if (vec) {
+            const uint32_t at = fa_smem(sq);
+            fa_cp_tile<D, BQ, NTH, true>(at, a.q + (size_t)i0 * ld + (size_t)h * D, ld,
+                                         q_end - i0, a.q, tid);
+            fa_cp_tile<D, BQ, NTH, true>(at + BQ * D * (uint32_t)sizeof(tr_bf16),
+                                         a.dout + (size_t)i0 * HD + (size_t)h * D, HD,
+                                         q_end - i0, a.dout, tid);
+        } else {
+            fa_load_rows<D, true>(
+                sq, BQ,
+                [&](int r) -> const tr_bf16 * {
+                    return i0 + r < q_end ? a.q + (size_t)(i0 + r) * ld + (size_t)h * D
+                                          : nullptr;
+                },
+                tid, NTH, false, a.q);
+            fa_load_rows<D, true>(
+                sq + BQ * D, BQ,
+                [&](int r) -> const tr_bf16 * {
+                    return i0 + r < q_end ? a.dout + (size_t)(i0 + r) * HD + (size_t)h * D
+                                          : nullptr;
+                },
+                tid, NTH, false, a.dout);
+        }
+        for (int r = tid; r < 2 * BQ; r += NTH) {   // lse2 then delta, from the rows pass
+            const int i = i0 + r % BQ;
+            const float *src = r < BQ ? a.lse2 : a.delta;
+            fa_cp4((r < BQ ? lse_s : delta_s) + stage * BQ + r % BQ,
+                   i < q_end ? src + (size_t)i * a.H + h : src, i < q_end);
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) {
+        if (s < total) load_q(s);
+        fa_cp_commit();
     }
+
+    const int wk0 = k0 + warp * 16, gk0 = k0 + wg * 64;   // the warp's and the group's keys
+    const int key[2] = {wk0 + g, wk0 + g + 8};
+    const bool want_k = a.dk != nullptr, want_v = a.dv != nullptr;
+    const uint32_t k_at = fa_smem(ks) + (uint32_t)wg * 64 * 128;
+    const uint32_t v_at = fa_smem(vs) + (uint32_t)wg * 64 * 128;
+    float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) {
+        dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.0f;
+        dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
+    }
+    int stage = 0, qt = 0;
+    for (int item = 0; item < total; item++) {
+        fa_cp_wait<ST - 2>();
+        wg_proxy_fence();
+        __syncthreads();   // item's stage landed; every warp is done with the previous stage
+        if (item + ST - 1 < total) load_q((stage + ST - 1) % ST);
+        fa_cp_commit();
+        const tr_bf16 *sq = stg + stage * STAGE, *sdo = sq + BQ * D;
+        const float *lse2 = lse_s + stage * BQ, *dl = delta_s + stage * BQ;
+        const int i0 = k0 + qt * BQ;
+        qt = qt + 1 == nq ? 0 : qt + 1;
+        if (gk0 < k1 && i0 + BQ - 1 >= gk0) {
+            float s[NT][4], dp[NT][4];   // S^T and dP^T: keys by queries
+            wg_fence();
+            wg_abt_issue<D, BK>(s, k_at, fa_smem(sq));
+            wg_abt_issue<D, BK>(dp, v_at, fa_smem(sdo));
+            wg_commit();
+            wg_wait<0>();
+            wg_keep(s);
+            wg_keep(dp);
+            // query tiles every key of the warp sees whole need no mask
+            if (i0 >= wk0 + 15 && i0 + BQ <= q_end)
+                fa_dkv_probs<NT, false>(s, dp, lse2, dl, a.sl2, a.scale, i0, key, q_end);
+            else
+                fa_dkv_probs<NT, true>(s, dp, lse2, dl, a.sl2, a.scale, i0, key, q_end);
+            uint32_t fr[BQ / 16][4];
+            if (want_v) {
+#pragma unroll
+                for (int kk = 0; kk < BQ / 16; kk++) fa_acc_to_a(fr[kk], s, kk);
+                wg_pv<D, BQ>(dv, fr, fa_smem(sdo));
+            }
+            if (want_k) {
+#pragma unroll
+                for (int kk = 0; kk < BQ / 16; kk++) fa_acc_to_a(fr[kk], dp, kk);
+                wg_pv<D, BQ>(dk, fr, fa_smem(sq));
+            }
+        }
+        stage = stage + 1 == ST ? 0 : stage + 1;
+    }
+    fa_cp_wait<0>();
+    fa_dkv_store<D>(a, dk, dv, key, k1, kvh, t);
 }
 
 // ---- launch (host) ----
@@ -521,6 +671,19 @@ static void fa_backward_run(tr_backend *be, const fa_bwd_args &a) {
     const int64_t warps = ((int64_t)a.T * a.H + FA_ROWS_PER_WARP - 1) / FA_ROWS_PER_WARP;
     fa_rows_kernel<D><<<(unsigned)((warps + 7) / 8), 256, 0, st>>>(a);
     if (TR_CUDA_LAUNCHED(be, "attention_backward rows")) return;
+#if TR_CUDA_WGMMA
+    if ((a.dk || a.dv) && tr_cuda_ctx_of(be)->wgmma) {
+        const size_t shm = 1024 + (size_t)(2 * B16 + ST * 2 * FA_BWD_BN) * D * sizeof(tr_bf16) +
+                           (size_t)2 * ST * FA_BWD_BN * sizeof(float);
+        if (TR_CUDA_CHECK(be, cudaFuncSetAttribute(fa_dkv_wg_kernel<D>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   (int)shm)))
+            return;
+        dim3 grid((unsigned)a.KVH, (unsigned)((a.T + B16 - 1) / B16 + a.n_docs));
+        fa_dkv_wg_kernel<D><<<grid, FA_BWD_WARPS * 32, shm, st>>>(a);
+        if (TR_CUDA_LAUNCHED(be, "attention_backward dk/dv")) return;
+    } else
+#endif
     if (a.dk || a.dv) {
         const size_t shm = (size_t)(2 * B16 + ST * 2 * FA_BWD_BN) * LDS * sizeof(tr_bf16) +
                            (size_t)2 * ST * FA_BWD_BN * sizeof(float);

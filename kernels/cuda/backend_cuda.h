@@ -51,8 +51,8 @@ void tr_backend_cuda_force_row_ctas(tr_backend *be, int ctas);
 // Ranks the sampler's top-k rows (k up to 1,024) by a select instead of sorting whole rows
 // (the default; TROUPE_CUDA_TOPK_SELECT=0 clears it at start); the draws are the same either way.
 void tr_backend_cuda_topk_select(tr_backend *be, int on);
-// Flash attention's forward and dQ pass on Hopper's warpgroup MMA (on: the default) or on
-// their mma.sync kernels, which give the same bits (for tests); returns whether they ran on
+// Flash attention's forward and backward passes on Hopper's warpgroup MMA (on: the default) or
+// on their mma.sync kernels, which give the same bits (for tests); returns whether they ran on
 // wgmma before (0 too in a build without the wgmma kernels: a target other than sm_90a).
 int tr_backend_cuda_wgmma(tr_backend *be, int on);
 
