@@ -270,7 +270,7 @@ static void fa_forward_wg_run(tr_backend *be, const fa_fwd_args &a) {
 
 void tr_fa_forward(tr_backend *be, const fa_fwd_args &a, int32_t D) {
 #if TR_CUDA_WGMMA
-    if (tr_cuda_ctx_of(be)->wgmma) {
+    if (tr_cuda_ctx_of(be)->wgmma & TR_CUDA_WG_FWD) {
         // measured on an H200 (bench_cuda attention) against 2 to 4 warpgroups a block, with
         // Q in registers and in shared memory: at D = 64 two blocks an SM of two warpgroups,
         // at D = 128 one of three (its output takes 64 registers a thread)

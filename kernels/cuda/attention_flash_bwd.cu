@@ -672,7 +672,7 @@ static void fa_backward_run(tr_backend *be, const fa_bwd_args &a) {
     fa_rows_kernel<D><<<(unsigned)((warps + 7) / 8), 256, 0, st>>>(a);
     if (TR_CUDA_LAUNCHED(be, "attention_backward rows")) return;
 #if TR_CUDA_WGMMA
-    if ((a.dk || a.dv) && tr_cuda_ctx_of(be)->wgmma) {
+    if ((a.dk || a.dv) && (tr_cuda_ctx_of(be)->wgmma & TR_CUDA_WG_DKV)) {
         const size_t shm = 1024 + (size_t)(2 * B16 + ST * 2 * FA_BWD_BN) * D * sizeof(tr_bf16) +
                            (size_t)2 * ST * FA_BWD_BN * sizeof(float);
         if (TR_CUDA_CHECK(be, cudaFuncSetAttribute(fa_dkv_wg_kernel<D>,
@@ -697,7 +697,7 @@ static void fa_backward_run(tr_backend *be, const fa_bwd_args &a) {
         if (TR_CUDA_LAUNCHED(be, "attention_backward dk/dv")) return;
     }
 #if TR_CUDA_WGMMA
-    if (a.dq && tr_cuda_ctx_of(be)->wgmma) {
+    if (a.dq && (tr_cuda_ctx_of(be)->wgmma & TR_CUDA_WG_DQ)) {
         // measured on an H200 (bench_cuda attention) against one block of two or three
         // warpgroups an SM at D = 64 and of two at D = 128
         if constexpr (D == 64) fa_dq_wg_run<D, 2, 2>(be, a);

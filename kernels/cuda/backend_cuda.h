@@ -51,10 +51,12 @@ void tr_backend_cuda_force_row_ctas(tr_backend *be, int ctas);
 // Ranks the sampler's top-k rows (k up to 1,024) by a select instead of sorting whole rows
 // (the default; TROUPE_CUDA_TOPK_SELECT=0 clears it at start); the draws are the same either way.
 void tr_backend_cuda_topk_select(tr_backend *be, int on);
-// Flash attention's forward and backward passes on Hopper's warpgroup MMA (on: the default) or
-// on their mma.sync kernels, which give the same bits (for tests); returns whether they ran on
-// wgmma before (0 too in a build without the wgmma kernels: a target other than sm_90a).
-int tr_backend_cuda_wgmma(tr_backend *be, int on);
+// The flash-attention passes that run on Hopper's warpgroup MMA rather than on their
+// mma.sync kernels, which give the same bits: a mask of TR_CUDA_WG_* (all by default;
+// TROUPE_CUDA_WGMMA=N sets N at start, 0 none). Sets it and returns the one before, which is
+// 0 in a build without the wgmma kernels (a target other than sm_90a).
+enum { TR_CUDA_WG_FWD = 1, TR_CUDA_WG_DQ = 2, TR_CUDA_WG_DKV = 4, TR_CUDA_WG_ALL = 7 };
+int tr_backend_cuda_wgmma(tr_backend *be, int mask);
 
 // With TROUPE_CUDA_PROFILE=1: forgets what the profile has summed so far (a benchmark calls it
 // after its warm-up, so the table shows the steady state). Without it: nothing.

@@ -106,9 +106,8 @@ typedef struct tr_cuda_ctx {
     int topk_select;        // top-k rows ranked by a select, not the sort (sample_topk.cuh);
                             // TROUPE_CUDA_TOPK_SELECT=0 or a test turns it off
     int no_seqk;            // TROUPE_CUDA_SEQK=0: plan_settle leaves gemm_seqk.cu out
-    int wgmma;              // flash attention's forward, dQ and dK/dV passes on warpgroup
-                            // MMA (built for sm_90a); TROUPE_CUDA_WGMMA=0 keeps their mma.sync
-                            // kernels
+    int wgmma;              // the flash-attention passes on warpgroup MMA (built for
+                            // sm_90a): TR_CUDA_WG_* bits, TROUPE_CUDA_WGMMA's mask or all
     int pdl;                // TROUPE_CUDA_PDL=1: tr_cuda_launch's early starts
     int no_lean_copies;     // TROUPE_CUDA_DECODE_LEAN=0: decode attention copies through its
                             // table of slot offsets at every block size (attention_decode.cu)
