@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(FA_FWD_WARPS * 32, 2) fa_forward_kernel(const 
     while (it.e >= 0) {
         fa_cp_wait<ST - 2>();
         __syncthreads();   // tile `stage` landed; every warp is done with the previous stage
-        kv.refill((stage + ST - 1) % ST);
+        kv.refill(fa_prev_stage<ST>(stage));
         // the warp's rows in this document: lo..hi, seeing positions up to hi - s + pl
         const int lo = max(w0, it.s), hi = min(w0 + 16 * MT, it.lim) - 1;
         if (lo <= hi && it.p0 <= hi - it.s + it.pl) {
@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) fa_forward_wg_kernel(const fa
         fa_cp_wait<ST - 2>();
         wg_proxy_fence();
         __syncthreads();   // tile `stage` landed; every warp is done with the previous stage
-        kv.refill((stage + ST - 1) % ST);
+        kv.refill(fa_prev_stage<ST>(stage));
         // the group's rows in this document: lo..hi, seeing positions up to hi - s + pl
         const int lo = max(g0, it.s), hi = min(g0 + 64, it.lim) - 1;
         if (lo <= hi && it.p0 <= hi - it.s + it.pl) {

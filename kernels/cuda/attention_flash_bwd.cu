@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dq_kernel(const fa_bw
     while (it.e >= 0) {
         fa_cp_wait<ST - 2>();
         __syncthreads();   // tile `stage` landed; every warp is done with the previous stage
-        kv.refill((stage + ST - 1) % ST);
+        kv.refill(fa_prev_stage<ST>(stage));
         const int lo = max(w0, it.s), hi = min(w0 + 16, it.lim) - 1;
         if (lo <= hi && it.p0 <= hi - it.s + it.pl) {
             const tr_bf16 *kt = ks + stage * BN * LDS, *vt = vs + stage * BN * LDS;
@@ -317,7 +317,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) fa_dq_wg_kernel(const fa_bwd_
         fa_cp_wait<ST - 2>();
         wg_proxy_fence();
         __syncthreads();   // tile `stage` landed; every warp is done with the previous stage
-        kv.refill((stage + ST - 1) % ST);
+        kv.refill(fa_prev_stage<ST>(stage));
         const int glo = max(g0, it.s), ghi = min(g0 + 64, it.lim) - 1;
         if (glo <= ghi && it.p0 <= ghi - it.s + it.pl) {
             const uint32_t kt = fa_smem(ks + stage * BN * D), vt = fa_smem(vs + stage * BN * D);
@@ -472,7 +472,7 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_kernel(const fa_b
     for (int item = 0; item < total; item++) {
         fa_cp_wait<ST - 2>();
         __syncthreads();   // item's stage landed; every warp is done with the previous stage
-        if (item + ST - 1 < total) load_q((stage + ST - 1) % ST);
+        if (item + ST - 1 < total) load_q(fa_prev_stage<ST>(stage));
         fa_cp_commit();
         const tr_bf16 *sq = stg + stage * STAGE, *sdo = sq + BQ * LDS;
         const float *lse2 = lse_s + stage * BQ, *dl = delta_s + stage * BQ;
@@ -609,7 +609,7 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_wg_kernel(const f
         fa_cp_wait<ST - 2>();
         wg_proxy_fence();
         __syncthreads();   // item's stage landed; every warp is done with the previous stage
-        if (item + ST - 1 < total) load_q((stage + ST - 1) % ST);
+        if (item + ST - 1 < total) load_q(fa_prev_stage<ST>(stage));
         fa_cp_commit();
         const tr_bf16 *sq = stg + stage * STAGE, *sdo = sq + BQ * D;
         const float *lse2 = lse_s + stage * BQ, *dl = delta_s + stage * BQ;

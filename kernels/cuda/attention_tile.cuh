@@ -258,6 +258,10 @@ __device__ __forceinline__ void fa_iter_next(fa_kv_iter &it, const int32_t *ds,
     fa_iter_doc(it, ds, pre, n_docs, t1);
 }
 
+// The stage before `stage` in a ring of ST (the one an iteration refills), without a division.
+template <int ST>
+__device__ __forceinline__ int fa_prev_stage(int stage) { return stage == 0 ? ST - 1 : stage - 1; }
+
 // ROWS rows of D bf16 values, rows src, src + stride, ... (the first `valid` of them; the
 // rest zeros) into the shared tile at the 32-bit address dst (laid out as fa_sm_off<D, SW>),
 // by NTH threads: the 16-byte aligned case of fa_load_rows, each thread's pieces at addresses
@@ -267,14 +271,19 @@ __device__ __forceinline__ void fa_cp_tile(uint32_t dst, const tr_bf16 *src, siz
                                            int valid, const void *any, int tid) {
     constexpr int CPR = D / 8, RP = NTH / CPR;   // pieces a row, rows a pass
     static_assert(NTH % CPR == 0, "whole rows a pass");
+    // a pass moves the shared address by RP rows (the swizzle repeats every 8 rows)
+    static_assert(!SW || RP % 8 == 0, "swizzled passes of whole 8-row groups");
+    constexpr uint32_t PASS = RP * (SW ? 128 : (D + FA_PAD) * (int)sizeof(tr_bf16));
     const int r0 = tid / CPR, c = (tid % CPR) * 8;
+    const tr_bf16 *p = src + (size_t)r0 * stride + c;
+    const size_t step = (size_t)RP * stride;
+    uint32_t at = dst + (uint32_t)fa_sm_off<D, SW>(r0, c, ROWS);
 #pragma unroll
-    for (int j = 0; j < (ROWS + RP - 1) / RP; j++) {
+    for (int j = 0; j < (ROWS + RP - 1) / RP; j++, p += step, at += PASS) {
         const int r = r0 + j * RP;
         if (ROWS % RP != 0 && r >= ROWS) break;   // the last pass's threads past the tile
         const bool ok = r < valid;
-        fa_cp16_at(dst + (uint32_t)fa_sm_off<D, SW>(r, c, ROWS),
-                   ok ? (const void *)(src + (size_t)r * stride + c) : any, ok ? 16u : 0u);
+        fa_cp16_at(at, ok ? (const void *)p : any, ok ? 16u : 0u);
     }
 }
 
