@@ -388,10 +388,11 @@ ncu_seqk_part() {
 }
 
 # The training step's own kernels: the warpgroup-MMA tile products (test_wgmma), the op tests
-# of attention (forward, backward and decode against the CPU, run to run; the forward on
-# wgmma and on mma.sync) and RMSNorm (rows alone against the batch's too), generation's bf16
+# of attention (forward, backward and decode against the CPU, run to run; every pass on
+# wgmma against mma.sync, the pipelined wgmma forward too) and RMSNorm (rows alone against the batch's too), generation's bf16
 # logprobs against the training forward's (test_model_bf16), the attention section of
-# bench_cuda for both forwards (with ATTN_PEER=1 torch's attention beside it), the device
+# bench_cuda on wgmma, on mma.sync and with the pipelined forward (with ATTN_PEER=1 torch's
+# attention beside it), the device
 # time of each of the backward's passes at the 0.5B shape (TROUPE_CUDA_PROFILE's table), the
 # 0.5B training step dense and packed (BENCH_PACKED=1), and with ATTN_NCU=1 a full Nsight
 # Compute report of one launch of each kernel at that shape (ncu_attn_*.log: occupancy, stall
@@ -401,11 +402,13 @@ train_kernels_part() {
     run test_wgmma "$build_all/tests/kernels/test_wgmma"
     run attn_ops env OPENBLAS_NUM_THREADS=1 "$t" attention
     run attn_ops_mma env TROUPE_CUDA_WGMMA=0 OPENBLAS_NUM_THREADS=1 "$t" attention
+    run attn_ops_pipe env TROUPE_CUDA_WGMMA=15 OPENBLAS_NUM_THREADS=1 "$t" attention
     run rmsnorm_ops env OPENBLAS_NUM_THREADS=1 "$t" rmsnorm
     run model_bf16 env TROUPE_BACKEND=cuda meson test -C "$build_all" --print-errorlogs \
         test_model_bf16
     run attn_bench "$bc" attention
     run attn_bench_mma env TROUPE_CUDA_WGMMA=0 "$bc" attention
+    run attn_bench_pipe env TROUPE_CUDA_WGMMA=15 "$bc" attention
     if [ "${ATTN_PEER:-0}" = 1 ]; then
         run attention_peer timeout 300 python3 bench/attention_peer.py --troupe "$bc"
     fi

@@ -17,6 +17,7 @@
 
 #define FA_FWD_WARPS 4
 #define FA_FWD_STAGES 3   // K/V tiles in shared memory at once (two blocks an SM fit either D)
+#define FA_WGP_STAGES 4   // the same for the pipelined wgmma forward (it holds two)
 
 // Folds the warp's state st (the current chunk) into the finished chunks (am, al, acc):
 // to_state false stores the result in the accumulator and empties st (a chunk boundary);
@@ -164,10 +165,17 @@ __global__ void __launch_bounds__(FA_FWD_WARPS * 32, 2) fa_forward_kernel(const 
 // are the mma.sync kernel's bits. A warpgroup's product is all or nothing for its four warps:
 // the group multiplies a tile when any of its rows sees it, and rows that see none of it keep
 // their state bit for bit (fa_tile).
-template <int D, int NWG, int MINB>
+//
+// PIPE overlaps a warpgroup's softmax with its products: a tile's Q K^T and the previous
+// tile's P V are issued together, the softmax's probabilities run while P V still adds into
+// the output, and the output is rescaled once it has. Every value takes the same operations
+// in the same order, so the bits are the sequential kernel's. The previous tile's V stays in
+// its stage an iteration longer, so the stages are FA_WGP_STAGES, two tiles loaded ahead.
+template <int D, int NWG, int MINB, bool PIPE>
 __global__ void __launch_bounds__(NWG * 128, MINB) fa_forward_wg_kernel(const fa_fwd_args a) {
     constexpr int BM = NWG * 64, BN = fa_bn<D>(), NTH = NWG * 128;
-    constexpr int ST = FA_FWD_STAGES, NT = BN / 8;
+    constexpr int ST = PIPE ? FA_WGP_STAGES : FA_FWD_STAGES, NT = BN / 8;
+    constexpr int HOLD = PIPE ? 2 : 1;   // stages in use while the next tiles load
     extern __shared__ __align__(16) unsigned char fa_sm[];
     // swizzled tiles start on 1024-byte boundaries (the launch adds the slack)
     const uint32_t sm0 = (fa_smem(fa_sm) + 1023u) & ~1023u;
@@ -193,7 +201,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) fa_forward_wg_kernel(const fa
                                              a.n_docs, t1, tid, {}};
     fa_kv_iter it;
     fa_iter_first(it, a.doc_start, a.prefix, a.n_docs, t0, t1);
-    kv.start(it);
+    kv.start(it, ST - HOLD);
 
     fa_state<D, 1> st;
     fa_reset(st);
@@ -203,15 +211,24 @@ __global__ void __launch_bounds__(NWG * 128, MINB) fa_forward_wg_kernel(const fa
     bool acc_used = false;
     const int w0 = t0 + warp * 16, g0 = t0 + wg * 64;   // the warp's and the group's first rows
     int stage = 0;
+    // PIPE: the previous tile's P, whose product is issued with the next tile's scores, and
+    // its V's stage (0: no tile yet, P zeros)
+    uint32_t pp[BN / 16][4] = {};
+    uint32_t pv_at = 0;
     while (it.e >= 0) {
-        fa_cp_wait<ST - 2>();
+        fa_cp_wait<ST - HOLD - 1>();
         wg_proxy_fence();
-        __syncthreads();   // tile `stage` landed; every warp is done with the previous stage
-        kv.refill(fa_prev_stage<ST>(stage));
+        // tile `stage` landed; every warp is done with the stage refilled next (HOLD back)
+        __syncthreads();
+        kv.refill(PIPE ? fa_prev_stage<ST>(fa_prev_stage<ST>(stage)) : fa_prev_stage<ST>(stage));
         // the group's rows in this document: lo..hi, seeing positions up to hi - s + pl
         const int lo = max(g0, it.s), hi = min(g0 + 64, it.lim) - 1;
-        if (lo <= hi && it.p0 <= hi - it.s + it.pl) {
-            if (it.p0 > 0 && it.p0 % a.chunk == 0) {
+        // PIPE takes every tile, so that no product is issued on a path the compiler cannot
+        // prove uniform (it then serializes them all); rows that see none of a tile keep
+        // their state bit for bit, and a fold of a state no tile changed since changes no bit.
+        if (PIPE || (lo <= hi && it.p0 <= hi - it.s + it.pl)) {
+            const bool fold = it.p0 > 0 && it.p0 % a.chunk == 0;
+            if (!PIPE && fold) {
                 fa_fold_acc<D, 1>(am, al, acc + z, st, false);
                 acc_used = true;
             }
@@ -222,19 +239,50 @@ __global__ void __launch_bounds__(NWG * 128, MINB) fa_forward_wg_kernel(const fa
                 last[0][r] = i >= it.s && i < it.lim ? i - it.s + it.pl : -1;
             }
             float s[1][NT][4];
-            uint32_t p[1][BN / 16][4];
             // The warp's rows of Q as A fragments, loaded for every tile: held across the
             // loop, ptxas (CUDA 13.0) gave P their registers at D = 64 and the next tile read P
             // as Q (the PTX kept them apart).
             uint32_t qf[D / 16][4];
             wg_load_a<D, BM>(qf, fa_smem(qs), warp * 16);
-            wg_qk<D, BN>(s[0], qf, fa_smem(ks + stage * BN * D));
-            fa_tile_softmax<D, 1>(st, s, p, it.p0, last, a.sl2, true);
-            wg_pv<D, BN>(st.o[0], p[0], fa_smem(vs + stage * BN * D));
+            const uint32_t kt = fa_smem(ks + stage * BN * D), vt = fa_smem(vs + stage * BN * D);
+            if constexpr (!PIPE) {
+                uint32_t p[1][BN / 16][4];
+                wg_qk<D, BN>(s[0], qf, kt);
+                fa_tile_softmax<D, 1>(st, s, p, it.p0, last, a.sl2, true);
+                wg_pv<D, BN>(st.o[0], p[0], vt);
+            } else {
+                // this tile's Q K^T and the previous tile's P V (zeros before the first tile)
+                wg_fence();
+                wg_qk_issue<D, BN>(s[0], qf, kt);
+                wg_commit();
+                wg_pv_issue<D, BN>(st.o[0], pp, pv_at ? pv_at : vt);
+                wg_commit();
+                wg_wait<1>();   // Q K^T done; P V may still run
+                wg_keep(s[0]);
+                if (fold) {   // the chunk's last P V in, then folded away
+                    wg_wait<0>();
+                    wg_keep(st.o[0]);
+                    wg_keep(pp);
+                    fa_fold_acc<D, 1>(am, al, acc + z, st, false);
+                    acc_used = true;
+                }
+                // the probabilities in fp32 while P V runs; P and the output only after it
+                // (registers a product in flight reads are not written)
+                float alphas[1][2];
+                const bool any = fa_tile_probs<D, 1>(st, s, it.p0, last, a.sl2, true, alphas);
+                wg_wait<0>();
+                wg_keep(st.o[0]);
+                wg_keep(pp);
+                fa_tile_rescale<D, 1>(st, alphas, any, true);
+                fa_tile_pack<D, 1>(reinterpret_cast<uint32_t(&)[1][BN / 16][4]>(pp), s);
+                pv_at = vt;
+            }
         }
         fa_iter_next<BN>(it, a.doc_start, a.prefix, a.n_docs, t1);
         stage = stage + 1 == ST ? 0 : stage + 1;
     }
+    // the last tile's P V (every block has a tile: its rows see themselves)
+    if constexpr (PIPE) wg_pv<D, BN>(st.o[0], pp, pv_at);
     fa_cp_wait<0>();
     fa_forward_finish<D, 1>(a, st, am, al, acc + z, acc_used, w0, t1, h, g, t);
 }
@@ -255,11 +303,11 @@ static void fa_forward_run(tr_backend *be, const fa_fwd_args &a) {
     TR_CUDA_LAUNCHED(be, "attention_forward");
 }
 
-template <int D, int NWG, int MINB>
+template <int D, int NWG, int MINB, bool PIPE>
 static void fa_forward_wg_run(tr_backend *be, const fa_fwd_args &a) {
-    constexpr int BM = NWG * 64;
-    const size_t shm = 1024 + (size_t)(BM + 2 * FA_FWD_STAGES * fa_bn<D>()) * D * sizeof(tr_bf16);
-    auto kernel = fa_forward_wg_kernel<D, NWG, MINB>;
+    constexpr int BM = NWG * 64, ST = PIPE ? FA_WGP_STAGES : FA_FWD_STAGES;
+    const size_t shm = 1024 + (size_t)(BM + 2 * ST * fa_bn<D>()) * D * sizeof(tr_bf16);
+    auto kernel = fa_forward_wg_kernel<D, NWG, MINB, PIPE>;
     if (TR_CUDA_CHECK(be, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)shm)))
         return;
@@ -274,8 +322,11 @@ void tr_fa_forward(tr_backend *be, const fa_fwd_args &a, int32_t D) {
         // measured on an H200 (bench_cuda attention) against 2 to 4 warpgroups a block, with
         // Q in registers and in shared memory: at D = 64 two blocks an SM of two warpgroups,
         // at D = 128 one of three (its output takes 64 registers a thread)
-        if (D == 64) fa_forward_wg_run<64, 2, 2>(be, a);
-        else fa_forward_wg_run<128, 3, 1>(be, a);
+        const bool pipe = tr_cuda_ctx_of(be)->wgmma & TR_CUDA_WG_FWD_PIPE;
+        if (D == 64 && pipe) fa_forward_wg_run<64, 2, 2, true>(be, a);
+        else if (D == 64) fa_forward_wg_run<64, 2, 2, false>(be, a);
+        else if (pipe) fa_forward_wg_run<128, 3, 1, true>(be, a);
+        else fa_forward_wg_run<128, 3, 1, false>(be, a);
         return;
     }
 #endif

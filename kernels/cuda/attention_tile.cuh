@@ -48,15 +48,18 @@ __device__ __forceinline__ void fa_reset(fa_state<D, MT> &st) {
 }
 
 // The softmax step of fa_tile between its two products, for kernels that form the scores and
-// multiply by V another way (attention_wgmma.cuh): s holds the tile's raw scores Q K^T in
-// accumulator layout and leaves as probabilities; p receives them rounded to bf16 as the A
-// fragments of P V; the running state st is updated and its output rescaled.
+// multiply by V another way (attention_wgmma.cuh), in three parts. fa_tile_probs: s holds the
+// tile's raw scores Q K^T in accumulator layout and leaves as probabilities (fp32); the
+// running maximum and sums of st are updated, and alphas receives each row's factor for the
+// output, the return value telling whether any row of the warp has one other than 1.
+// fa_tile_pack then rounds the probabilities into P's fragments and fa_tile_rescale applies
+// the factors to st.o: a kernel may defer both while the previous tile's P V is still reading
+// P and adding into the output.
 template <int D, int MT>
-__device__ __forceinline__ void fa_tile_softmax(fa_state<D, MT> &st,
-                                                float (&s)[MT][fa_bn<D>() / 8][4],
-                                                uint32_t (&p)[MT][fa_bn<D>() / 16][4], int p0,
-                                                const int (&last)[MT][2], float sl2,
-                                                bool hi_rows) {
+__device__ __forceinline__ bool fa_tile_probs(fa_state<D, MT> &st,
+                                              float (&s)[MT][fa_bn<D>() / 8][4], int p0,
+                                              const int (&last)[MT][2], float sl2, bool hi_rows,
+                                              float (&alphas)[MT][2]) {
     constexpr int BN = fa_bn<D>(), NT = BN / 8;
     const int t = threadIdx.x & 3;
     // Most tiles are seen whole by every row of the warp: no mask to apply there.
@@ -67,7 +70,6 @@ __device__ __forceinline__ void fa_tile_softmax(fa_state<D, MT> &st,
         for (int hi = 0; hi < 2; hi++)
             if (hi == 0 || hi_rows) seen = min(seen, last[mt][hi]);
     const bool whole = __all_sync(0xffffffffu, seen >= p0 + BN - 1);
-    float alphas[MT][2] = {};
     bool rescale = false;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
@@ -76,6 +78,7 @@ __device__ __forceinline__ void fa_tile_softmax(fa_state<D, MT> &st,
             if (hi == 1 && !hi_rows) {
 #pragma unroll
                 for (int n = 0; n < NT; n++) s[mt][n][2] = s[mt][n][3] = 0.0f;
+                alphas[mt][hi] = 1.0f;
                 continue;
             }
             const int lim = last[mt][hi] - p0;   // columns <= lim are visible
@@ -118,26 +121,52 @@ __device__ __forceinline__ void fa_tile_softmax(fa_state<D, MT> &st,
             alphas[mt][hi] = alpha;
             rescale |= alpha != 1.0f;
         }
-        // P rounds to bf16 here, for the tensor cores, as flash attention does; the row sum
-        // above used the fp32 values. This is the one rounding the CPU does not make.
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) fa_acc_to_a(p[mt][kk], s[mt], kk);
     }
-    // o *= alpha, skipped when no row of the warp raised its maximum (alpha exactly 1, and
-    // x * 1 is x: the same bits), which after the first tiles is most of them
-    if (__any_sync(0xffffffffu, rescale)) {
+    return __any_sync(0xffffffffu, rescale);
+}
+
+// P rounded to bf16, for the tensor cores, as flash attention does (the row sums used the fp32
+// values; this is the one rounding the CPU does not make): the A fragments of P V.
+template <int D, int MT>
+__device__ __forceinline__ void fa_tile_pack(uint32_t (&p)[MT][fa_bn<D>() / 16][4],
+                                             const float (&s)[MT][fa_bn<D>() / 8][4]) {
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int hi = 0; hi < 2; hi++) {
-                if (hi == 1 && !hi_rows) continue;
+        for (int kk = 0; kk < fa_bn<D>() / 16; kk++) fa_acc_to_a(p[mt][kk], s[mt], kk);
+}
+
+// o *= alpha, skipped when no row of the warp raised its maximum (alpha exactly 1, and x * 1
+// is x: the same bits), which after the first tiles is most of them.
+template <int D, int MT>
+__device__ __forceinline__ void fa_tile_rescale(fa_state<D, MT> &st,
+                                                const float (&alphas)[MT][2], bool any,
+                                                bool hi_rows) {
+    if (!any) return;
 #pragma unroll
-                for (int n = 0; n < D / 8; n++) {
-                    st.o[mt][n][2 * hi] = __fmul_rn(st.o[mt][n][2 * hi], alphas[mt][hi]);
-                    st.o[mt][n][2 * hi + 1] = __fmul_rn(st.o[mt][n][2 * hi + 1], alphas[mt][hi]);
-                }
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int hi = 0; hi < 2; hi++) {
+            if (hi == 1 && !hi_rows) continue;
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) {
+                st.o[mt][n][2 * hi] = __fmul_rn(st.o[mt][n][2 * hi], alphas[mt][hi]);
+                st.o[mt][n][2 * hi + 1] = __fmul_rn(st.o[mt][n][2 * hi + 1], alphas[mt][hi]);
             }
-    }
+        }
+}
+
+// Both parts at once.
+template <int D, int MT>
+__device__ __forceinline__ void fa_tile_softmax(fa_state<D, MT> &st,
+                                                float (&s)[MT][fa_bn<D>() / 8][4],
+                                                uint32_t (&p)[MT][fa_bn<D>() / 16][4], int p0,
+                                                const int (&last)[MT][2], float sl2,
+                                                bool hi_rows) {
+    float alphas[MT][2];
+    const bool any = fa_tile_probs<D, MT>(st, s, p0, last, sl2, hi_rows, alphas);
+    fa_tile_pack<D, MT>(p, s);
+    fa_tile_rescale<D, MT>(st, alphas, any, hi_rows);
 }
 
 // One tile: keys at positions p0 .. p0 + fa_bn<D>() - 1 (ks, vs: their K and V rows in shared
@@ -347,12 +376,13 @@ struct fa_kv_stages {
         }
         fa_cp_commit();
     }
-    // The walk's first ST - 1 tiles from its first, first.
-    __device__ __forceinline__ void start(const fa_kv_iter &first) {
+    // The walk's first n tiles (ST - 1 unless a kernel holds two stages at once) from first.
+    __device__ __forceinline__ void start(const fa_kv_iter &first, int n = ST - 1) {
         ahead = first;
         if (ahead.e >= 0) load(0);
         fa_cp_commit();
 #pragma unroll
-        for (int s = 1; s < ST - 1; s++) refill(s);
+        for (int s = 1; s < ST - 1; s++)
+            if (s < n) refill(s);
     }
 };

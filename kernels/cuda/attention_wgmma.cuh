@@ -131,18 +131,24 @@ __device__ __forceinline__ void wg_load_a(uint32_t (&a)[D / 16][4], uint32_t q, 
         fa_ldsm4_at(a[kk], q + (uint32_t)fa_sm_off<D, true>(r, kk * 16 + (lane >> 4) * 8, QR));
 }
 
-// s = Q K^T for the warpgroup's 64 query rows: q, the warp's rows of Q as A fragments
+// Issues s = Q K^T for the warpgroup's 64 query rows: q, the warp's rows of Q as A fragments
 // (wg_load_a; the tensor cores then read only K from shared memory), and k, the shared address
 // of a swizzled tile of BN keys; D channels in D / 16 k16 steps, ascending.
 template <int D, int BN>
-__device__ __forceinline__ void wg_qk(float (&s)[BN / 8][4], uint32_t (&q)[D / 16][4],
-                                         uint32_t k) {
-    wg_fence();
+__device__ __forceinline__ void wg_qk_issue(float (&s)[BN / 8][4], uint32_t (&q)[D / 16][4],
+                                            uint32_t k) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++)
         wg_mma_rs<0>(s, q[kk],
                      wg_desc(k + (uint32_t)(kk >> 2) * BN * 128 + (uint32_t)(kk & 3) * 32, 16, 1024),
                      kk > 0);
+}
+// The same, fenced, committed and waited for.
+template <int D, int BN>
+__device__ __forceinline__ void wg_qk(float (&s)[BN / 8][4], uint32_t (&q)[D / 16][4],
+                                      uint32_t k) {
+    wg_fence();
+    wg_qk_issue<D, BN>(s, q, k);
     wg_commit();
     wg_wait<0>();
     wg_keep(s);
@@ -162,15 +168,21 @@ __device__ __forceinline__ void wg_abt_issue(float (&d)[8][4], uint32_t a, uint3
     }
 }
 
-// o += P V for the warpgroup's rows: p, the bf16 probabilities as A fragments (BN / 16 k16
-// blocks of keys), and v, a swizzled tile of BN keys by D channels; keys ascending.
+// Issues o += P V for the warpgroup's rows: p, the bf16 probabilities as A fragments (BN / 16
+// k16 blocks of keys), and v, a swizzled tile of BN keys by D channels; keys ascending.
+template <int D, int BN>
+__device__ __forceinline__ void wg_pv_issue(float (&o)[D / 8][4], uint32_t (&p)[BN / 16][4],
+                                            uint32_t v) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++)
+        wg_mma_rs<1>(o, p[kk], wg_desc(v + (uint32_t)kk * 16 * 128, BN * 128, 1024), 1);
+}
+// The same, fenced, committed and waited for.
 template <int D, int BN>
 __device__ __forceinline__ void wg_pv(float (&o)[D / 8][4], uint32_t (&p)[BN / 16][4],
                                       uint32_t v) {
     wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++)
-        wg_mma_rs<1>(o, p[kk], wg_desc(v + (uint32_t)kk * 16 * 128, BN * 128, 1024), 1);
+    wg_pv_issue<D, BN>(o, p, v);
     wg_commit();
     wg_wait<0>();
     wg_keep(o);

@@ -210,7 +210,7 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
     ctx->pdl = env_is("TROUPE_CUDA_PDL", "1");
     ctx->no_seqk = env_is("TROUPE_CUDA_SEQK", "0");
     const char *wg = getenv("TROUPE_CUDA_WGMMA");   // 0: none; a mask of TR_CUDA_WG_*
-    ctx->wgmma = wg && *wg ? atoi(wg) & TR_CUDA_WG_ALL : TR_CUDA_WG_ALL;
+    ctx->wgmma = wg && *wg ? atoi(wg) & TR_CUDA_WG_MASK : TR_CUDA_WG_ALL;
     ctx->no_lean_copies = env_is("TROUPE_CUDA_DECODE_LEAN", "0");
     ctx->topk_select = !env_is("TROUPE_CUDA_TOPK_SELECT", "0");
     const char *chunk = getenv("TROUPE_CUDA_SOFTMAX_CHUNK");
@@ -326,7 +326,7 @@ extern "C" void tr_backend_cuda_topk_select(tr_backend *be, int on) {
 extern "C" int tr_backend_cuda_wgmma(tr_backend *be, int mask) {
     if (!be || !be->ctx) return 0;
     const int was = TR_CUDA_WGMMA ? tr_cuda_ctx_of(be)->wgmma : 0;
-    tr_cuda_ctx_of(be)->wgmma = mask & TR_CUDA_WG_ALL;
+    tr_cuda_ctx_of(be)->wgmma = mask & TR_CUDA_WG_MASK;
     return was;
 }
 

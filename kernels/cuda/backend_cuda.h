@@ -52,10 +52,19 @@ void tr_backend_cuda_force_row_ctas(tr_backend *be, int ctas);
 // (the default; TROUPE_CUDA_TOPK_SELECT=0 clears it at start); the draws are the same either way.
 void tr_backend_cuda_topk_select(tr_backend *be, int on);
 // The flash-attention passes that run on Hopper's warpgroup MMA rather than on their
-// mma.sync kernels, which give the same bits: a mask of TR_CUDA_WG_* (all by default;
-// TROUPE_CUDA_WGMMA=N sets N at start, 0 none). Sets it and returns the one before, which is
-// 0 in a build without the wgmma kernels (a target other than sm_90a).
-enum { TR_CUDA_WG_FWD = 1, TR_CUDA_WG_DQ = 2, TR_CUDA_WG_DKV = 4, TR_CUDA_WG_ALL = 7 };
+// mma.sync kernels, which give the same bits: a mask of TR_CUDA_WG_* (TR_CUDA_WG_ALL by
+// default; TROUPE_CUDA_WGMMA=N sets N at start, 0 none). TR_CUDA_WG_FWD_PIPE makes the wgmma
+// forward overlap its softmax with its products (attention_flash.cu, PIPE), the same bits
+// again. Sets it and returns the one before, which is 0 in a build without the wgmma kernels
+// (a target other than sm_90a).
+enum {
+    TR_CUDA_WG_FWD = 1,
+    TR_CUDA_WG_DQ = 2,
+    TR_CUDA_WG_DKV = 4,
+    TR_CUDA_WG_ALL = 7,
+    TR_CUDA_WG_FWD_PIPE = 8,
+    TR_CUDA_WG_MASK = 15,
+};
 int tr_backend_cuda_wgmma(tr_backend *be, int mask);
 
 // With TROUPE_CUDA_PROFILE=1: forgets what the profile has summed so far (a benchmark calls it
