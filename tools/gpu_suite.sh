@@ -16,7 +16,8 @@
 # on a networked Debian 12 machine with tools/fetch_gpu_deps.sh and carry .debs along (it is
 # ignored by git); tools/gpu_deps.sh unpacks it there. Without .debs only the engine part runs.
 # On the lent GPU machine: command `tools/gpu_suite.sh`, carry [".debs"], timeout 600 s; the
-# whole script takes a few minutes on 16 cores.
+# whole script takes a few minutes on 16 cores. tools/gpu_prebuilt.sh runs the kernel tests and
+# benchmarks from binaries built here instead, when a call's time is short.
 #
 # Output goes to $OUT when set, else ./gpu-results: summary.txt (each step's exit status and the
 # test counts) and logs.tar.gz (one log per step plus meson's full test logs). The loose logs are

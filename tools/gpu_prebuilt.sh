@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The kernel and engine tests and benchmarks on a GPU machine from binaries built elsewhere, so
+# that a call spends its device time running them rather than compiling (a build there takes a
+# minute or two of a call's limited time). nvcc compiles the CUDA backend on any machine; the
+# binaries link cuBLAS and the CUDA runtime dynamically from /usr/local/cuda, which the GPU
+# machine has too, and need nothing else there.
+#
+# Usage:
+#   tools/gpu_prebuilt.sh pack [BUILD]   here: copies the binaries from BUILD (default
+#                                        build-cuda, configured with -Dcuda=enabled) into
+#                                        build-carry/ (ignored by git), to carry to the device
+#   tools/gpu_prebuilt.sh run [PART...]  there: runs the parts with build-carry's binaries
+# Parts (default: attn train):
+#   attn   test_wgmma, test_cuda_ops attention (every bf16 pass on wgmma against mma.sync; with
+#          TROUPE_CUDA_WGMMA=15 too: the pipelined forward), test_model_bf16, and bench_cuda
+#          attention on the default kernels, on mma.sync and with the pipelined forward
+#   ops    every test_cuda_ops section
+#   train  bench_train_gpu at the 0.5B and 1.5B shapes, 3 timed steps, dense and (0.5B) packed
+#   peer   bench/run_gpu_train.sh beside torch (anchors/ carried too): the issue-13 table
+# Output: $OUT (else ./gpu-results): prebuilt.tar.gz (a log per step) and prebuilt_summary.txt
+# (each step's exit status, its failed checks and the benchmark lines).
+set -u
+cd "$(dirname "$0")/.." || exit 1
+carry="build-carry"
+bins="tests/kernels/test_wgmma tests/kernels/test_cuda_ops tests/engine/test_model_bf16
+      bench/bench_cuda bench/bench_train_gpu bench/bench_decode_gpu"
+
+if [ "${1:-}" = pack ]; then
+    build=${2:-build-cuda}
+    rm -rf "$carry" && mkdir -p "$carry" || exit 1
+    for b in $bins; do
+        mkdir -p "$carry/$(dirname "$b")"
+        cp "$build/$b" "$carry/$b" || exit 1
+    done
+    du -sh "$carry"
+    exit 0
+fi
+[ "${1:-}" = run ] || { sed -n 2,22p "$0"; exit 2; }
+shift
+parts="${*:-attn train}"
+out="${OUT:-gpu-results}"
+logs="$out/prebuilt"
+mkdir -p "$logs"
+summary="$out/prebuilt_summary.txt"
+: >"$summary"
+export TROUPE_SOURCE_ROOT=$PWD OPENBLAS_NUM_THREADS=1
+
+step() {   # step NAME CMD...: output to $logs/NAME.log, exit status to the summary
+    local name=$1
+    shift
+    "$@" >"$logs/$name.log" 2>&1
+    local rc=$?
+    echo "$name: exit $rc" >>"$summary"
+    grep -hE "CHECK failed" "$logs/$name.log" | head -3 >>"$summary"
+}
+has() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
+
+t="$carry/tests/kernels/test_cuda_ops" bc="$carry/bench/bench_cuda" bt="$carry/bench/bench_train_gpu"
+if has attn; then
+    step test_wgmma "$carry/tests/kernels/test_wgmma"
+    step attn_ops "$t" attention
+    step attn_ops_pipe env TROUPE_CUDA_WGMMA=15 "$t" attention
+    step model_bf16 env TROUPE_BACKEND=cuda timeout 120 "$carry/tests/engine/test_model_bf16"
+    for v in "default:" "mma:TROUPE_CUDA_WGMMA=0" "pipe:TROUPE_CUDA_WGMMA=15"; do
+        step "attn_bench_${v%%:*}" env ${v#*:} "$bc" attention
+        grep "^attn shape" "$logs/attn_bench_${v%%:*}.log" | sed "s/^/${v%%:*} /" >>"$summary"
+    done
+fi
+if has ops; then step ops_all "$t"; fi
+if has train; then
+    step train_05b timeout 100 "$bt" qwen2.5-0.5b 8 2048 3
+    step train_05b_packed env BENCH_PACKED=1 timeout 100 "$bt" qwen2.5-0.5b 8 2048 3
+    step train_15b timeout 100 "$bt" qwen2.5-1.5b 4 2048 3
+    grep -h "troupe train" "$logs"/train_*.log >>"$summary"
+fi
+if has peer; then
+    step peer_train timeout 400 bench/run_gpu_train.sh "$carry" anchors
+    grep -E "^\|" "$logs/peer_train.log" >>"$summary"
+fi
+tar czf "$out/prebuilt.tar.gz" -C "$out" prebuilt && rm -rf "$logs"
+cat "$summary"
