@@ -15,6 +15,9 @@
 // TROUPE_DEVICE_FAULT=oom picked this allocation (engine/device.c): it asks for more than any
 // device holds, so that it fails in cudaMalloc itself, as a real shortage does.
 #define FAULT_BYTES ((size_t)1 << 62)
+#ifndef TR_CUDA_ARCH
+#define TR_CUDA_ARCH "the build's target"   // kernels/cuda/meson.build defines it
+#endif
 
 // A failed cudaMalloc is an answer (not enough memory), not a fault of the stream: the error
 // is cleared so that the next launch check does not report it as its own.
@@ -183,6 +186,28 @@ static bool env_is(const char *name, const char *value) {
     return e && strcmp(e, value) == 0;
 }
 
+// Nothing: a kernel whose attributes tell whether this build has an image for the device.
+__global__ void tr_cuda_probe_kernel() {}
+
+// True (recorded) when the kernels were compiled for another architecture than the device's:
+// sm_90a code runs on Hopper only, and every launch would fail with a less helpful error.
+static bool no_kernel_image(tr_cuda_ctx *ctx, int device) {
+    cudaFuncAttributes fa;
+    const cudaError_t e = cudaFuncGetAttributes(&fa, tr_cuda_probe_kernel);
+    if (e == cudaSuccess) return false;
+    cudaGetLastError();
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    char msg[200];
+    snprintf(msg, sizeof msg,
+             "the CUDA kernels were built for %s and device %d is sm_%d%d (%s): reconfigure "
+             "with -Dgpu_arch=sm_%d%d",
+             TR_CUDA_ARCH, device, major, minor, cudaGetErrorString(e), major, minor);
+    tr_cuda_record(ctx, __FILE__, __LINE__, "tr_backend_cuda_init", msg);
+    return true;
+}
+
 // The context is kept even when init fails, so that status can tell why.
 
 extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
@@ -235,6 +260,7 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
     if (TR_CUDA_CHECK(be, cudaSetDevice(device))) return -1;
     if (TR_CUDA_CHECK(be, cudaDeviceGetAttribute(&ctx->sms, cudaDevAttrMultiProcessorCount, device)))
         return -1;
+    if (no_kernel_image(ctx, device)) return -1;
     if (TR_CUDA_CHECK(be, cudaStreamCreate(&ctx->stream))) return -1;
     if (env_is("TROUPE_CUDA_PROFILE", "1") && tr_cuda_prof_init(ctx)) {
         tr_cuda_record(ctx, __FILE__, __LINE__, "TROUPE_CUDA_PROFILE", "no memory for events");
