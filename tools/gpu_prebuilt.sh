@@ -16,6 +16,7 @@
 #          attention on the default kernels, on mma.sync and with the pipelined forward
 #   ops    every test_cuda_ops section
 #   train  bench_train_gpu at the 0.5B and 1.5B shapes, 3 timed steps, dense and (0.5B) packed
+#   decode bench_decode_gpu at the 0.5B and 1.5B shapes, batch 64 and 256, 256 + 256 tokens
 #   peer   bench/run_gpu_train.sh beside torch (anchors/ carried too): the issue-13 table
 # Output: $OUT (else ./gpu-results): prebuilt.tar.gz (a log per step) and prebuilt_summary.txt
 # (each step's exit status, its failed checks and the benchmark lines).
@@ -72,6 +73,14 @@ if has train; then
     step train_05b_packed env BENCH_PACKED=1 timeout 100 "$bt" qwen2.5-0.5b 8 2048 3
     step train_15b timeout 100 "$bt" qwen2.5-1.5b 4 2048 3
     grep -h "troupe train" "$logs"/train_*.log >>"$summary"
+fi
+if has decode; then
+    for sh in qwen2.5-0.5b qwen2.5-1.5b; do
+        for b in 64 256; do
+            step "decode_${sh}_$b" timeout 120 "$carry/bench/bench_decode_gpu" "$sh" "$b" 1 256 256
+            grep -h "^troupe decode" "$logs/decode_${sh}_$b.log" >>"$summary"
+        done
+    done
 fi
 if has peer; then
     step peer_train timeout 400 bench/run_gpu_train.sh "$carry" anchors
