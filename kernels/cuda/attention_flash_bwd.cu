@@ -373,6 +373,59 @@ __device__ __forceinline__ void fa_dkv_store(const fa_bwd_args &a, const float (
     }
 }
 
+// The query tiles a dK/dV block walks (its items): item j is head h0 + j / nq and query tile
+// j % nq from key k0, loaded in order, each (head, tile) counted on from the last rather than
+// divided out. load puts the next item's Q and dO rows (BQ each, padded or swizzled as SW
+// says; rows past q_end are zeros) into its stage of stg and its lse2 and delta into lse_s and
+// delta_s, by NTH threads.
+template <int D, int BQ, int NTH, bool SW>
+struct fa_dkv_items {
+    tr_bf16 *stg;
+    float *lse_s, *delta_s;
+    int k0, q_end, nq;
+    int h, q;   // the next item's head and query tile
+
+    __device__ __forceinline__ void load(const fa_bwd_args &a, int stage, bool vec, int tid) {
+        constexpr int ROW = SW ? D : D + FA_PAD;   // elements a row of a tile
+        const size_t ld = (size_t)a.ld, HD = (size_t)a.H * D;
+        const int hh = h, i0 = k0 + q * BQ;
+        if (++q == nq) {
+            q = 0;
+            h++;
+        }
+        tr_bf16 *sq = stg + stage * 2 * BQ * ROW;
+        if (vec) {
+            const uint32_t at = fa_smem(sq);
+            fa_cp_tile<D, BQ, NTH, SW>(at, a.q + (size_t)i0 * ld + (size_t)hh * D, ld,
+                                       q_end - i0, a.q, tid);
+            fa_cp_tile<D, BQ, NTH, SW>(at + BQ * ROW * (uint32_t)sizeof(tr_bf16),
+                                       a.dout + (size_t)i0 * HD + (size_t)hh * D, HD,
+                                       q_end - i0, a.dout, tid);
+        } else {
+            fa_load_rows<D, SW>(
+                sq, BQ,
+                [&](int r) -> const tr_bf16 * {
+                    return i0 + r < q_end ? a.q + (size_t)(i0 + r) * ld + (size_t)hh * D
+                                          : nullptr;
+                },
+                tid, NTH, false, a.q);
+            fa_load_rows<D, SW>(
+                sq + BQ * ROW, BQ,
+                [&](int r) -> const tr_bf16 * {
+                    return i0 + r < q_end ? a.dout + (size_t)(i0 + r) * HD + (size_t)hh * D
+                                          : nullptr;
+                },
+                tid, NTH, false, a.dout);
+        }
+        for (int r = tid; r < 2 * BQ; r += NTH) {   // lse2 then delta, from the rows pass
+            const int i = i0 + r % BQ;
+            const float *src = r < BQ ? a.lse2 : a.delta;
+            fa_cp4((r < BQ ? lse_s : delta_s) + stage * BQ + r % BQ,
+                   i < q_end ? src + (size_t)i * a.H + hh : src, i < q_end);
+        }
+    }
+};
+
 // dK and dV for 16 keys per warp, FA_BWD_WARPS warps, one kv head: a tile of one document's
 // keys, the group's heads in order, and for each the query tiles from the tile's first key to
 // the document's end, in order; for a prefix document, on to the end of the documents naming
@@ -395,7 +448,7 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_kernel(const fa_b
     const int q_end = fa_query_end(a.doc_start, a.prefix, a.n_docs, doc);
     const int k0 = a.doc_start[doc] + lvl * BK, k1 = min(k0 + BK, a.doc_start[doc + 1]);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const size_t ld = (size_t)a.ld, HD = (size_t)a.H * D;
+    const size_t ld = (size_t)a.ld;
     const bool vec = a.vec != 0;
 
     fa_load_rows<D>(
@@ -411,50 +464,11 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_kernel(const fa_b
         },
         tid, NTH, vec, a.v);
     const int nq = (q_end - k0 + BQ - 1) / BQ, total = G * nq;
-    // Item j is head kvh G + j / nq and query tile j % nq; the loads take them in order, each
-    // (head, tile) counted on from the last rather than divided out.
-    int ld_h = kvh * G, ld_q = 0;
-    auto load_q = [&](int stage) {
-        const int h = ld_h, i0 = k0 + ld_q * BQ;
-        if (++ld_q == nq) {
-            ld_q = 0;
-            ld_h++;
-        }
-        tr_bf16 *sq = stg + stage * STAGE;
-        if (vec) {
-            const uint32_t at = fa_smem(sq);
-            fa_cp_tile<D, BQ, NTH>(at, a.q + (size_t)i0 * ld + (size_t)h * D, ld, q_end - i0,
-                                   a.q, tid);
-            fa_cp_tile<D, BQ, NTH>(at + BQ * LDS * (uint32_t)sizeof(tr_bf16),
-                                   a.dout + (size_t)i0 * HD + (size_t)h * D, HD, q_end - i0,
-                                   a.dout, tid);
-        } else {
-            fa_load_rows<D>(
-                sq, BQ,
-                [&](int r) -> const tr_bf16 * {
-                    return i0 + r < q_end ? a.q + (size_t)(i0 + r) * ld + (size_t)h * D
-                                          : nullptr;
-                },
-                tid, NTH, false, a.q);
-            fa_load_rows<D>(
-                sq + BQ * LDS, BQ,
-                [&](int r) -> const tr_bf16 * {
-                    return i0 + r < q_end ? a.dout + (size_t)(i0 + r) * HD + (size_t)h * D
-                                          : nullptr;
-                },
-                tid, NTH, false, a.dout);
-        }
-        for (int r = tid; r < 2 * BQ; r += NTH) {   // lse2 then delta, from the rows pass
-            const int i = i0 + r % BQ;
-            const float *src = r < BQ ? a.lse2 : a.delta;
-            fa_cp4((r < BQ ? lse_s : delta_s) + stage * BQ + r % BQ,
-                   i < q_end ? src + (size_t)i * a.H + h : src, i < q_end);
-        }
-    };
+    fa_dkv_items<D, BQ, NTH, false> items = {stg, lse_s, delta_s, k0, q_end, nq, kvh * G, 0};
     // Group 0 holds K, V and item 0, group j item j; item j goes to stage j % ST.
 #pragma unroll
     for (int s = 0; s < ST - 1; s++) {
-        if (s < total) load_q(s);
+        if (s < total) items.load(a, s, vec, tid);
         fa_cp_commit();
     }
 
@@ -472,7 +486,7 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_kernel(const fa_b
     for (int item = 0; item < total; item++) {
         fa_cp_wait<ST - 2>();
         __syncthreads();   // item's stage landed; every warp is done with the previous stage
-        if (item + ST - 1 < total) load_q(fa_prev_stage<ST>(stage));
+        if (item + ST - 1 < total) items.load(a, fa_prev_stage<ST>(stage), vec, tid);
         fa_cp_commit();
         const tr_bf16 *sq = stg + stage * STAGE, *sdo = sq + BQ * LDS;
         const float *lse2 = lse_s + stage * BQ, *dl = delta_s + stage * BQ;
@@ -533,7 +547,7 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_wg_kernel(const f
     const int k0 = a.doc_start[doc] + lvl * BK, k1 = min(k0 + BK, a.doc_start[doc + 1]);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int wg = warp >> 2;
-    const size_t ld = (size_t)a.ld, HD = (size_t)a.H * D;
+    const size_t ld = (size_t)a.ld;
     const bool vec = a.vec != 0;
 
     fa_load_rows<D, true>(
@@ -549,47 +563,10 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_wg_kernel(const f
         },
         tid, NTH, vec, a.v);
     const int nq = (q_end - k0 + BQ - 1) / BQ, total = G * nq;
-    int ld_h = kvh * G, ld_q = 0;   // the next item to load, as fa_dkv_kernel counts them
-    auto load_q = [&](int stage) {
-        const int h = ld_h, i0 = k0 + ld_q * BQ;
-        if (++ld_q == nq) {
-            ld_q = 0;
-            ld_h++;
-        }
-        tr_bf16 *sq = stg + stage * STAGE;
-        if (vec) {
-            const uint32_t at = fa_smem(sq);
-            fa_cp_tile<D, BQ, NTH, true>(at, a.q + (size_t)i0 * ld + (size_t)h * D, ld,
-                                         q_end - i0, a.q, tid);
-            fa_cp_tile<D, BQ, NTH, true>(at + BQ * D * (uint32_t)sizeof(tr_bf16),
-                                         a.dout + (size_t)i0 * HD + (size_t)h * D, HD,
-                                         q_end - i0, a.dout, tid);
-        } else {
-            fa_load_rows<D, true>(
-                sq, BQ,
-                [&](int r) -> const tr_bf16 * {
-                    return i0 + r < q_end ? a.q + (size_t)(i0 + r) * ld + (size_t)h * D
-                                          : nullptr;
-                },
-                tid, NTH, false, a.q);
-            fa_load_rows<D, true>(
-                sq + BQ * D, BQ,
-                [&](int r) -> const tr_bf16 * {
-                    return i0 + r < q_end ? a.dout + (size_t)(i0 + r) * HD + (size_t)h * D
-                                          : nullptr;
-                },
-                tid, NTH, false, a.dout);
-        }
-        for (int r = tid; r < 2 * BQ; r += NTH) {   // lse2 then delta, from the rows pass
-            const int i = i0 + r % BQ;
-            const float *src = r < BQ ? a.lse2 : a.delta;
-            fa_cp4((r < BQ ? lse_s : delta_s) + stage * BQ + r % BQ,
-                   i < q_end ? src + (size_t)i * a.H + h : src, i < q_end);
-        }
-    };
+    fa_dkv_items<D, BQ, NTH, true> items = {stg, lse_s, delta_s, k0, q_end, nq, kvh * G, 0};
 #pragma unroll
     for (int s = 0; s < ST - 1; s++) {
-        if (s < total) load_q(s);
+        if (s < total) items.load(a, s, vec, tid);
         fa_cp_commit();
     }
 
@@ -609,7 +586,7 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_wg_kernel(const f
         fa_cp_wait<ST - 2>();
         wg_proxy_fence();
         __syncthreads();   // item's stage landed; every warp is done with the previous stage
-        if (item + ST - 1 < total) load_q(fa_prev_stage<ST>(stage));
+        if (item + ST - 1 < total) items.load(a, fa_prev_stage<ST>(stage), vec, tid);
         fa_cp_commit();
         const tr_bf16 *sq = stg + stage * STAGE, *sdo = sq + BQ * D;
         const float *lse2 = lse_s + stage * BQ, *dl = delta_s + stage * BQ;
