@@ -100,12 +100,8 @@ __global__ void __launch_bounds__(FA_FWD_WARPS * 32, 2) fa_forward_kernel(const 
     const tr_bf16 *kb = a.k + (size_t)kvh * D, *vb = a.v + (size_t)kvh * D;
     const bool vec = a.vec != 0;
 
-    fa_load_rows<D>(
-        qs, BM,
-        [&](int r) -> const tr_bf16 * {
-            return t0 + r < t1 ? a.q + (size_t)(t0 + r) * ld + (size_t)h * D : nullptr;
-        },
-        tid, NTH, vec, a.q);
+    fa_load_run<D>(qs, BM, a.q + (size_t)t0 * ld + (size_t)h * D, ld, t1 - t0, tid, NTH,
+                     vec, a.q);
     // it: the key tile taken next; group 0 holds the rows and the first tile
     fa_kv_stages<D, BN, NTH, ST> kv = {ks, vs, kb, vb, ld, vec, a.k, a.doc_start, a.prefix,
                                        a.n_docs, t1, tid, {}};
@@ -191,12 +187,8 @@ __global__ void __launch_bounds__(NWG * 128, MINB) fa_forward_wg_kernel(const fa
     const tr_bf16 *kb = a.k + (size_t)kvh * D, *vb = a.v + (size_t)kvh * D;
     const bool vec = a.vec != 0;
 
-    fa_load_rows<D, true>(
-        qs, BM,
-        [&](int r) -> const tr_bf16 * {
-            return t0 + r < t1 ? a.q + (size_t)(t0 + r) * ld + (size_t)h * D : nullptr;
-        },
-        tid, NTH, vec, a.q);
+    fa_load_run<D, true>(qs, BM, a.q + (size_t)t0 * ld + (size_t)h * D, ld, t1 - t0, tid, NTH,
+                     vec, a.q);
     fa_kv_stages<D, BN, NTH, ST, true> kv = {ks, vs, kb, vb, ld, vec, a.k, a.doc_start, a.prefix,
                                              a.n_docs, t1, tid, {}};
     fa_kv_iter it;

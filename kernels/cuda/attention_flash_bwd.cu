@@ -100,6 +100,30 @@ __device__ __forceinline__ void fa_dq_probs(const float (&s)[NT][4], float (&dp)
             }
 }
 
+// fa_dq_probs for the warp's 16 rows from w0 against the tile it (of NT n8 tiles of keys):
+// unmasked when every row sees the whole tile, as most do.
+template <int NT>
+__device__ __forceinline__ void fa_dq_warp_probs(const float (&s)[NT][4], float (&dp)[NT][4],
+                                                 const float (&lse2)[2], const float (&delta)[2],
+                                                 const fa_kv_iter &it, int w0, float sl2,
+                                                 float scale) {
+    constexpr int BN = NT * 8;
+    const int g = (threadIdx.x & 31) >> 2;
+    const int lo = max(w0, it.s), hi = min(w0 + 16, it.lim) - 1;
+    if (lo == w0 && hi == w0 + 15 && it.p0 + BN - 1 <= w0 - it.s + it.pl) {
+        const int lim[2] = {BN, BN};
+        fa_dq_probs<NT, false>(s, dp, lse2, delta, lim, sl2, scale);
+    } else {
+        int lim[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int i = w0 + g + 8 * r;
+            lim[r] = (i >= it.s && i < it.lim ? i - it.s + it.pl : -1) - it.p0;
+        }
+        fa_dq_probs<NT, true>(s, dp, lse2, delta, lim, sl2, scale);
+    }
+}
+
 // The rows pass: a warp per FA_ROWS_PER_WARP (token, head) pairs w = t H + h, each row's
 // loads issued before any sum (a lone row's two loads a warp left the copies latency-bound),
 // writes delta[w] = sum_d dO O and lse2[w] = lse log2(e), the two row statistics both main
@@ -187,18 +211,10 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dq_kernel(const fa_bw
     const bool vec = a.vec != 0;
     const tr_bf16 *kb = a.k + (size_t)kvh * D, *vb = a.v + (size_t)kvh * D;
 
-    fa_load_rows<D>(
-        qs, BQ,
-        [&](int r) -> const tr_bf16 * {
-            return t0 + r < t1 ? a.q + (size_t)(t0 + r) * ld + (size_t)h * D : nullptr;
-        },
-        tid, NTH, vec, a.q);
-    fa_load_rows<D>(
-        dos, BQ,
-        [&](int r) -> const tr_bf16 * {
-            return t0 + r < t1 ? a.dout + (size_t)(t0 + r) * HD + (size_t)h * D : nullptr;
-        },
-        tid, NTH, vec, a.dout);
+    fa_load_run<D>(qs, BQ, a.q + (size_t)t0 * ld + (size_t)h * D, ld, t1 - t0, tid, NTH,
+                     vec, a.q);
+    fa_load_run<D>(dos, BQ, a.dout + (size_t)t0 * HD + (size_t)h * D, HD, t1 - t0, tid, NTH,
+                     vec, a.dout);
     // it: the key tile multiplied next; group 0 holds the rows and the first tile
     fa_kv_stages<D, BN, NTH, ST> kv = {ks, vs, kb, vb, ld, vec, a.k, a.doc_start, a.prefix,
                                        a.n_docs, t1, tid, {}};
@@ -231,19 +247,7 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dq_kernel(const fa_bw
             float s[1][NT][4], dp[1][NT][4];
             fa_gemm_abt<D, 1, NT>(s, qs + warp * 16 * LDS, kt, LDS);
             fa_gemm_abt<D, 1, NT>(dp, dos + warp * 16 * LDS, vt, LDS);
-            // tiles every row of the warp sees whole need no mask
-            if (lo == w0 && hi == w0 + 15 && it.p0 + BN - 1 <= w0 - it.s + it.pl) {
-                const int lim[2] = {BN, BN};
-                fa_dq_probs<NT, false>(s[0], dp[0], lse2, delta, lim, a.sl2, a.scale);
-            } else {
-                int lim[2];
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    const int i = w0 + g + 8 * r;
-                    lim[r] = (i >= it.s && i < it.lim ? i - it.s + it.pl : -1) - it.p0;
-                }
-                fa_dq_probs<NT, true>(s[0], dp[0], lse2, delta, lim, a.sl2, a.scale);
-            }
+            fa_dq_warp_probs<NT>(s[0], dp[0], lse2, delta, it, w0, a.sl2, a.scale);
             uint32_t da[1][BN / 16][4];
 #pragma unroll
             for (int kk = 0; kk < BN / 16; kk++) fa_acc_to_a(da[0][kk], dp[0], kk);
@@ -279,18 +283,10 @@ __global__ void __launch_bounds__(NWG * 128, MINB) fa_dq_wg_kernel(const fa_bwd_
     const bool vec = a.vec != 0;
     const tr_bf16 *kb = a.k + (size_t)kvh * D, *vb = a.v + (size_t)kvh * D;
 
-    fa_load_rows<D, true>(
-        qs, BQ,
-        [&](int r) -> const tr_bf16 * {
-            return t0 + r < t1 ? a.q + (size_t)(t0 + r) * ld + (size_t)h * D : nullptr;
-        },
-        tid, NTH, vec, a.q);
-    fa_load_rows<D, true>(
-        dos, BQ,
-        [&](int r) -> const tr_bf16 * {
-            return t0 + r < t1 ? a.dout + (size_t)(t0 + r) * HD + (size_t)h * D : nullptr;
-        },
-        tid, NTH, vec, a.dout);
+    fa_load_run<D, true>(qs, BQ, a.q + (size_t)t0 * ld + (size_t)h * D, ld, t1 - t0, tid, NTH,
+                     vec, a.q);
+    fa_load_run<D, true>(dos, BQ, a.dout + (size_t)t0 * HD + (size_t)h * D, HD, t1 - t0, tid, NTH,
+                     vec, a.dout);
     fa_kv_stages<D, BN, NTH, ST, true> kv = {ks, vs, kb, vb, ld, vec, a.k, a.doc_start,
                                              a.prefix, a.n_docs, t1, tid, {}};
     fa_kv_iter it;
@@ -329,20 +325,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) fa_dq_wg_kernel(const fa_bwd_
             wg_wait<0>();
             wg_keep(s[0]);
             wg_keep(dp[0]);
-            // the warp's rows: tiles every one of them sees whole need no mask
-            const int lo = max(w0, it.s), hi = min(w0 + 16, it.lim) - 1;
-            if (lo == w0 && hi == w0 + 15 && it.p0 + BN - 1 <= w0 - it.s + it.pl) {
-                const int lim[2] = {BN, BN};
-                fa_dq_probs<NT, false>(s[0], dp[0], lse2, delta, lim, a.sl2, a.scale);
-            } else {
-                int lim[2];
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    const int i = w0 + g + 8 * r;
-                    lim[r] = (i >= it.s && i < it.lim ? i - it.s + it.pl : -1) - it.p0;
-                }
-                fa_dq_probs<NT, true>(s[0], dp[0], lse2, delta, lim, a.sl2, a.scale);
-            }
+            fa_dq_warp_probs<NT>(s[0], dp[0], lse2, delta, it, w0, a.sl2, a.scale);
             uint32_t da[BN / 16][4];
 #pragma unroll
             for (int kk = 0; kk < BN / 16; kk++) fa_acc_to_a(da[kk], dp[0], kk);
@@ -402,20 +385,10 @@ struct fa_dkv_items {
                                        a.dout + (size_t)i0 * HD + (size_t)hh * D, HD,
                                        q_end - i0, a.dout, tid);
         } else {
-            fa_load_rows<D, SW>(
-                sq, BQ,
-                [&](int r) -> const tr_bf16 * {
-                    return i0 + r < q_end ? a.q + (size_t)(i0 + r) * ld + (size_t)hh * D
-                                          : nullptr;
-                },
-                tid, NTH, false, a.q);
-            fa_load_rows<D, SW>(
-                sq + BQ * ROW, BQ,
-                [&](int r) -> const tr_bf16 * {
-                    return i0 + r < q_end ? a.dout + (size_t)(i0 + r) * HD + (size_t)hh * D
-                                          : nullptr;
-                },
-                tid, NTH, false, a.dout);
+            fa_load_run<D, SW>(sq, BQ, a.q + (size_t)i0 * ld + (size_t)hh * D, ld, q_end - i0,
+                               tid, NTH, false, a.q);
+            fa_load_run<D, SW>(sq + BQ * ROW, BQ, a.dout + (size_t)i0 * HD + (size_t)hh * D, HD,
+                               q_end - i0, tid, NTH, false, a.dout);
         }
         for (int r = tid; r < 2 * BQ; r += NTH) {   // lse2 then delta, from the rows pass
             const int i = i0 + r % BQ;
@@ -451,18 +424,10 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_kernel(const fa_b
     const size_t ld = (size_t)a.ld;
     const bool vec = a.vec != 0;
 
-    fa_load_rows<D>(
-        ks, BK,
-        [&](int r) -> const tr_bf16 * {
-            return k0 + r < k1 ? a.k + (size_t)(k0 + r) * ld + (size_t)kvh * D : nullptr;
-        },
-        tid, NTH, vec, a.k);
-    fa_load_rows<D>(
-        vs, BK,
-        [&](int r) -> const tr_bf16 * {
-            return k0 + r < k1 ? a.v + (size_t)(k0 + r) * ld + (size_t)kvh * D : nullptr;
-        },
-        tid, NTH, vec, a.v);
+    fa_load_run<D>(ks, BK, a.k + (size_t)k0 * ld + (size_t)kvh * D, ld, k1 - k0, tid, NTH,
+                     vec, a.k);
+    fa_load_run<D>(vs, BK, a.v + (size_t)k0 * ld + (size_t)kvh * D, ld, k1 - k0, tid, NTH,
+                     vec, a.v);
     const int nq = (q_end - k0 + BQ - 1) / BQ, total = G * nq;
     fa_dkv_items<D, BQ, NTH, false> items = {stg, lse_s, delta_s, k0, q_end, nq, kvh * G, 0};
     // Group 0 holds K, V and item 0, group j item j; item j goes to stage j % ST.
@@ -550,18 +515,10 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dkv_wg_kernel(const f
     const size_t ld = (size_t)a.ld;
     const bool vec = a.vec != 0;
 
-    fa_load_rows<D, true>(
-        ks, BK,
-        [&](int r) -> const tr_bf16 * {
-            return k0 + r < k1 ? a.k + (size_t)(k0 + r) * ld + (size_t)kvh * D : nullptr;
-        },
-        tid, NTH, vec, a.k);
-    fa_load_rows<D, true>(
-        vs, BK,
-        [&](int r) -> const tr_bf16 * {
-            return k0 + r < k1 ? a.v + (size_t)(k0 + r) * ld + (size_t)kvh * D : nullptr;
-        },
-        tid, NTH, vec, a.v);
+    fa_load_run<D, true>(ks, BK, a.k + (size_t)k0 * ld + (size_t)kvh * D, ld, k1 - k0, tid, NTH,
+                     vec, a.k);
+    fa_load_run<D, true>(vs, BK, a.v + (size_t)k0 * ld + (size_t)kvh * D, ld, k1 - k0, tid, NTH,
+                     vec, a.v);
     const int nq = (q_end - k0 + BQ - 1) / BQ, total = G * nq;
     fa_dkv_items<D, BQ, NTH, true> items = {stg, lse_s, delta_s, k0, q_end, nq, kvh * G, 0};
 #pragma unroll

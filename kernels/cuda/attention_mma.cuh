@@ -145,6 +145,18 @@ __device__ __forceinline__ void fa_load_rows(tr_bf16 *sm, int rows, const Src &s
     }
 }
 
+// The common case of fa_load_rows: `rows` rows from src, stride elements apart, the first
+// `valid` of them read and the rest zeros.
+template <int D, bool SW = false>
+__device__ __forceinline__ void fa_load_run(tr_bf16 *sm, int rows, const tr_bf16 *src,
+                                            size_t stride, int valid, int tid, int nthr, bool vec,
+                                            const void *any_global) {
+    fa_load_rows<D, SW>(
+        sm, rows,
+        [&](int r) -> const tr_bf16 * { return r < valid ? src + (size_t)r * stride : nullptr; },
+        tid, nthr, vec, any_global);
+}
+
 // Two adjacent bf16 outputs at p (even column): one 4-byte store when p is 4-byte aligned.
 __device__ __forceinline__ void fa_store2(tr_bf16 *p, float x0, float x1, bool aligned4) {
     if (aligned4) {
