@@ -18,6 +18,11 @@
 #   train  bench_train_gpu at the 0.5B and 1.5B shapes, 3 timed steps, dense and (0.5B) packed
 #   decode bench_decode_gpu at the 0.5B and 1.5B shapes, batch 64 and 256, 256 + 256 tokens
 #   peer   bench/run_gpu_train.sh beside torch (anchors/ carried too): the issue-13 table
+#   apeer  bench/attention_peer.py: torch's best attention (SDPA, FlexAttention) beside
+#          bench_cuda attention, the same shapes, with the ratios
+#   prof   TROUPE_CUDA_PROFILE's table of a training step at both shapes (device time per op)
+#   ncu    Nsight Compute on one launch of the wgmma forward at D = 64 and 128 (dense shapes):
+#          the details page and every SASS instruction's executions and stall samples (csv)
 # Output: $OUT (else ./gpu-results): prebuilt.tar.gz (a log per step) and prebuilt_summary.txt
 # (each step's exit status, its failed checks and the benchmark lines).
 set -u
@@ -36,7 +41,7 @@ if [ "${1:-}" = pack ]; then
     du -sh "$carry"
     exit 0
 fi
-[ "${1:-}" = run ] || { sed -n 2,22p "$0"; exit 2; }
+[ "${1:-}" = run ] || { sed -n 2,27p "$0"; exit 2; }
 shift
 parts="${*:-attn train}"
 out="${OUT:-gpu-results}"
@@ -80,6 +85,28 @@ if has decode; then
             step "decode_${sh}_$b" timeout 120 "$carry/bench/bench_decode_gpu" "$sh" "$b" 1 256 256
             grep -h "^troupe decode" "$logs/decode_${sh}_$b.log" >>"$summary"
         done
+    done
+fi
+if has apeer; then
+    step attn_peer timeout 300 python3 bench/attention_peer.py --troupe "$bc"
+    grep -E "^\||ratio|x$" "$logs/attn_peer.log" | head -20 >>"$summary"
+fi
+if has prof; then
+    step prof_05b env TROUPE_CUDA_PROFILE=1 timeout 100 "$bt" qwen2.5-0.5b 8 2048 3
+    step prof_15b env TROUPE_CUDA_PROFILE=1 timeout 100 "$bt" qwen2.5-1.5b 4 2048 3
+fi
+if has ncu; then
+    ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    for k in "64:qwen05b_dense" "128:qwen15b_dense"; do
+        r="$logs/ncu_fwd${k%%:*}"
+        step "ncu_fwd${k%%:*}" timeout 150 "$ncu" --clock-control none --set full \
+            --kernel-name-base mangled --kernel-name "regex:fa_forward_wg_kernelILi${k%%:*}E" \
+            --launch-skip 2 --launch-count 1 -o "$r" "$bc" attention "${k#*:}"
+        "$ncu" -i "$r.ncu-rep" --page details >"$r.details.txt" 2>&1
+        "$ncu" -i "$r.ncu-rep" --page source --print-source sass --csv >"$r.sass.csv" 2>&1
+        rm -f "$r.ncu-rep"
+        grep -E "Duration|Executed Ipc A|Issue Slots Busy|Registers Per|Achieved Occ" \
+            "$r.details.txt" | sed "s/^/fwd${k%%:*} /" >>"$summary"
     done
 fi
 if has peer; then

@@ -21,27 +21,22 @@
 
 // Folds the warp's state st (the current chunk) into the finished chunks (am, al, acc):
 // to_state false stores the result in the accumulator and empties st (a chunk boundary);
-// true leaves it in st with full row sums (the end).
+// true leaves it in st with full row sums (the end). acc holds a thread's outputs four to an
+// element (o[mt][n][0..3]), so that local memory moves 16 bytes an access.
 template <int D, int MT>
-__device__ __forceinline__ void fa_fold_acc(float (&am)[MT][2], float (&al)[MT][2], float *acc,
+__device__ __forceinline__ void fa_fold_acc(float (&am)[MT][2], float (&al)[MT][2], float4 *acc,
                                             fa_state<D, MT> &st, bool to_state) {
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
+    for (int mt = 0; mt < MT; mt++) {
+        fa_fold_t f[2];
+        bool blend = true;
 #pragma unroll
         for (int hi = 0; hi < 2; hi++) {
             const float lc = fa_quad_sum(st.l[mt][hi]);
-            const fa_fold_t f = fa_fold_coef(am[mt][hi], st.m[mt][hi]);
-            const float l = fa_fold(f, al[mt][hi], lc);
-            const float m = fa_fold_max(f, am[mt][hi], st.m[mt][hi]);
-#pragma unroll
-            for (int n = 0; n < D / 8; n++)
-#pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    float &x = acc[(mt * (D / 8) + n) * 4 + 2 * hi + c];
-                    const float r = fa_fold(f, x, st.o[mt][n][2 * hi + c]);
-                    if (to_state) st.o[mt][n][2 * hi + c] = r;
-                    else x = r;
-                }
+            f[hi] = fa_fold_coef(am[mt][hi], st.m[mt][hi]);
+            const float l = fa_fold(f[hi], al[mt][hi], lc);
+            const float m = fa_fold_max(f[hi], am[mt][hi], st.m[mt][hi]);
+            blend = blend && f[hi].mode == 2;
             if (to_state) {
                 st.m[mt][hi] = m;
                 st.l[mt][hi] = l;
@@ -50,15 +45,50 @@ __device__ __forceinline__ void fa_fold_acc(float (&am)[MT][2], float (&al)[MT][
                 al[mt][hi] = l;
             }
         }
+        blend = __all_sync(0xffffffffu, blend);
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            float4 &slot = acc[mt * (D / 8) + n];
+            const float4 x = slot;
+            const float xs[4] = {x.x, x.y, x.z, x.w};
+            float r[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const fa_fold_t &fe = f[e >> 1];
+                const float c = st.o[mt][n][e];
+                r[e] = blend ? __fmaf_rn(xs[e], fe.a, __fmul_rn(c, fe.c)) : fa_fold(fe, xs[e], c);
+            }
+            if (to_state) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) st.o[mt][n][e] = r[e];
+            } else {
+                slot = make_float4(r[0], r[1], r[2], r[3]);
+            }
+        }
+    }
     if (!to_state) fa_reset(st);
 }
+
+// Where a row's softmax chunk ends: the tile at context position p0 begins a new chunk when p0
+// is a positive multiple of chunk. Tiles of a document come in order from position 0, a tile
+// at a time, so the next edge is counted rather than divided for.
+struct fa_chunk_edge {
+    int next;
+    // Whether the tile at p0 (the walk's next, every tile of it in order) starts a chunk.
+    __device__ __forceinline__ bool at(int p0, int chunk) {
+        if (p0 == 0) next = chunk;
+        const bool edge = p0 == next;
+        if (edge) next += chunk;
+        return edge;
+    }
+};
 
 // The end of a warp's rows (from w0; rows from t1 on are not the block's): the last chunk
 // folded in (or the row sums completed), then out and lse written.
 template <int D, int MT>
 __device__ __forceinline__ void fa_forward_finish(const fa_fwd_args &a, fa_state<D, MT> &st,
                                                   float (&am)[MT][2], float (&al)[MT][2],
-                                                  float *acc, bool acc_used, int w0, int t1,
+                                                  float4 *acc, bool acc_used, int w0, int t1,
                                                   int h, int g, int t) {
     if (acc_used) {
         fa_fold_acc<D, MT>(am, al, acc, st, true);
@@ -112,8 +142,9 @@ __global__ void __launch_bounds__(FA_FWD_WARPS * 32, 2) fa_forward_kernel(const 
     fa_state<D, MT> st;
     fa_reset(st);
     float am[MT][2], al[MT][2];
-    float acc[MT * (D / 8) * 4];   // local memory: see fa_opaque_zero
+    float4 acc[MT * (D / 8)];   // local memory: see fa_opaque_zero
     const int z = fa_opaque_zero();
+    fa_chunk_edge edge = {0};
     bool acc_used = false;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
@@ -130,8 +161,9 @@ __global__ void __launch_bounds__(FA_FWD_WARPS * 32, 2) fa_forward_kernel(const 
         kv.refill(fa_prev_stage<ST>(stage));
         // the warp's rows in this document: lo..hi, seeing positions up to hi - s + pl
         const int lo = max(w0, it.s), hi = min(w0 + 16 * MT, it.lim) - 1;
+        const bool fold = edge.at(it.p0, a.chunk);
         if (lo <= hi && it.p0 <= hi - it.s + it.pl) {
-            if (it.p0 > 0 && it.p0 % a.chunk == 0) {
+            if (fold) {
                 fa_fold_acc<D, MT>(am, al, acc + z, st, false);
                 acc_used = true;
             }
@@ -198,8 +230,9 @@ __global__ void __launch_bounds__(NWG * 128, MINB) fa_forward_wg_kernel(const fa
     fa_state<D, 1> st;
     fa_reset(st);
     float am[1][2] = {{-INFINITY, -INFINITY}}, al[1][2] = {{0.0f, 0.0f}};
-    float acc[(D / 8) * 4];   // local memory: see fa_opaque_zero
+    float4 acc[D / 8];   // local memory: see fa_opaque_zero
     const int z = fa_opaque_zero();
+    fa_chunk_edge edge = {0};
     bool acc_used = false;
     const int w0 = t0 + warp * 16, g0 = t0 + wg * 64;   // the warp's and the group's first rows
     int stage = 0;
@@ -215,11 +248,11 @@ __global__ void __launch_bounds__(NWG * 128, MINB) fa_forward_wg_kernel(const fa
         kv.refill(PIPE ? fa_prev_stage<ST>(fa_prev_stage<ST>(stage)) : fa_prev_stage<ST>(stage));
         // the group's rows in this document: lo..hi, seeing positions up to hi - s + pl
         const int lo = max(g0, it.s), hi = min(g0 + 64, it.lim) - 1;
+        const bool fold = edge.at(it.p0, a.chunk);
         // PIPE takes every tile, so that no product is issued on a path the compiler cannot
         // prove uniform (it then serializes them all); rows that see none of a tile keep
         // their state bit for bit, and a fold of a state no tile changed since changes no bit.
         if (PIPE || (lo <= hi && it.p0 <= hi - it.s + it.pl)) {
-            const bool fold = it.p0 > 0 && it.p0 % a.chunk == 0;
             if (!PIPE && fold) {
                 fa_fold_acc<D, 1>(am, al, acc + z, st, false);
                 acc_used = true;

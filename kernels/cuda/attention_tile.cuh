@@ -21,10 +21,15 @@ template <int D>
 constexpr int fa_bn() { return D > 64 ? 32 : 64; }
 static_assert(TR_CUDA_SOFTMAX_CHUNK % 64 == 0, "a softmax chunk is whole tiles");
 
+// How far (log2 units) a tile's maximum may pass a row's reference point m before m moves to
+// it and the output is rescaled (fa_tile_probs): a factor of 2^8.
+#define FA_MAX_SLACK 8.0f
+
 // The running softmax of MT m16 tiles of rows. Thread (g, t) holds rows g ([mt][0]) and g+8
 // ([mt][1]) of each m-tile, and channels 8n + 2t, 8n + 2t + 1 of each in o[mt][n][2 hi + c].
-// m: the running maximum of x = score * scale * log2(e) (-inf: no key seen yet); l: this
-// thread's share of the row sum of 2^(x - m) (its own columns; fa_quad_sum makes the row's).
+// m: the reference point of x = score * scale * log2(e), within FA_MAX_SLACK below the
+// running maximum (-inf: no key seen yet); l: this thread's share of the row sum of 2^(x - m)
+// (its own columns; fa_quad_sum makes the row's).
 template <int D, int MT>
 struct fa_state {
     float m[MT][2], l[MT][2];
@@ -50,7 +55,7 @@ __device__ __forceinline__ void fa_reset(fa_state<D, MT> &st) {
 // The softmax step of fa_tile between its two products, for kernels that form the scores and
 // multiply by V another way (attention_wgmma.cuh), in three parts. fa_tile_probs: s holds the
 // tile's raw scores Q K^T in accumulator layout and leaves as probabilities (fp32); the
-// running maximum and sums of st are updated, and alphas receives each row's factor for the
+// reference points and sums of st are updated, and alphas receives each row's factor for the
 // output, the return value telling whether any row of the warp has one other than 1.
 // fa_tile_pack then rounds the probabilities into P's fragments and fa_tile_rescale applies
 // the factors to st.o: a kernel may defer both while the previous tile's P V is still reading
@@ -102,9 +107,15 @@ __device__ __forceinline__ bool fa_tile_probs(fa_state<D, MT> &st,
                     }
             }
             mx = __fmul_rn(fa_quad_max(mx), sl2);
-            const float mnew = fmaxf(st.m[mt][hi], mx);
+            // The reference point moves only when the tile's maximum passes it by more than
+            // FA_MAX_SLACK: probabilities then stay below 2^FA_MAX_SLACK (fp32 and bf16 hold
+            // them as precisely as any other), and the output is rescaled a few times a chunk
+            // rather than at nearly every tile. (-inf + slack is -inf: an empty state takes
+            // any finite maximum.)
+            const float mnew = mx > st.m[mt][hi] + FA_MAX_SLACK ? mx : st.m[mt][hi];
+            const float mold = st.m[mt][hi];
             const float mu = mnew == -INFINITY ? 0.0f : mnew;
-            const float alpha = fa_ex2(__fsub_rn(st.m[mt][hi], mu));
+            const float alpha = fa_ex2(__fsub_rn(mold, mu));
             st.m[mt][hi] = mnew;
             float rs = 0.0f;
             // 2^(score sl2 - mu) with the product and difference rounded once (a masked score,
@@ -119,7 +130,9 @@ __device__ __forceinline__ bool fa_tile_probs(fa_state<D, MT> &st,
                 }
             st.l[mt][hi] = __fmaf_rn(st.l[mt][hi], alpha, rs);
             alphas[mt][hi] = alpha;
-            rescale |= alpha != 1.0f;
+            // an empty state's output is zeros (fa_reset; P V added only zeros since), which
+            // its alpha of 0 leaves as they are: a chunk's first tile rescales nothing
+            rescale |= alpha != 1.0f && mold != -INFINITY;
         }
     }
     return __any_sync(0xffffffffu, rescale);
@@ -136,8 +149,8 @@ __device__ __forceinline__ void fa_tile_pack(uint32_t (&p)[MT][fa_bn<D>() / 16][
         for (int kk = 0; kk < fa_bn<D>() / 16; kk++) fa_acc_to_a(p[mt][kk], s[mt], kk);
 }
 
-// o *= alpha, skipped when no row of the warp raised its maximum (alpha exactly 1, and x * 1
-// is x: the same bits), which after the first tiles is most of them.
+// o *= alpha, skipped when no row of the warp moved its reference point (alpha exactly 1, and
+// x * 1 is x: the same bits), which past a chunk's first tile is nearly all of them.
 template <int D, int MT>
 __device__ __forceinline__ void fa_tile_rescale(fa_state<D, MT> &st,
                                                 const float (&alphas)[MT][2], bool any,
@@ -201,8 +214,11 @@ __device__ __forceinline__ fa_fold_t fa_fold_coef(float ma, float mc) {
     const float m = fmaxf(ma, mc);
     return {2, fa_ex2(__fsub_rn(ma, m)), fa_ex2(__fsub_rn(mc, m))};
 }
+// The blend is formed whatever the mode and then chosen, so that a fold of many values
+// compiles to selects rather than a branch per value.
 __device__ __forceinline__ float fa_fold(const fa_fold_t &f, float a, float c) {
-    return f.mode == 0 ? a : f.mode == 1 ? c : __fmaf_rn(a, f.a, __fmul_rn(c, f.c));
+    const float b = __fmaf_rn(a, f.a, __fmul_rn(c, f.c));
+    return f.mode == 0 ? a : f.mode == 1 ? c : b;
 }
 __device__ __forceinline__ float fa_fold_max(const fa_fold_t &f, float ma, float mc) {
     return f.mode == 0 ? ma : f.mode == 1 ? mc : fmaxf(ma, mc);
