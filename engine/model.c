@@ -766,14 +766,13 @@ static int row_parallel_sp(tr_model *m, float *out, const float *x, const void *
 // A row-parallel projection into the residual stream: out = x + in @ w^T + bias. Each rank
 // holds w's columns for its part of in; rank 0 starts from x and adds the bias (once), the
 // others from zero, and the all-reduce sums the parts (rank 0 first: every rank gets the
-// same bits). Without tensor parallelism it is one accumulating GEMM.
+// same bits). Without tensor parallelism it is one GEMM reading x and writing out.
 static int row_parallel(tr_model *m, float *out, const float *x, const void *in, const void *w,
                         const void *bias, int32_t T, int32_t IC, int32_t OC, tr_err *err) {
     const tr_ops *op = m->be->ops;
     if (m->tp.sp) return row_parallel_sp(m, out, x, in, w, bias, T, IC, OC, err);
     if (m->tp.rank == 0) {
-        if (out != x) op->copy(m->be, out, x, (size_t)T * OC * sizeof(float));
-        op->matmul_forward(m->be, out, in, w, bias, T, IC, OC, TR_MM_OUT_F32 | TR_MM_ACCUMULATE);
+        op->matmul_forward_add(m->be, out, x, in, w, bias, T, IC, OC);
     } else {
         op->matmul_forward(m->be, out, in, w, NULL, T, IC, OC, TR_MM_OUT_F32);
     }

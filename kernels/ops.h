@@ -117,7 +117,7 @@ typedef struct tr_sample_cand {
 } tr_sample_cand;
 
 // matmul_forward flags.
-enum { TR_MM_OUT_F32 = 1, TR_MM_ACCUMULATE = 2 };
+enum { TR_MM_OUT_F32 = 1 };
 
 // A span of the flat range an AdamW call updates, with its weight decay (0 for norms and
 // biases): segments tile [0, n) in order. Backend memory.
@@ -192,12 +192,18 @@ typedef struct tr_ops {
     void (*graph_free)(tr_backend *be, void *exec);
 
     // out[T,OC] = in[T,IC] @ w[OC,IC]^T (+ bias[OC] if not NULL). in: A; w, bias: W.
-    // out is A, or F with TR_MM_OUT_F32; TR_MM_ACCUMULATE (with OUT_F32) adds into out,
-    // which is how o_proj and down_proj add into the residual stream. The reduction over IC
-    // of each output element runs in an order that depends on neither T nor the row when
-    // be->batch_invariant (otherwise on T too, never on the row).
+    // out is A, or F with TR_MM_OUT_F32. The reduction over IC of each output element runs in
+    // an order that depends on neither T nor the row when be->batch_invariant (otherwise on T
+    // too, never on the row).
     void (*matmul_forward)(tr_backend *be, void *out, const void *in, const void *w,
                            const void *bias, int32_t T, int32_t IC, int32_t OC, int32_t flags);
+    // out[T,OC] (F) = x[T,OC] (F) + the product above: how o_proj and down_proj add into the
+    // residual stream, reading layer l's stream and writing layer l + 1's without a copy.
+    // out may be x. Each element is x plus its product (with the bias), rounded as the
+    // backend's accumulating product rounds them, whether or not out is x.
+    void (*matmul_forward_add)(tr_backend *be, float *out, const float *x, const void *in,
+                               const void *w, const void *bias, int32_t T, int32_t IC,
+                               int32_t OC);
     // din = dout @ w (A, written); dw += dout^T @ in; dbias += sum_t dout (F). dout, in: A;
     // w: W. Any of din/dw/dbias may be NULL.
     void (*matmul_backward)(tr_backend *be, void *din, float *dw, float *dbias,

@@ -22,6 +22,7 @@ static const tr_ops cpu_ops = {
     .sync = tr_cpu_sync,
     .mem_info = tr_cpu_mem_info,
     .matmul_forward = tr_cpu_matmul_forward,
+    .matmul_forward_add = tr_cpu_matmul_forward_add,
     .matmul_backward = tr_cpu_matmul_backward,
     .embedding_forward = tr_cpu_embedding_forward,
     .embedding_backward = tr_cpu_embedding_backward,

@@ -91,6 +91,9 @@ void tr_cpu_guard_fail(const char *op, const char *what, const void *p);
 
 void tr_cpu_matmul_forward(tr_backend *be, void *out, const void *in, const void *w,
                            const void *bias, int32_t T, int32_t IC, int32_t OC, int32_t flags);
+void tr_cpu_matmul_forward_add(tr_backend *be, float *out, const float *x, const void *in,
+                               const void *w, const void *bias, int32_t T, int32_t IC,
+                               int32_t OC);
 void tr_cpu_matmul_backward(tr_backend *be, void *din, float *dw, float *dbias,
                             const void *dout, const void *in, const void *w, int32_t T,
                             int32_t IC, int32_t OC);

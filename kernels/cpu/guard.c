@@ -132,8 +132,7 @@ static void g_copy_2d(tr_backend *be, void *dst, size_t dst_pitch, const void *s
 static void g_matmul_forward(tr_backend *be, void *out, const void *in, const void *w,
                              const void *bias, int32_t T, int32_t IC, int32_t OC, int32_t flags) {
     const char *op = "matmul_forward";
-    if ((flags & TR_MM_ACCUMULATE) && !(flags & TR_MM_OUT_F32))
-        tr_cpu_guard_fail(op, "TR_MM_ACCUMULATE without TR_MM_OUT_F32", out);
+    if (flags & ~TR_MM_OUT_F32) tr_cpu_guard_fail(op, "unknown flags", out);
     size_t nout = (size_t)T * OC;
     dev(be, out, flags & TR_MM_OUT_F32 ? nout * F : A_(be, nout), 0, op, "out");
     dev(be, in, A_(be, (size_t)T * IC), 0, op, "in");
@@ -141,6 +140,23 @@ static void g_matmul_forward(tr_backend *be, void *out, const void *in, const vo
     dev(be, bias, W_(be, (size_t)OC), 1, op, "bias");
     open_mem(be);
     tr_cpu_matmul_forward(be, out, in, w, bias, T, IC, OC, flags);
+    close_mem(be);
+}
+
+static void g_matmul_forward_add(tr_backend *be, float *out, const float *x, const void *in,
+                                 const void *w, const void *bias, int32_t T, int32_t IC,
+                                 int32_t OC) {
+    const char *op = "matmul_forward_add";
+    size_t nout = (size_t)T * OC;
+    if (out != x && out < x + nout && x < out + nout)
+        tr_cpu_guard_fail(op, "out overlaps x without being x", out);
+    dev(be, out, nout * F, 0, op, "out");
+    dev(be, x, nout * F, 0, op, "x");
+    dev(be, in, A_(be, (size_t)T * IC), 0, op, "in");
+    dev(be, w, W_(be, (size_t)OC * IC), 0, op, "w");
+    dev(be, bias, W_(be, (size_t)OC), 1, op, "bias");
+    open_mem(be);
+    tr_cpu_matmul_forward_add(be, out, x, in, w, bias, T, IC, OC);
     close_mem(be);
 }
 
@@ -751,6 +767,7 @@ const tr_ops tr_cpu_guarded_ops = {
     .sync = tr_cpu_sync,
     .mem_info = tr_cpu_mem_info,
     .matmul_forward = g_matmul_forward,
+    .matmul_forward_add = g_matmul_forward_add,
     .matmul_backward = g_matmul_backward,
     .embedding_forward = g_embedding_forward,
     .embedding_backward = g_embedding_backward,

@@ -4,19 +4,33 @@
 // micro-batch (training) or on another x86-64 machine. The weight and bias gradients continue
 // their chains from the gradient buffer, so they do not depend on the micro-batch split.
 // Activations (in, out, dout, din) are in the backend's dtype A, weights in W (ops.h).
+#include <string.h>
+
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/dtype.h"
 
-void tr_cpu_matmul_forward(tr_backend *be, void *out, const void *in, const void *w,
-                           const void *bias, int32_t T, int32_t IC, int32_t OC, int32_t flags) {
-    // out[t,o] = sum_i in[t,i] w[o,i]: B(k=i, j=o) = w[o*IC + i]. Adding into an fp32 out
-    // (the residual stream) adds the finished result: out + (chain + bias).
-    bool f32 = (flags & (TR_MM_OUT_F32 | TR_MM_ACCUMULATE)) != 0;
+static void matmul_forward(tr_backend *be, void *out, const void *in, const void *w,
+                           const void *bias, int32_t T, int32_t IC, int32_t OC, bool f32,
+                           bool add) {
+    // out[t,o] = sum_i in[t,i] w[o,i]: B(k=i, j=o) = w[o*IC + i]
     tr_gemm g = {.M = T, .N = OC, .K = IC, .a = in, .a_rs = IC, .a_ks = 1, .a_t = be->act,
                  .b = w, .b_ks = 1, .b_cs = IC, .b_t = be->wt, .c = out, .ldc = OC,
-                 .c_t = f32 ? TR_F32 : be->act, .bias = bias, .bias_t = be->wt,
-                 .add = (flags & TR_MM_ACCUMULATE) != 0};
+                 .c_t = f32 ? TR_F32 : be->act, .bias = bias, .bias_t = be->wt, .add = add};
     tr_gemm_run(be, &g);
+}
+
+void tr_cpu_matmul_forward(tr_backend *be, void *out, const void *in, const void *w,
+                           const void *bias, int32_t T, int32_t IC, int32_t OC, int32_t flags) {
+    matmul_forward(be, out, in, w, bias, T, IC, OC, (flags & TR_MM_OUT_F32) != 0, false);
+}
+
+// Adding into the fp32 stream adds the finished result: x + (chain + bias), out starting as
+// a copy of x.
+void tr_cpu_matmul_forward_add(tr_backend *be, float *out, const float *x, const void *in,
+                               const void *w, const void *bias, int32_t T, int32_t IC,
+                               int32_t OC) {
+    if (out != x) memcpy(out, x, (size_t)T * OC * sizeof(float));
+    matmul_forward(be, out, in, w, bias, T, IC, OC, true, true);
 }
 
 #define MM_BIAS_TILE 256

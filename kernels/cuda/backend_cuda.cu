@@ -132,6 +132,7 @@ static const tr_ops cuda_ops = {
     .graph_launch = tr_cuda_graph_launch,
     .graph_free = tr_cuda_graph_free,
     .matmul_forward = tr_cuda_matmul_forward,
+    .matmul_forward_add = tr_cuda_matmul_forward_add,
     .matmul_backward = tr_cuda_matmul_backward,
     .embedding_forward = tr_cuda_embedding_forward,
     .embedding_backward = tr_cuda_embedding_backward,

@@ -257,7 +257,8 @@ static void key_of(const tr_lt_gemm *g, tr_lt_key *key) {
     key->bias = g->bias != NULL;
     key->align_a = align_of(g->a);
     key->align_b = align_of(g->b);
-    key->align_d = align_of(g->d);
+    // C has D's layout and the plan's alignment for both
+    key->align_d = g->c && align_of(g->c) < align_of(g->d) ? align_of(g->c) : align_of(g->d);
     key->align_bias = g->bias ? align_of(g->bias) : 0;
     key->any_n = g->any_n;
     key->split_k = g->split_k && !g->any_n;
@@ -271,6 +272,19 @@ int tr_lt_matmul(tr_backend *be, const tr_lt_gemm *g) {
     key_of(g, &key);
     tr_lt_plan *p = plan_get(be, &key, g->bias);
     if (!p) return -1;
+    // The sequential-k kernel and the timing of candidates add into D itself: for them an
+    // accumulating product into another buffer starts D as a copy of C.
+    tr_lt_gemm in_place;
+    if (g->accumulate && g->c && g->c != g->d && (p->seqk || (g->timed && !p->settled))) {
+        const size_t bytes = (size_t)(g->ldd * g->n) * (g->d_type == CUDA_R_32F ? 4 : 2);
+        if (TR_CUDA_CHECK(be, cudaMemcpyAsync(g->d, g->c, bytes, cudaMemcpyDeviceToDevice,
+                                              ctx->stream)))
+            return -1;
+        in_place = *g;
+        in_place.c = NULL;
+        g = &in_place;
+    }
+    const void *c = g->c ? g->c : g->d;
     if (g->bias && set_desc(be, p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
                             sizeof g->bias))
         return -1;
@@ -281,7 +295,7 @@ int tr_lt_matmul(tr_backend *be, const tr_lt_gemm *g) {
     if (sq < 0) return -1;
     const float one = 1.0f, zero = 0.0f;
     if (sq > 0 && LT_CHECK(be, cublasLtMatmul(ctx->lt, p->op, &one, g->a, p->a, g->b, p->b,
-                                              g->accumulate ? &one : &zero, g->d, p->d, g->d,
+                                              g->accumulate ? &one : &zero, c, p->d, g->d,
                                               p->d, &p->algo, ctx->lt_ws, TR_CUDA_LT_WORKSPACE,
                                               ctx->stream)))
         return -1;

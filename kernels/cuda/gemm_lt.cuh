@@ -4,9 +4,10 @@
 #pragma once
 #include "kernels/cuda/cuda_ctx.cuh"
 
-// D[m,n] = op(A)[m,k] · op(B)[k,n] (+ D when accumulate) (+ bias[m] broadcast over columns),
-// column-major with leading dimensions lda, ldb, ldd. The products and sums are fp32; D is
-// rounded once to d_type. bias has D's type.
+// D[m,n] = op(A)[m,k] · op(B)[k,n] (+ C when accumulate) (+ bias[m] broadcast over columns),
+// column-major with leading dimensions lda, ldb, ldd. C is c, of D's type and layout, or D
+// itself (c NULL). The products and sums are fp32; D is rounded once to d_type. bias has D's
+// type.
 #define TR_LT_SPLIT_MAX_N 256
 // Forward products of at most this many rows are timed among their equal-bit algorithms.
 #define TR_LT_TIMED_MAX_N 512
@@ -24,6 +25,7 @@ typedef struct tr_lt_gemm {
     int64_t ldd;
     cudaDataType_t d_type;
     bool accumulate;
+    const void *c;   // what an accumulating product adds to: NULL for D itself
     const void *bias;
     // The algorithm must not depend on n (the token count of a forward product): it is the
     // one the rule picks for n = TR_CUDA_ANY_N, whatever n is, so every output element is reduced

@@ -99,19 +99,27 @@ static void narrow_forward(tr_backend *be, void *out, const void *in, const void
     TR_CUDA_LAUNCHED(be, "matmul narrow");
 }
 
-// bf16 in and w; out bf16, or fp32 with TR_MM_OUT_F32. A bf16 output takes its bias in the
-// GEMM's epilogue (fp32 sum, one rounding); an fp32 output adds it afterwards, the same fp32
-// sum. cuBLASLt's bias vector has the output's type, which an fp32 output's bf16 bias lacks.
-static void forward_bf16(tr_backend *be, void *out, const void *in, const void *w,
-                         const void *bias, int32_t T, int32_t IC, int32_t OC, int32_t flags) {
-    int out_f32 = (flags & TR_MM_OUT_F32) != 0, acc = (flags & TR_MM_ACCUMULATE) != 0;
+// bf16 in and w; out bf16, or fp32 with TR_MM_OUT_F32 (always with x: out = x + the
+// product). A bf16 output takes its bias in the GEMM's epilogue (fp32 sum, one rounding); an
+// fp32 output adds it afterwards, the same fp32 sum. cuBLASLt's bias vector has the output's
+// type, which an fp32 output's bf16 bias lacks. cuBLASLt reads x as C and writes out as D;
+// the other paths add into out, which starts as a copy of x.
+static void forward_bf16(tr_backend *be, void *out, const float *x, const void *in,
+                         const void *w, const void *bias, int32_t T, int32_t IC, int32_t OC,
+                         int out_f32) {
+    const int acc = x != NULL;
+    const bool cuda_lt = IC > 0 && !(be->batch_invariant && OC <= MM_NARROW);
+    if (acc && !cuda_lt && out != x &&
+        TR_CUDA_CHECK(be, cudaMemcpyAsync(out, x, (size_t)T * OC * sizeof(float),
+                                          cudaMemcpyDeviceToDevice, tr_cuda_stream(be))))
+        return;
     if (IC == 0) {
         if (!bias && acc) return;
         if (out_f32) bias_run<float, tr_bf16>(be, out, bias, T, OC, !acc);
         else bias_run<tr_bf16, tr_bf16>(be, out, bias, T, OC, !acc);
         return;
     }
-    if (be->batch_invariant && OC <= MM_NARROW) {
+    if (!cuda_lt) {
         narrow_forward(be, out, in, w, bias, T, IC, OC, out_f32, acc);
         return;
     }
@@ -119,7 +127,7 @@ static void forward_bf16(tr_backend *be, void *out, const void *in, const void *
                     .a = w, .lda = IC, .a_type = CUDA_R_16BF,
                     .b = in, .ldb = IC, .b_type = CUDA_R_16BF,
                     .d = out, .ldd = OC, .d_type = out_f32 ? CUDA_R_32F : CUDA_R_16BF,
-                    .accumulate = acc != 0, .bias = out_f32 ? NULL : bias,
+                    .accumulate = acc != 0, .c = x, .bias = out_f32 ? NULL : bias,
                     .any_n = be->batch_invariant != 0,
                     .split_k = !be->batch_invariant && T <= TR_LT_SPLIT_MAX_N,
                     .timed = T <= TR_LT_TIMED_MAX_N, .name = "gemm fwd"};
@@ -131,10 +139,27 @@ void tr_cuda_matmul_forward(tr_backend *be, void *out, const void *in, const voi
                             const void *bias, int32_t T, int32_t IC, int32_t OC, int32_t flags) {
     if (T <= 0 || OC <= 0) return;
     if (tr_cuda_bf16(be))
-        forward_bf16(be, out, in, w, bias, T, IC, OC, flags);
+        forward_bf16(be, out, NULL, in, w, bias, T, IC, OC, (flags & TR_MM_OUT_F32) != 0);
     else
         forward_f32(be, (float *)out, (const float *)in, (const float *)w, (const float *)bias,
-                    T, IC, OC, (flags & TR_MM_ACCUMULATE) != 0);
+                    T, IC, OC, 0);
+}
+
+void tr_cuda_matmul_forward_add(tr_backend *be, float *out, const float *x, const void *in,
+                                const void *w, const void *bias, int32_t T, int32_t IC,
+                                int32_t OC) {
+    if (T <= 0 || OC <= 0) return;
+    if (tr_cuda_bf16(be)) {
+        forward_bf16(be, out, x, in, w, bias, T, IC, OC, 1);
+        return;
+    }
+    // sgemm adds into its output only: out starts as x
+    if (out != x && TR_CUDA_CHECK(be, cudaMemcpyAsync(out, x, (size_t)T * OC * sizeof(float),
+                                                      cudaMemcpyDeviceToDevice,
+                                                      tr_cuda_stream(be))))
+        return;
+    forward_f32(be, out, (const float *)in, (const float *)w, (const float *)bias, T, IC, OC,
+                1);
 }
 
 void tr_cuda_matmul_backward(tr_backend *be, void *din, float *dw, float *dbias,

@@ -286,7 +286,8 @@ static void compare(const char *name, op_fn op, void *arg, const char *kinds,
 
 typedef struct mm_arg {
     int32_t T, IC, OC, flags;
-    float *in, *w, *bias, *dout, *out0, *dw0, *db0;   // out0: what ACCUMULATE adds into
+    int add;   // matmul_forward_add onto out0 (the residual stream) instead of matmul_forward
+    float *in, *w, *bias, *dout, *out0, *dw0, *db0;
 } mm_arg;
 
 static tr_dt mm_out_type(const tr_backend *be, int32_t flags) {
@@ -298,12 +299,25 @@ static void mm_forward(int gpu, float **out, void *arg) {
     tr_backend *be = be_of(gpu);
     size_t no = (size_t)m->T * m->OC;
     tr_dt ot = mm_out_type(be, m->flags);
-    void *o = putt(gpu, (m->flags & TR_MM_ACCUMULATE) ? m->out0 : NULL, no, ot);
     void *in = put_act(gpu, m->in, (size_t)m->T * m->IC);
     void *w = put_wt(gpu, m->w, (size_t)m->OC * m->IC);
     void *bias = m->bias ? put_wt(gpu, m->bias, m->OC) : NULL;
-    be->ops->matmul_forward(be, o, in, w, bias, m->T, m->IC, m->OC, m->flags);
-    gett(gpu, out[0], o, no, ot);
+    if (m->add) {
+        // added into the residual stream x: into a buffer of NaNs (out[0]) and in place
+        // (out[1]), which agree bit for bit
+        float *x = putf(gpu, m->out0, no), *to = putt(gpu, NULL, no, TR_F32);
+        be->ops->matmul_forward_add(be, to, x, in, w, bias, m->T, m->IC, m->OC);
+        be->ops->matmul_forward_add(be, x, x, in, w, bias, m->T, m->IC, m->OC);
+        getf(gpu, out[0], to, no);
+        getf(gpu, out[1], x, no);
+        CHECKF(kt_same_bits(out[0], out[1], no),
+               "matmul_forward_add %dx%dx%d on %s: into another buffer differs from in place",
+               m->T, m->IC, m->OC, gpu ? "cuda" : "cpu");
+    } else {
+        void *o = putt(gpu, NULL, no, ot);
+        be->ops->matmul_forward(be, o, in, w, bias, m->T, m->IC, m->OC, m->flags);
+        gett(gpu, out[0], o, no, ot);
+    }
     bufs_free(gpu);
 }
 
@@ -340,12 +354,14 @@ static void test_matmul(int32_t T, int32_t IC, int32_t OC) {
     m.flags = TR_MM_OUT_F32;
     snprintf(name, sizeof name, "matmul_fwd %dx%dx%d F", T, IC, OC);
     compare(name, mm_forward, &m, "F", lf);
-    m.flags = TR_MM_OUT_F32 | TR_MM_ACCUMULATE;
-    snprintf(name, sizeof name, "matmul_fwd %dx%dx%d F+=", T, IC, OC);
-    compare(name, mm_forward, &m, "F", lf);
+    m.add = 1;
+    size_t la[2] = {(size_t)T * OC, (size_t)T * OC};
+    snprintf(name, sizeof name, "matmul_fwd %dx%dx%d x+", T, IC, OC);
+    compare(name, mm_forward, &m, "FF", la);
     m.bias = bias;
-    snprintf(name, sizeof name, "matmul_fwd %dx%dx%d F+=,b", T, IC, OC);
-    compare(name, mm_forward, &m, "F", lf);
+    snprintf(name, sizeof name, "matmul_fwd %dx%dx%d x+,b", T, IC, OC);
+    compare(name, mm_forward, &m, "FF", la);
+    m.add = 0;
     snprintf(name, sizeof name, "matmul_bwd %dx%dx%d", T, IC, OC);
     compare(name, mm_backward, &m, "AFF", lb);
     free(m.in); free(m.w); free(m.bias); free(m.dout); free(m.out0); free(m.dw0); free(m.db0);

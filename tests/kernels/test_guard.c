@@ -93,19 +93,28 @@ static void each_op(void) {
     buf *x[MAX_BUFS];
 
     // matmul: each output mode
-    for (int flags = 0; flags < 3; flags++) {
-        int f32 = flags != 0;
+    for (int f32 = 0; f32 < 2; f32++) {
         x[0] = f32 ? mk_f((size_t)T * OC, 1.0) : mk_vals((size_t)T * OC, A, 1.0);
         x[1] = mk_vals((size_t)T * IC, A, 1.0);
         x[2] = mk_vals((size_t)OC * IC, A, 0.5);
         x[3] = mk_vals(OC, A, 1.0);
-        int32_t fl = flags == 0 ? 0 : flags == 1 ? TR_MM_OUT_F32 : TR_MM_OUT_F32 | TR_MM_ACCUMULATE;
         for (tr_backend *be = &hb; be; be = next_be(be)) {
             void **p = ptrs(be);
-            be->ops->matmul_forward(be, p[0], p[1], p[2], p[3], T, IC, OC, fl);
+            be->ops->matmul_forward(be, p[0], p[1], p[2], p[3], T, IC, OC,
+                                    f32 ? TR_MM_OUT_F32 : 0);
         }
         done("matmul_forward");
     }
+    // added into the residual stream: from x[1] into x[0], then x[1] in place
+    x[0] = mk_f((size_t)T * OC, 1.0), x[1] = mk_f((size_t)T * OC, 1.0);
+    x[2] = mk_vals((size_t)T * IC, A, 1.0), x[3] = mk_vals((size_t)OC * IC, A, 0.5);
+    x[4] = mk_vals(OC, A, 1.0);
+    for (tr_backend *be = &hb; be; be = next_be(be)) {
+        void **p = ptrs(be);
+        be->ops->matmul_forward_add(be, p[0], p[1], p[2], p[3], p[4], T, IC, OC);
+        be->ops->matmul_forward_add(be, p[1], p[1], p[2], p[3], p[4], T, IC, OC);
+    }
+    done("matmul_forward_add");
     x[0] = mk_vals((size_t)T * IC, A, 1.0), x[1] = mk_f((size_t)OC * IC, 1.0);
     x[2] = mk_f(OC, 1.0), x[3] = mk_vals((size_t)T * OC, A, 1.0);
     x[4] = mk_vals((size_t)T * IC, A, 1.0), x[5] = mk_vals((size_t)OC * IC, A, 0.5);
@@ -463,10 +472,10 @@ static void bad_f32_out(void) {   // TR_MM_OUT_F32 into a buffer sized for bf16
                            TR_MM_OUT_F32);
 }
 
-static void bad_accumulate(void) {   // adding into an A output
-    void *out = gb.ops->alloc(&gb, 4 * 8 * 4), *in = gb.ops->alloc(&gb, 4 * 8 * 4);
-    void *w = gb.ops->alloc(&gb, 8 * 8 * 4);
-    gb.ops->matmul_forward(&gb, out, in, w, NULL, 4, 8, 8, TR_MM_ACCUMULATE);
+static void bad_add_overlap(void) {   // out a row past x: neither x nor apart from it
+    float *x = gb.ops->alloc(&gb, 5 * 8 * 4);
+    void *in = gb.ops->alloc(&gb, 4 * 8 * 4), *w = gb.ops->alloc(&gb, 8 * 8 * 4);
+    gb.ops->matmul_forward_add(&gb, x + 8, x, in, w, NULL, 4, 8, 8);
 }
 
 static void bad_ranked(void) {   // a top-k row drawn as if no row ranked
@@ -550,7 +559,7 @@ int main(void) {
             CHECKF(aborts(bad_logits_bf16), "fp32: logits of bf16 size passed");
         }
         CHECKF(aborts(bad_f32_out), "%s: TR_MM_OUT_F32 into a bf16-sized buffer passed", p);
-        CHECKF(aborts(bad_accumulate), "%s: TR_MM_ACCUMULATE without TR_MM_OUT_F32 passed", p);
+        CHECKF(aborts(bad_add_overlap), "%s: matmul_forward_add into a shifted x passed", p);
         CHECKF(aborts(bad_slot), "%s: a KV slot outside the pool passed", p);
         CHECKF(aborts(repeated_slot), "%s: a repeated KV slot passed", p);
         CHECKF(aborts(bad_block), "%s: a decode block outside the pool passed", p);

@@ -49,14 +49,20 @@ static void check_shape(int32_t T, int32_t IC, int32_t OC, int use_bias, int fd)
     double e = kt_rel_err_d(out, ref, nout);
     CHECKF(e < 1e-5, "forward T=%d IC=%d OC=%d bias=%d: rel err %.3g", T, IC, OC, use_bias, e);
 
-    // fp32 outputs: the same bits; added into the residual stream: out0 + result
+    // fp32 outputs: the same bits; added into the residual stream: x + result, in place
+    // and into another buffer (which starts as NaNs: it is written, not added to)
     float *out_f = kt_fill(nout, NAN), *out0 = kt_rand(nout, 1.0), *out_acc = kt_copy(out0, nout);
+    float *out_to = kt_fill(nout, NAN);
     be.ops->matmul_forward(&be, out_f, in, w, b, T, IC, OC, TR_MM_OUT_F32);
     CHECK(kt_same_bits(out_f, out, nout));
-    be.ops->matmul_forward(&be, out_acc, in, w, b, T, IC, OC, TR_MM_OUT_F32 | TR_MM_ACCUMULATE);
+    be.ops->matmul_forward_add(&be, out_acc, out_acc, in, w, b, T, IC, OC);
+    be.ops->matmul_forward_add(&be, out_to, out0, in, w, b, T, IC, OC);
     int added = 1;
     for (size_t i = 0; i < nout; i++) added &= out_acc[i] == out0[i] + out[i];
-    CHECKF(added, "TR_MM_ACCUMULATE is not out + result T=%d IC=%d OC=%d", T, IC, OC);
+    CHECKF(added, "matmul_forward_add in place is not x + result T=%d IC=%d OC=%d", T, IC, OC);
+    CHECKF(kt_same_bits(out_to, out_acc, nout),
+           "matmul_forward_add into another buffer differs from in place T=%d IC=%d OC=%d", T, IC,
+           OC);
 
     // din is written: it starts as NaNs here
     float *din = kt_fill(nin, NAN), *dw = kt_fill(nw, 0), *db = kt_fill(OC, 0);
@@ -122,7 +128,7 @@ static void check_shape(int32_t T, int32_t IC, int32_t OC, int use_bias, int fd)
     tr_backend_cpu_free(&be);
     free(in); free(w); free(bias); free(dout); free(ind); free(wd); free(bd); free(doutd);
     free(out); free(ref); free(din); free(dw); free(db); free(din0); free(dw0); free(db0);
-    free(din2); free(dw2); free(db2); free(dw3); free(out_f); free(out0); free(out_acc);
+    free(din2); free(dw2); free(db2); free(dw3); free(out_f); free(out0); free(out_acc); free(out_to);
 }
 
 static void check_threads(int32_t T, int32_t IC, int32_t OC, tr_dt t) {
@@ -174,7 +180,7 @@ static void check_bf16(int32_t T, int32_t IC, int32_t OC, int use_bias) {
     float *out = kt_floats(nout), *acc = kt_copy(out0, nout), *din = kt_floats(nin);
     float *dw = kt_copy(dw0, nw), *db = kt_copy(db0, OC);
     be.ops->matmul_forward(&be, out, in, w, b, T, IC, OC, 0);
-    be.ops->matmul_forward(&be, acc, in, w, b, T, IC, OC, TR_MM_OUT_F32 | TR_MM_ACCUMULATE);
+    be.ops->matmul_forward_add(&be, acc, acc, in, w, b, T, IC, OC);
     be.ops->matmul_backward(&be, din, dw, use_bias ? db : NULL, dout, in, w, T, IC, OC);
     tr_backend_cpu_free(&be);
 
@@ -187,8 +193,7 @@ static void check_bf16(int32_t T, int32_t IC, int32_t OC, int use_bias) {
     const uint16_t *b16 = use_bias ? bias16 : NULL;
     be.ops->matmul_forward(&be, out16, in16, w16, b16, T, IC, OC, 0);
     be.ops->matmul_forward(&be, outf, in16, w16, b16, T, IC, OC, TR_MM_OUT_F32);
-    be.ops->matmul_forward(&be, acc16, in16, w16, b16, T, IC, OC,
-                           TR_MM_OUT_F32 | TR_MM_ACCUMULATE);
+    be.ops->matmul_forward_add(&be, acc16, acc16, in16, w16, b16, T, IC, OC);
     be.ops->matmul_backward(&be, din16, dw16, use_bias ? db16 : NULL, dout16, in16, w16, T, IC,
                             OC);
     tr_backend_cpu_free(&be);
