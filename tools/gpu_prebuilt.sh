@@ -15,6 +15,8 @@
 #          TROUPE_CUDA_WGMMA=15 too: the pipelined forward), test_model_bf16, and bench_cuda
 #          attention on the default kernels, on mma.sync and with the pipelined forward
 #   ops    every test_cuda_ops section
+#   kern   test_cuda_ops matmul and rmsnorm (the linear layers, the norms and their column
+#          sums) and test_model_bf16
 #   train  bench_train_gpu at the 0.5B and 1.5B shapes, 3 timed steps, dense and (0.5B) packed
 #   decode bench_decode_gpu at the 0.5B and 1.5B shapes, batch 64 and 256, 256 + 256 tokens
 #   peer   bench/run_gpu_train.sh beside torch (anchors/ carried too): the issue-13 table
@@ -24,7 +26,9 @@
 #   ncu    Nsight Compute on one launch of the wgmma forward at D = 64 and 128 (dense shapes):
 #          the details page and every SASS instruction's executions and stall samples (csv)
 # Output: $OUT (else ./gpu-results): prebuilt.tar.gz (a log per step) and prebuilt_summary.txt
-# (each step's exit status, its failed checks and the benchmark lines).
+# (each step's exit status, its failed checks and the benchmark lines, also printed as each
+# step ends, so that a run cut short still shows what it finished). PEER_TIMEOUT (seconds,
+# default 400) bounds the peer part.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 carry="build-carry"
@@ -41,7 +45,7 @@ if [ "${1:-}" = pack ]; then
     du -sh "$carry"
     exit 0
 fi
-[ "${1:-}" = run ] || { sed -n 2,27p "$0"; exit 2; }
+[ "${1:-}" = run ] || { sed -n 2,29p "$0"; exit 2; }
 shift
 parts="${*:-attn train}"
 out="${OUT:-gpu-results}"
@@ -56,8 +60,8 @@ step() {   # step NAME CMD...: output to $logs/NAME.log, exit status to the summ
     shift
     "$@" >"$logs/$name.log" 2>&1
     local rc=$?
-    echo "$name: exit $rc" >>"$summary"
-    grep -hE "CHECK failed" "$logs/$name.log" | head -3 >>"$summary"
+    echo "$name: exit $rc" | tee -a "$summary"
+    grep -hE "CHECK failed" "$logs/$name.log" | head -3 | tee -a "$summary"
 }
 has() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
 
@@ -69,31 +73,39 @@ if has attn; then
     step model_bf16 env TROUPE_BACKEND=cuda timeout 120 "$carry/tests/engine/test_model_bf16"
     for v in "default:" "mma:TROUPE_CUDA_WGMMA=0" "pipe:TROUPE_CUDA_WGMMA=15"; do
         step "attn_bench_${v%%:*}" env ${v#*:} "$bc" attention
-        grep "^attn shape" "$logs/attn_bench_${v%%:*}.log" | sed "s/^/${v%%:*} /" >>"$summary"
+        grep "^attn shape" "$logs/attn_bench_${v%%:*}.log" | sed "s/^/${v%%:*} /" | tee -a "$summary"
     done
 fi
 if has ops; then step ops_all "$t"; fi
+if has kern; then
+    step matmul_ops "$t" matmul
+    step rmsnorm_ops "$t" rmsnorm
+    has attn || step model_bf16 env TROUPE_BACKEND=cuda timeout 120 "$carry/tests/engine/test_model_bf16"
+fi
 if has train; then
     step train_05b timeout 100 "$bt" qwen2.5-0.5b 8 2048 3
     step train_05b_packed env BENCH_PACKED=1 timeout 100 "$bt" qwen2.5-0.5b 8 2048 3
     step train_15b timeout 100 "$bt" qwen2.5-1.5b 4 2048 3
-    grep -h "troupe train" "$logs"/train_*.log >>"$summary"
+    grep -h "troupe train" "$logs"/train_*.log | tee -a "$summary"
 fi
 if has decode; then
     for sh in qwen2.5-0.5b qwen2.5-1.5b; do
         for b in 64 256; do
             step "decode_${sh}_$b" timeout 120 "$carry/bench/bench_decode_gpu" "$sh" "$b" 1 256 256
-            grep -h "^troupe decode" "$logs/decode_${sh}_$b.log" >>"$summary"
+            grep -h "^troupe decode" "$logs/decode_${sh}_$b.log" | tee -a "$summary"
         done
     done
 fi
 if has apeer; then
     step attn_peer timeout 300 python3 bench/attention_peer.py --troupe "$bc"
-    grep -E "^\||ratio|x$" "$logs/attn_peer.log" | head -20 >>"$summary"
+    grep -E "^\||ratio|x$" "$logs/attn_peer.log" | head -20 | tee -a "$summary"
 fi
 if has prof; then
     step prof_05b env TROUPE_CUDA_PROFILE=1 timeout 100 "$bt" qwen2.5-0.5b 8 2048 3
     step prof_15b env TROUPE_CUDA_PROFILE=1 timeout 100 "$bt" qwen2.5-1.5b 4 2048 3
+    for p in prof_05b prof_15b; do
+        sed -n '/^cuda profile/,+24p' "$logs/$p.log" | sed "s/^/$p /" | tee -a "$summary"
+    done
 fi
 if has ncu; then
     ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
@@ -106,12 +118,11 @@ if has ncu; then
         "$ncu" -i "$r.ncu-rep" --page source --print-source sass --csv >"$r.sass.csv" 2>&1
         rm -f "$r.ncu-rep"
         grep -E "Duration|Executed Ipc A|Issue Slots Busy|Registers Per|Achieved Occ" \
-            "$r.details.txt" | sed "s/^/fwd${k%%:*} /" >>"$summary"
+            "$r.details.txt" | sed "s/^/fwd${k%%:*} /" | tee -a "$summary"
     done
 fi
 if has peer; then
-    step peer_train timeout 400 bench/run_gpu_train.sh "$carry" anchors
-    grep -E "^\|" "$logs/peer_train.log" >>"$summary"
+    step peer_train timeout "${PEER_TIMEOUT:-400}" bench/run_gpu_train.sh "$carry" anchors
+    grep -E "^\|" "$logs/peer_train.log" | tee -a "$summary"
 fi
 tar czf "$out/prebuilt.tar.gz" -C "$out" prebuilt && rm -rf "$logs"
-cat "$summary"

@@ -56,12 +56,28 @@ __device__ __forceinline__ float rms_coef(float rstd, double dot, int32_t C) {
     return (float)(r * r * r * dot / C);
 }
 
+// The element passes below take a thread's columns RMS_BATCH at a time, every load of a batch
+// issued before its first store (a column past C loads the last one and stores nothing), so
+// that a warp has many loads in flight rather than one column's at a time.
+#define RMS_BATCH 8
+
 // out = (x * r) * w. X: in's type, A: out's and w's. Columns c0, c0 + step, ...
 template <typename X, typename A>
 __device__ __forceinline__ void rms_scale(A *y, const X *x, const A *w, float r, int32_t C,
                                           int32_t c0, int32_t step) {
-    for (int32_t c = c0; c < C; c += step)
-        tr_store(y + c, __fmul_rn(__fmul_rn(tr_f32(x[c]), r), tr_f32(w[c])));
+    for (int32_t c = c0; c < C; c += RMS_BATCH * step) {
+        float xv[RMS_BATCH], wv[RMS_BATCH];
+#pragma unroll
+        for (int b = 0; b < RMS_BATCH; b++) {
+            const int32_t k = min(c + b * step, C - 1);
+            xv[b] = tr_f32(x[k]);
+            wv[b] = tr_f32(w[k]);
+        }
+#pragma unroll
+        for (int b = 0; b < RMS_BATCH; b++)
+            if (c + b * step < C)
+                tr_store(y + c + b * step, __fmul_rn(__fmul_rn(xv[b], r), wv[b]));
+    }
 }
 
 // x as convert stores it (the bits tr_cuda_convert gives an fp32 value).
@@ -77,12 +93,26 @@ template <typename X, typename G, typename A>
 __device__ __forceinline__ void rms_dx(X *dx, A *dx_act, const G *g, const X *x, const A *w,
                                        float rstd, float coef, int32_t C, bool accumulate,
                                        int32_t c0, int32_t step) {
-    for (int32_t c = c0; c < C; c += step) {
-        float a = __fmul_rn(__fmul_rn(rstd, tr_f32(w[c])), tr_f32(g[c]));
-        float d = __fsub_rn(a, __fmul_rn(coef, tr_f32(x[c])));
-        const float v = accumulate ? __fadd_rn(tr_f32(dx[c]), d) : d;
-        tr_store(dx + c, v);
-        if (dx_act) rms_store_converted(dx_act + c, v);
+    for (int32_t c = c0; c < C; c += RMS_BATCH * step) {
+        float gv[RMS_BATCH], xv[RMS_BATCH], wv[RMS_BATCH], dv[RMS_BATCH];
+#pragma unroll
+        for (int b = 0; b < RMS_BATCH; b++) {
+            const int32_t k = min(c + b * step, C - 1);
+            gv[b] = tr_f32(g[k]);
+            xv[b] = tr_f32(x[k]);
+            wv[b] = tr_f32(w[k]);
+            dv[b] = accumulate ? tr_f32(dx[k]) : 0.0f;
+        }
+#pragma unroll
+        for (int b = 0; b < RMS_BATCH; b++) {
+            const int32_t k = c + b * step;
+            if (k >= C) break;
+            const float a = __fmul_rn(__fmul_rn(rstd, wv[b]), gv[b]);
+            const float d = __fsub_rn(a, __fmul_rn(coef, xv[b]));
+            const float v = accumulate ? __fadd_rn(dv[b], d) : d;
+            tr_store(dx + k, v);
+            if (dx_act) rms_store_converted(dx_act + k, v);
+        }
     }
 }
 
