@@ -15,6 +15,7 @@
 #define ROPE_MAX_HALF 256   // D / 2 at most (head dims to 512)
 #define ROPE_TOKENS 8       // tokens a block, where the batch has enough of them
 #define ROPE_FEW 2048       // fewer tokens than this: one a block, for more blocks
+#define ROPE_UNROLL 4       // tokens whose loads a thread has in flight at once
 
 // Where rope_kv_write puts a row's rotated k and its v: heads at and past hq are k's, written
 // with v's to slot[t] of the pools (rows of (H - hq) * D), nothing for a negative slot.
@@ -26,8 +27,8 @@ struct rope_kv {
     int32_t hq;
 };
 
-// Tokens [blockIdx.x * TT, + TT): their pairs' cos and sin, then token by token every
-// (head, frequency) rotation, consecutive threads on consecutive frequencies of a head. HALF
+// Tokens [blockIdx.x * TT, + TT): their pairs' cos and sin, then every (head, frequency)
+// rotation of each token, consecutive threads on consecutive frequencies of a head. HALF
 // is D / 2 where the launch knows it (32 and 64: the division by it a shift), else 0 (read
 // from D); a flat index over tokens, heads and frequencies cost three divisions an element.
 template <typename A, bool KV, int HALF>
@@ -48,23 +49,35 @@ rope_kernel(A *x, int32_t ld, const int32_t *pos, const float *inv_freq, int32_t
     }
     __syncthreads();
     const int32_t per_t = H * half;
-    for (int32_t t = 0; t < nt; t++) {
-        A *xt = x + (size_t)(t0 + t) * ld;
-        const int32_t sl = KV ? kv.slot[t0 + t] : -1;
-        for (int32_t j = threadIdx.x; j < per_t; j += blockDim.x) {
-            const int32_t h = j / half, f = j % half;
-            const float c = cs[t * half + f], s = sn[t * half + f];
-            A *x1 = xt + (size_t)h * D + f, *x2 = x1 + half;
-            float a = tr_f32(*x1), b = tr_f32(*x2);
-            tr_store(x1, __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
-            tr_store(x2, __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
-            if (KV && h >= kv.hq && sl >= 0) {   // the values as stored, moved as they are
-                size_t to = ((size_t)sl * (H - kv.hq) + (h - kv.hq)) * D + f;
-                const A *vr = kv.v + (size_t)(t0 + t) * ld + (size_t)(h - kv.hq) * D + f;
-                kv.k_pool[to] = *x1;
-                kv.k_pool[to + half] = *x2;
-                kv.v_pool[to] = vr[0];
-                kv.v_pool[to + half] = vr[half];
+    // A thread's (head, frequency) pairs in turn, each over the block's tokens ROPE_UNROLL at
+    // a time, the loads of those tokens issued before the first store.
+    for (int32_t j = threadIdx.x; j < per_t; j += blockDim.x) {
+        const int32_t h = j / half, f = j % half;
+        for (int32_t t = 0; t < nt; t += ROPE_UNROLL) {
+            float a[ROPE_UNROLL], b[ROPE_UNROLL];
+#pragma unroll
+            for (int u = 0; u < ROPE_UNROLL; u++) {
+                const A *x1 = x + (size_t)(t0 + min(t + u, nt - 1)) * ld + (size_t)h * D + f;
+                a[u] = tr_f32(x1[0]);
+                b[u] = tr_f32(x1[half]);
+            }
+#pragma unroll
+            for (int u = 0; u < ROPE_UNROLL; u++) {
+                const int32_t tu = t + u;
+                if (tu >= nt) break;
+                const float c = cs[tu * half + f], s = sn[tu * half + f];
+                A *x1 = x + (size_t)(t0 + tu) * ld + (size_t)h * D + f, *x2 = x1 + half;
+                tr_store(x1, __fsub_rn(__fmul_rn(a[u], c), __fmul_rn(b[u], s)));
+                tr_store(x2, __fadd_rn(__fmul_rn(b[u], c), __fmul_rn(a[u], s)));
+                const int32_t sl = KV ? kv.slot[t0 + tu] : -1;
+                if (KV && h >= kv.hq && sl >= 0) {   // the values as stored, moved as they are
+                    size_t to = ((size_t)sl * (H - kv.hq) + (h - kv.hq)) * D + f;
+                    const A *vr = kv.v + (size_t)(t0 + tu) * ld + (size_t)(h - kv.hq) * D + f;
+                    kv.k_pool[to] = *x1;
+                    kv.k_pool[to + half] = *x2;
+                    kv.v_pool[to] = vr[0];
+                    kv.v_pool[to + half] = vr[half];
+                }
             }
         }
     }

@@ -2460,7 +2460,11 @@ static void run_pass(const char *only) {
         test_head_rmsnorm(90, 4, 2, 64);
         test_head_rmsnorm(33, 3, 1, 128);
     }
-    if (section(only, "rope")) test_rope(90, 3, 1, 64);
+    if (section(only, "rope")) {
+        test_rope(90, 3, 1, 64);
+        // blocks of several tokens (from 2048), the last one short of the unrolled four
+        test_rope(2053, 2, 1, 128);
+    }
     if (section(only, "attention")) {
         // documents straddling tiles, one of a single token; an odd stride (element loads)
         test_attention(300, 3, (const int32_t[]){0, 37, 38, 300}, NULL, 4, 2, 64, 0, 16);
