@@ -15,8 +15,8 @@
 #          TROUPE_CUDA_WGMMA=15 too: the pipelined forward), test_model_bf16, and bench_cuda
 #          attention on the default kernels, on mma.sync and with the pipelined forward
 #   ops    every test_cuda_ops section
-#   kern   test_cuda_ops matmul, rmsnorm and rope (the linear layers, the norms and their
-#          column sums, RoPE and the KV write) and test_model_bf16
+#   kern   test_cuda_ops matmul, rmsnorm, rope, rope_kv_write, logsoftmax, sample,
+#          sample_vocab and determinism, and test_model_bf16
 #   train  bench_train_gpu at the 0.5B and 1.5B shapes, 3 timed steps, dense and (0.5B) packed
 #   decode bench_decode_gpu at the 0.5B and 1.5B shapes, batch 64 and 256, 256 + 256 tokens
 #   peer   bench/run_gpu_train.sh beside torch (anchors/ carried too): the issue-13 table
@@ -78,10 +78,9 @@ if has attn; then
 fi
 if has ops; then step ops_all "$t"; fi
 if has kern; then
-    step matmul_ops "$t" matmul
-    step rmsnorm_ops "$t" rmsnorm
-    step rope_ops "$t" rope
-    step rope_kv_ops "$t" rope_kv_write
+    for sec in matmul rmsnorm rope rope_kv_write logsoftmax sample sample_vocab determinism; do
+        step "${sec}_ops" "$t" "$sec"
+    done
     has attn || step model_bf16 env TROUPE_BACKEND=cuda timeout 120 "$carry/tests/engine/test_model_bf16"
 fi
 if has train; then
