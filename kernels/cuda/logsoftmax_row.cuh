@@ -415,52 +415,28 @@ struct tr_lsm_stats {
     double s, sx;
 };
 
-// S and Sx of a part of the row taken against its own maximum m, moved to the reference M >= m:
-// e(x - M) = e(x - m) f with f = exp(m - M), so S' = S f and Sx' = (Sx + S (m - M)) f. An
-// empty part (m = -inf) is zeros.
-__device__ __forceinline__ tr_lsm_stats tr_lsm_move(const tr_lsm_stats &p, float M) {
-    if (p.m == -INFINITY || p.m == M) return {M, p.s, p.sx};
-    const double d = (double)p.m - (double)M, f = exp(d);
-    return {M, p.s * f, __fma_rn(p.s, d, p.sx) * f};
-}
-// Two parts' statistics against the larger maximum (bitwise commutative, as the butterflies
-// of tr_lsm_reduce need: each lane of a pair must get the same bits).
-struct tr_lsm_op_stats {
-    __device__ tr_lsm_stats operator()(tr_lsm_stats x, tr_lsm_stats y) const {
-        const float M = fmaxf(x.m, y.m);
-        const tr_lsm_stats a = tr_lsm_move(x, M), b = tr_lsm_move(y, M);
-        return {M, a.s + b.s, a.sx + b.sx};
-    }
-};
-__device__ __forceinline__ tr_lsm_stats tr_lsm_shfl(tr_lsm_stats v, int o) {
-    return {tr_lsm_shfl(v.m, o), tr_lsm_shfl(v.s, o), tr_lsm_shfl(v.sx, o)};
-}
-
-// One pass over the row: each virtual thread keeps its own running maximum, and when a chunk
-// raises it, moves the sums it has to the new one (tr_lsm_move; a few times a row, as the
-// maximum of a thread's ~150 columns settles); the virtual threads' statistics then combine
-// in tr_lsm_reduce's fixed tree. A chunk's terms add in fp32 (at most TR_LSM_CHUNK of them,
-// each e <= 1), its sums into the virtual thread's double ones: two widenings a chunk instead
-// of two a column, which ran at the device's 16 conversions a clock and an SM and bounded a
-// decode row's pass. Every thread of the row calls; every thread gets the statistics.
+// Every thread of the row calls; every thread gets the statistics.
 template <typename T>
 __device__ inline tr_lsm_stats tr_lsm_row(const T *x, int32_t V) {
     const tr_lsm_src<T> src = tr_lsm_row_src(x, V);
     const int32_t nc = tr_lsm_chunks(V), U = tr_lsm_uses();
-    tr_lsm_stats s[TR_LSM_UMAX];
-#pragma unroll
-    for (int u = 0; u < TR_LSM_UMAX; u++) s[u] = {-INFINITY, 0.0, 0.0};
+    float m = -INFINITY;
 #pragma unroll 1
-    for (int32_t u = 0; u < U; u++) {
-        tr_lsm_stats acc = {-INFINITY, 0.0, 0.0};
+    for (int32_t u = 0; u < U; u++)
         tr_lsm_each(src, tr_lsm_vt(u), TR_LSM_VT, nc, [&](int32_t, int32_t n, const float *v) {
-            float cm = -INFINITY;
 #pragma unroll
             for (int32_t k = 0; k < TR_LSM_CHUNK; k++)
-                if (k < n) cm = fmaxf(cm, v[k]);
-            if (cm > acc.m) acc = tr_lsm_move(acc, cm);
-            const float m = acc.m;
-            if (m == -INFINITY) return;   // nothing but -inf so far: no terms
+                if (k < n) m = fmaxf(m, v[k]);
+        });
+    m = tr_lsm_reduce1(m, tr_op_max(), -INFINITY);
+    // A chunk's terms add in fp32 (at most TR_LSM_CHUNK of them, each e <= 1), its sums into
+    // the virtual thread's double ones: two widenings a chunk instead of two a column, which
+    // ran at the device's 16 conversions a clock and an SM and bounded a decode row's pass.
+    tr_lsm_pair s[TR_LSM_UMAX] = {};
+#pragma unroll 1
+    for (int32_t u = 0; u < U; u++) {
+        tr_lsm_pair acc = {0.0, 0.0};
+        tr_lsm_each(src, tr_lsm_vt(u), TR_LSM_VT, nc, [&](int32_t, int32_t n, const float *v) {
             float cs = 0.0f, csx = 0.0f;
 #pragma unroll
             for (int32_t k = 0; k < TR_LSM_CHUNK; k++) {
@@ -471,12 +447,17 @@ __device__ inline tr_lsm_stats tr_lsm_row(const T *x, int32_t V) {
                     csx = __fmaf_rn(e, z, csx);
                 }
             }
-            acc.s += (double)cs;
-            acc.sx += (double)csx;
+            acc.a += (double)cs;
+            acc.b += (double)csx;
         });
         s[u] = acc;
     }
-    return tr_lsm_reduce(s, tr_lsm_op_stats());
+    const tr_lsm_pair r = tr_lsm_reduce(s, tr_lsm_op_pair());
+    tr_lsm_stats st;
+    st.m = m;
+    st.s = r.a;
+    st.sx = r.b;
+    return st;
 }
 
 // log-sum-exp of the row, and the log-probability of token id, as the forward rounds them.
