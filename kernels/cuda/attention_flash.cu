@@ -13,11 +13,13 @@
 // written, every row.
 #include "kernels/cuda/attention_flash.cuh"
 #include "kernels/cuda/attention_tile.cuh"
+#include "kernels/cuda/attention_tma.cuh"
 #include "kernels/cuda/attention_wgmma.cuh"
 
 #define FA_FWD_WARPS 4
 #define FA_FWD_STAGES 3   // K/V tiles in shared memory at once (two blocks an SM fit either D)
 #define FA_WGP_STAGES 4   // the same for the pipelined wgmma forward (it holds two)
+#define FA_TMA_STAGES 4   // the same for the TMA forward (a stage is refilled two tiles later)
 
 // Folds the warp's state st (the current chunk) into the finished chunks (am, al, acc):
 // to_state false stores the result in the accumulator and empties st (a chunk boundary);
@@ -312,6 +314,111 @@ __global__ void __launch_bounds__(NWG * 128, MINB) fa_forward_wg_kernel(const fa
     fa_forward_finish<D, 1>(a, st, am, al, acc + z, acc_used, w0, t1, h, g, t);
 }
 
+// The wgmma forward (non-pipelined) with its key tiles brought by the tensor memory
+// accelerator (attention_tma.cuh), for layouts without shared prefixes and with 16-byte rows:
+// thread 0 copies tile j of the walk into stage j % FA_TMA_STAGES, completing on that stage's
+// `full` barrier, and refills the stage of tile j - 2 once every warp has arrived on its
+// `empty` barrier; no block barrier in the loop. A tile's rows past its document are the next
+// document's keys (or zeros past T), masked out by position as fa_tile's are, and the zeros
+// they contribute to P V (P = 0 there) leave the output's bits as zero rows do, so out and
+// lse are the other kernels' bits. Every warp waits on every tile's `full` barrier, even one
+// its group skips, so that its arrival on `empty` always belongs to that tile's phase.
+template <int D, int NWG, int MINB>
+__global__ void __launch_bounds__(NWG * 128, MINB)
+    fa_forward_tma_kernel(const __grid_constant__ CUtensorMap tk,
+                          const __grid_constant__ CUtensorMap tv, const fa_fwd_args a) {
+    constexpr int BM = NWG * 64, BN = fa_bn<D>(), NTH = NWG * 128, ST = FA_TMA_STAGES;
+    constexpr uint32_t TILE = BN * D * sizeof(tr_bf16);   // bytes of a K (or V) tile
+    extern __shared__ __align__(16) unsigned char fa_sm[];
+    const uint32_t sm0 = (fa_smem(fa_sm) + 1023u) & ~1023u;
+    tr_bf16 *qs = reinterpret_cast<tr_bf16 *>(fa_sm + (sm0 - fa_smem(fa_sm)));
+    const uint32_t ks = sm0 + BM * D * sizeof(tr_bf16), vs = ks + ST * TILE;
+    const uint32_t full = vs + ST * TILE, empty = full + ST * 8;   // a barrier is 8 bytes
+    const int h = blockIdx.x, kvh = h / (a.H / a.KVH);
+    const int t0 = (int)(gridDim.y - 1 - blockIdx.y) * BM;   // the longest rows start first
+    const int t1 = min(t0 + BM, a.T);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int wg = warp >> 2;
+
+    fa_kv_iter it;
+    fa_iter_first(it, a.doc_start, a.prefix, a.n_docs, t0, t1);
+    fa_kv_iter ahead = it;   // thread 0's: the next tile to copy
+    // tile j of the walk (ahead's) into its stage
+    auto issue = [&](int j) {
+        const uint32_t st_ = (uint32_t)(j % ST), bar = full + st_ * 8;
+        tma_bar_expect(bar, 2 * TILE);
+        const int key0 = ahead.s + ahead.p0;
+#pragma unroll
+        for (int cb = 0; cb < D / 64; cb++) {
+            const uint32_t at = st_ * TILE + (uint32_t)cb * BN * 128;
+            tma_load_2d(ks + at, &tk, kvh * D + 64 * cb, key0, bar);
+            tma_load_2d(vs + at, &tv, kvh * D + 64 * cb, key0, bar);
+        }
+        fa_iter_next<BN>(ahead, a.doc_start, a.prefix, a.n_docs, t1);
+    };
+    int issued = 0;
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < ST; s++) {
+            tma_bar_init(full + s * 8, 1);
+            tma_bar_init(empty + s * 8, NWG * 4);
+        }
+        tma_bar_init_fence();
+        for (; issued < ST && ahead.e >= 0; issued++) issue(issued);
+    }
+    fa_load_run<D, true>(qs, BM, a.q + (size_t)t0 * a.ld + (size_t)h * D, (size_t)a.ld, t1 - t0,
+                         tid, NTH, true, a.q);
+    fa_cp_commit();
+    fa_cp_wait<0>();
+    __syncthreads();   // Q landed; the barriers are initialized
+
+    fa_state<D, 1> st;
+    fa_reset(st);
+    float am[1][2] = {{-INFINITY, -INFINITY}}, al[1][2] = {{0.0f, 0.0f}};
+    float4 acc[D / 8];   // local memory: see fa_opaque_zero
+    const int z = fa_opaque_zero();
+    fa_chunk_edge edge = {0};
+    bool acc_used = false;
+    const int w0 = t0 + warp * 16, g0 = t0 + wg * 64;   // the warp's and the group's first rows
+    uint32_t stage = 0, phase = 0;
+    for (int j = 0; it.e >= 0; j++) {
+        if (tid == 0 && j >= 2 && ahead.e >= 0) {
+            // the stage of tile j - 2, once every warp is done with it, takes tile j + 2
+            tma_bar_wait(empty + (uint32_t)((j - 2) % ST) * 8, (uint32_t)((j - 2) / ST) & 1u);
+            issue(issued++);
+        }
+        const int lo = max(g0, it.s), hi = min(g0 + 64, it.lim) - 1;
+        const bool fold = edge.at(it.p0, a.chunk);
+        tma_bar_wait(full + stage * 8, phase);
+        if (lo <= hi && it.p0 <= hi - it.s + it.pl) {
+            if (fold) {
+                fa_fold_acc<D, 1>(am, al, acc + z, st, false);
+                acc_used = true;
+            }
+            int last[1][2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int i = w0 + g + 8 * r;
+                last[0][r] = i >= it.s && i < it.lim ? i - it.s + it.pl : -1;
+            }
+            float s[1][BN / 8][4];
+            uint32_t qf[D / 16][4], p[1][BN / 16][4];
+            wg_load_a<D, BM>(qf, fa_smem(qs), warp * 16);
+            wg_qk<D, BN>(s[0], qf, ks + stage * TILE);
+            fa_tile_softmax<D, 1>(st, s, p, it.p0, last, a.sl2, true);
+            wg_pv<D, BN>(st.o[0], p[0], vs + stage * TILE);
+        }
+        __syncwarp();
+        if (lane == 0) tma_bar_arrive(empty + stage * 8);   // the warp's products are done
+        fa_iter_next<BN>(it, a.doc_start, a.prefix, a.n_docs, t1);
+        if (++stage == ST) {
+            stage = 0;
+            phase ^= 1u;
+        }
+    }
+    fa_forward_finish<D, 1>(a, st, am, al, acc + z, acc_used, w0, t1, h, g, t);
+}
+
 // ---- launch (host) ----
 
 template <int D, int MT>
@@ -341,6 +448,27 @@ static void fa_forward_wg_run(tr_backend *be, const fa_fwd_args &a) {
     TR_CUDA_LAUNCHED(be, "attention_forward");
 }
 
+// The TMA forward's launch: the tensor maps of K and V (rows of the fused buffer, the kv heads'
+// columns) and the stages' barriers after the tiles.
+template <int D, int NWG, int MINB>
+static void fa_forward_tma_run(tr_backend *be, const fa_fwd_args &a) {
+    constexpr int BM = NWG * 64, BN = fa_bn<D>();
+    CUtensorMap tk, tv;
+    const int64_t cols = (int64_t)a.KVH * D;
+    if (tr_tma_map_bf16(be, &tk, a.k, cols, a.T, a.ld, BN) ||
+        tr_tma_map_bf16(be, &tv, a.v, cols, a.T, a.ld, BN))
+        return;
+    const size_t shm = 1024 + (size_t)(BM + 2 * FA_TMA_STAGES * BN) * D * sizeof(tr_bf16) +
+                       2 * FA_TMA_STAGES * sizeof(uint64_t);
+    auto kernel = fa_forward_tma_kernel<D, NWG, MINB>;
+    if (TR_CUDA_CHECK(be, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)shm)))
+        return;
+    dim3 grid((unsigned)a.H, (unsigned)((a.T + BM - 1) / BM));
+    kernel<<<grid, NWG * 128, shm, tr_cuda_stream(be)>>>(tk, tv, a);
+    TR_CUDA_LAUNCHED(be, "attention_forward");
+}
+
 void tr_fa_forward(tr_backend *be, const fa_fwd_args &a, int32_t D) {
 #if TR_CUDA_WGMMA
     if (tr_cuda_ctx_of(be)->wgmma & TR_CUDA_WG_FWD) {
@@ -348,6 +476,11 @@ void tr_fa_forward(tr_backend *be, const fa_fwd_args &a, int32_t D) {
         // Q in registers and in shared memory: at D = 64 two blocks an SM of two warpgroups,
         // at D = 128 one of three (its output takes 64 registers a thread)
         const bool pipe = tr_cuda_ctx_of(be)->wgmma & TR_CUDA_WG_FWD_PIPE;
+        if ((tr_cuda_ctx_of(be)->wgmma & TR_CUDA_WG_FWD_TMA) && !a.prefix && a.vec) {
+            if (D == 64) fa_forward_tma_run<64, 2, 2>(be, a);
+            else fa_forward_tma_run<128, 3, 1>(be, a);
+            return;
+        }
         if (D == 64 && pipe) fa_forward_wg_run<64, 2, 2, true>(be, a);
         else if (D == 64) fa_forward_wg_run<64, 2, 2, false>(be, a);
         else if (pipe) fa_forward_wg_run<128, 3, 1, true>(be, a);

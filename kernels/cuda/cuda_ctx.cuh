@@ -109,6 +109,8 @@ typedef struct tr_cuda_ctx {
     int wgmma;              // the flash-attention passes on warpgroup MMA (built for
                             // sm_90a): TR_CUDA_WG_* bits, TROUPE_CUDA_WGMMA's mask or all
     int pdl;                // TROUPE_CUDA_PDL=1: tr_cuda_launch's early starts
+    void *tma_encode;       // the driver's cuTensorMapEncodeTiled, looked up at first use
+                            // (attention_tma.cuh)
     int no_lean_copies;     // TROUPE_CUDA_DECODE_LEAN=0: decode attention copies through its
                             // table of slot offsets at every block size (attention_decode.cu)
     tr_cuda_prof *prof;     // TROUPE_CUDA_PROFILE=1, else NULL
