@@ -356,7 +356,6 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
         }
         fa_iter_next<BN>(ahead, a.doc_start, a.prefix, a.n_docs, t1);
     };
-    int issued = 0;
     if (tid == 0) {
 #pragma unroll
         for (int s = 0; s < ST; s++) {
@@ -364,13 +363,16 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
             tma_bar_init(empty + s * 8, NWG * 4);
         }
         tma_bar_init_fence();
-        for (; issued < ST && ahead.e >= 0; issued++) issue(issued);
     }
     fa_load_run<D, true>(qs, BM, a.q + (size_t)t0 * a.ld + (size_t)h * D, (size_t)a.ld, t1 - t0,
                          tid, NTH, true, a.q);
     fa_cp_commit();
+    __syncthreads();   // the barriers are initialized
+    int issued = 0;
+    if (tid == 0)
+        for (; issued < ST && ahead.e >= 0; issued++) issue(issued);
     fa_cp_wait<0>();
-    __syncthreads();   // Q landed; the barriers are initialized
+    __syncthreads();   // Q landed
 
     fa_state<D, 1> st;
     fa_reset(st);
