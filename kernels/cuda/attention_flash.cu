@@ -315,62 +315,37 @@ __global__ void __launch_bounds__(NWG * 128, MINB) fa_forward_wg_kernel(const fa
 }
 
 // The wgmma forward (non-pipelined) with its key tiles brought by the tensor memory
-// accelerator (attention_tma.cuh), for layouts without shared prefixes and with 16-byte rows:
-// thread 0 copies tile j of the walk into stage j % FA_TMA_STAGES, completing on that stage's
-// `full` barrier, and refills the stage of tile j - 2 once every warp has arrived on its
-// `empty` barrier; no block barrier in the loop. A tile's rows past its document are the next
-// document's keys (or zeros past T), masked out by position as fa_tile's are, and the zeros
-// they contribute to P V (P = 0 there) leave the output's bits as zero rows do, so out and
-// lse are the other kernels' bits. Every warp waits on every tile's `full` barrier, even one
-// its group skips, so that its arrival on `empty` always belongs to that tile's phase.
+// accelerator (fa_tma_kv, attention_tma.cuh), for layouts without shared prefixes and with
+// 16-byte rows: no block barrier in the loop and no copy arithmetic but thread 0's. The zeros
+// a tile's rows past its document add to P V (P = 0 there) leave the output's bits as the
+// zero rows of the other kernels do, so out and lse are theirs.
 template <int D, int NWG, int MINB>
 __global__ void __launch_bounds__(NWG * 128, MINB)
     fa_forward_tma_kernel(const __grid_constant__ CUtensorMap tk,
                           const __grid_constant__ CUtensorMap tv, const fa_fwd_args a) {
     constexpr int BM = NWG * 64, BN = fa_bn<D>(), NTH = NWG * 128, ST = FA_TMA_STAGES;
-    constexpr uint32_t TILE = BN * D * sizeof(tr_bf16);   // bytes of a K (or V) tile
+    using kv_t = fa_tma_kv<D, BN, ST>;
     extern __shared__ __align__(16) unsigned char fa_sm[];
     const uint32_t sm0 = (fa_smem(fa_sm) + 1023u) & ~1023u;
     tr_bf16 *qs = reinterpret_cast<tr_bf16 *>(fa_sm + (sm0 - fa_smem(fa_sm)));
-    const uint32_t ks = sm0 + BM * D * sizeof(tr_bf16), vs = ks + ST * TILE;
-    const uint32_t full = vs + ST * TILE, empty = full + ST * 8;   // a barrier is 8 bytes
     const int h = blockIdx.x, kvh = h / (a.H / a.KVH);
     const int t0 = (int)(gridDim.y - 1 - blockIdx.y) * BM;   // the longest rows start first
     const int t1 = min(t0 + BM, a.T);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int wg = warp >> 2;
+    kv_t kv;
+    kv.base = sm0 + BM * D * sizeof(tr_bf16);
+    // thread 0's source of copies
+    auto src = [&] { return fa_tma_src{&tk, &tv, kvh, a.doc_start, a.prefix, a.n_docs, t1}; };
 
     fa_kv_iter it;
     fa_iter_first(it, a.doc_start, a.prefix, a.n_docs, t0, t1);
-    fa_kv_iter ahead = it;   // thread 0's: the next tile to copy
-    // tile j of the walk (ahead's) into its stage
-    auto issue = [&](int j) {
-        const uint32_t st_ = (uint32_t)(j % ST), bar = full + st_ * 8;
-        tma_bar_expect(bar, 2 * TILE);
-        const int key0 = ahead.s + ahead.p0;
-#pragma unroll
-        for (int cb = 0; cb < D / 64; cb++) {
-            const uint32_t at = st_ * TILE + (uint32_t)cb * BN * 128;
-            tma_load_2d(ks + at, &tk, kvh * D + 64 * cb, key0, bar);
-            tma_load_2d(vs + at, &tv, kvh * D + 64 * cb, key0, bar);
-        }
-        fa_iter_next<BN>(ahead, a.doc_start, a.prefix, a.n_docs, t1);
-    };
-    if (tid == 0) {
-#pragma unroll
-        for (int s = 0; s < ST; s++) {
-            tma_bar_init(full + s * 8, 1);
-            tma_bar_init(empty + s * 8, NWG * 4);
-        }
-        tma_bar_init_fence();
-    }
+    if (tid == 0) kv.init(NWG * 4);
     fa_load_run<D, true>(qs, BM, a.q + (size_t)t0 * a.ld + (size_t)h * D, (size_t)a.ld, t1 - t0,
                          tid, NTH, true, a.q);
     fa_cp_commit();
     __syncthreads();   // the barriers are initialized
-    int issued = 0;
-    if (tid == 0)
-        for (; issued < ST && ahead.e >= 0; issued++) issue(issued);
+    if (tid == 0) kv.start(src(), it);
     fa_cp_wait<0>();
     __syncthreads();   // Q landed
 
@@ -382,16 +357,11 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
     fa_chunk_edge edge = {0};
     bool acc_used = false;
     const int w0 = t0 + warp * 16, g0 = t0 + wg * 64;   // the warp's and the group's first rows
-    uint32_t stage = 0, phase = 0;
     for (int j = 0; it.e >= 0; j++) {
-        if (tid == 0 && j >= 2 && ahead.e >= 0) {
-            // the stage of tile j - 2, once every warp is done with it, takes tile j + 2
-            tma_bar_wait(empty + (uint32_t)((j - 2) % ST) * 8, (uint32_t)((j - 2) / ST) & 1u);
-            issue(issued++);
-        }
+        if (tid == 0) kv.refill(src(), j);
         const int lo = max(g0, it.s), hi = min(g0 + 64, it.lim) - 1;
         const bool fold = edge.at(it.p0, a.chunk);
-        tma_bar_wait(full + stage * 8, phase);
+        kv.wait(j);
         if (lo <= hi && it.p0 <= hi - it.s + it.pl) {
             if (fold) {
                 fa_fold_acc<D, 1>(am, al, acc + z, st, false);
@@ -406,17 +376,12 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
             float s[1][BN / 8][4];
             uint32_t qf[D / 16][4], p[1][BN / 16][4];
             wg_load_a<D, BM>(qf, fa_smem(qs), warp * 16);
-            wg_qk<D, BN>(s[0], qf, ks + stage * TILE);
+            wg_qk<D, BN>(s[0], qf, kv.k_at(j));
             fa_tile_softmax<D, 1>(st, s, p, it.p0, last, a.sl2, true);
-            wg_pv<D, BN>(st.o[0], p[0], vs + stage * TILE);
+            wg_pv<D, BN>(st.o[0], p[0], kv.v_at(j));
         }
-        __syncwarp();
-        if (lane == 0) tma_bar_arrive(empty + stage * 8);   // the warp's products are done
+        kv.release(j);
         fa_iter_next<BN>(it, a.doc_start, a.prefix, a.n_docs, t1);
-        if (++stage == ST) {
-            stage = 0;
-            phase ^= 1u;
-        }
     }
     fa_forward_finish<D, 1>(a, st, am, al, acc + z, acc_used, w0, t1, h, g, t);
 }

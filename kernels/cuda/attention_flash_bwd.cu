@@ -16,6 +16,7 @@
 // fp32. dq, dk, dv are written, dk and dv summing the group.
 #include "kernels/cuda/attention_flash.cuh"
 #include "kernels/cuda/attention_tile.cuh"
+#include "kernels/cuda/attention_tma.cuh"
 #include "kernels/cuda/attention_wgmma.cuh"
 
 #define FA_BWD_WARPS 8   // 16 rows (dq) or keys (dk/dv) per warp
@@ -338,6 +339,85 @@ __global__ void __launch_bounds__(NWG * 128, MINB) fa_dq_wg_kernel(const fa_bwd_
     fa_dq_store<D>(a, dq, w0, t1, h, g, t);
 }
 
+// The wgmma dQ pass with its key tiles brought by the tensor memory accelerator (fa_tma_kv,
+// attention_tma.cuh), in ST stages, for layouts without shared prefixes and with 16-byte rows;
+// every step is fa_dq_wg_kernel's, so dq is its bits (keys past a document are masked by
+// position there as here, and the zeros they add to dQ leave its bits as zero rows do).
+template <int D, int NWG, int MINB, int ST>
+__global__ void __launch_bounds__(NWG * 128, MINB)
+    fa_dq_tma_kernel(const __grid_constant__ CUtensorMap tk,
+                     const __grid_constant__ CUtensorMap tv, const fa_bwd_args a) {
+    constexpr int BQ = NWG * 64, BN = FA_BWD_BN, NTH = NWG * 128, NT = BN / 8;
+    using kv_t = fa_tma_kv<D, BN, ST>;
+    extern __shared__ __align__(16) unsigned char fa_sm[];
+    const uint32_t sm0 = (fa_smem(fa_sm) + 1023u) & ~1023u;
+    tr_bf16 *qs = reinterpret_cast<tr_bf16 *>(fa_sm + (sm0 - fa_smem(fa_sm)));
+    tr_bf16 *dos = qs + BQ * D;
+    const int h = blockIdx.x, kvh = h / (a.H / a.KVH);
+    const int t0 = (int)(gridDim.y - 1 - blockIdx.y) * BQ, t1 = min(t0 + BQ, a.T);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int wg = warp >> 2;
+    const size_t ld = (size_t)a.ld, HD = (size_t)a.H * D;
+    kv_t kv;
+    kv.base = sm0 + 2 * BQ * D * sizeof(tr_bf16);
+    // thread 0's source of copies
+    auto src = [&] { return fa_tma_src{&tk, &tv, kvh, a.doc_start, a.prefix, a.n_docs, t1}; };
+
+    fa_kv_iter it;
+    fa_iter_first(it, a.doc_start, a.prefix, a.n_docs, t0, t1);
+    if (tid == 0) kv.init(NWG * 4);
+    fa_load_run<D, true>(qs, BQ, a.q + (size_t)t0 * ld + (size_t)h * D, ld, t1 - t0, tid, NTH,
+                         true, a.q);
+    fa_load_run<D, true>(dos, BQ, a.dout + (size_t)t0 * HD + (size_t)h * D, HD, t1 - t0, tid,
+                         NTH, true, a.dout);
+    fa_cp_commit();
+    __syncthreads();   // the barriers are initialized
+    if (tid == 0) kv.start(src(), it);
+
+    const int w0 = t0 + warp * 16, g0 = t0 + wg * 64;   // the warp's and the group's first rows
+    float delta[2], lse2[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int i = w0 + g + 8 * r;
+        const size_t at = (size_t)min(i, a.T - 1) * a.H + h;
+        delta[r] = a.delta[at];
+        lse2[r] = a.lse2[at];
+    }
+    const uint32_t q_at = fa_smem(qs) + (uint32_t)wg * 64 * 128;
+    const uint32_t do_at = fa_smem(dos) + (uint32_t)wg * 64 * 128;
+    fa_cp_wait<0>();
+    wg_proxy_fence();   // Q and dO, copied by every thread, are read by the tensor cores
+    __syncthreads();
+
+    float dq[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+    for (int j = 0; it.e >= 0; j++) {
+        if (tid == 0) kv.refill(src(), j);
+        const int glo = max(g0, it.s), ghi = min(g0 + 64, it.lim) - 1;
+        kv.wait(j);
+        if (glo <= ghi && it.p0 <= ghi - it.s + it.pl) {
+            const uint32_t kt = kv.k_at(j), vt = kv.v_at(j);
+            float s[1][NT][4], dp[1][NT][4];
+            wg_fence();
+            wg_abt_issue<D, BQ>(s[0], q_at, kt);
+            wg_abt_issue<D, BQ>(dp[0], do_at, vt);
+            wg_commit();
+            wg_wait<0>();
+            wg_keep(s[0]);
+            wg_keep(dp[0]);
+            fa_dq_warp_probs<NT>(s[0], dp[0], lse2, delta, it, w0, a.sl2, a.scale);
+            uint32_t da[BN / 16][4];
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) fa_acc_to_a(da[kk], dp[0], kk);
+            wg_pv<D, BN>(dq, da, kt);
+        }
+        kv.release(j);
+        fa_iter_next<BN>(it, a.doc_start, a.prefix, a.n_docs, t1);
+    }
+    fa_dq_store<D>(a, dq, w0, t1, h, g, t);
+}
+
 // A warp's keys' rows of dK and dV (keys from k1 on are not the block's) into a.dk and a.dv,
 // those asked for.
 template <int D>
@@ -598,6 +678,27 @@ static void fa_dq_wg_run(tr_backend *be, const fa_bwd_args &a) {
     TR_CUDA_LAUNCHED(be, "attention_backward dq");
 }
 
+// The TMA dQ pass's launch: tensor maps of K and V in tiles of FA_BWD_BN keys, ST stages (four
+// at D = 64; three at D = 128, where four do not fit beside Q and dO).
+template <int D, int NWG, int MINB, int ST>
+static void fa_dq_tma_run(tr_backend *be, const fa_bwd_args &a) {
+    constexpr int BQ = NWG * 64;
+    CUtensorMap tk, tv;
+    const int64_t cols = (int64_t)a.KVH * D;
+    if (tr_tma_map_bf16(be, &tk, a.k, cols, a.T, a.ld, FA_BWD_BN) ||
+        tr_tma_map_bf16(be, &tv, a.v, cols, a.T, a.ld, FA_BWD_BN))
+        return;
+    const size_t shm = 1024 + (size_t)(2 * BQ + 2 * ST * FA_BWD_BN) * D * sizeof(tr_bf16) +
+                       2 * ST * sizeof(uint64_t);
+    auto kernel = fa_dq_tma_kernel<D, NWG, MINB, ST>;
+    if (TR_CUDA_CHECK(be, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)shm)))
+        return;
+    dim3 grid((unsigned)a.H, (unsigned)((a.T + BQ - 1) / BQ));
+    kernel<<<grid, NWG * 128, shm, tr_cuda_stream(be)>>>(tk, tv, a);
+    TR_CUDA_LAUNCHED(be, "attention_backward dq");
+}
+
 template <int D>
 static void fa_backward_run(tr_backend *be, const fa_bwd_args &a) {
     constexpr int LDS = D + FA_PAD, B16 = FA_BWD_WARPS * 16, ST = FA_BWD_STAGES;
@@ -634,6 +735,11 @@ static void fa_backward_run(tr_backend *be, const fa_bwd_args &a) {
     if (a.dq && (tr_cuda_ctx_of(be)->wgmma & TR_CUDA_WG_DQ)) {
         // measured on an H200 (bench_cuda attention) against one block of two or three
         // warpgroups an SM at D = 64 and of two at D = 128
+        if ((tr_cuda_ctx_of(be)->wgmma & TR_CUDA_WG_DQ_TMA) && !a.prefix && a.vec) {
+            if constexpr (D == 64) fa_dq_tma_run<D, 2, 2, 4>(be, a);
+            else fa_dq_tma_run<D, 3, 1, 3>(be, a);
+            return;
+        }
         if constexpr (D == 64) fa_dq_wg_run<D, 2, 2>(be, a);
         else fa_dq_wg_run<D, 3, 1>(be, a);
         return;

@@ -17,6 +17,7 @@
 #include <cuda.h>
 #include <stdint.h>
 
+#include "kernels/cuda/attention_tile.cuh"
 #include "kernels/cuda/attention_wgmma.cuh"
 #include "kernels/cuda/cuda_ctx.cuh"
 
@@ -56,6 +57,102 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map
            "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(r0), "r"(bar)
            : "memory");
 }
+
+// ---- a walk's K/V tiles through ST stages ----
+
+// The key tiles of a query tile's walk (fa_kv_iter, layouts without shared prefixes) in ST
+// shared stages of a K and a V tile each (swizzled, 1024-byte aligned), for the wgmma
+// forward and dQ pass: thread 0 copies tile j into stage j % ST, completing on that stage's
+// `full` barrier; every warp waits on `full` for every tile, even one it skips, and then
+// arrives on `empty`, so that its arrival always belongs to that tile's phase; thread 0 gives
+// the stage of tile j - 2 its next tile (j - 2 + ST) once all have arrived. A tile's rows past
+// its document are the next document's keys, or zeros past the tensor's end, which the
+// kernels mask by position as they do a zero-filled tile's.
+// What thread 0 copies from: the maps of K and V, the kv head (its columns in them) and the
+// walk's layout (tr_doc_layout's doc_start and prefix, NULL here; rows up to t1). Built where
+// thread 0 copies, from the kernel's parameters, so that no other thread holds it.
+struct fa_tma_src {
+    const CUtensorMap *tk, *tv;
+    int kvh;
+    const int32_t *ds, *pre;
+    int n_docs, t1;
+};
+
+template <int D, int BN, int ST>
+struct fa_tma_kv {
+    static constexpr uint32_t TILE = BN * D * sizeof(tr_bf16);   // bytes of a K (or V) tile
+    // shared, 1024-byte aligned: ST K tiles, ST V tiles, then ST `full` and ST `empty` barriers
+    uint32_t base;
+    static constexpr uint32_t V0 = ST * TILE, FULL = 2 * ST * TILE, EMPTY = FULL + ST * 8;
+
+    // Thread 0's place in the walk: the next tile to copy, and its index. In shared memory, so
+    // that no other thread gives it registers.
+    struct walk_t {
+        fa_kv_iter ahead;
+        int issued;
+    };
+    __device__ __forceinline__ walk_t &walk() const {
+        __shared__ walk_t w;
+        return w;
+    }
+
+    __device__ __forceinline__ uint32_t k_at(int j) const {
+        return base + (uint32_t)(j % ST) * TILE;
+    }
+    __device__ __forceinline__ uint32_t v_at(int j) const { return k_at(j) + V0; }
+    __device__ __forceinline__ uint32_t full(int j) const {
+        return base + FULL + (uint32_t)(j % ST) * 8;
+    }
+    __device__ __forceinline__ uint32_t empty(int j) const {
+        return base + EMPTY + (uint32_t)(j % ST) * 8;
+    }
+    // Thread 0, before the block's first barrier: the barriers for `warps` readers.
+    __device__ __forceinline__ void init(int warps) const {
+#pragma unroll
+        for (int s = 0; s < ST; s++) {
+            tma_bar_init(full(s), 1);
+            tma_bar_init(empty(s), (uint32_t)warps);
+        }
+        tma_bar_init_fence();
+    }
+    // Thread 0: the walk's next tile into its stage.
+    __device__ __forceinline__ void copy(const fa_tma_src &src) const {
+        walk_t &w = walk();
+        const uint32_t bar = full(w.issued), k = k_at(w.issued);
+        tma_bar_expect(bar, 2 * TILE);
+        const int key0 = w.ahead.s + w.ahead.p0;
+#pragma unroll
+        for (int cb = 0; cb < D / 64; cb++) {
+            const uint32_t at = k + (uint32_t)cb * BN * 128;
+            tma_load_2d(at, src.tk, src.kvh * D + 64 * cb, key0, bar);
+            tma_load_2d(at + V0, src.tv, src.kvh * D + 64 * cb, key0, bar);
+        }
+        fa_iter_next<BN>(w.ahead, src.ds, src.pre, src.n_docs, src.t1);
+        w.issued++;
+    }
+    // Thread 0, after the barriers' initialization has been met: the walk's first ST tiles.
+    __device__ __forceinline__ void start(const fa_tma_src &src, const fa_kv_iter &first) const {
+        walk_t &w = walk();
+        w.ahead = first;
+        w.issued = 0;
+        while (w.issued < ST && w.ahead.e >= 0) copy(src);
+    }
+    // Thread 0 at tile j of its own walk: the next tile into the stage of tile j - 2.
+    __device__ __forceinline__ void refill(const fa_tma_src &src, int j) const {
+        if (j < 2 || walk().ahead.e < 0) return;
+        tma_bar_wait(empty(j - 2), (uint32_t)((j - 2) / ST) & 1u);
+        copy(src);
+    }
+    // Every thread: tile j has landed.
+    __device__ __forceinline__ void wait(int j) const {
+        tma_bar_wait(full(j), (uint32_t)(j / ST) & 1u);
+    }
+    // Every warp, once its products have read tile j: the stage is given back.
+    __device__ __forceinline__ void release(int j) const {
+        __syncwarp();
+        if ((threadIdx.x & 31) == 0) tma_bar_arrive(empty(j));
+    }
+};
 
 // ---- host: the tensor map ----
 

@@ -56,7 +56,8 @@ void tr_backend_cuda_topk_select(tr_backend *be, int on);
 // default; TROUPE_CUDA_WGMMA=N sets N at start, 0 none). TR_CUDA_WG_FWD_PIPE makes the wgmma
 // forward overlap its softmax with its products (attention_flash.cu, PIPE), the same bits
 // again; TR_CUDA_WG_FWD_TMA brings the wgmma forward's key tiles by the tensor memory
-// accelerator (fa_forward_tma_kernel) where a layout has no shared prefixes. Sets it and
+// accelerator (fa_forward_tma_kernel) where a layout has no shared prefixes, and
+// TR_CUDA_WG_DQ_TMA the dQ pass's (fa_dq_tma_kernel). Sets it and
 // returns the one before, which is 0 in a build without the wgmma kernels (a target other
 // than sm_90a).
 enum {
@@ -66,7 +67,8 @@ enum {
     TR_CUDA_WG_ALL = 7,
     TR_CUDA_WG_FWD_PIPE = 8,
     TR_CUDA_WG_FWD_TMA = 16,
-    TR_CUDA_WG_MASK = 31,
+    TR_CUDA_WG_DQ_TMA = 32,
+    TR_CUDA_WG_MASK = 63,
 };
 int tr_backend_cuda_wgmma(tr_backend *be, int mask);
 
