@@ -85,6 +85,20 @@ struct fa_chunk_edge {
     }
 };
 
+// The context position each of a warp's rows w0 + 16 mt + g + 8 r sees up to in the
+// iterator's document (-1: a row outside it).
+template <int MT>
+__device__ __forceinline__ void fa_rows_last(int (&last)[MT][2], const fa_kv_iter &it, int w0,
+                                             int g) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int i = w0 + mt * 16 + g + 8 * r;
+            last[mt][r] = i >= it.s && i < it.lim ? i - it.s + it.pl : -1;
+        }
+}
+
 // The end of a warp's rows (from w0; rows from t1 on are not the block's): the last chunk
 // folded in (or the row sums completed), then out and lse written.
 template <int D, int MT>
@@ -170,13 +184,7 @@ __global__ void __launch_bounds__(FA_FWD_WARPS * 32, 2) fa_forward_kernel(const 
                 acc_used = true;
             }
             int last[MT][2];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    const int i = w0 + mt * 16 + g + 8 * r;
-                    last[mt][r] = i >= it.s && i < it.lim ? i - it.s + it.pl : -1;
-                }
+            fa_rows_last<MT>(last, it, w0, g);
             fa_tile<D, MT>(st, qs + warp * 16 * MT * LDS, ks + stage * BN * LDS,
                            vs + stage * BN * LDS, it.p0, last, a.sl2, true);
         }
@@ -260,18 +268,14 @@ __global__ void __launch_bounds__(NWG * 128, MINB) fa_forward_wg_kernel(const fa
                 acc_used = true;
             }
             int last[1][2];
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int i = w0 + g + 8 * r;
-                last[0][r] = i >= it.s && i < it.lim ? i - it.s + it.pl : -1;
-            }
-            float s[1][NT][4];
+            fa_rows_last<1>(last, it, w0, g);
             // The warp's rows of Q as A fragments, loaded for every tile: held across the
             // loop, ptxas (CUDA 13.0) gave P their registers at D = 64 and the next tile read P
             // as Q (the PTX kept them apart).
             uint32_t qf[D / 16][4];
             wg_load_a<D, BM>(qf, fa_smem(qs), warp * 16);
             const uint32_t kt = fa_smem(ks + stage * BN * D), vt = fa_smem(vs + stage * BN * D);
+            float s[1][NT][4];
             if constexpr (!PIPE) {
                 uint32_t p[1][BN / 16][4];
                 wg_qk<D, BN>(s[0], qf, kt);
@@ -368,11 +372,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
                 acc_used = true;
             }
             int last[1][2];
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int i = w0 + g + 8 * r;
-                last[0][r] = i >= it.s && i < it.lim ? i - it.s + it.pl : -1;
-            }
+            fa_rows_last<1>(last, it, w0, g);
             float s[1][BN / 8][4];
             uint32_t qf[D / 16][4], p[1][BN / 16][4];
             wg_load_a<D, BM>(qf, fa_smem(qs), warp * 16);

@@ -197,6 +197,18 @@ __device__ __forceinline__ void fa_dq_store(const fa_bwd_args &a, const float (&
     }
 }
 
+// The delta and lse log2(e) of rows i0 and i0 + 8 of head h, from the rows pass (a row past T
+// reads the last one: its results are never stored).
+__device__ __forceinline__ void fa_dq_row_stats(const fa_bwd_args &a, float (&delta)[2],
+                                                float (&lse2)[2], int i0, int h) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const size_t at = (size_t)min(i0 + 8 * r, a.T - 1) * a.H + h;
+        delta[r] = a.delta[at];
+        lse2[r] = a.lse2[at];
+    }
+}
+
 // dQ for 16 query rows per warp, FA_BWD_WARPS warps, one head.
 template <int D>
 __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dq_kernel(const fa_bwd_args a) {
@@ -226,13 +238,7 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dq_kernel(const fa_bw
     // the thread's two rows: delta and lse in log2 units, from the rows pass
     const int w0 = t0 + warp * 16;
     float delta[2], lse2[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int i = w0 + g + 8 * r;
-        const size_t at = (size_t)min(i, a.T - 1) * a.H + h;
-        delta[r] = a.delta[at];
-        lse2[r] = a.lse2[at];
-    }
+    fa_dq_row_stats(a, delta, lse2, w0 + g, h);
 
     float dq[D / 8][4];
 #pragma unroll
@@ -261,6 +267,30 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dq_kernel(const fa_bw
     fa_dq_store<D>(a, dq, w0, t1, h, g, t);
 }
 
+// One key tile of a warpgroup's dQ on wgmma: S = Q K^T and dP = dO V^T issued together (q, d:
+// the group's rows of Q and dO in swizzled tiles of BQ rows; k, v: the tile's keys), dS from
+// the warp's probabilities (fa_dq_warp_probs), then dQ += dS K.
+template <int D, int BQ>
+__device__ __forceinline__ void fa_dq_wg_step(float (&dq)[D / 8][4], uint32_t q, uint32_t d,
+                                              uint32_t k, uint32_t v, const float (&lse2)[2],
+                                              const float (&delta)[2], const fa_kv_iter &it,
+                                              int w0, const fa_bwd_args &a) {
+    constexpr int BN = FA_BWD_BN, NT = BN / 8;
+    float s[1][NT][4], dp[1][NT][4];
+    wg_fence();
+    wg_abt_issue<D, BQ>(s[0], q, k);
+    wg_abt_issue<D, BQ>(dp[0], d, v);
+    wg_commit();
+    wg_wait<0>();
+    wg_keep(s[0]);
+    wg_keep(dp[0]);
+    fa_dq_warp_probs<NT>(s[0], dp[0], lse2, delta, it, w0, a.sl2, a.scale);
+    uint32_t da[BN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) fa_acc_to_a(da[kk], dp[0], kk);
+    wg_pv<D, BN>(dq, da, k);
+}
+
 // The dQ pass on Hopper's warpgroup MMA (attention_wgmma.cuh): NWG warpgroups of 64 query rows
 // a block, Q, dO and the K/V stages in 128-byte-swizzled shared tiles; S = Q K^T and
 // dP = dO V^T issued together, dQ += dS K with dS's fragments from registers. The products are
@@ -269,7 +299,7 @@ __global__ void __launch_bounds__(FA_BWD_WARPS * 32, 1) fa_dq_kernel(const fa_bw
 // see none of it takes the masked path, where every P is +0 and dQ gains only zeros.
 template <int D, int NWG, int MINB>
 __global__ void __launch_bounds__(NWG * 128, MINB) fa_dq_wg_kernel(const fa_bwd_args a) {
-    constexpr int BQ = NWG * 64, BN = FA_BWD_BN, NTH = NWG * 128, NT = BN / 8;
+    constexpr int BQ = NWG * 64, BN = FA_BWD_BN, NTH = NWG * 128;
     constexpr int ST = FA_BWD_STAGES;
     extern __shared__ __align__(16) unsigned char fa_sm[];
     // swizzled tiles start on 1024-byte boundaries (the launch adds the slack)
@@ -296,13 +326,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) fa_dq_wg_kernel(const fa_bwd_
 
     const int w0 = t0 + warp * 16, g0 = t0 + wg * 64;   // the warp's and the group's first rows
     float delta[2], lse2[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int i = w0 + g + 8 * r;
-        const size_t at = (size_t)min(i, a.T - 1) * a.H + h;
-        delta[r] = a.delta[at];
-        lse2[r] = a.lse2[at];
-    }
+    fa_dq_row_stats(a, delta, lse2, w0 + g, h);
     const uint32_t q_at = fa_smem(qs) + (uint32_t)wg * 64 * 128;
     const uint32_t do_at = fa_smem(dos) + (uint32_t)wg * 64 * 128;
 
@@ -316,22 +340,9 @@ __global__ void __launch_bounds__(NWG * 128, MINB) fa_dq_wg_kernel(const fa_bwd_
         __syncthreads();   // tile `stage` landed; every warp is done with the previous stage
         kv.refill(fa_prev_stage<ST>(stage));
         const int glo = max(g0, it.s), ghi = min(g0 + 64, it.lim) - 1;
-        if (glo <= ghi && it.p0 <= ghi - it.s + it.pl) {
-            const uint32_t kt = fa_smem(ks + stage * BN * D), vt = fa_smem(vs + stage * BN * D);
-            float s[1][NT][4], dp[1][NT][4];
-            wg_fence();
-            wg_abt_issue<D, BQ>(s[0], q_at, kt);
-            wg_abt_issue<D, BQ>(dp[0], do_at, vt);
-            wg_commit();
-            wg_wait<0>();
-            wg_keep(s[0]);
-            wg_keep(dp[0]);
-            fa_dq_warp_probs<NT>(s[0], dp[0], lse2, delta, it, w0, a.sl2, a.scale);
-            uint32_t da[BN / 16][4];
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++) fa_acc_to_a(da[kk], dp[0], kk);
-            wg_pv<D, BN>(dq, da, kt);
-        }
+        if (glo <= ghi && it.p0 <= ghi - it.s + it.pl)
+            fa_dq_wg_step<D, BQ>(dq, q_at, do_at, fa_smem(ks + stage * BN * D),
+                                 fa_smem(vs + stage * BN * D), lse2, delta, it, w0, a);
         fa_iter_next<BN>(it, a.doc_start, a.prefix, a.n_docs, t1);
         stage = stage + 1 == ST ? 0 : stage + 1;
     }
@@ -347,7 +358,7 @@ template <int D, int NWG, int MINB, int ST>
 __global__ void __launch_bounds__(NWG * 128, MINB)
     fa_dq_tma_kernel(const __grid_constant__ CUtensorMap tk,
                      const __grid_constant__ CUtensorMap tv, const fa_bwd_args a) {
-    constexpr int BQ = NWG * 64, BN = FA_BWD_BN, NTH = NWG * 128, NT = BN / 8;
+    constexpr int BQ = NWG * 64, BN = FA_BWD_BN, NTH = NWG * 128;
     using kv_t = fa_tma_kv<D, BN, ST>;
     extern __shared__ __align__(16) unsigned char fa_sm[];
     const uint32_t sm0 = (fa_smem(fa_sm) + 1023u) & ~1023u;
@@ -376,13 +387,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
 
     const int w0 = t0 + warp * 16, g0 = t0 + wg * 64;   // the warp's and the group's first rows
     float delta[2], lse2[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int i = w0 + g + 8 * r;
-        const size_t at = (size_t)min(i, a.T - 1) * a.H + h;
-        delta[r] = a.delta[at];
-        lse2[r] = a.lse2[at];
-    }
+    fa_dq_row_stats(a, delta, lse2, w0 + g, h);
     const uint32_t q_at = fa_smem(qs) + (uint32_t)wg * 64 * 128;
     const uint32_t do_at = fa_smem(dos) + (uint32_t)wg * 64 * 128;
     fa_cp_wait<0>();
@@ -396,22 +401,9 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
         if (tid == 0) kv.refill(src(), j);
         const int glo = max(g0, it.s), ghi = min(g0 + 64, it.lim) - 1;
         kv.wait(j);
-        if (glo <= ghi && it.p0 <= ghi - it.s + it.pl) {
-            const uint32_t kt = kv.k_at(j), vt = kv.v_at(j);
-            float s[1][NT][4], dp[1][NT][4];
-            wg_fence();
-            wg_abt_issue<D, BQ>(s[0], q_at, kt);
-            wg_abt_issue<D, BQ>(dp[0], do_at, vt);
-            wg_commit();
-            wg_wait<0>();
-            wg_keep(s[0]);
-            wg_keep(dp[0]);
-            fa_dq_warp_probs<NT>(s[0], dp[0], lse2, delta, it, w0, a.sl2, a.scale);
-            uint32_t da[BN / 16][4];
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++) fa_acc_to_a(da[kk], dp[0], kk);
-            wg_pv<D, BN>(dq, da, kt);
-        }
+        if (glo <= ghi && it.p0 <= ghi - it.s + it.pl)
+            fa_dq_wg_step<D, BQ>(dq, q_at, do_at, kv.k_at(j), kv.v_at(j), lse2, delta, it, w0,
+                                 a);
         kv.release(j);
         fa_iter_next<BN>(it, a.doc_start, a.prefix, a.n_docs, t1);
     }
