@@ -11,10 +11,11 @@
 #                                        build-carry/ (ignored by git), to carry to the device
 #   tools/gpu_prebuilt.sh run [PART...]  there: runs the parts with build-carry's binaries
 # Parts (default: attn train):
-#   attn   test_wgmma, test_cuda_ops attention (every bf16 pass on wgmma against mma.sync; with
-#          TROUPE_CUDA_WGMMA=15 and 55 too: the pipelined forward, and the TMA forward and dQ
-#          pass), test_model_bf16, and bench_cuda attention on the default kernels, on
-#          mma.sync, with the pipelined forward and with the TMA forward and dQ pass
+#   attn   test_wgmma, test_cuda_ops attention (every bf16 pass on wgmma, the TMA forward and
+#          dQ pass by default, against mma.sync; with TROUPE_CUDA_WGMMA=7, 15 and 63 too: wgmma
+#          without TMA, the pipelined forward, and the pipelined TMA forward),
+#          test_model_bf16, and bench_cuda attention on the default kernels, on mma.sync, on
+#          wgmma without TMA, pipelined, and pipelined with TMA
 #   ops    every test_cuda_ops section
 #   kern   test_cuda_ops matmul, rmsnorm, rope, rope_kv_write, logsoftmax, sample,
 #          sample_vocab and determinism, and test_model_bf16
@@ -70,11 +71,12 @@ t="$carry/tests/kernels/test_cuda_ops" bc="$carry/bench/bench_cuda" bt="$carry/b
 if has attn; then
     step test_wgmma "$carry/tests/kernels/test_wgmma"
     step attn_ops "$t" attention
+    step attn_ops_wg env TROUPE_CUDA_WGMMA=7 "$t" attention
     step attn_ops_pipe env TROUPE_CUDA_WGMMA=15 "$t" attention
-    step attn_ops_tma env TROUPE_CUDA_WGMMA=55 "$t" attention
+    step attn_ops_tpipe env TROUPE_CUDA_WGMMA=63 "$t" attention
     step model_bf16 env TROUPE_BACKEND=cuda timeout 120 "$carry/tests/engine/test_model_bf16"
-    for v in "default:" "mma:TROUPE_CUDA_WGMMA=0" "pipe:TROUPE_CUDA_WGMMA=15" \
-        "tma:TROUPE_CUDA_WGMMA=55"; do
+    for v in "default:" "mma:TROUPE_CUDA_WGMMA=0" "wg:TROUPE_CUDA_WGMMA=7" \
+        "pipe:TROUPE_CUDA_WGMMA=15" "tpipe:TROUPE_CUDA_WGMMA=63"; do
         step "attn_bench_${v%%:*}" env ${v#*:} "$bc" attention
         grep "^attn shape" "$logs/attn_bench_${v%%:*}.log" | sed "s/^/${v%%:*} /" | tee -a "$summary"
     done

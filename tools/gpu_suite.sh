@@ -403,12 +403,14 @@ train_kernels_part() {
     run test_wgmma "$build_all/tests/kernels/test_wgmma"
     run attn_ops env OPENBLAS_NUM_THREADS=1 "$t" attention
     run attn_ops_mma env TROUPE_CUDA_WGMMA=0 OPENBLAS_NUM_THREADS=1 "$t" attention
+    run attn_ops_wg env TROUPE_CUDA_WGMMA=7 OPENBLAS_NUM_THREADS=1 "$t" attention
     run attn_ops_pipe env TROUPE_CUDA_WGMMA=15 OPENBLAS_NUM_THREADS=1 "$t" attention
     run rmsnorm_ops env OPENBLAS_NUM_THREADS=1 "$t" rmsnorm
     run model_bf16 env TROUPE_BACKEND=cuda meson test -C "$build_all" --print-errorlogs \
         test_model_bf16
     run attn_bench "$bc" attention
     run attn_bench_mma env TROUPE_CUDA_WGMMA=0 "$bc" attention
+    run attn_bench_wg env TROUPE_CUDA_WGMMA=7 "$bc" attention
     run attn_bench_pipe env TROUPE_CUDA_WGMMA=15 "$bc" attention
     if [ "${ATTN_PEER:-0}" = 1 ]; then
         run attention_peer timeout 300 python3 bench/attention_peer.py --troupe "$bc"

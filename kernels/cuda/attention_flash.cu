@@ -318,12 +318,14 @@ __global__ void __launch_bounds__(NWG * 128, MINB) fa_forward_wg_kernel(const fa
     fa_forward_finish<D, 1>(a, st, am, al, acc + z, acc_used, w0, t1, h, g, t);
 }
 
-// The wgmma forward (non-pipelined) with its key tiles brought by the tensor memory
-// accelerator (fa_tma_kv, attention_tma.cuh), for layouts without shared prefixes and with
-// 16-byte rows: no block barrier in the loop and no copy arithmetic but thread 0's. The zeros
-// a tile's rows past its document add to P V (P = 0 there) leave the output's bits as the
-// zero rows of the other kernels do, so out and lse are theirs.
-template <int D, int NWG, int MINB>
+// The wgmma forward with its key tiles brought by the tensor memory accelerator (fa_tma_kv,
+// attention_tma.cuh), for layouts without shared prefixes and with 16-byte rows: no block
+// barrier in the loop and no copy arithmetic but thread 0's. The zeros a tile's rows past its
+// document add to P V (P = 0 there) leave the output's bits as the zero rows of the other
+// kernels do, so out and lse are theirs. PIPE overlaps the softmax with the products as
+// fa_forward_wg_kernel's does; a tile's stage is then given back in the next iteration, once
+// the P V that reads its V is done (thread 0 still refills the stage of tile j - 2 at tile j).
+template <int D, int NWG, int MINB, bool PIPE>
 __global__ void __launch_bounds__(NWG * 128, MINB)
     fa_forward_tma_kernel(const __grid_constant__ CUtensorMap tk,
                           const __grid_constant__ CUtensorMap tv, const fa_fwd_args a) {
@@ -361,28 +363,60 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
     fa_chunk_edge edge = {0};
     bool acc_used = false;
     const int w0 = t0 + warp * 16, g0 = t0 + wg * 64;   // the warp's and the group's first rows
-    for (int j = 0; it.e >= 0; j++) {
+    uint32_t pp[BN / 16][4] = {};   // PIPE: the previous tile's P (zeros before the first)
+    int j = 0;
+    for (; it.e >= 0; j++) {
         if (tid == 0) kv.refill(src(), j);
         const int lo = max(g0, it.s), hi = min(g0 + 64, it.lim) - 1;
         const bool fold = edge.at(it.p0, a.chunk);
         kv.wait(j);
-        if (lo <= hi && it.p0 <= hi - it.s + it.pl) {
-            if (fold) {
+        // PIPE takes every tile (see fa_forward_wg_kernel)
+        if (PIPE || (lo <= hi && it.p0 <= hi - it.s + it.pl)) {
+            if (!PIPE && fold) {
                 fa_fold_acc<D, 1>(am, al, acc + z, st, false);
                 acc_used = true;
             }
             int last[1][2];
             fa_rows_last<1>(last, it, w0, g);
             float s[1][BN / 8][4];
-            uint32_t qf[D / 16][4], p[1][BN / 16][4];
+            uint32_t qf[D / 16][4];
             wg_load_a<D, BM>(qf, fa_smem(qs), warp * 16);
-            wg_qk<D, BN>(s[0], qf, kv.k_at(j));
-            fa_tile_softmax<D, 1>(st, s, p, it.p0, last, a.sl2, true);
-            wg_pv<D, BN>(st.o[0], p[0], kv.v_at(j));
+            if constexpr (!PIPE) {
+                uint32_t p[1][BN / 16][4];
+                wg_qk<D, BN>(s[0], qf, kv.k_at(j));
+                fa_tile_softmax<D, 1>(st, s, p, it.p0, last, a.sl2, true);
+                wg_pv<D, BN>(st.o[0], p[0], kv.v_at(j));
+            } else {
+                // this tile's Q K^T and the previous tile's P V (zeros before the first tile)
+                wg_fence();
+                wg_qk_issue<D, BN>(s[0], qf, kv.k_at(j));
+                wg_commit();
+                wg_pv_issue<D, BN>(st.o[0], pp, kv.v_at(j > 0 ? j - 1 : j));
+                wg_commit();
+                wg_wait<1>();   // Q K^T done; P V may still run
+                wg_keep(s[0]);
+                if (fold) {   // the chunk's last P V in, then folded away
+                    wg_wait<0>();
+                    wg_keep(st.o[0]);
+                    wg_keep(pp);
+                    fa_fold_acc<D, 1>(am, al, acc + z, st, false);
+                    acc_used = true;
+                }
+                float alphas[1][2];
+                const bool any = fa_tile_probs<D, 1>(st, s, it.p0, last, a.sl2, true, alphas);
+                wg_wait<0>();
+                wg_keep(st.o[0]);
+                wg_keep(pp);
+                if (j > 0) kv.release(j - 1);   // the previous tile's V is read
+                fa_tile_rescale<D, 1>(st, alphas, any, true);
+                fa_tile_pack<D, 1>(reinterpret_cast<uint32_t(&)[1][BN / 16][4]>(pp), s);
+            }
         }
-        kv.release(j);
+        if (!PIPE) kv.release(j);
         fa_iter_next<BN>(it, a.doc_start, a.prefix, a.n_docs, t1);
     }
+    // the last tile's P V (every block has a tile: its rows see themselves)
+    if constexpr (PIPE) wg_pv<D, BN>(st.o[0], pp, kv.v_at(j - 1));
     fa_forward_finish<D, 1>(a, st, am, al, acc + z, acc_used, w0, t1, h, g, t);
 }
 
@@ -417,7 +451,7 @@ static void fa_forward_wg_run(tr_backend *be, const fa_fwd_args &a) {
 
 // The TMA forward's launch: the tensor maps of K and V (rows of the fused buffer, the kv heads'
 // columns) and the stages' barriers after the tiles.
-template <int D, int NWG, int MINB>
+template <int D, int NWG, int MINB, bool PIPE>
 static void fa_forward_tma_run(tr_backend *be, const fa_fwd_args &a) {
     constexpr int BM = NWG * 64, BN = fa_bn<D>();
     CUtensorMap tk, tv;
@@ -427,7 +461,7 @@ static void fa_forward_tma_run(tr_backend *be, const fa_fwd_args &a) {
         return;
     const size_t shm = 1024 + (size_t)(BM + 2 * FA_TMA_STAGES * BN) * D * sizeof(tr_bf16) +
                        2 * FA_TMA_STAGES * sizeof(uint64_t);
-    auto kernel = fa_forward_tma_kernel<D, NWG, MINB>;
+    auto kernel = fa_forward_tma_kernel<D, NWG, MINB, PIPE>;
     if (TR_CUDA_CHECK(be, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)shm)))
         return;
@@ -444,8 +478,10 @@ void tr_fa_forward(tr_backend *be, const fa_fwd_args &a, int32_t D) {
         // at D = 128 one of three (its output takes 64 registers a thread)
         const bool pipe = tr_cuda_ctx_of(be)->wgmma & TR_CUDA_WG_FWD_PIPE;
         if ((tr_cuda_ctx_of(be)->wgmma & TR_CUDA_WG_FWD_TMA) && !a.prefix && a.vec) {
-            if (D == 64) fa_forward_tma_run<64, 2, 2>(be, a);
-            else fa_forward_tma_run<128, 3, 1>(be, a);
+            if (D == 64 && pipe) fa_forward_tma_run<64, 2, 2, true>(be, a);
+            else if (D == 64) fa_forward_tma_run<64, 2, 2, false>(be, a);
+            else if (pipe) fa_forward_tma_run<128, 3, 1, true>(be, a);
+            else fa_forward_tma_run<128, 3, 1, false>(be, a);
             return;
         }
         if (D == 64 && pipe) fa_forward_wg_run<64, 2, 2, true>(be, a);

@@ -236,7 +236,7 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
     ctx->pdl = env_is("TROUPE_CUDA_PDL", "1");
     ctx->no_seqk = env_is("TROUPE_CUDA_SEQK", "0");
     const char *wg = getenv("TROUPE_CUDA_WGMMA");   // 0: none; a mask of TR_CUDA_WG_*
-    ctx->wgmma = wg && *wg ? atoi(wg) & TR_CUDA_WG_MASK : TR_CUDA_WG_ALL;
+    ctx->wgmma = wg && *wg ? atoi(wg) & TR_CUDA_WG_MASK : TR_CUDA_WG_DEFAULT;
     ctx->no_lean_copies = env_is("TROUPE_CUDA_DECODE_LEAN", "0");
     ctx->topk_select = !env_is("TROUPE_CUDA_TOPK_SELECT", "0");
     const char *chunk = getenv("TROUPE_CUDA_SOFTMAX_CHUNK");

@@ -52,12 +52,13 @@ void tr_backend_cuda_force_row_ctas(tr_backend *be, int ctas);
 // (the default; TROUPE_CUDA_TOPK_SELECT=0 clears it at start); the draws are the same either way.
 void tr_backend_cuda_topk_select(tr_backend *be, int on);
 // The flash-attention passes that run on Hopper's warpgroup MMA rather than on their
-// mma.sync kernels, which give the same bits: a mask of TR_CUDA_WG_* (TR_CUDA_WG_ALL by
+// mma.sync kernels, which give the same bits: a mask of TR_CUDA_WG_* (TR_CUDA_WG_DEFAULT by
 // default; TROUPE_CUDA_WGMMA=N sets N at start, 0 none). TR_CUDA_WG_FWD_PIPE makes the wgmma
 // forward overlap its softmax with its products (attention_flash.cu, PIPE), the same bits
 // again; TR_CUDA_WG_FWD_TMA brings the wgmma forward's key tiles by the tensor memory
 // accelerator (fa_forward_tma_kernel) where a layout has no shared prefixes, and
-// TR_CUDA_WG_DQ_TMA the dQ pass's (fa_dq_tma_kernel). Sets it and
+// TR_CUDA_WG_DQ_TMA the dQ pass's (fa_dq_tma_kernel). The default has both TMA passes:
+// measured on an H200 they take 6-14% off the forward and dQ (bench/RESULTS.md). Sets it and
 // returns the one before, which is 0 in a build without the wgmma kernels (a target other
 // than sm_90a).
 enum {
@@ -68,6 +69,7 @@ enum {
     TR_CUDA_WG_FWD_PIPE = 8,
     TR_CUDA_WG_FWD_TMA = 16,
     TR_CUDA_WG_DQ_TMA = 32,
+    TR_CUDA_WG_DEFAULT = 55,
     TR_CUDA_WG_MASK = 63,
 };
 int tr_backend_cuda_wgmma(tr_backend *be, int mask);

@@ -107,7 +107,8 @@ typedef struct tr_cuda_ctx {
                             // TROUPE_CUDA_TOPK_SELECT=0 or a test turns it off
     int no_seqk;            // TROUPE_CUDA_SEQK=0: plan_settle leaves gemm_seqk.cu out
     int wgmma;              // the flash-attention passes on warpgroup MMA (built for
-                            // sm_90a): TR_CUDA_WG_* bits, TROUPE_CUDA_WGMMA's mask or all
+                            // sm_90a): TR_CUDA_WG_* bits, TROUPE_CUDA_WGMMA's mask or
+                            // TR_CUDA_WG_DEFAULT
     int pdl;                // TROUPE_CUDA_PDL=1: tr_cuda_launch's early starts
     void *tma_encode;       // the driver's cuTensorMapEncodeTiled, looked up at first use
                             // (attention_tma.cuh)
