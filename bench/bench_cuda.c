@@ -7,7 +7,8 @@
 // decode's HBM bandwidth; bench/attention_peer.py runs torch on the same shapes beside it.
 // Run by hand or by tools/gpu_suite.sh: build-*/bench/bench_cuda [cpu_threads], or
 // build-*/bench/bench_cuda attention [SHAPE] for that section alone (with SHAPE, say
-// qwen05b_dense, only that training shape: for a profiler). Best of a few repetitions after
+// qwen05b_dense, only that training shape: for a profiler; `attention decode [B CTX H KVH D]`
+// decode attention alone, at every decode shape or at one). Best of a few repetitions after
 // one warm-up. `bench_cuda gemm` times every cuBLASLt candidate (no split-K) of the products
 // of a Qwen2.5-0.5B/1.5B training step at 16K tokens, the backend's choice marked;
 // `bench_cuda sample` the sampler and the log-softmax at decode batches of the Qwen vocabulary;
@@ -369,8 +370,8 @@ static double bench_copy_bandwidth(void) {
 // bf16 decode of B sequences of ctx tokens (16-token blocks, scattered): microseconds per
 // call and the bandwidth of the K and V bytes read. Consecutive calls use different copies of
 // the cache, 256 MiB or more in all, so that L2 (50 MiB) holds none of what a call reads.
-static void bench_decode_bw(const char *shape, int32_t B, int32_t ctx, int32_t H, int32_t KVH,
-                            int32_t D, double copy_bw) {
+static void bench_decode_bw_with(const char *shape, int32_t B, int32_t ctx, int32_t H,
+                                 int32_t KVH, int32_t D, double copy_bw, const char *kernel) {
     int32_t bs = 16, max_blocks = (ctx + bs - 1) / bs, n_blocks = B * max_blocks;
     int32_t ld = (H + 2 * KVH) * D;
     int32_t *table = malloc((size_t)n_blocks * sizeof(int32_t));
@@ -402,8 +403,8 @@ static void bench_decode_bw(const char *shape, int32_t B, int32_t ctx, int32_t H
         if (r > 0 && (t1 - t0) / calls < best) best = (t1 - t0) / calls;
     }
     double bytes = 2.0 * B * (double)ctx * KVH * D * 2;
-    printf("attn_decode shape=%s B=%d ctx=%d H=%d KVH=%d D=%d us=%.2f GBps=%.0f "
-           "of_copy=%.0f%% of_4.3TBps=%.0f%%\n", shape, B, ctx, H, KVH, D, best * 1e6,
+    printf("attn_decode shape=%s B=%d ctx=%d H=%d KVH=%d D=%d kernel=%s us=%.2f GBps=%.0f "
+           "of_copy=%.0f%% of_4.3TBps=%.0f%%\n", shape, B, ctx, H, KVH, D, kernel, best * 1e6,
            bytes / best * 1e-9, 100.0 * bytes / best / copy_bw, 100.0 * bytes / best / 4.3e12);
     for (int c = 0; c < n_copies; c++) {
         tr_cuda_free(kv[c].k_pool);
@@ -414,6 +415,20 @@ static void bench_decode_bw(const char *shape, int32_t B, int32_t ctx, int32_t H
     free(table);
     free(seq_len);
 }
+
+// Both decode kernels (the per-warp walk and the shared chunk, tr_backend_cuda_decode_coop),
+// then the backend's rule.
+static void bench_decode_bw(const char *shape, int32_t B, int32_t ctx, int32_t H, int32_t KVH,
+                            int32_t D, double copy_bw) {
+    static const char *names[3] = {"walk", "shared", "rule"};
+    for (int mode = 0; mode < 3; mode++) {
+        const int was = tr_backend_cuda_decode_coop(&gpu, mode < 2 ? mode : -1);
+        bench_decode_bw_with(shape, B, ctx, H, KVH, D, copy_bw, names[mode]);
+        tr_backend_cuda_decode_coop(&gpu, was);
+    }
+}
+
+static void bench_decode_section(void);
 
 // The shapes of issue 13 (7B layer at T = 4096; Qwen2.5-0.5B and -1.5B at sequence 2048 x
 // micro-batch, dense and packed into RL documents of 256..2048 tokens in 16K rows) and the
@@ -440,6 +455,11 @@ static void bench_attention_section(const char *only) {
         if (!ran) fail("bench_cuda attention", "no such shape");
         return;
     }
+    bench_decode_section();
+}
+
+// Decode attention at issue 14's shapes against the device's copy bandwidth.
+static void bench_decode_section(void) {
     printf("decode attention, bf16 (K and V bytes read per second):\n");
     double bw = bench_copy_bandwidth();
     for (int32_t ctx = 512; ctx <= 4096; ctx *= 2)
@@ -665,7 +685,17 @@ int main(int argc, char **argv) {
     if (attention_only) {
         printf("cuda backend on %s, sm_%d%d, %d SMs\n", info.name, info.major, info.minor,
                info.n_sms);
-        bench_attention_section(argc > 2 ? argv[2] : NULL);
+        if (argc > 2 && strcmp(argv[2], "decode") == 0) {
+            // one decode shape (B ctx H KVH D), or all of them
+            double bw = argc > 7 ? bench_copy_bandwidth() : 0;
+            if (argc > 7)
+                bench_decode_bw("custom", atoi(argv[3]), atoi(argv[4]), atoi(argv[5]),
+                                atoi(argv[6]), atoi(argv[7]), bw);
+            else
+                bench_decode_section();
+        } else {
+            bench_attention_section(argc > 2 ? argv[2] : NULL);
+        }
         tr_backend_cuda_free(&gpu32);
         tr_backend_cuda_free(&gpu);
         return 0;

@@ -27,6 +27,10 @@
 #   prof   TROUPE_CUDA_PROFILE's table of a training step at both shapes (device time per op)
 #   ncu    Nsight Compute on one launch of the wgmma forward at D = 64 and 128 (dense shapes):
 #          the details page and every SASS instruction's executions and stall samples (csv)
+#   dec    test_cuda_ops attention (both decode kernels against the forward), test_model_bf16,
+#          bench_cuda
+#          attention decode (each decode kernel, then the rule), and Nsight Compute on the
+#          shared-chunk decode kernel at batch 64, context 512 (0.5B's heads, then D = 128)
 # Output: $OUT (else ./gpu-results): prebuilt.tar.gz (a log per step) and prebuilt_summary.txt
 # (each step's exit status, its failed checks and the benchmark lines, also printed as each
 # step ends, so that a run cut short still shows what it finished). PEER_TIMEOUT (seconds,
@@ -125,6 +129,25 @@ if has ncu; then
         rm -f "$r.ncu-rep"
         grep -E "Duration|Executed Ipc A|Issue Slots Busy|Registers Per|Achieved Occ" \
             "$r.details.txt" | sed "s/^/fwd${k%%:*} /" | tee -a "$summary"
+    done
+fi
+if has dec; then
+    step dec_ops "$t" attention
+    step dec_model_bf16 env TROUPE_BACKEND=cuda timeout 120 "$carry/tests/engine/test_model_bf16"
+    step dec_bench "$bc" attention decode
+    grep "^attn_" "$logs/dec_bench.log" | tee -a "$summary"
+    ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    for k in "512:64 512 14 2 64" "d128:64 512 12 2 128"; do
+        r="$logs/ncu_dec${k%%:*}"
+        step "ncu_dec${k%%:*}" timeout 150 env TROUPE_CUDA_DECODE_COOP=1 "$ncu" \
+            --clock-control none --set full --kernel-name-base mangled \
+            --kernel-name "regex:fa_decode" --launch-skip 2 --launch-count 1 -o "$r" \
+            "$bc" attention decode ${k#*:}
+        "$ncu" -i "$r.ncu-rep" --page details >"$r.details.txt" 2>&1
+        "$ncu" -i "$r.ncu-rep" --page source --print-source sass --csv >"$r.sass.csv" 2>&1
+        rm -f "$r.ncu-rep"
+        grep -E "Duration|Executed Ipc A|Issue Slots Busy|Registers Per|Achieved Occ|DRAM Throughput" \
+            "$r.details.txt" | sed "s/^/dec${k%%:*} /" | tee -a "$summary"
     done
 fi
 if has peer; then

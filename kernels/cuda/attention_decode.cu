@@ -201,6 +201,234 @@ __global__ void __launch_bounds__(FA_DEC_MAX_WARPS * 32) fa_decode_kernel(const 
     }
 }
 
+// ---- a chunk shared by the block's warps ----
+//
+// The walk above gives each warp a chunk of its own and leaves it to pass the chunk's tiles
+// one after another, each tile's copies, products and softmax in turn; a short context (two
+// chunks at 512 positions) then has two warps a block and most of the device's schedulers
+// idle. Here the FA_DEC_COOP_WARPS warps of a block take one chunk at a time together, in
+// three phases between block barriers, and reach the walk's bits:
+//   A. warp w takes tiles w, w + W, ... of the chunk: its scores Q K^T (kept in registers)
+//      and each row's maximum (fa_row_max, published);
+//   B. for each of its tiles the warp replays the reference point's recurrence over the
+//      maxima of the tiles before it (fa_ref_next, the walk's comparisons in its order), then
+//      forms the tile's probabilities and row sums (fa_row_exp) and publishes them with the
+//      scale factor and P's fragments;
+//   C. warp w takes channels [w D / W, (w + 1) D / W) of the output and applies, tile by tile
+//      in order, the walk's rescale and P V to them (an output's chain of MMAs involves no
+//      other channel), runs the row sums' recurrence, and folds the chunk into the ones
+//      before as the walk's warp 0 does. The fold's coefficients are the same for every warp.
+// All threads copy a chunk's rows, looking each row's slot up as they go (the walk's lean
+// path, so only for blocks of a power of two and aligned slots); NB chunk buffers, the K
+// tiles of chunk c + NB copied once phase A has read chunk c's and its V tiles after phase C.
+// The chunk is fixed at FA_DEC_COOP_CHUNK positions (the backend's default) so that its tiles
+// fit the shared arrays; another chunk takes the walk.
+#define FA_DEC_COOP_WARPS 4
+#define FA_DEC_COOP_CHUNK 256
+
+template <int D, int NB>
+constexpr size_t fa_dec_coop_shared() {
+    constexpr int BN = fa_bn<D>(), LDS = D + FA_PAD, CT = FA_DEC_COOP_CHUNK / BN;
+    return (size_t)(16 + NB * 2 * CT * BN) * LDS * sizeof(tr_bf16) +   // Q, the buffers
+           (size_t)CT * (16 + 16 + 64) * sizeof(float) +               // maxima, factors, sums
+           (size_t)CT * (BN / 16) * 32 * sizeof(uint4);                // P's fragments
+}
+
+template <int D, int NB>
+__global__ void __launch_bounds__(FA_DEC_COOP_WARPS * 32) fa_decode_coop_kernel(
+    const fa_dec_args a) {
+    constexpr int BN = fa_bn<D>(), LDS = D + FA_PAD, W = FA_DEC_COOP_WARPS;
+    constexpr int CH = FA_DEC_COOP_CHUNK, CT = CH / BN, KT = BN / 16;
+    constexpr int DW = D / W, TPW = (CT + W - 1) / W;   // a warp's channels; tiles in A and B
+    static_assert(CH % BN == 0 && DW % 16 == 0, "chunk of whole tiles, channels of k16 pairs");
+    extern __shared__ __align__(16) unsigned char fa_sm[];
+    tr_bf16 *qs = reinterpret_cast<tr_bf16 *>(fa_sm);
+    tr_bf16 *bufs = qs + 16 * LDS;   // NB x [CT K tiles; CT V tiles]
+    float *tmax = reinterpret_cast<float *>(bufs + NB * 2 * CT * BN * LDS);   // [CT][16]
+    float *talpha = tmax + CT * 16;                                           // [CT][16]
+    float *trs = talpha + CT * 16;                                            // [CT][32][2]
+    uint4 *tp = reinterpret_cast<uint4 *>(trs + CT * 64);                     // [CT][KT][32]
+    tr_pdl_wait();
+    tr_pdl_release();
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int b = blockIdx.y, kvh = blockIdx.x / a.n_hg, hg = blockIdx.x % a.n_hg;
+    const int G = a.H / a.KVH, h0 = kvh * G + hg * 16, nrows = min(16, G - hg * 16);
+    const tr_bf16 *qrow = a.q + (size_t)b * (size_t)a.ld;
+    tr_bf16 *orow = a.out + ((size_t)b * a.H + h0) * D;
+
+    fa_load_rows<D>(
+        qs, 16,
+        [&](int r) -> const tr_bf16 * { return r < nrows ? qrow + (size_t)(h0 + r) * D : nullptr; },
+        tid, W * 32, a.vecq != 0, a.q);
+    fa_cp_commit();
+    const int n = a.seq_len[b];
+    if (n <= 0) {   // no keys: zeros, as the row kernel gives
+        for (int i = tid; i < nrows * D; i += W * 32) orow[i] = __float2bfloat16_rn(0.0f);
+        fa_cp_wait<0>();
+        return;
+    }
+    const int nch = (n + CH - 1) / CH;
+    const int32_t *tbl = a.table + (size_t)b * a.max_blocks;
+    const size_t sstride = (size_t)a.KVH * D;
+    const int bs = a.block_size;
+    const bool hi_rows = nrows > 8;
+    const int last[1][2] = {{n - 1, n - 1}};   // every row sees the whole context
+
+    // Chunk c's K (v 0) or V (v 1) tiles into its buffer, rows past n as zeros; nothing past
+    // the last chunk (the caller commits a group either way, so that the count stays fixed).
+    auto load = [&](int c, int v) {
+        if (c >= nch) return;
+        constexpr int CPR = D / 8, RS = W * 32 / CPR;   // 16-byte pieces a row; rows a pass
+        const int pb = c * CH, rows = min(CT * BN, (n - pb + BN - 1) / BN * BN);
+        const int r0 = tid / CPR, col = (tid % CPR) * 8;
+        const tr_bf16 *src = (v ? a.vp : a.kp) + (size_t)kvh * D + col;
+        const uint32_t d0 = fa_smem(bufs + ((c % NB) * 2 + v) * CT * BN * LDS) +
+                            (uint32_t)((r0 * LDS + col) * 2);
+#pragma unroll 4
+        for (int r = r0; r < rows; r += RS) {
+            const int p = pb + r;
+            const bool in = p < n;
+            const long long o =
+                in ? ((long long)__ldg(tbl + (p >> a.bs_log2)) * bs + (p & (bs - 1))) *
+                         (long long)sstride
+                   : 0;
+            fa_cp16_at(d0 + (uint32_t)((r - r0) * LDS * 2), in ? (const void *)(src + o) : src,
+                       in ? 16u : 0u);
+        }
+    };
+#pragma unroll
+    for (int c = 0; c < NB; c++) {
+        load(c, 0);
+        fa_cp_commit();
+        load(c, 1);
+        fa_cp_commit();
+    }
+
+    // the chunks folded so far (rows g, g + 8; this warp's channels)
+    float am[2] = {-INFINITY, -INFINITY}, al[2] = {0.0f, 0.0f}, ao[DW / 8][4];
+#pragma unroll
+    for (int i = 0; i < DW / 8; i++) ao[i][0] = ao[i][1] = ao[i][2] = ao[i][3] = 0.0f;
+    for (int c = 0; c < nch; c++) {
+        const int pb = c * CH, nt = (min(n, pb + CH) - pb + BN - 1) / BN;
+        const tr_bf16 *ks = bufs + (c % NB) * 2 * CT * BN * LDS, *vs = ks + CT * BN * LDS;
+        // groups after chunk c's K: its V and the 2 (NB - 1) of the chunks after it
+        fa_cp_wait<2 * NB - 1>();
+        __syncthreads();   // chunk c's K tiles (and Q) landed for every thread
+
+        // A: scores and row maxima of the warp's tiles
+        float s[TPW][1][BN / 8][4];
+#pragma unroll
+        for (int i = 0; i < TPW; i++) {
+            const int k = warp + i * W;
+            if (k >= nt) continue;
+            fa_gemm_abt<D, 1, BN / 8>(s[i], qs, ks + k * BN * LDS, LDS);
+            const int p0 = pb + k * BN;
+            const bool whole = fa_tile_whole<D, 1>(last, p0, hi_rows);
+#pragma unroll
+            for (int hi = 0; hi < 2; hi++) {
+                if (hi == 1 && !hi_rows) continue;
+                const float mx = fa_row_max<D, 1>(s[i], 0, hi, last[0][hi] - p0, whole, a.sl2);
+                if (t == 0) tmax[k * 16 + g + 8 * hi] = mx;
+            }
+        }
+        __syncthreads();   // the maxima are published; chunk c's K tiles are read
+        load(c + NB, 0);
+        fa_cp_commit();
+
+        // B: the warp's tiles' probabilities, sums, factors and P
+#pragma unroll
+        for (int i = 0; i < TPW; i++) {
+            const int k = warp + i * W;
+            if (k >= nt) continue;
+#pragma unroll
+            for (int hi = 0; hi < 2; hi++) {
+                const int row = g + 8 * hi;
+                float rs = 0.0f, alpha = 1.0f;
+                if (hi == 1 && !hi_rows) {   // padding rows: P zeros, the state untouched
+#pragma unroll
+                    for (int nn = 0; nn < BN / 8; nn++) s[i][0][nn][2] = s[i][0][nn][3] = 0.0f;
+                } else {
+                    float mold = -INFINITY;   // the reference point before tile k
+                    for (int j = 0; j < k; j++) mold = fa_ref_next(tmax[j * 16 + row], mold);
+                    const float mnew = fa_ref_next(tmax[k * 16 + row], mold);
+                    const float mu = mnew == -INFINITY ? 0.0f : mnew;
+                    alpha = fa_ex2(__fsub_rn(mold, mu));
+                    rs = fa_row_exp<D, 1>(s[i], 0, hi, a.sl2, mu);
+                }
+                trs[(k * 32 + lane) * 2 + hi] = rs;
+                if (t == 0) talpha[k * 16 + row] = alpha;
+            }
+            uint32_t p[1][KT][4];
+            fa_tile_pack<D, 1>(p, s[i]);
+#pragma unroll
+            for (int kk = 0; kk < KT; kk++)
+                tp[(k * KT + kk) * 32 + lane] = make_uint4(p[0][kk][0], p[0][kk][1], p[0][kk][2],
+                                                           p[0][kk][3]);
+        }
+        fa_cp_wait<2 * NB - 1>();
+        __syncthreads();   // chunk c's V tiles landed; P, sums and factors are published
+
+        // C: the chunk's output on the warp's channels, tile by tile, then the fold
+        float o[1][DW / 8][4];
+#pragma unroll
+        for (int i = 0; i < DW / 8; i++) o[0][i][0] = o[0][i][1] = o[0][i][2] = o[0][i][3] = 0.0f;
+        float l[2] = {0.0f, 0.0f}, m[2] = {-INFINITY, -INFINITY};
+        for (int k = 0; k < nt; k++) {
+#pragma unroll
+            for (int hi = 0; hi < 2; hi++) {
+                if (hi == 1 && !hi_rows) continue;
+                const int row = g + 8 * hi;
+                const float alpha = talpha[k * 16 + row];
+                m[hi] = fa_ref_next(tmax[k * 16 + row], m[hi]);
+                l[hi] = __fmaf_rn(l[hi], alpha, trs[(k * 32 + lane) * 2 + hi]);
+                // x * 1 is x, and a chunk's first factor (0) meets zeros: multiplying every
+                // row gives the bits of the walk's rescale, which skips a warp of ones
+#pragma unroll
+                for (int i = 0; i < DW / 8; i++) {
+                    o[0][i][2 * hi] = __fmul_rn(o[0][i][2 * hi], alpha);
+                    o[0][i][2 * hi + 1] = __fmul_rn(o[0][i][2 * hi + 1], alpha);
+                }
+            }
+            uint32_t p[1][KT][4];
+#pragma unroll
+            for (int kk = 0; kk < KT; kk++) {
+                const uint4 v = tp[(k * KT + kk) * 32 + lane];
+                p[0][kk][0] = v.x;
+                p[0][kk][1] = v.y;
+                p[0][kk][2] = v.z;
+                p[0][kk][3] = v.w;
+            }
+            fa_gemm_pv<DW, 1, KT>(o, p, vs + k * BN * LDS + warp * DW, LDS);
+        }
+#pragma unroll
+        for (int hi = 0; hi < 2; hi++) {
+            const fa_fold_t f = fa_fold_coef(am[hi], m[hi]);
+            al[hi] = fa_fold(f, al[hi], fa_quad_sum(l[hi]));
+            am[hi] = fa_fold_max(f, am[hi], m[hi]);
+#pragma unroll
+            for (int i = 0; i < DW / 8; i++)
+#pragma unroll
+                for (int cc = 0; cc < 2; cc++)
+                    ao[i][2 * hi + cc] = fa_fold(f, ao[i][2 * hi + cc], o[0][i][2 * hi + cc]);
+        }
+        __syncthreads();   // chunk c's buffers and the published arrays are free
+        load(c + NB, 1);
+        fa_cp_commit();
+    }
+    fa_cp_wait<0>();
+#pragma unroll
+    for (int hi = 0; hi < 2; hi++) {
+        const int row = g + 8 * hi;
+        if (row >= nrows) continue;
+        const float inv = fa_inv(al[hi]);
+        tr_bf16 *o = orow + (size_t)row * D + warp * DW + 2 * t;
+#pragma unroll
+        for (int i = 0; i < DW / 8; i++)
+            fa_store2(o + i * 8, fa_out(ao[i][2 * hi], inv), fa_out(ao[i][2 * hi + 1], inv),
+                      a.out4 != 0);
+    }
+}
+
 // ---- launch (host) ----
 
 template <int D, int NST>
@@ -259,7 +487,41 @@ static int fa_dec_warps(tr_backend *be, const fa_dec_args &a, int32_t B, int32_t
     return w < 1 ? 1 : (int)w;
 }
 
+template <int D, int NB>
+static void fa_decode_coop_run(tr_backend *be, const fa_dec_args &a, int32_t B) {
+    constexpr size_t shm = fa_dec_coop_shared<D, NB>();
+    static_assert(shm <= 227 * 1024, "one block an SM");
+    auto kernel = fa_decode_coop_kernel<D, NB>;
+    if (TR_CUDA_CHECK(be, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)shm)))
+        return;
+    dim3 grid((unsigned)(a.KVH * a.n_hg), (unsigned)B);
+    if (TR_CUDA_CHECK(be, tr_cuda_launch(be, true, kernel, grid, dim3(FA_DEC_COOP_WARPS * 32),
+                                         shm, a)))
+        return;
+    TR_CUDA_LAUNCHED(be, "attention_decode");
+}
+
+// Whether a launch takes the shared-chunk kernel: it needs the walk's lean copies and the
+// backend's default chunk; TR_CUDA_DECODE_COOP forces it where it can run, and the rule
+// (auto) gives it grids of fewer blocks than two an SM, where the walk leaves schedulers idle.
+static bool fa_dec_coop(tr_backend *be, const fa_dec_args &a, int32_t B) {
+    const int mode = tr_cuda_ctx_of(be)->decode_coop;
+    if (mode == 0 || !a.veckv || a.bs_log2 < 0 || a.chunk != FA_DEC_COOP_CHUNK) return false;
+    if (mode == 1) return true;
+    return (long)a.KVH * a.n_hg * B < 2L * tr_cuda_ctx_of(be)->sms;
+}
+
 void tr_fa_decode(tr_backend *be, const fa_dec_args &a, int32_t B, int32_t max_ctx) {
+    if (fa_dec_coop(be, a, B)) {
+        // two chunk buffers where they fit beside the rest (D = 64: 156 KB, one block an SM),
+        // and where a block an SM is all the grid gives anyway
+        const bool two = (long)a.KVH * a.n_hg * B <= tr_cuda_ctx_of(be)->sms;
+        if (a.D == 64 && two) fa_decode_coop_run<64, 2>(be, a, B);
+        else if (a.D == 64) fa_decode_coop_run<64, 1>(be, a, B);
+        else fa_decode_coop_run<128, 1>(be, a, B);
+        return;
+    }
     int W = fa_dec_warps(be, a, B, max_ctx);
     int nst = fa_dec_stages(be, a, B, W);
     if (a.D == 64) fa_decode_dispatch<64>(be, a, B, W, nst);

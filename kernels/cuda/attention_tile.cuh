@@ -52,6 +52,74 @@ __device__ __forceinline__ void fa_reset(fa_state<D, MT> &st) {
     }
 }
 
+// Whether every row of the warp sees all of the tile at p0 (no mask to apply), from each
+// row's last visible position (rows 8..15 of an m-tile only with hi_rows).
+template <int D, int MT>
+__device__ __forceinline__ bool fa_tile_whole(const int (&last)[MT][2], int p0, bool hi_rows) {
+    int seen = p0 + fa_bn<D>() - 1;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int hi = 0; hi < 2; hi++)
+            if (hi == 0 || hi_rows) seen = min(seen, last[mt][hi]);
+    return __all_sync(0xffffffffu, seen >= p0 + fa_bn<D>() - 1);
+}
+
+// The maximum of row (mt, hi)'s raw scores in the tile, columns past lim (relative to the
+// tile) set to -inf unless whole, scaled once to log2 units: sl2 > 0 and rounding is
+// monotonic, so it is the maximum of the scaled scores, bit for bit. Every lane of the quad
+// gets it.
+template <int D, int MT>
+__device__ __forceinline__ float fa_row_max(float (&s)[MT][fa_bn<D>() / 8][4], int mt, int hi,
+                                            int lim, bool whole, float sl2) {
+    constexpr int NT = fa_bn<D>() / 8;
+    const int t = threadIdx.x & 3;
+    float mx = -INFINITY;
+    if (whole) {
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) mx = fmaxf(mx, s[mt][n][2 * hi + c]);
+    } else {
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const float x = n * 8 + 2 * t + c <= lim ? s[mt][n][2 * hi + c] : -INFINITY;
+                s[mt][n][2 * hi + c] = x;
+                mx = fmaxf(mx, x);
+            }
+    }
+    return __fmul_rn(fa_quad_max(mx), sl2);
+}
+
+// The reference point after a tile whose scaled maximum is mx, from m: it moves only when the
+// tile's maximum passes it by more than FA_MAX_SLACK, so that probabilities stay below
+// 2^FA_MAX_SLACK (fp32 and bf16 hold them as precisely as any other) and the output is
+// rescaled a few times a chunk rather than at nearly every tile. (-inf + slack is -inf: an
+// empty state takes any finite maximum.)
+__device__ __forceinline__ float fa_ref_next(float mx, float m) {
+    return mx > m + FA_MAX_SLACK ? mx : m;
+}
+
+// Row (mt, hi)'s probabilities 2^(score sl2 - mu) in place, with the product and difference
+// rounded once (a masked score, -inf, gives +0); returns this thread's share of their sum,
+// added in column order.
+template <int D, int MT>
+__device__ __forceinline__ float fa_row_exp(float (&s)[MT][fa_bn<D>() / 8][4], int mt, int hi,
+                                            float sl2, float mu) {
+    float rs = 0.0f;
+#pragma unroll
+    for (int n = 0; n < fa_bn<D>() / 8; n++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const float e = fa_ex2(__fmaf_rn(s[mt][n][2 * hi + c], sl2, -mu));
+            s[mt][n][2 * hi + c] = e;
+            rs = __fadd_rn(rs, e);
+        }
+    return rs;
+}
+
 // The softmax step of fa_tile between its two products, for kernels that form the scores and
 // multiply by V another way (attention_wgmma.cuh), in three parts. fa_tile_probs: s holds the
 // tile's raw scores Q K^T in accumulator layout and leaves as probabilities (fp32); the
@@ -65,16 +133,9 @@ __device__ __forceinline__ bool fa_tile_probs(fa_state<D, MT> &st,
                                               float (&s)[MT][fa_bn<D>() / 8][4], int p0,
                                               const int (&last)[MT][2], float sl2, bool hi_rows,
                                               float (&alphas)[MT][2]) {
-    constexpr int BN = fa_bn<D>(), NT = BN / 8;
-    const int t = threadIdx.x & 3;
+    constexpr int NT = fa_bn<D>() / 8;
     // Most tiles are seen whole by every row of the warp: no mask to apply there.
-    int seen = p0 + BN - 1;
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int hi = 0; hi < 2; hi++)
-            if (hi == 0 || hi_rows) seen = min(seen, last[mt][hi]);
-    const bool whole = __all_sync(0xffffffffu, seen >= p0 + BN - 1);
+    const bool whole = fa_tile_whole<D, MT>(last, p0, hi_rows);
     bool rescale = false;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
@@ -86,48 +147,12 @@ __device__ __forceinline__ bool fa_tile_probs(fa_state<D, MT> &st,
                 alphas[mt][hi] = 1.0f;
                 continue;
             }
-            const int lim = last[mt][hi] - p0;   // columns <= lim are visible
-            // The maximum of the raw scores, scaled once: sl2 > 0 and rounding is monotonic,
-            // so it is the maximum of the scaled scores, bit for bit.
-            float mx = -INFINITY;
-            if (whole) {
-#pragma unroll
-                for (int n = 0; n < NT; n++)
-#pragma unroll
-                    for (int c = 0; c < 2; c++) mx = fmaxf(mx, s[mt][n][2 * hi + c]);
-            } else {
-#pragma unroll
-                for (int n = 0; n < NT; n++)
-#pragma unroll
-                    for (int c = 0; c < 2; c++) {
-                        const float x =
-                            n * 8 + 2 * t + c <= lim ? s[mt][n][2 * hi + c] : -INFINITY;
-                        s[mt][n][2 * hi + c] = x;
-                        mx = fmaxf(mx, x);
-                    }
-            }
-            mx = __fmul_rn(fa_quad_max(mx), sl2);
-            // The reference point moves only when the tile's maximum passes it by more than
-            // FA_MAX_SLACK: probabilities then stay below 2^FA_MAX_SLACK (fp32 and bf16 hold
-            // them as precisely as any other), and the output is rescaled a few times a chunk
-            // rather than at nearly every tile. (-inf + slack is -inf: an empty state takes
-            // any finite maximum.)
-            const float mnew = mx > st.m[mt][hi] + FA_MAX_SLACK ? mx : st.m[mt][hi];
-            const float mold = st.m[mt][hi];
+            const float mx = fa_row_max<D, MT>(s, mt, hi, last[mt][hi] - p0, whole, sl2);
+            const float mold = st.m[mt][hi], mnew = fa_ref_next(mx, mold);
             const float mu = mnew == -INFINITY ? 0.0f : mnew;
             const float alpha = fa_ex2(__fsub_rn(mold, mu));
             st.m[mt][hi] = mnew;
-            float rs = 0.0f;
-            // 2^(score sl2 - mu) with the product and difference rounded once (a masked score,
-            // -inf, gives +0)
-#pragma unroll
-            for (int n = 0; n < NT; n++)
-#pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    float e = fa_ex2(__fmaf_rn(s[mt][n][2 * hi + c], sl2, -mu));
-                    s[mt][n][2 * hi + c] = e;
-                    rs = __fadd_rn(rs, e);
-                }
+            const float rs = fa_row_exp<D, MT>(s, mt, hi, sl2, mu);
             st.l[mt][hi] = __fmaf_rn(st.l[mt][hi], alpha, rs);
             alphas[mt][hi] = alpha;
             // an empty state's output is zeros (fa_reset; P V added only zeros since), which

@@ -238,6 +238,9 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
     const char *wg = getenv("TROUPE_CUDA_WGMMA");   // 0: none; a mask of TR_CUDA_WG_*
     ctx->wgmma = wg && *wg ? atoi(wg) & TR_CUDA_WG_MASK : TR_CUDA_WG_DEFAULT;
     ctx->no_lean_copies = env_is("TROUPE_CUDA_DECODE_LEAN", "0");
+    // the shared-chunk decode kernel is built but not yet measured: off unless asked for
+    ctx->decode_coop = env_is("TROUPE_CUDA_DECODE_COOP", "1") ? 1
+                       : env_is("TROUPE_CUDA_DECODE_COOP", "auto") ? -1 : 0;
     ctx->topk_select = !env_is("TROUPE_CUDA_TOPK_SELECT", "0");
     const char *chunk = getenv("TROUPE_CUDA_SOFTMAX_CHUNK");
     ctx->softmax_chunk = TR_CUDA_SOFTMAX_CHUNK;
@@ -348,6 +351,13 @@ extern "C" void tr_backend_cuda_force_row_ctas(tr_backend *be, int ctas) {
 
 extern "C" void tr_backend_cuda_topk_select(tr_backend *be, int on) {
     if (be && be->ctx) tr_cuda_ctx_of(be)->topk_select = on != 0;
+}
+
+extern "C" int tr_backend_cuda_decode_coop(tr_backend *be, int mode) {
+    if (!be || !be->ctx) return -1;
+    const int was = tr_cuda_ctx_of(be)->decode_coop;
+    tr_cuda_ctx_of(be)->decode_coop = mode == 0 || mode == 1 ? mode : -1;
+    return was;
 }
 
 extern "C" int tr_backend_cuda_wgmma(tr_backend *be, int mask) {

@@ -51,6 +51,12 @@ void tr_backend_cuda_force_row_ctas(tr_backend *be, int ctas);
 // Ranks the sampler's top-k rows (k up to 1,024) by a select instead of sorting whole rows
 // (the default; TROUPE_CUDA_TOPK_SELECT=0 clears it at start); the draws are the same either way.
 void tr_backend_cuda_topk_select(tr_backend *be, int on);
+// Decode attention's kernel: 1 the shared-chunk kernel wherever it runs (the backend's default
+// softmax chunk, blocks of a power of two and aligned slots), 0 the per-warp walk (the
+// default), -1 the rule (the shared chunk for grids under two blocks an SM);
+// TROUPE_CUDA_DECODE_COOP=1 or auto sets it at start. Both give the same bits. Sets it and
+// returns the one before.
+int tr_backend_cuda_decode_coop(tr_backend *be, int mode);
 // The flash-attention passes that run on Hopper's warpgroup MMA rather than on their
 // mma.sync kernels, which give the same bits: a mask of TR_CUDA_WG_* (TR_CUDA_WG_DEFAULT by
 // default; TROUPE_CUDA_WGMMA=N sets N at start, 0 none). TR_CUDA_WG_FWD_PIPE makes the wgmma

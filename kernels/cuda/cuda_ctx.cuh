@@ -112,6 +112,9 @@ typedef struct tr_cuda_ctx {
     int pdl;                // TROUPE_CUDA_PDL=1: tr_cuda_launch's early starts
     void *tma_encode;       // the driver's cuTensorMapEncodeTiled, looked up at first use
                             // (attention_tma.cuh)
+    int decode_coop;        // decode attention's shared-chunk kernel: -1 by rule, 0 never, 1
+                            // wherever it runs (TROUPE_CUDA_DECODE_COOP=auto|1;
+                            // attention_decode.cu)
     int no_lean_copies;     // TROUPE_CUDA_DECODE_LEAN=0: decode attention copies through its
                             // table of slot offsets at every block size (attention_decode.cu)
     tr_cuda_prof *prof;     // TROUPE_CUDA_PROFILE=1, else NULL

@@ -1373,17 +1373,25 @@ static void test_attention(int32_t T, int32_t n_docs, const int32_t *doc_start,
     att_compare(name, dec_run, &d, "A", ld, mdp);
     float *fwd[2] = {kt_floats(nq), kt_floats((size_t)T * H)}, *dec[1] = {kt_floats(ld[0])};
     att_forward(1, fwd, &a);
-    dec_run(1, dec, &d);
-    int same = 1;
-    for (int32_t b = 0; b < B; b++) {
-        int s = kt_same_bits(dec[0] + (size_t)b * H * D, fwd[0] + (size_t)tok[b] * H * D,
-                             (size_t)H * D);
-        CHECKF(s, "attention_decode row of token %d (position %d) differs from the cuda forward's",
-               tok[b], d.seq_len[b] - 1);
-        same &= s;
+    // both decode kernels, the per-warp walk and the shared chunk (where the latter runs:
+    // otherwise the walk again), against the forward's rows
+    static const char *kernel[2] = {"walk", "shared chunk"};
+    for (int coop = 0; coop < 2; coop++) {
+        const int was = tr_backend_cuda_decode_coop(&gpu_be, coop);
+        dec_run(1, dec, &d);
+        tr_backend_cuda_decode_coop(&gpu_be, was);
+        int same = 1;
+        for (int32_t b = 0; b < B; b++) {
+            int s = kt_same_bits(dec[0] + (size_t)b * H * D, fwd[0] + (size_t)tok[b] * H * D,
+                                 (size_t)H * D);
+            CHECKF(s, "attention_decode (%s) row of token %d (position %d) differs from the cuda "
+                   "forward's", kernel[coop], tok[b], d.seq_len[b] - 1);
+            same &= s;
+        }
+        printf("  %-5s attention_decode (%s) %d tokens (positions up to %d) vs cuda forward: "
+               "%s\n", tr_dt_name(prec), kernel[coop], B, d.max_blocks * block_size - 1,
+               same ? "bitwise" : "DIFFER");
     }
-    printf("  %-5s attention_decode %d tokens (positions up to %d) vs cuda forward: %s\n",
-           tr_dt_name(prec), B, d.max_blocks * block_size - 1, same ? "bitwise" : "DIFFER");
     free(fwd[0]); free(fwd[1]); free(dec[0]); free(md);
     dec_free(&d);
     if (prefix) att_shared_vs_unshared(&a, mb);
