@@ -28,8 +28,8 @@
 #   ncu    Nsight Compute on one launch of the wgmma forward at D = 64 and 128 (dense shapes):
 #          the details page and every SASS instruction's executions and stall samples (csv)
 #   dec    test_cuda_ops attention (both decode kernels against the forward), test_model_bf16,
-#          bench_cuda
-#          attention decode (each decode kernel, then the rule), and Nsight Compute on the
+#          bench_cuda attention decode (each decode kernel, then the rule), bench_decode_gpu at
+#          batch 64 (0.5B, 1.5B) with each decode kernel, and Nsight Compute on the
 #          shared-chunk decode kernel at batch 64, context 512 (0.5B's heads, then D = 128)
 # Output: $OUT (else ./gpu-results): prebuilt.tar.gz (a log per step) and prebuilt_summary.txt
 # (each step's exit status, its failed checks and the benchmark lines, also printed as each
@@ -136,6 +136,14 @@ if has dec; then
     step dec_model_bf16 env TROUPE_BACKEND=cuda timeout 120 "$carry/tests/engine/test_model_bf16"
     step dec_bench "$bc" attention decode
     grep "^attn_" "$logs/dec_bench.log" | tee -a "$summary"
+    for sh in qwen2.5-0.5b qwen2.5-1.5b; do
+        for m in 0 1; do
+            step "dec_${sh}_coop$m" env TROUPE_CUDA_DECODE_COOP=$m timeout 120 \
+                "$carry/bench/bench_decode_gpu" "$sh" 64 1 256 256
+            grep -h "^troupe decode" "$logs/dec_${sh}_coop$m.log" | sed "s/^/coop=$m /" |
+                tee -a "$summary"
+        done
+    done
     ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
     for k in "512:64 512 14 2 64" "d128:64 512 12 2 128"; do
         r="$logs/ncu_dec${k%%:*}"
