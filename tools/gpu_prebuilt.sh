@@ -149,7 +149,7 @@ if has dec; then
         r="$logs/ncu_dec${k%%:*}"
         step "ncu_dec${k%%:*}" timeout 150 env TROUPE_CUDA_DECODE_COOP=1 "$ncu" \
             --clock-control none --set full --kernel-name-base mangled \
-            --kernel-name "regex:fa_decode" --launch-skip 2 --launch-count 1 -o "$r" \
+            --kernel-name "regex:fa_decode_coop" --launch-skip 2 --launch-count 1 -o "$r" \
             "$bc" attention decode ${k#*:}
         "$ncu" -i "$r.ncu-rep" --page details >"$r.details.txt" 2>&1
         "$ncu" -i "$r.ncu-rep" --page source --print-source sass --csv >"$r.sass.csv" 2>&1

@@ -231,7 +231,8 @@ constexpr size_t fa_dec_coop_shared() {
     constexpr int BN = fa_bn<D>(), LDS = D + FA_PAD, CT = FA_DEC_COOP_CHUNK / BN;
     return (size_t)(16 + NB * 2 * CT * BN) * LDS * sizeof(tr_bf16) +   // Q, the buffers
            (size_t)CT * (16 + 16 + 64) * sizeof(float) +               // maxima, factors, sums
-           (size_t)CT * (BN / 16) * 32 * sizeof(uint4);                // P's fragments
+           (size_t)CT * (BN / 16) * 32 * sizeof(uint4) +               // P's fragments
+           (size_t)NB * FA_DEC_COOP_CHUNK * sizeof(int32_t);           // the chunks' slots
 }
 
 template <int D, int NB>
@@ -248,6 +249,7 @@ __global__ void __launch_bounds__(FA_DEC_COOP_WARPS * 32) fa_decode_coop_kernel(
     float *talpha = tmax + CT * 16;                                           // [CT][16]
     float *trs = talpha + CT * 16;                                            // [CT][32][2]
     uint4 *tp = reinterpret_cast<uint4 *>(trs + CT * 64);                     // [CT][KT][32]
+    int32_t *tslot = reinterpret_cast<int32_t *>(tp + CT * KT * 32);          // [NB][CH]
     tr_pdl_wait();
     tr_pdl_release();
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -274,28 +276,53 @@ __global__ void __launch_bounds__(FA_DEC_COOP_WARPS * 32) fa_decode_coop_kernel(
     const bool hi_rows = nrows > 8;
     const int last[1][2] = {{n - 1, n - 1}};   // every row sees the whole context
 
-    // Chunk c's K (v 0) or V (v 1) tiles into its buffer, rows past n as zeros; nothing past
-    // the last chunk (the caller commits a group either way, so that the count stays fixed).
+    // Chunk c's slots (cache rows; -1 past n) are looked up once, into tslot[c % NB], so that
+    // its copies wait on no global load: looked up as the copies went, each pass of a
+    // thread's rows waited for its lookups (Nsight Compute: the walk's largest stall). A
+    // thread takes rows tid, tid + W*32, ...: its lookups are loaded first (slots_get) and
+    // stored when the loads are back (slots_put), so that a phase's work runs in between.
+    constexpr int SPT = CH / (W * 32);   // slots a thread
+    static_assert(CH % (W * 32) == 0, "slots a thread");
+    auto slots_get = [&](int c, int32_t (&sl)[SPT]) {
+#pragma unroll
+        for (int i = 0; i < SPT; i++) {
+            const int p = c * CH + tid + i * W * 32;
+            sl[i] = c < nch && p < n
+                        ? __ldg(tbl + (p >> a.bs_log2)) * bs + (p & (bs - 1))
+                        : -1;
+        }
+    };
+    auto slots_put = [&](int c, const int32_t (&sl)[SPT]) {
+#pragma unroll
+        for (int i = 0; i < SPT; i++) tslot[(c % NB) * CH + tid + i * W * 32] = sl[i];
+    };
+    // Chunk c's K (v 0) or V (v 1) tiles into its buffer from its slots, rows past n as
+    // zeros; nothing past the last chunk (the caller commits a group either way, so that the
+    // count stays fixed).
     auto load = [&](int c, int v) {
         if (c >= nch) return;
         constexpr int CPR = D / 8, RS = W * 32 / CPR;   // 16-byte pieces a row; rows a pass
         const int pb = c * CH, rows = min(CT * BN, (n - pb + BN - 1) / BN * BN);
         const int r0 = tid / CPR, col = (tid % CPR) * 8;
         const tr_bf16 *src = (v ? a.vp : a.kp) + (size_t)kvh * D + col;
+        const int32_t *sl = tslot + (c % NB) * CH;
         const uint32_t d0 = fa_smem(bufs + ((c % NB) * 2 + v) * CT * BN * LDS) +
                             (uint32_t)((r0 * LDS + col) * 2);
-#pragma unroll 4
+#pragma unroll 8
         for (int r = r0; r < rows; r += RS) {
-            const int p = pb + r;
-            const bool in = p < n;
-            const long long o =
-                in ? ((long long)__ldg(tbl + (p >> a.bs_log2)) * bs + (p & (bs - 1))) *
-                         (long long)sstride
-                   : 0;
-            fa_cp16_at(d0 + (uint32_t)((r - r0) * LDS * 2), in ? (const void *)(src + o) : src,
-                       in ? 16u : 0u);
+            const int32_t slot = sl[r];
+            fa_cp16_at(d0 + (uint32_t)((r - r0) * LDS * 2),
+                       slot >= 0 ? (const void *)(src + (size_t)slot * sstride) : src,
+                       slot >= 0 ? 16u : 0u);
         }
     };
+#pragma unroll
+    for (int c = 0; c < NB; c++) {
+        int32_t sl[SPT];
+        slots_get(c, sl);
+        slots_put(c, sl);
+    }
+    __syncthreads();   // the first chunks' slots
 #pragma unroll
     for (int c = 0; c < NB; c++) {
         load(c, 0);
@@ -315,7 +342,10 @@ __global__ void __launch_bounds__(FA_DEC_COOP_WARPS * 32) fa_decode_coop_kernel(
         fa_cp_wait<2 * NB - 1>();
         __syncthreads();   // chunk c's K tiles (and Q) landed for every thread
 
-        // A: scores and row maxima of the warp's tiles
+        // A: scores and row maxima of the warp's tiles; chunk c + NB's slots looked up
+        // meanwhile, into chunk c's (its copies were issued before the barrier above)
+        int32_t sl_next[SPT];
+        slots_get(c + NB, sl_next);
         float s[TPW][1][BN / 8][4];
 #pragma unroll
         for (int i = 0; i < TPW; i++) {
@@ -331,7 +361,8 @@ __global__ void __launch_bounds__(FA_DEC_COOP_WARPS * 32) fa_decode_coop_kernel(
                 if (t == 0) tmax[k * 16 + g + 8 * hi] = mx;
             }
         }
-        __syncthreads();   // the maxima are published; chunk c's K tiles are read
+        slots_put(c + NB, sl_next);
+        __syncthreads();   // the maxima and slots are published; chunk c's K tiles are read
         load(c + NB, 0);
         fa_cp_commit();
 
