@@ -254,12 +254,21 @@ static int check_request(const tr_generator *g, const tr_gen_request *r, int32_t
 // cache in one op, then every row reads its sequence's first row_len slots, its own
 // included; in a prefill pass the segments that start a prompt attend within the pass by the
 // training forward's kernel (pass_docs), the same bits, without reading their keys back from
-// the cache.
+// the cache. A decode step (one segment, a table a row: each row a sequence of its own)
+// takes the three in one op.
 static void gen_attend(void *ctx, tr_model *m, int32_t layer, tr_layer_acts *la, int32_t T) {
     tr_generator *g = ctx;
     const tr_model_config *c = &m->lcfg;   // this tensor-parallel rank's heads
     const size_t es = tr_dt_size(m->act), Q = (size_t)c->n_heads * c->head_dim;
     tr_kv_pages pages = tr_kvcache_layer(&g->cache, layer);
+    const tr_gen_segment *s0 = &g->segs[0];
+    if (g->pass_docs.n_docs == 0 && g->n_segs == 1 && s0->r0 == 0 && s0->n == T &&
+        s0->stride > 0) {
+        m->be->ops->attention_decode_rope(m->be, la->att, la->q, la->v, m->qkv_ld, m->d_pos,
+                                          m->inv_freq, &pages, g->d_slot, s0->table,
+                                          s0->stride, g->d_len, T, c->n_heads);
+        return;
+    }
     m->be->ops->rope_kv_write(m->be, la->q, la->v, m->qkv_ld, m->d_pos, m->inv_freq, T,
                               c->n_heads, &pages, g->d_slot);
     const bool docs = g->pass_docs.n_docs > 0;

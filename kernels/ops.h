@@ -285,6 +285,15 @@ typedef struct tr_ops {
     void (*rope_kv_write)(tr_backend *be, void *x, const void *v, int32_t ld,
                           const int32_t *pos, const float *inv_freq, int32_t T, int32_t H,
                           const tr_kv_pages *kv, const int32_t *slot);
+    // A decode step's attention with its RoPE and cache write: rope_kv_write of the B rows
+    // of x, then attention_decode of their rotated q (x, stride ld) over kv; the bits of the
+    // two ops in turn, in every output (out, x, the pools). Each row is a sequence of its own
+    // (max_blocks > 0): no row reads the slot another writes. One launch on CUDA.
+    void (*attention_decode_rope)(tr_backend *be, void *out, void *x, const void *v,
+                                  int32_t ld, const int32_t *pos, const float *inv_freq,
+                                  const tr_kv_pages *kv, const int32_t *slot,
+                                  const int32_t *block_table, int32_t max_blocks,
+                                  const int32_t *seq_len, int32_t B, int32_t H);
 
     // SwiGLU over the fused [gate; up] projection: gu[T, 2I] (A) holds gate in columns
     // [0, I) and up in [I, 2I); out[T, I] (A) = silu(gate) * up.

@@ -27,9 +27,10 @@
 #   prof   TROUPE_CUDA_PROFILE's table of a training step at both shapes (device time per op)
 #   ncu    Nsight Compute on one launch of the wgmma forward at D = 64 and 128 (dense shapes):
 #          the details page and every SASS instruction's executions and stall samples (csv)
-#   dec    test_cuda_ops attention (both decode kernels against the forward), test_model_bf16,
-#          bench_cuda attention decode (each decode kernel, then the rule), bench_decode_gpu at
-#          batch 64 (0.5B, 1.5B) with each decode kernel, and Nsight Compute on the
+#   dec    test_cuda_ops attention (both decode kernels, and attention_decode_rope, against the
+#          forward and the ops it joins), test_model_bf16, bench_cuda attention decode (each
+#          decode kernel, then the rule), bench_decode_gpu with each decode kernel and with
+#          RoPE in the decode attention's launch or not; DEC_NCU=1 adds Nsight Compute on the
 #          shared-chunk decode kernel at batch 64, context 512 (0.5B's heads, then D = 128)
 # Output: $OUT (else ./gpu-results): prebuilt.tar.gz (a log per step) and prebuilt_summary.txt
 # (each step's exit status, its failed checks and the benchmark lines, also printed as each
@@ -136,27 +137,32 @@ if has dec; then
     step dec_model_bf16 env TROUPE_BACKEND=cuda timeout 120 "$carry/tests/engine/test_model_bf16"
     step dec_bench "$bc" attention decode
     grep "^attn_" "$logs/dec_bench.log" | tee -a "$summary"
-    for sh in qwen2.5-0.5b qwen2.5-1.5b; do
-        for m in 0 1; do
-            step "dec_${sh}_coop$m" env TROUPE_CUDA_DECODE_COOP=$m timeout 120 \
-                "$carry/bench/bench_decode_gpu" "$sh" 64 1 256 256
-            grep -h "^troupe decode" "$logs/dec_${sh}_coop$m.log" | sed "s/^/coop=$m /" |
-                tee -a "$summary"
+    # decode steps with each decode attention kernel (COOP) and RoPE and the cache write in
+    # the attention's launch or not (ROPE)
+    for v in "qwen2.5-0.5b 64 0 0" "qwen2.5-0.5b 64 1 0" "qwen2.5-0.5b 64 0 1" \
+        "qwen2.5-0.5b 64 1 1" "qwen2.5-0.5b 256 auto 0" "qwen2.5-0.5b 256 auto 1" \
+        "qwen2.5-1.5b 64 0 0" "qwen2.5-1.5b 64 1 1"; do
+        set -- $v
+        n="dec_${1}_b$2_coop$3_rope$4"
+        step "$n" env TROUPE_CUDA_DECODE_COOP=$3 TROUPE_CUDA_DECODE_ROPE=$4 timeout 120 \
+            "$carry/bench/bench_decode_gpu" "$1" "$2" 1 256 256
+        grep -h "^troupe decode" "$logs/$n.log" | sed "s/^/coop=$3 rope=$4 /" | tee -a "$summary"
+    done
+    if [ "${DEC_NCU:-0}" = 1 ]; then
+        ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+        for k in "512:64 512 14 2 64" "d128:64 512 12 2 128"; do
+            r="$logs/ncu_dec${k%%:*}"
+            step "ncu_dec${k%%:*}" timeout 150 env TROUPE_CUDA_DECODE_COOP=1 "$ncu" \
+                --clock-control none --set full --kernel-name-base mangled \
+                --kernel-name "regex:fa_decode_coop" --launch-skip 2 --launch-count 1 -o "$r" \
+                "$bc" attention decode ${k#*:}
+            "$ncu" -i "$r.ncu-rep" --page details >"$r.details.txt" 2>&1
+            "$ncu" -i "$r.ncu-rep" --page source --print-source sass --csv >"$r.sass.csv" 2>&1
+            rm -f "$r.ncu-rep"
+            grep -E "Duration|Executed Ipc A|Issue Slots Busy|Registers Per|Achieved Occ|DRAM Throughput" \
+                "$r.details.txt" | sed "s/^/dec${k%%:*} /" | tee -a "$summary"
         done
-    done
-    ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-    for k in "512:64 512 14 2 64" "d128:64 512 12 2 128"; do
-        r="$logs/ncu_dec${k%%:*}"
-        step "ncu_dec${k%%:*}" timeout 150 env TROUPE_CUDA_DECODE_COOP=1 "$ncu" \
-            --clock-control none --set full --kernel-name-base mangled \
-            --kernel-name "regex:fa_decode_coop" --launch-skip 2 --launch-count 1 -o "$r" \
-            "$bc" attention decode ${k#*:}
-        "$ncu" -i "$r.ncu-rep" --page details >"$r.details.txt" 2>&1
-        "$ncu" -i "$r.ncu-rep" --page source --print-source sass --csv >"$r.sass.csv" 2>&1
-        rm -f "$r.ncu-rep"
-        grep -E "Duration|Executed Ipc A|Issue Slots Busy|Registers Per|Achieved Occ|DRAM Throughput" \
-            "$r.details.txt" | sed "s/^/dec${k%%:*} /" | tee -a "$summary"
-    done
+    fi
 fi
 if has peer; then
     step peer_train timeout "${PEER_TIMEOUT:-400}" bench/run_gpu_train.sh "$carry" anchors

@@ -38,6 +38,7 @@ static const tr_ops cpu_ops = {
     .attention_decode = tr_cpu_attention_decode,
     .kv_write = tr_cpu_kv_write,
     .rope_kv_write = tr_cpu_rope_kv_write,
+    .attention_decode_rope = tr_cpu_attention_decode_rope,
     .swiglu_forward = tr_cpu_swiglu_forward,
     .swiglu_backward = tr_cpu_swiglu_backward,
     .add = tr_cpu_add,

@@ -123,6 +123,11 @@ void tr_cpu_rope_backward(tr_backend *be, void *dx, int32_t ld, const int32_t *p
 void tr_cpu_rope_kv_write(tr_backend *be, void *x, const void *v, int32_t ld, const int32_t *pos,
                           const float *inv_freq, int32_t T, int32_t H, const tr_kv_pages *kv,
                           const int32_t *slot);
+void tr_cpu_attention_decode_rope(tr_backend *be, void *out, void *x, const void *v, int32_t ld,
+                                  const int32_t *pos, const float *inv_freq,
+                                  const tr_kv_pages *kv, const int32_t *slot,
+                                  const int32_t *block_table, int32_t max_blocks,
+                                  const int32_t *seq_len, int32_t B, int32_t H);
 
 void tr_cpu_attention_forward(tr_backend *be, void *out, float *lse, const void *q,
                               const void *k, const void *v, int32_t ld,

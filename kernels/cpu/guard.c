@@ -414,6 +414,16 @@ static void g_rope_kv_write(tr_backend *be, void *x, const void *v, int32_t ld,
     g_kv_write(be, kv, slot, (const char *)x + (size_t)H * D * tr_dt_size(be->act), v, ld, T);
 }
 
+// Checked as the two ops it equals, each under its own name.
+static void g_attention_decode_rope(tr_backend *be, void *out, void *x, const void *v,
+                                    int32_t ld, const int32_t *pos, const float *inv_freq,
+                                    const tr_kv_pages *kv, const int32_t *slot,
+                                    const int32_t *block_table, int32_t max_blocks,
+                                    const int32_t *seq_len, int32_t B, int32_t H) {
+    g_rope_kv_write(be, x, v, ld, pos, inv_freq, B, H, kv, slot);
+    g_attention_decode(be, out, x, ld, kv, block_table, max_blocks, seq_len, B, H);
+}
+
 static void g_swiglu_forward(tr_backend *be, void *out, const void *gu, int32_t T, int32_t n) {
     const char *op = "swiglu_forward";
     dev(be, out, A_(be, (size_t)T * n), 0, op, "out");
@@ -783,6 +793,7 @@ const tr_ops tr_cpu_guarded_ops = {
     .attention_decode = g_attention_decode,
     .kv_write = g_kv_write,
     .rope_kv_write = g_rope_kv_write,
+    .attention_decode_rope = g_attention_decode_rope,
     .swiglu_forward = g_swiglu_forward,
     .swiglu_backward = g_swiglu_backward,
     .add = g_add,

@@ -65,6 +65,16 @@ void tr_cpu_rope_backward(tr_backend *be, void *dx, int32_t ld, const int32_t *p
 }
 
 // The two ops in turn: one pass buys the CPU nothing.
+void tr_cpu_attention_decode_rope(tr_backend *be, void *out, void *x, const void *v, int32_t ld,
+                                  const int32_t *pos, const float *inv_freq,
+                                  const tr_kv_pages *kv, const int32_t *slot,
+                                  const int32_t *block_table, int32_t max_blocks,
+                                  const int32_t *seq_len, int32_t B, int32_t H) {
+    tr_cpu_rope_kv_write(be, x, v, ld, pos, inv_freq, B, H, kv, slot);
+    tr_cpu_attention_decode(be, out, x, ld, kv, block_table, max_blocks, seq_len, B, H);
+}
+
+// The two ops in turn: one pass buys the CPU nothing.
 void tr_cpu_rope_kv_write(tr_backend *be, void *x, const void *v, int32_t ld, const int32_t *pos,
                           const float *inv_freq, int32_t T, int32_t H, const tr_kv_pages *kv,
                           const int32_t *slot) {

@@ -218,30 +218,61 @@ static void decode_run(tr_backend *be, void *out, const void *q, int32_t ld,
     TR_CUDA_LAUNCHED(be, "attention_decode");
 }
 
+// The flash decode's arguments (attention_decode.cu), without the rope part.
+static fa_dec_args decode_args(tr_backend *be, void *out, const void *q, int32_t ld,
+                               const tr_kv_pages *kv, const int32_t *block_table,
+                               int32_t max_blocks, const int32_t *seq_len, int32_t H) {
+    int32_t D = kv->head_dim, G = H / kv->n_kv_heads;
+    fa_dec_args a = {(tr_bf16 *)out, (const tr_bf16 *)q, (const tr_bf16 *)kv->k_pool,
+                     (const tr_bf16 *)kv->v_pool, block_table, seq_len, ld,
+                     kv->block_size, kv->n_kv_heads, H, D, max_blocks, (G + 15) / 16,
+                     tr_fa_scale_log2(D), 0, 0, 0, tr_cuda_ctx_of(be)->softmax_chunk, -1};
+    const int32_t bs = kv->block_size;
+    if (bs > 0 && (bs & (bs - 1)) == 0 && !tr_cuda_ctx_of(be)->no_lean_copies)
+        a.bs_log2 = __builtin_ctz((unsigned)bs);
+    a.vecq = ld % 8 == 0 && attn_aligned(q, 16);
+    a.veckv = attn_aligned(kv->k_pool, 16) && attn_aligned(kv->v_pool, 16);
+    a.out4 = attn_aligned(out, 4);
+    return a;
+}
+
 void tr_cuda_attention_decode(tr_backend *be, void *out, const void *q, int32_t ld,
                               const tr_kv_pages *kv, const int32_t *block_table,
                               int32_t max_blocks, const int32_t *seq_len, int32_t B,
                               int32_t H) {
     if (B <= 0 || H <= 0) return;
     if (attn_flash(be, kv->head_dim)) {
-        int32_t D = kv->head_dim, G = H / kv->n_kv_heads;
-        fa_dec_args a = {(tr_bf16 *)out, (const tr_bf16 *)q, (const tr_bf16 *)kv->k_pool,
-                         (const tr_bf16 *)kv->v_pool, block_table, seq_len, ld,
-                         kv->block_size, kv->n_kv_heads, H, D, max_blocks, (G + 15) / 16,
-                         tr_fa_scale_log2(D), 0, 0, 0, tr_cuda_ctx_of(be)->softmax_chunk, -1};
-        const int32_t bs = kv->block_size;
-        if (bs > 0 && (bs & (bs - 1)) == 0 && !tr_cuda_ctx_of(be)->no_lean_copies)
-            a.bs_log2 = __builtin_ctz((unsigned)bs);
-        a.vecq = ld % 8 == 0 && attn_aligned(q, 16);
-        a.veckv = attn_aligned(kv->k_pool, 16) && attn_aligned(kv->v_pool, 16);
-        a.out4 = attn_aligned(out, 4);
-        tr_fa_decode(be, a, B, max_blocks * kv->block_size);
+        tr_fa_decode(be, decode_args(be, out, q, ld, kv, block_table, max_blocks, seq_len, H),
+                     B, max_blocks * kv->block_size);
         return;
     }
     if (tr_cuda_bf16(be))
         decode_run<tr_bf16>(be, out, q, ld, kv, block_table, max_blocks, seq_len, B, H);
     else
         decode_run<float>(be, out, q, ld, kv, block_table, max_blocks, seq_len, B, H);
+}
+
+// One launch where the flash decode takes it (a block per sequence and kv head: no two blocks
+// rotate the same key), else rope_kv_write and attention_decode in turn.
+void tr_cuda_attention_decode_rope(tr_backend *be, void *out, void *x, const void *v, int32_t ld,
+                                   const int32_t *pos, const float *inv_freq,
+                                   const tr_kv_pages *kv, const int32_t *slot,
+                                   const int32_t *block_table, int32_t max_blocks,
+                                   const int32_t *seq_len, int32_t B, int32_t H) {
+    if (B <= 0 || H <= 0) return;
+    if (tr_cuda_ctx_of(be)->decode_rope && attn_flash(be, kv->head_dim) &&
+        H / kv->n_kv_heads <= 16) {
+        fa_dec_args a = decode_args(be, out, x, ld, kv, block_table, max_blocks, seq_len, H);
+        a.x = (tr_bf16 *)x;
+        a.v = (const tr_bf16 *)v;
+        a.pos = pos;
+        a.slot = slot;
+        a.inv_freq = inv_freq;
+        tr_fa_decode(be, a, B, max_blocks * kv->block_size);
+        return;
+    }
+    tr_cuda_rope_kv_write(be, x, v, ld, pos, inv_freq, B, H, kv, slot);
+    tr_cuda_attention_decode(be, out, x, ld, kv, block_table, max_blocks, seq_len, B, H);
 }
 
 // sum_d dout[d] * out[d] in double, sequentially: the softmax backward's row term. The dq and

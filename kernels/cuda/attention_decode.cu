@@ -16,6 +16,54 @@
 
 #define FA_DEC_MAX_WARPS 4
 
+// attention_decode_rope's part of a block (a.x non-NULL): rope_kv_write of its sequence's row
+// b for its query heads h0.. (nrows of them, into qs as well, rows past nrows zeros as
+// fa_load_rows leaves them) and its kv head, the key and v's row into the row's slot; cs: D
+// floats of scratch. rope.cu's arithmetic: the angle pos * inv_freq in fp32, cos and sin in
+// double rounded to fp32, the rotation in fp32 without contraction, rounded once. One block
+// per (sequence, kv head) (the launch sees to it), so no other block reads or writes these
+// heads. Ends on a block barrier, after which the block's copies may read the slot.
+template <int D>
+__device__ void fa_dec_rope(const fa_dec_args &a, tr_bf16 *qs, float *cs, int b, int kvh,
+                            int h0, int nrows) {
+    constexpr int HALF = D / 2, LDS = D + FA_PAD;
+    const int tid = threadIdx.x, nthr = blockDim.x;
+    const float p = (float)a.pos[b];
+    for (int f = tid; f < HALF; f += nthr) {
+        const float angle = __fmul_rn(p, a.inv_freq[f]);
+        cs[f] = (float)cos((double)angle);
+        cs[HALF + f] = (float)sin((double)angle);
+    }
+    for (int i = tid; i < (16 - nrows) * D; i += nthr)
+        qs[(nrows + i / D) * LDS + i % D] = __float2bfloat16_rn(0.0f);
+    __syncthreads();
+    tr_bf16 *xr = a.x + (size_t)b * (size_t)a.ld;
+    const int slot = a.slot[b];
+    // rows 0 .. nrows - 1: the query heads; row nrows: the key head (k's heads follow q's)
+    for (int i = tid; i < (nrows + 1) * HALF; i += nthr) {
+        const int r = i / HALF, f = i % HALF;
+        tr_bf16 *x1 = xr + (size_t)(r < nrows ? h0 + r : a.H + kvh) * D + f;
+        const float xa = tr_f32(x1[0]), xb = tr_f32(x1[HALF]), c = cs[f], s = cs[HALF + f];
+        const tr_bf16 y1 = __float2bfloat16_rn(__fsub_rn(__fmul_rn(xa, c), __fmul_rn(xb, s)));
+        const tr_bf16 y2 = __float2bfloat16_rn(__fadd_rn(__fmul_rn(xb, c), __fmul_rn(xa, s)));
+        x1[0] = y1;
+        x1[HALF] = y2;
+        if (r < nrows) {
+            qs[r * LDS + f] = y1;
+            qs[r * LDS + f + HALF] = y2;
+        } else if (slot >= 0) {
+            const size_t to = ((size_t)slot * a.KVH + kvh) * D + f;
+            const tr_bf16 *vr = a.v + (size_t)b * (size_t)a.ld + (size_t)kvh * D + f;
+            tr_bf16 *kp = const_cast<tr_bf16 *>(a.kp), *vp = const_cast<tr_bf16 *>(a.vp);
+            kp[to] = y1;
+            kp[to + HALF] = y2;
+            vp[to] = vr[0];
+            vp[to + HALF] = vr[HALF];
+        }
+    }
+    __syncthreads();
+}
+
 // One published chunk: m[16], l[16] (full row sums), o[16][D] fp32.
 template <int D>
 constexpr int fa_dec_slot_floats() { return 32 + 16 * D; }
@@ -29,8 +77,9 @@ __global__ void __launch_bounds__(FA_DEC_MAX_WARPS * 32) fa_decode_kernel(const 
     tr_bf16 *qs = reinterpret_cast<tr_bf16 *>(fa_sm);
     tr_bf16 *wst = qs + (16 + warp * NST * 2 * BN) * LDS;   // this warp's stages: K then V
     float *slots = reinterpret_cast<float *>(qs + (16 + W * NST * 2 * BN) * LDS);
-    long long *offs = reinterpret_cast<long long *>(slots + W * fa_dec_slot_floats<D>()) +
-                      warp * BN;   // this warp's slot offsets of the tile being loaded
+    long long *offs0 = reinterpret_cast<long long *>(slots + W * fa_dec_slot_floats<D>());
+    long long *offs = offs0 + warp * BN;   // this warp's slot offsets of the tile being loaded
+    float *cs = reinterpret_cast<float *>(offs0 + W * BN);   // attention_decode_rope's cos, sin
     tr_pdl_wait();
     tr_pdl_release();
     const int b = blockIdx.y, kvh = blockIdx.x / a.n_hg, hg = blockIdx.x % a.n_hg;
@@ -38,10 +87,15 @@ __global__ void __launch_bounds__(FA_DEC_MAX_WARPS * 32) fa_decode_kernel(const 
     const tr_bf16 *qrow = a.q + (size_t)b * (size_t)a.ld;
     tr_bf16 *orow = a.out + ((size_t)b * a.H + h0) * D;
 
-    fa_load_rows<D>(
-        qs, 16,
-        [&](int r) -> const tr_bf16 * { return r < nrows ? qrow + (size_t)(h0 + r) * D : nullptr; },
-        tid, (int)blockDim.x, a.vecq != 0, a.q);
+    if (a.x)
+        fa_dec_rope<D>(a, qs, cs, b, kvh, h0, nrows);
+    else
+        fa_load_rows<D>(
+            qs, 16,
+            [&](int r) -> const tr_bf16 * {
+                return r < nrows ? qrow + (size_t)(h0 + r) * D : nullptr;
+            },
+            tid, (int)blockDim.x, a.vecq != 0, a.q);
     fa_cp_commit();
     const int n = a.seq_len[b];
     if (n <= 0) {   // no keys: zeros, as the row kernel gives
@@ -245,7 +299,8 @@ constexpr size_t fa_dec_coop_shared() {
     return (size_t)(16 + NB * 2 * CT * BN) * LDS * sizeof(tr_bf16) +   // Q, the buffers
            (size_t)CT * (16 + 16 + 64) * sizeof(float) +               // maxima, factors, sums
            (size_t)CT * (BN / 16) * 32 * sizeof(uint4) +               // P's fragments
-           (size_t)NB * FA_DEC_COOP_CHUNK * sizeof(int32_t);           // the chunks' slots
+           (size_t)NB * FA_DEC_COOP_CHUNK * sizeof(int32_t) +          // the chunks' slots
+           (size_t)D * sizeof(float);                                  // rope's cos, sin
 }
 
 template <int D, int NB>
@@ -263,6 +318,7 @@ __global__ void __launch_bounds__(FA_DEC_COOP_WARPS * 32) fa_decode_coop_kernel(
     float *trs = talpha + CT * 16;                                            // [CT][32][2]
     uint4 *tp = reinterpret_cast<uint4 *>(trs + CT * 64);                     // [CT][KT][32]
     int32_t *tslot = reinterpret_cast<int32_t *>(tp + CT * KT * 32);          // [NB][CH]
+    float *cs = reinterpret_cast<float *>(tslot + NB * CH);                   // [D]
     tr_pdl_wait();
     tr_pdl_release();
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -271,10 +327,15 @@ __global__ void __launch_bounds__(FA_DEC_COOP_WARPS * 32) fa_decode_coop_kernel(
     const tr_bf16 *qrow = a.q + (size_t)b * (size_t)a.ld;
     tr_bf16 *orow = a.out + ((size_t)b * a.H + h0) * D;
 
-    fa_load_rows<D>(
-        qs, 16,
-        [&](int r) -> const tr_bf16 * { return r < nrows ? qrow + (size_t)(h0 + r) * D : nullptr; },
-        tid, W * 32, a.vecq != 0, a.q);
+    if (a.x)
+        fa_dec_rope<D>(a, qs, cs, b, kvh, h0, nrows);
+    else
+        fa_load_rows<D>(
+            qs, 16,
+            [&](int r) -> const tr_bf16 * {
+                return r < nrows ? qrow + (size_t)(h0 + r) * D : nullptr;
+            },
+            tid, W * 32, a.vecq != 0, a.q);
     fa_cp_commit();
     const int n = a.seq_len[b];
     if (n <= 0) {   // no keys: zeros, as the row kernel gives
@@ -480,7 +541,7 @@ static size_t fa_dec_shared(int W) {
     constexpr int BN = fa_bn<D>(), LDS = D + FA_PAD;
     return (size_t)(16 + W * NST * 2 * BN) * LDS * sizeof(tr_bf16) +
            (size_t)W * fa_dec_slot_floats<D>() * sizeof(float) +
-           (size_t)W * BN * sizeof(long long);
+           (size_t)W * BN * sizeof(long long) + D * sizeof(float);
 }
 
 template <int D, int NST>

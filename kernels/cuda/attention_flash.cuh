@@ -55,6 +55,13 @@ struct fa_dec_args {
     int32_t out4;          // out 4-byte aligned
     int32_t chunk;         // softmax chunk positions (tr_cuda_ctx.softmax_chunk)
     int32_t bs_log2;       // log2(block_size) when it is a power of two, else -1
+    // attention_decode_rope (x non-NULL, one block per sequence and kv head): the block
+    // rotates its query heads of x's row (q above is x) and the kv head's key at pos, writes
+    // them back, and puts the key and v's row into slot's place of the pools first
+    tr_bf16 *x;
+    const tr_bf16 *v;
+    const int32_t *pos, *slot;
+    const float *inv_freq;
 };
 
 void tr_fa_forward(tr_backend *be, const fa_fwd_args &a, int32_t D);

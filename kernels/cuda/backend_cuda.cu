@@ -148,6 +148,7 @@ static const tr_ops cuda_ops = {
     .attention_decode = tr_cuda_attention_decode,
     .kv_write = tr_cuda_kv_write,
     .rope_kv_write = tr_cuda_rope_kv_write,
+    .attention_decode_rope = tr_cuda_attention_decode_rope,
     .swiglu_forward = tr_cuda_swiglu_forward,
     .swiglu_backward = tr_cuda_swiglu_backward,
     .add = tr_cuda_add,
@@ -238,6 +239,8 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
     const char *wg = getenv("TROUPE_CUDA_WGMMA");   // 0: none; a mask of TR_CUDA_WG_*
     ctx->wgmma = wg && *wg ? atoi(wg) & TR_CUDA_WG_MASK : TR_CUDA_WG_DEFAULT;
     ctx->no_lean_copies = env_is("TROUPE_CUDA_DECODE_LEAN", "0");
+    // the one-launch decode attention is built but not yet measured: off unless asked for
+    ctx->decode_rope = env_is("TROUPE_CUDA_DECODE_ROPE", "1");
     // the shared-chunk decode kernel is built but not yet measured: off unless asked for
     ctx->decode_coop = env_is("TROUPE_CUDA_DECODE_COOP", "1") ? 1
                        : env_is("TROUPE_CUDA_DECODE_COOP", "auto") ? -1 : 0;
@@ -351,6 +354,13 @@ extern "C" void tr_backend_cuda_force_row_ctas(tr_backend *be, int ctas) {
 
 extern "C" void tr_backend_cuda_topk_select(tr_backend *be, int on) {
     if (be && be->ctx) tr_cuda_ctx_of(be)->topk_select = on != 0;
+}
+
+extern "C" int tr_backend_cuda_decode_rope(tr_backend *be, int on) {
+    if (!be || !be->ctx) return 0;
+    const int was = tr_cuda_ctx_of(be)->decode_rope;
+    tr_cuda_ctx_of(be)->decode_rope = on != 0;
+    return was;
 }
 
 extern "C" int tr_backend_cuda_decode_coop(tr_backend *be, int mode) {

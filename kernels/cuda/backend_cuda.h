@@ -57,6 +57,10 @@ void tr_backend_cuda_topk_select(tr_backend *be, int on);
 // TROUPE_CUDA_DECODE_COOP=1 or auto sets it at start. Both give the same bits. Sets it and
 // returns the one before.
 int tr_backend_cuda_decode_coop(tr_backend *be, int mode);
+// attention_decode_rope in one launch (1; TROUPE_CUDA_DECODE_ROPE=1 sets it at start) or as
+// rope_kv_write and attention_decode in turn (0, the default): the same bits. Sets it and
+// returns the one before.
+int tr_backend_cuda_decode_rope(tr_backend *be, int on);
 // The flash-attention passes that run on Hopper's warpgroup MMA rather than on their
 // mma.sync kernels, which give the same bits: a mask of TR_CUDA_WG_* (TR_CUDA_WG_DEFAULT by
 // default; TROUPE_CUDA_WGMMA=N sets N at start, 0 none). TR_CUDA_WG_FWD_PIPE makes the wgmma

@@ -115,6 +115,8 @@ typedef struct tr_cuda_ctx {
     int decode_coop;        // decode attention's shared-chunk kernel: -1 by rule, 0 never, 1
                             // wherever it runs (TROUPE_CUDA_DECODE_COOP=auto|1;
                             // attention_decode.cu)
+    int decode_rope;        // attention_decode_rope in one launch (TROUPE_CUDA_DECODE_ROPE=1),
+                            // else rope_kv_write and attention_decode in turn
     int no_lean_copies;     // TROUPE_CUDA_DECODE_LEAN=0: decode attention copies through its
                             // table of slot offsets at every block size (attention_decode.cu)
     tr_cuda_prof *prof;     // TROUPE_CUDA_PROFILE=1, else NULL
@@ -303,6 +305,11 @@ void tr_cuda_attention_backward(tr_backend *be, void *dq, void *dk, void *dv,
 void tr_cuda_attention_decode(tr_backend *be, void *out, const void *q, int32_t ld,
                               const tr_kv_pages *kv, const int32_t *block_table,
                               int32_t max_blocks, const int32_t *seq_len, int32_t B, int32_t H);
+void tr_cuda_attention_decode_rope(tr_backend *be, void *out, void *x, const void *v, int32_t ld,
+                                   const int32_t *pos, const float *inv_freq,
+                                   const tr_kv_pages *kv, const int32_t *slot,
+                                   const int32_t *block_table, int32_t max_blocks,
+                                   const int32_t *seq_len, int32_t B, int32_t H);
 void tr_cuda_kv_write(tr_backend *be, const tr_kv_pages *kv, const int32_t *slot,
                       const void *k, const void *v, int32_t ld, int32_t T);
 void tr_cuda_swiglu_forward(tr_backend *be, void *out, const void *gu, int32_t T, int32_t I);

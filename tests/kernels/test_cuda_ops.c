@@ -885,6 +885,111 @@ static void test_rope_kv_write(int32_t T, int32_t H, int32_t KVH, int32_t D) {
     free(perm); free(w.pos); free(w.inv_freq); free(w.rows); free(w.k0); free(w.v0);
 }
 
+// --- attention_decode_rope: a decode step's rotation, cache write and attention at once ------
+
+typedef struct drope_arg {
+    int32_t B, H, KVH, D, ld, max_blocks, n_blocks;
+    int32_t *table, *seq_len, *slot, *pos;
+    float *rows, *k0, *v0, *inv_freq;
+    int split;   // rope_kv_write, then attention_decode, instead of the one op
+} drope_arg;
+
+// Outputs: attention's rows, x after (q and k rotated), the k and v pools.
+static void drope_run(int gpu, float **out, void *arg) {
+    drope_arg *w = arg;
+    tr_backend *be = be_of(gpu);
+    size_t pool = (size_t)w->n_blocks * 16 * w->KVH * w->D, n = (size_t)w->B * w->ld;
+    size_t no = (size_t)w->B * w->H * w->D;
+    tr_kv_pages kv = {.k_pool = put_act(gpu, w->k0, pool), .v_pool = put_act(gpu, w->v0, pool),
+                      .block_size = 16, .n_blocks = w->n_blocks, .n_kv_heads = w->KVH,
+                      .head_dim = w->D};
+    void *rows = put_act(gpu, w->rows, n), *o = put_act(gpu, NULL, no);
+    int32_t *slot = puti(gpu, w->slot, w->B), *pos = puti(gpu, w->pos, w->B);
+    int32_t *table = puti(gpu, w->table, (size_t)w->B * w->max_blocks);
+    int32_t *len = puti(gpu, w->seq_len, w->B);
+    float *f = putf(gpu, w->inv_freq, w->D / 2);
+    void *v = elem(rows, (size_t)(w->H + w->KVH) * w->D, be->act);
+    if (w->split) {
+        be->ops->rope_kv_write(be, rows, v, w->ld, pos, f, w->B, w->H, &kv, slot);
+        be->ops->attention_decode(be, o, rows, w->ld, &kv, table, w->max_blocks, len, w->B,
+                                  w->H);
+    } else {
+        be->ops->attention_decode_rope(be, o, rows, v, w->ld, pos, f, &kv, slot, table,
+                                       w->max_blocks, len, w->B, w->H);
+    }
+    get_act(gpu, out[0], o, no);
+    get_act(gpu, out[1], rows, n);
+    get_act(gpu, out[2], kv.k_pool, pool);
+    get_act(gpu, out[3], kv.v_pool, pool);
+    bufs_free(gpu);
+}
+
+// B sequences of up to ctx tokens in scattered 16-slot blocks of a noisy pool, each row the
+// sequence's next token (its slot the last of its context; one a padding row: slot -1, one
+// slot read): on the GPU the one op against rope_kv_write then attention_decode, bit for bit
+// in every output, with each decode kernel; on the CPU they are those two ops.
+static void test_decode_rope(int32_t B, int32_t H, int32_t KVH, int32_t D, int32_t ctx) {
+    drope_arg w = {.B = B, .H = H, .KVH = KVH, .D = D, .ld = (H + 2 * KVH) * D + 8};
+    w.max_blocks = (ctx + 15) / 16;
+    w.n_blocks = B * w.max_blocks + 3;
+    size_t nt = (size_t)B * w.max_blocks;
+    w.table = kt_malloc(nt * sizeof(int32_t));
+    for (size_t i = 0; i < nt; i++) w.table[i] = (int32_t)(((int64_t)i * 7919) % w.n_blocks);
+    w.seq_len = kt_malloc((size_t)B * sizeof(int32_t));
+    w.pos = kt_malloc((size_t)B * sizeof(int32_t));
+    w.slot = kt_malloc((size_t)B * sizeof(int32_t));
+    for (int32_t b = 0; b < B; b++) {
+        // the whole context, one token, and lengths on both sides of chunk edges among them
+        int32_t len = b == 0 ? ctx : b == 1 ? 1 : b == 2 ? 257 : 1 + (b * 613 + 7) % ctx;
+        if (len > ctx) len = ctx;
+        w.seq_len[b] = len;
+        w.pos[b] = len - 1;
+        w.slot[b] = w.table[(size_t)b * w.max_blocks + (len - 1) / 16] * 16 + (len - 1) % 16;
+    }
+    w.slot[B / 2] = -1;   // a padding row: writes nothing, reads one slot
+    w.seq_len[B / 2] = 1;
+    w.pos[B / 2] = 0;
+    w.inv_freq = kt_floats(D / 2);
+    for (int32_t i = 0; i < D / 2; i++) w.inv_freq[i] = (float)pow(10000.0, -2.0 * i / D);
+    size_t pool = (size_t)w.n_blocks * 16 * KVH * D;
+    w.rows = rand_act((size_t)B * w.ld, 1.0);
+    w.k0 = rand_act(pool, 1.0);
+    w.v0 = rand_act(pool, 1.0);
+    size_t l[4] = {(size_t)B * H * D, (size_t)B * w.ld, pool, pool};
+    float *one[4], *two[4];
+    for (int i = 0; i < 4; i++) {
+        one[i] = kt_floats(l[i]);
+        two[i] = kt_floats(l[i]);
+    }
+    w.split = 1;
+    drope_run(1, two, &w);
+    w.split = 0;
+    static const char *kernel[2] = {"walk", "shared chunk"};
+    const int rope_was = tr_backend_cuda_decode_rope(&gpu_be, 1);
+    for (int coop = 0; coop < 2; coop++) {
+        const int was = tr_backend_cuda_decode_coop(&gpu_be, coop);
+        drope_run(1, one, &w);
+        tr_backend_cuda_decode_coop(&gpu_be, was);
+        int same = 1;
+        for (int i = 0; i < 4; i++) {
+            const int s = kt_same_bits(one[i], two[i], l[i]);
+            CHECKF(s, "attention_decode_rope (%s) B=%d D=%d: output %d differs from "
+                   "rope_kv_write then attention_decode", kernel[coop], B, D, i);
+            same &= s;
+        }
+        printf("  %-5s attention_decode_rope (%s) B=%d H=%d/%d D=%d ctx<=%d = rope_kv_write + "
+               "attention_decode: %s\n", tr_dt_name(prec), kernel[coop], B, H, KVH, D, ctx,
+               same ? "bitwise" : "NO");
+    }
+    tr_backend_cuda_decode_rope(&gpu_be, rope_was);
+    for (int i = 0; i < 4; i++) {
+        free(one[i]);
+        free(two[i]);
+    }
+    free(w.table); free(w.seq_len); free(w.pos); free(w.slot); free(w.inv_freq);
+    free(w.rows); free(w.k0); free(w.v0);
+}
+
 // --- attention over a fused [q;k;v] buffer ---------------------------------------------------
 
 // In the bf16 pass the tensor-core kernels (head dimensions 64 and 128) round P, and in the
@@ -2474,6 +2579,10 @@ static void run_pass(const char *only) {
         test_rope(2053, 2, 1, 128);
     }
     if (section(only, "attention")) {
+        // a decode step's three ops in one: Qwen2.5-0.5B's and -1.5B's heads, and 4 a kv head
+        test_decode_rope(12, 14, 2, 64, 700);
+        test_decode_rope(9, 12, 2, 128, 600);
+        test_decode_rope(5, 32, 8, 128, 300);
         // documents straddling tiles, one of a single token; an odd stride (element loads)
         test_attention(300, 3, (const int32_t[]){0, 37, 38, 300}, NULL, 4, 2, 64, 0, 16);
         test_attention(160, 1, (const int32_t[]){0, 160}, NULL, 8, 2, 128, 5, 16);
