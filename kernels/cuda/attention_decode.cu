@@ -128,35 +128,27 @@ __global__ void __launch_bounds__(FA_DEC_MAX_WARPS * 32) fa_decode_kernel(const 
             fa_reset(st);
             const int pb = c * a.chunk, pe = min(n, pb + a.chunk);
             const int nt = (pe - pb + BN - 1) / BN;
-            // The lean path: a lane copies one 16-byte column piece of every RS-th row (the
-            // instructions a tile's copies took were half of a tile's, at two warps an SM,
-            // Nsight Compute), from the rows' slots, which it looks up a tile ahead into
-            // `ahead`: looked up as the copies went, each pass waited for its lookups (the
-            // walk's largest stall).
-            constexpr int CPR = D / 8, RS = 32 / CPR, RPL = BN / RS;
-            int32_t ahead[RPL];
-            auto lookup = [&](int kt) {
-                const int p0 = pb + kt * BN + lane / CPR;
-#pragma unroll
-                for (int i = 0; i < RPL; i++) {
-                    const int p = p0 + i * RS;
-                    ahead[i] = kt < nt && p < n
-                                   ? __ldg(tbl + (p >> a.bs_log2)) * bs + (p & (bs - 1))
-                                   : -1;
-                }
-            };
             auto load = [&](int kt) {
                 tr_bf16 *ks = wst + (kt % NST) * 2 * BN * LDS;
                 const int p0 = pb + kt * BN;
-                if (fast) {   // tile kt's slots are in `ahead`
+                if (fast) {
+                    // A lane copies one 16-byte column piece of every RS-th row, each row's
+                    // slot looked up as it goes (the warp's rows of one copy share a block, so
+                    // a lookup is one address): the instructions a tile's copies took were half
+                    // of a tile's, at two warps an SM (Nsight Compute).
+                    constexpr int CPR = D / 8, RS = 32 / CPR;
                     const int r0 = lane / CPR, c = (lane % CPR) * 8;
                     const uint32_t kd = fa_smem(ks) + (uint32_t)((r0 * LDS + c) * 2);
                     const uint32_t vd = kd + (uint32_t)(BN * LDS * 2);
-#pragma unroll
-                    for (int i = 0; i < RPL; i++) {
-                        const bool in = ahead[i] >= 0;
-                        const size_t o = in ? (size_t)ahead[i] * sstride + c : 0;
-                        const uint32_t at = (uint32_t)(i * RS * LDS * 2);
+#pragma unroll 4
+                    for (int r = r0; r < BN; r += RS) {
+                        const int p = p0 + r;
+                        const bool in = p < n;
+                        const long long o =
+                            in ? ((long long)__ldg(tbl + (p >> a.bs_log2)) * bs + (p & (bs - 1))) *
+                                         (long long)sstride + c
+                               : 0;
+                        const uint32_t at = (uint32_t)((r - r0) * LDS * 2);
                         fa_cp16_at(kd + at, in ? (const void *)(kb + o) : a.kp, in ? 16u : 0u);
                         fa_cp16_at(vd + at, in ? (const void *)(vb + o) : a.vp, in ? 16u : 0u);
                     }
@@ -187,17 +179,12 @@ __global__ void __launch_bounds__(FA_DEC_MAX_WARPS * 32) fa_decode_kernel(const 
                     lane, 32, veckv, a.vp);
             };
             for (int i = 0; i < NST - 1; i++) {
-                if (i < nt) {
-                    if (fast) lookup(i);
-                    load(i);
-                }
+                if (i < nt) load(i);
                 fa_cp_commit();
             }
-            if (fast) lookup(NST - 1);
             for (int kt = 0; kt < nt; kt++) {
                 if (kt + NST - 1 < nt) load(kt + NST - 1);
                 fa_cp_commit();
-                if (fast) lookup(kt + NST);   // its loads run while tile kt is multiplied
                 fa_cp_wait<NST - 1>();
                 __syncwarp();
                 const tr_bf16 *ks = wst + (kt % NST) * 2 * BN * LDS;
