@@ -27,6 +27,7 @@
 #   prof   TROUPE_CUDA_PROFILE's table of a training step at both shapes (device time per op)
 #   ncu    Nsight Compute on one launch of the wgmma forward at D = 64 and 128 (dense shapes):
 #          the details page and every SASS instruction's executions and stall samples (csv)
+#   gen    test_cuda_ops attention and test_model_bf16 (generation on the default kernels)
 #   dec    test_cuda_ops attention (both decode kernels, and attention_decode_rope, against the
 #          forward and the ops it joins), test_model_bf16, bench_cuda attention decode (each
 #          decode kernel, then the rule), bench_decode_gpu with each decode kernel and with
@@ -131,6 +132,10 @@ if has ncu; then
         grep -E "Duration|Executed Ipc A|Issue Slots Busy|Registers Per|Achieved Occ" \
             "$r.details.txt" | sed "s/^/fwd${k%%:*} /" | tee -a "$summary"
     done
+fi
+if has gen; then
+    step gen_ops "$t" attention
+    step gen_model_bf16 env TROUPE_BACKEND=cuda timeout 120 "$carry/tests/engine/test_model_bf16"
 fi
 if has dec; then
     step dec_ops "$t" attention

@@ -595,17 +595,22 @@ static void fa_decode_coop_run(tr_backend *be, const fa_dec_args &a, int32_t B) 
 }
 
 // Whether a launch takes the shared-chunk kernel: it needs the walk's lean copies and the
-// backend's default chunk; TR_CUDA_DECODE_COOP forces it where it can run, and the rule
-// (auto) gives it grids of fewer blocks than two an SM, where the walk leaves schedulers idle.
-static bool fa_dec_coop(tr_backend *be, const fa_dec_args &a, int32_t B) {
+// backend's default chunk; TROUPE_CUDA_DECODE_COOP forces it where it can run, and the rule
+// gives it grids of fewer blocks than two an SM, where the walk leaves schedulers idle, with
+// contexts up to 2,048 positions, past which the walk's warps on chunks of their own catch up.
+// Measured on an H200 (bench_cuda attention decode, us, walk against shared): 0.5B heads at
+// batch 64, context 512 14.1 / 9.7, 1,024 24.2 / 19.0, 2,048 36.6 / 35.3, 4,096 68.7 / 66.2;
+// 1.5B's at context 512 20.7 / 16.4, 2,048 54.0 / 55.1; 7B's at batch 16, context 4,096
+// 100.9 / 104.0, at batch 64 (512 blocks), context 1,024 78.6 / 106.6.
+static bool fa_dec_coop(tr_backend *be, const fa_dec_args &a, int32_t B, int32_t max_ctx) {
     const int mode = tr_cuda_ctx_of(be)->decode_coop;
     if (mode == 0 || !a.veckv || a.bs_log2 < 0 || a.chunk != FA_DEC_COOP_CHUNK) return false;
     if (mode == 1) return true;
-    return (long)a.KVH * a.n_hg * B < 2L * tr_cuda_ctx_of(be)->sms;
+    return (long)a.KVH * a.n_hg * B < 2L * tr_cuda_ctx_of(be)->sms && max_ctx <= 2048;
 }
 
 void tr_fa_decode(tr_backend *be, const fa_dec_args &a, int32_t B, int32_t max_ctx) {
-    if (fa_dec_coop(be, a, B)) {
+    if (fa_dec_coop(be, a, B, max_ctx)) {
         // two chunk buffers where they fit beside the rest (D = 64: 156 KB, one block an SM),
         // and where a block an SM is all the grid gives anyway
         const bool two = (long)a.KVH * a.n_hg * B <= tr_cuda_ctx_of(be)->sms;

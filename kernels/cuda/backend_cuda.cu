@@ -239,11 +239,10 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
     const char *wg = getenv("TROUPE_CUDA_WGMMA");   // 0: none; a mask of TR_CUDA_WG_*
     ctx->wgmma = wg && *wg ? atoi(wg) & TR_CUDA_WG_MASK : TR_CUDA_WG_DEFAULT;
     ctx->no_lean_copies = env_is("TROUPE_CUDA_DECODE_LEAN", "0");
-    // the one-launch decode attention is built but not yet measured: off unless asked for
-    ctx->decode_rope = env_is("TROUPE_CUDA_DECODE_ROPE", "1");
-    // the shared-chunk decode kernel is built but not yet measured: off unless asked for
-    ctx->decode_coop = env_is("TROUPE_CUDA_DECODE_COOP", "1") ? 1
-                       : env_is("TROUPE_CUDA_DECODE_COOP", "auto") ? -1 : 0;
+    ctx->decode_rope = !env_is("TROUPE_CUDA_DECODE_ROPE", "0");
+    ctx->decode_coop = env_is("TROUPE_CUDA_DECODE_COOP", "0")   ? 0
+                       : env_is("TROUPE_CUDA_DECODE_COOP", "1") ? 1
+                                                                : -1;
     ctx->topk_select = !env_is("TROUPE_CUDA_TOPK_SELECT", "0");
     const char *chunk = getenv("TROUPE_CUDA_SOFTMAX_CHUNK");
     ctx->softmax_chunk = TR_CUDA_SOFTMAX_CHUNK;

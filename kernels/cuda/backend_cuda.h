@@ -52,14 +52,14 @@ void tr_backend_cuda_force_row_ctas(tr_backend *be, int ctas);
 // (the default; TROUPE_CUDA_TOPK_SELECT=0 clears it at start); the draws are the same either way.
 void tr_backend_cuda_topk_select(tr_backend *be, int on);
 // Decode attention's kernel: 1 the shared-chunk kernel wherever it runs (the backend's default
-// softmax chunk, blocks of a power of two and aligned slots), 0 the per-warp walk (the
-// default), -1 the rule (the shared chunk for grids under two blocks an SM);
-// TROUPE_CUDA_DECODE_COOP=1 or auto sets it at start. Both give the same bits. Sets it and
-// returns the one before.
+// softmax chunk, blocks of a power of two and aligned slots), 0 the per-warp walk, -1 the
+// rule (the default: the shared chunk for grids under two blocks an SM and contexts up to
+// 2,048 positions); TROUPE_CUDA_DECODE_COOP=0 or 1 sets it at start. Both give the same bits.
+// Sets it and returns the one before.
 int tr_backend_cuda_decode_coop(tr_backend *be, int mode);
-// attention_decode_rope in one launch (1; TROUPE_CUDA_DECODE_ROPE=1 sets it at start) or as
-// rope_kv_write and attention_decode in turn (0, the default): the same bits. Sets it and
-// returns the one before.
+// attention_decode_rope in one launch (1, the default) or as rope_kv_write and
+// attention_decode in turn (0; TROUPE_CUDA_DECODE_ROPE=0 sets it at start): the same bits.
+// Sets it and returns the one before.
 int tr_backend_cuda_decode_rope(tr_backend *be, int on);
 // The flash-attention passes that run on Hopper's warpgroup MMA rather than on their
 // mma.sync kernels, which give the same bits: a mask of TR_CUDA_WG_* (TR_CUDA_WG_DEFAULT by

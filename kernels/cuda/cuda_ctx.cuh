@@ -113,10 +113,10 @@ typedef struct tr_cuda_ctx {
     void *tma_encode;       // the driver's cuTensorMapEncodeTiled, looked up at first use
                             // (attention_tma.cuh)
     int decode_coop;        // decode attention's shared-chunk kernel: -1 by rule, 0 never, 1
-                            // wherever it runs (TROUPE_CUDA_DECODE_COOP=auto|1;
+                            // wherever it runs (TROUPE_CUDA_DECODE_COOP=0|1;
                             // attention_decode.cu)
-    int decode_rope;        // attention_decode_rope in one launch (TROUPE_CUDA_DECODE_ROPE=1),
-                            // else rope_kv_write and attention_decode in turn
+    int decode_rope;        // attention_decode_rope in one launch, else (TROUPE_CUDA_DECODE_ROPE=0)
+                            // rope_kv_write and attention_decode in turn
     int no_lean_copies;     // TROUPE_CUDA_DECODE_LEAN=0: decode attention copies through its
                             // table of slot offsets at every block size (attention_decode.cu)
     tr_cuda_prof *prof;     // TROUPE_CUDA_PROFILE=1, else NULL
