@@ -290,6 +290,123 @@ constexpr size_t fa_dec_coop_shared() {
            (size_t)D * sizeof(float);                                  // rope's cos, sin
 }
 
+// What a chunk's phases publish to each other, in shared memory: each tile's row maxima
+// (tmax, [tile][16]), scale factors (talpha, [tile][16]) and each thread's row sums (trs,
+// [tile][lane][2]), and P's fragments (tp, [tile][k16 block][lane]).
+struct fa_coop_pub {
+    float *tmax, *talpha, *trs;
+    uint4 *tp;
+};
+
+// Phase A: the scores of the warp's tiles (w, w + W, ... below nt, the chunk's K tiles at ks,
+// its first position pb) and their rows' maxima, published.
+template <int D, int TPW>
+__device__ __forceinline__ void fa_coop_scores(float (&s)[TPW][1][fa_bn<D>() / 8][4],
+                                               const tr_bf16 *qs, const tr_bf16 *ks,
+                                               const fa_coop_pub &pub, int nt, int pb,
+                                               const int (&last)[1][2], bool hi_rows,
+                                               float sl2) {
+    constexpr int BN = fa_bn<D>(), LDS = D + FA_PAD, W = FA_DEC_COOP_WARPS;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < TPW; i++) {
+        const int k = warp + i * W;
+        if (k >= nt) continue;
+        fa_gemm_abt<D, 1, BN / 8>(s[i], qs, ks + k * BN * LDS, LDS);
+        const int p0 = pb + k * BN;
+        const bool whole = fa_tile_whole<D, 1>(last, p0, hi_rows);
+#pragma unroll
+        for (int hi = 0; hi < 2; hi++) {
+            if (hi == 1 && !hi_rows) continue;
+            const float mx = fa_row_max<D, 1>(s[i], 0, hi, last[0][hi] - p0, whole, sl2);
+            if (t == 0) pub.tmax[k * 16 + g + 8 * hi] = mx;
+        }
+    }
+}
+
+// Phase B: the warp's tiles' probabilities from the reference point before each (replayed
+// over the published maxima of the tiles before it), their row sums and scale factors, and
+// P's fragments, published.
+template <int D, int TPW>
+__device__ __forceinline__ void fa_coop_probs(float (&s)[TPW][1][fa_bn<D>() / 8][4],
+                                              const fa_coop_pub &pub, int nt, bool hi_rows,
+                                              float sl2) {
+    constexpr int BN = fa_bn<D>(), KT = BN / 16, W = FA_DEC_COOP_WARPS;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < TPW; i++) {
+        const int k = warp + i * W;
+        if (k >= nt) continue;
+#pragma unroll
+        for (int hi = 0; hi < 2; hi++) {
+            const int row = g + 8 * hi;
+            float rs = 0.0f, alpha = 1.0f;
+            if (hi == 1 && !hi_rows) {   // padding rows: P zeros, the state untouched
+#pragma unroll
+                for (int nn = 0; nn < BN / 8; nn++) s[i][0][nn][2] = s[i][0][nn][3] = 0.0f;
+            } else {
+                float mold = -INFINITY;   // the reference point before tile k
+                for (int j = 0; j < k; j++) mold = fa_ref_next(pub.tmax[j * 16 + row], mold);
+                const float mnew = fa_ref_next(pub.tmax[k * 16 + row], mold);
+                const float mu = mnew == -INFINITY ? 0.0f : mnew;
+                alpha = fa_ex2(__fsub_rn(mold, mu));
+                rs = fa_row_exp<D, 1>(s[i], 0, hi, sl2, mu);
+            }
+            pub.trs[(k * 32 + lane) * 2 + hi] = rs;
+            if (t == 0) pub.talpha[k * 16 + row] = alpha;
+        }
+        uint32_t p[1][KT][4];
+        fa_tile_pack<D, 1>(p, s[i]);
+#pragma unroll
+        for (int kk = 0; kk < KT; kk++)
+            pub.tp[(k * KT + kk) * 32 + lane] =
+                make_uint4(p[0][kk][0], p[0][kk][1], p[0][kk][2], p[0][kk][3]);
+    }
+}
+
+// Phase C: the chunk's state on the warp's channels (o; the rows' reference points m and this
+// thread's row sums l), tile by tile in order: the walk's rescale, then P V from the chunk's
+// V tiles at vs.
+template <int D>
+__device__ __forceinline__ void fa_coop_output(float (&o)[1][D / FA_DEC_COOP_WARPS / 8][4],
+                                               float (&l)[2], float (&m)[2],
+                                               const fa_coop_pub &pub, const tr_bf16 *vs,
+                                               int nt, bool hi_rows) {
+    constexpr int BN = fa_bn<D>(), LDS = D + FA_PAD, KT = BN / 16, DW = D / FA_DEC_COOP_WARPS;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+#pragma unroll
+    for (int i = 0; i < DW / 8; i++) o[0][i][0] = o[0][i][1] = o[0][i][2] = o[0][i][3] = 0.0f;
+    l[0] = l[1] = 0.0f;
+    m[0] = m[1] = -INFINITY;
+    for (int k = 0; k < nt; k++) {
+#pragma unroll
+        for (int hi = 0; hi < 2; hi++) {
+            if (hi == 1 && !hi_rows) continue;
+            const int row = g + 8 * hi;
+            const float alpha = pub.talpha[k * 16 + row];
+            m[hi] = fa_ref_next(pub.tmax[k * 16 + row], m[hi]);
+            l[hi] = __fmaf_rn(l[hi], alpha, pub.trs[(k * 32 + lane) * 2 + hi]);
+            // x * 1 is x, and a chunk's first factor (0) meets zeros: multiplying every row
+            // gives the bits of the walk's rescale, which skips a warp of ones
+#pragma unroll
+            for (int i = 0; i < DW / 8; i++) {
+                o[0][i][2 * hi] = __fmul_rn(o[0][i][2 * hi], alpha);
+                o[0][i][2 * hi + 1] = __fmul_rn(o[0][i][2 * hi + 1], alpha);
+            }
+        }
+        uint32_t p[1][KT][4];
+#pragma unroll
+        for (int kk = 0; kk < KT; kk++) {
+            const uint4 v = pub.tp[(k * KT + kk) * 32 + lane];
+            p[0][kk][0] = v.x;
+            p[0][kk][1] = v.y;
+            p[0][kk][2] = v.z;
+            p[0][kk][3] = v.w;
+        }
+        fa_gemm_pv<DW, 1, KT>(o, p, vs + k * BN * LDS + warp * DW, LDS);
+    }
+}
+
 template <int D, int NB>
 __global__ void __launch_bounds__(FA_DEC_COOP_WARPS * 32) fa_decode_coop_kernel(
     const fa_dec_args a) {
@@ -305,6 +422,7 @@ __global__ void __launch_bounds__(FA_DEC_COOP_WARPS * 32) fa_decode_coop_kernel(
     float *trs = talpha + CT * 16;                                            // [CT][32][2]
     uint4 *tp = reinterpret_cast<uint4 *>(trs + CT * 64);                     // [CT][KT][32]
     int32_t *tslot = reinterpret_cast<int32_t *>(tp + CT * KT * 32);          // [NB][CH]
+    const fa_coop_pub pub = {tmax, talpha, trs, tp};
     float *cs = reinterpret_cast<float *>(tslot + NB * CH);                   // [D]
     tr_pdl_wait();
     tr_pdl_release();
@@ -408,90 +526,20 @@ __global__ void __launch_bounds__(FA_DEC_COOP_WARPS * 32) fa_decode_coop_kernel(
         int32_t sl_next[SPT];
         slots_get(c + NB, sl_next);
         float s[TPW][1][BN / 8][4];
-#pragma unroll
-        for (int i = 0; i < TPW; i++) {
-            const int k = warp + i * W;
-            if (k >= nt) continue;
-            fa_gemm_abt<D, 1, BN / 8>(s[i], qs, ks + k * BN * LDS, LDS);
-            const int p0 = pb + k * BN;
-            const bool whole = fa_tile_whole<D, 1>(last, p0, hi_rows);
-#pragma unroll
-            for (int hi = 0; hi < 2; hi++) {
-                if (hi == 1 && !hi_rows) continue;
-                const float mx = fa_row_max<D, 1>(s[i], 0, hi, last[0][hi] - p0, whole, a.sl2);
-                if (t == 0) tmax[k * 16 + g + 8 * hi] = mx;
-            }
-        }
+        fa_coop_scores<D, TPW>(s, qs, ks, pub, nt, pb, last, hi_rows, a.sl2);
         slots_put(c + NB, sl_next);
         __syncthreads();   // the maxima and slots are published; chunk c's K tiles are read
         load(c + NB, 0);
         fa_cp_commit();
 
         // B: the warp's tiles' probabilities, sums, factors and P
-#pragma unroll
-        for (int i = 0; i < TPW; i++) {
-            const int k = warp + i * W;
-            if (k >= nt) continue;
-#pragma unroll
-            for (int hi = 0; hi < 2; hi++) {
-                const int row = g + 8 * hi;
-                float rs = 0.0f, alpha = 1.0f;
-                if (hi == 1 && !hi_rows) {   // padding rows: P zeros, the state untouched
-#pragma unroll
-                    for (int nn = 0; nn < BN / 8; nn++) s[i][0][nn][2] = s[i][0][nn][3] = 0.0f;
-                } else {
-                    float mold = -INFINITY;   // the reference point before tile k
-                    for (int j = 0; j < k; j++) mold = fa_ref_next(tmax[j * 16 + row], mold);
-                    const float mnew = fa_ref_next(tmax[k * 16 + row], mold);
-                    const float mu = mnew == -INFINITY ? 0.0f : mnew;
-                    alpha = fa_ex2(__fsub_rn(mold, mu));
-                    rs = fa_row_exp<D, 1>(s[i], 0, hi, a.sl2, mu);
-                }
-                trs[(k * 32 + lane) * 2 + hi] = rs;
-                if (t == 0) talpha[k * 16 + row] = alpha;
-            }
-            uint32_t p[1][KT][4];
-            fa_tile_pack<D, 1>(p, s[i]);
-#pragma unroll
-            for (int kk = 0; kk < KT; kk++)
-                tp[(k * KT + kk) * 32 + lane] = make_uint4(p[0][kk][0], p[0][kk][1], p[0][kk][2],
-                                                           p[0][kk][3]);
-        }
+        fa_coop_probs<D, TPW>(s, pub, nt, hi_rows, a.sl2);
         fa_cp_wait<2 * NB - 1>();
         __syncthreads();   // chunk c's V tiles landed; P, sums and factors are published
 
         // C: the chunk's output on the warp's channels, tile by tile, then the fold
-        float o[1][DW / 8][4];
-#pragma unroll
-        for (int i = 0; i < DW / 8; i++) o[0][i][0] = o[0][i][1] = o[0][i][2] = o[0][i][3] = 0.0f;
-        float l[2] = {0.0f, 0.0f}, m[2] = {-INFINITY, -INFINITY};
-        for (int k = 0; k < nt; k++) {
-#pragma unroll
-            for (int hi = 0; hi < 2; hi++) {
-                if (hi == 1 && !hi_rows) continue;
-                const int row = g + 8 * hi;
-                const float alpha = talpha[k * 16 + row];
-                m[hi] = fa_ref_next(tmax[k * 16 + row], m[hi]);
-                l[hi] = __fmaf_rn(l[hi], alpha, trs[(k * 32 + lane) * 2 + hi]);
-                // x * 1 is x, and a chunk's first factor (0) meets zeros: multiplying every
-                // row gives the bits of the walk's rescale, which skips a warp of ones
-#pragma unroll
-                for (int i = 0; i < DW / 8; i++) {
-                    o[0][i][2 * hi] = __fmul_rn(o[0][i][2 * hi], alpha);
-                    o[0][i][2 * hi + 1] = __fmul_rn(o[0][i][2 * hi + 1], alpha);
-                }
-            }
-            uint32_t p[1][KT][4];
-#pragma unroll
-            for (int kk = 0; kk < KT; kk++) {
-                const uint4 v = tp[(k * KT + kk) * 32 + lane];
-                p[0][kk][0] = v.x;
-                p[0][kk][1] = v.y;
-                p[0][kk][2] = v.z;
-                p[0][kk][3] = v.w;
-            }
-            fa_gemm_pv<DW, 1, KT>(o, p, vs + k * BN * LDS + warp * DW, LDS);
-        }
+        float o[1][DW / 8][4], l[2], m[2];
+        fa_coop_output<D>(o, l, m, pub, vs, nt, hi_rows);
 #pragma unroll
         for (int hi = 0; hi < 2; hi++) {
             const fa_fold_t f = fa_fold_coef(am[hi], m[hi]);
