@@ -28,6 +28,9 @@
 #   ncu    Nsight Compute on one launch of the wgmma forward at D = 64 and 128 (dense shapes):
 #          the details page and every SASS instruction's executions and stall samples (csv)
 #   gen    test_cuda_ops attention and test_model_bf16 (generation on the default kernels)
+#   wide   test_cuda_ops attention with the TMA forward's wide tiles at D = 128
+#          (TROUPE_CUDA_WGMMA=119) against mma.sync, and bench_cuda attention on the default
+#          kernels beside the wide ones
 #   dec    test_cuda_ops attention (both decode kernels, and attention_decode_rope, against the
 #          forward and the ops it joins), test_model_bf16, bench_cuda attention decode (each
 #          decode kernel, then the rule), bench_decode_gpu with each decode kernel and with
@@ -136,6 +139,14 @@ fi
 if has gen; then
     step gen_ops "$t" attention
     step gen_model_bf16 env TROUPE_BACKEND=cuda timeout 120 "$carry/tests/engine/test_model_bf16"
+fi
+if has wide; then
+    step wide_ops env TROUPE_CUDA_WGMMA=119 "$t" attention
+    step wide2_ops env TROUPE_CUDA_WGMMA=119 TR_EXP_WIDE2=1 "$t" attention
+    for v in "default:" "wide:TROUPE_CUDA_WGMMA=119" "wide2:TROUPE_CUDA_WGMMA=119 TR_EXP_WIDE2=1"; do
+        step "wide_bench_${v%%:*}" env ${v#*:} "$bc" attention
+        grep "^attn shape" "$logs/wide_bench_${v%%:*}.log" | sed "s/^/${v%%:*} /" | tee -a "$summary"
+    done
 fi
 if has dec; then
     step dec_ops "$t" attention

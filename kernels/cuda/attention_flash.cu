@@ -318,6 +318,44 @@ __global__ void __launch_bounds__(NWG * 128, MINB) fa_forward_wg_kernel(const fa
     fa_forward_finish<D, 1>(a, st, am, al, acc + z, acc_used, w0, t1, h, g, t);
 }
 
+// A wide tile of the TMA forward (WIDE, D = 128): two fa_bn<D>() tiles of keys at p0 in one
+// stage of 2 fa_bn<D>() rows, their scores in one m64n64 product with Q read from shared memory
+// (q: the group's first row of the swizzled Q tile of BM rows), the softmax of each half in
+// turn as of two tiles, and P V in one product when no row of the group moved its reference
+// point in the second half (alpha exactly 1 there); otherwise the first half's P V, the
+// rescale, then the second half's. Every value takes the two tiles' operations in their order,
+// so out and lse are the bits of the kernels with fa_bn<D>() keys a tile; the step's fixed
+// costs (waits, fences, barriers, the iteration) are paid once for twice the keys.
+template <int D, int BM>
+__device__ __forceinline__ void fa_wide_tile(fa_state<D, 1> &st, uint32_t q, uint32_t kt,
+                                             uint32_t vt, int p0, const int (&last)[1][2],
+                                             float sl2) {
+    constexpr int BN = fa_bn<D>(), NT = BN / 8, K16 = BN / 16;
+    static_assert(2 * BN == 64, "a wide tile's scores are one m64n64 product");
+    float s[2][1][NT][4];
+    auto &s_all = reinterpret_cast<float(&)[2 * NT][4]>(s);
+    wg_fence();
+    wg_abt_issue<D, BM>(s_all, q, kt);
+    wg_commit();
+    wg_wait<0>();
+    wg_keep(s_all);
+    float alphas[2][1][2];
+    const bool any0 = fa_tile_probs<D, 1>(st, s[0], p0, last, sl2, true, alphas[0]);
+    fa_tile_rescale<D, 1>(st, alphas[0], any0, true);
+    const bool any1 = fa_tile_probs<D, 1>(st, s[1], p0 + BN, last, sl2, true, alphas[1]);
+    uint32_t p[2][1][K16][4];
+    fa_tile_pack<D, 1>(p[0], s[0]);
+    fa_tile_pack<D, 1>(p[1], s[1]);
+    if (!wg_any(any1)) {
+        wg_pv_part<D, 2 * K16, 2 * BN>(st.o[0], reinterpret_cast<uint32_t(&)[2 * K16][4]>(p),
+                                       vt);
+    } else {
+        wg_pv_part<D, K16, 2 * BN>(st.o[0], p[0][0], vt);
+        fa_tile_rescale<D, 1>(st, alphas[1], any1, true);
+        wg_pv_part<D, K16, 2 * BN>(st.o[0], p[1][0], vt + BN * 128);
+    }
+}
+
 // The wgmma forward with its key tiles brought by the tensor memory accelerator (fa_tma_kv,
 // attention_tma.cuh), for layouts without shared prefixes and with 16-byte rows: no block
 // barrier in the loop and no copy arithmetic but thread 0's. The zeros a tile's rows past its
@@ -325,11 +363,14 @@ __global__ void __launch_bounds__(NWG * 128, MINB) fa_forward_wg_kernel(const fa
 // kernels do, so out and lse are theirs. PIPE overlaps the softmax with the products as
 // fa_forward_wg_kernel's does; a tile's stage is then given back in the next iteration, once
 // the P V that reads its V is done (thread 0 still refills the stage of tile j - 2 at tile j).
-template <int D, int NWG, int MINB, bool PIPE>
+// WIDE walks tiles of twice fa_bn<D>() keys (fa_wide_tile), the same bits.
+template <int D, int NWG, int MINB, bool PIPE, bool WIDE>
 __global__ void __launch_bounds__(NWG * 128, MINB)
     fa_forward_tma_kernel(const __grid_constant__ CUtensorMap tk,
                           const __grid_constant__ CUtensorMap tv, const fa_fwd_args a) {
-    constexpr int BM = NWG * 64, BN = fa_bn<D>(), NTH = NWG * 128, ST = FA_TMA_STAGES;
+    static_assert(!(PIPE && WIDE), "the pipelined forward walks tiles of fa_bn keys");
+    constexpr int BM = NWG * 64, BN = (WIDE ? 2 : 1) * fa_bn<D>(), NTH = NWG * 128;
+    constexpr int ST = FA_TMA_STAGES;
     using kv_t = fa_tma_kv<D, BN, ST>;
     extern __shared__ __align__(16) unsigned char fa_sm[];
     const uint32_t sm0 = (fa_smem(fa_sm) + 1023u) & ~1023u;
@@ -353,7 +394,8 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
     __syncthreads();   // the barriers are initialized
     if (tid == 0) kv.start(src(), it);
     fa_cp_wait<0>();
-    __syncthreads();   // Q landed
+    wg_proxy_fence();   // WIDE's products read Q from shared memory
+    __syncthreads();    // Q landed
 
     fa_state<D, 1> st;
     fa_reset(st);
@@ -380,13 +422,17 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
             fa_rows_last<1>(last, it, w0, g);
             float s[1][BN / 8][4];
             uint32_t qf[D / 16][4];
-            wg_load_a<D, BM>(qf, fa_smem(qs), warp * 16);
-            if constexpr (!PIPE) {
+            if constexpr (WIDE) {
+                fa_wide_tile<D, BM>(st, fa_smem(qs) + (uint32_t)wg * 64 * 128, kv.k_at(j),
+                                    kv.v_at(j), it.p0, last, a.sl2);
+            } else if constexpr (!PIPE) {
                 uint32_t p[1][BN / 16][4];
+                wg_load_a<D, BM>(qf, fa_smem(qs), warp * 16);
                 wg_qk<D, BN>(s[0], qf, kv.k_at(j));
                 fa_tile_softmax<D, 1>(st, s, p, it.p0, last, a.sl2, true);
                 wg_pv<D, BN>(st.o[0], p[0], kv.v_at(j));
             } else {
+                wg_load_a<D, BM>(qf, fa_smem(qs), warp * 16);
                 // this tile's Q K^T and the previous tile's P V (zeros before the first tile)
                 wg_fence();
                 wg_qk_issue<D, BN>(s[0], qf, kv.k_at(j));
@@ -451,9 +497,9 @@ static void fa_forward_wg_run(tr_backend *be, const fa_fwd_args &a) {
 
 // The TMA forward's launch: the tensor maps of K and V (rows of the fused buffer, the kv heads'
 // columns) and the stages' barriers after the tiles.
-template <int D, int NWG, int MINB, bool PIPE>
+template <int D, int NWG, int MINB, bool PIPE, bool WIDE>
 static void fa_forward_tma_run(tr_backend *be, const fa_fwd_args &a) {
-    constexpr int BM = NWG * 64, BN = fa_bn<D>();
+    constexpr int BM = NWG * 64, BN = (WIDE ? 2 : 1) * fa_bn<D>();
     CUtensorMap tk, tv;
     const int64_t cols = (int64_t)a.KVH * D;
     if (tr_tma_map_bf16(be, &tk, a.k, cols, a.T, a.ld, BN) ||
@@ -461,7 +507,7 @@ static void fa_forward_tma_run(tr_backend *be, const fa_fwd_args &a) {
         return;
     const size_t shm = 1024 + (size_t)(BM + 2 * FA_TMA_STAGES * BN) * D * sizeof(tr_bf16) +
                        2 * FA_TMA_STAGES * sizeof(uint64_t);
-    auto kernel = fa_forward_tma_kernel<D, NWG, MINB, PIPE>;
+    auto kernel = fa_forward_tma_kernel<D, NWG, MINB, PIPE, WIDE>;
     if (TR_CUDA_CHECK(be, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)shm)))
         return;
@@ -478,10 +524,13 @@ void tr_fa_forward(tr_backend *be, const fa_fwd_args &a, int32_t D) {
         // at D = 128 one of three (its output takes 64 registers a thread)
         const bool pipe = tr_cuda_ctx_of(be)->wgmma & TR_CUDA_WG_FWD_PIPE;
         if ((tr_cuda_ctx_of(be)->wgmma & TR_CUDA_WG_FWD_TMA) && !a.prefix && a.vec) {
-            if (D == 64 && pipe) fa_forward_tma_run<64, 2, 2, true>(be, a);
-            else if (D == 64) fa_forward_tma_run<64, 2, 2, false>(be, a);
-            else if (pipe) fa_forward_tma_run<128, 3, 1, true>(be, a);
-            else fa_forward_tma_run<128, 3, 1, false>(be, a);
+            const bool wide = tr_cuda_ctx_of(be)->wgmma & TR_CUDA_WG_FWD_WIDE;
+            if (D == 64 && pipe) fa_forward_tma_run<64, 2, 2, true, false>(be, a);
+            else if (D == 64) fa_forward_tma_run<64, 2, 2, false, false>(be, a);
+            else if (pipe) fa_forward_tma_run<128, 3, 1, true, false>(be, a);
+            else if (wide && getenv("TR_EXP_WIDE2")) fa_forward_tma_run<128, 2, 1, false, true>(be, a);
+            else if (wide) fa_forward_tma_run<128, 3, 1, false, true>(be, a);
+            else fa_forward_tma_run<128, 3, 1, false, false>(be, a);
             return;
         }
         if (D == 64 && pipe) fa_forward_wg_run<64, 2, 2, true>(be, a);

@@ -168,23 +168,48 @@ __device__ __forceinline__ void wg_abt_issue(float (&d)[8][4], uint32_t a, uint3
     }
 }
 
-// Issues o += P V for the warpgroup's rows: p, the bf16 probabilities as A fragments (BN / 16
-// k16 blocks of keys), and v, a swizzled tile of BN keys by D channels; keys ascending.
+// Issues o += P V for the warpgroup's rows: p, the bf16 probabilities as A fragments (K16 k16
+// blocks of keys), and v, the first of those keys in a swizzled tile of R keys by D channels
+// (R * 128 bytes between its blocks of 64 channels); keys ascending.
+template <int D, int K16, int R>
+__device__ __forceinline__ void wg_pv_part_issue(float (&o)[D / 8][4], uint32_t (&p)[K16][4],
+                                                 uint32_t v) {
+#pragma unroll
+    for (int kk = 0; kk < K16; kk++)
+        wg_mma_rs<1>(o, p[kk], wg_desc(v + (uint32_t)kk * 16 * 128, R * 128, 1024), 1);
+}
+// The same over a whole tile of BN keys.
 template <int D, int BN>
 __device__ __forceinline__ void wg_pv_issue(float (&o)[D / 8][4], uint32_t (&p)[BN / 16][4],
                                             uint32_t v) {
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++)
-        wg_mma_rs<1>(o, p[kk], wg_desc(v + (uint32_t)kk * 16 * 128, BN * 128, 1024), 1);
+    wg_pv_part_issue<D, BN / 16, BN>(o, p, v);
 }
 // The same, fenced, committed and waited for.
-template <int D, int BN>
-__device__ __forceinline__ void wg_pv(float (&o)[D / 8][4], uint32_t (&p)[BN / 16][4],
-                                      uint32_t v) {
+template <int D, int K16, int R>
+__device__ __forceinline__ void wg_pv_part(float (&o)[D / 8][4], uint32_t (&p)[K16][4],
+                                           uint32_t v) {
     wg_fence();
-    wg_pv_issue<D, BN>(o, p, v);
+    wg_pv_part_issue<D, K16, R>(o, p, v);
     wg_commit();
     wg_wait<0>();
     wg_keep(o);
     wg_keep(p);
+}
+template <int D, int BN>
+__device__ __forceinline__ void wg_pv(float (&o)[D / 8][4], uint32_t (&p)[BN / 16][4],
+                                      uint32_t v) {
+    wg_pv_part<D, BN / 16, BN>(o, p, v);
+}
+
+// Whether pred holds for any thread of the calling thread's warpgroup, every thread of which
+// calls it: a reduction over named barrier 1 + the group's index (so that the groups of a
+// block do not wait for each other). Barrier 0 is the block's.
+__device__ __forceinline__ bool wg_any(bool pred) {
+    uint32_t r = 0;
+    WG_ASM("{\n.reg .pred p, q;\nsetp.ne.u32 q, %1, 0;\nbar.red.or.pred p, %2, 128, q;\n"
+           "selp.u32 %0, 1, 0, p;\n}\n"
+           : "=r"(r)
+           : "r"((uint32_t)pred), "r"(1u + (threadIdx.x >> 7))
+           : "memory");
+    return r != 0;
 }

@@ -67,7 +67,9 @@ int tr_backend_cuda_decode_rope(tr_backend *be, int on);
 // forward overlap its softmax with its products (attention_flash.cu, PIPE), the same bits
 // again; TR_CUDA_WG_FWD_TMA brings the wgmma forward's key tiles by the tensor memory
 // accelerator (fa_forward_tma_kernel) where a layout has no shared prefixes, and
-// TR_CUDA_WG_DQ_TMA the dQ pass's (fa_dq_tma_kernel). The default has both TMA passes:
+// TR_CUDA_WG_DQ_TMA the dQ pass's (fa_dq_tma_kernel); TR_CUDA_WG_FWD_WIDE makes the TMA forward
+// at D = 128 walk tiles of 64 keys, two softmax tiles each (fa_wide_tile, the same bits
+// again). The default has both TMA passes:
 // measured on an H200 they take 6-14% off the forward and dQ (bench/RESULTS.md). Sets it and
 // returns the one before, which is 0 in a build without the wgmma kernels (a target other
 // than sm_90a).
@@ -79,8 +81,9 @@ enum {
     TR_CUDA_WG_FWD_PIPE = 8,
     TR_CUDA_WG_FWD_TMA = 16,
     TR_CUDA_WG_DQ_TMA = 32,
+    TR_CUDA_WG_FWD_WIDE = 64,
     TR_CUDA_WG_DEFAULT = 55,
-    TR_CUDA_WG_MASK = 63,
+    TR_CUDA_WG_MASK = 127,
 };
 int tr_backend_cuda_wgmma(tr_backend *be, int mask);
 
