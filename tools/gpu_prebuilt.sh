@@ -22,12 +22,16 @@
 #   train  bench_train_gpu at the 0.5B and 1.5B shapes, 3 timed steps, dense and (0.5B) packed
 #   decode bench_decode_gpu at the 0.5B and 1.5B shapes, batch 64 and 256, 256 + 256 tokens
 #   peer   bench/run_gpu_train.sh beside torch (anchors/ carried too): the issue-13 table
+#   conv   bench/run_converge_gpu.sh: 200 steps of the 0.5B shape beside three torch seeds
+#          (the issue-13 convergence check; CONVERGE_BUDGET_S, default 540, bounds it)
 #   apeer  bench/attention_peer.py: torch's best attention (SDPA, FlexAttention) beside
 #          bench_cuda attention, the same shapes, with the ratios
 #   prof   TROUPE_CUDA_PROFILE's table of a training step at both shapes (device time per op)
 #   ncu    Nsight Compute on one launch of the wgmma forward at D = 64 and 128 (dense shapes):
 #          the details page and every SASS instruction's executions and stall samples (csv)
 #   gen    test_cuda_ops attention and test_model_bf16 (generation on the default kernels)
+#   dprof  TROUPE_CUDA_PROFILE's table of decode steps (device time per op) at the 0.5B shape,
+#          batch 64, and the 1.5B shape, batch 256
 #   wide   test_cuda_ops attention with the TMA forward's wide tiles at D = 128
 #          (TROUPE_CUDA_WGMMA=119) against mma.sync, and bench_cuda attention on the default
 #          kernels beside the wide ones
@@ -44,7 +48,7 @@ set -u
 cd "$(dirname "$0")/.." || exit 1
 carry="build-carry"
 bins="tests/kernels/test_wgmma tests/kernels/test_cuda_ops tests/engine/test_model_bf16
-      bench/bench_cuda bench/bench_train_gpu bench/bench_decode_gpu"
+      bench/bench_cuda bench/bench_train_gpu bench/bench_decode_gpu bench/converge_gpu"
 
 if [ "${1:-}" = pack ]; then
     build=${2:-build-cuda}
@@ -56,7 +60,7 @@ if [ "${1:-}" = pack ]; then
     du -sh "$carry"
     exit 0
 fi
-[ "${1:-}" = run ] || { sed -n 2,29p "$0"; exit 2; }
+[ "${1:-}" = run ] || { sed -n "2,/^set -u/p" "$0" | sed "\$d"; exit 2; }
 shift
 parts="${*:-attn train}"
 out="${OUT:-gpu-results}"
@@ -140,6 +144,14 @@ if has gen; then
     step gen_ops "$t" attention
     step gen_model_bf16 env TROUPE_BACKEND=cuda timeout 120 "$carry/tests/engine/test_model_bf16"
 fi
+if has dprof; then
+    for v in "qwen2.5-0.5b 64" "qwen2.5-1.5b 256"; do
+        set -- $v
+        n="dprof_${1}_b$2"
+        step "$n" env TROUPE_CUDA_PROFILE=1 timeout 120 "$carry/bench/bench_decode_gpu" "$1" "$2" 1 256 256
+        sed -n '/^cuda profile/,+30p' "$logs/$n.log" | sed "s/^/$n /" | tee -a "$summary"
+    done
+fi
 if has wide; then
     step wide_ops env TROUPE_CUDA_WGMMA=119 "$t" attention
     step wide2_ops env TROUPE_CUDA_WGMMA=119 TR_EXP_WIDE2=1 "$t" attention
@@ -179,6 +191,10 @@ if has dec; then
                 "$r.details.txt" | sed "s/^/dec${k%%:*} /" | tee -a "$summary"
         done
     fi
+fi
+if has conv; then
+    step converge env CONVERGE_OUT="$out/converge" bench/run_converge_gpu.sh "$carry"
+    sed -n '/^convergence:/,$p' "$logs/converge.log" | tee -a "$summary"
 fi
 if has peer; then
     step peer_train timeout "${PEER_TIMEOUT:-400}" bench/run_gpu_train.sh "$carry" anchors
