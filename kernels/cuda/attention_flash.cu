@@ -318,8 +318,9 @@ __global__ void __launch_bounds__(NWG * 128, MINB) fa_forward_wg_kernel(const fa
     fa_forward_finish<D, 1>(a, st, am, al, acc + z, acc_used, w0, t1, h, g, t);
 }
 
-// A wide tile of the TMA forward (WIDE, D = 128): two fa_bn<D>() tiles of keys at p0 in one
-// stage of 2 fa_bn<D>() rows, their scores in one m64n64 product with Q read from shared memory
+// A wide tile of the TMA forward (WIDE): two fa_bn<D>() tiles of keys at p0 in one stage of
+// 2 fa_bn<D>() rows, their scores in one m64n64 (D = 128) or m64n128 (D = 64) product with Q
+// read from shared memory
 // (q: the group's first row of the swizzled Q tile of BM rows), the softmax of each half in
 // turn as of two tiles, and P V in one product when no row of the group moved its reference
 // point in the second half (alpha exactly 1 there); otherwise the first half's P V, the
@@ -331,11 +332,10 @@ __device__ __forceinline__ void fa_wide_tile(fa_state<D, 1> &st, uint32_t q, uin
                                              uint32_t vt, int p0, const int (&last)[1][2],
                                              float sl2) {
     constexpr int BN = fa_bn<D>(), NT = BN / 8, K16 = BN / 16;
-    static_assert(2 * BN == 64, "a wide tile's scores are one m64n64 product");
     float s[2][1][NT][4];
     auto &s_all = reinterpret_cast<float(&)[2 * NT][4]>(s);
     wg_fence();
-    wg_abt_issue<D, BM>(s_all, q, kt);
+    wg_abt_issue<D, BM, 2 * BN>(s_all, q, kt);
     wg_commit();
     wg_wait<0>();
     wg_keep(s_all);
@@ -524,8 +524,12 @@ void tr_fa_forward(tr_backend *be, const fa_fwd_args &a, int32_t D) {
         // at D = 128 one of three (its output takes 64 registers a thread)
         const bool pipe = tr_cuda_ctx_of(be)->wgmma & TR_CUDA_WG_FWD_PIPE;
         if ((tr_cuda_ctx_of(be)->wgmma & TR_CUDA_WG_FWD_TMA) && !a.prefix && a.vec) {
-            const bool wide = tr_cuda_ctx_of(be)->wgmma & TR_CUDA_WG_FWD_WIDE;
+            // a wide tile never straddles a softmax chunk's edge: at D = 64 it is 128 keys
+            const bool wide = (tr_cuda_ctx_of(be)->wgmma & TR_CUDA_WG_FWD_WIDE) &&
+                              a.chunk % (2 * (D == 64 ? fa_bn<64>() : fa_bn<128>())) == 0;
             if (D == 64 && pipe) fa_forward_tma_run<64, 2, 2, true, false>(be, a);
+            else if (D == 64 && wide && getenv("TR_EXP_WIDE2")) fa_forward_tma_run<64, 2, 1, false, true>(be, a);
+            else if (D == 64 && wide) fa_forward_tma_run<64, 3, 1, false, true>(be, a);
             else if (D == 64) fa_forward_tma_run<64, 2, 2, false, false>(be, a);
             else if (pipe) fa_forward_tma_run<128, 3, 1, true, false>(be, a);
             else if (wide && getenv("TR_EXP_WIDE2")) fa_forward_tma_run<128, 2, 1, false, true>(be, a);

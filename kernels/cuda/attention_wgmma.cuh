@@ -83,12 +83,21 @@ __device__ __forceinline__ void wg_keep(uint32_t (&a)[N][4]) {
            "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, " \
            "%63"
 
-// d (+)= A B, m64 x n64 x k16, A and B from shared memory, both K-major; acc 0 writes d = A B.
+// d (+)= A B, m64 x n64 (or n128) x k16, A and B from shared memory, both K-major; acc 0
+// writes d = A B.
 __device__ __forceinline__ void wg_mma_ss(float (&d)[8][4], uint64_t da, uint64_t db, int acc) {
     WG_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" WG_R32
            "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
            : WG_D16(0), WG_D16(4)
+           : "l"(da), "l"(db), "r"(acc));
+}
+__device__ __forceinline__ void wg_mma_ss(float (&d)[16][4], uint64_t da, uint64_t db,
+                                          int acc) {
+    WG_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+           "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" WG_R64
+           "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+           : WG_D16(0), WG_D16(4), WG_D16(8), WG_D16(12)
            : "l"(da), "l"(db), "r"(acc));
 }
 // d (+)= A B, m64 x n(8 NT) x k16, A from registers (m16n8k16 A fragments, a warp's 16 rows),
@@ -155,16 +164,16 @@ __device__ __forceinline__ void wg_qk(float (&s)[BN / 8][4], uint32_t (&q)[D / 1
 }
 
 // Issues d = A B^T for the warpgroup's 64 rows, A and B both swizzled in shared memory: a, the
-// address of the group's first row in a tile of AR rows, b, a tile of 64 rows; D channels in
-// D / 16 k16 steps, ascending. The caller fences, commits and waits (two products can share
-// one wait).
-template <int D, int AR>
-__device__ __forceinline__ void wg_abt_issue(float (&d)[8][4], uint32_t a, uint32_t b) {
+// address of the group's first row in a tile of AR rows, b, a tile of BR rows (64, or 128);
+// D channels in D / 16 k16 steps, ascending. The caller fences, commits and waits (two
+// products can share one wait).
+template <int D, int AR, int BR = 64>
+__device__ __forceinline__ void wg_abt_issue(float (&d)[BR / 8][4], uint32_t a, uint32_t b) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
         const uint32_t col = (uint32_t)(kk & 3) * 32;   // bytes into the 128-byte rows
         wg_mma_ss(d, wg_desc(a + (uint32_t)(kk >> 2) * AR * 128 + col, 16, 1024),
-                  wg_desc(b + (uint32_t)(kk >> 2) * 64 * 128 + col, 16, 1024), kk > 0);
+                  wg_desc(b + (uint32_t)(kk >> 2) * BR * 128 + col, 16, 1024), kk > 0);
     }
 }
 
