@@ -32,9 +32,10 @@
 #   gen    test_cuda_ops attention and test_model_bf16 (generation on the default kernels)
 #   dprof  TROUPE_CUDA_PROFILE's table of decode steps (device time per op) at the 0.5B shape,
 #          batch 64, and the 1.5B shape, batch 256
-#   wide   test_cuda_ops attention with the TMA forward's wide tiles at D = 128
-#          (TROUPE_CUDA_WGMMA=119) against mma.sync, and bench_cuda attention on the default
-#          kernels beside the wide ones
+#   wide   test_cuda_ops attention with the TMA forward's wide tiles at D = 64 and 128
+#          (TROUPE_CUDA_WGMMA=247) against mma.sync, and bench_cuda attention on the default
+#          kernels beside the wide ones; WIDE_PICK=1 then runs the later parts with wide
+#          tiles at each head dimension where they passed and were faster
 #   dec    test_cuda_ops attention (both decode kernels, and attention_decode_rope, against the
 #          forward and the ops it joins), test_model_bf16, bench_cuda attention decode (each
 #          decode kernel, then the rule), bench_decode_gpu with each decode kernel and with
@@ -153,12 +154,23 @@ if has dprof; then
     done
 fi
 if has wide; then
-    step wide_ops env TROUPE_CUDA_WGMMA=119 "$t" attention
-    step wide2_ops env TROUPE_CUDA_WGMMA=119 TR_EXP_WIDE2=1 "$t" attention
-    for v in "default:" "wide:TROUPE_CUDA_WGMMA=119" "wide2:TROUPE_CUDA_WGMMA=119 TR_EXP_WIDE2=1"; do
+    step wide_ops env TROUPE_CUDA_WGMMA=247 "$t" attention
+    step wide2_ops env TROUPE_CUDA_WGMMA=247 TR_EXP_WIDE2=1 "$t" attention
+    for v in "default:" "wide:TROUPE_CUDA_WGMMA=247" "wide2:TROUPE_CUDA_WGMMA=247 TR_EXP_WIDE2=1"; do
         step "wide_bench_${v%%:*}" env ${v#*:} "$bc" attention
         grep "^attn shape" "$logs/wide_bench_${v%%:*}.log" | sed "s/^/${v%%:*} /" | tee -a "$summary"
     done
+    # the mask the measurements favour: wide tiles at a head dimension where they passed the
+    # tests and ran the dense forward faster (WIDE_PICK=1 exports it to the parts after)
+    fwd() { grep "^$1 attn shape=$2 " "$summary" | sed 's/.*fwd_ms=\([0-9.]*\).*/\1/' | head -1; }
+    faster() { awk -v a="$(fwd default "$1")" -v b="$(fwd wide "$1")" 'BEGIN { exit !(b > 0 && b < a) }'; }
+    pick=55
+    if grep -q "^wide_ops: exit 0" "$summary"; then
+        faster qwen05b_dense && pick=$((pick | 128))
+        faster qwen15b_dense && pick=$((pick | 64))
+    fi
+    echo "wide pick: TROUPE_CUDA_WGMMA=$pick" | tee -a "$summary"
+    [ "${WIDE_PICK:-0}" = 1 ] && export TROUPE_CUDA_WGMMA=$pick
 fi
 if has dec; then
     step dec_ops "$t" attention

@@ -525,7 +525,8 @@ void tr_fa_forward(tr_backend *be, const fa_fwd_args &a, int32_t D) {
         const bool pipe = tr_cuda_ctx_of(be)->wgmma & TR_CUDA_WG_FWD_PIPE;
         if ((tr_cuda_ctx_of(be)->wgmma & TR_CUDA_WG_FWD_TMA) && !a.prefix && a.vec) {
             // a wide tile never straddles a softmax chunk's edge: at D = 64 it is 128 keys
-            const bool wide = (tr_cuda_ctx_of(be)->wgmma & TR_CUDA_WG_FWD_WIDE) &&
+            const int wide_bit = D == 64 ? TR_CUDA_WG_FWD_WIDE64 : TR_CUDA_WG_FWD_WIDE;
+            const bool wide = (tr_cuda_ctx_of(be)->wgmma & wide_bit) &&
                               a.chunk % (2 * (D == 64 ? fa_bn<64>() : fa_bn<128>())) == 0;
             if (D == 64 && pipe) fa_forward_tma_run<64, 2, 2, true, false>(be, a);
             else if (D == 64 && wide && getenv("TR_EXP_WIDE2")) fa_forward_tma_run<64, 2, 1, false, true>(be, a);
