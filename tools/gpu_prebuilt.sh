@@ -155,8 +155,7 @@ if has dprof; then
 fi
 if has wide; then
     step wide_ops env TROUPE_CUDA_WGMMA=247 "$t" attention
-    step wide2_ops env TROUPE_CUDA_WGMMA=247 TR_EXP_WIDE2=1 "$t" attention
-    for v in "default:" "wide:TROUPE_CUDA_WGMMA=247" "wide2:TROUPE_CUDA_WGMMA=247 TR_EXP_WIDE2=1"; do
+    for v in "default:" "wide:TROUPE_CUDA_WGMMA=247"; do
         step "wide_bench_${v%%:*}" env ${v#*:} "$bc" attention
         grep "^attn shape" "$logs/wide_bench_${v%%:*}.log" | sed "s/^/${v%%:*} /" | tee -a "$summary"
     done

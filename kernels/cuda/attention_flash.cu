@@ -521,7 +521,8 @@ void tr_fa_forward(tr_backend *be, const fa_fwd_args &a, int32_t D) {
     if (tr_cuda_ctx_of(be)->wgmma & TR_CUDA_WG_FWD) {
         // measured on an H200 (bench_cuda attention) against 2 to 4 warpgroups a block, with
         // Q in registers and in shared memory: at D = 64 two blocks an SM of two warpgroups,
-        // at D = 128 one of three (its output takes 64 registers a thread)
+        // at D = 128 one of three (its output takes 64 registers a thread); wide tiles take
+        // one block of three at either (64 scores a thread at D = 64: 135 registers)
         const bool pipe = tr_cuda_ctx_of(be)->wgmma & TR_CUDA_WG_FWD_PIPE;
         if ((tr_cuda_ctx_of(be)->wgmma & TR_CUDA_WG_FWD_TMA) && !a.prefix && a.vec) {
             // a wide tile never straddles a softmax chunk's edge: at D = 64 it is 128 keys
@@ -529,11 +530,9 @@ void tr_fa_forward(tr_backend *be, const fa_fwd_args &a, int32_t D) {
             const bool wide = (tr_cuda_ctx_of(be)->wgmma & wide_bit) &&
                               a.chunk % (2 * (D == 64 ? fa_bn<64>() : fa_bn<128>())) == 0;
             if (D == 64 && pipe) fa_forward_tma_run<64, 2, 2, true, false>(be, a);
-            else if (D == 64 && wide && getenv("TR_EXP_WIDE2")) fa_forward_tma_run<64, 2, 1, false, true>(be, a);
             else if (D == 64 && wide) fa_forward_tma_run<64, 3, 1, false, true>(be, a);
             else if (D == 64) fa_forward_tma_run<64, 2, 2, false, false>(be, a);
             else if (pipe) fa_forward_tma_run<128, 3, 1, true, false>(be, a);
-            else if (wide && getenv("TR_EXP_WIDE2")) fa_forward_tma_run<128, 2, 1, false, true>(be, a);
             else if (wide) fa_forward_tma_run<128, 3, 1, false, true>(be, a);
             else fa_forward_tma_run<128, 3, 1, false, false>(be, a);
             return;
