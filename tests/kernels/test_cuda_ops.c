@@ -1426,9 +1426,24 @@ static void att_shared_vs_unshared(att_arg *a, double *const *mag) {
 // 8 keeps rows 16-byte aligned, anything else takes the kernels' element loads). prefix:
 // tr_doc_layout.prefix, or NULL; with one, the layout is also checked against its unshared
 // equivalent (att_shared_vs_unshared).
-static void test_attention(int32_t T, int32_t n_docs, const int32_t *doc_start,
-                           const int32_t *prefix, int32_t H, int32_t KVH, int32_t D, int32_t pad,
-                           int32_t block_size) {
+// Keys whose scale grows along each document's context, by 1 + position / 64: a later tile's
+// maximum then passes a row's reference point by more than the kernels' slack (2^8) every few
+// tiles, so that their rescaling runs (and the wide forward's split P V), which keys of one
+// scale almost never make happen.
+static void att_ramp_keys(att_arg *a) {
+    for (int32_t t = 0; t < a->T; t++) {
+        const float f = 1.0f + (float)a->pos[t] / 64.0f;
+        float *k = a->qkv + (size_t)t * a->ld + (size_t)a->H * a->D;
+        for (int32_t c = 0; c < a->KVH * a->D; c++) {
+            k[c] *= f;
+            if (prec == TR_BF16) k[c] = h_f32(h_bf16(k[c]));
+        }
+    }
+}
+
+static void test_attention_keys(int32_t T, int32_t n_docs, const int32_t *doc_start,
+                                const int32_t *prefix, int32_t H, int32_t KVH, int32_t D,
+                                int32_t pad, int32_t block_size, bool ramp) {
     att_arg a = {.T = T, .H = H, .KVH = KVH, .D = D, .n_docs = n_docs,
                  .ld = (H + 2 * KVH) * D + pad};
     size_t nq = (size_t)T * H * D, nk = (size_t)T * KVH * D;
@@ -1441,6 +1456,7 @@ static void test_attention(int32_t T, int32_t n_docs, const int32_t *doc_start,
     a.pos = kt_malloc((size_t)T * sizeof(int32_t));
     att_positions(&a);
     a.qkv = rand_act((size_t)T * a.ld, 2.0);   // v's scale 2 too: the outputs stay near 1
+    if (ramp) att_ramp_keys(&a);
     a.dout = rand_act(nq, 1.0);
     a.out = kt_floats(nq);
     a.lse = kt_floats((size_t)T * H);
@@ -1458,6 +1474,7 @@ static void test_attention(int32_t T, int32_t n_docs, const int32_t *doc_start,
     }
     char name[96];
     const char *pfx = prefix ? " pfx" : "";
+    if (ramp) pfx = prefix ? " pfx ramp" : " ramp";
     snprintf(name, sizeof name, "attention_fwd T%d H%d/%d D%d ld%d%s", T, H, KVH, D, a.ld, pfx);
     size_t lf[2] = {nq, (size_t)T * H}, lb[3] = {nq, nk, nk};
     double *mf[2] = {mo, NULL}, *mb[3] = {mq, mk, mv};
@@ -1503,6 +1520,12 @@ static void test_attention(int32_t T, int32_t n_docs, const int32_t *doc_start,
     free(mo); free(mq); free(mk); free(mv);
     free(a.doc_start); free(a.prefix); free(a.pos); free(a.qkv); free(a.dout); free(a.out);
     free(a.lse);
+}
+
+static void test_attention(int32_t T, int32_t n_docs, const int32_t *doc_start,
+                           const int32_t *prefix, int32_t H, int32_t KVH, int32_t D, int32_t pad,
+                           int32_t block_size) {
+    test_attention_keys(T, n_docs, doc_start, prefix, H, KVH, D, pad, block_size, false);
 }
 
 // --- kv_write -------------------------------------------------------------------------------
@@ -2585,6 +2608,9 @@ static void run_pass(const char *only) {
         test_decode_rope(5, 32, 8, 128, 300);
         // documents straddling tiles, one of a single token; an odd stride (element loads)
         test_attention(300, 3, (const int32_t[]){0, 37, 38, 300}, NULL, 4, 2, 64, 0, 16);
+        // keys growing along the context: the reference points move, the outputs rescale
+        test_attention_keys(600, 2, (const int32_t[]){0, 40, 600}, NULL, 4, 2, 64, 0, 16, true);
+        test_attention_keys(600, 2, (const int32_t[]){0, 40, 600}, NULL, 4, 2, 128, 0, 16, true);
         test_attention(160, 1, (const int32_t[]){0, 160}, NULL, 8, 2, 128, 5, 16);
         // Qwen2.5-0.5B's group of 7 (decode rows 8..15 are padding), a padded aligned stride
         test_attention(200, 4, (const int32_t[]){0, 5, 6, 130, 200}, NULL, 14, 2, 64, 8, 16);
