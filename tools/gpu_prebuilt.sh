@@ -33,9 +33,9 @@
 #   dprof  TROUPE_CUDA_PROFILE's table of decode steps (device time per op) at the 0.5B shape,
 #          batch 64, and the 1.5B shape, batch 256
 #   wide   test_cuda_ops attention with the TMA forward's wide tiles at D = 64 and 128
-#          (TROUPE_CUDA_WGMMA=247) against mma.sync, and bench_cuda attention on the default
-#          kernels beside the wide ones; WIDE_PICK=1 then runs the later parts with wide
-#          tiles at each head dimension where they passed and were faster
+#          (TROUPE_CUDA_WGMMA=247, the default) against mma.sync, and bench_cuda attention
+#          on narrow tiles (55) beside wide ones; WIDE_PICK=1 then runs the later parts with
+#          wide tiles at each head dimension where they passed and were faster
 #   dec    test_cuda_ops attention (both decode kernels, and attention_decode_rope, against the
 #          forward and the ops it joins), test_model_bf16, bench_cuda attention decode (each
 #          decode kernel, then the rule), bench_decode_gpu with each decode kernel and with
@@ -155,14 +155,14 @@ if has dprof; then
 fi
 if has wide; then
     step wide_ops env TROUPE_CUDA_WGMMA=247 "$t" attention
-    for v in "default:" "wide:TROUPE_CUDA_WGMMA=247"; do
+    for v in "narrow:TROUPE_CUDA_WGMMA=55" "wide:TROUPE_CUDA_WGMMA=247"; do
         step "wide_bench_${v%%:*}" env ${v#*:} "$bc" attention
         grep "^attn shape" "$logs/wide_bench_${v%%:*}.log" | sed "s/^/${v%%:*} /" | tee -a "$summary"
     done
     # the mask the measurements favour: wide tiles at a head dimension where they passed the
     # tests and ran the dense forward faster (WIDE_PICK=1 exports it to the parts after)
     fwd() { grep "^$1 attn shape=$2 " "$summary" | sed 's/.*fwd_ms=\([0-9.]*\).*/\1/' | head -1; }
-    faster() { awk -v a="$(fwd default "$1")" -v b="$(fwd wide "$1")" 'BEGIN { exit !(b > 0 && b < a) }'; }
+    faster() { awk -v a="$(fwd narrow "$1")" -v b="$(fwd wide "$1")" 'BEGIN { exit !(b > 0 && b < a) }'; }
     pick=55
     if grep -q "^wide_ops: exit 0" "$summary"; then
         faster qwen05b_dense && pick=$((pick | 128))
