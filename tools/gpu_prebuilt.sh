@@ -27,8 +27,9 @@
 #   apeer  bench/attention_peer.py: torch's best attention (SDPA, FlexAttention) beside
 #          bench_cuda attention, the same shapes, with the ratios
 #   prof   TROUPE_CUDA_PROFILE's table of a training step at both shapes (device time per op)
-#   ncu    Nsight Compute on one launch of the wgmma forward at D = 64 and 128 (dense shapes):
-#          the details page and every SASS instruction's executions and stall samples (csv)
+#   ncu    Nsight Compute on one launch of the default (TMA) forward at D = 64 and 128 (dense
+#          shapes): the details page and every SASS instruction's executions and stall
+#          samples (csv)
 #   gen    test_cuda_ops attention and test_model_bf16 (generation on the default kernels)
 #   dprof  TROUPE_CUDA_PROFILE's table of decode steps (device time per op) at the 0.5B shape,
 #          batch 64, and the 1.5B shape, batch 256
@@ -132,7 +133,7 @@ if has ncu; then
     for k in "64:qwen05b_dense" "128:qwen15b_dense"; do
         r="$logs/ncu_fwd${k%%:*}"
         step "ncu_fwd${k%%:*}" timeout 150 "$ncu" --clock-control none --set full \
-            --kernel-name-base mangled --kernel-name "regex:fa_forward_wg_kernelILi${k%%:*}E" \
+            --kernel-name-base mangled --kernel-name "regex:fa_forward_tma_kernelILi${k%%:*}E" \
             --launch-skip 2 --launch-count 1 -o "$r" "$bc" attention "${k#*:}"
         "$ncu" -i "$r.ncu-rep" --page details >"$r.details.txt" 2>&1
         "$ncu" -i "$r.ncu-rep" --page source --print-source sass --csv >"$r.sass.csv" 2>&1
