@@ -8,7 +8,15 @@
 # Usage:
 #   tools/gpu_prebuilt.sh pack [BUILD]   here: copies the binaries from BUILD (default
 #                                        build-cuda, configured with -Dcuda=enabled) into
-#                                        build-carry/ (ignored by git), to carry to the device
+#                                        build-carry/ (ignored by git), to carry to the device;
+#                                        PACK_BINS (paths under BUILD) carries fewer, since a
+#                                        call's tree is at most 64 MiB
+#   tools/gpu_prebuilt.sh pack-variant NAME PATCH [BUILD]
+#                                        here, after pack: a kernel variant beside them, PATCH
+#                                        applied to the working tree, test_cuda_ops and
+#                                        bench_cuda built into build-carry/variants/NAME/, then
+#                                        the patch taken back out and the two rebuilt (about
+#                                        18 MB a variant)
 #   tools/gpu_prebuilt.sh run [PART...]  there: runs the parts with build-carry's binaries
 # Parts (default: attn train):
 #   attn   test_wgmma, test_cuda_ops attention (every bf16 pass on wgmma, the TMA forward and
@@ -37,6 +45,8 @@
 #          (TROUPE_CUDA_WGMMA=247, the default) against mma.sync, and bench_cuda attention
 #          on narrow tiles (55) beside wide ones; WIDE_PICK=1 then runs the later parts with
 #          wide tiles at each head dimension where they passed and were faster
+#   variants  for each variant packed: test_cuda_ops attention and bench_cuda attention,
+#          its lines beside the tree's own (part attn or wide)
 #   dec    test_cuda_ops attention (both decode kernels, and attention_decode_rope, against the
 #          forward and the ops it joins), test_model_bf16, bench_cuda attention decode (each
 #          decode kernel, then the rule), bench_decode_gpu with each decode kernel and with
@@ -52,10 +62,31 @@ carry="build-carry"
 bins="tests/kernels/test_wgmma tests/kernels/test_cuda_ops tests/engine/test_model_bf16
       bench/bench_cuda bench/bench_train_gpu bench/bench_decode_gpu bench/converge_gpu"
 
+if [ "${1:-}" = pack-variant ]; then
+    name=${2:?pack-variant NAME PATCH [BUILD]} patch=${3:?pack-variant NAME PATCH [BUILD]}
+    build=${4:-build-cuda}
+    vbins="tests/kernels/test_cuda_ops bench/bench_cuda"
+    git apply --check "$patch" || exit 1
+    git apply "$patch" || exit 1
+    # shellcheck disable=SC2086
+    ninja -C "$build" $vbins >/dev/null
+    rc=$?
+    if [ $rc = 0 ]; then
+        for b in $vbins; do
+            mkdir -p "$carry/variants/$name/$(dirname "$b")"
+            cp "$build/$b" "$carry/variants/$name/$b" || rc=1
+        done
+    fi
+    git apply -R "$patch" || { echo "gpu_prebuilt: could not take $patch back out" >&2; exit 1; }
+    # shellcheck disable=SC2086
+    ninja -C "$build" $vbins >/dev/null || exit 1
+    [ $rc = 0 ] && du -sh "$carry/variants/$name"
+    exit $rc
+fi
 if [ "${1:-}" = pack ]; then
     build=${2:-build-cuda}
     rm -rf "$carry" && mkdir -p "$carry" || exit 1
-    for b in $bins; do
+    for b in ${PACK_BINS:-$bins}; do
         mkdir -p "$carry/$(dirname "$b")"
         cp "$build/$b" "$carry/$b" || exit 1
     done
@@ -171,6 +202,15 @@ if has wide; then
     fi
     echo "wide pick: TROUPE_CUDA_WGMMA=$pick" | tee -a "$summary"
     [ "${WIDE_PICK:-0}" = 1 ] && export TROUPE_CUDA_WGMMA=$pick
+fi
+if has variants; then
+    for v in "$carry"/variants/*/; do
+        [ -d "$v" ] || continue
+        n=$(basename "$v")
+        step "variant_${n}_ops" "$v/tests/kernels/test_cuda_ops" attention
+        step "variant_${n}_bench" "$v/bench/bench_cuda" attention
+        grep "^attn shape" "$logs/variant_${n}_bench.log" | sed "s/^/$n /" | tee -a "$summary"
+    done
 fi
 if has dec; then
     step dec_ops "$t" attention
