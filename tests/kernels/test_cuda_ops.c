@@ -1422,10 +1422,6 @@ static void att_shared_vs_unshared(att_arg *a, double *const *mag) {
     free(u.doc_start); free(u.pos); free(u.qkv); free(u.dout); free(u.out); free(u.lse);
 }
 
-// pad: extra columns after v in each row (strides that no fused width explains; a multiple of
-// 8 keeps rows 16-byte aligned, anything else takes the kernels' element loads). prefix:
-// tr_doc_layout.prefix, or NULL; with one, the layout is also checked against its unshared
-// equivalent (att_shared_vs_unshared).
 // Keys whose scale grows along each document's context, by 1 + position / 64: a later tile's
 // maximum then passes a row's reference point by more than the kernels' slack (2^8) every few
 // tiles, so that their rescaling runs (and the wide forward's split P V), which keys of one
@@ -1441,6 +1437,10 @@ static void att_ramp_keys(att_arg *a) {
     }
 }
 
+// pad: extra columns after v in each row (strides that no fused width explains; a multiple of
+// 8 keeps rows 16-byte aligned, anything else takes the kernels' element loads). prefix:
+// tr_doc_layout.prefix, or NULL; with one, the layout is also checked against its unshared
+// equivalent (att_shared_vs_unshared). ramp: keys growing along the context (att_ramp_keys).
 static void test_attention_keys(int32_t T, int32_t n_docs, const int32_t *doc_start,
                                 const int32_t *prefix, int32_t H, int32_t KVH, int32_t D,
                                 int32_t pad, int32_t block_size, bool ramp) {
