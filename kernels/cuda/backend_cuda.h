@@ -72,9 +72,8 @@ int tr_backend_cuda_decode_rope(tr_backend *be, int on);
 // again), and TR_CUDA_WG_FWD_WIDE64 at D = 64 tiles of 128. The default has both TMA passes
 // and the wide tiles: measured on an H200 the TMA copies take 6-14% off the forward and dQ,
 // and on an H100 the wide tiles 23-24% off the dense forward at D = 128 and 4% off packed rows
-// at D = 64 (bench/RESULTS.md). Sets it and
-// returns the one before, which is 0 in a build without the wgmma kernels (a target other
-// than sm_90a).
+// at D = 64 (bench/RESULTS.md). Sets it and returns the one before, which is 0 in a build
+// without the wgmma kernels (a target other than sm_90a).
 enum {
     TR_CUDA_WG_FWD = 1,
     TR_CUDA_WG_DQ = 2,
