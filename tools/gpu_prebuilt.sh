@@ -8,15 +8,19 @@
 # Usage:
 #   tools/gpu_prebuilt.sh pack [BUILD]   here: copies the binaries from BUILD (default
 #                                        build-cuda, configured with -Dcuda=enabled) into
-#                                        build-carry/ (ignored by git), to carry to the device;
-#                                        PACK_BINS (paths under BUILD) carries fewer, since a
-#                                        call's tree is at most 64 MiB
+#                                        build-carry/ (ignored by git), to carry to the device,
+#                                        each compressed by xz (a third of its size: a call's
+#                                        tree is at most 64 MiB; run unpacks them); PACK_BINS
+#                                        (paths under BUILD) carries fewer
 #   tools/gpu_prebuilt.sh pack-variant NAME PATCH [BUILD]
 #                                        here, after pack: a kernel variant beside them, PATCH
 #                                        applied to the working tree, test_cuda_ops and
 #                                        bench_cuda built into build-carry/variants/NAME/, then
 #                                        the patch taken back out and the two rebuilt (about
-#                                        18 MB a variant)
+#                                        6 MB a variant, compressed); VARIANT_ENVS, sets of
+#                                        VAR=VALUE joined by commas and separated by spaces,
+#                                        are the environments the variant is run in (default:
+#                                        the call's own)
 #   tools/gpu_prebuilt.sh run [PART...]  there: runs the parts with build-carry's binaries
 # Parts (default: attn train):
 #   attn   test_wgmma, test_cuda_ops attention (every bf16 pass on wgmma, the TMA forward and
@@ -45,8 +49,10 @@
 #          (TROUPE_CUDA_WGMMA=247, the default) against mma.sync, and bench_cuda attention
 #          on narrow tiles (55) beside wide ones; WIDE_PICK=1 then runs the later parts with
 #          wide tiles at each head dimension where they passed and were faster
-#   variants  for each variant packed: test_cuda_ops attention and bench_cuda attention,
-#          its lines beside the tree's own (part attn or wide)
+#   variants  for each variant packed, in each of its environments: test_cuda_ops attention
+#          and bench_cuda attention; then the tree's own bench_cuda attention in each
+#          environment of BASE_ENVS (as VARIANT_ENVS; default: the call's own), so that every
+#          line it compares comes from the same call
 #   dec    test_cuda_ops attention (both decode kernels, and attention_decode_rope, against the
 #          forward and the ops it joins), test_model_bf16, bench_cuda attention decode (each
 #          decode kernel, then the rule), bench_decode_gpu with each decode kernel and with
@@ -74,8 +80,10 @@ if [ "${1:-}" = pack-variant ]; then
     if [ $rc = 0 ]; then
         for b in $vbins; do
             mkdir -p "$carry/variants/$name/$(dirname "$b")"
-            cp "$build/$b" "$carry/variants/$name/$b" || rc=1
+            cp "$build/$b" "$carry/variants/$name/$b" && xz -f -T0 -3 "$carry/variants/$name/$b" ||
+                rc=1
         done
+        echo "${VARIANT_ENVS:-}" >"$carry/variants/$name/envs"
     fi
     git apply -R "$patch" || { echo "gpu_prebuilt: could not take $patch back out" >&2; exit 1; }
     # shellcheck disable=SC2086
@@ -88,7 +96,7 @@ if [ "${1:-}" = pack ]; then
     rm -rf "$carry" && mkdir -p "$carry" || exit 1
     for b in ${PACK_BINS:-$bins}; do
         mkdir -p "$carry/$(dirname "$b")"
-        cp "$build/$b" "$carry/$b" || exit 1
+        cp "$build/$b" "$carry/$b" && xz -f -T0 -3 "$carry/$b" || exit 1
     done
     du -sh "$carry"
     exit 0
@@ -102,6 +110,8 @@ mkdir -p "$logs"
 summary="$out/prebuilt_summary.txt"
 : >"$summary"
 export TROUPE_SOURCE_ROOT=$PWD OPENBLAS_NUM_THREADS=1
+# the binaries come compressed (pack)
+find "$carry" -name '*.xz' -exec xz -d -f -T0 {} + || { echo "gpu_prebuilt: unpacking failed" >&2; exit 1; }
 
 step() {   # step NAME CMD...: output to $logs/NAME.log, exit status to the summary
     local name=$1
@@ -204,13 +214,26 @@ if has wide; then
     [ "${WIDE_PICK:-0}" = 1 ] && export TROUPE_CUDA_WGMMA=$pick
 fi
 if has variants; then
+    # envs_run NAME BIN_ROOT SETS TESTS: bench_cuda attention (and test_cuda_ops attention when
+    # TESTS is 1) from BIN_ROOT in each environment of SETS (empty: the call's own)
+    envs_run() {
+        local sets=${3:-"-"} e tag
+        for e in $sets; do
+            tag=$1
+            [ "$e" = - ] && e="" || tag="$1[$e]"
+            if [ "$4" = 1 ]; then
+                step "variant_${1}_ops_${e//[=,]/_}" env ${e//,/ } "$2/tests/kernels/test_cuda_ops" attention
+            fi
+            step "variant_${1}_bench_${e//[=,]/_}" env ${e//,/ } "$2/bench/bench_cuda" attention
+            grep "^attn shape" "$logs/variant_${1}_bench_${e//[=,]/_}.log" | sed "s/^/$tag /" |
+                tee -a "$summary"
+        done
+    }
     for v in "$carry"/variants/*/; do
         [ -d "$v" ] || continue
-        n=$(basename "$v")
-        step "variant_${n}_ops" "$v/tests/kernels/test_cuda_ops" attention
-        step "variant_${n}_bench" "$v/bench/bench_cuda" attention
-        grep "^attn shape" "$logs/variant_${n}_bench.log" | sed "s/^/$n /" | tee -a "$summary"
+        envs_run "$(basename "$v")" "$v" "$(cat "$v/envs" 2>/dev/null)" 1
     done
+    envs_run tree "$carry" "${BASE_ENVS:-}" 0
 fi
 if has dec; then
     step dec_ops "$t" attention
