@@ -49,10 +49,11 @@
 #          (TROUPE_CUDA_WGMMA=247, the default) against mma.sync, and bench_cuda attention
 #          on narrow tiles (55) beside wide ones; WIDE_PICK=1 then runs the later parts with
 #          wide tiles at each head dimension where they passed and were faster
-#   variants  for each variant packed, in each of its environments: test_cuda_ops attention
-#          and bench_cuda attention; then the tree's own bench_cuda attention in each
-#          environment of BASE_ENVS (as VARIANT_ENVS; default: the call's own), so that every
-#          line it compares comes from the same call
+#   variants  the tree's own bench_cuda attention in each environment of BASE_ENVS (as
+#          VARIANT_ENVS; default: the call's own), then each variant's in each of its
+#          environments, and its test_cuda_ops attention where it ran a dense forward faster
+#          than the tree in the same environment (VARIANT_TESTS=all: everywhere), so that every
+#          line compared comes from the same call
 #   dec    test_cuda_ops attention (both decode kernels, and attention_decode_rope, against the
 #          forward and the ops it joins), test_model_bf16, bench_cuda attention decode (each
 #          decode kernel, then the rule), bench_decode_gpu with each decode kernel and with
@@ -214,26 +215,41 @@ if has wide; then
     [ "${WIDE_PICK:-0}" = 1 ] && export TROUPE_CUDA_WGMMA=$pick
 fi
 if has variants; then
-    # envs_run NAME BIN_ROOT SETS TESTS: bench_cuda attention (and test_cuda_ops attention when
-    # TESTS is 1) from BIN_ROOT in each environment of SETS (empty: the call's own)
-    envs_run() {
-        local sets=${3:-"-"} e tag
-        for e in $sets; do
-            tag=$1
-            [ "$e" = - ] && e="" || tag="$1[$e]"
-            if [ "$4" = 1 ]; then
-                step "variant_${1}_ops_${e//[=,]/_}" env ${e//,/ } "$2/tests/kernels/test_cuda_ops" attention
-            fi
-            step "variant_${1}_bench_${e//[=,]/_}" env ${e//,/ } "$2/bench/bench_cuda" attention
-            grep "^attn shape" "$logs/variant_${1}_bench_${e//[=,]/_}.log" | sed "s/^/$tag /" |
-                tee -a "$summary"
-        done
+    # vbench NAME BIN_ROOT ENV: bench_cuda attention from BIN_ROOT in ENV (VAR=VALUE joined by
+    # commas; "-": the call's own), its lines into the summary as "NAME[ENV] attn shape=..."
+    vbench() {
+        local e=$3 tag=$1
+        [ "$e" = - ] && e="" || tag="$1[$e]"
+        step "variant_${1}_bench_${e//[=,]/_}" env ${e//,/ } "$2/bench/bench_cuda" attention
+        grep "^attn shape" "$logs/variant_${1}_bench_${e//[=,]/_}.log" | sed "s/^/$tag /" |
+            tee -a "$summary"
     }
+    # fwd_ms TAG SHAPE: the forward's milliseconds at SHAPE on TAG's summary line
+    fwd_ms() { grep -F "$1 attn shape=$2 " "$summary" | sed 's/.*fwd_ms=\([0-9.]*\).*/\1/' | head -1; }
+    # whether TAG ran a dense forward faster than TREE (or TREE has no such line)
+    faster_than() {
+        local s a b
+        for s in qwen05b_dense qwen15b_dense; do
+            a=$(fwd_ms "$2" $s) b=$(fwd_ms "$1" $s)
+            [ -z "$a" ] && return 0
+            awk -v a="$a" -v b="$b" 'BEGIN { exit !(b > 0 && b < a) }' && return 0
+        done
+        return 1
+    }
+    for e in ${BASE_ENVS:-"-"}; do vbench tree "$carry" "$e"; done
     for v in "$carry"/variants/*/; do
         [ -d "$v" ] || continue
-        envs_run "$(basename "$v")" "$v" "$(cat "$v/envs" 2>/dev/null)" 1
+        n=$(basename "$v") sets=$(cat "$v/envs" 2>/dev/null)
+        for e in ${sets:-"-"}; do
+            vbench "$n" "$v" "$e"
+            tag="[$e]"
+            [ "$e" = - ] && tag="" e=""
+            # the tests where the variant is a candidate (VARIANT_TESTS=all: everywhere)
+            if [ "${VARIANT_TESTS:-}" = all ] || faster_than "$n$tag" "tree$tag"; then
+                step "variant_${n}_ops_${e//[=,]/_}" env ${e//,/ } "$v/tests/kernels/test_cuda_ops" attention
+            fi
+        done
     done
-    envs_run tree "$carry" "${BASE_ENVS:-}" 0
 fi
 if has dec; then
     step dec_ops "$t" attention
