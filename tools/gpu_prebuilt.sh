@@ -49,6 +49,9 @@
 #          (TROUPE_CUDA_WGMMA=247, the default) against mma.sync, and bench_cuda attention
 #          on narrow tiles (55) beside wide ones; WIDE_PICK=1 then runs the later parts with
 #          wide tiles at each head dimension where they passed and were faster
+#   smacc  test_cuda_ops attention with the D = 64 wide forward's chunk accumulator in shared
+#          memory (TROUPE_CUDA_WGMMA=503) against mma.sync, and bench_cuda attention with it
+#          (503) beside the default (247)
 #   variants  the tree's own bench_cuda attention in each environment of BASE_ENVS (as
 #          VARIANT_ENVS; default: the call's own), then each variant's in each of its
 #          environments, and its test_cuda_ops attention where it ran a dense forward faster
@@ -213,6 +216,13 @@ if has wide; then
     fi
     echo "wide pick: TROUPE_CUDA_WGMMA=$pick" | tee -a "$summary"
     [ "${WIDE_PICK:-0}" = 1 ] && export TROUPE_CUDA_WGMMA=$pick
+fi
+if has smacc; then
+    step smacc_ops env TROUPE_CUDA_WGMMA=503 "$t" attention
+    for v in "local:TROUPE_CUDA_WGMMA=247" "smacc:TROUPE_CUDA_WGMMA=503"; do
+        step "smacc_bench_${v%%:*}" env ${v#*:} "$bc" attention
+        grep "^attn shape" "$logs/smacc_bench_${v%%:*}.log" | sed "s/^/${v%%:*} /" | tee -a "$summary"
+    done
 fi
 if has variants; then
     # vbench NAME BIN_ROOT ENV: bench_cuda attention from BIN_ROOT in ENV (VAR=VALUE joined by

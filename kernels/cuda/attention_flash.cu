@@ -24,10 +24,13 @@
 // Folds the warp's state st (the current chunk) into the finished chunks (am, al, acc):
 // to_state false stores the result in the accumulator and empties st (a chunk boundary);
 // true leaves it in st with full row sums (the end). acc holds a thread's outputs four to an
-// element (o[mt][n][0..3]), so that local memory moves 16 bytes an access.
+// element (o[mt][n][0..3]), so that local memory moves 16 bytes an access, `stride` elements
+// apart (1 in local memory; a block's thread count in shared memory, where consecutive
+// threads' elements are then consecutive).
 template <int D, int MT>
 __device__ __forceinline__ void fa_fold_acc(float (&am)[MT][2], float (&al)[MT][2], float4 *acc,
-                                            fa_state<D, MT> &st, bool to_state) {
+                                            fa_state<D, MT> &st, bool to_state,
+                                            int stride = 1) {
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
         fa_fold_t f[2];
@@ -50,7 +53,7 @@ __device__ __forceinline__ void fa_fold_acc(float (&am)[MT][2], float (&al)[MT][
         blend = __all_sync(0xffffffffu, blend);
 #pragma unroll
         for (int n = 0; n < D / 8; n++) {
-            float4 &slot = acc[mt * (D / 8) + n];
+            float4 &slot = acc[(mt * (D / 8) + n) * stride];
             const float4 x = slot;
             const float xs[4] = {x.x, x.y, x.z, x.w};
             float r[4];
@@ -105,9 +108,9 @@ template <int D, int MT>
 __device__ __forceinline__ void fa_forward_finish(const fa_fwd_args &a, fa_state<D, MT> &st,
                                                   float (&am)[MT][2], float (&al)[MT][2],
                                                   float4 *acc, bool acc_used, int w0, int t1,
-                                                  int h, int g, int t) {
+                                                  int h, int g, int t, int stride = 1) {
     if (acc_used) {
-        fa_fold_acc<D, MT>(am, al, acc, st, true);
+        fa_fold_acc<D, MT>(am, al, acc, st, true, stride);
     } else {
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
@@ -357,6 +360,13 @@ __device__ __forceinline__ void fa_wide_tile(fa_state<D, 1> &st, uint32_t q, uin
     }
 }
 
+// Where the TMA forward with SMACC keeps its chunk accumulator in shared memory: after the
+// Q tile, the stages and their barriers (bytes from the 1024-aligned base).
+template <int D, int BN, int ST>
+__host__ __device__ constexpr uint32_t fa_tma_acc_at(int BM) {
+    return ((uint32_t)BM * D * 2 + 2u * ST * BN * D * 2 + 2u * ST * 8 + 15u) & ~15u;
+}
+
 // The wgmma forward with its key tiles brought by the tensor memory accelerator (fa_tma_kv,
 // attention_tma.cuh), for layouts without shared prefixes and with 16-byte rows: no block
 // barrier in the loop and no copy arithmetic but thread 0's. The zeros a tile's rows past its
@@ -364,8 +374,11 @@ __device__ __forceinline__ void fa_wide_tile(fa_state<D, 1> &st, uint32_t q, uin
 // kernels do, so out and lse are theirs. PIPE overlaps the softmax with the products as
 // fa_forward_wg_kernel's does; a tile's stage is then given back in the next iteration, once
 // the P V that reads its V is done (thread 0 still refills the stage of tile j - 2 at tile j).
-// WIDE walks tiles of twice fa_bn<D>() keys (fa_wide_tile), the same bits.
-template <int D, int NWG, int MINB, bool PIPE, bool WIDE>
+// WIDE walks tiles of twice fa_bn<D>() keys (fa_wide_tile), the same bits. SMACC keeps the
+// chunk accumulator in shared memory rather than local memory (where, at 150 KB and more of
+// shared memory a block, it no longer fits L1: the chunk folds cost the forward 9-13%), the
+// same bits again.
+template <int D, int NWG, int MINB, bool PIPE, bool WIDE, bool SMACC>
 __global__ void __launch_bounds__(NWG * 128, MINB)
     fa_forward_tma_kernel(const __grid_constant__ CUtensorMap tk,
                           const __grid_constant__ CUtensorMap tv, const fa_fwd_args a) {
@@ -401,8 +414,14 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
     fa_state<D, 1> st;
     fa_reset(st);
     float am[1][2] = {{-INFINITY, -INFINITY}}, al[1][2] = {{0.0f, 0.0f}};
-    float4 acc[D / 8];   // local memory: see fa_opaque_zero
-    const int z = fa_opaque_zero();
+    // local memory (see fa_opaque_zero), or shared with element n of thread i at n NTH + i
+    float4 acc_local[SMACC ? 1 : D / 8];
+    float4 *const acc =
+        SMACC ? reinterpret_cast<float4 *>(fa_sm + (sm0 - fa_smem(fa_sm)) +
+                                           fa_tma_acc_at<D, BN, ST>(BM)) + tid
+              : acc_local + fa_opaque_zero();
+    constexpr int ACC_STRIDE = SMACC ? NTH : 1;
+    const int z = 0;
     fa_chunk_edge edge = {0};
     bool acc_used = false;
     const int w0 = t0 + warp * 16, g0 = t0 + wg * 64;   // the warp's and the group's first rows
@@ -416,7 +435,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
         // PIPE takes every tile (see fa_forward_wg_kernel)
         if (PIPE || (lo <= hi && it.p0 <= hi - it.s + it.pl)) {
             if (!PIPE && fold) {
-                fa_fold_acc<D, 1>(am, al, acc + z, st, false);
+                fa_fold_acc<D, 1>(am, al, acc + z, st, false, ACC_STRIDE);
                 acc_used = true;
             }
             int last[1][2];
@@ -446,7 +465,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
                     wg_wait<0>();
                     wg_keep(st.o[0]);
                     wg_keep(pp);
-                    fa_fold_acc<D, 1>(am, al, acc + z, st, false);
+                    fa_fold_acc<D, 1>(am, al, acc + z, st, false, ACC_STRIDE);
                     acc_used = true;
                 }
                 float alphas[1][2];
@@ -464,7 +483,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
     }
     // the last tile's P V (every block has a tile: its rows see themselves)
     if constexpr (PIPE) wg_pv<D, BN>(st.o[0], pp, kv.v_at(j - 1));
-    fa_forward_finish<D, 1>(a, st, am, al, acc + z, acc_used, w0, t1, h, g, t);
+    fa_forward_finish<D, 1>(a, st, am, al, acc + z, acc_used, w0, t1, h, g, t, ACC_STRIDE);
 }
 
 // ---- launch (host) ----
@@ -498,7 +517,7 @@ static void fa_forward_wg_run(tr_backend *be, const fa_fwd_args &a) {
 
 // The TMA forward's launch: the tensor maps of K and V (rows of the fused buffer, the kv heads'
 // columns) and the stages' barriers after the tiles.
-template <int D, int NWG, int MINB, bool PIPE, bool WIDE>
+template <int D, int NWG, int MINB, bool PIPE, bool WIDE, bool SMACC = false>
 static void fa_forward_tma_run(tr_backend *be, const fa_fwd_args &a) {
     constexpr int BM = NWG * 64, BN = (WIDE ? 2 : 1) * fa_bn<D>();
     CUtensorMap tk, tv;
@@ -506,9 +525,9 @@ static void fa_forward_tma_run(tr_backend *be, const fa_fwd_args &a) {
     if (tr_tma_map_bf16(be, &tk, a.k, cols, a.T, a.ld, BN) ||
         tr_tma_map_bf16(be, &tv, a.v, cols, a.T, a.ld, BN))
         return;
-    const size_t shm = 1024 + (size_t)(BM + 2 * FA_TMA_STAGES * BN) * D * sizeof(tr_bf16) +
-                       2 * FA_TMA_STAGES * sizeof(uint64_t);
-    auto kernel = fa_forward_tma_kernel<D, NWG, MINB, PIPE, WIDE>;
+    const size_t shm = 1024 + fa_tma_acc_at<D, BN, FA_TMA_STAGES>(BM) +
+                       (SMACC ? (size_t)NWG * 128 * (D / 8) * sizeof(float4) : 0);
+    auto kernel = fa_forward_tma_kernel<D, NWG, MINB, PIPE, WIDE, SMACC>;
     if (TR_CUDA_CHECK(be, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)shm)))
         return;
@@ -530,7 +549,10 @@ void tr_fa_forward(tr_backend *be, const fa_fwd_args &a, int32_t D) {
             const int wide_bit = D == 64 ? TR_CUDA_WG_FWD_WIDE64 : TR_CUDA_WG_FWD_WIDE;
             const bool wide = (tr_cuda_ctx_of(be)->wgmma & wide_bit) &&
                               a.chunk % (2 * (D == 64 ? fa_bn<64>() : fa_bn<128>())) == 0;
+            // at D = 64 the wide tiles' block leaves room for the accumulator in shared memory
+            const bool smacc = tr_cuda_ctx_of(be)->wgmma & TR_CUDA_WG_FWD_SMACC;
             if (D == 64 && pipe) fa_forward_tma_run<64, 2, 2, true, false>(be, a);
+            else if (D == 64 && wide && smacc) fa_forward_tma_run<64, 3, 1, false, true, true>(be, a);
             else if (D == 64 && wide) fa_forward_tma_run<64, 3, 1, false, true>(be, a);
             else if (D == 64) fa_forward_tma_run<64, 2, 2, false, false>(be, a);
             else if (pipe) fa_forward_tma_run<128, 3, 1, true, false>(be, a);
