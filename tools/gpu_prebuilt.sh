@@ -126,6 +126,19 @@ step() {   # step NAME CMD...: output to $logs/NAME.log, exit status to the summ
     grep -hE "CHECK failed" "$logs/$name.log" | head -3 | tee -a "$summary"
 }
 has() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
+# attn_bench NAME TAG BENCH [VAR=VALUE...]: step NAME, bench_cuda attention (the binary BENCH) in
+# that environment, its lines into the summary as "TAG attn shape=..."
+attn_bench() {
+    local name=$1 tag=$2 bin=$3
+    shift 3
+    step "$name" env "$@" "$bin" attention
+    grep "^attn shape" "$logs/$name.log" | sed "s/^/$tag /" | tee -a "$summary"
+}
+# fwd_ms TAG SHAPE: the forward's milliseconds at SHAPE on TAG's summary line
+fwd_ms() {
+    awk -v p="$1 attn shape=$2 " 'index($0, p) == 1 && match($0, /fwd_ms=[0-9.]+/) {
+        print substr($0, RSTART + 7, RLENGTH - 7); exit }' "$summary"
+}
 
 t="$carry/tests/kernels/test_cuda_ops" bc="$carry/bench/bench_cuda" bt="$carry/bench/bench_train_gpu"
 if has attn; then
@@ -137,8 +150,7 @@ if has attn; then
     step model_bf16 env TROUPE_BACKEND=cuda timeout 120 "$carry/tests/engine/test_model_bf16"
     for v in "default:" "mma:TROUPE_CUDA_WGMMA=0" "wg:TROUPE_CUDA_WGMMA=7" \
         "pipe:TROUPE_CUDA_WGMMA=15" "tpipe:TROUPE_CUDA_WGMMA=63"; do
-        step "attn_bench_${v%%:*}" env ${v#*:} "$bc" attention
-        grep "^attn shape" "$logs/attn_bench_${v%%:*}.log" | sed "s/^/${v%%:*} /" | tee -a "$summary"
+        attn_bench "attn_bench_${v%%:*}" "${v%%:*}" "$bc" ${v#*:}
     done
 fi
 if has ops; then step ops_all "$t"; fi
@@ -201,14 +213,11 @@ if has dprof; then
 fi
 if has wide; then
     step wide_ops env TROUPE_CUDA_WGMMA=247 "$t" attention
-    for v in "narrow:TROUPE_CUDA_WGMMA=55" "wide:TROUPE_CUDA_WGMMA=247"; do
-        step "wide_bench_${v%%:*}" env ${v#*:} "$bc" attention
-        grep "^attn shape" "$logs/wide_bench_${v%%:*}.log" | sed "s/^/${v%%:*} /" | tee -a "$summary"
-    done
+    attn_bench wide_bench_narrow narrow "$bc" TROUPE_CUDA_WGMMA=55
+    attn_bench wide_bench_wide wide "$bc" TROUPE_CUDA_WGMMA=247
     # the mask the measurements favour: wide tiles at a head dimension where they passed the
     # tests and ran the dense forward faster (WIDE_PICK=1 exports it to the parts after)
-    fwd() { grep "^$1 attn shape=$2 " "$summary" | sed 's/.*fwd_ms=\([0-9.]*\).*/\1/' | head -1; }
-    faster() { awk -v a="$(fwd narrow "$1")" -v b="$(fwd wide "$1")" 'BEGIN { exit !(b > 0 && b < a) }'; }
+    faster() { awk -v a="$(fwd_ms narrow "$1")" -v b="$(fwd_ms wide "$1")" 'BEGIN { exit !(b > 0 && b < a) }'; }
     pick=55
     if grep -q "^wide_ops: exit 0" "$summary"; then
         faster qwen05b_dense && pick=$((pick | 128))
@@ -219,23 +228,17 @@ if has wide; then
 fi
 if has smacc; then
     step smacc_ops env TROUPE_CUDA_WGMMA=503 "$t" attention
-    for v in "local:TROUPE_CUDA_WGMMA=247" "smacc:TROUPE_CUDA_WGMMA=503"; do
-        step "smacc_bench_${v%%:*}" env ${v#*:} "$bc" attention
-        grep "^attn shape" "$logs/smacc_bench_${v%%:*}.log" | sed "s/^/${v%%:*} /" | tee -a "$summary"
-    done
+    attn_bench smacc_bench_local local "$bc" TROUPE_CUDA_WGMMA=247
+    attn_bench smacc_bench_smacc smacc "$bc" TROUPE_CUDA_WGMMA=503
 fi
 if has variants; then
     # vbench NAME BIN_ROOT ENV: bench_cuda attention from BIN_ROOT in ENV (VAR=VALUE joined by
-    # commas; "-": the call's own), its lines into the summary as "NAME[ENV] attn shape=..."
+    # commas; "-": the call's own), tagged "NAME[ENV]"
     vbench() {
         local e=$3 tag=$1
         [ "$e" = - ] && e="" || tag="$1[$e]"
-        step "variant_${1}_bench_${e//[=,]/_}" env ${e//,/ } "$2/bench/bench_cuda" attention
-        grep "^attn shape" "$logs/variant_${1}_bench_${e//[=,]/_}.log" | sed "s/^/$tag /" |
-            tee -a "$summary"
+        attn_bench "variant_${1}_bench_${e//[=,]/_}" "$tag" "$2/bench/bench_cuda" ${e//,/ }
     }
-    # fwd_ms TAG SHAPE: the forward's milliseconds at SHAPE on TAG's summary line
-    fwd_ms() { grep -F "$1 attn shape=$2 " "$summary" | sed 's/.*fwd_ms=\([0-9.]*\).*/\1/' | head -1; }
     # whether TAG ran a dense forward faster than TREE (or TREE has no such line)
     faster_than() {
         local s a b

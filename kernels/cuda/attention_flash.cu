@@ -361,10 +361,11 @@ __device__ __forceinline__ void fa_wide_tile(fa_state<D, 1> &st, uint32_t q, uin
 }
 
 // Where the TMA forward with SMACC keeps its chunk accumulator in shared memory: after the
-// Q tile, the stages and their barriers (bytes from the 1024-aligned base).
+// Q tile of BM rows and fa_tma_kv's stages and barriers (bytes from the 1024-aligned base).
 template <int D, int BN, int ST>
 __host__ __device__ constexpr uint32_t fa_tma_acc_at(int BM) {
-    return ((uint32_t)BM * D * 2 + 2u * ST * BN * D * 2 + 2u * ST * 8 + 15u) & ~15u;
+    return ((uint32_t)BM * D * sizeof(tr_bf16) + fa_tma_kv<D, BN, ST>::EMPTY + ST * 8u + 15u) &
+           ~15u;
 }
 
 // The wgmma forward with its key tiles brought by the tensor memory accelerator (fa_tma_kv,
@@ -421,7 +422,6 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
                                            fa_tma_acc_at<D, BN, ST>(BM)) + tid
               : acc_local + fa_opaque_zero();
     constexpr int ACC_STRIDE = SMACC ? NTH : 1;
-    const int z = 0;
     fa_chunk_edge edge = {0};
     bool acc_used = false;
     const int w0 = t0 + warp * 16, g0 = t0 + wg * 64;   // the warp's and the group's first rows
@@ -435,7 +435,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
         // PIPE takes every tile (see fa_forward_wg_kernel)
         if (PIPE || (lo <= hi && it.p0 <= hi - it.s + it.pl)) {
             if (!PIPE && fold) {
-                fa_fold_acc<D, 1>(am, al, acc + z, st, false, ACC_STRIDE);
+                fa_fold_acc<D, 1>(am, al, acc, st, false, ACC_STRIDE);
                 acc_used = true;
             }
             int last[1][2];
@@ -465,7 +465,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
                     wg_wait<0>();
                     wg_keep(st.o[0]);
                     wg_keep(pp);
-                    fa_fold_acc<D, 1>(am, al, acc + z, st, false, ACC_STRIDE);
+                    fa_fold_acc<D, 1>(am, al, acc, st, false, ACC_STRIDE);
                     acc_used = true;
                 }
                 float alphas[1][2];
@@ -483,7 +483,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
     }
     // the last tile's P V (every block has a tile: its rows see themselves)
     if constexpr (PIPE) wg_pv<D, BN>(st.o[0], pp, kv.v_at(j - 1));
-    fa_forward_finish<D, 1>(a, st, am, al, acc + z, acc_used, w0, t1, h, g, t, ACC_STRIDE);
+    fa_forward_finish<D, 1>(a, st, am, al, acc, acc_used, w0, t1, h, g, t, ACC_STRIDE);
 }
 
 // ---- launch (host) ----
