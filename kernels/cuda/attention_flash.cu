@@ -21,6 +21,13 @@
 #define FA_WGP_STAGES 4   // the same for the pipelined wgmma forward (it holds two)
 #define FA_TMA_STAGES 4   // the same for the TMA forward (a stage is refilled two tiles later)
 
+// The TMA forward's stages: FA_TMA_STAGES, but two (a double buffer) where the chunk
+// accumulator in shared memory needs their room (D = 128: 96 KB for three warpgroups).
+template <int D, bool SMACC>
+__host__ __device__ constexpr int fa_tma_stages() {
+    return SMACC && D > 64 ? 2 : FA_TMA_STAGES;
+}
+
 // Folds the warp's state st (the current chunk) into the finished chunks (am, al, acc):
 // to_state false stores the result in the accumulator and empties st (a chunk boundary);
 // true leaves it in st with full row sums (the end). acc holds a thread's outputs four to an
@@ -378,14 +385,16 @@ __host__ __device__ constexpr uint32_t fa_tma_acc_at(int BM) {
 // WIDE walks tiles of twice fa_bn<D>() keys (fa_wide_tile), the same bits. SMACC keeps the
 // chunk accumulator in shared memory rather than local memory (where, at 150 KB and more of
 // shared memory a block, it no longer fits L1: the chunk folds cost the forward 9-13%), the
-// same bits again.
+// same bits again; at D = 128 it takes the room of two of the four K/V stages (fa_tma_stages),
+// refilled a tile ahead rather than two.
 template <int D, int NWG, int MINB, bool PIPE, bool WIDE, bool SMACC>
 __global__ void __launch_bounds__(NWG * 128, MINB)
     fa_forward_tma_kernel(const __grid_constant__ CUtensorMap tk,
                           const __grid_constant__ CUtensorMap tv, const fa_fwd_args a) {
     static_assert(!(PIPE && WIDE), "the pipelined forward walks tiles of fa_bn keys");
     constexpr int BM = NWG * 64, BN = (WIDE ? 2 : 1) * fa_bn<D>(), NTH = NWG * 128;
-    constexpr int ST = FA_TMA_STAGES;
+    constexpr int ST = fa_tma_stages<D, SMACC>();
+    static_assert(!(PIPE && ST < 3), "the pipelined forward gives a tile back an iteration late");
     using kv_t = fa_tma_kv<D, BN, ST>;
     extern __shared__ __align__(16) unsigned char fa_sm[];
     const uint32_t sm0 = (fa_smem(fa_sm) + 1023u) & ~1023u;
@@ -525,7 +534,7 @@ static void fa_forward_tma_run(tr_backend *be, const fa_fwd_args &a) {
     if (tr_tma_map_bf16(be, &tk, a.k, cols, a.T, a.ld, BN) ||
         tr_tma_map_bf16(be, &tv, a.v, cols, a.T, a.ld, BN))
         return;
-    const size_t shm = 1024 + fa_tma_acc_at<D, BN, FA_TMA_STAGES>(BM) +
+    const size_t shm = 1024 + fa_tma_acc_at<D, BN, fa_tma_stages<D, SMACC>()>(BM) +
                        (SMACC ? (size_t)NWG * 128 * (D / 8) * sizeof(float4) : 0);
     auto kernel = fa_forward_tma_kernel<D, NWG, MINB, PIPE, WIDE, SMACC>;
     if (TR_CUDA_CHECK(be, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -549,13 +558,15 @@ void tr_fa_forward(tr_backend *be, const fa_fwd_args &a, int32_t D) {
             const int wide_bit = D == 64 ? TR_CUDA_WG_FWD_WIDE64 : TR_CUDA_WG_FWD_WIDE;
             const bool wide = (tr_cuda_ctx_of(be)->wgmma & wide_bit) &&
                               a.chunk % (2 * (D == 64 ? fa_bn<64>() : fa_bn<128>())) == 0;
-            // at D = 64 the wide tiles' block leaves room for the accumulator in shared memory
+            // the accumulator in shared memory: at D = 64 beside the wide tiles' four stages,
+            // at D = 128 in place of two of them
             const bool smacc = tr_cuda_ctx_of(be)->wgmma & TR_CUDA_WG_FWD_SMACC;
             if (D == 64 && pipe) fa_forward_tma_run<64, 2, 2, true, false>(be, a);
             else if (D == 64 && wide && smacc) fa_forward_tma_run<64, 3, 1, false, true, true>(be, a);
             else if (D == 64 && wide) fa_forward_tma_run<64, 3, 1, false, true>(be, a);
             else if (D == 64) fa_forward_tma_run<64, 2, 2, false, false>(be, a);
             else if (pipe) fa_forward_tma_run<128, 3, 1, true, false>(be, a);
+            else if (wide && smacc) fa_forward_tma_run<128, 3, 1, false, true, true>(be, a);
             else if (wide) fa_forward_tma_run<128, 3, 1, false, true>(be, a);
             else fa_forward_tma_run<128, 3, 1, false, false>(be, a);
             return;

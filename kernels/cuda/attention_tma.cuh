@@ -65,7 +65,9 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map
 // forward and dQ pass: thread 0 copies tile j into stage j % ST, completing on that stage's
 // `full` barrier; every warp waits on `full` for every tile, even one it skips, and then
 // arrives on `empty`, so that its arrival always belongs to that tile's phase; thread 0 gives
-// the stage of tile j - 2 its next tile (j - 2 + ST) once all have arrived. A tile's rows past
+// the stage of tile j - LAG its next tile (j - LAG + ST) once all have arrived: LAG is 2, or 1
+// with two stages (a double buffer, refilled as soon as every warp is past the tile before;
+// only for kernels that give a tile back within its own iteration). A tile's rows past
 // its document are the next document's keys, or zeros past the tensor's end, which the
 // kernels mask by position as they do a zero-filled tile's.
 // What thread 0 copies from: the maps of K and V, the kv head (its columns in them) and the
@@ -84,6 +86,8 @@ struct fa_tma_kv {
     // shared, 1024-byte aligned: ST K tiles, ST V tiles, then ST `full` and ST `empty` barriers
     uint32_t base;
     static constexpr uint32_t V0 = ST * TILE, FULL = 2 * ST * TILE, EMPTY = FULL + ST * 8;
+    static constexpr int LAG = ST > 2 ? 2 : 1;
+    static_assert(ST >= 2, "a walk's tiles need two stages at least");
 
     // Thread 0's place in the walk: the next tile to copy, and its index. In shared memory, so
     // that no other thread gives it registers.
@@ -137,10 +141,10 @@ struct fa_tma_kv {
         w.issued = 0;
         while (w.issued < ST && w.ahead.e >= 0) copy(src);
     }
-    // Thread 0 at tile j of its own walk: the next tile into the stage of tile j - 2.
+    // Thread 0 at tile j of its own walk: the next tile into the stage of tile j - LAG.
     __device__ __forceinline__ void refill(const fa_tma_src &src, int j) const {
-        if (j < 2 || walk().ahead.e < 0) return;
-        tma_bar_wait(empty(j - 2), (uint32_t)((j - 2) / ST) & 1u);
+        if (j < LAG || walk().ahead.e < 0) return;
+        tma_bar_wait(empty(j - LAG), (uint32_t)((j - LAG) / ST) & 1u);
         copy(src);
     }
     // Every thread: tile j has landed.

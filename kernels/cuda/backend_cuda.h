@@ -70,11 +70,11 @@ int tr_backend_cuda_decode_rope(tr_backend *be, int on);
 // TR_CUDA_WG_DQ_TMA the dQ pass's (fa_dq_tma_kernel); TR_CUDA_WG_FWD_WIDE makes the TMA forward
 // at D = 128 walk tiles of 64 keys, two softmax tiles each (fa_wide_tile, the same bits
 // again), and TR_CUDA_WG_FWD_WIDE64 at D = 64 tiles of 128; TR_CUDA_WG_FWD_SMACC keeps the
-// wide TMA forward's chunk accumulator in shared memory at D = 64 (not yet measured, so not
-// in the default; the same bits). The default has both TMA passes
-// and the wide tiles: measured on an H200 the TMA copies take 6-14% off the forward and dQ,
-// and on an H100 the wide tiles 23-24% off the dense forward at D = 128 and 4% off packed rows
-// at D = 64 (bench/RESULTS.md). Sets it and returns the one before, which is 0 in a build
+// wide TMA forward's chunk accumulator in shared memory, at D = 128 in place of two of its
+// four K/V stages (the same bits). The default has both TMA passes, the wide tiles and the
+// shared accumulator: measured on an H200 the TMA copies take 6-14% off the forward and dQ, on
+// an H100 the wide tiles 23-24% off the dense forward at D = 128 and 4% off packed rows at
+// D = 64, and the shared accumulator 3-6% off the forward at both (bench/RESULTS.md). Sets it and returns the one before, which is 0 in a build
 // without the wgmma kernels (a target other than sm_90a).
 enum {
     TR_CUDA_WG_FWD = 1,
@@ -87,7 +87,7 @@ enum {
     TR_CUDA_WG_FWD_WIDE = 64,
     TR_CUDA_WG_FWD_WIDE64 = 128,
     TR_CUDA_WG_FWD_SMACC = 256,
-    TR_CUDA_WG_DEFAULT = 247,
+    TR_CUDA_WG_DEFAULT = 503,
     TR_CUDA_WG_MASK = 511,
 };
 int tr_backend_cuda_wgmma(tr_backend *be, int mask);
