@@ -67,6 +67,7 @@ void tr_generator_free(tr_generator *g) {
         tr_dev_free_host(be, g->row_draw);
         tr_dev_free_host(be, g->tables_dev);
         tr_dev_free_host(be, g->table_upd);
+        tr_dev_free_host(be, g->row_patch);
     }
     tr_kvcache_free(&g->cache);
     free(g->row_ids);
@@ -79,6 +80,7 @@ void tr_generator_free(tr_generator *g) {
     free(g->seg_docs);
     free(g->tables);
     free(g->slots);
+    free(g->dev_out);
     memset(g, 0, sizeof *g);
 }
 
@@ -99,15 +101,15 @@ size_t tr_generator_kv_bytes(const tr_model_config *cfg, const tr_gen_opts *opts
 static int alloc_dev(tr_generator *g, size_t rows, size_t tables, tr_err *err) {
     tr_model *m = g->model;
     tr_backend *be = m->be;
-    size_t al = 16, off[10], total = 0, draw_words = sizeof(tr_sample_row) / 4;
+    size_t al = 16, off[11], total = 0, draw_words = sizeof(tr_sample_row) / 4;
     size_t upd = (size_t)g->n_table_upd;
-    size_t sizes[9] = {rows, rows, tables + upd, tables, rows, rows, rows * draw_words, rows + 1,
-                       2 * upd};
-    for (int i = 0; i < 9; i++) {
+    size_t sizes[10] = {rows, rows, tables + upd, tables, rows, rows, rows * draw_words, rows + 1,
+                        2 * upd, 1 + 3 * (size_t)g->max_seqs};
+    for (int i = 0; i < 10; i++) {
         off[i] = total;
         total += (sizes[i] + al - 1) / al * al;
     }
-    off[9] = total;
+    off[10] = total;
     total += al;
     if (!(g->dev = tr_dev_alloc(be, total * 4, "generation tables", err))) return -1;
     int32_t *d = g->dev;
@@ -120,7 +122,8 @@ static int alloc_dev(tr_generator *g, size_t rows, size_t tables, tr_err *err) {
     g->d_draw = (tr_sample_row *)(d + off[6]);
     g->d_seg_docs = d + off[7];
     g->d_table_upd = d + off[8];
-    g->d_near = d + off[9];
+    g->d_patch = d + off[9];
+    g->d_near = d + off[10];
     // Tensor parallelism: the ranks draw the same ids from their columns of the logits
     // (engine/sample_tp.h), as one rank's sample op would from the whole rows.
     if (m->tp.size > 1) return tr_sample_tp_init(&g->vp, m, g->logit_rows, err);
@@ -176,8 +179,9 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
     g->seg_docs = malloc((rows + 1) * sizeof(int32_t));
     g->tables = malloc(tables * sizeof(int32_t));
     g->slots = calloc((size_t)g->max_seqs, sizeof(tr_gen_slot));
+    g->dev_out = malloc((size_t)g->max_seqs * sizeof(int32_t));
     if (!g->row_ids || !g->row_pos || !g->row_out || !g->fin_reqs || !g->row_slot || !g->row_len ||
-        !g->segs || !g->seg_docs || !g->tables || !g->slots) {
+        !g->segs || !g->seg_docs || !g->tables || !g->slots || !g->dev_out) {
         tr_generator_free(g);
         return tr_errf(err, TR_ENOMEM, "generate: out of memory for %zu-row passes", rows);
     }
@@ -188,7 +192,9 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
         !(g->row_draw = tr_dev_alloc_host(be, rows * sizeof(tr_sample_row), "sampling rows", err)) ||
         !(g->tables_dev = tr_dev_alloc_host(be, tables * sizeof(int32_t), "block tables", err)) ||
         !(g->table_upd = tr_dev_alloc_host(be, 2 * (size_t)g->n_table_upd * sizeof(int32_t),
-                                           "block table updates", err))) {
+                                           "block table updates", err)) ||
+        !(g->row_patch = tr_dev_alloc_host(be, (1 + 3 * (size_t)g->max_seqs) * sizeof(int32_t),
+                                           "decode row changes", err))) {
         tr_generator_free(g);
         return tr_err_wrap(err, "generate");
     }
@@ -633,6 +639,7 @@ static int32_t prefill_round(gen_run *run, tr_err *err) {
             }
         }
         upload_rows(g, g->row_slot, g->row_len, n);
+        g->dev_rows = 0;   // the pass writes the rows a decode step continues from
         pass_docs_set(g, n);
         int rc = tr_model_forward_rows(m, g->row_ids, g->row_pos, n, gen_attend, g, err);
         g->pass_docs.n_docs = 0;   // decode steps read every row from the cache
@@ -658,7 +665,8 @@ static int32_t bucket(int32_t n, int32_t cap) {
 }
 
 // The device half of a decode step over the B rows the host prepared: the block-table
-// entries that changed (tables_update) and the rows' uploads, the trunk, the LM head and the
+// entries that changed (tables_update) and the rows' changes (advanced on the device by
+// decode_rows, or under tensor parallelism uploaded whole), the trunk, the LM head and the
 // draws chunk by chunk, and the downloads of ids and logprobs. What a recorded step replays.
 static int queue_decode(tr_generator *g, int32_t B, tr_err *err) {
     tr_model *m = g->model;
@@ -666,7 +674,14 @@ static int queue_decode(tr_generator *g, int32_t B, tr_err *err) {
     m->be->ops->upload(m->be, g->d_table_upd, g->table_upd, 2 * (size_t)U * sizeof(int32_t));
     m->be->ops->scatter_rows(m->be, g->d_tables, g->d_table_upd + U, g->d_table_upd, U,
                              sizeof(int32_t));
-    upload_rows(g, g->step_slot, g->step_len, B);
+    if (m->rows_on_device) {
+        m->be->ops->upload(m->be, g->d_patch, g->row_patch, (1 + 3 * (size_t)B) * sizeof(int32_t));
+        m->be->ops->decode_rows(m->be, m->d_ids, m->d_pos, g->d_slot, g->d_len, m->d_doc_start,
+                                g->d_target, g->d_patch, g->d_tables, g->table_w,
+                                g->cache.block_size, B);
+    } else {
+        upload_rows(g, g->step_slot, g->step_len, B);
+    }
     if (tr_model_rows_queue(m, B, gen_attend, g, err) != 0) return -1;
     for (int32_t r0 = 0, R = g->logit_rows; r0 < B; r0 += R) {
         int32_t n = B - r0 < R ? B - r0 : R;
@@ -743,16 +758,28 @@ static int decode_graph(tr_generator *g, int32_t B, int32_t w, void **exec, tr_e
     return 0;
 }
 
+// Row i of the step's patch (kept in row order): token id at position pos (-1: padding).
+static void patch_row(tr_generator *g, int32_t i, int32_t id, int32_t pos) {
+    int32_t *e = g->row_patch + 1 + 3 * g->row_patch[0]++;
+    e[0] = i;
+    e[1] = id;
+    e[2] = pos;
+}
+
 // Row i of a step as padding: token 0 at position 0, writing nothing into the cache (slot
 // -1) and reading one slot of the first block its device table row names (a block of the
 // pool, whatever it holds: rows past the last rewrite's are zeros, or a retired sample's),
 // drawn greedily.
-static void pad_row(tr_generator *g, int32_t i) {
+static void pad_row(tr_generator *g, int32_t i, bool dev) {
+    g->row_draw[i] = (tr_sample_row){.temperature = 0.0f, .top_p = 1.0f};
+    if (dev) {
+        patch_row(g, i, 0, -1);
+        return;
+    }
     g->row_ids[i] = 0;
     g->row_pos[i] = 0;
     g->step_slot[i] = -1;
     g->step_len[i] = 1;
-    g->row_draw[i] = (tr_sample_row){.temperature = 0.0f, .top_p = 1.0f};
 }
 
 // The device's block tables for a step of B rows at width w (see tr_generator.tables_dev):
@@ -811,6 +838,12 @@ static int decode_step(gen_run *run, tr_err *err) {
     struct timespec t0, t_sched, t_retire, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     double ctx = 0;   // keys (and values) the step's rows read
+    // Rows advance on the device where one rank runs the model; a row that ran the last step
+    // (a decode step, the last pass) for the same output continues there without a word.
+    const bool dev = m->tp.size == 1;
+    const int32_t cont = g->dev_rows;
+    g->dev_rows = 0;   // until this step has run
+    g->row_patch[0] = 0;
     for (int32_t i = 0; i < B; i++) {
         tr_gen_slot *s = &g->slots[i];
         const tr_gen_output *o = &run->outs[s->out];
@@ -820,10 +853,16 @@ static int decode_step(gen_run *run, tr_err *err) {
         s->reserved -= took;
         g->reserved -= took;
         s->kv.len = pos + 1;
-        g->row_ids[i] = o->tokens[o->n_tokens - 1];
-        g->row_pos[i] = pos;
-        g->step_slot[i] = tr_kv_seq_slot(&s->kv, pos, bs);
-        g->step_len[i] = pos + 1;
+        const int32_t id = o->tokens[o->n_tokens - 1];
+        if (!dev) {
+            g->row_ids[i] = id;
+            g->row_pos[i] = pos;
+            g->step_slot[i] = tr_kv_seq_slot(&s->kv, pos, bs);
+            g->step_len[i] = pos + 1;
+        } else if (i >= cont || g->dev_out[i] != s->out) {
+            patch_row(g, i, id, pos);
+        }
+        g->dev_out[i] = s->out;
         g->row_out[i] = s->out;
         ctx += pos + 1;
     }
@@ -842,8 +881,9 @@ static int decode_step(gen_run *run, tr_err *err) {
     }
     tables_update(g, B, w);
     fill_draws(run, g->row_out, B, 0);
-    for (int32_t i = B; i < Bp; i++) pad_row(g, i);
-    if (tr_model_rows_prepare(m, g->row_ids, g->row_pos, Bp, err) != 0) return -1;
+    for (int32_t i = B; i < Bp; i++) pad_row(g, i, dev);
+    if (tr_model_rows_prepare(m, dev ? NULL : g->row_ids, dev ? NULL : g->row_pos, Bp, err) != 0)
+        return -1;
     g->segs[0] = (tr_gen_segment){.r0 = 0, .n = Bp, .table = g->d_tables, .stride = w, .request = -1};
     g->n_segs = 1;
     clock_gettime(CLOCK_MONOTONIC, &t_sched);
@@ -857,10 +897,12 @@ static int decode_step(gen_run *run, tr_err *err) {
         return -1;
     }
     if (tr_dev_sync(m->be, "generate: decode step", err) != 0) return -1;
+    g->dev_rows = dev ? B : 0;
     g->stats.passes++;
     g->stats.decode_steps++;
     g->stats.decode_tokens += B;
     g->stats.padded_rows += Bp - B;
+    g->stats.rows_sent += dev ? g->row_patch[0] : Bp;
     const tr_kvcache *c = &g->cache;
     g->stats.decode_bytes += (double)m->layout.total * tr_dt_size(m->wt) +
                              ctx * 2.0 * c->n_layers * c->n_kv_heads * c->head_dim * tr_dt_size(c->dt);
@@ -1009,6 +1051,7 @@ int tr_generate(tr_generator *g, const tr_gen_request *reqs, int32_t n_reqs,
     // copy is rewritten at the first step (so a call's statistics do not depend on the last).
     tr_kvcache_reset(&g->cache);
     g->table_w = 0;
+    g->dev_rows = 0;
     int32_t zero = 0, near = 0;
     g->model->be->ops->upload(g->model->be, g->d_near, &zero, sizeof zero);
     g->n_active = 0;

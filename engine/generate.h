@@ -103,6 +103,9 @@ typedef struct tr_gen_stats {
     int64_t table_entries;     // block-table entries a decode step sent to the device
     int64_t table_rewrites;    // steps that rewrote the device's tables whole
     int64_t padded_rows;       // padding rows the decode steps ran
+    int64_t rows_sent;         // decode rows whose token and position the host sent (rows
+                               // that started, moved or padded); the rest advanced on the
+                               // device (all are sent under tensor parallelism)
     int64_t near_draws;        // draws within rounding of a cumulative boundary, where
                                // another summation order (another backend) could pick the
                                // neighbouring id: counted, so that a difference is explained
@@ -140,7 +143,16 @@ typedef struct tr_generator {
     // with a sync, so the host never writes them while a copy from them waits; prefill passes
     // follow each other without one, and read the pageable row_slot, row_len) ...
     int32_t *row_ids, *row_pos, *row_slot, *row_len, *row_target;   // [max_rows]
-    int32_t *step_slot, *step_len;   // [max_rows] a decode step's slots and lengths
+    int32_t *step_slot, *step_len;   // [max_rows] a decode step's slots and lengths (under
+                                     // tensor parallelism; else the device advances them)
+    // A decode step's rows advance on the device (the decode_rows op) without tensor
+    // parallelism: rows [0, dev_rows) hold the last step's state there, dev_out[r] the
+    // output row r drew for; a step sends row_patch ({k, then k (row, id, position)}) for
+    // the rows that did not simply continue: started, moved into a freed slot, or padding.
+    // Any other pass (prefill) writes the rows the step reads, and sets dev_rows to 0.
+    int32_t *row_patch;         // [1 + 3 max_seqs]
+    int32_t *dev_out;           // [max_seqs]
+    int32_t dev_rows;
     int32_t *row_out;           // [max_rows] the output each sampled row draws for
     int32_t *fin_reqs;          // [max_rows] the requests a prefill pass finished, in order
     float *row_lp;              // [max_rows]
@@ -167,6 +179,7 @@ typedef struct tr_generator {
     int32_t *d_tables;          // [max_seqs][table_cap] decode block tables, then
                                 // [n_table_upd] the dummy area
     int32_t *d_table_upd;       // [2 n_table_upd] table_upd's copy
+    int32_t *d_patch;           // [1 + 3 max_seqs] row_patch's copy
     int32_t *d_seg_tables;      // [max_seqs][table_cap] a prefill pass's prompt tables
     int32_t *d_seg_docs;        // [max_rows + 1] pass_docs.doc_start
     int32_t *d_target;          // [max_rows] sampled ids

@@ -943,13 +943,19 @@ int tr_model_forward(tr_model *m, const int32_t *ids, const tr_doc_layout *docs,
     return trunk_forward(m, T, attend_docs, NULL, err);
 }
 
-// Checks generation's rows and copies them into ids, pos (each row its own document).
-static int rows_fill(tr_model *m, const int32_t *ids, const int32_t *pos, int32_t T, int32_t *d_ids,
-                     int32_t *d_pos, int32_t *d_doc_start, tr_err *err) {
+// Whether a pass of T generation rows may run now.
+static int rows_check(tr_model *m, int32_t T, tr_err *err) {
     if (check_phase(m, err) != 0) return -1;
     if (T < 1 || T > m->max_tokens)
         return tr_errf(err, TR_ERANGE, "model forward: %d rows, the model was set up for "
                        "1..%d per pass", T, m->max_tokens);
+    return 0;
+}
+
+// Checks generation's rows and copies them into ids, pos (each row its own document).
+static int rows_fill(tr_model *m, const int32_t *ids, const int32_t *pos, int32_t T, int32_t *d_ids,
+                     int32_t *d_pos, int32_t *d_doc_start, tr_err *err) {
+    if (rows_check(m, T, err) != 0) return -1;
     for (int32_t t = 0; t < T; t++) {
         if (ids[t] < 0 || ids[t] >= m->cfg.vocab_size)
             return tr_errf(err, TR_ERANGE, "model forward: row %d has id %d, outside the "
@@ -967,14 +973,24 @@ static int rows_fill(tr_model *m, const int32_t *ids, const int32_t *pos, int32_
 
 int tr_model_rows_prepare(tr_model *m, const int32_t *ids, const int32_t *pos, int32_t T,
                           tr_err *err) {
-    return rows_fill(m, ids, pos, T, m->rows_ids, m->rows_pos, m->rows_doc_start, err);
+    m->rows_on_device = false;
+    if (ids || pos)
+        return rows_fill(m, ids, pos, T, m->rows_ids, m->rows_pos, m->rows_doc_start, err);
+    if (rows_check(m, T, err) != 0) return -1;
+    if (m->tp.size > 1)   // the embedding's rank-local ids are made on the host
+        return tr_errf(err, TR_EINVAL, "model forward: rows written on the device need one "
+                       "rank, not %d", m->tp.size);
+    batch_host(m, NULL, T, T, false);
+    m->rows_on_device = true;
+    return 0;
 }
 
 int tr_model_rows_queue(tr_model *m, int32_t T, tr_attend_fn attend, void *ctx, tr_err *err) {
     if (T != m->docs.n_tokens)
         return tr_errf(err, TR_EINVAL, "model forward: %d rows queued, %d prepared", T,
                        m->docs.n_tokens);
-    batch_upload(m, m->rows_ids, m->rows_pos, m->rows_doc_start, T, T, false);
+    if (!m->rows_on_device)
+        batch_upload(m, m->rows_ids, m->rows_pos, m->rows_doc_start, T, T, false);
     return trunk_forward(m, T, attend, ctx, err);
 }
 

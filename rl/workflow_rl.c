@@ -388,6 +388,7 @@ int tr_rl_log_rollouts(tr_run *run, const tr_rl_step *s, tr_err *err) {
         tr_metrics_set(m, "gen/padded_rows", (double)g->padded_rows, err) ||
         tr_metrics_set(m, "gen/table_entries", (double)g->table_entries, err) ||
         tr_metrics_set(m, "gen/table_rewrites", (double)g->table_rewrites, err) ||
+        tr_metrics_set(m, "gen/rows_sent", (double)g->rows_sent, err) ||
         tr_metrics_set(m, "time/decode_host_us",
                        g->decode_steps ? 1e6 * g->host_seconds / (double)g->decode_steps : NAN, err) ||
         tr_metrics_set(m, "throughput/decode_gbps", g->decode_seconds > 0 ? g->decode_bytes / g->decode_seconds / 1e9 : NAN,

@@ -54,6 +54,7 @@ typedef struct tr_gen_report {
     double host_seconds;                   // the decode steps' host scheduling, summed
     int64_t graph_steps, padded_rows;      // steps replayed from recorded graphs, their padding
     int64_t table_entries, table_rewrites; // block-table entries sent, whole rewrites
+    int64_t rows_sent;                     // decode rows sent rather than advanced on the device
 } tr_gen_report;
 
 typedef struct tr_sampling {

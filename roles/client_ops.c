@@ -245,19 +245,21 @@ static int reply_generate(void *ctx, int32_t rank, const tr_msg_map *res, tr_err
     if (v[4] > g->peak_seqs) g->peak_seqs = v[4];
     if (v[5] > g->peak_blocks) g->peak_blocks = v[5];
     double bytes = 0, seconds = 0, host = 0;
-    int64_t graph_steps = 0, padded = 0, entries = 0, rewrites = 0;
+    int64_t graph_steps = 0, padded = 0, entries = 0, rewrites = 0, sent = 0;
     if (tr_msg_get_float_opt(&st, "decode_bytes", &bytes, err) ||
         tr_msg_get_float_opt(&st, "decode_seconds", &seconds, err) ||
         tr_msg_get_float_opt(&st, "host_seconds", &host, err) ||
         tr_msg_get_int_opt(&st, "graph_steps", &graph_steps, err) ||
         tr_msg_get_int_opt(&st, "padded_rows", &padded, err) ||
         tr_msg_get_int_opt(&st, "table_entries", &entries, err) ||
-        tr_msg_get_int_opt(&st, "table_rewrites", &rewrites, err))
+        tr_msg_get_int_opt(&st, "table_rewrites", &rewrites, err) ||
+        tr_msg_get_int_opt(&st, "rows_sent", &sent, err))
         return -1;
     g->graph_steps += graph_steps;
     g->padded_rows += padded;
     g->table_entries += entries;
     g->table_rewrites += rewrites;
+    g->rows_sent += sent;
     g->decode_bytes += bytes;
     g->decode_seconds += seconds;
     g->host_seconds += host;

@@ -202,7 +202,7 @@ int tr_worker_op_generate(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *r
         const tr_gen_stats *st = &role->gen.stats;
         tr_msg_begin_reply(rep, req->id, 2);
         tr_rollouts_put(rep, "rollouts", &r, 0, r.n, TR_RO_ALL);
-        tr_msg_put_map(rep, "stats", 13);
+        tr_msg_put_map(rep, "stats", 14);
         tr_msg_put_int(rep, "prefill_tokens", st->prefill_tokens);
         tr_msg_put_int(rep, "decode_tokens", st->decode_tokens);
         tr_msg_put_int(rep, "decode_steps", st->decode_steps);
@@ -216,6 +216,7 @@ int tr_worker_op_generate(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *r
         tr_msg_put_int(rep, "padded_rows", st->padded_rows);
         tr_msg_put_int(rep, "table_entries", st->table_entries);
         tr_msg_put_int(rep, "table_rewrites", st->table_rewrites);
+        tr_msg_put_int(rep, "rows_sent", st->rows_sent);
         tr_worker_logf(role, "generate: %d prompts x %d samples, %lld new tokens, weights of step %lld", g.k, g.n,
                        (long long)new_tokens, (long long)version);
     }

@@ -29,7 +29,7 @@
 #          test_model_bf16, and bench_cuda attention on the default kernels, on mma.sync, on
 #          wgmma without TMA, pipelined, and pipelined with TMA
 #   ops    every test_cuda_ops section
-#   kern   test_cuda_ops matmul, rmsnorm, rope, rope_kv_write, logsoftmax, sample,
+#   kern   test_cuda_ops matmul, rmsnorm, rope, rope_kv_write, logsoftmax, buffers, sample,
 #          sample_vocab and determinism, and test_model_bf16
 #   train  bench_train_gpu at the 0.5B and 1.5B shapes, 3 timed steps, dense and (0.5B) packed
 #   decode bench_decode_gpu at the 0.5B and 1.5B shapes, batch 64 and 256, 256 + 256 tokens
@@ -46,12 +46,13 @@
 #   dprof  TROUPE_CUDA_PROFILE's table of decode steps (device time per op) at the 0.5B shape,
 #          batch 64, and the 1.5B shape, batch 256
 #   wide   test_cuda_ops attention with the TMA forward's wide tiles at D = 64 and 128
-#          (TROUPE_CUDA_WGMMA=247, the default) against mma.sync, and bench_cuda attention
+#          (TROUPE_CUDA_WGMMA=247) against mma.sync, and bench_cuda attention
 #          on narrow tiles (55) beside wide ones; WIDE_PICK=1 then runs the later parts with
 #          wide tiles at each head dimension where they passed and were faster
-#   smacc  test_cuda_ops attention with the D = 64 wide forward's chunk accumulator in shared
-#          memory (TROUPE_CUDA_WGMMA=503) against mma.sync, and bench_cuda attention with it
-#          (503) beside the default (247)
+#   smacc  test_cuda_ops attention with the wide forward's chunk accumulator in shared memory
+#          (TROUPE_CUDA_WGMMA=503, the default; at D = 128 with two K/V stages) against
+#          mma.sync, test_model_bf16 with it, and bench_cuda attention with it (503) beside the
+#          accumulator in local memory (247)
 #   variants  the tree's own bench_cuda attention in each environment of BASE_ENVS (as
 #          VARIANT_ENVS; default: the call's own), then each variant's in each of its
 #          environments, and its test_cuda_ops attention where it ran a dense forward faster
@@ -65,7 +66,7 @@
 # Output: $OUT (else ./gpu-results): prebuilt.tar.gz (a log per step) and prebuilt_summary.txt
 # (each step's exit status, its failed checks and the benchmark lines, also printed as each
 # step ends, so that a run cut short still shows what it finished). PEER_TIMEOUT (seconds,
-# default 400) bounds the peer part.
+# default 400) bounds the peer part; PEER_SHAPES (default both) names the shapes it runs.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 carry="build-carry"
@@ -155,7 +156,7 @@ if has attn; then
 fi
 if has ops; then step ops_all "$t"; fi
 if has kern; then
-    for sec in matmul rmsnorm rope rope_kv_write logsoftmax sample sample_vocab determinism; do
+    for sec in matmul rmsnorm rope rope_kv_write logsoftmax buffers sample sample_vocab determinism; do
         step "${sec}_ops" "$t" "$sec"
     done
     has attn || step model_bf16 env TROUPE_BACKEND=cuda timeout 120 "$carry/tests/engine/test_model_bf16"
@@ -228,6 +229,8 @@ if has wide; then
 fi
 if has smacc; then
     step smacc_ops env TROUPE_CUDA_WGMMA=503 "$t" attention
+    step smacc_model_bf16 env TROUPE_BACKEND=cuda TROUPE_CUDA_WGMMA=503 timeout 120 \
+        "$carry/tests/engine/test_model_bf16"
     attn_bench smacc_bench_local local "$bc" TROUPE_CUDA_WGMMA=247
     attn_bench smacc_bench_smacc smacc "$bc" TROUPE_CUDA_WGMMA=503
 fi
@@ -301,7 +304,7 @@ if has conv; then
     sed -n '/^convergence:/,$p' "$logs/converge.log" | tee -a "$summary"
 fi
 if has peer; then
-    step peer_train timeout "${PEER_TIMEOUT:-400}" bench/run_gpu_train.sh "$carry" anchors
+    step peer_train timeout "${PEER_TIMEOUT:-400}" bench/run_gpu_train.sh "$carry" anchors ${PEER_SHAPES:-}
     grep -E "^\|" "$logs/peer_train.log" | tee -a "$summary"
 fi
 tar czf "$out/prebuilt.tar.gz" -C "$out" prebuilt && rm -rf "$logs"

@@ -53,6 +53,7 @@ static const tr_ops cpu_ops = {
     .gather_rows = tr_cpu_gather_rows,
     .scatter_rows = tr_cpu_scatter_rows,
     .kv_copy_blocks = tr_cpu_kv_copy_blocks,
+    .decode_rows = tr_cpu_decode_rows,
     .convert = tr_cpu_convert,
     .sample = tr_cpu_sample,
     .sample_scratch_bytes = tr_cpu_sample_scratch_bytes,

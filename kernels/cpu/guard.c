@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/decode_rows.h"
 
 void tr_cpu_guard_fail(const char *op, const char *what, const void *p) {
     fprintf(stderr, "troupe: guarded CPU memory: %s: %s (%p)\n", op, what, p);
@@ -640,6 +641,54 @@ static void g_scatter_rows(tr_backend *be, void *dst, const void *rows, const in
     g_rows(be, dst, rows, idx, n, row_bytes, 1);
 }
 
+static void g_decode_rows(tr_backend *be, int32_t *ids, int32_t *pos, int32_t *slot,
+                          int32_t *len, int32_t *doc_start, const int32_t *drawn,
+                          const int32_t *patch, const int32_t *tables, int32_t w, int32_t bs,
+                          int32_t n) {
+    const char *op = "decode_rows";
+    size_t rows = (size_t)(n > 0 ? n : 0) * I;
+    dev(be, ids, rows, n <= 0, op, "ids");
+    dev(be, pos, rows, n <= 0, op, "pos");
+    dev(be, slot, rows, n <= 0, op, "slot");
+    dev(be, len, rows, n <= 0, op, "len");
+    dev(be, doc_start, rows + I, n <= 0, op, "doc_start");
+    dev(be, drawn, rows, n <= 0, op, "drawn");
+    dev(be, patch, I, n <= 0, op, "patch");
+    dev(be, tables, rows * (size_t)(w > 0 ? w : 0), n <= 0, op, "tables");
+    if (n <= 0) return;
+    char what[160];
+    if (w < 1 || bs < 1) {
+        snprintf(what, sizeof what, "tables %d blocks wide of %d slots", w, bs);
+        tr_cpu_guard_fail(op, what, tables);
+    }
+    open_mem(be);
+    if (patch[0] < 0 || patch[0] > n) {
+        snprintf(what, sizeof what, "%d patched rows of %d", patch[0], n);
+        tr_cpu_guard_fail(op, what, patch);
+    }
+    dev(be, patch, (1 + 3 * (size_t)patch[0]) * I, 0, op, "patch");
+    for (int32_t k = 0; k < patch[0]; k++) {
+        int32_t r = patch[1 + 3 * k], prev = k > 0 ? patch[3 * k - 2] : -1;
+        if (r <= prev || r >= n) {
+            snprintf(what, sizeof what, "patch %d names row %d (rows ascending, under %d)", k,
+                     r, n);
+            tr_cpu_guard_fail(op, what, patch);
+        }
+    }
+    // every row's position lands within its table row
+    for (int32_t r = 0; r < n; r++) {
+        int32_t k = tr_decode_patch_of(patch, r);
+        int64_t p = k < 0 ? (int64_t)pos[r] + 1 : patch[3 + 3 * k];
+        if (p < -1 || p / bs >= w) {
+            snprintf(what, sizeof what, "row %d at position %lld, past a table of %d blocks of "
+                     "%d", r, (long long)p, w, bs);
+            tr_cpu_guard_fail(op, what, pos);
+        }
+    }
+    tr_cpu_decode_rows(be, ids, pos, slot, len, doc_start, drawn, patch, tables, w, bs, n);
+    close_mem(be);
+}
+
 static void g_kv_copy_blocks(tr_backend *be, const tr_kv_pool *pool, const int32_t *src,
                              const int32_t *dst, const int32_t *n_slots, int32_t n) {
     const char *op = "kv_copy_blocks";
@@ -808,6 +857,7 @@ const tr_ops tr_cpu_guarded_ops = {
     .gather_rows = g_gather_rows,
     .scatter_rows = g_scatter_rows,
     .kv_copy_blocks = g_kv_copy_blocks,
+    .decode_rows = g_decode_rows,
     .convert = g_convert,
     .sample = g_sample,
     .sample_scratch_bytes = tr_cpu_sample_scratch_bytes,

@@ -1,11 +1,13 @@
 // Buffer ops on the CPU: fill, row gather and scatter by bytes, the all-layer KV block copy
-// of copy-on-write, the KV cache write of new tokens, and dtype conversion. No arithmetic
+// of copy-on-write, the KV cache write of new tokens, a decode step's row advance, and dtype
+// conversion. No arithmetic
 // beyond conversion's rounding (kernels/cpu/dtype.h), so every result is exact; work is split
 // into fixed chunks of elements or rows.
 #include <string.h>
 
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/dtype.h"
+#include "kernels/decode_rows.h"
 
 #define MOVE_ELEMS_PER_TASK 65536
 #define MOVE_BYTES_PER_TASK (256 * 1024)
@@ -76,6 +78,15 @@ void tr_cpu_gather_rows(tr_backend *be, void *out, const void *src, const int32_
 void tr_cpu_scatter_rows(tr_backend *be, void *dst, const void *rows, const int32_t *idx,
                          int32_t n, size_t row_bytes) {
     rows_run(be, dst, rows, idx, n, row_bytes, 1);
+}
+
+// A few hundred rows at most, a few integers each: one thread.
+void tr_cpu_decode_rows(tr_backend *be, int32_t *ids, int32_t *pos, int32_t *slot, int32_t *len,
+                        int32_t *doc_start, const int32_t *drawn, const int32_t *patch,
+                        const int32_t *tables, int32_t w, int32_t bs, int32_t n) {
+    (void)be;
+    for (int32_t r = 0; r < n; r++)
+        tr_decode_row(ids, pos, slot, len, doc_start, drawn, patch, tables, w, bs, n, r);
 }
 
 // One task per block pair: its slots in K and V of every layer.

@@ -163,6 +163,7 @@ static const tr_ops cuda_ops = {
     .gather_rows = tr_cuda_gather_rows,
     .scatter_rows = tr_cuda_scatter_rows,
     .kv_copy_blocks = tr_cuda_kv_copy_blocks,
+    .decode_rows = tr_cuda_decode_rows,
     .convert = tr_cuda_convert,
     .sample = tr_cuda_sample,
     .sample_scratch_bytes = tr_cuda_sample_scratch_bytes,

@@ -1,9 +1,11 @@
 // Buffer ops on the GPU: fill, row gather and scatter by bytes, the KV cache's slot writes
-// and all-layer block copy of copy-on-write, and dtype conversion. Copies move 16-, 4- or
+// and all-layer block copy of copy-on-write, a decode step's row advance, and dtype
+// conversion. Copies move 16-, 4- or
 // 1-byte words, the widest that the pointers and sizes are aligned to; conversions use the
 // same bit arithmetic as kernels/cpu, so every result is the CPU's, bit for bit.
 #include "kernels/cuda/cuda_ctx.cuh"
 #include "kernels/cuda/dtype.cuh"
+#include "kernels/decode_rows.h"
 
 #define MOVE_THREADS 256
 
@@ -73,6 +75,25 @@ void tr_cuda_gather_rows(tr_backend *be, void *out, const void *src, const int32
 void tr_cuda_scatter_rows(tr_backend *be, void *dst, const void *rows, const int32_t *idx,
                           int32_t n, size_t row_bytes) {
     rows_run(be, dst, rows, idx, n, row_bytes, 1);
+}
+
+// A thread a row (kernels/decode_rows.h): a few hundred rows, a few integers each.
+__global__ void decode_rows_kernel(int32_t *ids, int32_t *pos, int32_t *slot, int32_t *len,
+                                   int32_t *doc_start, const int32_t *drawn,
+                                   const int32_t *patch, const int32_t *tables, int32_t w,
+                                   int32_t bs, int32_t n) {
+    const int32_t r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r < n) tr_decode_row(ids, pos, slot, len, doc_start, drawn, patch, tables, w, bs, n, r);
+}
+
+void tr_cuda_decode_rows(tr_backend *be, int32_t *ids, int32_t *pos, int32_t *slot, int32_t *len,
+                         int32_t *doc_start, const int32_t *drawn, const int32_t *patch,
+                         const int32_t *tables, int32_t w, int32_t bs, int32_t n) {
+    if (n <= 0) return;
+    decode_rows_kernel<<<(unsigned)((n + MOVE_THREADS - 1) / MOVE_THREADS), MOVE_THREADS, 0,
+                         tr_cuda_stream(be)>>>(ids, pos, slot, len, doc_start, drawn, patch,
+                                               tables, w, bs, n);
+    TR_CUDA_LAUNCHED(be, "decode_rows");
 }
 
 // One block per (pair, layer, K or V) copy, grid-stride over all of them; threads over the

@@ -2,12 +2,12 @@
 // finite differences by the other kernel tests), in two passes: fp32 (both backends fp32)
 // and bf16 (CUDA's default against the CPU's emulated mode, which rounds at the same
 // points). Every op runs on the same inputs on both; outputs agree within the tolerances
-// below (each derived from the arithmetic where it is stated), exact ops (embedding,
-// kv_write, fill, row moves, KV block copies, convert) bit for bit; every CUDA op run twice
-// gives the same bits; written outputs start as NaN, so an op that adds into one fails, and
-// the gaps of strided rows must still be NaN after it; the paged decode step reproduces the
-// CUDA training forward's rows bit for bit, and so does a layout with shared prefixes those
-// of its unshared equivalent; the sampler draws the CPU's ids except in draws it counts as
+// below (each derived from the arithmetic where it is stated), exact ops (embedding, kv_write,
+// fill, row moves, KV block copies, convert, decode rows) bit for bit; every CUDA op run twice
+// gives the same bits; written outputs start as NaN, so an op that adds into one fails, and the
+// gaps of strided rows must still be NaN after it; the paged decode step reproduces the CUDA
+// training forward's rows bit for bit, and so does a layout with shared prefixes those of its
+// unshared equivalent; the sampler draws the CPU's ids except in draws it counts as
 // near. Measured errors are printed. Exits 77 (skip) without a CUDA device.
 // `test_cuda_ops [SECTION [fp32|bf16]]` runs one section (as named in run_pass) in one or
 // both passes, e.g. under compute-sanitizer, whose slowdown the whole test would not fit.
@@ -1994,7 +1994,7 @@ static void test_logsoftmax(int32_t T, int32_t V) {
     free(l.mean); free(xa); free(st);
 }
 
-// --- buffers: fill, rows, KV block copies, convert (exact ops: CUDA equals CPU bitwise) -------
+// --- buffers: fill, rows, KV block copies, decode rows, convert (exact: CUDA equals CPU) ------
 
 static void same_bytes(const char *name, const void *cpu, const void *gpu, size_t bytes) {
     CHECKF(memcmp(cpu, gpu, bytes) == 0, "%s: cuda differs from cpu", name);
@@ -2188,6 +2188,51 @@ static void test_convert(void) {
     free(h); free(f); free(wf); free(wh); free(nan16);
 }
 
+// decode_rows on one backend: n rows continuing from pos and drawn but those patch names;
+// the five outputs back in out (ids, pos, slot, len: n each; doc_start: n + 1).
+static void decode_rows_run(int gpu, int32_t n, int32_t w, int32_t bs, const int32_t *pos,
+                            const int32_t *drawn, const int32_t *patch, const int32_t *tables,
+                            int32_t *out) {
+    tr_backend *be = be_of(gpu);
+    int32_t *ids = puti(gpu, NULL, n), *p = puti(gpu, pos, n), *slot = puti(gpu, NULL, n);
+    int32_t *len = puti(gpu, NULL, n), *doc = puti(gpu, NULL, n + 1);
+    be->ops->decode_rows(be, ids, p, slot, len, doc, puti(gpu, drawn, n),
+                         puti(gpu, patch, 1 + 3 * (size_t)patch[0]),
+                         puti(gpu, tables, (size_t)n * w), w, bs, n);
+    int32_t *outs[] = {ids, p, slot, len};
+    for (int i = 0; i < 4; i++) get(gpu, out + (size_t)i * n, outs[i], (size_t)n * sizeof(int32_t));
+    get(gpu, out + 4 * (size_t)n, doc, ((size_t)n + 1) * sizeof(int32_t));
+    bufs_free(gpu);
+}
+
+// A decode step's rows advanced on both backends from the same random state: 512 rows (a
+// top bucket), every fifth patched, some of those as padding.
+static void test_decode_rows(void) {
+    const int32_t n = 512, w = 9, bs = 16;
+    int32_t *pos = kt_malloc(n * sizeof(int32_t)), *drawn = kt_malloc(n * sizeof(int32_t));
+    int32_t *tables = kt_malloc((size_t)n * w * sizeof(int32_t));
+    int32_t *patch = kt_malloc((1 + 3 * (size_t)n) * sizeof(int32_t));
+    int32_t *a = kt_malloc((5 * (size_t)n + 1) * sizeof(int32_t));
+    int32_t *b = kt_malloc((5 * (size_t)n + 1) * sizeof(int32_t));
+    patch[0] = 0;
+    for (int32_t r = 0; r < n; r++) {
+        pos[r] = (int32_t)((kt_uniform() + 1.0) * 0.5 * (w * bs - 2)) % (w * bs - 1);
+        drawn[r] = (int32_t)((kt_uniform() + 1.0) * 75000.0);
+        for (int32_t j = 0; j < w; j++)
+            tables[(size_t)r * w + j] = (int32_t)((kt_uniform() + 1.0) * 2000.0);
+        if (r % 5 == 0) {
+            int32_t *e = patch + 1 + 3 * patch[0]++;
+            e[0] = r;
+            e[1] = drawn[r] / 2;
+            e[2] = r % 3 == 0 ? -1 : pos[r];
+        }
+    }
+    decode_rows_run(0, n, w, bs, pos, drawn, patch, tables, a);
+    decode_rows_run(1, n, w, bs, pos, drawn, patch, tables, b);
+    same_bytes("decode_rows", a, b, (5 * (size_t)n + 1) * sizeof(int32_t));
+    free(pos); free(drawn); free(tables); free(patch); free(a); free(b);
+}
+
 static void test_buffers(void) {
     size_t n = 100003;
     float *x = kt_rand(n, 1.0);
@@ -2208,6 +2253,7 @@ static void test_buffers(void) {
     test_kv_copy(2 * 64 * sizeof(float));
     test_kv_copy(12);
     test_kv_copy(6);
+    test_decode_rows();
 }
 
 // --- sampling ---------------------------------------------------------------------------------

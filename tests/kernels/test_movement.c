@@ -1,9 +1,9 @@
 // Buffer ops of the CPU backend against host loops written here: fill, gather_rows and
 // scatter_rows for row sizes of every alignment (bytes around each written range untouched),
-// kv_copy_blocks against a copy of the layout's arithmetic, copy_2d's blocks of rows, and
-// convert: every bf16 pattern through fp32 and back, ties to even, random fp32 patterns against
-// a rounding reference that measures distances in double, every fp16 pattern to fp32 and bf16,
-// and same-dtype copies.
+// kv_copy_blocks against a copy of the layout's arithmetic, copy_2d's blocks of rows,
+// decode_rows against its definition, and convert: every bf16 pattern through fp32 and back,
+// ties to even, random fp32 patterns against a rounding reference that measures distances in
+// double, every fp16 pattern to fp32 and bf16, and same-dtype copies.
 // All buffers are backend memory, so the test also runs under TROUPE_CPU_GUARD=1.
 #include "tests/backend_test.h"
 #include "tests/kernels/kernels_test.h"
@@ -89,6 +89,65 @@ static void check_rows_empty(void) {
     CHECK(memcmp(got, h, 64) == 0);
     be.ops->free(&be, d);
     be.ops->free(&be, idx);
+}
+
+// decode_rows over n rows of tables w blocks wide (block size bs), from random last-step
+// state; every third row patched (some as padding), the rest continuing: each output against
+// the op's definition written out here.
+static void check_decode_rows(int32_t n, int32_t w, int32_t bs) {
+    size_t ni = (size_t)n * sizeof(int32_t);
+    int32_t *pos = kt_malloc(ni), *drawn = kt_malloc(ni), *tables = kt_malloc(ni * w);
+    int32_t *patch = kt_malloc(ni * 3 + sizeof(int32_t)), *got = kt_malloc(ni + sizeof(int32_t));
+    int32_t *ids = kt_malloc(ni), *want_pos = kt_malloc(ni);
+    for (int32_t r = 0; r < n; r++) {
+        pos[r] = (int32_t)((kt_uniform() + 1.0) * 0.5 * (w * bs - 1)) % (w * bs - 1);
+        drawn[r] = 1000 + r;
+        for (int32_t j = 0; j < w; j++) tables[r * w + j] = 7 * r + 3 * j + 1;
+    }
+    patch[0] = 0;
+    for (int32_t r = 0; r < n; r += 3) {
+        int32_t *e = patch + 1 + 3 * patch[0]++;
+        e[0] = r;
+        e[1] = 50 + r;
+        e[2] = r % 2 ? -1 : (r * 5) % (w * bs);
+    }
+    int32_t *d_ids = et_dev(&be, NULL, ni), *d_pos = et_dev(&be, pos, ni);
+    int32_t *d_slot = et_dev(&be, NULL, ni), *d_len = et_dev(&be, NULL, ni);
+    int32_t *d_doc = et_dev(&be, NULL, ni + sizeof(int32_t)), *d_drawn = et_dev(&be, drawn, ni);
+    int32_t *d_patch = et_dev(&be, patch, (1 + 3 * (size_t)patch[0]) * sizeof(int32_t));
+    int32_t *d_tables = et_dev(&be, tables, ni * w);
+    be.ops->decode_rows(&be, d_ids, d_pos, d_slot, d_len, d_doc, d_drawn, d_patch, d_tables, w,
+                        bs, n);
+    int ok_ids = 1, ok_pos = 1, ok_len = 1, ok_slot = 1, ok_doc = 1;
+    et_get(&be, ids, d_ids, ni);
+    et_get(&be, got, d_pos, ni);
+    for (int32_t r = 0; r < n; r++) {
+        int32_t id = drawn[r], p = pos[r] + 1, pad = 0;
+        if (r % 3 == 0) {   // patched
+            id = r % 2 ? 0 : 50 + r;
+            p = r % 2 ? 0 : (r * 5) % (w * bs);
+            pad = r % 2;
+        }
+        want_pos[r] = p;
+        ok_ids &= ids[r] == id;
+        ok_pos &= got[r] == p;
+        ids[r] = pad;   // reused: whether row r pads
+    }
+    et_get(&be, got, d_len, ni);
+    for (int32_t r = 0; r < n; r++) ok_len &= got[r] == want_pos[r] + 1;
+    et_get(&be, got, d_slot, ni);
+    for (int32_t r = 0; r < n; r++) {
+        int32_t p = want_pos[r];
+        ok_slot &= got[r] == (ids[r] ? -1 : tables[r * w + p / bs] * bs + p % bs);
+    }
+    et_get(&be, got, d_doc, ni + sizeof(int32_t));
+    for (int32_t r = 0; r <= n; r++) ok_doc &= got[r] == r;
+    CHECKF(ok_ids && ok_pos && ok_len && ok_slot && ok_doc,
+           "decode_rows, %d rows: ids %d positions %d lengths %d slots %d documents %d", n,
+           ok_ids, ok_pos, ok_len, ok_slot, ok_doc);
+    int32_t *bufs[] = {d_ids, d_pos, d_slot, d_len, d_doc, d_drawn, d_patch, d_tables};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be.ops->free(&be, bufs[i]);
+    free(pos); free(drawn); free(tables); free(patch); free(got); free(ids); free(want_pos);
 }
 
 // copy_2d of a rows x width block at (r0, c0) of a rows_src x ld_src byte matrix into
@@ -320,6 +379,9 @@ int main(void) {
     check_copy_2d(24, 40, 0, 0, 3, 22, 18, 5);    // into a wider one, ending at a row's end
     check_copy_2d(12, 12, 1, 0, 0, 0, 12, 9);     // whole rows: one contiguous range
     check_copy_2d(8, 8, 0, 2, 0, 2, 0, 3);        // nothing
+    check_decode_rows(1, 1, 16);
+    check_decode_rows(37, 3, 16);
+    check_decode_rows(256, 5, 7);
     check_casts();
     check_convert_f16();
     tr_backend_cpu_free(&be);
