@@ -42,7 +42,8 @@
 #   ncu    Nsight Compute on one launch of the default (TMA) forward at D = 64 and 128 (dense
 #          shapes): the details page and every SASS instruction's executions and stall
 #          samples (csv)
-#   gen    test_cuda_ops attention and test_model_bf16 (generation on the default kernels)
+#   gen    test_cuda_ops attention and buffers, and test_model_bf16 (generation on the default
+#          kernels)
 #   dprof  TROUPE_CUDA_PROFILE's table of decode steps (device time per op) at the 0.5B shape,
 #          batch 64, and the 1.5B shape, batch 256
 #   wide   test_cuda_ops attention with the TMA forward's wide tiles at D = 64 and 128
@@ -202,6 +203,7 @@ if has ncu; then
 fi
 if has gen; then
     step gen_ops "$t" attention
+    step gen_buffers "$t" buffers
     step gen_model_bf16 env TROUPE_BACKEND=cuda timeout 120 "$carry/tests/engine/test_model_bf16"
 fi
 if has dprof; then
