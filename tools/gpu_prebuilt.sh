@@ -37,7 +37,8 @@
 #   conv   bench/run_converge_gpu.sh: 200 steps of the 0.5B shape beside three torch seeds
 #          (the issue-13 convergence check; CONVERGE_BUDGET_S, default 540, bounds it)
 #   apeer  bench/attention_peer.py: torch's best attention (SDPA, FlexAttention) beside
-#          bench_cuda attention, the same shapes, with the ratios
+#          bench_cuda attention, the same shapes, with the ratios (APEER_ONLY: the shapes to run,
+#          as attention_peer.py's --only takes them)
 #   prof   TROUPE_CUDA_PROFILE's table of a training step at both shapes (device time per op)
 #   ncu    Nsight Compute on one launch of the default (TMA) forward at D = 64 and 128 (dense
 #          shapes): the details page and every SASS instruction's executions and stall
@@ -177,7 +178,8 @@ if has decode; then
     done
 fi
 if has apeer; then
-    step attn_peer timeout 300 python3 bench/attention_peer.py --troupe "$bc"
+    step attn_peer timeout 300 python3 bench/attention_peer.py --troupe "$bc" \
+        ${APEER_ONLY:+--only "$APEER_ONLY"}
     grep -E "^\||ratio|x$" "$logs/attn_peer.log" | head -20 | tee -a "$summary"
 fi
 if has prof; then
