@@ -830,18 +830,13 @@ static void tables_update(tr_generator *g, int32_t B, int32_t w) {
     }
 }
 
-// One decode step: every running sample feeds its last token and samples the next.
-static int decode_step(gen_run *run, tr_err *err) {
+// Each running sample's row of a decode step: its next cache slot taken (a copy on write
+// queued where its last block is shared) and, where rows advance on the device (dev), a patch
+// entry for a row that did not run the last step for the same output, else its token,
+// position, slot and length for the upload. *ctx: the keys (and values) the rows read.
+static int step_rows(gen_run *run, bool dev, double *ctx, tr_err *err) {
     tr_generator *g = run->g;
-    tr_model *m = g->model;
-    const int32_t B = g->n_active, bs = g->cache.block_size;
-    struct timespec t0, t_sched, t_retire, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    double ctx = 0;   // keys (and values) the step's rows read
-    // Rows advance on the device where one rank runs the model; a row that ran the last step
-    // (a decode step, the last pass) for the same output continues there without a word.
-    const bool dev = m->tp.size == 1;
-    const int32_t cont = g->dev_rows;
+    const int32_t B = g->n_active, bs = g->cache.block_size, cont = g->dev_rows;
     g->dev_rows = 0;   // until this step has run
     g->row_patch[0] = 0;
     for (int32_t i = 0; i < B; i++) {
@@ -864,8 +859,48 @@ static int decode_step(gen_run *run, tr_err *err) {
         }
         g->dev_out[i] = s->out;
         g->row_out[i] = s->out;
-        ctx += pos + 1;
+        *ctx += pos + 1;
     }
+    return 0;
+}
+
+// Retires the finished samples; the last running one moves into each freed slot.
+static void retire_finished(gen_run *run) {
+    tr_generator *g = run->g;
+    for (int32_t i = 0; i < g->n_active;) {
+        tr_gen_slot *s = &g->slots[i];
+        if (run->outs[s->out].finish == TR_GEN_RUNNING) {
+            i++;
+            continue;
+        }
+        tr_kv_seq_release(&g->cache, &s->kv);
+        g->reserved -= s->reserved;
+        s->reserved = 0;
+        int32_t last = --g->n_active;
+        if (i != last) {
+            tr_gen_slot *l = &g->slots[last];
+            int32_t *table = g->tables + (size_t)i * g->table_cap;
+            memcpy(table, l->kv.blocks, (size_t)l->kv.n_blocks * sizeof(int32_t));
+            s->out = l->out;
+            s->reserved = l->reserved;
+            s->kv = l->kv;
+            s->kv.blocks = table;
+        }
+    }
+}
+
+// One decode step: every running sample feeds its last token and samples the next.
+static int decode_step(gen_run *run, tr_err *err) {
+    tr_generator *g = run->g;
+    tr_model *m = g->model;
+    const int32_t B = g->n_active;
+    struct timespec t0, t_sched, t_retire, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double ctx = 0;   // keys (and values) the step's rows read
+    // Rows advance on the device where one rank runs the model; a row that ran the last step
+    // (a decode step, the last pass) for the same output continues there without a word.
+    const bool dev = m->tp.size == 1;
+    if (step_rows(run, dev, &ctx, err) != 0) return -1;
     tr_kvcache_flush(&g->cache);
     note_blocks(g);
     // The block tables are rows as wide as the widest of this step (or its bucket): a row's
@@ -907,28 +942,8 @@ static int decode_step(gen_run *run, tr_err *err) {
     g->stats.decode_bytes += (double)m->layout.total * tr_dt_size(m->wt) +
                              ctx * 2.0 * c->n_layers * c->n_kv_heads * c->head_dim * tr_dt_size(c->dt);
     take_draws(run, g->row_out, B, 0);
-    // Retire finished samples; the last running one moves into the freed slot.
     clock_gettime(CLOCK_MONOTONIC, &t_retire);
-    for (int32_t i = 0; i < g->n_active;) {
-        tr_gen_slot *s = &g->slots[i];
-        if (run->outs[s->out].finish == TR_GEN_RUNNING) {
-            i++;
-            continue;
-        }
-        tr_kv_seq_release(&g->cache, &s->kv);
-        g->reserved -= s->reserved;
-        s->reserved = 0;
-        int32_t last = --g->n_active;
-        if (i != last) {
-            tr_gen_slot *l = &g->slots[last];
-            int32_t *table = g->tables + (size_t)i * g->table_cap;
-            memcpy(table, l->kv.blocks, (size_t)l->kv.n_blocks * sizeof(int32_t));
-            s->out = l->out;
-            s->reserved = l->reserved;
-            s->kv = l->kv;
-            s->kv.blocks = table;
-        }
-    }
+    retire_finished(run);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     g->stats.decode_seconds += seconds_between(&t0, &t1);
     g->stats.host_seconds += seconds_between(&t0, &t_sched) + seconds_between(&t_retire, &t1);
