@@ -60,8 +60,6 @@ void tr_generator_free(tr_generator *g) {
         tr_dev_free(be, g->dev);
         tr_dev_free(be, g->sample_scratch);
         if (g->vp.model) tr_sample_tp_free(&g->vp);
-        tr_dev_free_host(be, g->step_slot);
-        tr_dev_free_host(be, g->step_len);
         tr_dev_free_host(be, g->row_target);
         tr_dev_free_host(be, g->row_lp);
         tr_dev_free_host(be, g->row_draw);
@@ -185,9 +183,7 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
         tr_generator_free(g);
         return tr_errf(err, TR_ENOMEM, "generate: out of memory for %zu-row passes", rows);
     }
-    if (!(g->step_slot = tr_dev_alloc_host(be, rows * sizeof(int32_t), "decode rows", err)) ||
-        !(g->step_len = tr_dev_alloc_host(be, rows * sizeof(int32_t), "decode rows", err)) ||
-        !(g->row_target = tr_dev_alloc_host(be, rows * sizeof(int32_t), "sampled ids", err)) ||
+    if (!(g->row_target = tr_dev_alloc_host(be, rows * sizeof(int32_t), "sampled ids", err)) ||
         !(g->row_lp = tr_dev_alloc_host(be, rows * sizeof(float), "sampled logprobs", err)) ||
         !(g->row_draw = tr_dev_alloc_host(be, rows * sizeof(tr_sample_row), "sampling rows", err)) ||
         !(g->tables_dev = tr_dev_alloc_host(be, tables * sizeof(int32_t), "block tables", err)) ||
@@ -665,8 +661,8 @@ static int32_t bucket(int32_t n, int32_t cap) {
 }
 
 // The device half of a decode step over the B rows the host prepared: the block-table
-// entries that changed (tables_update) and the rows' changes (advanced on the device by
-// decode_rows, or under tensor parallelism uploaded whole), the trunk, the LM head and the
+// entries that changed (tables_update) and the rows that changed (the rest advanced on the
+// device by decode_rows), the trunk, the LM head and the
 // draws chunk by chunk, and the downloads of ids and logprobs. What a recorded step replays.
 static int queue_decode(tr_generator *g, int32_t B, tr_err *err) {
     tr_model *m = g->model;
@@ -674,14 +670,13 @@ static int queue_decode(tr_generator *g, int32_t B, tr_err *err) {
     m->be->ops->upload(m->be, g->d_table_upd, g->table_upd, 2 * (size_t)U * sizeof(int32_t));
     m->be->ops->scatter_rows(m->be, g->d_tables, g->d_table_upd + U, g->d_table_upd, U,
                              sizeof(int32_t));
-    if (m->rows_on_device) {
-        m->be->ops->upload(m->be, g->d_patch, g->row_patch, (1 + 3 * (size_t)B) * sizeof(int32_t));
-        m->be->ops->decode_rows(m->be, m->d_ids, m->d_pos, g->d_slot, g->d_len, m->d_doc_start,
-                                g->d_target, g->d_patch, g->d_tables, g->table_w,
-                                g->cache.block_size, B);
-    } else {
-        upload_rows(g, g->step_slot, g->step_len, B);
-    }
+    m->be->ops->upload(m->be, g->d_patch, g->row_patch, (1 + 3 * (size_t)B) * sizeof(int32_t));
+    const tr_decode_rows_args rows = {
+        .ids = m->d_ids, .pos = m->d_pos, .slot = g->d_slot, .len = g->d_len,
+        .doc_start = m->d_doc_start, .emb_ids = m->tp.size > 1 ? m->d_emb_ids : NULL,
+        .drawn = g->d_target, .patch = g->d_patch, .tables = g->d_tables, .w = g->table_w,
+        .bs = g->cache.block_size, .n = B, .v0 = m->tp.vocab0, .V = m->tp.vocab};
+    m->be->ops->decode_rows(m->be, &rows);
     if (tr_model_rows_queue(m, B, gen_attend, g, err) != 0) return -1;
     for (int32_t r0 = 0, R = g->logit_rows; r0 < B; r0 += R) {
         int32_t n = B - r0 < R ? B - r0 : R;
@@ -770,16 +765,9 @@ static void patch_row(tr_generator *g, int32_t i, int32_t id, int32_t pos) {
 // -1) and reading one slot of the first block its device table row names (a block of the
 // pool, whatever it holds: rows past the last rewrite's are zeros, or a retired sample's),
 // drawn greedily.
-static void pad_row(tr_generator *g, int32_t i, bool dev) {
+static void pad_row(tr_generator *g, int32_t i) {
     g->row_draw[i] = (tr_sample_row){.temperature = 0.0f, .top_p = 1.0f};
-    if (dev) {
-        patch_row(g, i, 0, -1);
-        return;
-    }
-    g->row_ids[i] = 0;
-    g->row_pos[i] = 0;
-    g->step_slot[i] = -1;
-    g->step_len[i] = 1;
+    patch_row(g, i, 0, -1);
 }
 
 // The device's block tables for a step of B rows at width w (see tr_generator.tables_dev):
@@ -831,12 +819,12 @@ static void tables_update(tr_generator *g, int32_t B, int32_t w) {
 }
 
 // Each running sample's row of a decode step: its next cache slot taken (a copy on write
-// queued where its last block is shared) and, where rows advance on the device (dev), a patch
-// entry for a row that did not run the last step for the same output, else its token,
-// position, slot and length for the upload. *ctx: the keys (and values) the rows read.
-static int step_rows(gen_run *run, bool dev, double *ctx, tr_err *err) {
+// queued where its last block is shared) and a patch entry where the row did not run the last
+// step for the same output (rows advance on the device). *ctx: the keys (and values) the rows
+// read.
+static int step_rows(gen_run *run, double *ctx, tr_err *err) {
     tr_generator *g = run->g;
-    const int32_t B = g->n_active, bs = g->cache.block_size, cont = g->dev_rows;
+    const int32_t B = g->n_active, cont = g->dev_rows;
     g->dev_rows = 0;   // until this step has run
     g->row_patch[0] = 0;
     for (int32_t i = 0; i < B; i++) {
@@ -848,15 +836,7 @@ static int step_rows(gen_run *run, bool dev, double *ctx, tr_err *err) {
         s->reserved -= took;
         g->reserved -= took;
         s->kv.len = pos + 1;
-        const int32_t id = o->tokens[o->n_tokens - 1];
-        if (!dev) {
-            g->row_ids[i] = id;
-            g->row_pos[i] = pos;
-            g->step_slot[i] = tr_kv_seq_slot(&s->kv, pos, bs);
-            g->step_len[i] = pos + 1;
-        } else if (i >= cont || g->dev_out[i] != s->out) {
-            patch_row(g, i, id, pos);
-        }
+        if (i >= cont || g->dev_out[i] != s->out) patch_row(g, i, o->tokens[o->n_tokens - 1], pos);
         g->dev_out[i] = s->out;
         g->row_out[i] = s->out;
         *ctx += pos + 1;
@@ -897,10 +877,9 @@ static int decode_step(gen_run *run, tr_err *err) {
     struct timespec t0, t_sched, t_retire, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     double ctx = 0;   // keys (and values) the step's rows read
-    // Rows advance on the device where one rank runs the model; a row that ran the last step
-    // (a decode step, the last pass) for the same output continues there without a word.
-    const bool dev = m->tp.size == 1;
-    if (step_rows(run, dev, &ctx, err) != 0) return -1;
+    // Rows advance on the device: a row that ran the last step (a decode step, the last pass)
+    // for the same output continues there without a word.
+    if (step_rows(run, &ctx, err) != 0) return -1;
     tr_kvcache_flush(&g->cache);
     note_blocks(g);
     // The block tables are rows as wide as the widest of this step (or its bucket): a row's
@@ -916,9 +895,8 @@ static int decode_step(gen_run *run, tr_err *err) {
     }
     tables_update(g, B, w);
     fill_draws(run, g->row_out, B, 0);
-    for (int32_t i = B; i < Bp; i++) pad_row(g, i, dev);
-    if (tr_model_rows_prepare(m, dev ? NULL : g->row_ids, dev ? NULL : g->row_pos, Bp, err) != 0)
-        return -1;
+    for (int32_t i = B; i < Bp; i++) pad_row(g, i);
+    if (tr_model_rows_prepare(m, Bp, err) != 0) return -1;
     g->segs[0] = (tr_gen_segment){.r0 = 0, .n = Bp, .table = g->d_tables, .stride = w, .request = -1};
     g->n_segs = 1;
     clock_gettime(CLOCK_MONOTONIC, &t_sched);
@@ -932,12 +910,12 @@ static int decode_step(gen_run *run, tr_err *err) {
         return -1;
     }
     if (tr_dev_sync(m->be, "generate: decode step", err) != 0) return -1;
-    g->dev_rows = dev ? B : 0;
+    g->dev_rows = B;
     g->stats.passes++;
     g->stats.decode_steps++;
     g->stats.decode_tokens += B;
     g->stats.padded_rows += Bp - B;
-    g->stats.rows_sent += dev ? g->row_patch[0] : Bp;
+    g->stats.rows_sent += g->row_patch[0];
     const tr_kvcache *c = &g->cache;
     g->stats.decode_bytes += (double)m->layout.total * tr_dt_size(m->wt) +
                              ctx * 2.0 * c->n_layers * c->n_kv_heads * c->head_dim * tr_dt_size(c->dt);

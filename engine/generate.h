@@ -105,7 +105,7 @@ typedef struct tr_gen_stats {
     int64_t padded_rows;       // padding rows the decode steps ran
     int64_t rows_sent;         // decode rows whose token and position the host sent (rows
                                // that started, moved or padded); the rest advanced on the
-                               // device (all are sent under tensor parallelism)
+                               // device
     int64_t near_draws;        // draws within rounding of a cumulative boundary, where
                                // another summation order (another backend) could pick the
                                // neighbouring id: counted, so that a difference is explained
@@ -139,17 +139,15 @@ typedef struct tr_generator {
     int32_t table_cap;          // block-table entries per sequence
     int32_t max_seq_len;
     // Buffers of one pass, sized at init: host bookkeeping (pinned where a recorded decode
-    // step copies from or to them: step_*, target, lp, draw, table_upd; a decode step ends
+    // step copies from or to them: row_patch, target, lp, draw, table_upd; a decode step ends
     // with a sync, so the host never writes them while a copy from them waits; prefill passes
     // follow each other without one, and read the pageable row_slot, row_len) ...
     int32_t *row_ids, *row_pos, *row_slot, *row_len, *row_target;   // [max_rows]
-    int32_t *step_slot, *step_len;   // [max_rows] a decode step's slots and lengths (under
-                                     // tensor parallelism; else the device advances them)
-    // A decode step's rows advance on the device (the decode_rows op) without tensor
-    // parallelism: rows [0, dev_rows) hold the last step's state there, dev_out[r] the
-    // output row r drew for; a step sends row_patch ({k, then k (row, id, position)}) for
-    // the rows that did not simply continue: started, moved into a freed slot, or padding.
-    // Any other pass (prefill) writes the rows the step reads, and sets dev_rows to 0.
+    // A decode step's rows advance on the device (the decode_rows op): rows [0, dev_rows)
+    // hold the last step's state there, dev_out[r] the output row r drew for; a step sends
+    // row_patch ({k, then k (row, id, position)}) for the rows that did not simply continue:
+    // started, moved into a freed slot, or padding. Any other pass (prefill) writes the rows
+    // the step reads, and sets dev_rows to 0.
     int32_t *row_patch;         // [1 + 3 max_seqs]
     int32_t *dev_out;           // [max_seqs]
     int32_t dev_rows;

@@ -318,16 +318,6 @@ static int alloc_device(tr_model *m, tr_backend *be, const tr_model_opts *opts, 
                                             "RoPE frequencies", err)))
         rc = -1;
     if (!rc && !(m->io = tr_dev_alloc(be, layout_io(m, NULL), "batch arrays", err))) rc = -1;
-    // Pinned copies for the two-half rows (tr_model_rows_prepare): a decode step's uploads from
-    // them can be recorded in a CUDA graph (engine/generate.c), which reads them when it is
-    // replayed. The other arrays stay pageable: an upload from pageable memory is taken when
-    // it is queued, so a caller may fill them again before the device has run the last batch.
-    size_t rows_bytes = (size_t)m->max_tokens * sizeof(int32_t);
-    if (!rc && (!(m->rows_ids = tr_dev_alloc_host(be, rows_bytes, "decode token ids", err)) ||
-                !(m->rows_pos = tr_dev_alloc_host(be, rows_bytes, "decode positions", err)) ||
-                !(m->rows_doc_start = tr_dev_alloc_host(be, rows_bytes + sizeof(int32_t),
-                                                        "decode document starts", err))))
-        rc = -1;
     size_t emb_bytes = m->training ? be->ops->embedding_scratch_bytes(be, m->max_tokens) : 0;
     if (!rc && emb_bytes > 0 &&
         !(m->emb_scratch = tr_dev_alloc(be, emb_bytes, "embedding backward scratch", err)))
@@ -441,9 +431,6 @@ void tr_model_free(tr_model *m) {
         tr_dev_free(m->be, m->emb_scratch);
         tr_dev_free(m->be, m->grad_sum);
         if (m->owns_arena) tr_dev_free(m->be, m->arena);
-        tr_dev_free_host(m->be, m->rows_ids);
-        tr_dev_free_host(m->be, m->rows_pos);
-        tr_dev_free_host(m->be, m->rows_doc_start);
     }
     free(m->acts.residual);
     free(m->acts.layers);
@@ -888,7 +875,7 @@ static void attend_docs(void *ctx, tr_model *m, int32_t layer, tr_layer_acts *la
 // The batch the host arrays hold (ids, and m->pos, m->doc_start or their pinned copies)
 // becomes the current one: sizes and the host side ...
 static void batch_host(tr_model *m, const int32_t *ids, int32_t T, int32_t n_docs, bool shared) {
-    if (m->tp.size > 1) {   // the ids as rows of this rank's embedding
+    if (m->tp.size > 1 && ids) {   // the ids as rows of this rank's embedding
         for (int32_t t = 0; t < T; t++) {
             int32_t r = ids[t] - m->tp.vocab0;
             m->emb_ids[t] = r >= 0 && r < m->tp.vocab ? r : -1;
@@ -952,9 +939,9 @@ static int rows_check(tr_model *m, int32_t T, tr_err *err) {
     return 0;
 }
 
-// Checks generation's rows and copies them into ids, pos (each row its own document).
-static int rows_fill(tr_model *m, const int32_t *ids, const int32_t *pos, int32_t T, int32_t *d_ids,
-                     int32_t *d_pos, int32_t *d_doc_start, tr_err *err) {
+// Checks generation's rows and copies them into m->ids, m->pos (each row its own document).
+static int rows_fill(tr_model *m, const int32_t *ids, const int32_t *pos, int32_t T,
+                     tr_err *err) {
     if (rows_check(m, T, err) != 0) return -1;
     for (int32_t t = 0; t < T; t++) {
         if (ids[t] < 0 || ids[t] >= m->cfg.vocab_size)
@@ -963,25 +950,17 @@ static int rows_fill(tr_model *m, const int32_t *ids, const int32_t *pos, int32_
         if (pos[t] < 0)
             return tr_errf(err, TR_EINVAL, "model forward: row %d has position %d", t, pos[t]);
     }
-    memcpy(d_ids, ids, (size_t)T * sizeof(int32_t));
-    memcpy(d_pos, pos, (size_t)T * sizeof(int32_t));
+    memcpy(m->ids, ids, (size_t)T * sizeof(int32_t));
+    memcpy(m->pos, pos, (size_t)T * sizeof(int32_t));
     // Every row is its own document to the heads (a score per row); backward has no meaning.
-    for (int32_t t = 0; t <= T; t++) d_doc_start[t] = t;
-    batch_host(m, d_ids, T, T, false);
+    for (int32_t t = 0; t <= T; t++) m->doc_start[t] = t;
+    batch_host(m, m->ids, T, T, false);
     return 0;
 }
 
-int tr_model_rows_prepare(tr_model *m, const int32_t *ids, const int32_t *pos, int32_t T,
-                          tr_err *err) {
-    m->rows_on_device = false;
-    if (ids || pos)
-        return rows_fill(m, ids, pos, T, m->rows_ids, m->rows_pos, m->rows_doc_start, err);
+int tr_model_rows_prepare(tr_model *m, int32_t T, tr_err *err) {
     if (rows_check(m, T, err) != 0) return -1;
-    if (m->tp.size > 1)   // the embedding's rank-local ids are made on the host
-        return tr_errf(err, TR_EINVAL, "model forward: rows written on the device need one "
-                       "rank, not %d", m->tp.size);
     batch_host(m, NULL, T, T, false);
-    m->rows_on_device = true;
     return 0;
 }
 
@@ -989,14 +968,12 @@ int tr_model_rows_queue(tr_model *m, int32_t T, tr_attend_fn attend, void *ctx, 
     if (T != m->docs.n_tokens)
         return tr_errf(err, TR_EINVAL, "model forward: %d rows queued, %d prepared", T,
                        m->docs.n_tokens);
-    if (!m->rows_on_device)
-        batch_upload(m, m->rows_ids, m->rows_pos, m->rows_doc_start, T, T, false);
     return trunk_forward(m, T, attend, ctx, err);
 }
 
 int tr_model_forward_rows(tr_model *m, const int32_t *ids, const int32_t *pos, int32_t T,
                           tr_attend_fn attend, void *ctx, tr_err *err) {
-    if (rows_fill(m, ids, pos, T, m->ids, m->pos, m->doc_start, err) != 0) return -1;
+    if (rows_fill(m, ids, pos, T, err) != 0) return -1;
     batch_upload(m, m->ids, m->pos, m->doc_start, T, T, false);
     return trunk_forward(m, T, attend, ctx, err);
 }

@@ -126,9 +126,6 @@ typedef struct tr_model {
     int32_t *ids;               // [max_tokens]
     int32_t *pos;               // [max_tokens]
     int32_t *doc_start;         // [max_tokens + 1]
-    int32_t *rows_ids, *rows_pos, *rows_doc_start;   // pinned (alloc_host) copies of the three
-                                // for tr_model_rows_prepare / _queue: what recorded steps read
-    bool rows_on_device;        // the last prepare's rows are written on the device
     int32_t *prefix;            // [max_tokens] each document's shared prefix (-1: none)
     tr_doc_layout host_docs;    // over the host arrays; n_tokens 0 before forward
     int32_t *host_rows;         // [max_tokens] row indices on their way to the backend
@@ -252,17 +249,12 @@ typedef void (*tr_attend_fn)(void *ctx, tr_model *m, int32_t layer, tr_layer_act
                              int32_t T);
 int tr_model_forward_rows(tr_model *m, const int32_t *ids, const int32_t *pos, int32_t T,
                           tr_attend_fn attend, void *ctx, tr_err *err);
-// The same in two halves, so that the device half can be recorded once and replayed (a CUDA
-// graph of a decode step, engine/generate.c): prepare checks the rows and fills the pinned
-// host arrays that the uploads read and the sizes the heads use; queue queues the uploads
-// and the trunk for the T rows prepared. A replay of a recorded queue for T rows reads what
-// the last prepare of T rows wrote. Pinned memory is read when the device runs the copy: the
-// caller must not prepare again before the last queued (or replayed) rows have run. With ids
-// and pos NULL (no tensor parallelism) the rows are the device's: the caller writes d_ids,
-// d_pos and d_doc_start on the device (the decode_rows op) before the trunk runs, and queue
-// uploads nothing.
-int tr_model_rows_prepare(tr_model *m, const int32_t *ids, const int32_t *pos, int32_t T,
-                          tr_err *err);
+// The same for rows the device writes, in two halves, so that the device half can be
+// recorded once and replayed (a CUDA graph of a decode step, engine/generate.c): prepare
+// checks T and sets the sizes the heads use; queue queues the trunk over T rows whose d_ids,
+// d_pos, d_doc_start (and under tensor parallelism d_emb_ids) the caller's ops wrote first
+// (the decode_rows op).
+int tr_model_rows_prepare(tr_model *m, int32_t T, tr_err *err);
 int tr_model_rows_queue(tr_model *m, int32_t T, tr_attend_fn attend, void *ctx, tr_err *err);
 // Back-propagates acts.d_lnf (written by a head's backward) through the trunk of the last
 // forward, accumulating into the gradient buffer. Only for models set up with training whose

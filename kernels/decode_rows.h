@@ -1,9 +1,12 @@
 // A decode step's row advance (the decode_rows op, kernels/ops.h) as static inline functions
 // for C and for CUDA device code (as kernels/philox.h), so that both backends take the same
 // steps: the patch list read into a row's place, then the row's id, position, attended
-// length, cache slot and document start. The host then sends only the rows that changed.
+// length, cache slot, document start and (tensor parallelism) embedding row. The host then
+// sends only the rows that changed.
 #pragma once
 #include <stdint.h>
+
+#include "kernels/ops.h"
 
 #if defined(__CUDACC__)
 #define TR_DR_FN static inline __host__ __device__
@@ -24,22 +27,21 @@ TR_DR_FN int32_t tr_decode_patch_of(const int32_t *patch, int32_t r) {
     return -1;
 }
 
-// Row r of a decode step of n rows (see decode_rows).
-TR_DR_FN void tr_decode_row(int32_t *ids, int32_t *pos, int32_t *slot, int32_t *len,
-                            int32_t *doc_start, const int32_t *drawn, const int32_t *patch,
-                            const int32_t *tables, int32_t w, int32_t bs, int32_t n, int32_t r) {
-    const int32_t k = tr_decode_patch_of(patch, r);
-    int32_t id = k < 0 ? drawn[r] : patch[2 + 3 * k];
-    int32_t p = k < 0 ? pos[r] + 1 : patch[3 + 3 * k];
+// Row r of a decode step (see tr_decode_rows_args).
+TR_DR_FN void tr_decode_row(const tr_decode_rows_args *a, int32_t r) {
+    const int32_t k = tr_decode_patch_of(a->patch, r);
+    int32_t id = k < 0 ? a->drawn[r] : a->patch[2 + 3 * k];
+    int32_t p = k < 0 ? a->pos[r] + 1 : a->patch[3 + 3 * k];
     const int pad = p < 0;
     if (pad) {
         id = 0;
         p = 0;
     }
-    ids[r] = id;
-    pos[r] = p;
-    len[r] = p + 1;
-    slot[r] = pad ? -1 : tables[(int64_t)r * w + p / bs] * bs + p % bs;
-    doc_start[r] = r;
-    if (r == n - 1) doc_start[n] = n;
+    a->ids[r] = id;
+    a->pos[r] = p;
+    a->len[r] = p + 1;
+    a->slot[r] = pad ? -1 : a->tables[(int64_t)r * a->w + p / a->bs] * a->bs + p % a->bs;
+    a->doc_start[r] = r;
+    if (r == a->n - 1) a->doc_start[a->n] = a->n;
+    if (a->emb_ids) a->emb_ids[r] = id - a->v0 >= 0 && id - a->v0 < a->V ? id - a->v0 : -1;
 }

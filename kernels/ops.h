@@ -150,6 +150,24 @@ typedef struct tr_adamw_args {
     tr_dt wt;
 } tr_adamw_args;
 
+// A decode step's n rows advanced where they live, so that the host sends only what changed
+// (the decode_rows op): row r takes id drawn[r] (the last step's draw at row r) and position
+// pos[r] + 1, unless patch names it. patch = {k, then k triples (row, id, position)}, rows
+// ascending; a patched row takes the triple's id and position, position -1 marking a padding
+// row (id 0, position 0, no cache slot). Then every row: len[r] = pos[r] + 1 (the context it
+// attends, itself included), slot[r] = tables[r w + pos[r] / bs] bs + pos[r] % bs (the cache
+// slot its key goes to; -1 for padding), doc_start[r] = r (doc_start[n] = n: a document a
+// row) and, where emb_ids is set (tensor parallelism), emb_ids[r] = ids[r] - v0 when that is
+// in [0, V) (a row of this rank's embedding), else -1. All int32 backend memory; tables has n
+// rows of w blocks of bs slots.
+typedef struct tr_decode_rows_args {
+    int32_t *ids, *pos, *slot, *len, *doc_start;
+    int32_t *emb_ids;   // NULL: none
+    const int32_t *drawn, *patch, *tables;
+    int32_t w, bs, n;
+    int32_t v0, V;      // emb_ids' vocabulary rows
+} tr_decode_rows_args;
+
 typedef struct tr_ops {
     const char *name;
 
@@ -366,17 +384,8 @@ typedef struct tr_ops {
     // n_slots are backend memory; no dst[i] is another pair's src or dst.
     void (*kv_copy_blocks)(tr_backend *be, const tr_kv_pool *pool, const int32_t *src,
                            const int32_t *dst, const int32_t *n_slots, int32_t n);
-    // A decode step's n rows advanced where they live, so that the host sends only what
-    // changed: row r takes id drawn[r] (the last step's draw at row r) and position pos[r] + 1,
-    // unless patch names it. patch = {k, then k triples (row, id, position)}, rows ascending;
-    // a patched row takes the triple's id and position, position -1 marking a padding row
-    // (id 0, position 0, no cache slot). Then every row: len[r] = pos[r] + 1 (the context it
-    // attends, itself included), slot[r] = tables[r w + pos[r] / bs] bs + pos[r] % bs (the
-    // cache slot its key goes to; -1 for padding) and doc_start[r] = r (doc_start[n] = n: a
-    // document a row). All int32 backend memory; tables has n rows of w blocks of bs slots.
-    void (*decode_rows)(tr_backend *be, int32_t *ids, int32_t *pos, int32_t *slot, int32_t *len,
-                        int32_t *doc_start, const int32_t *drawn, const int32_t *patch,
-                        const int32_t *tables, int32_t w, int32_t bs, int32_t n);
+    // A decode step's rows advanced on the device (see tr_decode_rows_args).
+    void (*decode_rows)(tr_backend *be, const tr_decode_rows_args *a);
     // out[i] (out_t) = in[i] (in_t), i < n; out_t is F32 or BF16, in_t any; the same dtype is a
     // copy. fp32 -> bf16 rounds to nearest, ties to even (overflowing to inf); inf and -0 are
     // kept; a NaN stays a NaN of the same sign with its top payload bits (plus the quiet bit

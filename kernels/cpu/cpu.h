@@ -176,9 +176,7 @@ void tr_cpu_gather_rows(tr_backend *be, void *out, const void *src, const int32_
                         int32_t n, size_t row_bytes);
 void tr_cpu_scatter_rows(tr_backend *be, void *dst, const void *rows, const int32_t *idx,
                          int32_t n, size_t row_bytes);
-void tr_cpu_decode_rows(tr_backend *be, int32_t *ids, int32_t *pos, int32_t *slot, int32_t *len,
-                        int32_t *doc_start, const int32_t *drawn, const int32_t *patch,
-                        const int32_t *tables, int32_t w, int32_t bs, int32_t n);
+void tr_cpu_decode_rows(tr_backend *be, const tr_decode_rows_args *a);
 void tr_cpu_kv_copy_blocks(tr_backend *be, const tr_kv_pool *pool, const int32_t *src,
                            const int32_t *dst, const int32_t *n_slots, int32_t n);
 void tr_cpu_convert(tr_backend *be, void *out, tr_dt out_t, const void *in, tr_dt in_t,

@@ -641,27 +641,27 @@ static void g_scatter_rows(tr_backend *be, void *dst, const void *rows, const in
     g_rows(be, dst, rows, idx, n, row_bytes, 1);
 }
 
-static void g_decode_rows(tr_backend *be, int32_t *ids, int32_t *pos, int32_t *slot,
-                          int32_t *len, int32_t *doc_start, const int32_t *drawn,
-                          const int32_t *patch, const int32_t *tables, int32_t w, int32_t bs,
-                          int32_t n) {
+static void g_decode_rows(tr_backend *be, const tr_decode_rows_args *a) {
     const char *op = "decode_rows";
+    const int32_t n = a->n, w = a->w, bs = a->bs;
     size_t rows = (size_t)(n > 0 ? n : 0) * I;
-    dev(be, ids, rows, n <= 0, op, "ids");
-    dev(be, pos, rows, n <= 0, op, "pos");
-    dev(be, slot, rows, n <= 0, op, "slot");
-    dev(be, len, rows, n <= 0, op, "len");
-    dev(be, doc_start, rows + I, n <= 0, op, "doc_start");
-    dev(be, drawn, rows, n <= 0, op, "drawn");
-    dev(be, patch, I, n <= 0, op, "patch");
-    dev(be, tables, rows * (size_t)(w > 0 ? w : 0), n <= 0, op, "tables");
+    dev(be, a->ids, rows, n <= 0, op, "ids");
+    dev(be, a->pos, rows, n <= 0, op, "pos");
+    dev(be, a->slot, rows, n <= 0, op, "slot");
+    dev(be, a->len, rows, n <= 0, op, "len");
+    dev(be, a->doc_start, rows + I, n <= 0, op, "doc_start");
+    dev(be, a->emb_ids, rows, 1, op, "emb_ids");
+    dev(be, a->drawn, rows, n <= 0, op, "drawn");
+    dev(be, a->patch, I, n <= 0, op, "patch");
+    dev(be, a->tables, rows * (size_t)(w > 0 ? w : 0), n <= 0, op, "tables");
     if (n <= 0) return;
     char what[160];
     if (w < 1 || bs < 1) {
         snprintf(what, sizeof what, "tables %d blocks wide of %d slots", w, bs);
-        tr_cpu_guard_fail(op, what, tables);
+        tr_cpu_guard_fail(op, what, a->tables);
     }
     open_mem(be);
+    const int32_t *patch = a->patch;
     if (patch[0] < 0 || patch[0] > n) {
         snprintf(what, sizeof what, "%d patched rows of %d", patch[0], n);
         tr_cpu_guard_fail(op, what, patch);
@@ -678,14 +678,14 @@ static void g_decode_rows(tr_backend *be, int32_t *ids, int32_t *pos, int32_t *s
     // every row's position lands within its table row
     for (int32_t r = 0; r < n; r++) {
         int32_t k = tr_decode_patch_of(patch, r);
-        int64_t p = k < 0 ? (int64_t)pos[r] + 1 : patch[3 + 3 * k];
+        int64_t p = k < 0 ? (int64_t)a->pos[r] + 1 : patch[3 + 3 * k];
         if (p < -1 || p / bs >= w) {
             snprintf(what, sizeof what, "row %d at position %lld, past a table of %d blocks of "
                      "%d", r, (long long)p, w, bs);
-            tr_cpu_guard_fail(op, what, pos);
+            tr_cpu_guard_fail(op, what, a->pos);
         }
     }
-    tr_cpu_decode_rows(be, ids, pos, slot, len, doc_start, drawn, patch, tables, w, bs, n);
+    tr_cpu_decode_rows(be, a);
     close_mem(be);
 }
 

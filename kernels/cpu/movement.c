@@ -81,12 +81,9 @@ void tr_cpu_scatter_rows(tr_backend *be, void *dst, const void *rows, const int3
 }
 
 // A few hundred rows at most, a few integers each: one thread.
-void tr_cpu_decode_rows(tr_backend *be, int32_t *ids, int32_t *pos, int32_t *slot, int32_t *len,
-                        int32_t *doc_start, const int32_t *drawn, const int32_t *patch,
-                        const int32_t *tables, int32_t w, int32_t bs, int32_t n) {
+void tr_cpu_decode_rows(tr_backend *be, const tr_decode_rows_args *a) {
     (void)be;
-    for (int32_t r = 0; r < n; r++)
-        tr_decode_row(ids, pos, slot, len, doc_start, drawn, patch, tables, w, bs, n, r);
+    for (int32_t r = 0; r < a->n; r++) tr_decode_row(a, r);
 }
 
 // One task per block pair: its slots in K and V of every layer.

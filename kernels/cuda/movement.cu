@@ -78,21 +78,15 @@ void tr_cuda_scatter_rows(tr_backend *be, void *dst, const void *rows, const int
 }
 
 // A thread a row (kernels/decode_rows.h): a few hundred rows, a few integers each.
-__global__ void decode_rows_kernel(int32_t *ids, int32_t *pos, int32_t *slot, int32_t *len,
-                                   int32_t *doc_start, const int32_t *drawn,
-                                   const int32_t *patch, const int32_t *tables, int32_t w,
-                                   int32_t bs, int32_t n) {
+__global__ void decode_rows_kernel(const tr_decode_rows_args a) {
     const int32_t r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r < n) tr_decode_row(ids, pos, slot, len, doc_start, drawn, patch, tables, w, bs, n, r);
+    if (r < a.n) tr_decode_row(&a, r);
 }
 
-void tr_cuda_decode_rows(tr_backend *be, int32_t *ids, int32_t *pos, int32_t *slot, int32_t *len,
-                         int32_t *doc_start, const int32_t *drawn, const int32_t *patch,
-                         const int32_t *tables, int32_t w, int32_t bs, int32_t n) {
-    if (n <= 0) return;
-    decode_rows_kernel<<<(unsigned)((n + MOVE_THREADS - 1) / MOVE_THREADS), MOVE_THREADS, 0,
-                         tr_cuda_stream(be)>>>(ids, pos, slot, len, doc_start, drawn, patch,
-                                               tables, w, bs, n);
+void tr_cuda_decode_rows(tr_backend *be, const tr_decode_rows_args *a) {
+    if (a->n <= 0) return;
+    decode_rows_kernel<<<(unsigned)((a->n + MOVE_THREADS - 1) / MOVE_THREADS), MOVE_THREADS, 0,
+                         tr_cuda_stream(be)>>>(*a);
     TR_CUDA_LAUNCHED(be, "decode_rows");
 }
 

@@ -2188,20 +2188,24 @@ static void test_convert(void) {
     free(h); free(f); free(wf); free(wh); free(nan16);
 }
 
-// decode_rows on one backend: n rows continuing from pos and drawn but those patch names;
-// the five outputs back in out (ids, pos, slot, len: n each; doc_start: n + 1).
+// decode_rows on one backend: n rows continuing from pos and drawn but those patch names, the
+// embedding rows of a vocabulary slice too; the six outputs back in out (ids, pos, slot, len,
+// emb_ids: n each; doc_start: n + 1).
 static void decode_rows_run(int gpu, int32_t n, int32_t w, int32_t bs, const int32_t *pos,
                             const int32_t *drawn, const int32_t *patch, const int32_t *tables,
                             int32_t *out) {
     tr_backend *be = be_of(gpu);
     int32_t *ids = puti(gpu, NULL, n), *p = puti(gpu, pos, n), *slot = puti(gpu, NULL, n);
-    int32_t *len = puti(gpu, NULL, n), *doc = puti(gpu, NULL, n + 1);
-    be->ops->decode_rows(be, ids, p, slot, len, doc, puti(gpu, drawn, n),
-                         puti(gpu, patch, 1 + 3 * (size_t)patch[0]),
-                         puti(gpu, tables, (size_t)n * w), w, bs, n);
-    int32_t *outs[] = {ids, p, slot, len};
-    for (int i = 0; i < 4; i++) get(gpu, out + (size_t)i * n, outs[i], (size_t)n * sizeof(int32_t));
-    get(gpu, out + 4 * (size_t)n, doc, ((size_t)n + 1) * sizeof(int32_t));
+    int32_t *len = puti(gpu, NULL, n), *emb = puti(gpu, NULL, n), *doc = puti(gpu, NULL, n + 1);
+    tr_decode_rows_args a = {.ids = ids, .pos = p, .slot = slot, .len = len, .doc_start = doc,
+                             .emb_ids = emb, .drawn = puti(gpu, drawn, n),
+                             .patch = puti(gpu, patch, 1 + 3 * (size_t)patch[0]),
+                             .tables = puti(gpu, tables, (size_t)n * w), .w = w, .bs = bs,
+                             .n = n, .v0 = 30000, .V = 40000};
+    be->ops->decode_rows(be, &a);
+    int32_t *outs[] = {ids, p, slot, len, emb};
+    for (int i = 0; i < 5; i++) get(gpu, out + (size_t)i * n, outs[i], (size_t)n * sizeof(int32_t));
+    get(gpu, out + 5 * (size_t)n, doc, ((size_t)n + 1) * sizeof(int32_t));
     bufs_free(gpu);
 }
 
@@ -2212,8 +2216,8 @@ static void test_decode_rows(void) {
     int32_t *pos = kt_malloc(n * sizeof(int32_t)), *drawn = kt_malloc(n * sizeof(int32_t));
     int32_t *tables = kt_malloc((size_t)n * w * sizeof(int32_t));
     int32_t *patch = kt_malloc((1 + 3 * (size_t)n) * sizeof(int32_t));
-    int32_t *a = kt_malloc((5 * (size_t)n + 1) * sizeof(int32_t));
-    int32_t *b = kt_malloc((5 * (size_t)n + 1) * sizeof(int32_t));
+    int32_t *a = kt_malloc((6 * (size_t)n + 1) * sizeof(int32_t));
+    int32_t *b = kt_malloc((6 * (size_t)n + 1) * sizeof(int32_t));
     patch[0] = 0;
     for (int32_t r = 0; r < n; r++) {
         pos[r] = (int32_t)((kt_uniform() + 1.0) * 0.5 * (w * bs - 2)) % (w * bs - 1);
@@ -2229,7 +2233,7 @@ static void test_decode_rows(void) {
     }
     decode_rows_run(0, n, w, bs, pos, drawn, patch, tables, a);
     decode_rows_run(1, n, w, bs, pos, drawn, patch, tables, b);
-    same_bytes("decode_rows", a, b, (5 * (size_t)n + 1) * sizeof(int32_t));
+    same_bytes("decode_rows", a, b, (6 * (size_t)n + 1) * sizeof(int32_t));
     free(pos); free(drawn); free(tables); free(patch); free(a); free(b);
 }
 

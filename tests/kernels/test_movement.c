@@ -93,8 +93,9 @@ static void check_rows_empty(void) {
 
 // decode_rows over n rows of tables w blocks wide (block size bs), from random last-step
 // state; every third row patched (some as padding), the rest continuing: each output against
-// the op's definition written out here.
-static void check_decode_rows(int32_t n, int32_t w, int32_t bs) {
+// the op's definition written out here. With emb (tensor parallelism) the ids as rows of a
+// vocabulary slice [v0, v0 + V) that holds some of them.
+static void check_decode_rows(int32_t n, int32_t w, int32_t bs, bool emb) {
     size_t ni = (size_t)n * sizeof(int32_t);
     int32_t *pos = kt_malloc(ni), *drawn = kt_malloc(ni), *tables = kt_malloc(ni * w);
     int32_t *patch = kt_malloc(ni * 3 + sizeof(int32_t)), *got = kt_malloc(ni + sizeof(int32_t));
@@ -115,10 +116,16 @@ static void check_decode_rows(int32_t n, int32_t w, int32_t bs) {
     int32_t *d_slot = et_dev(&be, NULL, ni), *d_len = et_dev(&be, NULL, ni);
     int32_t *d_doc = et_dev(&be, NULL, ni + sizeof(int32_t)), *d_drawn = et_dev(&be, drawn, ni);
     int32_t *d_patch = et_dev(&be, patch, (1 + 3 * (size_t)patch[0]) * sizeof(int32_t));
-    int32_t *d_tables = et_dev(&be, tables, ni * w);
-    be.ops->decode_rows(&be, d_ids, d_pos, d_slot, d_len, d_doc, d_drawn, d_patch, d_tables, w,
-                        bs, n);
-    int ok_ids = 1, ok_pos = 1, ok_len = 1, ok_slot = 1, ok_doc = 1;
+    int32_t *d_tables = et_dev(&be, tables, ni * w), *d_emb = emb ? et_dev(&be, NULL, ni) : NULL;
+    const int32_t v0 = 1000 + n / 2, V = n / 4 + 1;
+    be.ops->decode_rows(&be, &(tr_decode_rows_args){.ids = d_ids, .pos = d_pos, .slot = d_slot,
+                                                    .len = d_len, .doc_start = d_doc,
+                                                    .emb_ids = d_emb, .drawn = d_drawn,
+                                                    .patch = d_patch, .tables = d_tables, .w = w,
+                                                    .bs = bs, .n = n, .v0 = v0, .V = V});
+    int ok_ids = 1, ok_pos = 1, ok_len = 1, ok_slot = 1, ok_doc = 1, ok_emb = 1;
+    int32_t *emb_ids = kt_malloc(ni);
+    if (emb) et_get(&be, emb_ids, d_emb, ni);
     et_get(&be, ids, d_ids, ni);
     et_get(&be, got, d_pos, ni);
     for (int32_t r = 0; r < n; r++) {
@@ -130,6 +137,7 @@ static void check_decode_rows(int32_t n, int32_t w, int32_t bs) {
         }
         want_pos[r] = p;
         ok_ids &= ids[r] == id;
+        if (emb) ok_emb &= emb_ids[r] == (id >= v0 && id < v0 + V ? id - v0 : -1);
         ok_pos &= got[r] == p;
         ids[r] = pad;   // reused: whether row r pads
     }
@@ -142,12 +150,14 @@ static void check_decode_rows(int32_t n, int32_t w, int32_t bs) {
     }
     et_get(&be, got, d_doc, ni + sizeof(int32_t));
     for (int32_t r = 0; r <= n; r++) ok_doc &= got[r] == r;
-    CHECKF(ok_ids && ok_pos && ok_len && ok_slot && ok_doc,
-           "decode_rows, %d rows: ids %d positions %d lengths %d slots %d documents %d", n,
-           ok_ids, ok_pos, ok_len, ok_slot, ok_doc);
-    int32_t *bufs[] = {d_ids, d_pos, d_slot, d_len, d_doc, d_drawn, d_patch, d_tables};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be.ops->free(&be, bufs[i]);
+    CHECKF(ok_ids && ok_pos && ok_len && ok_slot && ok_doc && ok_emb,
+           "decode_rows, %d rows: ids %d positions %d lengths %d slots %d documents %d "
+           "embedding rows %d", n, ok_ids, ok_pos, ok_len, ok_slot, ok_doc, ok_emb);
+    int32_t *bufs[] = {d_ids, d_pos, d_slot, d_len, d_doc, d_drawn, d_patch, d_tables, d_emb};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) be.ops->free(&be, bufs[i]);
     free(pos); free(drawn); free(tables); free(patch); free(got); free(ids); free(want_pos);
+    free(emb_ids);
 }
 
 // copy_2d of a rows x width block at (r0, c0) of a rows_src x ld_src byte matrix into
@@ -379,9 +389,9 @@ int main(void) {
     check_copy_2d(24, 40, 0, 0, 3, 22, 18, 5);    // into a wider one, ending at a row's end
     check_copy_2d(12, 12, 1, 0, 0, 0, 12, 9);     // whole rows: one contiguous range
     check_copy_2d(8, 8, 0, 2, 0, 2, 0, 3);        // nothing
-    check_decode_rows(1, 1, 16);
-    check_decode_rows(37, 3, 16);
-    check_decode_rows(256, 5, 7);
+    check_decode_rows(1, 1, 16, false);
+    check_decode_rows(37, 3, 16, true);
+    check_decode_rows(256, 5, 7, true);
     check_casts();
     check_convert_f16();
     tr_backend_cpu_free(&be);
