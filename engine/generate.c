@@ -464,6 +464,7 @@ static void take_draws(gen_run *run, const int32_t *outs, int32_t n, int32_t r0)
 // Draws the next token of outputs outs[0..n) from rows [0, n) of m->acts.logits, now.
 static int draw_rows_now(gen_run *run, const int32_t *outs, int32_t n, tr_err *err) {
     tr_generator *g = run->g;
+    g->dev_rows = 0;   // the draws land where a decode step's rows read their tokens
     fill_draws(run, outs, n, 0);
     if (queue_draws(g, 0, n, err) != 0) return -1;
     download_draws(g, n);

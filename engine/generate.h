@@ -146,8 +146,8 @@ typedef struct tr_generator {
     // A decode step's rows advance on the device (the decode_rows op): rows [0, dev_rows)
     // hold the last step's state there, dev_out[r] the output row r drew for; a step sends
     // row_patch ({k, then k (row, id, position)}) for the rows that did not simply continue:
-    // started, moved into a freed slot, or padding. Any other pass (prefill) writes the rows
-    // the step reads, and sets dev_rows to 0.
+    // started, moved into a freed slot, or padding. Any other pass (prefill) or draw writes
+    // the rows the step reads, and sets dev_rows to 0.
     int32_t *row_patch;         // [1 + 3 max_seqs]
     int32_t *dev_out;           // [max_seqs]
     int32_t dev_rows;
