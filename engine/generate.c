@@ -79,6 +79,7 @@ void tr_generator_free(tr_generator *g) {
     free(g->tables);
     free(g->slots);
     free(g->dev_out);
+    free(g->dirty);
     memset(g, 0, sizeof *g);
 }
 
@@ -178,8 +179,9 @@ int tr_generator_init(tr_generator *g, tr_model *m, const tr_gen_opts *opts, tr_
     g->tables = malloc(tables * sizeof(int32_t));
     g->slots = calloc((size_t)g->max_seqs, sizeof(tr_gen_slot));
     g->dev_out = malloc((size_t)g->max_seqs * sizeof(int32_t));
+    g->dirty = malloc((size_t)g->max_seqs * sizeof(int32_t));
     if (!g->row_ids || !g->row_pos || !g->row_out || !g->fin_reqs || !g->row_slot || !g->row_len ||
-        !g->segs || !g->seg_docs || !g->tables || !g->slots || !g->dev_out) {
+        !g->segs || !g->seg_docs || !g->tables || !g->slots || !g->dev_out || !g->dirty) {
         tr_generator_free(g);
         return tr_errf(err, TR_ENOMEM, "generate: out of memory for %zu-row passes", rows);
     }
@@ -772,7 +774,7 @@ static void pad_row(tr_generator *g, int32_t i) {
 }
 
 // The device's block tables for a step of B rows at width w (see tr_generator.tables_dev):
-// the entries of the running samples' tables that differ from what the device holds go into
+// the entries of the changed rows' tables (dirty) that differ from what the device holds go into
 // table_upd for the step to scatter; a new width, or more changes than table_upd holds,
 // rewrites every row now instead (rows past B as zeros), and the step's pairs all write the
 // dummy area.
@@ -780,7 +782,10 @@ static void tables_update(tr_generator *g, int32_t B, int32_t w) {
     const int32_t U = g->n_table_upd;
     int32_t *idx = g->table_upd, *blk = g->table_upd + U, n = 0;
     bool whole = w != g->table_w;
-    for (int32_t i = 0; i < B && !whole; i++) {
+    // Only rows that changed can differ: a row that continues (same output, no block taken)
+    // kept its table since the last step's update.
+    for (int32_t d = 0; d < g->n_dirty && !whole; d++) {
+        const int32_t i = g->dirty[d];
         const tr_kv_seq *kv = &g->slots[i].kv;
         int32_t *row = g->tables_dev + (size_t)i * w;
         for (int32_t j = 0; j < kv->n_blocks; j++) {
@@ -828,6 +833,7 @@ static int step_rows(gen_run *run, double *ctx, tr_err *err) {
     const int32_t B = g->n_active, cont = g->dev_rows;
     g->dev_rows = 0;   // until this step has run
     g->row_patch[0] = 0;
+    g->n_dirty = 0;
     for (int32_t i = 0; i < B; i++) {
         tr_gen_slot *s = &g->slots[i];
         const tr_gen_output *o = &run->outs[s->out];
@@ -837,7 +843,9 @@ static int step_rows(gen_run *run, double *ctx, tr_err *err) {
         s->reserved -= took;
         g->reserved -= took;
         s->kv.len = pos + 1;
-        if (i >= cont || g->dev_out[i] != s->out) patch_row(g, i, o->tokens[o->n_tokens - 1], pos);
+        const bool moved = i >= cont || g->dev_out[i] != s->out;
+        if (moved) patch_row(g, i, o->tokens[o->n_tokens - 1], pos);
+        if (moved || took > 0) g->dirty[g->n_dirty++] = i;   // its table may have changed
         g->dev_out[i] = s->out;
         g->row_out[i] = s->out;
         *ctx += pos + 1;

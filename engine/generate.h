@@ -151,6 +151,8 @@ typedef struct tr_generator {
     int32_t *row_patch;         // [1 + 3 max_seqs]
     int32_t *dev_out;           // [max_seqs]
     int32_t dev_rows;
+    int32_t *dirty;             // [max_seqs] the step's rows whose block table may have changed
+    int32_t n_dirty;            // (patched, or a block taken), the rows tables_update compares
     int32_t *row_out;           // [max_rows] the output each sampled row draws for
     int32_t *fin_reqs;          // [max_rows] the requests a prefill pass finished, in order
     float *row_lp;              // [max_rows]
