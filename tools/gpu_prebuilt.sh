@@ -47,6 +47,9 @@
 #          kernels)
 #   dprof  TROUPE_CUDA_PROFILE's table of decode steps (device time per op) at the 0.5B shape,
 #          batch 64, and the 1.5B shape, batch 256
+#   sncu   Nsight Compute on one draw of the sampler (sample_draw_kernel, bench_cuda sample's
+#          first timed draw at temperature 1: 64 rows of 151,936 logits): the details page and
+#          the SASS's executions and stall samples (csv)
 #   wide   test_cuda_ops attention with the TMA forward's wide tiles at D = 64 and 128
 #          (TROUPE_CUDA_WGMMA=247) against mma.sync, and bench_cuda attention
 #          on narrow tiles (55) beside wide ones; WIDE_PICK=1 then runs the later parts with
@@ -207,6 +210,20 @@ if has gen; then
     step gen_ops "$t" attention
     step gen_buffers "$t" buffers
     step gen_model_bf16 env TROUPE_BACKEND=cuda timeout 120 "$carry/tests/engine/test_model_bf16"
+fi
+if has sncu; then
+    ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    r="$logs/ncu_sample"
+    # bench_cuda sample draws greedily first (REPS + 1 = 4 launches), then at temperature 1:
+    # its warm-up launch skipped, the first timed one profiled
+    step ncu_sample timeout 150 "$ncu" --clock-control none --set full \
+        --kernel-name-base mangled --kernel-name "regex:sample_draw_kernel" \
+        --launch-skip 5 --launch-count 1 -o "$r" "$bc" sample
+    "$ncu" -i "$r.ncu-rep" --page details >"$r.details.txt" 2>&1
+    "$ncu" -i "$r.ncu-rep" --page source --print-source sass --csv >"$r.sass.csv" 2>&1
+    rm -f "$r.ncu-rep"
+    grep -E "Duration|Executed Ipc A|Issue Slots Busy|Registers Per|Achieved Occ|DRAM Throughput" \
+        "$r.details.txt" | sed "s/^/sample /" | tee -a "$summary"
 fi
 if has dprof; then
     for v in "qwen2.5-0.5b 64" "qwen2.5-1.5b 256"; do
