@@ -5,7 +5,7 @@
 // stop, each in a child process that is expected to abort: buffers sized for the other
 // precision, adding into a bf16 output, KV slots and blocks outside the pool or repeated,
 // AdamW segments that do not tile the range, a row stride below the row width, a block copy
-// running past its destination.
+// running past its destination, decode rows patched out of order.
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -390,6 +390,28 @@ static void each_op(void) {
             done("convert");
         }
 
+    // a decode step's rows: 5 rows of tables 3 blocks of 4 wide, rows 1 and 4 patched (4 as
+    // padding), the rest continuing; embedding rows of the vocabulary slice [10, 40)
+    {
+        const int32_t pos[5] = {3, 7, 0, 10, 2}, drawn[5] = {5, 12, 39, 40, 9};
+        const int32_t patch[7] = {2, 1, 33, 6, 4, 0, -1};
+        int32_t tables[15];
+        for (int32_t i = 0; i < 15; i++) tables[i] = 2 * i + 1;
+        const size_t R = sizeof pos;   // a row's ints
+        x[0] = mk(NULL, R), x[1] = mk(pos, R), x[2] = mk(NULL, R), x[3] = mk(NULL, R);
+        x[4] = mk(NULL, R + sizeof(int32_t)), x[5] = mk(NULL, R), x[6] = mk(drawn, R);
+        x[7] = mk(patch, sizeof patch), x[8] = mk(tables, sizeof tables);
+        for (tr_backend *be = &hb; be; be = next_be(be)) {
+            void **p = ptrs(be);
+            be->ops->decode_rows(be, &(tr_decode_rows_args){
+                                         .ids = p[0], .pos = p[1], .slot = p[2], .len = p[3],
+                                         .doc_start = p[4], .emb_ids = p[5], .drawn = p[6],
+                                         .patch = p[7], .tables = p[8], .w = 3, .bs = 4, .n = 5,
+                                         .v0 = 10, .V = 30});
+        }
+        done("decode_rows");
+    }
+
     // vocab-parallel sampling: this rank's lists of 4 (columns 20.. of a 2-rank vocabulary
     // of 100), its walk from a carried sum, and the pick over both ranks' (the same lists)
     enum { K = 4, R = 2 };
@@ -512,6 +534,20 @@ static void bad_block(void) {   // a decode block id past the pool
     gb.ops->attention_decode(&gb, out, q, 2, &kv, t, 2, l, 1, 1);
 }
 
+static void bad_patch_order(void) {   // decode rows patched out of order
+    const int32_t patch[7] = {2, 3, 1, 0, 1, 1, 0}, zeros[4] = {0, 0, 0, 0};
+    int32_t *b[8];
+    for (int i = 0; i < 8; i++) b[i] = gb.ops->alloc(&gb, 4 * sizeof(int32_t));
+    int32_t *pt = gb.ops->alloc(&gb, sizeof patch);
+    gb.ops->upload(&gb, pt, patch, sizeof patch);
+    gb.ops->upload(&gb, b[1], zeros, sizeof zeros);
+    gb.ops->upload(&gb, b[7], zeros, sizeof zeros);
+    gb.ops->decode_rows(&gb, &(tr_decode_rows_args){.ids = b[0], .pos = b[1], .slot = b[2],
+                                                    .len = b[3], .doc_start = b[4],
+                                                    .drawn = b[5], .patch = pt, .tables = b[7],
+                                                    .w = 1, .bs = 16, .n = 4});
+}
+
 static void bad_segments(void) {   // a hole between the segments
     tr_adamw_seg segs[2] = {{0, 10, 0.1f, 0}, {12, 20, 0.0f, 0}};
     double ss = 1.0;
@@ -564,6 +600,7 @@ int main(void) {
         CHECKF(aborts(repeated_slot), "%s: a repeated KV slot passed", p);
         CHECKF(aborts(bad_block), "%s: a decode block outside the pool passed", p);
         CHECKF(aborts(bad_segments), "%s: AdamW segments with a hole passed", p);
+        CHECKF(aborts(bad_patch_order), "%s: decode rows patched out of order passed", p);
         CHECKF(aborts(bad_ld), "%s: a row stride below the row width passed", p);
         CHECKF(aborts(bad_copy_2d), "%s: copy_2d past the end of its destination passed", p);
         CHECKF(aborts(bad_ranked), "%s: a ranked row drawn with ranked false passed", p);
