@@ -145,6 +145,29 @@ fwd_ms() {
     awk -v p="$1 attn shape=$2 " 'index($0, p) == 1 && match($0, /fwd_ms=[0-9.]+/) {
         print substr($0, RSTART + 7, RLENGTH - 7); exit }' "$summary"
 }
+# fwd_faster TAG BASE SHAPE: whether TAG ran the forward at SHAPE faster than BASE did
+fwd_faster() {
+    awk -v a="$(fwd_ms "$2" "$3")" -v b="$(fwd_ms "$1" "$3")" 'BEGIN { exit !(b > 0 && b < a) }'
+}
+# ncu_profile NAME KERNEL SKIP TAG [VAR=VALUE...] -- CMD...: step NAME, Nsight Compute on the
+# launch of the kernel matching the regex KERNEL after SKIP of them in CMD (run in that
+# environment); the details page and the SASS's executions and stall samples (csv) beside the
+# logs, the headline metrics into the summary as "TAG ..."
+ncu_profile() {
+    local name=$1 kernel=$2 skip=$3 tag=$4 r="$logs/$1" ncu envs=()
+    ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    shift 4
+    while [ "$1" != -- ]; do envs+=("$1"); shift; done
+    shift
+    step "$name" timeout 150 env "${envs[@]}" "$ncu" --clock-control none --set full \
+        --kernel-name-base mangled --kernel-name "regex:$kernel" --launch-skip "$skip" \
+        --launch-count 1 -o "$r" "$@"
+    "$ncu" -i "$r.ncu-rep" --page details >"$r.details.txt" 2>&1
+    "$ncu" -i "$r.ncu-rep" --page source --print-source sass --csv >"$r.sass.csv" 2>&1
+    rm -f "$r.ncu-rep"
+    grep -E "Duration|Executed Ipc A|Issue Slots Busy|Registers Per|Achieved Occ|DRAM Throughput" \
+        "$r.details.txt" | sed "s/^/$tag /" | tee -a "$summary"
+}
 
 t="$carry/tests/kernels/test_cuda_ops" bc="$carry/bench/bench_cuda" bt="$carry/bench/bench_train_gpu"
 if has attn; then
@@ -193,17 +216,9 @@ if has prof; then
     done
 fi
 if has ncu; then
-    ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
     for k in "64:qwen05b_dense" "128:qwen15b_dense"; do
-        r="$logs/ncu_fwd${k%%:*}"
-        step "ncu_fwd${k%%:*}" timeout 150 "$ncu" --clock-control none --set full \
-            --kernel-name-base mangled --kernel-name "regex:fa_forward_tma_kernelILi${k%%:*}E" \
-            --launch-skip 2 --launch-count 1 -o "$r" "$bc" attention "${k#*:}"
-        "$ncu" -i "$r.ncu-rep" --page details >"$r.details.txt" 2>&1
-        "$ncu" -i "$r.ncu-rep" --page source --print-source sass --csv >"$r.sass.csv" 2>&1
-        rm -f "$r.ncu-rep"
-        grep -E "Duration|Executed Ipc A|Issue Slots Busy|Registers Per|Achieved Occ" \
-            "$r.details.txt" | sed "s/^/fwd${k%%:*} /" | tee -a "$summary"
+        ncu_profile "ncu_fwd${k%%:*}" "fa_forward_tma_kernelILi${k%%:*}E" 2 "fwd${k%%:*}" -- \
+            "$bc" attention "${k#*:}"
     done
 fi
 if has gen; then
@@ -212,18 +227,9 @@ if has gen; then
     step gen_model_bf16 env TROUPE_BACKEND=cuda timeout 120 "$carry/tests/engine/test_model_bf16"
 fi
 if has sncu; then
-    ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-    r="$logs/ncu_sample"
     # bench_cuda sample draws greedily first (REPS + 1 = 4 launches), then at temperature 1:
     # its warm-up launch skipped, the first timed one profiled
-    step ncu_sample timeout 150 "$ncu" --clock-control none --set full \
-        --kernel-name-base mangled --kernel-name "regex:sample_draw_kernel" \
-        --launch-skip 5 --launch-count 1 -o "$r" "$bc" sample
-    "$ncu" -i "$r.ncu-rep" --page details >"$r.details.txt" 2>&1
-    "$ncu" -i "$r.ncu-rep" --page source --print-source sass --csv >"$r.sass.csv" 2>&1
-    rm -f "$r.ncu-rep"
-    grep -E "Duration|Executed Ipc A|Issue Slots Busy|Registers Per|Achieved Occ|DRAM Throughput" \
-        "$r.details.txt" | sed "s/^/sample /" | tee -a "$summary"
+    ncu_profile ncu_sample sample_draw_kernel 5 sample -- "$bc" sample
 fi
 if has dprof; then
     for v in "qwen2.5-0.5b 64" "qwen2.5-1.5b 256"; do
@@ -239,11 +245,10 @@ if has wide; then
     attn_bench wide_bench_wide wide "$bc" TROUPE_CUDA_WGMMA=247
     # the mask the measurements favour: wide tiles at a head dimension where they passed the
     # tests and ran the dense forward faster (WIDE_PICK=1 exports it to the parts after)
-    faster() { awk -v a="$(fwd_ms narrow "$1")" -v b="$(fwd_ms wide "$1")" 'BEGIN { exit !(b > 0 && b < a) }'; }
     pick=55
     if grep -q "^wide_ops: exit 0" "$summary"; then
-        faster qwen05b_dense && pick=$((pick | 128))
-        faster qwen15b_dense && pick=$((pick | 64))
+        fwd_faster wide narrow qwen05b_dense && pick=$((pick | 128))
+        fwd_faster wide narrow qwen15b_dense && pick=$((pick | 64))
     fi
     echo "wide pick: TROUPE_CUDA_WGMMA=$pick" | tee -a "$summary"
     [ "${WIDE_PICK:-0}" = 1 ] && export TROUPE_CUDA_WGMMA=$pick
@@ -267,9 +272,8 @@ if has variants; then
     faster_than() {
         local s a b
         for s in qwen05b_dense qwen15b_dense; do
-            a=$(fwd_ms "$2" $s) b=$(fwd_ms "$1" $s)
-            [ -z "$a" ] && return 0
-            awk -v a="$a" -v b="$b" 'BEGIN { exit !(b > 0 && b < a) }' && return 0
+            [ -z "$(fwd_ms "$2" $s)" ] && return 0
+            fwd_faster "$1" "$2" $s && return 0
         done
         return 1
     }
@@ -305,18 +309,9 @@ if has dec; then
         grep -h "^troupe decode" "$logs/$n.log" | sed "s/^/coop=$3 rope=$4 /" | tee -a "$summary"
     done
     if [ "${DEC_NCU:-0}" = 1 ]; then
-        ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
         for k in "512:64 512 14 2 64" "d128:64 512 12 2 128"; do
-            r="$logs/ncu_dec${k%%:*}"
-            step "ncu_dec${k%%:*}" timeout 150 env TROUPE_CUDA_DECODE_COOP=1 "$ncu" \
-                --clock-control none --set full --kernel-name-base mangled \
-                --kernel-name "regex:fa_decode_coop" --launch-skip 2 --launch-count 1 -o "$r" \
-                "$bc" attention decode ${k#*:}
-            "$ncu" -i "$r.ncu-rep" --page details >"$r.details.txt" 2>&1
-            "$ncu" -i "$r.ncu-rep" --page source --print-source sass --csv >"$r.sass.csv" 2>&1
-            rm -f "$r.ncu-rep"
-            grep -E "Duration|Executed Ipc A|Issue Slots Busy|Registers Per|Achieved Occ|DRAM Throughput" \
-                "$r.details.txt" | sed "s/^/dec${k%%:*} /" | tee -a "$summary"
+            ncu_profile "ncu_dec${k%%:*}" fa_decode_coop 2 "dec${k%%:*}" \
+                TROUPE_CUDA_DECODE_COOP=1 -- "$bc" attention decode ${k#*:}
         done
     fi
 fi
