@@ -872,8 +872,8 @@ static void attend_docs(void *ctx, tr_model *m, int32_t layer, tr_layer_acts *la
                                   &m->docs, c->n_heads, c->n_kv_heads, c->head_dim);
 }
 
-// The batch the host arrays hold (ids, and m->pos, m->doc_start or their pinned copies)
-// becomes the current one: sizes and the host side ...
+// The batch the host arrays hold (ids, m->pos, m->doc_start; ids NULL: rows the device
+// writes, tr_model_rows_prepare) becomes the current one: sizes and the host side ...
 static void batch_host(tr_model *m, const int32_t *ids, int32_t T, int32_t n_docs, bool shared) {
     if (m->tp.size > 1 && ids) {   // the ids as rows of this rank's embedding
         for (int32_t t = 0; t < T; t++) {
