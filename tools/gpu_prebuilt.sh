@@ -71,7 +71,8 @@
 # Output: $OUT (else ./gpu-results): prebuilt.tar.gz (a log per step) and prebuilt_summary.txt
 # (each step's exit status, its failed checks and the benchmark lines, also printed as each
 # step ends, so that a run cut short still shows what it finished). PEER_TIMEOUT (seconds,
-# default 400) bounds the peer part; PEER_SHAPES (default both) names the shapes it runs.
+# default 400) bounds the peer part; PEER_SHAPES (default both) names the shapes it runs;
+# PEER_COMPILE_ONLY=1 runs torch.compile without eager (bench/run_gpu_train.sh).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 carry="build-carry"
