@@ -20,7 +20,9 @@
 #                                        6 MB a variant, compressed); VARIANT_ENVS, sets of
 #                                        VAR=VALUE joined by commas and separated by spaces,
 #                                        are the environments the variant is run in (default:
-#                                        the call's own)
+#                                        the call's own); VARIANT_SECTION, the bench_cuda and
+#                                        test_cuda_ops section it is measured and tested with
+#                                        (default attention; sample: the sampler's)
 #   tools/gpu_prebuilt.sh run [PART...]  there: runs the parts with build-carry's binaries
 # Parts (default: attn train):
 #   attn   test_wgmma, test_cuda_ops attention (every bf16 pass on wgmma, the TMA forward and
@@ -62,7 +64,9 @@
 #          VARIANT_ENVS; default: the call's own), then each variant's in each of its
 #          environments, and its test_cuda_ops attention where it ran a dense forward faster
 #          than the tree in the same environment (VARIANT_TESTS=all: everywhere), so that every
-#          line compared comes from the same call
+#          line compared comes from the same call; a variant packed with another
+#          VARIANT_SECTION is measured with that bench_cuda section, beside the tree's in the
+#          same environment, and always tested with that test_cuda_ops section
 #   dec    test_cuda_ops attention (both decode kernels, and attention_decode_rope, against the
 #          forward and the ops it joins), test_model_bf16, bench_cuda attention decode (each
 #          decode kernel, then the rule), bench_decode_gpu with each decode kernel and with
@@ -95,6 +99,7 @@ if [ "${1:-}" = pack-variant ]; then
                 rc=1
         done
         echo "${VARIANT_ENVS:-}" >"$carry/variants/$name/envs"
+        echo "${VARIANT_SECTION:-attention}" >"$carry/variants/$name/section"
     fi
     git apply -R "$patch" || { echo "gpu_prebuilt: could not take $patch back out" >&2; exit 1; }
     # shellcheck disable=SC2086
@@ -262,12 +267,18 @@ if has smacc; then
     attn_bench smacc_bench_smacc smacc "$bc" TROUPE_CUDA_WGMMA=503
 fi
 if has variants; then
-    # vbench NAME BIN_ROOT ENV: bench_cuda attention from BIN_ROOT in ENV (VAR=VALUE joined by
-    # commas; "-": the call's own), tagged "NAME[ENV]"
+    # vbench NAME BIN_ROOT ENV [SECTION]: bench_cuda attention (or SECTION) from BIN_ROOT in
+    # ENV (VAR=VALUE joined by commas; "-": the call's own), tagged "NAME[ENV]"
     vbench() {
-        local e=$3 tag=$1
+        local e=$3 tag=$1 sec=${4:-attention}
         [ "$e" = - ] && e="" || tag="$1[$e]"
-        attn_bench "variant_${1}_bench_${e//[=,]/_}" "$tag" "$2/bench/bench_cuda" ${e//,/ }
+        if [ "$sec" = attention ]; then
+            attn_bench "variant_${1}_bench_${e//[=,]/_}" "$tag" "$2/bench/bench_cuda" ${e//,/ }
+            return
+        fi
+        local name="variant_${1}_bench_${sec}_${e//[=,]/_}"
+        step "$name" env ${e//,/ } "$2/bench/bench_cuda" "$sec"
+        grep -E "^ +$sec " "$logs/$name.log" | sed "s/^ */$tag /" | tee -a "$summary"
     }
     # whether TAG ran a dense forward faster than TREE (or TREE has no such line)
     faster_than() {
@@ -282,13 +293,17 @@ if has variants; then
     for v in "$carry"/variants/*/; do
         [ -d "$v" ] || continue
         n=$(basename "$v") sets=$(cat "$v/envs" 2>/dev/null)
+        sec=$(cat "$v/section" 2>/dev/null || echo attention)
         for e in ${sets:-"-"}; do
-            vbench "$n" "$v" "$e"
+            # another section's variant: the tree's own bench beside it, in this environment
+            [ "$sec" != attention ] && vbench tree "$carry" "$e" "$sec"
+            vbench "$n" "$v" "$e" "$sec"
             tag="[$e]"
             [ "$e" = - ] && tag="" e=""
             # the tests where the variant is a candidate (VARIANT_TESTS=all: everywhere)
-            if [ "${VARIANT_TESTS:-}" = all ] || faster_than "$n$tag" "tree$tag"; then
-                step "variant_${n}_ops_${e//[=,]/_}" env ${e//,/ } "$v/tests/kernels/test_cuda_ops" attention
+            if [ "$sec" != attention ] || [ "${VARIANT_TESTS:-}" = all ] ||
+                faster_than "$n$tag" "tree$tag"; then
+                step "variant_${n}_ops_${e//[=,]/_}" env ${e//,/ } "$v/tests/kernels/test_cuda_ops" "$sec"
             fi
         done
     done
