@@ -52,6 +52,9 @@
 #   sncu   Nsight Compute on one draw of the sampler (sample_draw_kernel, bench_cuda sample's
 #          first timed draw at temperature 1: 64 rows of 151,936 logits): the details page and
 #          the SASS's executions and stall samples (csv)
+#   gdec   bench_cuda gemm_decode: every candidate of a decode step's products at 64 and 256
+#          rows (cuBLASLt's algorithms whole and split, and the sequential-k kernel's
+#          configurations that keep the plan's bits) beside the batch-invariant plan, us each
 #   wide   test_cuda_ops attention with the TMA forward's wide tiles at D = 64 and 128
 #          (TROUPE_CUDA_WGMMA=247) against mma.sync, and bench_cuda attention
 #          on narrow tiles (55) beside wide ones; WIDE_PICK=1 then runs the later parts with
@@ -244,6 +247,10 @@ if has dprof; then
         step "$n" env TROUPE_CUDA_PROFILE=1 timeout 120 "$carry/bench/bench_decode_gpu" "$1" "$2" 1 256 256
         sed -n '/^cuda profile/,+30p' "$logs/$n.log" | sed "s/^/$n /" | tee -a "$summary"
     done
+fi
+if has gdec; then
+    step gemm_decode timeout 200 "$bc" gemm_decode
+    grep -E "rows:|plan|seqk" "$logs/gemm_decode.log" | head -120 | tee -a "$summary"
 fi
 if has wide; then
     step wide_ops env TROUPE_CUDA_WGMMA=247 "$t" attention
