@@ -571,6 +571,39 @@ int tr_model_write_params(tr_model *m, const float *host, tr_err *err) {
     return tr_model_refresh_work(m, err);
 }
 
+bool tr_model_can_copy_weights(const tr_model *dst, const tr_model *src) {
+    const tr_model_config *a = &dst->cfg, *b = &src->cfg;
+    return dst != src && dst->layout.total == src->layout.total &&
+           dst->layout.n_tensors == src->layout.n_tensors && dst->tp.size == src->tp.size &&
+           dst->tp.rank == src->tp.rank && a->head == b->head && a->vocab_size == b->vocab_size &&
+           a->hidden_size == b->hidden_size && a->n_layers == b->n_layers &&
+           a->intermediate_size == b->intermediate_size && a->n_heads == b->n_heads &&
+           a->n_kv_heads == b->n_kv_heads && a->head_dim == b->head_dim &&
+           a->tie_word_embeddings == b->tie_word_embeddings && a->attention_bias == b->attention_bias &&
+           a->o_proj_bias == b->o_proj_bias && a->qk_norm == b->qk_norm && a->num_labels == b->num_labels &&
+           (!dst->params || src->params) &&
+           (dst->work || dst->params);
+}
+
+int tr_model_copy_weights(tr_model *dst, const tr_model *src, tr_err *err) {
+    if (!tr_model_can_copy_weights(dst, src))
+        return tr_errf(err, TR_EINVAL, "copying weights: the models differ in shape, tensor-parallel "
+                       "slice or precision (masters need masters to copy from)");
+    const tr_ops *op = dst->be->ops;
+    const size_t n = dst->layout.total;
+    if (dst->params) {
+        op->convert(dst->be, dst->params, TR_F32, src->params, TR_F32, n);
+        if (tr_dev_sync(dst->be, "copying weights", err) != 0) return -1;
+        return tr_model_refresh_work(dst, err);
+    }
+    // A load rounds the checkpoint's values into the working weights once: from src's masters
+    // (the values it loaded, exactly), or from its working weights when they are the same dtype.
+    if (src->params) op->convert(dst->be, dst->work, dst->wt, src->params, TR_F32, n);
+    else if (src->wt == dst->wt) op->convert(dst->be, dst->work, dst->wt, src->work, src->wt, n);
+    else return tr_errf(err, TR_EINVAL, "copying weights: no masters, and working weights of another dtype");
+    return tr_dev_sync(dst->be, "copying weights", err);
+}
+
 int tr_model_read_grads(tr_model *m, float *host, tr_err *err) {
     if (!m->grads) return tr_errf(err, TR_EINVAL, "model: no gradients (not set up for training)");
     return tr_dev_download_sync(m->be, host, m->grads, m->layout.total * sizeof(float),

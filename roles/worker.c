@@ -135,8 +135,10 @@ static int dispatch(tr_role_ctx *role, const tr_msg *req, tr_msg_writer *rep, bo
             return -1;
         }
         role->ready = true;
+        role->init_ops = role->w->ops;
         return 0;
     }
+    role->w->ops++;   // any other op may change a hosted role's weights
     if (!op_allowed(role->kind, op)) return tr_errf(err, TR_EUNSUPPORTED, "the %s role has no op '%s'", role->name, op);
     if (!role->ready) return tr_errf(err, TR_EINVAL, "%s before init", op);
     bool lent = false;

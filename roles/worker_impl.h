@@ -43,6 +43,12 @@ typedef struct tr_role_ctx {
     char id[TR_PEER_ID_MAX];          // "<role>/<rank>"
     tr_dealer *dealer;
     bool ready;                       // init succeeded
+    // Where init took the weights (a checkpoint, or a config and seed), for another hosted
+    // role initialised from the same source to copy them rather than load or draw them again
+    // (empty: none may: a generator's, a converted head's); init_ops: the worker's op count
+    // when init ended, so that the weights are init's while the count stays there.
+    char init_src[2080];
+    int64_t init_ops;
     // The group's parallel layout from init: rank = dp_rank * tp + tp_rank; sp: sequence
     // parallelism (tp > 1).
     int32_t tp, dp, dp_rank, tp_rank;
@@ -118,6 +124,7 @@ struct tr_worker {
     size_t separate_bytes;            // what the hosted roles' own buffers would have taken
     tr_role_ctx roles[4];
     int n_roles;
+    int64_t ops;                      // requests other than init handled, by any hosted role
     void (*log)(void *ctx, const char *line);
     void *log_ctx;
 };

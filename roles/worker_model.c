@@ -184,8 +184,25 @@ static tr_gen_opts gen_opts(const tr_role_ctx *role) {
     return (tr_gen_opts){.kv_tokens = role->plan.kv_tokens, .max_seqs = role->plan.max_seqs};
 }
 
+// A hosted role whose weights this one may copy instead of loading or drawing them: initialised
+// from the same source, unchanged since (no other op has run in the worker), of the same
+// shape, slice and precision.
+static const tr_role_ctx *weight_twin(const tr_role_ctx *role) {
+    const tr_worker *w = role->w;
+    for (int i = 0; i < w->n_roles; i++) {
+        const tr_role_ctx *r = &w->roles[i];
+        if (r != role && r->ready && r->has_model && r->init_src[0] &&
+            strcmp(r->init_src, role->init_src) == 0 && r->init_ops == w->ops &&
+            tr_model_can_copy_weights(&role->model, &r->model))
+            return r;
+    }
+    return NULL;
+}
+
 // A generator holds weights only for generation: no gradients, no optimizer, and its weights
-// come from the policy's first sync_weights, so none are read or drawn here.
+// come from the policy's first sync_weights, so none are read or drawn here. A role hosted
+// beside one initialised from the same source (a colocated reference beside its policy)
+// copies that role's weights on the device rather than reading or drawing them again.
 static int load_model(tr_role_ctx *role, const tr_msg_map *a, int32_t max_tokens, bool train, bool gen,
                       tr_err *err) {
     char model[1024] = "", init_cfg[1024] = "", head[16] = "";
@@ -234,8 +251,19 @@ static int load_model(tr_role_ctx *role, const tr_msg_map *a, int32_t max_tokens
         role->has_gen = true;
     }
     int rc = 0;
+    role->init_src[0] = '\0';
+    if (role->kind != TR_ROLE_GENERATOR && !convert) {
+        if (model[0]) snprintf(role->init_src, sizeof role->init_src, "checkpoint %s", model);
+        else snprintf(role->init_src, sizeof role->init_src, "config %s, seed %lld", init_cfg, (long long)init_seed);
+    }
+    const tr_role_ctx *twin = role->init_src[0] ? weight_twin(role) : NULL;
     if (role->kind == TR_ROLE_GENERATOR) {
         // Zero until the policy's first sync_weights; generate is refused before it.
+    } else if (twin) {
+        rc = tr_model_copy_weights(&role->model, &twin->model, err);
+        if (!rc)
+            tr_worker_logf(role, "init: weights copied from the %s role's (the same %s, unchanged since)",
+                           twin->name, role->init_src);
     } else if (!model[0]) {
         rc = tr_model_init_weights(&role->model, (uint64_t)init_seed, 0.02f, err);
     } else if (convert) {

@@ -9,7 +9,8 @@
 //     generation, critic values, reward-model scores; the critic's first clipped value loss
 //     equals 1/2 (v - R)^2 token-mean;
 //   - error replies name role/rank/op; save/load round trip;
-//   - colocated policy + reference in one process (one arena) give bit for bit the numbers of
+//   - colocated policy + reference in one process (one arena; the reference's weights copied
+//     from the policy's, the same checkpoint) give bit for bit the numbers of
 //     separate processes through generate, logprobs, a PPO step with KL and generate again,
 //     and the worker's arena is the documented max(train, forward + kv) formula, smaller
 //     than separate buffers;
@@ -363,11 +364,82 @@ static bool arena_line(const char *log, long long *bytes, long long *separate) {
     return found;
 }
 
+// The colocated worker's arena (its log's line) against the formula on the fixture's config
+// (fp32): the policy trains on max_tokens 256 and generates with the default 16384-token KV
+// pool (blocks of 16); the reference runs inference on 256 tokens.
+static void check_colocated_arena(const char *log) {
+    tr_err err = {0};
+    tr_model_config cfg;
+    long long bytes = 0, separate = 0;
+    CHECKF(tr_checkpoint_load_config(model_dir, &cfg, &err) == 0, "%s", err.msg);
+    CHECKF(arena_line(log, &bytes, &separate), "no arena line in %s", log);
+    size_t train = af_acts_bytes(&cfg, 256, true, 4), fwd = af_acts_bytes(&cfg, 256, false, 4);
+    size_t kv = af_kv_bytes(&cfg, 16384, 16, 4);
+    size_t want = af_need(train, fwd, kv) > fwd ? af_need(train, fwd, kv) : fwd;
+    size_t want_sep = train + kv + fwd;
+    CHECKF(bytes == (long long)want && separate == (long long)want_sep,
+           "arena %lld bytes (formula %zu), separate %lld (formula %zu)", bytes, want, separate, want_sep);
+    CHECK(bytes < separate);
+    printf("colocated policy + reference arena: %lld bytes = max(train %zu, forward %zu + kv %zu, forward %zu); "
+           "separate buffers %lld bytes\n", bytes, train, fwd, kv, fwd, separate);
+}
+
+// A role initialised beside one that has since run an op (here a policy that trained) takes
+// its weights from the source itself, not from the changed neighbour: the reference's
+// logprobs are the untrained policy's, and the worker logs no copy.
+static void test_no_copy_after_op(void) {
+    tr_router *router = start_router();
+    if (!router) {
+        CHECK(0);
+        return;
+    }
+    proc p = spawn_worker("policy,reference", tr_router_endpoint(router), 0, 1);
+    tr_err err = {0};
+    CHECKF(tr_router_wait_peers(router, NULL, 2, 30000, &err) == 0, "%s", err.msg);
+    tr_group gp, gr;
+    group(&gp, router, "policy", 1);
+    group(&gr, router, "reference", 1);
+    tr_init_args pa = model_args(true), ra = model_args(false);
+    int32_t ids[32];
+    int64_t off[3];
+    make_prompts(2, ids, off);
+    tr_prompt_batch pb = {.n = 2, .ids = ids, .offset = off};
+    tr_sampling s = {.n = 2, .max_new_tokens = 8, .temperature = 0.8f, .top_p = 0.9f, .top_k = 50, .seed = 1};
+    tr_rollouts r;
+    tr_rollouts_init(&r);
+    tr_train_metrics m;
+    int rc = tr_role_init(&gp, &pa, NULL, &err) || tr_policy_generate(&gp, &pb, &s, &r, &err);
+    size_t n = (size_t)(r.n_tokens ? r.n_tokens : 1);
+    float *adv = calloc(n, sizeof(float)), *before = calloc(n, sizeof(float)),
+          *ref = calloc(n, sizeof(float)), *after = calloc(n, sizeof(float));
+    for (int64_t t = 0; t < r.n_tokens; t++) adv[t] = 0.1f * (float)(r.tokens[t] % 7 - 3);
+    tr_train_batch tb = {.r = &r, .advantages = adv, .old_logprobs = before};
+    if (!rc) rc = tr_model_logprobs(&gp, &r, before, NULL, &err) || tr_policy_train(&gp, &tb, &m, &err) ||
+                  tr_model_logprobs(&gp, &r, after, NULL, &err) || tr_role_init(&gr, &ra, NULL, &err) ||
+                  tr_model_logprobs(&gr, &r, ref, NULL, &err);
+    CHECKF(rc == 0, "%s", err.msg);
+    if (!rc) {
+        size_t nb = (size_t)r.n_tokens * sizeof(float);
+        CHECK(memcmp(after, before, nb) != 0);   // the policy's weights changed
+        CHECK(memcmp(ref, before, nb) == 0);     // the reference has the checkpoint's
+        CHECK(!tp_file_has(p.log, "weights copied"));
+    }
+    free(adv);
+    free(before);
+    free(ref);
+    free(after);
+    tr_rollouts_free(&r);
+    CHECK(tr_group_shutdown(&gp, &err) == 0 && tr_group_shutdown(&gr, &err) == 0);
+    CHECK(finished(&p, 10000, 0));
+    tr_router_free(router);
+}
+
 // policy and reference in one process (both dealers, one pid, one thread pool, one arena)
 // against the same roles in separate processes: the same rollouts, reference logprobs, PPO
-// metrics, rollouts after the update and trained logprobs, bit for bit. The colocated
+// metrics, rollouts after the update and trained logprobs, bit for bit, in fp32 and in bf16
+// (where the reference keeps no masters and takes the policy's rounded). The colocated
 // worker's arena is the documented max(policy train, policy forward + kv, reference forward).
-static void test_colocated(void) {
+static void test_colocated(const char *precision) {
     tr_router *router = start_router(), *router_sep = start_router();
     if (!router || !router_sep) {
         CHECK(0);
@@ -391,9 +463,16 @@ static void test_colocated(void) {
     group(&gsp, router_sep, "policy", 1);
     group(&gsr, router_sep, "reference", 1);
     tr_init_args pa = model_args(true), ra = model_args(false);
+    pa.precision = ra.precision = precision;   // bf16: the reference keeps no fp32 masters
     pa.loss.kl_coef = 0.05;  // the reference's logprobs enter the update
     CHECKF(tr_role_init(&gp, &pa, NULL, &err) == 0 && tr_role_init(&gr, &ra, NULL, &err) == 0, "%s", err.msg);
     CHECKF(tr_role_init(&gsp, &pa, NULL, &err) == 0 && tr_role_init(&gsr, &ra, NULL, &err) == 0, "%s", err.msg);
+    // The colocated reference copies the policy's weights (the same checkpoint, unchanged
+    // since the policy's init) rather than reading the checkpoint again; the separate one reads
+    // it: the logprobs below compare the two bit for bit.
+    CHECKF(tp_file_has(p.log, "[reference/0] init: weights copied from the policy role's"),
+           "no copy line in %s", p.log);
+    CHECK(!tp_file_has(sr.log, "weights copied"));
     step_run co, se;
     if (rl_step(&gp, &gr, &co, "colocated") == 0 && rl_step(&gsp, &gsr, &se, "separate") == 0) {
         check_logprobs_equal_generation(&co.r, co.ref_lp, "colocated reference");
@@ -405,28 +484,13 @@ static void test_colocated(void) {
               co.m.tokens == se.m.tokens && co.m.grad_norm > 0);
         CHECK(same_rollouts(&co.r2, &se.r2));
         CHECK(memcmp(co.lp_after, se.lp_after, nb) == 0 && memcmp(co.lp_after, co.old_lp, nb) != 0);
-        printf("colocated = separate, bit for bit: %lld rollout tokens, loss %.6g, kl %.6g, grad norm %.6g\n",
-               (long long)co.r.n_tokens, co.m.loss, co.m.kl, co.m.grad_norm);
+        printf("colocated = separate (%s), bit for bit: %lld rollout tokens, loss %.6g, kl %.6g, grad norm %.6g\n",
+               precision, (long long)co.r.n_tokens, co.m.loss, co.m.kl, co.m.grad_norm);
     }
     step_run_free(&co);
     step_run_free(&se);
 
-    // The arena after both inits, against the formula on the fixture's config: the policy
-    // trains on max_tokens 256 and generates with the default 16384-token KV pool (blocks
-    // of 16); the reference runs inference on 256 tokens.
-    tr_model_config cfg;
-    long long bytes = 0, separate = 0;
-    CHECKF(tr_checkpoint_load_config(model_dir, &cfg, &err) == 0, "%s", err.msg);
-    CHECKF(arena_line(p.log, &bytes, &separate), "no arena line in %s", p.log);
-    size_t train = af_acts_bytes(&cfg, 256, true, 4), fwd = af_acts_bytes(&cfg, 256, false, 4);
-    size_t kv = af_kv_bytes(&cfg, 16384, 16, 4);
-    size_t want = af_need(train, fwd, kv) > fwd ? af_need(train, fwd, kv) : fwd;
-    size_t want_sep = train + kv + fwd;
-    CHECKF(bytes == (long long)want && separate == (long long)want_sep,
-           "arena %lld bytes (formula %zu), separate %lld (formula %zu)", bytes, want, separate, want_sep);
-    CHECK(bytes < separate);
-    printf("colocated policy + reference arena: %lld bytes = max(train %zu, forward %zu + kv %zu, forward %zu); "
-           "separate buffers %lld bytes\n", bytes, train, fwd, kv, fwd, separate);
+    if (strcmp(precision, "fp32") == 0) check_colocated_arena(p.log);
 
     // Shutting one role down keeps the process for the other.
     CHECK(tr_group_shutdown(&gp, &err) == 0);
@@ -833,7 +897,9 @@ int main(int argc, char **argv) {
     model_dir = md;
     test_round_trip();
     test_hf_reference();
-    test_colocated();
+    test_colocated("fp32");
+    test_colocated("bf16");
+    test_no_copy_after_op();
     test_data_parallel();
     test_exits();
     test_cli();
