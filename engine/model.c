@@ -571,24 +571,29 @@ int tr_model_write_params(tr_model *m, const float *host, tr_err *err) {
     return tr_model_refresh_work(m, err);
 }
 
+// An element-wise copy needs the same tensors at the same places: names, slices and offsets.
+static bool same_layout(const tr_param_layout *a, const tr_param_layout *b) {
+    if (a->total != b->total || a->n_tensors != b->n_tensors || a->tp.size != b->tp.size ||
+        a->tp.rank != b->tp.rank)
+        return false;
+    for (int32_t i = 0; i < a->n_tensors; i++) {
+        const tr_tensor_desc *x = &a->tensors[i], *y = &b->tensors[i];
+        if (x->offset != y->offset || x->numel != y->numel || x->begin != y->begin ||
+            strcmp(x->name, y->name) != 0)
+            return false;
+    }
+    return true;
+}
+
 bool tr_model_can_copy_weights(const tr_model *dst, const tr_model *src) {
-    const tr_model_config *a = &dst->cfg, *b = &src->cfg;
-    return dst != src && dst->layout.total == src->layout.total &&
-           dst->layout.n_tensors == src->layout.n_tensors && dst->tp.size == src->tp.size &&
-           dst->tp.rank == src->tp.rank && a->head == b->head && a->vocab_size == b->vocab_size &&
-           a->hidden_size == b->hidden_size && a->n_layers == b->n_layers &&
-           a->intermediate_size == b->intermediate_size && a->n_heads == b->n_heads &&
-           a->n_kv_heads == b->n_kv_heads && a->head_dim == b->head_dim &&
-           a->tie_word_embeddings == b->tie_word_embeddings && a->attention_bias == b->attention_bias &&
-           a->o_proj_bias == b->o_proj_bias && a->qk_norm == b->qk_norm && a->num_labels == b->num_labels &&
-           (!dst->params || src->params) &&
+    return dst != src && same_layout(&dst->layout, &src->layout) && (!dst->params || src->params) &&
            (dst->work || dst->params);
 }
 
 int tr_model_copy_weights(tr_model *dst, const tr_model *src, tr_err *err) {
     if (!tr_model_can_copy_weights(dst, src))
-        return tr_errf(err, TR_EINVAL, "copying weights: the models differ in shape, tensor-parallel "
-                       "slice or precision (masters need masters to copy from)");
+        return tr_errf(err, TR_EINVAL, "copying weights: the models lay out other tensors or "
+                       "slices, or masters would come from a model without them");
     const tr_ops *op = dst->be->ops;
     const size_t n = dst->layout.total;
     if (dst->params) {

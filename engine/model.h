@@ -227,7 +227,7 @@ int tr_model_write_params(tr_model *m, const float *host, tr_err *err);
 int tr_model_read_grads(tr_model *m, float *host, tr_err *err);
 // dst's weights become src's, on the device: the same bits as loading dst from the source
 // src was loaded from (or drawing it with the same seed), as long as src has not changed
-// since. Both models have one configuration and tensor-parallel slice; dst's fp32 masters, if
+// since. Both models lay out the same tensors, slices and offsets; dst's fp32 masters, if
 // it has them, come only from src's (its working weights alone cannot give them back), and
 // dst's working weights are src's rounded as a load rounds them.
 bool tr_model_can_copy_weights(const tr_model *dst, const tr_model *src);
