@@ -22,7 +22,10 @@
 #                                        are the environments the variant is run in (default:
 #                                        the call's own); VARIANT_SECTION, the bench_cuda and
 #                                        test_cuda_ops section it is measured and tested with
-#                                        (default attention; sample: the sampler's)
+#                                        (default attention; sample: the sampler's;
+#                                        gemm_decode: the decode products'), and
+#                                        VARIANT_TEST_SECTION the test_cuda_ops one where
+#                                        it differs (gemm_decode: matmul)
 #   tools/gpu_prebuilt.sh run [PART...]  there: runs the parts with build-carry's binaries
 # Parts (default: attn train):
 #   attn   test_wgmma, test_cuda_ops attention (every bf16 pass on wgmma, the TMA forward and
@@ -103,6 +106,8 @@ if [ "${1:-}" = pack-variant ]; then
         done
         echo "${VARIANT_ENVS:-}" >"$carry/variants/$name/envs"
         echo "${VARIANT_SECTION:-attention}" >"$carry/variants/$name/section"
+        echo "${VARIANT_TEST_SECTION:-${VARIANT_SECTION:-attention}}" \
+            >"$carry/variants/$name/test_section"
     fi
     git apply -R "$patch" || { echo "gpu_prebuilt: could not take $patch back out" >&2; exit 1; }
     # shellcheck disable=SC2086
@@ -285,7 +290,10 @@ if has variants; then
         fi
         local name="variant_${1}_bench_${sec}_${e//[=,]/_}"
         step "$name" env ${e//,/ } "$2/bench/bench_cuda" "$sec"
-        grep -E "^ +$sec " "$logs/$name.log" | sed "s/^ */$tag /" | tee -a "$summary"
+        # the section's result lines (gemm_decode's name each product and candidate)
+        local pat="^ +$sec "
+        [ "$sec" = gemm_decode ] && pat="plan|seqk"
+        grep -E "$pat" "$logs/$name.log" | sed "s/^ */$tag /" | tee -a "$summary"
     }
     # whether TAG ran a dense forward faster than TREE (or TREE has no such line)
     faster_than() {
@@ -301,6 +309,7 @@ if has variants; then
         [ -d "$v" ] || continue
         n=$(basename "$v") sets=$(cat "$v/envs" 2>/dev/null)
         sec=$(cat "$v/section" 2>/dev/null || echo attention)
+        tsec=$(cat "$v/test_section" 2>/dev/null || echo "$sec")
         for e in ${sets:-"-"}; do
             # another section's variant: the tree's own bench beside it, in this environment
             [ "$sec" != attention ] && vbench tree "$carry" "$e" "$sec"
@@ -310,7 +319,7 @@ if has variants; then
             # the tests where the variant is a candidate (VARIANT_TESTS=all: everywhere)
             if [ "$sec" != attention ] || [ "${VARIANT_TESTS:-}" = all ] ||
                 faster_than "$n$tag" "tree$tag"; then
-                step "variant_${n}_ops_${e//[=,]/_}" env ${e//,/ } "$v/tests/kernels/test_cuda_ops" "$sec"
+                step "variant_${n}_ops_${e//[=,]/_}" env ${e//,/ } "$v/tests/kernels/test_cuda_ops" "$tsec"
             fi
         done
     done

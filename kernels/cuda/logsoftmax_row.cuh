@@ -415,8 +415,10 @@ struct tr_lsm_stats {
     double s, sx;
 };
 
-// Every thread of the row calls; every thread gets the statistics.
-template <typename T>
+// Every thread of the row calls; every thread gets the statistics. SX: whether sx is summed
+// (the entropy's); without it (the sampler, which needs the log-sum-exp alone) the terms of a
+// chunk are also chosen rather than branched around, s keeping its bits.
+template <bool SX = true, typename T>
 __device__ inline tr_lsm_stats tr_lsm_row(const T *x, int32_t V) {
     const tr_lsm_src<T> src = tr_lsm_row_src(x, V);
     const int32_t nc = tr_lsm_chunks(V), U = tr_lsm_uses();
@@ -440,11 +442,16 @@ __device__ inline tr_lsm_stats tr_lsm_row(const T *x, int32_t V) {
             float cs = 0.0f, csx = 0.0f;
 #pragma unroll
             for (int32_t k = 0; k < TR_LSM_CHUNK; k++) {
-                if (k < n) {
-                    float z = v[k] - m;
-                    float e = expf(z);
-                    cs = __fadd_rn(cs, e);
-                    csx = __fmaf_rn(e, z, csx);
+                if constexpr (SX) {
+                    if (k < n) {
+                        float z = v[k] - m;
+                        float e = expf(z);
+                        cs = __fadd_rn(cs, e);
+                        csx = __fmaf_rn(e, z, csx);
+                    }
+                } else {   // cs >= +0, and cs + 0 is cs: a value past n adds 0
+                    const float e = expf(v[k] - m);
+                    cs = __fadd_rn(cs, k < n ? e : 0.0f);
                 }
             }
             acc.a += (double)cs;

@@ -125,31 +125,49 @@ __device__ const double smp_exp2_tab[32] = {
     0x1.d5818dcfba487p+0, 0x1.dfc97337b9b5fp+0, 0x1.ea4afa2a490dap+0, 0x1.f50765b6e4540p+0,
 };
 
-// exp(d) in double within about 1 ulp, for the weights (d <= 0): d = (32e + j) ln2/32 + r
-// with |r| <= ln2/64, exp(d) = 2^e 2^(j/32) e^r, e^r - 1 by its degree-6 Taylor polynomial
-// (truncation below 0.05 ulp). About 11 double operations against exp()'s 18, and these are
-// the cost of a row; within an ulp of the exact value (as exp() is), far inside
-// TR_SAMPLE_NEAR. Outside [-700, 0] (scaling into subnormals, d > 0, NaN) exp() itself.
+// The constants of smp_exp_in that are no immediate operand, in constant memory, where a
+// product reads them as operands: as literals each took two moves into registers for every
+// value weighed (Nsight Compute: about a quarter of the weights' pass).
+__constant__ double smp_exp_c[7] = {
+    0x1.8p52,                // adding it rounds to an integer in the low word
+    0x1.71547652b82fep+5,    // 32 / ln2
+    -0x1.62e42fefa39efp-6,   // -ln2/32 in two parts (Cody-Waite)
+    -0x1.abc9e3b39803fp-61,
+    1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0,
+};
+
+// exp(d) in double within about 1 ulp, for d in [-700, 0], where the weights lie (d <= 0)
+// but for values far below the row's maximum: d = (32e + j) ln2/32 + r with |r| <= ln2/64,
+// exp(d) = 2^e 2^(j/32) e^r, e^r - 1 by its degree-6 Taylor polynomial (truncation below
+// 0.05 ulp). About 11 double operations against exp()'s 18, and these are the cost of a row;
+// within an ulp of the exact value (as exp() is), far inside TR_SAMPLE_NEAR.
+__device__ __forceinline__ double smp_exp_in(double d) {
+    const double magic = smp_exp_c[0];
+    double t = fma(d, smp_exp_c[1], magic);   // d * 32 / ln2
+    int32_t k = __double2loint(t);
+    double kd = t - magic;
+    double r = fma(kd, smp_exp_c[2], d);
+    r = fma(kd, smp_exp_c[3], r);
+    double a = fma(r, smp_exp_c[4], smp_exp_c[5]);
+    a = fma(a, r, smp_exp_c[6]);
+    a = fma(a, r, 1.0 / 6.0);
+    a = fma(a, r, 0.5);
+    a = fma(a, r, 1.0);
+    double tj = __ldg(&smp_exp2_tab[k & 31]);
+    double y = fma(tj, __dmul_rn(a, r), tj);   // in [0.98, 1.98]: scaling stays normal
+    int32_t e = k >> 5;                          // floor(k / 32), >= -1011
+    return __hiloint2double(__double2hiint(y) + (int32_t)((uint32_t)e << 20),
+                            __double2loint(y));
+}
+
+// Whether d is smp_exp_in's, and exp(d) where it is not: 0 below -746 (exp() is 0 below
+// -745.14), exp() itself for the rest (scaling into subnormals, d > 0, NaN).
+__device__ __forceinline__ bool smp_exp_inside(double d) { return d >= -700.0 && d <= 0.0; }
+__device__ inline double smp_exp_out(double d) { return d < -746.0 ? 0.0 : exp(d); }
+
+// exp(d) in double within about 1 ulp.
 __device__ inline double smp_exp(double d) {
-    if (d >= -700.0 && d <= 0.0) {
-        const double magic = 0x1.8p52;   // adding it rounds to an integer in the low word
-        double t = fma(d, 0x1.71547652b82fep+5, magic);   // d * 32 / ln2
-        int32_t k = __double2loint(t);
-        double kd = t - magic;
-        double r = fma(kd, -0x1.62e42fefa39efp-6, d);   // ln2/32 in two parts (Cody-Waite)
-        r = fma(kd, -0x1.abc9e3b39803fp-61, r);
-        double a = fma(r, 1.0 / 720.0, 1.0 / 120.0);
-        a = fma(a, r, 1.0 / 24.0);
-        a = fma(a, r, 1.0 / 6.0);
-        a = fma(a, r, 0.5);
-        a = fma(a, r, 1.0);
-        double tj = __ldg(&smp_exp2_tab[k & 31]);
-        double y = fma(tj, __dmul_rn(a, r), tj);   // in [0.98, 1.98]: scaling stays normal
-        int32_t e = k >> 5;                          // floor(k / 32), >= -1011
-        return __hiloint2double(__double2hiint(y) + (int32_t)((uint32_t)e << 20),
-                                __double2loint(y));
-    }
-    return d < -746.0 ? 0.0 : exp(d);   // exp() is 0 below -745.14
+    return smp_exp_inside(d) ? smp_exp_in(d) : smp_exp_out(d);
 }
 
 // ---- the walk order: a row's weights in segments ----
@@ -200,12 +218,30 @@ struct smp_src {
 template <typename A>
 __device__ __forceinline__ double smp_weigh(const smp_src<A> &s, const float v[TR_LSM_CHUNK],
                                             int32_t cnt, double w[TR_LSM_CHUNK]) {
-    double sum = 0.0;
+    // Every value takes smp_exp_in (a value outside its range takes it at 0) and its weight
+    // is chosen after, rather than each behind a branch of its own, which kept the values'
+    // dependent chains of products from overlapping (Nsight Compute: most of the pass's
+    // stalls waited on them). Values outside it (far below the maximum at a low temperature,
+    // or NaN) are weighed again by smp_exp_out.
+    double d[TR_LSM_CHUNK];
+    bool rare = false;
 #pragma unroll
     for (int32_t k = 0; k < TR_LSM_CHUNK; k++) {
-        w[k] = k < cnt ? smp_exp(__dmul_rn((double)v[k] - s.mx, s.inv_t)) : 0.0;
-        if (k < cnt) sum = sum + w[k];
+        d[k] = __dmul_rn((double)v[k] - s.mx, s.inv_t);
+        const bool in = smp_exp_inside(d[k]);
+        const double f = smp_exp_in(in ? d[k] : 0.0);
+        w[k] = k < cnt && in ? f : 0.0;
+        rare |= k < cnt && !in;
     }
+    if (rare) {
+#pragma unroll
+        for (int32_t k = 0; k < TR_LSM_CHUNK; k++)
+            if (k < cnt && !smp_exp_inside(d[k])) w[k] = smp_exp_out(d[k]);
+    }
+    // the weights past cnt are 0 and a sum of weights is never -0: adding them leaves it
+    double sum = 0.0;
+#pragma unroll
+    for (int32_t k = 0; k < TR_LSM_CHUNK; k++) sum = sum + w[k];
     return sum;
 }
 
@@ -448,7 +484,7 @@ sample_draw_kernel(int32_t *ids, float *logprob, int32_t *n_near, const A *logit
     for (int32_t b = tr_lsm_row_first(); b < B; b += tr_lsm_row_step()) {
         const A *x = logits + (size_t)b * V;
         tr_sample_row row = rows[b];
-        tr_lsm_stats st = tr_lsm_row(x, V);
+        tr_lsm_stats st = tr_lsm_row<false>(x, V);   // the log-sum-exp alone
         bool near = false;
         int32_t id = row.temperature == 0.0f
                          ? smp_argmax(x, V)
