@@ -39,7 +39,9 @@
 #   train  bench_train_gpu at the 0.5B and 1.5B shapes, 3 timed steps, dense and (0.5B) packed
 #   decode bench_decode_gpu at the 0.5B and 1.5B shapes, batch 64 and 256, 256 + 256 tokens
 #   lsm    test_cuda_ops logsoftmax, then TROUPE_CUDA_PROFILE's table of one 0.5B training
-#          step (the log-softmax kernels' lines); a later peer part runs only if the tests passed
+#          step (the log-softmax kernels' lines) and, if the tests passed, bench_train_gpu at
+#          0.5B with TROUPE_CUDA_LSM_L2=0 and 1 alternately, twice each; a later peer part runs
+#          only if the tests passed
 #   peer   bench/run_gpu_train.sh beside torch (anchors/ carried too): the issue-13 table
 #   conv   bench/run_converge_gpu.sh: 200 steps of the 0.5B shape beside three torch seeds
 #          (the issue-13 convergence check; CONVERGE_BUDGET_S, default 540, bounds it)
@@ -357,6 +359,17 @@ if has lsm; then
     step lsm_ops "$t" logsoftmax
     step lsm_prof env TROUPE_CUDA_PROFILE=1 timeout 100 "$bt" qwen2.5-0.5b 8 2048 1
     grep -E "logsoftmax|tokens/s" "$logs/lsm_prof.log" | tee -a "$summary"
+    # the step beside the previous launch (TROUPE_CUDA_LSM_L2=0), twice each, alternating
+    if grep -q "^lsm_ops: exit 0" "$summary"; then
+        for r in 1 2; do
+            for l2 in 0 1; do
+                step "lsm_train_l2_${l2}_$r" env TROUPE_CUDA_LSM_L2=$l2 timeout 100 "$bt" \
+                    qwen2.5-0.5b 8 2048 3
+                grep -h "^troupe train" "$logs/lsm_train_l2_${l2}_$r.log" | sed "s/^/l2=$l2 /" |
+                    tee -a "$summary"
+            done
+        done
+    fi
 fi
 if has peer && has lsm && ! grep -q "^lsm_ops: exit 0" "$summary"; then
     echo "peer: skipped, the log-softmax tests failed" | tee -a "$summary"
