@@ -38,10 +38,6 @@
 #          sample_vocab and determinism, and test_model_bf16
 #   train  bench_train_gpu at the 0.5B and 1.5B shapes, 3 timed steps, dense and (0.5B) packed
 #   decode bench_decode_gpu at the 0.5B and 1.5B shapes, batch 64 and 256, 256 + 256 tokens
-#   lsm    test_cuda_ops logsoftmax, then TROUPE_CUDA_PROFILE's table of one 0.5B training
-#          step (the log-softmax kernels' lines) and, if the tests passed, bench_train_gpu at
-#          0.5B with TROUPE_CUDA_LSM_L2=0 and 1 alternately, twice each; a later peer part runs
-#          only if the tests passed
 #   peer   bench/run_gpu_train.sh beside torch (anchors/ carried too): the issue-13 table
 #   conv   bench/run_converge_gpu.sh: 200 steps of the 0.5B shape beside three torch seeds
 #          (the issue-13 convergence check; CONVERGE_BUDGET_S, default 540, bounds it)
@@ -230,7 +226,7 @@ if has prof; then
     step prof_05b env TROUPE_CUDA_PROFILE=1 timeout 100 "$bt" qwen2.5-0.5b 8 2048 3
     step prof_15b env TROUPE_CUDA_PROFILE=1 timeout 100 "$bt" qwen2.5-1.5b 4 2048 3
     for p in prof_05b prof_15b; do
-        sed -n '/^cuda profile/,+45p' "$logs/$p.log" | sed "s/^/$p /" | tee -a "$summary"
+        sed -n '/^cuda profile/,+24p' "$logs/$p.log" | sed "s/^/$p /" | tee -a "$summary"
     done
 fi
 if has ncu; then
@@ -355,25 +351,7 @@ if has conv; then
     step converge env CONVERGE_OUT="$out/converge" bench/run_converge_gpu.sh "$carry"
     sed -n '/^convergence:/,$p' "$logs/converge.log" | tee -a "$summary"
 fi
-if has lsm; then
-    step lsm_ops "$t" logsoftmax
-    step lsm_prof env TROUPE_CUDA_PROFILE=1 timeout 100 "$bt" qwen2.5-0.5b 8 2048 1
-    grep -E "logsoftmax|tokens/s" "$logs/lsm_prof.log" | tee -a "$summary"
-    # the step beside the previous launch (TROUPE_CUDA_LSM_L2=0), twice each, alternating
-    if grep -q "^lsm_ops: exit 0" "$summary"; then
-        for r in 1 2; do
-            for l2 in 0 1; do
-                step "lsm_train_l2_${l2}_$r" env TROUPE_CUDA_LSM_L2=$l2 timeout 100 "$bt" \
-                    qwen2.5-0.5b 8 2048 3
-                grep -h "^troupe train" "$logs/lsm_train_l2_${l2}_$r.log" | sed "s/^/l2=$l2 /" |
-                    tee -a "$summary"
-            done
-        done
-    fi
-fi
-if has peer && has lsm && ! grep -q "^lsm_ops: exit 0" "$summary"; then
-    echo "peer: skipped, the log-softmax tests failed" | tee -a "$summary"
-elif has peer; then
+if has peer; then
     step peer_train timeout "${PEER_TIMEOUT:-400}" bench/run_gpu_train.sh "$carry" anchors ${PEER_SHAPES:-}
     grep -E "^\|" "$logs/peer_train.log" | tee -a "$summary"
 fi

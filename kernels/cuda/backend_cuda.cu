@@ -245,7 +245,6 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
                        : env_is("TROUPE_CUDA_DECODE_COOP", "1") ? 1
                                                                 : -1;
     ctx->topk_select = !env_is("TROUPE_CUDA_TOPK_SELECT", "0");
-    ctx->lsm_in_l2 = !env_is("TROUPE_CUDA_LSM_L2", "0");
     const char *chunk = getenv("TROUPE_CUDA_SOFTMAX_CHUNK");
     ctx->softmax_chunk = TR_CUDA_SOFTMAX_CHUNK;
     if (chunk) {

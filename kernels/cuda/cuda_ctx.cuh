@@ -103,8 +103,6 @@ typedef struct tr_cuda_ctx {
     int32_t softmax_chunk;  // TR_CUDA_SOFTMAX_CHUNK, or TROUPE_CUDA_SOFTMAX_CHUNK's
     int32_t row_ctas;       // blocks a log-softmax row takes; 0: by the launch's rows (tests
                             // force 1, 2 or 4: logsoftmax_row.cuh)
-    int lsm_in_l2;          // two-pass log-softmax kernels over many rows keep their rows in
-                            // flight within L2 (logsoftmax.cu); TROUPE_CUDA_LSM_L2=0: not
     int topk_select;        // top-k rows ranked by a select, not the sort (sample_topk.cuh);
                             // TROUPE_CUDA_TOPK_SELECT=0 or a test turns it off
     int no_seqk;            // TROUPE_CUDA_SEQK=0: plan_settle leaves gemm_seqk.cu out

@@ -92,21 +92,12 @@ __global__ void logsoftmax_backward_kernel(A *dlogits, const float *dlogprob,
 }
 
 // A row kernel over T rows (tr_lsm_ctas_for blocks each), staged through dynamic shared
-// memory when they are few (tr_lsm_stage_bytes). A kernel that reads each row twice (twice:
-// the maximum, then the sums) over many rows takes them in clusters of 4 staged blocks
-// instead, about three blocks an SM: some 99 rows in flight on 132 SMs, 30 MB of bf16 Qwen
-// rows, so that the second pass finds its row in L2. One block a row, as many as fit, held
-// two to three times as many rows as L2 does, and the second pass read HBM again. Which
-// blocks play a row's virtual threads changes no bit (logsoftmax_row.cuh).
+// memory when they are few (tr_lsm_stage_bytes).
 template <typename... P, typename... A>
-static void lsm_launch(tr_backend *be, void (*kernel)(P...), int32_t T, bool twice, A... args) {
+static void lsm_launch(tr_backend *be, void (*kernel)(P...), int32_t T, A... args) {
     const tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
-    int C = tr_lsm_ctas_for(ctx, T);
-    size_t dyn = tr_lsm_stage_bytes((long)T * C, ctx->sms);
-    if (twice && !dyn && !ctx->row_ctas && ctx->lsm_in_l2) {
-        C = 4;
-        dyn = TR_LSM_STAGE_BYTES;
-    }
+    const int C = tr_lsm_ctas_for(ctx, T);
+    const size_t dyn = tr_lsm_stage_bytes((long)T * C, ctx->sms);
     if (dyn && TR_CUDA_CHECK(be, cudaFuncSetAttribute(kernel,
                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                       (int)dyn)))
@@ -119,10 +110,10 @@ void tr_cuda_logsoftmax_forward(tr_backend *be, float *logprob, float *entropy, 
                                 int32_t V) {
     if (T <= 0 || V <= 0) return;
     if (tr_cuda_bf16(be))
-        lsm_launch(be, logsoftmax_forward_kernel<tr_bf16>, T, true, logprob, entropy, lse,
+        lsm_launch(be, logsoftmax_forward_kernel<tr_bf16>, T, logprob, entropy, lse,
                    (const tr_bf16 *)logits, target, V);
     else
-        lsm_launch(be, logsoftmax_forward_kernel<float>, T, true, logprob, entropy, lse,
+        lsm_launch(be, logsoftmax_forward_kernel<float>, T, logprob, entropy, lse,
                    (const float *)logits, target, V);
     TR_CUDA_LAUNCHED(be, "logsoftmax_forward");
 }
@@ -132,11 +123,11 @@ void tr_cuda_logsoftmax_backward(tr_backend *be, void *dlogits, const float *dlo
                                  const int32_t *target, int32_t T, int32_t V) {
     if (T <= 0 || V <= 0) return;
     if (tr_cuda_bf16(be))
-        lsm_launch(be, logsoftmax_backward_kernel<tr_bf16>, T, dentropy != NULL,
-                   (tr_bf16 *)dlogits, dlogprob, dentropy, (const tr_bf16 *)logits, lse, target, V);
+        lsm_launch(be, logsoftmax_backward_kernel<tr_bf16>, T, (tr_bf16 *)dlogits, dlogprob,
+                   dentropy, (const tr_bf16 *)logits, lse, target, V);
     else
-        lsm_launch(be, logsoftmax_backward_kernel<float>, T, dentropy != NULL,
-                   (float *)dlogits, dlogprob, dentropy, (const float *)logits, lse, target, V);
+        lsm_launch(be, logsoftmax_backward_kernel<float>, T, (float *)dlogits, dlogprob,
+                   dentropy, (const float *)logits, lse, target, V);
     TR_CUDA_LAUNCHED(be, "logsoftmax_backward");
 }
 
@@ -199,11 +190,11 @@ void tr_cuda_logsoftmax_vp_stats(tr_backend *be, double *stats, const void *logi
                                  const int32_t *target, int32_t v0, int32_t T, int32_t V) {
     if (T <= 0 || V <= 0) return;
     if (tr_cuda_bf16(be))
-        lsm_launch(be, logsoftmax_vp_stats_kernel<tr_bf16>, T, true, stats,
-                   (const tr_bf16 *)logits, target, v0, V);
+        lsm_launch(be, logsoftmax_vp_stats_kernel<tr_bf16>, T, stats, (const tr_bf16 *)logits,
+                   target, v0, V);
     else
-        lsm_launch(be, logsoftmax_vp_stats_kernel<float>, T, true, stats,
-                   (const float *)logits, target, v0, V);
+        lsm_launch(be, logsoftmax_vp_stats_kernel<float>, T, stats, (const float *)logits,
+                   target, v0, V);
     TR_CUDA_LAUNCHED(be, "logsoftmax_vp_stats");
 }
 
@@ -222,12 +213,10 @@ void tr_cuda_logsoftmax_vp_backward(tr_backend *be, void *dlogits, const float *
                                     const int32_t *target, int32_t v0, int32_t T, int32_t V) {
     if (T <= 0 || V <= 0) return;
     if (tr_cuda_bf16(be))
-        lsm_launch(be, logsoftmax_vp_backward_kernel<tr_bf16>, T, false,
-                   (tr_bf16 *)dlogits, dlogprob, dentropy, (const tr_bf16 *)logits, lse, mean,
-                   target, v0, V);
+        lsm_launch(be, logsoftmax_vp_backward_kernel<tr_bf16>, T, (tr_bf16 *)dlogits, dlogprob,
+                   dentropy, (const tr_bf16 *)logits, lse, mean, target, v0, V);
     else
-        lsm_launch(be, logsoftmax_vp_backward_kernel<float>, T, false,
-                   (float *)dlogits, dlogprob, dentropy, (const float *)logits, lse, mean,
-                   target, v0, V);
+        lsm_launch(be, logsoftmax_vp_backward_kernel<float>, T, (float *)dlogits, dlogprob,
+                   dentropy, (const float *)logits, lse, mean, target, v0, V);
     TR_CUDA_LAUNCHED(be, "logsoftmax_vp_backward");
 }

@@ -2715,7 +2715,7 @@ static void run_pass(const char *only) {
         test_logsoftmax(3, 100);      // a short last chunk
         test_logsoftmax(17, 4104);    // 16-byte loads, rows of whole chunks
         test_logsoftmax(4, 151936);   // Qwen2's vocabulary
-        test_logsoftmax(300, 4104);   // more rows than SMs: the two-pass kernels' rows in L2
+        test_logsoftmax(300, 4104);   // more rows than SMs: a block a row, registers ahead
     }
     if (section(only, "buffers") && f32) test_buffers();
     if (section(only, "convert") && f32) test_convert();
