@@ -881,8 +881,12 @@ static int layer_forward(tr_model *m, int32_t l, int32_t T, tr_attend_fn attend,
     if (row_parallel(m, la->res_mid, x, la->att, w->wo, w->bo, T, Q, C, err) != 0) return -1;
     if (!(in = norm_forward(m, la->ln2, la->ln2_rstd, la->res_mid, w->mlp_norm, T, err)))
         return -1;
-    op->matmul_forward(be, la->gu, in, w->w_gu, NULL, T, C, 2 * I, 0);
-    op->swiglu_forward(be, la->act, la->gu, T, I);
+    if (!m->acts_training && op->matmul_swiglu_forward) {   // nothing reads gu again
+        op->matmul_swiglu_forward(be, la->act, la->gu, in, w->w_gu, T, C, I);
+    } else {
+        op->matmul_forward(be, la->gu, in, w->w_gu, NULL, T, C, 2 * I, 0);
+        op->swiglu_forward(be, la->act, la->gu, T, I);
+    }
     if (!out) return 0;
     return row_parallel(m, a->residual[l + 1], la->res_mid, la->act, w->w_down, NULL, T, I, C,
                         err);

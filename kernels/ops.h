@@ -319,6 +319,11 @@ typedef struct tr_ops {
     // dgu[T, 2I] written (A): d gate = dout * d silu(gate) * up, d up = dout * silu(gate).
     void (*swiglu_backward)(tr_backend *be, void *dgu, const void *dout, const void *gu,
                             int32_t T, int32_t I);
+    // out[T, I] (A) = swiglu_forward of matmul_forward(in, w) into gu[T, 2I] (A, no bias),
+    // with their bits, for a forward that keeps no activations: gu may be left unwritten.
+    // NULL where a backend has no fused form (the caller runs the two ops).
+    void (*matmul_swiglu_forward)(tr_backend *be, void *out, void *gu, const void *in,
+                                  const void *w, int32_t T, int32_t IC, int32_t I);
 
     // out[i] = a[i] + b[i] (F), i < n, rounded once; out may be a or b. Sequence
     // parallelism's residual add: a row-parallel projection's sum, reduce-scattered over the

@@ -38,6 +38,10 @@
 #          sample_vocab and determinism, and test_model_bf16
 #   train  bench_train_gpu at the 0.5B and 1.5B shapes, 3 timed steps, dense and (0.5B) packed
 #   decode bench_decode_gpu at the 0.5B and 1.5B shapes, batch 64 and 256, 256 + 256 tokens
+#   fglu   the decode step's gate/up product fused with SwiGLU (TROUPE_CUDA_FUSED_SWIGLU=1):
+#          test_cuda_ops matmul (the fused op against the two ops, bitwise), test_model_bf16
+#          with it on, and bench_decode_gpu with it off and on, alternating, at the 0.5B shape
+#          (batch 64 and 256) and the 1.5B shape (batch 64)
 #   peer   bench/run_gpu_train.sh beside torch (anchors/ carried too): the issue-13 table
 #   conv   bench/run_converge_gpu.sh: 200 steps of the 0.5B shape beside three torch seeds
 #          (the issue-13 convergence check; CONVERGE_BUDGET_S, default 540, bounds it)
@@ -350,6 +354,23 @@ fi
 if has conv; then
     step converge env CONVERGE_OUT="$out/converge" bench/run_converge_gpu.sh "$carry"
     sed -n '/^convergence:/,$p' "$logs/converge.log" | tee -a "$summary"
+fi
+if has fglu; then
+    step fglu_ops "$t" matmul
+    grep "matmul_swiglu" "$logs/fglu_ops.log" | tee -a "$summary"
+    step fglu_model_bf16 env TROUPE_BACKEND=cuda TROUPE_CUDA_FUSED_SWIGLU=1 timeout 120 \
+        "$carry/tests/engine/test_model_bf16"
+    for v in "qwen2.5-0.5b 64" "qwen2.5-0.5b 256" "qwen2.5-1.5b 64"; do
+        set -- $v
+        for r in 1 2; do
+            for f in 0 1; do
+                n="fglu_${1}_b$2_f${f}_$r"
+                step "$n" env TROUPE_CUDA_FUSED_SWIGLU=$f timeout 120 \
+                    "$carry/bench/bench_decode_gpu" "$1" "$2" 1 256 256
+                grep -h "^troupe decode" "$logs/$n.log" | sed "s/^/fused=$f /" | tee -a "$summary"
+            done
+        done
+    done
 fi
 if has peer; then
     step peer_train timeout "${PEER_TIMEOUT:-400}" bench/run_gpu_train.sh "$carry" anchors ${PEER_SHAPES:-}

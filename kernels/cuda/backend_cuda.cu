@@ -151,6 +151,7 @@ static const tr_ops cuda_ops = {
     .attention_decode_rope = tr_cuda_attention_decode_rope,
     .swiglu_forward = tr_cuda_swiglu_forward,
     .swiglu_backward = tr_cuda_swiglu_backward,
+    .matmul_swiglu_forward = tr_cuda_matmul_swiglu_forward,
     .add = tr_cuda_add,
     .logsoftmax_forward = tr_cuda_logsoftmax_forward,
     .logsoftmax_backward = tr_cuda_logsoftmax_backward,
@@ -237,6 +238,7 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
     ctx->flash_attention = !env_is("TROUPE_CUDA_FLASH_ATTENTION", "0");
     ctx->pdl = env_is("TROUPE_CUDA_PDL", "1");
     ctx->no_seqk = env_is("TROUPE_CUDA_SEQK", "0");
+    ctx->fused_swiglu = env_is("TROUPE_CUDA_FUSED_SWIGLU", "1");
     const char *wg = getenv("TROUPE_CUDA_WGMMA");   // 0: none; a mask of TR_CUDA_WG_*
     ctx->wgmma = wg && *wg ? atoi(wg) & TR_CUDA_WG_MASK : TR_CUDA_WG_DEFAULT;
     ctx->no_lean_copies = env_is("TROUPE_CUDA_DECODE_LEAN", "0");
@@ -350,6 +352,14 @@ extern "C" int tr_backend_cuda_device(tr_backend *be) {
 extern "C" void tr_backend_cuda_force_row_ctas(tr_backend *be, int ctas) {
     if (be && be->ctx)
         tr_cuda_ctx_of(be)->row_ctas = ctas == 1 || ctas == 2 || ctas == 4 ? ctas : 0;
+}
+
+extern "C" void tr_backend_cuda_fused_swiglu(tr_backend *be, int on) {
+    if (be && be->ctx) tr_cuda_ctx_of(be)->fused_swiglu = on != 0;
+}
+
+extern "C" long tr_backend_cuda_fused_swiglu_runs(tr_backend *be) {
+    return be && be->ctx ? tr_cuda_ctx_of(be)->fused_swiglu_runs : 0;
 }
 
 extern "C" void tr_backend_cuda_topk_select(tr_backend *be, int on) {

@@ -48,6 +48,12 @@ int tr_backend_cuda_softmax_chunk(tr_backend *be);
 // launch's rows leave room for), for tests: the bits must not depend on it.
 void tr_backend_cuda_force_row_ctas(tr_backend *be, int ctas);
 
+// Turns the fused gate/up product and SwiGLU of a decode step on or off
+// (TROUPE_CUDA_FUSED_SWIGLU=1 turns it on at start), for tests; and how many products have run
+// fused so far.
+void tr_backend_cuda_fused_swiglu(tr_backend *be, int on);
+long tr_backend_cuda_fused_swiglu_runs(tr_backend *be);
+
 // Ranks the sampler's top-k rows (k up to 1,024) by a select instead of sorting whole rows
 // (the default; TROUPE_CUDA_TOPK_SELECT=0 clears it at start); the draws are the same either way.
 void tr_backend_cuda_topk_select(tr_backend *be, int on);

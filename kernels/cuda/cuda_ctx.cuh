@@ -53,6 +53,8 @@ typedef struct tr_lt_plan {
     bool settled;   // a decode-sized product's algorithm was timed (gemm_lt.cu: plan_settle)
     int32_t seqk;   // 0: algo runs the product; c > 0: the sequential-k kernel (gemm_seqk.cu) in
                     // its configuration c - 1, settled on as of algo's bits (plan_settle)
+    int32_t seqk_best;   // c > 0: the fastest configuration c - 1 of that kernel among those
+                         // of algo's bits, whichever runs the product (0: none)
 } tr_lt_plan;
 
 // TROUPE_CUDA_PROFILE=1 (profile.cu): events queued after each launch, summed per op name
@@ -106,6 +108,9 @@ typedef struct tr_cuda_ctx {
     int topk_select;        // top-k rows ranked by a select, not the sort (sample_topk.cuh);
                             // TROUPE_CUDA_TOPK_SELECT=0 or a test turns it off
     int no_seqk;            // TROUPE_CUDA_SEQK=0: plan_settle leaves gemm_seqk.cu out
+    int fused_swiglu;       // TROUPE_CUDA_FUSED_SWIGLU=1: a decode step's gate/up product
+                            // and SwiGLU in one kernel (matmul.cu)
+    long fused_swiglu_runs; // products run so (tests check that the fused path ran)
     int wgmma;              // the flash-attention passes on warpgroup MMA (built for
                             // sm_90a): TR_CUDA_WG_* bits, TROUPE_CUDA_WGMMA's mask or
                             // TR_CUDA_WG_DEFAULT
@@ -313,6 +318,8 @@ void tr_cuda_attention_decode_rope(tr_backend *be, void *out, void *x, const voi
 void tr_cuda_kv_write(tr_backend *be, const tr_kv_pages *kv, const int32_t *slot,
                       const void *k, const void *v, int32_t ld, int32_t T);
 void tr_cuda_swiglu_forward(tr_backend *be, void *out, const void *gu, int32_t T, int32_t I);
+void tr_cuda_matmul_swiglu_forward(tr_backend *be, void *act, void *gu, const void *in,
+                                   const void *w, int32_t T, int32_t IC, int32_t I);
 void tr_cuda_swiglu_backward(tr_backend *be, void *dgu, const void *dout, const void *gu,
                              int32_t T, int32_t I);
 void tr_cuda_add(tr_backend *be, float *out, const float *a, const float *b, size_t n);

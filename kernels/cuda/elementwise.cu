@@ -6,14 +6,9 @@
 // the op is a pass over memory, and narrow accesses left half the bandwidth unused.
 #include "kernels/cuda/cuda_ctx.cuh"
 #include "kernels/cuda/dtype.cuh"
+#include "kernels/cuda/swiglu.cuh"
 
 #define EW_THREADS 256
-
-__device__ inline float ew_sigmoid(float g) { return 1.0f / __fadd_rn(1.0f, expf(-g)); }
-
-__device__ inline float ew_swiglu(float g, float u) {
-    return __fmul_rn(__fmul_rn(g, ew_sigmoid(g)), u);
-}
 
 // d gate = dout * up * silu'(gate), silu'(g) = sig * (1 + g * (1 - sig)); d up = dout * silu(g).
 __device__ inline void ew_swiglu_grads(float g, float u, float go, float *dg, float *du) {

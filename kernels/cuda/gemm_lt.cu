@@ -303,6 +303,13 @@ int tr_lt_matmul(tr_backend *be, const tr_lt_gemm *g) {
     return 0;
 }
 
+int tr_lt_seqk_best(tr_backend *be, const tr_lt_gemm *g) {
+    tr_lt_key key;
+    key_of(g, &key);
+    const tr_lt_plan *p = plan_get(be, &key, g->bias);
+    return p && p->settled ? p->seqk_best - 1 : -1;
+}
+
 // ---- one candidate run and timed (the probes below, plan_settle) ----
 
 // A candidate is a cuBLASLt algorithm of the plan, or (seqk >= 0) the sequential-k kernel in
@@ -645,9 +652,9 @@ static int plan_settle(tr_backend *be, tr_lt_plan *p, const tr_lt_gemm *g) {
     tr_lt_gemm r = *g, t = *g;
     r.d = ref;
     t.d = d;
-    double best_us = -1.0;
+    double best_us = -1.0, seqk_us = -1.0;
     cublasLtMatmulAlgo_t best = p->algo;
-    int best_seqk = LT_ALGO;
+    int best_seqk = LT_ALGO, fastest_seqk = LT_ALGO;
     // the reference from the output's present contents (what an accumulating product adds to)
     if (TR_CUDA_CHECK(be, cudaEventCreate(&e0)) || TR_CUDA_CHECK(be, cudaEventCreate(&e1)) ||
         probe_run(be, p, &p->algo, LT_ALGO, &r, g->d, bytes, 1) != 0 ||
@@ -667,6 +674,10 @@ static int plan_settle(tr_backend *be, tr_lt_plan *p, const tr_lt_gemm *g) {
         if (diff > 0) continue;   // other bits: never this product's kernel
         double us = probe_time(be, p, algo, seqk, &t, flush, e0, e1);
         if (us < 0 && ctx->failed) goto out;
+        if (!algo && us >= 0 && (seqk_us < 0 || us < seqk_us)) {
+            seqk_us = us;
+            fastest_seqk = seqk;
+        }
         if (us >= 0 && us < 0.97 * best_us) {
             best_us = us;
             if (algo) best = *algo;
@@ -675,6 +686,7 @@ static int plan_settle(tr_backend *be, tr_lt_plan *p, const tr_lt_gemm *g) {
     }
     p->algo = best;
     p->seqk = best_seqk + 1;   // 0 (LT_ALGO + 1): the algorithm
+    p->seqk_best = fastest_seqk + 1;
 out:
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);

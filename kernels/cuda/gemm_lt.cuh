@@ -46,3 +46,9 @@ typedef struct tr_lt_gemm {
 // Queues the product on the backend's stream. Returns 0, or -1 with the failure recorded
 // (no algorithm for the shape included).
 int tr_lt_matmul(tr_backend *be, const tr_lt_gemm *g);
+
+// The fastest configuration of the sequential-k kernel whose outputs equal g's plan's bit for
+// bit on the product's own data (plan_settle), whether or not it is the kernel that runs g; -1
+// when g's plan has not been settled or none was equal (or the plan could not be made:
+// recorded).
+int tr_lt_seqk_best(tr_backend *be, const tr_lt_gemm *g);

@@ -51,10 +51,20 @@
 //   16x16       1x2    1x1       12       288    224     2432      |  512      384     4480
 // (an H200 has 132 SMs). Tiles wider than the batch's tokens rounded up to 16 are refused:
 // they would multiply zeros.
+//
+// Fused with SwiGLU (a.glu = I, the gate/up product of a decode step, whose output nothing but
+// SwiGLU reads there): the kernel's rows are the weights' rows interleaved, each m16 tile's
+// first eight the gate rows of eight channels and its last eight their up rows, so that a
+// lane's accumulator holds gate (rows g) and up (rows g + 8) of one channel for the same two
+// tokens. The epilogue rounds both to bf16, as the product's output would be, and writes
+// SwiGLU of them (swiglu.cuh, the elementwise kernel's formula) to the [T][I] output: the bits
+// of the product then swiglu_forward, without the gate/up output's write and read or the
+// second launch. Each output's chain is the unfused kernel's.
 #include <limits.h>
 
 #include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/gemm_seqk.cuh"
+#include "kernels/cuda/swiglu.cuh"
 
 #define SQ_BK 64                 // k per pipeline stage: four k16 blocks
 #define SQ_LDS (SQ_BK + FA_PAD)  // shared row stride in elements (144 bytes)
@@ -67,7 +77,14 @@ typedef struct sq_args {
     int64_t lda, ldb, ldd;
     int32_t m, n, k;
     int32_t accumulate;
+    int32_t glu;        // I: fused with SwiGLU (m = 2I rows interleaved, d [n][I] bf16); 0: not
 } sq_args;
+
+// The weight row of the kernel's row kr when fused with SwiGLU: m16 tile kr / 16 covers
+// channels 8 (kr / 16) .. + 7, its rows 0-7 their gate rows and 8-15 their up rows (I + ...).
+__device__ __forceinline__ int sq_glu_row(int kr, int I) {
+    return ((kr & 8) ? I : 0) + ((kr >> 4) << 3) + (kr & 7);
+}
 
 template <int BM, int BN, int ST>
 constexpr size_t sq_shared_bytes() {
@@ -79,7 +96,7 @@ constexpr size_t sq_shared_bytes() {
 // Compute: a version that recomputed every address issued 165 instructions a k-tile for a
 // warp's 4 MMAs, and with one warp a scheduler that issue was the whole kernel's time).
 
-template <int BM, int BN, int WM, int WN, int ST, typename O>
+template <int BM, int BN, int WM, int WN, int ST, typename O, bool GLU>
 __global__ void __launch_bounds__(WM * WN * 32) sq_kernel(const sq_args a) {
     constexpr int NTH = WM * WN * 32, CPR = SQ_BK / 8;   // threads; 16-byte pieces a row
     constexpr int MT = BM / WM / 16, NT = BN / WN / 8;   // m16 and n8 tiles a warp
@@ -108,8 +125,9 @@ __global__ void __launch_bounds__(WM * WN * 32) sq_kernel(const sq_args a) {
     for (int j = 0; j < LOADS; j++) {
         const int i = tid + j * NTH, r = i / CPR, c = (i % CPR) * 8;
         const bool ok = r < BM ? m0 + r < a.m : n0 + r - BM < a.n;
+        const int wr = GLU ? sq_glu_row(m0 + r, a.glu) : m0 + r;
         src[j] = !ok ? a.w
-                 : r < BM ? a.w + (size_t)(m0 + r) * (size_t)a.lda + c
+                 : r < BM ? a.w + (size_t)wr * (size_t)a.lda + c
                           : a.x + (size_t)(n0 + r - BM) * (size_t)a.ldb + c;
         dst[j] = sm0 + (uint32_t)r * ROWB + (uint32_t)c * sizeof(tr_bf16);
         bytes[j] = ok ? 16u : 0u;
@@ -226,6 +244,22 @@ __global__ void __launch_bounds__(WM * WN * 32) sq_kernel(const sq_args a) {
     // consecutive channels of one token (a 32-byte sector in fp32).
     const int g = lane >> 2, t = lane & 3;
     O *d = static_cast<O *>(a.d);
+    if constexpr (GLU) {   // c[0..1] gate and c[2..3] up of channel ch, tokens 2t and 2t + 1
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int ch = ((m0 + (wm * MT + mt) * 16) >> 1) + g;
+                    const int tok = n0 + (wn * NT + nt) * 8 + 2 * t + e;
+                    if (ch >= a.glu || tok >= a.n) continue;
+                    const float gv = tr_f32(__float2bfloat16_rn(acc[mt][nt][e]));
+                    const float uv = tr_f32(__float2bfloat16_rn(acc[mt][nt][e + 2]));
+                    tr_store(d + (size_t)tok * (size_t)a.ldd + ch, ew_swiglu(gv, uv));
+                }
+        return;
+    }
     const O *bias = static_cast<const O *>(a.bias);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
@@ -248,11 +282,11 @@ __global__ void __launch_bounds__(WM * WN * 32) sq_kernel(const sq_args a) {
 
 typedef int (*sq_launch_fn)(tr_backend *be, const sq_args &a, bool f32);
 
-template <int BM, int BN, int WM, int WN, int ST, typename O>
+template <int BM, int BN, int WM, int WN, int ST, typename O, bool GLU>
 static int sq_launch_t(tr_backend *be, const sq_args &a) {
     constexpr size_t shm = sq_shared_bytes<BM, BN, ST>();
     static_assert(shm <= 113 * 1024, "two CTAs an SM");
-    auto kernel = sq_kernel<BM, BN, WM, WN, ST, O>;
+    auto kernel = sq_kernel<BM, BN, WM, WN, ST, O, GLU>;
     // above the 48 KB default: set at every launch, as the attention kernels do (a recording
     // may hold the launch; the attribute is not a stream operation)
     if (TR_CUDA_CHECK(be, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -274,8 +308,9 @@ static int sq_launch_t(tr_backend *be, const sq_args &a) {
 
 template <int BM, int BN, int WM, int WN, int ST>
 static int sq_launch(tr_backend *be, const sq_args &a, bool f32) {
-    return f32 ? sq_launch_t<BM, BN, WM, WN, ST, float>(be, a)
-               : sq_launch_t<BM, BN, WM, WN, ST, tr_bf16>(be, a);
+    if (a.glu) return sq_launch_t<BM, BN, WM, WN, ST, tr_bf16, true>(be, a);
+    return f32 ? sq_launch_t<BM, BN, WM, WN, ST, float, false>(be, a)
+               : sq_launch_t<BM, BN, WM, WN, ST, tr_bf16, false>(be, a);
 }
 
 typedef struct sq_config {
@@ -334,6 +369,7 @@ static bool sq_args_of(const tr_lt_gemm *g, sq_args *a) {
     a->n = (int32_t)g->n;
     a->k = (int32_t)g->k;
     a->accumulate = g->accumulate;
+    a->glu = 0;
     return true;
 }
 
@@ -368,4 +404,16 @@ int tr_gemm_seqk_cfg(tr_backend *be, const tr_lt_gemm *g, int cfg) {
     if (cfg < 0) cfg = sq_default(be, &a);
     if (cfg < 0 || cfg >= TR_SEQK_CONFIGS || !sq_fits(&sq_configs[cfg], &a)) return 1;
     return sq_configs[cfg].launch(be, a, g->d_type == CUDA_R_32F);
+}
+
+int tr_gemm_seqk_swiglu(tr_backend *be, const tr_lt_gemm *g, int32_t I, void *act, int cfg) {
+    sq_args a;
+    if (I <= 0 || I % 8 != 0 || g->m != 2 * (int64_t)I || g->d_type != CUDA_R_16BF || g->bias ||
+        g->accumulate || ((uintptr_t)act & 1u) || !sq_args_of(g, &a))
+        return 1;
+    if (cfg < 0 || cfg >= TR_SEQK_CONFIGS || !sq_fits(&sq_configs[cfg], &a)) return 1;
+    a.d = act;
+    a.ldd = I;
+    a.glu = I;
+    return sq_configs[cfg].launch(be, a, false);
 }

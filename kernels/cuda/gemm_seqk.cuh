@@ -21,3 +21,10 @@ static inline int tr_gemm_seqk(tr_backend *be, const tr_lt_gemm *g) {
 }
 // The configuration's tile and pipeline in words (a string literal), for the probes' lines.
 const char *tr_gemm_seqk_name(int cfg);
+
+// Queues g, the gate/up product of a decode step (m = 2I rows, gate's then up's; bf16 d, no
+// bias, not accumulating), fused with SwiGLU: act[n][I] = swiglu_forward of the product, the
+// product's own output (g->d) left unwritten, in configuration cfg. Returns 0, 1 when the
+// product or the configuration is not one it takes (nothing queued), -1 with the failure
+// recorded.
+int tr_gemm_seqk_swiglu(tr_backend *be, const tr_lt_gemm *g, int32_t I, void *act, int cfg);

@@ -7,6 +7,7 @@
 #include "kernels/cuda/colsum.cuh"
 #include "kernels/cuda/dtype.cuh"
 #include "kernels/cuda/gemm_lt.cuh"
+#include "kernels/cuda/gemm_seqk.cuh"
 
 #define MM_THREADS 256
 
@@ -143,6 +144,39 @@ void tr_cuda_matmul_forward(tr_backend *be, void *out, const void *in, const voi
     else
         forward_f32(be, (float *)out, (const float *)in, (const float *)w, (const float *)bias,
                     T, IC, OC, 0);
+}
+
+// A decode step's gate/up product and SwiGLU as one kernel (TROUPE_CUDA_FUSED_SWIGLU=1): the
+// sequential-k kernel's fastest configuration of the plan's bits, SwiGLU in its epilogue
+// (gemm_seqk.cu), so act gets the bits of the product then swiglu_forward. Only in the
+// batch-invariant mode, where the plan is the unsplit chain that kernel computes, and only
+// once the plan has settled on the product's own data (its first run outside a recording,
+// which takes the two ops); everywhere else, and for more than TR_MM_FUSED_GLU_MAX_N rows,
+// where the kernel is slower than cuBLASLt, the two ops. gu is then written; fused, it is not.
+#define TR_MM_FUSED_GLU_MAX_N 64
+void tr_cuda_matmul_swiglu_forward(tr_backend *be, void *act, void *gu, const void *in,
+                                   const void *w, int32_t T, int32_t IC, int32_t I) {
+    if (T <= 0 || I <= 0) return;
+    tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
+    if (tr_cuda_bf16(be) && ctx->fused_swiglu && be->batch_invariant && IC > 0 &&
+        T <= TR_MM_FUSED_GLU_MAX_N && 2 * I > MM_NARROW) {
+        // the product as forward_bf16 issues it, so that it finds the same plan
+        tr_lt_gemm g = {.ta = CUBLAS_OP_T, .tb = CUBLAS_OP_N, .m = 2 * (int64_t)I, .n = T,
+                        .k = IC, .a = w, .lda = IC, .a_type = CUDA_R_16BF,
+                        .b = in, .ldb = IC, .b_type = CUDA_R_16BF,
+                        .d = gu, .ldd = 2 * (int64_t)I, .d_type = CUDA_R_16BF,
+                        .any_n = true, .timed = true, .name = "gemm fwd swiglu"};
+        const int cfg = tr_lt_seqk_best(be, &g);
+        const int run = cfg < 0 ? 1 : tr_gemm_seqk_swiglu(be, &g, I, act, cfg);
+        if (run < 0) return;
+        if (run == 0) {
+            ctx->fused_swiglu_runs++;
+            TR_CUDA_LAUNCHED(be, "gemm fwd swiglu");
+            return;
+        }
+    }
+    tr_cuda_matmul_forward(be, gu, in, w, NULL, T, IC, 2 * I, 0);
+    tr_cuda_swiglu_forward(be, act, gu, T, I);
 }
 
 void tr_cuda_matmul_forward_add(tr_backend *be, float *out, const float *x, const void *in,

@@ -536,6 +536,40 @@ static void test_matmul_seqk_all(void) {
             test_matmul_seqk(Ts[t], shapes[s][0], shapes[s][1]);
 }
 
+// The gate/up product fused with SwiGLU (matmul_swiglu_forward, batch-invariant bf16): the
+// bits of matmul_forward then swiglu_forward, at up to 64 rows by the fused kernel (asserted:
+// its run counter moves; the plan settles on the product's first run, which takes the two
+// ops) and past them by the two ops.
+static void test_matmul_swiglu(int32_t T, int32_t C, int32_t I) {
+    tr_backend *be = &gpu_be;
+    const size_t nx = (size_t)T * C, nw = (size_t)2 * I * C, na = (size_t)T * I;
+    float *x = rand_act(nx, 1.0), *w = rand_act(nw, 0.1);
+    float *ref = kt_floats(na), *got = kt_floats(na);
+    void *dx = put_act(1, x, nx), *dw = put_wt(1, w, nw);
+    void *gu = put_act(1, NULL, (size_t)T * 2 * I), *act = put_act(1, NULL, na);
+    be->ops->matmul_forward(be, gu, dx, dw, NULL, T, C, 2 * I, 0);   // settles the plan
+    be->ops->swiglu_forward(be, act, gu, T, I);
+    get_act(1, ref, act, na);
+    tr_backend_cuda_fused_swiglu(be, 1);
+    const long runs = tr_backend_cuda_fused_swiglu_runs(be);
+    void *act2 = put_act(1, NULL, na), *gu2 = put_act(1, NULL, (size_t)T * 2 * I);
+    be->ops->matmul_swiglu_forward(be, act2, gu2, dx, dw, T, C, I);
+    get_act(1, got, act2, na);
+    const long fused = tr_backend_cuda_fused_swiglu_runs(be) - runs;
+    tr_backend_cuda_fused_swiglu(be, 0);
+    char msg[512];
+    CHECKF(tr_backend_cuda_status(be, msg, sizeof msg) == 0, "matmul_swiglu %dx%dx%d: %s", T, C,
+           I, msg);
+    CHECKF(fused == (T <= 64 ? 1 : 0), "matmul_swiglu %dx%dx%d: %ld fused runs", T, C, I, fused);
+    const int same = kt_same_bits(got, ref, na);
+    CHECKF(same, "matmul_swiglu %dx%dx%d: not the bits of matmul_forward then swiglu_forward", T,
+           C, I);
+    printf("  %-5s matmul_swiglu %dx%dx%d (%s) = matmul_forward, swiglu_forward: %s\n",
+           tr_dt_name(prec), T, C, I, fused ? "fused" : "two ops", same ? "bitwise" : "NO");
+    bufs_free(1);
+    free(x); free(w); free(ref); free(got);
+}
+
 // --- embedding ------------------------------------------------------------------------------
 
 typedef struct emb_arg {
@@ -2629,6 +2663,13 @@ static void run_pass(const char *only) {
         test_matmul_batch_invariance(96, 3);
         if (prec == TR_BF16) test_matmul_split();
         if (prec == TR_BF16) test_matmul_seqk_all();
+        if (prec == TR_BF16) {   // Qwen2.5-0.5B's gate/up, and shapes that cut tiles short
+            const int32_t Ts[] = {1, 7, 64, 200};
+            for (size_t t = 0; t < sizeof Ts / sizeof Ts[0]; t++) {
+                test_matmul_swiglu(Ts[t], 896, 4864);
+                test_matmul_swiglu(Ts[t], 96, 104);
+            }
+        }
     }
     if (section(only, "embedding")) {
         test_embedding(300, 96, 50, 0);
