@@ -100,6 +100,21 @@ static void narrow_forward(tr_backend *be, void *out, const void *in, const void
     TR_CUDA_LAUNCHED(be, "matmul narrow");
 }
 
+// The cuBLASLt product of a bf16 forward: out^T[OC, T] = w[OC, IC] . in^T[IC, T] (+ x) (+ bias),
+// out bf16 or fp32. Its key (and so its plan) is the same wherever the product is issued.
+static tr_lt_gemm fwd_gemm(const tr_backend *be, void *out, const float *x, const void *in,
+                           const void *w, const void *bias, int32_t T, int32_t IC, int32_t OC,
+                           int out_f32) {
+    return (tr_lt_gemm){.ta = CUBLAS_OP_T, .tb = CUBLAS_OP_N, .m = OC, .n = T, .k = IC,
+                        .a = w, .lda = IC, .a_type = CUDA_R_16BF,
+                        .b = in, .ldb = IC, .b_type = CUDA_R_16BF,
+                        .d = out, .ldd = OC, .d_type = out_f32 ? CUDA_R_32F : CUDA_R_16BF,
+                        .accumulate = x != NULL, .c = x, .bias = bias,
+                        .any_n = be->batch_invariant != 0,
+                        .split_k = !be->batch_invariant && T <= TR_LT_SPLIT_MAX_N,
+                        .timed = T <= TR_LT_TIMED_MAX_N, .name = "gemm fwd"};
+}
+
 // bf16 in and w; out bf16, or fp32 with TR_MM_OUT_F32 (always with x: out = x + the
 // product). A bf16 output takes its bias in the GEMM's epilogue (fp32 sum, one rounding); an
 // fp32 output adds it afterwards, the same fp32 sum. cuBLASLt's bias vector has the output's
@@ -124,14 +139,7 @@ static void forward_bf16(tr_backend *be, void *out, const float *x, const void *
         narrow_forward(be, out, in, w, bias, T, IC, OC, out_f32, acc);
         return;
     }
-    tr_lt_gemm g = {.ta = CUBLAS_OP_T, .tb = CUBLAS_OP_N, .m = OC, .n = T, .k = IC,
-                    .a = w, .lda = IC, .a_type = CUDA_R_16BF,
-                    .b = in, .ldb = IC, .b_type = CUDA_R_16BF,
-                    .d = out, .ldd = OC, .d_type = out_f32 ? CUDA_R_32F : CUDA_R_16BF,
-                    .accumulate = acc != 0, .c = x, .bias = out_f32 ? NULL : bias,
-                    .any_n = be->batch_invariant != 0,
-                    .split_k = !be->batch_invariant && T <= TR_LT_SPLIT_MAX_N,
-                    .timed = T <= TR_LT_TIMED_MAX_N, .name = "gemm fwd"};
+    const tr_lt_gemm g = fwd_gemm(be, out, x, in, w, out_f32 ? NULL : bias, T, IC, OC, out_f32);
     if (tr_lt_matmul(be, &g)) return;
     if (out_f32 && bias) bias_run<float, tr_bf16>(be, out, bias, T, OC, 0);
 }
@@ -160,12 +168,7 @@ void tr_cuda_matmul_swiglu_forward(tr_backend *be, void *act, void *gu, const vo
     tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
     if (tr_cuda_bf16(be) && ctx->fused_swiglu && be->batch_invariant && IC > 0 &&
         T <= TR_MM_FUSED_GLU_MAX_N && 2 * I > MM_NARROW) {
-        // the product as forward_bf16 issues it, so that it finds the same plan
-        tr_lt_gemm g = {.ta = CUBLAS_OP_T, .tb = CUBLAS_OP_N, .m = 2 * (int64_t)I, .n = T,
-                        .k = IC, .a = w, .lda = IC, .a_type = CUDA_R_16BF,
-                        .b = in, .ldb = IC, .b_type = CUDA_R_16BF,
-                        .d = gu, .ldd = 2 * (int64_t)I, .d_type = CUDA_R_16BF,
-                        .any_n = true, .timed = true, .name = "gemm fwd swiglu"};
+        const tr_lt_gemm g = fwd_gemm(be, gu, NULL, in, w, NULL, T, IC, 2 * I, 0);
         const int cfg = tr_lt_seqk_best(be, &g);
         const int run = cfg < 0 ? 1 : tr_gemm_seqk_swiglu(be, &g, I, act, cfg);
         if (run < 0) return;
