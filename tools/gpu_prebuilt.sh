@@ -23,7 +23,8 @@
 #                                        the call's own); VARIANT_SECTION, the bench_cuda and
 #                                        test_cuda_ops section it is measured and tested with
 #                                        (default attention; sample: the sampler's;
-#                                        gemm_decode: the decode products'), and
+#                                        gemm_decode: the decode products';
+#                                        attention_decode: bench_cuda attention decode), and
 #                                        VARIANT_TEST_SECTION the test_cuda_ops one where
 #                                        it differs (gemm_decode: matmul)
 #   tools/gpu_prebuilt.sh run [PART...]  there: runs the parts with build-carry's binaries
@@ -292,11 +293,15 @@ if has variants; then
             attn_bench "variant_${1}_bench_${e//[=,]/_}" "$tag" "$2/bench/bench_cuda" ${e//,/ }
             return
         fi
-        local name="variant_${1}_bench_${sec}_${e//[=,]/_}"
-        step "$name" env ${e//,/ } "$2/bench/bench_cuda" "$sec"
+        local name="variant_${1}_bench_${sec}_${e//[=,]/_}" args=$sec
+        # attention_decode: bench_cuda attention decode, the decode kernels' shapes
+        [ "$sec" = attention_decode ] && args="attention decode"
+        # shellcheck disable=SC2086
+        step "$name" env ${e//,/ } "$2/bench/bench_cuda" $args
         # the section's result lines (gemm_decode's name each product and candidate)
         local pat="^ +$sec "
         [ "$sec" = gemm_decode ] && pat="plan|seqk"
+        [ "$sec" = attention_decode ] && pat="^attn_"
         grep -E "$pat" "$logs/$name.log" | sed "s/^ */$tag /" | tee -a "$summary"
     }
     # whether TAG ran a dense forward faster than TREE (or TREE has no such line)
