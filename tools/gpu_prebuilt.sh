@@ -72,7 +72,8 @@
 #          mma.sync, test_model_bf16 with it, and bench_cuda attention with it (503) beside the
 #          accumulator in local memory (247)
 #   variants  the tree's own bench_cuda attention in each environment of BASE_ENVS (as
-#          VARIANT_ENVS; default: the call's own), then each variant's in each of its
+#          VARIANT_ENVS; default: the call's own) when a variant is measured with it (that
+#          bench takes minutes), then each variant's in each of its
 #          environments, and its test_cuda_ops attention where it ran a dense forward faster
 #          than the tree in the same environment (VARIANT_TESTS=all: everywhere), so that every
 #          line compared comes from the same call; a variant packed with another
@@ -313,7 +314,10 @@ if has variants; then
         done
         return 1
     }
-    for e in ${BASE_ENVS:-"-"}; do vbench tree "$carry" "$e"; done
+    # the tree's bench_cuda attention (minutes) only where a variant is measured with it
+    if cat "$carry"/variants/*/section 2>/dev/null | grep -qx attention; then
+        for e in ${BASE_ENVS:-"-"}; do vbench tree "$carry" "$e"; done
+    fi
     for v in "$carry"/variants/*/; do
         [ -d "$v" ] || continue
         n=$(basename "$v") sets=$(cat "$v/envs" 2>/dev/null)

@@ -431,29 +431,11 @@ __global__ void __launch_bounds__(FA_DEC_COOP_WARPS * 32) fa_decode_coop_kernel(
     const int G = a.H / a.KVH, h0 = kvh * G + hg * 16, nrows = min(16, G - hg * 16);
     const tr_bf16 *qrow = a.q + (size_t)b * (size_t)a.ld;
     tr_bf16 *orow = a.out + ((size_t)b * a.H + h0) * D;
-
-    if (a.x)
-        fa_dec_rope<D>(a, qs, cs, b, kvh, h0, nrows);
-    else
-        fa_load_rows<D>(
-            qs, 16,
-            [&](int r) -> const tr_bf16 * {
-                return r < nrows ? qrow + (size_t)(h0 + r) * D : nullptr;
-            },
-            tid, W * 32, a.vecq != 0, a.q);
-    fa_cp_commit();
     const int n = a.seq_len[b];
-    if (n <= 0) {   // no keys: zeros, as the row kernel gives
-        for (int i = tid; i < nrows * D; i += W * 32) orow[i] = __float2bfloat16_rn(0.0f);
-        fa_cp_wait<0>();
-        return;
-    }
-    const int nch = (n + CH - 1) / CH;
+    const int nch = n > 0 ? (n + CH - 1) / CH : 0;
     const int32_t *tbl = a.table + (size_t)b * a.max_blocks;
     const size_t sstride = (size_t)a.KVH * D;
     const int bs = a.block_size;
-    const bool hi_rows = nrows > 8;
-    const int last[1][2] = {{n - 1, n - 1}};   // every row sees the whole context
 
     // Chunk c's slots (cache rows; -1 past n) are looked up once, into tslot[c % NB], so that
     // its copies wait on no global load: looked up as the copies went, each pass of a
@@ -475,6 +457,29 @@ __global__ void __launch_bounds__(FA_DEC_COOP_WARPS * 32) fa_decode_coop_kernel(
 #pragma unroll
         for (int i = 0; i < SPT; i++) tslot[(c % NB) * CH + tid + i * W * 32] = sl[i];
     };
+    // The first chunks' slots load while RoPE runs (they read the block table, which RoPE's
+    // cache write leaves alone), so that the copies after it wait on no lookup.
+    int32_t first[NB][SPT];
+#pragma unroll
+    for (int c = 0; c < NB; c++) slots_get(c, first[c]);
+    if (a.x)
+        fa_dec_rope<D>(a, qs, cs, b, kvh, h0, nrows);
+    else
+        fa_load_rows<D>(
+            qs, 16,
+            [&](int r) -> const tr_bf16 * {
+                return r < nrows ? qrow + (size_t)(h0 + r) * D : nullptr;
+            },
+            tid, W * 32, a.vecq != 0, a.q);
+    fa_cp_commit();
+    if (n <= 0) {   // no keys: zeros, as the row kernel gives
+        for (int i = tid; i < nrows * D; i += W * 32) orow[i] = __float2bfloat16_rn(0.0f);
+        fa_cp_wait<0>();
+        return;
+    }
+    const bool hi_rows = nrows > 8;
+    const int last[1][2] = {{n - 1, n - 1}};   // every row sees the whole context
+
     // Chunk c's K (v 0) or V (v 1) tiles into its buffer from its slots, rows past n as
     // zeros; nothing past the last chunk (the caller commits a group either way, so that the
     // count stays fixed).
@@ -496,11 +501,7 @@ __global__ void __launch_bounds__(FA_DEC_COOP_WARPS * 32) fa_decode_coop_kernel(
         }
     };
 #pragma unroll
-    for (int c = 0; c < NB; c++) {
-        int32_t sl[SPT];
-        slots_get(c, sl);
-        slots_put(c, sl);
-    }
+    for (int c = 0; c < NB; c++) slots_put(c, first[c]);
     __syncthreads();   // the first chunks' slots
 #pragma unroll
     for (int c = 0; c < NB; c++) {

@@ -154,7 +154,8 @@ void tr_cuda_matmul_forward(tr_backend *be, void *out, const void *in, const voi
                     T, IC, OC, 0);
 }
 
-// A decode step's gate/up product and SwiGLU as one kernel (TROUPE_CUDA_FUSED_SWIGLU=1): the
+// A decode step's gate/up product and SwiGLU as one kernel (TROUPE_CUDA_FUSED_SWIGLU=1; off by
+// default: a 0.5B decode step at batch 64 ran 5% slower with it, bench/RESULTS.md): the
 // sequential-k kernel's fastest configuration of the plan's bits, SwiGLU in its epilogue
 // (gemm_seqk.cu), so act gets the bits of the product then swiglu_forward. Only in the
 // batch-invariant mode, where the plan is the unsplit chain that kernel computes, and only
