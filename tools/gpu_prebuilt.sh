@@ -11,7 +11,8 @@
 #                                        build-carry/ (ignored by git), to carry to the device,
 #                                        each compressed by xz (a third of its size: a call's
 #                                        tree is at most 64 MiB; run unpacks them); PACK_BINS
-#                                        (paths under BUILD) carries fewer
+#                                        (paths under BUILD) carries fewer; CARRY
+#                                        packs into another folder (build-base for trab)
 #   tools/gpu_prebuilt.sh pack-variant NAME PATCH [BUILD]
 #                                        here, after pack: a kernel variant beside them, PATCH
 #                                        applied to the working tree, test_cuda_ops and
@@ -36,9 +37,12 @@
 #          wgmma without TMA, pipelined, and pipelined with TMA
 #   ops    every test_cuda_ops section
 #   kern   test_cuda_ops matmul, rmsnorm, rope, rope_kv_write, logsoftmax, buffers, sample,
-#          sample_vocab and determinism, and test_model_bf16
+#          sample_vocab and determinism (KERN_SECTIONS: others), and test_model_bf16
 #   train  bench_train_gpu at the 0.5B and 1.5B shapes, 3 timed steps, dense and (0.5B) packed
 #   decode bench_decode_gpu at the 0.5B and 1.5B shapes, batch 64 and 256, 256 + 256 tokens
+#   trab   bench_train_gpu at the 0.5B shape from BASE_CARRY (default build-base: binaries
+#          of another commit, packed with CARRY=build-base PACK_BINS=bench/bench_train_gpu
+#          and carried too) and from the tree's, alternating, TRAB_RUNS (2) times each
 #   fglu   the decode step's gate/up product fused with SwiGLU (TROUPE_CUDA_FUSED_SWIGLU=1):
 #          test_cuda_ops matmul (the fused op against the two ops, bitwise), test_model_bf16
 #          with it on, and bench_decode_gpu with it off and on, alternating, at the 0.5B shape
@@ -91,7 +95,7 @@
 # PEER_COMPILE_ONLY=1 runs torch.compile without eager (bench/run_gpu_train.sh).
 set -u
 cd "$(dirname "$0")/.." || exit 1
-carry="build-carry"
+carry="${CARRY:-build-carry}"
 bins="tests/kernels/test_wgmma tests/kernels/test_cuda_ops tests/engine/test_model_bf16
       bench/bench_cuda bench/bench_train_gpu bench/bench_decode_gpu bench/converge_gpu"
 
@@ -204,7 +208,8 @@ if has attn; then
 fi
 if has ops; then step ops_all "$t"; fi
 if has kern; then
-    for sec in matmul rmsnorm rope rope_kv_write logsoftmax buffers sample sample_vocab determinism; do
+    for sec in ${KERN_SECTIONS:-matmul rmsnorm rope rope_kv_write logsoftmax buffers sample \
+        sample_vocab determinism}; do
         step "${sec}_ops" "$t" "$sec"
     done
     has attn || step model_bf16 env TROUPE_BACKEND=cuda timeout 120 "$carry/tests/engine/test_model_bf16"
@@ -214,6 +219,21 @@ if has train; then
     step train_05b_packed env BENCH_PACKED=1 timeout 100 "$bt" qwen2.5-0.5b 8 2048 3
     step train_15b timeout 100 "$bt" qwen2.5-1.5b 4 2048 3
     grep -h "troupe train" "$logs"/train_*.log | tee -a "$summary"
+fi
+if has trab; then
+    # the 0.5B training step of the pack in BASE_CARRY (CARRY=build-base pack, of the commit
+    # before) and of the tree's, alternating, TRAB_RUNS times each: a change's gain measured
+    # on one machine in one call
+    base=${BASE_CARRY:-build-base}
+    find "$base" -name '*.xz' -exec xz -d -f -T0 {} +
+    for i in $(seq "${TRAB_RUNS:-2}"); do
+        for w in base tree; do
+            bin="$carry/bench/bench_train_gpu"
+            [ $w = base ] && bin="$base/bench/bench_train_gpu"
+            step "trab_${w}_$i" timeout 100 "$bin" qwen2.5-0.5b 8 2048 3
+            grep -h "troupe train" "$logs/trab_${w}_$i.log" | sed "s/^/$w /" | tee -a "$summary"
+        done
+    done
 fi
 if has decode; then
     for sh in qwen2.5-0.5b qwen2.5-1.5b; do
