@@ -149,11 +149,25 @@ void tr_cuda_adamw(tr_backend *be, const tr_adamw_args *a) {
     TR_CUDA_LAUNCHED(be, "adamw");
 }
 
+// A thread's values are loaded SUMSQ_BATCH at a time, all before the first of their additions,
+// which keep the values' order (the same bits): the loop had one load in flight a thread
+// (0.5B shape's 494M gradients: 951 -> 914 us, an H100).
+#define SUMSQ_BATCH 8
+
 __global__ void sumsq_kernel(double *partial, const float *x, size_t n, size_t block) {
     size_t b0 = (size_t)blockIdx.x * block;
     size_t b1 = b0 + block < n ? b0 + block : n;
+    const size_t step = blockDim.x;
     double acc = 0.0;
-    for (size_t i = b0 + threadIdx.x; i < b1; i += blockDim.x) acc += (double)x[i] * x[i];
+    size_t i = b0 + threadIdx.x;
+    for (; i + (SUMSQ_BATCH - 1) * step < b1; i += SUMSQ_BATCH * step) {
+        float v[SUMSQ_BATCH];
+#pragma unroll
+        for (int u = 0; u < SUMSQ_BATCH; u++) v[u] = x[i + u * step];
+#pragma unroll
+        for (int u = 0; u < SUMSQ_BATCH; u++) acc += (double)v[u] * v[u];
+    }
+    for (; i < b1; i += step) acc += (double)x[i] * x[i];
     acc = tr_block_sum(acc);
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
