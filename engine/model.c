@@ -849,6 +849,15 @@ static int final_norm_forward(tr_model *m, int32_t T, tr_err *err) {
     return m->tp.sp ? tr_model_sp_gather(m, a->lnf, mine, m->act, T, err) : 0;
 }
 
+// Inference brings a layer's weights into the device's cache ahead of their products (the
+// prefetch op, a hint that changes no result; off unless the backend has it on): o and
+// gate/up at the layer's start, while its norm, qkv and attention leave memory mostly idle,
+// then down and the next layer's qkv as its MLP starts. rows x cols working weights at w.
+static void prefetch_weights(tr_model *m, const void *w, int32_t rows, int32_t cols) {
+    if (!m->acts_training && m->be->ops->prefetch)
+        m->be->ops->prefetch(m->be, w, (size_t)rows * (size_t)cols * tr_dt_size(m->wt));
+}
+
 // Layer l over the T rows of the current batch, from residual[l]: attention is the only
 // step that differs between training (causal over packed documents) and generation (over the
 // paged KV cache), so it is the callback; everything else is this one code path. Shapes are
@@ -866,6 +875,8 @@ static int layer_forward(tr_model *m, int32_t l, int32_t T, tr_attend_fn attend,
     const tr_layer_params *w = &m->w.layers[l];
     tr_layer_acts *la = &a->layers[l];
     const float *x = a->residual[l];
+    prefetch_weights(m, w->wo, C, Q);
+    prefetch_weights(m, w->w_gu, 2 * I, C);
     const void *in = norm_forward(m, la->ln1, la->ln1_rstd, x, w->attn_norm, T, err);
     if (!in) return -1;
     op->matmul_forward(be, la->qkv, in, w->wqkv, w->bqkv, T, C, QKV, 0);
@@ -879,6 +890,8 @@ static int layer_forward(tr_model *m, int32_t l, int32_t T, tr_attend_fn attend,
     attend(ctx, m, l, la, T);   // RoPE included (generation fuses it with the cache write)
     // The projections back into the residual stream add into it in fp32.
     if (row_parallel(m, la->res_mid, x, la->att, w->wo, w->bo, T, Q, C, err) != 0) return -1;
+    prefetch_weights(m, w->w_down, C, I);
+    if (l + 1 < c->n_layers) prefetch_weights(m, m->w.layers[l + 1].wqkv, QKV, C);
     if (!(in = norm_forward(m, la->ln2, la->ln2_rstd, la->res_mid, w->mlp_norm, T, err)))
         return -1;
     if (!m->acts_training && op->matmul_swiglu_forward) {   // nothing reads gu again

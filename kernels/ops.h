@@ -208,6 +208,12 @@ typedef struct tr_ops {
     int (*graph_end)(tr_backend *be, void **exec);
     int (*graph_launch)(tr_backend *be, void *exec);
     void (*graph_free)(tr_backend *be, void *exec);
+    // A hint (NULL where a backend has none, and a no-op unless the backend has it on): start
+    // bringing `bytes` of device memory at p into the device's cache now, beside the queue
+    // rather than in its order, so that an op queued later finds them there. Nothing waits
+    // for it and no result depends on it. Generation names the weights of a layer's coming
+    // products (engine/model.c), whose reads at a decode step's few rows wait on memory.
+    void (*prefetch)(tr_backend *be, const void *p, size_t bytes);
 
     // out[T,OC] = in[T,IC] @ w[OC,IC]^T (+ bias[OC] if not NULL). in: A; w, bias: W.
     // out is A, or F with TR_MM_OUT_F32. The reduction over IC of each output element runs in

@@ -40,6 +40,9 @@
 #          sample_vocab and determinism (KERN_SECTIONS: others), and test_model_bf16
 #   train  bench_train_gpu at the 0.5B and 1.5B shapes, 3 timed steps, dense and (0.5B) packed
 #   decode bench_decode_gpu at the 0.5B and 1.5B shapes, batch 64 and 256, 256 + 256 tokens
+#   pref   the prefetch op (TROUPE_CUDA_PREFETCH=1: a layer's weights brought into L2 ahead of
+#          its products at generation): test_cuda_ops buffers, test_model_bf16 with it on, and
+#          bench_decode_gpu with it off and on, alternating, at both shapes, batch 64 and 256
 #   trab   bench_train_gpu at the 0.5B shape from BASE_CARRY (default build-base: binaries
 #          of another commit, packed with CARRY=build-base PACK_BINS=bench/bench_train_gpu
 #          and carried too) and from the tree's, alternating, TRAB_RUNS (2) times each
@@ -219,6 +222,21 @@ if has train; then
     step train_05b_packed env BENCH_PACKED=1 timeout 100 "$bt" qwen2.5-0.5b 8 2048 3
     step train_15b timeout 100 "$bt" qwen2.5-1.5b 4 2048 3
     grep -h "troupe train" "$logs"/train_*.log | tee -a "$summary"
+fi
+if has pref; then
+    step pref_ops "$t" buffers
+    step pref_model_bf16 env TROUPE_BACKEND=cuda TROUPE_CUDA_PREFETCH=1 timeout 120 \
+        "$carry/tests/engine/test_model_bf16"
+    for v in "qwen2.5-0.5b 64" "qwen2.5-0.5b 256" "qwen2.5-1.5b 64" "qwen2.5-1.5b 256" \
+        "qwen2.5-0.5b 64"; do
+        set -- $v
+        for p in 0 1; do
+            n="pref_${1}_b$2_p${p}_$(date +%s%N)"
+            step "$n" env TROUPE_CUDA_PREFETCH=$p timeout 60 "$carry/bench/bench_decode_gpu" \
+                "$1" "$2" 1 256 256
+            grep -h "^troupe decode" "$logs/$n.log" | sed "s/^/prefetch=$p /" | tee -a "$summary"
+        done
+    done
 fi
 if has trab; then
     # the 0.5B training step of the pack in BASE_CARRY (CARRY=build-base pack, of the commit

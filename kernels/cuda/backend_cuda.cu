@@ -92,6 +92,7 @@ static void inject_fault(tr_backend *be) {
 static int cuda_sync(tr_backend *be, const char *where, char *msg, size_t cap) {
     tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
     if (!ctx->failed && tr_fault_hit(&be->fault, TR_FAULT_ERROR, where)) inject_fault(be);
+    if (!ctx->failed) tr_cuda_side_join(be);
     if (!ctx->failed) TR_CUDA_CHECK(be, cudaStreamSynchronize(ctx->stream));
     if (!ctx->failed) {
         if (cap) msg[0] = '\0';
@@ -131,6 +132,7 @@ static const tr_ops cuda_ops = {
     .graph_end = tr_cuda_graph_end,
     .graph_launch = tr_cuda_graph_launch,
     .graph_free = tr_cuda_graph_free,
+    .prefetch = tr_cuda_prefetch,
     .matmul_forward = tr_cuda_matmul_forward,
     .matmul_forward_add = tr_cuda_matmul_forward_add,
     .matmul_backward = tr_cuda_matmul_backward,
@@ -212,6 +214,17 @@ static bool no_kernel_image(tr_cuda_ctx *ctx, int device) {
     return true;
 }
 
+// The prefetch op's stream and its fork and join events (prefetch.cu).
+static int side_make(tr_backend *be) {
+    tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
+    if (ctx->side) return 0;
+    if (TR_CUDA_CHECK(be, cudaEventCreateWithFlags(&ctx->side_fork, cudaEventDisableTiming)) ||
+        TR_CUDA_CHECK(be, cudaEventCreateWithFlags(&ctx->side_done, cudaEventDisableTiming)) ||
+        TR_CUDA_CHECK(be, cudaStreamCreateWithFlags(&ctx->side, cudaStreamNonBlocking)))
+        return -1;
+    return 0;
+}
+
 // The context is kept even when init fails, so that status can tell why.
 
 extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
@@ -239,6 +252,7 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
     ctx->pdl = env_is("TROUPE_CUDA_PDL", "1");
     ctx->no_seqk = env_is("TROUPE_CUDA_SEQK", "0");
     ctx->fused_swiglu = env_is("TROUPE_CUDA_FUSED_SWIGLU", "1");
+    ctx->prefetch = env_is("TROUPE_CUDA_PREFETCH", "1");
     const char *wg = getenv("TROUPE_CUDA_WGMMA");   // 0: none; a mask of TR_CUDA_WG_*
     ctx->wgmma = wg && *wg ? atoi(wg) & TR_CUDA_WG_MASK : TR_CUDA_WG_DEFAULT;
     ctx->no_lean_copies = env_is("TROUPE_CUDA_DECODE_LEAN", "0");
@@ -271,6 +285,7 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
         return -1;
     if (no_kernel_image(ctx, device)) return -1;
     if (TR_CUDA_CHECK(be, cudaStreamCreate(&ctx->stream))) return -1;
+    if (ctx->prefetch && side_make(be) != 0) return -1;
     if (env_is("TROUPE_CUDA_PROFILE", "1") && tr_cuda_prof_init(ctx)) {
         tr_cuda_record(ctx, __FILE__, __LINE__, "TROUPE_CUDA_PROFILE", "no memory for events");
         return -1;
@@ -315,6 +330,12 @@ extern "C" void tr_backend_cuda_free(tr_backend *be) {
     tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
     // Teardown errors have nobody left to report to; each release is still attempted.
     if (ctx->stream) cudaStreamSynchronize(ctx->stream);
+    if (ctx->side) {
+        cudaStreamSynchronize(ctx->side);
+        cudaStreamDestroy(ctx->side);
+    }
+    if (ctx->side_fork) cudaEventDestroy(ctx->side_fork);
+    if (ctx->side_done) cudaEventDestroy(ctx->side_done);
     tr_cuda_prof_free(ctx);
     if (ctx->partial) cudaFree(ctx->partial);
     if (ctx->norm_partial) cudaFree(ctx->norm_partial);
@@ -335,6 +356,7 @@ extern "C" int tr_backend_cuda_status(tr_backend *be, char *msg, size_t cap) {
         return -1;
     }
     tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
+    if (!ctx->failed && ctx->stream) tr_cuda_side_join(be);
     if (!ctx->failed && ctx->stream) TR_CUDA_CHECK(be, cudaStreamSynchronize(ctx->stream));
     if (!ctx->failed) return 0;
     if (cap) snprintf(msg, cap, "%s", ctx->msg);
@@ -356,6 +378,18 @@ extern "C" void tr_backend_cuda_force_row_ctas(tr_backend *be, int ctas) {
 
 extern "C" void tr_backend_cuda_fused_swiglu(tr_backend *be, int on) {
     if (be && be->ctx) tr_cuda_ctx_of(be)->fused_swiglu = on != 0;
+}
+
+extern "C" int tr_backend_cuda_prefetch(tr_backend *be, int on) {
+    if (!be || !be->ctx) return -1;
+    tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
+    if (on && side_make(be) != 0) return -1;
+    ctx->prefetch = on != 0;
+    return 0;
+}
+
+extern "C" long tr_backend_cuda_prefetch_pending(tr_backend *be) {
+    return be && be->ctx ? tr_cuda_ctx_of(be)->side_pending : 0;
 }
 
 extern "C" long tr_backend_cuda_fused_swiglu_runs(tr_backend *be) {

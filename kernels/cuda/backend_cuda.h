@@ -53,6 +53,10 @@ void tr_backend_cuda_force_row_ctas(tr_backend *be, int ctas);
 // fused so far.
 void tr_backend_cuda_fused_swiglu(tr_backend *be, int on);
 long tr_backend_cuda_fused_swiglu_runs(tr_backend *be);
+// The prefetch op on or off whatever TROUPE_CUDA_PREFETCH says (tests; -1 when its stream
+// could not be made), and whether a prefetch waits to be joined into the stream.
+int tr_backend_cuda_prefetch(tr_backend *be, int on);
+long tr_backend_cuda_prefetch_pending(tr_backend *be);
 
 // Ranks the sampler's top-k rows (k up to 1,024) by a select instead of sorting whole rows
 // (the default; TROUPE_CUDA_TOPK_SELECT=0 clears it at start); the draws are the same either way.

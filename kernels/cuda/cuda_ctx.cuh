@@ -124,6 +124,10 @@ typedef struct tr_cuda_ctx {
                             // rope_kv_write and attention_decode in turn
     int no_lean_copies;     // TROUPE_CUDA_DECODE_LEAN=0: decode attention copies through its
                             // table of slot offsets at every block size (attention_decode.cu)
+    int prefetch;           // TROUPE_CUDA_PREFETCH=1: the prefetch op's hints (prefetch.cu)
+    cudaStream_t side;      // the prefetches' stream (made when prefetch is on), forked from
+    cudaEvent_t side_fork, side_done;   // and joined back into `stream` by these events
+    int side_pending;       // a prefetch is not yet joined (tr_cuda_side_join)
     tr_cuda_prof *prof;     // TROUPE_CUDA_PROFILE=1, else NULL
     int failed;
     char msg[512];
@@ -277,6 +281,11 @@ void tr_cuda_matmul_backward(tr_backend *be, void *din, float *dw, float *dbias,
                              const void *dout, const void *in, const void *w, int32_t T,
                              int32_t IC, int32_t OC);
 void tr_cuda_lt_plans_free(tr_cuda_ctx *ctx);
+void tr_cuda_prefetch(tr_backend *be, const void *p, size_t bytes);
+// Makes the stream wait for the prefetches queued beside it, if any are not joined yet:
+// before a recording begins or ends (a capture must take in every fork it made, and not a
+// fork made before it), and before the stream is waited for.
+int tr_cuda_side_join(tr_backend *be);
 void tr_cuda_embedding_forward(tr_backend *be, float *out, const int32_t *ids,
                                const void *table, int32_t T, int32_t C);
 void tr_cuda_embedding_backward(tr_backend *be, float *dtable, const float *dout,

@@ -12,6 +12,7 @@ int tr_cuda_graph_begin(tr_backend *be) {
     // Profiling queries events between launches, and the debug mode syncs after each op,
     // which a capture does not allow.
     if (ctx->prof || ctx->sync_each_op || ctx->no_graphs || ctx->failed) return 1;
+    if (tr_cuda_side_join(be) != 0) return -1;
     return TR_CUDA_CHECK(be, cudaStreamBeginCapture(ctx->stream,
                                                     cudaStreamCaptureModeThreadLocal)) ? -1 : 0;
 }
@@ -21,6 +22,9 @@ int tr_cuda_graph_end(tr_backend *be, void **exec) {
     cudaGraph_t g = NULL;
     cudaGraphExec_t x = NULL;
     *exec = NULL;
+    // the prefetches recorded as branches join the graph before it closes (a failed join
+    // still ends the capture, so that the stream is left usable)
+    tr_cuda_side_join(be);
     if (TR_CUDA_CHECK(be, cudaStreamEndCapture(ctx->stream, &g))) return -1;
     int rc = TR_CUDA_CHECK(be, cudaGraphInstantiate(&x, g, 0)) ? -1 : 0;
     cudaGraphDestroy(g);

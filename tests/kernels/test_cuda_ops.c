@@ -2271,6 +2271,51 @@ static void test_decode_rows(void) {
     free(pos); free(drawn); free(tables); free(patch); free(a); free(b);
 }
 
+// The prefetch op (a hint beside the stream): queued eagerly and inside a recording, aligned
+// and not, it leaves a copy it overlaps with the bytes it read, waits to be joined until a
+// sync or the recording's end, and makes no failure.
+static void test_prefetch(void) {
+    tr_backend *be = &gpu_be;
+    char msg[256];
+    const size_t n = (size_t)3 << 20;   // 12 MB: many bulk prefetches, several blocks
+    float *x = kt_rand(n, 1.0), *y = kt_floats(n);
+    float *src = putf(1, x, n), *dst = putf(1, NULL, n), *dst2 = putf(1, NULL, n);
+    CHECKF(tr_backend_cuda_prefetch(be, 1) == 0, "prefetch: turning it on failed");
+    be->ops->prefetch(be, NULL, 64);
+    be->ops->prefetch(be, (const char *)src + 4, 8);   // no whole 16-byte piece: nothing
+    CHECKF(tr_backend_cuda_prefetch_pending(be) == 0, "prefetch: a no-op left a fork");
+    be->ops->prefetch(be, src, n * sizeof(float));
+    CHECKF(tr_backend_cuda_prefetch_pending(be) == 1, "prefetch: no fork after a prefetch");
+    be->ops->prefetch(be, (const char *)src + 4, n * sizeof(float) - 4);   // misaligned start
+    be->ops->copy(be, dst, src, n * sizeof(float));
+    CHECKF(be->ops->sync(be, "prefetch", msg, sizeof msg) == 0, "prefetch: %s", msg);
+    CHECKF(tr_backend_cuda_prefetch_pending(be) == 0, "prefetch: still forked after a sync");
+    getf(1, y, dst, n);
+    same_bytes("prefetch, then copy", x, y, n * sizeof(float));
+
+    void *exec = NULL;
+    int rc = be->ops->graph_begin(be);
+    CHECKF(rc >= 0, "prefetch: graph_begin failed");
+    if (rc == 0) {
+        be->ops->prefetch(be, src, n * sizeof(float));
+        be->ops->copy(be, dst2, src, n * sizeof(float));
+        be->ops->prefetch(be, dst2, n * sizeof(float));
+        CHECKF(be->ops->graph_end(be, &exec) == 0 && exec, "prefetch: graph_end failed");
+        CHECKF(tr_backend_cuda_prefetch_pending(be) == 0, "prefetch: a recording left a fork");
+        for (int i = 0; i < 2 && exec; i++) be->ops->graph_launch(be, exec);
+        CHECKF(be->ops->sync(be, "prefetch graph", msg, sizeof msg) == 0, "prefetch: %s", msg);
+        be->ops->graph_free(be, exec);
+        getf(1, y, dst2, n);
+        same_bytes("prefetch recorded, then copy", x, y, n * sizeof(float));
+    }
+    CHECKF(tr_backend_cuda_prefetch(be, 0) == 0, "prefetch: turning it off failed");
+    be->ops->prefetch(be, src, n * sizeof(float));
+    CHECKF(tr_backend_cuda_prefetch_pending(be) == 0, "prefetch: forked while off");
+    bufs_free(1);
+    free(x); free(y);
+    printf("prefetch: eager and recorded, the copies exact\n");
+}
+
 static void test_buffers(void) {
     size_t n = 100003;
     float *x = kt_rand(n, 1.0);
@@ -2292,6 +2337,7 @@ static void test_buffers(void) {
     test_kv_copy(12);
     test_kv_copy(6);
     test_decode_rows();
+    test_prefetch();
 }
 
 // --- sampling ---------------------------------------------------------------------------------
