@@ -41,8 +41,9 @@
 #   train  bench_train_gpu at the 0.5B and 1.5B shapes, 3 timed steps, dense and (0.5B) packed
 #   decode bench_decode_gpu at the 0.5B and 1.5B shapes, batch 64 and 256, 256 + 256 tokens
 #   pref   the prefetch op (TROUPE_CUDA_PREFETCH=1: a layer's weights brought into L2 ahead of
-#          its products at generation): test_cuda_ops buffers, test_model_bf16 with it on, and
-#          bench_decode_gpu with it off and on, alternating, at both shapes, batch 64 and 256
+#          its products at generation; 2: lines marked evict-last): test_cuda_ops buffers,
+#          test_model_bf16 with it on, and bench_decode_gpu with it off, 1 and 2, alternating,
+#          at both shapes, batch 64 and 256
 #   trab   bench_train_gpu at the 0.5B shape from BASE_CARRY (default build-base: binaries
 #          of another commit, packed with CARRY=build-base PACK_BINS=bench/bench_train_gpu
 #          and carried too) and from the tree's, alternating, TRAB_RUNS (2) times each
@@ -230,7 +231,7 @@ if has pref; then
     for v in "qwen2.5-0.5b 64" "qwen2.5-0.5b 256" "qwen2.5-1.5b 64" "qwen2.5-1.5b 256" \
         "qwen2.5-0.5b 64"; do
         set -- $v
-        for p in 0 1; do
+        for p in 0 1 2; do
             n="pref_${1}_b$2_p${p}_$(date +%s%N)"
             step "$n" env TROUPE_CUDA_PREFETCH=$p timeout 60 "$carry/bench/bench_decode_gpu" \
                 "$1" "$2" 1 256 256

@@ -252,7 +252,9 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
     ctx->pdl = env_is("TROUPE_CUDA_PDL", "1");
     ctx->no_seqk = env_is("TROUPE_CUDA_SEQK", "0");
     ctx->fused_swiglu = env_is("TROUPE_CUDA_FUSED_SWIGLU", "1");
-    ctx->prefetch = env_is("TROUPE_CUDA_PREFETCH", "1");
+    ctx->prefetch = env_is("TROUPE_CUDA_PREFETCH", "1")   ? 1
+                    : env_is("TROUPE_CUDA_PREFETCH", "2") ? 2
+                                                          : 0;
     const char *wg = getenv("TROUPE_CUDA_WGMMA");   // 0: none; a mask of TR_CUDA_WG_*
     ctx->wgmma = wg && *wg ? atoi(wg) & TR_CUDA_WG_MASK : TR_CUDA_WG_DEFAULT;
     ctx->no_lean_copies = env_is("TROUPE_CUDA_DECODE_LEAN", "0");
@@ -384,7 +386,7 @@ extern "C" int tr_backend_cuda_prefetch(tr_backend *be, int on) {
     if (!be || !be->ctx) return -1;
     tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
     if (on && side_make(be) != 0) return -1;
-    ctx->prefetch = on != 0;
+    ctx->prefetch = on == 2 ? 2 : on != 0;
     return 0;
 }
 

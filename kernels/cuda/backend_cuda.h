@@ -53,8 +53,8 @@ void tr_backend_cuda_force_row_ctas(tr_backend *be, int ctas);
 // fused so far.
 void tr_backend_cuda_fused_swiglu(tr_backend *be, int on);
 long tr_backend_cuda_fused_swiglu_runs(tr_backend *be);
-// The prefetch op on or off whatever TROUPE_CUDA_PREFETCH says (tests; -1 when its stream
-// could not be made), and whether a prefetch waits to be joined into the stream.
+// The prefetch op on (1; 2: evict-last lines) or off whatever TROUPE_CUDA_PREFETCH says (tests;
+// -1 when its stream could not be made), and whether a prefetch waits to be joined.
 int tr_backend_cuda_prefetch(tr_backend *be, int on);
 long tr_backend_cuda_prefetch_pending(tr_backend *be);
 

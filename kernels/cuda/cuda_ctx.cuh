@@ -124,7 +124,8 @@ typedef struct tr_cuda_ctx {
                             // rope_kv_write and attention_decode in turn
     int no_lean_copies;     // TROUPE_CUDA_DECODE_LEAN=0: decode attention copies through its
                             // table of slot offsets at every block size (attention_decode.cu)
-    int prefetch;           // TROUPE_CUDA_PREFETCH=1: the prefetch op's hints (prefetch.cu)
+    int prefetch;           // TROUPE_CUDA_PREFETCH=1: the prefetch op's hints (prefetch.cu);
+                            // 2: their lines marked evict-last
     cudaStream_t side;      // the prefetches' stream (made when prefetch is on), forked from
     cudaEvent_t side_fork, side_done;   // and joined back into `stream` by these events
     int side_pending;       // a prefetch is not yet joined (tr_cuda_side_join)

@@ -17,15 +17,27 @@
 #define PF_CHUNK (32u << 10)   // bytes a bulk prefetch (16-byte multiples)
 #define PF_THREADS 128
 
-__global__ void prefetch_l2_kernel(const char *p, size_t bytes) {
+// last: the lines are marked to be evicted after others (TROUPE_CUDA_PREFETCH=2), so that the
+// KV cache's and the activations' traffic in between does not push them out first.
+__global__ void prefetch_l2_kernel(const char *p, size_t bytes, bool last) {
     const size_t n = (bytes + PF_CHUNK - 1) / PF_CHUNK;
+#if __CUDA_ARCH__ >= 900
+    uint64_t policy = 0;
+    if (last) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+#endif
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         const size_t off = i * PF_CHUNK;
         const uint32_t len = (uint32_t)(bytes - off < PF_CHUNK ? bytes - off : PF_CHUNK);
 #if __CUDA_ARCH__ >= 900
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(len)
-                     : "memory");
+        if (last)
+            asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(
+                             p + off),
+                         "r"(len), "l"(policy)
+                         : "memory");
+        else
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(len)
+                         : "memory");
 #else
         for (uint32_t b = 0; b < len; b += 128)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off + b) : "memory");
@@ -59,7 +71,8 @@ void tr_cuda_prefetch(tr_backend *be, const void *p, size_t bytes) {
     const size_t chunks = (bytes + PF_CHUNK - 1) / PF_CHUNK;
     size_t blocks = (chunks + PF_THREADS - 1) / PF_THREADS;
     if (blocks > 16) blocks = 16;
-    prefetch_l2_kernel<<<(unsigned)blocks, PF_THREADS, 0, ctx->side>>>((const char *)a, bytes);
+    prefetch_l2_kernel<<<(unsigned)blocks, PF_THREADS, 0, ctx->side>>>((const char *)a, bytes,
+                                                                       ctx->prefetch == 2);
     if (TR_CUDA_CHECK(be, cudaGetLastError()) ||
         TR_CUDA_CHECK(be, cudaEventRecord(ctx->side_done, ctx->side)))
         return;

@@ -2271,49 +2271,56 @@ static void test_decode_rows(void) {
     free(pos); free(drawn); free(tables); free(patch); free(a); free(b);
 }
 
-// The prefetch op (a hint beside the stream): queued eagerly and inside a recording, aligned
-// and not, it leaves a copy it overlaps with the bytes it read, waits to be joined until a
-// sync or the recording's end, and makes no failure.
-static void test_prefetch(void) {
+// The prefetch op (a hint beside the stream), in both of its modes: queued eagerly and inside
+// a recording, aligned and not, it leaves a copy it overlaps with the bytes it read, waits to
+// be joined until a sync or the recording's end, and makes no failure.
+static void test_prefetch_mode(int mode) {
     tr_backend *be = &gpu_be;
     char msg[256];
     const size_t n = (size_t)3 << 20;   // 12 MB: many bulk prefetches, several blocks
     float *x = kt_rand(n, 1.0), *y = kt_floats(n);
     float *src = putf(1, x, n), *dst = putf(1, NULL, n), *dst2 = putf(1, NULL, n);
-    CHECKF(tr_backend_cuda_prefetch(be, 1) == 0, "prefetch: turning it on failed");
+    CHECKF(tr_backend_cuda_prefetch(be, mode) == 0, "prefetch %d: turning it on failed", mode);
     be->ops->prefetch(be, NULL, 64);
     be->ops->prefetch(be, (const char *)src + 4, 8);   // no whole 16-byte piece: nothing
-    CHECKF(tr_backend_cuda_prefetch_pending(be) == 0, "prefetch: a no-op left a fork");
+    CHECKF(tr_backend_cuda_prefetch_pending(be) == 0, "prefetch %d: a no-op left a fork", mode);
     be->ops->prefetch(be, src, n * sizeof(float));
-    CHECKF(tr_backend_cuda_prefetch_pending(be) == 1, "prefetch: no fork after a prefetch");
+    CHECKF(tr_backend_cuda_prefetch_pending(be) == 1, "prefetch %d: no fork", mode);
     be->ops->prefetch(be, (const char *)src + 4, n * sizeof(float) - 4);   // misaligned start
     be->ops->copy(be, dst, src, n * sizeof(float));
-    CHECKF(be->ops->sync(be, "prefetch", msg, sizeof msg) == 0, "prefetch: %s", msg);
-    CHECKF(tr_backend_cuda_prefetch_pending(be) == 0, "prefetch: still forked after a sync");
+    CHECKF(be->ops->sync(be, "prefetch", msg, sizeof msg) == 0, "prefetch %d: %s", mode, msg);
+    CHECKF(tr_backend_cuda_prefetch_pending(be) == 0, "prefetch %d: forked after a sync", mode);
     getf(1, y, dst, n);
     same_bytes("prefetch, then copy", x, y, n * sizeof(float));
 
     void *exec = NULL;
     int rc = be->ops->graph_begin(be);
-    CHECKF(rc >= 0, "prefetch: graph_begin failed");
+    CHECKF(rc >= 0, "prefetch %d: graph_begin failed", mode);
     if (rc == 0) {
         be->ops->prefetch(be, src, n * sizeof(float));
         be->ops->copy(be, dst2, src, n * sizeof(float));
         be->ops->prefetch(be, dst2, n * sizeof(float));
-        CHECKF(be->ops->graph_end(be, &exec) == 0 && exec, "prefetch: graph_end failed");
-        CHECKF(tr_backend_cuda_prefetch_pending(be) == 0, "prefetch: a recording left a fork");
+        CHECKF(be->ops->graph_end(be, &exec) == 0 && exec, "prefetch %d: graph_end failed", mode);
+        CHECKF(tr_backend_cuda_prefetch_pending(be) == 0, "prefetch %d: a recording left a fork",
+               mode);
         for (int i = 0; i < 2 && exec; i++) be->ops->graph_launch(be, exec);
-        CHECKF(be->ops->sync(be, "prefetch graph", msg, sizeof msg) == 0, "prefetch: %s", msg);
+        CHECKF(be->ops->sync(be, "prefetch graph", msg, sizeof msg) == 0, "prefetch %d: %s",
+               mode, msg);
         be->ops->graph_free(be, exec);
         getf(1, y, dst2, n);
         same_bytes("prefetch recorded, then copy", x, y, n * sizeof(float));
     }
-    CHECKF(tr_backend_cuda_prefetch(be, 0) == 0, "prefetch: turning it off failed");
+    CHECKF(tr_backend_cuda_prefetch(be, 0) == 0, "prefetch %d: turning it off failed", mode);
     be->ops->prefetch(be, src, n * sizeof(float));
-    CHECKF(tr_backend_cuda_prefetch_pending(be) == 0, "prefetch: forked while off");
+    CHECKF(tr_backend_cuda_prefetch_pending(be) == 0, "prefetch %d: forked while off", mode);
     bufs_free(1);
     free(x); free(y);
-    printf("prefetch: eager and recorded, the copies exact\n");
+    printf("prefetch %d: eager and recorded, the copies exact\n", mode);
+}
+
+static void test_prefetch(void) {
+    test_prefetch_mode(1);
+    test_prefetch_mode(2);
 }
 
 static void test_buffers(void) {
