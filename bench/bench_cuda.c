@@ -416,14 +416,17 @@ static void bench_decode_bw_with(const char *shape, int32_t B, int32_t ctx, int3
     free(seq_len);
 }
 
-// Both decode kernels (the per-warp walk and the shared chunk, tr_backend_cuda_decode_coop),
-// then the backend's rule.
+// Every decode kernel (the per-warp walk, the shared chunk, tr_backend_cuda_decode_coop, and
+// the split walk, tr_backend_cuda_decode_split, wherever it fits: otherwise the walk), then
+// the backend's rule.
 static void bench_decode_bw(const char *shape, int32_t B, int32_t ctx, int32_t H, int32_t KVH,
                             int32_t D, double copy_bw) {
-    static const char *names[3] = {"walk", "shared", "rule"};
-    for (int mode = 0; mode < 3; mode++) {
-        const int was = tr_backend_cuda_decode_coop(&gpu, mode < 2 ? mode : -1);
-        bench_decode_bw_with(shape, B, ctx, H, KVH, D, copy_bw, names[mode]);
+    static const char *names[4] = {"walk", "shared", "split", "rule"};
+    for (int mode = 0; mode < 4; mode++) {
+        const int was = tr_backend_cuda_decode_coop(&gpu, mode == 1 ? 1 : mode == 3 ? -1 : 0);
+        const int split_was = mode == 2 ? tr_backend_cuda_decode_split(&gpu, 1) : -2;
+        if (split_was != -1) bench_decode_bw_with(shape, B, ctx, H, KVH, D, copy_bw, names[mode]);
+        if (split_was >= 0) tr_backend_cuda_decode_split(&gpu, split_was);
         tr_backend_cuda_decode_coop(&gpu, was);
     }
 }

@@ -40,6 +40,10 @@
 #          sample_vocab and determinism (KERN_SECTIONS: others), and test_model_bf16
 #   train  bench_train_gpu at the 0.5B and 1.5B shapes, 3 timed steps, dense and (0.5B) packed
 #   decode bench_decode_gpu at the 0.5B and 1.5B shapes, batch 64 and 256, 256 + 256 tokens
+#   split  decode attention's split walk (TROUPE_CUDA_DECODE_SPLIT): test_cuda_ops attention
+#          (every decode kernel against the forward's rows, the split walk among them),
+#          test_model_bf16 with it on wherever it fits, and bench_cuda attention decode (each
+#          kernel, the split walk among them, then the rule)
 #   pref   the prefetch op (TROUPE_CUDA_PREFETCH=1: a layer's weights brought into L2 ahead of
 #          its products at generation; 2: lines marked evict-last): test_cuda_ops buffers,
 #          test_model_bf16 with it on, and bench_decode_gpu with it off, 1 and 2, alternating,
@@ -223,6 +227,13 @@ if has train; then
     step train_05b_packed env BENCH_PACKED=1 timeout 100 "$bt" qwen2.5-0.5b 8 2048 3
     step train_15b timeout 100 "$bt" qwen2.5-1.5b 4 2048 3
     grep -h "troupe train" "$logs"/train_*.log | tee -a "$summary"
+fi
+if has split; then
+    step split_ops "$t" attention
+    step split_model_bf16 env TROUPE_BACKEND=cuda TROUPE_CUDA_DECODE_SPLIT=1 timeout 120 \
+        "$carry/tests/engine/test_model_bf16"
+    step split_bench "$bc" attention decode
+    grep "^attn_" "$logs/split_bench.log" | tee -a "$summary"
 fi
 if has pref; then
     step pref_ops "$t" buffers

@@ -260,9 +260,9 @@ void tr_cuda_attention_decode_rope(tr_backend *be, void *out, void *x, const voi
                                    const int32_t *block_table, int32_t max_blocks,
                                    const int32_t *seq_len, int32_t B, int32_t H) {
     if (B <= 0 || H <= 0) return;
+    fa_dec_args a = decode_args(be, out, x, ld, kv, block_table, max_blocks, seq_len, H);
     if (tr_cuda_ctx_of(be)->decode_rope && attn_flash(be, kv->head_dim) &&
-        H / kv->n_kv_heads <= 16) {
-        fa_dec_args a = decode_args(be, out, x, ld, kv, block_table, max_blocks, seq_len, H);
+        H / kv->n_kv_heads <= 16 && !tr_fa_decode_splits(be, a, B, max_blocks * kv->block_size)) {
         a.x = (tr_bf16 *)x;
         a.v = (const tr_bf16 *)v;
         a.pos = pos;

@@ -6,9 +6,11 @@
 // tiles through its own cp.async stages, and warp 0 folds the finished chunks in position order, exactly as
 // the forward folds a long row's chunks. So out row b is bitwise attention_forward's row of
 // the same token (attention_tile.cuh says why). Positions at and past seq_len[b] are zeros in
-// shared memory, whatever the cache holds there. A block holds all of its chunks because the
-// op has no scratch memory for partial results between blocks; so one long sequence alone
-// runs on only KVH blocks, well under the memory bandwidth (batches of 64 and more fill it).
+// shared memory, whatever the cache holds there. A block holds all of its chunks, so one long
+// sequence alone runs on only KVH blocks, well under the memory bandwidth (batches of 64 and
+// more fill it); the split walk (tr_backend_cuda_decode_split) gives such a launch blocks of a
+// few chunks each, which publish their chunks to the backend's memory, and a second launch
+// folds each row's chunks in position order with warp 0's fold: the same bits.
 #include <stdlib.h>
 
 #include "kernels/cuda/attention_flash.cuh"
@@ -68,6 +70,47 @@ __device__ void fa_dec_rope(const fa_dec_args &a, tr_bf16 *qs, float *cs, int b,
 template <int D>
 constexpr int fa_dec_slot_floats() { return 32 + 16 * D; }
 
+// Folds published chunk sl into a lane's accumulated rows g and g + 8 (am, al) and its output
+// columns of 8-column blocks i0 .. i0 + NI - 1 (ao[i][2 r + cc]: row g + 8 r, column
+// 8 (i0 + i) + 2 t + cc): each value's fold is its own, whichever lanes fold the others.
+template <int D, int NI>
+__device__ __forceinline__ void fa_dec_fold(float (&am)[2], float (&al)[2], float (&ao)[NI][4],
+                                            const float *sl, int i0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const float mc = sl[g + 8 * r], lc = sl[16 + g + 8 * r];
+        const fa_fold_t f = fa_fold_coef(am[r], mc);
+        al[r] = fa_fold(f, al[r], lc);
+        am[r] = fa_fold_max(f, am[r], mc);
+#pragma unroll
+        for (int i = 0; i < NI; i++)
+#pragma unroll
+            for (int cc = 0; cc < 2; cc++) {
+                const float c = sl[32 + (g + 8 * r) * D + (i0 + i) * 8 + 2 * t + cc];
+                ao[i][2 * r + cc] = fa_fold(f, ao[i][2 * r + cc], c);
+            }
+    }
+}
+
+// A finished row's columns as the fold leaves them (ao, al as fa_dec_fold's) into out rows
+// orow + row D, rows below nrows.
+template <int D, int NI>
+__device__ __forceinline__ void fa_dec_store(tr_bf16 *orow, const float (&ao)[NI][4],
+                                             const float (&al)[2], int nrows, int i0, bool out4) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = g + 8 * r;
+        if (row >= nrows) continue;
+        const float inv = fa_inv(al[r]);
+        tr_bf16 *o = orow + (size_t)row * D + i0 * 8 + 2 * t;
+#pragma unroll
+        for (int i = 0; i < NI; i++)
+            fa_store2(o + i * 8, fa_out(ao[i][2 * r], inv), fa_out(ao[i][2 * r + 1], inv), out4);
+    }
+}
+
 template <int D, int NST>
 __global__ void __launch_bounds__(FA_DEC_MAX_WARPS * 32) fa_decode_kernel(const fa_dec_args a) {
     constexpr int BN = fa_bn<D>(), LDS = D + FA_PAD;
@@ -86,8 +129,9 @@ __global__ void __launch_bounds__(FA_DEC_MAX_WARPS * 32) fa_decode_kernel(const 
     const int G = a.H / a.KVH, h0 = kvh * G + hg * 16, nrows = min(16, G - hg * 16);
     const tr_bf16 *qrow = a.q + (size_t)b * (size_t)a.ld;
     tr_bf16 *orow = a.out + ((size_t)b * a.H + h0) * D;
+    const bool split = a.part != nullptr;   // the split walk: one turn, chunks published
 
-    if (a.x)
+    if (a.x)   // never split (tr_fa_decode_splits)
         fa_dec_rope<D>(a, qs, cs, b, kvh, h0, nrows);
     else
         fa_load_rows<D>(
@@ -98,8 +142,9 @@ __global__ void __launch_bounds__(FA_DEC_MAX_WARPS * 32) fa_decode_kernel(const 
             tid, (int)blockDim.x, a.vecq != 0, a.q);
     fa_cp_commit();
     const int n = a.seq_len[b];
-    if (n <= 0) {   // no keys: zeros, as the row kernel gives
-        for (int i = tid; i < nrows * D; i += blockDim.x) orow[i] = __float2bfloat16_rn(0.0f);
+    if (n <= 0) {   // no keys: zeros, as the row kernel gives (split: the fold's launch)
+        for (int i = tid; i < nrows * D && !split; i += blockDim.x)
+            orow[i] = __float2bfloat16_rn(0.0f);
         fa_cp_wait<0>();
         return;
     }
@@ -122,7 +167,7 @@ __global__ void __launch_bounds__(FA_DEC_MAX_WARPS * 32) fa_decode_kernel(const 
     fa_cp_wait<0>();
     __syncthreads();
 
-    for (int c0 = 0; c0 < nch; c0 += W) {
+    for (int c0 = split ? (int)blockIdx.z * W : 0; c0 < nch; c0 += W) {
         const int c = c0 + warp;
         if (c < nch) {
             fa_reset(st);
@@ -191,8 +236,12 @@ __global__ void __launch_bounds__(FA_DEC_MAX_WARPS * 32) fa_decode_kernel(const 
                 fa_tile<D, 1>(st, qs, ks, ks + BN * LDS, pb + kt * BN, last, a.sl2, hi_rows);
                 __syncwarp();   // the stage is refilled next
             }
-            if (nch > 1) {   // publish the chunk for the fold
-                float *sl = slots + warp * fa_dec_slot_floats<D>();
+            if (nch > 1 || split) {   // publish the chunk for the fold (split: the fold's launch)
+                float *sl = split ? a.part + (((size_t)b * gridDim.x + blockIdx.x) *
+                                                  (size_t)a.part_chunks +
+                                              (size_t)c) *
+                                                 fa_dec_slot_floats<D>()
+                                  : slots + warp * fa_dec_slot_floats<D>();
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
                     const float l = fa_quad_sum(st.l[0][r]);
@@ -208,32 +257,18 @@ __global__ void __launch_bounds__(FA_DEC_MAX_WARPS * 32) fa_decode_kernel(const 
                 }
             }
         }
+        if (split) return;   // one turn; the fold's launch takes it from here
         if (nch > 1) {
             __syncthreads();
             if (warp == 0) {
-                for (int j = 0; j < W && c0 + j < nch; j++) {   // chunks in position order
-                    const float *sl = slots + j * fa_dec_slot_floats<D>();
-#pragma unroll
-                    for (int r = 0; r < 2; r++) {
-                        const float mc = sl[g + 8 * r], lc = sl[16 + g + 8 * r];
-                        const fa_fold_t f = fa_fold_coef(am[r], mc);
-                        al[r] = fa_fold(f, al[r], lc);
-                        am[r] = fa_fold_max(f, am[r], mc);
-#pragma unroll
-                        for (int i = 0; i < D / 8; i++)
-#pragma unroll
-                            for (int cc = 0; cc < 2; cc++) {
-                                const float c = sl[32 + (g + 8 * r) * D + i * 8 + 2 * t + cc];
-                                ao[i][2 * r + cc] = fa_fold(f, ao[i][2 * r + cc], c);
-                            }
-                    }
-                }
+                for (int j = 0; j < W && c0 + j < nch; j++)   // chunks in position order
+                    fa_dec_fold<D, D / 8>(am, al, ao, slots + j * fa_dec_slot_floats<D>(), 0);
             }
             __syncthreads();   // the slots are rewritten by the next turn
         }
     }
 
-    if (warp != 0) return;
+    if (warp != 0 || split) return;
     if (nch == 1) {   // warp 0 ran the only chunk: its state is the row
 #pragma unroll
         for (int r = 0; r < 2; r++) al[r] = fa_quad_sum(st.l[0][r]);
@@ -242,17 +277,45 @@ __global__ void __launch_bounds__(FA_DEC_MAX_WARPS * 32) fa_decode_kernel(const 
 #pragma unroll
             for (int e = 0; e < 4; e++) ao[i][e] = st.o[0][i][e];
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int row = g + 8 * r;
-        if (row >= nrows) continue;
-        const float inv = fa_inv(al[r]);
-        tr_bf16 *o = orow + (size_t)row * D + 2 * t;
-#pragma unroll
-        for (int i = 0; i < D / 8; i++)
-            fa_store2(o + i * 8, fa_out(ao[i][2 * r], inv), fa_out(ao[i][2 * r + 1], inv),
-                      a.out4 != 0);
+    fa_dec_store<D, D / 8>(orow, ao, al, nrows, 0, a.out4 != 0);
+}
+
+// The split walk's second launch: row b's query heads h0.. from their published chunks, folded
+// in position order as the walk's warp 0 folds them (fa_dec_fold), or taken as they are when
+// there is one (as warp 0 takes its own), and stored as the walk stores them: the same bits.
+// Warp w of D / 32 takes output columns [32 w, 32 w + 32), which fold independently.
+template <int D>
+__global__ void __launch_bounds__(D) fa_decode_fold_kernel(const fa_dec_args a) {
+    constexpr int NI = 4, SLOT = fa_dec_slot_floats<D>();   // 8-column blocks a warp
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int b = blockIdx.y, kvh = blockIdx.x / a.n_hg, hg = blockIdx.x % a.n_hg;
+    const int G = a.H / a.KVH, h0 = kvh * G + hg * 16, nrows = min(16, G - hg * 16);
+    tr_bf16 *orow = a.out + ((size_t)b * a.H + h0) * D;
+    const int n = a.seq_len[b];
+    if (n <= 0) {   // no keys: zeros, as the walk gives
+        for (int i = threadIdx.x; i < nrows * D; i += blockDim.x)
+            orow[i] = __float2bfloat16_rn(0.0f);
+        return;
     }
+    const int nch = (n + a.chunk - 1) / a.chunk;
+    const float *part = a.part + ((size_t)b * gridDim.x + blockIdx.x) * (size_t)a.part_chunks * SLOT;
+    float am[2] = {-INFINITY, -INFINITY}, al[2] = {0.0f, 0.0f}, ao[NI][4];
+#pragma unroll
+    for (int i = 0; i < NI; i++) ao[i][0] = ao[i][1] = ao[i][2] = ao[i][3] = 0.0f;
+    if (nch == 1) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            al[r] = part[16 + g + 8 * r];
+#pragma unroll
+            for (int i = 0; i < NI; i++)
+#pragma unroll
+                for (int cc = 0; cc < 2; cc++)
+                    ao[i][2 * r + cc] = part[32 + (g + 8 * r) * D + (warp * NI + i) * 8 + 2 * t + cc];
+        }
+    } else {
+        for (int c = 0; c < nch; c++) fa_dec_fold<D, NI>(am, al, ao, part + (size_t)c * SLOT, warp * NI);
+    }
+    fa_dec_store<D, NI>(orow, ao, al, nrows, warp * NI, a.out4 != 0);
 }
 
 // ---- a chunk shared by the block's warps ----
@@ -580,18 +643,28 @@ static size_t fa_dec_shared(int W) {
            (size_t)W * BN * sizeof(long long) + D * sizeof(float);
 }
 
+// split: the split walk, over contexts of up to nch chunks (tr_fa_decode_splits said so).
 template <int D, int NST>
-static void fa_decode_run(tr_backend *be, const fa_dec_args &a, int32_t B, int W) {
+static void fa_decode_run(tr_backend *be, const fa_dec_args &a, int32_t B, int W, bool split,
+                          int32_t nch) {
     const size_t shm = fa_dec_shared<D, NST>(W);
     if (TR_CUDA_CHECK(be, cudaFuncSetAttribute(fa_decode_kernel<D, NST>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)shm)))
         return;
+    fa_dec_args s = a;
     dim3 grid((unsigned)(a.KVH * a.n_hg), (unsigned)B);
+    if (split) {
+        s.part = tr_cuda_ctx_of(be)->dec_parts;
+        s.part_chunks = nch;
+        grid.z = (unsigned)((nch + W - 1) / W);
+    }
     if (TR_CUDA_CHECK(be, tr_cuda_launch(be, true, fa_decode_kernel<D, NST>, grid,
-                                         dim3((unsigned)(32 * W)), shm, a)))
+                                         dim3((unsigned)(32 * W)), shm, s)))
         return;
-    TR_CUDA_LAUNCHED(be, "attention_decode");
+    if (TR_CUDA_LAUNCHED(be, "attention_decode") || !split) return;
+    fa_decode_fold_kernel<D><<<dim3(grid.x, grid.y), D, 0, tr_cuda_stream(be)>>>(s);
+    TR_CUDA_LAUNCHED(be, "attention_decode fold");
 }
 
 // Stages per warp: each costs 2 * BN rows of shared memory (18 KB at D 64), which bounds the
@@ -608,10 +681,11 @@ static int fa_dec_stages(tr_backend *be, const fa_dec_args &a, int32_t B, int W)
 }
 
 template <int D>
-static void fa_decode_dispatch(tr_backend *be, const fa_dec_args &a, int32_t B, int W, int nst) {
-    if (nst == 1) fa_decode_run<D, 1>(be, a, B, W);
-    else if (nst == 2) fa_decode_run<D, 2>(be, a, B, W);
-    else fa_decode_run<D, 4>(be, a, B, W);
+static void fa_decode_dispatch(tr_backend *be, const fa_dec_args &a, int32_t B, int W, int nst,
+                               bool split, int32_t nch) {
+    if (nst == 1) fa_decode_run<D, 1>(be, a, B, W, split, nch);
+    else if (nst == 2) fa_decode_run<D, 2>(be, a, B, W, split, nch);
+    else fa_decode_run<D, 4>(be, a, B, W, split, nch);
 }
 
 // Warps per block: one per chunk of the longest context, up to FA_DEC_MAX_WARPS, but no more
@@ -658,6 +732,25 @@ static bool fa_dec_coop(tr_backend *be, const fa_dec_args &a, int32_t B, int32_t
     return (long)a.KVH * a.n_hg * B < 2L * tr_cuda_ctx_of(be)->sms && max_ctx <= 2048;
 }
 
+// Whether a launch takes the split walk: tr_backend_cuda_decode_split's mode (off by
+// default), not where the shared-chunk kernel runs, not with RoPE in the launch (its block
+// per sequence and kv head rotates the key that every block of the row reads), for contexts
+// of two chunks and more, and only where every row's chunks fit the backend's memory for them.
+// Mode 2 splits grids under two blocks an SM, whose few blocks the walk leaves short of the
+// memory's bandwidth: one sequence of 32K positions over 8 KV heads ran at 7% of the copy
+// bandwidth (bench/RESULTS.md).
+bool tr_fa_decode_splits(tr_backend *be, const fa_dec_args &a, int32_t B, int32_t max_ctx) {
+    const tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
+    if (!ctx->decode_split || !ctx->dec_parts || (a.D != 64 && a.D != 128) ||
+        fa_dec_coop(be, a, B, max_ctx))
+        return false;
+    const long nch = ((long)max_ctx + a.chunk - 1) / a.chunk, blocks = (long)a.KVH * a.n_hg * B;
+    if (nch < 2 || (ctx->decode_split == 2 && blocks >= 2L * ctx->sms)) return false;
+    const long slot = a.D == 64 ? fa_dec_slot_floats<64>() : fa_dec_slot_floats<128>();
+    return (double)blocks * (double)nch * (double)slot <= (double)TR_CUDA_DECODE_PARTS &&
+           (nch + FA_DEC_MAX_WARPS - 1) / FA_DEC_MAX_WARPS < 65536;
+}
+
 void tr_fa_decode(tr_backend *be, const fa_dec_args &a, int32_t B, int32_t max_ctx) {
     if (fa_dec_coop(be, a, B, max_ctx)) {
         // two chunk buffers where they fit beside the rest (D = 64: 156 KB, one block an SM),
@@ -670,6 +763,8 @@ void tr_fa_decode(tr_backend *be, const fa_dec_args &a, int32_t B, int32_t max_c
     }
     int W = fa_dec_warps(be, a, B, max_ctx);
     int nst = fa_dec_stages(be, a, B, W);
-    if (a.D == 64) fa_decode_dispatch<64>(be, a, B, W, nst);
-    else fa_decode_dispatch<128>(be, a, B, W, nst);
+    const bool split = !a.x && tr_fa_decode_splits(be, a, B, max_ctx);
+    const int32_t nch = (max_ctx + a.chunk - 1) / a.chunk;
+    if (a.D == 64) fa_decode_dispatch<64>(be, a, B, W, nst, split, nch);
+    else fa_decode_dispatch<128>(be, a, B, W, nst, split, nch);
 }

@@ -62,8 +62,15 @@ struct fa_dec_args {
     const tr_bf16 *v;
     const int32_t *pos, *slot;
     const float *inv_freq;
+    // the split walk (part non-NULL): block z takes chunks z W .. z W + W - 1 of its rows and
+    // publishes each at part[((b gridDim.x + blockIdx.x) part_chunks + c) slot floats]
+    float *part;
+    int32_t part_chunks;
 };
 
 void tr_fa_forward(tr_backend *be, const fa_fwd_args &a, int32_t D);
 void tr_fa_backward(tr_backend *be, const fa_bwd_args &a, int32_t D);
 void tr_fa_decode(tr_backend *be, const fa_dec_args &a, int32_t B, int32_t max_ctx);
+// Whether tr_fa_decode splits a's launch (the split walk), which cannot rotate in its launch
+// (attention_decode_rope then runs rope_kv_write first).
+bool tr_fa_decode_splits(tr_backend *be, const fa_dec_args &a, int32_t B, int32_t max_ctx);

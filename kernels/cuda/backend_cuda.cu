@@ -225,6 +225,19 @@ static int side_make(tr_backend *be) {
     return 0;
 }
 
+// Decode attention's split walk on (its chunks' memory made at the first use) or off.
+// Returns the mode before, or -1 when the memory could not be made.
+static int dec_split_set(tr_backend *be, int mode) {
+    tr_cuda_ctx *ctx = tr_cuda_ctx_of(be);
+    const int was = ctx->decode_split;
+    if (mode && !ctx->dec_parts &&
+        TR_CUDA_CHECK(be, cudaMalloc((void **)&ctx->dec_parts,
+                                     TR_CUDA_DECODE_PARTS * sizeof(float))))
+        return -1;
+    ctx->decode_split = mode == 1 || mode == 2 ? mode : 0;
+    return was;
+}
+
 // The context is kept even when init fails, so that status can tell why.
 
 extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
@@ -263,6 +276,9 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
                        : env_is("TROUPE_CUDA_DECODE_COOP", "1") ? 1
                                                                 : -1;
     ctx->topk_select = !env_is("TROUPE_CUDA_TOPK_SELECT", "0");
+    const int split = env_is("TROUPE_CUDA_DECODE_SPLIT", "1")   ? 1
+                      : env_is("TROUPE_CUDA_DECODE_SPLIT", "2") ? 2
+                                                                : 0;
     const char *chunk = getenv("TROUPE_CUDA_SOFTMAX_CHUNK");
     ctx->softmax_chunk = TR_CUDA_SOFTMAX_CHUNK;
     if (chunk) {
@@ -288,6 +304,7 @@ extern "C" int tr_backend_cuda_init(tr_backend *be, int device, tr_dt precision,
     if (no_kernel_image(ctx, device)) return -1;
     if (TR_CUDA_CHECK(be, cudaStreamCreate(&ctx->stream))) return -1;
     if (ctx->prefetch && side_make(be) != 0) return -1;
+    if (split && precision == TR_BF16 && dec_split_set(be, split) < 0) return -1;
     if (env_is("TROUPE_CUDA_PROFILE", "1") && tr_cuda_prof_init(ctx)) {
         tr_cuda_record(ctx, __FILE__, __LINE__, "TROUPE_CUDA_PROFILE", "no memory for events");
         return -1;
@@ -342,6 +359,7 @@ extern "C" void tr_backend_cuda_free(tr_backend *be) {
     if (ctx->partial) cudaFree(ctx->partial);
     if (ctx->norm_partial) cudaFree(ctx->norm_partial);
     if (ctx->rows) cudaFree(ctx->rows);
+    if (ctx->dec_parts) cudaFree(ctx->dec_parts);
     tr_cuda_lt_plans_free(ctx);
     if (ctx->lt_ws) cudaFree(ctx->lt_ws);
     if (ctx->lt) cublasLtDestroy(ctx->lt);
@@ -414,6 +432,11 @@ extern "C" int tr_backend_cuda_decode_coop(tr_backend *be, int mode) {
     const int was = tr_cuda_ctx_of(be)->decode_coop;
     tr_cuda_ctx_of(be)->decode_coop = mode == 0 || mode == 1 ? mode : -1;
     return was;
+}
+
+extern "C" int tr_backend_cuda_decode_split(tr_backend *be, int mode) {
+    if (!be || !be->ctx) return -1;
+    return dec_split_set(be, mode);
 }
 
 extern "C" int tr_backend_cuda_wgmma(tr_backend *be, int mask) {

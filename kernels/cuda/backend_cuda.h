@@ -67,6 +67,13 @@ void tr_backend_cuda_topk_select(tr_backend *be, int on);
 // 2,048 positions); TROUPE_CUDA_DECODE_COOP=0 or 1 sets it at start. Both give the same bits.
 // Sets it and returns the one before.
 int tr_backend_cuda_decode_coop(tr_backend *be, int mode);
+// Decode attention's split walk: 1 wherever it fits, 2 for grids under two blocks an SM, 0
+// never (the default; TROUPE_CUDA_DECODE_SPLIT=1 or 2 sets it at start). The walk's blocks
+// then take a few chunks each of a row's context and publish them, and a second launch folds
+// each row's chunks in position order: the same bits, with many blocks for a few long
+// sequences. Where the shared-chunk kernel runs, it runs instead. Sets it and returns the one
+// before (-1: its memory could not be made).
+int tr_backend_cuda_decode_split(tr_backend *be, int mode);
 // attention_decode_rope in one launch (1, the default) or as rope_kv_write and
 // attention_decode in turn (0; TROUPE_CUDA_DECODE_ROPE=0 sets it at start): the same bits.
 // Sets it and returns the one before.

@@ -17,6 +17,10 @@
 // Floats of row scratch made at init (bf16): the attention backward's two statistics of
 // 524,288 (token, head) rows, 16K tokens of 32 heads; a larger batch grows it (tr_cuda_rows).
 #define TR_CUDA_ROW_SCRATCH ((size_t)1 << 20)
+// Floats of the split decode walk's published chunks (16 MB): a launch splits only where its
+// rows' chunks fit (attention_decode.cu), e.g. one sequence of 32K positions over 8 KV heads
+// at D = 128 (8.5 MB), or 64 of 4K over 2 at D = 64.
+#define TR_CUDA_DECODE_PARTS ((size_t)4 << 20)
 // cuBLASLt plans kept (one per GEMM shape); past this the oldest is replaced. A replaced plan
 // is remade by the heuristic on its next use, which costs host time, so this is well above
 // the shapes a model's step uses (about 12 a layer kind, the LM head's chunks, the decode
@@ -122,6 +126,11 @@ typedef struct tr_cuda_ctx {
                             // attention_decode.cu)
     int decode_rope;        // attention_decode_rope in one launch, else (TROUPE_CUDA_DECODE_ROPE=0)
                             // rope_kv_write and attention_decode in turn
+    int decode_split;       // decode attention's split walk (attention_decode.cu): 0 never (the
+                            // default until measured), 1 wherever it fits, 2 for grids under
+                            // two blocks an SM (TROUPE_CUDA_DECODE_SPLIT=1|2)
+    float *dec_parts;       // device, TR_CUDA_DECODE_PARTS floats: the split walk's chunks,
+                            // made when decode_split is first set
     int no_lean_copies;     // TROUPE_CUDA_DECODE_LEAN=0: decode attention copies through its
                             // table of slot offsets at every block size (attention_decode.cu)
     int prefetch;           // TROUPE_CUDA_PREFETCH=1: the prefetch op's hints (prefetch.cu);

@@ -998,21 +998,25 @@ static void test_decode_rope(int32_t B, int32_t H, int32_t KVH, int32_t D, int32
     w.split = 1;
     drope_run(1, two, &w);
     w.split = 0;
-    static const char *kernel[2] = {"walk", "shared chunk"};
+    // the split walk rotates in a launch of its own first: the op's path then
+    static const char *kernel[3] = {"walk", "shared chunk", "split walk"};
     const int rope_was = tr_backend_cuda_decode_rope(&gpu_be, 1);
-    for (int coop = 0; coop < 2; coop++) {
-        const int was = tr_backend_cuda_decode_coop(&gpu_be, coop);
+    for (int k = 0; k < 3; k++) {
+        const int was = tr_backend_cuda_decode_coop(&gpu_be, k == 1);
+        const int split_was = tr_backend_cuda_decode_split(&gpu_be, k == 2);
+        CHECKF(split_was >= 0, "attention_decode_rope: the split walk's memory could not be made");
         drope_run(1, one, &w);
+        tr_backend_cuda_decode_split(&gpu_be, split_was < 0 ? 0 : split_was);
         tr_backend_cuda_decode_coop(&gpu_be, was);
         int same = 1;
         for (int i = 0; i < 4; i++) {
             const int s = kt_same_bits(one[i], two[i], l[i]);
             CHECKF(s, "attention_decode_rope (%s) B=%d D=%d: output %d differs from "
-                   "rope_kv_write then attention_decode", kernel[coop], B, D, i);
+                   "rope_kv_write then attention_decode", kernel[k], B, D, i);
             same &= s;
         }
         printf("  %-5s attention_decode_rope (%s) B=%d H=%d/%d D=%d ctx<=%d = rope_kv_write + "
-               "attention_decode: %s\n", tr_dt_name(prec), kernel[coop], B, H, KVH, D, ctx,
+               "attention_decode: %s\n", tr_dt_name(prec), kernel[k], B, H, KVH, D, ctx,
                same ? "bitwise" : "NO");
     }
     tr_backend_cuda_decode_rope(&gpu_be, rope_was);
@@ -1529,23 +1533,27 @@ static void test_attention_keys(int32_t T, int32_t n_docs, const int32_t *doc_st
     att_compare(name, dec_run, &d, "A", ld, mdp);
     float *fwd[2] = {kt_floats(nq), kt_floats((size_t)T * H)}, *dec[1] = {kt_floats(ld[0])};
     att_forward(1, fwd, &a);
-    // both decode kernels, the per-warp walk and the shared chunk (where the latter runs:
-    // otherwise the walk again), against the forward's rows
-    static const char *kernel[2] = {"walk", "shared chunk"};
-    for (int coop = 0; coop < 2; coop++) {
-        const int was = tr_backend_cuda_decode_coop(&gpu_be, coop);
+    // every decode kernel, the per-warp walk, the shared chunk (where it runs: otherwise the
+    // walk again) and the split walk (wherever it fits: contexts of two chunks and more),
+    // against the forward's rows
+    static const char *kernel[3] = {"walk", "shared chunk", "split walk"};
+    for (int k = 0; k < 3; k++) {
+        const int was = tr_backend_cuda_decode_coop(&gpu_be, k == 1);
+        const int split_was = tr_backend_cuda_decode_split(&gpu_be, k == 2);
+        CHECKF(split_was >= 0, "attention_decode: the split walk's memory could not be made");
         dec_run(1, dec, &d);
+        tr_backend_cuda_decode_split(&gpu_be, split_was < 0 ? 0 : split_was);
         tr_backend_cuda_decode_coop(&gpu_be, was);
         int same = 1;
         for (int32_t b = 0; b < B; b++) {
             int s = kt_same_bits(dec[0] + (size_t)b * H * D, fwd[0] + (size_t)tok[b] * H * D,
                                  (size_t)H * D);
             CHECKF(s, "attention_decode (%s) row of token %d (position %d) differs from the cuda "
-                   "forward's", kernel[coop], tok[b], d.seq_len[b] - 1);
+                   "forward's", kernel[k], tok[b], d.seq_len[b] - 1);
             same &= s;
         }
         printf("  %-5s attention_decode (%s) %d tokens (positions up to %d) vs cuda forward: "
-               "%s\n", tr_dt_name(prec), kernel[coop], B, d.max_blocks * block_size - 1,
+               "%s\n", tr_dt_name(prec), kernel[k], B, d.max_blocks * block_size - 1,
                same ? "bitwise" : "DIFFER");
     }
     free(fwd[0]); free(fwd[1]); free(dec[0]); free(md);
