@@ -239,11 +239,13 @@ if has pref; then
     step pref_ops "$t" buffers
     step pref_model_bf16 env TROUPE_BACKEND=cuda TROUPE_CUDA_PREFETCH=1 timeout 120 \
         "$carry/tests/engine/test_model_bf16"
+    i=0
     for v in "qwen2.5-0.5b 64" "qwen2.5-0.5b 256" "qwen2.5-1.5b 64" "qwen2.5-1.5b 256" \
         "qwen2.5-0.5b 64"; do
         set -- $v
+        i=$((i + 1))
         for p in 0 1 2; do
-            n="pref_${1}_b$2_p${p}_$(date +%s%N)"
+            n="pref_${1}_b$2_p${p}_$i"
             step "$n" env TROUPE_CUDA_PREFETCH=$p timeout 60 "$carry/bench/bench_decode_gpu" \
                 "$1" "$2" 1 256 256
             grep -h "^troupe decode" "$logs/$n.log" | sed "s/^/prefetch=$p /" | tee -a "$summary"
