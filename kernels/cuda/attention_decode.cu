@@ -313,7 +313,11 @@ __global__ void __launch_bounds__(D) fa_decode_fold_kernel(const fa_dec_args a) 
                     ao[i][2 * r + cc] = part[32 + (g + 8 * r) * D + (warp * NI + i) * 8 + 2 * t + cc];
         }
     } else {
-        for (int c = 0; c < nch; c++) fa_dec_fold<D, NI>(am, al, ao, part + (size_t)c * SLOT, warp * NI);
+        // unrolled so that later chunks' loads go out while earlier ones fold (a long
+        // context's chunks, 128 at 32K positions, are a chain of folds)
+#pragma unroll 4
+        for (int c = 0; c < nch; c++)
+            fa_dec_fold<D, NI>(am, al, ao, part + (size_t)c * SLOT, warp * NI);
     }
     fa_dec_store<D, NI>(orow, ao, al, nrows, warp * NI, a.out4 != 0);
 }
