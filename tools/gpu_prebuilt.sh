@@ -47,7 +47,8 @@
 #   pref   the prefetch op (TROUPE_CUDA_PREFETCH=1: a layer's weights brought into L2 ahead of
 #          its products at generation; 2: lines marked evict-last): test_cuda_ops buffers,
 #          test_model_bf16 with it on, and bench_decode_gpu with it off, 1 and 2, alternating,
-#          at both shapes, batch 64 and 256
+#          at both shapes, batch 64 and 256, then at 0.5B batch 64 with the fused gate/up +
+#          SwiGLU too
 #   trab   bench_train_gpu at the 0.5B shape from BASE_CARRY (default build-base: binaries
 #          of another commit, packed with CARRY=build-base PACK_BINS=bench/bench_train_gpu
 #          and carried too) and from the tree's, alternating, TRAB_RUNS (2) times each
@@ -250,6 +251,14 @@ if has pref; then
                 "$1" "$2" 1 256 256
             grep -h "^troupe decode" "$logs/$n.log" | sed "s/^/prefetch=$p /" | tee -a "$summary"
         done
+    done
+    # with the weights in L2 the fused gate/up + SwiGLU (the sequential-k kernel) may win
+    for p in 1 2; do
+        n="pref_fglu_p$p"
+        step "$n" env TROUPE_CUDA_PREFETCH=$p TROUPE_CUDA_FUSED_SWIGLU=1 timeout 60 \
+            "$carry/bench/bench_decode_gpu" qwen2.5-0.5b 64 1 256 256
+        grep -h "^troupe decode" "$logs/$n.log" | sed "s/^/prefetch=$p fused_swiglu=1 /" |
+            tee -a "$summary"
     done
 fi
 if has trab; then
