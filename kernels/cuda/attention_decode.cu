@@ -752,7 +752,7 @@ bool tr_fa_decode_splits(tr_backend *be, const fa_dec_args &a, int32_t B, int32_
     if (nch < 2 || (ctx->decode_split == 2 && blocks >= 2L * ctx->sms)) return false;
     const long slot = a.D == 64 ? fa_dec_slot_floats<64>() : fa_dec_slot_floats<128>();
     return (double)blocks * (double)nch * (double)slot <= (double)TR_CUDA_DECODE_PARTS &&
-           (nch + FA_DEC_MAX_WARPS - 1) / FA_DEC_MAX_WARPS < 65536;
+           nch < 65536;   // the grid's z: a block a chunk
 }
 
 void tr_fa_decode(tr_backend *be, const fa_dec_args &a, int32_t B, int32_t max_ctx) {
@@ -765,9 +765,11 @@ void tr_fa_decode(tr_backend *be, const fa_dec_args &a, int32_t B, int32_t max_c
         else fa_decode_coop_run<128, 1>(be, a, B);
         return;
     }
-    int W = fa_dec_warps(be, a, B, max_ctx);
-    int nst = fa_dec_stages(be, a, B, W);
     const bool split = !a.x && tr_fa_decode_splits(be, a, B, max_ctx);
+    // split: a block a chunk (one warp), so that a short context's two chunks are two blocks
+    // too, each warp with the deep stages of a narrow grid
+    int W = split ? 1 : fa_dec_warps(be, a, B, max_ctx);
+    int nst = fa_dec_stages(be, a, B, W);
     const int32_t nch = (max_ctx + a.chunk - 1) / a.chunk;
     if (a.D == 64) fa_decode_dispatch<64>(be, a, B, W, nst, split, nch);
     else fa_decode_dispatch<128>(be, a, B, W, nst, split, nch);
