@@ -8,8 +8,8 @@
 // the same token (attention_tile.cuh says why). Positions at and past seq_len[b] are zeros in
 // shared memory, whatever the cache holds there. A block holds all of its chunks, so one long
 // sequence alone runs on only KVH blocks, well under the memory bandwidth (batches of 64 and
-// more fill it); the split walk (tr_backend_cuda_decode_split) gives such a launch blocks of a
-// few chunks each, which publish their chunks to the backend's memory, and a second launch
+// more fill it); the split walk (tr_backend_cuda_decode_split) gives such a launch a block a
+// chunk (one warp), which publish their chunks to the backend's memory, and a second launch
 // folds each row's chunks in position order with warp 0's fold: the same bits.
 #include <stdlib.h>
 

@@ -68,8 +68,8 @@ void tr_backend_cuda_topk_select(tr_backend *be, int on);
 // Sets it and returns the one before.
 int tr_backend_cuda_decode_coop(tr_backend *be, int mode);
 // Decode attention's split walk: 1 wherever it fits, 2 for grids under two blocks an SM, 0
-// never (the default; TROUPE_CUDA_DECODE_SPLIT=1 or 2 sets it at start). The walk's blocks
-// then take a few chunks each of a row's context and publish them, and a second launch folds
+// never (the default; TROUPE_CUDA_DECODE_SPLIT=1 or 2 sets it at start). The walk then
+// runs a block a chunk of a row's context, each publishing its chunk, and a second launch folds
 // each row's chunks in position order: the same bits, with many blocks for a few long
 // sequences. Where the shared-chunk kernel runs, it runs instead. Sets it and returns the one
 // before (-1: its memory could not be made).
