@@ -66,6 +66,39 @@ __device__ void fa_dec_rope(const fa_dec_args &a, tr_bf16 *qs, float *cs, int b,
     __syncthreads();
 }
 
+// A block's rows: sequence b, kv head kvh and its query heads h0 .. h0 + nrows - 1 (group
+// blockIdx.x % n_hg of up to 16), whose outputs start at orow.
+struct fa_dec_rows {
+    int b, kvh, h0, nrows;
+    tr_bf16 *orow;
+};
+template <int D>
+__device__ __forceinline__ fa_dec_rows fa_dec_rows_of(const fa_dec_args &a) {
+    const int b = blockIdx.y, kvh = blockIdx.x / a.n_hg, hg = blockIdx.x % a.n_hg;
+    const int G = a.H / a.KVH, h0 = kvh * G + hg * 16;
+    return {b, kvh, h0, min(16, G - hg * 16), a.out + ((size_t)b * a.H + h0) * D};
+}
+
+// The block's query rows into qs (16 rows, those past nrows zeros) by its nthr threads:
+// rotated here, with the key written into the cache (attention_decode_rope: a.x), or copied
+// from q; the copies are committed as one group.
+template <int D>
+__device__ __forceinline__ void fa_dec_query(const fa_dec_args &a, const fa_dec_rows &w,
+                                             tr_bf16 *qs, float *cs, int nthr) {
+    if (a.x) {
+        fa_dec_rope<D>(a, qs, cs, w.b, w.kvh, w.h0, w.nrows);
+    } else {
+        const tr_bf16 *qrow = a.q + (size_t)w.b * (size_t)a.ld;
+        fa_load_rows<D>(
+            qs, 16,
+            [&](int r) -> const tr_bf16 * {
+                return r < w.nrows ? qrow + (size_t)(w.h0 + r) * D : nullptr;
+            },
+            threadIdx.x, nthr, a.vecq != 0, a.q);
+    }
+    fa_cp_commit();
+}
+
 // One published chunk: m[16], l[16] (full row sums), o[16][D] fp32.
 template <int D>
 constexpr int fa_dec_slot_floats() { return 32 + 16 * D; }
@@ -125,22 +158,12 @@ __global__ void __launch_bounds__(FA_DEC_MAX_WARPS * 32) fa_decode_kernel(const 
     float *cs = reinterpret_cast<float *>(offs0 + W * BN);   // attention_decode_rope's cos, sin
     tr_pdl_wait();
     tr_pdl_release();
-    const int b = blockIdx.y, kvh = blockIdx.x / a.n_hg, hg = blockIdx.x % a.n_hg;
-    const int G = a.H / a.KVH, h0 = kvh * G + hg * 16, nrows = min(16, G - hg * 16);
-    const tr_bf16 *qrow = a.q + (size_t)b * (size_t)a.ld;
-    tr_bf16 *orow = a.out + ((size_t)b * a.H + h0) * D;
+    const fa_dec_rows rw = fa_dec_rows_of<D>(a);
+    const int b = rw.b, kvh = rw.kvh, nrows = rw.nrows;
+    tr_bf16 *orow = rw.orow;
     const bool split = a.part != nullptr;   // the split walk: one turn, chunks published
 
-    if (a.x)   // never split (tr_fa_decode_splits)
-        fa_dec_rope<D>(a, qs, cs, b, kvh, h0, nrows);
-    else
-        fa_load_rows<D>(
-            qs, 16,
-            [&](int r) -> const tr_bf16 * {
-                return r < nrows ? qrow + (size_t)(h0 + r) * D : nullptr;
-            },
-            tid, (int)blockDim.x, a.vecq != 0, a.q);
-    fa_cp_commit();
+    fa_dec_query<D>(a, rw, qs, cs, (int)blockDim.x);   // a.x: never split (tr_fa_decode_splits)
     const int n = a.seq_len[b];
     if (n <= 0) {   // no keys: zeros, as the row kernel gives (split: the fold's launch)
         for (int i = tid; i < nrows * D && !split; i += blockDim.x)
@@ -288,9 +311,9 @@ template <int D>
 __global__ void __launch_bounds__(D) fa_decode_fold_kernel(const fa_dec_args a) {
     constexpr int NI = 4, SLOT = fa_dec_slot_floats<D>();   // 8-column blocks a warp
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int b = blockIdx.y, kvh = blockIdx.x / a.n_hg, hg = blockIdx.x % a.n_hg;
-    const int G = a.H / a.KVH, h0 = kvh * G + hg * 16, nrows = min(16, G - hg * 16);
-    tr_bf16 *orow = a.out + ((size_t)b * a.H + h0) * D;
+    const fa_dec_rows rw = fa_dec_rows_of<D>(a);
+    const int b = rw.b, nrows = rw.nrows;
+    tr_bf16 *orow = rw.orow;
     const int n = a.seq_len[b];
     if (n <= 0) {   // no keys: zeros, as the walk gives
         for (int i = threadIdx.x; i < nrows * D; i += blockDim.x)
@@ -494,10 +517,9 @@ __global__ void __launch_bounds__(FA_DEC_COOP_WARPS * 32) fa_decode_coop_kernel(
     tr_pdl_wait();
     tr_pdl_release();
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int b = blockIdx.y, kvh = blockIdx.x / a.n_hg, hg = blockIdx.x % a.n_hg;
-    const int G = a.H / a.KVH, h0 = kvh * G + hg * 16, nrows = min(16, G - hg * 16);
-    const tr_bf16 *qrow = a.q + (size_t)b * (size_t)a.ld;
-    tr_bf16 *orow = a.out + ((size_t)b * a.H + h0) * D;
+    const fa_dec_rows rw = fa_dec_rows_of<D>(a);
+    const int b = rw.b, kvh = rw.kvh, nrows = rw.nrows;
+    tr_bf16 *orow = rw.orow;
     const int n = a.seq_len[b];
     const int nch = n > 0 ? (n + CH - 1) / CH : 0;
     const int32_t *tbl = a.table + (size_t)b * a.max_blocks;
@@ -529,16 +551,7 @@ __global__ void __launch_bounds__(FA_DEC_COOP_WARPS * 32) fa_decode_coop_kernel(
     int32_t first[NB][SPT];
 #pragma unroll
     for (int c = 0; c < NB; c++) slots_get(c, first[c]);
-    if (a.x)
-        fa_dec_rope<D>(a, qs, cs, b, kvh, h0, nrows);
-    else
-        fa_load_rows<D>(
-            qs, 16,
-            [&](int r) -> const tr_bf16 * {
-                return r < nrows ? qrow + (size_t)(h0 + r) * D : nullptr;
-            },
-            tid, W * 32, a.vecq != 0, a.q);
-    fa_cp_commit();
+    fa_dec_query<D>(a, rw, qs, cs, W * 32);
     if (n <= 0) {   // no keys: zeros, as the row kernel gives
         for (int i = tid; i < nrows * D; i += W * 32) orow[i] = __float2bfloat16_rn(0.0f);
         fa_cp_wait<0>();
